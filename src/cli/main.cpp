@@ -1,0 +1,19 @@
+// build/recur: the command-line program. Subcommands are registered from their own files.
+#include <cstdio>
+
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"recur: inference engine for hybrid linear-attention language models"};
+  app.require_subcommand(1);
+  recur::cli::register_verify(app);
+  recur::cli::register_generate(app);
+  recur::cli::register_tokenize(app);
+  recur::cli::register_chat_template(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return 0;
+}

@@ -1,0 +1,56 @@
+// Tensor: a non-owning, strided view of memory owned by a Buffer or a mapped file.
+// Shapes are outermost first; strides count elements, not bytes.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include "core/allocator.h"
+#include "core/dtype.h"
+#include "core/status.h"
+
+namespace recur {
+
+constexpr int kMaxDims = 4;
+
+struct Tensor {
+  void* data = nullptr;
+  DType dtype = DType::F32;
+  Device device = Device::kCpu;
+  int ndim = 0;
+  int64_t shape[kMaxDims] = {0, 0, 0, 0};
+  int64_t stride[kMaxDims] = {0, 0, 0, 0};
+
+  // A contiguous view over `data` with the given shape.
+  static Tensor contiguous(void* data, DType dtype, std::initializer_list<int64_t> shape,
+                           Device device = Device::kCpu);
+
+  bool empty() const { return data == nullptr; }
+  int64_t numel() const;
+  int64_t dim(int i) const { return shape[i < 0 ? ndim + i : i]; }
+  bool is_contiguous() const;
+  // Rows of a 2-D (or higher, flattened after dim 0) view with a contiguous inner part.
+  int64_t rows() const { return shape[0]; }
+  int64_t row_stride() const { return stride[0]; }
+  int64_t row_size() const;  // elements per row when dims after 0 are contiguous
+
+  template <typename T>
+  T* ptr() const { return static_cast<T*>(data); }
+  template <typename T>
+  T* row(int64_t r) const { return static_cast<T*>(data) + r * stride[0]; }
+
+  // Views sharing the same memory.
+  Tensor slice_rows(int64_t begin, int64_t end) const;
+  Tensor slice_cols(int64_t begin, int64_t end) const;  // last dimension of a 2-D view
+  Tensor reshaped(std::initializer_list<int64_t> shape) const;  // contiguous views only
+
+  std::string shape_string() const;  // "[3, 4]"
+};
+
+// Tensor view over a buffer.
+inline Tensor view(const Buffer& b, DType dtype, std::initializer_list<int64_t> shape) {
+  return Tensor::contiguous(b.data(), dtype, shape, b.device());
+}
+
+}  // namespace recur

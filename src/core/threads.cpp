@@ -1,0 +1,82 @@
+#include "core/threads.h"
+
+#include <cstdlib>
+
+namespace recur {
+
+ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads < 1 ? 1 : n_threads) {
+  for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker(i); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+    ++generation_;
+  }
+  cv_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+static inline void part_range(int64_t n, int parts, int i, int64_t* b, int64_t* e) {
+  *b = n * i / parts;
+  *e = n * (i + 1) / parts;
+}
+
+void ThreadPool::run(int64_t n, int parts, Trampoline t, void* ctx) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    job_fn_ = t;
+    job_ctx_ = ctx;
+    job_n_ = n;
+    job_parts_ = parts;
+    pending_.store(parts - 1, std::memory_order_relaxed);
+    ++generation_;
+  }
+  cv_.notify_all();
+  int64_t b, e;
+  part_range(n, parts, 0, &b, &e);
+  t(ctx, b, e);
+  // Workers finish within microseconds; spin briefly, then yield.
+  int spins = 0;
+  while (pending_.load(std::memory_order_acquire) > 0) {
+    if (++spins > 2000) std::this_thread::yield();
+  }
+}
+
+void ThreadPool::worker(int index) {
+  uint64_t seen = 0;
+  for (;;) {
+    Trampoline fn;
+    void* ctx;
+    int64_t n;
+    int parts;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return generation_ != seen; });
+      seen = generation_;
+      if (stop_) return;
+      fn = job_fn_;
+      ctx = job_ctx_;
+      n = job_n_;
+      parts = job_parts_;
+    }
+    if (index < parts) {
+      int64_t b, e;
+      part_range(n, parts, index, &b, &e);
+      fn(ctx, b, e);
+      pending_.fetch_sub(1, std::memory_order_acq_rel);
+    }
+  }
+}
+
+int default_thread_count() {
+  if (const char* s = std::getenv("RECUR_THREADS")) {
+    int n = std::atoi(s);
+    if (n > 0) return n;
+  }
+  unsigned hw = std::thread::hardware_concurrency();
+  return hw ? int(hw) : 1;
+}
+
+}  // namespace recur

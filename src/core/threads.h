@@ -1,0 +1,63 @@
+// A fixed pool of worker threads for data-parallel loops. Workers are created once; a
+// parallel_for neither allocates nor creates threads, and runs inline when the work is small.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace recur {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int n_threads);  // n_threads total, the caller included
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return n_threads_; }
+
+  // Calls fn(begin, end) over a split of [0, n) into at most size() contiguous ranges.
+  // Runs inline when n < min_per_thread * 2 or the pool has one thread.
+  template <typename Fn>
+  void parallel_for(int64_t n, int64_t min_per_thread, Fn&& fn) {
+    if (n <= 0) return;
+    int parts = n_threads_;
+    if (min_per_thread > 0) {
+      int64_t max_parts = n / min_per_thread;
+      if (max_parts < parts) parts = int(max_parts < 1 ? 1 : max_parts);
+    }
+    if (parts <= 1) {
+      fn(int64_t(0), n);
+      return;
+    }
+    using F = std::remove_reference_t<Fn>;
+    run(n, parts, [](void* ctx, int64_t b, int64_t e) { (*static_cast<F*>(ctx))(b, e); }, &fn);
+  }
+
+ private:
+  using Trampoline = void (*)(void*, int64_t, int64_t);
+  void run(int64_t n, int parts, Trampoline t, void* ctx);
+  void worker(int index);
+
+  int n_threads_;
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+  // The job being run; written under mu_ before generation_ moves.
+  Trampoline job_fn_ = nullptr;
+  void* job_ctx_ = nullptr;
+  int64_t job_n_ = 0;
+  int job_parts_ = 0;
+  std::atomic<int> pending_{0};
+};
+
+// Number of threads to use by default: RECUR_THREADS or the hardware count.
+int default_thread_count();
+
+}  // namespace recur

@@ -1,0 +1,2 @@
+// The engine library; its sources land in this folder.
+namespace recur {}

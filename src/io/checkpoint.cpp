@@ -1,0 +1,126 @@
+#include "io/checkpoint.h"
+
+#include <filesystem>
+
+#include "io/mapped_file.h"
+
+namespace recur {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+Result<json> read_json_file(const std::string& path) {
+  RECUR_ASSIGN_OR_RETURN(std::string text, read_text_file(path));
+  try {
+    return json::parse(text);
+  } catch (const json::parse_error& e) {
+    return make_error(ErrorCode::kCorrupt, "{}: invalid JSON at byte {}: {}", path, e.byte,
+                      e.what());
+  }
+}
+
+Result<Checkpoint> Checkpoint::open(const std::string& dir) {
+  Checkpoint c;
+  c.dir_ = dir;
+  if (!fs::is_directory(dir)) {
+    return make_error(ErrorCode::kNotFound, "model directory {} does not exist", dir);
+  }
+  RECUR_ASSIGN_OR_RETURN(c.config_, read_json_file((fs::path(dir) / "config.json").string()));
+  if (!c.config_.is_object()) {
+    return make_error(ErrorCode::kCorrupt, "{}/config.json is not a JSON object", dir);
+  }
+  fs::path gen = fs::path(dir) / "generation_config.json";
+  if (fs::exists(gen)) {
+    RECUR_ASSIGN_OR_RETURN(c.generation_config_, read_json_file(gen.string()));
+    if (!c.generation_config_.is_object()) {
+      return make_error(ErrorCode::kCorrupt, "{} is not a JSON object", gen.string());
+    }
+  }
+
+  std::vector<std::string> shard_names;
+  fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  if (fs::exists(index)) {
+    RECUR_ASSIGN_OR_RETURN(json idx, read_json_file(index.string()));
+    if (!idx.is_object() || !idx.contains("weight_map") || !idx["weight_map"].is_object()) {
+      return make_error(ErrorCode::kCorrupt, "{}: no weight_map object", index.string());
+    }
+    std::set<std::string> seen;
+    for (auto& [name, file] : idx["weight_map"].items()) {
+      if (!file.is_string()) {
+        return make_error(ErrorCode::kCorrupt, "{}: weight_map['{}'] is not a file name",
+                          index.string(), name);
+      }
+      std::string f = file.get<std::string>();
+      if (f.find('/') != std::string::npos || f.find("..") != std::string::npos) {
+        return make_error(ErrorCode::kCorrupt, "{}: shard name '{}' leaves the directory",
+                          index.string(), f);
+      }
+      if (seen.insert(f).second) shard_names.push_back(f);
+    }
+  } else if (fs::exists(fs::path(dir) / "model.safetensors")) {
+    shard_names.push_back("model.safetensors");
+  } else {
+    return make_error(ErrorCode::kNotFound,
+                      "{}: neither model.safetensors nor model.safetensors.index.json", dir);
+  }
+  for (const std::string& name : shard_names) {
+    RECUR_ASSIGN_OR_RETURN(SafetensorsFile f,
+                           SafetensorsFile::open((fs::path(dir) / name).string()));
+    size_t file_index = c.files_.size();
+    for (auto& [tname, e] : f.entries()) {
+      auto [it, inserted] = c.where_.emplace(tname, file_index);
+      if (!inserted) {
+        return make_error(ErrorCode::kCorrupt, "tensor '{}' appears in both {} and {}", tname,
+                          c.files_[it->second]->path(), f.path());
+      }
+    }
+    c.files_.push_back(std::make_unique<SafetensorsFile>(std::move(f)));
+  }
+  return c;
+}
+
+Result<Tensor> Checkpoint::get(const std::string& name, const std::vector<int64_t>& shape) {
+  auto it = where_.find(name);
+  if (it == where_.end()) {
+    return make_error(ErrorCode::kNotFound, "{}: missing tensor '{}'", dir_, name);
+  }
+  const SafetensorsFile& f = *files_[it->second];
+  RECUR_ASSIGN_OR_RETURN(Tensor t, f.tensor(name));
+  bool same = t.ndim == int(shape.size());
+  for (int i = 0; same && i < t.ndim; ++i) same = t.shape[i] == shape[size_t(i)];
+  if (!same) {
+    std::string want = "[";
+    for (size_t i = 0; i < shape.size(); ++i) want += fmt::format("{}{}", i ? ", " : "", shape[i]);
+    want += "]";
+    return make_error(ErrorCode::kCorrupt, "{}: tensor '{}' has shape {}, expected {}", f.path(),
+                      name, t.shape_string(), want);
+  }
+  if (t.dtype != DType::F32 && t.dtype != DType::BF16 && t.dtype != DType::F16) {
+    return make_error(ErrorCode::kUnsupported,
+                      "{}: tensor '{}' has dtype {}; weights must be F32, BF16 or F16", f.path(),
+                      name, dtype_name(t.dtype));
+  }
+  used_.insert(name);
+  return t;
+}
+
+std::vector<std::string> Checkpoint::unused(const std::vector<std::string>& ignored) const {
+  std::vector<std::string> out;
+  for (auto& [name, idx] : where_) {
+    if (used_.count(name)) continue;
+    bool skip = false;
+    for (auto& p : ignored) skip = skip || name.rfind(p, 0) == 0;
+    if (!skip) out.push_back(name);
+  }
+  return out;
+}
+
+size_t Checkpoint::mapped_bytes() const {
+  size_t n = 0;
+  for (auto& f : files_) {
+    for (auto& [name, e] : f->entries()) n += e.bytes;
+  }
+  return n;
+}
+
+}  // namespace recur

@@ -1,0 +1,35 @@
+// A read-only memory mapping of a whole file.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/status.h"
+
+namespace recur {
+
+class MappedFile {
+ public:
+  static Result<MappedFile> open(const std::string& path);
+  MappedFile() = default;
+  MappedFile(MappedFile&& o) noexcept { *this = std::move(o); }
+  MappedFile& operator=(MappedFile&& o) noexcept;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  ~MappedFile();
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Whole file as a string (for small text files: JSON configs).
+Result<std::string> read_text_file(const std::string& path);
+
+}  // namespace recur

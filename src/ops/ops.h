@@ -1,0 +1,122 @@
+// The op interface: every kernel the models call, one implementation per backend.
+// Ops know tensors and ragged batches, never the model. Activations are f32; weights may be
+// F32, BF16 or F16 and are read as stored. Recurrent state is f32.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "core/allocator.h"
+#include "core/tensor.h"
+
+namespace recur {
+
+// Host-side description of a ragged batch. Sequence i owns tokens [seq_start[i], seq_start[i+1]);
+// there is no padding anywhere.
+struct SeqLayout {
+  int n_seqs = 0;
+  int n_tokens = 0;
+  const int32_t* seq_start = nullptr;    // [n_seqs + 1]
+  const int32_t* slot = nullptr;         // [n_seqs]: recurrent-state slot of each sequence
+  const int32_t* positions = nullptr;    // [n_tokens]: absolute position of each token
+  const int32_t* block_start = nullptr;  // [n_seqs + 1]: sequence i's block table is
+  const int32_t* block_ids = nullptr;    //   block_ids[block_start[i] .. block_start[i+1])
+  int block_size = 0;                    // tokens per attention-cache block
+
+  int seq_len(int i) const { return seq_start[i + 1] - seq_start[i]; }
+};
+
+// One SwiGLU expert: down(silu(gate(x)) * up(x)).
+struct ExpertWeights {
+  Tensor gate;  // [d_ff, d]
+  Tensor up;    // [d_ff, d]
+  Tensor down;  // [d, d_ff]
+};
+
+// Which form of the gated delta rule to run; kAuto picks per sequence (recurrent for one
+// token, chunked for more).
+enum class DeltaRuleForm { kAuto, kRecurrent, kChunked };
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+
+  virtual Device device() const = 0;
+  virtual Allocator& allocator() = 0;
+  // Makes a weight usable by this backend: the same view on the CPU, a device copy elsewhere.
+  virtual Result<Tensor> adopt_weight(const Tensor& host) = 0;
+  virtual void copy_to_host(const Tensor& src, void* dst) = 0;  // src contiguous
+  virtual void fill_zero(Tensor t) = 0;                         // t contiguous
+
+  // ---- row-wise ----
+  // out[n, d] = f32(table[ids[i], :])
+  virtual void embedding(const int32_t* ids, int n, const Tensor& table, Tensor out) = 0;
+  // out[n, d] = x[rows[i], :]
+  virtual void gather_rows(const Tensor& x, const int32_t* rows, int n, Tensor out) = 0;
+  // out[n, m] = x[n, k] · w[m, k]^T, or out += that when accumulate.
+  virtual void matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulate = false) = 0;
+  // Rows of x [..., d]: out = x · rsqrt(mean(x²) + eps) · (w + weight_offset); w [d].
+  virtual void rms_norm(const Tensor& x, const Tensor& w, float weight_offset, float eps,
+                        Tensor out) = 0;
+  // Rows of x, gate [..., d]: out = rms_norm(x) · w · silu(gate); w [d].
+  virtual void rms_norm_gated(const Tensor& x, const Tensor& gate, const Tensor& w, float eps,
+                              Tensor out) = 0;
+  // Rows of x [..., d], in place: x = x · rsqrt(sum(x²) + eps) · scale.
+  virtual void l2_norm(Tensor x, float eps, float scale) = 0;
+  // src [n, groups · sum(parts)] holds `groups` groups of consecutive parts; dsts[j]
+  // [n, groups · parts[j]] receives part j of every group, in group order.
+  virtual void split_groups(const Tensor& src, int groups, std::span<const int> parts,
+                            std::span<const Tensor> dsts) = 0;
+  // Rotary embedding on the first rot_dim channels of each head of x [n, heads, head_dim]
+  // (halves rotated, as in rotate_half), angle = position · theta^(-2i/rot_dim).
+  virtual void rope(Tensor x, const int32_t* positions, int rot_dim, double theta) = 0;
+
+  // ---- elementwise, [n, d] ----
+  virtual void swiglu(const Tensor& gate, const Tensor& up, Tensor out) = 0;  // silu(g)·u
+  virtual void mul_sigmoid(Tensor x, const Tensor& gate) = 0;                 // x ·= σ(gate)
+  virtual void add(Tensor x, const Tensor& y) = 0;                            // x += y
+  // x[r, :] += σ(s[r]) · y[r, :]; s [n, 1]
+  virtual void add_scaled_sigmoid(Tensor x, const Tensor& y, const Tensor& s) = 0;
+
+  // ---- Gated DeltaNet ----
+  // Per sequence, out = silu(causal depthwise conv of x), continuing from conv_state, whose
+  // rows then hold the sequence's last kernel-1 inputs.
+  //   x, out [n, C]; weight [C, 1, K] (stored layout); conv_state [slots, K-1, C] f32
+  virtual void conv1d_causal_silu(const Tensor& x, const Tensor& weight, Tensor conv_state,
+                                  const SeqLayout& layout, Tensor out) = 0;
+  // g = -exp(a_log) · softplus(a + dt_bias), beta = σ(b).  a, b, g, beta [n, Hv]; a_log, dt_bias [Hv]
+  virtual void gdn_gates(const Tensor& a, const Tensor& b, const Tensor& a_log,
+                         const Tensor& dt_bias, Tensor g, Tensor beta) = 0;
+  // The gated delta rule per sequence and value head h (key head h / (Hv/Hk)), from and into
+  // state[slot]:  S ← S·exp(g);  S ← S + k ⊗ β(v − Sᵀk);  o = Sᵀq.
+  //   q, k [n, Hk, dk] (already L2-normalised, q scaled); v [n, Hv, dv]; g, beta [n, Hv];
+  //   state [slots, Hv, dk, dv] f32; out [n, Hv, dv]; scratch from gated_delta_rule_scratch_bytes
+  virtual void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v,
+                                const Tensor& g, const Tensor& beta, Tensor state,
+                                const SeqLayout& layout, Tensor out, Tensor scratch,
+                                DeltaRuleForm form = DeltaRuleForm::kAuto) = 0;
+  virtual size_t gated_delta_rule_scratch_bytes(int dk, int dv) const = 0;
+
+  // ---- attention over a paged cache ----
+  // Writes each token's k, v [n, kv_heads, hd] at its position into caches
+  // [n_blocks, block_size, kv_heads, hd].
+  virtual void kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, Tensor v_cache,
+                              const SeqLayout& layout) = 0;
+  // Causal attention: token t of a sequence attends to its cache positions 0..positions[t].
+  // q, out [n, heads, hd]; heads a multiple of kv_heads (grouped-query attention).
+  virtual void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                               const SeqLayout& layout, float scale, Tensor out) = 0;
+
+  // ---- mixture of experts ----
+  // softmax(logits [n, E]) in f32, top-k (ties to the lower index), renormalised when
+  // norm_topk; ids [n, k] I32, weights [n, k] f32.
+  virtual void moe_route(const Tensor& logits, int k, bool norm_topk, Tensor ids,
+                         Tensor weights) = 0;
+  // out[t] = Σ_j weights[t, j] · expert[ids[t, j]](x[t]); x, out [n, d].
+  virtual void moe_experts(const Tensor& x, std::span<const ExpertWeights> experts,
+                           const Tensor& ids, const Tensor& weights, Tensor out,
+                           Tensor scratch) = 0;
+  virtual size_t moe_experts_scratch_bytes(int n_tokens, int k, int d, int d_ff) const = 0;
+};
+
+}  // namespace recur

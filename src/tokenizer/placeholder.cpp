@@ -1,0 +1,2 @@
+// The tokenizer library; its sources land in this folder.
+namespace recur {}
