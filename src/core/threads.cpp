@@ -36,7 +36,7 @@ void ThreadPool::run(int64_t n, int parts, Trampoline t, void* ctx) {
   cv_.notify_all();
   int64_t b, e;
   part_range(n, parts, 0, &b, &e);
-  t(ctx, b, e);
+  t(ctx, b, e, 0);
   // Workers finish within microseconds; spin briefly, then yield.
   int spins = 0;
   while (pending_.load(std::memory_order_acquire) > 0) {
@@ -64,7 +64,7 @@ void ThreadPool::worker(int index) {
     if (index < parts) {
       int64_t b, e;
       part_range(n, parts, index, &b, &e);
-      fn(ctx, b, e);
+      fn(ctx, b, e, index);
       pending_.fetch_sub(1, std::memory_order_acq_rel);
     }
   }

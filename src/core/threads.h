@@ -20,10 +20,11 @@ class ThreadPool {
 
   int size() const { return n_threads_; }
 
-  // Calls fn(begin, end) over a split of [0, n) into at most size() contiguous ranges.
-  // Runs inline when n < min_per_thread * 2 or the pool has one thread.
+  // Calls fn(begin, end, part) over a split of [0, n) into at most size() contiguous ranges;
+  // `part` < size() is unique among concurrent calls (an index for per-thread scratch).
+  // Runs inline when n < 2 * min_per_thread or the pool has one thread.
   template <typename Fn>
-  void parallel_for(int64_t n, int64_t min_per_thread, Fn&& fn) {
+  void parallel_for_indexed(int64_t n, int64_t min_per_thread, Fn&& fn) {
     if (n <= 0) return;
     int parts = n_threads_;
     if (min_per_thread > 0) {
@@ -31,15 +32,22 @@ class ThreadPool {
       if (max_parts < parts) parts = int(max_parts < 1 ? 1 : max_parts);
     }
     if (parts <= 1) {
-      fn(int64_t(0), n);
+      fn(int64_t(0), n, 0);
       return;
     }
     using F = std::remove_reference_t<Fn>;
-    run(n, parts, [](void* ctx, int64_t b, int64_t e) { (*static_cast<F*>(ctx))(b, e); }, &fn);
+    run(n, parts, [](void* ctx, int64_t b, int64_t e, int p) { (*static_cast<F*>(ctx))(b, e, p); },
+        &fn);
+  }
+
+  // As parallel_for_indexed, for bodies fn(begin, end) that need no scratch.
+  template <typename Fn>
+  void parallel_for(int64_t n, int64_t min_per_thread, Fn&& fn) {
+    parallel_for_indexed(n, min_per_thread, [&](int64_t b, int64_t e, int) { fn(b, e); });
   }
 
  private:
-  using Trampoline = void (*)(void*, int64_t, int64_t);
+  using Trampoline = void (*)(void*, int64_t, int64_t, int);
   void run(int64_t n, int parts, Trampoline t, void* ctx);
   void worker(int index);
 

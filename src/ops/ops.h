@@ -116,7 +116,8 @@ class Ops {
   virtual void moe_experts(const Tensor& x, std::span<const ExpertWeights> experts,
                            const Tensor& ids, const Tensor& weights, Tensor out,
                            Tensor scratch) = 0;
-  virtual size_t moe_experts_scratch_bytes(int n_tokens, int k, int d, int d_ff) const = 0;
+  virtual size_t moe_experts_scratch_bytes(int n_tokens, int k, int n_experts, int d,
+                                           int d_ff) const = 0;
 };
 
 }  // namespace recur

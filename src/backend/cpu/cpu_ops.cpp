@@ -1,0 +1,196 @@
+// Row-wise and elementwise CPU kernels. Matmul, Gated DeltaNet, attention and MoE kernels live
+// in their own files.
+#include "backend/cpu/cpu_ops.h"
+
+#include <cstring>
+
+#include "backend/cpu/kernels.h"
+
+namespace recur {
+
+using namespace cpu;
+
+CpuOps::CpuOps(int n_threads) : pool_(n_threads) {}
+
+void CpuOps::copy_to_host(const Tensor& src, void* dst) {
+  RECUR_CHECK(src.is_contiguous());
+  std::memcpy(dst, src.data, size_t(src.numel()) * dtype_size(src.dtype));
+}
+
+void CpuOps::fill_zero(Tensor t) {
+  RECUR_CHECK(t.is_contiguous());
+  std::memset(t.data, 0, size_t(t.numel()) * dtype_size(t.dtype));
+}
+
+void CpuOps::embedding(const int32_t* ids, int n, const Tensor& table, Tensor out) {
+  const int64_t d = table.shape[1];
+  RECUR_CHECK(out.shape[0] == n && out.shape[1] == d);
+  dispatch_weight(table.dtype, [&](auto tag) {
+    using W = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
+    for (int i = 0; i < n; ++i) {
+      RECUR_CHECK(ids[i] >= 0 && ids[i] < table.shape[0]);
+      const W* src = table.ptr<W>() + int64_t(ids[i]) * d;
+      float* dst = out.row<float>(i);
+      for (int64_t j = 0; j < d; ++j) dst[j] = to_f32(src[j]);
+    }
+  });
+}
+
+void CpuOps::gather_rows(const Tensor& x, const int32_t* rows, int n, Tensor out) {
+  const int64_t d = x.row_size();
+  for (int i = 0; i < n; ++i) {
+    std::memcpy(out.row<float>(i), x.row<float>(rows[i]), size_t(d) * sizeof(float));
+  }
+}
+
+void CpuOps::rms_norm(const Tensor& x, const Tensor& w, float weight_offset, float eps,
+                      Tensor out) {
+  RowView xs(x), os(out);
+  const int64_t d = xs.d;
+  RECUR_CHECK(w.numel() == d && os.n_rows == xs.n_rows);
+  dispatch_weight(w.dtype, [&](auto tag) {
+    using W = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
+    const W* wp = w.ptr<W>();
+    pool_.parallel_for(xs.n_rows, 64, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* xr = xs.row(r);
+        float* orow = os.row(r);
+        float ss = dot_f32(xr, xr, d);
+        float inv = 1.0f / std::sqrt(ss / float(d) + eps);
+        for (int64_t j = 0; j < d; ++j) orow[j] = xr[j] * inv * (to_f32(wp[j]) + weight_offset);
+      }
+    });
+  });
+}
+
+void CpuOps::rms_norm_gated(const Tensor& x, const Tensor& gate, const Tensor& w, float eps,
+                            Tensor out) {
+  RowView xs(x), gs(gate), os(out);
+  const int64_t d = xs.d;
+  RECUR_CHECK(w.numel() == d && gs.n_rows == xs.n_rows && os.n_rows == xs.n_rows);
+  dispatch_weight(w.dtype, [&](auto tag) {
+    using W = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
+    const W* wp = w.ptr<W>();
+    pool_.parallel_for(xs.n_rows, 64, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* xr = xs.row(r);
+        const float* gr = gs.row(r);
+        float* orow = os.row(r);
+        float ss = dot_f32(xr, xr, d);
+        float inv = 1.0f / std::sqrt(ss / float(d) + eps);
+        for (int64_t j = 0; j < d; ++j) orow[j] = xr[j] * inv * to_f32(wp[j]) * silu(gr[j]);
+      }
+    });
+  });
+}
+
+void CpuOps::l2_norm(Tensor x, float eps, float scale) {
+  RowView xs(x);
+  pool_.parallel_for(xs.n_rows, 256, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      float* xr = xs.row(r);
+      float inv = scale / std::sqrt(dot_f32(xr, xr, xs.d) + eps);
+      for (int64_t j = 0; j < xs.d; ++j) xr[j] *= inv;
+    }
+  });
+}
+
+void CpuOps::split_groups(const Tensor& src, int groups, std::span<const int> parts,
+                          std::span<const Tensor> dsts) {
+  RECUR_CHECK(parts.size() == dsts.size());
+  int group_width = 0;
+  for (int p : parts) group_width += p;
+  RECUR_CHECK(src.row_size() == int64_t(groups) * group_width);
+  const int64_t n = src.shape[0];
+  for (int64_t t = 0; t < n; ++t) {
+    const float* s = src.row<float>(t);
+    for (int gi = 0; gi < groups; ++gi) {
+      for (size_t j = 0; j < parts.size(); ++j) {
+        float* d = dsts[j].row<float>(t) + int64_t(gi) * parts[j];
+        std::memcpy(d, s, size_t(parts[j]) * sizeof(float));
+        s += parts[j];
+      }
+    }
+  }
+}
+
+void CpuOps::rope(Tensor x, const int32_t* positions, int rot_dim, double theta) {
+  RECUR_CHECK(x.ndim == 3 && x.stride[2] == 1 && rot_dim % 2 == 0 && rot_dim <= x.shape[2]);
+  const int half = rot_dim / 2;
+  RECUR_CHECK(half <= 512);
+  const int64_t n = x.shape[0], heads = x.shape[1];
+  pool_.parallel_for(n, 16, [&](int64_t t0, int64_t t1) {
+    float cos_t[512], sin_t[512];
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int i = 0; i < half; ++i) {
+        // Angles in double: positions reach millions, where f32 angles lose the phase.
+        double angle = double(positions[t]) * std::pow(theta, -2.0 * i / rot_dim);
+        cos_t[i] = float(std::cos(angle));
+        sin_t[i] = float(std::sin(angle));
+      }
+      for (int64_t h = 0; h < heads; ++h) {
+        float* xr = x.ptr<float>() + t * x.stride[0] + h * x.stride[1];
+        for (int i = 0; i < half; ++i) {
+          float a = xr[i], b = xr[i + half];
+          xr[i] = a * cos_t[i] - b * sin_t[i];
+          xr[i + half] = b * cos_t[i] + a * sin_t[i];
+        }
+      }
+    }
+  });
+}
+
+void CpuOps::swiglu(const Tensor& gate, const Tensor& up, Tensor out) {
+  RowView gs(gate), us(up), os(out);
+  for (int64_t r = 0; r < gs.n_rows; ++r) {
+    const float* g = gs.row(r);
+    const float* u = us.row(r);
+    float* o = os.row(r);
+    for (int64_t j = 0; j < gs.d; ++j) o[j] = silu(g[j]) * u[j];
+  }
+}
+
+void CpuOps::mul_sigmoid(Tensor x, const Tensor& gate) {
+  RowView xs(x), gs(gate);
+  for (int64_t r = 0; r < xs.n_rows; ++r) {
+    float* xr = xs.row(r);
+    const float* g = gs.row(r);
+    for (int64_t j = 0; j < xs.d; ++j) xr[j] *= sigmoid(g[j]);
+  }
+}
+
+void CpuOps::add(Tensor x, const Tensor& y) {
+  RowView xs(x), ys(y);
+  for (int64_t r = 0; r < xs.n_rows; ++r) {
+    float* xr = xs.row(r);
+    const float* yr = ys.row(r);
+    for (int64_t j = 0; j < xs.d; ++j) xr[j] += yr[j];
+  }
+}
+
+void CpuOps::add_scaled_sigmoid(Tensor x, const Tensor& y, const Tensor& s) {
+  RowView xs(x), ys(y);
+  for (int64_t r = 0; r < xs.n_rows; ++r) {
+    float* xr = xs.row(r);
+    const float* yr = ys.row(r);
+    const float sc = sigmoid(*s.row<float>(r));
+    for (int64_t j = 0; j < xs.d; ++j) xr[j] += sc * yr[j];
+  }
+}
+
+void CpuOps::gdn_gates(const Tensor& a, const Tensor& b, const Tensor& a_log,
+                       const Tensor& dt_bias, Tensor g, Tensor beta) {
+  const int64_t n = a.shape[0], hv = a.shape[1];
+  for (int64_t t = 0; t < n; ++t) {
+    const float* ar = a.row<float>(t);
+    const float* br = b.row<float>(t);
+    float* gr = g.row<float>(t);
+    float* betar = beta.row<float>(t);
+    for (int64_t h = 0; h < hv; ++h) {
+      gr[h] = -std::exp(weight_at(a_log, h)) * softplus(ar[h] + weight_at(dt_bias, h));
+      betar[h] = sigmoid(br[h]);
+    }
+  }
+}
+
+}  // namespace recur

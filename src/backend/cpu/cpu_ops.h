@@ -1,0 +1,65 @@
+// The CPU backend: vectorised f32 kernels over a fixed thread pool. Weights are read in their
+// stored dtype (F32, BF16, F16) and widened to f32 inside the loops.
+#pragma once
+
+#include <memory>
+
+#include "core/threads.h"
+#include "ops/ops.h"
+
+namespace recur {
+
+class CpuOps final : public Ops {
+ public:
+  explicit CpuOps(int n_threads = default_thread_count());
+
+  Device device() const override { return Device::kCpu; }
+  Allocator& allocator() override { return cpu_allocator(); }
+  Result<Tensor> adopt_weight(const Tensor& host) override { return host; }
+  void copy_to_host(const Tensor& src, void* dst) override;
+  void fill_zero(Tensor t) override;
+  int n_threads() const { return pool_.size(); }
+
+  void embedding(const int32_t* ids, int n, const Tensor& table, Tensor out) override;
+  void gather_rows(const Tensor& x, const int32_t* rows, int n, Tensor out) override;
+  void matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulate) override;
+  void rms_norm(const Tensor& x, const Tensor& w, float weight_offset, float eps,
+                Tensor out) override;
+  void rms_norm_gated(const Tensor& x, const Tensor& gate, const Tensor& w, float eps,
+                      Tensor out) override;
+  void l2_norm(Tensor x, float eps, float scale) override;
+  void split_groups(const Tensor& src, int groups, std::span<const int> parts,
+                    std::span<const Tensor> dsts) override;
+  void rope(Tensor x, const int32_t* positions, int rot_dim, double theta) override;
+
+  void swiglu(const Tensor& gate, const Tensor& up, Tensor out) override;
+  void mul_sigmoid(Tensor x, const Tensor& gate) override;
+  void add(Tensor x, const Tensor& y) override;
+  void add_scaled_sigmoid(Tensor x, const Tensor& y, const Tensor& s) override;
+
+  void conv1d_causal_silu(const Tensor& x, const Tensor& weight, Tensor conv_state,
+                          const SeqLayout& layout, Tensor out) override;
+  void gdn_gates(const Tensor& a, const Tensor& b, const Tensor& a_log, const Tensor& dt_bias,
+                 Tensor g, Tensor beta) override;
+  void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                        const Tensor& beta, Tensor state, const SeqLayout& layout, Tensor out,
+                        Tensor scratch, DeltaRuleForm form) override;
+  size_t gated_delta_rule_scratch_bytes(int dk, int dv) const override;
+
+  void kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, Tensor v_cache,
+                      const SeqLayout& layout) override;
+  void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                       const SeqLayout& layout, float scale, Tensor out) override;
+
+  void moe_route(const Tensor& logits, int k, bool norm_topk, Tensor ids,
+                 Tensor weights) override;
+  void moe_experts(const Tensor& x, std::span<const ExpertWeights> experts, const Tensor& ids,
+                   const Tensor& weights, Tensor out, Tensor scratch) override;
+  size_t moe_experts_scratch_bytes(int n_tokens, int k, int n_experts, int d,
+                                   int d_ff) const override;
+
+ private:
+  ThreadPool pool_;
+};
+
+}  // namespace recur

@@ -1,0 +1,259 @@
+// Gated DeltaNet on the CPU: the causal depthwise conv with its rolling state, and the gated
+// delta rule in its recurrent form (decode) and its chunked WY form (prompts).
+#include <algorithm>
+#include <vector>
+
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/kernels.h"
+
+namespace recur {
+
+using namespace cpu;
+
+void CpuOps::conv1d_causal_silu(const Tensor& x, const Tensor& weight, Tensor conv_state,
+                                const SeqLayout& layout, Tensor out) {
+  const int64_t C = x.shape[1];
+  const int64_t K = weight.shape[weight.ndim - 1];
+  RECUR_CHECK(weight.shape[0] == C && conv_state.shape[1] == K - 1 && conv_state.shape[2] == C);
+  RECUR_CHECK(K >= 1 && K <= 16);
+  dispatch_weight(weight.dtype, [&](auto tag) {
+    using W = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
+    const W* w = weight.ptr<W>();
+    for (int s = 0; s < layout.n_seqs; ++s) {
+      const int64_t base = layout.seq_start[s], len = layout.seq_len(s);
+      float* state = conv_state.ptr<float>() + int64_t(layout.slot[s]) * (K - 1) * C;
+      pool_.parallel_for(C, 512, [&](int64_t c0, int64_t c1) {
+        for (int64_t c = c0; c < c1; ++c) {
+          float wc[16];
+          for (int64_t j = 0; j < K; ++j) wc[j] = to_f32(w[c * K + j]);
+          // Input at local index i (negative: from the state of earlier calls).
+          auto input = [&](int64_t i) {
+            return i < 0 ? state[(K - 1 + i) * C + c] : x.row<float>(base + i)[c];
+          };
+          for (int64_t i = 0; i < len; ++i) {
+            float acc = 0.0f;
+            for (int64_t j = 0; j < K; ++j) acc += wc[j] * input(i - (K - 1) + j);
+            out.row<float>(base + i)[c] = silu(acc);
+          }
+          // The state keeps the last K-1 inputs, oldest first.
+          float tail[16];
+          for (int64_t r = 0; r < K - 1; ++r) tail[r] = input(len - (K - 1) + r);
+          for (int64_t r = 0; r < K - 1; ++r) state[r * C + c] = tail[r];
+        }
+      });
+    }
+  });
+}
+
+namespace {
+
+constexpr int kChunk = 64;
+
+struct DeltaRuleArgs {
+  const Tensor *q, *k, *v, *g, *beta;
+  float* state;  // [Hv, dk, dv] of this sequence's slot
+  Tensor out;
+  int64_t base, len;  // token range of the sequence
+  int64_t head, key_head, dk, dv;
+};
+
+// One value head of one sequence, token by token: the definition of the rule.
+void delta_rule_recurrent(const DeltaRuleArgs& a) {
+  float* S = a.state + a.head * a.dk * a.dv;  // [dk, dv]
+  float kv_mem[1024];
+  for (int64_t t = a.base; t < a.base + a.len; ++t) {
+    const float* q = a.q->ptr<float>() + t * a.q->stride[0] + a.key_head * a.q->stride[1];
+    const float* k = a.k->ptr<float>() + t * a.k->stride[0] + a.key_head * a.k->stride[1];
+    const float* v = a.v->ptr<float>() + t * a.v->stride[0] + a.head * a.v->stride[1];
+    const float decay = std::exp(a.g->row<float>(t)[a.head]);
+    const float beta = a.beta->row<float>(t)[a.head];
+    float* o = a.out.ptr<float>() + t * a.out.stride[0] + a.head * a.out.stride[1];
+    std::fill(kv_mem, kv_mem + a.dv, 0.0f);
+    for (int64_t i = 0; i < a.dk; ++i) {
+      float* Si = S + i * a.dv;
+      const float ki = k[i];
+#pragma omp simd
+      for (int64_t j = 0; j < a.dv; ++j) {
+        Si[j] *= decay;
+        kv_mem[j] += Si[j] * ki;
+      }
+    }
+    for (int64_t j = 0; j < a.dv; ++j) kv_mem[j] = (v[j] - kv_mem[j]) * beta;  // delta
+    std::fill(o, o + a.dv, 0.0f);
+    for (int64_t i = 0; i < a.dk; ++i) {
+      float* Si = S + i * a.dv;
+      const float ki = k[i], qi = q[i];
+#pragma omp simd
+      for (int64_t j = 0; j < a.dv; ++j) {
+        Si[j] += ki * kv_mem[j];
+        o[j] += Si[j] * qi;
+      }
+    }
+  }
+}
+
+struct ChunkScratch {
+  float *G, *Q, *K, *V, *A, *QK, *Wk, *U, *Vnew;
+  double* T;
+  static size_t floats(int64_t dk, int64_t dv) {
+    const int64_t C = kChunk;
+    return size_t(C + 2 * C * dk + C * dv + 2 * C * C + 2 * C * C + C * dk + 2 * C * dv + 64);
+  }
+  ChunkScratch(float* p, int64_t dk, int64_t dv) {
+    const int64_t C = kChunk;
+    T = reinterpret_cast<double*>(p);  // first, so it stays 8-byte aligned
+    p += 2 * C * C;
+    G = p, p += C;
+    Q = p, p += C * dk;
+    K = p, p += C * dk;
+    V = p, p += C * dv;
+    A = p, p += C * C;
+    QK = p, p += C * C;
+    Wk = p, p += C * dk;
+    U = p, p += C * dv;
+    Vnew = p;
+  }
+};
+
+// One value head of one sequence in chunks of kChunk tokens. Within a chunk (G = cumulative
+// log-decay, S0 = state before it), the rule's updates u satisfy (I + A) u = βv − βe^G K S0
+// with A[i][j] = β_i e^(G_i − G_j) k_i·k_j (j < i). T = (I + A)^-1 (the UT transform) gives
+// u = T(βv) − T(βe^G K) S0, after which outputs and the next state are matrix products.
+void delta_rule_chunked(const DeltaRuleArgs& a, float* scratch) {
+  const int64_t dk = a.dk, dv = a.dv;
+  ChunkScratch s(scratch, dk, dv);
+  float* S = a.state + a.head * dk * dv;  // [dk, dv]
+  for (int64_t c0 = 0; c0 < a.len; c0 += kChunk) {
+    const int64_t L = std::min<int64_t>(kChunk, a.len - c0);
+    float beta[kChunk];
+    float cum = 0.0f;
+    for (int64_t i = 0; i < L; ++i) {
+      const int64_t t = a.base + c0 + i;
+      std::copy_n(a.q->ptr<float>() + t * a.q->stride[0] + a.key_head * a.q->stride[1], dk,
+                  s.Q + i * dk);
+      std::copy_n(a.k->ptr<float>() + t * a.k->stride[0] + a.key_head * a.k->stride[1], dk,
+                  s.K + i * dk);
+      std::copy_n(a.v->ptr<float>() + t * a.v->stride[0] + a.head * a.v->stride[1], dv,
+                  s.V + i * dv);
+      cum += a.g->row<float>(t)[a.head];
+      s.G[i] = cum;
+      beta[i] = a.beta->row<float>(t)[a.head];
+    }
+    // A (strictly lower) and the causal q·k products with their decays.
+    for (int64_t i = 0; i < L; ++i) {
+      for (int64_t j = 0; j <= i; ++j) {
+        const float decay = std::exp(s.G[i] - s.G[j]);
+        if (j < i) s.A[i * kChunk + j] = beta[i] * decay * dot_f32(s.K + i * dk, s.K + j * dk, dk);
+        s.QK[i * kChunk + j] = decay * dot_f32(s.Q + i * dk, s.K + j * dk, dk);
+      }
+    }
+    // T = (I + A)^-1 by forward substitution, in double: the solve amplifies rounding when
+    // many keys of a chunk are nearly parallel (small key heads).
+    for (int64_t i = 0; i < L; ++i) {
+      double* Ti = s.T + i * kChunk;
+      for (int64_t j = 0; j < i; ++j) {
+        double acc = 0.0;
+        for (int64_t m = j; m < i; ++m) acc += double(s.A[i * kChunk + m]) * s.T[m * kChunk + j];
+        Ti[j] = -acc;
+      }
+      Ti[i] = 1.0;
+    }
+    // Wk = T (β e^G K) [L, dk];  U = T (β V) [L, dv]
+    for (int64_t i = 0; i < L; ++i) {
+      float* wk = s.Wk + i * dk;
+      float* u = s.U + i * dv;
+      std::fill(wk, wk + dk, 0.0f);
+      std::fill(u, u + dv, 0.0f);
+      for (int64_t j = 0; j <= i; ++j) {
+        const float tij = float(s.T[i * kChunk + j]) * beta[j];
+        const float tk = tij * std::exp(s.G[j]);
+        const float* kj = s.K + j * dk;
+        const float* vj = s.V + j * dv;
+#pragma omp simd
+        for (int64_t m = 0; m < dk; ++m) wk[m] += tk * kj[m];
+#pragma omp simd
+        for (int64_t m = 0; m < dv; ++m) u[m] += tij * vj[m];
+      }
+    }
+    // Vnew = U − Wk S0; out_i = e^(G_i) q_i S0 + Σ_j≤i QK[i][j] Vnew_j
+    for (int64_t i = 0; i < L; ++i) {
+      float* vn = s.Vnew + i * dv;
+      std::copy_n(s.U + i * dv, dv, vn);
+      float* o = a.out.ptr<float>() + (a.base + c0 + i) * a.out.stride[0] +
+                 a.head * a.out.stride[1];
+      std::fill(o, o + dv, 0.0f);
+      const float eg = std::exp(s.G[i]);
+      for (int64_t m = 0; m < dk; ++m) {
+        const float* Sm = S + m * dv;
+        const float w = s.Wk[i * dk + m];
+        const float qm = s.Q[i * dk + m] * eg;
+#pragma omp simd
+        for (int64_t j = 0; j < dv; ++j) {
+          vn[j] -= w * Sm[j];
+          o[j] += qm * Sm[j];
+        }
+      }
+    }
+    for (int64_t i = 0; i < L; ++i) {
+      float* o = a.out.ptr<float>() + (a.base + c0 + i) * a.out.stride[0] +
+                 a.head * a.out.stride[1];
+      for (int64_t j = 0; j <= i; ++j) {
+        const float qk = s.QK[i * kChunk + j];
+        const float* vn = s.Vnew + j * dv;
+#pragma omp simd
+        for (int64_t m = 0; m < dv; ++m) o[m] += qk * vn[m];
+      }
+    }
+    // S = e^(G_last) S0 + Σ_j e^(G_last − G_j) k_j ⊗ Vnew_j
+    const float g_last = s.G[L - 1];
+    const float decay_all = std::exp(g_last);
+    for (int64_t m = 0; m < dk * dv; ++m) S[m] *= decay_all;
+    for (int64_t j = 0; j < L; ++j) {
+      const float dj = std::exp(g_last - s.G[j]);
+      const float* vn = s.Vnew + j * dv;
+      for (int64_t m = 0; m < dk; ++m) {
+        const float kj = s.K[j * dk + m] * dj;
+        float* Sm = S + m * dv;
+#pragma omp simd
+        for (int64_t e = 0; e < dv; ++e) Sm[e] += kj * vn[e];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+size_t CpuOps::gated_delta_rule_scratch_bytes(int dk, int dv) const {
+  return ChunkScratch::floats(dk, dv) * sizeof(float) * size_t(pool_.size());
+}
+
+void CpuOps::gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                              const Tensor& beta, Tensor state, const SeqLayout& layout,
+                              Tensor out, Tensor scratch, DeltaRuleForm form) {
+  const int64_t hk = q.shape[1], dk = q.shape[2], hv = v.shape[1], dv = v.shape[2];
+  RECUR_CHECK(hv % hk == 0 && dv <= 1024);
+  RECUR_CHECK(state.shape[1] == hv && state.shape[2] == dk && state.shape[3] == dv);
+  const size_t per_thread = ChunkScratch::floats(dk, dv);
+  RECUR_CHECK(scratch.numel() * int64_t(dtype_size(scratch.dtype)) >=
+              int64_t(per_thread * sizeof(float)) * pool_.size());
+  const int64_t group = hv / hk;
+  pool_.parallel_for_indexed(int64_t(layout.n_seqs) * hv, 1, [&](int64_t b, int64_t e, int part) {
+    float* my_scratch = scratch.ptr<float>() + size_t(part) * per_thread;
+    for (int64_t task = b; task < e; ++task) {
+      const int s = int(task / hv);
+      DeltaRuleArgs a{&q, &k, &v, &g, &beta,
+                      state.ptr<float>() + int64_t(layout.slot[s]) * hv * dk * dv,
+                      out, layout.seq_start[s], layout.seq_len(s),
+                      task % hv, (task % hv) / group, dk, dv};
+      const bool recurrent = form == DeltaRuleForm::kRecurrent ||
+                             (form == DeltaRuleForm::kAuto && a.len == 1);
+      if (recurrent) {
+        delta_rule_recurrent(a);
+      } else {
+        delta_rule_chunked(a, my_scratch);
+      }
+    }
+  });
+}
+
+}  // namespace recur

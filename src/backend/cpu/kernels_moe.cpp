@@ -1,0 +1,120 @@
+// Mixture of experts on the CPU: f32 softmax routing, then tokens grouped by expert so that
+// each chosen expert's weights are read once per step, whatever the number of tokens.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/kernels.h"
+
+namespace recur {
+
+using namespace cpu;
+
+void CpuOps::moe_route(const Tensor& logits, int k, bool norm_topk, Tensor ids, Tensor weights) {
+  const int64_t n = logits.shape[0], E = logits.shape[1];
+  RECUR_CHECK(k >= 1 && k <= E && E <= 4096 && k <= 64);
+  for (int64_t t = 0; t < n; ++t) {
+    const float* l = logits.row<float>(t);
+    float mx = l[0];
+    for (int64_t e = 1; e < E; ++e) mx = std::max(mx, l[e]);
+    double sum = 0.0;
+    for (int64_t e = 0; e < E; ++e) sum += std::exp(double(l[e] - mx));
+    // Top-k by logit (softmax is monotonic); ties go to the lower expert index.
+    int32_t top[64];
+    int n_top = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      int pos = n_top;
+      while (pos > 0 && l[top[pos - 1]] < l[e]) --pos;
+      if (pos >= k) continue;
+      for (int j = std::min(n_top, k - 1); j > pos; --j) top[j] = top[j - 1];
+      top[pos] = int32_t(e);
+      n_top = std::min(n_top + 1, k);
+    }
+    int32_t* id_row = ids.row<int32_t>(t);
+    float* w_row = weights.row<float>(t);
+    double kept = 0.0;
+    for (int j = 0; j < k; ++j) {
+      id_row[j] = top[j];
+      const double p = std::exp(double(l[top[j]] - mx)) / sum;
+      w_row[j] = float(p);
+      kept += p;
+    }
+    if (norm_topk) {
+      for (int j = 0; j < k; ++j) w_row[j] = float(double(w_row[j]) / kept);
+    }
+  }
+}
+
+size_t CpuOps::moe_experts_scratch_bytes(int n_tokens, int k, int n_experts, int d,
+                                         int d_ff) const {
+  const size_t pairs = size_t(n_tokens) * size_t(k);
+  // x rows, gate/up/hidden rows and down rows per (token, expert) pair; index arrays.
+  return (pairs * (size_t(d) * 2 + size_t(d_ff) * 3) + pairs * 2 + size_t(n_experts) + 1) * 4 +
+         256;
+}
+
+void CpuOps::moe_experts(const Tensor& x, std::span<const ExpertWeights> experts,
+                         const Tensor& ids, const Tensor& weights, Tensor out, Tensor scratch) {
+  const int64_t n = x.shape[0], d = x.row_size(), k = ids.shape[1];
+  const int64_t E = int64_t(experts.size());
+  const int64_t d_ff = experts[0].gate.shape[0];
+  const int64_t pairs = n * k;
+  float* p = scratch.ptr<float>();
+  float* xs = p;  // [pairs, d]: x rows sorted by expert
+  p += pairs * d;
+  float* gs = p;  // [pairs, d_ff]
+  p += pairs * d_ff;
+  float* us = p;  // [pairs, d_ff]
+  p += pairs * d_ff;
+  float* hs = p;  // [pairs, d_ff]
+  p += pairs * d_ff;
+  float* ys = p;  // [pairs, d]
+  p += pairs * d;
+  int32_t* token_of = reinterpret_cast<int32_t*>(p);  // [pairs]
+  float* weight_of = p + pairs;                       // [pairs]
+  int32_t* offset = reinterpret_cast<int32_t*>(p + 2 * pairs);  // [E + 1]
+
+  // Counting sort of (token, expert) pairs by expert.
+  std::fill(offset, offset + E + 1, 0);
+  for (int64_t i = 0; i < pairs; ++i) {
+    const int32_t e = ids.row<int32_t>(i / k)[i % k];
+    RECUR_CHECK(e >= 0 && e < E);
+    ++offset[e + 1];
+  }
+  for (int64_t e = 0; e < E; ++e) offset[e + 1] += offset[e];
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t e = ids.row<int32_t>(t)[j];
+      const int32_t dst = offset[e]++;
+      token_of[dst] = int32_t(t);
+      weight_of[dst] = weights.row<float>(t)[j];
+      std::memcpy(xs + dst * d, x.row<float>(t), size_t(d) * 4);
+    }
+  }
+  for (int64_t e = E; e > 0; --e) offset[e] = offset[e - 1];
+  offset[0] = 0;
+
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t b = offset[e], m = offset[e + 1] - b;
+    if (m == 0) continue;
+    const Tensor xe = Tensor::contiguous(xs + b * d, DType::F32, {m, d});
+    const Tensor ge = Tensor::contiguous(gs + b * d_ff, DType::F32, {m, d_ff});
+    const Tensor ue = Tensor::contiguous(us + b * d_ff, DType::F32, {m, d_ff});
+    const Tensor he = Tensor::contiguous(hs + b * d_ff, DType::F32, {m, d_ff});
+    const Tensor ye = Tensor::contiguous(ys + b * d, DType::F32, {m, d});
+    matmul(xe, experts[size_t(e)].gate, ge, false);
+    matmul(xe, experts[size_t(e)].up, ue, false);
+    swiglu(ge, ue, he);
+    matmul(he, experts[size_t(e)].down, ye, false);
+  }
+  for (int64_t t = 0; t < n; ++t) std::fill(out.row<float>(t), out.row<float>(t) + d, 0.0f);
+  for (int64_t i = 0; i < pairs; ++i) {
+    float* o = out.row<float>(token_of[i]);
+    const float w = weight_of[i];
+    const float* y = ys + i * d;
+    for (int64_t j = 0; j < d; ++j) o[j] += w * y[j];
+  }
+}
+
+}  // namespace recur

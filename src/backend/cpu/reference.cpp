@@ -1,0 +1,230 @@
+#include "backend/cpu/reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "backend/cpu/kernels.h"
+
+namespace recur::ref {
+
+using cpu::RowView;
+using cpu::weight_at;
+
+namespace {
+double silu(double x) { return x / (1.0 + std::exp(-x)); }
+double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+float& at3(const Tensor& t, int64_t a, int64_t b, int64_t c) {
+  return t.ptr<float>()[a * t.stride[0] + b * t.stride[1] + c * t.stride[2]];
+}
+}  // namespace
+
+void matmul(const Tensor& x, const Tensor& w, Tensor out) {
+  const int64_t n = x.shape[0], m = w.shape[0], k = w.shape[1];
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t j = 0; j < m; ++j) {
+      double acc = 0;
+      for (int64_t i = 0; i < k; ++i) acc += double(x.row<float>(t)[i]) * weight_at(w, j * k + i);
+      out.row<float>(t)[j] = float(acc);
+    }
+  }
+}
+
+void rms_norm(const Tensor& x, const Tensor& w, float weight_offset, float eps, Tensor out) {
+  RowView xs(x), os(out);
+  for (int64_t r = 0; r < xs.n_rows; ++r) {
+    double ss = 0;
+    for (int64_t j = 0; j < xs.d; ++j) ss += double(xs.row(r)[j]) * xs.row(r)[j];
+    const double inv = 1.0 / std::sqrt(ss / double(xs.d) + eps);
+    for (int64_t j = 0; j < xs.d; ++j) {
+      os.row(r)[j] = float(xs.row(r)[j] * inv * (weight_at(w, j) + double(weight_offset)));
+    }
+  }
+}
+
+void rms_norm_gated(const Tensor& x, const Tensor& gate, const Tensor& w, float eps, Tensor out) {
+  RowView xs(x), gs(gate), os(out);
+  for (int64_t r = 0; r < xs.n_rows; ++r) {
+    double ss = 0;
+    for (int64_t j = 0; j < xs.d; ++j) ss += double(xs.row(r)[j]) * xs.row(r)[j];
+    const double inv = 1.0 / std::sqrt(ss / double(xs.d) + eps);
+    for (int64_t j = 0; j < xs.d; ++j) {
+      os.row(r)[j] = float(xs.row(r)[j] * inv * weight_at(w, j) * silu(gs.row(r)[j]));
+    }
+  }
+}
+
+void l2_norm(Tensor x, float eps, float scale) {
+  RowView xs(x);
+  for (int64_t r = 0; r < xs.n_rows; ++r) {
+    double ss = 0;
+    for (int64_t j = 0; j < xs.d; ++j) ss += double(xs.row(r)[j]) * xs.row(r)[j];
+    const double f = double(scale) / std::sqrt(ss + eps);
+    for (int64_t j = 0; j < xs.d; ++j) xs.row(r)[j] = float(xs.row(r)[j] * f);
+  }
+}
+
+void rope(Tensor x, const int32_t* positions, int rot_dim, double theta) {
+  const int half = rot_dim / 2;
+  for (int64_t t = 0; t < x.shape[0]; ++t) {
+    for (int64_t h = 0; h < x.shape[1]; ++h) {
+      for (int i = 0; i < half; ++i) {
+        const double inv_freq = 1.0 / std::pow(theta, double(2 * i) / rot_dim);
+        const double angle = positions[t] * inv_freq;
+        const double a = at3(x, t, h, i), b = at3(x, t, h, i + half);
+        at3(x, t, h, i) = float(a * std::cos(angle) - b * std::sin(angle));
+        at3(x, t, h, i + half) = float(b * std::cos(angle) + a * std::sin(angle));
+      }
+    }
+  }
+}
+
+void conv1d_causal_silu(const Tensor& x, const Tensor& weight, Tensor conv_state,
+                        const SeqLayout& layout, Tensor out) {
+  const int64_t C = x.shape[1], K = weight.shape[weight.ndim - 1];
+  for (int s = 0; s < layout.n_seqs; ++s) {
+    float* state = conv_state.ptr<float>() + int64_t(layout.slot[s]) * (K - 1) * C;
+    const int64_t base = layout.seq_start[s], len = layout.seq_len(s);
+    // The sequence's full input: state rows, then the new tokens.
+    std::vector<double> in(static_cast<size_t>((K - 1 + len) * C));
+    for (int64_t r = 0; r < K - 1; ++r)
+      for (int64_t c = 0; c < C; ++c) in[size_t(r * C + c)] = state[r * C + c];
+    for (int64_t i = 0; i < len; ++i)
+      for (int64_t c = 0; c < C; ++c) in[size_t((K - 1 + i) * C + c)] = x.row<float>(base + i)[c];
+    for (int64_t i = 0; i < len; ++i) {
+      for (int64_t c = 0; c < C; ++c) {
+        double acc = 0;
+        for (int64_t j = 0; j < K; ++j) acc += weight_at(weight, c * K + j) * in[size_t((i + j) * C + c)];
+        out.row<float>(base + i)[c] = float(silu(acc));
+      }
+    }
+    for (int64_t r = 0; r < K - 1; ++r)
+      for (int64_t c = 0; c < C; ++c) state[r * C + c] = float(in[size_t((len + r) * C + c)]);
+  }
+}
+
+void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                      const Tensor& beta, Tensor state, const SeqLayout& layout, Tensor out) {
+  const int64_t hk = q.shape[1], dk = q.shape[2], hv = v.shape[1], dv = v.shape[2];
+  const int64_t group = hv / hk;
+  std::vector<double> S(static_cast<size_t>(dk * dv)), kv(static_cast<size_t>(dv));
+  for (int s = 0; s < layout.n_seqs; ++s) {
+    for (int64_t h = 0; h < hv; ++h) {
+      float* st = state.ptr<float>() + (int64_t(layout.slot[s]) * hv + h) * dk * dv;
+      for (int64_t i = 0; i < dk * dv; ++i) S[size_t(i)] = st[i];
+      for (int64_t t = layout.seq_start[s]; t < layout.seq_start[s + 1]; ++t) {
+        const double decay = std::exp(double(g.row<float>(t)[h]));
+        const double b = beta.row<float>(t)[h];
+        for (auto& e : S) e *= decay;
+        for (int64_t j = 0; j < dv; ++j) {
+          double acc = 0;
+          for (int64_t i = 0; i < dk; ++i) acc += S[size_t(i * dv + j)] * at3(k, t, h / group, i);
+          kv[size_t(j)] = (at3(v, t, h, j) - acc) * b;
+        }
+        for (int64_t i = 0; i < dk; ++i)
+          for (int64_t j = 0; j < dv; ++j) S[size_t(i * dv + j)] += at3(k, t, h / group, i) * kv[size_t(j)];
+        for (int64_t j = 0; j < dv; ++j) {
+          double acc = 0;
+          for (int64_t i = 0; i < dk; ++i) acc += S[size_t(i * dv + j)] * at3(q, t, h / group, i);
+          at3(out, t, h, j) = float(acc);
+        }
+      }
+      for (int64_t i = 0; i < dk * dv; ++i) st[i] = float(S[size_t(i)]);
+    }
+  }
+}
+
+namespace {
+float* cache_at(const Tensor& c, const SeqLayout& l, int s, int64_t pos, int64_t h) {
+  const int32_t block = l.block_ids[l.block_start[s] + pos / l.block_size];
+  return c.ptr<float>() + block * c.stride[0] + (pos % l.block_size) * c.stride[1] + h * c.stride[2];
+}
+}  // namespace
+
+void kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, Tensor v_cache,
+                    const SeqLayout& layout) {
+  for (int s = 0; s < layout.n_seqs; ++s)
+    for (int64_t t = layout.seq_start[s]; t < layout.seq_start[s + 1]; ++t)
+      for (int64_t h = 0; h < k.shape[1]; ++h)
+        for (int64_t j = 0; j < k.shape[2]; ++j) {
+          cache_at(k_cache, layout, s, layout.positions[t], h)[j] = at3(k, t, h, j);
+          cache_at(v_cache, layout, s, layout.positions[t], h)[j] = at3(v, t, h, j);
+        }
+}
+
+void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                     const SeqLayout& layout, float scale, Tensor out) {
+  const int64_t heads = q.shape[1], hd = q.shape[2], group = heads / k_cache.shape[2];
+  for (int s = 0; s < layout.n_seqs; ++s) {
+    for (int64_t t = layout.seq_start[s]; t < layout.seq_start[s + 1]; ++t) {
+      const int64_t n_ctx = layout.positions[t] + 1;
+      for (int64_t h = 0; h < heads; ++h) {
+        std::vector<double> score(static_cast<size_t>(n_ctx));
+        for (int64_t p = 0; p < n_ctx; ++p) {
+          double acc = 0;
+          for (int64_t j = 0; j < hd; ++j) acc += double(at3(q, t, h, j)) * cache_at(k_cache, layout, s, p, h / group)[j];
+          score[size_t(p)] = acc * scale;
+        }
+        const double mx = *std::max_element(score.begin(), score.end());
+        double sum = 0;
+        for (auto& e : score) sum += (e = std::exp(e - mx));
+        for (int64_t j = 0; j < hd; ++j) {
+          double acc = 0;
+          for (int64_t p = 0; p < n_ctx; ++p) acc += score[size_t(p)] * cache_at(v_cache, layout, s, p, h / group)[j];
+          at3(out, t, h, j) = float(acc / sum);
+        }
+      }
+    }
+  }
+}
+
+void moe_route(const Tensor& logits, int k, bool norm_topk, Tensor ids, Tensor weights) {
+  const int64_t n = logits.shape[0], E = logits.shape[1];
+  for (int64_t t = 0; t < n; ++t) {
+    std::vector<double> p(static_cast<size_t>(E));
+    double mx = -INFINITY, sum = 0;
+    for (int64_t e = 0; e < E; ++e) mx = std::max(mx, double(logits.row<float>(t)[e]));
+    for (int64_t e = 0; e < E; ++e) sum += (p[size_t(e)] = std::exp(logits.row<float>(t)[e] - mx));
+    for (auto& e : p) e /= sum;
+    std::vector<int> order(static_cast<size_t>(E));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[size_t(a)] > p[size_t(b)]; });
+    double kept = 0;
+    for (int j = 0; j < k; ++j) kept += p[size_t(order[size_t(j)])];
+    for (int j = 0; j < k; ++j) {
+      ids.row<int32_t>(t)[j] = order[size_t(j)];
+      weights.row<float>(t)[j] = float(p[size_t(order[size_t(j)])] / (norm_topk ? kept : 1.0));
+    }
+  }
+}
+
+void moe_experts(const Tensor& x, std::span<const ExpertWeights> experts, const Tensor& ids,
+                 const Tensor& weights, Tensor out) {
+  const int64_t n = x.shape[0], d = x.shape[1], k = ids.shape[1];
+  for (int64_t t = 0; t < n; ++t) {
+    std::vector<double> acc(static_cast<size_t>(d), 0.0);
+    for (int64_t j = 0; j < k; ++j) {
+      const ExpertWeights& ew = experts[size_t(ids.row<int32_t>(t)[j])];
+      const int64_t f = ew.gate.shape[0];
+      std::vector<double> h(static_cast<size_t>(f));
+      for (int64_t i = 0; i < f; ++i) {
+        double gsum = 0, usum = 0;
+        for (int64_t c = 0; c < d; ++c) {
+          gsum += weight_at(ew.gate, i * d + c) * double(x.row<float>(t)[c]);
+          usum += weight_at(ew.up, i * d + c) * double(x.row<float>(t)[c]);
+        }
+        h[size_t(i)] = silu(gsum) * usum;
+      }
+      for (int64_t c = 0; c < d; ++c) {
+        double y = 0;
+        for (int64_t i = 0; i < f; ++i) y += weight_at(ew.down, c * f + i) * h[size_t(i)];
+        acc[size_t(c)] += weights.row<float>(t)[j] * y;
+      }
+    }
+    for (int64_t c = 0; c < d; ++c) out.row<float>(t)[c] = float(acc[size_t(c)]);
+  }
+  (void)sigmoid;
+}
+
+}  // namespace recur::ref

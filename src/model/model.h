@@ -1,0 +1,65 @@
+// What the engine sees of a model: a ragged-batch forward over state pools the model allocates
+// once. Slot and block numbers are chosen by the caller (the engine's allocators).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/tensor.h"
+#include "ops/ops.h"
+
+namespace recur {
+
+// A ragged batch. Vectors keep their capacity across clear(), so a steady engine loop that
+// rebuilds its batch every step allocates nothing.
+struct Batch {
+  std::vector<int32_t> tokens;       // [n_tokens]: new tokens of all sequences, back to back
+  std::vector<int32_t> positions;    // [n_tokens]: absolute position of each token
+  std::vector<int32_t> seq_start;    // [n_seqs + 1]
+  std::vector<int32_t> slot;         // [n_seqs]: recurrent-state slot
+  std::vector<int32_t> block_start;  // [n_seqs + 1]
+  std::vector<int32_t> block_ids;    // block tables of all sequences, back to back
+  std::vector<int32_t> logit_rows;   // token indices whose logits are wanted, in output order
+
+  int n_seqs() const { return int(slot.size()); }
+  int n_tokens() const { return int(tokens.size()); }
+  void clear();
+  // Appends a sequence bringing `new_tokens` at positions first_pos.. with the given block
+  // table (which must cover its last position); want_logits: none, last token, or all tokens.
+  enum class Logits { kNone, kLast, kAll };
+  void add_sequence(int32_t slot_id, int32_t first_pos, std::span<const int32_t> new_tokens,
+                    std::span<const int32_t> blocks, Logits want);
+  SeqLayout layout(int block_size) const;
+};
+
+struct StateConfig {
+  int n_slots = 1;      // sequences that can hold recurrent state at once
+  int n_blocks = 64;    // attention-cache blocks shared by all sequences
+  int block_size = 16;  // tokens per block
+};
+
+struct ModelInfo {
+  int vocab_size = 0;
+  int max_position = 0;
+  std::vector<int32_t> eos_token_ids;
+  int64_t weight_bytes = 0;           // as stored
+  int64_t state_bytes_per_slot = 0;   // recurrent state of one sequence, all layers
+  int64_t cache_bytes_per_block = 0;  // one attention-cache block, all layers
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const ModelInfo& info() const = 0;
+  virtual int max_batch_tokens() const = 0;  // tokens one forward may carry
+  virtual int max_logit_rows() const = 0;
+  virtual const StateConfig& state_config() const = 0;
+  // Zeroes the recurrent state of a slot before a new sequence uses it.
+  virtual void reset_slot(int slot) = 0;
+  // logits [batch.logit_rows.size(), vocab] f32, in the backend's memory.
+  virtual Status forward(const Batch& batch, Tensor logits) = 0;
+  virtual Ops& ops() = 0;
+};
+
+}  // namespace recur

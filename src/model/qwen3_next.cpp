@@ -1,0 +1,519 @@
+// The Qwen3-Next forward pass, top to bottom like the reference modeling code: embedding;
+// per layer a token mixer (Gated DeltaNet or gated attention) and a feed-forward (MoE or dense
+// SwiGLU), each behind a zero-centred RMSNorm and a residual; final norm; LM head.
+#include "model/qwen3_next.h"
+
+#include <cmath>
+
+namespace recur {
+
+namespace {
+
+struct GatedDeltaNetWeights {
+  Tensor in_proj_qkvz;  // [Hk·(2dk + 2·(Hv/Hk)·dv), hidden], grouped by key head
+  Tensor in_proj_ba;    // [Hk·2·(Hv/Hk), hidden], grouped by key head
+  Tensor conv1d;        // [conv_dim, 1, K]
+  Tensor dt_bias;       // [Hv]
+  Tensor a_log;         // [Hv]
+  Tensor norm;          // [dv] (gated RMSNorm, not zero-centred)
+  Tensor out_proj;      // [hidden, Hv·dv]
+};
+
+struct AttentionWeights {
+  Tensor q_proj;  // [heads·2·hd, hidden]: per head, query then gate
+  Tensor k_proj;  // [kv_heads·hd, hidden]
+  Tensor v_proj;  // [kv_heads·hd, hidden]
+  Tensor o_proj;  // [hidden, heads·hd]
+  Tensor q_norm;  // [hd]
+  Tensor k_norm;  // [hd]
+};
+
+struct MoeWeights {
+  Tensor router;                        // [E, hidden]
+  std::vector<ExpertWeights> experts;   // E × {[ff, hidden], [ff, hidden], [hidden, ff]}
+  ExpertWeights shared;                 // shared expert
+  Tensor shared_gate;                   // [1, hidden]
+  bool has_shared = false;
+};
+
+struct Layer {
+  LayerKind kind;
+  bool moe;
+  int state_index;     // index among layers of the same kind (state pools)
+  Tensor input_norm;   // [hidden]
+  Tensor post_norm;    // [hidden]
+  GatedDeltaNetWeights gdn;
+  AttentionWeights attn;
+  MoeWeights moe_w;
+  ExpertWeights mlp;  // dense SwiGLU
+};
+
+// f32 activations for up to max_tokens tokens, allocated once at load.
+struct Workspace {
+  std::vector<Buffer> buffers;
+  Tensor h, x, mixer_out, ffn_out;                          // [T, hidden]
+  Tensor qkvz, ba, mixed_qkv, z, conv_out, a, b, g, beta;   // Gated DeltaNet
+  Tensor core_out, core_normed;                             // [T, Hv·dv]
+  Tensor qg, q, gate, k, v, attn_out;                       // attention
+  Tensor router_logits, expert_ids, expert_weights;         // [T, E], [T, k], [T, k]
+  Tensor ff_gate, ff_up, ff_hidden, shared_out, shared_score;
+  Tensor moe_scratch, gdn_scratch;
+  Tensor final_h;  // [R, hidden]
+
+  Status add(Allocator& alloc, Tensor* t, DType dt, std::initializer_list<int64_t> shape,
+             const char* what) {
+    int64_t n = 1;
+    for (int64_t s : shape) n *= s;
+    RECUR_ASSIGN_OR_RETURN(Buffer buf, alloc.allocate(size_t(n) * dtype_size(dt), what));
+    *t = Tensor::contiguous(buf.data(), dt, shape, alloc.device());
+    buffers.push_back(std::move(buf));
+    return Status();
+  }
+};
+
+// Recurrent state per slot and the paged attention cache, allocated once.
+struct StatePools {
+  std::vector<Buffer> buffers;
+  std::vector<Tensor> conv;     // per Gated DeltaNet layer: [slots, K-1, conv_dim] f32
+  std::vector<Tensor> delta;    // per Gated DeltaNet layer: [slots, Hv, dk, dv] f32
+  std::vector<Tensor> k_cache;  // per attention layer: [blocks, block_size, kv_heads, hd] f32
+  std::vector<Tensor> v_cache;
+};
+
+class Qwen3Next final : public Model {
+ public:
+  Qwen3Next(Qwen3NextConfig cfg, Ops& ops, const LoadOptions& opt)
+      : cfg_(std::move(cfg)), ops_(ops), opt_(opt) {}
+
+  Status load(Checkpoint& ckpt);
+  Status allocate();
+  void keep_checkpoint(std::unique_ptr<Checkpoint> c) { checkpoint_ = std::move(c); }
+
+  const ModelInfo& info() const override { return info_; }
+  int max_batch_tokens() const override { return opt_.max_batch_tokens; }
+  int max_logit_rows() const override { return opt_.max_logit_rows; }
+  const StateConfig& state_config() const override { return opt_.state; }
+  Ops& ops() override { return ops_; }
+  void reset_slot(int slot) override;
+  Status forward(const Batch& batch, Tensor logits) override;
+
+ private:
+  Status validate(const Batch& batch, const Tensor& logits) const;
+  void gated_delta_net(const Layer& layer, const SeqLayout& sl, int n);
+  void attention(const Layer& layer, const SeqLayout& sl, int n);
+  void sparse_moe(const Layer& layer, int n);
+  void dense_mlp(const ExpertWeights& w, const Tensor& x, Tensor out, int n);
+
+  // Derived sizes.
+  int key_dim() const { return cfg_.linear_num_key_heads * cfg_.linear_key_head_dim; }
+  int value_dim() const { return cfg_.linear_num_value_heads * cfg_.linear_value_head_dim; }
+  int conv_dim() const { return 2 * key_dim() + value_dim(); }
+  int value_heads_per_key() const {
+    return cfg_.linear_num_value_heads / cfg_.linear_num_key_heads;
+  }
+
+  Qwen3NextConfig cfg_;
+  Ops& ops_;
+  LoadOptions opt_;
+  ModelInfo info_;
+  Tensor embed_tokens_;  // [vocab, hidden]
+  Tensor final_norm_;    // [hidden]
+  Tensor lm_head_;       // [vocab, hidden]; the embedding when tied
+  std::vector<Layer> layers_;
+  Workspace ws_;
+  StatePools state_;
+  std::unique_ptr<Checkpoint> checkpoint_;  // owns the mapped weights
+};
+
+// ---- loading ----
+
+Status Qwen3Next::load(Checkpoint& ckpt) {
+  const int64_t H = cfg_.hidden_size;
+  info_.vocab_size = cfg_.vocab_size;
+  info_.max_position = cfg_.max_position_embeddings;
+  info_.eos_token_ids = cfg_.eos_token_ids;
+  auto get = [&](const std::string& name, std::vector<int64_t> shape, Tensor* out) -> Status {
+    RECUR_ASSIGN_OR_RETURN(Tensor host, ckpt.get(name, shape));
+    RECUR_ASSIGN_OR_RETURN(*out, ops_.adopt_weight(host));
+    info_.weight_bytes += host.numel() * int64_t(dtype_size(host.dtype));
+    return Status();
+  };
+  auto get_mlp = [&](const std::string& prefix, int64_t ff, ExpertWeights* w) -> Status {
+    RECUR_RETURN_IF_ERROR(get(prefix + ".gate_proj.weight", {ff, H}, &w->gate));
+    RECUR_RETURN_IF_ERROR(get(prefix + ".up_proj.weight", {ff, H}, &w->up));
+    return get(prefix + ".down_proj.weight", {H, ff}, &w->down);
+  };
+
+  RECUR_RETURN_IF_ERROR(get("model.embed_tokens.weight", {cfg_.vocab_size, H}, &embed_tokens_));
+  RECUR_RETURN_IF_ERROR(get("model.norm.weight", {H}, &final_norm_));
+  if (cfg_.tie_word_embeddings) {
+    lm_head_ = embed_tokens_;
+  } else {
+    RECUR_RETURN_IF_ERROR(get("lm_head.weight", {cfg_.vocab_size, H}, &lm_head_));
+  }
+
+  const int64_t hk = cfg_.linear_num_key_heads, hv = cfg_.linear_num_value_heads;
+  const int64_t dk = cfg_.linear_key_head_dim, dv = cfg_.linear_value_head_dim;
+  const int64_t heads = cfg_.num_heads, kv_heads = cfg_.num_kv_heads, hd = cfg_.head_dim;
+  int n_linear = 0, n_full = 0;
+  for (int i = 0; i < cfg_.num_layers; ++i) {
+    Layer L;
+    L.kind = cfg_.layer_types[size_t(i)];
+    L.moe = cfg_.layer_is_moe(i);
+    const std::string p = "model.layers." + std::to_string(i);
+    RECUR_RETURN_IF_ERROR(get(p + ".input_layernorm.weight", {H}, &L.input_norm));
+    RECUR_RETURN_IF_ERROR(get(p + ".post_attention_layernorm.weight", {H}, &L.post_norm));
+    if (L.kind == LayerKind::kLinearAttention) {
+      L.state_index = n_linear++;
+      const std::string a = p + ".linear_attn";
+      RECUR_RETURN_IF_ERROR(get(a + ".in_proj_qkvz.weight", {2 * key_dim() + 2 * value_dim(), H},
+                                &L.gdn.in_proj_qkvz));
+      RECUR_RETURN_IF_ERROR(get(a + ".in_proj_ba.weight", {2 * hv, H}, &L.gdn.in_proj_ba));
+      RECUR_RETURN_IF_ERROR(
+          get(a + ".conv1d.weight", {conv_dim(), 1, cfg_.linear_conv_kernel}, &L.gdn.conv1d));
+      RECUR_RETURN_IF_ERROR(get(a + ".dt_bias", {hv}, &L.gdn.dt_bias));
+      RECUR_RETURN_IF_ERROR(get(a + ".A_log", {hv}, &L.gdn.a_log));
+      RECUR_RETURN_IF_ERROR(get(a + ".norm.weight", {dv}, &L.gdn.norm));
+      RECUR_RETURN_IF_ERROR(get(a + ".out_proj.weight", {H, hv * dv}, &L.gdn.out_proj));
+      (void)hk;
+    } else {
+      L.state_index = n_full++;
+      const std::string a = p + ".self_attn";
+      RECUR_RETURN_IF_ERROR(get(a + ".q_proj.weight", {heads * hd * 2, H}, &L.attn.q_proj));
+      RECUR_RETURN_IF_ERROR(get(a + ".k_proj.weight", {kv_heads * hd, H}, &L.attn.k_proj));
+      RECUR_RETURN_IF_ERROR(get(a + ".v_proj.weight", {kv_heads * hd, H}, &L.attn.v_proj));
+      RECUR_RETURN_IF_ERROR(get(a + ".o_proj.weight", {H, heads * hd}, &L.attn.o_proj));
+      RECUR_RETURN_IF_ERROR(get(a + ".q_norm.weight", {hd}, &L.attn.q_norm));
+      RECUR_RETURN_IF_ERROR(get(a + ".k_norm.weight", {hd}, &L.attn.k_norm));
+    }
+    if (L.moe) {
+      const std::string m = p + ".mlp";
+      RECUR_RETURN_IF_ERROR(get(m + ".gate.weight", {cfg_.num_experts, H}, &L.moe_w.router));
+      L.moe_w.experts.resize(size_t(cfg_.num_experts));
+      for (int e = 0; e < cfg_.num_experts; ++e) {
+        RECUR_RETURN_IF_ERROR(get_mlp(m + ".experts." + std::to_string(e),
+                                      cfg_.moe_intermediate_size, &L.moe_w.experts[size_t(e)]));
+      }
+      if (cfg_.shared_expert_intermediate_size > 0) {
+        L.moe_w.has_shared = true;
+        RECUR_RETURN_IF_ERROR(get_mlp(m + ".shared_expert", cfg_.shared_expert_intermediate_size,
+                                      &L.moe_w.shared));
+        RECUR_RETURN_IF_ERROR(get(m + ".shared_expert_gate.weight", {1, H}, &L.moe_w.shared_gate));
+      }
+    } else {
+      RECUR_RETURN_IF_ERROR(get_mlp(p + ".mlp", cfg_.intermediate_size, &L.mlp));
+    }
+    layers_.push_back(std::move(L));
+  }
+  // Multi-token-prediction weights are not used for plain decoding.
+  std::vector<std::string> extra = ckpt.unused({"mtp."});
+  if (!extra.empty()) {
+    return make_error(ErrorCode::kCorrupt, "{}: unexpected tensor '{}'{}", ckpt.dir(), extra[0],
+                      extra.size() > 1 ? fmt::format(" (and {} more)", extra.size() - 1) : "");
+  }
+  return Status();
+}
+
+Status Qwen3Next::allocate() {
+  Allocator& A = ops_.allocator();
+  const int64_t T = opt_.max_batch_tokens, H = cfg_.hidden_size;
+  const int64_t hv = cfg_.linear_num_value_heads;
+  const int64_t heads = cfg_.num_heads, kv = cfg_.num_kv_heads, hd = cfg_.head_dim;
+  const int64_t topk = std::max(cfg_.num_experts_per_tok, 1);
+  const int64_t ff = std::max({cfg_.intermediate_size, cfg_.shared_expert_intermediate_size, 1});
+  Workspace& w = ws_;
+  const DType f32 = DType::F32;
+  for (Tensor* t : {&w.h, &w.x, &w.mixer_out, &w.ffn_out, &w.shared_out}) {
+    RECUR_RETURN_IF_ERROR(w.add(A, t, f32, {T, H}, "activations"));
+  }
+  RECUR_RETURN_IF_ERROR(w.add(A, &w.qkvz, f32, {T, 2 * key_dim() + 2 * value_dim()}, "qkvz"));
+  RECUR_RETURN_IF_ERROR(w.add(A, &w.ba, f32, {T, 2 * hv}, "ba"));
+  RECUR_RETURN_IF_ERROR(w.add(A, &w.mixed_qkv, f32, {T, conv_dim()}, "mixed qkv"));
+  RECUR_RETURN_IF_ERROR(w.add(A, &w.conv_out, f32, {T, conv_dim()}, "conv out"));
+  RECUR_RETURN_IF_ERROR(w.add(A, &w.z, f32, {T, value_dim()}, "z"));
+  for (Tensor* t : {&w.a, &w.b, &w.g, &w.beta}) {
+    RECUR_RETURN_IF_ERROR(w.add(A, t, f32, {T, hv}, "gates"));
+  }
+  RECUR_RETURN_IF_ERROR(w.add(A, &w.core_out, f32, {T, value_dim()}, "delta rule out"));
+  RECUR_RETURN_IF_ERROR(w.add(A, &w.core_normed, f32, {T, value_dim()}, "delta rule normed"));
+  RECUR_RETURN_IF_ERROR(w.add(A, &w.qg, f32, {T, heads * hd * 2}, "query and gate"));
+  RECUR_RETURN_IF_ERROR(w.add(A, &w.q, f32, {T, heads * hd}, "query"));
+  RECUR_RETURN_IF_ERROR(w.add(A, &w.gate, f32, {T, heads * hd}, "attention gate"));
+  RECUR_RETURN_IF_ERROR(w.add(A, &w.attn_out, f32, {T, heads * hd}, "attention out"));
+  RECUR_RETURN_IF_ERROR(w.add(A, &w.k, f32, {T, kv * hd}, "keys"));
+  RECUR_RETURN_IF_ERROR(w.add(A, &w.v, f32, {T, kv * hd}, "values"));
+  RECUR_RETURN_IF_ERROR(w.add(A, &w.router_logits, f32, {T, std::max(cfg_.num_experts, 1)},
+                              "router logits"));
+  RECUR_RETURN_IF_ERROR(w.add(A, &w.expert_ids, DType::I32, {T, topk}, "expert ids"));
+  RECUR_RETURN_IF_ERROR(w.add(A, &w.expert_weights, f32, {T, topk}, "expert weights"));
+  for (Tensor* t : {&w.ff_gate, &w.ff_up, &w.ff_hidden}) {
+    RECUR_RETURN_IF_ERROR(w.add(A, t, f32, {T, ff}, "feed-forward"));
+  }
+  RECUR_RETURN_IF_ERROR(w.add(A, &w.shared_score, f32, {T, 1}, "shared expert gate"));
+  size_t moe_bytes = ops_.moe_experts_scratch_bytes(
+      int(T), int(topk), std::max(cfg_.num_experts, 1), int(H),
+      std::max(cfg_.moe_intermediate_size, 1));
+  RECUR_RETURN_IF_ERROR(w.add(A, &w.moe_scratch, DType::U8, {int64_t(moe_bytes)}, "moe scratch"));
+  size_t gdn_bytes = ops_.gated_delta_rule_scratch_bytes(cfg_.linear_key_head_dim,
+                                                         cfg_.linear_value_head_dim);
+  RECUR_RETURN_IF_ERROR(w.add(A, &w.gdn_scratch, DType::U8, {int64_t(gdn_bytes)}, "gdn scratch"));
+  RECUR_RETURN_IF_ERROR(w.add(A, &w.final_h, f32, {opt_.max_logit_rows, H}, "final rows"));
+
+  // State pools.
+  const StateConfig& sc = opt_.state;
+  const int64_t K1 = cfg_.linear_conv_kernel - 1;
+  const int64_t dk = cfg_.linear_key_head_dim, dv = cfg_.linear_value_head_dim;
+  for (const Layer& L : layers_) {
+    auto add_state = [&](std::vector<Tensor>& list, std::initializer_list<int64_t> shape,
+                         const char* what) -> Status {
+      Tensor t;
+      Workspace tmp;
+      RECUR_RETURN_IF_ERROR(tmp.add(A, &t, f32, shape, what));
+      ops_.fill_zero(t);
+      list.push_back(t);
+      state_.buffers.push_back(std::move(tmp.buffers[0]));
+      return Status();
+    };
+    if (L.kind == LayerKind::kLinearAttention) {
+      RECUR_RETURN_IF_ERROR(add_state(state_.conv, {sc.n_slots, K1, conv_dim()}, "conv state"));
+      RECUR_RETURN_IF_ERROR(add_state(state_.delta, {sc.n_slots, hv, dk, dv}, "delta state"));
+      info_.state_bytes_per_slot += (K1 * conv_dim() + hv * dk * dv) * 4;
+    } else {
+      RECUR_RETURN_IF_ERROR(add_state(state_.k_cache, {sc.n_blocks, sc.block_size, kv, hd}, "k cache"));
+      RECUR_RETURN_IF_ERROR(add_state(state_.v_cache, {sc.n_blocks, sc.block_size, kv, hd}, "v cache"));
+      info_.cache_bytes_per_block += 2 * sc.block_size * kv * hd * 4;
+    }
+  }
+  return Status();
+}
+
+void Qwen3Next::reset_slot(int slot) {
+  for (size_t i = 0; i < state_.conv.size(); ++i) {
+    ops_.fill_zero(state_.conv[i].slice_rows(slot, slot + 1));
+    ops_.fill_zero(state_.delta[i].slice_rows(slot, slot + 1));
+  }
+}
+
+// ---- forward ----
+
+Status Qwen3Next::validate(const Batch& batch, const Tensor& logits) const {
+  const int n = batch.n_tokens();
+  if (n > opt_.max_batch_tokens) {
+    return make_error(ErrorCode::kInvalidArgument, "batch of {} tokens exceeds the {} per step",
+                      n, opt_.max_batch_tokens);
+  }
+  if (int(batch.logit_rows.size()) > opt_.max_logit_rows ||
+      logits.rows() < int64_t(batch.logit_rows.size())) {
+    return make_error(ErrorCode::kInvalidArgument, "{} logit rows exceed the {} per step",
+                      batch.logit_rows.size(), opt_.max_logit_rows);
+  }
+  for (int32_t t : batch.tokens) {
+    if (t < 0 || t >= cfg_.vocab_size) {
+      return make_error(ErrorCode::kInvalidArgument, "token id {} is outside the vocabulary [0, {})",
+                        t, cfg_.vocab_size);
+    }
+  }
+  for (int s = 0; s < batch.n_seqs(); ++s) {
+    if (batch.slot[size_t(s)] < 0 || batch.slot[size_t(s)] >= opt_.state.n_slots) {
+      return make_error(ErrorCode::kInvalidArgument, "state slot {} out of range", batch.slot[size_t(s)]);
+    }
+    const int32_t end = batch.seq_start[size_t(s) + 1];
+    if (end == batch.seq_start[size_t(s)]) continue;
+    const int32_t last_pos = batch.positions[size_t(end) - 1];
+    const int32_t n_blocks = batch.block_start[size_t(s) + 1] - batch.block_start[size_t(s)];
+    if (!state_.k_cache.empty() && last_pos / opt_.state.block_size >= n_blocks) {
+      return make_error(ErrorCode::kOutOfResources,
+                        "sequence {} at position {} has only {} cache blocks", s, last_pos,
+                        n_blocks);
+    }
+    for (int32_t b = batch.block_start[size_t(s)]; b < batch.block_start[size_t(s) + 1]; ++b) {
+      if (batch.block_ids[size_t(b)] < 0 || batch.block_ids[size_t(b)] >= opt_.state.n_blocks) {
+        return make_error(ErrorCode::kInvalidArgument, "cache block {} out of range",
+                          batch.block_ids[size_t(b)]);
+      }
+    }
+  }
+  return Status();
+}
+
+Status Qwen3Next::forward(const Batch& batch, Tensor logits) {
+  RECUR_RETURN_IF_ERROR(validate(batch, logits));
+  const int n = batch.n_tokens();
+  if (n == 0) return Status();
+  const SeqLayout sl = batch.layout(opt_.state.block_size);
+  const float eps = cfg_.rms_norm_eps;
+  Tensor h = ws_.h.slice_rows(0, n), x = ws_.x.slice_rows(0, n);
+
+  ops_.embedding(batch.tokens.data(), n, embed_tokens_, h);
+  for (const Layer& L : layers_) {
+    ops_.rms_norm(h, L.input_norm, 1.0f, eps, x);
+    if (L.kind == LayerKind::kLinearAttention) {
+      gated_delta_net(L, sl, n);
+    } else {
+      attention(L, sl, n);
+    }
+    ops_.add(h, ws_.mixer_out.slice_rows(0, n));
+    ops_.rms_norm(h, L.post_norm, 1.0f, eps, x);
+    if (L.moe) {
+      sparse_moe(L, n);
+    } else {
+      dense_mlp(L.mlp, x, ws_.ffn_out.slice_rows(0, n), n);
+    }
+    ops_.add(h, ws_.ffn_out.slice_rows(0, n));
+  }
+  // Only the rows whose logits are wanted go through the final norm and the LM head.
+  const int r = int(batch.logit_rows.size());
+  if (r == 0) return Status();
+  Tensor fh = ws_.final_h.slice_rows(0, r);
+  ops_.gather_rows(h, batch.logit_rows.data(), r, fh);
+  ops_.rms_norm(fh, final_norm_, 1.0f, eps, fh);
+  ops_.matmul(fh, lm_head_, logits.slice_rows(0, r));
+  return Status();
+}
+
+void Qwen3Next::gated_delta_net(const Layer& L, const SeqLayout& sl, int n) {
+  const GatedDeltaNetWeights& w = L.gdn;
+  const int hk = cfg_.linear_num_key_heads, hv = cfg_.linear_num_value_heads;
+  const int dk = cfg_.linear_key_head_dim, dv = cfg_.linear_value_head_dim;
+  const int r = value_heads_per_key();
+  const Tensor x = ws_.x.slice_rows(0, n);
+
+  // Projections come grouped by key head: [q, k, v (r heads), z (r heads)] and [b (r), a (r)].
+  Tensor qkvz = ws_.qkvz.slice_rows(0, n), ba = ws_.ba.slice_rows(0, n);
+  ops_.matmul(x, w.in_proj_qkvz, qkvz);
+  ops_.matmul(x, w.in_proj_ba, ba);
+  Tensor mixed = ws_.mixed_qkv.slice_rows(0, n);  // [n, q all heads | k all heads | v all heads]
+  Tensor z = ws_.z.slice_rows(0, n);              // [n, Hv·dv]
+  const int qkvz_parts[] = {dk, dk, r * dv, r * dv};
+  const Tensor qkvz_dsts[] = {mixed.slice_cols(0, key_dim()),
+                              mixed.slice_cols(key_dim(), 2 * key_dim()),
+                              mixed.slice_cols(2 * key_dim(), conv_dim()), z};
+  ops_.split_groups(qkvz, hk, qkvz_parts, qkvz_dsts);
+  Tensor a = ws_.a.slice_rows(0, n), b = ws_.b.slice_rows(0, n);  // [n, Hv]
+  const int ba_parts[] = {r, r};
+  const Tensor ba_dsts[] = {b, a};
+  ops_.split_groups(ba, hk, ba_parts, ba_dsts);
+
+  // Causal depthwise conv with SiLU over q, k, v together, continuing each slot's conv state.
+  Tensor conv = ws_.conv_out.slice_rows(0, n);
+  ops_.conv1d_causal_silu(mixed, w.conv1d, state_.conv[size_t(L.state_index)], sl, conv);
+  auto heads_view = [&](int64_t col, int64_t heads, int64_t d) {  // [n, heads, d] in conv
+    Tensor t = conv.slice_cols(col, col + heads * d);
+    t.ndim = 3;
+    t.shape[1] = heads, t.shape[2] = d;
+    t.stride[1] = d, t.stride[2] = 1;
+    return t;
+  };
+  Tensor q = heads_view(0, hk, dk), k = heads_view(key_dim(), hk, dk);
+  Tensor v = heads_view(2 * key_dim(), hv, dv);
+  ops_.l2_norm(q, 1e-6f, 1.0f / std::sqrt(float(dk)));
+  ops_.l2_norm(k, 1e-6f, 1.0f);
+
+  Tensor g = ws_.g.slice_rows(0, n), beta = ws_.beta.slice_rows(0, n);
+  ops_.gdn_gates(a, b, w.a_log, w.dt_bias, g, beta);
+  Tensor core = ws_.core_out.slice_rows(0, n).reshaped({n, hv, dv});
+  ops_.gated_delta_rule(q, k, v, g, beta, state_.delta[size_t(L.state_index)], sl, core,
+                        ws_.gdn_scratch);
+
+  // Gated RMSNorm per value head with silu(z), then the output projection.
+  Tensor normed = ws_.core_normed.slice_rows(0, n);
+  ops_.rms_norm_gated(core, z.reshaped({n, hv, dv}), w.norm, cfg_.rms_norm_eps,
+                      normed.reshaped({n, hv, dv}));
+  ops_.matmul(normed, w.out_proj, ws_.mixer_out.slice_rows(0, n));
+}
+
+void Qwen3Next::attention(const Layer& L, const SeqLayout& sl, int n) {
+  const AttentionWeights& w = L.attn;
+  const int heads = cfg_.num_heads, kv = cfg_.num_kv_heads, hd = cfg_.head_dim;
+  const Tensor x = ws_.x.slice_rows(0, n);
+
+  // q_proj yields, per head, the query and then the output gate.
+  Tensor qg = ws_.qg.slice_rows(0, n);
+  ops_.matmul(x, w.q_proj, qg);
+  Tensor q = ws_.q.slice_rows(0, n), gate = ws_.gate.slice_rows(0, n);
+  const int parts[] = {hd, hd};
+  const Tensor dsts[] = {q, gate};
+  ops_.split_groups(qg, heads, parts, dsts);
+  Tensor k = ws_.k.slice_rows(0, n), v = ws_.v.slice_rows(0, n);
+  ops_.matmul(x, w.k_proj, k);
+  ops_.matmul(x, w.v_proj, v);
+
+  Tensor q3 = q.reshaped({n, heads, hd}), k3 = k.reshaped({n, kv, hd}), v3 = v.reshaped({n, kv, hd});
+  ops_.rms_norm(q3, w.q_norm, 1.0f, cfg_.rms_norm_eps, q3);
+  ops_.rms_norm(k3, w.k_norm, 1.0f, cfg_.rms_norm_eps, k3);
+  ops_.rope(q3, sl.positions, cfg_.rotary_dim(), cfg_.rope_theta);
+  ops_.rope(k3, sl.positions, cfg_.rotary_dim(), cfg_.rope_theta);
+
+  Tensor& kc = state_.k_cache[size_t(L.state_index)];
+  Tensor& vc = state_.v_cache[size_t(L.state_index)];
+  ops_.kv_cache_write(k3, v3, kc, vc, sl);
+  Tensor out = ws_.attn_out.slice_rows(0, n);
+  ops_.paged_attention(q3, kc, vc, sl, 1.0f / std::sqrt(float(hd)), out.reshaped({n, heads, hd}));
+  ops_.mul_sigmoid(out, gate);
+  ops_.matmul(out, w.o_proj, ws_.mixer_out.slice_rows(0, n));
+}
+
+void Qwen3Next::dense_mlp(const ExpertWeights& w, const Tensor& x, Tensor out, int n) {
+  const int64_t ff = w.gate.shape[0];
+  Tensor g = ws_.ff_gate.slice_rows(0, n).slice_cols(0, ff);
+  Tensor u = ws_.ff_up.slice_rows(0, n).slice_cols(0, ff);
+  Tensor hdn = ws_.ff_hidden.slice_rows(0, n).slice_cols(0, ff);
+  ops_.matmul(x, w.gate, g);
+  ops_.matmul(x, w.up, u);
+  ops_.swiglu(g, u, hdn);
+  ops_.matmul(hdn, w.down, out);
+}
+
+void Qwen3Next::sparse_moe(const Layer& L, int n) {
+  const MoeWeights& w = L.moe_w;
+  const Tensor x = ws_.x.slice_rows(0, n);
+  Tensor logits = ws_.router_logits.slice_rows(0, n);
+  Tensor ids = ws_.expert_ids.slice_rows(0, n), weights = ws_.expert_weights.slice_rows(0, n);
+  ops_.matmul(x, w.router, logits);
+  ops_.moe_route(logits, cfg_.num_experts_per_tok, cfg_.norm_topk_prob, ids, weights);
+  Tensor out = ws_.ffn_out.slice_rows(0, n);
+  ops_.moe_experts(x, w.experts, ids, weights, out, ws_.moe_scratch);
+  if (w.has_shared) {
+    // The shared expert, scaled per token by sigmoid(shared_expert_gate · x).
+    Tensor shared = ws_.shared_out.slice_rows(0, n);
+    dense_mlp(w.shared, x, shared, n);
+    Tensor score = ws_.shared_score.slice_rows(0, n);
+    ops_.matmul(x, w.shared_gate, score);
+    ops_.add_scaled_sigmoid(out, shared, score);
+  }
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Model>> load_qwen3_next(std::unique_ptr<Checkpoint> ckpt, Ops& ops,
+                                               const LoadOptions& options) {
+  RECUR_ASSIGN_OR_RETURN(Qwen3NextConfig cfg,
+                         Qwen3NextConfig::from_json(ckpt->config(), ckpt->generation_config()));
+  LoadOptions opt = options;
+  if (opt.max_logit_rows <= 0) opt.max_logit_rows = opt.max_batch_tokens;
+  if (opt.max_batch_tokens < 1 || opt.state.n_slots < 1 || opt.state.n_blocks < 1 ||
+      opt.state.block_size < 1) {
+    return make_error(ErrorCode::kInvalidArgument, "batch tokens, slots and blocks must be >= 1");
+  }
+  auto model = std::make_unique<Qwen3Next>(cfg, ops, opt);
+  RECUR_RETURN_IF_ERROR(model->load(*ckpt));
+  RECUR_RETURN_IF_ERROR(model->allocate());
+  model->keep_checkpoint(std::move(ckpt));
+  return std::unique_ptr<Model>(std::move(model));
+}
+
+Result<std::unique_ptr<Model>> load_model(const std::string& dir, Ops& ops,
+                                          const LoadOptions& options) {
+  RECUR_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::open(dir));
+  const auto& cfg = ckpt.config();
+  const std::string type =
+      cfg.contains("model_type") && cfg["model_type"].is_string() ? cfg["model_type"].get<std::string>() : "";
+  if (type == "qwen3_next") {
+    return load_qwen3_next(std::make_unique<Checkpoint>(std::move(ckpt)), ops, options);
+  }
+  return make_error(ErrorCode::kUnsupported,
+                    "{}/config.json: model_type '{}' is not supported (supported: qwen3_next)", dir,
+                    type);
+}
+
+}  // namespace recur

@@ -1,0 +1,27 @@
+// Qwen3-Next: 3 of every 4 layers Gated DeltaNet, 1 gated full attention, MoE feed-forward.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "io/checkpoint.h"
+#include "model/config.h"
+#include "model/model.h"
+
+namespace recur {
+
+struct LoadOptions {
+  int max_batch_tokens = 512;  // tokens per forward; sizes every workspace
+  int max_logit_rows = 0;      // 0: same as max_batch_tokens
+  StateConfig state;
+};
+
+// The model keeps the checkpoint: its weights stay mapped for the model's lifetime.
+Result<std::unique_ptr<Model>> load_qwen3_next(std::unique_ptr<Checkpoint> checkpoint, Ops& ops,
+                                               const LoadOptions& options);
+
+// Opens a model directory and loads whatever architecture its config names.
+Result<std::unique_ptr<Model>> load_model(const std::string& dir, Ops& ops,
+                                          const LoadOptions& options);
+
+}  // namespace recur

@@ -1,0 +1,98 @@
+// The BPE `model` section of tokenizer.json: vocabulary, merges by rank, and a thread-safe cache
+// of piece -> ids.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "core/status.h"
+
+namespace recur {
+
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+using TokenIdMap = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
+
+// (left id, right id) -> (rank, merged id), open addressing; built once, then read-only.
+class MergeTable {
+ public:
+  struct Entry {
+    uint64_t key;
+    int32_t rank;
+    int32_t merged_id;
+  };
+  void build(const std::vector<Entry>& entries);
+  static uint64_t key(int32_t left, int32_t right) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) |
+           static_cast<uint32_t>(right);
+  }
+  const Entry* find(int32_t left, int32_t right) const {
+    uint64_t k = key(left, right);
+    for (size_t i = slot_of(k);; i = (i + 1) & mask_) {
+      const Entry& e = slots_[i];
+      if (e.key == k) return &e;
+      if (e.key == kEmpty) return nullptr;
+    }
+  }
+
+ private:
+  static constexpr uint64_t kEmpty = ~0ull;
+  size_t slot_of(uint64_t k) const { return (k * 0x9E3779B97F4A7C15ull) >> shift_; }
+  std::vector<Entry> slots_{Entry{kEmpty, 0, 0}};
+  size_t mask_ = 0;
+  int shift_ = 63;
+};
+
+class WordCache;
+
+class BpeModel {
+ public:
+  // `byte_level_input`: pieces arrive as raw bytes that ByteLevel maps to one symbol each.
+  static Result<BpeModel> from_json(const nlohmann::json& model, bool byte_level_input,
+                                    bool use_cache);
+  BpeModel(BpeModel&&) noexcept;
+  BpeModel& operator=(BpeModel&&) noexcept;
+  ~BpeModel();
+
+  // One more than the largest id in the vocabulary.
+  int32_t vocab_size() const { return static_cast<int32_t>(id_to_token_.size()); }
+  std::optional<int32_t> token_to_id(std::string_view token) const;
+  // Empty for an id the vocabulary lacks.
+  std::string_view id_to_token(int32_t id) const;
+
+  // Appends the ids of one pre-tokenized piece. Thread-safe.
+  void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
+
+  // The two merge strategies, exposed so tests can check they agree on any symbol sequence.
+  void merge_small(std::vector<int32_t>& symbols) const;
+  void merge_heap(std::vector<int32_t>& symbols) const;
+
+ private:
+  BpeModel();
+  void initial_symbols(std::string_view piece, std::vector<int32_t>& symbols) const;
+  void merge(std::vector<int32_t>& symbols) const;
+
+  TokenIdMap vocab_;
+  std::vector<std::string> id_to_token_;
+  MergeTable merges_;
+  bool byte_level_input_ = false;
+  // Symbol id of each byte in byte-level mode; all valid means the fast path applies.
+  std::array<int32_t, 256> byte_symbol_{};
+  bool byte_symbols_complete_ = false;
+  std::optional<int32_t> unk_id_;
+  bool fuse_unk_ = false;
+  bool byte_fallback_ = false;
+  bool ignore_merges_ = false;
+  std::unique_ptr<WordCache> cache_;
+};
+
+}  // namespace recur
