@@ -22,7 +22,7 @@ class CpuOps final : public Ops {
 
   void embedding(const int32_t* ids, int n, const Tensor& table, Tensor out) override;
   void gather_rows(const Tensor& x, const int32_t* rows, int n, Tensor out) override;
-  void matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulate) override;
+  void matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulate = false) override;
   void rms_norm(const Tensor& x, const Tensor& w, float weight_offset, float eps,
                 Tensor out) override;
   void rms_norm_gated(const Tensor& x, const Tensor& gate, const Tensor& w, float eps,
@@ -43,7 +43,7 @@ class CpuOps final : public Ops {
                  Tensor g, Tensor beta) override;
   void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                         const Tensor& beta, Tensor state, const SeqLayout& layout, Tensor out,
-                        Tensor scratch, DeltaRuleForm form) override;
+                        Tensor scratch, DeltaRuleForm form = DeltaRuleForm::kAuto) override;
   size_t gated_delta_rule_scratch_bytes(int dk, int dv) const override;
 
   void kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, Tensor v_cache,

@@ -1,0 +1,163 @@
+// Row-wise, elementwise and matmul kernels against the scalar references at awkward sizes.
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/reference.h"
+#include "ops/op_test_util.h"
+
+namespace recur {
+namespace {
+
+using testing::HostTensor;
+using testing::fill_random;
+using testing::max_abs_diff;
+
+class BasicOps : public ::testing::Test {
+ protected:
+  CpuOps ops{2};
+  std::mt19937 rng{1234};
+};
+
+TEST_F(BasicOps, MatmulMatchesReferenceForEveryWeightDtypeAndOddSizes) {
+  for (DType wt : {DType::F32, DType::BF16, DType::F16}) {
+    for (int64_t n : {1, 3, 4, 5, 33, 70}) {
+      for (int64_t k : {31, 32, 33}) {
+        for (int64_t m : {1, 17, 33}) {
+          HostTensor x(DType::F32, {n, k}), w(wt, {m, k}), out(DType::F32, {n, m}),
+              ref(DType::F32, {n, m});
+          fill_random(x, rng);
+          fill_random(w, rng, 0.2f);
+          ops.matmul(x.t, w.t, out.t, false);
+          ref::matmul(x.t, w.t, ref.t);
+          ASSERT_LE(max_abs_diff(out.f(), ref.f(), n * m), 1e-4)
+              << dtype_name(wt) << " n=" << n << " k=" << k << " m=" << m;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(BasicOps, MatmulAccumulatesAndHonoursRowStrides) {
+  const int64_t n = 7, k = 33, m = 9;
+  HostTensor xbig(DType::F32, {n, k + 5}), w(DType::BF16, {m, k}), outbig(DType::F32, {n, m + 3}),
+      ref(DType::F32, {n, m});
+  fill_random(xbig, rng);
+  fill_random(w, rng);
+  fill_random(outbig, rng);
+  HostTensor before = outbig;
+  Tensor x = xbig.t.slice_cols(2, 2 + k), out = outbig.t.slice_cols(1, 1 + m);
+  ops.matmul(x, w.t, out, /*accumulate=*/true);
+  ref::matmul(x, w.t, ref.t);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t j = 0; j < m + 3; ++j) {
+      const float got = outbig.f()[t * (m + 3) + j];
+      const float old = before.f()[t * (m + 3) + j];
+      if (j >= 1 && j < 1 + m) {
+        EXPECT_NEAR(got, old + ref.f()[t * m + j - 1], 1e-4);
+      } else {
+        EXPECT_EQ(got, old) << "column outside the view was written";
+      }
+    }
+  }
+}
+
+TEST_F(BasicOps, RmsNormVariantsAndL2NormMatchReference) {
+  for (int64_t d : {15, 16, 33}) {
+    const int64_t n = 5, heads = 3;
+    HostTensor x(DType::F32, {n, heads, d}), w(DType::BF16, {d}), gate(DType::F32, {n, heads, d});
+    fill_random(x, rng);
+    fill_random(w, rng, 0.3f);
+    fill_random(gate, rng);
+    HostTensor out(DType::F32, {n, heads, d}), ref(DType::F32, {n, heads, d});
+    ops.rms_norm(x.t, w.t, 1.0f, 1e-6f, out.t);
+    ref::rms_norm(x.t, w.t, 1.0f, 1e-6f, ref.t);
+    EXPECT_LE(max_abs_diff(out.f(), ref.f(), out.numel()), 1e-5);
+    ops.rms_norm_gated(x.t, gate.t, w.t, 1e-6f, out.t);
+    ref::rms_norm_gated(x.t, gate.t, w.t, 1e-6f, ref.t);
+    EXPECT_LE(max_abs_diff(out.f(), ref.f(), out.numel()), 1e-5);
+    HostTensor a = x, b = x;
+    ops.l2_norm(a.t, 1e-6f, 0.25f);
+    ref::l2_norm(b.t, 1e-6f, 0.25f);
+    EXPECT_LE(max_abs_diff(a.f(), b.f(), a.numel()), 1e-6);
+  }
+}
+
+TEST_F(BasicOps, RopeRotatesOnlyTheRotaryChannels) {
+  const int64_t n = 6, heads = 3, hd = 24;
+  for (int rot : {6, 12, 24}) {
+    HostTensor x(DType::F32, {n, heads, hd});
+    fill_random(x, rng);
+    HostTensor a = x, b = x;
+    const int32_t pos[] = {0, 1, 7, 100, 4095, 1000000};
+    ops.rope(a.t, pos, rot, 10000.0);
+    ref::rope(b.t, pos, rot, 10000.0);
+    EXPECT_LE(max_abs_diff(a.f(), b.f(), a.numel()), 2e-5) << "rot=" << rot;
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t j = rot; j < hd; ++j)
+          ASSERT_EQ(a.f()[(t * heads + h) * hd + j], x.f()[(t * heads + h) * hd + j]);
+    // Position 0 is the identity.
+    for (int64_t j = 0; j < heads * hd; ++j) ASSERT_FLOAT_EQ(a.f()[j], x.f()[j]);
+  }
+}
+
+TEST_F(BasicOps, SplitGroupsDeinterleavesGroupedColumns) {
+  const int64_t n = 3;
+  const int groups = 2, parts[] = {2, 3};
+  HostTensor src(DType::F32, {n, groups * 5});
+  for (int64_t i = 0; i < src.numel(); ++i) src.f()[i] = float(i);
+  HostTensor a(DType::F32, {n, groups * 2}), b(DType::F32, {n, groups * 3});
+  const Tensor dsts[] = {a.t, b.t};
+  ops.split_groups(src.t, groups, parts, dsts);
+  for (int64_t t = 0; t < n; ++t) {
+    const float* s = src.f() + t * 10;
+    EXPECT_EQ(a.f()[t * 4 + 0], s[0]);
+    EXPECT_EQ(a.f()[t * 4 + 1], s[1]);
+    EXPECT_EQ(a.f()[t * 4 + 2], s[5]);
+    EXPECT_EQ(a.f()[t * 4 + 3], s[6]);
+    EXPECT_EQ(b.f()[t * 6 + 0], s[2]);
+    EXPECT_EQ(b.f()[t * 6 + 3], s[7]);
+    EXPECT_EQ(b.f()[t * 6 + 5], s[9]);
+  }
+}
+
+TEST_F(BasicOps, ElementwiseOps) {
+  const int64_t n = 4, d = 33;
+  HostTensor g(DType::F32, {n, d}), u(DType::F32, {n, d}), out(DType::F32, {n, d}),
+      s(DType::F32, {n, 1});
+  fill_random(g, rng);
+  fill_random(u, rng);
+  fill_random(s, rng);
+  ops.swiglu(g.t, u.t, out.t);
+  for (int64_t i = 0; i < n * d; ++i) {
+    const double gv = g.f()[i];
+    ASSERT_NEAR(out.f()[i], gv / (1 + std::exp(-gv)) * u.f()[i], 1e-5);
+  }
+  HostTensor x = u;
+  ops.mul_sigmoid(x.t, g.t);
+  for (int64_t i = 0; i < n * d; ++i) ASSERT_NEAR(x.f()[i], u.f()[i] / (1 + std::exp(-g.f()[i])), 1e-6);
+  x = u;
+  ops.add_scaled_sigmoid(x.t, g.t, s.t);
+  for (int64_t i = 0; i < n * d; ++i) {
+    const double sc = 1 / (1 + std::exp(-double(s.f()[i / d])));
+    ASSERT_NEAR(x.f()[i], u.f()[i] + sc * g.f()[i], 1e-5);
+  }
+}
+
+TEST_F(BasicOps, EmbeddingAndGatherRows) {
+  HostTensor table(DType::BF16, {11, 7}), out(DType::F32, {3, 7});
+  fill_random(table, rng);
+  const int32_t ids[] = {10, 0, 4};
+  ops.embedding(ids, 3, table.t, out.t);
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 7; ++j)
+      ASSERT_EQ(out.f()[i * 7 + j], bf16_to_f32(table.t.ptr<uint16_t>()[ids[i] * 7 + j]));
+  HostTensor g(DType::F32, {2, 7});
+  const int32_t rows[] = {2, 0};
+  ops.gather_rows(out.t, rows, 2, g.t);
+  for (int j = 0; j < 7; ++j) {
+    ASSERT_EQ(g.f()[j], out.f()[14 + j]);
+    ASSERT_EQ(g.f()[7 + j], out.f()[j]);
+  }
+}
+
+}  // namespace
+}  // namespace recur
