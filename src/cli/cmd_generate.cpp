@@ -1,18 +1,43 @@
-// `recur generate`: greedy decoding of one prompt given as token ids.
+// `recur generate`: the batching engine's command-line front end. All prompts are submitted at
+// once and run concurrently up to --max-batch; results are printed in input order.
 #include <fmt/format.h>
+#include <sys/resource.h>
 
-#include <algorithm>
+#include <condition_variable>
+#include <filesystem>
+#include <fstream>
 #include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
 #include "cli/commands.h"
-#include "model/qwen3_next.h"
+#include "engine/engine.h"
 
 namespace recur::cli {
 
 namespace {
+
+using json = nlohmann::json;
+
+struct GenerateOptions {
+  std::string model, prompt, prompt_ids, prompts_file;
+  int max_tokens = 16;
+  std::optional<float> temperature, top_p;
+  std::optional<int> top_k;
+  std::optional<uint64_t> seed;
+  bool ignore_eos = false;
+  int max_batch = 8;
+  int max_batch_tokens = 512;
+  int max_context = 0;
+  int64_t kv_cache_mb = 1024;
+  int threads = 0;
+  bool stats = false;
+  int64_t stats_every = 0;
+  bool text = false;
+};
 
 Result<std::vector<int32_t>> parse_ids(const std::string& s) {
   std::vector<int32_t> ids;
@@ -32,72 +57,217 @@ Result<std::vector<int32_t>> parse_ids(const std::string& s) {
   return ids;
 }
 
-int run_generate(const std::string& model_dir, const std::string& prompt_ids, int max_tokens,
-                 int threads) {
-  auto ids = parse_ids(prompt_ids);
-  if (!ids.ok()) {
-    fmt::print(stderr, "error: {}\n", ids.error().to_string());
-    return 2;
-  }
-  CpuOps ops(threads > 0 ? threads : default_thread_count());
-  LoadOptions opt;
-  opt.max_batch_tokens = std::max<int>(int(ids->size()), 1);
-  opt.max_logit_rows = 1;
-  opt.state.block_size = 16;
-  opt.state.n_blocks = int((ids->size() + size_t(max_tokens)) / 16 + 1);
-  auto model = load_model(model_dir, ops, opt);
-  if (!model.ok()) {
-    fmt::print(stderr, "error: {}\n", model.error().to_string());
-    return 2;
-  }
-  Model& m = **model;
-  const int V = m.info().vocab_size;
-  auto buf = ops.allocator().allocate(size_t(V) * 4, "logits");
-  if (!buf.ok()) return 2;
-  Tensor logits = view(*buf, DType::F32, {1, V});
-  std::vector<int32_t> blocks;
-  for (int b = 0; b < opt.state.n_blocks; ++b) blocks.push_back(b);
-  Batch batch;
-  std::vector<int32_t> out;
-  std::vector<int32_t> next = *ids;
-  int pos = 0;
-  for (int step = 0; step < max_tokens; ++step) {
-    batch.clear();
-    batch.add_sequence(0, pos, next, blocks, Batch::Logits::kLast);
-    Status st = m.forward(batch, logits);
-    if (!st.ok()) {
-      fmt::print(stderr, "error: {}\n", st.error().to_string());
-      return 2;
+struct Input {
+  std::vector<int32_t> ids;
+  int max_tokens;
+};
+
+Result<std::vector<Input>> read_inputs(const GenerateOptions& o, const Tokenizer* tok) {
+  std::vector<Input> inputs;
+  auto encode = [&](const std::string& text, const std::string& where) -> Result<std::vector<int32_t>> {
+    if (!tok) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "{}: text prompts need tokenizer.json in the model directory", where);
     }
-    pos += int(next.size());
-    const float* l = logits.ptr<float>();
-    const int32_t best = int32_t(std::max_element(l, l + V) - l);
-    out.push_back(best);
-    next.assign(1, best);
-    if (std::find(m.info().eos_token_ids.begin(), m.info().eos_token_ids.end(), best) !=
-        m.info().eos_token_ids.end()) {
-      break;
+    return tok->encode(text);
+  };
+  const int given = !o.prompt.empty() + !o.prompt_ids.empty() + !o.prompts_file.empty();
+  if (given != 1) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "give exactly one of --prompt, --prompt-ids, --prompts");
+  }
+  if (!o.prompt_ids.empty()) {
+    RECUR_ASSIGN_OR_RETURN(auto ids, parse_ids(o.prompt_ids));
+    inputs.push_back({std::move(ids), o.max_tokens});
+  } else if (!o.prompt.empty()) {
+    RECUR_ASSIGN_OR_RETURN(auto ids, encode(o.prompt, "--prompt"));
+    inputs.push_back({std::move(ids), o.max_tokens});
+  } else {
+    std::ifstream in(o.prompts_file);
+    if (!in) return make_error(ErrorCode::kNotFound, "cannot open {}", o.prompts_file);
+    std::string line;
+    for (int n = 1; std::getline(in, line); ++n) {
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      const std::string where = fmt::format("{}:{}", o.prompts_file, n);
+      json j = json::parse(line, nullptr, false);
+      if (j.is_discarded() || !j.is_object()) {
+        return make_error(ErrorCode::kInvalidArgument, "{}: not a JSON object", where);
+      }
+      Input input{{}, o.max_tokens};
+      if (j.contains("ids") && j["ids"].is_array()) {
+        for (auto& v : j["ids"]) {
+          if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX) {
+            return make_error(ErrorCode::kInvalidArgument, "{}: ids must be token ids", where);
+          }
+          input.ids.push_back(int32_t(v.get<int64_t>()));
+        }
+      } else if (j.contains("prompt") && j["prompt"].is_string()) {
+        RECUR_ASSIGN_OR_RETURN(input.ids, encode(j["prompt"].get<std::string>(), where));
+      } else {
+        return make_error(ErrorCode::kInvalidArgument, "{}: needs \"ids\" or \"prompt\"", where);
+      }
+      if (j.contains("max_tokens")) {
+        if (!j["max_tokens"].is_number_integer()) {
+          return make_error(ErrorCode::kInvalidArgument, "{}: max_tokens must be an integer", where);
+        }
+        input.max_tokens = j["max_tokens"].get<int>();
+      }
+      inputs.push_back(std::move(input));
     }
   }
-  for (size_t i = 0; i < out.size(); ++i) fmt::print("{}{}", i ? "," : "", out[i]);
-  fmt::print("\n");
+  return inputs;
+}
+
+json stats_json(const EngineStats& s) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return json{{"prompt_tokens", s.prompt_tokens},
+              {"generated_tokens", s.generated_tokens},
+              {"prefill_tok_s", s.prefill_seconds > 0 ? double(s.prompt_tokens) / s.prefill_seconds : 0.0},
+              {"decode_tok_s", s.decode_seconds > 0 ? double(s.decode_step_tokens) / s.decode_seconds : 0.0},
+              {"live_buffers", s.alloc.live_buffers},
+              {"live_bytes", s.alloc.live_bytes},
+              {"allocs_total", s.alloc.allocs_total},
+              {"kv_blocks_used", s.kv_blocks_used},
+              {"kv_blocks_total", s.kv_blocks_total},
+              {"state_slots_used", s.slots_used},
+              {"state_slots_total", s.slots_total},
+              {"steps", s.steps},
+              {"peak_rss_bytes", int64_t(ru.ru_maxrss) * 1024}};
+}
+
+struct Output {
+  std::vector<int32_t> ids;
+  std::string text;
+  std::string finish_reason;
+  std::string message;
+  bool done = false;
+};
+
+int run_generate(const GenerateOptions& o) {
+  auto fail = [](const Error& e) {
+    fmt::print(stderr, "error: {}\n", e.to_string());
+    return 2;
+  };
+  std::unique_ptr<Tokenizer> tokenizer;
+  if (std::filesystem::exists(std::filesystem::path(o.model) / "tokenizer.json")) {
+    auto t = Tokenizer::load(o.model);
+    if (!t.ok()) return fail(t.error());
+    tokenizer = std::make_unique<Tokenizer>(std::move(*t));
+  }
+  auto inputs = read_inputs(o, tokenizer.get());
+  if (!inputs.ok()) return fail(inputs.error());
+
+  CpuOps ops(o.threads > 0 ? o.threads : default_thread_count());
+  EngineConfig cfg;
+  cfg.max_batch = o.max_batch;
+  cfg.max_batch_tokens = std::max(o.max_batch_tokens, o.max_batch);
+  cfg.max_context = o.max_context;
+  cfg.kv_cache_bytes = o.kv_cache_mb << 20;
+  if (o.seed) cfg.seed = *o.seed;
+  auto engine = Engine::create(o.model, ops, cfg, tokenizer.get());
+  if (!engine.ok()) return fail(engine.error());
+  Engine& eng = **engine;
+
+  const GenerationDefaults& gd = eng.model_info().generation;
+  SamplingParams sp;
+  sp.temperature = gd.do_sample ? gd.temperature : 0.0f;
+  sp.top_k = gd.do_sample ? gd.top_k : 0;
+  sp.top_p = gd.do_sample ? gd.top_p : 1.0f;
+  sp.min_p = gd.do_sample ? gd.min_p : 0.0f;
+  sp.repetition_penalty = gd.repetition_penalty;
+  if (o.temperature) sp.temperature = *o.temperature;
+  if (o.top_k) sp.top_k = *o.top_k;
+  if (o.top_p) sp.top_p = *o.top_p;
+  sp.seed = o.seed;
+
+  std::vector<Output> outputs(inputs->size());
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t finished = 0;
+  int64_t tokens_seen = 0;
+  for (size_t i = 0; i < inputs->size(); ++i) {
+    Request req;
+    req.prompt = (*inputs)[i].ids;
+    req.max_tokens = (*inputs)[i].max_tokens;
+    req.sampling = sp;
+    req.stop.ignore_eos = o.ignore_eos;
+    auto id = eng.submit(std::move(req), [&, i](const Event& ev) {
+      Output& out = outputs[i];
+      out.text += ev.text;
+      if (ev.kind == Event::Kind::kToken) {
+        out.ids.push_back(ev.token);
+        if (o.stats_every > 0 && ++tokens_seen % o.stats_every == 0) {
+          json j = stats_json(eng.stats());
+          j["at_generated_token"] = tokens_seen;
+          fmt::print(stderr, "{}\n", j.dump());
+        }
+        return;
+      }
+      out.finish_reason = finish_reason_name(ev.reason);
+      out.message = ev.message;
+      std::lock_guard<std::mutex> lk(mu);
+      out.done = true;
+      ++finished;
+      cv.notify_all();
+    });
+    if (!id.ok()) {
+      return fail(Error{id.error().code, fmt::format("prompt {}: {}", i, id.error().message)});
+    }
+  }
+  eng.start();
+  {
+    std::unique_lock<std::mutex> lk(mu);
+    cv.wait(lk, [&] { return finished == outputs.size(); });
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const Output& out = outputs[i];
+    if (!o.prompts_file.empty()) {
+      json j = {{"index", i}, {"ids", out.ids}, {"finish_reason", out.finish_reason}};
+      if (tokenizer) j["text"] = out.text;
+      fmt::print("{}\n", j.dump(-1, ' ', false, json::error_handler_t::replace));
+    } else if (o.text && tokenizer) {
+      fmt::print("{}\n", out.text);
+    } else {
+      for (size_t k = 0; k < out.ids.size(); ++k) fmt::print("{}{}", k ? "," : "", out.ids[k]);
+      fmt::print("\n");
+    }
+    if (out.finish_reason == "error") fmt::print(stderr, "prompt {}: error: {}\n", i, out.message);
+  }
+  std::fflush(stdout);
+  if (o.stats) fmt::print(stderr, "{}\n", stats_json(eng.stats()).dump());
   return 0;
 }
 
 }  // namespace
 
 void register_generate(CLI::App& app) {
-  auto* cmd = app.add_subcommand("generate", "Greedy generation from token ids");
-  auto model = std::make_shared<std::string>();
-  auto prompt_ids = std::make_shared<std::string>();
-  auto max_tokens = std::make_shared<int>(16);
-  auto threads = std::make_shared<int>(0);
-  cmd->add_option("--model", *model, "model directory")->required();
-  cmd->add_option("--prompt-ids", *prompt_ids, "comma-separated token ids")->required();
-  cmd->add_option("--max-tokens", *max_tokens, "tokens to generate")->check(CLI::Range(1, 1 << 24));
-  cmd->add_option("--threads", *threads, "CPU threads (default: all)");
-  cmd->callback([=] {
-    int rc = run_generate(*model, *prompt_ids, *max_tokens, *threads);
+  auto* cmd = app.add_subcommand("generate", "Generate from prompts through the batching engine");
+  auto o = std::make_shared<GenerateOptions>();
+  cmd->add_option("--model", o->model, "model directory")->required();
+  cmd->add_option("--prompt", o->prompt, "prompt text (needs tokenizer.json)");
+  cmd->add_option("--prompt-ids", o->prompt_ids, "prompt as comma-separated token ids");
+  cmd->add_option("--prompts", o->prompts_file,
+                  "JSON lines, each {\"ids\": [...]} or {\"prompt\": \"...\"}, optional max_tokens");
+  cmd->add_option("--max-tokens", o->max_tokens, "tokens to generate per prompt")
+      ->check(CLI::Range(1, 1 << 30));
+  cmd->add_option("--temperature", o->temperature, "0: greedy (default: generation_config.json)");
+  cmd->add_option("--top-p", o->top_p, "nucleus sampling");
+  cmd->add_option("--top-k", o->top_k, "top-k sampling");
+  cmd->add_option("--seed", o->seed, "seed for reproducible sampling");
+  cmd->add_flag("--ignore-eos", o->ignore_eos, "keep generating past end-of-sequence tokens");
+  cmd->add_option("--max-batch", o->max_batch, "sequences decoded at once")->check(CLI::Range(1, 4096));
+  cmd->add_option("--max-batch-tokens", o->max_batch_tokens, "tokens per engine step")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--max-context", o->max_context, "context length (default: the model's)");
+  cmd->add_option("--kv-cache-mb", o->kv_cache_mb, "attention-cache budget in MiB")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
+  cmd->add_option("--threads", o->threads, "CPU threads (default: all)");
+  cmd->add_flag("--stats", o->stats, "print engine statistics as JSON on stderr at the end");
+  cmd->add_option("--stats-every", o->stats_every, "print statistics every N generated tokens");
+  cmd->add_flag("--text", o->text, "print the generated text instead of ids (single prompt)");
+  cmd->callback([o] {
+    int rc = run_generate(*o);
     if (rc != 0) exit_with(rc);
   });
 }

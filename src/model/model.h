@@ -39,9 +39,20 @@ struct StateConfig {
   int block_size = 16;  // tokens per block
 };
 
+// Sampling defaults from generation_config.json (greedy unless it sets do_sample).
+struct GenerationDefaults {
+  bool do_sample = false;
+  float temperature = 1.0f;
+  int top_k = 0;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  float repetition_penalty = 1.0f;
+};
+
 struct ModelInfo {
   int vocab_size = 0;
-  int max_position = 0;
+  int max_position = 0;  // the context length a sequence may reach
+  GenerationDefaults generation;
   std::vector<int32_t> eos_token_ids;
   int64_t weight_bytes = 0;           // as stored
   int64_t state_bytes_per_slot = 0;   // recurrent state of one sequence, all layers

@@ -130,8 +130,20 @@ class Qwen3Next final : public Model {
 Status Qwen3Next::load(Checkpoint& ckpt) {
   const int64_t H = cfg_.hidden_size;
   info_.vocab_size = cfg_.vocab_size;
-  info_.max_position = cfg_.max_position_embeddings;
+  info_.max_position = opt_.max_context;
   info_.eos_token_ids = cfg_.eos_token_ids;
+  const nlohmann::json& gen = ckpt.generation_config();
+  auto num = [&](const char* key, auto* out) {
+    if (gen.contains(key) && gen[key].is_number()) *out = gen[key].get<std::remove_pointer_t<decltype(out)>>();
+  };
+  if (gen.contains("do_sample") && gen["do_sample"].is_boolean()) {
+    info_.generation.do_sample = gen["do_sample"].get<bool>();
+  }
+  num("temperature", &info_.generation.temperature);
+  num("top_k", &info_.generation.top_k);
+  num("top_p", &info_.generation.top_p);
+  num("min_p", &info_.generation.min_p);
+  num("repetition_penalty", &info_.generation.repetition_penalty);
   auto get = [&](const std::string& name, std::vector<int64_t> shape, Tensor* out) -> Status {
     RECUR_ASSIGN_OR_RETURN(Tensor host, ckpt.get(name, shape));
     RECUR_ASSIGN_OR_RETURN(*out, ops_.adopt_weight(host));
@@ -259,8 +271,17 @@ Status Qwen3Next::allocate() {
   RECUR_RETURN_IF_ERROR(w.add(A, &w.gdn_scratch, DType::U8, {int64_t(gdn_bytes)}, "gdn scratch"));
   RECUR_RETURN_IF_ERROR(w.add(A, &w.final_h, f32, {opt_.max_logit_rows, H}, "final rows"));
 
-  // State pools.
-  const StateConfig& sc = opt_.state;
+  // State pools. Without an explicit block count, the cache takes the budget, but never more
+  // than every slot filled to the context length needs.
+  StateConfig& sc = opt_.state;
+  if (sc.n_blocks <= 0) {
+    int64_t per_block = 0;
+    for (const Layer& L : layers_) {
+      if (L.kind == LayerKind::kFullAttention) per_block += 2 * int64_t(sc.block_size) * kv * hd * 4;
+    }
+    const int64_t needed = int64_t(sc.n_slots) * ((opt_.max_context + sc.block_size - 1) / sc.block_size);
+    sc.n_blocks = int(std::max<int64_t>(1, per_block ? std::min(needed, opt_.kv_cache_budget_bytes / per_block) : 1));
+  }
   const int64_t K1 = cfg_.linear_conv_kernel - 1;
   const int64_t dk = cfg_.linear_key_head_dim, dv = cfg_.linear_value_head_dim;
   for (const Layer& L : layers_) {
@@ -491,7 +512,10 @@ Result<std::unique_ptr<Model>> load_qwen3_next(std::unique_ptr<Checkpoint> ckpt,
                          Qwen3NextConfig::from_json(ckpt->config(), ckpt->generation_config()));
   LoadOptions opt = options;
   if (opt.max_logit_rows <= 0) opt.max_logit_rows = opt.max_batch_tokens;
-  if (opt.max_batch_tokens < 1 || opt.state.n_slots < 1 || opt.state.n_blocks < 1 ||
+  if (opt.max_context <= 0 || opt.max_context > cfg.max_position_embeddings) {
+    opt.max_context = cfg.max_position_embeddings;
+  }
+  if (opt.max_batch_tokens < 1 || opt.state.n_slots < 1 || opt.state.n_blocks < 0 ||
       opt.state.block_size < 1) {
     return make_error(ErrorCode::kInvalidArgument, "batch tokens, slots and blocks must be >= 1");
   }

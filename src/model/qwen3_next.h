@@ -13,7 +13,9 @@ namespace recur {
 struct LoadOptions {
   int max_batch_tokens = 512;  // tokens per forward; sizes every workspace
   int max_logit_rows = 0;      // 0: same as max_batch_tokens
-  StateConfig state;
+  StateConfig state;           // state.n_blocks 0: sized from the budget below
+  int64_t kv_cache_budget_bytes = int64_t(1) << 30;
+  int max_context = 0;         // 0: the model's max_position_embeddings
 };
 
 // The model keeps the checkpoint: its weights stay mapped for the model's lifetime.

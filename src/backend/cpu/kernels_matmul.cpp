@@ -1,7 +1,13 @@
-// out[n, m] = x[n, k] · w[m, k]^T with w in its stored dtype. Each weight row is widened once
-// per tile of 4 tokens; threads split the weight rows, so each weight byte is read by one core.
+// out[n, m] = x[n, k] · w[m, k]^T with w in its stored dtype. Threads split the weight rows,
+// so each weight byte is read by one core; each weight row is widened once per tile of up to
+// 4 tokens. Every token's dot product runs the same instructions in the same order whatever
+// its place in the batch, so results do not depend on batch composition.
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/kernels.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace recur {
 
@@ -11,6 +17,44 @@ namespace {
 
 constexpr int64_t kTokenTile = 64;  // x rows kept hot in cache while sweeping the weight rows
 
+#if defined(__AVX512F__)
+inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 load16(const Bf16* p, __mmask16 m) {
+  __m256i h = _mm256_maskz_loadu_epi16(m, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline __m512 load16(const F16* p, __mmask16 m) {
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+}
+
+// NT tokens against one weight row: acc[t] = Σ w[i]·x_t[i].
+template <int NT, typename W>
+inline void dot_tile(const W* w, const float* const* x, int64_t k, float* result) {
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16) {
+    const __m512 wv = load16(w + i, 0xffff);
+    for (int t = 0; t < NT; ++t) acc[t] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x[t] + i), acc[t]);
+  }
+  if (i < k) {
+    const __mmask16 m = __mmask16((1u << (k - i)) - 1);
+    const __m512 wv = load16(w + i, m);
+    for (int t = 0; t < NT; ++t) acc[t] = _mm512_fmadd_ps(wv, load16(x[t] + i, m), acc[t]);
+  }
+  for (int t = 0; t < NT; ++t) result[t] = _mm512_reduce_add_ps(acc[t]);
+}
+#else
+template <int NT, typename W>
+inline void dot_tile(const W* w, const float* const* x, int64_t k, float* result) {
+  for (int t = 0; t < NT; ++t) {
+    float acc = 0.0f;
+    for (int64_t i = 0; i < k; ++i) acc += to_f32(w[i]) * x[t][i];
+    result[t] = acc;
+  }
+}
+#endif
+
 template <typename W>
 void matmul_block(const float* x, int64_t x_stride, const W* w, int64_t k, float* out,
                   int64_t out_stride, int64_t n, int64_t m0, int64_t m1, bool accumulate) {
@@ -18,35 +62,22 @@ void matmul_block(const float* x, int64_t x_stride, const W* w, int64_t k, float
     const int64_t t1 = std::min(n, t0 + kTokenTile);
     for (int64_t m = m0; m < m1; ++m) {
       const W* wr = w + m * k;
-      int64_t t = t0;
-      for (; t + 4 <= t1; t += 4) {
-        const float* x0 = x + t * x_stride;
-        const float* x1 = x0 + x_stride;
-        const float* x2 = x1 + x_stride;
-        const float* x3 = x2 + x_stride;
-        float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-#pragma omp simd reduction(+ : a0, a1, a2, a3)
-        for (int64_t i = 0; i < k; ++i) {
-          const float wv = to_f32(wr[i]);
-          a0 += wv * x0[i];
-          a1 += wv * x1[i];
-          a2 += wv * x2[i];
-          a3 += wv * x3[i];
+      for (int64_t t = t0; t < t1;) {
+        const float* xs[4];
+        float r[4];
+        const int nt = int(std::min<int64_t>(4, t1 - t));
+        for (int j = 0; j < nt; ++j) xs[j] = x + (t + j) * x_stride;
+        switch (nt) {
+          case 4: dot_tile<4>(wr, xs, k, r); break;
+          case 3: dot_tile<3>(wr, xs, k, r); break;
+          case 2: dot_tile<2>(wr, xs, k, r); break;
+          default: dot_tile<1>(wr, xs, k, r); break;
         }
-        float* o = out + t * out_stride + m;
-        if (accumulate) {
-          o[0] += a0, o[out_stride] += a1, o[2 * out_stride] += a2, o[3 * out_stride] += a3;
-        } else {
-          o[0] = a0, o[out_stride] = a1, o[2 * out_stride] = a2, o[3 * out_stride] = a3;
+        for (int j = 0; j < nt; ++j) {
+          float* o = out + (t + j) * out_stride + m;
+          *o = accumulate ? *o + r[j] : r[j];
         }
-      }
-      for (; t < t1; ++t) {
-        const float* xr = x + t * x_stride;
-        float a = 0;
-#pragma omp simd reduction(+ : a)
-        for (int64_t i = 0; i < k; ++i) a += to_f32(wr[i]) * xr[i];
-        float* o = out + t * out_stride + m;
-        *o = accumulate ? *o + a : a;
+        t += nt;
       }
     }
   }

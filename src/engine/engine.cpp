@@ -1,0 +1,428 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+
+#include "engine/pools.h"
+#include "engine/text_stream.h"
+
+namespace recur {
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kCancelled: return "cancelled";
+    case FinishReason::kError: return "error";
+  }
+  return "error";
+}
+
+struct Engine::Sequence {
+  uint64_t id = 0;
+  Request req;
+  EventSink sink;
+  Sampler sampler;
+  std::unique_ptr<TextStream> text;
+  int32_t slot = -1;
+  std::vector<int32_t> blocks;     // attention-cache block table
+  int n_past = 0;                  // tokens whose effect is in the state
+  int prompt_done = 0;             // prompt tokens prefilled
+  int fed = 0;                     // tokens fed in the current step
+  int32_t next_token = -1;         // sampled, not yet fed
+  std::vector<int32_t> generated;
+  SampledToken sampled;
+  bool finished = false;
+  bool stopped_by_string = false;
+  FinishReason reason = FinishReason::kStop;
+  std::string message;
+
+  Sequence(Request r, EventSink s, int vocab, uint64_t seed)
+      : req(std::move(r)), sink(std::move(s)), sampler(req.sampling, vocab, seed) {
+    sampler.set_prompt(req.prompt);
+    generated.reserve(size_t(std::min(req.max_tokens, 4096)));
+  }
+  bool prefilling() const { return prompt_done < int(req.prompt.size()); }
+};
+
+Result<std::unique_ptr<Engine>> Engine::create(const std::string& model_dir, Ops& ops,
+                                               const EngineConfig& config,
+                                               const Tokenizer* tokenizer) {
+  if (config.max_batch < 1 || config.max_batch_tokens < config.max_batch || config.block_size < 1) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "max_batch must be >= 1 and max_batch_tokens >= max_batch (got {} and {})",
+                      config.max_batch, config.max_batch_tokens);
+  }
+  std::unique_ptr<Engine> e(new Engine());
+  e->config_ = config;
+  e->tokenizer_ = tokenizer;
+  e->ops_ = &ops;
+  LoadOptions opt;
+  opt.max_batch_tokens = config.max_batch_tokens;
+  opt.max_logit_rows = config.max_batch;  // at most one row per sequence per step
+  opt.state.n_slots = config.max_batch;
+  opt.state.n_blocks = config.kv_blocks;
+  opt.state.block_size = config.block_size;
+  opt.kv_cache_budget_bytes = config.kv_cache_bytes;
+  opt.max_context = config.max_context;
+  RECUR_ASSIGN_OR_RETURN(e->model_, load_model(model_dir, ops, opt));
+  const ModelInfo& info = e->model_->info();
+  e->config_.max_context = info.max_position;
+  e->config_.kv_blocks = e->model_->state_config().n_blocks;
+  e->slots_ = std::make_unique<IdPool>(config.max_batch);
+  e->blocks_ = std::make_unique<IdPool>(e->config_.kv_blocks);
+  RECUR_ASSIGN_OR_RETURN(e->logits_buf_,
+                         ops.allocator().allocate(size_t(config.max_batch) * size_t(info.vocab_size) * 4, "logits"));
+  e->logits_ = view(e->logits_buf_, DType::F32, {config.max_batch, info.vocab_size});
+  if (ops.device() != Device::kCpu) e->host_logits_.resize(size_t(config.max_batch) * size_t(info.vocab_size));
+  e->running_.reserve(size_t(config.max_batch));
+  e->logit_seqs_.reserve(size_t(config.max_batch));
+  e->stats_.kv_blocks_total = e->config_.kv_blocks;
+  e->stats_.slots_total = config.max_batch;
+  e->seed_counter_ = config.seed ? config.seed : std::random_device{}();
+  return e;
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  // No accepted request goes unanswered: everything still in flight ends as cancelled.
+  take_incoming();
+  for (auto& s : running_) finish(*s, FinishReason::kCancelled, "engine shut down");
+  for (auto& s : waiting_) finish(*s, FinishReason::kCancelled, "engine shut down");
+  release_finished();
+}
+
+Result<uint64_t> Engine::submit(Request req, EventSink sink) {
+  const ModelInfo& info = model_->info();
+  if (req.prompt.empty()) return make_error(ErrorCode::kInvalidArgument, "the prompt is empty");
+  for (size_t i = 0; i < req.prompt.size(); ++i) {
+    if (req.prompt[i] < 0 || req.prompt[i] >= info.vocab_size) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "prompt token {} (id {}) is outside the vocabulary [0, {})", i,
+                        req.prompt[i], info.vocab_size);
+    }
+  }
+  if (int64_t(req.prompt.size()) + 1 > config_.max_context) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "the prompt has {} tokens; the context holds {} (prompt plus at least one "
+                      "generated token)",
+                      req.prompt.size(), config_.max_context);
+  }
+  const int64_t blocks_needed = int64_t(req.prompt.size()) / config_.block_size + 1;
+  if (blocks_needed > config_.kv_blocks) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "the prompt needs {} attention-cache blocks; the cache has {}",
+                      blocks_needed, config_.kv_blocks);
+  }
+  if (req.max_tokens < 1) {
+    return make_error(ErrorCode::kInvalidArgument, "max_tokens must be at least 1 (got {})",
+                      req.max_tokens);
+  }
+  RECUR_RETURN_IF_ERROR(req.sampling.validate(info.vocab_size));
+  for (auto& s : req.stop.stop_sequences) {
+    if (s.empty()) return make_error(ErrorCode::kInvalidArgument, "a stop sequence is empty");
+  }
+  if (!req.stop.stop_strings.empty() && !tokenizer_) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "stop strings need a tokenizer, and this model directory has none");
+  }
+  uint64_t seed;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (int(incoming_.size()) + stats_.waiting >= config_.max_queue) {
+      return make_error(ErrorCode::kOutOfResources, "the queue is full ({} requests waiting)",
+                        config_.max_queue);
+    }
+    // splitmix64: distinct, well-mixed default seeds per request.
+    uint64_t z = (seed_counter_ += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    seed = z ^ (z >> 31);
+  }
+  auto seq = std::make_unique<Sequence>(std::move(req), std::move(sink), info.vocab_size, seed);
+  if (tokenizer_) {
+    seq->text = std::make_unique<TextStream>(*tokenizer_, seq->req.stop.stop_strings,
+                                             seq->req.skip_special_tokens);
+  }
+  uint64_t id;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    id = seq->id = next_id_++;
+    incoming_.push_back(std::move(seq));
+  }
+  cv_.notify_one();
+  return id;
+}
+
+void Engine::cancel(uint64_t request_id) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    cancels_.push_back(request_id);
+  }
+  cv_.notify_one();
+}
+
+void Engine::start() {
+  if (!thread_.joinable()) thread_ = std::thread([this] { thread_main(); });
+}
+
+void Engine::thread_main() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] {
+        return stop_ || !incoming_.empty() || !cancels_.empty() || !running_.empty() ||
+               !waiting_.empty();
+      });
+      if (stop_) return;
+    }
+    step();
+  }
+}
+
+void Engine::run_until_idle() {
+  while (step()) {
+  }
+}
+
+void Engine::take_incoming() {
+  std::vector<uint64_t> cancels;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& s : incoming_) waiting_.push_back(std::move(s));
+    incoming_.clear();
+    cancels.swap(cancels_);
+  }
+  for (uint64_t id : cancels) {
+    for (auto* list : {&running_, &waiting_}) {
+      for (auto& s : *list) {
+        if (s->id == id && !s->finished) finish(*s, FinishReason::kCancelled, "cancelled");
+      }
+    }
+  }
+}
+
+void Engine::admit() {
+  while (!waiting_.empty() && int(running_.size()) < config_.max_batch) {
+    Sequence& seq = *waiting_.front();
+    if (seq.finished) break;  // cancelled while waiting: released below
+    // Start a prompt only when the cache can hold it now; otherwise wait for others to finish.
+    const int blocks_needed = int(seq.req.prompt.size()) / config_.block_size + 1;
+    if (blocks_->available() < blocks_needed && !running_.empty()) break;
+    const int32_t slot = slots_->acquire();
+    if (slot < 0) break;
+    seq.slot = slot;
+    model_->reset_slot(slot);
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.erase(waiting_.begin());
+  }
+}
+
+bool Engine::ensure_blocks(Sequence& seq, int last_position) {
+  const size_t needed = size_t(last_position / config_.block_size + 1);
+  while (seq.blocks.size() < needed) {
+    const int32_t b = blocks_->acquire();
+    if (b < 0) return false;
+    seq.blocks.push_back(b);
+  }
+  return true;
+}
+
+bool Engine::build_batch() {
+  batch_.clear();
+  logit_seqs_.clear();
+  int budget = config_.max_batch_tokens;
+  // Decode tokens first: one per sequence past its prompt.
+  for (auto& sp : running_) {
+    Sequence& s = *sp;
+    s.fed = 0;
+    if (s.finished || s.prefilling() || s.next_token < 0 || budget == 0) continue;
+    if (s.n_past >= config_.max_context) {
+      finish(s, FinishReason::kLength, "the context length is reached");
+      continue;
+    }
+    if (!ensure_blocks(s, s.n_past)) {
+      finish(s, FinishReason::kLength, "the attention cache is full");
+      continue;
+    }
+    batch_.add_sequence(s.slot, s.n_past, std::span(&s.next_token, 1), s.blocks,
+                        Batch::Logits::kLast);
+    logit_seqs_.push_back(&s);
+    s.fed = 1;
+    --budget;
+  }
+  // Then prompt chunks, in admission order, within what is left of the budget.
+  for (auto& sp : running_) {
+    Sequence& s = *sp;
+    if (s.finished || !s.prefilling() || budget == 0) continue;
+    const int remaining = int(s.req.prompt.size()) - s.prompt_done;
+    const int chunk = std::min(remaining, budget);
+    if (!ensure_blocks(s, s.n_past + chunk - 1)) {
+      finish(s, FinishReason::kLength, "the attention cache is full");
+      continue;
+    }
+    const bool last_chunk = chunk == remaining;
+    batch_.add_sequence(s.slot, s.n_past,
+                        std::span(s.req.prompt).subspan(size_t(s.prompt_done), size_t(chunk)),
+                        s.blocks, last_chunk ? Batch::Logits::kLast : Batch::Logits::kNone);
+    if (last_chunk) logit_seqs_.push_back(&s);
+    s.fed = chunk;
+    budget -= chunk;
+  }
+  return batch_.n_tokens() > 0;
+}
+
+bool Engine::step() {
+  take_incoming();
+  admit();
+  release_finished();  // cancellations of waiting requests
+  if (running_.empty()) return !waiting_.empty();
+  const auto t0 = std::chrono::steady_clock::now();
+  int prompt_tokens = 0, decode_tokens = 0;
+  if (build_batch()) {
+    Status st = model_->forward(batch_, logits_);
+    if (!st.ok()) {
+      for (auto& s : running_) {
+        if (s->fed > 0) finish(*s, FinishReason::kError, st.error().to_string());
+      }
+    } else {
+      for (auto& s : running_) {
+        if (s->fed == 0 || s->finished) continue;
+        if (s->prefilling()) {
+          s->prompt_done += s->fed;
+          prompt_tokens += s->fed;
+        } else {
+          s->next_token = -1;
+          decode_tokens += 1;
+        }
+        s->n_past += s->fed;
+      }
+      sample_and_emit();
+    }
+  }
+  release_finished();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stats_.steps++;
+    stats_.prompt_tokens += prompt_tokens;
+    if (prompt_tokens > 0) {
+      stats_.prefill_seconds += secs;
+    } else if (decode_tokens > 0) {
+      stats_.decode_seconds += secs;
+      stats_.decode_step_tokens += decode_tokens;
+    }
+    stats_.running = int(running_.size());
+    stats_.waiting = int(waiting_.size());
+    stats_.kv_blocks_used = blocks_->used();
+    stats_.slots_used = slots_->used();
+  }
+  return !running_.empty() || !waiting_.empty();
+}
+
+void Engine::sample_and_emit() {
+  const int V = model_->info().vocab_size;
+  const float* rows = logits_.ptr<float>();
+  if (!host_logits_.empty()) {
+    ops_->copy_to_host(logits_.slice_rows(0, int64_t(logit_seqs_.size())), host_logits_.data());
+    rows = host_logits_.data();
+  }
+  const std::vector<int32_t>& eos = model_->info().eos_token_ids;
+  int64_t sampled = 0;
+  for (size_t r = 0; r < logit_seqs_.size(); ++r) {
+    Sequence& s = *logit_seqs_[r];
+    if (s.finished) continue;
+    s.sampler.sample(const_cast<float*>(rows) + r * size_t(V), &s.sampled);
+    const int32_t tok = s.sampled.id;
+    s.sampler.accept(tok);
+    s.generated.push_back(tok);
+    s.next_token = tok;
+    ++sampled;
+    text_buf_.clear();
+    if (s.text && s.text->push(tok, &text_buf_)) s.stopped_by_string = true;
+    Event ev;
+    ev.request_id = s.id;
+    ev.kind = Event::Kind::kToken;
+    ev.token = tok;
+    ev.logprob = s.sampled.logprob;
+    ev.top_logprobs = s.sampled.top;
+    ev.text = text_buf_;
+    s.sink(ev);
+
+    const StopConditions& stop = s.req.stop;
+    auto contains = [](const std::vector<int32_t>& v, int32_t t) {
+      return std::find(v.begin(), v.end(), t) != v.end();
+    };
+    bool stop_now = s.stopped_by_string || (!stop.ignore_eos && contains(eos, tok)) ||
+                    contains(stop.stop_token_ids, tok);
+    for (const auto& seqv : stop.stop_sequences) {
+      stop_now = stop_now || (s.generated.size() >= seqv.size() &&
+                              std::equal(seqv.rbegin(), seqv.rend(), s.generated.rbegin()));
+    }
+    if (stop_now) {
+      finish(s, FinishReason::kStop, "");
+    } else if (int(s.generated.size()) >= s.req.max_tokens) {
+      finish(s, FinishReason::kLength, "max_tokens reached");
+    } else if (s.n_past >= config_.max_context) {
+      finish(s, FinishReason::kLength, "the context length is reached");
+    }
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  stats_.generated_tokens += sampled;
+}
+
+void Engine::finish(Sequence& seq, FinishReason reason, std::string_view message) {
+  if (seq.finished) return;
+  seq.finished = true;
+  seq.reason = reason;
+  seq.message = message;
+}
+
+void Engine::release_finished() {
+  auto emit_and_release = [&](Sequence& s) {
+    text_buf_.clear();
+    if (s.text && !s.stopped_by_string) s.text->finish(&text_buf_);
+    Event ev;
+    ev.request_id = s.id;
+    ev.kind = Event::Kind::kFinish;
+    ev.reason = s.reason;
+    ev.message = s.message;
+    ev.text = text_buf_;
+    ev.prompt_tokens = int(s.req.prompt.size());
+    ev.generated_tokens = int(s.generated.size());
+    s.sink(ev);
+    if (s.slot >= 0) slots_->release(s.slot);
+    for (int32_t b : s.blocks) blocks_->release(b);
+    s.slot = -1;
+    s.blocks.clear();
+  };
+  int64_t done = 0;
+  for (auto* list : {&running_, &waiting_}) {
+    for (auto& s : *list) {
+      if (s->finished) {
+        emit_and_release(*s);
+        ++done;
+      }
+    }
+    std::erase_if(*list, [](const std::unique_ptr<Sequence>& s) { return s->finished; });
+  }
+  if (done) {
+    std::lock_guard<std::mutex> lk(mu_);
+    stats_.requests_finished += done;
+  }
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  EngineStats s = stats_;
+  s.alloc = ops_->allocator().stats();
+  return s;
+}
+
+}  // namespace recur

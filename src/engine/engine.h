@@ -1,0 +1,152 @@
+// The continuous-batching engine: requests are admitted and retired at any step, prompts are
+// prefilled in chunks between other sequences' decode steps, and every resource comes from
+// pools sized at start-up, so a completion's cost per token in memory and buffers is constant.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "core/allocator.h"
+#include "engine/sampler.h"
+#include "model/qwen3_next.h"
+#include "tokenizer/tokenizer.h"
+
+namespace recur {
+
+struct StopConditions {
+  bool ignore_eos = false;
+  std::vector<int32_t> stop_token_ids;               // end generation, like EOS
+  std::vector<std::vector<int32_t>> stop_sequences;  // token sequences ending generation
+  std::vector<std::string> stop_strings;             // matched on decoded text (needs a tokenizer)
+};
+
+struct Request {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  StopConditions stop;
+  int max_tokens = 16;
+  bool skip_special_tokens = true;  // for the text that events carry
+};
+
+enum class FinishReason { kStop, kLength, kCancelled, kError };
+const char* finish_reason_name(FinishReason r);  // "stop", "length", "cancelled", "error"
+
+// Delivered to a request's sink on the engine thread; views are valid during the call only.
+struct Event {
+  enum class Kind { kToken, kFinish };
+  uint64_t request_id = 0;
+  Kind kind = Kind::kToken;
+  int32_t token = -1;                         // kToken
+  float logprob = 0;                          // kToken, when logprobs were asked for
+  std::span<const TokenLogprob> top_logprobs;  // kToken
+  std::string_view text;                      // text released with this event (may be empty)
+  FinishReason reason = FinishReason::kStop;  // kFinish
+  std::string_view message;                   // kFinish: why, for errors and limits
+  int prompt_tokens = 0;                      // kFinish
+  int generated_tokens = 0;                   // kFinish
+};
+// Runs on the engine thread: must be quick and must not call back into the engine.
+using EventSink = std::function<void(const Event&)>;
+
+struct EngineConfig {
+  int max_batch = 8;            // sequences in flight (recurrent-state slots)
+  int max_batch_tokens = 512;   // tokens per step, decode tokens first, then prompt chunks
+  int max_context = 0;          // 0: the model's limit
+  int kv_blocks = 0;            // 0: from kv_cache_bytes
+  int64_t kv_cache_bytes = int64_t(1) << 30;
+  int block_size = 16;
+  int max_queue = 4096;         // waiting requests beyond which submit() refuses
+  uint64_t seed = 0;            // seeds requests without their own seed; 0: random
+};
+
+struct EngineStats {
+  int64_t prompt_tokens = 0;     // prompt tokens prefilled
+  int64_t generated_tokens = 0;  // tokens sampled
+  double prefill_seconds = 0;    // time of steps that carried prompt tokens
+  double decode_seconds = 0;     // time of steps that carried only decode tokens
+  int64_t decode_step_tokens = 0;
+  int64_t steps = 0;
+  int running = 0, waiting = 0;
+  int kv_blocks_used = 0, kv_blocks_total = 0;
+  int slots_used = 0, slots_total = 0;
+  int64_t requests_finished = 0;
+  AllocStats alloc;  // the backend's allocator
+};
+
+class Engine {
+ public:
+  // Loads the model with pools sized for `config`. The tokenizer (optional) gives events their
+  // text and enables stop strings; it must outlive the engine.
+  static Result<std::unique_ptr<Engine>> create(const std::string& model_dir, Ops& ops,
+                                                const EngineConfig& config,
+                                                const Tokenizer* tokenizer);
+  ~Engine();
+
+  // Validates and queues a request; errors name what is wrong with it.
+  Result<uint64_t> submit(Request request, EventSink sink);
+  // Cancels a queued or running request; its slot and blocks are free after the next step.
+  void cancel(uint64_t request_id);
+
+  // Runs steps on an engine thread until the engine is destroyed.
+  void start();
+  // One scheduler step on the caller's thread (when not started); false when idle.
+  bool step();
+  // Steps until nothing is queued or running (when not started).
+  void run_until_idle();
+
+  EngineStats stats() const;
+  const ModelInfo& model_info() const { return model_->info(); }
+  const EngineConfig& config() const { return config_; }
+  Model& model() { return *model_; }
+
+  struct Sequence;
+
+ private:
+  Engine() = default;
+  void thread_main();
+  void take_incoming();
+  void admit();
+  bool build_batch();
+  void finish(Sequence& seq, FinishReason reason, std::string_view message);
+  void release_finished();
+  void sample_and_emit();
+  void publish_stats(double seconds, bool had_prompt, int decode_tokens);
+  bool ensure_blocks(Sequence& seq, int last_position);
+
+  EngineConfig config_;
+  std::unique_ptr<Model> model_;
+  const Tokenizer* tokenizer_ = nullptr;
+  Ops* ops_ = nullptr;
+  std::unique_ptr<class IdPool> slots_, blocks_;
+  Buffer logits_buf_;
+  Tensor logits_;                   // [max rows, vocab] in the backend's memory
+  std::vector<float> host_logits_;  // for backends whose memory the host cannot read
+
+  // Owned by the engine thread.
+  std::vector<std::unique_ptr<Sequence>> running_, waiting_;
+  std::vector<Sequence*> logit_seqs_;  // sequence of each logits row this step
+  std::vector<int> fed_;               // tokens fed per running sequence this step
+  Batch batch_;
+  std::string text_buf_;
+
+  // Shared with submitting threads.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<Sequence>> incoming_;
+  std::vector<uint64_t> cancels_;
+  uint64_t next_id_ = 1;
+  bool stop_ = false;
+  EngineStats stats_;
+  uint64_t seed_counter_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace recur

@@ -1,0 +1,296 @@
+// Engine invariants: batch invariance, mixed-length prefill, slot reuse after cancellation,
+// the reference decode through the engine, clean ends when the cache runs out, and flat
+// buffer counters over a long completion.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <numeric>
+#include <random>
+
+#include "backend/cpu/cpu_ops.h"
+#include "engine/engine.h"
+#include "io/safetensors.h"
+
+namespace recur {
+namespace {
+
+const std::string kRoot = RECUR_SOURCE_DIR;
+const std::string kTiny = kRoot + "/models/qwen3next-tiny";
+const std::string k48 = kRoot + "/models/qwen3next-seed-48L";
+
+struct Result1 {
+  std::vector<int32_t> ids;
+  std::vector<std::vector<TokenLogprob>> top;  // raw top logprobs per generated token
+  FinishReason reason = FinishReason::kError;
+  std::string message;
+  bool done = false;
+};
+
+// Collects one request's events.
+EventSink collect(Result1* r) {
+  return [r](const Event& ev) {
+    if (ev.kind == Event::Kind::kToken) {
+      r->ids.push_back(ev.token);
+      r->top.emplace_back(ev.top_logprobs.begin(), ev.top_logprobs.end());
+    } else {
+      r->reason = ev.reason;
+      r->message = std::string(ev.message);
+      r->done = true;
+    }
+  };
+}
+
+Request greedy(std::vector<int32_t> prompt, int max_tokens, int logprobs = 5) {
+  Request r;
+  r.prompt = std::move(prompt);
+  r.max_tokens = max_tokens;
+  r.sampling.temperature = 0;
+  r.sampling.logprobs = logprobs;
+  r.stop.ignore_eos = true;
+  return r;
+}
+
+std::vector<int32_t> random_prompt(int len, int vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> p(static_cast<size_t>(len));
+  for (auto& t : p) t = int32_t(rng() % uint32_t(vocab));
+  return p;
+}
+
+std::unique_ptr<Engine> make_engine(CpuOps& ops, const std::string& model, EngineConfig cfg) {
+  auto e = Engine::create(model, ops, cfg, nullptr);
+  EXPECT_TRUE(e.ok()) << e.error().to_string();
+  return e.ok() ? std::move(*e) : nullptr;
+}
+
+Result1 solo(const std::string& model, const Request& req) {
+  CpuOps ops(2);
+  EngineConfig cfg;
+  cfg.max_batch = 1;
+  auto e = make_engine(ops, model, cfg);
+  Result1 r;
+  EXPECT_TRUE(e->submit(req, collect(&r)).ok());
+  e->run_until_idle();
+  return r;
+}
+
+// Same greedy tokens, and raw logprobs within tol at every step.
+void expect_same(const Result1& a, const Result1& b, double tol, const std::string& what) {
+  ASSERT_TRUE(a.done && b.done) << what;
+  ASSERT_EQ(a.ids, b.ids) << what;
+  ASSERT_EQ(a.top.size(), b.top.size());
+  double worst = 0;
+  for (size_t i = 0; i < a.top.size(); ++i) {
+    ASSERT_EQ(a.top[i].size(), b.top[i].size());
+    for (size_t j = 0; j < a.top[i].size(); ++j) {
+      ASSERT_EQ(a.top[i][j].id, b.top[i][j].id) << what << " step " << i;
+      worst = std::max(worst, double(std::fabs(a.top[i][j].logprob - b.top[i][j].logprob)));
+    }
+  }
+  EXPECT_LE(worst, tol) << what;
+}
+
+TEST(Engine, BatchedAndStaggeredDecodingEqualsEachSequenceAlone) {
+  const std::vector<int> lens = {1, 7, 64, 65, 150};
+  std::vector<Request> reqs;
+  for (size_t i = 0; i < lens.size(); ++i) {
+    reqs.push_back(greedy(random_prompt(lens[i], 256, uint32_t(i + 1)), 20 + int(i) * 3));
+  }
+  std::vector<Result1> alone;
+  for (auto& r : reqs) alone.push_back(solo(kTiny, r));
+
+  CpuOps ops(2);
+  EngineConfig cfg;
+  cfg.max_batch = 4;  // the fifth waits in the queue for a free slot
+  cfg.max_batch_tokens = 96;  // long prompts are prefilled in chunks between decode steps
+  auto e = make_engine(ops, kTiny, cfg);
+  std::vector<Result1> together(reqs.size());
+  // Staggered admission: a new request every few steps.
+  size_t submitted = 0;
+  for (int step = 0; submitted < reqs.size() || e->step(); ++step) {
+    if (submitted < reqs.size() && step % 3 == 0) {
+      ASSERT_TRUE(e->submit(reqs[submitted], collect(&together[submitted])).ok());
+      ++submitted;
+      e->step();
+    }
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    expect_same(together[i], alone[i], 1e-4, "prompt " + std::to_string(i));
+    EXPECT_EQ(together[i].reason, FinishReason::kLength);
+  }
+  const EngineStats st = e->stats();
+  EXPECT_EQ(st.slots_used, 0);
+  EXPECT_EQ(st.kv_blocks_used, 0);
+}
+
+TEST(Engine, MixedLengthPrefillInOneStepEqualsSeparatePrefills) {
+  const std::vector<int> lens = {1, 37, 100, 2};
+  CpuOps ops(2);
+  EngineConfig cfg;
+  cfg.max_batch = 4;
+  cfg.max_batch_tokens = 256;  // all four prompts in the first step
+  auto e = make_engine(ops, kTiny, cfg);
+  std::vector<Result1> together(lens.size());
+  std::vector<Request> reqs;
+  for (size_t i = 0; i < lens.size(); ++i) {
+    reqs.push_back(greedy(random_prompt(lens[i], 256, uint32_t(40 + i)), 8, 20));
+    ASSERT_TRUE(e->submit(reqs.back(), collect(&together[i])).ok());
+  }
+  e->step();
+  for (auto& r : together) ASSERT_EQ(r.ids.size(), 1u) << "every prompt prefilled in step one";
+  EXPECT_EQ(e->stats().prompt_tokens, 140);
+  e->run_until_idle();
+  for (size_t i = 0; i < lens.size(); ++i) {
+    expect_same(together[i], solo(kTiny, reqs[i]), 1e-4, "prompt " + std::to_string(i));
+  }
+}
+
+TEST(Engine, CancelledSequenceFreesItsSlotForAFreshOne) {
+  CpuOps ops(2);
+  EngineConfig cfg;
+  cfg.max_batch = 1;
+  auto e = make_engine(ops, kTiny, cfg);
+  Result1 first, second;
+  const Request a = greedy(random_prompt(30, 256, 7), 1000);
+  const Request b = greedy(random_prompt(45, 256, 8), 25);
+  auto id = e->submit(a, collect(&first));
+  ASSERT_TRUE(id.ok());
+  for (int i = 0; i < 12; ++i) e->step();
+  ASSERT_GT(first.ids.size(), 5u);
+  ASSERT_TRUE(e->submit(b, collect(&second)).ok());
+  e->step();
+  EXPECT_TRUE(second.ids.empty()) << "one slot: the second request waits";
+  e->cancel(*id);
+  e->step();
+  EXPECT_TRUE(first.done);
+  EXPECT_EQ(first.reason, FinishReason::kCancelled);
+  e->run_until_idle();
+  expect_same(second, solo(kTiny, b), 1e-4, "request after the cancelled one");
+  EXPECT_EQ(e->stats().kv_blocks_used, 0);
+}
+
+// The 48-layer reference model's 1,024 greedy steps through the engine: the same tokens as
+// transformers chose, and the same log-probabilities within 1e-3.
+TEST(Engine, ReferenceDecodeOf48LayerModelThroughTheEngine) {
+  auto golden = SafetensorsFile::open(kRoot + "/tests/data/golden/qwen3next-seed-48L/golden.safetensors");
+  ASSERT_TRUE(golden.ok());
+  auto ids_t = golden->tensor("p0.ids");
+  auto gen_t = golden->tensor("p0.gen");
+  auto logits_t = golden->tensor("p0.gen_logits");
+  ASSERT_TRUE(ids_t.ok() && gen_t.ok() && logits_t.ok());
+  std::vector<int32_t> prompt, gen;
+  for (int64_t i = 0; i < ids_t->numel(); ++i) prompt.push_back(int32_t(ids_t->ptr<int64_t>()[i]));
+  for (int64_t i = 0; i < gen_t->numel(); ++i) gen.push_back(int32_t(gen_t->ptr<int64_t>()[i]));
+  Result1 r = solo(k48, greedy(prompt, int(gen.size()), 20));
+  ASSERT_EQ(r.ids, gen);
+  const int64_t V = logits_t->shape[1];
+  double worst = 0;
+  for (size_t step = 0; step < gen.size(); ++step) {
+    const float* row = logits_t->row<float>(int64_t(step));
+    double mx = row[0], sum = 0;
+    for (int64_t j = 0; j < V; ++j) mx = std::max(mx, double(row[j]));
+    for (int64_t j = 0; j < V; ++j) sum += std::exp(double(row[j]) - mx);
+    for (const TokenLogprob& lp : r.top[step]) {
+      const double ref = double(row[lp.id]) - mx - std::log(sum);
+      worst = std::max(worst, std::fabs(ref - lp.logprob));
+    }
+  }
+  EXPECT_LE(worst, 1e-3);
+  RecordProperty("max_logprob_error", std::to_string(worst));
+}
+
+TEST(Engine, FullCacheEndsTheSequenceCleanlyAndSparesTheOthers) {
+  CpuOps ops(2);
+  EngineConfig cfg;
+  cfg.max_batch = 2;
+  cfg.kv_blocks = 6;  // 96 token positions for both sequences together
+  auto e = make_engine(ops, kTiny, cfg);
+  Result1 a, b;
+  ASSERT_TRUE(e->submit(greedy(random_prompt(20, 256, 1), 500), collect(&a)).ok());
+  ASSERT_TRUE(e->submit(greedy(random_prompt(20, 256, 2), 10), collect(&b)).ok());
+  e->run_until_idle();
+  EXPECT_EQ(b.reason, FinishReason::kLength);
+  EXPECT_EQ(b.ids.size(), 10u);
+  EXPECT_EQ(a.reason, FinishReason::kLength);
+  EXPECT_EQ(a.message, "the attention cache is full");
+  EXPECT_GE(a.ids.size(), 60u);
+  EXPECT_EQ(e->stats().kv_blocks_used, 0);
+  // A prompt longer than the whole cache is refused at submission, naming the reason.
+  auto too_long = e->submit(greedy(random_prompt(200, 256, 3), 1), [](const Event&) {});
+  ASSERT_FALSE(too_long.ok());
+  EXPECT_NE(too_long.error().message.find("cache"), std::string::npos);
+}
+
+TEST(Engine, RejectsBadRequestsWithClearErrors) {
+  CpuOps ops(2);
+  auto e = make_engine(ops, kTiny, EngineConfig{});
+  auto sink = [](const Event&) {};
+  auto empty = e->submit(greedy({}, 4), sink);
+  ASSERT_FALSE(empty.ok());
+  EXPECT_NE(empty.error().message.find("empty"), std::string::npos);
+  auto oov = e->submit(greedy({1, 999}, 4), sink);
+  ASSERT_FALSE(oov.ok());
+  EXPECT_NE(oov.error().message.find("id 999"), std::string::npos);
+  auto zero = e->submit(greedy({1}, 0), sink);
+  ASSERT_FALSE(zero.ok());
+  EXPECT_NE(zero.error().message.find("max_tokens"), std::string::npos);
+  Request strs = greedy({1}, 4);
+  strs.stop.stop_strings = {"x"};
+  auto no_tok = e->submit(strs, sink);
+  ASSERT_FALSE(no_tok.ok());
+  EXPECT_NE(no_tok.error().message.find("tokenizer"), std::string::npos);
+}
+
+TEST(Engine, StopSequencesAndStopTokensEndGeneration) {
+  const Request base = greedy(random_prompt(9, 256, 11), 40);
+  Result1 free_run = solo(kTiny, base);
+  ASSERT_EQ(free_run.ids.size(), 40u);
+  Request by_token = base;
+  by_token.stop.stop_token_ids = {free_run.ids[5]};
+  Result1 r1 = solo(kTiny, by_token);
+  const size_t first = size_t(std::find(free_run.ids.begin(), free_run.ids.end(), free_run.ids[5]) -
+                              free_run.ids.begin());
+  EXPECT_EQ(r1.ids.size(), first + 1);
+  EXPECT_EQ(r1.reason, FinishReason::kStop);
+  Request by_seq = base;
+  by_seq.stop.stop_sequences = {{free_run.ids[10], free_run.ids[11]}};
+  Result1 r2 = solo(kTiny, by_seq);
+  EXPECT_LE(r2.ids.size(), 12u);
+  EXPECT_EQ(r2.reason, FinishReason::kStop);
+  EXPECT_TRUE(std::equal(r2.ids.begin(), r2.ids.end(), free_run.ids.begin()));
+}
+
+// The original report's scenario: 48 layers (36 Gated DeltaNet), one sequence, prompt 1..8,
+// 20,000 generated tokens through the batched path. Counters at token 2,000 and 20,000 match.
+TEST(Engine, TwentyThousandTokensWithFlatBufferCounters) {
+  CpuOps ops(2);
+  EngineConfig cfg;
+  cfg.max_batch = 4;
+  auto e = make_engine(ops, k48, cfg);
+  std::map<int, EngineStats> at;
+  int n = 0;
+  Engine* eng = e.get();
+  bool done = false;
+  FinishReason reason = FinishReason::kError;
+  Request req = greedy({1, 2, 3, 4, 5, 6, 7, 8}, 20000, -1);
+  ASSERT_TRUE(eng->submit(req, [&](const Event& ev) {
+                   if (ev.kind == Event::Kind::kFinish) {
+                     done = true;
+                     reason = ev.reason;
+                     return;
+                   }
+                   ++n;
+                   if (n == 2000 || n == 20000) at[n] = eng->stats();
+                 }).ok());
+  e->run_until_idle();
+  ASSERT_TRUE(done);
+  EXPECT_EQ(reason, FinishReason::kLength);
+  ASSERT_EQ(n, 20000);
+  EXPECT_EQ(at[2000].alloc.allocs_total, at[20000].alloc.allocs_total);
+  EXPECT_EQ(at[2000].alloc.live_buffers, at[20000].alloc.live_buffers);
+  EXPECT_EQ(at[2000].alloc.live_bytes, at[20000].alloc.live_bytes);
+  EXPECT_GT(at[20000].kv_blocks_used, at[2000].kv_blocks_used);  // the cache did grow
+}
+
+}  // namespace
+}  // namespace recur
