@@ -76,8 +76,8 @@ struct StatePools {
   std::vector<Buffer> buffers;
   std::vector<Tensor> conv;     // per Gated DeltaNet layer: [slots, K-1, conv_dim] f32
   std::vector<Tensor> delta;    // per Gated DeltaNet layer: [slots, Hv, dk, dv] f32
-  std::vector<Tensor> k_cache;  // per attention layer: [blocks, block_size, kv_heads, hd] f32
-  std::vector<Tensor> v_cache;
+  std::vector<Tensor> k_cache;  // per attention layer: [blocks, kv_heads, hd, block_size] f32
+  std::vector<Tensor> v_cache;  // per attention layer: [blocks, kv_heads, block_size, hd] f32
 };
 
 class Qwen3Next final : public Model {
@@ -285,12 +285,14 @@ Status Qwen3Next::allocate() {
   const int64_t K1 = cfg_.linear_conv_kernel - 1;
   const int64_t dk = cfg_.linear_key_head_dim, dv = cfg_.linear_value_head_dim;
   for (const Layer& L : layers_) {
+    // Recurrent state starts at zero; the cache needs no clearing (positions are written
+    // before they are read), so its pages stay untouched until used.
     auto add_state = [&](std::vector<Tensor>& list, std::initializer_list<int64_t> shape,
-                         const char* what) -> Status {
+                         const char* what, bool zero = true) -> Status {
       Tensor t;
       Workspace tmp;
       RECUR_RETURN_IF_ERROR(tmp.add(A, &t, f32, shape, what));
-      ops_.fill_zero(t);
+      if (zero) ops_.fill_zero(t);
       list.push_back(t);
       state_.buffers.push_back(std::move(tmp.buffers[0]));
       return Status();
@@ -300,8 +302,8 @@ Status Qwen3Next::allocate() {
       RECUR_RETURN_IF_ERROR(add_state(state_.delta, {sc.n_slots, hv, dk, dv}, "delta state"));
       info_.state_bytes_per_slot += (K1 * conv_dim() + hv * dk * dv) * 4;
     } else {
-      RECUR_RETURN_IF_ERROR(add_state(state_.k_cache, {sc.n_blocks, sc.block_size, kv, hd}, "k cache"));
-      RECUR_RETURN_IF_ERROR(add_state(state_.v_cache, {sc.n_blocks, sc.block_size, kv, hd}, "v cache"));
+      RECUR_RETURN_IF_ERROR(add_state(state_.k_cache, {sc.n_blocks, kv, hd, sc.block_size}, "k cache", false));
+      RECUR_RETURN_IF_ERROR(add_state(state_.v_cache, {sc.n_blocks, kv, sc.block_size, hd}, "v cache", false));
       info_.cache_bytes_per_block += 2 * sc.block_size * kv * hd * 4;
     }
   }

@@ -98,8 +98,9 @@ class Ops {
   virtual size_t gated_delta_rule_scratch_bytes(int dk, int dv) const = 0;
 
   // ---- attention over a paged cache ----
-  // Writes each token's k, v [n, kv_heads, hd] at its position into caches
-  // [n_blocks, block_size, kv_heads, hd].
+  // Cache layouts: k_cache [n_blocks, kv_heads, hd, block_size] (keys transposed within a
+  // block, so a block's scores are plain vector FMAs), v_cache [n_blocks, kv_heads, block_size,
+  // hd]. Writes each token's k, v [n, kv_heads, hd] at its position.
   virtual void kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, Tensor v_cache,
                               const SeqLayout& layout) = 0;
   // Causal attention: token t of a sequence attends to its cache positions 0..positions[t].

@@ -178,7 +178,8 @@ TEST_F(SequenceOps, PagedAttentionMatchesReferenceOnRaggedBatchesWithHistory) {
     const std::vector<int> lens = {1, 33, 17}, first = {70, 0, 16};
     Layout lay(lens, first, block_size, rng);
     const int64_t n = lay.l.n_tokens;
-    HostTensor kc(DType::F32, {lay.n_blocks(), block_size, kv, hd}), vc = kc;
+    HostTensor kc(DType::F32, {lay.n_blocks(), kv, hd, block_size}),
+        vc(DType::F32, {lay.n_blocks(), kv, block_size, hd});
     fill_random(kc, rng);  // stands for the history written by earlier calls
     fill_random(vc, rng);
     HostTensor k(DType::F32, {n, kv, hd}), v = k, q(DType::F32, {n, heads, hd});

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/vector_math.h"
 
 namespace recur {
 
@@ -146,7 +147,7 @@ void CpuOps::swiglu(const Tensor& gate, const Tensor& up, Tensor out) {
     const float* g = gs.row(r);
     const float* u = us.row(r);
     float* o = os.row(r);
-    for (int64_t j = 0; j < gs.d; ++j) o[j] = silu(g[j]) * u[j];
+    silu_mul(g, u, o, gs.d);
   }
 }
 
@@ -155,7 +156,7 @@ void CpuOps::mul_sigmoid(Tensor x, const Tensor& gate) {
   for (int64_t r = 0; r < xs.n_rows; ++r) {
     float* xr = xs.row(r);
     const float* g = gs.row(r);
-    for (int64_t j = 0; j < xs.d; ++j) xr[j] *= sigmoid(g[j]);
+    sigmoid_mul(xr, g, xs.d);
   }
 }
 

@@ -27,58 +27,84 @@ inline __m512 load16(const F16* p, __mmask16 m) {
   return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
 }
 
-// NT tokens against one weight row: acc[t] = Σ w[i]·x_t[i].
-template <int NT, typename W>
-inline void dot_tile(const W* w, const float* const* x, int64_t k, float* result) {
-  __m512 acc[NT];
-  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+// NR weight rows against NT tokens: acc[r][t] = Σ_i w_r[i]·x_t[i]. Independent accumulators
+// keep the FMA pipes busy; each (row, token) pair sees the same operations in any tile shape.
+template <int NR, int NT, typename W>
+inline void dot_tile(const W* const* w, const float* const* x, int64_t k, float* result) {
+  __m512 acc[NR][NT];
+  for (int r = 0; r < NR; ++r)
+    for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
   int64_t i = 0;
   for (; i + 16 <= k; i += 16) {
-    const __m512 wv = load16(w + i, 0xffff);
-    for (int t = 0; t < NT; ++t) acc[t] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x[t] + i), acc[t]);
+    __m512 xv[NT];
+    for (int t = 0; t < NT; ++t) xv[t] = _mm512_loadu_ps(x[t] + i);
+    for (int r = 0; r < NR; ++r) {
+      const __m512 wv = load16(w[r] + i, 0xffff);
+      for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
+    }
   }
   if (i < k) {
     const __mmask16 m = __mmask16((1u << (k - i)) - 1);
-    const __m512 wv = load16(w + i, m);
-    for (int t = 0; t < NT; ++t) acc[t] = _mm512_fmadd_ps(wv, load16(x[t] + i, m), acc[t]);
+    __m512 xv[NT];
+    for (int t = 0; t < NT; ++t) xv[t] = load16(x[t] + i, m);
+    for (int r = 0; r < NR; ++r) {
+      const __m512 wv = load16(w[r] + i, m);
+      for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
+    }
   }
-  for (int t = 0; t < NT; ++t) result[t] = _mm512_reduce_add_ps(acc[t]);
+  for (int r = 0; r < NR; ++r)
+    for (int t = 0; t < NT; ++t) result[r * NT + t] = _mm512_reduce_add_ps(acc[r][t]);
 }
 #else
-template <int NT, typename W>
-inline void dot_tile(const W* w, const float* const* x, int64_t k, float* result) {
-  for (int t = 0; t < NT; ++t) {
-    float acc = 0.0f;
-    for (int64_t i = 0; i < k; ++i) acc += to_f32(w[i]) * x[t][i];
-    result[t] = acc;
+template <int NR, int NT, typename W>
+inline void dot_tile(const W* const* w, const float* const* x, int64_t k, float* result) {
+  for (int r = 0; r < NR; ++r) {
+    for (int t = 0; t < NT; ++t) {
+      float acc = 0.0f;
+      for (int64_t i = 0; i < k; ++i) acc += to_f32(w[r][i]) * x[t][i];
+      result[r * NT + t] = acc;
+    }
   }
 }
 #endif
+
+template <int NR, typename W>
+void row_tile(const W* const* wr, const float* x, int64_t x_stride, int64_t k, float* out,
+              int64_t out_stride, int64_t m, int64_t t0, int64_t t1, bool accumulate) {
+  for (int64_t t = t0; t < t1;) {
+    const float* xs[4];
+    float r[NR * 4];
+    const int nt = int(std::min<int64_t>(4, t1 - t));
+    for (int j = 0; j < nt; ++j) xs[j] = x + (t + j) * x_stride;
+    switch (nt) {
+      case 4: dot_tile<NR, 4>(wr, xs, k, r); break;
+      case 3: dot_tile<NR, 3>(wr, xs, k, r); break;
+      case 2: dot_tile<NR, 2>(wr, xs, k, r); break;
+      default: dot_tile<NR, 1>(wr, xs, k, r); break;
+    }
+    for (int row = 0; row < NR; ++row) {
+      for (int j = 0; j < nt; ++j) {
+        float* o = out + (t + j) * out_stride + m + row;
+        *o = accumulate ? *o + r[row * nt + j] : r[row * nt + j];
+      }
+    }
+    t += nt;
+  }
+}
 
 template <typename W>
 void matmul_block(const float* x, int64_t x_stride, const W* w, int64_t k, float* out,
                   int64_t out_stride, int64_t n, int64_t m0, int64_t m1, bool accumulate) {
   for (int64_t t0 = 0; t0 < n; t0 += kTokenTile) {
     const int64_t t1 = std::min(n, t0 + kTokenTile);
-    for (int64_t m = m0; m < m1; ++m) {
-      const W* wr = w + m * k;
-      for (int64_t t = t0; t < t1;) {
-        const float* xs[4];
-        float r[4];
-        const int nt = int(std::min<int64_t>(4, t1 - t));
-        for (int j = 0; j < nt; ++j) xs[j] = x + (t + j) * x_stride;
-        switch (nt) {
-          case 4: dot_tile<4>(wr, xs, k, r); break;
-          case 3: dot_tile<3>(wr, xs, k, r); break;
-          case 2: dot_tile<2>(wr, xs, k, r); break;
-          default: dot_tile<1>(wr, xs, k, r); break;
-        }
-        for (int j = 0; j < nt; ++j) {
-          float* o = out + (t + j) * out_stride + m;
-          *o = accumulate ? *o + r[j] : r[j];
-        }
-        t += nt;
-      }
+    int64_t m = m0;
+    for (; m + 4 <= m1; m += 4) {
+      const W* wr[4] = {w + m * k, w + (m + 1) * k, w + (m + 2) * k, w + (m + 3) * k};
+      row_tile<4>(wr, x, x_stride, k, out, out_stride, m, t0, t1, accumulate);
+    }
+    for (; m < m1; ++m) {
+      const W* wr[1] = {w + m * k};
+      row_tile<1>(wr, x, x_stride, k, out, out_stride, m, t0, t1, accumulate);
     }
   }
 }

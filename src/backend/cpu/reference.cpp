@@ -136,9 +136,14 @@ void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const T
 }
 
 namespace {
-float* cache_at(const Tensor& c, const SeqLayout& l, int s, int64_t pos, int64_t h) {
+// k_cache [blocks, kv_heads, hd, block_size]; v_cache [blocks, kv_heads, block_size, hd]
+float& k_at(const Tensor& c, const SeqLayout& l, int s, int64_t pos, int64_t h, int64_t j) {
   const int32_t block = l.block_ids[l.block_start[s] + pos / l.block_size];
-  return c.ptr<float>() + block * c.stride[0] + (pos % l.block_size) * c.stride[1] + h * c.stride[2];
+  return c.ptr<float>()[block * c.stride[0] + h * c.stride[1] + j * c.stride[2] + pos % l.block_size];
+}
+float& v_at(const Tensor& c, const SeqLayout& l, int s, int64_t pos, int64_t h, int64_t j) {
+  const int32_t block = l.block_ids[l.block_start[s] + pos / l.block_size];
+  return c.ptr<float>()[block * c.stride[0] + h * c.stride[1] + (pos % l.block_size) * c.stride[2] + j];
 }
 }  // namespace
 
@@ -148,14 +153,14 @@ void kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, Tensor v_c
     for (int64_t t = layout.seq_start[s]; t < layout.seq_start[s + 1]; ++t)
       for (int64_t h = 0; h < k.shape[1]; ++h)
         for (int64_t j = 0; j < k.shape[2]; ++j) {
-          cache_at(k_cache, layout, s, layout.positions[t], h)[j] = at3(k, t, h, j);
-          cache_at(v_cache, layout, s, layout.positions[t], h)[j] = at3(v, t, h, j);
+          k_at(k_cache, layout, s, layout.positions[t], h, j) = at3(k, t, h, j);
+          v_at(v_cache, layout, s, layout.positions[t], h, j) = at3(v, t, h, j);
         }
 }
 
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const SeqLayout& layout, float scale, Tensor out) {
-  const int64_t heads = q.shape[1], hd = q.shape[2], group = heads / k_cache.shape[2];
+  const int64_t heads = q.shape[1], hd = q.shape[2], group = heads / k_cache.shape[1];
   for (int s = 0; s < layout.n_seqs; ++s) {
     for (int64_t t = layout.seq_start[s]; t < layout.seq_start[s + 1]; ++t) {
       const int64_t n_ctx = layout.positions[t] + 1;
@@ -163,7 +168,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
         std::vector<double> score(static_cast<size_t>(n_ctx));
         for (int64_t p = 0; p < n_ctx; ++p) {
           double acc = 0;
-          for (int64_t j = 0; j < hd; ++j) acc += double(at3(q, t, h, j)) * cache_at(k_cache, layout, s, p, h / group)[j];
+          for (int64_t j = 0; j < hd; ++j) acc += double(at3(q, t, h, j)) * k_at(k_cache, layout, s, p, h / group, j);
           score[size_t(p)] = acc * scale;
         }
         const double mx = *std::max_element(score.begin(), score.end());
@@ -171,7 +176,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
         for (auto& e : score) sum += (e = std::exp(e - mx));
         for (int64_t j = 0; j < hd; ++j) {
           double acc = 0;
-          for (int64_t p = 0; p < n_ctx; ++p) acc += score[size_t(p)] * cache_at(v_cache, layout, s, p, h / group)[j];
+          for (int64_t p = 0; p < n_ctx; ++p) acc += score[size_t(p)] * v_at(v_cache, layout, s, p, h / group, j);
           at3(out, t, h, j) = float(acc / sum);
         }
       }
