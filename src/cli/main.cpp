@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   recur::cli::register_generate(app);
   recur::cli::register_tokenize(app);
   recur::cli::register_chat_template(app);
+  recur::cli::register_serve(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

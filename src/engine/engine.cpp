@@ -135,6 +135,9 @@ Result<uint64_t> Engine::submit(Request req, EventSink sink) {
   uint64_t seed;
   {
     std::lock_guard<std::mutex> lk(mu_);
+    if (!accepting_) {
+      return make_error(ErrorCode::kOutOfResources, "the engine is shutting down");
+    }
     if (int(incoming_.size()) + stats_.waiting >= config_.max_queue) {
       return make_error(ErrorCode::kOutOfResources, "the queue is full ({} requests waiting)",
                         config_.max_queue);
@@ -168,6 +171,26 @@ void Engine::cancel(uint64_t request_id) {
   cv_.notify_one();
 }
 
+void Engine::stop_accepting() {
+  std::lock_guard<std::mutex> lk(mu_);
+  accepting_ = false;
+}
+
+void Engine::cancel_all() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    cancel_all_ = true;
+  }
+  cv_.notify_one();
+}
+
+bool Engine::wait_idle(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lk(mu_);
+  return idle_cv_.wait_for(lk, timeout, [&] {
+    return incoming_.empty() && stats_.running == 0 && stats_.waiting == 0;
+  });
+}
+
 void Engine::start() {
   if (!thread_.joinable()) thread_ = std::thread([this] { thread_main(); });
 }
@@ -193,11 +216,18 @@ void Engine::run_until_idle() {
 
 void Engine::take_incoming() {
   std::vector<uint64_t> cancels;
+  bool all = false;
   {
     std::lock_guard<std::mutex> lk(mu_);
     for (auto& s : incoming_) waiting_.push_back(std::move(s));
     incoming_.clear();
     cancels.swap(cancels_);
+    std::swap(all, cancel_all_);
+  }
+  if (all) {
+    for (auto* list : {&running_, &waiting_}) {
+      for (auto& s : *list) finish(*s, FinishReason::kCancelled, "cancelled at shutdown");
+    }
   }
   for (uint64_t id : cancels) {
     for (auto* list : {&running_, &waiting_}) {
@@ -282,7 +312,17 @@ bool Engine::step() {
   take_incoming();
   admit();
   release_finished();  // cancellations of waiting requests
-  if (running_.empty()) return !waiting_.empty();
+  if (running_.empty()) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stats_.running = 0;
+      stats_.waiting = int(waiting_.size());
+      stats_.kv_blocks_used = blocks_->used();
+      stats_.slots_used = slots_->used();
+    }
+    idle_cv_.notify_all();
+    return !waiting_.empty();
+  }
   const auto t0 = std::chrono::steady_clock::now();
   int prompt_tokens = 0, decode_tokens = 0;
   if (build_batch()) {
@@ -323,6 +363,7 @@ bool Engine::step() {
     stats_.kv_blocks_used = blocks_->used();
     stats_.slots_used = slots_->used();
   }
+  idle_cv_.notify_all();
   return !running_.empty() || !waiting_.empty();
 }
 

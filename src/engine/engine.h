@@ -3,6 +3,7 @@
 // pools sized at start-up, so a completion's cost per token in memory and buffers is constant.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -102,6 +103,13 @@ class Engine {
   // Steps until nothing is queued or running (when not started).
   void run_until_idle();
 
+  // Graceful shutdown: refuse new requests, optionally cancel everything in flight, and wait
+  // (up to the timeout) until nothing is queued or running. True when idle.
+  void stop_accepting();
+  void cancel_all();
+  bool wait_idle(std::chrono::milliseconds timeout);
+
+  // Safe from any thread, sinks included.
   EngineStats stats() const;
   const ModelInfo& model_info() const { return model_->info(); }
   const EngineConfig& config() const { return config_; }
@@ -144,6 +152,9 @@ class Engine {
   std::vector<uint64_t> cancels_;
   uint64_t next_id_ = 1;
   bool stop_ = false;
+  bool accepting_ = true;
+  bool cancel_all_ = false;
+  std::condition_variable idle_cv_;
   EngineStats stats_;
   uint64_t seed_counter_ = 0;
   std::thread thread_;

@@ -1,0 +1,2 @@
+// The HTTP server library; its sources land in this folder.
+namespace recur {}
