@@ -1,2 +1,0 @@
-// The engine library; its sources land in this folder.
-namespace recur {}
