@@ -364,6 +364,7 @@ Status Qwen3Next::forward(const Batch& batch, Tensor logits) {
   const int n = batch.n_tokens();
   if (n == 0) return Status();
   const SeqLayout sl = batch.layout(opt_.state.block_size);
+  ops_.begin_forward(sl, batch.tokens, batch.logit_rows);
   const float eps = cfg_.rms_norm_eps;
   Tensor h = ws_.h.slice_rows(0, n), x = ws_.x.slice_rows(0, n);
 

@@ -48,6 +48,14 @@ class Ops {
   virtual void copy_to_host(const Tensor& src, void* dst) = 0;  // src contiguous
   virtual void fill_zero(Tensor t) = 0;                         // t contiguous
 
+  // Called once at the start of every forward with the batch's host-side arrays, before any
+  // op that takes them. Host pointers passed to later ops (ids, positions, rows, layout) are
+  // these same arrays: a device backend uploads them here once, asynchronously.
+  virtual void begin_forward(const SeqLayout& layout, std::span<const int32_t> tokens,
+                             std::span<const int32_t> logit_rows) {}
+  // Waits until the device has finished the forward (no-op on the CPU).
+  virtual void synchronize() {}
+
   // ---- row-wise ----
   // out[n, d] = f32(table[ids[i], :])
   virtual void embedding(const int32_t* ids, int n, const Tensor& table, Tensor out) = 0;

@@ -27,6 +27,21 @@ inline __m512 load16(const F16* p, __mmask16 m) {
   return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
 }
 
+// The four horizontal sums of a, b, c, d in one vector: interleave and add within 128-bit
+// lanes, then fold the four lanes.
+inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+  // Per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] and the same for c, d.
+  const __m512 abcd = _mm512_add_ps(
+      _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))),
+      _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))));
+  // Per 128-bit lane: [a, b, c, d] partial sums; fold the four lanes.
+  const __m256 half = _mm256_add_ps(_mm512_castps512_ps256(abcd),
+                                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(abcd), 1)));
+  return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
+}
+
 // NR weight rows against NT tokens: acc[r][t] = Σ_i w_r[i]·x_t[i]. Independent accumulators
 // keep the FMA pipes busy; each (row, token) pair sees the same operations in any tile shape.
 template <int NR, int NT, typename W>
@@ -52,8 +67,13 @@ inline void dot_tile(const W* const* w, const float* const* x, int64_t k, float*
       for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
     }
   }
-  for (int r = 0; r < NR; ++r)
-    for (int t = 0; t < NT; ++t) result[r * NT + t] = _mm512_reduce_add_ps(acc[r][t]);
+  // Horizontal sums, four accumulators at a time where the tile allows.
+  __m512* flat = &acc[0][0];
+  int i4 = 0;
+  for (; i4 + 4 <= NR * NT; i4 += 4) {
+    _mm_storeu_ps(result + i4, reduce4(flat[i4], flat[i4 + 1], flat[i4 + 2], flat[i4 + 3]));
+  }
+  for (; i4 < NR * NT; ++i4) result[i4] = _mm512_reduce_add_ps(flat[i4]);
 }
 #else
 template <int NR, int NT, typename W>
