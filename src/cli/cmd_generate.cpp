@@ -12,7 +12,7 @@
 #include <sstream>
 #include <vector>
 
-#include "backend/cpu/cpu_ops.h"
+#include "backend/backend.h"
 #include "cli/commands.h"
 #include "engine/engine.h"
 
@@ -34,6 +34,7 @@ struct GenerateOptions {
   int max_context = 0;
   int64_t kv_cache_mb = 1024;
   int threads = 0;
+  std::string device = "cpu";
   bool stats = false;
   int64_t stats_every = 0;
   bool text = false;
@@ -158,7 +159,9 @@ int run_generate(const GenerateOptions& o) {
   auto inputs = read_inputs(o, tokenizer.get());
   if (!inputs.ok()) return fail(inputs.error());
 
-  CpuOps ops(o.threads > 0 ? o.threads : default_thread_count());
+  auto ops_r = create_backend(o.device, o.threads);
+  if (!ops_r.ok()) return fail(ops_r.error());
+  Ops& ops = **ops_r;
   EngineConfig cfg;
   cfg.max_batch = o.max_batch;
   cfg.max_batch_tokens = std::max(o.max_batch_tokens, o.max_batch);
@@ -263,6 +266,7 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--kv-cache-mb", o->kv_cache_mb, "attention-cache budget in MiB")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
   cmd->add_option("--threads", o->threads, "CPU threads (default: all)");
+  cmd->add_option("--device", o->device, "cpu, cuda or cuda:N");
   cmd->add_flag("--stats", o->stats, "print engine statistics as JSON on stderr at the end");
   cmd->add_option("--stats-every", o->stats_every, "print statistics every N generated tokens");
   cmd->add_flag("--text", o->text, "print the generated text instead of ids (single prompt)");

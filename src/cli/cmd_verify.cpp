@@ -9,7 +9,7 @@
 #include <memory>
 #include <vector>
 
-#include "backend/cpu/cpu_ops.h"
+#include "backend/backend.h"
 #include "cli/commands.h"
 #include "io/safetensors.h"
 #include "model/qwen3_next.h"
@@ -67,7 +67,7 @@ struct Runner {
 };
 
 int run_verify(const std::string& model_dir, const std::string& golden_path, double tolerance,
-               int threads) {
+               int threads, const std::string& device) {
   auto golden = SafetensorsFile::open(golden_path);
   if (!golden.ok()) {
     fmt::print(stderr, "error: {}\n", golden.error().to_string());
@@ -121,7 +121,12 @@ int run_verify(const std::string& model_dir, const std::string& golden_path, dou
     max_prompt = std::max(max_prompt, r.ids.size());
     max_total = std::max(max_total, r.ids.size() + r.gen.size());
   }
-  CpuOps ops(threads > 0 ? threads : default_thread_count());
+  auto ops_r = create_backend(device, threads);
+  if (!ops_r.ok()) {
+    fmt::print(stderr, "error: {}\n", ops_r.error().to_string());
+    return 2;
+  }
+  Ops& ops = **ops_r;
   LoadOptions opt;
   opt.max_batch_tokens = int(std::max<size_t>(max_prompt, 17));
   opt.state.n_slots = 1;
@@ -197,12 +202,14 @@ void register_verify(CLI::App& app) {
   auto golden = std::make_shared<std::string>();
   auto tolerance = std::make_shared<double>(1e-3);
   auto threads = std::make_shared<int>(0);
+  auto device = std::make_shared<std::string>("cpu");
+  cmd->add_option("--device", *device, "cpu, cuda or cuda:N");
   cmd->add_option("--model", *model, "model directory")->required();
   cmd->add_option("--golden", *golden, "golden.safetensors")->required();
   cmd->add_option("--tolerance", *tolerance, "largest allowed |logit error|");
   cmd->add_option("--threads", *threads, "CPU threads (default: all)");
   cmd->callback([=] {
-    int rc = run_verify(*model, *golden, *tolerance, *threads);
+    int rc = run_verify(*model, *golden, *tolerance, *threads, *device);
     if (rc != 0) exit_with(rc);
   });
 }

@@ -10,6 +10,7 @@ void register_generate(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_chat_template(CLI::App& app);
 void register_serve(CLI::App& app);
+void register_bench(CLI::App& app);
 
 // Ends the program with `code` from inside a subcommand callback.
 [[noreturn]] inline void exit_with(int code) { throw CLI::RuntimeError(code); }

@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   recur::cli::register_tokenize(app);
   recur::cli::register_chat_template(app);
   recur::cli::register_serve(app);
+  recur::cli::register_bench(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -4,6 +4,8 @@
 #include "model/qwen3_next.h"
 
 #include <cmath>
+#include <cstring>
+#include <functional>
 
 namespace recur {
 
@@ -85,7 +87,12 @@ class Qwen3Next final : public Model {
   Qwen3Next(Qwen3NextConfig cfg, Ops& ops, const LoadOptions& opt)
       : cfg_(std::move(cfg)), ops_(ops), opt_(opt) {}
 
-  Status load(Checkpoint& ckpt);
+  // Reads every weight through get_weight (a checkpoint, or random values for benchmarks).
+  using WeightGetter =
+      std::function<Result<Tensor>(const std::string& name, const std::vector<int64_t>& shape)>;
+  Status load(const WeightGetter& get_weight, const nlohmann::json& generation_config);
+  // Buffers of weights the model made itself (random weights).
+  std::vector<Buffer>& owned_weights() { return owned_weights_; }
   Status allocate();
   void keep_checkpoint(std::unique_ptr<Checkpoint> c) { checkpoint_ = std::move(c); }
 
@@ -123,16 +130,16 @@ class Qwen3Next final : public Model {
   Workspace ws_;
   StatePools state_;
   std::unique_ptr<Checkpoint> checkpoint_;  // owns the mapped weights
+  std::vector<Buffer> owned_weights_;
 };
 
 // ---- loading ----
 
-Status Qwen3Next::load(Checkpoint& ckpt) {
+Status Qwen3Next::load(const WeightGetter& get_weight, const nlohmann::json& gen) {
   const int64_t H = cfg_.hidden_size;
   info_.vocab_size = cfg_.vocab_size;
   info_.max_position = opt_.max_context;
   info_.eos_token_ids = cfg_.eos_token_ids;
-  const nlohmann::json& gen = ckpt.generation_config();
   auto num = [&](const char* key, auto* out) {
     if (gen.contains(key) && gen[key].is_number()) *out = gen[key].get<std::remove_pointer_t<decltype(out)>>();
   };
@@ -145,9 +152,14 @@ Status Qwen3Next::load(Checkpoint& ckpt) {
   num("min_p", &info_.generation.min_p);
   num("repetition_penalty", &info_.generation.repetition_penalty);
   auto get = [&](const std::string& name, std::vector<int64_t> shape, Tensor* out) -> Status {
-    RECUR_ASSIGN_OR_RETURN(Tensor host, ckpt.get(name, shape));
-    RECUR_ASSIGN_OR_RETURN(*out, ops_.adopt_weight(host));
-    info_.weight_bytes += host.numel() * int64_t(dtype_size(host.dtype));
+    RECUR_ASSIGN_OR_RETURN(*out, get_weight(name, shape));
+    const int64_t bytes = out->numel() * int64_t(dtype_size(out->dtype));
+    info_.weight_bytes += bytes;
+    const bool routed = name.find(".mlp.experts.") != std::string::npos;
+    if (!routed && name != "model.embed_tokens.weight") {
+      info_.dense_weight_bytes += bytes;
+      if (shape.size() == 2) info_.active_params_per_token += out->numel();
+    }
     return Status();
   };
   auto get_mlp = [&](const std::string& prefix, int64_t ff, ExpertWeights* w) -> Status {
@@ -217,12 +229,22 @@ Status Qwen3Next::load(Checkpoint& ckpt) {
     }
     layers_.push_back(std::move(L));
   }
-  // Multi-token-prediction weights are not used for plain decoding.
-  std::vector<std::string> extra = ckpt.unused({"mtp."});
-  if (!extra.empty()) {
-    return make_error(ErrorCode::kCorrupt, "{}: unexpected tensor '{}'{}", ckpt.dir(), extra[0],
-                      extra.size() > 1 ? fmt::format(" (and {} more)", extra.size() - 1) : "");
+  if (cfg_.tie_word_embeddings) {  // the tied table is read as the LM head every step
+    info_.dense_weight_bytes += embed_tokens_.numel() * int64_t(dtype_size(embed_tokens_.dtype));
+    info_.active_params_per_token += embed_tokens_.numel();
   }
+  for (const Layer& L : layers_) {
+    if (!L.moe) continue;
+    ++info_.moe_layers;
+    const ExpertWeights& e = L.moe_w.experts[0];
+    info_.expert_weight_bytes = (e.gate.numel() + e.up.numel() + e.down.numel()) *
+                                int64_t(dtype_size(e.gate.dtype));
+  }
+  info_.n_experts = cfg_.num_experts;
+  info_.experts_per_token = cfg_.num_experts_per_tok;
+  info_.active_params_per_token += int64_t(info_.moe_layers) * cfg_.num_experts_per_tok * 3 *
+                                   cfg_.moe_intermediate_size * cfg_.hidden_size;
+  info_.attention_dim = int64_t(cfg_.num_heads) * cfg_.head_dim;
   return Status();
 }
 
@@ -305,6 +327,8 @@ Status Qwen3Next::allocate() {
       RECUR_RETURN_IF_ERROR(add_state(state_.k_cache, {sc.n_blocks, kv, hd, sc.block_size}, "k cache", false));
       RECUR_RETURN_IF_ERROR(add_state(state_.v_cache, {sc.n_blocks, kv, sc.block_size, hd}, "v cache", false));
       info_.cache_bytes_per_block += 2 * sc.block_size * kv * hd * 4;
+      info_.kv_bytes_per_token += 2 * kv * hd * 4;
+      ++info_.attention_layers;
     }
   }
   return Status();
@@ -523,10 +547,100 @@ Result<std::unique_ptr<Model>> load_qwen3_next(std::unique_ptr<Checkpoint> ckpt,
     return make_error(ErrorCode::kInvalidArgument, "batch tokens, slots and blocks must be >= 1");
   }
   auto model = std::make_unique<Qwen3Next>(cfg, ops, opt);
-  RECUR_RETURN_IF_ERROR(model->load(*ckpt));
+  Checkpoint& c = *ckpt;
+  RECUR_RETURN_IF_ERROR(model->load(
+      [&](const std::string& name, const std::vector<int64_t>& shape) -> Result<Tensor> {
+        RECUR_ASSIGN_OR_RETURN(Tensor host, c.get(name, shape));
+        return ops.adopt_weight(host);
+      },
+      c.generation_config()));
+  // Multi-token-prediction weights are not used for plain decoding.
+  std::vector<std::string> extra = c.unused({"mtp."});
+  if (!extra.empty()) {
+    return make_error(ErrorCode::kCorrupt, "{}: unexpected tensor '{}'{}", c.dir(), extra[0],
+                      extra.size() > 1 ? fmt::format(" (and {} more)", extra.size() - 1) : "");
+  }
   RECUR_RETURN_IF_ERROR(model->allocate());
   model->keep_checkpoint(std::move(ckpt));
   return std::unique_ptr<Model>(std::move(model));
+}
+
+namespace {
+// Uniform ranges for random weights, by role, so that a deep random network stays finite and
+// roughly as well conditioned as a trained one.
+std::pair<float, float> random_range(const std::string& name, const std::vector<int64_t>& shape,
+                                     int n_layers) {
+  auto ends_with = [&](const char* s) {
+    const size_t n = std::strlen(s);
+    return name.size() >= n && name.compare(name.size() - n, n, s) == 0;
+  };
+  if (ends_with("linear_attn.norm.weight")) return {0.9f, 1.1f};
+  if (ends_with("norm.weight") || ends_with("layernorm.weight")) return {-0.1f, 0.1f};
+  if (ends_with("A_log")) return {0.0f, 2.77f};
+  if (ends_with("dt_bias")) return {0.5f, 1.5f};
+  if (ends_with("embed_tokens.weight")) return {-1.7f, 1.7f};
+  float a = std::sqrt(3.0f / float(shape.back()));
+  if (ends_with("o_proj.weight") || ends_with("out_proj.weight") || ends_with("down_proj.weight")) {
+    a /= std::sqrt(2.0f * float(n_layers));
+  }
+  return {-a, a};
+}
+}  // namespace
+
+Result<std::unique_ptr<Model>> load_random_model(const nlohmann::json& config, Ops& ops,
+                                                 const LoadOptions& options, DType dtype,
+                                                 uint64_t seed) {
+  RECUR_ASSIGN_OR_RETURN(Qwen3NextConfig cfg,
+                         Qwen3NextConfig::from_json(config, nlohmann::json::object()));
+  if (dtype != DType::F32 && dtype != DType::BF16 && dtype != DType::F16) {
+    return make_error(ErrorCode::kUnsupported, "random weights: dtype must be F32, BF16 or F16");
+  }
+  LoadOptions opt = options;
+  if (opt.max_logit_rows <= 0) opt.max_logit_rows = opt.max_batch_tokens;
+  if (opt.max_context <= 0 || opt.max_context > cfg.max_position_embeddings) {
+    opt.max_context = cfg.max_position_embeddings;
+  }
+  auto model = std::make_unique<Qwen3Next>(cfg, ops, opt);
+  Qwen3Next* m = model.get();
+  uint64_t index = 0;
+  RECUR_RETURN_IF_ERROR(model->load(
+      [&](const std::string& name, const std::vector<int64_t>& shape) -> Result<Tensor> {
+        int64_t n = 1;
+        for (int64_t d : shape) n *= d;
+        // 1-D parameters stay f32, as checkpoints often keep them.
+        const DType dt = shape.size() == 1 ? DType::F32 : dtype;
+        RECUR_ASSIGN_OR_RETURN(Buffer buf, ops.allocator().allocate(size_t(n) * dtype_size(dt),
+                                                                    name.c_str()));
+        Tensor t = Tensor::contiguous(buf.data(), dt, {n}, buf.device());
+        const auto [lo, hi] = random_range(name, shape, cfg.num_layers);
+        ops.fill_random_uniform(t, seed + 0x1000 * ++index, lo, hi);
+        t.ndim = int(shape.size());
+        int64_t st = 1;
+        for (int d = t.ndim - 1; d >= 0; --d) {
+          t.shape[d] = shape[size_t(d)];
+          t.stride[d] = st;
+          st *= shape[size_t(d)];
+        }
+        m->owned_weights().push_back(std::move(buf));
+        return t;
+      },
+      nlohmann::json::object()));
+  RECUR_RETURN_IF_ERROR(model->allocate());
+  return std::unique_ptr<Model>(std::move(model));
+}
+
+nlohmann::json cut_layers(nlohmann::json config, int layers) {
+  if (layers <= 0) return config;
+  if (config.contains("num_hidden_layers") && config["num_hidden_layers"].is_number_integer() &&
+      config["num_hidden_layers"].get<int>() > layers) {
+    config["num_hidden_layers"] = layers;
+    if (config.contains("layer_types") && config["layer_types"].is_array() &&
+        int(config["layer_types"].size()) > layers) {
+      config["layer_types"].erase(config["layer_types"].begin() + layers,
+                                  config["layer_types"].end());
+    }
+  }
+  return config;
 }
 
 Result<std::unique_ptr<Model>> load_model(const std::string& dir, Ops& ops,

@@ -22,6 +22,14 @@ struct LoadOptions {
 Result<std::unique_ptr<Model>> load_qwen3_next(std::unique_ptr<Checkpoint> checkpoint, Ops& ops,
                                                const LoadOptions& options);
 
+// A model from a config alone, with random weights made directly in the backend's memory
+// (benchmarks of published configurations without checkpoints). Matrices in `dtype`.
+Result<std::unique_ptr<Model>> load_random_model(const nlohmann::json& config, Ops& ops,
+                                                 const LoadOptions& options, DType dtype,
+                                                 uint64_t seed = 1);
+// The config with only its first `layers` layers (no change when layers <= 0).
+nlohmann::json cut_layers(nlohmann::json config, int layers);
+
 // Opens a model directory and loads whatever architecture its config names.
 Result<std::unique_ptr<Model>> load_model(const std::string& dir, Ops& ops,
                                           const LoadOptions& options);

@@ -47,6 +47,15 @@ class Ops {
   virtual Result<Tensor> adopt_weight(const Tensor& host) = 0;
   virtual void copy_to_host(const Tensor& src, void* dst) = 0;  // src contiguous
   virtual void fill_zero(Tensor t) = 0;                         // t contiguous
+  // dst contiguous; src holds dst's bytes. The default suits backends whose memory the host
+  // can write (the CPU); device backends override it.
+  virtual void copy_from_host(Tensor dst, const void* src);
+  // Fills a contiguous F32/BF16/F16 tensor with uniform values in [lo, hi) from a
+  // counter-based generator: the same (seed, index) gives the same value on every backend.
+  virtual void fill_random_uniform(Tensor t, uint64_t seed, float lo, float hi);
+  // Device-to-device copy bandwidth in bytes/s (bytes read plus written), measured now over
+  // `bytes`-sized buffers: the ceiling that benchmarks report against.
+  virtual double measure_copy_bandwidth(size_t bytes);
 
   // Called once at the start of every forward with the batch's host-side arrays, before any
   // op that takes them. Host pointers passed to later ops (ids, positions, rows, layout) are

@@ -1,0 +1,220 @@
+// `recur bench`: prefill and decode throughput of the model forward on a backend, against the
+// memory-bandwidth limit measured in the same run. Works from a model directory or from a
+// published config with random weights (--random-weights), cut to --layers.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <vector>
+
+#include "backend/backend.h"
+#include "cli/commands.h"
+#include "io/checkpoint.h"
+#include "model/qwen3_next.h"
+
+namespace recur::cli {
+
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+struct BenchOptions {
+  std::string config, model, device = "cpu", batches = "1,16,64", dtype = "bf16";
+  bool random_weights = false;
+  int layers = 0, prompt_len = 2048, gen_len = 64, threads = 0, block_size = 16;
+};
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+int run_bench(const BenchOptions& o) {
+  auto fail = [](const std::string& msg) {
+    fmt::print(stderr, "error: {}\n", msg);
+    return 2;
+  };
+  std::vector<int> batches;
+  {
+    std::stringstream ss(o.batches);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      try {
+        batches.push_back(std::stoi(item));
+      } catch (const std::exception&) {
+        return fail("--batch: '" + item + "' is not a number");
+      }
+      if (batches.back() < 1) return fail("--batch sizes must be >= 1");
+    }
+  }
+  if (batches.empty() || o.prompt_len < 1 || o.gen_len < 1) return fail("bad --batch/--prompt-len/--gen-len");
+  const int max_batch = *std::max_element(batches.begin(), batches.end());
+  auto ops_r = create_backend(o.device, o.threads);
+  if (!ops_r.ok()) return fail(ops_r.error().to_string());
+  Ops& ops = **ops_r;
+
+  LoadOptions opt;
+  opt.max_batch_tokens = std::max(o.prompt_len, max_batch);
+  opt.max_logit_rows = max_batch;
+  opt.state.n_slots = max_batch;
+  opt.state.block_size = o.block_size;
+  const int blocks_per_seq = (o.prompt_len + o.gen_len + 1) / o.block_size + 1;
+  opt.state.n_blocks = max_batch * blocks_per_seq;
+  opt.max_context = o.prompt_len + o.gen_len + 1;
+  const auto t_load = Clock::now();
+  Result<std::unique_ptr<Model>> model_r = make_error(ErrorCode::kInvalidArgument, "no model");
+  json config;
+  if (o.random_weights) {
+    if (o.config.empty()) return fail("--random-weights needs --config");
+    auto cfg = read_json_file(o.config);
+    if (!cfg.ok()) return fail(cfg.error().to_string());
+    config = cut_layers(*cfg, o.layers);
+    const DType dt = o.dtype == "f32" ? DType::F32 : o.dtype == "f16" ? DType::F16 : DType::BF16;
+    model_r = load_random_model(config, ops, opt, dt);
+  } else {
+    if (o.model.empty()) return fail("give --model DIR, or --config FILE --random-weights");
+    if (o.layers > 0) return fail("--layers applies to --random-weights");
+    model_r = load_model(o.model, ops, opt);
+  }
+  if (!model_r.ok()) return fail(model_r.error().to_string());
+  Model& m = **model_r;
+  const double load_s = seconds_since(t_load);
+  const ModelInfo& info = m.info();
+  const int V = info.vocab_size;
+  auto logits_buf = ops.allocator().allocate(size_t(max_batch) * size_t(V) * 4, "logits");
+  if (!logits_buf.ok()) return fail(logits_buf.error().to_string());
+  Tensor logits = view(*logits_buf, DType::F32, {max_batch, V});
+
+  // The ceiling: device copy bandwidth, measured now.
+  const size_t copy_bytes = ops.device() == Device::kCpu ? (size_t(256) << 20) : (size_t(2) << 30);
+  const double copy_bw = ops.measure_copy_bandwidth(copy_bytes);
+
+  std::vector<int32_t> prompt(static_cast<size_t>(o.prompt_len));
+  for (int i = 0; i < o.prompt_len; ++i) prompt[size_t(i)] = int32_t((i * 7919 + 13) % V);
+  auto blocks_of = [&](int slot) {
+    std::vector<int32_t> b(static_cast<size_t>(blocks_per_seq));
+    for (int i = 0; i < blocks_per_seq; ++i) b[size_t(i)] = slot * blocks_per_seq + i;
+    return b;
+  };
+  Batch batch;
+  auto check = [&](const Status& st) {
+    if (!st.ok()) {
+      fmt::print(stderr, "error: {}\n", st.error().to_string());
+      std::exit(2);
+    }
+  };
+
+  // Prefill: one sequence of prompt_len tokens; a warm-up, then the median of three.
+  std::vector<double> prefill_times;
+  const std::vector<int32_t> b0 = blocks_of(0);
+  for (int rep = 0; rep < 4; ++rep) {
+    m.reset_slot(0);
+    batch.clear();
+    batch.add_sequence(0, 0, prompt, b0, Batch::Logits::kLast);
+    ops.synchronize();
+    const auto t0 = Clock::now();
+    check(m.forward(batch, logits));
+    ops.synchronize();
+    if (rep > 0) prefill_times.push_back(seconds_since(t0));
+  }
+  std::sort(prefill_times.begin(), prefill_times.end());
+  const double prefill_s = prefill_times[1];
+  const double prefill_tok_s = o.prompt_len / prefill_s;
+  // Projections at 2 FLOPs per multiply-add, plus causal attention (QK and PV).
+  const double prefill_flops =
+      2.0 * double(info.active_params_per_token) * o.prompt_len +
+      2.0 * 2.0 * double(info.attention_layers) * double(info.attention_dim) * o.prompt_len *
+          (o.prompt_len + 1) / 2.0;
+
+  json decode = json::array();
+  for (int b : batches) {
+    // Every sequence holds a prompt_len context, prefilled in chunks that fit a step.
+    std::vector<std::vector<int32_t>> tables;
+    for (int s = 0; s < b; ++s) {
+      m.reset_slot(s);
+      tables.push_back(blocks_of(s));
+    }
+    for (int s = 0; s < b; ++s) {
+      batch.clear();
+      batch.add_sequence(s, 0, prompt, tables[size_t(s)], Batch::Logits::kNone);
+      check(m.forward(batch, logits));
+    }
+    ops.synchronize();
+    std::vector<int32_t> tok(1);
+    auto step = [&](int pos) {
+      batch.clear();
+      for (int s = 0; s < b; ++s) {
+        tok[0] = int32_t((pos * 31 + s * 17) % V);  // fixed ids: sampling is not measured
+        batch.add_sequence(s, pos, tok, tables[size_t(s)], Batch::Logits::kLast);
+      }
+      check(m.forward(batch, logits));
+      ops.synchronize();  // the engine reads sampled ids every step
+    };
+    step(o.prompt_len);  // warm-up
+    const auto t0 = Clock::now();
+    for (int g = 1; g < o.gen_len; ++g) step(o.prompt_len + g);
+    const double secs = seconds_since(t0);
+    const int steps = o.gen_len - 1;
+    const double step_s = secs / steps;
+    // Bytes one step must read: dense weights, the distinct routed experts b tokens pick
+    // (expected, uniform routing), each sequence's recurrent state (read and written) and its
+    // attention cache.
+    const double E = info.n_experts, k = info.experts_per_token;
+    const double experts_read =
+        E > 0 ? E * (1.0 - std::pow(1.0 - k / E, double(b))) * info.moe_layers : 0.0;
+    const double weight_bytes = double(info.dense_weight_bytes) + experts_read * double(info.expert_weight_bytes);
+    const double state_bytes = 2.0 * b * double(info.state_bytes_per_slot) +
+                               double(b) * (o.prompt_len + o.gen_len / 2.0) * double(info.kv_bytes_per_token);
+    const double bw = (weight_bytes + state_bytes) / step_s;
+    decode.push_back({{"batch", b},
+                      {"tok_s", b / step_s},
+                      {"step_ms", step_s * 1e3},
+                      {"weight_bytes_per_step", weight_bytes},
+                      {"state_bytes_per_step", state_bytes},
+                      {"achieved_bandwidth_gb_s", bw / 1e9},
+                      {"fraction_of_copy_bandwidth", bw / copy_bw}});
+  }
+  json out = {{"device", o.device},
+              {"config", o.random_weights ? o.config : o.model},
+              {"random_weights", o.random_weights},
+              {"layers", o.layers},
+              {"weight_dtype", o.random_weights ? o.dtype : "as stored"},
+              {"weight_bytes", info.weight_bytes},
+              {"load_seconds", load_s},
+              {"copy_bandwidth_gb_s", copy_bw / 1e9},
+              {"prompt_len", o.prompt_len},
+              {"gen_len", o.gen_len},
+              {"prefill_tok_s", prefill_tok_s},
+              {"prefill_tflop_s", prefill_flops / prefill_s / 1e12},
+              {"decode", decode},
+              {"note", "decode steps feed fixed token ids and synchronize each step; sampling is not included"}};
+  fmt::print("{}\n", out.dump(2));
+  return 0;
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app) {
+  auto* cmd = app.add_subcommand("bench", "Prefill and decode throughput against the bandwidth limit");
+  auto o = std::make_shared<BenchOptions>();
+  cmd->add_option("--config", o->config, "config.json (with --random-weights)");
+  cmd->add_option("--model", o->model, "model directory");
+  cmd->add_flag("--random-weights", o->random_weights, "random weights from the config alone");
+  cmd->add_option("--layers", o->layers, "keep only the first N layers");
+  cmd->add_option("--device", o->device, "cpu, cuda or cuda:N");
+  cmd->add_option("--batch", o->batches, "decode batch sizes, comma-separated");
+  cmd->add_option("--prompt-len", o->prompt_len, "prompt tokens (prefill; decode context)");
+  cmd->add_option("--gen-len", o->gen_len, "decode steps per batch size");
+  cmd->add_option("--dtype", o->dtype, "random weights' dtype: bf16, f16, f32");
+  cmd->add_option("--threads", o->threads, "CPU threads (default: all)");
+  cmd->callback([o] {
+    int rc = run_bench(*o);
+    if (rc != 0) exit_with(rc);
+  });
+}
+
+}  // namespace recur::cli
