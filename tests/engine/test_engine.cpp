@@ -294,3 +294,62 @@ TEST(Engine, TwentyThousandTokensWithFlatBufferCounters) {
 
 }  // namespace
 }  // namespace recur
+
+// The invariants hold on a Qwen3-Next shape no test model has: value/key head ratio 3, conv
+// kernel 3, tied bf16 embeddings, an irregular layer pattern, dense and MoE layers mixed,
+// norm_topk_prob false, half-rotary attention.
+#include "model/random_checkpoint.h"
+
+namespace recur {
+namespace {
+
+TEST(EngineUnseenShape, BatchInvarianceSlotReuseAndMixedPrefill) {
+  recur_test::RandomModelSpec spec;
+  spec.hidden = 48;
+  spec.layers = 5;
+  spec.vocab = 300;
+  spec.tie_word_embeddings = true;
+  spec.heads = 6;
+  spec.kv_heads = 2;
+  spec.head_dim = 20;
+  spec.partial_rotary_factor = 0.5;
+  spec.rope_parameters_style = true;
+  spec.layer_types = {"linear_attention", "full_attention", "linear_attention", "linear_attention",
+                      "full_attention"};
+  spec.linear_key_heads = 1;
+  spec.linear_value_heads = 3;
+  spec.linear_key_dim = 12;
+  spec.linear_value_dim = 10;
+  spec.conv_kernel = 3;
+  spec.experts = 5;
+  spec.experts_per_tok = 3;
+  spec.norm_topk_prob = false;
+  spec.decoder_sparse_step = 2;
+  spec.mlp_only_layers = {3};
+  spec.dtype = recur_test::StoreType::kBF16;
+  recur_test::TempDir dir;
+  recur_test::write_checkpoint(dir.path(), recur_test::make_random_checkpoint(spec, 77));
+
+  const std::vector<int> lens = {1, 63, 64, 65, 130};
+  std::vector<Request> reqs;
+  for (size_t i = 0; i < lens.size(); ++i) {
+    reqs.push_back(greedy(random_prompt(lens[i], spec.vocab, uint32_t(90 + i)), 12));
+  }
+  std::vector<Result1> alone;
+  for (auto& r : reqs) alone.push_back(solo(dir.path(), r));
+
+  CpuOps ops(2);
+  EngineConfig cfg;
+  cfg.max_batch = 3;           // two requests wait and reuse finished slots
+  cfg.max_batch_tokens = 200;  // several prompts prefilled in one step
+  auto e = make_engine(ops, dir.path(), cfg);
+  std::vector<Result1> together(reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) ASSERT_TRUE(e->submit(reqs[i], collect(&together[i])).ok());
+  e->run_until_idle();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    expect_same(together[i], alone[i], 1e-4, "prompt " + std::to_string(i));
+  }
+}
+
+}  // namespace
+}  // namespace recur
