@@ -1,7 +1,7 @@
 // Engine decode throughput on the 48-layer reference model (36 Gated DeltaNet layers), the
 // configuration of the original bug report: one sequence, then 32 concurrent sequences, on
 // one CPU thread by default. Also a long single completion with flat-counter checks.
-//   bench_engine [--threads N] [--tokens N] [--batch N] [--long N]
+//   bench_engine [--device cpu|cuda] [--threads N] [--tokens N] [--batch N] [--long N]
 #include <fmt/format.h>
 
 #include <chrono>
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/cpu_ops.h"
+#include "backend/backend.h"
 #include "engine/engine.h"
 
 using namespace recur;
@@ -67,6 +67,7 @@ Run decode(Ops& ops, const std::string& model, int batch, int tokens, int64_t sa
 
 int main(int argc, char** argv) {
   int threads = 1, tokens = 2000, batch = 32;
+  std::string device = "cpu";
   int64_t long_tokens = 0;
   std::string model = std::string(RECUR_SOURCE_DIR) + "/models/qwen3next-seed-48L";
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -75,9 +76,15 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--batch")) batch = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--long")) long_tokens = std::atoll(argv[i + 1]);
     if (!std::strcmp(argv[i], "--model")) model = argv[i + 1];
+    if (!std::strcmp(argv[i], "--device")) device = argv[i + 1];
   }
-  CpuOps ops(threads);
-  fmt::print("model: {}\nthreads: {}\n", model, threads);
+  auto ops_r = create_backend(device, threads);
+  if (!ops_r.ok()) {
+    fmt::print(stderr, "error: {}\n", ops_r.error().to_string());
+    return 2;
+  }
+  Ops& ops = **ops_r;
+  fmt::print("model: {}\ndevice: {}\nthreads: {}\n", model, device, threads);
   if (long_tokens > 0) {
     fmt::print("long completion: 1 sequence, prompt 1..8, {} tokens\n", long_tokens);
     Run r = decode(ops, model, 1, int(long_tokens), std::max<int64_t>(1, long_tokens / 10));

@@ -7,6 +7,7 @@
 #include <numeric>
 #include <random>
 
+#include "backend/backend.h"
 #include "backend/cpu/cpu_ops.h"
 #include "engine/engine.h"
 #include "io/safetensors.h"
@@ -57,14 +58,23 @@ std::vector<int32_t> random_prompt(int len, int vocab, uint32_t seed) {
   return p;
 }
 
-std::unique_ptr<Engine> make_engine(CpuOps& ops, const std::string& model, EngineConfig cfg) {
+// RECUR_TEST_DEVICE=cuda runs the engine tests on the CUDA backend (device machine).
+std::unique_ptr<Ops> test_ops() {
+  const char* d = std::getenv("RECUR_TEST_DEVICE");
+  auto ops = create_backend(d ? d : "cpu", 2);
+  EXPECT_TRUE(ops.ok()) << ops.error().to_string();
+  return ops.ok() ? std::move(*ops) : nullptr;
+}
+
+std::unique_ptr<Engine> make_engine(Ops& ops, const std::string& model, EngineConfig cfg) {
   auto e = Engine::create(model, ops, cfg, nullptr);
   EXPECT_TRUE(e.ok()) << e.error().to_string();
   return e.ok() ? std::move(*e) : nullptr;
 }
 
 Result1 solo(const std::string& model, const Request& req) {
-  CpuOps ops(2);
+  auto ops_owner = test_ops();
+  Ops& ops = *ops_owner;
   EngineConfig cfg;
   cfg.max_batch = 1;
   auto e = make_engine(ops, model, cfg);
@@ -99,7 +109,8 @@ TEST(Engine, BatchedAndStaggeredDecodingEqualsEachSequenceAlone) {
   std::vector<Result1> alone;
   for (auto& r : reqs) alone.push_back(solo(kTiny, r));
 
-  CpuOps ops(2);
+  auto ops_owner = test_ops();
+  Ops& ops = *ops_owner;
   EngineConfig cfg;
   cfg.max_batch = 4;  // the fifth waits in the queue for a free slot
   cfg.max_batch_tokens = 96;  // long prompts are prefilled in chunks between decode steps
@@ -125,7 +136,8 @@ TEST(Engine, BatchedAndStaggeredDecodingEqualsEachSequenceAlone) {
 
 TEST(Engine, MixedLengthPrefillInOneStepEqualsSeparatePrefills) {
   const std::vector<int> lens = {1, 37, 100, 2};
-  CpuOps ops(2);
+  auto ops_owner = test_ops();
+  Ops& ops = *ops_owner;
   EngineConfig cfg;
   cfg.max_batch = 4;
   cfg.max_batch_tokens = 256;  // all four prompts in the first step
@@ -146,7 +158,8 @@ TEST(Engine, MixedLengthPrefillInOneStepEqualsSeparatePrefills) {
 }
 
 TEST(Engine, CancelledSequenceFreesItsSlotForAFreshOne) {
-  CpuOps ops(2);
+  auto ops_owner = test_ops();
+  Ops& ops = *ops_owner;
   EngineConfig cfg;
   cfg.max_batch = 1;
   auto e = make_engine(ops, kTiny, cfg);
@@ -200,7 +213,8 @@ TEST(Engine, ReferenceDecodeOf48LayerModelThroughTheEngine) {
 }
 
 TEST(Engine, FullCacheEndsTheSequenceCleanlyAndSparesTheOthers) {
-  CpuOps ops(2);
+  auto ops_owner = test_ops();
+  Ops& ops = *ops_owner;
   EngineConfig cfg;
   cfg.max_batch = 2;
   cfg.kv_blocks = 6;  // 96 token positions for both sequences together
@@ -222,7 +236,8 @@ TEST(Engine, FullCacheEndsTheSequenceCleanlyAndSparesTheOthers) {
 }
 
 TEST(Engine, RejectsBadRequestsWithClearErrors) {
-  CpuOps ops(2);
+  auto ops_owner = test_ops();
+  Ops& ops = *ops_owner;
   auto e = make_engine(ops, kTiny, EngineConfig{});
   auto sink = [](const Event&) {};
   auto empty = e->submit(greedy({}, 4), sink);
@@ -263,7 +278,8 @@ TEST(Engine, StopSequencesAndStopTokensEndGeneration) {
 // The original report's scenario: 48 layers (36 Gated DeltaNet), one sequence, prompt 1..8,
 // 20,000 generated tokens through the batched path. Counters at token 2,000 and 20,000 match.
 TEST(Engine, TwentyThousandTokensWithFlatBufferCounters) {
-  CpuOps ops(2);
+  auto ops_owner = test_ops();
+  Ops& ops = *ops_owner;
   EngineConfig cfg;
   cfg.max_batch = 4;
   auto e = make_engine(ops, k48, cfg);
@@ -338,7 +354,8 @@ TEST(EngineUnseenShape, BatchInvarianceSlotReuseAndMixedPrefill) {
   std::vector<Result1> alone;
   for (auto& r : reqs) alone.push_back(solo(dir.path(), r));
 
-  CpuOps ops(2);
+  auto ops_owner = test_ops();
+  Ops& ops = *ops_owner;
   EngineConfig cfg;
   cfg.max_batch = 3;           // two requests wait and reuse finished slots
   cfg.max_batch_tokens = 200;  // several prompts prefilled in one step
