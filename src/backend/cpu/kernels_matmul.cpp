@@ -118,8 +118,15 @@ void matmul_block(const float* x, int64_t x_stride, const W* w, int64_t k, float
   for (int64_t t0 = 0; t0 < n; t0 += kTokenTile) {
     const int64_t t1 = std::min(n, t0 + kTokenTile);
     int64_t m = m0;
+    const int64_t tile_bytes = 4 * k * int64_t(sizeof(W));
     for (; m + 4 <= m1; m += 4) {
       const W* wr[4] = {w + m * k, w + (m + 1) * k, w + (m + 2) * k, w + (m + 3) * k};
+      // Weights stream from L3 or memory once per step: ask for the tile after next now, since
+      // short rows leave the hardware prefetcher too little run-up.
+      if (t0 == 0 && m + 12 <= m1) {
+        const char* ahead = reinterpret_cast<const char*>(w + (m + 8) * k);
+        for (int64_t off = 0; off < tile_bytes; off += 64) __builtin_prefetch(ahead + off, 0, 3);
+      }
       row_tile<4>(wr, x, x_stride, k, out, out_stride, m, t0, t1, accumulate);
     }
     for (; m < m1; ++m) {
