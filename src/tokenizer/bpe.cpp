@@ -12,17 +12,28 @@ namespace recur {
 
 using json = nlohmann::json;
 
-void MergeTable::build(const std::vector<Entry>& entries) {
+Status MergeTable::build(const std::vector<Merge>& merges) {
   size_t capacity = 16;
-  while (capacity < entries.size() * 2) capacity *= 2;
-  slots_.assign(capacity, Entry{kEmpty, 0, 0});
+  while (capacity * 6 < merges.size() * 10) capacity *= 2;  // load factor <= 0.6
+  slots_.assign(capacity, kEmpty);
   mask_ = capacity - 1;
   shift_ = 64 - __builtin_ctzll(capacity);
-  for (const Entry& e : entries) {
-    size_t i = slot_of(e.key);
-    while (slots_[i].key != kEmpty && slots_[i].key != e.key) i = (i + 1) & mask_;
-    slots_[i] = e;  // a repeated pair keeps the last rank, like a map built in file order
+  merged_by_rank_.assign(merges.size(), -1);
+  for (const Merge& m : merges) {
+    // The all-ones key is reserved for empty slots.
+    if (m.left >= (1 << kIdBits) - 1 || m.right >= (1 << kIdBits) - 1 ||
+        m.rank >= (1 << kRankBits) - 1) {
+      return make_error(ErrorCode::kUnsupported,
+                        "tokenizer.json: BPE with ids >= 2^{} or more than 2^{} merges", kIdBits,
+                        kRankBits);
+    }
+    uint64_t k = (static_cast<uint64_t>(m.left) << kIdBits) | static_cast<uint64_t>(m.right);
+    size_t i = slot_of(k);
+    while (slots_[i] != kEmpty && (slots_[i] >> kRankBits) != k) i = (i + 1) & mask_;
+    slots_[i] = (k << kRankBits) | static_cast<uint64_t>(m.rank);
+    merged_by_rank_[m.rank] = m.merged_id;
   }
+  return {};
 }
 
 // Sharded so threads encoding at once rarely wait on each other. Once full it stops growing, so
@@ -120,7 +131,7 @@ Result<BpeModel> BpeModel::from_json(const json& m, bool byte_level_input, bool 
   }
 
   const json& merges = m["merges"];
-  std::vector<MergeTable::Entry> entries;
+  std::vector<MergeTable::Merge> entries;
   entries.reserve(merges.size());
   for (size_t rank = 0; rank < merges.size(); ++rank) {
     const json& mj = merges[rank];
@@ -143,13 +154,12 @@ Result<BpeModel> BpeModel::from_json(const json& m, bool byte_level_input, bool 
     auto l = b.vocab_.find(left), r = b.vocab_.find(right), merged = b.vocab_.find(left + right);
     if (l == b.vocab_.end() || r == b.vocab_.end() || merged == b.vocab_.end()) {
       return make_error(ErrorCode::kCorrupt,
-                        "tokenizer.json: merge {} (\"{}\", \"{}\") uses a token not in vocab",
-                        rank, left, right);
+                        "tokenizer.json: merge {} (\"{}\", \"{}\") uses a token not in vocab", rank,
+                        left, right);
     }
-    entries.push_back({MergeTable::key(l->second, r->second), static_cast<int32_t>(rank),
-                       merged->second});
+    entries.push_back({l->second, r->second, static_cast<int32_t>(rank), merged->second});
   }
-  b.merges_.build(entries);
+  RECUR_RETURN_IF_ERROR(b.merges_.build(entries));
 
   if (byte_level_input) {
     b.byte_symbols_complete_ = true;
@@ -220,17 +230,22 @@ void BpeModel::initial_symbols(std::string_view piece, std::vector<int32_t>& sym
 }
 
 void BpeModel::merge_small(std::vector<int32_t>& symbols) const {
-  // ranks[i]: rank of merging symbols[i] and symbols[i + 1]. Repeatedly merge the lowest rank,
-  // leftmost first; the same order as the heap version.
+  // ranks[i]: rank of merging symbols[i] and symbols[i + 1] (INT32_MAX: none). Repeatedly merge
+  // the lowest rank, leftmost first; the same order as the heap version.
   size_t n = symbols.size();
   if (n < 2) return;
-  thread_local std::vector<int32_t> ranks, merged;
-  ranks.resize(n - 1);
-  merged.resize(n - 1);
+  constexpr size_t kStack = 64;
+  int32_t stack_ranks[kStack];
+  std::vector<int32_t> heap_ranks;
+  int32_t* ranks = stack_ranks;
+  if (n - 1 > kStack) {
+    heap_ranks.resize(n - 1);
+    ranks = heap_ranks.data();
+  }
+  int32_t* sym = symbols.data();
   auto look = [&](size_t i) {
-    const MergeTable::Entry* e = merges_.find(symbols[i], symbols[i + 1]);
-    ranks[i] = e ? e->rank : INT32_MAX;
-    merged[i] = e ? e->merged_id : -1;
+    int32_t r = merges_.rank(sym[i], sym[i + 1]);
+    ranks[i] = r < 0 ? INT32_MAX : r;
   };
   for (size_t i = 0; i + 1 < n; ++i) look(i);
   while (n > 1) {
@@ -239,14 +254,14 @@ void BpeModel::merge_small(std::vector<int32_t>& symbols) const {
       if (ranks[i] < ranks[best]) best = i;
     }
     if (ranks[best] == INT32_MAX) break;
-    symbols[best] = merged[best];
-    symbols.erase(symbols.begin() + static_cast<ptrdiff_t>(best) + 1);
-    ranks.erase(ranks.begin() + static_cast<ptrdiff_t>(best));
-    merged.erase(merged.begin() + static_cast<ptrdiff_t>(best));
+    sym[best] = merges_.merged_id(ranks[best]);
+    for (size_t i = best + 1; i + 1 < n; ++i) sym[i] = sym[i + 1];
+    for (size_t i = best; i + 2 < n; ++i) ranks[i] = ranks[i + 1];
     --n;
     if (best > 0) look(best - 1);
     if (best + 1 < n) look(best);
   }
+  symbols.resize(n);
 }
 
 void BpeModel::merge_heap(std::vector<int32_t>& symbols) const {
@@ -261,7 +276,7 @@ void BpeModel::merge_heap(std::vector<int32_t>& symbols) const {
     next[i] = i + 1 < n ? static_cast<int32_t>(i + 1) : -1;
   }
   struct Candidate {
-    int32_t rank, pos, merged_id;
+    int32_t rank, pos;
     bool operator>(const Candidate& o) const {
       return rank != o.rank ? rank > o.rank : pos > o.pos;
     }
@@ -269,9 +284,8 @@ void BpeModel::merge_heap(std::vector<int32_t>& symbols) const {
   std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
   auto push = [&](int32_t pos) {
     if (pos < 0 || next[pos] < 0) return;
-    if (const MergeTable::Entry* e = merges_.find(symbols[pos], symbols[next[pos]])) {
-      heap.push({e->rank, pos, e->merged_id});
-    }
+    int32_t r = merges_.rank(symbols[pos], symbols[next[pos]]);
+    if (r >= 0) heap.push({r, pos});
   };
   for (size_t i = 0; i + 1 < n; ++i) push(static_cast<int32_t>(i));
   while (!heap.empty()) {
@@ -279,9 +293,9 @@ void BpeModel::merge_heap(std::vector<int32_t>& symbols) const {
     heap.pop();
     if (!alive[c.pos] || next[c.pos] < 0) continue;
     int32_t right = next[c.pos];
-    const MergeTable::Entry* e = merges_.find(symbols[c.pos], symbols[right]);
-    if (e == nullptr || e->merged_id != c.merged_id || e->rank != c.rank) continue;
-    symbols[c.pos] = c.merged_id;
+    // Stale if either symbol changed since the candidate was queued.
+    if (merges_.rank(symbols[c.pos], symbols[right]) != c.rank) continue;
+    symbols[c.pos] = merges_.merged_id(c.rank);
     alive[right] = false;
     next[c.pos] = next[right];
     if (next[right] >= 0) prev[next[right]] = c.pos;
@@ -327,6 +341,7 @@ void BpeModel::encode_piece(std::string_view piece, std::vector<int32_t>& out) c
   merge(symbols);
   out.insert(out.end(), symbols.begin(), symbols.end());
   if (cacheable) cache_->insert(piece, symbols.data(), symbols.size());
+  if (symbols.capacity() > (1u << 20)) std::vector<int32_t>().swap(symbols);  // after a huge piece
 }
 
 }  // namespace recur

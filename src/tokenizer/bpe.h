@@ -22,32 +22,34 @@ struct StringHash {
 };
 using TokenIdMap = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
 
-// (left id, right id) -> (rank, merged id), open addressing; built once, then read-only.
+// (left id, right id) -> rank, with the merged id looked up by rank. Each slot packs the pair
+// and the rank into 64 bits so the table stays small enough to live in cache: lookups are
+// the hottest loop of encoding.
 class MergeTable {
  public:
-  struct Entry {
-    uint64_t key;
-    int32_t rank;
-    int32_t merged_id;
+  static constexpr int kIdBits = 20;    // vocabularies up to 1M tokens
+  static constexpr int kRankBits = 24;  // up to 16M merges
+  struct Merge {
+    int32_t left, right, rank, merged_id;
   };
-  void build(const std::vector<Entry>& entries);
-  static uint64_t key(int32_t left, int32_t right) {
-    return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) |
-           static_cast<uint32_t>(right);
-  }
-  const Entry* find(int32_t left, int32_t right) const {
-    uint64_t k = key(left, right);
+  // A repeated pair keeps its last rank, like a map built in file order.
+  Status build(const std::vector<Merge>& merges);
+  // Rank of merging the pair, or -1.
+  int32_t rank(int32_t left, int32_t right) const {
+    uint64_t k = (static_cast<uint64_t>(left) << kIdBits) | static_cast<uint64_t>(right);
     for (size_t i = slot_of(k);; i = (i + 1) & mask_) {
-      const Entry& e = slots_[i];
-      if (e.key == k) return &e;
-      if (e.key == kEmpty) return nullptr;
+      uint64_t s = slots_[i];
+      if ((s >> kRankBits) == k) return static_cast<int32_t>(s & ((1u << kRankBits) - 1));
+      if (s == kEmpty) return -1;
     }
   }
+  int32_t merged_id(int32_t rank) const { return merged_by_rank_[rank]; }
 
  private:
-  static constexpr uint64_t kEmpty = ~0ull;
+  static constexpr uint64_t kEmpty = ~0ull;  // its key part exceeds every real pair
   size_t slot_of(uint64_t k) const { return (k * 0x9E3779B97F4A7C15ull) >> shift_; }
-  std::vector<Entry> slots_{Entry{kEmpty, 0, 0}};
+  std::vector<uint64_t> slots_{kEmpty};
+  std::vector<int32_t> merged_by_rank_;
   size_t mask_ = 0;
   int shift_ = 63;
 };

@@ -48,8 +48,7 @@ utf8proc_option_t options_for(Normalizer::Form form) {
     case Normalizer::Form::kNFKC:
       return static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT);
     case Normalizer::Form::kNFKD:
-      return static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_DECOMPOSE |
-                                            UTF8PROC_COMPAT);
+      return static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT);
   }
   return UTF8PROC_STABLE;
 }
@@ -69,8 +68,7 @@ Result<Normalizer> Normalizer::from_json(const nlohmann::json& j) {
   return n;
 }
 
-Result<std::string_view> Normalizer::normalize(std::string_view text,
-                                               std::string& storage) const {
+Result<std::string_view> Normalizer::normalize(std::string_view text, std::string& storage) const {
   // ASCII text is unchanged by every normalization form; most input takes this path.
   if (forms_.empty() || is_ascii(text)) return text;
   std::string& out = storage;
@@ -78,9 +76,9 @@ Result<std::string_view> Normalizer::normalize(std::string_view text,
   for (Form form : forms_) {
     utf8proc_uint8_t* mapped = nullptr;
     // Explicit length (no NULLTERM) so embedded NUL characters survive.
-    utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(out.data()),
-                                      static_cast<utf8proc_ssize_t>(out.size()), &mapped,
-                                      options_for(form));
+    utf8proc_ssize_t n =
+        utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(out.data()),
+                     static_cast<utf8proc_ssize_t>(out.size()), &mapped, options_for(form));
     if (n < 0) {
       return make_error(ErrorCode::kInvalidArgument, "Unicode normalization failed: {}",
                         utf8proc_errmsg(n));

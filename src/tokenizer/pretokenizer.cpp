@@ -44,12 +44,18 @@ Result<std::string> translate_oniguruma_pattern(std::string_view p) {
       if (i + 1 >= p.size()) return unsupported(i, "trailing backslash");
       char e = p[++i];
       switch (e) {
-        case 's': out += "\\p{White_Space}"; break;
-        case 'S': out += "\\P{White_Space}"; break;
+        case 's':
+          out += "\\p{White_Space}";
+          break;
+        case 'S':
+          out += "\\P{White_Space}";
+          break;
         case 'w':
           out += in_class ? std::string(kWordClassBody) : "[" + std::string(kWordClassBody) + "]";
           break;
-        case 'h': out += in_class ? "0-9a-fA-F" : "[0-9a-fA-F]"; break;
+        case 'h':
+          out += in_class ? "0-9a-fA-F" : "[0-9a-fA-F]";
+          break;
         case 'W':
         case 'H':
           if (in_class) return unsupported(i - 1, "negated class escape inside [...]");
@@ -123,8 +129,8 @@ Result<Regex> Regex::compile(std::string_view pattern) {
       pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
                     PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE, &err, &err_offset, nullptr);
   if (code == nullptr) {
-    return make_error(ErrorCode::kCorrupt, "regex /{}/ does not compile at offset {}: {}",
-                      pattern, err_offset, pcre2_error_text(err));
+    return make_error(ErrorCode::kCorrupt, "regex /{}/ does not compile at offset {}: {}", pattern,
+                      err_offset, pcre2_error_text(err));
   }
   // Without JIT (unsupported CPU) pcre2_match falls back to the interpreter.
   pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
@@ -167,6 +173,11 @@ pcre2_match_data* thread_match_data() {
 }  // namespace
 
 Status Regex::find_all(std::string_view text, std::vector<Match>& matches) const {
+  return for_each_match(text, [&](size_t s, size_t e) { matches.push_back({s, e}); });
+}
+
+Status Regex::for_each_match(std::string_view text,
+                             FunctionRef<void(size_t start, size_t end)> on_match) const {
   pcre2_match_data* md = thread_match_data();
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   size_t n = text.size();
@@ -176,8 +187,8 @@ Status Regex::find_all(std::string_view text, std::vector<Match>& matches) const
   while (pos <= n) {
     int rc = pcre2_match(code_->code, subject, n, pos, PCRE2_NO_UTF_CHECK, md, nullptr);
     if (rc == PCRE2_ERROR_JIT_STACKLIMIT) {
-      rc = pcre2_match(code_->code, subject, n, pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md,
-                       nullptr);
+      rc =
+          pcre2_match(code_->code, subject, n, pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md, nullptr);
     }
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
@@ -192,7 +203,7 @@ Status Regex::find_all(std::string_view text, std::vector<Match>& matches) const
       pos += step.length;
       continue;
     }
-    matches.push_back({s, e});
+    on_match(s, e);
     pos = e;
     have_last = true;
     last_end = e;
@@ -202,11 +213,11 @@ Status Regex::find_all(std::string_view text, std::vector<Match>& matches) const
 
 Result<PreTokenizer> PreTokenizer::from_json(const json& j) {
   PreTokenizer p;
-  RECUR_RETURN_IF_ERROR(p.append_steps(j, false));
+  RECUR_RETURN_IF_ERROR(p.append_steps(j));
   return p;
 }
 
-Status PreTokenizer::append_steps(const json& j, bool inside_sequence) {
+Status PreTokenizer::append_steps(const json& j) {
   if (j.is_null()) return {};
   if (!j.is_object() || !j.contains("type") || !j["type"].is_string()) {
     return make_error(ErrorCode::kCorrupt, "tokenizer.json: pre_tokenizer without a \"type\"");
@@ -221,7 +232,7 @@ Status PreTokenizer::append_steps(const json& j, bool inside_sequence) {
       return make_error(ErrorCode::kCorrupt,
                         "tokenizer.json: Sequence pre_tokenizer without \"pretokenizers\"");
     }
-    for (const auto& s : j["pretokenizers"]) RECUR_RETURN_IF_ERROR(append_steps(s, true));
+    for (const auto& s : j["pretokenizers"]) RECUR_RETURN_IF_ERROR(append_steps(s));
     return {};
   }
   if (type == "Split") {
@@ -234,8 +245,9 @@ Status PreTokenizer::append_steps(const json& j, bool inside_sequence) {
       RECUR_ASSIGN_OR_RETURN(step.regex,
                              Regex::compile_literal(pattern["String"].get<std::string>()));
     } else {
-      return make_error(ErrorCode::kCorrupt,
-                        "tokenizer.json: Split pre_tokenizer needs pattern {{\"Regex\"|\"String\"}}");
+      return make_error(
+          ErrorCode::kCorrupt,
+          "tokenizer.json: Split pre_tokenizer needs pattern {{\"Regex\"|\"String\"}}");
     }
     std::string behavior = j.value("behavior", std::string("Isolated"));
     if (behavior == "Removed") {
@@ -249,8 +261,7 @@ Status PreTokenizer::append_steps(const json& j, bool inside_sequence) {
     } else if (behavior == "Contiguous") {
       step.behavior = Behavior::kContiguous;
     } else {
-      return make_error(ErrorCode::kUnsupported, "tokenizer.json: Split behavior \"{}\"",
-                        behavior);
+      return make_error(ErrorCode::kUnsupported, "tokenizer.json: Split behavior \"{}\"", behavior);
     }
     step.invert = j.value("invert", false);
     steps_.push_back(std::move(step));
@@ -271,38 +282,39 @@ Status PreTokenizer::append_steps(const json& j, bool inside_sequence) {
     byte_level_ = true;
     return {};
   }
-  (void)inside_sequence;
   return make_error(ErrorCode::kUnsupported,
                     "tokenizer.json: pre_tokenizer type \"{}\" is not supported (supported: "
                     "Split, ByteLevel, Sequence)",
                     type);
 }
 
-Status PreTokenizer::apply(const Step& step, std::string_view text,
-                           std::vector<std::string_view>& out, std::deque<std::string>& arena,
-                           std::vector<Regex::Match>& matches) const {
+Status PreTokenizer::apply(const Step& step, std::string_view text, std::deque<std::string>& arena,
+                           FunctionRef<void(std::string_view)> out) const {
   if (text.empty()) return {};
   if (step.kind == Step::kPrefixSpace) {
     if (text.front() == ' ') {
-      out.push_back(text);
+      out(text);
     } else {
-      arena.push_back(" " + std::string(text));
-      out.push_back(arena.back());
+      std::string& prefixed = arena.emplace_back();
+      prefixed.reserve(text.size() + 1);
+      prefixed.push_back(' ');
+      prefixed.append(text);
+      out(prefixed);
     }
     return {};
   }
-  matches.clear();
-  RECUR_RETURN_IF_ERROR(step.regex.find_all(text, matches));
-  if (step.behavior == Behavior::kIsolated && !step.invert) {  // the common case, no copies
+  if (step.behavior == Behavior::kIsolated && !step.invert) {  // the common case: streamed
     size_t prev = 0;
-    for (const Regex::Match& m : matches) {
-      if (m.start != prev) out.push_back(text.substr(prev, m.start - prev));
-      if (m.end != m.start) out.push_back(text.substr(m.start, m.end - m.start));
-      prev = m.end;
-    }
-    if (prev != text.size()) out.push_back(text.substr(prev));
+    RECUR_RETURN_IF_ERROR(step.regex.for_each_match(text, [&](size_t start, size_t end) {
+      if (start != prev) out(text.substr(prev, start - prev));
+      if (end != start) out(text.substr(start, end - start));
+      prev = end;
+    }));
+    if (prev != text.size()) out(text.substr(prev));
     return {};
   }
+  std::vector<Regex::Match> matches;
+  RECUR_RETURN_IF_ERROR(step.regex.find_all(text, matches));
 
   // Every byte of `text` in order: the gaps between matches and the matches themselves.
   struct Span {
@@ -322,7 +334,9 @@ Status PreTokenizer::apply(const Step& step, std::string_view text,
   std::vector<Span> pieces;
   pieces.reserve(spans.size());
   switch (step.behavior) {
-    case Behavior::kIsolated: pieces = std::move(spans); break;
+    case Behavior::kIsolated:
+      pieces = std::move(spans);
+      break;
     case Behavior::kRemoved:
       for (const Span& s : spans) {
         if (!s.is_match) pieces.push_back(s);
@@ -368,30 +382,31 @@ Status PreTokenizer::apply(const Step& step, std::string_view text,
     }
   }
   for (const Span& s : pieces) {
-    if (s.end > s.start) out.push_back(text.substr(s.start, s.end - s.start));
+    if (s.end > s.start) out(text.substr(s.start, s.end - s.start));
   }
   return {};
 }
 
-Status PreTokenizer::split(std::string_view text, std::vector<std::string_view>& pieces,
-                           std::deque<std::string>& arena) const {
-  if (text.empty()) return {};
-  std::vector<Regex::Match> matches;
-  if (steps_.empty()) {
-    pieces.push_back(text);
+Status PreTokenizer::run_from(size_t step, std::string_view text, std::deque<std::string>& arena,
+                              FunctionRef<void(std::string_view)> on_piece) const {
+  if (step == steps_.size()) {
+    on_piece(text);
     return {};
   }
-  if (steps_.size() == 1) return apply(steps_[0], text, pieces, arena, matches);
-  std::vector<std::string_view> current{text}, next;
-  for (const Step& step : steps_) {
-    next.clear();
-    for (std::string_view piece : current) {
-      RECUR_RETURN_IF_ERROR(apply(step, piece, next, arena, matches));
-    }
-    current.swap(next);
-  }
-  pieces.insert(pieces.end(), current.begin(), current.end());
-  return {};
+  // Depth first: each piece goes through the remaining steps before the next piece is found;
+  // the final order is the same as running each step over all pieces.
+  Status inner;
+  auto next = [&](std::string_view piece) {
+    if (inner.ok()) inner = run_from(step + 1, piece, arena, on_piece);
+  };
+  RECUR_RETURN_IF_ERROR(apply(steps_[step], text, arena, next));
+  return inner;
+}
+
+Status PreTokenizer::split(std::string_view text, std::deque<std::string>& arena,
+                           FunctionRef<void(std::string_view)> on_piece) const {
+  if (text.empty()) return {};
+  return run_from(0, text, arena, on_piece);
 }
 
 }  // namespace recur

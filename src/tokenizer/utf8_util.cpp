@@ -101,6 +101,13 @@ void append_utf8(std::string& out, int32_t cp) {
   out.append(reinterpret_cast<const char*>(buf), static_cast<size_t>(n));
 }
 
+int32_t decode_utf8_char(const uint8_t* p, size_t length) {
+  static constexpr uint8_t kLeadMask[5] = {0, 0x7F, 0x1F, 0x0F, 0x07};
+  int32_t cp = p[0] & kLeadMask[length];
+  for (size_t k = 1; k < length; ++k) cp = (cp << 6) | (p[k] & 0x3F);
+  return cp;
+}
+
 namespace {
 
 // GPT-2's scheme: printable Latin-1 bytes keep their code point; the others, in byte order,
@@ -127,7 +134,9 @@ const ByteLevelAlphabet& alphabet() {
 
 }  // namespace
 
-int32_t byte_to_unicode(uint8_t byte) { return alphabet().to_unicode[byte]; }
+int32_t byte_to_unicode(uint8_t byte) {
+  return alphabet().to_unicode[byte];
+}
 
 int unicode_to_byte(int32_t cp) {
   if (cp < 0 || cp >= 512) return -1;

@@ -34,6 +34,8 @@ size_t utf8_stable_prefix(std::string_view bytes);
 bool is_unicode_white_space(int32_t cp);
 
 void append_utf8(std::string& out, int32_t cp);
+// Code point of the valid character of `length` bytes at `p` (length from utf8_step).
+int32_t decode_utf8_char(const uint8_t* p, size_t length);
 
 // The ByteLevel alphabet: each byte maps to one printable code point.
 int32_t byte_to_unicode(uint8_t byte);

@@ -1,2 +1,0 @@
-// The tokenizer library; its sources land in this folder.
-namespace recur {}

@@ -1,0 +1,71 @@
+// Byte-level BPE tokenizer that reproduces Hugging Face `tokenizers` for the models it loads
+// (Qwen3 and other GPT-2-style tokenizer.json files): encode with add_special_tokens=false, and
+// decode, including incremental decoding for streaming output.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+
+namespace recur {
+
+struct TokenizerOptions {
+  // Cache piece -> ids; results are identical either way (off only to measure cold speed).
+  bool word_cache = true;
+};
+
+// Immutable once loaded: copies share the same tables, and every const method may be called
+// from many threads at once.
+class Tokenizer {
+ public:
+  // Reads model_dir/tokenizer.json. Unsupported component types give kUnsupported.
+  static Result<Tokenizer> load(const std::string& model_dir);
+  static Result<Tokenizer> load(const std::string& model_dir, const TokenizerOptions& options);
+  // The same from the text of a tokenizer.json; `origin` names it in errors.
+  static Result<Tokenizer> from_json_text(std::string_view json_text, const std::string& origin,
+                                          const TokenizerOptions& options = {});
+
+  // add_special_tokens=false semantics: no BOS/EOS or template, but added tokens written in the
+  // text (<|im_start|>, <think>) become their ids. Invalid UTF-8 gives kInvalidArgument.
+  Result<std::vector<int32_t>> encode(std::string_view text) const;
+  // Unknown ids are skipped; invalid UTF-8 in the bytes becomes U+FFFD.
+  std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
+
+  // One more than the largest id, added tokens included.
+  int vocab_size() const;
+  std::optional<int32_t> token_to_id(std::string_view token) const;
+  // The vocabulary string (ByteLevel-mapped for model tokens); empty for an unknown id.
+  std::string_view id_to_token(int32_t id) const;
+  // The bytes the id decodes to (possibly a partial UTF-8 character); empty for an unknown id.
+  std::string_view id_to_bytes(int32_t id) const;
+  bool is_special(int32_t id) const;
+
+ private:
+  struct Impl;
+  explicit Tokenizer(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<const Impl> impl_;
+};
+
+// Feeds one id at a time; never emits a partial UTF-8 character; concatenation of all push()
+// results plus flush() equals tokenizer.decode(all ids).
+class StreamingDetokenizer {
+ public:
+  // Shares `tok`'s tables (a cheap copy), so it may outlive `tok`.
+  explicit StreamingDetokenizer(const Tokenizer& tok, bool skip_special_tokens = false);
+  std::string push(int32_t id);
+  // Whatever is still held back (an unfinished character becomes U+FFFD); then starts afresh.
+  std::string flush();
+
+ private:
+  Tokenizer tok_;
+  bool skip_special_;
+  std::string pending_;  // bytes of an unfinished UTF-8 character
+};
+
+}  // namespace recur

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# `recur tokenize` end to end: ids for every golden case, then error handling.
+#   bash tokenize.sh <path-to-recur> <repo-root>
+set -euo pipefail
+
+recur="$1"
+root="$2"
+model="$root/models/qwen3next-tiny-realvocab"
+golden="$root/tests/data/tokenizer-qwen3/encode.jsonl"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+
+"$recur" tokenize --model "$model" --jsonl "$golden" >"$tmp/out.jsonl" ||
+  fail "recur tokenize exited non-zero on the golden file"
+
+python3 - "$golden" "$tmp/out.jsonl" <<'EOF' || fail "ids differ from the golden file"
+import json, sys
+golden = [json.loads(l) for l in open(sys.argv[1], encoding="utf-8") if l.strip()]
+got = [json.loads(l) for l in open(sys.argv[2], encoding="utf-8") if l.strip()]
+if len(golden) != len(got):
+    sys.exit(f"{len(got)} output lines for {len(golden)} input lines")
+bad = [i + 1 for i, (g, o) in enumerate(zip(golden, got)) if g["ids"] != o.get("ids")]
+if bad:
+    sys.exit(f"lines with different ids: {bad[:20]}")
+print(f"tokenize: {len(golden)} golden lines match")
+EOF
+
+# Reads stdin with "-".
+printf '{"text": "Hello, world!"}\n' | "$recur" tokenize --model "$model" --jsonl - >"$tmp/stdin.out"
+[ "$(cat "$tmp/stdin.out")" = '{"ids": [9707, 11, 1879, 0]}' ] || fail "stdin: $(cat "$tmp/stdin.out")"
+
+# expect_error NAME INPUT-FILE PATTERN: non-zero exit and PATTERN in stderr.
+expect_error() {
+  local name="$1" input="$2" pattern="$3"
+  if "$recur" tokenize --model "$model" --jsonl "$input" >"$tmp/$name.out" 2>"$tmp/$name.err"; then
+    fail "$name: exit status 0"
+  fi
+  grep -q -- "$pattern" "$tmp/$name.err" || fail "$name: stderr lacks '$pattern': $(cat "$tmp/$name.err")"
+}
+
+printf '{"text": "ok"}\n{"text": broken\n' >"$tmp/bad_json.jsonl"
+expect_error bad_json "$tmp/bad_json.jsonl" ':2: invalid JSON'
+
+printf '{"text": "ok"}\n{"text": "ok"}\n{"content": "x"}\n' >"$tmp/no_text.jsonl"
+expect_error no_text "$tmp/no_text.jsonl" ':3: expected an object with a string field "text"'
+
+printf '{"text": "ok \xff"}\n' >"$tmp/bad_utf8.jsonl"
+expect_error bad_utf8 "$tmp/bad_utf8.jsonl" ':1: invalid UTF-8 at byte offset 13'
+
+expect_error missing_file "$tmp/does_not_exist.jsonl" 'cannot open'
+
+if "$recur" tokenize --model "$tmp/no_model" --jsonl "$golden" >/dev/null 2>"$tmp/no_model.err"; then
+  fail "missing model: exit status 0"
+fi
+grep -q "tokenizer.json" "$tmp/no_model.err" || fail "missing model: $(cat "$tmp/no_model.err")"
+
+echo "tokenize.sh: all checks passed"
