@@ -23,7 +23,8 @@ namespace recur::jinja {
 struct TemplateError {
   ErrorCode code = ErrorCode::kInvalidArgument;
   std::string message;
-  bool has_position = false;  // message already names line and column
+  bool has_position = false;        // message already names line and column
+  bool raised_by_template = false;  // raise_exception(): the template author's own words
 };
 
 [[noreturn]] void fail(ErrorCode code, std::string message);
@@ -33,6 +34,9 @@ template <typename... Args>
   fail(code, fmt::format(f, std::forward<Args>(args)...));
 }
 
+// Nesting a render may print or a request may hold; deeper input is refused, not a crash.
+constexpr int kMaxNesting = 512;
+
 class Value;
 using List = std::vector<Value>;
 struct Dict;
@@ -40,10 +44,25 @@ struct Namespace;
 struct Callable;
 struct LoopState;
 
+// Which Python sequence a list value stands for; it decides printing, len() and indexing.
+// Jinja's map/select/items filters return generators, dict.items() returns a view.
+enum class ListKind : uint8_t { kList, kTuple, kIterator, kDictItems, kDictKeys, kDictValues };
+
 class Value {
  public:
-  enum class Type { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kDict, kNamespace,
-                    kCallable, kLoop };
+  enum class Type {
+    kUndefined,
+    kNone,
+    kBool,
+    kInt,
+    kFloat,
+    kString,
+    kList,
+    kDict,
+    kNamespace,
+    kCallable,
+    kLoop
+  };
 
   Value() = default;  // Undefined
   static Value undefined(std::string hint);
@@ -52,8 +71,8 @@ class Value {
   static Value integer(int64_t i);
   static Value floating(double d);
   static Value string(std::string s, bool markup = false);
-  static Value list(List items, bool tuple = false);
-  static Value list(std::shared_ptr<const List> items, bool tuple = false);
+  static Value list(List items, ListKind kind = ListKind::kList);
+  static Value list(std::shared_ptr<const List> items, ListKind kind = ListKind::kList);
   static Value dict(Dict d);
   static Value dict(std::shared_ptr<const Dict> d);
   static Value namespace_(std::shared_ptr<Namespace> ns);
@@ -73,11 +92,16 @@ class Value {
   bool is_number() const { return is_integral() || type_ == Type::kFloat; }
 
   bool as_bool() const { return std::get<bool>(data_); }
-  int64_t as_int() const;  // int or bool
+  int64_t as_int() const;   // int or bool
   double as_float() const;  // any number
   const std::string& str() const { return std::get<std::string>(data_); }
   bool markup() const { return flag_; }  // a string marked safe (MarkupSafe's Markup)
-  bool is_tuple() const { return flag_; }
+  ListKind list_kind() const { return kind_; }
+  bool is_tuple() const { return kind_ == ListKind::kTuple; }
+  // A real list or tuple: indexable, sliceable, with len().
+  bool is_indexable_list() const {
+    return type_ == Type::kList && (kind_ == ListKind::kList || kind_ == ListKind::kTuple);
+  }
   const List& items() const { return *std::get<std::shared_ptr<const List>>(data_); }
   const std::shared_ptr<const List>& list_ptr() const {
     return std::get<std::shared_ptr<const List>>(data_);
@@ -94,11 +118,12 @@ class Value {
 
  private:
   Type type_ = Type::kUndefined;
-  bool flag_ = false;
+  bool flag_ = false;  // Markup string
+  ListKind kind_ = ListKind::kList;
   std::variant<std::monostate, bool, int64_t, double, std::string, std::shared_ptr<const List>,
                std::shared_ptr<const Dict>, std::shared_ptr<Namespace>,
                std::shared_ptr<const Callable>, std::shared_ptr<LoopState>>
-      data_{std::string("value")};
+      data_{std::string()};
 };
 
 // A Python dict with string keys, in insertion order.
@@ -126,6 +151,8 @@ struct Callable {
   std::string name;
   Value receiver;               // kMethod: the object; kLoop*: the loop
   const void* macro = nullptr;  // kMacro: the Stmt that defines it
+  // kMacro defined inside a loop, macro or block: the variables it saw there.
+  std::shared_ptr<const Dict> closure;
 };
 
 // The `loop` object of a for loop.
@@ -156,9 +183,10 @@ struct JsonOptions {
   std::string key_separator = ": ";
   bool sort_keys = false;
 };
+// ---- jinja_json.cpp ----
 // Python's json.dumps with the given options.
 std::string to_json(const Value& v, const JsonOptions& options);
-
+// Request data as the template sees it; objects keep their key order.
 Value value_from_json(const nlohmann::ordered_json& j);
 
 // UTF-8 helpers: template strings are indexed and measured in code points, as in Python.
@@ -166,7 +194,6 @@ std::u32string utf8_decode(std::string_view s);
 void utf8_append(std::string& out, char32_t c);
 std::string utf8_encode(std::u32string_view s);
 size_t utf8_length(std::string_view s);
-bool is_ascii(std::string_view s);
 bool is_python_space(char32_t c);
 // str.strip / lstrip / rstrip; chars == nullptr strips whitespace.
 std::string python_strip(std::string_view s, const std::string* chars, bool left, bool right);

@@ -1,0 +1,248 @@
+#include "tokenizer/chat_template.h"
+
+#include <filesystem>
+#include <optional>
+
+#include "io/mapped_file.h"
+#include "tokenizer/jinja_eval.h"
+
+namespace recur {
+
+namespace {
+
+constexpr const char* kTemplateName = "chat template";
+// vLLM joins the text parts of a message for templates that expect content to be a string.
+constexpr const char* kTextPartSeparator = "\n";
+
+struct NamedTemplate {
+  std::string source;
+  jinja::Template compiled;
+  bool takes_content_parts = false;  // the template loops over message content itself
+};
+
+Result<NamedTemplate> compile(std::string source) {
+  RECUR_ASSIGN_OR_RETURN(jinja::Template compiled, jinja::Template::parse(source, kTemplateName));
+  NamedTemplate t;
+  t.takes_content_parts = compiled.has_loop_over("content");
+  t.source = std::move(source);
+  t.compiled = std::move(compiled);
+  return t;
+}
+
+// A special token as tokenizer_config.json stores it: "text", {"content": "text"}, or null.
+Result<std::string> token_text(const nlohmann::json& config, const char* key) {
+  auto it = config.find(key);
+  if (it == config.end() || it->is_null()) return std::string();
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) {
+    return (*it)["content"].get<std::string>();
+  }
+  return make_error(ErrorCode::kCorrupt,
+                    "tokenizer_config.json: {} is neither a string nor "
+                    "an object with a \"content\" string",
+                    key);
+}
+
+using jinja::Dict;
+using jinja::List;
+using jinja::Value;
+
+Result<Value> content_value(const nlohmann::ordered_json& content, bool takes_parts, size_t index) {
+  if (content.is_string()) return Value::string(content.get<std::string>());
+  if (content.is_null()) return takes_parts ? Value::none() : Value::string("");
+  if (!content.is_array() || takes_parts) return jinja::value_from_json(content);
+  std::string joined;
+  for (size_t j = 0; j < content.size(); ++j) {
+    const auto& part = content[j];
+    if (!part.is_object() || !part.contains("type") || part["type"] != "text") {
+      std::string type = part.is_object() && part.contains("type") ? part["type"].dump() : "?";
+      return make_error(ErrorCode::kUnsupported,
+                        "messages[{}].content[{}]: only text parts are supported, got type {}",
+                        index, j, type);
+    }
+    if (!part.contains("text") || !part["text"].is_string()) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "messages[{}].content[{}]: a text part needs a \"text\" string", index, j);
+    }
+    if (j) joined += kTextPartSeparator;
+    joined += part["text"].get<std::string>();
+  }
+  return Value::string(std::move(joined));
+}
+
+Result<Dict> render_globals(const nlohmann::ordered_json& request, bool takes_parts,
+                            const std::string& bos, const std::string& eos) {
+  if (!request.is_object()) {
+    return make_error(ErrorCode::kInvalidArgument, "chat request must be a JSON object");
+  }
+  auto messages_it = request.find("messages");
+  if (messages_it == request.end() || !messages_it->is_array()) {
+    return make_error(ErrorCode::kInvalidArgument, "chat request needs a \"messages\" array");
+  }
+  Dict globals;
+  if (!bos.empty()) globals.set("bos_token", Value::string(bos));
+  if (!eos.empty()) globals.set("eos_token", Value::string(eos));
+
+  List messages;
+  for (size_t i = 0; i < messages_it->size(); ++i) {
+    const auto& m = (*messages_it)[i];
+    if (!m.is_object()) {
+      return make_error(ErrorCode::kInvalidArgument, "messages[{}] must be an object", i);
+    }
+    Dict message;
+    for (const auto& [key, field] : m.items()) {
+      if (key == "content") {
+        RECUR_ASSIGN_OR_RETURN(Value content, content_value(field, takes_parts, i));
+        message.set(key, std::move(content));
+      } else {
+        message.set(key, jinja::value_from_json(field));
+      }
+    }
+    messages.push_back(Value::dict(std::move(message)));
+  }
+  globals.set("messages", Value::list(std::move(messages)));
+
+  auto tools_it = request.find("tools");
+  globals.set("tools",
+              tools_it == request.end() ? Value::none() : jinja::value_from_json(*tools_it));
+  auto documents_it = request.find("documents");
+  globals.set("documents", documents_it == request.end() ? Value::none()
+                                                         : jinja::value_from_json(*documents_it));
+
+  bool add_generation_prompt = false;
+  auto agp_it = request.find("add_generation_prompt");
+  if (agp_it != request.end() && !agp_it->is_null()) {
+    if (!agp_it->is_boolean()) {
+      return make_error(ErrorCode::kInvalidArgument, "\"add_generation_prompt\" must be a bool");
+    }
+    add_generation_prompt = agp_it->get<bool>();
+  }
+  globals.set("add_generation_prompt", Value::boolean(add_generation_prompt));
+
+  auto kwargs_it = request.find("chat_template_kwargs");
+  if (kwargs_it != request.end() && !kwargs_it->is_null()) {
+    if (!kwargs_it->is_object()) {
+      return make_error(ErrorCode::kInvalidArgument, "\"chat_template_kwargs\" must be an object");
+    }
+    for (const auto& [key, value] : kwargs_it->items()) {
+      if (key == "messages" || key == "tools" || key == "documents" ||
+          key == "add_generation_prompt") {
+        return make_error(ErrorCode::kInvalidArgument,
+                          "chat_template_kwargs may not set \"{}\"; it is a request field", key);
+      }
+      globals.set(key, jinja::value_from_json(value));
+    }
+  }
+  return globals;
+}
+
+}  // namespace
+
+struct ChatTemplate::Impl {
+  NamedTemplate main;
+  std::optional<NamedTemplate> tool_use;
+  std::string bos_token;
+  std::string eos_token;
+};
+
+Result<ChatTemplate> ChatTemplate::from_string(std::string source, std::string bos_token,
+                                               std::string eos_token) {
+  auto impl = std::make_shared<Impl>();
+  RECUR_ASSIGN_OR_RETURN(impl->main, compile(std::move(source)));
+  impl->bos_token = std::move(bos_token);
+  impl->eos_token = std::move(eos_token);
+  ChatTemplate t;
+  t.impl_ = std::move(impl);
+  return t;
+}
+
+Result<ChatTemplate> ChatTemplate::load(const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  const std::string config_path = (fs::path(model_dir) / "tokenizer_config.json").string();
+  const std::string jinja_path = (fs::path(model_dir) / "chat_template.jinja").string();
+  std::error_code ec;
+  const bool has_config = fs::is_regular_file(config_path, ec);
+  const bool has_jinja = fs::is_regular_file(jinja_path, ec);
+
+  nlohmann::json config = nlohmann::json::object();
+  if (has_config) {
+    RECUR_ASSIGN_OR_RETURN(std::string text, read_text_file(config_path));
+    config = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (config.is_discarded() || !config.is_object()) {
+      return make_error(ErrorCode::kCorrupt, "{}: not a JSON object", config_path);
+    }
+  }
+
+  auto impl = std::make_shared<Impl>();
+  RECUR_ASSIGN_OR_RETURN(impl->bos_token, token_text(config, "bos_token"));
+  RECUR_ASSIGN_OR_RETURN(impl->eos_token, token_text(config, "eos_token"));
+
+  if (has_jinja) {
+    RECUR_ASSIGN_OR_RETURN(std::string source, read_text_file(jinja_path));
+    RECUR_ASSIGN_OR_RETURN(impl->main, compile(std::move(source)));
+  } else {
+    auto it = config.find("chat_template");
+    if (it == config.end() || it->is_null()) {
+      return make_error(ErrorCode::kNotFound,
+                        "{}: no chat template (neither chat_template.jinja nor a chat_template "
+                        "entry in tokenizer_config.json)",
+                        model_dir);
+    }
+    if (it->is_string()) {
+      RECUR_ASSIGN_OR_RETURN(impl->main, compile(it->get<std::string>()));
+    } else if (it->is_array()) {
+      bool has_default = false;
+      for (const auto& entry : *it) {
+        if (!entry.is_object() || !entry.contains("name") || !entry["name"].is_string() ||
+            !entry.contains("template") || !entry["template"].is_string()) {
+          return make_error(ErrorCode::kCorrupt,
+                            "{}: chat_template list entries need \"name\" and \"template\" strings",
+                            config_path);
+        }
+        const std::string name = entry["name"].get<std::string>();
+        if (name != "default" && name != "tool_use") continue;
+        RECUR_ASSIGN_OR_RETURN(NamedTemplate t, compile(entry["template"].get<std::string>()));
+        if (name == "default") {
+          impl->main = std::move(t);
+          has_default = true;
+        } else {
+          impl->tool_use = std::move(t);
+        }
+      }
+      if (!has_default) {
+        return make_error(ErrorCode::kCorrupt,
+                          "{}: chat_template lists named templates but none is called \"default\"",
+                          config_path);
+      }
+    } else {
+      return make_error(ErrorCode::kCorrupt, "{}: chat_template must be a string or a list",
+                        config_path);
+    }
+  }
+  ChatTemplate t;
+  t.impl_ = std::move(impl);
+  return t;
+}
+
+Result<std::string> ChatTemplate::render(const nlohmann::ordered_json& request) const {
+  const bool has_tools =
+      request.is_object() && request.contains("tools") && !request["tools"].is_null();
+  const NamedTemplate& chosen = has_tools && impl_->tool_use ? *impl_->tool_use : impl_->main;
+  try {
+    RECUR_ASSIGN_OR_RETURN(Dict globals, render_globals(request, chosen.takes_content_parts,
+                                                        impl_->bos_token, impl_->eos_token));
+    return chosen.compiled.render(globals);
+  } catch (const jinja::TemplateError& err) {  // a request value JSON can hold but Python cannot
+    return Error{err.code, "chat request: " + err.message};
+  }
+}
+
+Result<std::string> ChatTemplate::render(const nlohmann::json& request) const {
+  return render(nlohmann::ordered_json(request));
+}
+
+const std::string& ChatTemplate::source() const {
+  return impl_->main.source;
+}
+
+}  // namespace recur
