@@ -370,3 +370,52 @@ TEST(EngineUnseenShape, BatchInvarianceSlotReuseAndMixedPrefill) {
 
 }  // namespace
 }  // namespace recur
+
+// Stop strings are matched on decoded text across token boundaries, and excluded from it.
+namespace recur {
+namespace {
+
+TEST(EngineText, StopStringAcrossTokenBoundariesEndsAndIsExcluded) {
+  const std::string dir = kRoot + "/models/qwen3next-tiny-realvocab";
+  auto tok = Tokenizer::load(dir);
+  ASSERT_TRUE(tok.ok()) << tok.error().to_string();
+  auto ops_owner = test_ops();
+  EngineConfig cfg;
+  cfg.max_batch = 2;
+  auto eng = Engine::create(dir, *ops_owner, cfg, &*tok);
+  ASSERT_TRUE(eng.ok()) << eng.error().to_string();
+  auto run = [&](std::vector<std::string> stops, std::string* text) {
+    Request r = greedy({9707, 11, 1879, 0}, 40, -1);
+    r.stop.stop_strings = std::move(stops);
+    r.skip_special_tokens = false;
+    FinishReason reason = FinishReason::kError;
+    std::vector<int32_t> ids;
+    EXPECT_TRUE((*eng)->submit(r, [&](const Event& ev) {
+                        text->append(ev.text);
+                        if (ev.kind == Event::Kind::kToken) ids.push_back(ev.token);
+                        if (ev.kind == Event::Kind::kFinish) reason = ev.reason;
+                      }).ok());
+    (*eng)->run_until_idle();
+    return std::make_pair(reason, ids);
+  };
+  std::string full;
+  auto [free_reason, free_ids] = run({}, &full);
+  ASSERT_EQ(free_ids.size(), 40u);
+  EXPECT_EQ(full, tok->decode(free_ids, false));
+  // A stop string made of the end of one token's text and the start of the next.
+  std::string first_two = tok->decode(std::span(free_ids).subspan(0, 12), false);
+  std::string first_one = tok->decode(std::span(free_ids).subspan(0, 11), false);
+  ASSERT_GT(first_two.size(), first_one.size());
+  ASSERT_GE(first_one.size(), 2u);
+  const std::string stop = first_one.substr(first_one.size() - 2) + first_two.substr(first_one.size(), 1);
+  const size_t at = full.find(stop);
+  ASSERT_NE(at, std::string::npos);
+  std::string text;
+  auto [reason, ids] = run({stop, "never appears in this text"}, &text);
+  EXPECT_EQ(reason, FinishReason::kStop);
+  EXPECT_EQ(text, full.substr(0, at));
+  EXPECT_LT(ids.size(), free_ids.size());
+}
+
+}  // namespace
+}  // namespace recur
