@@ -45,35 +45,46 @@ inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
 // NR weight rows against NT tokens: acc[r][t] = Σ_i w_r[i]·x_t[i]. Independent accumulators
 // keep the FMA pipes busy; each (row, token) pair sees the same operations in any tile shape.
 template <int NR, int NT, typename W>
-inline void dot_tile(const W* const* w, const float* const* x, int64_t k, float* result) {
-  __m512 acc[NR][NT];
-  for (int r = 0; r < NR; ++r)
-    for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
+__attribute__((always_inline)) inline void dot_tile(const W* const* w, const float* const* x,
+                                                    int64_t k, float* result) {
+  // Accumulators stay in registers: indices are compile-time constants after unrolling, and
+  // no pointer to them is taken.
+  __m512 acc[NR * NT];
+#pragma GCC unroll 16
+  for (int i = 0; i < NR * NT; ++i) acc[i] = _mm512_setzero_ps();
   int64_t i = 0;
   for (; i + 16 <= k; i += 16) {
     __m512 xv[NT];
+#pragma GCC unroll 4
     for (int t = 0; t < NT; ++t) xv[t] = _mm512_loadu_ps(x[t] + i);
+#pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) {
       const __m512 wv = load16(w[r] + i, 0xffff);
-      for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
+#pragma GCC unroll 4
+      for (int t = 0; t < NT; ++t) acc[r * NT + t] = _mm512_fmadd_ps(wv, xv[t], acc[r * NT + t]);
     }
   }
   if (i < k) {
     const __mmask16 m = __mmask16((1u << (k - i)) - 1);
     __m512 xv[NT];
+#pragma GCC unroll 4
     for (int t = 0; t < NT; ++t) xv[t] = load16(x[t] + i, m);
+#pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) {
       const __m512 wv = load16(w[r] + i, m);
-      for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
+#pragma GCC unroll 4
+      for (int t = 0; t < NT; ++t) acc[r * NT + t] = _mm512_fmadd_ps(wv, xv[t], acc[r * NT + t]);
     }
   }
   // Horizontal sums, four accumulators at a time where the tile allows.
-  __m512* flat = &acc[0][0];
-  int i4 = 0;
-  for (; i4 + 4 <= NR * NT; i4 += 4) {
-    _mm_storeu_ps(result + i4, reduce4(flat[i4], flat[i4 + 1], flat[i4 + 2], flat[i4 + 3]));
+  constexpr int kQuads = (NR * NT) / 4;
+#pragma GCC unroll 4
+  for (int q = 0; q < kQuads; ++q) {
+    _mm_storeu_ps(result + 4 * q,
+                  reduce4(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]));
   }
-  for (; i4 < NR * NT; ++i4) result[i4] = _mm512_reduce_add_ps(flat[i4]);
+#pragma GCC unroll 4
+  for (int j = 4 * kQuads; j < NR * NT; ++j) result[j] = _mm512_reduce_add_ps(acc[j]);
 }
 #else
 template <int NR, int NT, typename W>

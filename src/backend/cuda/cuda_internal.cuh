@@ -1,0 +1,202 @@
+// Internals of the CUDA backend shared by its .cu files: error checks, the backend state
+// (stream, cuBLAS, batch mirror, growable scratch), dtype dispatch and small device helpers.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "backend/cuda/cuda_ops.h"
+
+namespace recur::cuda {
+
+[[noreturn]] void cuda_failed(const char* expr, cudaError_t err, const char* file, int line);
+[[noreturn]] void cublas_failed(const char* expr, cublasStatus_t st, const char* file, int line);
+[[noreturn]] void fatal(const char* what);
+
+}  // namespace recur::cuda
+
+// Every CUDA runtime call goes through this: an error aborts with the call, the CUDA message
+// and the source line (ops return nothing, and a failed device cannot be recovered in-process).
+#define RECUR_CUDA_CHECK(expr)                                                                    \
+  do {                                                                                            \
+    cudaError_t recur_e_ = (expr);                                                                \
+    if (recur_e_ != cudaSuccess) ::recur::cuda::cuda_failed(#expr, recur_e_, __FILE__, __LINE__); \
+  } while (0)
+#define RECUR_CUBLAS_CHECK(expr)                                         \
+  do {                                                                   \
+    cublasStatus_t recur_s_ = (expr);                                    \
+    if (recur_s_ != CUBLAS_STATUS_SUCCESS)                               \
+      ::recur::cuda::cublas_failed(#expr, recur_s_, __FILE__, __LINE__); \
+  } while (0)
+
+namespace recur {
+
+// The CUDA allocator: plain cudaMalloc/cudaFree, counted by the base class.
+class CudaAllocator final : public Allocator {
+ public:
+  CudaAllocator() : Allocator(Device::kCuda) {}
+
+ protected:
+  void* raw_allocate(size_t bytes) override;
+  void raw_free(void* p, size_t bytes) override;
+};
+
+// Device pointers of a SeqLayout's arrays.
+struct DevLayout {
+  const int32_t* seq_start = nullptr;    // [n_seqs + 1]
+  const int32_t* slot = nullptr;         // [n_seqs]
+  const int32_t* positions = nullptr;    // [n_tokens]
+  const int32_t* block_start = nullptr;  // [n_seqs + 1]
+  const int32_t* block_ids = nullptr;    // [block_start[n_seqs]]
+};
+
+struct CudaOps::Impl {
+  int device = 0;
+  int sm_count = 0;
+  size_t max_smem_optin = 0;  // bytes of shared memory a block may opt into
+  CudaAllocator alloc;        // declared first: the buffers below return to it
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  Buffer cublas_workspace;
+  bool debug_sync = false;  // RECUR_CUDA_SYNC=1: synchronise after every launch
+
+  // Weight slabs: adopt_weight sub-allocates, 256-byte aligned; large weights get their own.
+  std::vector<Buffer> slabs, weight_buffers;
+  size_t slab_used = 0;
+
+  // The batch mirror: host arrays packed into pinned memory, one async copy to `mirror`.
+  struct Mirrored {
+    const int32_t* host;
+    int64_t count;
+    int64_t offset;  // elements into the mirror
+  };
+  int32_t* pinned = nullptr;
+  size_t pinned_capacity = 0;  // int32 elements, also the mirror's capacity
+  Buffer mirror;
+  cudaEvent_t upload_done = nullptr;
+  std::vector<Mirrored> mirrored;
+
+  // Arrays an op receives that were not mirrored (ops called outside a forward, in tests or
+  // tools) are uploaded here per op from pageable memory, which the runtime stages at once.
+  Buffer adhoc;
+  std::vector<int32_t> adhoc_host;
+
+  // Growable device scratch, sized by the largest use so far (growth waits for the stream).
+  Buffer act_lowp;      // activations converted to bf16/f16 for cuBLAS
+  Buffer attn_partial;  // split-context attention partials
+
+  // Device tables of expert weight pointers, built once per expert list.
+  struct ExpertTable {
+    std::vector<const void*> host;  // gate[E], up[E], down[E]
+    Buffer dev;
+  };
+  std::vector<ExpertTable> expert_tables;
+
+  ~Impl();
+  // A device pointer holding `host[0..count)`: the mirror when begin_forward uploaded it,
+  // otherwise an ad hoc upload.
+  const int32_t* ints(const int32_t* host, int64_t count);
+  DevLayout layout(const SeqLayout& l, bool with_blocks);
+  void* grow(Buffer& b, size_t bytes, const char* what);
+  const void* const* expert_table(std::span<const ExpertWeights> experts);
+  void launched(const char* what);  // checks the launch (and synchronises when debugging)
+
+ private:
+  const int32_t* find_mirrored(const int32_t* host, int64_t count) const;
+};
+
+namespace cuda {
+
+// Element types as stored; the device reads them with these loads.
+template <typename W>
+__device__ __forceinline__ float to_f32(W v);
+template <>
+__device__ __forceinline__ float to_f32<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <>
+__device__ __forceinline__ float to_f32<__half>(__half v) {
+  return __half2float(v);
+}
+
+__host__ __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) {
+  return a < b ? a : b;
+}
+
+__device__ __forceinline__ float silu(float x) {
+  return x / (1.0f + expf(-x));
+}
+__device__ __forceinline__ float sigmoid(float x) {
+  return 1.0f / (1.0f + expf(-x));
+}
+__device__ __forceinline__ float softplus(float x) {
+  return x > 20.0f ? x : log1pf(expf(x));
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sequence of token t: the last s with seq_start[s] <= t (binary search; n_seqs is small).
+__device__ __forceinline__ int seq_of_token(const int32_t* seq_start, int n_seqs, int t) {
+  int lo = 0, hi = n_seqs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (seq_start[mid] <= t)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
+// Rows of an f32 tensor [..., d] with a contiguous last dimension: 2-D or 3-D, any outer
+// strides (the device twin of cpu::RowView).
+struct Rows {
+  float* base;
+  int64_t n_rows, d, inner, s0, s1;
+  __device__ __forceinline__ float* row(int64_t r) const {
+    return base + (r / inner) * s0 + (r % inner) * s1;
+  }
+};
+Rows rows_of(const Tensor& t);
+
+// Calls fn(W{}) with W the device type of a weight dtype.
+template <typename Fn>
+void dispatch_weight(DType dt, Fn&& fn) {
+  switch (dt) {
+    case DType::F32:
+      fn(float{});
+      break;
+    case DType::BF16:
+      fn(__nv_bfloat16{});
+      break;
+    case DType::F16:
+      fn(__half{});
+      break;
+    default:
+      fatal("weight dtype must be F32, BF16 or F16");
+  }
+}
+
+inline unsigned blocks_for(int64_t n, int threads) {
+  return unsigned((n + threads - 1) / threads);
+}
+
+}  // namespace cuda
+}  // namespace recur

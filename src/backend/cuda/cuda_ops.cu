@@ -1,0 +1,338 @@
+// CudaOps set-up and memory traffic: the allocator, weight slabs, host copies, the per-forward
+// upload of the batch's index arrays, and the growable scratch buffers. Kernels live in
+// kernels_*.cu.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/cuda/cuda_internal.cuh"
+
+namespace recur {
+
+namespace cuda {
+
+void cuda_failed(const char* expr, cudaError_t err, const char* file, int line) {
+  std::fprintf(stderr, "recur: CUDA error %s (%s) in %s at %s:%d\n", cudaGetErrorName(err),
+               cudaGetErrorString(err), expr, file, line);
+  std::abort();
+}
+
+void cublas_failed(const char* expr, cublasStatus_t st, const char* file, int line) {
+  std::fprintf(stderr, "recur: cuBLAS error %d (%s) in %s at %s:%d\n", int(st),
+               cublasGetStatusString(st), expr, file, line);
+  std::abort();
+}
+
+void fatal(const char* what) {
+  std::fprintf(stderr, "recur: CUDA backend: %s\n", what);
+  std::abort();
+}
+
+Rows rows_of(const Tensor& t) {
+  RECUR_CHECK(t.dtype == DType::F32 && t.ndim >= 2 && t.ndim <= 3 && t.stride[t.ndim - 1] == 1);
+  Rows r;
+  r.base = t.ptr<float>();
+  r.d = t.shape[t.ndim - 1];
+  if (t.ndim == 2) {
+    r.n_rows = t.shape[0];
+    r.inner = 1;
+    r.s0 = t.stride[0];
+    r.s1 = 0;
+  } else {
+    r.n_rows = t.shape[0] * t.shape[1];
+    r.inner = std::max<int64_t>(t.shape[1], 1);
+    r.s0 = t.stride[0];
+    r.s1 = t.stride[1];
+  }
+  return r;
+}
+
+}  // namespace cuda
+
+namespace {
+constexpr size_t kSlabBytes = size_t(512) << 20;  // weight slab; larger weights get their own
+constexpr size_t kWeightAlign = 256;
+constexpr size_t kCublasWorkspace = size_t(32) << 20;
+constexpr size_t kInitialMirror = 64 << 10;  // int32 elements; grown when a batch needs more
+}  // namespace
+
+void* CudaAllocator::raw_allocate(size_t bytes) {
+  void* p = nullptr;
+  // A failed cudaMalloc is reported to the caller as an allocation failure (nullptr).
+  if (cudaMalloc(&p, bytes) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return p;
+}
+
+void CudaAllocator::raw_free(void* p, size_t) {
+  // Buffers held by static objects may be freed after the runtime has shut down at exit.
+  const cudaError_t e = cudaFree(p);
+  if (e != cudaSuccess && e != cudaErrorCudartUnloading) {
+    cuda::cuda_failed("cudaFree(p)", e, __FILE__, __LINE__);
+  }
+}
+
+CudaOps::CudaOps() : impl_(std::make_unique<Impl>()) {}
+CudaOps::~CudaOps() = default;
+
+CudaOps::Impl::~Impl() {
+  if (stream) cudaStreamSynchronize(stream);
+  // Buffers return to `alloc` in their own destructors (members below it).
+  if (cublas) cublasDestroy(cublas);
+  if (upload_done) cudaEventDestroy(upload_done);
+  if (pinned) cudaFreeHost(pinned);
+  if (stream) cudaStreamDestroy(stream);
+}
+
+Result<std::unique_ptr<CudaOps>> CudaOps::create(int device) {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    return make_error(ErrorCode::kUnsupported, "no CUDA device: {}",
+                      e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+  }
+  if (device < 0 || device >= count) {
+    return make_error(ErrorCode::kInvalidArgument, "CUDA device {} does not exist ({} found)",
+                      device, count);
+  }
+  RECUR_CUDA_CHECK(cudaSetDevice(device));
+  cudaDeviceProp prop;
+  RECUR_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  if (prop.major < 9) {
+    return make_error(ErrorCode::kUnsupported,
+                      "CUDA device {} ({}) has compute capability {}.{}; "
+                      "this build needs 9.0",
+                      device, prop.name, prop.major, prop.minor);
+  }
+  std::unique_ptr<CudaOps> ops(new CudaOps());
+  Impl& s = *ops->impl_;
+  s.device = device;
+  s.sm_count = prop.multiProcessorCount;
+  s.max_smem_optin = prop.sharedMemPerBlockOptin;
+  const char* dbg = std::getenv("RECUR_CUDA_SYNC");
+  s.debug_sync = dbg && dbg[0] == '1';
+  // A blocking stream: it also orders against work callers put on the legacy default stream
+  // (plain cudaMemcpy/cudaMemset of buffers they then hand to the ops).
+  RECUR_CUDA_CHECK(cudaStreamCreate(&s.stream));
+  RECUR_CUDA_CHECK(cudaEventCreateWithFlags(&s.upload_done, cudaEventDisableTiming));
+  RECUR_CUBLAS_CHECK(cublasCreate(&s.cublas));
+  RECUR_CUBLAS_CHECK(cublasSetStream(s.cublas, s.stream));
+  // cuBLAS gets a fixed workspace so it never allocates during a forward.
+  RECUR_ASSIGN_OR_RETURN(s.cublas_workspace,
+                         s.alloc.allocate(kCublasWorkspace, "cuBLAS workspace"));
+  RECUR_CUBLAS_CHECK(
+      cublasSetWorkspace(s.cublas, s.cublas_workspace.data(), s.cublas_workspace.bytes()));
+  // Pinned staging and its device mirror for the batch arrays.
+  s.pinned_capacity = kInitialMirror;
+  RECUR_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&s.pinned),
+                                 s.pinned_capacity * sizeof(int32_t), cudaHostAllocDefault));
+  RECUR_ASSIGN_OR_RETURN(s.mirror, s.alloc.allocate(s.pinned_capacity * 4, "batch mirror"));
+  RECUR_ASSIGN_OR_RETURN(s.adhoc, s.alloc.allocate(kInitialMirror * 4, "ad hoc index upload"));
+  return Result<std::unique_ptr<CudaOps>>(std::move(ops));
+}
+
+Allocator& CudaOps::allocator() {
+  return impl_->alloc;
+}
+
+Result<Tensor> CudaOps::adopt_weight(const Tensor& host) {
+  if (host.device == Device::kCuda) return host;
+  if (!host.is_contiguous()) {
+    return make_error(ErrorCode::kInvalidArgument, "adopt_weight: tensor {} is not contiguous",
+                      host.shape_string());
+  }
+  Impl& s = *impl_;
+  const size_t bytes = size_t(host.numel()) * dtype_size(host.dtype);
+  void* dst = nullptr;
+  if (bytes > kSlabBytes / 4) {
+    RECUR_ASSIGN_OR_RETURN(Buffer b, s.alloc.allocate(bytes, "weight"));
+    dst = b.data();
+    s.weight_buffers.push_back(std::move(b));
+  } else {
+    const size_t off = (s.slab_used + kWeightAlign - 1) / kWeightAlign * kWeightAlign;
+    if (s.slabs.empty() || off + bytes > s.slabs.back().bytes()) {
+      RECUR_ASSIGN_OR_RETURN(Buffer b, s.alloc.allocate(kSlabBytes, "weight slab"));
+      s.slabs.push_back(std::move(b));
+      s.slab_used = 0;
+    }
+    const size_t at = (s.slab_used + kWeightAlign - 1) / kWeightAlign * kWeightAlign;
+    dst = static_cast<char*>(s.slabs.back().data()) + at;
+    s.slab_used = at + bytes;
+  }
+  // Ordered on our stream, then waited for: the host tensor may be a mapping that goes away.
+  RECUR_CUDA_CHECK(cudaMemcpyAsync(dst, host.data, bytes, cudaMemcpyHostToDevice, s.stream));
+  RECUR_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  Tensor t = host;
+  t.data = dst;
+  t.device = Device::kCuda;
+  return t;
+}
+
+void CudaOps::copy_to_host(const Tensor& src, void* dst) {
+  RECUR_CHECK(src.is_contiguous());
+  Impl& s = *impl_;
+  RECUR_CUDA_CHECK(cudaMemcpyAsync(dst, src.data, size_t(src.numel()) * dtype_size(src.dtype),
+                                   cudaMemcpyDeviceToHost, s.stream));
+  RECUR_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  s.mirrored.clear();  // the forward is over; its host arrays may now be reused
+}
+
+void CudaOps::fill_zero(Tensor t) {
+  RECUR_CHECK(t.is_contiguous());
+  RECUR_CUDA_CHECK(
+      cudaMemsetAsync(t.data, 0, size_t(t.numel()) * dtype_size(t.dtype), impl_->stream));
+}
+
+void CudaOps::synchronize() {
+  RECUR_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+  impl_->mirrored.clear();
+}
+
+void CudaOps::begin_forward(const SeqLayout& l, std::span<const int32_t> tokens,
+                            std::span<const int32_t> logit_rows) {
+  Impl& s = *impl_;
+  const int64_t n_blocks = l.block_start ? l.block_start[l.n_seqs] : 0;
+  struct Part {
+    const int32_t* p;
+    int64_t n;
+  };
+  const Part parts[] = {{tokens.data(), int64_t(tokens.size())},
+                        {l.positions, l.positions ? l.n_tokens : 0},
+                        {l.seq_start, l.seq_start ? l.n_seqs + 1 : 0},
+                        {l.slot, l.slot ? l.n_seqs : 0},
+                        {l.block_start, l.block_start ? l.n_seqs + 1 : 0},
+                        {l.block_ids, n_blocks},
+                        {logit_rows.data(), int64_t(logit_rows.size())}};
+  size_t total = 0;
+  for (const Part& p : parts) total += size_t(p.n) + 4;  // keep each part 16-byte aligned
+  // The previous upload must have left the pinned buffer before it is rewritten (normally
+  // long done: the previous forward ended with a copy to the host).
+  RECUR_CUDA_CHECK(cudaEventSynchronize(s.upload_done));
+  if (total > s.pinned_capacity) {
+    RECUR_CUDA_CHECK(cudaStreamSynchronize(s.stream));  // the old mirror may still be read
+    RECUR_CUDA_CHECK(cudaFreeHost(s.pinned));
+    s.pinned = nullptr;
+    s.mirror.reset();
+    s.pinned_capacity = std::max(total, 2 * s.pinned_capacity);
+    RECUR_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&s.pinned),
+                                   s.pinned_capacity * sizeof(int32_t), cudaHostAllocDefault));
+    auto m = s.alloc.allocate(s.pinned_capacity * 4, "batch mirror");
+    if (!m.ok()) cuda::fatal(m.error().message.c_str());
+    s.mirror = std::move(m.value());
+  }
+  s.mirrored.clear();
+  int64_t off = 0;
+  for (const Part& p : parts) {
+    if (p.n == 0 || !p.p) continue;
+    std::memcpy(s.pinned + off, p.p, size_t(p.n) * 4);
+    s.mirrored.push_back({p.p, p.n, off});
+    off += (p.n + 3) / 4 * 4;
+  }
+  if (off > 0) {
+    RECUR_CUDA_CHECK(cudaMemcpyAsync(s.mirror.data(), s.pinned, size_t(off) * 4,
+                                     cudaMemcpyHostToDevice, s.stream));
+  }
+  RECUR_CUDA_CHECK(cudaEventRecord(s.upload_done, s.stream));
+}
+
+const int32_t* CudaOps::Impl::find_mirrored(const int32_t* host, int64_t count) const {
+  for (const Mirrored& m : mirrored) {
+    if (host >= m.host && host + count <= m.host + m.count) {
+      return mirror.as<int32_t>() + m.offset + (host - m.host);
+    }
+  }
+  return nullptr;
+}
+
+const int32_t* CudaOps::Impl::ints(const int32_t* host, int64_t count) {
+  if (count <= 0) return nullptr;
+  if (const int32_t* d = find_mirrored(host, count)) return d;
+  // Ad hoc: the buffer is reused by the next op's upload, which the stream orders after this
+  // op's kernels.
+  void* dst = grow(adhoc, size_t(count) * 4, "ad hoc index upload");
+  RECUR_CUDA_CHECK(cudaMemcpyAsync(dst, host, size_t(count) * 4, cudaMemcpyHostToDevice, stream));
+  return static_cast<const int32_t*>(dst);
+}
+
+DevLayout CudaOps::Impl::layout(const SeqLayout& l, bool with_blocks) {
+  const int64_t n_blocks = with_blocks ? l.block_start[l.n_seqs] : 0;
+  struct Part {
+    const int32_t* host;
+    int64_t n;
+    const int32_t** out;
+  };
+  DevLayout d;
+  Part parts[] = {{l.seq_start, l.n_seqs + 1, &d.seq_start},
+                  {l.slot, l.slot ? l.n_seqs : 0, &d.slot},
+                  {l.positions, l.positions ? l.n_tokens : 0, &d.positions},
+                  {l.block_start, with_blocks ? l.n_seqs + 1 : 0, &d.block_start},
+                  {l.block_ids, n_blocks, &d.block_ids}};
+  // Mirrored parts resolve directly; the others are packed into one ad hoc upload.
+  adhoc_host.clear();
+  std::vector<std::pair<const int32_t**, size_t>> pending;
+  for (Part& p : parts) {
+    if (p.n <= 0 || !p.host) continue;
+    if (const int32_t* m = find_mirrored(p.host, p.n)) {
+      *p.out = m;
+    } else {
+      pending.push_back({p.out, adhoc_host.size()});
+      adhoc_host.insert(adhoc_host.end(), p.host, p.host + p.n);
+    }
+  }
+  if (!pending.empty()) {
+    int32_t* dst = static_cast<int32_t*>(grow(adhoc, adhoc_host.size() * 4, "ad hoc layout"));
+    RECUR_CUDA_CHECK(cudaMemcpyAsync(dst, adhoc_host.data(), adhoc_host.size() * 4,
+                                     cudaMemcpyHostToDevice, stream));
+    for (auto& [out, off] : pending) *out = dst + off;
+  }
+  return d;
+}
+
+void* CudaOps::Impl::grow(Buffer& b, size_t bytes, const char* what) {
+  if (b.bytes() < bytes) {
+    // Kernels already queued may still read the old buffer.
+    RECUR_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const size_t want = std::max(bytes, b.bytes() * 2);
+    b.reset();
+    auto r = alloc.allocate(want, what);
+    if (!r.ok()) cuda::fatal(r.error().message.c_str());
+    b = std::move(r.value());
+  }
+  return b.data();
+}
+
+const void* const* CudaOps::Impl::expert_table(std::span<const ExpertWeights> experts) {
+  const size_t E = experts.size();
+  std::vector<const void*> host(3 * E);
+  for (size_t e = 0; e < E; ++e) {
+    host[e] = experts[e].gate.data;
+    host[E + e] = experts[e].up.data;
+    host[2 * E + e] = experts[e].down.data;
+  }
+  for (ExpertTable& t : expert_tables) {
+    if (t.host == host) return static_cast<const void* const*>(t.dev.data());
+  }
+  ExpertTable t;
+  t.host = std::move(host);
+  auto r = alloc.allocate(3 * E * sizeof(void*), "expert table");
+  if (!r.ok()) cuda::fatal(r.error().message.c_str());
+  t.dev = std::move(r.value());
+  // The host array lives on in expert_tables (moving the list keeps each vector's storage),
+  // so the asynchronous copy may read it later.
+  expert_tables.push_back(std::move(t));
+  ExpertTable& kept = expert_tables.back();
+  RECUR_CUDA_CHECK(cudaMemcpyAsync(kept.dev.data(), kept.host.data(), 3 * E * sizeof(void*),
+                                   cudaMemcpyHostToDevice, stream));
+  return static_cast<const void* const*>(kept.dev.data());
+}
+
+void CudaOps::Impl::launched(const char* what) {
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess && debug_sync) e = cudaStreamSynchronize(stream);
+  if (e != cudaSuccess) cuda::cuda_failed(what, e, __FILE__, __LINE__);
+}
+
+}  // namespace recur

@@ -1,0 +1,86 @@
+// The CUDA backend: every op of ops.h as kernels on one CUDA stream (cuBLAS for the larger
+// matrix products). Weights stay in their stored dtype (F32, BF16, F16) on the device and are
+// widened to f32 in registers; activations and recurrent state are f32. No op synchronises the
+// host: copy_to_host and synchronize() are the only waits.
+//
+// This header includes no CUDA header, so plain C++ code can hold a CudaOps.
+#pragma once
+
+#include <memory>
+
+#include "ops/ops.h"
+
+namespace recur {
+
+class CudaOps final : public Ops {
+ public:
+  // Selects `device`, creates the stream, the cuBLAS handle and the start-up buffers.
+  static Result<std::unique_ptr<CudaOps>> create(int device = 0);
+  ~CudaOps() override;
+  CudaOps(const CudaOps&) = delete;
+  CudaOps& operator=(const CudaOps&) = delete;
+
+  Device device() const override { return Device::kCuda; }
+  // cudaMalloc-backed; counts buffers and bytes like the CPU allocator.
+  Allocator& allocator() override;
+  // Copies a contiguous host weight to the device once, in its stored dtype. Weights live in
+  // large slabs owned by this object, so tens of thousands of expert matrices cost a few
+  // allocations.
+  Result<Tensor> adopt_weight(const Tensor& host) override;
+  void copy_to_host(const Tensor& src, void* dst) override;  // waits for the stream
+  void fill_zero(Tensor t) override;                         // asynchronous
+  // Packs the batch's host arrays into pinned memory and uploads them in one asynchronous copy;
+  // later ops given these same host pointers read the device mirror.
+  void begin_forward(const SeqLayout& layout, std::span<const int32_t> tokens,
+                     std::span<const int32_t> logit_rows) override;
+  void synchronize() override;
+
+  void embedding(const int32_t* ids, int n, const Tensor& table, Tensor out) override;
+  void gather_rows(const Tensor& x, const int32_t* rows, int n, Tensor out) override;
+  void matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulate = false) override;
+  void rms_norm(const Tensor& x, const Tensor& w, float weight_offset, float eps,
+                Tensor out) override;
+  void rms_norm_gated(const Tensor& x, const Tensor& gate, const Tensor& w, float eps,
+                      Tensor out) override;
+  void l2_norm(Tensor x, float eps, float scale) override;
+  void split_groups(const Tensor& src, int groups, std::span<const int> parts,
+                    std::span<const Tensor> dsts) override;
+  void rope(Tensor x, const int32_t* positions, int rot_dim, double theta) override;
+
+  void swiglu(const Tensor& gate, const Tensor& up, Tensor out) override;
+  void mul_sigmoid(Tensor x, const Tensor& gate) override;
+  void add(Tensor x, const Tensor& y) override;
+  void add_scaled_sigmoid(Tensor x, const Tensor& y, const Tensor& s) override;
+
+  void conv1d_causal_silu(const Tensor& x, const Tensor& weight, Tensor conv_state,
+                          const SeqLayout& layout, Tensor out) override;
+  void gdn_gates(const Tensor& a, const Tensor& b, const Tensor& a_log, const Tensor& dt_bias,
+                 Tensor g, Tensor beta) override;
+  void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                        const Tensor& beta, Tensor state, const SeqLayout& layout, Tensor out,
+                        Tensor scratch, DeltaRuleForm form = DeltaRuleForm::kAuto) override;
+  size_t gated_delta_rule_scratch_bytes(int dk, int dv) const override;
+
+  void kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, Tensor v_cache,
+                      const SeqLayout& layout) override;
+  void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                       const SeqLayout& layout, float scale, Tensor out) override;
+
+  void moe_route(const Tensor& logits, int k, bool norm_topk, Tensor ids, Tensor weights) override;
+  void moe_experts(const Tensor& x, std::span<const ExpertWeights> experts, const Tensor& ids,
+                   const Tensor& weights, Tensor out, Tensor scratch) override;
+  size_t moe_experts_scratch_bytes(int n_tokens, int k, int n_experts, int d,
+                                   int d_ff) const override;
+
+  // Largest token count for which matmul and the MoE experts use the bandwidth-bound GEMV
+  // kernels (f32 arithmetic); above it they use bf16/f16 tensor cores (see kernels_matmul.cu).
+  static constexpr int kGemvMaxTokens = 8;
+
+  struct Impl;  // CUDA-side state; defined in cuda_internal.cuh
+
+ private:
+  CudaOps();
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace recur

@@ -1,0 +1,153 @@
+// The bandwidth-bound core shared by matmul (few tokens) and the MoE experts (few tokens per
+// expert): a block of kGemvThreads computes R consecutive output rows of a weight matrix
+// w [m, k] (stored dtype) for up to NT f32 activation rows. Each weight row is streamed once
+// with 16-byte loads that bypass L1 (they are used once); the activation rows are small and
+// re-read from L1 for every weight row. Arithmetic is f32; results match the CPU's f32 kernels
+// to rounding.
+#pragma once
+
+#include "backend/cuda/cuda_internal.cuh"
+
+namespace recur::cuda {
+
+constexpr int kGemvThreads = 128;
+
+// 16 bytes of weights, widened to f32: 4 floats or 8 bf16/f16 values.
+template <typename W>
+struct Chunk {
+  static constexpr int kElems = 16 / int(sizeof(W));
+  float v[kElems];
+};
+
+__device__ __forceinline__ uint4 load_streaming(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ void widen(uint32_t bits, float* out, float) {
+  out[0] = __uint_as_float(bits);
+}
+__device__ __forceinline__ void widen(uint32_t bits, float* out, __nv_bfloat16) {
+  out[0] = __uint_as_float(bits << 16);
+  out[1] = __uint_as_float(bits & 0xffff0000u);
+}
+__device__ __forceinline__ void widen(uint32_t bits, float* out, __half) {
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&bits));
+  out[0] = f.x;
+  out[1] = f.y;
+}
+
+template <typename W>
+__device__ __forceinline__ Chunk<W> load_chunk(const W* p) {
+  const uint4 raw = load_streaming(p);
+  Chunk<W> c;
+  constexpr int kPer = Chunk<W>::kElems / 4;  // elements per 32-bit word
+  widen(raw.x, c.v + 0 * kPer, W{});
+  widen(raw.y, c.v + 1 * kPer, W{});
+  widen(raw.z, c.v + 2 * kPer, W{});
+  widen(raw.w, c.v + 3 * kPer, W{});
+  return c;
+}
+
+// Per-thread partial dot products: acc[r][t] += Σ w[r][i]·x[t][i] over this thread's share of
+// k (and acc2 with w2 when kDual). w, w2 point at the block's first row; rows ≥ `rows` and
+// activation rows ≥ the caller's count were clamped to valid memory and are discarded.
+// kVec: k is a multiple of the chunk, weights and x rows are 16-byte aligned.
+template <typename W, int NT, int R, bool kDual, bool kVec>
+__device__ __forceinline__ void gemv_partial(const W* w, const W* w2, int64_t k, int rows,
+                                             const float* const (&xr)[NT], float (&acc)[R][NT],
+                                             float (&acc2)[R][NT]) {
+  const W* wr[R];
+  const W* wr2[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    wr[r] = w + (r < rows ? r : 0) * k;
+    wr2[r] = kDual ? w2 + (r < rows ? r : 0) * k : nullptr;
+  }
+  if constexpr (kVec) {
+    constexpr int E = Chunk<W>::kElems;
+    const int64_t n_chunks = k / E;
+    // Two chunks in flight per thread where registers allow; with many activation rows the
+    // FMAs, not the loads, are the limit.
+#pragma unroll(NT <= 2 ? 2 : 1)
+    for (int64_t c = threadIdx.x; c < n_chunks; c += kGemvThreads) {
+      Chunk<W> wc[R], wc2[kDual ? R : 1];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        wc[r] = load_chunk(wr[r] + c * E);
+        if constexpr (kDual) wc2[r] = load_chunk(wr2[r] + c * E);
+      }
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        float xv[E];
+#pragma unroll
+        for (int q = 0; q < E; q += 4) {
+          const float4 f = __ldg(reinterpret_cast<const float4*>(xr[t] + c * E + q));
+          xv[q] = f.x, xv[q + 1] = f.y, xv[q + 2] = f.z, xv[q + 3] = f.w;
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+#pragma unroll
+          for (int q = 0; q < E; ++q) {
+            acc[r][t] = fmaf(wc[r].v[q], xv[q], acc[r][t]);
+            if constexpr (kDual) acc2[r][t] = fmaf(wc2[r].v[q], xv[q], acc2[r][t]);
+          }
+        }
+      }
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < k; i += kGemvThreads) {
+      float wv[R], wv2[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        wv[r] = to_f32(wr[r][i]);
+        wv2[r] = kDual ? to_f32(wr2[r][i]) : 0.0f;
+      }
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const float xv = xr[t][i];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          acc[r][t] = fmaf(wv[r], xv, acc[r][t]);
+          if constexpr (kDual) acc2[r][t] = fmaf(wv2[r], xv, acc2[r][t]);
+        }
+      }
+    }
+  }
+}
+
+// Sums acc (and acc2) over the block; afterwards red[r * NT + t] (and red[R*NT + ...]) hold the
+// totals. red: shared memory of (kDual ? 2 : 1) · R · NT · (kGemvThreads / 32) floats.
+template <int NT, int R, bool kDual>
+__device__ __forceinline__ void gemv_reduce(float (&acc)[R][NT], float (&acc2)[R][NT], float* red) {
+  constexpr int V = R * NT;
+  constexpr int kWarps = kGemvThreads / 32;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const float v = warp_sum(acc[r][t]);
+      if (lane == 0) red[(r * NT + t) * kWarps + warp] = v;
+      if constexpr (kDual) {
+        const float v2 = warp_sum(acc2[r][t]);
+        if (lane == 0) red[(V + r * NT + t) * kWarps + warp] = v2;
+      }
+    }
+  }
+  __syncthreads();
+  constexpr int kTotal = (kDual ? 2 : 1) * V;
+  float sum = 0.0f;
+  if (threadIdx.x < kTotal) {
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) sum += red[threadIdx.x * kWarps + w];
+  }
+  __syncthreads();
+  if (threadIdx.x < kTotal) red[threadIdx.x] = sum;
+  __syncthreads();
+}
+
+}  // namespace recur::cuda

@@ -1,0 +1,535 @@
+// Attention over the paged cache, with the CPU's layouts: k_cache [blocks, kv_heads, hd,
+// block_size] (keys transposed within a block, so 32 consecutive positions are one coalesced
+// row read per key channel) and v_cache [blocks, kv_heads, block_size, hd].
+//
+// One block per (token, kv head, context split) handles the kv head's whole group of query
+// heads, so the cache is read once per token. The main kernel gives each warp its own chunks
+// of 32 positions, a lane per position for the scores and a lane per channel for the values,
+// with a warp-private online softmax and no block-wide barrier in the loop; the warps' partial
+// results merge at the end. When the batch alone gives too few blocks to fill the GPU (decode),
+// the context is split (flash-decoding) and a second kernel merges the splits. Groups too large
+// for the warp kernel's registers (group · ⌈hd/32⌉ > 64) use a block-wide tiled kernel.
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cuda/cuda_internal.cuh"
+
+namespace recur {
+
+using namespace cuda;
+
+namespace {
+
+constexpr int kAttnThreads = 128;
+constexpr int kAttnWarps = kAttnThreads / 32;
+constexpr int kTileP = 32;               // positions per tile: one per lane in the softmax
+constexpr int kMinSplitPositions = 128;  // one round of the warps' 32-position chunks
+
+struct AttnArgs {
+  const float* q;  // [n, heads, hd]
+  int64_t q_s0, q_s1;
+  const float* kc;  // [blocks, kv_heads, hd, bs]
+  int64_t kc_s0, kc_s1, kc_s2;
+  const float* vc;  // [blocks, kv_heads, bs, hd]
+  int64_t vc_s0, vc_s1, vc_s2;
+  float* out;  // [n, heads, hd]
+  int64_t o_s0, o_s1;
+  float* part_o;   // [n, heads, n_splits, hd] unnormalised sums (n_splits > 1)
+  float* part_ml;  // [n, heads, n_splits, 2] running max and denominator
+  const int32_t *seq_start, *positions, *block_start, *block_ids;
+  int n_seqs, heads, group, hd, bs, split_len, n_splits;
+  float scale;
+};
+
+// x [n, kv_heads, hd] → the cache at each token's position; grid (n, kv_heads)
+__global__ void kv_cache_write_kernel(const float* k, int64_t k_s0, int64_t k_s1, const float* v,
+                                      int64_t v_s0, int64_t v_s1, float* kc, int64_t kc_s0,
+                                      int64_t kc_s1, int64_t kc_s2, float* vc, int64_t vc_s0,
+                                      int64_t vc_s1, int64_t vc_s2, int hd, int bs,
+                                      const int32_t* seq_start, int n_seqs,
+                                      const int32_t* positions, const int32_t* block_start,
+                                      const int32_t* block_ids) {
+  const int t = blockIdx.x, h = blockIdx.y;
+  const int s = seq_of_token(seq_start, n_seqs, t);
+  const int pos = positions[t];
+  const int64_t block = block_ids[block_start[s] + pos / bs], off = pos % bs;
+  float* kd = kc + block * kc_s0 + h * kc_s1 + off;
+  float* vd = vc + block * vc_s0 + h * vc_s1 + off * vc_s2;
+  const float* ks = k + int64_t(t) * k_s0 + h * k_s1;
+  const float* vs = v + int64_t(t) * v_s0 + h * v_s1;
+  for (int j = threadIdx.x; j < hd; j += blockDim.x) {
+    kd[j * kc_s2] = ks[j];
+    vd[j] = vs[j];
+  }
+}
+
+size_t attn_smem_bytes(int group, int hd) {
+  return sizeof(float) * (size_t(group) * hd + 2 * size_t(kTileP) * hd + size_t(group) * kTileP +
+                          3 * size_t(group));
+}
+
+// The tiled kernel, for groups too large for the warp kernel: the block walks the split in
+// tiles of ≤ 32 positions within one cache block (scores, softmax and values each a block-wide
+// step). grid (n_tokens, kv_heads, n_splits). Thread outputs: e = tid + i·kAttnThreads over
+// the group's [group, hd] accumulator (MAXO of them per thread).
+template <int MAXO>
+__global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(AttnArgs a) {
+  extern __shared__ float sm[];
+  const int group = a.group, hd = a.hd;
+  float* Qs = sm;                       // [group][hd]
+  float* Ks = Qs + group * hd;          // [hd][kTileP]
+  float* Vs = Ks + hd * kTileP;         // [kTileP][hd]
+  float* P = Vs + kTileP * hd;          // [group][kTileP]
+  float* row_max = P + group * kTileP;  // [group]
+  float* row_sum = row_max + group;     // [group]
+  float* corr = row_sum + group;        // [group]
+  const int t = blockIdx.x, kvh = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x;
+  const int lane = tid % 32, warp = tid / 32;
+  const int seq = seq_of_token(a.seq_start, a.n_seqs, t);
+  const int n_ctx = a.positions[t] + 1;
+  const int p_begin = sp * a.split_len, p_end = min(n_ctx, p_begin + a.split_len);
+  for (int e = tid; e < group * hd; e += kAttnThreads) {
+    const int g = e / hd, d = e % hd;
+    Qs[e] = a.q[int64_t(t) * a.q_s0 + int64_t(kvh * group + g) * a.q_s1 + d];
+  }
+  if (tid < group) {
+    row_max[tid] = -INFINITY;
+    row_sum[tid] = 0.0f;
+  }
+  float acc[MAXO];
+#pragma unroll
+  for (int i = 0; i < MAXO; ++i) acc[i] = 0.0f;
+  __syncthreads();
+  for (int p = p_begin; p < p_end;) {
+    const int off = p % a.bs;
+    const int len = min(min(kTileP, a.bs - off), p_end - p);
+    const int64_t block = a.block_ids[a.block_start[seq] + p / a.bs];
+    const float* kb = a.kc + block * a.kc_s0 + kvh * a.kc_s1 + off;
+    const float* vb = a.vc + block * a.vc_s0 + kvh * a.vc_s1 + off * a.vc_s2;
+    for (int e = tid; e < hd * len; e += kAttnThreads) {
+      const int d = e / len, pp = e % len;
+      Ks[d * kTileP + pp] = kb[d * a.kc_s2 + pp];
+    }
+    for (int e = tid; e < len * hd; e += kAttnThreads) {
+      const int pp = e / hd, d = e % hd;
+      Vs[pp * hd + d] = vb[pp * a.vc_s2 + d];
+    }
+    __syncthreads();
+    for (int e = tid; e < group * len; e += kAttnThreads) {
+      const int g = e / len, pp = e % len;
+      float sc = 0.0f;
+      for (int d = 0; d < hd; ++d) sc += Qs[g * hd + d] * Ks[d * kTileP + pp];
+      P[g * kTileP + pp] = sc * a.scale;
+    }
+    __syncthreads();
+    // Online softmax, a warp per query head, a lane per position.
+    for (int g = warp; g < group; g += kAttnThreads / 32) {
+      const float sc = lane < len ? P[g * kTileP + lane] : -INFINITY;
+      const float m_old = row_max[g];
+      const float m_new = fmaxf(m_old, warp_max(sc));
+      const float e = lane < len ? expf(sc - m_new) : 0.0f;
+      const float sum = warp_sum(e);
+      P[g * kTileP + lane] = e;
+      if (lane == 0) {
+        const float c = expf(m_old - m_new);  // 0 on the first tile
+        corr[g] = c;
+        row_sum[g] = row_sum[g] * c + sum;
+        row_max[g] = m_new;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < MAXO; ++i) {
+      const int e = tid + i * kAttnThreads;
+      if (e < group * hd) {
+        const int g = e / hd, d = e % hd;
+        float v = acc[i] * corr[g];
+        for (int pp = 0; pp < len; ++pp) v += P[g * kTileP + pp] * Vs[pp * hd + d];
+        acc[i] = v;
+      }
+    }
+    __syncthreads();  // the next tile overwrites Ks, Vs and P
+    p += len;
+  }
+#pragma unroll
+  for (int i = 0; i < MAXO; ++i) {
+    const int e = tid + i * kAttnThreads;
+    if (e < group * hd) {
+      const int g = e / hd, d = e % hd, h = kvh * group + g;
+      if (a.n_splits == 1) {
+        a.out[int64_t(t) * a.o_s0 + int64_t(h) * a.o_s1 + d] = acc[i] / row_sum[g];
+      } else {
+        const int64_t slot = (int64_t(t) * a.heads + h) * a.n_splits + sp;
+        a.part_o[slot * hd + d] = acc[i];
+        if (d == 0) {
+          a.part_ml[slot * 2] = row_max[g];
+          a.part_ml[slot * 2 + 1] = row_sum[g];
+        }
+      }
+    }
+  }
+}
+
+size_t warp_attn_smem_bytes(int group, int hd) {
+  return sizeof(float) * (size_t(group) * hd * (1 + kAttnWarps) + 2 * kAttnWarps * size_t(group));
+}
+
+// Writes a (token, head) result: the normalised output, or the split's partial sums.
+__device__ __forceinline__ void store_result(const AttnArgs& a, int t, int h, int sp, int d,
+                                             float o, float m, float l) {
+  if (a.n_splits == 1) {
+    a.out[int64_t(t) * a.o_s0 + int64_t(h) * a.o_s1 + d] = o / l;
+  } else {
+    const int64_t slot = (int64_t(t) * a.heads + h) * a.n_splits + sp;
+    a.part_o[slot * a.hd + d] = o;
+    if (d == 0) {
+      a.part_ml[slot * 2] = m;
+      a.part_ml[slot * 2 + 1] = l;
+    }
+  }
+}
+
+// grid (n_tokens, kv_heads, n_splits), kAttnThreads. Warp w takes the 32-position chunks
+// w, w + kAttnWarps, ... of the split. Scores: lane = position, s[g] = q_g · k_p over the
+// channels; values: lane owns channels lane + 32·i (i < DPL), acc[g][i] += p_g(j) · v_j.
+// group ≤ GMAX, hd ≤ 32·DPL.
+template <int GMAX, int DPL>
+__global__ void __launch_bounds__(kAttnThreads) paged_attention_warps_kernel(AttnArgs a) {
+  extern __shared__ float sm[];
+  const int group = a.group, hd = a.hd;
+  float* Qs = sm;                                   // [group][hd]
+  float* part = Qs + group * hd;                    // [warps][group][hd]
+  float* part_ml = part + kAttnWarps * group * hd;  // [warps][group][2]
+  const int t = blockIdx.x, kvh = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x;
+  const int lane = tid % 32, warp = tid / 32;
+  const int seq = seq_of_token(a.seq_start, a.n_seqs, t);
+  const int n_ctx = a.positions[t] + 1;
+  const int p_begin = sp * a.split_len, p_end = min(n_ctx, p_begin + a.split_len);
+  for (int e = tid; e < group * hd; e += kAttnThreads) {
+    const int g = e / hd, d = e % hd;
+    Qs[e] = a.q[int64_t(t) * a.q_s0 + int64_t(kvh * group + g) * a.q_s1 + d];
+  }
+  __syncthreads();
+  const int32_t* table = a.block_ids + a.block_start[seq];
+  float m[GMAX], l[GMAX], acc[GMAX][DPL];
+#pragma unroll
+  for (int g = 0; g < GMAX; ++g) {
+    m[g] = -INFINITY, l[g] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) acc[g][i] = 0.0f;
+  }
+  const bool vec_q = hd % 4 == 0;
+  for (int c0 = p_begin + warp * 32; c0 < p_end; c0 += kAttnWarps * 32) {
+    const int p = c0 + lane;
+    const bool valid = p < p_end;
+    const int pc = valid ? p : c0;  // invalid lanes read a valid position and discard it
+    const int64_t block = table[pc / a.bs];
+    const float* kcol = a.kc + block * a.kc_s0 + kvh * a.kc_s1 + pc % a.bs;
+    const float* vrow = a.vc + block * a.vc_s0 + kvh * a.vc_s1 + (pc % a.bs) * a.vc_s2;
+    float s[GMAX];
+#pragma unroll
+    for (int g = 0; g < GMAX; ++g) s[g] = 0.0f;
+    int d = 0;
+    if (vec_q) {
+#pragma unroll 4
+      for (; d + 4 <= hd; d += 4) {
+        float kv[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) kv[u] = kcol[(d + u) * a.kc_s2];
+#pragma unroll
+        for (int g = 0; g < GMAX; ++g) {
+          if (g < group) {
+            const float4 q4 = *reinterpret_cast<const float4*>(Qs + g * hd + d);
+            s[g] += q4.x * kv[0] + q4.y * kv[1] + q4.z * kv[2] + q4.w * kv[3];
+          }
+        }
+      }
+    }
+    for (; d < hd; ++d) {
+      const float kv = kcol[d * a.kc_s2];
+#pragma unroll
+      for (int g = 0; g < GMAX; ++g) {
+        if (g < group) s[g] += Qs[g * hd + d] * kv;
+      }
+    }
+    // Online softmax over this chunk, per query head (values uniform across the warp).
+#pragma unroll
+    for (int g = 0; g < GMAX; ++g) {
+      if (g < group) {
+        const float sc = valid ? s[g] * a.scale : -INFINITY;
+        const float m_new = fmaxf(m[g], warp_max(sc));
+        const float corr = expf(m[g] - m_new);  // 0 on the first chunk
+        const float e = valid ? expf(sc - m_new) : 0.0f;
+        l[g] = l[g] * corr + warp_sum(e);
+        m[g] = m_new;
+        s[g] = e;
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) acc[g][i] *= corr;
+      }
+    }
+    const int n_valid = min(32, p_end - c0);
+    const unsigned long long vaddr = reinterpret_cast<unsigned long long>(vrow);
+#pragma unroll 4
+    for (int j = 0; j < n_valid; ++j) {
+      const float* vj = reinterpret_cast<const float*>(__shfl_sync(0xffffffffu, vaddr, j));
+      float v[DPL];
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) {
+        const int dd = lane + 32 * i;
+        v[i] = dd < hd ? vj[dd] : 0.0f;
+      }
+#pragma unroll
+      for (int g = 0; g < GMAX; ++g) {
+        if (g < group) {
+          const float pg = __shfl_sync(0xffffffffu, s[g], j);
+#pragma unroll
+          for (int i = 0; i < DPL; ++i) acc[g][i] += pg * v[i];
+        }
+      }
+    }
+  }
+  // Merge the warps' partial softmax sums.
+#pragma unroll
+  for (int g = 0; g < GMAX; ++g) {
+    if (g < group) {
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) {
+        const int dd = lane + 32 * i;
+        if (dd < hd) part[(warp * group + g) * hd + dd] = acc[g][i];
+      }
+      if (lane == 0) {
+        part_ml[(warp * group + g) * 2] = m[g];
+        part_ml[(warp * group + g) * 2 + 1] = l[g];
+      }
+    }
+  }
+  __syncthreads();
+  for (int e = tid; e < group * hd; e += kAttnThreads) {
+    const int g = e / hd, dd = e % hd;
+    float mx = -INFINITY;
+    for (int w = 0; w < kAttnWarps; ++w) mx = fmaxf(mx, part_ml[(w * group + g) * 2]);
+    float o = 0.0f, den = 0.0f;
+    if (mx != -INFINITY) {  // an empty split has nothing to merge
+      for (int w = 0; w < kAttnWarps; ++w) {
+        const float mw = part_ml[(w * group + g) * 2];
+        if (mw == -INFINITY) continue;
+        const float f = expf(mw - mx);
+        den += part_ml[(w * group + g) * 2 + 1] * f;
+        o += part[(w * group + g) * hd + dd] * f;
+      }
+    }
+    store_result(a, t, kvh * group + g, sp, dd, o, mx, den);
+  }
+}
+
+template <int GMAX, int DPL>
+void launch_warps(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
+  paged_attention_warps_kernel<GMAX, DPL>
+      <<<grid, kAttnThreads, warp_attn_smem_bytes(a.group, a.hd), stream>>>(a);
+}
+
+template <int DPL>
+bool launch_warps_dpl(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
+  if (a.group <= 1) {
+    launch_warps<1, DPL>(a, grid, stream);
+  } else if (a.group <= 2) {
+    launch_warps<2, DPL>(a, grid, stream);
+  } else if (a.group <= 4) {
+    launch_warps<4, DPL>(a, grid, stream);
+  } else if (a.group <= 8) {
+    launch_warps<8, DPL>(a, grid, stream);
+  } else if (a.group <= 16 && DPL <= 4) {
+    launch_warps<16, (DPL <= 4 ? DPL : 4)>(a, grid, stream);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// The warp kernel when its registers allow (group · ⌈hd/32⌉ ≤ 64); false otherwise.
+bool launch_attention_warps(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
+  const int dpl = (a.hd + 31) / 32;
+  if (dpl <= 1) return launch_warps_dpl<1>(a, grid, stream);
+  if (dpl <= 2) return launch_warps_dpl<2>(a, grid, stream);
+  if (dpl <= 4) return launch_warps_dpl<4>(a, grid, stream);
+  if (dpl <= 8) return launch_warps_dpl<8>(a, grid, stream);
+  return false;
+}
+
+constexpr int kCombineThreads = 256;
+
+// Merges the splits of each (token, head): grid (n_tokens, heads). Warp w sums the splits
+// w, w + 8, ... (lane = channel lane + 32·i), weighting each by e^(m_s − M); the warps' sums
+// then add up in shared memory.
+__global__ void __launch_bounds__(kCombineThreads) attention_combine_kernel(AttnArgs a) {
+  extern __shared__ float sh[];  // weight [n_splits rounded up to 4], then [warps][hd]
+  constexpr int kWarps = kCombineThreads / 32;
+  __shared__ float red[kWarps];
+  const int t = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
+  const int lane = tid % 32, warp = tid / 32;
+  float* weight = sh;
+  float* sums = sh + (a.n_splits + 3) / 4 * 4;
+  const int64_t first = (int64_t(t) * a.heads + h) * a.n_splits;
+  float m = -INFINITY;
+  for (int sp = tid; sp < a.n_splits; sp += kCombineThreads) {
+    m = fmaxf(m, a.part_ml[(first + sp) * 2]);
+  }
+  m = warp_max(m);
+  if (lane == 0) red[warp] = m;
+  __syncthreads();
+  m = red[0];
+  for (int w = 1; w < kWarps; ++w) m = fmaxf(m, red[w]);
+  __syncthreads();
+  float den = 0.0f;
+  for (int sp = tid; sp < a.n_splits; sp += kCombineThreads) {
+    const float ms = a.part_ml[(first + sp) * 2];
+    const float f = ms == -INFINITY ? 0.0f : expf(ms - m);  // empty splits weigh nothing
+    weight[sp] = f;
+    den += a.part_ml[(first + sp) * 2 + 1] * f;
+  }
+  den = warp_sum(den);
+  if (lane == 0) red[warp] = den;
+  __syncthreads();
+  den = 0.0f;
+  for (int w = 0; w < kWarps; ++w) den += red[w];
+  for (int d0 = 0; d0 < a.hd; d0 += 32 * 8) {  // up to 8 channels per lane at a time
+    float o[8] = {};
+#pragma unroll 2
+    for (int sp = warp; sp < a.n_splits; sp += kWarps) {
+      const float* po = a.part_o + (first + sp) * a.hd;
+      const float f = weight[sp];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int d = d0 + lane + 32 * i;
+        if (d < a.hd) o[i] += po[d] * f;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int d = d0 + lane + 32 * i;
+      if (d < a.hd) sums[warp * a.hd + d] = o[i];
+    }
+  }
+  __syncthreads();
+  const float inv = 1.0f / den;
+  for (int d = tid; d < a.hd; d += kCombineThreads) {
+    float o = 0.0f;
+    for (int w = 0; w < kWarps; ++w) o += sums[w * a.hd + d];
+    a.out[int64_t(t) * a.o_s0 + int64_t(h) * a.o_s1 + d] = o * inv;
+  }
+}
+
+template <int MAXO>
+void launch_attention(const AttnArgs& a, dim3 grid, size_t smem, size_t max_smem,
+                      cudaStream_t stream) {
+  static size_t opted_in = 48 << 10;
+  if (smem > opted_in) {
+    if (smem > max_smem) fatal("paged_attention: query group × head dim too large");
+    RECUR_CUDA_CHECK(cudaFuncSetAttribute(
+        paged_attention_kernel<MAXO>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(max_smem)));
+    opted_in = max_smem;
+  }
+  paged_attention_kernel<MAXO><<<grid, kAttnThreads, smem, stream>>>(a);
+}
+
+void launch_attention_tiled(const AttnArgs& a, dim3 grid, size_t max_smem, cudaStream_t stream) {
+  const size_t smem = attn_smem_bytes(a.group, a.hd);
+  const int64_t per_thread = (int64_t(a.group) * a.hd + kAttnThreads - 1) / kAttnThreads;
+  if (per_thread <= 1) {
+    launch_attention<1>(a, grid, smem, max_smem, stream);
+  } else if (per_thread <= 4) {
+    launch_attention<4>(a, grid, smem, max_smem, stream);
+  } else if (per_thread <= 16) {
+    launch_attention<16>(a, grid, smem, max_smem, stream);
+  } else {
+    RECUR_CHECK(per_thread <= 64);  // group · hd ≤ 8192, as on the CPU
+    launch_attention<64>(a, grid, smem, max_smem, stream);
+  }
+}
+
+}  // namespace
+
+void CudaOps::kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, Tensor v_cache,
+                             const SeqLayout& layout) {
+  const int64_t kv_heads = k.shape[1], hd = k.shape[2];
+  RECUR_CHECK(k_cache.shape[1] == kv_heads && k_cache.shape[2] == hd &&
+              k_cache.shape[3] == layout.block_size && v_cache.shape[2] == layout.block_size);
+  RECUR_CHECK(k.stride[2] == 1 && v.stride[2] == 1 && k_cache.stride[3] == 1 &&
+              v_cache.stride[3] == 1);
+  for (int s = 0; s < layout.n_seqs; ++s) {
+    RECUR_CHECK(layout.seq_len(s) == 0 ||
+                (layout.positions[layout.seq_start[s + 1] - 1] / layout.block_size) <
+                    layout.block_start[s + 1] - layout.block_start[s]);
+  }
+  if (layout.n_tokens == 0) return;
+  Impl& s = *impl_;
+  const DevLayout dl = s.layout(layout, true);
+  kv_cache_write_kernel<<<dim3(unsigned(layout.n_tokens), unsigned(kv_heads)),
+                          unsigned(std::min<int64_t>(hd, 256)), 0, s.stream>>>(
+      k.ptr<float>(), k.stride[0], k.stride[1], v.ptr<float>(), v.stride[0], v.stride[1],
+      k_cache.ptr<float>(), k_cache.stride[0], k_cache.stride[1], k_cache.stride[2],
+      v_cache.ptr<float>(), v_cache.stride[0], v_cache.stride[1], v_cache.stride[2], int(hd),
+      layout.block_size, dl.seq_start, layout.n_seqs, dl.positions, dl.block_start, dl.block_ids);
+  s.launched("kv_cache_write");
+}
+
+void CudaOps::paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                              const SeqLayout& layout, float scale, Tensor out) {
+  const int64_t heads = q.shape[1], hd = q.shape[2], kv_heads = k_cache.shape[1];
+  RECUR_CHECK(heads % kv_heads == 0 && q.stride[2] == 1 && out.stride[2] == 1);
+  RECUR_CHECK(k_cache.stride[3] == 1 && v_cache.stride[3] == 1 && k_cache.shape[2] == hd);
+  const int n = layout.n_tokens;
+  if (n == 0) return;
+  Impl& s = *impl_;
+  const int group = int(heads / kv_heads);
+  int max_ctx = 1;
+  for (int t = 0; t < n; ++t) max_ctx = std::max(max_ctx, layout.positions[t] + 1);
+  // Split the context only as far as needed to give every SM a couple of blocks.
+  const int64_t base_blocks = int64_t(n) * kv_heads;
+  const int64_t want = std::max<int64_t>(1, (4 * s.sm_count + base_blocks - 1) / base_blocks);
+  const int split_len = int(std::max<int64_t>((max_ctx + want - 1) / want, kMinSplitPositions));
+  const int n_splits = (max_ctx + split_len - 1) / split_len;
+
+  const DevLayout dl = s.layout(layout, true);
+  AttnArgs a{};
+  a.q = q.ptr<float>(), a.q_s0 = q.stride[0], a.q_s1 = q.stride[1];
+  a.kc = k_cache.ptr<float>();
+  a.kc_s0 = k_cache.stride[0], a.kc_s1 = k_cache.stride[1], a.kc_s2 = k_cache.stride[2];
+  a.vc = v_cache.ptr<float>();
+  a.vc_s0 = v_cache.stride[0], a.vc_s1 = v_cache.stride[1], a.vc_s2 = v_cache.stride[2];
+  a.out = out.ptr<float>(), a.o_s0 = out.stride[0], a.o_s1 = out.stride[1];
+  a.seq_start = dl.seq_start, a.positions = dl.positions;
+  a.block_start = dl.block_start, a.block_ids = dl.block_ids;
+  a.n_seqs = layout.n_seqs, a.heads = int(heads), a.group = group, a.hd = int(hd);
+  a.bs = layout.block_size, a.split_len = split_len, a.n_splits = n_splits, a.scale = scale;
+  if (n_splits > 1) {
+    const size_t slots = size_t(n) * size_t(heads) * size_t(n_splits);
+    float* p = static_cast<float*>(
+        s.grow(s.attn_partial, slots * (size_t(hd) + 2) * sizeof(float), "attention splits"));
+    a.part_o = p;
+    a.part_ml = p + slots * size_t(hd);
+  }
+  const dim3 grid{unsigned(n), unsigned(kv_heads), unsigned(n_splits)};
+  if (launch_attention_warps(a, grid, s.stream)) {
+    s.launched("paged_attention");
+  } else {
+    launch_attention_tiled(a, grid, s.max_smem_optin, s.stream);
+    s.launched("paged_attention (tiled)");
+  }
+  if (n_splits > 1) {
+    const size_t smem = sizeof(float) * (size_t(n_splits + 3) / 4 * 4 + 8 * size_t(hd));
+    if (smem > s.max_smem_optin) cuda::fatal("paged_attention: too many context splits");
+    static size_t combine_opted_in = 48 << 10;
+    if (smem > combine_opted_in) {
+      RECUR_CUDA_CHECK(cudaFuncSetAttribute(attention_combine_kernel,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            int(s.max_smem_optin)));
+      combine_opted_in = s.max_smem_optin;
+    }
+    attention_combine_kernel<<<dim3(unsigned(n), unsigned(heads)), kCombineThreads, smem,
+                               s.stream>>>(a);
+    s.launched("paged_attention (combine)");
+  }
+}
+
+}  // namespace recur

@@ -1,0 +1,314 @@
+// Row-wise and elementwise kernels: embedding, row gathers, the norms, group splits, rotary
+// embedding, the SwiGLU/sigmoid elementwise ops and the Gated DeltaNet gates. Each mirrors the
+// CPU kernel in cpu_ops.cpp (same formulas, f32 arithmetic, expf rather than fast exp).
+#include <algorithm>
+
+#include "backend/cuda/cuda_internal.cuh"
+
+namespace recur {
+
+using namespace cuda;
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxSplitParts = 8;
+
+// out[n, d] = f32(table[ids[i], :]);  table [vocab, d] as stored
+template <typename W>
+__global__ void embedding_kernel(const int32_t* ids, const W* table, int64_t d, float* out,
+                                 int64_t ldo) {
+  const int64_t i = blockIdx.x;
+  const W* src = table + int64_t(ids[i]) * d;
+  float* dst = out + i * ldo;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) dst[j] = to_f32(src[j]);
+}
+
+// out[n, d] = x[rows[i], :]
+__global__ void gather_rows_kernel(const float* x, int64_t ldx, const int32_t* rows, int64_t d,
+                                   float* out, int64_t ldo) {
+  const int64_t i = blockIdx.x;
+  const float* src = x + int64_t(rows[i]) * ldx;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) out[i * ldo + j] = src[j];
+}
+
+// One warp per row of x [rows, d]: out = x · rsqrt(mean(x²) + eps) · (w + offset), optionally
+// · silu(gate). Each lane rewrites only what it read, so out may alias x.
+template <typename W, bool kGated>
+__global__ void rms_norm_kernel(Rows x, Rows gate, Rows out, const W* w, float offset, float eps) {
+  const int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (r >= x.n_rows) return;
+  const int lane = threadIdx.x % 32;
+  const float* xr = x.row(r);
+  float ss = 0.0f;
+  for (int64_t j = lane; j < x.d; j += 32) ss += xr[j] * xr[j];
+  ss = warp_sum(ss);
+  const float inv = 1.0f / sqrtf(ss / float(x.d) + eps);
+  float* orow = out.row(r);
+  if constexpr (kGated) {
+    const float* gr = gate.row(r);
+    for (int64_t j = lane; j < x.d; j += 32) orow[j] = xr[j] * inv * to_f32(w[j]) * silu(gr[j]);
+  } else {
+    for (int64_t j = lane; j < x.d; j += 32) orow[j] = xr[j] * inv * (to_f32(w[j]) + offset);
+  }
+}
+
+// In place, one warp per row of x [rows, d]: x = x · scale / sqrt(Σx² + eps)
+__global__ void l2_norm_kernel(Rows x, float eps, float scale) {
+  const int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (r >= x.n_rows) return;
+  const int lane = threadIdx.x % 32;
+  float* xr = x.row(r);
+  float ss = 0.0f;
+  for (int64_t j = lane; j < x.d; j += 32) ss += xr[j] * xr[j];
+  ss = warp_sum(ss);
+  const float f = scale / sqrtf(ss + eps);
+  for (int64_t j = lane; j < x.d; j += 32) xr[j] *= f;
+}
+
+struct SplitArgs {
+  int n_parts;
+  int width;  // sum of parts
+  int part[kMaxSplitParts];
+  int part_start[kMaxSplitParts];  // column of part j within a group
+  float* dst[kMaxSplitParts];
+  int64_t ld_dst[kMaxSplitParts];
+};
+
+// src [n, groups · width] → dst[j] [n, groups · part[j]]; grid (n, groups)
+__global__ void split_groups_kernel(const float* src, int64_t ld_src, SplitArgs a) {
+  const int64_t t = blockIdx.x;
+  const int g = blockIdx.y;
+  const float* s = src + t * ld_src + int64_t(g) * a.width;
+  for (int c = threadIdx.x; c < a.width; c += blockDim.x) {
+    int j = 0;
+    while (j + 1 < a.n_parts && c >= a.part_start[j + 1]) ++j;
+    a.dst[j][t * a.ld_dst[j] + int64_t(g) * a.part[j] + (c - a.part_start[j])] = s[c];
+  }
+}
+
+// x [n, heads, head_dim], in place on the first rot_dim channels of each head; one block per
+// token. Angles in double, as on the CPU: positions reach millions, where f32 loses the phase.
+__global__ void rope_kernel(float* x, int64_t s0, int64_t s1, int64_t heads,
+                            const int32_t* positions, int rot_dim, double theta) {
+  extern __shared__ float cs[];  // cos [half], sin [half]
+  const int half = rot_dim / 2;
+  const int64_t t = blockIdx.x;
+  const double pos = double(positions[t]);
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    const double angle = pos * pow(theta, -2.0 * i / rot_dim);
+    cs[i] = float(cos(angle));
+    cs[half + i] = float(sin(angle));
+  }
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < heads * half; e += blockDim.x) {
+    const int64_t h = e / half;
+    const int i = int(e % half);
+    float* xr = x + t * s0 + h * s1;
+    const float a = xr[i], b = xr[i + half];
+    xr[i] = a * cs[i] - b * cs[half + i];
+    xr[i + half] = b * cs[i] + a * cs[half + i];
+  }
+}
+
+enum class Elementwise { kSwiglu, kMulSigmoid, kAdd, kAddScaledSigmoid };
+
+// Elementwise over rows [n, d]: a is the output (and first input except for SwiGLU).
+//   kSwiglu: a = silu(b)·c;  kMulSigmoid: a ·= σ(b);  kAdd: a += b;  kAddScaledSigmoid: a +=
+//   σ(s[r])·b
+template <Elementwise kOp>
+__global__ void elementwise_kernel(Rows a, Rows b, Rows c, const float* s, int64_t lds) {
+  const int64_t total = a.n_rows * a.d;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = e / a.d, j = e % a.d;
+    float* ar = a.row(r);
+    const float bv = b.row(r)[j];
+    if constexpr (kOp == Elementwise::kSwiglu) {
+      ar[j] = silu(bv) * c.row(r)[j];
+    } else if constexpr (kOp == Elementwise::kMulSigmoid) {
+      ar[j] *= sigmoid(bv);
+    } else if constexpr (kOp == Elementwise::kAdd) {
+      ar[j] += bv;
+    } else {
+      ar[j] += sigmoid(s[r * lds]) * bv;
+    }
+  }
+}
+
+// g = -exp(a_log) · softplus(a + dt_bias), beta = σ(b);  a, b, g, beta [n, Hv]
+template <typename W>
+__global__ void gdn_gates_kernel(const float* a, int64_t lda, const float* b, int64_t ldb,
+                                 const W* a_log, const W* dt_bias, float* g, int64_t ldg,
+                                 float* beta, int64_t ldbeta, int64_t n, int64_t hv) {
+  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= n * hv) return;
+  const int64_t t = e / hv, h = e % hv;
+  g[t * ldg + h] = -expf(to_f32(a_log[h])) * softplus(a[t * lda + h] + to_f32(dt_bias[h]));
+  beta[t * ldbeta + h] = sigmoid(b[t * ldb + h]);
+}
+
+unsigned elementwise_blocks(int64_t total, int sms) {
+  return unsigned(std::min<int64_t>(blocks_for(total, kThreads), int64_t(sms) * 16));
+}
+
+}  // namespace
+
+void CudaOps::embedding(const int32_t* ids, int n, const Tensor& table, Tensor out) {
+  if (n == 0) return;
+  const int64_t d = table.shape[1];
+  RECUR_CHECK(out.shape[0] == n && out.shape[1] == d && out.stride[1] == 1 &&
+              table.is_contiguous());
+  for (int i = 0; i < n; ++i) RECUR_CHECK(ids[i] >= 0 && ids[i] < table.shape[0]);
+  Impl& s = *impl_;
+  const int32_t* dids = s.ints(ids, n);
+  dispatch_weight(table.dtype, [&](auto tag) {
+    using W = decltype(tag);
+    embedding_kernel<W>
+        <<<n, kThreads, 0, s.stream>>>(dids, table.ptr<W>(), d, out.ptr<float>(), out.stride[0]);
+  });
+  s.launched("embedding");
+}
+
+void CudaOps::gather_rows(const Tensor& x, const int32_t* rows, int n, Tensor out) {
+  if (n == 0) return;
+  const int64_t d = x.row_size();
+  RECUR_CHECK(out.row_size() == d && x.dtype == DType::F32);
+  for (int i = 0; i < n; ++i) RECUR_CHECK(rows[i] >= 0 && rows[i] < x.shape[0]);
+  Impl& s = *impl_;
+  const int32_t* drows = s.ints(rows, n);
+  gather_rows_kernel<<<n, kThreads, 0, s.stream>>>(x.ptr<float>(), x.stride[0], drows, d,
+                                                   out.ptr<float>(), out.stride[0]);
+  s.launched("gather_rows");
+}
+
+void CudaOps::rms_norm(const Tensor& x, const Tensor& w, float weight_offset, float eps,
+                       Tensor out) {
+  const Rows xs = rows_of(x), os = rows_of(out);
+  RECUR_CHECK(w.numel() == xs.d && os.n_rows == xs.n_rows && os.d == xs.d);
+  if (xs.n_rows == 0) return;
+  Impl& s = *impl_;
+  dispatch_weight(w.dtype, [&](auto tag) {
+    using W = decltype(tag);
+    rms_norm_kernel<W, false><<<blocks_for(xs.n_rows, kThreads / 32), kThreads, 0, s.stream>>>(
+        xs, xs, os, w.ptr<W>(), weight_offset, eps);
+  });
+  s.launched("rms_norm");
+}
+
+void CudaOps::rms_norm_gated(const Tensor& x, const Tensor& gate, const Tensor& w, float eps,
+                             Tensor out) {
+  const Rows xs = rows_of(x), gs = rows_of(gate), os = rows_of(out);
+  RECUR_CHECK(w.numel() == xs.d && gs.n_rows == xs.n_rows && os.n_rows == xs.n_rows);
+  if (xs.n_rows == 0) return;
+  Impl& s = *impl_;
+  dispatch_weight(w.dtype, [&](auto tag) {
+    using W = decltype(tag);
+    rms_norm_kernel<W, true><<<blocks_for(xs.n_rows, kThreads / 32), kThreads, 0, s.stream>>>(
+        xs, gs, os, w.ptr<W>(), 0.0f, eps);
+  });
+  s.launched("rms_norm_gated");
+}
+
+void CudaOps::l2_norm(Tensor x, float eps, float scale) {
+  const Rows xs = rows_of(x);
+  if (xs.n_rows == 0) return;
+  Impl& s = *impl_;
+  l2_norm_kernel<<<blocks_for(xs.n_rows, kThreads / 32), kThreads, 0, s.stream>>>(xs, eps, scale);
+  s.launched("l2_norm");
+}
+
+void CudaOps::split_groups(const Tensor& src, int groups, std::span<const int> parts,
+                           std::span<const Tensor> dsts) {
+  RECUR_CHECK(parts.size() == dsts.size() && parts.size() <= size_t(kMaxSplitParts));
+  SplitArgs a{};
+  a.n_parts = int(parts.size());
+  for (size_t j = 0; j < parts.size(); ++j) {
+    a.part[j] = parts[j];
+    a.part_start[j] = a.width;
+    a.width += parts[j];
+    a.dst[j] = dsts[j].ptr<float>();
+    a.ld_dst[j] = dsts[j].stride[0];
+    RECUR_CHECK(dsts[j].row_size() == int64_t(groups) * parts[j]);
+  }
+  RECUR_CHECK(src.row_size() == int64_t(groups) * a.width);
+  const int64_t n = src.shape[0];
+  if (n == 0) return;
+  Impl& s = *impl_;
+  split_groups_kernel<<<dim3(unsigned(n), unsigned(groups)), 128, 0, s.stream>>>(src.ptr<float>(),
+                                                                                 src.stride[0], a);
+  s.launched("split_groups");
+}
+
+void CudaOps::rope(Tensor x, const int32_t* positions, int rot_dim, double theta) {
+  RECUR_CHECK(x.ndim == 3 && x.stride[2] == 1 && rot_dim % 2 == 0 && rot_dim <= x.shape[2]);
+  const int64_t n = x.shape[0];
+  if (n == 0 || rot_dim == 0) return;
+  Impl& s = *impl_;
+  const int32_t* dpos = s.ints(positions, n);
+  rope_kernel<<<unsigned(n), 128, size_t(rot_dim) * sizeof(float), s.stream>>>(
+      x.ptr<float>(), x.stride[0], x.stride[1], x.shape[1], dpos, rot_dim, theta);
+  s.launched("rope");
+}
+
+void CudaOps::swiglu(const Tensor& gate, const Tensor& up, Tensor out) {
+  const Rows gs = rows_of(gate), us = rows_of(up), os = rows_of(out);
+  RECUR_CHECK(gs.n_rows == os.n_rows && us.n_rows == os.n_rows && gs.d == os.d && us.d == os.d);
+  if (os.n_rows * os.d == 0) return;
+  Impl& s = *impl_;
+  elementwise_kernel<Elementwise::kSwiglu>
+      <<<elementwise_blocks(os.n_rows * os.d, s.sm_count), kThreads, 0, s.stream>>>(os, gs, us,
+                                                                                    nullptr, 0);
+  s.launched("swiglu");
+}
+
+void CudaOps::mul_sigmoid(Tensor x, const Tensor& gate) {
+  const Rows xs = rows_of(x), gs = rows_of(gate);
+  RECUR_CHECK(gs.n_rows == xs.n_rows && gs.d == xs.d);
+  if (xs.n_rows * xs.d == 0) return;
+  Impl& s = *impl_;
+  elementwise_kernel<Elementwise::kMulSigmoid>
+      <<<elementwise_blocks(xs.n_rows * xs.d, s.sm_count), kThreads, 0, s.stream>>>(xs, gs, gs,
+                                                                                    nullptr, 0);
+  s.launched("mul_sigmoid");
+}
+
+void CudaOps::add(Tensor x, const Tensor& y) {
+  const Rows xs = rows_of(x), ys = rows_of(y);
+  RECUR_CHECK(ys.n_rows == xs.n_rows && ys.d == xs.d);
+  if (xs.n_rows * xs.d == 0) return;
+  Impl& s = *impl_;
+  elementwise_kernel<Elementwise::kAdd>
+      <<<elementwise_blocks(xs.n_rows * xs.d, s.sm_count), kThreads, 0, s.stream>>>(xs, ys, ys,
+                                                                                    nullptr, 0);
+  s.launched("add");
+}
+
+void CudaOps::add_scaled_sigmoid(Tensor x, const Tensor& y, const Tensor& sc) {
+  const Rows xs = rows_of(x), ys = rows_of(y);
+  RECUR_CHECK(ys.n_rows == xs.n_rows && ys.d == xs.d && sc.shape[0] == xs.n_rows);
+  if (xs.n_rows * xs.d == 0) return;
+  Impl& s = *impl_;
+  elementwise_kernel<Elementwise::kAddScaledSigmoid>
+      <<<elementwise_blocks(xs.n_rows * xs.d, s.sm_count), kThreads, 0, s.stream>>>(
+          xs, ys, ys, sc.ptr<float>(), sc.stride[0]);
+  s.launched("add_scaled_sigmoid");
+}
+
+void CudaOps::gdn_gates(const Tensor& a, const Tensor& b, const Tensor& a_log,
+                        const Tensor& dt_bias, Tensor g, Tensor beta) {
+  const int64_t n = a.shape[0], hv = a.shape[1];
+  RECUR_CHECK(a_log.numel() == hv && dt_bias.numel() == hv && a_log.dtype == dt_bias.dtype);
+  RECUR_CHECK(a.stride[1] == 1 && b.stride[1] == 1 && g.stride[1] == 1 && beta.stride[1] == 1);
+  if (n * hv == 0) return;
+  Impl& s = *impl_;
+  dispatch_weight(a_log.dtype, [&](auto tag) {
+    using W = decltype(tag);
+    gdn_gates_kernel<W><<<blocks_for(n * hv, kThreads), kThreads, 0, s.stream>>>(
+        a.ptr<float>(), a.stride[0], b.ptr<float>(), b.stride[0], a_log.ptr<W>(), dt_bias.ptr<W>(),
+        g.ptr<float>(), g.stride[0], beta.ptr<float>(), beta.stride[0], n, hv);
+  });
+  s.launched("gdn_gates");
+}
+
+}  // namespace recur

@@ -1,0 +1,142 @@
+// Helpers for testing the CUDA ops against the CPU references: device copies of host tensors,
+// poisoned outputs (every byte 0xFF, a NaN in f32) so unwritten elements fail, a shared CudaOps,
+// ragged batch layouts, and a table of the largest error seen per check, printed at the end.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_ops.h"
+#include "ops/op_test_util.h"
+
+namespace recur::testing {
+
+#define CUDA_TEST_CHECK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+
+// The one CudaOps of the test program (creating one per test would recreate cuBLAS each time).
+inline CudaOps* shared_ops() {
+  static std::unique_ptr<CudaOps> ops = [] {
+    auto r = CudaOps::create(0);
+    if (!r.ok()) {
+      std::fprintf(stderr, "CudaOps::create failed: %s\n", r.error().to_string().c_str());
+      return std::unique_ptr<CudaOps>();
+    }
+    return std::move(r.value());
+  }();
+  return ops.get();
+}
+
+// Largest error seen per named check, printed when the program ends.
+inline std::map<std::string, double>& error_table() {
+  static std::map<std::string, double> t;
+  return t;
+}
+inline void record_error(const std::string& name, double err) {
+  double& e = error_table()[name];
+  e = std::max(e, err);
+}
+class ErrorTablePrinter : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    std::printf("\n%-52s %s\n", "check", "max error");
+    for (const auto& [name, err] : error_table()) std::printf("%-52s %.3g\n", name.c_str(), err);
+  }
+};
+
+// max |a − b| / max(floor, max |b|): error relative to the reference's scale.
+inline double rel_err(const float* a, const float* b, int64_t n, double floor = 1.0) {
+  return max_abs_diff(a, b, n) / std::max(floor, max_abs(b, n));
+}
+
+inline int64_t count_nonfinite(const float* a, int64_t n) {
+  int64_t c = 0;
+  for (int64_t i = 0; i < n; ++i) c += !std::isfinite(a[i]);
+  return c;
+}
+
+// A device buffer holding a copy of a host tensor's bytes, viewed with the same shape.
+struct DeviceTensor {
+  Buffer buf;
+  Tensor t;
+  DeviceTensor() = default;
+  DeviceTensor(CudaOps& ops, const HostTensor& h) {
+    const size_t bytes = h.bytes.size();
+    auto r = ops.allocator().allocate(bytes, "test tensor");
+    EXPECT_TRUE(r.ok());
+    buf = std::move(r.value());
+    EXPECT_EQ(cudaMemcpy(buf.data(), h.bytes.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // pageable copies may return before the DMA
+    t = h.t;
+    t.data = buf.data();
+    t.device = Device::kCuda;
+  }
+  // Every byte 0xFF: f32 NaN, i32 -1.
+  void poison() {
+    EXPECT_EQ(cudaMemset(buf.data(), 0xFF, buf.bytes()), cudaSuccess);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+  // The whole buffer back into a host tensor shaped like `like`.
+  HostTensor download(CudaOps& ops, const HostTensor& like) const {
+    HostTensor h = like;
+    ops.synchronize();
+    EXPECT_EQ(cudaMemcpy(h.bytes.data(), buf.data(), h.bytes.size(), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    return h;
+  }
+};
+
+// Host-side layout of a ragged batch: slots in reverse order of sequences, shuffled blocks.
+struct Layout {
+  std::vector<int32_t> seq_start{0}, slot, positions, block_start{0}, block_ids;
+  SeqLayout l;
+  Layout(const std::vector<int>& lens, const std::vector<int>& first_pos, int block_size,
+         std::mt19937& rng) {
+    int32_t next_block = 0;
+    for (size_t s = 0; s < lens.size(); ++s) {
+      for (int i = 0; i < lens[s]; ++i) positions.push_back(first_pos[s] + i);
+      seq_start.push_back(seq_start.back() + lens[s]);
+      slot.push_back(int32_t(lens.size() - 1 - s));
+      const int n_blocks = (first_pos[s] + lens[s] + block_size - 1) / block_size;
+      for (int b = 0; b < n_blocks; ++b) block_ids.push_back(next_block++);
+      block_start.push_back(int32_t(block_ids.size()));
+    }
+    std::shuffle(block_ids.begin(), block_ids.end(), rng);
+    l.n_seqs = int(lens.size());
+    l.n_tokens = seq_start.back();
+    l.seq_start = seq_start.data();
+    l.slot = slot.data();
+    l.positions = positions.data();
+    l.block_start = block_start.data();
+    l.block_ids = block_ids.data();
+    l.block_size = block_size;
+  }
+  Layout(const Layout&) = delete;
+  int n_blocks() const { return int(block_ids.size()); }
+};
+
+class CudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ops_ = shared_ops();
+    if (!ops_) GTEST_SKIP() << "no usable CUDA device";
+  }
+  CudaOps& ops() { return *ops_; }
+  DeviceTensor dev(const HostTensor& h) { return DeviceTensor(*ops_, h); }
+  DeviceTensor poisoned(const HostTensor& like) {
+    DeviceTensor d(*ops_, like);
+    d.poison();
+    return d;
+  }
+  HostTensor host(const DeviceTensor& d, const HostTensor& like) { return d.download(*ops_, like); }
+  CudaOps* ops_ = nullptr;
+  std::mt19937 rng{2024};
+};
+
+}  // namespace recur::testing

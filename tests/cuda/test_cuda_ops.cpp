@@ -1,0 +1,309 @@
+// Row-wise, elementwise and matmul CUDA ops against the CPU scalar references (or CpuOps where
+// no reference exists), at awkward sizes, with poisoned outputs.
+//
+// Tolerances (error relative to the reference's largest magnitude, floor 1):
+//   f32 arithmetic (GEMV, SGEMM, norms, rope, elementwise)  ≤ 1e-5 (rope 2e-5, as on the CPU)
+//   bf16/f16 tensor-core matmul (activations rounded)       ≤ 1e-2
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/reference.h"
+#include "cuda/cuda_test_util.h"
+
+namespace recur {
+namespace {
+
+using namespace testing;
+
+[[maybe_unused]] auto* const kPrinter = ::testing::AddGlobalTestEnvironment(new ErrorTablePrinter);
+
+class CudaBasic : public CudaTest {};
+
+TEST_F(CudaBasic, AllocatorCountsBuffersAndBytes) {
+  const AllocStats before = ops().allocator().stats();
+  {
+    auto a = ops().allocator().allocate(1000, "a");
+    auto b = ops().allocator().allocate(24, "b");
+    ASSERT_TRUE(a.ok() && b.ok());
+    const AllocStats mid = ops().allocator().stats();
+    EXPECT_EQ(mid.live_buffers, before.live_buffers + 2);
+    EXPECT_EQ(mid.live_bytes, before.live_bytes + 1024);
+    EXPECT_EQ(mid.allocs_total, before.allocs_total + 2);
+    EXPECT_EQ(a.value().device(), Device::kCuda);
+  }
+  const AllocStats after = ops().allocator().stats();
+  EXPECT_EQ(after.live_buffers, before.live_buffers);
+  EXPECT_EQ(after.live_bytes, before.live_bytes);
+}
+
+TEST_F(CudaBasic, AdoptWeightKeepsDtypeAndCopyToHostRoundTrips) {
+  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    HostTensor w(dt, {33, 17});
+    fill_random(w, rng);
+    auto r = ops().adopt_weight(w.t);
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r.value().dtype, dt);
+    EXPECT_EQ(r.value().device, Device::kCuda);
+    HostTensor back = w;
+    std::fill(back.bytes.begin(), back.bytes.end(), 0);
+    ops().copy_to_host(r.value(), back.t.data);
+    EXPECT_EQ(std::memcmp(back.bytes.data(), w.bytes.data(), size_t(w.numel()) * dtype_size(dt)),
+              0);
+  }
+  HostTensor z(DType::F32, {5, 7});
+  fill_random(z, rng);
+  DeviceTensor dz = dev(z);
+  ops().fill_zero(dz.t);
+  HostTensor zh = host(dz, z);
+  EXPECT_EQ(max_abs(zh.f(), z.numel()), 0.0);
+}
+
+// GEMV (n ≤ 8), f32 SGEMM and bf16/f16 tensor cores (n > 8), every dtype, odd sizes.
+TEST_F(CudaBasic, MatmulMatchesReferenceForEveryPathAndDtype) {
+  for (DType wt : {DType::F32, DType::BF16, DType::F16}) {
+    for (int64_t n : {1, 2, 3, 5, 8, 9, 33, 70}) {
+      for (int64_t k : {31, 32, 33, 256}) {
+        for (int64_t m : {1, 17, 33, 100}) {
+          HostTensor x(DType::F32, {n, k}), w(wt, {m, k}), out(DType::F32, {n, m});
+          fill_random(x, rng);
+          fill_random(w, rng, 0.2f);
+          auto dw = ops().adopt_weight(w.t);
+          ASSERT_TRUE(dw.ok());
+          DeviceTensor dx = dev(x), dout = poisoned(out);
+          ops().matmul(dx.t, dw.value(), dout.t, false);
+          HostTensor got = host(dout, out), ref = out;
+          ref::matmul(x.t, w.t, ref.t);
+          ASSERT_EQ(count_nonfinite(got.f(), n * m), 0);
+          const bool lowp = n > CudaOps::kGemvMaxTokens && wt != DType::F32;
+          const double err = rel_err(got.f(), ref.f(), n * m);
+          const std::string path = n <= CudaOps::kGemvMaxTokens ? "gemv"
+                                   : lowp                       ? "tensor cores"
+                                                                : "sgemm";
+          record_error(std::string("matmul ") + path + " " + dtype_name(wt), err);
+          ASSERT_LE(err, lowp ? 1e-2 : 1e-5)
+              << dtype_name(wt) << " n=" << n << " k=" << k << " m=" << m;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaBasic, MatmulAtModelSizes) {
+  for (int64_t n : {1, 4, 8, 64}) {
+    const int64_t k = 2048, m = 1024;
+    HostTensor x(DType::F32, {n, k}), w(DType::BF16, {m, k}), out(DType::F32, {n, m});
+    fill_random(x, rng);
+    fill_random(w, rng, 0.05f);
+    auto dw = ops().adopt_weight(w.t);
+    ASSERT_TRUE(dw.ok());
+    DeviceTensor dx = dev(x), dout = poisoned(out);
+    ops().matmul(dx.t, dw.value(), dout.t);
+    HostTensor got = host(dout, out), ref = out;
+    ref::matmul(x.t, w.t, ref.t);
+    const double err = rel_err(got.f(), ref.f(), n * m);
+    record_error(n <= 8 ? "matmul 2048x1024 gemv BF16" : "matmul 2048x1024 tensor cores BF16", err);
+    EXPECT_LE(err, n <= 8 ? 1e-5 : 1e-2) << "n=" << n;
+  }
+}
+
+// Column slices of wider buffers for x and out, accumulating; the other columns stay intact.
+TEST_F(CudaBasic, MatmulAccumulatesAndHonoursRowStrides) {
+  for (DType wt : {DType::BF16, DType::F32}) {
+    for (int64_t n : {7, 20}) {
+      const int64_t k = 40, m = 9;
+      HostTensor xbig(DType::F32, {n, k + 5}), w(wt, {m, k}), outbig(DType::F32, {n, m + 3}),
+          ref(DType::F32, {n, m});
+      fill_random(xbig, rng);
+      fill_random(w, rng);
+      fill_random(outbig, rng);
+      auto dw = ops().adopt_weight(w.t);
+      ASSERT_TRUE(dw.ok());
+      DeviceTensor dx = dev(xbig), dout = dev(outbig);
+      ops().matmul(dx.t.slice_cols(2, 2 + k), dw.value(), dout.t.slice_cols(1, 1 + m), true);
+      HostTensor got = host(dout, outbig);
+      ref::matmul(xbig.t.slice_cols(2, 2 + k), w.t, ref.t);
+      const bool lowp = n > CudaOps::kGemvMaxTokens && wt != DType::F32;
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t j = 0; j < m + 3; ++j) {
+          const float g = got.f()[t * (m + 3) + j], old = outbig.f()[t * (m + 3) + j];
+          if (j >= 1 && j < 1 + m) {
+            EXPECT_NEAR(g, old + ref.f()[t * m + j - 1], lowp ? 0.1 : 1e-4);
+          } else {
+            EXPECT_EQ(g, old) << "column outside the view was written";
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaBasic, NormsMatchReferenceOnStridedViews) {
+  for (DType wt : {DType::BF16, DType::F32}) {
+    for (int64_t d : {15, 16, 33, 256}) {
+      const int64_t n = 5, heads = 3;
+      // x is a [n, heads, d] view into a wider buffer (like the conv output's head views).
+      HostTensor big(DType::F32, {n, heads * d + 7}), w(wt, {d}), gate(DType::F32, {n, heads, d});
+      fill_random(big, rng);
+      fill_random(w, rng, 0.3f);
+      fill_random(gate, rng);
+      auto view = [&](Tensor t) {
+        t = t.slice_cols(3, 3 + heads * d);
+        t.ndim = 3, t.shape[1] = heads, t.shape[2] = d, t.stride[1] = d, t.stride[2] = 1;
+        return t;
+      };
+      auto dw = ops().adopt_weight(w.t);
+      ASSERT_TRUE(dw.ok());
+      DeviceTensor dbig = dev(big), dgate = dev(gate);
+      HostTensor out(DType::F32, {n, heads, d}), ref = out;
+      DeviceTensor dout = poisoned(out);
+      ops().rms_norm(view(dbig.t), dw.value(), 1.0f, 1e-6f, dout.t);
+      HostTensor got = host(dout, out);
+      ref::rms_norm(view(big.t), w.t, 1.0f, 1e-6f, ref.t);
+      double err = rel_err(got.f(), ref.f(), out.numel());
+      record_error("rms_norm", err);
+      EXPECT_LE(err, 1e-5);
+      dout.poison();
+      ops().rms_norm_gated(view(dbig.t), dgate.t, dw.value(), 1e-6f, dout.t);
+      got = host(dout, out);
+      ref::rms_norm_gated(view(big.t), gate.t, w.t, 1e-6f, ref.t);
+      err = rel_err(got.f(), ref.f(), out.numel());
+      record_error("rms_norm_gated", err);
+      EXPECT_LE(err, 1e-5);
+      // In place, as the model does for q/k norms and the final norm.
+      DeviceTensor inplace = dev(gate);
+      ops().rms_norm(inplace.t, dw.value(), 1.0f, 1e-6f, inplace.t);
+      got = host(inplace, gate);
+      ref::rms_norm(gate.t, w.t, 1.0f, 1e-6f, ref.t);
+      err = rel_err(got.f(), ref.f(), out.numel());
+      record_error("rms_norm in place", err);
+      EXPECT_LE(err, 1e-5);
+      // l2_norm in place on the strided view; the gap columns stay untouched.
+      ops().l2_norm(view(dbig.t), 1e-6f, 0.25f);
+      HostTensor gotbig = host(dbig, big), refbig = big;
+      ref::l2_norm(view(refbig.t), 1e-6f, 0.25f);
+      err = max_abs_diff(gotbig.f(), refbig.f(), big.numel());
+      record_error("l2_norm", err);
+      EXPECT_LE(err, 1e-6);
+    }
+  }
+}
+
+TEST_F(CudaBasic, RopeRotatesOnlyTheRotaryChannels) {
+  const int64_t n = 6, heads = 3, hd = 24;
+  for (int rot : {6, 12, 24}) {
+    HostTensor x(DType::F32, {n, heads, hd});
+    fill_random(x, rng);
+    const int32_t pos[] = {0, 1, 7, 100, 4095, 1000000};
+    DeviceTensor dx = dev(x);
+    ops().rope(dx.t, pos, rot, 10000.0);
+    HostTensor got = host(dx, x), ref = x;
+    ref::rope(ref.t, pos, rot, 10000.0);
+    const double err = max_abs_diff(got.f(), ref.f(), x.numel());
+    record_error("rope", err);
+    EXPECT_LE(err, 2e-5) << "rot=" << rot;
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t j = rot; j < hd; ++j)
+          ASSERT_EQ(got.f()[(t * heads + h) * hd + j], x.f()[(t * heads + h) * hd + j]);
+  }
+}
+
+TEST_F(CudaBasic, SplitGroupsMatchesCpuIntoColumnSlices) {
+  CpuOps cpu(1);
+  const int64_t n = 5;
+  const int groups = 3, parts[] = {4, 4, 6, 6};
+  HostTensor src(DType::F32, {n, groups * 20});
+  fill_random(src, rng);
+  // Like the model: the first three parts land in column slices of one buffer.
+  HostTensor mixed(DType::F32, {n, groups * 14}), z(DType::F32, {n, groups * 6});
+  auto dsts_of = [&](Tensor m, Tensor zt) {
+    return std::vector<Tensor>{m.slice_cols(0, 12), m.slice_cols(12, 24), m.slice_cols(24, 42), zt};
+  };
+  DeviceTensor dsrc = dev(src), dm = poisoned(mixed), dz = poisoned(z);
+  const auto ddsts = dsts_of(dm.t, dz.t);
+  ops().split_groups(dsrc.t, groups, parts, ddsts);
+  HostTensor rm = mixed, rz = z;
+  const auto hdsts = dsts_of(rm.t, rz.t);
+  cpu.split_groups(src.t, groups, parts, hdsts);
+  HostTensor gm = host(dm, mixed), gz = host(dz, z);
+  EXPECT_EQ(max_abs_diff(gm.f(), rm.f(), mixed.numel()), 0.0);
+  EXPECT_EQ(max_abs_diff(gz.f(), rz.f(), z.numel()), 0.0);
+}
+
+TEST_F(CudaBasic, ElementwiseAndGatesMatchCpu) {
+  CpuOps cpu(1);
+  const int64_t n = 7, d = 45, hv = 6;
+  HostTensor gbig(DType::F32, {n, d + 3}), u(DType::F32, {n, d}), out(DType::F32, {n, d});
+  HostTensor x(DType::F32, {n, d}), y(DType::F32, {n, d}), sc(DType::F32, {n, 1});
+  for (HostTensor* h : {&gbig, &u, &x, &y, &sc}) fill_random(*h, rng, 2.0f);
+  DeviceTensor dg = dev(gbig), du = dev(u), dout = poisoned(out), dx = dev(x), dy = dev(y),
+               ds = dev(sc);
+  const Tensor gview = dg.t.slice_cols(3, 3 + d);
+  ops().swiglu(gview, du.t, dout.t);
+  HostTensor ref = out;
+  cpu.swiglu(gbig.t.slice_cols(3, 3 + d), u.t, ref.t);
+  double err = rel_err(host(dout, out).f(), ref.f(), out.numel());
+  record_error("swiglu", err);
+  EXPECT_LE(err, 1e-6);
+
+  HostTensor rx = x;
+  ops().mul_sigmoid(dx.t, gview);
+  cpu.mul_sigmoid(rx.t, gbig.t.slice_cols(3, 3 + d));
+  ops().add(dx.t, dy.t);
+  cpu.add(rx.t, y.t);
+  ops().add_scaled_sigmoid(dx.t, dy.t, ds.t);
+  cpu.add_scaled_sigmoid(rx.t, y.t, sc.t);
+  err = rel_err(host(dx, x).f(), rx.f(), x.numel());
+  record_error("mul_sigmoid + add + add_scaled_sigmoid", err);
+  EXPECT_LE(err, 1e-6);
+
+  for (DType wt : {DType::F32, DType::BF16}) {
+    HostTensor a(DType::F32, {n, hv}), b = a, a_log(wt, {hv}), dt_bias(wt, {hv}), g = a, beta = a;
+    fill_random(a, rng, 2.0f);
+    fill_random(b, rng, 2.0f);
+    fill_random(a_log, rng, 0.5f);
+    fill_random(dt_bias, rng);
+    auto dal = ops().adopt_weight(a_log.t);
+    auto ddt = ops().adopt_weight(dt_bias.t);
+    ASSERT_TRUE(dal.ok() && ddt.ok());
+    DeviceTensor da = dev(a), db = dev(b), dgg = poisoned(g), dbeta = poisoned(beta);
+    ops().gdn_gates(da.t, db.t, dal.value(), ddt.value(), dgg.t, dbeta.t);
+    HostTensor rg = g, rbeta = beta;
+    cpu.gdn_gates(a.t, b.t, a_log.t, dt_bias.t, rg.t, rbeta.t);
+    err = std::max(rel_err(host(dgg, g).f(), rg.f(), g.numel()),
+                   rel_err(host(dbeta, beta).f(), rbeta.f(), beta.numel()));
+    record_error("gdn_gates", err);
+    EXPECT_LE(err, 1e-6);
+  }
+}
+
+// Index arrays through both routes: the begin_forward mirror and the per-op upload.
+TEST_F(CudaBasic, EmbeddingAndGatherRowsViaMirrorAndAdHocUploads) {
+  const int64_t vocab = 50, d = 33;
+  HostTensor table(DType::BF16, {vocab, d});
+  fill_random(table, rng);
+  auto dtab = ops().adopt_weight(table.t);
+  ASSERT_TRUE(dtab.ok());
+  const std::vector<int32_t> tokens = {3, 49, 0, 7, 7, 12};
+  const std::vector<int32_t> rows = {5, 0, 2};
+  std::vector<int32_t> seq_start = {0, 6}, slot = {0}, positions = {0, 1, 2, 3, 4, 5};
+  SeqLayout l;
+  l.n_seqs = 1, l.n_tokens = 6, l.seq_start = seq_start.data(), l.slot = slot.data();
+  l.positions = positions.data();
+  for (bool mirrored : {true, false}) {
+    if (mirrored) ops().begin_forward(l, tokens, rows);
+    HostTensor out(DType::F32, {6, d}), picked(DType::F32, {3, d});
+    DeviceTensor dout = poisoned(out), dpicked = poisoned(picked);
+    ops().embedding(tokens.data(), 6, dtab.value(), dout.t);
+    ops().gather_rows(dout.t, rows.data(), 3, dpicked.t);
+    HostTensor got = host(dout, out), gp = host(dpicked, picked);
+    for (int i = 0; i < 6; ++i)
+      for (int64_t j = 0; j < d; ++j)
+        ASSERT_EQ(got.f()[i * d + j],
+                  bf16_to_f32(table.t.ptr<uint16_t>()[tokens[size_t(i)] * d + j]));
+    for (int i = 0; i < 3; ++i)
+      for (int64_t j = 0; j < d; ++j)
+        ASSERT_EQ(gp.f()[i * d + j], got.f()[rows[size_t(i)] * d + j]);
+  }
+}
+
+}  // namespace
+}  // namespace recur

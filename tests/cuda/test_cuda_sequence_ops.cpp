@@ -1,0 +1,230 @@
+// Sequence-wise CUDA ops (conv, gated delta rule, paged attention) against the CPU scalar
+// references on ragged batches whose segments straddle the 64-token chunk, with initial states.
+// All f32 arithmetic: conv ≤ 1e-5, delta rule ≤ 2e-5 (as the CPU kernels), attention ≤ 2e-5.
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/reference.h"
+#include "cuda/cuda_test_util.h"
+
+namespace recur {
+namespace {
+
+using namespace testing;
+
+class CudaSequence : public CudaTest {};
+
+TEST_F(CudaSequence, ConvMatchesReferenceAndCarriesStateAcrossCalls) {
+  for (int64_t K : {2, 3, 4}) {
+    for (DType wt : {DType::BF16, DType::F32}) {
+      const int64_t C = 37;
+      const std::vector<int> lens = {1, 5, 64, 65, 2};
+      Layout lay(lens, std::vector<int>(lens.size(), 0), 16, rng);
+      const int64_t n = lay.l.n_tokens;
+      HostTensor x(DType::F32, {n, C}), w(wt, {C, 1, K});
+      HostTensor state(DType::F32, {int64_t(lens.size()), K - 1, C});
+      fill_random(x, rng);
+      fill_random(w, rng, 0.5f);
+      fill_random(state, rng);
+      auto dw = ops().adopt_weight(w.t);
+      ASSERT_TRUE(dw.ok());
+      HostTensor out(DType::F32, {n, C}), ref = out, st_ref = state;
+      DeviceTensor dx = dev(x), dstate = dev(state), dout = poisoned(out);
+      ops().begin_forward(lay.l, {}, {});
+      ops().conv1d_causal_silu(dx.t, dw.value(), dstate.t, lay.l, dout.t);
+      ref::conv1d_causal_silu(x.t, w.t, st_ref.t, lay.l, ref.t);
+      const double err = max_abs_diff(host(dout, out).f(), ref.f(), n * C);
+      record_error("conv1d_causal_silu", err);
+      EXPECT_LE(err, 1e-5) << "K=" << K;
+      EXPECT_EQ(max_abs_diff(host(dstate, state).f(), st_ref.f(), state.numel()), 0.0);
+
+      // The last sequence fed in pieces of 1, 2 and the rest equals one call (ad hoc uploads).
+      const int last = 3, len = lens[size_t(last)];
+      const int64_t base = lay.seq_start[size_t(last)];
+      HostTensor whole(DType::F32, {len, C});
+      DeviceTensor s_whole = dev(st_ref), s_piece = dev(st_ref), dwhole = poisoned(whole);
+      Layout one({len}, {0}, 16, rng);
+      one.slot[0] = lay.slot[size_t(last)];
+      ops().conv1d_causal_silu(dx.t.slice_rows(base, base + len), dw.value(), s_whole.t, one.l,
+                               dwhole.t);
+      HostTensor gw = host(dwhole, whole);
+      int done = 0;
+      for (int piece : {1, 2, len - 3}) {
+        Layout p({piece}, {done}, 16, rng);
+        p.slot[0] = lay.slot[size_t(last)];
+        HostTensor o(DType::F32, {piece, C});
+        DeviceTensor dpo = poisoned(o);
+        ops().conv1d_causal_silu(dx.t.slice_rows(base + done, base + done + piece), dw.value(),
+                                 s_piece.t, p.l, dpo.t);
+        ASSERT_EQ(max_abs_diff(host(dpo, o).f(), gw.f() + done * C, piece * C), 0.0);
+        done += piece;
+      }
+      EXPECT_EQ(max_abs_diff(host(s_piece, state).f(), host(s_whole, state).f(), state.numel()),
+                0.0);
+    }
+  }
+}
+
+struct DeltaInputs {
+  HostTensor q, k, v, g, beta;
+  DeltaInputs(int64_t n, int64_t hk, int64_t hv, int64_t dk, int64_t dv, std::mt19937& rng)
+      : q(DType::F32, {n, hk, dk}),
+        k(DType::F32, {n, hk, dk}),
+        v(DType::F32, {n, hv, dv}),
+        g(DType::F32, {n, hv}),
+        beta(DType::F32, {n, hv}) {
+    fill_random(q, rng);
+    fill_random(k, rng);
+    fill_random(v, rng);
+    CpuOps ops(1);
+    ops.l2_norm(q.t, 1e-6f, 1.0f / std::sqrt(float(dk)));
+    ops.l2_norm(k.t, 1e-6f, 1.0f);
+    std::uniform_real_distribution<float> gd(-2.0f, 0.0f), bd(0.0f, 1.0f);
+    for (int64_t i = 0; i < g.numel(); ++i) {
+      g.f()[i] = -gd(rng) * gd(rng) * 0.5f;
+      beta.f()[i] = bd(rng);
+    }
+  }
+};
+
+// Runs the CUDA delta rule in `form` and the double reference from the same state; returns
+// {output error relative to scale, state error}.
+std::pair<double, double> delta_errors(CudaOps& ops, const DeltaInputs& in, const Layout& lay,
+                                       const HostTensor& state0, int64_t hv, int64_t dv,
+                                       DeltaRuleForm form) {
+  const int64_t n = lay.l.n_tokens;
+  DeviceTensor dq(ops, in.q), dk(ops, in.k), dv_(ops, in.v), dg(ops, in.g), db(ops, in.beta);
+  DeviceTensor dstate(ops, state0);
+  HostTensor out(DType::F32, {n, hv, dv}), ref = out, s_ref = state0;
+  DeviceTensor dout(ops, out);
+  dout.poison();
+  HostTensor scratch_h(
+      DType::U8, {int64_t(ops.gated_delta_rule_scratch_bytes(int(in.q.t.shape[2]), int(dv))) + 1});
+  DeviceTensor scratch(ops, scratch_h);
+  ops.gated_delta_rule(dq.t, dk.t, dv_.t, dg.t, db.t, dstate.t, lay.l, dout.t, scratch.t, form);
+  ref::gated_delta_rule(in.q.t, in.k.t, in.v.t, in.g.t, in.beta.t, s_ref.t, lay.l, ref.t);
+  HostTensor got = dout.download(ops, out), s_got = dstate.download(ops, state0);
+  const double scale = std::max(1.0, max_abs(ref.f(), ref.numel()));
+  return {max_abs_diff(got.f(), ref.f(), ref.numel()) / scale,
+          max_abs_diff(s_got.f(), s_ref.f(), s_ref.numel())};
+}
+
+const char* form_name(DeltaRuleForm f) {
+  return f == DeltaRuleForm::kRecurrent ? "recurrent"
+         : f == DeltaRuleForm::kChunked ? "chunked"
+                                        : "auto";
+}
+
+TEST_F(CudaSequence, DeltaRuleFormsAgreeWithTheDefinition) {
+  const int64_t dk = 16, dv = 24;
+  for (int64_t ratio : {1, 2, 3}) {
+    for (int len : {1, 63, 64, 65, 200}) {
+      for (bool initial_state : {false, true}) {
+        const int64_t hk = 2, hv = hk * ratio;
+        DeltaInputs in(len, hk, hv, dk, dv, rng);
+        Layout lay({len}, {0}, 16, rng);
+        HostTensor state0(DType::F32, {1, hv, dk, dv});
+        if (initial_state) fill_random(state0, rng, 0.5f);
+        for (DeltaRuleForm f : {DeltaRuleForm::kRecurrent, DeltaRuleForm::kChunked}) {
+          const auto [eo, es] = delta_errors(ops(), in, lay, state0, hv, dv, f);
+          record_error(std::string("delta rule ") + form_name(f) + " out", eo);
+          record_error(std::string("delta rule ") + form_name(f) + " state", es);
+          EXPECT_LE(eo, 2e-5) << form_name(f) << " ratio=" << ratio << " len=" << len
+                              << " init=" << initial_state;
+          EXPECT_LE(es, 2e-5) << form_name(f) << " ratio=" << ratio << " len=" << len;
+        }
+      }
+    }
+  }
+}
+
+// The model's head sizes (dk = dv = 128), a ragged batch mixing decode and prompt sequences.
+TEST_F(CudaSequence, DeltaRuleAtModelHeadSizesOnARaggedBatch) {
+  const int64_t hk = 2, hv = 4, dk = 128, dv = 128;
+  const std::vector<int> lens = {1, 65, 7, 130, 1};
+  Layout lay(lens, std::vector<int>(lens.size(), 0), 16, rng);
+  DeltaInputs in(lay.l.n_tokens, hk, hv, dk, dv, rng);
+  HostTensor state0(DType::F32, {int64_t(lens.size()), hv, dk, dv});
+  fill_random(state0, rng, 0.1f);
+  for (DeltaRuleForm f :
+       {DeltaRuleForm::kAuto, DeltaRuleForm::kRecurrent, DeltaRuleForm::kChunked}) {
+    ops().begin_forward(lay.l, {}, {});
+    const auto [eo, es] = delta_errors(ops(), in, lay, state0, hv, dv, f);
+    record_error(std::string("delta rule 128x128 ") + form_name(f) + " out", eo);
+    record_error(std::string("delta rule 128x128 ") + form_name(f) + " state", es);
+    EXPECT_LE(eo, 2e-5) << form_name(f);
+    EXPECT_LE(es, 2e-5) << form_name(f);
+  }
+}
+
+// A ragged batch in one call equals each sequence run alone, bit for bit.
+TEST_F(CudaSequence, DeltaRuleRaggedBatchEqualsSeparateCalls) {
+  const int64_t hk = 1, hv = 3, dk = 16, dv = 16;
+  const std::vector<int> lens = {1, 65, 7, 130};
+  Layout lay(lens, std::vector<int>(lens.size(), 0), 16, rng);
+  const int64_t n = lay.l.n_tokens;
+  DeltaInputs in(n, hk, hv, dk, dv, rng);
+  HostTensor state(DType::F32, {int64_t(lens.size()), hv, dk, dv});
+  fill_random(state, rng, 0.3f);
+  DeviceTensor dq = dev(in.q), dk_ = dev(in.k), dv_ = dev(in.v), dg = dev(in.g), db = dev(in.beta);
+  DeviceTensor s_all = dev(state), s_sep = dev(state);
+  HostTensor out(DType::F32, {n, hv, dv});
+  DeviceTensor o_all = poisoned(out), o_sep = poisoned(out);
+  ops().gated_delta_rule(dq.t, dk_.t, dv_.t, dg.t, db.t, s_all.t, lay.l, o_all.t, Tensor{});
+  for (size_t s = 0; s < lens.size(); ++s) {
+    const int64_t b = lay.seq_start[s], e = lay.seq_start[s + 1];
+    Layout one({lens[s]}, {0}, 16, rng);
+    one.slot[0] = lay.slot[s];
+    ops().gated_delta_rule(dq.t.slice_rows(b, e), dk_.t.slice_rows(b, e), dv_.t.slice_rows(b, e),
+                           dg.t.slice_rows(b, e), db.t.slice_rows(b, e), s_sep.t, one.l,
+                           o_sep.t.slice_rows(b, e), Tensor{});
+  }
+  EXPECT_EQ(max_abs_diff(host(o_all, out).f(), host(o_sep, out).f(), out.numel()), 0.0);
+  EXPECT_EQ(max_abs_diff(host(s_all, state).f(), host(s_sep, state).f(), state.numel()), 0.0);
+}
+
+// Decode tokens with long histories (context splits and their merge), a fresh prompt and a
+// chunk continuing a prompt; group sizes 1, 3, 8 (the model's) and 16 (the tiled fallback);
+// head dims 20 and 256.
+TEST_F(CudaSequence, PagedAttentionMatchesReferenceOnRaggedBatchesWithHistory) {
+  struct Case {
+    int64_t group, hd;
+    int block_size;
+    std::vector<int> lens, first;
+  };
+  const Case cases[] = {{1, 20, 16, {1, 33, 17}, {70, 0, 16}},
+                        {3, 20, 16, {1, 33, 17}, {70, 0, 16}},
+                        {3, 20, 32, {1, 1, 40}, {2000, 333, 5}},
+                        {8, 256, 16, {1, 1}, {3000, 77}},
+                        {8, 256, 16, {70, 1}, {0, 600}},
+                        {16, 256, 16, {1, 3}, {300, 40}}};  // too large for the warp kernel
+  for (const Case& c : cases) {
+    const int64_t kv = 2, heads = kv * c.group, hd = c.hd;
+    Layout lay(c.lens, c.first, c.block_size, rng);
+    const int64_t n = lay.l.n_tokens;
+    HostTensor kc(DType::F32, {lay.n_blocks(), kv, hd, c.block_size}),
+        vc(DType::F32, {lay.n_blocks(), kv, c.block_size, hd});
+    fill_random(kc, rng);
+    fill_random(vc, rng);
+    HostTensor k(DType::F32, {n, kv, hd}), v = k, q(DType::F32, {n, heads, hd});
+    fill_random(k, rng);
+    fill_random(v, rng);
+    fill_random(q, rng);
+    DeviceTensor dkc = dev(kc), dvc = dev(vc), dk = dev(k), dv = dev(v), dq = dev(q);
+    HostTensor kc_ref = kc, vc_ref = vc;
+    ops().begin_forward(lay.l, {}, {});
+    ops().kv_cache_write(dk.t, dv.t, dkc.t, dvc.t, lay.l);
+    ref::kv_cache_write(k.t, v.t, kc_ref.t, vc_ref.t, lay.l);
+    ASSERT_EQ(max_abs_diff(host(dkc, kc).f(), kc_ref.f(), kc.numel()), 0.0);
+    ASSERT_EQ(max_abs_diff(host(dvc, vc).f(), vc_ref.f(), vc.numel()), 0.0);
+    HostTensor out(DType::F32, {n, heads, hd}), ref = out;
+    DeviceTensor dout = poisoned(out);
+    const float scale = 1.0f / std::sqrt(float(hd));
+    ops().paged_attention(dq.t, dkc.t, dvc.t, lay.l, scale, dout.t);
+    ref::paged_attention(q.t, kc_ref.t, vc_ref.t, lay.l, scale, ref.t);
+    const double err = max_abs_diff(host(dout, out).f(), ref.f(), out.numel());
+    record_error("paged_attention", err);
+    EXPECT_LE(err, 2e-5) << "group=" << c.group << " hd=" << hd << " first=" << c.first[0];
+  }
+}
+
+}  // namespace
+}  // namespace recur
