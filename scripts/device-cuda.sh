@@ -7,15 +7,15 @@ set -uo pipefail
 out="${1:-/tmp/out}"; mode="${2:-full}"
 mkdir -p "$out"
 export LD_LIBRARY_PATH="$PWD/.devlibs:${LD_LIBRARY_PATH:-}"
-b=build-cuda
+b="${RECUR_BIN:-build-cuda}"
 nvidia-smi -L | tee "$out/gpu.txt"
-{ $b/tests/test_cuda 2>&1 | tail -40; } | tee "$out/test_cuda.txt"
+{ $b/${RECUR_TESTS:-tests/}test_cuda --gtest_filter=-*Bench* 2>&1 | tail -30; } | tee "$out/test_cuda.txt"
 for m in qwen3next-tiny qwen3next-seed-48L qwen3next-tiny-realvocab; do
   $b/recur verify --device cuda --tolerance 2e-3 --model models/$m \
     --golden tests/data/golden/$m/golden.safetensors 2>&1 | tee "$out/verify_$m.txt" | tail -1
 done
 [ "$mode" = quick ] && exit 0
-RECUR_TEST_DEVICE=cuda $b/tests/test_engine --gtest_filter='Engine*' 2>&1 | tail -15 | tee "$out/test_engine_cuda.txt"
+RECUR_TEST_DEVICE=cuda $b/${RECUR_TESTS:-tests/}test_engine --gtest_filter='Engine*' 2>&1 | tail -15 | tee "$out/test_engine_cuda.txt"
 $b/recur bench --config configs/qwen3-next-80b-a3b-instruct.json --random-weights --layers 6 \
   --device cuda --batch 1,16,64 --prompt-len 2048 --gen-len 64 2>&1 | tee "$out/bench_recur.json"
 PYTHONUNBUFFERED=1 timeout 300 python3 bench/hf_gpu_baseline.py \

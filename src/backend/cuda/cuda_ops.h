@@ -34,6 +34,10 @@ class CudaOps final : public Ops {
   void begin_forward(const SeqLayout& layout, std::span<const int32_t> tokens,
                      std::span<const int32_t> logit_rows) override;
   void synchronize() override;
+  void copy_from_host(Tensor dst, const void* src) override;  // waits for the copy
+  // Generated on the device with the same counter-based values as the CPU default.
+  void fill_random_uniform(Tensor t, uint64_t seed, float lo, float hi) override;
+  double measure_copy_bandwidth(size_t bytes) override;  // cudaMemcpy device to device
 
   void embedding(const int32_t* ids, int n, const Tensor& table, Tensor out) override;
   void gather_rows(const Tensor& x, const int32_t* rows, int n, Tensor out) override;

@@ -2,9 +2,9 @@
 //
 // Up to kGemvMaxTokens tokens (decode): the GEMV kernel of gemv.cuh, f32 arithmetic, reading
 // each weight byte once at close to memory bandwidth. Larger n (prompts): cuBLAS. F32 weights
-// use plain f32 SGEMM. BF16/F16 weights use tensor cores: the activations are rounded to the
-// weight's 16-bit type first (cuBLAS has no f32 × bf16 product), with f32 accumulation and f32
-// output, so results carry the rounding of one bf16 (or f16) activation: about 1e-2 relative
+// use plain f32 SGEMM. BF16/F16 weights use tensor cores on activations split into two 16-bit
+// terms (hi + lo; cuBLAS has no f32 × bf16 product), two products accumulated in f32, so the
+// result keeps f32-class accuracy (about 2^-16 relative) at twice the tensor-core work
 // error on an element in the worst case, ~3e-3 typical. F16 activations overflow beyond 65504,
 // a limit f16 checkpoints already impose on their own activations.
 #include <algorithm>
@@ -42,16 +42,21 @@ __global__ void __launch_bounds__(kGemvThreads)
   }
 }
 
-// dst [n, k] contiguous = T(x [n, k] rows ldx apart), rounded to nearest.
+// hi, lo [n, k] contiguous: x [n, k] (rows ldx apart) = hi + lo + O(2^-16 |x|), both in T.
+// Two tensor-core products (hi, then lo accumulated) then carry f32-class accuracy.
 template <typename T>
-__global__ void to_lowp_kernel(const float* x, int64_t ldx, int64_t n, int64_t k, T* dst) {
+__global__ void split_lowp_kernel(const float* x, int64_t ldx, int64_t n, int64_t k, T* hi,
+                                  T* lo) {
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n * k;
        e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = e / k, c = e % k;
+    const float v = x[r * ldx + c];
     if constexpr (std::is_same_v<T, __half>) {
-      dst[e] = __float2half_rn(x[r * ldx + c]);
+      hi[e] = __float2half_rn(v);
+      lo[e] = __float2half_rn(v - __half2float(hi[e]));
     } else {
-      dst[e] = __float2bfloat16_rn(x[r * ldx + c]);
+      hi[e] = __float2bfloat16_rn(v);
+      lo[e] = __float2bfloat16_rn(v - __bfloat162float(hi[e]));
     }
   }
 }
@@ -114,19 +119,27 @@ void CudaOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumula
   }
   RECUR_CHECK(w.dtype == DType::BF16 || w.dtype == DType::F16);
   const bool half = w.dtype == DType::F16;
-  void* xl = s.grow(s.act_lowp, size_t(n * k) * 2, "low-precision activations");
+  char* xl = static_cast<char*>(s.grow(s.act_lowp, size_t(n * k) * 4, "low-precision activations"));
+  void* xh = xl;
+  void* xlo = xl + size_t(n * k) * 2;
   const unsigned blocks = unsigned(std::min<int64_t>(blocks_for(n * k, 256), s.sm_count * 8));
   if (half) {
-    to_lowp_kernel<__half>
-        <<<blocks, 256, 0, s.stream>>>(x.ptr<float>(), x.stride[0], n, k, static_cast<__half*>(xl));
+    split_lowp_kernel<__half><<<blocks, 256, 0, s.stream>>>(
+        x.ptr<float>(), x.stride[0], n, k, static_cast<__half*>(xh), static_cast<__half*>(xlo));
   } else {
-    to_lowp_kernel<__nv_bfloat16><<<blocks, 256, 0, s.stream>>>(x.ptr<float>(), x.stride[0], n, k,
-                                                                static_cast<__nv_bfloat16*>(xl));
+    split_lowp_kernel<__nv_bfloat16><<<blocks, 256, 0, s.stream>>>(
+        x.ptr<float>(), x.stride[0], n, k, static_cast<__nv_bfloat16*>(xh),
+        static_cast<__nv_bfloat16*>(xlo));
   }
-  s.launched("matmul (activation rounding)");
+  s.launched("matmul (activation split)");
   const cudaDataType_t t = half ? CUDA_R_16F : CUDA_R_16BF;
+  const float one = 1.0f;
   RECUR_CUBLAS_CHECK(cublasGemmEx(s.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(m), int(n), int(k),
-                                  &alpha, w.data, t, int(k), xl, t, int(k), &beta, out.data,
+                                  &alpha, w.data, t, int(k), xh, t, int(k), &beta, out.data,
+                                  CUDA_R_32F, int(out.stride[0]), CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
+  RECUR_CUBLAS_CHECK(cublasGemmEx(s.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(m), int(n), int(k),
+                                  &alpha, w.data, t, int(k), xlo, t, int(k), &one, out.data,
                                   CUDA_R_32F, int(out.stride[0]), CUBLAS_COMPUTE_32F,
                                   CUBLAS_GEMM_DEFAULT));
 }

@@ -10,6 +10,7 @@
 //   more tokens, F32 experts: the GEMV core over tiles of 8 rows.
 // Gate and up run fused with SwiGLU; a final pass sums each token's k expert outputs in its
 // own routing order (deterministic, no atomics).
+#include <cstdlib>
 #include <algorithm>
 
 #include "backend/cuda/cuda_internal.cuh"
@@ -315,7 +316,13 @@ void CudaOps::moe_experts(const Tensor& x, std::span<const ExpertWeights> expert
   // Tile rows: for decode 1 or 2 (a few tokens rarely share an expert, and the GEMV core's
   // cost grows with its row count); 64 for tensor cores; 8 for f32 experts of larger batches.
   const bool small = n <= kGemvMaxTokens;
-  const bool tensor_cores = !small && wdt != DType::F32;
+  // Tensor cores round activations to 16 bits (about 1e-2 relative in the logits of a large
+  // vocabulary): opt-in with RECUR_CUDA_MOE_TENSOR_CORES=1; the default keeps f32 arithmetic.
+  static const bool allow_tc = [] {
+    const char* e = std::getenv("RECUR_CUDA_MOE_TENSOR_CORES");
+    return e && e[0] == '1';
+  }();
+  const bool tensor_cores = allow_tc && !small && wdt != DType::F32;
   const int tm = small ? (n == 1 ? 1 : 2) : tensor_cores ? kWmmaTileRows : 8;
   const int64_t max_tiles = std::min<int64_t>(pairs, (pairs + tm - 1) / tm + std::min(E, pairs));
 
