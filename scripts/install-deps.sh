@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages recur builds and tests with; installs only what is missing.
+# Then the npm packages of the server's end-to-end tests (tests/server), when not yet there.
 set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
 packages=(build-essential cmake ninja-build pkg-config
   nlohmann-json3-dev libcpp-httplib-dev libpcre2-dev libutf8proc-dev libcli11-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev libhwy-dev)
@@ -8,9 +10,18 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
-echo "installing: ${missing[*]}"
-sudo_cmd=()
-[ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
-"${sudo_cmd[@]}" apt-get update -qq
-DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# Node.js runs the server tests with the official OpenAI SDK; one already on the PATH is kept.
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  sudo_cmd=()
+  [ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+server_tests="$root/tests/server"
+if [ ! -f "$server_tests/node_modules/openai/package.json" ]; then
+  echo "installing the server tests' npm packages (npm ci in tests/server)"
+  (cd "$server_tests" && npm ci --no-audit --no-fund --loglevel=error)
+fi

@@ -1,0 +1,62 @@
+// Responses on the wire: OpenAI chat/completions objects and SSE chunks, and Anthropic
+// messages and their event stream, built from a Generation's choices and updates.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "server/generation.h"
+
+namespace recur::server {
+
+// "data: <json>\n\n"
+std::string sse_data(const ojson& j);
+// Appends s as a JSON string literal; invalid UTF-8 becomes U+FFFD.
+void append_json_string(std::string* out, std::string_view s);
+// "event: <name>\ndata: <json>\n\n"
+std::string sse_event(std::string_view name, const ojson& j);
+
+// Non-streaming responses, once every choice has finished.
+ojson openai_response(const Generation& gen);
+ojson anthropic_response(const Generation& gen);
+
+// Streaming: turns updates into SSE text; done() closes the stream.
+class OpenAiStream {
+ public:
+  explicit OpenAiStream(const Generation& gen);
+  std::string updates(const std::vector<ChoiceUpdate>& updates);
+  std::string done();  // the usage chunk when asked for, then data: [DONE]
+
+ private:
+  // One event per token and stream is the hot path: chunks are written as text around a
+  // prefix and suffix made once, not built as JSON objects.
+  void chunk(std::string* out, size_t index, std::string_view fields);
+  const Generation& gen_;
+  std::string prefix_, suffix_;                  // around the one choice of a chunk
+  std::vector<bool> started_;                    // per choice: role / echo sent
+  std::vector<std::vector<TokenInfo>> pending_;  // tokens not yet attached to a chunk
+  std::vector<int> calls_;                       // tool calls sent per choice
+  std::vector<size_t> offsets_;                  // completions logprobs: text offset so far
+};
+
+class AnthropicStream {
+ public:
+  explicit AnthropicStream(const Generation& gen);
+  std::string start();  // message_start
+  std::string updates(const std::vector<ChoiceUpdate>& updates);
+
+ private:
+  std::string close_block();
+  const Generation& gen_;
+  int index_ = -1;  // current content block
+  int open_ = -1;   // Segment::Kind of the open block, -1: none
+};
+
+// OpenAI logprobs objects for the given tokens (chat: {"content": [...]}; completions:
+// {"tokens", "token_logprobs", "top_logprobs", "text_offset"}).
+ojson chat_logprobs(const Generation& gen, const std::vector<TokenInfo>& tokens);
+// text_offset: where the first token starts in the choice's text; advanced past the tokens.
+ojson completion_logprobs(const Generation& gen, const std::vector<TokenInfo>& tokens,
+                          size_t* text_offset);
+
+}  // namespace recur::server

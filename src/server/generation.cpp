@@ -1,0 +1,289 @@
+#include "server/generation.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <ctime>
+
+namespace recur::server {
+
+namespace {
+
+const char* finish_label(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kError:
+      return "error";
+    case FinishReason::kCancelled:
+      return "abort";
+  }
+  return "error";
+}
+
+// Adjacent text of one kind becomes one segment; tool calls stay separate.
+void append_merged(std::vector<Segment>* to, Segment s) {
+  if (s.kind != Segment::Kind::kToolCall && !to->empty() && to->back().kind == s.kind) {
+    to->back().text += s.text;
+  } else {
+    to->push_back(std::move(s));
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<EventQueue> EventQueue::create() {
+  const int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (fd < 0) return nullptr;
+  std::shared_ptr<EventQueue> q(new EventQueue());
+  q->fd_ = fd;
+  return q;
+}
+
+EventQueue::~EventQueue() {
+  if (fd_ >= 0) close(fd_);
+}
+
+void EventQueue::push(QueuedEvent&& e) noexcept {
+  try {
+    std::lock_guard<std::mutex> lk(mu_);
+    items_.push_back(std::move(e));
+  } catch (...) {
+    // Out of memory on the engine thread: the event is lost, the engine keeps running.
+  }
+  eventfd_write(fd_, 1);
+}
+
+void EventQueue::take(std::vector<QueuedEvent>* out) {
+  out->clear();
+  std::lock_guard<std::mutex> lk(mu_);
+  out->swap(items_);
+}
+
+Generation::Generation(Engine& engine, const ServingContext& ctx, ParsedRequest request,
+                       std::shared_ptr<Metrics> metrics, Clock::time_point arrival)
+    : engine_(engine),
+      ctx_(ctx),
+      req_(std::move(request)),
+      metrics_(std::move(metrics)),
+      arrival_(arrival) {
+  parse_ = req_.endpoint != Endpoint::kCompletions;
+  const char* prefix = req_.endpoint == Endpoint::kChat          ? "chatcmpl-"
+                       : req_.endpoint == Endpoint::kCompletions ? "cmpl-"
+                                                                 : "msg_";
+  id_ = random_id(prefix);
+  created_ = int64_t(std::time(nullptr));
+  choices_.resize(req_.prompts.size() * size_t(req_.n));
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    choices_[i].prompt_index = int(i) / req_.n;
+    if (parse_) {
+      choices_[i].parser.emplace(req_.output,
+                                 req_.endpoint == Endpoint::kMessages ? "toolu_" : "call_");
+    }
+  }
+}
+
+Generation::~Generation() {
+  cancel();
+}
+
+void Generation::cancel(bool client_gone) {
+  if (client_gone && queue_ && queue_->cancelled_at_step.load() < 0) {
+    queue_->cancelled_at_step = engine_.stats().steps;
+  }
+  for (auto& c : choices_) {
+    if (c.submitted && !c.finished) engine_.cancel(c.engine_id);
+  }
+}
+
+ApiResult<bool> Generation::start() {
+  queue_ = EventQueue::create();
+  if (!queue_) {
+    ApiError e;
+    e.status = 503;
+    e.type = "overloaded_error";
+    e.message = "the server is out of file descriptors";
+    return e;
+  }
+  const bool want_top = req_.engine.sampling.logprobs > 0;
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    ChoiceState& c = choices_[i];
+    const std::vector<int32_t>& prompt = req_.prompts[size_t(c.prompt_index)];
+    Request r = req_.engine;
+    r.prompt = prompt;
+    if (!req_.max_tokens_given) r.max_tokens = ctx_.max_context - int(prompt.size());
+    // n choices from one seed must still differ.
+    if (r.sampling.seed && req_.n > 1) *r.sampling.seed += uint64_t(i % size_t(req_.n));
+    auto q = queue_;
+    const int index = int(i);
+    Engine* engine = &engine_;
+    std::shared_ptr<Metrics> metrics = metrics_;
+    auto id = engine_.submit(std::move(r), [q, index, want_top, engine, metrics](const Event& ev) {
+      QueuedEvent e;
+      e.choice = index;
+      e.kind = ev.kind;
+      e.time = Clock::now();
+      try {
+        e.text.assign(ev.text);
+        if (ev.kind == Event::Kind::kToken) {
+          e.token.id = ev.token;
+          e.token.logprob = ev.logprob;
+          if (want_top) e.token.top.assign(ev.top_logprobs.begin(), ev.top_logprobs.end());
+        } else {
+          e.reason = ev.reason;
+          e.message.assign(ev.message);
+          e.generated_tokens = ev.generated_tokens;
+          // Counted here, not by the HTTP thread, which is gone when its client went away.
+          if (metrics) {
+            metrics->request_finished(finish_label(ev.reason));
+            const int64_t at = q->cancelled_at_step.load();
+            if (ev.reason == FinishReason::kCancelled && at >= 0) {
+              metrics->cancel_steps.observe(double(engine->stats().steps - at));
+            }
+          }
+        }
+      } catch (...) {
+      }
+      q->push(std::move(e));
+    });
+    if (!id.ok()) {
+      cancel();
+      return from_error(id.error(), req_.endpoint == Endpoint::kCompletions ? "prompt" : "");
+    }
+    c.engine_id = *id;
+    c.submitted = true;
+    // Counted once its first sequence is in, so that every sequence the engine finishes
+    // belongs to a counted request.
+    if (i == 0 && metrics_) {
+      metrics_->request_started(req_.endpoint == Endpoint::kChat          ? "chat"
+                                : req_.endpoint == Endpoint::kCompletions ? "completions"
+                                                                          : "messages");
+    }
+  }
+  return true;
+}
+
+Generation::Wait Generation::wait(int client_fd, int timeout_ms) {
+  pollfd fds[2] = {{queue_->fd(), POLLIN, 0}, {client_fd, POLLRDHUP, 0}};
+  const int n = poll(fds, client_fd >= 0 ? 2 : 1, timeout_ms);
+  if (n <= 0) return Wait::kTimeout;
+  if (client_fd >= 0 && (fds[1].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))) {
+    return Wait::kClientGone;
+  }
+  if (fds[0].revents & POLLIN) {
+    eventfd_t v;
+    eventfd_read(queue_->fd(), &v);
+    return Wait::kReady;
+  }
+  return Wait::kTimeout;
+}
+
+void Generation::on_finish(ChoiceState& c, QueuedEvent& e) {
+  c.finished = true;
+  ++finished_;
+  c.reason = e.reason;
+  c.message = std::move(e.message);
+  c.generated = std::max(c.generated, e.generated_tokens);
+  if (c.reason == FinishReason::kStop && !c.ids.empty()) {
+    const int32_t last = c.ids.back();
+    const auto& stops = req_.engine.stop.stop_token_ids;
+    const auto& eos = ctx_.eos_token_ids;
+    if (std::find(stops.begin(), stops.end(), last) != stops.end()) {
+      c.stop_token = last;
+    } else if (!req_.engine.stop.stop_strings.empty() &&
+               (req_.engine.stop.ignore_eos ||
+                std::find(eos.begin(), eos.end(), last) == eos.end()) &&
+               ctx_.tokenizer) {
+      c.stop_string = matched_stop(ctx_.tokenizer->decode(c.ids, req_.engine.skip_special_tokens),
+                                   req_.engine.stop.stop_strings);
+    }
+  }
+  if (!metrics_) return;
+  if (c.generated > 0) {
+    metrics_->e2e.observe(std::chrono::duration<double>(c.last_token - arrival_).count());
+  }
+  if (c.generated > 1) {
+    metrics_->tpot.observe(std::chrono::duration<double>(c.last_token - c.first_token).count() /
+                           double(c.generated - 1));
+  }
+}
+
+void Generation::drain(std::vector<ChoiceUpdate>* updates) {
+  queue_->take(&events_);
+  const bool keep_tokens = req_.engine.sampling.logprobs >= 0 || req_.return_token_ids;
+  for (QueuedEvent& e : events_) {
+    if (e.choice < 0 || e.choice >= int(choices_.size())) continue;
+    ChoiceState& c = choices_[size_t(e.choice)];
+    if (c.finished) continue;
+    auto it = std::find_if(updates->begin(), updates->end(),
+                           [&](const ChoiceUpdate& u) { return u.index == e.choice; });
+    if (it == updates->end()) {
+      updates->push_back(ChoiceUpdate{});
+      it = updates->end() - 1;
+      it->index = e.choice;
+    }
+    ChoiceUpdate& u = *it;
+    if (e.kind == Event::Kind::kToken) {
+      if (c.generated == 0) {
+        c.first_token = e.time;
+        if (metrics_)
+          metrics_->ttft.observe(std::chrono::duration<double>(e.time - arrival_).count());
+      }
+      c.last_token = e.time;
+      ++c.generated;
+      c.ids.push_back(e.token.id);
+      if (keep_tokens) {
+        if (!req_.stream) c.tokens.push_back(e.token);
+        u.tokens.push_back(std::move(e.token));
+      }
+    }
+    std::vector<Segment> fresh;
+    if (!e.text.empty()) {
+      c.text += e.text;
+      u.text += e.text;
+      if (c.parser) c.parser->push(e.text, &fresh);
+    }
+    if (e.kind == Event::Kind::kFinish) {
+      if (c.parser) c.parser->finish(&fresh);
+      u.finished = true;
+      on_finish(c, e);
+    }
+    for (Segment& s : fresh) {
+      if (!req_.stream) append_merged(&c.segments, s);
+      append_merged(&u.segments, std::move(s));
+    }
+  }
+}
+
+int Generation::prompt_tokens() const {
+  int n = 0;
+  for (const auto& p : req_.prompts) n += int(p.size());
+  return n;
+}
+
+int Generation::completion_tokens() const {
+  int n = 0;
+  for (const auto& c : choices_) n += c.generated;
+  return n;
+}
+
+std::string Generation::openai_finish_reason(int choice) const {
+  const ChoiceState& c = choices_[size_t(choice)];
+  switch (c.reason) {
+    case FinishReason::kStop:
+      return c.parser && c.parser->tool_calls() > 0 ? "tool_calls" : "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kError:
+      return "error";
+    case FinishReason::kCancelled:
+      return "abort";
+  }
+  return "stop";
+}
+
+}  // namespace recur::server

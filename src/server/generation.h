@@ -1,0 +1,136 @@
+// One API request in flight: its sequences (prompts x n) submitted to the engine, the queue
+// the engine's sinks push into, and per-choice output state. The HTTP thread that owns it
+// waits on the queue and the client socket at once, so a disconnect cancels immediately.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "server/metrics.h"
+#include "server/output_parser.h"
+#include "server/request.h"
+
+namespace recur::server {
+
+using Clock = std::chrono::steady_clock;
+
+struct TokenInfo {
+  int32_t id = -1;
+  float logprob = 0;
+  std::vector<TokenLogprob> top;
+};
+
+// What the engine thread hands over; copied out of the Event, whose views die with the call.
+struct QueuedEvent {
+  int choice = 0;
+  Event::Kind kind = Event::Kind::kToken;
+  TokenInfo token;
+  std::string text;
+  FinishReason reason = FinishReason::kStop;
+  std::string message;
+  int generated_tokens = 0;
+  Clock::time_point time;
+};
+
+// A mutex-guarded list plus an eventfd, so a reader can poll it together with a socket.
+class EventQueue {
+ public:
+  static std::shared_ptr<EventQueue> create();  // nullptr when no eventfd can be made
+  ~EventQueue();
+  void push(QueuedEvent&& e) noexcept;
+  void take(std::vector<QueuedEvent>* out);
+  int fd() const { return fd_; }
+
+  // Engine steps completed when the client went away (-1: it did not); the engine thread
+  // reads it when the cancellation lands, to measure how many steps that took.
+  std::atomic<int64_t> cancelled_at_step{-1};
+
+ private:
+  EventQueue() = default;
+  std::mutex mu_;
+  std::vector<QueuedEvent> items_;
+  int fd_ = -1;
+};
+
+// New output of one choice since the last drain.
+struct ChoiceUpdate {
+  int index = 0;
+  std::string text;               // raw text (completions)
+  std::vector<Segment> segments;  // reasoning / content / tool calls (chat, messages)
+  std::vector<TokenInfo> tokens;  // when logprobs or token ids were asked for
+  bool finished = false;
+};
+
+struct ChoiceState {
+  int prompt_index = 0;
+  uint64_t engine_id = 0;
+  bool submitted = false;
+  std::optional<OutputParser> parser;
+  std::string text;               // all released text
+  std::vector<Segment> segments;  // merged, for non-streaming responses
+  std::vector<int32_t> ids;
+  std::vector<TokenInfo> tokens;  // for non-streaming logprobs
+  bool finished = false;
+  FinishReason reason = FinishReason::kStop;
+  std::string message;
+  std::string stop_string;            // the stop string that ended it, if one did
+  std::optional<int32_t> stop_token;  // a stop_token_ids entry that ended it
+  int generated = 0;
+  Clock::time_point first_token, last_token;
+};
+
+class Generation {
+ public:
+  Generation(Engine& engine, const ServingContext& ctx, ParsedRequest request,
+             std::shared_ptr<Metrics> metrics, Clock::time_point arrival);
+  ~Generation();  // cancels whatever has not finished
+  Generation(const Generation&) = delete;
+  Generation& operator=(const Generation&) = delete;
+
+  // Submits every sequence; on a refusal the ones already submitted are cancelled.
+  ApiResult<bool> start();
+
+  enum class Wait { kReady, kTimeout, kClientGone };
+  // Waits for engine events, or for the client socket (-1: none) to close.
+  Wait wait(int client_fd, int timeout_ms);
+  // Processes queued events; appends one update per choice that has news.
+  void drain(std::vector<ChoiceUpdate>* updates);
+  bool done() const { return finished_ == int(choices_.size()); }
+  // Cancels what is still running; client_gone also records it for the latency metric.
+  void cancel(bool client_gone = false);
+
+  const ParsedRequest& request() const { return req_; }
+  const ServingContext& context() const { return ctx_; }
+  const std::vector<ChoiceState>& choices() const { return choices_; }
+  int prompt_tokens() const;
+  int completion_tokens() const;
+  const std::string& id() const { return id_; }
+  int64_t created() const { return created_; }
+  // "stop" | "length" | "tool_calls" | "abort" | "error".
+  std::string openai_finish_reason(int choice) const;
+
+ private:
+  void on_finish(ChoiceState& c, QueuedEvent& e);
+
+  Engine& engine_;
+  const ServingContext& ctx_;
+  ParsedRequest req_;
+  std::shared_ptr<Metrics> metrics_;
+  Clock::time_point arrival_;
+  std::shared_ptr<EventQueue> queue_;
+  std::vector<ChoiceState> choices_;
+  std::vector<QueuedEvent> events_;
+  int finished_ = 0;
+  bool parse_ = false;
+  std::string id_;
+  int64_t created_ = 0;
+};
+
+}  // namespace recur::server

@@ -1,0 +1,201 @@
+#include "server/json_fields.h"
+
+#include <cmath>
+#include <random>
+
+namespace recur::server {
+
+nlohmann::ordered_json ApiError::to_json(bool anthropic_shape) const {
+  ojson err = ojson::object();
+  err["message"] = message;
+  err["type"] = type;
+  err["param"] = param.empty() ? ojson(nullptr) : ojson(param);
+  err["code"] = code.empty() ? ojson(nullptr) : ojson(code);
+  ojson out = ojson::object();
+  if (anthropic_shape) out["type"] = "error";
+  out["error"] = std::move(err);
+  return out;
+}
+
+ApiError bad_request(std::string param, std::string message) {
+  ApiError e;
+  e.status = 400;
+  e.param = std::move(param);
+  e.message = std::move(message);
+  return e;
+}
+
+ApiError from_error(const Error& e, std::string param) {
+  ApiError out;
+  out.param = std::move(param);
+  out.message = e.message;
+  switch (e.code) {
+    case ErrorCode::kInvalidArgument:
+      out.status = 400;
+      break;
+    case ErrorCode::kUnsupported:
+      out.status = 400;
+      out.code = "unsupported";
+      break;
+    case ErrorCode::kNotFound:
+      out.status = 404;
+      out.type = "not_found_error";
+      break;
+    case ErrorCode::kOutOfResources:
+      out.status = 503;
+      out.type = "overloaded_error";
+      break;
+    default:
+      out.status = 500;
+      out.type = "server_error";
+      break;
+  }
+  return out;
+}
+
+namespace {
+
+// Depth of brackets outside strings; the parser and the template engine recurse on nesting.
+bool depth_within(std::string_view s, int limit) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return false;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return true;
+}
+
+std::string type_name(const ojson& v) {
+  if (v.is_number_integer()) return "integer";
+  if (v.is_number_float()) return "number";
+  return v.type_name();
+}
+
+ApiError wrong_type(std::string_view where, std::string_view key, const char* want,
+                    const ojson& v) {
+  return bad_request(fmt::format("{}{}", where, key),
+                     fmt::format("'{}{}' must be {}, got {}", where, key, want, type_name(v)));
+}
+
+}  // namespace
+
+ApiResult<ojson> parse_body(std::string_view body) {
+  if (body.empty()) return bad_request("", "the request body is empty; send a JSON object");
+  if (!depth_within(body, kMaxJsonDepth)) {
+    return bad_request("",
+                       fmt::format("the request body nests deeper than {} levels", kMaxJsonDepth));
+  }
+  ojson j;
+  try {
+    j = ojson::parse(body.begin(), body.end());
+  } catch (const ojson::exception& e) {
+    // nlohmann's messages say where parsing stopped (and name ill-formed UTF-8).
+    return bad_request("", fmt::format("the request body is not valid JSON: {}", e.what()));
+  }
+  if (!j.is_object()) {
+    return bad_request("",
+                       fmt::format("the request body must be a JSON object, got {}", type_name(j)));
+  }
+  return j;
+}
+
+const ojson* field(const ojson& obj, std::string_view key) {
+  if (!obj.is_object()) return nullptr;
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+std::optional<int64_t> as_int(const ojson& v, int64_t lo, int64_t hi) {
+  int64_t x;
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > uint64_t(INT64_MAX)) return std::nullopt;
+    x = int64_t(u);
+  } else if (v.is_number_integer()) {
+    x = v.get<int64_t>();
+  } else if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (!std::isfinite(d) || d != std::floor(d) || d < -9.2e18 || d > 9.2e18) return std::nullopt;
+    x = int64_t(d);
+  } else {
+    return std::nullopt;
+  }
+  if (x < lo || x > hi) return std::nullopt;
+  return x;
+}
+
+ApiResult<std::optional<bool>> get_bool(const ojson& obj, std::string_view key,
+                                        std::string_view where) {
+  const ojson* v = field(obj, key);
+  if (!v) return std::optional<bool>();
+  if (!v->is_boolean()) return wrong_type(where, key, "a boolean", *v);
+  return std::optional<bool>(v->get<bool>());
+}
+
+ApiResult<std::optional<int64_t>> get_int(const ojson& obj, std::string_view key, int64_t lo,
+                                          int64_t hi, std::string_view where) {
+  const ojson* v = field(obj, key);
+  if (!v) return std::optional<int64_t>();
+  if (!v->is_number()) return wrong_type(where, key, "an integer", *v);
+  auto x = as_int(*v, INT64_MIN, INT64_MAX);
+  if (!x) {
+    return bad_request(fmt::format("{}{}", where, key),
+                       fmt::format("'{}{}' must be an integer, got {}", where, key, v->dump()));
+  }
+  if (*x < lo || *x > hi) {
+    return bad_request(fmt::format("{}{}", where, key),
+                       fmt::format("'{}{}' must be in [{}, {}], got {}", where, key, lo, hi, *x));
+  }
+  return std::optional<int64_t>(*x);
+}
+
+ApiResult<std::optional<double>> get_number(const ojson& obj, std::string_view key, double lo,
+                                            double hi, std::string_view where) {
+  const ojson* v = field(obj, key);
+  if (!v) return std::optional<double>();
+  if (!v->is_number()) return wrong_type(where, key, "a number", *v);
+  const double x = v->get<double>();
+  if (!std::isfinite(x) || x < lo || x > hi) {
+    return bad_request(
+        fmt::format("{}{}", where, key),
+        fmt::format("'{}{}' must be in [{}, {}], got {}", where, key, lo, hi, v->dump()));
+  }
+  return std::optional<double>(x);
+}
+
+ApiResult<std::optional<std::string>> get_string(const ojson& obj, std::string_view key,
+                                                 std::string_view where) {
+  const ojson* v = field(obj, key);
+  if (!v) return std::optional<std::string>();
+  if (!v->is_string()) return wrong_type(where, key, "a string", *v);
+  return std::optional<std::string>(v->get<std::string>());
+}
+
+std::string random_id(std::string_view prefix, int chars) {
+  static constexpr char kAlphabet[] =
+      "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  std::string s(prefix);
+  for (int i = 0; i < chars; ++i) s += kAlphabet[rng() % (sizeof(kAlphabet) - 1)];
+  return s;
+}
+
+std::string dump(const ojson& j) {
+  return j.dump(-1, ' ', false, ojson::error_handler_t::replace);
+}
+
+}  // namespace recur::server

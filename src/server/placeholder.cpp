@@ -1,2 +1,0 @@
-// The HTTP server library; its sources land in this folder.
-namespace recur {}

@@ -1,0 +1,72 @@
+// Validation of API requests (OpenAI chat and completions, Anthropic messages) into what the
+// engine runs: prompts as token ids, sampling and stop conditions, and how to shape the output.
+// Pure functions of the body and the serving context, so every rule is unit-testable.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "server/api_error.h"
+#include "server/json_fields.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace recur::server {
+
+enum class Endpoint { kChat, kCompletions, kMessages };
+
+// What a request is validated against.
+struct ServingContext {
+  std::string model_name;  // the one name requests may give in "model"
+  int vocab_size = 0;
+  int max_context = 0;  // prompt plus generated tokens of one sequence
+  GenerationDefaults generation;
+  std::vector<int32_t> eos_token_ids;
+  const Tokenizer* tokenizer = nullptr;         // null: token-id prompts only
+  const ChatTemplate* chat_template = nullptr;  // null: no chat endpoints
+};
+
+// How generated text is split into reasoning, content and tool calls (chat and messages).
+struct OutputOptions {
+  bool parse_reasoning = false;     // <think>…</think>
+  bool start_in_reasoning = false;  // the prompt left <think> open
+  bool parse_tools = false;         // <tool_call>{…}</tool_call>
+  bool parallel_tool_calls = true;  // false: only the first call is reported
+  std::string forced_prefix;        // appended to the prompt; the parser reads it first
+};
+
+struct ParsedRequest {
+  Endpoint endpoint = Endpoint::kChat;
+  std::vector<std::vector<int32_t>> prompts;  // completions may carry several
+  std::vector<std::string> prompt_texts;      // for echo
+  int n = 1;                                  // choices per prompt
+  Request engine;                             // sampling, stop, skip_special_tokens
+  bool max_tokens_given = false;              // else: up to the context length
+  bool stream = false;
+  bool include_usage = false;
+  bool echo = false;
+  bool return_token_ids = false;
+  bool chat_logprobs = false;  // chat: logprobs=true (top-n in engine.sampling.logprobs)
+  OutputOptions output;
+};
+
+ApiResult<ParsedRequest> parse_chat_request(const ojson& body, const ServingContext& ctx);
+ApiResult<ParsedRequest> parse_completion_request(const ojson& body, const ServingContext& ctx);
+ApiResult<ParsedRequest> parse_messages_request(const ojson& body, const ServingContext& ctx);
+
+// Shared steps, exposed for the Anthropic translation and for tests.
+// "model": absent, or the served name (else 404 model_not_found).
+ApiResult<bool> check_model(const ojson& body, const ServingContext& ctx);
+// Reads sampling, stop and extension fields common to all endpoints into req->engine.
+ApiResult<bool> parse_sampling(const ojson& body, const ServingContext& ctx, ParsedRequest* req);
+// Renders {messages, tools, chat_template_kwargs} and tokenizes; sets output options.
+// tool_choice: "none", "auto", "required" or a function name (named:NAME).
+ApiResult<bool> render_chat(const ojson& messages, const ojson* tools, const ojson* kwargs,
+                            const std::string& tool_choice, const ServingContext& ctx,
+                            ParsedRequest* req);
+// Prompt length and max_tokens against the context.
+ApiResult<bool> check_lengths(const ServingContext& ctx, ParsedRequest* req);
+
+}  // namespace recur::server

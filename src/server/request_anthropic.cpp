@@ -1,0 +1,224 @@
+// Anthropic /v1/messages: the request is translated to chat messages and tools in OpenAI's
+// shape, then rendered by the model's chat template like a chat completion.
+#include "server/request.h"
+
+namespace recur::server {
+
+namespace {
+
+// Text of a block list or string; only text blocks are accepted where `where` allows no others.
+ApiResult<std::string> text_of(const ojson& content, const std::string& where) {
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) {
+    return bad_request(where, fmt::format("'{}' must be a string or a list of blocks", where));
+  }
+  std::string out;
+  for (size_t i = 0; i < content.size(); ++i) {
+    const ojson& b = content[i];
+    if (!b.is_object() || !field(b, "type") || b["type"] != "text" || !field(b, "text") ||
+        !b["text"].is_string()) {
+      return bad_request(fmt::format("{}[{}]", where, i),
+                         fmt::format("'{}[{}]' must be a text block", where, i));
+    }
+    if (!out.empty()) out += "\n";
+    out += b["text"].get<std::string>();
+  }
+  return out;
+}
+
+ApiResult<bool> add_message(const ojson& m, size_t i, ojson* out) {
+  const std::string where = fmt::format("messages[{}]", i);
+  if (!m.is_object()) return bad_request(where, fmt::format("'{}' must be an object", where));
+  const ojson* role = field(m, "role");
+  if (!role || !role->is_string() || (*role != "user" && *role != "assistant")) {
+    return bad_request(where + ".role", fmt::format("'{}.role' must be user or assistant", where));
+  }
+  const ojson* content = field(m, "content");
+  if (!content)
+    return bad_request(where + ".content", fmt::format("'{}.content' is required", where));
+  const bool user = *role == "user";
+  if (content->is_string()) {
+    out->push_back({{"role", *role}, {"content", *content}});
+    return true;
+  }
+  if (!content->is_array()) {
+    return bad_request(where + ".content",
+                       fmt::format("'{}.content' must be a string or a list of blocks", where));
+  }
+  std::string text, thinking;
+  ojson calls = ojson::array();
+  for (size_t j = 0; j < content->size(); ++j) {
+    const ojson& b = (*content)[j];
+    const std::string bw = fmt::format("{}.content[{}]", where, j);
+    const ojson* type = field(b, "type");
+    if (!b.is_object() || !type || !type->is_string()) {
+      return bad_request(bw, fmt::format("'{}' must be a block with a \"type\"", bw));
+    }
+    const std::string t = type->get<std::string>();
+    if (t == "text") {
+      RECUR_API_ASSIGN(auto s, get_string(b, "text", bw + "."));
+      if (!s) return bad_request(bw + ".text", fmt::format("'{}.text' must be a string", bw));
+      if (!text.empty()) text += "\n";
+      text += *s;
+    } else if (t == "thinking" && !user) {
+      RECUR_API_ASSIGN(auto s, get_string(b, "thinking", bw + "."));
+      thinking += s.value_or("");
+    } else if (t == "redacted_thinking" && !user) {
+      continue;
+    } else if (t == "tool_use" && !user) {
+      RECUR_API_ASSIGN(auto id, get_string(b, "id", bw + "."));
+      RECUR_API_ASSIGN(auto name, get_string(b, "name", bw + "."));
+      if (!name || name->empty()) {
+        return bad_request(bw + ".name", fmt::format("'{}.name' must be a non-empty string", bw));
+      }
+      const ojson* input = field(b, "input");
+      if (input && !input->is_object()) {
+        return bad_request(bw + ".input", fmt::format("'{}.input' must be an object", bw));
+      }
+      calls.push_back(
+          {{"id", id.value_or("")},
+           {"type", "function"},
+           {"function", {{"name", *name}, {"arguments", input ? *input : ojson::object()}}}});
+    } else if (t == "tool_result" && user) {
+      RECUR_API_ASSIGN(auto id, get_string(b, "tool_use_id", bw + "."));
+      std::string result;
+      if (const ojson* c = field(b, "content")) {
+        RECUR_API_ASSIGN(result, text_of(*c, bw + ".content"));
+      }
+      out->push_back({{"role", "tool"}, {"content", result}, {"tool_call_id", id.value_or("")}});
+    } else {
+      return bad_request(bw + ".type", fmt::format("'{}.type' \"{}\" is not supported in a {} "
+                                                   "message",
+                                                   bw, t, role->get<std::string>()));
+    }
+  }
+  if (user) {
+    if (!text.empty() || out->empty() || out->back()["role"] != "tool") {
+      out->push_back({{"role", "user"}, {"content", text}});
+    }
+    return true;
+  }
+  ojson msg = {{"role", "assistant"}, {"content", text}};
+  if (!thinking.empty()) msg["reasoning_content"] = thinking;
+  if (!calls.empty()) msg["tool_calls"] = std::move(calls);
+  out->push_back(std::move(msg));
+  return true;
+}
+
+ApiResult<ojson> convert_tools(const ojson& tools) {
+  if (!tools.is_array()) return bad_request("tools", "'tools' must be a list");
+  ojson out = ojson::array();
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const ojson& t = tools[i];
+    const std::string where = fmt::format("tools[{}]", i);
+    if (!t.is_object()) return bad_request(where, fmt::format("'{}' must be an object", where));
+    RECUR_API_ASSIGN(auto name, get_string(t, "name", where + "."));
+    if (!name || name->empty() || name->size() > 256) {
+      return bad_request(where + ".name",
+                         fmt::format("'{}.name' must be a non-empty string", where));
+    }
+    RECUR_API_ASSIGN(auto desc, get_string(t, "description", where + "."));
+    const ojson* schema = field(t, "input_schema");
+    if (schema && !schema->is_object()) {
+      return bad_request(where + ".input_schema",
+                         fmt::format("'{}.input_schema' must be an object", where));
+    }
+    ojson fn = {{"name", *name}};
+    if (desc) fn["description"] = *desc;
+    fn["parameters"] = schema ? *schema : ojson::object();
+    out.push_back({{"type", "function"}, {"function", std::move(fn)}});
+  }
+  return out;
+}
+
+}  // namespace
+
+ApiResult<ParsedRequest> parse_messages_request(const ojson& body, const ServingContext& ctx) {
+  ParsedRequest req;
+  req.endpoint = Endpoint::kMessages;
+  RECUR_API_CHECK(check_model(body, ctx));
+  RECUR_API_CHECK(parse_sampling(body, ctx, &req));
+  RECUR_API_ASSIGN(auto stream, get_bool(body, "stream"));
+  req.stream = stream.value_or(false);
+  RECUR_API_ASSIGN(auto max_tokens, get_int(body, "max_tokens", 1, INT32_MAX));
+  if (!max_tokens) return bad_request("max_tokens", "'max_tokens' is required");
+  req.engine.max_tokens = int(*max_tokens);
+  req.max_tokens_given = true;
+  if (const ojson* stops = field(body, "stop_sequences")) {
+    if (!stops->is_array() || stops->size() > 64) {
+      return bad_request("stop_sequences", "'stop_sequences' must be a list of at most 64 strings");
+    }
+    for (const auto& s : *stops) {
+      if (!s.is_string() || s.get_ref<const std::string&>().size() > 1024) {
+        return bad_request("stop_sequences", "'stop_sequences' must hold strings (<= 1024 bytes)");
+      }
+      if (!s.get_ref<const std::string&>().empty()) {
+        req.engine.stop.stop_strings.push_back(s.get<std::string>());
+      }
+    }
+  }
+
+  ojson messages = ojson::array();
+  if (const ojson* system = field(body, "system")) {
+    RECUR_API_ASSIGN(std::string text, text_of(*system, "system"));
+    messages.push_back({{"role", "system"}, {"content", text}});
+  }
+  const ojson* msgs = field(body, "messages");
+  if (!msgs || !msgs->is_array() || msgs->empty()) {
+    return bad_request("messages", "'messages' must be a non-empty list of messages");
+  }
+  for (size_t i = 0; i < msgs->size(); ++i) RECUR_API_CHECK(add_message((*msgs)[i], i, &messages));
+
+  ojson tools;
+  if (const ojson* t = field(body, "tools")) {
+    RECUR_API_ASSIGN(tools, convert_tools(*t));
+  }
+  const bool have_tools = tools.is_array() && !tools.empty();
+  std::string choice = have_tools ? "auto" : "none";
+  if (const ojson* tc = field(body, "tool_choice")) {
+    const ojson* type = field(*tc, "type");
+    if (!tc->is_object() || !type || !type->is_string()) {
+      return bad_request("tool_choice", "'tool_choice' must be {\"type\": auto|any|tool|none}");
+    }
+    const std::string t = type->get<std::string>();
+    if (t == "auto" || t == "none") {
+      choice = have_tools ? t : "none";
+    } else if (t == "any" || t == "tool") {
+      if (!have_tools) return bad_request("tool_choice", "'tool_choice' needs 'tools'");
+      choice = "required";
+      if (t == "tool") {
+        RECUR_API_ASSIGN(auto name, get_string(*tc, "name", "tool_choice."));
+        bool known = false;
+        for (const auto& x : tools) known = known || (name && x["function"]["name"] == *name);
+        if (!known) return bad_request("tool_choice.name", "'tool_choice.name' is not in 'tools'");
+        choice = "named:" + *name;
+      }
+    } else {
+      return bad_request("tool_choice.type", "'tool_choice.type' must be auto, any, tool or none");
+    }
+    RECUR_API_ASSIGN(auto no_parallel, get_bool(*tc, "disable_parallel_tool_use", "tool_choice."));
+    req.output.parallel_tool_calls = !no_parallel.value_or(false);
+  }
+  ojson kwargs;
+  if (const ojson* thinking = field(body, "thinking")) {
+    const ojson* type = field(*thinking, "type");
+    if (!thinking->is_object() || !type || (*type != "enabled" && *type != "disabled")) {
+      return bad_request("thinking", "'thinking' must be {\"type\": \"enabled\"|\"disabled\"}");
+    }
+    RECUR_API_CHECK(get_int(*thinking, "budget_tokens", 0, INT32_MAX, "thinking."));
+    kwargs = {{"enable_thinking", *type == "enabled"}};
+  }
+  if (const ojson* extra = field(body, "chat_template_kwargs")) {
+    if (!extra->is_object()) {
+      return bad_request("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    }
+    if (kwargs.is_null()) kwargs = ojson::object();
+    for (const auto& [k, v] : extra->items()) kwargs[k] = v;
+  }
+  RECUR_API_CHECK(render_chat(messages, have_tools ? &tools : nullptr,
+                              kwargs.is_null() ? nullptr : &kwargs, choice, ctx, &req));
+  RECUR_API_CHECK(check_lengths(ctx, &req));
+  return req;
+}
+
+}  // namespace recur::server

@@ -1,0 +1,49 @@
+// `recur serve`: an OpenAI- and Anthropic-compatible HTTP server over one batching engine.
+// Every request's sequences go through the same engine, so concurrent requests share decode
+// steps; a client that goes away has its sequences cancelled at once.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "core/status.h"
+#include "engine/engine.h"
+#include "server/request.h"
+
+namespace recur::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;      // 0: any free port
+  std::string api_key;  // empty: no authentication
+  std::string model_name;
+  size_t max_body_bytes = size_t(8) << 20;
+  int http_threads = 0;  // 0: enough for max_batch streams plus idle keep-alive connections
+  std::chrono::milliseconds shutdown_grace{30000};  // then in-flight requests are cancelled
+};
+
+class Server {
+ public:
+  // The engine must be started and outlive the server; tokenizer and template may be null.
+  Server(Engine& engine, const Tokenizer* tokenizer, const ChatTemplate* chat_template,
+         ServerOptions options);
+  ~Server();
+
+  // Binds the listening socket; returns the port (useful with port 0).
+  Result<int> bind();
+  // Serves until shutdown() has run and in-flight requests have ended.
+  Status serve();
+  // Safe from any thread, once or more: stops accepting connections, refuses new requests,
+  // lets running ones finish within the grace period, cancels the rest.
+  void shutdown();
+
+  const ServingContext& context() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace recur::server

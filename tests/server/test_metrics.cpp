@@ -1,0 +1,73 @@
+// Prometheus text output: HELP/TYPE before samples, cumulative histogram buckets ending in
+// +Inf equal to _count, and the engine's gauges.
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "server/metrics.h"
+
+namespace recur::server {
+namespace {
+
+std::string value_of(const std::string& text, const std::string& series) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(series + " ", 0) == 0) return line.substr(series.size() + 1);
+  }
+  return "<missing>";
+}
+
+TEST(Metrics, HistogramBucketsAreCumulative) {
+  Histogram h({0.1, 1.0, 10.0});
+  for (double v : {0.05, 0.1, 0.5, 5.0, 50.0}) h.observe(v);
+  std::string out;
+  h.render(&out, "x_seconds", "help text");
+  EXPECT_EQ(out,
+            "# HELP x_seconds help text\n# TYPE x_seconds histogram\n"
+            "x_seconds_bucket{le=\"0.1\"} 2\nx_seconds_bucket{le=\"1\"} 3\n"
+            "x_seconds_bucket{le=\"10\"} 4\nx_seconds_bucket{le=\"+Inf\"} 5\n"
+            "x_seconds_sum 55.65\nx_seconds_count 5\n");
+}
+
+TEST(Metrics, RenderCarriesEngineGaugesAndCounters) {
+  Metrics m;
+  m.http_request("/v1/completions", 200);
+  m.http_request("/v1/completions", 200);
+  m.http_request("other", 404);
+  m.request_started("chat");
+  m.request_finished("stop");
+  m.request_finished("abort");
+  m.client_disconnected();
+  m.ttft.observe(0.02);
+  EngineStats s;
+  s.running = 3;
+  s.waiting = 2;
+  s.kv_blocks_used = 10;
+  s.kv_blocks_total = 100;
+  s.slots_used = 3;
+  s.slots_total = 8;
+  s.alloc.live_buffers = 42;
+  s.alloc.live_bytes = 1 << 20;
+  s.generated_tokens = 77;
+  const std::string text = m.render(s);
+  EXPECT_EQ(value_of(text, R"(recur_http_requests_total{route="/v1/completions",code="200"})"),
+            "2");
+  EXPECT_EQ(value_of(text, R"(recur_http_requests_total{route="other",code="404"})"), "1");
+  EXPECT_EQ(value_of(text, R"(recur_requests_total{endpoint="chat"})"), "1");
+  EXPECT_EQ(value_of(text, R"(recur_requests_total{endpoint="messages"})"), "0");
+  EXPECT_EQ(value_of(text, R"(recur_sequences_finished_total{finish_reason="abort"})"), "1");
+  EXPECT_EQ(value_of(text, "recur_client_disconnects_total"), "1");
+  EXPECT_EQ(value_of(text, "recur_num_requests_running"), "3");
+  EXPECT_EQ(value_of(text, "recur_num_requests_waiting"), "2");
+  EXPECT_EQ(value_of(text, "recur_kv_cache_blocks_used"), "10");
+  EXPECT_EQ(value_of(text, "recur_state_slots_used"), "3");
+  EXPECT_EQ(value_of(text, "recur_live_buffers"), "42");
+  EXPECT_EQ(value_of(text, "recur_live_bytes"), "1048576");
+  EXPECT_EQ(value_of(text, "recur_generation_tokens_total"), "77");
+  EXPECT_EQ(value_of(text, "recur_time_to_first_token_seconds_count"), "1");
+  EXPECT_EQ(text.back(), '\n');
+}
+
+}  // namespace
+}  // namespace recur::server
