@@ -115,6 +115,12 @@ void Server::Impl::setup() {
   http.set_read_timeout(10, 0);
   http.set_write_timeout(30, 0);
   http.set_tcp_nodelay(true);
+  // httplib's default also sets SO_REUSEPORT, which lets a second server bind the same port
+  // and silently take half its connections; a port in use must be an error instead.
+  http.set_socket_options([](socket_t sock) {
+    const int one = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  });
 
   auto guard = [this](auto fn) {
     return [this, fn](const httplib::Request& req, httplib::Response& res) {
