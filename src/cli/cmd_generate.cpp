@@ -172,13 +172,7 @@ int run_generate(const GenerateOptions& o) {
   if (!engine.ok()) return fail(engine.error());
   Engine& eng = **engine;
 
-  const GenerationDefaults& gd = eng.model_info().generation;
-  SamplingParams sp;
-  sp.temperature = gd.do_sample ? gd.temperature : 0.0f;
-  sp.top_k = gd.do_sample ? gd.top_k : 0;
-  sp.top_p = gd.do_sample ? gd.top_p : 1.0f;
-  sp.min_p = gd.do_sample ? gd.min_p : 0.0f;
-  sp.repetition_penalty = gd.repetition_penalty;
+  SamplingParams sp = default_sampling(eng.model_info().generation);
   if (o.temperature) sp.temperature = *o.temperature;
   if (o.top_k) sp.top_k = *o.top_k;
   if (o.top_p) sp.top_p = *o.top_p;

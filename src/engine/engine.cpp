@@ -19,6 +19,16 @@ const char* finish_reason_name(FinishReason r) {
   return "error";
 }
 
+SamplingParams default_sampling(const GenerationDefaults& gd) {
+  SamplingParams sp;
+  sp.temperature = gd.do_sample ? gd.temperature : 0.0f;
+  sp.top_k = gd.do_sample ? gd.top_k : 0;
+  sp.top_p = gd.do_sample ? gd.top_p : 1.0f;
+  sp.min_p = gd.do_sample ? gd.min_p : 0.0f;
+  sp.repetition_penalty = gd.repetition_penalty;
+  return sp;
+}
+
 struct Engine::Sequence {
   uint64_t id = 0;
   Request req;
@@ -315,10 +325,7 @@ bool Engine::step() {
   if (running_.empty()) {
     {
       std::lock_guard<std::mutex> lk(mu_);
-      stats_.running = 0;
-      stats_.waiting = int(waiting_.size());
-      stats_.kv_blocks_used = blocks_->used();
-      stats_.slots_used = slots_->used();
+      publish_gauges();
     }
     idle_cv_.notify_all();
     return !waiting_.empty();
@@ -358,10 +365,7 @@ bool Engine::step() {
       stats_.decode_seconds += secs;
       stats_.decode_step_tokens += decode_tokens;
     }
-    stats_.running = int(running_.size());
-    stats_.waiting = int(waiting_.size());
-    stats_.kv_blocks_used = blocks_->used();
-    stats_.slots_used = slots_->used();
+    publish_gauges();
   }
   idle_cv_.notify_all();
   return !running_.empty() || !waiting_.empty();
@@ -457,6 +461,13 @@ void Engine::release_finished() {
     std::lock_guard<std::mutex> lk(mu_);
     stats_.requests_finished += done;
   }
+}
+
+void Engine::publish_gauges() {
+  stats_.running = int(running_.size());
+  stats_.waiting = int(waiting_.size());
+  stats_.kv_blocks_used = blocks_->used();
+  stats_.slots_used = slots_->used();
 }
 
 EngineStats Engine::stats() const {

@@ -37,6 +37,10 @@ struct Request {
   bool skip_special_tokens = true;  // for the text that events carry
 };
 
+// A request's sampling before its own overrides: generation_config.json's values when it sets
+// do_sample, greedy otherwise (as transformers' generate does).
+SamplingParams default_sampling(const GenerationDefaults& gd);
+
 enum class FinishReason { kStop, kLength, kCancelled, kError };
 const char* finish_reason_name(FinishReason r);  // "stop", "length", "cancelled", "error"
 
@@ -126,7 +130,7 @@ class Engine {
   void finish(Sequence& seq, FinishReason reason, std::string_view message);
   void release_finished();
   void sample_and_emit();
-  void publish_stats(double seconds, bool had_prompt, int decode_tokens);
+  void publish_gauges();  // running, waiting, blocks and slots in use; caller holds mu_
   bool ensure_blocks(Sequence& seq, int last_position);
 
   EngineConfig config_;
@@ -141,7 +145,6 @@ class Engine {
   // Owned by the engine thread.
   std::vector<std::unique_ptr<Sequence>> running_, waiting_;
   std::vector<Sequence*> logit_seqs_;  // sequence of each logits row this step
-  std::vector<int> fed_;               // tokens fed per running sequence this step
   Batch batch_;
   std::string text_buf_;
 

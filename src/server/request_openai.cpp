@@ -278,13 +278,8 @@ ApiResult<bool> check_model(const ojson& body, const ServingContext& ctx) {
 }
 
 ApiResult<bool> parse_sampling(const ojson& b, const ServingContext& ctx, ParsedRequest* req) {
-  const GenerationDefaults& gd = ctx.generation;
   SamplingParams& sp = req->engine.sampling;
-  sp.temperature = gd.do_sample ? gd.temperature : 0.0f;
-  sp.top_k = gd.do_sample ? gd.top_k : 0;
-  sp.top_p = gd.do_sample ? gd.top_p : 1.0f;
-  sp.min_p = gd.do_sample ? gd.min_p : 0.0f;
-  sp.repetition_penalty = gd.repetition_penalty;
+  sp = default_sampling(ctx.generation);
 
   RECUR_API_ASSIGN(auto temperature, get_number(b, "temperature", 0, 100));
   if (temperature) sp.temperature = float(*temperature);

@@ -120,12 +120,14 @@ void CpuOps::rope(Tensor x, const int32_t* positions, int rot_dim, double theta)
   const int half = rot_dim / 2;
   RECUR_CHECK(half <= 512);
   const int64_t n = x.shape[0], heads = x.shape[1];
+  double inv_freq[512];
+  for (int i = 0; i < half; ++i) inv_freq[i] = std::pow(theta, -2.0 * i / rot_dim);
   pool_.parallel_for(n, 16, [&](int64_t t0, int64_t t1) {
     float cos_t[512], sin_t[512];
     for (int64_t t = t0; t < t1; ++t) {
       for (int i = 0; i < half; ++i) {
         // Angles in double: positions reach millions, where f32 angles lose the phase.
-        double angle = double(positions[t]) * std::pow(theta, -2.0 * i / rot_dim);
+        const double angle = double(positions[t]) * inv_freq[i];
         cos_t[i] = float(std::cos(angle));
         sin_t[i] = float(std::sin(angle));
       }
