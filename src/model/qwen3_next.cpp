@@ -547,10 +547,15 @@ Result<std::unique_ptr<Model>> load_qwen3_next(std::unique_ptr<Checkpoint> ckpt,
     return make_error(ErrorCode::kInvalidArgument, "batch tokens, slots and blocks must be >= 1");
   }
   auto model = std::make_unique<Qwen3Next>(cfg, ops, opt);
+  Qwen3Next* m = model.get();
   Checkpoint& c = *ckpt;
   RECUR_RETURN_IF_ERROR(model->load(
       [&](const std::string& name, const std::vector<int64_t>& shape) -> Result<Tensor> {
         RECUR_ASSIGN_OR_RETURN(Tensor host, c.get(name, shape));
+        // Every 2-D weight but the embedding table is only ever matmul's w.
+        if (shape.size() == 2 && name != "model.embed_tokens.weight") {
+          return ops.adopt_matmul_weight(host, &m->owned_weights());
+        }
         return ops.adopt_weight(host);
       },
       c.generation_config()));

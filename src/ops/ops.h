@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "core/allocator.h"
 #include "core/tensor.h"
@@ -45,6 +46,12 @@ class Ops {
   virtual Allocator& allocator() = 0;
   // Makes a weight usable by this backend: the same view on the CPU, a device copy elsewhere.
   virtual Result<Tensor> adopt_weight(const Tensor& host) = 0;
+  // As adopt_weight, for a weight used only as matmul's w [m, k]: a backend may keep it in a
+  // layout of its own, described by the view's strides. Buffers it allocates for that go to
+  // `owned`, which the caller keeps as long as the weight. Default: adopt_weight.
+  virtual Result<Tensor> adopt_matmul_weight(const Tensor& host, std::vector<Buffer>* owned) {
+    return adopt_weight(host);
+  }
   virtual void copy_to_host(const Tensor& src, void* dst) = 0;  // src contiguous
   virtual void fill_zero(Tensor t) = 0;                         // t contiguous
   // dst contiguous; src holds dst's bytes. The default suits backends whose memory the host
@@ -70,7 +77,8 @@ class Ops {
   virtual void embedding(const int32_t* ids, int n, const Tensor& table, Tensor out) = 0;
   // out[n, d] = x[rows[i], :]
   virtual void gather_rows(const Tensor& x, const int32_t* rows, int n, Tensor out) = 0;
-  // out[n, m] = x[n, k] · w[m, k]^T, or out += that when accumulate.
+  // out[n, m] = x[n, k] · w[m, k]^T, or out += that when accumulate; w row-major or as
+  // adopt_matmul_weight gave it.
   virtual void matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulate = false) = 0;
   // Rows of x [..., d]: out = x · rsqrt(mean(x²) + eps) · (w + weight_offset); w [d].
   virtual void rms_norm(const Tensor& x, const Tensor& w, float weight_offset, float eps,

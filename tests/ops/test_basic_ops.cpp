@@ -1,4 +1,6 @@
 // Row-wise, elementwise and matmul kernels against the scalar references at awkward sizes.
+#include <cstring>
+
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/reference.h"
 #include "ops/op_test_util.h"
@@ -6,8 +8,8 @@
 namespace recur {
 namespace {
 
-using testing::HostTensor;
 using testing::fill_random;
+using testing::HostTensor;
 using testing::max_abs_diff;
 
 class BasicOps : public ::testing::Test {
@@ -30,6 +32,61 @@ TEST_F(BasicOps, MatmulMatchesReferenceForEveryWeightDtypeAndOddSizes) {
           ASSERT_LE(max_abs_diff(out.f(), ref.f(), n * m), 1e-4)
               << dtype_name(wt) << " n=" << n << " k=" << k << " m=" << m;
         }
+      }
+    }
+  }
+}
+
+// The k-major layout of adopt_matmul_weight: every tile shape (columns 1..4 vectors with a
+// partial last one, token counts around the 6/8/12/16-token tiles), every weight dtype; each
+// token's row must be bit-identical to that token computed alone.
+TEST_F(BasicOps, KMajorMatmulMatchesReferenceAndIsBatchInvariant) {
+  std::vector<Buffer> owned;
+  for (DType wt : {DType::F32, DType::BF16, DType::F16}) {
+    for (int64_t n : {1, 2, 5, 6, 7, 13, 17, 40}) {
+      for (int64_t k : {1, 31, 64, 65}) {
+        for (int64_t m : {1, 4, 16, 17, 33, 64, 96, 130}) {
+          HostTensor x(DType::F32, {n, k}), w(wt, {m, k}), out(DType::F32, {n, m}),
+              ref(DType::F32, {n, m}), one(DType::F32, {1, m});
+          fill_random(x, rng);
+          fill_random(w, rng, 0.2f);
+          auto packed = ops.adopt_matmul_weight(w.t, &owned);
+          ASSERT_TRUE(packed.ok());
+          ASSERT_EQ(packed->stride[0], 1) << "not k-major";
+          ASSERT_EQ(packed->shape[0], m);
+          ASSERT_EQ(packed->shape[1], k);
+          ops.matmul(x.t, *packed, out.t, false);
+          ref::matmul(x.t, w.t, ref.t);
+          ASSERT_LE(max_abs_diff(out.f(), ref.f(), n * m), 1e-4)
+              << dtype_name(wt) << " n=" << n << " k=" << k << " m=" << m;
+          for (int64_t t : {int64_t(0), n / 2, n - 1}) {
+            ops.matmul(x.t.slice_rows(t, t + 1), *packed, one.t, false);
+            ASSERT_EQ(std::memcmp(one.f(), out.f() + t * m, size_t(m) * 4), 0)
+                << "token " << t << " of " << n << " differs alone; m=" << m << " k=" << k;
+          }
+        }
+      }
+    }
+  }
+  // Accumulation into a strided output view.
+  const int64_t n = 7, k = 33, m = 20;
+  HostTensor x(DType::F32, {n, k}), w(DType::BF16, {m, k}), outbig(DType::F32, {n, m + 3}),
+      ref(DType::F32, {n, m});
+  fill_random(x, rng);
+  fill_random(w, rng);
+  fill_random(outbig, rng);
+  HostTensor before = outbig;
+  auto packed = ops.adopt_matmul_weight(w.t, &owned);
+  ASSERT_TRUE(packed.ok());
+  ops.matmul(x.t, *packed, outbig.t.slice_cols(2, 2 + m), /*accumulate=*/true);
+  ref::matmul(x.t, w.t, ref.t);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t j = 0; j < m + 3; ++j) {
+      const float got = outbig.f()[t * (m + 3) + j], old = before.f()[t * (m + 3) + j];
+      if (j >= 2 && j < 2 + m) {
+        EXPECT_NEAR(got, old + ref.f()[t * m + j - 2], 1e-4);
+      } else {
+        EXPECT_EQ(got, old) << "column outside the view was written";
       }
     }
   }
@@ -133,7 +190,8 @@ TEST_F(BasicOps, ElementwiseOps) {
   }
   HostTensor x = u;
   ops.mul_sigmoid(x.t, g.t);
-  for (int64_t i = 0; i < n * d; ++i) ASSERT_NEAR(x.f()[i], u.f()[i] / (1 + std::exp(-g.f()[i])), 1e-6);
+  for (int64_t i = 0; i < n * d; ++i)
+    ASSERT_NEAR(x.f()[i], u.f()[i] / (1 + std::exp(-g.f()[i])), 1e-6);
   x = u;
   ops.add_scaled_sigmoid(x.t, g.t, s.t);
   for (int64_t i = 0; i < n * d; ++i) {

@@ -1,5 +1,6 @@
 // Sequence-wise kernels (conv, gated delta rule, paged attention) and MoE against the scalar
 // references, on ragged batches whose segments straddle the chunk size.
+#include <cstring>
 #include <numeric>
 
 #include "backend/cpu/cpu_ops.h"
@@ -9,8 +10,8 @@
 namespace recur {
 namespace {
 
-using testing::HostTensor;
 using testing::fill_random;
+using testing::HostTensor;
 using testing::max_abs;
 using testing::max_abs_diff;
 
@@ -50,7 +51,7 @@ class SequenceOps : public ::testing::Test {
 };
 
 TEST_F(SequenceOps, ConvMatchesReferenceAndCarriesStateAcrossCalls) {
-  for (int64_t K : {2, 3, 4}) {
+  for (int64_t K : {1, 2, 3, 4, 7}) {
     const int64_t C = 37;
     const std::vector<int> lens = {1, 5, 64, 65};
     std::vector<int> zeros(lens.size(), 0);
@@ -94,8 +95,11 @@ TEST_F(SequenceOps, ConvMatchesReferenceAndCarriesStateAcrossCalls) {
 struct DeltaInputs {
   HostTensor q, k, v, g, beta;
   DeltaInputs(int64_t n, int64_t hk, int64_t hv, int64_t dk, int64_t dv, std::mt19937& rng)
-      : q(DType::F32, {n, hk, dk}), k(DType::F32, {n, hk, dk}), v(DType::F32, {n, hv, dv}),
-        g(DType::F32, {n, hv}), beta(DType::F32, {n, hv}) {
+      : q(DType::F32, {n, hk, dk}),
+        k(DType::F32, {n, hk, dk}),
+        v(DType::F32, {n, hv, dv}),
+        g(DType::F32, {n, hv}),
+        beta(DType::F32, {n, hv}) {
     fill_random(q, rng);
     fill_random(k, rng);
     fill_random(v, rng);
@@ -123,14 +127,15 @@ TEST_F(SequenceOps, DeltaRuleChunkedAndRecurrentAgreeWithTheDefinition) {
         Layout lay({len}, zeros, 16, rng);
         HostTensor state0(DType::F32, {1, hv, dk, dv});
         if (initial_state) fill_random(state0, rng, 0.5f);
-        HostTensor scratch(DType::U8, {int64_t(ops.gated_delta_rule_scratch_bytes(int(dk), int(dv)))});
+        HostTensor scratch(DType::U8,
+                           {int64_t(ops.gated_delta_rule_scratch_bytes(int(dk), int(dv)))});
         HostTensor s_ref = state0, s_rec = state0, s_chunk = state0;
         HostTensor o_ref(DType::F32, {len, hv, dv}), o_rec = o_ref, o_chunk = o_ref;
         ref::gated_delta_rule(in.q.t, in.k.t, in.v.t, in.g.t, in.beta.t, s_ref.t, lay.l, o_ref.t);
         ops.gated_delta_rule(in.q.t, in.k.t, in.v.t, in.g.t, in.beta.t, s_rec.t, lay.l, o_rec.t,
                              scratch.t, DeltaRuleForm::kRecurrent);
-        ops.gated_delta_rule(in.q.t, in.k.t, in.v.t, in.g.t, in.beta.t, s_chunk.t, lay.l,
-                             o_chunk.t, scratch.t, DeltaRuleForm::kChunked);
+        ops.gated_delta_rule(in.q.t, in.k.t, in.v.t, in.g.t, in.beta.t, s_chunk.t, lay.l, o_chunk.t,
+                             scratch.t, DeltaRuleForm::kChunked);
         const double scale = std::max(1.0, max_abs(o_ref.f(), o_ref.numel()));
         const int64_t no = o_ref.numel(), ns = s_ref.numel();
         EXPECT_LE(max_abs_diff(o_rec.f(), o_ref.f(), no) / scale, 2e-5)
@@ -199,6 +204,66 @@ TEST_F(SequenceOps, PagedAttentionMatchesReferenceOnRaggedBatchesWithHistory) {
   }
 }
 
+// Contexts long enough to be split into parts (kAttentionPartPositions each, up to
+// kAttentionMaxParts), odd block sizes and head dims; results must match the reference and be
+// bit-identical whatever the thread count and whatever else is in the batch.
+TEST_F(SequenceOps, PagedAttentionSplitsLongContextsIdenticallyForAnyThreadsAndBatch) {
+  struct Case {
+    int64_t kv, group, hd;
+    int block_size;
+    std::vector<int> lens, first;
+  };
+  const int64_t P = CpuOps::kAttentionPartPositions;
+  const std::vector<Case> cases = {
+      {1, 2, 32, 16, {1, 1, 1}, {int(3 * P + 5), int(P - 1), 7}},
+      {2, 3, 20, 12, {1, 2}, {int(2 * P + 100), int(P + 3)}},
+      {1, 1, 17, 16, {1}, {int(CpuOps::kAttentionMaxParts * P + 3 * P + 40)}},
+  };
+  for (const Case& c : cases) {
+    const int64_t heads = c.kv * c.group;
+    Layout lay(c.lens, c.first, c.block_size, rng);
+    const int64_t n = lay.l.n_tokens;
+    HostTensor kc(DType::F32, {lay.n_blocks(), c.kv, c.hd, c.block_size}),
+        vc(DType::F32, {lay.n_blocks(), c.kv, c.block_size, c.hd});
+    fill_random(kc, rng, 0.5f);
+    fill_random(vc, rng);
+    HostTensor q(DType::F32, {n, heads, c.hd});
+    fill_random(q, rng);
+    const float scale = 1.0f / std::sqrt(float(c.hd));
+    HostTensor ref_out(DType::F32, {n, heads, c.hd});
+    ref::paged_attention(q.t, kc.t, vc.t, lay.l, scale, ref_out.t);
+    std::vector<HostTensor> outs;
+    for (int threads : {1, 3, 16}) {
+      CpuOps pool_ops(threads);
+      outs.emplace_back(DType::F32, std::initializer_list<int64_t>{n, heads, c.hd});
+      pool_ops.paged_attention(q.t, kc.t, vc.t, lay.l, scale, outs.back().t);
+      EXPECT_LE(max_abs_diff(outs.back().f(), ref_out.f(), n * heads * c.hd), 2e-5)
+          << "threads=" << threads << " hd=" << c.hd;
+      EXPECT_EQ(std::memcmp(outs.back().f(), outs[0].f(), size_t(n * heads * c.hd) * 4), 0)
+          << "threads=" << threads << " changed the result";
+    }
+    // Each sequence alone (its own layout view) gives the bits it got in the batch.
+    for (int s = 0; s < lay.l.n_seqs; ++s) {
+      const int32_t b = lay.seq_start[size_t(s)], e = lay.seq_start[size_t(s) + 1];
+      const int32_t seq_start[2] = {0, e - b};
+      SeqLayout one = lay.l;
+      one.n_seqs = 1;
+      one.n_tokens = e - b;
+      one.seq_start = seq_start;
+      one.slot = lay.l.slot + s;
+      one.positions = lay.l.positions + b;
+      one.block_start = lay.l.block_start + s;
+      CpuOps pool_ops(4);
+      HostTensor alone(DType::F32, {e - b, heads, c.hd});
+      pool_ops.paged_attention(q.t.slice_rows(b, e), kc.t, vc.t, one, scale, alone.t);
+      EXPECT_EQ(std::memcmp(alone.f(), outs[0].f() + int64_t(b) * heads * c.hd,
+                            size_t((e - b) * heads * c.hd) * 4),
+                0)
+          << "sequence " << s << " alone differs from the batch";
+    }
+  }
+}
+
 TEST_F(SequenceOps, MoeRoutingAndExpertsMatchReference) {
   for (bool norm_topk : {true, false}) {
     const int64_t n = 9, d = 24, E = 7, k = 3, ff = 13;
@@ -207,7 +272,8 @@ TEST_F(SequenceOps, MoeRoutingAndExpertsMatchReference) {
     HostTensor ids(DType::I32, {n, k}), w(DType::F32, {n, k}), ids_ref = ids, w_ref = w;
     ops.moe_route(logits.t, int(k), norm_topk, ids.t, w.t);
     ref::moe_route(logits.t, int(k), norm_topk, ids_ref.t, w_ref.t);
-    for (int64_t i = 0; i < n * k; ++i) ASSERT_EQ(ids.t.ptr<int32_t>()[i], ids_ref.t.ptr<int32_t>()[i]);
+    for (int64_t i = 0; i < n * k; ++i)
+      ASSERT_EQ(ids.t.ptr<int32_t>()[i], ids_ref.t.ptr<int32_t>()[i]);
     EXPECT_LE(max_abs_diff(w.f(), w_ref.f(), n * k), 1e-6);
 
     std::vector<HostTensor> store;
@@ -223,7 +289,9 @@ TEST_F(SequenceOps, MoeRoutingAndExpertsMatchReference) {
     HostTensor x(DType::F32, {n, d}), out(DType::F32, {n, d}), ref_out = out;
     fill_random(x, rng);
     fill_random(out, rng);  // must be overwritten
-    HostTensor scratch(DType::U8, {int64_t(ops.moe_experts_scratch_bytes(int(n), int(k), int(E), int(d), int(ff)))});
+    HostTensor scratch(
+        DType::U8,
+        {int64_t(ops.moe_experts_scratch_bytes(int(n), int(k), int(E), int(d), int(ff)))});
     ops.moe_experts(x.t, experts, ids.t, w.t, out.t, scratch.t);
     ref::moe_experts(x.t, experts, ids.t, w.t, ref_out.t);
     EXPECT_LE(max_abs_diff(out.f(), ref_out.f(), n * d), 1e-5);

@@ -11,7 +11,10 @@ namespace recur {
 
 using namespace cpu;
 
-CpuOps::CpuOps(int n_threads) : pool_(n_threads) {}
+CpuOps::CpuOps(int n_threads)
+    : pool_(n_threads),
+      attention_scratch_(
+          new float[size_t(pool_.size()) * kAttentionMaxParts * (kMaxGroupDims + 2 * kMaxGroup)]) {}
 
 void CpuOps::copy_to_host(const Tensor& src, void* dst) {
   RECUR_CHECK(src.is_contiguous());
@@ -181,8 +184,8 @@ void CpuOps::add_scaled_sigmoid(Tensor x, const Tensor& y, const Tensor& s) {
   }
 }
 
-void CpuOps::gdn_gates(const Tensor& a, const Tensor& b, const Tensor& a_log,
-                       const Tensor& dt_bias, Tensor g, Tensor beta) {
+void CpuOps::gdn_gates(const Tensor& a, const Tensor& b, const Tensor& a_log, const Tensor& dt_bias,
+                       Tensor g, Tensor beta) {
   const int64_t n = a.shape[0], hv = a.shape[1];
   for (int64_t t = 0; t < n; ++t) {
     const float* ar = a.row<float>(t);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "core/threads.h"
 #include "ops/ops.h"
@@ -13,9 +14,20 @@ class CpuOps final : public Ops {
  public:
   explicit CpuOps(int n_threads = default_thread_count());
 
+  // Attention splits a context into attention_parts(n_ctx) parts (a function of the length
+  // alone, so that results do not depend on the batch or the thread count).
+  static constexpr int64_t kAttentionPartPositions = 1024;
+  static constexpr int kAttentionMaxParts = 16;
+  static constexpr int kMaxGroup = 64;        // query heads per kv head
+  static constexpr int kMaxGroupDims = 8192;  // query heads per kv head × head_dim
+  static int attention_parts(int64_t n_ctx);
+
   Device device() const override { return Device::kCpu; }
   Allocator& allocator() override { return cpu_allocator(); }
   Result<Tensor> adopt_weight(const Tensor& host) override { return host; }
+  // A k-major copy [k, ld] (ld = m rounded up to 16, zero padded), as the view with strides
+  // {1, ld}: the layout of the register-tiled matmul kernel.
+  Result<Tensor> adopt_matmul_weight(const Tensor& host, std::vector<Buffer>* owned) override;
   void copy_to_host(const Tensor& src, void* dst) override;
   void fill_zero(Tensor t) override;
   int n_threads() const { return pool_.size(); }
@@ -51,8 +63,7 @@ class CpuOps final : public Ops {
   void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                        const SeqLayout& layout, float scale, Tensor out) override;
 
-  void moe_route(const Tensor& logits, int k, bool norm_topk, Tensor ids,
-                 Tensor weights) override;
+  void moe_route(const Tensor& logits, int k, bool norm_topk, Tensor ids, Tensor weights) override;
   void moe_experts(const Tensor& x, std::span<const ExpertWeights> experts, const Tensor& ids,
                    const Tensor& weights, Tensor out, Tensor scratch) override;
   size_t moe_experts_scratch_bytes(int n_tokens, int k, int n_experts, int d,
@@ -60,6 +71,9 @@ class CpuOps final : public Ops {
 
  private:
   ThreadPool pool_;
+  // Partial softmax states of attention parts: kAttentionMaxParts per thread, allocated once
+  // (left uninitialised: pages are only touched by contexts long enough to be split).
+  std::unique_ptr<float[]> attention_scratch_;
 };
 
 }  // namespace recur

@@ -5,43 +5,97 @@
 
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/vector_math.h"
 
 namespace recur {
 
 using namespace cpu;
+
+namespace {
+
+// Channels [c0, c0 + 16) (masked) of one sequence: a window of the last K-1 inputs slides over
+// its tokens; wt[j] holds tap j of the 16 channels.
+template <int K>
+void conv_channels(const float* x, int64_t x_stride, float* out, int64_t out_stride, float* state,
+                   int64_t C, int64_t c0, int64_t len, const float (*wt)[16]) {
+#if defined(__AVX512F__)
+  const __mmask16 m = tail_mask(C - c0);
+  __m512 w[K], win[K];  // win[K-1] is the incoming token
+  for (int j = 0; j < K; ++j) w[j] = _mm512_loadu_ps(wt[j]);
+  for (int j = 0; j < K - 1; ++j) win[j] = _mm512_maskz_loadu_ps(m, state + j * C + c0);
+  for (int64_t i = 0; i < len; ++i) {
+    win[K - 1] = _mm512_maskz_loadu_ps(m, x + i * x_stride + c0);
+    __m512 acc = _mm512_mul_ps(w[0], win[0]);
+    for (int j = 1; j < K; ++j) acc = _mm512_fmadd_ps(w[j], win[j], acc);
+    _mm512_mask_storeu_ps(out + i * out_stride + c0, m, silu16(acc));
+    for (int j = 0; j < K - 1; ++j) win[j] = win[j + 1];
+  }
+  for (int j = 0; j < K - 1; ++j) _mm512_mask_storeu_ps(state + j * C + c0, m, win[j]);
+#else
+  const int64_t nc = std::min<int64_t>(16, C - c0);
+  float win[K][16];
+  for (int j = 0; j < K - 1; ++j)
+    for (int64_t c = 0; c < nc; ++c) win[j][c] = state[j * C + c0 + c];
+  for (int64_t i = 0; i < len; ++i) {
+    for (int64_t c = 0; c < nc; ++c) win[K - 1][c] = x[i * x_stride + c0 + c];
+    for (int64_t c = 0; c < nc; ++c) {
+      float acc = wt[0][c] * win[0][c];
+      for (int j = 1; j < K; ++j) acc += wt[j][c] * win[j][c];
+      out[i * out_stride + c0 + c] = silu(acc);
+    }
+    for (int j = 0; j < K - 1; ++j)
+      for (int64_t c = 0; c < nc; ++c) win[j][c] = win[j + 1][c];
+  }
+  for (int j = 0; j < K - 1; ++j)
+    for (int64_t c = 0; c < nc; ++c) state[j * C + c0 + c] = win[j][c];
+#endif
+}
+
+template <int K>
+void conv_all(const Tensor& x, const Tensor& weight, Tensor conv_state, const SeqLayout& layout,
+              Tensor out, int64_t c_begin, int64_t c_end) {
+  const int64_t C = x.shape[1];
+  alignas(64) float wt[K][16];
+  for (int64_t c0 = c_begin; c0 < c_end; c0 += 16) {
+    for (int j = 0; j < K; ++j) {
+      for (int64_t c = 0; c < 16; ++c) {
+        wt[j][c] = c0 + c < C ? weight_at(weight, (c0 + c) * K + j) : 0.0f;
+      }
+    }
+    for (int s = 0; s < layout.n_seqs; ++s) {
+      const int64_t base = layout.seq_start[s];
+      float* state = conv_state.ptr<float>() + int64_t(layout.slot[s]) * (K - 1) * C;
+      conv_channels<K>(x.row<float>(base), x.stride[0], out.row<float>(base), out.stride[0], state,
+                       C, c0, layout.seq_len(s), wt);
+    }
+  }
+}
+
+// conv_all<K> for the runtime kernel size k in [K, 16].
+template <int K>
+void conv_dispatch(int64_t k, const Tensor& x, const Tensor& weight, Tensor conv_state,
+                   const SeqLayout& layout, Tensor out, int64_t c0, int64_t c1) {
+  if constexpr (K <= 16) {
+    if (k == K) return conv_all<K>(x, weight, conv_state, layout, out, c0, c1);
+    conv_dispatch<K + 1>(k, x, weight, conv_state, layout, out, c0, c1);
+  }
+}
+
+}  // namespace
 
 void CpuOps::conv1d_causal_silu(const Tensor& x, const Tensor& weight, Tensor conv_state,
                                 const SeqLayout& layout, Tensor out) {
   const int64_t C = x.shape[1];
   const int64_t K = weight.shape[weight.ndim - 1];
   RECUR_CHECK(weight.shape[0] == C && conv_state.shape[1] == K - 1 && conv_state.shape[2] == C);
-  RECUR_CHECK(K >= 1 && K <= 16);
-  dispatch_weight(weight.dtype, [&](auto tag) {
-    using W = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
-    const W* w = weight.ptr<W>();
-    for (int s = 0; s < layout.n_seqs; ++s) {
-      const int64_t base = layout.seq_start[s], len = layout.seq_len(s);
-      float* state = conv_state.ptr<float>() + int64_t(layout.slot[s]) * (K - 1) * C;
-      pool_.parallel_for(C, 512, [&](int64_t c0, int64_t c1) {
-        for (int64_t c = c0; c < c1; ++c) {
-          float wc[16];
-          for (int64_t j = 0; j < K; ++j) wc[j] = to_f32(w[c * K + j]);
-          // Input at local index i (negative: from the state of earlier calls).
-          auto input = [&](int64_t i) {
-            return i < 0 ? state[(K - 1 + i) * C + c] : x.row<float>(base + i)[c];
-          };
-          for (int64_t i = 0; i < len; ++i) {
-            float acc = 0.0f;
-            for (int64_t j = 0; j < K; ++j) acc += wc[j] * input(i - (K - 1) + j);
-            out.row<float>(base + i)[c] = silu(acc);
-          }
-          // The state keeps the last K-1 inputs, oldest first.
-          float tail[16];
-          for (int64_t r = 0; r < K - 1; ++r) tail[r] = input(len - (K - 1) + r);
-          for (int64_t r = 0; r < K - 1; ++r) state[r * C + c] = tail[r];
-        }
-      });
-    }
+  RECUR_CHECK(K >= 1 && K <= 16 && weight.is_contiguous() && x.stride[1] == 1 &&
+              out.stride[1] == 1);
+  // Threads split the channels in multiples of 16, each sweeping every sequence.
+  const int64_t vectors = (C + 15) / 16;
+  const int64_t min_vectors = std::max<int64_t>(1, 4096 / std::max(1, layout.n_tokens));
+  pool_.parallel_for(vectors, min_vectors, [&](int64_t v0, int64_t v1) {
+    const int64_t c0 = v0 * 16, c1 = std::min(C, v1 * 16);
+    conv_dispatch<1>(K, x, weight, conv_state, layout, out, c0, c1);
   });
 }
 
@@ -179,8 +233,8 @@ void delta_rule_chunked(const DeltaRuleArgs& a, float* scratch) {
     for (int64_t i = 0; i < L; ++i) {
       float* vn = s.Vnew + i * dv;
       std::copy_n(s.U + i * dv, dv, vn);
-      float* o = a.out.ptr<float>() + (a.base + c0 + i) * a.out.stride[0] +
-                 a.head * a.out.stride[1];
+      float* o =
+          a.out.ptr<float>() + (a.base + c0 + i) * a.out.stride[0] + a.head * a.out.stride[1];
       std::fill(o, o + dv, 0.0f);
       const float eg = std::exp(s.G[i]);
       for (int64_t m = 0; m < dk; ++m) {
@@ -195,8 +249,8 @@ void delta_rule_chunked(const DeltaRuleArgs& a, float* scratch) {
       }
     }
     for (int64_t i = 0; i < L; ++i) {
-      float* o = a.out.ptr<float>() + (a.base + c0 + i) * a.out.stride[0] +
-                 a.head * a.out.stride[1];
+      float* o =
+          a.out.ptr<float>() + (a.base + c0 + i) * a.out.stride[0] + a.head * a.out.stride[1];
       for (int64_t j = 0; j <= i; ++j) {
         const float qk = s.QK[i * kChunk + j];
         const float* vn = s.Vnew + j * dv;
@@ -228,8 +282,8 @@ size_t CpuOps::gated_delta_rule_scratch_bytes(int dk, int dv) const {
 }
 
 void CpuOps::gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
-                              const Tensor& beta, Tensor state, const SeqLayout& layout,
-                              Tensor out, Tensor scratch, DeltaRuleForm form) {
+                              const Tensor& beta, Tensor state, const SeqLayout& layout, Tensor out,
+                              Tensor scratch, DeltaRuleForm form) {
   const int64_t hk = q.shape[1], dk = q.shape[2], hv = v.shape[1], dv = v.shape[2];
   RECUR_CHECK(hv % hk == 0 && dv <= 1024);
   RECUR_CHECK(state.shape[1] == hv && state.shape[2] == dk && state.shape[3] == dv);
@@ -241,12 +295,21 @@ void CpuOps::gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v,
     float* my_scratch = scratch.ptr<float>() + size_t(part) * per_thread;
     for (int64_t task = b; task < e; ++task) {
       const int s = int(task / hv);
-      DeltaRuleArgs a{&q, &k, &v, &g, &beta,
+      DeltaRuleArgs a{&q,
+                      &k,
+                      &v,
+                      &g,
+                      &beta,
                       state.ptr<float>() + int64_t(layout.slot[s]) * hv * dk * dv,
-                      out, layout.seq_start[s], layout.seq_len(s),
-                      task % hv, (task % hv) / group, dk, dv};
-      const bool recurrent = form == DeltaRuleForm::kRecurrent ||
-                             (form == DeltaRuleForm::kAuto && a.len == 1);
+                      out,
+                      layout.seq_start[s],
+                      layout.seq_len(s),
+                      task % hv,
+                      (task % hv) / group,
+                      dk,
+                      dv};
+      const bool recurrent =
+          form == DeltaRuleForm::kRecurrent || (form == DeltaRuleForm::kAuto && a.len == 1);
       if (recurrent) {
         delta_rule_recurrent(a);
       } else {

@@ -1,9 +1,15 @@
-// out[n, m] = x[n, k] · w[m, k]^T with w in its stored dtype. Threads split the weight rows,
-// so each weight byte is read by one core; each weight row is widened once per tile of up to
-// 4 tokens. Every token's dot product runs the same instructions in the same order whatever
-// its place in the batch, so results do not depend on batch composition.
+// out[n, m] = x[n, k] · w[m, k]^T with w in its stored dtype, in one of two layouts:
+//  - k-major (w.stride = {1, ld}, from adopt_matmul_weight): output columns are vector lanes;
+//    a register tile of up to 4 vectors × 6 tokens broadcasts x[t][i] against row i of w, so
+//    each weight load serves many tokens and no horizontal sums are needed;
+//  - row-major (w.stride = {k, 1}): dot products over k in tiles of 4 rows × 4 tokens.
+// Threads split the output columns, so each weight byte is read by one core. Every output is
+// a fixed sequence of operations over i whatever its place in a tile, so results do not depend
+// on batch composition.
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/kernels.h"
+
+#include <cstring>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -18,7 +24,9 @@ namespace {
 constexpr int64_t kTokenTile = 64;  // x rows kept hot in cache while sweeping the weight rows
 
 #if defined(__AVX512F__)
-inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 load16(const float* p, __mmask16 m) {
+  return _mm512_maskz_loadu_ps(m, p);
+}
 inline __m512 load16(const Bf16* p, __mmask16 m) {
   __m256i h = _mm256_maskz_loadu_epi16(m, p);
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
@@ -37,8 +45,9 @@ inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
       _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))),
       _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))));
   // Per 128-bit lane: [a, b, c, d] partial sums; fold the four lanes.
-  const __m256 half = _mm256_add_ps(_mm512_castps512_ps256(abcd),
-                                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(abcd), 1)));
+  const __m256 half =
+      _mm256_add_ps(_mm512_castps512_ps256(abcd),
+                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(abcd), 1)));
   return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
 }
 
@@ -108,10 +117,18 @@ void row_tile(const W* const* wr, const float* x, int64_t x_stride, int64_t k, f
     const int nt = int(std::min<int64_t>(4, t1 - t));
     for (int j = 0; j < nt; ++j) xs[j] = x + (t + j) * x_stride;
     switch (nt) {
-      case 4: dot_tile<NR, 4>(wr, xs, k, r); break;
-      case 3: dot_tile<NR, 3>(wr, xs, k, r); break;
-      case 2: dot_tile<NR, 2>(wr, xs, k, r); break;
-      default: dot_tile<NR, 1>(wr, xs, k, r); break;
+      case 4:
+        dot_tile<NR, 4>(wr, xs, k, r);
+        break;
+      case 3:
+        dot_tile<NR, 3>(wr, xs, k, r);
+        break;
+      case 2:
+        dot_tile<NR, 2>(wr, xs, k, r);
+        break;
+      default:
+        dot_tile<NR, 1>(wr, xs, k, r);
+        break;
     }
     for (int row = 0; row < NR; ++row) {
       for (int j = 0; j < nt; ++j) {
@@ -147,14 +164,161 @@ void matmul_block(const float* x, int64_t x_stride, const W* w, int64_t k, float
   }
 }
 
+// ---- k-major ----
+
+#if defined(__AVX512F__)
+inline __m512 load16(const float* p) {
+  return _mm512_loadu_ps(p);
+}
+inline __m512 load16(const Bf16* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(
+      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+inline __m512 load16(const F16* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// out[t][c0 + 16v + j] (+)= Σ_i x[t][i]·w[i·ld + c0 + 16v + j] for NT tokens and NV vectors of
+// columns; each sum runs i = 0..k-1 as one FMA chain. The last vector is stored under
+// `last` (columns past m); padding columns of w are zero.
+template <int NV, int NT, typename W>
+__attribute__((always_inline)) inline void kmajor_tile(const W* w, int64_t ld, int64_t k,
+                                                       const float* x, int64_t x_stride, float* out,
+                                                       int64_t out_stride, __mmask16 last,
+                                                       bool accumulate) {
+  __m512 acc[NT][NV];
+#pragma GCC unroll 8
+  for (int t = 0; t < NT; ++t) {
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[t][v] = _mm512_setzero_ps();
+  }
+  for (int64_t i = 0; i < k; ++i) {
+    __m512 wv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) wv[v] = load16(w + i * ld + 16 * v);
+#pragma GCC unroll 16
+    for (int t = 0; t < NT; ++t) {
+      const __m512 xb = _mm512_set1_ps(x[t * x_stride + i]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[t][v] = _mm512_fmadd_ps(wv[v], xb, acc[t][v]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int t = 0; t < NT; ++t) {
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      const __mmask16 m = v == NV - 1 ? last : __mmask16(0xffff);
+      float* o = out + t * out_stride + 16 * v;
+      __m512 r = acc[t][v];
+      if (accumulate) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(m, o));
+      _mm512_mask_storeu_ps(o, m, r);
+    }
+  }
+}
+
+// Tokens [0, n) against NV column vectors: tiles of NT tokens, the rest in halving tiles.
+template <int NV, int NT, typename W>
+void kmajor_tokens(const W* w, int64_t ld, int64_t k, const float* x, int64_t x_stride, int64_t n,
+                   float* out, int64_t out_stride, __mmask16 last, bool accumulate) {
+  int64_t t = 0;
+  for (; t + NT <= n; t += NT) {
+    kmajor_tile<NV, NT>(w, ld, k, x + t * x_stride, x_stride, out + t * out_stride, out_stride,
+                        last, accumulate);
+  }
+  if constexpr (NT > 1) {
+    constexpr int kHalf = NT / 2;
+    if (t < n) {
+      kmajor_tokens<NV, kHalf>(w, ld, k, x + t * x_stride, x_stride, n - t, out + t * out_stride,
+                               out_stride, last, accumulate);
+    }
+  }
+}
+#endif
+
+// Columns [c0, c1) of a k-major weight (c0 a multiple of 16) for all n tokens.
+template <typename W>
+void kmajor_block(const float* x, int64_t x_stride, const W* w, int64_t ld, int64_t k, float* out,
+                  int64_t out_stride, int64_t n, int64_t c0, int64_t c1, bool accumulate) {
+#if defined(__AVX512F__)
+  for (int64_t c = c0; c < c1;) {
+    const int64_t vectors = (c1 - c + 15) / 16;
+    const int64_t cols = std::min<int64_t>(c1 - c, 64);
+    const __mmask16 last = cols % 16 ? __mmask16((1u << (cols % 16)) - 1) : __mmask16(0xffff);
+    const W* wc = w + c;
+    float* oc = out + c;
+    switch (std::min<int64_t>(vectors, 4)) {
+      case 4:
+        kmajor_tokens<4, 6>(wc, ld, k, x, x_stride, n, oc, out_stride, last, accumulate);
+        break;
+      case 3:
+        kmajor_tokens<3, 8>(wc, ld, k, x, x_stride, n, oc, out_stride, last, accumulate);
+        break;
+      case 2:
+        kmajor_tokens<2, 12>(wc, ld, k, x, x_stride, n, oc, out_stride, last, accumulate);
+        break;
+      default:
+        kmajor_tokens<1, 16>(wc, ld, k, x, x_stride, n, oc, out_stride, last, accumulate);
+        break;
+    }
+    c += cols;
+  }
+#else
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t c = c0; c < c1; ++c) {
+      float acc = 0.0f;
+      for (int64_t i = 0; i < k; ++i) acc += to_f32(w[i * ld + c]) * x[t * x_stride + i];
+      float* o = out + t * out_stride + c;
+      *o = accumulate ? *o + acc : acc;
+    }
+  }
+#endif
+}
+
 }  // namespace
 
+Result<Tensor> CpuOps::adopt_matmul_weight(const Tensor& host, std::vector<Buffer>* owned) {
+  if (host.ndim != 2 || !host.is_contiguous() ||
+      (host.dtype != DType::F32 && host.dtype != DType::BF16 && host.dtype != DType::F16)) {
+    return host;
+  }
+  const int64_t m = host.shape[0], k = host.shape[1];
+  const int64_t ld = (m + 15) / 16 * 16;  // whole vectors per row, padded with zeros
+  const size_t es = dtype_size(host.dtype);
+  RECUR_ASSIGN_OR_RETURN(Buffer buf, allocator().allocate(size_t(k * ld) * es, "k-major weight"));
+  auto* dst = static_cast<uint8_t*>(buf.data());
+  const auto* src = static_cast<const uint8_t*>(host.data);
+  std::memset(dst, 0, size_t(k * ld) * es);
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t i = 0; i < k; ++i)
+      std::memcpy(dst + (i * ld + r) * es, src + (r * k + i) * es, es);
+  }
+  Tensor t = host;
+  t.data = buf.data();
+  t.stride[0] = 1;
+  t.stride[1] = ld;
+  owned->push_back(std::move(buf));
+  return t;
+}
+
 void CpuOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulate) {
-  RECUR_CHECK(w.ndim == 2 && w.is_contiguous());
   const int64_t n = x.shape[0], k = w.shape[1], m = w.shape[0];
   RECUR_CHECK(x.row_size() == k && out.shape[0] == n && out.row_size() == m);
   RECUR_CHECK(x.stride[x.ndim - 1] == 1 && out.stride[out.ndim - 1] == 1);
   if (n == 0) return;
+  if (w.ndim == 2 && w.stride[0] == 1 && w.stride[1] >= m && w.stride[1] % 16 == 0) {
+    const int64_t ld = w.stride[1];
+    const int64_t vectors = (m + 15) / 16;
+    const int64_t min_vectors = std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, k * n));
+    dispatch_weight(w.dtype, [&](auto tag) {
+      using W = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
+      pool_.parallel_for(vectors, min_vectors, [&](int64_t v0, int64_t v1) {
+        kmajor_block<W>(x.ptr<float>(), x.stride[0], w.ptr<W>(), ld, k, out.ptr<float>(),
+                        out.stride[0], n, v0 * 16, std::min(m, v1 * 16), accumulate);
+      });
+    });
+    return;
+  }
+  RECUR_CHECK(w.ndim == 2 && w.is_contiguous());
   // Enough rows per thread that a split pays for the wake-up (~tens of microseconds of work).
   const int64_t min_rows = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, k * n));
   dispatch_weight(w.dtype, [&](auto tag) {

@@ -13,8 +13,12 @@ using cpu::RowView;
 using cpu::weight_at;
 
 namespace {
-double silu(double x) { return x / (1.0 + std::exp(-x)); }
-double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+double silu(double x) {
+  return x / (1.0 + std::exp(-x));
+}
+double sigmoid(double x) {
+  return 1.0 / (1.0 + std::exp(-x));
+}
 float& at3(const Tensor& t, int64_t a, int64_t b, int64_t c) {
   return t.ptr<float>()[a * t.stride[0] + b * t.stride[1] + c * t.stride[2]];
 }
@@ -25,7 +29,9 @@ void matmul(const Tensor& x, const Tensor& w, Tensor out) {
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t j = 0; j < m; ++j) {
       double acc = 0;
-      for (int64_t i = 0; i < k; ++i) acc += double(x.row<float>(t)[i]) * weight_at(w, j * k + i);
+      for (int64_t i = 0; i < k; ++i) {
+        acc += double(x.row<float>(t)[i]) * weight_at(w, j * w.stride[0] + i * w.stride[1]);
+      }
       out.row<float>(t)[j] = float(acc);
     }
   }
@@ -95,7 +101,8 @@ void conv1d_causal_silu(const Tensor& x, const Tensor& weight, Tensor conv_state
     for (int64_t i = 0; i < len; ++i) {
       for (int64_t c = 0; c < C; ++c) {
         double acc = 0;
-        for (int64_t j = 0; j < K; ++j) acc += weight_at(weight, c * K + j) * in[size_t((i + j) * C + c)];
+        for (int64_t j = 0; j < K; ++j)
+          acc += weight_at(weight, c * K + j) * in[size_t((i + j) * C + c)];
         out.row<float>(base + i)[c] = float(silu(acc));
       }
     }
@@ -123,7 +130,8 @@ void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const T
           kv[size_t(j)] = (at3(v, t, h, j) - acc) * b;
         }
         for (int64_t i = 0; i < dk; ++i)
-          for (int64_t j = 0; j < dv; ++j) S[size_t(i * dv + j)] += at3(k, t, h / group, i) * kv[size_t(j)];
+          for (int64_t j = 0; j < dv; ++j)
+            S[size_t(i * dv + j)] += at3(k, t, h / group, i) * kv[size_t(j)];
         for (int64_t j = 0; j < dv; ++j) {
           double acc = 0;
           for (int64_t i = 0; i < dk; ++i) acc += S[size_t(i * dv + j)] * at3(q, t, h / group, i);
@@ -139,11 +147,13 @@ namespace {
 // k_cache [blocks, kv_heads, hd, block_size]; v_cache [blocks, kv_heads, block_size, hd]
 float& k_at(const Tensor& c, const SeqLayout& l, int s, int64_t pos, int64_t h, int64_t j) {
   const int32_t block = l.block_ids[l.block_start[s] + pos / l.block_size];
-  return c.ptr<float>()[block * c.stride[0] + h * c.stride[1] + j * c.stride[2] + pos % l.block_size];
+  return c
+      .ptr<float>()[block * c.stride[0] + h * c.stride[1] + j * c.stride[2] + pos % l.block_size];
 }
 float& v_at(const Tensor& c, const SeqLayout& l, int s, int64_t pos, int64_t h, int64_t j) {
   const int32_t block = l.block_ids[l.block_start[s] + pos / l.block_size];
-  return c.ptr<float>()[block * c.stride[0] + h * c.stride[1] + (pos % l.block_size) * c.stride[2] + j];
+  return c
+      .ptr<float>()[block * c.stride[0] + h * c.stride[1] + (pos % l.block_size) * c.stride[2] + j];
 }
 }  // namespace
 
@@ -168,7 +178,8 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
         std::vector<double> score(static_cast<size_t>(n_ctx));
         for (int64_t p = 0; p < n_ctx; ++p) {
           double acc = 0;
-          for (int64_t j = 0; j < hd; ++j) acc += double(at3(q, t, h, j)) * k_at(k_cache, layout, s, p, h / group, j);
+          for (int64_t j = 0; j < hd; ++j)
+            acc += double(at3(q, t, h, j)) * k_at(k_cache, layout, s, p, h / group, j);
           score[size_t(p)] = acc * scale;
         }
         const double mx = *std::max_element(score.begin(), score.end());
@@ -176,7 +187,8 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
         for (auto& e : score) sum += (e = std::exp(e - mx));
         for (int64_t j = 0; j < hd; ++j) {
           double acc = 0;
-          for (int64_t p = 0; p < n_ctx; ++p) acc += score[size_t(p)] * v_at(v_cache, layout, s, p, h / group, j);
+          for (int64_t p = 0; p < n_ctx; ++p)
+            acc += score[size_t(p)] * v_at(v_cache, layout, s, p, h / group, j);
           at3(out, t, h, j) = float(acc / sum);
         }
       }
@@ -194,7 +206,8 @@ void moe_route(const Tensor& logits, int k, bool norm_topk, Tensor ids, Tensor w
     for (auto& e : p) e /= sum;
     std::vector<int> order(static_cast<size_t>(E));
     std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[size_t(a)] > p[size_t(b)]; });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int a, int b) { return p[size_t(a)] > p[size_t(b)]; });
     double kept = 0;
     for (int j = 0; j < k; ++j) kept += p[size_t(order[size_t(j)])];
     for (int j = 0; j < k; ++j) {
