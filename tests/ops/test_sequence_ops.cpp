@@ -114,6 +114,33 @@ struct DeltaInputs {
   }
 };
 
+// The recurrent form's code paths by key head dim (registers for 16 and 32, memory passes
+// otherwise) and value head dims around the 16-lane strips, with a carried state.
+TEST_F(SequenceOps, DeltaRuleRecurrentMatchesDefinitionForEveryHeadShape) {
+  for (int64_t dk : {16, 20, 32, 40}) {
+    for (int64_t dv : {16, 24, 33}) {
+      const int64_t hk = 1, hv = 2;
+      const int len = 5;
+      DeltaInputs in(len, hk, hv, dk, dv, rng);
+      Layout lay({len}, {0}, 16, rng);
+      HostTensor state0(DType::F32, {1, hv, dk, dv});
+      fill_random(state0, rng, 0.5f);
+      HostTensor scratch(DType::U8,
+                         {int64_t(ops.gated_delta_rule_scratch_bytes(int(dk), int(dv)))});
+      HostTensor s_ref = state0, s_rec = state0;
+      HostTensor o_ref(DType::F32, {len, hv, dv}), o_rec = o_ref;
+      ref::gated_delta_rule(in.q.t, in.k.t, in.v.t, in.g.t, in.beta.t, s_ref.t, lay.l, o_ref.t);
+      ops.gated_delta_rule(in.q.t, in.k.t, in.v.t, in.g.t, in.beta.t, s_rec.t, lay.l, o_rec.t,
+                           scratch.t, DeltaRuleForm::kRecurrent);
+      const double scale = std::max(1.0, max_abs(o_ref.f(), o_ref.numel()));
+      EXPECT_LE(max_abs_diff(o_rec.f(), o_ref.f(), o_ref.numel()) / scale, 2e-5)
+          << "dk=" << dk << " dv=" << dv;
+      EXPECT_LE(max_abs_diff(s_rec.f(), s_ref.f(), s_ref.numel()), 2e-5)
+          << "dk=" << dk << " dv=" << dv;
+    }
+  }
+}
+
 // Chunked and recurrent forms against the double-precision definition, for the lengths around
 // the 64-token chunk, with and without an initial state, for value/key head ratios 1, 2, 3.
 TEST_F(SequenceOps, DeltaRuleChunkedAndRecurrentAgreeWithTheDefinition) {

@@ -153,15 +153,7 @@ inline float max_of(const float* x, int64_t n) {
 constexpr int64_t kPrefetchBlocks = 4;
 
 inline void prefetch_lines(const float* p, int64_t floats) {
-  const char* b = reinterpret_cast<const char*>(p);
-  for (int64_t off = 0; off < floats * 4; off += 64) {
-#if defined(__x86_64__)
-    // volatile asm: GCC deletes a loop of __builtin_prefetch whose trip count is unknown.
-    asm volatile("prefetcht0 %0" : : "m"(b[off]));
-#else
-    __builtin_prefetch(b + off, 0, 3);
-#endif
-  }
+  for (int64_t i = 0; i < floats; i += 16) prefetch_line(p + i);
 }
 
 // Keys and values of the task's head in the block at index `bi` of the sequence's table.

@@ -112,8 +112,84 @@ struct DeltaRuleArgs {
 };
 
 // One value head of one sequence, token by token: the definition of the rule.
+#if defined(__AVX512F__)
+// Columns [j0, j0 + 16) of the head's state S [dk, dv] over the sequence's tokens: column
+// strips are independent (Sᵀk, the delta and Sᵀq of a column involve only that column). With
+// DK > 0 the strip stays in registers across tokens; DK == 0 (any dk) makes two passes over
+// memory per token, recomputing the decayed row in the second.
+template <int DK>
+void delta_strip(const DeltaRuleArgs& a, float* S, int64_t j0) {
+  const int64_t dk = DK > 0 ? DK : a.dk, dv = a.dv;
+  const __mmask16 m = tail_mask(dv - j0);
+  [[maybe_unused]] __m512 s[DK > 0 ? DK : 1];
+  if constexpr (DK > 0) {
+    for (int i = 0; i < DK; ++i) s[i] = _mm512_maskz_loadu_ps(m, S + i * dv + j0);
+  }
+  for (int64_t t = a.base; t < a.base + a.len; ++t) {
+    const float* q = a.q->ptr<float>() + t * a.q->stride[0] + a.key_head * a.q->stride[1];
+    const float* k = a.k->ptr<float>() + t * a.k->stride[0] + a.key_head * a.k->stride[1];
+    const float* v = a.v->ptr<float>() + t * a.v->stride[0] + a.head * a.v->stride[1];
+    float* o = a.out.ptr<float>() + t * a.out.stride[0] + a.head * a.out.stride[1];
+    const __m512 decay = _mm512_set1_ps(std::exp(a.g->row<float>(t)[a.head]));
+    const __m512 beta = _mm512_set1_ps(a.beta->row<float>(t)[a.head]);
+    // Two chains each for Sᵀk and Sᵀq (even and odd rows) keep the FMAs overlapped.
+    __m512 kv0 = _mm512_setzero_ps(), kv1 = _mm512_setzero_ps();
+    for (int64_t i = 0; i < dk; ++i) {
+      __m512 si;
+      if constexpr (DK > 0) {
+        si = s[i] = _mm512_mul_ps(s[i], decay);
+      } else {
+        si = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, S + i * dv + j0), decay);
+      }
+      if (i % 2 == 0) {
+        kv0 = _mm512_fmadd_ps(si, _mm512_set1_ps(k[i]), kv0);
+      } else {
+        kv1 = _mm512_fmadd_ps(si, _mm512_set1_ps(k[i]), kv1);
+      }
+    }
+    const __m512 delta = _mm512_mul_ps(
+        _mm512_sub_ps(_mm512_maskz_loadu_ps(m, v + j0), _mm512_add_ps(kv0, kv1)), beta);
+    __m512 o0 = _mm512_setzero_ps(), o1 = _mm512_setzero_ps();
+    for (int64_t i = 0; i < dk; ++i) {
+      __m512 si;
+      if constexpr (DK > 0) {
+        si = s[i] = _mm512_fmadd_ps(_mm512_set1_ps(k[i]), delta, s[i]);
+      } else {
+        si = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, S + i * dv + j0), decay);
+        si = _mm512_fmadd_ps(_mm512_set1_ps(k[i]), delta, si);
+        _mm512_mask_storeu_ps(S + i * dv + j0, m, si);
+      }
+      if (i % 2 == 0) {
+        o0 = _mm512_fmadd_ps(si, _mm512_set1_ps(q[i]), o0);
+      } else {
+        o1 = _mm512_fmadd_ps(si, _mm512_set1_ps(q[i]), o1);
+      }
+    }
+    _mm512_mask_storeu_ps(o + j0, m, _mm512_add_ps(o0, o1));
+  }
+  if constexpr (DK > 0) {
+    for (int i = 0; i < DK; ++i) _mm512_mask_storeu_ps(S + i * dv + j0, m, s[i]);
+  }
+}
+#endif
+
 void delta_rule_recurrent(const DeltaRuleArgs& a) {
   float* S = a.state + a.head * a.dk * a.dv;  // [dk, dv]
+#if defined(__AVX512F__)
+  for (int64_t j0 = 0; j0 < a.dv; j0 += 16) {
+    switch (a.dk) {
+      case 16:
+        delta_strip<16>(a, S, j0);
+        break;
+      case 32:
+        delta_strip<32>(a, S, j0);
+        break;
+      default:
+        delta_strip<0>(a, S, j0);
+        break;
+    }
+  }
+#else
   float kv_mem[1024];
   for (int64_t t = a.base; t < a.base + a.len; ++t) {
     const float* q = a.q->ptr<float>() + t * a.q->stride[0] + a.key_head * a.q->stride[1];
@@ -126,7 +202,6 @@ void delta_rule_recurrent(const DeltaRuleArgs& a) {
     for (int64_t i = 0; i < a.dk; ++i) {
       float* Si = S + i * a.dv;
       const float ki = k[i];
-#pragma omp simd
       for (int64_t j = 0; j < a.dv; ++j) {
         Si[j] *= decay;
         kv_mem[j] += Si[j] * ki;
@@ -137,13 +212,13 @@ void delta_rule_recurrent(const DeltaRuleArgs& a) {
     for (int64_t i = 0; i < a.dk; ++i) {
       float* Si = S + i * a.dv;
       const float ki = k[i], qi = q[i];
-#pragma omp simd
       for (int64_t j = 0; j < a.dv; ++j) {
         Si[j] += ki * kv_mem[j];
         o[j] += Si[j] * qi;
       }
     }
   }
+#endif
 }
 
 struct ChunkScratch {
@@ -295,6 +370,12 @@ void CpuOps::gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v,
     float* my_scratch = scratch.ptr<float>() + size_t(part) * per_thread;
     for (int64_t task = b; task < e; ++task) {
       const int s = int(task / hv);
+      if (task + 1 < e) {  // the next head's state comes from memory: ask for it now
+        const int s1 = int((task + 1) / hv);
+        const float* next =
+            state.ptr<float>() + (int64_t(layout.slot[s1]) * hv + (task + 1) % hv) * dk * dv;
+        for (int64_t i = 0; i < dk * dv; i += 16) prefetch_line(next + i);
+      }
       DeltaRuleArgs a{&q,
                       &k,
                       &v,

@@ -9,6 +9,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/kernels.h"
 
+#include <algorithm>
 #include <cstring>
 
 #if defined(__AVX512F__)
@@ -181,11 +182,11 @@ inline __m512 load16(const F16* p) {
 // out[t][c0 + 16v + j] (+)= Σ_i x[t][i]·w[i·ld + c0 + 16v + j] for NT tokens and NV vectors of
 // columns; each sum runs i = 0..k-1 as one FMA chain. The last vector is stored under
 // `last` (columns past m); padding columns of w are zero.
-template <int NV, int NT, typename W>
+template <int NV, int NT, bool kPrefetch, typename W>
 __attribute__((always_inline)) inline void kmajor_tile(const W* w, int64_t ld, int64_t k,
                                                        const float* x, int64_t x_stride, float* out,
                                                        int64_t out_stride, __mmask16 last,
-                                                       bool accumulate) {
+                                                       bool accumulate, int64_t ahead) {
   __m512 acc[NT][NV];
 #pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) {
@@ -193,6 +194,12 @@ __attribute__((always_inline)) inline void kmajor_tile(const W* w, int64_t ld, i
     for (int v = 0; v < NV; ++v) acc[t][v] = _mm512_setzero_ps();
   }
   for (int64_t i = 0; i < k; ++i) {
+    if constexpr (kPrefetch) {
+      if (i + ahead < k) {
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) prefetch_line(w + (i + ahead) * ld + 16 * v);
+      }
+    }
     __m512 wv[NV];
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) wv[v] = load16(w + i * ld + 16 * v);
@@ -216,20 +223,26 @@ __attribute__((always_inline)) inline void kmajor_tile(const W* w, int64_t ld, i
   }
 }
 
-// Tokens [0, n) against NV column vectors: tiles of NT tokens, the rest in halving tiles.
+// Tokens [0, n) against NV column vectors: tiles of NT tokens, the rest in halving tiles. The
+// first tile streams the weights from memory, asking for rows `ahead` in advance; later
+// tiles find them in cache.
 template <int NV, int NT, typename W>
 void kmajor_tokens(const W* w, int64_t ld, int64_t k, const float* x, int64_t x_stride, int64_t n,
-                   float* out, int64_t out_stride, __mmask16 last, bool accumulate) {
+                   float* out, int64_t out_stride, __mmask16 last, bool accumulate, int64_t ahead) {
   int64_t t = 0;
+  if (n >= NT && ahead > 0) {
+    kmajor_tile<NV, NT, true>(w, ld, k, x, x_stride, out, out_stride, last, accumulate, ahead);
+    t = NT;
+  }
   for (; t + NT <= n; t += NT) {
-    kmajor_tile<NV, NT>(w, ld, k, x + t * x_stride, x_stride, out + t * out_stride, out_stride,
-                        last, accumulate);
+    kmajor_tile<NV, NT, false>(w, ld, k, x + t * x_stride, x_stride, out + t * out_stride,
+                               out_stride, last, accumulate, 0);
   }
   if constexpr (NT > 1) {
     constexpr int kHalf = NT / 2;
     if (t < n) {
       kmajor_tokens<NV, kHalf>(w, ld, k, x + t * x_stride, x_stride, n - t, out + t * out_stride,
-                               out_stride, last, accumulate);
+                               out_stride, last, accumulate, t == 0 ? ahead : 0);
     }
   }
 }
@@ -240,24 +253,31 @@ template <typename W>
 void kmajor_block(const float* x, int64_t x_stride, const W* w, int64_t ld, int64_t k, float* out,
                   int64_t out_stride, int64_t n, int64_t c0, int64_t c1, bool accumulate) {
 #if defined(__AVX512F__)
+  // Rows asked for in advance: about 2 KB of this column block ahead of the loads.
+  const int64_t row_bytes = std::min<int64_t>(c1 - c0, 64) * int64_t(sizeof(W));
+  const int64_t ahead = std::clamp<int64_t>(2048 / row_bytes, 2, 32);
   for (int64_t c = c0; c < c1;) {
     const int64_t vectors = (c1 - c + 15) / 16;
     const int64_t cols = std::min<int64_t>(c1 - c, 64);
     const __mmask16 last = cols % 16 ? __mmask16((1u << (cols % 16)) - 1) : __mmask16(0xffff);
     const W* wc = w + c;
     float* oc = out + c;
+    for (int64_t i = 0; i < std::min(k, ahead); ++i) {
+      for (int64_t v = 0; v < std::min<int64_t>(vectors, 4); ++v)
+        prefetch_line(wc + i * ld + 16 * v);
+    }
     switch (std::min<int64_t>(vectors, 4)) {
       case 4:
-        kmajor_tokens<4, 6>(wc, ld, k, x, x_stride, n, oc, out_stride, last, accumulate);
+        kmajor_tokens<4, 6>(wc, ld, k, x, x_stride, n, oc, out_stride, last, accumulate, ahead);
         break;
       case 3:
-        kmajor_tokens<3, 8>(wc, ld, k, x, x_stride, n, oc, out_stride, last, accumulate);
+        kmajor_tokens<3, 8>(wc, ld, k, x, x_stride, n, oc, out_stride, last, accumulate, ahead);
         break;
       case 2:
-        kmajor_tokens<2, 12>(wc, ld, k, x, x_stride, n, oc, out_stride, last, accumulate);
+        kmajor_tokens<2, 12>(wc, ld, k, x, x_stride, n, oc, out_stride, last, accumulate, ahead);
         break;
       default:
-        kmajor_tokens<1, 16>(wc, ld, k, x, x_stride, n, oc, out_stride, last, accumulate);
+        kmajor_tokens<1, 16>(wc, ld, k, x, x_stride, n, oc, out_stride, last, accumulate, ahead);
         break;
     }
     c += cols;

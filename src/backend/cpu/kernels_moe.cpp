@@ -50,12 +50,11 @@ size_t CpuOps::moe_experts_scratch_bytes(int n_tokens, int k, int n_experts, int
                                          int d_ff) const {
   const size_t pairs = size_t(n_tokens) * size_t(k);
   // x rows, gate/up/hidden rows and down rows per (token, expert) pair; index arrays.
-  return (pairs * (size_t(d) * 2 + size_t(d_ff) * 3) + pairs * 2 + size_t(n_experts) + 1) * 4 +
-         256;
+  return (pairs * (size_t(d) * 2 + size_t(d_ff) * 3) + pairs * 2 + size_t(n_experts) + 1) * 4 + 256;
 }
 
-void CpuOps::moe_experts(const Tensor& x, std::span<const ExpertWeights> experts,
-                         const Tensor& ids, const Tensor& weights, Tensor out, Tensor scratch) {
+void CpuOps::moe_experts(const Tensor& x, std::span<const ExpertWeights> experts, const Tensor& ids,
+                         const Tensor& weights, Tensor out, Tensor scratch) {
   const int64_t n = x.shape[0], d = x.row_size(), k = ids.shape[1];
   const int64_t E = int64_t(experts.size());
   const int64_t d_ff = experts[0].gate.shape[0];
@@ -71,8 +70,8 @@ void CpuOps::moe_experts(const Tensor& x, std::span<const ExpertWeights> experts
   p += pairs * d_ff;
   float* ys = p;  // [pairs, d]
   p += pairs * d;
-  int32_t* token_of = reinterpret_cast<int32_t*>(p);  // [pairs]
-  float* weight_of = p + pairs;                       // [pairs]
+  int32_t* token_of = reinterpret_cast<int32_t*>(p);            // [pairs]
+  float* weight_of = p + pairs;                                 // [pairs]
   int32_t* offset = reinterpret_cast<int32_t*>(p + 2 * pairs);  // [E + 1]
 
   // Counting sort of (token, expert) pairs by expert.
