@@ -117,24 +117,25 @@ TEST_F(BasicOps, MatmulAccumulatesAndHonoursRowStrides) {
 }
 
 TEST_F(BasicOps, RmsNormVariantsAndL2NormMatchReference) {
-  for (int64_t d : {15, 16, 33}) {
-    const int64_t n = 5, heads = 3;
-    HostTensor x(DType::F32, {n, heads, d}), w(DType::BF16, {d}), gate(DType::F32, {n, heads, d});
-    fill_random(x, rng);
-    fill_random(w, rng, 0.3f);
-    fill_random(gate, rng);
-    HostTensor out(DType::F32, {n, heads, d}), ref(DType::F32, {n, heads, d});
-    ops.rms_norm(x.t, w.t, 1.0f, 1e-6f, out.t);
-    ref::rms_norm(x.t, w.t, 1.0f, 1e-6f, ref.t);
-    EXPECT_LE(max_abs_diff(out.f(), ref.f(), out.numel()), 1e-5);
-    ops.rms_norm_gated(x.t, gate.t, w.t, 1e-6f, out.t);
-    ref::rms_norm_gated(x.t, gate.t, w.t, 1e-6f, ref.t);
-    EXPECT_LE(max_abs_diff(out.f(), ref.f(), out.numel()), 1e-5);
-    HostTensor a = x, b = x;
-    ops.l2_norm(a.t, 1e-6f, 0.25f);
-    ref::l2_norm(b.t, 1e-6f, 0.25f);
-    EXPECT_LE(max_abs_diff(a.f(), b.f(), a.numel()), 1e-6);
-  }
+  for (DType wt : {DType::BF16, DType::F32})
+    for (int64_t d : {15, 16, 33}) {
+      const int64_t n = 5, heads = 3;
+      HostTensor x(DType::F32, {n, heads, d}), w(wt, {d}), gate(DType::F32, {n, heads, d});
+      fill_random(x, rng);
+      fill_random(w, rng, 0.3f);
+      fill_random(gate, rng);
+      HostTensor out(DType::F32, {n, heads, d}), ref(DType::F32, {n, heads, d});
+      ops.rms_norm(x.t, w.t, 1.0f, 1e-6f, out.t);
+      ref::rms_norm(x.t, w.t, 1.0f, 1e-6f, ref.t);
+      EXPECT_LE(max_abs_diff(out.f(), ref.f(), out.numel()), 1e-5);
+      ops.rms_norm_gated(x.t, gate.t, w.t, 1e-6f, out.t);
+      ref::rms_norm_gated(x.t, gate.t, w.t, 1e-6f, ref.t);
+      EXPECT_LE(max_abs_diff(out.f(), ref.f(), out.numel()), 1e-5);
+      HostTensor a = x, b = x;
+      ops.l2_norm(a.t, 1e-6f, 0.25f);
+      ref::l2_norm(b.t, 1e-6f, 0.25f);
+      EXPECT_LE(max_abs_diff(a.f(), b.f(), a.numel()), 1e-6);
+    }
 }
 
 TEST_F(BasicOps, RopeRotatesOnlyTheRotaryChannels) {

@@ -395,6 +395,13 @@ void CpuOps::paged_attention(const Tensor& q, const Tensor& k_cache, const Tenso
         const int64_t n_ctx = int64_t(layout.positions[t]) + 1;
         const int n = attention_parts(n_ctx);
         const CacheView c = view_of(t, kvh);
+        if (task + 1 < e) {  // the next task's first blocks, while this one runs
+          const int64_t t1 = (task + 1) / kv_heads;
+          const CacheView c1 = view_of(t1, (task + 1) % kv_heads);
+          const int64_t blocks1 = int64_t(layout.positions[t1]) / c1.bs + 1;
+          for (int64_t bi = 0; bi < std::min(blocks1, kPrefetchBlocks); ++bi)
+            prefetch_block(c1, bi);
+        }
         load_queries(t, kvh, qs);
         for (int i = 0; i < n; ++i) {
           int64_t p0, p1;

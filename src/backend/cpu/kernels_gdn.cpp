@@ -51,22 +51,38 @@ void conv_channels(const float* x, int64_t x_stride, float* out, int64_t out_str
 #endif
 }
 
+// Channels [c_begin, c_end) of every sequence, in blocks of up to kConvBlock channels whose
+// transposed taps stay on the stack; within a block, sequence by sequence, asking for the next
+// sequence's state (cold after a whole step) while this one runs.
+constexpr int64_t kConvBlock = 1024;
+
 template <int K>
 void conv_all(const Tensor& x, const Tensor& weight, Tensor conv_state, const SeqLayout& layout,
               Tensor out, int64_t c_begin, int64_t c_end) {
   const int64_t C = x.shape[1];
-  alignas(64) float wt[K][16];
-  for (int64_t c0 = c_begin; c0 < c_end; c0 += 16) {
-    for (int j = 0; j < K; ++j) {
-      for (int64_t c = 0; c < 16; ++c) {
-        wt[j][c] = c0 + c < C ? weight_at(weight, (c0 + c) * K + j) : 0.0f;
+  alignas(64) float wt[kConvBlock / 16][K][16];
+  for (int64_t b0 = c_begin; b0 < c_end; b0 += kConvBlock) {
+    const int64_t b1 = std::min(c_end, b0 + kConvBlock);
+    for (int64_t c0 = b0; c0 < b1; c0 += 16) {
+      for (int j = 0; j < K; ++j) {
+        for (int64_t c = 0; c < 16; ++c) {
+          wt[(c0 - b0) / 16][j][c] = c0 + c < C ? weight_at(weight, (c0 + c) * K + j) : 0.0f;
+        }
       }
     }
     for (int s = 0; s < layout.n_seqs; ++s) {
+      if (s + 1 < layout.n_seqs) {
+        const float* next = conv_state.ptr<float>() + int64_t(layout.slot[s + 1]) * (K - 1) * C;
+        for (int64_t r = 0; r < K - 1; ++r) {
+          for (int64_t c = b0; c < b1; c += 16) prefetch_line(next + r * C + c);
+        }
+      }
       const int64_t base = layout.seq_start[s];
       float* state = conv_state.ptr<float>() + int64_t(layout.slot[s]) * (K - 1) * C;
-      conv_channels<K>(x.row<float>(base), x.stride[0], out.row<float>(base), out.stride[0], state,
-                       C, c0, layout.seq_len(s), wt);
+      for (int64_t c0 = b0; c0 < b1; c0 += 16) {
+        conv_channels<K>(x.row<float>(base), x.stride[0], out.row<float>(base), out.stride[0],
+                         state, C, c0, layout.seq_len(s), wt[(c0 - b0) / 16]);
+      }
     }
   }
 }
