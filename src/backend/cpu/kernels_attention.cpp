@@ -387,7 +387,12 @@ void CpuOps::paged_attention(const Tensor& q, const Tensor& k_cache, const Tenso
 
   if (pool_.size() == 1 || n_tasks >= pool_.size() || max_parts == 1) {
     // Whole tasks per thread; a task's parts run one after another in its thread's scratch.
-    pool_.parallel_for_indexed(n_tasks, 1, [&](int64_t b, int64_t e, int thread) {
+    // Tasks per thread: enough context (~4096 positions) to pay for a wake-up.
+    int64_t positions = 0;
+    for (int t = 0; t < layout.n_tokens; ++t) positions += int64_t(layout.positions[t]) + 1;
+    const int64_t min_tasks =
+        std::max<int64_t>(1, 4096 * n_tasks / std::max<int64_t>(1, positions * kv_heads));
+    pool_.parallel_for_indexed(n_tasks, min_tasks, [&](int64_t b, int64_t e, int thread) {
       float* parts = attention_scratch_.get() + size_t(thread) * kAttentionMaxParts * part_floats;
       alignas(64) float qs[kMaxGroupDims];
       for (int64_t task = b; task < e; ++task) {
@@ -433,7 +438,7 @@ void CpuOps::paged_attention(const Tensor& q, const Tensor& k_cache, const Tenso
       attend_part(c, qs, G, hd, p0, p1, partial_at(parts + item * part_floats, G, hd));
     }
   });
-  pool_.parallel_for(n_tasks, 1, [&](int64_t b, int64_t e) {
+  pool_.parallel_for(n_tasks, n_tasks, [&](int64_t b, int64_t e) {  // small: inline
     for (int64_t task = b; task < e; ++task) {
       const int64_t t = task / kv_heads, kvh = task % kv_heads;
       const int n = attention_parts(int64_t(layout.positions[t]) + 1);

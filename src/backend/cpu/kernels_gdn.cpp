@@ -382,7 +382,13 @@ void CpuOps::gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v,
   RECUR_CHECK(scratch.numel() * int64_t(dtype_size(scratch.dtype)) >=
               int64_t(per_thread * sizeof(float)) * pool_.size());
   const int64_t group = hv / hk;
-  pool_.parallel_for_indexed(int64_t(layout.n_seqs) * hv, 1, [&](int64_t b, int64_t e, int part) {
+  // Enough (sequence, head) tasks per thread to pay for a wake-up: decode heads of 16×16 are
+  // far too small to split one by one.
+  const int64_t tasks = int64_t(layout.n_seqs) * hv;
+  const int64_t work =
+      std::max<int64_t>(1, dk * dv * (layout.n_tokens / std::max(1, layout.n_seqs) + 1));
+  const int64_t min_tasks = std::max<int64_t>(1, (int64_t(1) << 16) / work);
+  pool_.parallel_for_indexed(tasks, min_tasks, [&](int64_t b, int64_t e, int part) {
     float* my_scratch = scratch.ptr<float>() + size_t(part) * per_thread;
     for (int64_t task = b; task < e; ++task) {
       const int s = int(task / hv);
