@@ -201,6 +201,31 @@ TEST_F(BasicOps, ElementwiseOps) {
   }
 }
 
+// Gated DeltaNet gates over the whole range softplus meets: tiny e^x, the x > 20 cut, and
+// head counts around the 16-lane vectors; relative error against the double definition.
+TEST_F(BasicOps, GdnGatesMatchReference) {
+  for (int64_t hv : {1, 2, 17, 32}) {
+    const int64_t n = 9;
+    HostTensor a(DType::F32, {n, hv}), b(DType::F32, {n, hv}), a_log(DType::F32, {hv}),
+        dt_bias(DType::BF16, {hv});
+    fill_random(a, rng, 12.0f);  // |x| up to ~40: both sides of the cut, e^x down to 1e-16
+    fill_random(b, rng, 6.0f);
+    fill_random(a_log, rng, 1.0f);
+    fill_random(dt_bias, rng, 1.0f);
+    HostTensor g(DType::F32, {n, hv}), beta = g, g_ref = g, beta_ref = g;
+    ops.gdn_gates(a.t, b.t, a_log.t, dt_bias.t, g.t, beta.t);
+    ref::gdn_gates(a.t, b.t, a_log.t, dt_bias.t, g_ref.t, beta_ref.t);
+    for (int64_t i = 0; i < n * hv; ++i) {
+      // x = a + dt_bias is formed in f32 (half an ulp of x, i.e. |x|·6e-8, relative in e^x);
+      // the vector exp and log add a few ulps.
+      const double x = double(a.f()[i]) + bf16_to_f32(dt_bias.t.ptr<uint16_t>()[i % hv]);
+      const double tol = (4e-7 + 1.2e-7 * std::fabs(x)) * std::fabs(g_ref.f()[i]);
+      ASSERT_LE(std::fabs(g.f()[i] - g_ref.f()[i]), tol) << "hv=" << hv << " x=" << x;
+      ASSERT_NEAR(beta.f()[i], beta_ref.f()[i], 1e-7);
+    }
+  }
+}
+
 TEST_F(BasicOps, EmbeddingAndGatherRows) {
   HostTensor table(DType::BF16, {11, 7}), out(DType::F32, {3, 7});
   fill_random(table, rng);

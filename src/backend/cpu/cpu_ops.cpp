@@ -207,15 +207,31 @@ void CpuOps::add_scaled_sigmoid(Tensor x, const Tensor& y, const Tensor& s) {
 void CpuOps::gdn_gates(const Tensor& a, const Tensor& b, const Tensor& a_log, const Tensor& dt_bias,
                        Tensor g, Tensor beta) {
   const int64_t n = a.shape[0], hv = a.shape[1];
+  RECUR_CHECK(hv <= 1024);
+  // Per head, once per call: -exp(a_log) and dt_bias.
+  alignas(64) float neg_a[1024], bias[1024];
+  for (int64_t h = 0; h < hv; ++h) {
+    neg_a[h] = -std::exp(weight_at(a_log, h));
+    bias[h] = weight_at(dt_bias, h);
+  }
   for (int64_t t = 0; t < n; ++t) {
     const float* ar = a.row<float>(t);
     const float* br = b.row<float>(t);
     float* gr = g.row<float>(t);
     float* betar = beta.row<float>(t);
+#if defined(__AVX512F__)
+    for (int64_t h = 0; h < hv; h += 16) {
+      const __mmask16 m = tail_mask(hv - h);
+      const __m512 x = _mm512_add_ps(_mm512_maskz_loadu_ps(m, ar + h), _mm512_load_ps(bias + h));
+      _mm512_mask_storeu_ps(gr + h, m, _mm512_mul_ps(_mm512_load_ps(neg_a + h), softplus16(x)));
+      _mm512_mask_storeu_ps(betar + h, m, sigmoid16(_mm512_maskz_loadu_ps(m, br + h)));
+    }
+#else
     for (int64_t h = 0; h < hv; ++h) {
-      gr[h] = -std::exp(weight_at(a_log, h)) * softplus(ar[h] + weight_at(dt_bias, h));
+      gr[h] = neg_a[h] * softplus(ar[h] + bias[h]);
       betar[h] = sigmoid(br[h]);
     }
+#endif
   }
 }
 

@@ -71,6 +71,18 @@ void l2_norm(Tensor x, float eps, float scale) {
   }
 }
 
+void gdn_gates(const Tensor& a, const Tensor& b, const Tensor& a_log, const Tensor& dt_bias,
+               Tensor g, Tensor beta) {
+  for (int64_t t = 0; t < a.shape[0]; ++t) {
+    for (int64_t h = 0; h < a.shape[1]; ++h) {
+      const double x = double(a.row<float>(t)[h]) + weight_at(dt_bias, h);
+      const double softplus = x > 20.0 ? x : std::log1p(std::exp(x));
+      g.row<float>(t)[h] = float(-std::exp(double(weight_at(a_log, h))) * softplus);
+      beta.row<float>(t)[h] = float(sigmoid(b.row<float>(t)[h]));
+    }
+  }
+}
+
 void rope(Tensor x, const int32_t* positions, int rot_dim, double theta) {
   const int half = rot_dim / 2;
   for (int64_t t = 0; t < x.shape[0]; ++t) {

@@ -12,6 +12,8 @@ void matmul(const Tensor& x, const Tensor& w, Tensor out);
 void rms_norm(const Tensor& x, const Tensor& w, float weight_offset, float eps, Tensor out);
 void rms_norm_gated(const Tensor& x, const Tensor& gate, const Tensor& w, float eps, Tensor out);
 void l2_norm(Tensor x, float eps, float scale);
+void gdn_gates(const Tensor& a, const Tensor& b, const Tensor& a_log, const Tensor& dt_bias,
+               Tensor g, Tensor beta);
 void rope(Tensor x, const int32_t* positions, int rot_dim, double theta);
 void conv1d_causal_silu(const Tensor& x, const Tensor& weight, Tensor conv_state,
                         const SeqLayout& layout, Tensor out);

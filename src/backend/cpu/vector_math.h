@@ -40,6 +40,40 @@ inline __m512 silu16(__m512 x) {
   const __m512 one = _mm512_set1_ps(1.0f);
   return _mm512_div_ps(x, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), x))));
 }
+// ln(x) for finite x > 0: x = 2^e·m with m in [√½, √2), ln(m) by Cephes' logf polynomial.
+inline __m512 log16(__m512 x) {
+  __m512 m = _mm512_getmant_ps(x, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_src);  // [1, 2)
+  __m512 e = _mm512_getexp_ps(x);                                         // floor(log2 x)
+  const __mmask16 big = _mm512_cmp_ps_mask(m, _mm512_set1_ps(1.41421356237f), _CMP_GT_OQ);
+  m = _mm512_mask_mul_ps(m, big, m, _mm512_set1_ps(0.5f));
+  e = _mm512_mask_add_ps(e, big, e, _mm512_set1_ps(1.0f));
+  const __m512 f = _mm512_sub_ps(m, _mm512_set1_ps(1.0f));
+  __m512 p = _mm512_set1_ps(7.0376836292e-2f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(-1.1514610310e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.1676998740e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(-1.2420140846e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.4249322787e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(-1.6668057665e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.0000714765e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(-2.4999993993e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(3.3333331174e-1f));
+  const __m512 z = _mm512_mul_ps(f, f);
+  __m512 y = _mm512_mul_ps(_mm512_mul_ps(p, f), z);
+  y = _mm512_fmadd_ps(e, _mm512_set1_ps(-2.12194440e-4f), y);
+  y = _mm512_fnmadd_ps(_mm512_set1_ps(0.5f), z, y);
+  return _mm512_fmadd_ps(e, _mm512_set1_ps(0.693359375f), _mm512_add_ps(f, y));
+}
+// ln(1 + y) for y > -1, accurate for tiny y: ln(u) corrected by the rounding of u = 1 + y.
+inline __m512 log1p16(__m512 y) {
+  const __m512 u = _mm512_add_ps(_mm512_set1_ps(1.0f), y);
+  const __m512 err = _mm512_sub_ps(_mm512_sub_ps(u, _mm512_set1_ps(1.0f)), y);
+  return _mm512_sub_ps(log16(u), _mm512_div_ps(err, u));
+}
+// softplus(x) = ln(1 + e^x), and x itself above 20 (as the scalar softplus).
+inline __m512 softplus16(__m512 x) {
+  const __mmask16 big = _mm512_cmp_ps_mask(x, _mm512_set1_ps(20.0f), _CMP_GT_OQ);
+  return _mm512_mask_mov_ps(log1p16(exp16(x)), big, x);
+}
 // Lanes [0, left) of 16.
 inline __mmask16 tail_mask(int64_t left) {
   return left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
