@@ -2,6 +2,7 @@
 // stored dtype (F32, BF16, F16) and widened to f32 inside the loops.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <vector>
 
@@ -71,6 +72,17 @@ class CpuOps final : public Ops {
 
  private:
   ThreadPool pool_;
+  // Which k-major weight followed which in earlier matmuls (a direct-mapped table by address):
+  // matmul asks for the start of the predicted next weight as it finishes. Advisory only;
+  // relaxed atomics because any thread may call matmul.
+  static constexpr int kNextWeightSlots = 4096;
+  static constexpr int64_t kNextWeightPrefetchBytes = 8192;
+  struct NextWeight {
+    std::atomic<const void*> key{nullptr}, next{nullptr};
+    std::atomic<int64_t> next_bytes{0};
+  };
+  std::unique_ptr<NextWeight[]> next_weight_{new NextWeight[kNextWeightSlots]};
+  std::atomic<NextWeight*> last_weight_{nullptr};
   // Partial softmax states of attention parts: kAttentionMaxParts per thread, allocated once
   // (left uninitialised: pages are only touched by contexts long enough to be split).
   std::unique_ptr<float[]> attention_scratch_;

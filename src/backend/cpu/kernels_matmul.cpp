@@ -329,6 +329,18 @@ void CpuOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulat
     const int64_t ld = w.stride[1];
     const int64_t vectors = (m + 15) / 16;
     const int64_t min_vectors = std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, k * n));
+    const int64_t bytes = k * ld * int64_t(dtype_size(w.dtype));
+    NextWeight* prev = last_weight_.load(std::memory_order_relaxed);
+    if (prev != nullptr) {  // learn: after prev's weight came this one
+      prev->next.store(w.data, std::memory_order_relaxed);
+      prev->next_bytes.store(bytes, std::memory_order_relaxed);
+    }
+    NextWeight& self = next_weight_[(reinterpret_cast<uintptr_t>(w.data) >> 6) % kNextWeightSlots];
+    if (self.key.load(std::memory_order_relaxed) != w.data) {
+      self.key.store(w.data, std::memory_order_relaxed);
+      self.next.store(nullptr, std::memory_order_relaxed);
+    }
+    last_weight_.store(&self, std::memory_order_relaxed);
     dispatch_weight(w.dtype, [&](auto tag) {
       using W = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
       pool_.parallel_for(vectors, min_vectors, [&](int64_t v0, int64_t v1) {
@@ -336,6 +348,14 @@ void CpuOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulat
                         out.stride[0], n, v0 * 16, std::min(m, v1 * 16), accumulate);
       });
     });
+    // The step's matmuls come in the same order every time: ask now for the start of the
+    // weight that followed this one last time, so the ops in between hide its latency.
+    if (const void* next = self.next.load(std::memory_order_relaxed)) {
+      const char* p = static_cast<const char*>(next);
+      const int64_t ahead = std::min<int64_t>(self.next_bytes.load(std::memory_order_relaxed),
+                                              kNextWeightPrefetchBytes);
+      for (int64_t off = 0; off < ahead; off += 64) prefetch_line(p + off);
+    }
     return;
   }
   RECUR_CHECK(w.ndim == 2 && w.is_contiguous());
