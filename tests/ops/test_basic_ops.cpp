@@ -154,6 +154,22 @@ TEST_F(BasicOps, RopeRotatesOnlyTheRotaryChannels) {
           ASSERT_EQ(a.f()[(t * heads + h) * hd + j], x.f()[(t * heads + h) * hd + j]);
     // Position 0 is the identity.
     for (int64_t j = 0; j < heads * hd; ++j) ASSERT_FLOAT_EQ(a.f()[j], x.f()[j]);
+    // Angles are cached between calls: the same call again, then other positions and another
+    // theta, must still follow the reference.
+    HostTensor a2 = x, b2 = x;
+    ops.rope(a2.t, pos, rot, 10000.0);
+    EXPECT_EQ(std::memcmp(a2.f(), a.f(), size_t(a.numel()) * 4), 0) << "rot=" << rot;
+    int32_t moved[] = {0, 1, 7, 100, 4095, 1000000};
+    moved[2] = 9;
+    a2 = x;
+    ops.rope(a2.t, moved, rot, 10000.0);
+    ref::rope(b2.t, moved, rot, 10000.0);
+    EXPECT_LE(max_abs_diff(a2.f(), b2.f(), a2.numel()), 2e-5) << "rot=" << rot;
+    a2 = x;
+    b2 = x;
+    ops.rope(a2.t, moved, rot, 500000.0);
+    ref::rope(b2.t, moved, rot, 500000.0);
+    EXPECT_LE(max_abs_diff(a2.f(), b2.f(), a2.numel()), 2e-5) << "theta, rot=" << rot;
   }
 }
 

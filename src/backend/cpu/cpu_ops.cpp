@@ -145,23 +145,51 @@ void CpuOps::rope(Tensor x, const int32_t* positions, int rot_dim, double theta)
   const int64_t n = x.shape[0], heads = x.shape[1];
   double inv_freq[512];
   for (int i = 0; i < half; ++i) inv_freq[i] = std::pow(theta, -2.0 * i / rot_dim);
+  // Angles in double: positions reach millions, where f32 angles lose the phase.
+  auto angles = [&](int64_t t, float* cos_t, float* sin_t) {
+    for (int i = 0; i < half; ++i) {
+      const double angle = double(positions[t]) * inv_freq[i];
+      cos_t[i] = float(std::cos(angle));
+      sin_t[i] = float(std::sin(angle));
+    }
+  };
+  auto rotate = [&](int64_t t, const float* cos_t, const float* sin_t) {
+    for (int64_t h = 0; h < heads; ++h) {
+      float* xr = x.ptr<float>() + t * x.stride[0] + h * x.stride[1];
+      for (int i = 0; i < half; ++i) {
+        float a = xr[i], b = xr[i + half];
+        xr[i] = a * cos_t[i] - b * sin_t[i];
+        xr[i + half] = b * cos_t[i] + a * sin_t[i];
+      }
+    }
+  };
+  // Every attention layer of a forward rotates q and k at the same positions: the table of
+  // the last call is reused while positions, rot_dim and theta repeat.
+  RopeCache& c = rope_cache_;
+  std::unique_lock<std::mutex> lk(c.mu, std::try_to_lock);
+  if (lk.owns_lock() && n <= kRopeCacheTokens && half <= kRopeCacheHalf) {
+    if (c.n != n || c.rot_dim != rot_dim || c.theta != theta ||
+        std::memcmp(c.positions.get(), positions, size_t(n) * sizeof(int32_t)) != 0) {
+      for (int64_t t = 0; t < n; ++t) {
+        angles(t, c.cos.get() + t * kRopeCacheHalf, c.sin.get() + t * kRopeCacheHalf);
+      }
+      std::memcpy(c.positions.get(), positions, size_t(n) * sizeof(int32_t));
+      c.n = int(n);
+      c.rot_dim = rot_dim;
+      c.theta = theta;
+    }
+    pool_.parallel_for(n, 16, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        rotate(t, c.cos.get() + t * kRopeCacheHalf, c.sin.get() + t * kRopeCacheHalf);
+      }
+    });
+    return;
+  }
   pool_.parallel_for(n, 16, [&](int64_t t0, int64_t t1) {
     float cos_t[512], sin_t[512];
     for (int64_t t = t0; t < t1; ++t) {
-      for (int i = 0; i < half; ++i) {
-        // Angles in double: positions reach millions, where f32 angles lose the phase.
-        const double angle = double(positions[t]) * inv_freq[i];
-        cos_t[i] = float(std::cos(angle));
-        sin_t[i] = float(std::sin(angle));
-      }
-      for (int64_t h = 0; h < heads; ++h) {
-        float* xr = x.ptr<float>() + t * x.stride[0] + h * x.stride[1];
-        for (int i = 0; i < half; ++i) {
-          float a = xr[i], b = xr[i + half];
-          xr[i] = a * cos_t[i] - b * sin_t[i];
-          xr[i + half] = b * cos_t[i] + a * sin_t[i];
-        }
-      }
+      angles(t, cos_t, sin_t);
+      rotate(t, cos_t, sin_t);
     }
   });
 }

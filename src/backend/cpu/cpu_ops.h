@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "core/threads.h"
@@ -72,6 +73,18 @@ class CpuOps final : public Ops {
 
  private:
   ThreadPool pool_;
+  // cos/sin of the last rope call, [token][kRopeCacheHalf]; pages are touched only as used.
+  // Taken with try_lock: a concurrent caller computes its own angles instead.
+  static constexpr int kRopeCacheTokens = 1024, kRopeCacheHalf = 128;
+  struct RopeCache {
+    std::mutex mu;
+    int n = -1, rot_dim = 0;
+    double theta = 0;
+    std::unique_ptr<int32_t[]> positions{new int32_t[kRopeCacheTokens]};
+    std::unique_ptr<float[]> cos{new float[size_t(kRopeCacheTokens) * kRopeCacheHalf]};
+    std::unique_ptr<float[]> sin{new float[size_t(kRopeCacheTokens) * kRopeCacheHalf]};
+  };
+  RopeCache rope_cache_;
   // Which k-major weight followed which in earlier matmuls (a direct-mapped table by address):
   // matmul asks for the start of the predicted next weight as it finishes. Advisory only;
   // relaxed atomics because any thread may call matmul.
