@@ -33,6 +33,8 @@ struct Run {
   double cpu_seconds = 0;  // user + system time of the process over the timed part
   int64_t tokens = 0;
   EngineStats first, last;
+  int64_t generated = 0;    // tokens of the sequences, prefill step included
+  std::string last_finish;  // the message of the last sequence to finish ("" if none given)
 };
 
 Run decode(Ops& ops, const std::string& model, int batch, int tokens, int64_t sample_every) {
@@ -54,6 +56,11 @@ Run decode(Ops& ops, const std::string& model, int batch, int tokens, int64_t sa
     r.sampling.temperature = 0;
     r.stop.ignore_eos = true;
     auto id = eng.submit(r, [&](const Event& ev) {
+      if (ev.kind == Event::Kind::kFinish) {
+        run.generated += ev.generated_tokens;
+        run.last_finish = std::string(ev.message);
+        return;
+      }
       if (ev.kind != Event::Kind::kToken) return;
       ++seen;
       if (sample_every > 0 && seen % sample_every == 0) {
@@ -106,10 +113,15 @@ int main(int argc, char** argv) {
     Run r = decode(ops, model, 1, int(long_tokens), std::max<int64_t>(1, long_tokens / 10));
     const bool flat = r.first.alloc.allocs_total == r.last.alloc.allocs_total &&
                       r.first.alloc.live_buffers == r.last.alloc.live_buffers;
+    // A completion that stopped short (the model's context length, the cache) is no evidence
+    // for the length asked: say so and fail.
+    const bool complete = r.generated >= long_tokens;
     fmt::print(
-        "{{\"long_tokens\": {}, \"seconds\": {:.1f}, \"tok_s\": {:.1f}, \"flat_counters\": {}}}\n",
-        r.tokens, r.seconds, double(r.tokens) / r.seconds, flat ? "true" : "false");
-    return flat ? 0 : 1;
+        "{{\"long_tokens\": {}, \"generated\": {}, \"complete\": {}, \"finish\": \"{}\", "
+        "\"seconds\": {:.1f}, \"tok_s\": {:.1f}, \"flat_counters\": {}}}\n",
+        r.tokens, r.generated, complete ? "true" : "false", r.last_finish, r.seconds,
+        double(r.tokens) / r.seconds, flat ? "true" : "false");
+    return flat && complete ? 0 : 1;
   }
   if (only == "single" || only == "batch") {
     const int n_seqs = only == "single" ? 1 : batch;
