@@ -352,6 +352,7 @@ void launch_chunked(const DeltaArgs& a, int n_seqs, size_t max_smem, cudaStream_
 
 void CudaOps::conv1d_causal_silu(const Tensor& x, const Tensor& weight, Tensor conv_state,
                                  const SeqLayout& layout, Tensor out) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
   const int64_t C = x.shape[1];
   const int K = int(weight.shape[weight.ndim - 1]);
   RECUR_CHECK(weight.shape[0] == C && conv_state.shape[1] == K - 1 && conv_state.shape[2] == C);
@@ -384,6 +385,7 @@ size_t CudaOps::gated_delta_rule_scratch_bytes(int dk, int dv) const {
 void CudaOps::gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                                const Tensor& beta, Tensor state, const SeqLayout& layout,
                                Tensor out, Tensor scratch, DeltaRuleForm form) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
   const int64_t hk = q.shape[1], dk = q.shape[2], hv = v.shape[1], dv = v.shape[2];
   RECUR_CHECK(hk > 0 && hv % hk == 0 && k.shape[1] == hk && k.shape[2] == dk);
   RECUR_CHECK(state.shape[1] == hv && state.shape[2] == dk && state.shape[3] == dv &&

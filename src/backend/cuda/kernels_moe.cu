@@ -3,15 +3,15 @@
 // expert on the device (one block; nothing returns to the host), cut into tiles of one
 // expert's rows, and run as grouped GEMMs over a grid sized by the worst case whose surplus
 // blocks exit at once:
-//   ≤ kGemvMaxTokens tokens (decode): the GEMV core (gemv.cuh), f32 arithmetic, each chosen
-//     expert's weights read once;
-//   more tokens, BF16/F16 experts: tensor-core tiles (moe_wmma.cu), activations rounded to
-//     the weights' 16-bit type (~1e-2 relative error, as for the cuBLAS matmul path);
+//   ≤ kGemvMaxTokens tokens, or few rows per expert (decode batches): the GEMV core
+//     (gemv.cuh), f32 arithmetic, each chosen expert's weights read once per tile of ≤ 4 rows;
+//   more tokens, BF16/F16 experts: tensor-core tiles (moe_wmma.cu) on activations split
+//     exactly into three 16-bit terms (f32-class results, like the cuBLAS matmul path);
 //   more tokens, F32 experts: the GEMV core over tiles of 8 rows.
 // Gate and up run fused with SwiGLU; a final pass sums each token's k expert outputs in its
 // own routing order (deterministic, no atomics).
-#include <cstdlib>
 #include <algorithm>
+#include <cstdlib>
 
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/gemv.cuh"
@@ -263,6 +263,7 @@ void launch_moe_gemv_nt(const MoeGemmArgs& a, int nt, bool vec, unsigned max_til
 }  // namespace
 
 void CudaOps::moe_route(const Tensor& logits, int k, bool norm_topk, Tensor ids, Tensor weights) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
   const int64_t n = logits.shape[0], E = logits.shape[1];
   RECUR_CHECK(k >= 1 && k <= E && E <= 4096 && k <= 64 && logits.stride[1] == 1);
   RECUR_CHECK(ids.dtype == DType::I32 && ids.shape[1] == k && weights.shape[1] == k);
@@ -292,6 +293,7 @@ size_t CudaOps::moe_experts_scratch_bytes(int n_tokens, int k, int n_experts, in
 
 void CudaOps::moe_experts(const Tensor& x, std::span<const ExpertWeights> experts,
                           const Tensor& ids, const Tensor& weights, Tensor out, Tensor scratch) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
   const int64_t n = x.shape[0], d = x.row_size(), k = ids.shape[1];
   const int64_t E = int64_t(experts.size());
   RECUR_CHECK(E >= 1 && E <= 4096 && x.dtype == DType::F32 && out.row_size() == d);
@@ -314,16 +316,20 @@ void CudaOps::moe_experts(const Tensor& x, std::span<const ExpertWeights> expert
   const int64_t pairs = n * k;
 
   // Tile rows: for decode 1 or 2 (a few tokens rarely share an expert, and the GEMV core's
-  // cost grows with its row count); 64 for tensor cores; 8 for f32 experts of larger batches.
+  // cost grows with its row count); 2 or 4 while experts average at most 4 rows (decode
+  // batches: every expert's weights streamed once, the FMAs still under the loads); then 64
+  // for tensor cores, 8 for f32 experts. RECUR_CUDA_MOE_TENSOR_CORES=0 keeps the GEMV core.
   const bool small = n <= kGemvMaxTokens;
-  // Tensor cores round activations to 16 bits (about 1e-2 relative in the logits of a large
-  // vocabulary): opt-in with RECUR_CUDA_MOE_TENSOR_CORES=1; the default keeps f32 arithmetic.
+  const bool few_per_expert = !small && pairs <= 4 * E;
   static const bool allow_tc = [] {
     const char* e = std::getenv("RECUR_CUDA_MOE_TENSOR_CORES");
-    return e && e[0] == '1';
+    return !(e && e[0] == '0');
   }();
-  const bool tensor_cores = allow_tc && !small && wdt != DType::F32;
-  const int tm = small ? (n == 1 ? 1 : 2) : tensor_cores ? kWmmaTileRows : 8;
+  const bool tensor_cores = allow_tc && !small && !few_per_expert && wdt != DType::F32;
+  const int tm = small            ? (n == 1 ? 1 : 2)
+                 : few_per_expert ? (pairs <= E ? 2 : 4)
+                 : tensor_cores   ? kWmmaTileRows
+                                  : 8;
   const int64_t max_tiles = std::min<int64_t>(pairs, (pairs + tm - 1) / tm + std::min(E, pairs));
 
   const size_t sort_smem = size_t(4 * E) * sizeof(int);
