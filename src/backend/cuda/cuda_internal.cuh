@@ -8,7 +8,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <map>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_ops.h"
@@ -124,6 +126,17 @@ struct CudaOps::Impl {
   cudaStream_t main_stream = nullptr;     // the ops' stream outside captures
   cudaStream_t capture_stream = nullptr;  // non-blocking: captures need no legacy-stream order
   cudaEvent_t capture_fork = nullptr;
+
+  // RECUR_CUDA_PROFILE=1 (graphs off): an event after every launch; device time per op label
+  // and forward shape, summed at each wait for the stream and printed to stderr at exit.
+  bool profile = false;
+  std::vector<cudaEvent_t> prof_events;
+  std::vector<std::string> prof_labels;  // label of the interval ending at event i
+  size_t prof_used = 0;
+  std::string prof_prefix;
+  std::map<std::string, std::pair<double, int64_t>> prof_totals;  // ms, count
+  void profile_mark(const char* what);
+  void profile_collect();  // after the stream was synchronised
 
   ~Impl();
   // True while a replayed forward's ops are skipped (the graph does their work).

@@ -89,6 +89,20 @@ CudaOps::~CudaOps() = default;
 
 CudaOps::Impl::~Impl() {
   if (stream) cudaStreamSynchronize(stream);
+  if (profile) {
+    profile_collect();
+    std::vector<std::pair<double, std::string>> rows;
+    for (auto& [label, v] : prof_totals) rows.push_back({v.first, label});
+    std::sort(rows.rbegin(), rows.rend());
+    std::fprintf(stderr, "%-56s %12s %10s %12s\n", "op (forward shape)", "total ms", "count",
+                 "us each");
+    for (auto& [ms, label] : rows) {
+      const auto& v = prof_totals[label];
+      std::fprintf(stderr, "%-56s %12.3f %10lld %12.2f\n", label.c_str(), ms,
+                   static_cast<long long>(v.second), 1e3 * ms / double(v.second));
+    }
+  }
+  for (cudaEvent_t e : prof_events) cudaEventDestroy(e);
   for (DecodeGraph& g : decode_graphs) {
     if (g.exec) cudaGraphExecDestroy(g.exec);
   }
@@ -135,7 +149,9 @@ Result<std::unique_ptr<CudaOps>> CudaOps::create(int device) {
   RECUR_CUDA_CHECK(cudaStreamCreateWithFlags(&s.capture_stream, cudaStreamNonBlocking));
   RECUR_CUDA_CHECK(cudaEventCreateWithFlags(&s.capture_fork, cudaEventDisableTiming));
   const char* graphs = std::getenv("RECUR_CUDA_GRAPHS");
-  s.graphs = !(graphs && graphs[0] == '0') && !s.debug_sync;
+  const char* profile = std::getenv("RECUR_CUDA_PROFILE");
+  s.profile = profile && profile[0] == '1';
+  s.graphs = !(graphs && graphs[0] == '0') && !s.debug_sync && !s.profile;
   RECUR_CUDA_CHECK(cudaEventCreateWithFlags(&s.upload_done, cudaEventDisableTiming));
   RECUR_CUBLAS_CHECK(cublasCreate(&s.cublas));
   RECUR_CUBLAS_CHECK(cublasSetStream(s.cublas, s.stream));
@@ -227,6 +243,7 @@ void CudaOps::copy_to_host(const Tensor& src, void* dst) {
                                    cudaMemcpyDeviceToHost, s.stream));
   RECUR_CUDA_CHECK(cudaStreamSynchronize(s.stream));
   s.mirrored.clear();  // the forward is over; its host arrays may now be reused
+  if (s.profile) s.profile_collect();
 }
 
 void CudaOps::fill_zero(Tensor t) {
@@ -240,6 +257,7 @@ void CudaOps::synchronize() {
   impl_->end_forward();
   RECUR_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
   impl_->mirrored.clear();
+  if (impl_->profile) impl_->profile_collect();
 }
 
 void CudaOps::begin_forward(const SeqLayout& l, std::span<const int32_t> tokens,
@@ -297,6 +315,35 @@ void CudaOps::begin_forward(const SeqLayout& l, std::span<const int32_t> tokens,
   }
   RECUR_CUDA_CHECK(cudaEventRecord(s.upload_done, s.stream));
   s.start_forward(l, int(logit_rows.size()), output);
+  if (s.profile) {
+    const bool decode = l.n_tokens == l.n_seqs;
+    s.prof_prefix = (decode ? "decode b=" : "prompt n=") + std::to_string(l.n_tokens) + " ";
+    s.profile_mark(nullptr);
+  }
+}
+
+void CudaOps::Impl::profile_mark(const char* what) {
+  if (prof_used == prof_events.size()) {
+    cudaEvent_t e;
+    RECUR_CUDA_CHECK(cudaEventCreate(&e));
+    prof_events.push_back(e);
+    prof_labels.emplace_back();
+  }
+  prof_labels[prof_used] = what ? prof_prefix + what : std::string();
+  RECUR_CUDA_CHECK(cudaEventRecord(prof_events[prof_used], stream));
+  ++prof_used;
+}
+
+void CudaOps::Impl::profile_collect() {
+  for (size_t i = 1; i < prof_used; ++i) {
+    if (prof_labels[i].empty()) continue;  // a new forward's start: nothing ends here
+    float ms = 0.0f;
+    RECUR_CUDA_CHECK(cudaEventElapsedTime(&ms, prof_events[i - 1], prof_events[i]));
+    auto& v = prof_totals[prof_labels[i]];
+    v.first += ms;
+    v.second += 1;
+  }
+  prof_used = 0;
 }
 
 void CudaOps::Impl::start_forward(const SeqLayout& l, int n_logits, const void* output) {
@@ -454,6 +501,7 @@ void CudaOps::Impl::launched(const char* what) {
   cudaError_t e = cudaGetLastError();
   if (e == cudaSuccess && debug_sync && mode == Mode::kEager) e = cudaStreamSynchronize(stream);
   if (e != cudaSuccess) cuda::cuda_failed(what, e, __FILE__, __LINE__);
+  if (profile && mode == Mode::kEager && prof_used > 0) profile_mark(what);
 }
 
 }  // namespace recur

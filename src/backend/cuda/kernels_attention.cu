@@ -22,8 +22,8 @@ namespace {
 
 constexpr int kAttnThreads = 128;
 constexpr int kAttnWarps = kAttnThreads / 32;
-constexpr int kTileP = 32;               // positions per tile: one per lane in the softmax
-constexpr int kMinSplitPositions = 128;  // one round of the warps' 32-position chunks
+constexpr int kTileP = 32;              // positions per tile: one per lane in the softmax
+constexpr int kMinSplitPositions = 32;  // one warp's chunk of positions
 
 struct AttnArgs {
   const float* q;  // [n, heads, hd]
@@ -517,10 +517,11 @@ void CudaOps::paged_attention(const Tensor& q, const Tensor& k_cache, const Tens
   if (max_ctx <= 0) {
     for (int t = 0; t < n; ++t) max_ctx = std::max(max_ctx, layout.positions[t] + 1);
   }
-  // Split the context only as far as needed to give every SM a couple of blocks, and no
+  // Split the context only as far as needed to give every SM 16 blocks (a block's warps walk
+  // their positions one dependent chunk at a time, so many are needed in flight), and no
   // further than the start-up buffer of partial results holds.
   const int64_t base_blocks = int64_t(n) * kv_heads;
-  const int64_t want = std::max<int64_t>(1, (4 * s.sm_count + base_blocks - 1) / base_blocks);
+  const int64_t want = std::max<int64_t>(1, (16 * s.sm_count + base_blocks - 1) / base_blocks);
   const int64_t fits = int64_t(s.attn_partial.bytes() /
                                (size_t(n) * size_t(heads) * (size_t(hd) + 2) * sizeof(float)));
   const int n_splits = int(std::max<int64_t>(

@@ -254,15 +254,42 @@ __global__ void __launch_bounds__(kChunkThreads) delta_chunked_kernel(DeltaArgs 
       m.O[i * ldv + jj] = o;
     }
     __syncthreads();
-    // T = (I + A)^-1 by forward substitution, a row at a time, in double: the solve amplifies
-    // rounding when many keys of a chunk are nearly parallel.
-    for (int i = 0; i < L; ++i) {
-      for (int jx = tid; jx < i; jx += kChunkThreads) {
-        double acc = 0.0;
-        for (int mm = jx; mm < i; ++mm) acc += double(m.A[i * lda + mm]) * m.T[mm * kChunk + jx];
-        m.T[i * kChunk + jx] = -acc;
+    // T = (I + A)^-1 by forward substitution in double (the solve amplifies rounding when many
+    // keys of a chunk are nearly parallel). Columns are independent: a warp solves kSolveCols
+    // of them together, x = T[:, col] held by the lanes (rows lane and lane + 32), each row's
+    // sum x_i = -Σ_{mm<i} A[i][mm] x_mm split across the lanes. No block barrier inside.
+    {
+      static_assert(kChunk == 64 && kChunkThreads % 32 == 0);
+      constexpr int kWarps = kChunkThreads / 32, kSolveCols = kChunk / kWarps;
+      const int warp = tid / 32, lane = tid % 32;
+      double x0[kSolveCols], x1[kSolveCols];
+#pragma unroll
+      for (int c = 0; c < kSolveCols; ++c) {
+        const int col = warp + c * kWarps;
+        x0[c] = lane == col ? 1.0 : 0.0;
+        x1[c] = lane + 32 == col ? 1.0 : 0.0;
       }
-      if (tid == 0) m.T[i * kChunk + i] = 1.0;
+      for (int i = 1; i < L; ++i) {
+        // Only A's strictly lower part of row i was written for this chunk.
+        const double a0 = lane < i ? double(m.A[i * lda + lane]) : 0.0;
+        const double a1 = lane + 32 < i ? double(m.A[i * lda + lane + 32]) : 0.0;
+#pragma unroll
+        for (int c = 0; c < kSolveCols; ++c) {
+          double p = a0 * x0[c] + a1 * x1[c];
+#pragma unroll
+          for (int o = 16; o > 0; o >>= 1) p += __shfl_xor_sync(0xffffffffu, p, o);
+          if (i > warp + c * kWarps) {  // rows above the diagonal stay 0, the diagonal 1
+            if (lane == i) x0[c] = -p;
+            if (lane + 32 == i) x1[c] = -p;
+          }
+        }
+      }
+#pragma unroll
+      for (int c = 0; c < kSolveCols; ++c) {
+        const int col = warp + c * kWarps;
+        if (lane < L) m.T[lane * kChunk + col] = x0[c];
+        if (lane + 32 < L) m.T[(lane + 32) * kChunk + col] = x1[c];
+      }
       __syncthreads();
     }
     // Wk = T(β e^G K) into Q's space; U = T(βV).

@@ -9,6 +9,7 @@
 // F16's narrower exponent range makes its split close rather than exact for tiny activations,
 // and activations overflow beyond 65504, a limit f16 checkpoints already impose on themselves.
 #include <algorithm>
+#include <string>
 
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/gemv.cuh"
@@ -127,7 +128,12 @@ void CudaOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumula
         launch_gemv<W, 8>(x, w, out, accumulate, int(n), s.stream);
       }
     });
-    s.launched("matmul (gemv)");
+    if (s.profile) {
+      const std::string label = "matmul gemv " + std::to_string(m) + "x" + std::to_string(k);
+      s.launched(label.c_str());
+    } else {
+      s.launched("matmul (gemv)");
+    }
     return;
   }
   // Column-major view: out^T [m, n] = w [k, m]^T · x^T [k, n].
@@ -168,7 +174,12 @@ void CudaOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumula
                                     CUDA_R_32F, int(m), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     const unsigned sblocks = unsigned(std::min<int64_t>(blocks_for(nr * m, 256), s.sm_count * 8));
     sum3_kernel<<<sblocks, 256, 0, s.stream>>>(terms, nr, m, outr, out.stride[0], accumulate);
-    s.launched("matmul (sum of terms)");
+    if (s.profile) {  // the interval includes cuBLAS's product
+      const std::string label = "matmul 3-term " + std::to_string(m) + "x" + std::to_string(k);
+      s.launched(label.c_str());
+    } else {
+      s.launched("matmul (sum of terms)");
+    }
   }
 }
 

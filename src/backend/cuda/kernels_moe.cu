@@ -222,6 +222,76 @@ __global__ void __launch_bounds__(kGemvThreads) moe_gemv_kernel(MoeGemmArgs a) {
   }
 }
 
+// The GEMV core for 16-byte aligned rows, a warp per few output rows: the lanes stride each
+// row in 16-byte chunks and sum by shuffles, so a block (4 warps) streams 16 rows of one
+// expert (8 of each of gate and up when kDual, SwiGLU applied) with no block barrier. The
+// block-wide kernel above leaves threads idle on short rows (d_ff = 512: 64 chunks) and its
+// small blocks cost more to schedule than they stream. grid (⌈m/(4·RW)⌉, max_tiles).
+template <bool kDual>
+constexpr int kWarpRows = kDual ? 2 : 4;
+template <typename W, int NT, bool kDual>
+__global__ void __launch_bounds__(kGemvThreads) moe_gemv_warp_kernel(MoeGemmArgs a) {
+  constexpr int E = Chunk<W>::kElems, RW = kWarpRows<kDual>;
+  const int tile = blockIdx.y;
+  if (tile >= *a.n_tiles) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t orow0 = (int64_t(blockIdx.x) * (kGemvThreads / 32) + warp) * RW;
+  if (orow0 >= a.m) return;  // warp-uniform, and nothing below waits for the block
+  const int e = a.tile_expert[tile], row0 = a.tile_row0[tile], nt = a.tile_rows[tile];
+  const int rows = int(min64(RW, a.m - orow0));
+  const float* xr[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const int r = row0 + (t < nt ? t : 0);
+    xr[t] = a.x + (a.x_row ? int64_t(a.x_row[r]) : int64_t(r)) * a.ldx;
+  }
+  const W* wr[RW];
+  const W* wr2[RW];
+#pragma unroll
+  for (int r = 0; r < RW; ++r) {
+    const int64_t off = (orow0 + (r < rows ? r : 0)) * a.k;
+    wr[r] = static_cast<const W*>(a.w[e]) + off;
+    wr2[r] = kDual ? static_cast<const W*>(a.w2[e]) + off : nullptr;
+  }
+  float acc[RW][NT] = {}, acc2[RW][NT] = {};
+  const int64_t n_chunks = a.k / E;
+#pragma unroll 2
+  for (int64_t c = lane; c < n_chunks; c += 32) {
+    Chunk<W> wc[RW], wc2[kDual ? RW : 1];
+#pragma unroll
+    for (int r = 0; r < RW; ++r) {
+      wc[r] = load_chunk(wr[r] + c * E);
+      if constexpr (kDual) wc2[r] = load_chunk(wr2[r] + c * E);
+    }
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      float xv[E];
+#pragma unroll
+      for (int q = 0; q < E; q += 4) {
+        const float4 f = __ldg(reinterpret_cast<const float4*>(xr[t] + c * E + q));
+        xv[q] = f.x, xv[q + 1] = f.y, xv[q + 2] = f.z, xv[q + 3] = f.w;
+      }
+#pragma unroll
+      for (int r = 0; r < RW; ++r) {
+#pragma unroll
+        for (int q = 0; q < E; ++q) {
+          acc[r][t] = fmaf(wc[r].v[q], xv[q], acc[r][t]);
+          if constexpr (kDual) acc2[r][t] = fmaf(wc2[r].v[q], xv[q], acc2[r][t]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < RW; ++r) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      float v = warp_sum(acc[r][t]);
+      if constexpr (kDual) v = silu(v) * warp_sum(acc2[r][t]);
+      if (lane == 0 && r < rows && t < nt) a.out[int64_t(row0 + t) * a.ldo + orow0 + r] = v;
+    }
+  }
+}
+
 // out[t, :] = Σ_j weights[t, j] · ys[row_of[t·k + j], :]; one block per token.
 __global__ void moe_combine_kernel(const float* ys, const int32_t* row_of, const float* weights,
                                    int64_t ld_w, int k, int64_t d, float* out, int64_t ldo) {
@@ -246,9 +316,26 @@ void launch_moe_gemv(const MoeGemmArgs& a, bool vec, unsigned max_tiles, cudaStr
   }
 }
 
+template <typename W, int NT, bool kDual>
+void launch_moe_gemv_warp(const MoeGemmArgs& a, unsigned max_tiles, cudaStream_t stream) {
+  constexpr int64_t kRowsPerBlock = kWarpRows<kDual> * (kGemvThreads / 32);
+  const dim3 grid(unsigned((a.m + kRowsPerBlock - 1) / kRowsPerBlock), max_tiles);
+  moe_gemv_warp_kernel<W, NT, kDual><<<grid, kGemvThreads, 0, stream>>>(a);
+}
+
 template <typename W, bool kDual>
 void launch_moe_gemv_nt(const MoeGemmArgs& a, int nt, bool vec, unsigned max_tiles,
                         cudaStream_t stream) {
+  if (vec && nt <= 4) {  // eight rows of two matrices would cost the warp kernel registers
+    if (nt == 1) {
+      launch_moe_gemv_warp<W, 1, kDual>(a, max_tiles, stream);
+    } else if (nt == 2) {
+      launch_moe_gemv_warp<W, 2, kDual>(a, max_tiles, stream);
+    } else {
+      launch_moe_gemv_warp<W, 4, kDual>(a, max_tiles, stream);
+    }
+    return;
+  }
   if (nt == 1) {
     launch_moe_gemv<W, 1, kDual>(a, vec, max_tiles, stream);
   } else if (nt == 2) {
