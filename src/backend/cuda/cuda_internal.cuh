@@ -93,6 +93,7 @@ struct CudaOps::Impl {
   // splits the rows, attention caps its context splits), so no forward allocates.
   Buffer act_lowp;      // matmul: activations split into three 16-bit terms, their products
   Buffer attn_partial;  // split-context attention partials
+  Buffer gdn_chunks;    // the chunked delta rule's per-chunk key-side records
 
   // Device tables of expert weight pointers, built once per expert list, carved from a pool
   // allocated at start-up (a table that does not fit gets its own buffer).

@@ -57,6 +57,7 @@ constexpr size_t kCublasWorkspace = size_t(32) << 20;
 constexpr size_t kInitialMirror = 64 << 10;       // int32 elements; reserve() sizes it exactly
 constexpr size_t kLowpBytes = size_t(256) << 20;  // matmul: split activations, products
 constexpr size_t kAttnPartialBytes = size_t(32) << 20;  // attention's context-split partials
+constexpr size_t kGdnChunkBytes = size_t(128) << 20;    // delta rule's chunk records
 constexpr size_t kExpertTablePointers = size_t(1) << 18;
 constexpr size_t kMaxDecodeGraphs = 512;
 // Int32 elements the mirror needs for a forward's parts, each rounded to 16 bytes.
@@ -168,6 +169,7 @@ Result<std::unique_ptr<CudaOps>> CudaOps::create(int device) {
   RECUR_ASSIGN_OR_RETURN(s.adhoc, s.alloc.allocate(kInitialMirror * 4, "ad hoc index upload"));
   RECUR_ASSIGN_OR_RETURN(s.act_lowp, s.alloc.allocate(kLowpBytes, "low-precision activations"));
   RECUR_ASSIGN_OR_RETURN(s.attn_partial, s.alloc.allocate(kAttnPartialBytes, "attention splits"));
+  RECUR_ASSIGN_OR_RETURN(s.gdn_chunks, s.alloc.allocate(kGdnChunkBytes, "delta rule chunks"));
   RECUR_ASSIGN_OR_RETURN(s.expert_table_pool,
                          s.alloc.allocate(kExpertTablePointers * sizeof(void*), "expert tables"));
   return Result<std::unique_ptr<CudaOps>>(std::move(ops));
