@@ -108,17 +108,30 @@ __global__ void __launch_bounds__(kThreads) moe_wmma_kernel(MoeGemmArgs a, bool 
   load(0);
   for (int64_t k0 = 0; k0 < K; k0 += kTK) {
     __syncthreads();  // the previous stage's MMAs are done with the shared tiles
+    {
+      // The terms are packed in registers and staged with 16-byte stores (scalar 2-byte
+      // stores of three terms and the weights outnumbered the MMAs).
+      uint4 pk[kTerms][kCols / 8];
+      T* pt = reinterpret_cast<T*>(pk);
 #pragma unroll
-    for (int q = 0; q < kCols; ++q) {
-      float v = av[q];
+      for (int q = 0; q < kCols; ++q) {
+        float v = av[q];
 #pragma unroll
-      for (int term = kTerms - 1; term >= 0; --term) {
-        const T h = from_f32<T>(v);
-        As[term][lr * kLd + lc + q] = h;
-        v -= to_f32(h);
+        for (int term = kTerms - 1; term >= 0; --term) {
+          const T h = from_f32<T>(v);
+          pt[term * kCols + q] = h;
+          v -= to_f32(h);
+        }
       }
-      Bs[lr * kLd + lc + q] = bv[q];
-      if constexpr (kDual) B2s[lr * kLd + lc + q] = bv2[q];
+#pragma unroll
+      for (int w = 0; w < kCols / 8; ++w) {
+#pragma unroll
+        for (int term = 0; term < kTerms; ++term) {
+          *reinterpret_cast<uint4*>(&As[term][lr * kLd + lc + 8 * w]) = pk[term][w];
+        }
+        *reinterpret_cast<uint4*>(&Bs[lr * kLd + lc + 8 * w]) = bq[w];
+        if constexpr (kDual) *reinterpret_cast<uint4*>(&B2s[lr * kLd + lc + 8 * w]) = bq2[w];
+      }
     }
     __syncthreads();
     if (k0 + kTK < K) load(k0 + kTK);
