@@ -89,6 +89,11 @@ CudaOps::CudaOps() : impl_(std::make_unique<Impl>()) {}
 CudaOps::~CudaOps() = default;
 
 CudaOps::Impl::~Impl() {
+  if (mode == Mode::kCapturing) {  // a forward begun and never waited for: drop its capture
+    cudaGraph_t g = nullptr;
+    if (cudaStreamEndCapture(capture_stream, &g) == cudaSuccess && g) cudaGraphDestroy(g);
+    stream = main_stream;
+  }
   if (stream) cudaStreamSynchronize(stream);
   if (profile) {
     profile_collect();
@@ -349,8 +354,11 @@ void CudaOps::Impl::profile_collect() {
 }
 
 void CudaOps::Impl::start_forward(const SeqLayout& l, int n_logits, const void* output) {
-  const bool decode = graphs && output && limits.max_context > 0 && l.n_tokens > 0 &&
-                      l.n_tokens == l.n_seqs && l.positions && l.slot && l.block_start;
+  bool decode = graphs && output && limits.max_context > 0 && l.n_tokens > 0 &&
+                l.n_tokens == l.n_seqs && l.positions && l.slot && l.block_start;
+  // Every sequence brings exactly one token (a shape such as lengths 0 and 2 would make other
+  // launch choices on the host).
+  for (int i = 0; decode && i < l.n_seqs; ++i) decode = l.seq_start[i + 1] - l.seq_start[i] == 1;
   if (!decode) return;
   int found = -1;
   for (size_t i = 0; i < decode_graphs.size(); ++i) {
