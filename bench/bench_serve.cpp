@@ -720,6 +720,16 @@ int main(int argc, char** argv) {
       "ratio (served / engine alone output tok/s), median of rounds: {:.3f} (min {:.3f}, max "
       "{:.3f})\n",
       pct(ratios, 0.5), pct(ratios, 0.0), pct(ratios, 1.0));
+  // Alternating rounds see the machine's other load alike only on average: all rounds
+  // together, each side's tokens over its seconds.
+  auto total = [](const std::vector<Report>& v) {
+    double tokens = 0, seconds = 0;
+    for (const Report& r : v) tokens += double(r.tokens), seconds += r.seconds;
+    return tokens / seconds;
+  };
+  fmt::print(
+      "all rounds together: recur serve {:.1f} output tok/s, engine alone {:.1f}, ratio {:.3f}\n",
+      total(served), total(alone), total(served) / total(alone));
   fmt::print("server exit status after SIGTERM: {}\n", exit_code);
   return exit_code == 0 ? 0 : 1;
 }

@@ -169,9 +169,12 @@ void StreamWriter::end(Stream& s, bool complete) {
 
 void StreamWriter::gone(Stream& s) {
   if (s.ended) return;
-  s.gen->cancel(true);
-  if (metrics_) metrics_->client_disconnected();
   end(s, false);
+  if (metrics_) metrics_->client_disconnected();
+  try {
+    s.gen->cancel(true);
+  } catch (...) {  // out of memory: the Generation's destructor cancels again
+  }
 }
 
 void StreamWriter::flush(Stream& s) {
@@ -273,10 +276,15 @@ void StreamWriter::run() {
       std::lock_guard<std::mutex> lk(mu_);
       stop = stop_;
       for (auto& s : incoming_) {
-        // Anthropic streams open with message_start before any token.
-        if (s->anthropic) frame(*s, s->claude->start());
+        try {
+          // Anthropic streams open with message_start before any token.
+          if (s->anthropic) frame(*s, s->claude->start());
+          active_.push_back(s);
+        } catch (...) {  // out of memory: this stream fails, its HTTP thread hears of it
+          gone(*s);
+          continue;
+        }
         watch(*s, false);
-        active_.push_back(std::move(s));
       }
       incoming_.clear();
     }
