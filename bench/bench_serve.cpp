@@ -675,7 +675,7 @@ int main(int argc, char** argv) {
       "max batch {}, threads {}, {} sampling, client: {}\n",
       o.model, o.clients, o.requests, o.prompt_tokens, o.output_tokens, o.max_batch,
       o.threads > 0 ? o.threads : default_thread_count(), o.greedy ? "greedy" : "default",
-      o.client_threads ? "a thread per connection" : "one epoll thread");
+      o.client_threads || o.soak_seconds > 0 ? "a thread per connection" : "one epoll thread");
   const Child server = start_server(o);
   if (o.soak_seconds > 0) {
     const int rc = soak(o, server.port);

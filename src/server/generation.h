@@ -1,6 +1,7 @@
 // One API request in flight: its sequences (prompts x n) submitted to the engine, the queue
-// the engine's sinks push into, and per-choice output state. The HTTP thread that owns it
-// waits on the queue and the client socket at once, so a disconnect cancels immediately.
+// the engine's sinks push into, and per-choice output state. A non-streaming request's HTTP
+// thread waits on the queue and the client socket at once, so a disconnect cancels
+// immediately; a streaming one is handed to the StreamWriter, which drains it once per step.
 #pragma once
 
 #include <atomic>

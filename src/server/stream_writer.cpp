@@ -1,13 +1,12 @@
 #include "server/stream_writer.h"
 
+#include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <pthread.h>
 #include <algorithm>
-
 #include <cerrno>
 #include <optional>
 
@@ -133,8 +132,8 @@ std::shared_ptr<SseStream> StreamWriter::add(std::shared_ptr<Generation> gen, in
       return handle;
     }
     incoming_.push_back(std::move(s));
+    open_streams_.fetch_add(1, std::memory_order_acq_rel);
   }
-  open_streams_.fetch_add(1, std::memory_order_acq_rel);
   wake_pending_ = true;
   eventfd_write(wake_fd_, 1);
   return handle;
