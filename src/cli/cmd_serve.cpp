@@ -46,6 +46,8 @@ int run_serve(const ServeOptions& o) {
   };
   const std::string& model = o.engine.model;
   const auto t0 = std::chrono::steady_clock::now();
+  auto ops = create_backend(o.engine);  // first: a device that is not there fails at once
+  if (!ops.ok()) return fail(ops.error());
   fmt::print("loading {} on {} ...\n", model, o.engine.device);
   std::fflush(stdout);
   std::unique_ptr<Tokenizer> tokenizer;
@@ -64,8 +66,6 @@ int run_serve(const ServeOptions& o) {
     fmt::print(stderr, "warning: {} has no tokenizer.json: token-id prompts only\n", model);
   }
 
-  auto ops = create_backend(o.engine);
-  if (!ops.ok()) return fail(ops.error());
   auto created = Engine::create(model, **ops, engine_config(o.engine), tokenizer.get());
   if (!created.ok()) return fail(created.error());
   Engine& engine = **created;
