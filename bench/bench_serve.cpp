@@ -1,27 +1,35 @@
 // Load benchmark of `recur serve`: N concurrent streaming clients, each sending R requests of
-// P prompt tokens and O output tokens in turn, over plain sockets (a light client, so the
-// 2-core machine measures the server). Then the same work through an in-process Engine with the
-// same configuration, in the same run, and the ratio of output tokens per second.
+// P prompt tokens and O output tokens in turn, over plain sockets from one epoll thread (a
+// light client, so the 2-core machine measures the server; --client threads: a thread per
+// connection). Then the same work through an in-process Engine with the same configuration,
+// in the same run, and the ratio of output tokens per second; and where the CPU went during
+// the served run (the server's compute threads, its other threads, the client).
 //   bench_serve [--recur build/recur] [--model DIR] [--clients 32] [--requests 4]
 //               [--prompt-tokens 128] [--output-tokens 128] [--max-batch 32] [--threads N]
-//               [--greedy]
+//               [--greedy] [--rounds 3] [--client epoll|threads]
 // Soak mode (bench/bench_serve_soak.sh): --soak SECONDS --cancel-prob P, 64 clients by default,
 // then checks that /metrics is back to its idle values and that no request was lost.
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fmt/format.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <fstream>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <string>
@@ -43,6 +51,7 @@ struct Options {
   int threads = 0;
   int rounds = 3;  // server and engine runs alternate, so both see the same machine load
   bool greedy = false;
+  bool client_threads = false;  // a thread per connection instead of one epoll thread
   double soak_seconds = 0, cancel_prob = 0.2;
 };
 
@@ -104,10 +113,7 @@ std::string http_get(int port, const std::string& path) {
   return body == std::string::npos ? "" : out.substr(body + 4);
 }
 
-// Streams one completion; `cancel_after` > 0 closes the connection after that many tokens.
-Sample stream_request(int port, const std::vector<int32_t>& prompt, int max_tokens, bool greedy,
-                      int cancel_after) {
-  Sample s;
+std::string request_text(const std::vector<int32_t>& prompt, int max_tokens, bool greedy) {
   std::string ids;
   for (size_t i = 0; i < prompt.size(); ++i) {
     if (i) ids += ',';
@@ -116,27 +122,24 @@ Sample stream_request(int port, const std::vector<int32_t>& prompt, int max_toke
   const std::string body = fmt::format(
       R"({{"prompt":[{}],"max_tokens":{},"ignore_eos":true,"stream":true,"return_token_ids":true{}}})",
       ids, max_tokens, greedy ? R"(,"temperature":0)" : "");
-  const int fd = connect_to(port);
-  if (fd < 0) return s;
-  const auto t0 = Clock::now();
-  if (!send_all(fd,
-                fmt::format("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                            "application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
-                            body.size(), body))) {
-    close(fd);
-    return s;
-  }
-  std::string raw;  // everything received; chunk framing is skipped by searching for events
+  return fmt::format(
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Content-Length: {}\r\nConnection: close\r\n\r\n{}",
+      body.size(), body);
+}
+
+// The events of one streamed response as they arrive; chunk framing is skipped by searching
+// for events in everything received.
+struct StreamParse {
+  std::string raw;
   size_t scan = 0;
-  Clock::time_point first, last;
+  Sample s;
+  Clock::time_point sent, first, last;
   bool finished = false, done = false;
-  char buf[16384];
-  while (!done) {
-    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
-    if (n <= 0) break;
-    raw.append(buf, size_t(n));
-    const auto now = Clock::now();
-    for (size_t at; (at = raw.find("data: ", scan)) != std::string::npos;) {
+
+  void feed(const char* data, size_t n, Clock::time_point now) {
+    raw.append(data, n);
+    for (size_t at; !done && (at = raw.find("data: ", scan)) != std::string::npos;) {
       const size_t end = raw.find("\n\n", at);
       if (end == std::string::npos) break;
       const std::string_view ev(raw.data() + at + 6, end - at - 6);
@@ -155,13 +158,39 @@ Sample stream_request(int port, const std::vector<int32_t>& prompt, int max_toke
       }
       if (ev.find("\"finish_reason\":\"") != std::string::npos) finished = true;
     }
-    if (cancel_after > 0 && s.tokens >= cancel_after) break;
+  }
+
+  Sample result() {
+    s.complete = finished && done;
+    if (s.tokens > 0) s.ttft = std::chrono::duration<double>(first - sent).count();
+    if (s.tokens > 1) {
+      s.tpot = std::chrono::duration<double>(last - first).count() / (s.tokens - 1);
+    }
+    return s;
+  }
+};
+
+// Streams one completion on this thread; `cancel_after` > 0 closes the connection after that
+// many tokens.
+Sample stream_request(int port, const std::vector<int32_t>& prompt, int max_tokens, bool greedy,
+                      int cancel_after) {
+  const int fd = connect_to(port);
+  if (fd < 0) return Sample{};
+  StreamParse p;
+  p.sent = Clock::now();
+  if (!send_all(fd, request_text(prompt, max_tokens, greedy))) {
+    close(fd);
+    return Sample{};
+  }
+  char buf[16384];
+  while (!p.done) {
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    p.feed(buf, size_t(n), Clock::now());
+    if (cancel_after > 0 && p.s.tokens >= cancel_after) break;
   }
   close(fd);
-  s.complete = finished && done;
-  if (s.tokens > 0) s.ttft = std::chrono::duration<double>(first - t0).count();
-  if (s.tokens > 1) s.tpot = std::chrono::duration<double>(last - first).count() / (s.tokens - 1);
-  return s;
+  return p.result();
 }
 
 // ---- The server as a child process ----
@@ -225,6 +254,103 @@ double metric(const std::string& text, const std::string& series) {
   return at == std::string::npos ? -1 : std::atof(text.c_str() + at + series.size() + 2);
 }
 
+// ---- Where the CPU goes: per-thread run time and context switches of the server process ----
+
+struct ThreadTimes {
+  std::string name;  // /proc comm
+  double cpu_s = 0;  // run time (schedstat)
+  int64_t voluntary = 0, involuntary = 0;
+};
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Every thread of `pid`, by thread id.
+std::map<int, ThreadTimes> thread_times(pid_t pid) {
+  std::map<int, ThreadTimes> out;
+  const std::string dir = fmt::format("/proc/{}/task", pid);
+  std::unique_ptr<DIR, int (*)(DIR*)> d(opendir(dir.c_str()), closedir);
+  if (!d) return out;
+  while (dirent* e = readdir(d.get())) {
+    const int tid = std::atoi(e->d_name);
+    if (tid <= 0) continue;
+    const std::string t = dir + "/" + e->d_name;
+    ThreadTimes tt;
+    tt.name = read_text(t + "/comm");
+    if (!tt.name.empty() && tt.name.back() == '\n') tt.name.pop_back();
+    tt.cpu_s = std::atof(read_text(t + "/schedstat").c_str()) * 1e-9;
+    const std::string status = read_text(t + "/status");
+    auto field = [&](const char* key) -> int64_t {
+      const size_t at = status.find(key);
+      return at == std::string::npos ? 0 : std::atoll(status.c_str() + at + std::strlen(key));
+    };
+    tt.voluntary = field("voluntary_ctxt_switches:");
+    tt.involuntary = field("nonvoluntary_ctxt_switches:");
+    out[tid] = tt;
+  }
+  return out;
+}
+
+struct ProcessTimes {
+  std::map<int, ThreadTimes> server;
+  rusage client{};
+};
+
+ProcessTimes process_times(pid_t server) {
+  ProcessTimes p;
+  p.server = thread_times(server);
+  getrusage(RUSAGE_SELF, &p.client);
+  return p;
+}
+
+// CPU per 1,000 output tokens and context switches per token during the served run: the
+// `compute` busiest server threads (the engine and its pool), the server's other threads
+// grouped by name, and this process (the clients).
+void print_cpu(const ProcessTimes& a, const ProcessTimes& b, int64_t tokens, int compute) {
+  std::vector<ThreadTimes> delta;
+  for (const auto& [tid, t1] : b.server) {
+    ThreadTimes d = t1;
+    if (auto it = a.server.find(tid); it != a.server.end()) {
+      d.cpu_s -= it->second.cpu_s;
+      d.voluntary -= it->second.voluntary;
+      d.involuntary -= it->second.involuntary;
+    }
+    delta.push_back(d);
+  }
+  std::sort(delta.begin(), delta.end(),
+            [](const ThreadTimes& x, const ThreadTimes& y) { return x.cpu_s > y.cpu_s; });
+  std::map<std::string, ThreadTimes> groups;
+  std::map<std::string, int> counts;
+  for (size_t i = 0; i < delta.size(); ++i) {
+    const std::string key =
+        i < size_t(compute) ? "compute (busiest " + std::to_string(compute) + ")" : delta[i].name;
+    ThreadTimes& g = groups[key];
+    g.cpu_s += delta[i].cpu_s;
+    g.voluntary += delta[i].voluntary;
+    g.involuntary += delta[i].involuntary;
+    counts[key]++;
+  }
+  const double k = 1000.0 / double(std::max<int64_t>(1, tokens));
+  auto line = [&](const std::string& what, double cpu, int64_t vol, int64_t invol) {
+    fmt::print(
+        "  {:<34} {:8.1f} ms CPU / 1k tokens   {:6.2f} voluntary + {:5.2f} involuntary "
+        "switches / token\n",
+        what, 1e3 * cpu * k, double(vol) * k / 1000, double(invol) * k / 1000);
+  };
+  fmt::print("CPU during the served run:\n");
+  for (const auto& [key, g] : groups) {
+    line(fmt::format("server {} ({} threads)", key, counts[key]), g.cpu_s, g.voluntary,
+         g.involuntary);
+  }
+  auto secs = [](const timeval& t) { return double(t.tv_sec) + 1e-6 * double(t.tv_usec); };
+  const double client = secs(b.client.ru_utime) + secs(b.client.ru_stime) -
+                        secs(a.client.ru_utime) - secs(a.client.ru_stime);
+  line("client (bench process)", client, b.client.ru_nvcsw - a.client.ru_nvcsw,
+       b.client.ru_nivcsw - a.client.ru_nivcsw);
+}
+
 struct Report {
   double seconds = 0;
   int requests = 0;
@@ -264,6 +390,81 @@ Report run_server_load(const Options& o, int port) {
   for (auto& t : clients) t.join();
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   if (incomplete) fmt::print("WARNING: {} requests did not complete in full\n", incomplete.load());
+  return r;
+}
+
+// The same load from one thread that serves every connection with epoll: a light client,
+// as a real one on another machine would cost this one nothing.
+Report run_server_load_epoll(const Options& o, int port) {
+  struct Conn {
+    int client = 0, request = 0, fd = -1;
+    StreamParse p;
+  };
+  Report r;
+  int incomplete = 0;
+  const int ep = epoll_create1(EPOLL_CLOEXEC);
+  std::vector<Conn> conns(size_t(o.clients));
+  auto open = [&](Conn& c) {
+    c.p = StreamParse{};
+    c.fd = connect_to(port);
+    c.p.sent = Clock::now();
+    if (c.fd < 0 || !send_all(c.fd, request_text(prompt_for(c.client, c.request, o.prompt_tokens),
+                                                 o.output_tokens, o.greedy))) {
+      fmt::print(stderr, "cannot send a request to the server\n");
+      std::exit(2);
+    }
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.ptr = &c;
+    epoll_ctl(ep, EPOLL_CTL_ADD, c.fd, &ev);
+  };
+  const auto t0 = Clock::now();
+  for (int c = 0; c < o.clients; ++c) {
+    conns[size_t(c)].client = c;
+    open(conns[size_t(c)]);
+  }
+  int active = o.clients;
+  char buf[16384];
+  epoll_event events[64];
+  while (active > 0) {
+    const int n = epoll_wait(ep, events, 64, 60000);
+    if (n <= 0) {
+      fmt::print(stderr, "no answer from the server for 60 s\n");
+      std::exit(2);
+    }
+    const auto now = Clock::now();
+    for (int i = 0; i < n; ++i) {
+      Conn& c = *static_cast<Conn*>(events[i].data.ptr);
+      bool closed = false;
+      for (;;) {
+        const ssize_t got = recv(c.fd, buf, sizeof(buf), MSG_DONTWAIT);
+        if (got > 0) {
+          c.p.feed(buf, size_t(got), now);
+          if (c.p.done) break;
+          continue;
+        }
+        closed = got == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+        break;
+      }
+      if (!c.p.done && !closed) continue;
+      epoll_ctl(ep, EPOLL_CTL_DEL, c.fd, nullptr);
+      close(c.fd);
+      const Sample s = c.p.result();
+      if (!s.complete || s.tokens != o.output_tokens) ++incomplete;
+      r.requests++;
+      r.tokens += s.tokens;
+      r.ttft.push_back(s.ttft);
+      r.tpot.push_back(s.tpot);
+      if (++c.request < o.requests) {
+        open(c);
+      } else {
+        --active;
+      }
+    }
+  }
+  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  close(ep);
+  if (incomplete) fmt::print("WARNING: {} requests did not complete in full\n", incomplete);
   return r;
 }
 
@@ -453,6 +654,8 @@ int main(int argc, char** argv) {
       o.threads = std::atoi(next().c_str());
     else if (a == "--greedy")
       o.greedy = true;
+    else if (a == "--client")
+      o.client_threads = next() == "threads";
     else if (a == "--rounds")
       o.rounds = std::max(1, std::atoi(next().c_str()));
     else if (a == "--soak")
@@ -469,9 +672,10 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
   fmt::print(
       "model {}\nclients {}, {} requests each, prompt {} tokens, output {} tokens, "
-      "max batch {}, threads {}, {} sampling\n",
+      "max batch {}, threads {}, {} sampling, client: {}\n",
       o.model, o.clients, o.requests, o.prompt_tokens, o.output_tokens, o.max_batch,
-      o.threads > 0 ? o.threads : default_thread_count(), o.greedy ? "greedy" : "default");
+      o.threads > 0 ? o.threads : default_thread_count(), o.greedy ? "greedy" : "default",
+      o.client_threads || o.soak_seconds > 0 ? "a thread per connection" : "one epoll thread");
   const Child server = start_server(o);
   if (o.soak_seconds > 0) {
     const int rc = soak(o, server.port);
@@ -483,16 +687,23 @@ int main(int argc, char** argv) {
   // The machine may be shared: alternate the two measurements and compare medians.
   std::vector<Report> served, alone;
   std::vector<double> ratios;
+  const int compute_threads = o.threads > 0 ? o.threads : default_thread_count();
   for (int r = 0; r < o.rounds; ++r) {
-    served.push_back(run_server_load(o, server.port));
+    std::string load = read_text("/proc/loadavg");
+    load = load.substr(0, load.find(' ', load.find(' ', load.find(' ') + 1) + 1));
+    const ProcessTimes before = process_times(server.pid);
+    served.push_back(o.client_threads ? run_server_load(o, server.port)
+                                      : run_server_load_epoll(o, server.port));
+    const ProcessTimes after = process_times(server.pid);
     alone.push_back(run_engine_alone(o));
     const double ratio = (double(served.back().tokens) / served.back().seconds) /
                          (double(alone.back().tokens) / alone.back().seconds);
     ratios.push_back(ratio);
-    fmt::print("round {}:\n", r + 1);
+    fmt::print("round {} (load average before it: {}):\n", r + 1, load);
     print("recur serve", served.back());
     print("engine alone", alone.back());
     fmt::print("ratio {:.3f}\n", ratio);
+    print_cpu(before, after, served.back().tokens, compute_threads);
     std::fflush(stdout);
   }
   const int exit_code = stop_server(server);
@@ -509,6 +720,16 @@ int main(int argc, char** argv) {
       "ratio (served / engine alone output tok/s), median of rounds: {:.3f} (min {:.3f}, max "
       "{:.3f})\n",
       pct(ratios, 0.5), pct(ratios, 0.0), pct(ratios, 1.0));
+  // Alternating rounds see the machine's other load alike only on average: all rounds
+  // together, each side's tokens over its seconds.
+  auto total = [](const std::vector<Report>& v) {
+    double tokens = 0, seconds = 0;
+    for (const Report& r : v) tokens += double(r.tokens), seconds += r.seconds;
+    return tokens / seconds;
+  };
+  fmt::print(
+      "all rounds together: recur serve {:.1f} output tok/s, engine alone {:.1f}, ratio {:.3f}\n",
+      total(served), total(alone), total(served) / total(alone));
   fmt::print("server exit status after SIGTERM: {}\n", exit_code);
   return exit_code == 0 ? 0 : 1;
 }

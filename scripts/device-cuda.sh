@@ -1,22 +1,41 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over a build made here with `cmake --preset cuda`: the CUDA op tests,
-# verify on the three reference models, the engine invariants on CUDA, the benchmark of the
-# published 80B configuration cut to 6 layers, and transformers' baseline in the same session.
+# verify on the three reference models, the engine invariants on CUDA (the 20,000-token
+# flat-counter test included), the benchmark of the published 80B configuration cut to 6
+# layers, transformers' baseline in the same session, and one long completion whose buffer
+# counters must stay flat.
 # Usage (device): scripts/device-cuda.sh OUTDIR [quick]
+#   RECUR_BIN       folder holding recur (default build-cuda)
+#   RECUR_TESTS     path of the test binaries under it (default tests/; bench_engine in bench/)
+#   RECUR_BINS_TAR  a .tar.xz of recur, test_cuda, test_engine, bench_engine to unpack and use
+#   RECUR_SRC_LINK  the source folder the tests were built in (they read models from it): a
+#                   link to this checkout is made there when it does not exist
+#   RECUR_LONG      tokens of the long completion (default 60000: the 48-layer model's context
+#                   is 65,536)
 set -uo pipefail
 out="${1:-/tmp/out}"; mode="${2:-full}"
 mkdir -p "$out"
 export LD_LIBRARY_PATH="$PWD/.devlibs:${LD_LIBRARY_PATH:-}"
-b="${RECUR_BIN:-build-cuda}"
+b="${RECUR_BIN:-build-cuda}"; t="$b/${RECUR_TESTS-tests/}"; be="$b/bench/"
+if [ -n "${RECUR_BINS_TAR:-}" ]; then
+  b=/tmp/recur-bins; mkdir -p $b && tar xJf "$RECUR_BINS_TAR" -C $b; t="$b/"; be="$b/"
+fi
+if [ -n "${RECUR_SRC_LINK:-}" ] && [ ! -e "$RECUR_SRC_LINK" ]; then
+  mkdir -p "$(dirname "$RECUR_SRC_LINK")" && ln -s "$PWD" "$RECUR_SRC_LINK"
+fi
 nvidia-smi -L | tee "$out/gpu.txt"
-{ $b/${RECUR_TESTS:-tests/}test_cuda --gtest_filter=-*Bench* 2>&1 | tail -30; } | tee "$out/test_cuda.txt"
+{ timeout 120 ${t}test_cuda --gtest_filter=-*Bench* 2>&1 | tail -30; } > "$out/test_cuda.txt"
+grep -E "PASSED|FAILED" "$out/test_cuda.txt"
 for m in qwen3next-tiny qwen3next-seed-48L qwen3next-tiny-realvocab; do
-  $b/recur verify --device cuda --tolerance 2e-3 --model models/$m \
+  timeout 60 $b/recur verify --device cuda --tolerance 2e-3 --model models/$m \
     --golden tests/data/golden/$m/golden.safetensors 2>&1 | tee "$out/verify_$m.txt" | tail -1
 done
 [ "$mode" = quick ] && exit 0
-RECUR_TEST_DEVICE=cuda $b/${RECUR_TESTS:-tests/}test_engine --gtest_filter='Engine*' 2>&1 | tail -15 | tee "$out/test_engine_cuda.txt"
-$b/recur bench --config configs/qwen3-next-80b-a3b-instruct.json --random-weights --layers 6 \
-  --device cuda --batch 1,16,64 --prompt-len 2048 --gen-len 64 2>&1 | tee "$out/bench_recur.json"
-PYTHONUNBUFFERED=1 timeout 300 python3 bench/hf_gpu_baseline.py \
+RECUR_TEST_DEVICE=cuda timeout 200 ${t}test_engine --gtest_filter='Engine*' 2>&1 | tail -15 > "$out/test_engine_cuda.txt"
+grep -E "OK|PASSED|FAILED" "$out/test_engine_cuda.txt"
+timeout 120 $b/recur bench --config configs/qwen3-next-80b-a3b-instruct.json --random-weights --layers 6 \
+  --device cuda --batch 1,16,64 --prompt-len 2048 --gen-len 64 > "$out/bench_recur.json" 2>&1
+grep -E '"(copy_bandwidth_gb_s|prefill_tok_s|prefill_tflop_s|batch|tok_s|fraction_of_copy_bandwidth)"' "$out/bench_recur.json"
+PYTHONUNBUFFERED=1 timeout 200 python3 bench/hf_gpu_baseline.py \
   --config configs/qwen3-next-80b-a3b-instruct.json --layers 6 2>&1 | tail -5 | tee "$out/bench_hf.json"
+timeout 300 ${be}bench_engine --device cuda --long "${RECUR_LONG:-60000}" 2>&1 | tail -14 | tee "$out/bench_engine_long.txt"

@@ -12,8 +12,8 @@
 #include <sstream>
 #include <vector>
 
-#include "backend/backend.h"
 #include "cli/commands.h"
+#include "cli/engine_options.h"
 #include "engine/engine.h"
 
 namespace recur::cli {
@@ -23,18 +23,12 @@ namespace {
 using json = nlohmann::json;
 
 struct GenerateOptions {
-  std::string model, prompt, prompt_ids, prompts_file;
+  EngineOptions engine;  // --model, --device, --max-batch, --seed, ...
+  std::string prompt, prompt_ids, prompts_file;
   int max_tokens = 16;
   std::optional<float> temperature, top_p;
   std::optional<int> top_k;
-  std::optional<uint64_t> seed;
   bool ignore_eos = false;
-  int max_batch = 8;
-  int max_batch_tokens = 512;
-  int max_context = 0;
-  int64_t kv_cache_mb = 1024;
-  int threads = 0;
-  std::string device = "cpu";
   bool stats = false;
   int64_t stats_every = 0;
   bool text = false;
@@ -65,7 +59,8 @@ struct Input {
 
 Result<std::vector<Input>> read_inputs(const GenerateOptions& o, const Tokenizer* tok) {
   std::vector<Input> inputs;
-  auto encode = [&](const std::string& text, const std::string& where) -> Result<std::vector<int32_t>> {
+  auto encode = [&](const std::string& text,
+                    const std::string& where) -> Result<std::vector<int32_t>> {
     if (!tok) {
       return make_error(ErrorCode::kInvalidArgument,
                         "{}: text prompts need tokenizer.json in the model directory", where);
@@ -109,7 +104,8 @@ Result<std::vector<Input>> read_inputs(const GenerateOptions& o, const Tokenizer
       }
       if (j.contains("max_tokens")) {
         if (!j["max_tokens"].is_number_integer()) {
-          return make_error(ErrorCode::kInvalidArgument, "{}: max_tokens must be an integer", where);
+          return make_error(ErrorCode::kInvalidArgument, "{}: max_tokens must be an integer",
+                            where);
         }
         input.max_tokens = j["max_tokens"].get<int>();
       }
@@ -122,19 +118,21 @@ Result<std::vector<Input>> read_inputs(const GenerateOptions& o, const Tokenizer
 json stats_json(const EngineStats& s) {
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
-  return json{{"prompt_tokens", s.prompt_tokens},
-              {"generated_tokens", s.generated_tokens},
-              {"prefill_tok_s", s.prefill_seconds > 0 ? double(s.prompt_tokens) / s.prefill_seconds : 0.0},
-              {"decode_tok_s", s.decode_seconds > 0 ? double(s.decode_step_tokens) / s.decode_seconds : 0.0},
-              {"live_buffers", s.alloc.live_buffers},
-              {"live_bytes", s.alloc.live_bytes},
-              {"allocs_total", s.alloc.allocs_total},
-              {"kv_blocks_used", s.kv_blocks_used},
-              {"kv_blocks_total", s.kv_blocks_total},
-              {"state_slots_used", s.slots_used},
-              {"state_slots_total", s.slots_total},
-              {"steps", s.steps},
-              {"peak_rss_bytes", int64_t(ru.ru_maxrss) * 1024}};
+  return json{
+      {"prompt_tokens", s.prompt_tokens},
+      {"generated_tokens", s.generated_tokens},
+      {"prefill_tok_s", s.prefill_seconds > 0 ? double(s.prompt_tokens) / s.prefill_seconds : 0.0},
+      {"decode_tok_s",
+       s.decode_seconds > 0 ? double(s.decode_step_tokens) / s.decode_seconds : 0.0},
+      {"live_buffers", s.alloc.live_buffers},
+      {"live_bytes", s.alloc.live_bytes},
+      {"allocs_total", s.alloc.allocs_total},
+      {"kv_blocks_used", s.kv_blocks_used},
+      {"kv_blocks_total", s.kv_blocks_total},
+      {"state_slots_used", s.slots_used},
+      {"state_slots_total", s.slots_total},
+      {"steps", s.steps},
+      {"peak_rss_bytes", int64_t(ru.ru_maxrss) * 1024}};
 }
 
 struct Output {
@@ -151,24 +149,19 @@ int run_generate(const GenerateOptions& o) {
     return 2;
   };
   std::unique_ptr<Tokenizer> tokenizer;
-  if (std::filesystem::exists(std::filesystem::path(o.model) / "tokenizer.json")) {
-    auto t = Tokenizer::load(o.model);
+  const std::string& model = o.engine.model;
+  if (std::filesystem::exists(std::filesystem::path(model) / "tokenizer.json")) {
+    auto t = Tokenizer::load(model);
     if (!t.ok()) return fail(t.error());
     tokenizer = std::make_unique<Tokenizer>(std::move(*t));
   }
   auto inputs = read_inputs(o, tokenizer.get());
   if (!inputs.ok()) return fail(inputs.error());
 
-  auto ops_r = create_backend(o.device, o.threads);
+  auto ops_r = create_backend(o.engine);
   if (!ops_r.ok()) return fail(ops_r.error());
   Ops& ops = **ops_r;
-  EngineConfig cfg;
-  cfg.max_batch = o.max_batch;
-  cfg.max_batch_tokens = std::max(o.max_batch_tokens, o.max_batch);
-  cfg.max_context = o.max_context;
-  cfg.kv_cache_bytes = o.kv_cache_mb << 20;
-  if (o.seed) cfg.seed = *o.seed;
-  auto engine = Engine::create(o.model, ops, cfg, tokenizer.get());
+  auto engine = Engine::create(model, ops, engine_config(o.engine), tokenizer.get());
   if (!engine.ok()) return fail(engine.error());
   Engine& eng = **engine;
 
@@ -176,7 +169,7 @@ int run_generate(const GenerateOptions& o) {
   if (o.temperature) sp.temperature = *o.temperature;
   if (o.top_k) sp.top_k = *o.top_k;
   if (o.top_p) sp.top_p = *o.top_p;
-  sp.seed = o.seed;
+  sp.seed = o.engine.seed;
 
   std::vector<Output> outputs(inputs->size());
   std::mutex mu;
@@ -241,26 +234,18 @@ int run_generate(const GenerateOptions& o) {
 void register_generate(CLI::App& app) {
   auto* cmd = app.add_subcommand("generate", "Generate from prompts through the batching engine");
   auto o = std::make_shared<GenerateOptions>();
-  cmd->add_option("--model", o->model, "model directory")->required();
+  add_engine_options(cmd, &o->engine, "seed for reproducible sampling");
   cmd->add_option("--prompt", o->prompt, "prompt text (needs tokenizer.json)");
   cmd->add_option("--prompt-ids", o->prompt_ids, "prompt as comma-separated token ids");
-  cmd->add_option("--prompts", o->prompts_file,
-                  "JSON lines, each {\"ids\": [...]} or {\"prompt\": \"...\"}, optional max_tokens");
+  cmd->add_option(
+      "--prompts", o->prompts_file,
+      "JSON lines, each {\"ids\": [...]} or {\"prompt\": \"...\"}, optional max_tokens");
   cmd->add_option("--max-tokens", o->max_tokens, "tokens to generate per prompt")
       ->check(CLI::Range(1, 1 << 30));
   cmd->add_option("--temperature", o->temperature, "0: greedy (default: generation_config.json)");
   cmd->add_option("--top-p", o->top_p, "nucleus sampling");
   cmd->add_option("--top-k", o->top_k, "top-k sampling");
-  cmd->add_option("--seed", o->seed, "seed for reproducible sampling");
   cmd->add_flag("--ignore-eos", o->ignore_eos, "keep generating past end-of-sequence tokens");
-  cmd->add_option("--max-batch", o->max_batch, "sequences decoded at once")->check(CLI::Range(1, 4096));
-  cmd->add_option("--max-batch-tokens", o->max_batch_tokens, "tokens per engine step")
-      ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--max-context", o->max_context, "context length (default: the model's)");
-  cmd->add_option("--kv-cache-mb", o->kv_cache_mb, "attention-cache budget in MiB")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
-  cmd->add_option("--threads", o->threads, "CPU threads (default: all)");
-  cmd->add_option("--device", o->device, "cpu, cuda or cuda:N");
   cmd->add_flag("--stats", o->stats, "print engine statistics as JSON on stderr at the end");
   cmd->add_option("--stats-every", o->stats_every, "print statistics every N generated tokens");
   cmd->add_flag("--text", o->text, "print the generated text instead of ids (single prompt)");

@@ -328,6 +328,7 @@ bool Engine::step() {
       publish_gauges();
     }
     idle_cv_.notify_all();
+    notify_step_listener();
     return !waiting_.empty();
   }
   const auto t0 = std::chrono::steady_clock::now();
@@ -368,7 +369,20 @@ bool Engine::step() {
     publish_gauges();
   }
   idle_cv_.notify_all();
+  notify_step_listener();
   return !running_.empty() || !waiting_.empty();
+}
+
+void Engine::set_step_listener(StepListener listener) {
+  std::lock_guard<std::mutex> lk(listener_mu_);
+  step_listener_ = std::move(listener);
+}
+
+void Engine::notify_step_listener() {
+  if (events_this_step_ == 0) return;
+  events_this_step_ = 0;
+  std::lock_guard<std::mutex> lk(listener_mu_);
+  if (step_listener_) step_listener_();
 }
 
 void Engine::sample_and_emit() {
@@ -399,6 +413,7 @@ void Engine::sample_and_emit() {
     ev.top_logprobs = s.sampled.top;
     ev.text = text_buf_;
     s.sink(ev);
+    ++events_this_step_;
 
     const StopConditions& stop = s.req.stop;
     auto contains = [](const std::vector<int32_t>& v, int32_t t) {
@@ -442,6 +457,7 @@ void Engine::release_finished() {
     ev.prompt_tokens = int(s.req.prompt.size());
     ev.generated_tokens = int(s.generated.size());
     s.sink(ev);
+    ++events_this_step_;
     if (s.slot >= 0) slots_->release(s.slot);
     for (int32_t b : s.blocks) blocks_->release(b);
     s.slot = -1;

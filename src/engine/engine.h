@@ -60,6 +60,9 @@ struct Event {
 };
 // Runs on the engine thread: must be quick and must not call back into the engine.
 using EventSink = std::function<void(const Event&)>;
+// Runs on the engine thread after each step that delivered events, so that a consumer can take
+// a whole step's events at once (one wake-up per step instead of one per token).
+using StepListener = std::function<void()>;
 
 struct EngineConfig {
   int max_batch = 8;            // sequences in flight (recurrent-state slots)
@@ -113,6 +116,10 @@ class Engine {
   void cancel_all();
   bool wait_idle(std::chrono::milliseconds timeout);
 
+  // Replaces the step listener (empty: none). Safe from any thread: once it returns, the
+  // previous listener is not running and will not run again.
+  void set_step_listener(StepListener listener);
+
   // Safe from any thread, sinks included.
   EngineStats stats() const;
   const ModelInfo& model_info() const { return model_->info(); }
@@ -132,6 +139,7 @@ class Engine {
   void sample_and_emit();
   void publish_gauges();  // running, waiting, blocks and slots in use; caller holds mu_
   bool ensure_blocks(Sequence& seq, int last_position);
+  void notify_step_listener();  // when this step delivered events
 
   EngineConfig config_;
   std::unique_ptr<Model> model_;
@@ -147,6 +155,11 @@ class Engine {
   std::vector<Sequence*> logit_seqs_;  // sequence of each logits row this step
   Batch batch_;
   std::string text_buf_;
+  int64_t events_this_step_ = 0;
+
+  // Held by the engine thread while the listener runs; set_step_listener takes it to swap.
+  std::mutex listener_mu_;
+  StepListener step_listener_;
 
   // Shared with submitting threads.
   mutable std::mutex mu_;

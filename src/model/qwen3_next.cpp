@@ -304,6 +304,14 @@ Status Qwen3Next::allocate() {
     const int64_t needed = int64_t(sc.n_slots) * ((opt_.max_context + sc.block_size - 1) / sc.block_size);
     sc.n_blocks = int(std::max<int64_t>(1, per_block ? std::min(needed, opt_.kv_cache_budget_bytes / per_block) : 1));
   }
+  // Sequences of one forward hold distinct slots and distinct blocks.
+  ForwardLimits limits;
+  limits.max_tokens = opt_.max_batch_tokens;
+  limits.max_seqs = sc.n_slots;
+  limits.max_blocks = sc.n_blocks;
+  limits.max_logit_rows = opt_.max_logit_rows;
+  limits.max_context = opt_.max_context;
+  RECUR_RETURN_IF_ERROR(ops_.reserve(limits));
   const int64_t K1 = cfg_.linear_conv_kernel - 1;
   const int64_t dk = cfg_.linear_key_head_dim, dv = cfg_.linear_value_head_dim;
   for (const Layer& L : layers_) {
@@ -388,7 +396,7 @@ Status Qwen3Next::forward(const Batch& batch, Tensor logits) {
   const int n = batch.n_tokens();
   if (n == 0) return Status();
   const SeqLayout sl = batch.layout(opt_.state.block_size);
-  ops_.begin_forward(sl, batch.tokens, batch.logit_rows);
+  ops_.begin_forward(sl, batch.tokens, batch.logit_rows, logits.data);
   const float eps = cfg_.rms_norm_eps;
   Tensor h = ws_.h.slice_rows(0, n), x = ws_.x.slice_rows(0, n);
 

@@ -38,6 +38,16 @@ struct ExpertWeights {
 // token, chunked for more).
 enum class DeltaRuleForm { kAuto, kRecurrent, kChunked };
 
+// The largest forward a model will run, announced once before its first forward: device
+// backends size every scratch buffer from it, so no forward allocates.
+struct ForwardLimits {
+  int max_tokens = 0;      // tokens in one forward
+  int max_seqs = 0;        // sequences in one forward
+  int max_blocks = 0;      // attention-cache blocks in all block tables of one forward
+  int max_logit_rows = 0;  // rows gathered for the LM head
+  int max_context = 0;     // positions a sequence may reach
+};
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -64,11 +74,15 @@ class Ops {
   // `bytes`-sized buffers: the ceiling that benchmarks report against.
   virtual double measure_copy_bandwidth(size_t bytes);
 
+  // Sizes the backend's scratch for forwards within `limits` (once, at model load).
+  virtual Status reserve(const ForwardLimits& limits) { return Status(); }
   // Called once at the start of every forward with the batch's host-side arrays, before any
   // op that takes them. Host pointers passed to later ops (ids, positions, rows, layout) are
-  // these same arrays: a device backend uploads them here once, asynchronously.
+  // these same arrays: a device backend uploads them here once, asynchronously. `output` is
+  // the buffer the forward's results go to (a backend that replays recorded forwards keys
+  // them by it).
   virtual void begin_forward(const SeqLayout& layout, std::span<const int32_t> tokens,
-                             std::span<const int32_t> logit_rows) {}
+                             std::span<const int32_t> logit_rows, const void* output = nullptr) {}
   // Waits until the device has finished the forward (no-op on the CPU).
   virtual void synchronize() {}
 

@@ -13,35 +13,31 @@ namespace recur::server {
 
 namespace {
 
-// Formats an endpoint as httplib does (getnameinfo with NI_NUMERICHOST).
-bool endpoint(const sockaddr_storage& addr, socklen_t len, std::string* ip, int* port) {
-  char host[NI_MAXHOST];
+// Whether an endpoint is ip:port, with the address formatted as httplib does (getnameinfo
+// with NI_NUMERICHOST). The port is compared first: most sockets differ there already.
+bool same_endpoint(const sockaddr_storage& addr, socklen_t len, const std::string& ip, int port) {
+  int p = -1;
   if (addr.ss_family == AF_INET) {
-    *port = ntohs(reinterpret_cast<const sockaddr_in&>(addr).sin_port);
+    p = ntohs(reinterpret_cast<const sockaddr_in&>(addr).sin_port);
   } else if (addr.ss_family == AF_INET6) {
-    *port = ntohs(reinterpret_cast<const sockaddr_in6&>(addr).sin6_port);
-  } else {
-    return false;
+    p = ntohs(reinterpret_cast<const sockaddr_in6&>(addr).sin6_port);
   }
-  if (getnameinfo(reinterpret_cast<const sockaddr*>(&addr), len, host, sizeof(host), nullptr, 0,
-                  NI_NUMERICHOST) != 0) {
-    return false;
-  }
-  *ip = host;
-  return true;
+  if (p != port) return false;
+  char host[NI_MAXHOST];
+  return getnameinfo(reinterpret_cast<const sockaddr*>(&addr), len, host, sizeof(host), nullptr, 0,
+                     NI_NUMERICHOST) == 0 &&
+         ip == host;
 }
 
 bool matches(int fd, const std::string& local_addr, int local_port, const std::string& remote_addr,
              int remote_port) {
   sockaddr_storage addr;
   socklen_t len = sizeof(addr);
-  std::string ip;
-  int port = -1;
   if (getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return false;
-  if (!endpoint(addr, len, &ip, &port) || port != remote_port || ip != remote_addr) return false;
+  if (!same_endpoint(addr, len, remote_addr, remote_port)) return false;
   len = sizeof(addr);
   if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return false;
-  return endpoint(addr, len, &ip, &port) && port == local_port && ip == local_addr;
+  return same_endpoint(addr, len, local_addr, local_port);
 }
 
 bool is_socket(int fd) {

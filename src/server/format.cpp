@@ -230,19 +230,56 @@ OpenAiStream::OpenAiStream(const Generation& gen)
   suffix_ = gen.request().include_usage ? "}],\"usage\":null}\n\n" : "}]}\n\n";
 }
 
+namespace {
+
+// Decimal digits of v, without std::to_string's allocation.
+void append_uint(std::string* out, uint64_t v) {
+  char buf[20];
+  int n = 0;
+  do {
+    buf[n++] = char('0' + v % 10);
+    v /= 10;
+  } while (v);
+  while (n > 0) *out += buf[--n];
+}
+
+void append_int(std::string* out, int64_t v) {
+  if (v < 0) {
+    *out += '-';
+    append_uint(out, uint64_t(0) - uint64_t(v));
+  } else {
+    append_uint(out, uint64_t(v));
+  }
+}
+
+}  // namespace
+
 void OpenAiStream::chunk(std::string* out, size_t index, std::string_view fields) {
   *out += prefix_;
-  *out += std::to_string(index);
+  append_uint(out, index);
   *out += ',';
   *out += fields;
   *out += suffix_;
 }
 
 std::string OpenAiStream::updates(const std::vector<ChoiceUpdate>& updates) {
+  std::string out;
+  this->updates(updates, &out);
+  return out;
+}
+
+std::string OpenAiStream::done() {
+  std::string out;
+  done(&out);
+  return out;
+}
+
+void OpenAiStream::updates(const std::vector<ChoiceUpdate>& updates, std::string* out_ptr) {
   const ParsedRequest& req = gen_.request();
   const bool chat = req.endpoint == Endpoint::kChat;
   const bool want_tokens = req.engine.sampling.logprobs >= 0 || req.return_token_ids;
-  std::string out, fields;
+  std::string& out = *out_ptr;
+  std::string& fields = fields_;
   for (const ChoiceUpdate& u : updates) {
     const size_t i = size_t(u.index);
     const ChoiceState& c = gen_.choices()[i];
@@ -254,7 +291,7 @@ std::string OpenAiStream::updates(const std::vector<ChoiceUpdate>& updates) {
         fields += ",\"token_ids\":[";
         for (size_t k = 0; k < pending.size(); ++k) {
           if (k) fields += ',';
-          fields += std::to_string(pending[k].id);
+          append_int(&fields, pending[k].id);
         }
         fields += ']';
       }
@@ -282,7 +319,7 @@ std::string OpenAiStream::updates(const std::vector<ChoiceUpdate>& updates) {
     }
     if (chat) {
       auto emit = [&](std::string_view delta, bool finish) {
-        fields = "\"delta\":";
+        fields.assign("\"delta\":");
         fields += delta;
         tail(finish);
         chunk(&out, i, fields);
@@ -291,7 +328,7 @@ std::string OpenAiStream::updates(const std::vector<ChoiceUpdate>& updates) {
         started_[i] = true;
         emit(R"({"role":"assistant","content":""})", false);
       }
-      std::string delta;
+      std::string& delta = delta_;
       for (const Segment& s : u.segments) {
         if (s.kind == Segment::Kind::kToolCall) {
           // Name first, then the arguments: the shape OpenAI streams calls in.
@@ -305,30 +342,31 @@ std::string OpenAiStream::updates(const std::vector<ChoiceUpdate>& updates) {
           ++calls_[i];
           continue;
         }
-        delta = s.kind == Segment::Kind::kContent ? "{\"content\":" : "{\"reasoning_content\":";
+        delta.assign(s.kind == Segment::Kind::kContent ? "{\"content\":"
+                                                       : "{\"reasoning_content\":");
         append_json_string(&delta, s.text);
         delta += '}';
         emit(delta, false);
       }
       if (u.finished) emit("{}", true);
     } else {
-      std::string text = u.text;
+      std::string_view text = u.text;
+      std::string echoed;
       if (!started_[i]) {
         started_[i] = true;
-        if (req.echo) text = req.prompt_texts[size_t(c.prompt_index)] + text;
+        if (req.echo) text = echoed = req.prompt_texts[size_t(c.prompt_index)] + u.text;
       }
       if (text.empty() && pending.empty() && !u.finished) continue;
-      fields = "\"text\":";
+      fields.assign("\"text\":");
       append_json_string(&fields, text);
       tail(u.finished);
       chunk(&out, i, fields);
     }
   }
-  return out;
 }
 
-std::string OpenAiStream::done() {
-  std::string out;
+void OpenAiStream::done(std::string* out_ptr) {
+  std::string& out = *out_ptr;
   if (gen_.request().include_usage) {
     const bool chat = gen_.request().endpoint == Endpoint::kChat;
     ojson j = {
@@ -338,7 +376,6 @@ std::string OpenAiStream::done() {
     out += sse_data(j);
   }
   out += "data: [DONE]\n\n";
-  return out;
 }
 
 ojson anthropic_response(const Generation& gen) {
@@ -389,6 +426,12 @@ std::string AnthropicStream::close_block() {
 
 std::string AnthropicStream::updates(const std::vector<ChoiceUpdate>& updates) {
   std::string out;
+  this->updates(updates, &out);
+  return out;
+}
+
+void AnthropicStream::updates(const std::vector<ChoiceUpdate>& updates, std::string* out_ptr) {
+  std::string& out = *out_ptr;
   for (const ChoiceUpdate& u : updates) {
     for (const Segment& s : u.segments) {
       const int kind = int(s.kind);
@@ -440,7 +483,6 @@ std::string AnthropicStream::updates(const std::vector<ChoiceUpdate>& updates) {
       out += sse_event("message_stop", {{"type", "message_stop"}});
     }
   }
-  return out;
 }
 
 }  // namespace recur::server

@@ -24,8 +24,12 @@ ojson anthropic_response(const Generation& gen);
 class OpenAiStream {
  public:
   explicit OpenAiStream(const Generation& gen);
+  // Appends the SSE text of these updates to *out (reusing its capacity: no allocation per
+  // token once the stream is warm).
+  void updates(const std::vector<ChoiceUpdate>& updates, std::string* out);
+  void done(std::string* out);  // the usage chunk when asked for, then data: [DONE]
   std::string updates(const std::vector<ChoiceUpdate>& updates);
-  std::string done();  // the usage chunk when asked for, then data: [DONE]
+  std::string done();
 
  private:
   // One event per token and stream is the hot path: chunks are written as text around a
@@ -33,6 +37,7 @@ class OpenAiStream {
   void chunk(std::string* out, size_t index, std::string_view fields);
   const Generation& gen_;
   std::string prefix_, suffix_;                  // around the one choice of a chunk
+  std::string fields_, delta_;                   // scratch, kept between calls
   std::vector<bool> started_;                    // per choice: role / echo sent
   std::vector<std::vector<TokenInfo>> pending_;  // tokens not yet attached to a chunk
   std::vector<int> calls_;                       // tool calls sent per choice
@@ -43,6 +48,7 @@ class AnthropicStream {
  public:
   explicit AnthropicStream(const Generation& gen);
   std::string start();  // message_start
+  void updates(const std::vector<ChoiceUpdate>& updates, std::string* out);
   std::string updates(const std::vector<ChoiceUpdate>& updates);
 
  private:

@@ -36,11 +36,12 @@ void append_merged(std::vector<Segment>* to, Segment s) {
 
 }  // namespace
 
-std::shared_ptr<EventQueue> EventQueue::create() {
+std::shared_ptr<EventQueue> EventQueue::create(bool wake_on_finish) {
   const int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (fd < 0) return nullptr;
   std::shared_ptr<EventQueue> q(new EventQueue());
   q->fd_ = fd;
+  q->wake_on_finish_ = wake_on_finish;
   return q;
 }
 
@@ -49,19 +50,22 @@ EventQueue::~EventQueue() {
 }
 
 void EventQueue::push(QueuedEvent&& e) noexcept {
+  const bool wake = wake_on_finish_ && e.kind == Event::Kind::kFinish;
   try {
     std::lock_guard<std::mutex> lk(mu_);
     items_.push_back(std::move(e));
+    pending_.store(true, std::memory_order_release);
   } catch (...) {
     // Out of memory on the engine thread: the event is lost, the engine keeps running.
   }
-  eventfd_write(fd_, 1);
+  if (wake) eventfd_write(fd_, 1);
 }
 
 void EventQueue::take(std::vector<QueuedEvent>* out) {
   out->clear();
   std::lock_guard<std::mutex> lk(mu_);
   out->swap(items_);
+  pending_.store(false, std::memory_order_release);
 }
 
 Generation::Generation(Engine& engine, const ServingContext& ctx, ParsedRequest request,
@@ -101,7 +105,7 @@ void Generation::cancel(bool client_gone) {
 }
 
 ApiResult<bool> Generation::start() {
-  queue_ = EventQueue::create();
+  queue_ = EventQueue::create(/*wake_on_finish=*/!req_.stream);
   if (!queue_) {
     ApiError e;
     e.status = 503;

@@ -1,6 +1,7 @@
 // One API request in flight: its sequences (prompts x n) submitted to the engine, the queue
-// the engine's sinks push into, and per-choice output state. The HTTP thread that owns it
-// waits on the queue and the client socket at once, so a disconnect cancels immediately.
+// the engine's sinks push into, and per-choice output state. A non-streaming request's HTTP
+// thread waits on the queue and the client socket at once, so a disconnect cancels
+// immediately; a streaming one is handed to the StreamWriter, which drains it once per step.
 #pragma once
 
 #include <atomic>
@@ -40,12 +41,16 @@ struct QueuedEvent {
 };
 
 // A mutex-guarded list plus an eventfd, so a reader can poll it together with a socket.
+// Tokens never touch the eventfd: a streaming reader (the StreamWriter) is woken once per
+// engine step instead, and a non-streaming one only needs to hear of finishes.
 class EventQueue {
  public:
-  static std::shared_ptr<EventQueue> create();  // nullptr when no eventfd can be made
+  // nullptr when no eventfd can be made. wake_on_finish: finish events signal the eventfd.
+  static std::shared_ptr<EventQueue> create(bool wake_on_finish);
   ~EventQueue();
   void push(QueuedEvent&& e) noexcept;
   void take(std::vector<QueuedEvent>* out);
+  bool pending() const { return pending_.load(std::memory_order_acquire); }
   int fd() const { return fd_; }
 
   // Engine steps completed when the client went away (-1: it did not); the engine thread
@@ -56,6 +61,8 @@ class EventQueue {
   EventQueue() = default;
   std::mutex mu_;
   std::vector<QueuedEvent> items_;
+  std::atomic<bool> pending_{false};  // items_ is not empty
+  bool wake_on_finish_ = false;
   int fd_ = -1;
 };
 
@@ -98,8 +105,11 @@ class Generation {
   ApiResult<bool> start();
 
   enum class Wait { kReady, kTimeout, kClientGone };
-  // Waits for engine events, or for the client socket (-1: none) to close.
+  // Non-streaming requests: waits for a choice to finish, or for the client socket (-1: none)
+  // to close. (Streaming ones are driven by the StreamWriter, once per engine step.)
   Wait wait(int client_fd, int timeout_ms);
+  // Events are queued that drain() has not processed.
+  bool has_events() const { return queue_ && queue_->pending(); }
   // Processes queued events; appends one update per choice that has news.
   void drain(std::vector<ChoiceUpdate>* updates);
   bool done() const { return finished_ == int(choices_.size()); }

@@ -14,6 +14,7 @@
 #include "server/format.h"
 #include "server/generation.h"
 #include "server/metrics.h"
+#include "server/stream_writer.h"
 
 namespace recur::server {
 
@@ -85,6 +86,9 @@ struct Server::Impl {
   ServerOptions options;
   ServingContext ctx;
   std::shared_ptr<Metrics> metrics = std::make_shared<Metrics>();
+  // Declared before http: it outlives the HTTP threads that wait on its streams.
+  std::unique_ptr<StreamWriter> writer;
+  Status writer_status;  // why there is no writer; reported by bind()
   HttpServer http;
   std::atomic<bool> draining{false};
   std::atomic<bool> shut_down{false};
@@ -321,35 +325,31 @@ void Server::Impl::stream(std::shared_ptr<Generation> gen, int fd, httplib::Resp
   }
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
-  const bool anthropic = gen->request().endpoint == Endpoint::kMessages;
-  auto provider = [this, gen, fd, anthropic](size_t, httplib::DataSink& sink) -> bool {
+  // httplib has sent the headers when it calls the provider; from then on the stream writer
+  // writes the body (straight to the socket when it is known) and this thread only waits.
+  auto provider = [this, gen, fd](size_t, httplib::DataSink& sink) -> bool {
+    std::shared_ptr<SseStream> s;
     try {
-      OpenAiStream openai(*gen);
-      AnthropicStream claude(*gen);
-      std::string out = anthropic ? claude.start() : std::string();
-      std::vector<ChoiceUpdate> updates;
-      auto gone = [&] {
-        gen->cancel(true);
-        metrics->client_disconnected();
-        return false;
-      };
-      if (!out.empty() && !sink.write(out.data(), out.size())) return gone();
-      while (!gen->done()) {
-        const auto w = gen->wait(fd, 1000);
-        if (w == Generation::Wait::kClientGone) return gone();
-        if (w != Generation::Wait::kReady) continue;
-        updates.clear();
-        gen->drain(&updates);
-        out = anthropic ? claude.updates(updates) : openai.updates(updates);
-        if (!out.empty() && !sink.write(out.data(), out.size())) return gone();
-      }
-      out = anthropic ? std::string() : openai.done();
-      if (!out.empty() && !sink.write(out.data(), out.size())) return gone();
-      sink.done();
-      return true;
+      s = writer->add(gen, fd);
     } catch (...) {
       gen->cancel();
       return false;
+    }
+    std::string data;
+    for (;;) {
+      switch (s->next(&data)) {
+        case SseStream::Next::kData:  // relayed: no socket of our own to write to
+          if (!sink.write(data.data(), data.size())) {
+            s->client_gone();
+            return false;
+          }
+          break;
+        case SseStream::Next::kDone:
+          sink.done();
+          return true;
+        case SseStream::Next::kGone:
+          return false;
+      }
     }
   };
   // The releaser runs when the response is destroyed, written or not; dropping the last
@@ -371,10 +371,18 @@ Server::Server(Engine& engine, const Tokenizer* tokenizer, const ChatTemplate* c
   ctx.tokenizer = tokenizer;
   ctx.chat_template = chat_template;
   impl_->setup();
+  auto writer = StreamWriter::create(impl_->metrics);
+  if (writer.ok()) {
+    impl_->writer = std::move(*writer);
+    engine.set_step_listener([w = impl_->writer.get()] { w->step_done(); });
+  } else {
+    impl_->writer_status = writer.error();
+  }
 }
 
 Server::~Server() {
   shutdown();
+  impl_->engine.set_step_listener({});  // before the writer goes
 }
 
 const ServingContext& Server::context() const {
@@ -382,6 +390,7 @@ const ServingContext& Server::context() const {
 }
 
 Result<int> Server::bind() {
+  if (!impl_->writer_status.ok()) return impl_->writer_status.error();
   // A client that vanishes mid-write must not kill the process.
   std::signal(SIGPIPE, SIG_IGN);
   int port = impl_->options.port;

@@ -1,5 +1,7 @@
 // 32 concurrent streaming greedy requests through the one engine give exactly the tokens each
-// gives alone, and exactly what `recur generate --prompts` gives for the same prompts.
+// gives alone, and exactly what `recur generate --prompts` gives for the same prompts. Streams
+// are written by the server's stream writer, a step's tokens coalesced per stream; the same
+// requests without streaming give the same tokens and text.
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import fs from 'node:fs';
@@ -8,7 +10,7 @@ import path from 'node:path';
 import { after, before, test } from 'node:test';
 import { promisify } from 'node:util';
 
-import { MODEL, RECUR, rng, startServer, streamCompletion } from './lib.mjs';
+import { MODEL, RECUR, postJson, rng, startServer, streamCompletion } from './lib.mjs';
 
 const N = 32;
 const MAX_TOKENS = 24;
@@ -24,7 +26,7 @@ const prompts = Array.from({ length: N }, () => {
 let server;
 
 before(async () => {
-  server = await startServer(['--max-batch', String(N), '--max-batch-tokens', '256']);
+  server = await startServer(['--max-batch', String(N), '--max-batch-tokens', '256', '--device', 'cpu']);
 });
 
 after(async () => {
@@ -63,5 +65,23 @@ test('concurrent streams equal lone requests equal recur generate', async () => 
     assert.equal(generated[i].index, i);
     assert.deepEqual(generated[i].ids, alone[i].ids, `prompt ${i}: recur generate ids differ`);
     assert.equal(generated[i].text, alone[i].text, `prompt ${i}: recur generate text differs`);
+  }
+});
+
+test('non-streaming answers equal the streamed ones, concurrently', async () => {
+  const some = prompts.slice(0, 12);
+  const [streamed, plain] = await Promise.all([
+    Promise.all(some.map((ids) => streamCompletion(server.url, request(ids)))),
+    Promise.all(some.map(async (ids) => {
+      const res = await postJson(`${server.url}/v1/completions`, { ...request(ids), return_token_ids: true });
+      assert.equal(res.status, 200);
+      return res.json();
+    })),
+  ]);
+  for (let i = 0; i < some.length; ++i) {
+    assert.equal(streamed[i].ids.length, MAX_TOKENS);
+    assert.deepEqual(plain[i].choices[0].token_ids, streamed[i].ids, `prompt ${i}: ids differ`);
+    assert.equal(plain[i].choices[0].text, streamed[i].text, `prompt ${i}: text differs`);
+    assert.equal(plain[i].choices[0].finish_reason, streamed[i].finish_reason);
   }
 });

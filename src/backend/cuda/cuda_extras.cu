@@ -38,6 +38,7 @@ __global__ void fill_uniform_kernel(T* out, int64_t n, uint64_t seed, float lo, 
 
 void CudaOps::copy_from_host(Tensor dst, const void* src) {
   RECUR_CHECK(dst.is_contiguous());
+  impl_->end_forward();
   RECUR_CUDA_CHECK(cudaMemcpyAsync(dst.data, src, size_t(dst.numel()) * dtype_size(dst.dtype),
                                    cudaMemcpyHostToDevice, impl_->stream));
   RECUR_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
@@ -45,26 +46,31 @@ void CudaOps::copy_from_host(Tensor dst, const void* src) {
 
 void CudaOps::fill_random_uniform(Tensor t, uint64_t seed, float lo, float hi) {
   RECUR_CHECK(t.is_contiguous());
+  impl_->end_forward();
   const int64_t n = t.numel();
   if (n == 0) return;
   const int threads = 256;
-  const int blocks = int(std::min<int64_t>((n + threads - 1) / threads, int64_t(impl_->sm_count) * 32));
+  const int blocks =
+      int(std::min<int64_t>((n + threads - 1) / threads, int64_t(impl_->sm_count) * 32));
   switch (t.dtype) {
     case DType::F32:
       fill_uniform_kernel<<<blocks, threads, 0, impl_->stream>>>(t.ptr<float>(), n, seed, lo, hi);
       break;
     case DType::BF16:
-      fill_uniform_kernel<<<blocks, threads, 0, impl_->stream>>>(t.ptr<__nv_bfloat16>(), n, seed, lo, hi);
+      fill_uniform_kernel<<<blocks, threads, 0, impl_->stream>>>(t.ptr<__nv_bfloat16>(), n, seed,
+                                                                 lo, hi);
       break;
     case DType::F16:
       fill_uniform_kernel<<<blocks, threads, 0, impl_->stream>>>(t.ptr<__half>(), n, seed, lo, hi);
       break;
-    default: RECUR_CHECK(false && "fill_random_uniform: F32, BF16 or F16 only");
+    default:
+      RECUR_CHECK(false && "fill_random_uniform: F32, BF16 or F16 only");
   }
   RECUR_CUDA_CHECK(cudaGetLastError());
 }
 
 double CudaOps::measure_copy_bandwidth(size_t bytes) {
+  impl_->end_forward();
   void *a = nullptr, *b = nullptr;
   RECUR_CUDA_CHECK(cudaMalloc(&a, bytes));
   RECUR_CUDA_CHECK(cudaMalloc(&b, bytes));

@@ -8,7 +8,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <map>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_ops.h"
@@ -87,23 +89,69 @@ struct CudaOps::Impl {
   Buffer adhoc;
   std::vector<int32_t> adhoc_host;
 
-  // Growable device scratch, sized by the largest use so far (growth waits for the stream).
-  Buffer act_lowp;      // activations converted to bf16/f16 for cuBLAS
+  // Fixed scratch, allocated at start-up: ops that would need more work in pieces (matmul
+  // splits the rows, attention caps its context splits), so no forward allocates.
+  Buffer act_lowp;      // matmul: activations split into three 16-bit terms, their products
   Buffer attn_partial;  // split-context attention partials
+  Buffer gdn_chunks;    // the chunked delta rule's per-chunk key-side records
 
-  // Device tables of expert weight pointers, built once per expert list.
+  // Device tables of expert weight pointers, built once per expert list, carved from a pool
+  // allocated at start-up (a table that does not fit gets its own buffer).
   struct ExpertTable {
     std::vector<const void*> host;  // gate[E], up[E], down[E]
-    Buffer dev;
+    const void* const* dev = nullptr;
+    Buffer own;  // set when the pool was full
   };
   std::vector<ExpertTable> expert_tables;
+  Buffer expert_table_pool;
+  size_t expert_table_used = 0;  // pointers
+
+  // Limits announced by reserve(); max_context 0 until then.
+  ForwardLimits limits;
+
+  // CUDA graphs for decode forwards (every sequence brings one token): a shape's first forward
+  // runs eagerly (buffers and tables settle), its second is captured, later ones replay the
+  // graph. Kernel arguments are then fixed: the batch arrays sit at fixed offsets of the mirror
+  // (block tables last) and no launch depends on host data beyond the shape.
+  enum class Mode { kEager, kCapturing, kReplaying };
+  struct DecodeGraph {
+    int n_tokens, n_seqs, n_logits;
+    const void* output;  // the forward's result buffer: every other argument is the model's
+    int runs = 0;
+    cudaGraphExec_t exec = nullptr;
+  };
+  Mode mode = Mode::kEager;
+  bool graphs = true;  // RECUR_CUDA_GRAPHS=0 turns them off
+  std::vector<DecodeGraph> decode_graphs;
+  int current_graph = -1;
+  cudaStream_t main_stream = nullptr;     // the ops' stream outside captures
+  cudaStream_t capture_stream = nullptr;  // non-blocking: captures need no legacy-stream order
+  cudaEvent_t capture_fork = nullptr;
+
+  // RECUR_CUDA_PROFILE=1 (graphs off): an event after every launch; device time per op label
+  // and forward shape, summed at each wait for the stream and printed to stderr at exit.
+  bool profile = false;
+  std::vector<cudaEvent_t> prof_events;
+  std::vector<std::string> prof_labels;  // label of the interval ending at event i
+  size_t prof_used = 0;
+  std::string prof_prefix;
+  std::map<std::string, std::pair<double, int64_t>> prof_totals;  // ms, count
+  void profile_mark(const char* what);
+  void profile_collect();  // after the stream was synchronised
 
   ~Impl();
+  // True while a replayed forward's ops are skipped (the graph does their work).
+  bool replaying() const { return mode == Mode::kReplaying; }
+  // Ends a captured or replayed forward: instantiates and launches, or launches, its graph.
+  // Every entry point that is not a forward op calls this first.
+  void end_forward();
+  // Decides how the forward that begin_forward just uploaded runs.
+  void start_forward(const SeqLayout& l, int n_logits, const void* output);
   // A device pointer holding `host[0..count)`: the mirror when begin_forward uploaded it,
   // otherwise an ad hoc upload.
   const int32_t* ints(const int32_t* host, int64_t count);
   DevLayout layout(const SeqLayout& l, bool with_blocks);
-  void* grow(Buffer& b, size_t bytes, const char* what);
+  void* grow(Buffer& b, size_t bytes, const char* what);  // outside forwards only (ad hoc)
   const void* const* expert_table(std::span<const ExpertWeights> experts);
   void launched(const char* what);  // checks the launch (and synchronises when debugging)
 

@@ -1,6 +1,6 @@
 // CudaOps set-up and memory traffic: the allocator, weight slabs, host copies, the per-forward
-// upload of the batch's index arrays, and the growable scratch buffers. Kernels live in
-// kernels_*.cu.
+// upload of the batch's index arrays, the start-up scratch, and CUDA graphs for decode
+// forwards. Kernels live in kernels_*.cu.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -54,7 +54,17 @@ namespace {
 constexpr size_t kSlabBytes = size_t(512) << 20;  // weight slab; larger weights get their own
 constexpr size_t kWeightAlign = 256;
 constexpr size_t kCublasWorkspace = size_t(32) << 20;
-constexpr size_t kInitialMirror = 64 << 10;  // int32 elements; grown when a batch needs more
+constexpr size_t kInitialMirror = 64 << 10;       // int32 elements; reserve() sizes it exactly
+constexpr size_t kLowpBytes = size_t(256) << 20;  // matmul: split activations, products
+constexpr size_t kAttnPartialBytes = size_t(32) << 20;  // attention's context-split partials
+constexpr size_t kGdnChunkBytes = size_t(128) << 20;    // delta rule's chunk records
+constexpr size_t kExpertTablePointers = size_t(1) << 18;
+constexpr size_t kMaxDecodeGraphs = 512;
+// Int32 elements the mirror needs for a forward's parts, each rounded to 16 bytes.
+size_t mirror_elems(int64_t tokens, int64_t seqs, int64_t blocks, int64_t logit_rows) {
+  auto r4 = [](int64_t n) { return size_t(n + 3) / 4 * 4; };
+  return 2 * r4(tokens) + 2 * r4(seqs + 1) + r4(seqs) + r4(blocks) + r4(logit_rows);
+}
 }  // namespace
 
 void* CudaAllocator::raw_allocate(size_t bytes) {
@@ -79,7 +89,31 @@ CudaOps::CudaOps() : impl_(std::make_unique<Impl>()) {}
 CudaOps::~CudaOps() = default;
 
 CudaOps::Impl::~Impl() {
+  if (mode == Mode::kCapturing) {  // a forward begun and never waited for: drop its capture
+    cudaGraph_t g = nullptr;
+    if (cudaStreamEndCapture(capture_stream, &g) == cudaSuccess && g) cudaGraphDestroy(g);
+    stream = main_stream;
+  }
   if (stream) cudaStreamSynchronize(stream);
+  if (profile) {
+    profile_collect();
+    std::vector<std::pair<double, std::string>> rows;
+    for (auto& [label, v] : prof_totals) rows.push_back({v.first, label});
+    std::sort(rows.rbegin(), rows.rend());
+    std::fprintf(stderr, "%-56s %12s %10s %12s\n", "op (forward shape)", "total ms", "count",
+                 "us each");
+    for (auto& [ms, label] : rows) {
+      const auto& v = prof_totals[label];
+      std::fprintf(stderr, "%-56s %12.3f %10lld %12.2f\n", label.c_str(), ms,
+                   static_cast<long long>(v.second), 1e3 * ms / double(v.second));
+    }
+  }
+  for (cudaEvent_t e : prof_events) cudaEventDestroy(e);
+  for (DecodeGraph& g : decode_graphs) {
+    if (g.exec) cudaGraphExecDestroy(g.exec);
+  }
+  if (capture_fork) cudaEventDestroy(capture_fork);
+  if (capture_stream) cudaStreamDestroy(capture_stream);
   // Buffers return to `alloc` in their own destructors (members below it).
   if (cublas) cublasDestroy(cublas);
   if (upload_done) cudaEventDestroy(upload_done);
@@ -117,6 +151,13 @@ Result<std::unique_ptr<CudaOps>> CudaOps::create(int device) {
   // A blocking stream: it also orders against work callers put on the legacy default stream
   // (plain cudaMemcpy/cudaMemset of buffers they then hand to the ops).
   RECUR_CUDA_CHECK(cudaStreamCreate(&s.stream));
+  s.main_stream = s.stream;
+  RECUR_CUDA_CHECK(cudaStreamCreateWithFlags(&s.capture_stream, cudaStreamNonBlocking));
+  RECUR_CUDA_CHECK(cudaEventCreateWithFlags(&s.capture_fork, cudaEventDisableTiming));
+  const char* graphs = std::getenv("RECUR_CUDA_GRAPHS");
+  const char* profile = std::getenv("RECUR_CUDA_PROFILE");
+  s.profile = profile && profile[0] == '1';
+  s.graphs = !(graphs && graphs[0] == '0') && !s.debug_sync && !s.profile;
   RECUR_CUDA_CHECK(cudaEventCreateWithFlags(&s.upload_done, cudaEventDisableTiming));
   RECUR_CUBLAS_CHECK(cublasCreate(&s.cublas));
   RECUR_CUBLAS_CHECK(cublasSetStream(s.cublas, s.stream));
@@ -131,6 +172,11 @@ Result<std::unique_ptr<CudaOps>> CudaOps::create(int device) {
                                  s.pinned_capacity * sizeof(int32_t), cudaHostAllocDefault));
   RECUR_ASSIGN_OR_RETURN(s.mirror, s.alloc.allocate(s.pinned_capacity * 4, "batch mirror"));
   RECUR_ASSIGN_OR_RETURN(s.adhoc, s.alloc.allocate(kInitialMirror * 4, "ad hoc index upload"));
+  RECUR_ASSIGN_OR_RETURN(s.act_lowp, s.alloc.allocate(kLowpBytes, "low-precision activations"));
+  RECUR_ASSIGN_OR_RETURN(s.attn_partial, s.alloc.allocate(kAttnPartialBytes, "attention splits"));
+  RECUR_ASSIGN_OR_RETURN(s.gdn_chunks, s.alloc.allocate(kGdnChunkBytes, "delta rule chunks"));
+  RECUR_ASSIGN_OR_RETURN(s.expert_table_pool,
+                         s.alloc.allocate(kExpertTablePointers * sizeof(void*), "expert tables"));
   return Result<std::unique_ptr<CudaOps>>(std::move(ops));
 }
 
@@ -138,7 +184,32 @@ Allocator& CudaOps::allocator() {
   return impl_->alloc;
 }
 
+Status CudaOps::reserve(const ForwardLimits& limits) {
+  Impl& s = *impl_;
+  s.end_forward();
+  // A new model: graphs recorded for another one's buffers must not replay.
+  for (Impl::DecodeGraph& g : s.decode_graphs) {
+    if (g.exec) RECUR_CUDA_CHECK(cudaGraphExecDestroy(g.exec));
+  }
+  s.decode_graphs.clear();
+  s.limits = limits;
+  const size_t need =
+      mirror_elems(limits.max_tokens, limits.max_seqs, limits.max_blocks, limits.max_logit_rows);
+  if (need > s.pinned_capacity) {
+    RECUR_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+    RECUR_CUDA_CHECK(cudaFreeHost(s.pinned));
+    s.pinned = nullptr;
+    s.mirror.reset();
+    s.pinned_capacity = need;
+    RECUR_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&s.pinned),
+                                   s.pinned_capacity * sizeof(int32_t), cudaHostAllocDefault));
+    RECUR_ASSIGN_OR_RETURN(s.mirror, s.alloc.allocate(s.pinned_capacity * 4, "batch mirror"));
+  }
+  return Status();
+}
+
 Result<Tensor> CudaOps::adopt_weight(const Tensor& host) {
+  impl_->end_forward();
   if (host.device == Device::kCuda) return host;
   if (!host.is_contiguous()) {
     return make_error(ErrorCode::kInvalidArgument, "adopt_weight: tensor {} is not contiguous",
@@ -174,44 +245,58 @@ Result<Tensor> CudaOps::adopt_weight(const Tensor& host) {
 void CudaOps::copy_to_host(const Tensor& src, void* dst) {
   RECUR_CHECK(src.is_contiguous());
   Impl& s = *impl_;
+  s.end_forward();
   RECUR_CUDA_CHECK(cudaMemcpyAsync(dst, src.data, size_t(src.numel()) * dtype_size(src.dtype),
                                    cudaMemcpyDeviceToHost, s.stream));
   RECUR_CUDA_CHECK(cudaStreamSynchronize(s.stream));
   s.mirrored.clear();  // the forward is over; its host arrays may now be reused
+  if (s.profile) s.profile_collect();
 }
 
 void CudaOps::fill_zero(Tensor t) {
   RECUR_CHECK(t.is_contiguous());
+  impl_->end_forward();
   RECUR_CUDA_CHECK(
       cudaMemsetAsync(t.data, 0, size_t(t.numel()) * dtype_size(t.dtype), impl_->stream));
 }
 
 void CudaOps::synchronize() {
+  impl_->end_forward();
   RECUR_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
   impl_->mirrored.clear();
+  if (impl_->profile) impl_->profile_collect();
 }
 
 void CudaOps::begin_forward(const SeqLayout& l, std::span<const int32_t> tokens,
-                            std::span<const int32_t> logit_rows) {
+                            std::span<const int32_t> logit_rows, const void* output) {
   Impl& s = *impl_;
+  s.end_forward();
   const int64_t n_blocks = l.block_start ? l.block_start[l.n_seqs] : 0;
   struct Part {
     const int32_t* p;
     int64_t n;
   };
+  // The block tables go last: for a given shape every other part keeps its offset, so a
+  // captured decode graph's arguments stay valid as the tables grow.
   const Part parts[] = {{tokens.data(), int64_t(tokens.size())},
                         {l.positions, l.positions ? l.n_tokens : 0},
                         {l.seq_start, l.seq_start ? l.n_seqs + 1 : 0},
                         {l.slot, l.slot ? l.n_seqs : 0},
                         {l.block_start, l.block_start ? l.n_seqs + 1 : 0},
-                        {l.block_ids, n_blocks},
-                        {logit_rows.data(), int64_t(logit_rows.size())}};
+                        {logit_rows.data(), int64_t(logit_rows.size())},
+                        {l.block_ids, n_blocks}};
   size_t total = 0;
-  for (const Part& p : parts) total += size_t(p.n) + 4;  // keep each part 16-byte aligned
+  for (const Part& p : parts) total += size_t(p.n + 3) / 4 * 4;  // each part 16-byte aligned
   // The previous upload must have left the pinned buffer before it is rewritten (normally
   // long done: the previous forward ended with a copy to the host).
   RECUR_CUDA_CHECK(cudaEventSynchronize(s.upload_done));
   if (total > s.pinned_capacity) {
+    // Beyond the limits given to reserve() (or without them, in tests): grow once more. The
+    // graphs captured so far point into the old mirror.
+    for (Impl::DecodeGraph& g : s.decode_graphs) {
+      if (g.exec) RECUR_CUDA_CHECK(cudaGraphExecDestroy(g.exec));
+    }
+    s.decode_graphs.clear();
     RECUR_CUDA_CHECK(cudaStreamSynchronize(s.stream));  // the old mirror may still be read
     RECUR_CUDA_CHECK(cudaFreeHost(s.pinned));
     s.pinned = nullptr;
@@ -236,6 +321,93 @@ void CudaOps::begin_forward(const SeqLayout& l, std::span<const int32_t> tokens,
                                      cudaMemcpyHostToDevice, s.stream));
   }
   RECUR_CUDA_CHECK(cudaEventRecord(s.upload_done, s.stream));
+  s.start_forward(l, int(logit_rows.size()), output);
+  if (s.profile) {
+    const bool decode = l.n_tokens == l.n_seqs;
+    s.prof_prefix = (decode ? "decode b=" : "prompt n=") + std::to_string(l.n_tokens) + " ";
+    s.profile_mark(nullptr);
+  }
+}
+
+void CudaOps::Impl::profile_mark(const char* what) {
+  if (prof_used == prof_events.size()) {
+    cudaEvent_t e;
+    RECUR_CUDA_CHECK(cudaEventCreate(&e));
+    prof_events.push_back(e);
+    prof_labels.emplace_back();
+  }
+  prof_labels[prof_used] = what ? prof_prefix + what : std::string();
+  RECUR_CUDA_CHECK(cudaEventRecord(prof_events[prof_used], stream));
+  ++prof_used;
+}
+
+void CudaOps::Impl::profile_collect() {
+  for (size_t i = 1; i < prof_used; ++i) {
+    if (prof_labels[i].empty()) continue;  // a new forward's start: nothing ends here
+    float ms = 0.0f;
+    RECUR_CUDA_CHECK(cudaEventElapsedTime(&ms, prof_events[i - 1], prof_events[i]));
+    auto& v = prof_totals[prof_labels[i]];
+    v.first += ms;
+    v.second += 1;
+  }
+  prof_used = 0;
+}
+
+void CudaOps::Impl::start_forward(const SeqLayout& l, int n_logits, const void* output) {
+  bool decode = graphs && output && limits.max_context > 0 && l.n_tokens > 0 &&
+                l.n_tokens == l.n_seqs && l.positions && l.slot && l.block_start;
+  // Every sequence brings exactly one token (a shape such as lengths 0 and 2 would make other
+  // launch choices on the host).
+  for (int i = 0; decode && i < l.n_seqs; ++i) decode = l.seq_start[i + 1] - l.seq_start[i] == 1;
+  if (!decode) return;
+  int found = -1;
+  for (size_t i = 0; i < decode_graphs.size(); ++i) {
+    const DecodeGraph& g = decode_graphs[i];
+    if (g.n_tokens == l.n_tokens && g.n_seqs == l.n_seqs && g.n_logits == n_logits &&
+        g.output == output) {
+      found = int(i);
+      break;
+    }
+  }
+  if (found < 0) {
+    if (decode_graphs.size() >= kMaxDecodeGraphs) return;
+    decode_graphs.push_back({l.n_tokens, l.n_seqs, n_logits, output});
+    found = int(decode_graphs.size()) - 1;
+  }
+  DecodeGraph& g = decode_graphs[size_t(found)];
+  current_graph = found;
+  if (g.exec) {
+    mode = Mode::kReplaying;
+  } else if (g.runs++ >= 1) {
+    // The capture runs on its own non-blocking stream, ordered after the upload.
+    RECUR_CUDA_CHECK(cudaEventRecord(capture_fork, main_stream));
+    RECUR_CUDA_CHECK(cudaStreamWaitEvent(capture_stream, capture_fork, 0));
+    RECUR_CUDA_CHECK(cudaStreamBeginCapture(capture_stream, cudaStreamCaptureModeRelaxed));
+    stream = capture_stream;
+    RECUR_CUBLAS_CHECK(cublasSetStream(cublas, stream));
+    // Setting the stream resets cuBLAS to its own workspace pool: give it ours again.
+    RECUR_CUBLAS_CHECK(
+        cublasSetWorkspace(cublas, cublas_workspace.data(), cublas_workspace.bytes()));
+    mode = Mode::kCapturing;
+  }
+}
+
+void CudaOps::Impl::end_forward() {
+  if (mode == Mode::kEager) return;
+  DecodeGraph& g = decode_graphs[size_t(current_graph)];
+  if (mode == Mode::kCapturing) {
+    cudaGraph_t graph = nullptr;
+    RECUR_CUDA_CHECK(cudaStreamEndCapture(capture_stream, &graph));
+    stream = main_stream;
+    RECUR_CUBLAS_CHECK(cublasSetStream(cublas, stream));
+    RECUR_CUBLAS_CHECK(
+        cublasSetWorkspace(cublas, cublas_workspace.data(), cublas_workspace.bytes()));
+    RECUR_CUDA_CHECK(cudaGraphInstantiate(&g.exec, graph, 0));
+    RECUR_CUDA_CHECK(cudaGraphDestroy(graph));
+  }
+  mode = Mode::kEager;
+  current_graph = -1;
+  RECUR_CUDA_CHECK(cudaGraphLaunch(g.exec, main_stream));
 }
 
 const int32_t* CudaOps::Impl::find_mirrored(const int32_t* host, int64_t count) const {
@@ -313,26 +485,33 @@ const void* const* CudaOps::Impl::expert_table(std::span<const ExpertWeights> ex
     host[2 * E + e] = experts[e].down.data;
   }
   for (ExpertTable& t : expert_tables) {
-    if (t.host == host) return static_cast<const void* const*>(t.dev.data());
+    if (t.host == host) return t.dev;
   }
   ExpertTable t;
   t.host = std::move(host);
-  auto r = alloc.allocate(3 * E * sizeof(void*), "expert table");
-  if (!r.ok()) cuda::fatal(r.error().message.c_str());
-  t.dev = std::move(r.value());
+  if (expert_table_used + 3 * E <= kExpertTablePointers) {
+    t.dev = static_cast<const void* const*>(expert_table_pool.data()) + expert_table_used;
+    expert_table_used += 3 * E;
+  } else {
+    auto r = alloc.allocate(3 * E * sizeof(void*), "expert table");
+    if (!r.ok()) cuda::fatal(r.error().message.c_str());
+    t.own = std::move(r.value());
+    t.dev = static_cast<const void* const*>(t.own.data());
+  }
   // The host array lives on in expert_tables (moving the list keeps each vector's storage),
   // so the asynchronous copy may read it later.
   expert_tables.push_back(std::move(t));
   ExpertTable& kept = expert_tables.back();
-  RECUR_CUDA_CHECK(cudaMemcpyAsync(kept.dev.data(), kept.host.data(), 3 * E * sizeof(void*),
-                                   cudaMemcpyHostToDevice, stream));
-  return static_cast<const void* const*>(kept.dev.data());
+  RECUR_CUDA_CHECK(cudaMemcpyAsync(const_cast<const void**>(kept.dev), kept.host.data(),
+                                   3 * E * sizeof(void*), cudaMemcpyHostToDevice, stream));
+  return kept.dev;
 }
 
 void CudaOps::Impl::launched(const char* what) {
   cudaError_t e = cudaGetLastError();
-  if (e == cudaSuccess && debug_sync) e = cudaStreamSynchronize(stream);
+  if (e == cudaSuccess && debug_sync && mode == Mode::kEager) e = cudaStreamSynchronize(stream);
   if (e != cudaSuccess) cuda::cuda_failed(what, e, __FILE__, __LINE__);
+  if (profile && mode == Mode::kEager && prof_used > 0) profile_mark(what);
 }
 
 }  // namespace recur

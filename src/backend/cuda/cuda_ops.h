@@ -27,12 +27,17 @@ class CudaOps final : public Ops {
   // large slabs owned by this object, so tens of thousands of expert matrices cost a few
   // allocations.
   Result<Tensor> adopt_weight(const Tensor& host) override;
+  // Sizes the batch mirror for the limits; the other scratch is fixed at start-up. With
+  // limits given, decode forwards (one token per sequence) run as CUDA graphs.
+  Status reserve(const ForwardLimits& limits) override;
   void copy_to_host(const Tensor& src, void* dst) override;  // waits for the stream
   void fill_zero(Tensor t) override;                         // asynchronous
   // Packs the batch's host arrays into pinned memory and uploads them in one asynchronous copy;
   // later ops given these same host pointers read the device mirror.
+  // Decode forwards (one token per sequence) after reserve() run as CUDA graphs, one per
+  // (tokens, sequences, logit rows, output) seen before.
   void begin_forward(const SeqLayout& layout, std::span<const int32_t> tokens,
-                     std::span<const int32_t> logit_rows) override;
+                     std::span<const int32_t> logit_rows, const void* output = nullptr) override;
   void synchronize() override;
   void copy_from_host(Tensor dst, const void* src) override;  // waits for the copy
   // Generated on the device with the same counter-based values as the CPU default.

@@ -22,8 +22,8 @@ namespace {
 
 constexpr int kAttnThreads = 128;
 constexpr int kAttnWarps = kAttnThreads / 32;
-constexpr int kTileP = 32;               // positions per tile: one per lane in the softmax
-constexpr int kMinSplitPositions = 128;  // one round of the warps' 32-position chunks
+constexpr int kTileP = 32;              // positions per tile: one per lane in the softmax
+constexpr int kMinSplitPositions = 32;  // one warp's chunk of positions
 
 struct AttnArgs {
   const float* q;  // [n, heads, hd]
@@ -37,7 +37,7 @@ struct AttnArgs {
   float* part_o;   // [n, heads, n_splits, hd] unnormalised sums (n_splits > 1)
   float* part_ml;  // [n, heads, n_splits, 2] running max and denominator
   const int32_t *seq_start, *positions, *block_start, *block_ids;
-  int n_seqs, heads, group, hd, bs, split_len, n_splits;
+  int n_seqs, heads, group, hd, bs, n_splits;
   float scale;
 };
 
@@ -60,6 +60,22 @@ __global__ void kv_cache_write_kernel(const float* k, int64_t k_s0, int64_t k_s1
   for (int j = threadIdx.x; j < hd; j += blockDim.x) {
     kd[j * kc_s2] = ks[j];
     vd[j] = vs[j];
+  }
+}
+
+// Positions per context split of a token with n_ctx positions: the splits are cut from each
+// token's own context (so the grid, and a captured graph, need not know the context length);
+// splits past the context are empty.
+__device__ __forceinline__ int split_length(int n_ctx, int n_splits) {
+  return max((n_ctx + n_splits - 1) / n_splits, kMinSplitPositions);
+}
+
+// An empty split's partial result: no weight in the merge, which then skips its sums.
+__device__ __forceinline__ void mark_empty_split(const AttnArgs& a, int t, int kvh, int sp) {
+  for (int g = threadIdx.x; g < a.group; g += blockDim.x) {
+    const int64_t slot = (int64_t(t) * a.heads + kvh * a.group + g) * a.n_splits + sp;
+    a.part_ml[slot * 2] = -INFINITY;
+    a.part_ml[slot * 2 + 1] = 0.0f;
   }
 }
 
@@ -87,7 +103,12 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(AttnArgs 
   const int lane = tid % 32, warp = tid / 32;
   const int seq = seq_of_token(a.seq_start, a.n_seqs, t);
   const int n_ctx = a.positions[t] + 1;
-  const int p_begin = sp * a.split_len, p_end = min(n_ctx, p_begin + a.split_len);
+  const int split_len = split_length(n_ctx, a.n_splits);
+  const int p_begin = sp * split_len, p_end = min(n_ctx, p_begin + split_len);
+  if (p_begin >= n_ctx) {
+    mark_empty_split(a, t, kvh, sp);
+    return;
+  }
   for (int e = tid; e < group * hd; e += kAttnThreads) {
     const int g = e / hd, d = e % hd;
     Qs[e] = a.q[int64_t(t) * a.q_s0 + int64_t(kvh * group + g) * a.q_s1 + d];
@@ -204,7 +225,12 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_warps_kernel(Att
   const int lane = tid % 32, warp = tid / 32;
   const int seq = seq_of_token(a.seq_start, a.n_seqs, t);
   const int n_ctx = a.positions[t] + 1;
-  const int p_begin = sp * a.split_len, p_end = min(n_ctx, p_begin + a.split_len);
+  const int split_len = split_length(n_ctx, a.n_splits);
+  const int p_begin = sp * split_len, p_end = min(n_ctx, p_begin + split_len);
+  if (p_begin >= n_ctx) {
+    mark_empty_split(a, t, kvh, sp);
+    return;
+  }
   for (int e = tid; e < group * hd; e += kAttnThreads) {
     const int g = e / hd, d = e % hd;
     Qs[e] = a.q[int64_t(t) * a.q_s0 + int64_t(kvh * group + g) * a.q_s1 + d];
@@ -396,8 +422,9 @@ __global__ void __launch_bounds__(kCombineThreads) attention_combine_kernel(Attn
     float o[8] = {};
 #pragma unroll 2
     for (int sp = warp; sp < a.n_splits; sp += kWarps) {
-      const float* po = a.part_o + (first + sp) * a.hd;
       const float f = weight[sp];
+      if (f == 0.0f) continue;  // empty split: its sums were never written
+      const float* po = a.part_o + (first + sp) * a.hd;
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const int d = d0 + lane + 32 * i;
@@ -451,6 +478,7 @@ void launch_attention_tiled(const AttnArgs& a, dim3 grid, size_t max_smem, cudaS
 
 void CudaOps::kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, Tensor v_cache,
                              const SeqLayout& layout) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
   const int64_t kv_heads = k.shape[1], hd = k.shape[2];
   RECUR_CHECK(k_cache.shape[1] == kv_heads && k_cache.shape[2] == hd &&
               k_cache.shape[3] == layout.block_size && v_cache.shape[2] == layout.block_size);
@@ -475,6 +503,7 @@ void CudaOps::kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, T
 
 void CudaOps::paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                               const SeqLayout& layout, float scale, Tensor out) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
   const int64_t heads = q.shape[1], hd = q.shape[2], kv_heads = k_cache.shape[1];
   RECUR_CHECK(heads % kv_heads == 0 && q.stride[2] == 1 && out.stride[2] == 1);
   RECUR_CHECK(k_cache.stride[3] == 1 && v_cache.stride[3] == 1 && k_cache.shape[2] == hd);
@@ -482,13 +511,21 @@ void CudaOps::paged_attention(const Tensor& q, const Tensor& k_cache, const Tens
   if (n == 0) return;
   Impl& s = *impl_;
   const int group = int(heads / kv_heads);
-  int max_ctx = 1;
-  for (int t = 0; t < n; ++t) max_ctx = std::max(max_ctx, layout.positions[t] + 1);
-  // Split the context only as far as needed to give every SM a couple of blocks.
+  // The longest context: the reserved limit when given (the split count then depends on the
+  // batch's shape alone, as a decode graph needs), else this batch's.
+  int max_ctx = s.limits.max_context;
+  if (max_ctx <= 0) {
+    for (int t = 0; t < n; ++t) max_ctx = std::max(max_ctx, layout.positions[t] + 1);
+  }
+  // Split the context only as far as needed to give every SM 16 blocks (a block's warps walk
+  // their positions one dependent chunk at a time, so many are needed in flight), and no
+  // further than the start-up buffer of partial results holds.
   const int64_t base_blocks = int64_t(n) * kv_heads;
-  const int64_t want = std::max<int64_t>(1, (4 * s.sm_count + base_blocks - 1) / base_blocks);
-  const int split_len = int(std::max<int64_t>((max_ctx + want - 1) / want, kMinSplitPositions));
-  const int n_splits = (max_ctx + split_len - 1) / split_len;
+  const int64_t want = std::max<int64_t>(1, (16 * s.sm_count + base_blocks - 1) / base_blocks);
+  const int64_t fits = int64_t(s.attn_partial.bytes() /
+                               (size_t(n) * size_t(heads) * (size_t(hd) + 2) * sizeof(float)));
+  const int n_splits = int(std::max<int64_t>(
+      1, std::min({want, (int64_t(max_ctx) + kMinSplitPositions - 1) / kMinSplitPositions, fits})));
 
   const DevLayout dl = s.layout(layout, true);
   AttnArgs a{};
@@ -501,11 +538,10 @@ void CudaOps::paged_attention(const Tensor& q, const Tensor& k_cache, const Tens
   a.seq_start = dl.seq_start, a.positions = dl.positions;
   a.block_start = dl.block_start, a.block_ids = dl.block_ids;
   a.n_seqs = layout.n_seqs, a.heads = int(heads), a.group = group, a.hd = int(hd);
-  a.bs = layout.block_size, a.split_len = split_len, a.n_splits = n_splits, a.scale = scale;
+  a.bs = layout.block_size, a.n_splits = n_splits, a.scale = scale;
   if (n_splits > 1) {
     const size_t slots = size_t(n) * size_t(heads) * size_t(n_splits);
-    float* p = static_cast<float*>(
-        s.grow(s.attn_partial, slots * (size_t(hd) + 2) * sizeof(float), "attention splits"));
+    float* p = static_cast<float*>(s.attn_partial.data());
     a.part_o = p;
     a.part_ml = p + slots * size_t(hd);
   }

@@ -3,7 +3,8 @@
 // sequence's tokens) and its chunked WY/UT form (prompts: chunks of 64 tokens, the same
 // algebra as delta_rule_chunked in backend/cpu/kernels_gdn.cpp, including the (I + A)^-1
 // solve in double). Value columns are independent in the rule, so both forms split dv across
-// blocks; the chunked form recomputes the small key-side matrices in each block.
+// blocks; the chunked form first computes the key-side matrices of every chunk in parallel,
+// then walks the chunks in order with the state.
 #include <algorithm>
 
 #include "backend/cuda/cuda_internal.cuh"
@@ -152,158 +153,251 @@ __global__ void __launch_bounds__(32 * kRecWarps) delta_recurrent_kernel(DeltaAr
 
 constexpr int kChunk = 64;
 constexpr int kChunkThreads = 512;  // 16 warps: the phases are latency-bound at one block per SM
+constexpr int kChunkPad = kChunk + 1;
 
-// Shared-memory carve-up of the chunked kernel for key dim dk and a tile of dvt value columns.
+// The chunked form runs in two kernels. Everything that depends only on a chunk's keys,
+// queries, gates and betas (not on the state) is computed for all chunks and heads at once by
+// delta_chunk_keys_kernel into a record per (sequence, chunk, head); delta_chunk_state_kernel
+// then walks each sequence's chunks in order, carrying the state. Within a chunk (G the
+// cumulative log-decay, S0 the state before it): A[i][j] = β_i e^(G_i−G_j) k_i·k_j (j < i),
+// T = (I + A)^-1, Wk = T(β e^G K), U = T(βV), Vnew = U − Wk S0,
+// out_i = e^(G_i) q_i S0 + Σ_{j≤i} e^(G_i−G_j) (q_i·k_j) Vnew_j,
+// S = e^(G_last) S0 + Σ_j e^(G_last−G_j) k_j ⊗ Vnew_j.
+// The record, floats: Wk [64][dk], QK [64][65] (e^(G_i−G_j) q_i·k_j), Tb [64][65] (T·β, by
+// column), eg [64] (e^G_i), dl [64] (e^(G_last−G_i)).
+__host__ __device__ inline int64_t chunk_record_floats(int dk) {
+  return (int64_t(kChunk) * dk + 2 * kChunk * kChunkPad + 2 * kChunk + 3) / 4 * 4;
+}
+
+// Records of chunks [c0, c0 + n_chunks) of sequences [s0, s0 + n_seq_group), each head.
+struct ChunkRecords {
+  float* base;
+  int c0, n_chunks, s0, n_seq_group;
+  __device__ float* at(int s, int c, int h, int hv, int dk) const {
+    const int64_t idx = (int64_t(s - s0) * n_chunks + (c - c0)) * hv + h;
+    return base + idx * chunk_record_floats(dk);
+  }
+};
+
+// grid (n_chunks, Hv, n_seq_group), kChunkThreads. Shared: T [64][64] double, Q, K
+// [64][dk+1], A [64][65], G, beta, eg [64].
+__host__ __device__ inline size_t chunk_keys_smem(int dk) {
+  return sizeof(double) * kChunk * kChunk +
+         sizeof(float) * (2 * size_t(kChunk) * (dk + 1) + kChunk * kChunkPad + 3 * kChunk);
+}
+
+__global__ void __launch_bounds__(kChunkThreads)
+    delta_chunk_keys_kernel(DeltaArgs a, ChunkRecords rec) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int c = rec.c0 + blockIdx.x, h = blockIdx.y, s = rec.s0 + blockIdx.z, tid = threadIdx.x;
+  const int64_t base = a.seq_start[s], len = a.seq_start[s + 1] - base;
+  if (skip_seq(a.mode, len) || int64_t(c) * kChunk >= len) return;
+  const int kh = h / a.group, dk = a.dk, ldq = dk + 1, lda = kChunkPad;
+  double* T = reinterpret_cast<double*>(smem_raw);
+  float* Q = reinterpret_cast<float*>(T + kChunk * kChunk);
+  float* K = Q + kChunk * ldq;
+  float* A = K + kChunk * ldq;
+  float* G = A + kChunk * lda;
+  float* beta = G + kChunk;
+  float* eg = beta + kChunk;
+  float* r = rec.at(s, c, h, a.hv, dk);
+  float* Wk = r;                    // [64][dk]
+  float* QK = Wk + kChunk * dk;     // [64][65]
+  float* Tb = QK + kChunk * lda;    // [64][65]
+  float* r_eg = Tb + kChunk * lda;  // [64]
+  float* r_dl = r_eg + kChunk;      // [64]
+  const int L = int(min64(kChunk, len - int64_t(c) * kChunk));
+  const int64_t t0 = base + int64_t(c) * kChunk;
+  for (int e = tid; e < L * dk; e += kChunkThreads) {
+    const int i = e / dk, mm = e % dk;
+    Q[i * ldq + mm] = a.q[(t0 + i) * a.q_s0 + kh * a.q_s1 + mm];
+    K[i * ldq + mm] = a.k[(t0 + i) * a.k_s0 + kh * a.k_s1 + mm];
+  }
+  if (tid == 0) {
+    // Sequential, as on the CPU, so the cumulative decays round the same way.
+    float cum = 0.0f;
+    for (int i = 0; i < L; ++i) {
+      cum += a.g[(t0 + i) * a.g_s0 + h];
+      G[i] = cum;
+      beta[i] = a.beta[(t0 + i) * a.beta_s0 + h];
+      eg[i] = expf(cum);
+    }
+    for (int i = 0; i < L; ++i) {
+      r_eg[i] = eg[i];
+      r_dl[i] = expf(G[L - 1] - G[i]);
+    }
+  }
+  __syncthreads();
+  // A (strictly lower) and the decayed q·k products.
+  for (int p = tid; p < L * (L + 1) / 2; p += kChunkThreads) {
+    // p enumerates the lower triangle row by row: p = i(i+1)/2 + jx, jx ≤ i.
+    int i = int((sqrtf(8.0f * float(p) + 1.0f) - 1.0f) * 0.5f);
+    while (i * (i + 1) / 2 > p) --i;
+    while ((i + 1) * (i + 2) / 2 <= p) ++i;
+    const int jx = p - i * (i + 1) / 2;
+    const float decay = expf(G[i] - G[jx]);
+    float dkk = 0.0f, dqk = 0.0f;
+    for (int mm = 0; mm < dk; ++mm) {
+      const float kj = K[jx * ldq + mm];
+      dkk += K[i * ldq + mm] * kj;
+      dqk += Q[i * ldq + mm] * kj;
+    }
+    if (jx < i) A[i * lda + jx] = beta[i] * decay * dkk;
+    QK[i * lda + jx] = decay * dqk;
+  }
+  __syncthreads();
+  // T = (I + A)^-1 by forward substitution in double (the solve amplifies rounding when many
+  // keys of a chunk are nearly parallel). Columns are independent: a warp solves kSolveCols
+  // of them together, x = T[:, col] held by the lanes (rows lane and lane + 32), each row's
+  // sum x_i = -Σ_{mm<i} A[i][mm] x_mm split across the lanes. No block barrier inside.
+  {
+    static_assert(kChunk == 64 && kChunkThreads % 32 == 0);
+    constexpr int kWarps = kChunkThreads / 32, kSolveCols = kChunk / kWarps;
+    const int warp = tid / 32, lane = tid % 32;
+    double x0[kSolveCols], x1[kSolveCols];
+#pragma unroll
+    for (int q = 0; q < kSolveCols; ++q) {
+      const int col = warp + q * kWarps;
+      x0[q] = lane == col ? 1.0 : 0.0;
+      x1[q] = lane + 32 == col ? 1.0 : 0.0;
+    }
+    for (int i = 1; i < L; ++i) {
+      // Only A's strictly lower part of row i was written.
+      const double a0 = lane < i ? double(A[i * lda + lane]) : 0.0;
+      const double a1 = lane + 32 < i ? double(A[i * lda + lane + 32]) : 0.0;
+#pragma unroll
+      for (int q = 0; q < kSolveCols; ++q) {
+        double p = a0 * x0[q] + a1 * x1[q];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) p += __shfl_xor_sync(0xffffffffu, p, o);
+        if (i > warp + q * kWarps) {  // rows above the diagonal stay 0, the diagonal 1
+          if (lane == i) x0[q] = -p;
+          if (lane + 32 == i) x1[q] = -p;
+        }
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < kSolveCols; ++q) {
+      const int col = warp + q * kWarps;
+      if (lane < L) T[lane * kChunk + col] = x0[q];
+      if (lane + 32 < L) T[(lane + 32) * kChunk + col] = x1[q];
+    }
+  }
+  __syncthreads();
+  // Wk = T(β e^G K); Tb = T·β for U = T(βV), rounded as the products below use them.
+  for (int e = tid; e < L * dk; e += kChunkThreads) {
+    const int i = e / dk, mm = e % dk;
+    float w = 0.0f;
+    for (int jx = 0; jx <= i; ++jx) {
+      const float tk = float(T[i * kChunk + jx]) * beta[jx] * eg[jx];
+      w += tk * K[jx * ldq + mm];
+    }
+    Wk[i * dk + mm] = w;
+  }
+  for (int e = tid; e < L * L; e += kChunkThreads) {
+    const int i = e / L, jx = e % L;
+    if (jx <= i) Tb[i * lda + jx] = float(T[i * kChunk + jx]) * beta[jx];
+  }
+}
+
+// Shared-memory carve-up of the state kernel for key dim dk and a tile of dvt value columns.
 struct ChunkSmem {
-  double* T;                  // [64][64] (I + A)^-1
-  float* S;                   // [dk][dvt] state tile
-  float* Q;                   // [64][dk+1] queries, then Wk
-  float* K;                   // [64][dk+1]
-  float* V;                   // [64][dvt+1] values, then Vnew
-  float *U, *O;               // [64][dvt+1]
-  float *A, *QK;              // [64][65]
-  float *G, *beta, *eg, *dl;  // [64] each
+  float* S;        // [dk][dvt] state tile
+  float *Q, *K;    // [64][dk+1]
+  float* Wk;       // [64][dk+1]
+  float *V, *Vn;   // [64][dvt+1] values, new values
+  float* O;        // [64][dvt+1] inter-chunk outputs
+  float *QK, *Tb;  // [64][65]
+  float *eg, *dl;  // [64]
   __host__ __device__ static size_t bytes(int dk, int dvt) {
-    return sizeof(double) * kChunk * kChunk +
-           sizeof(float) * (size_t(dk) * dvt + 2 * kChunk * (dk + 1) + 3 * kChunk * (dvt + 1) +
-                            2 * kChunk * (kChunk + 1) + 4 * kChunk);
+    return sizeof(float) * (size_t(dk) * dvt + 3 * kChunk * (dk + 1) + 3 * kChunk * (dvt + 1) +
+                            2 * kChunk * kChunkPad + 2 * kChunk);
   }
   __device__ ChunkSmem(void* p, int dk, int dvt) {
-    T = static_cast<double*>(p);
-    float* f = reinterpret_cast<float*>(T + kChunk * kChunk);
+    float* f = static_cast<float*>(p);
     S = f, f += dk * dvt;
     Q = f, f += kChunk * (dk + 1);
     K = f, f += kChunk * (dk + 1);
+    Wk = f, f += kChunk * (dk + 1);
     V = f, f += kChunk * (dvt + 1);
-    U = f, f += kChunk * (dvt + 1);
+    Vn = f, f += kChunk * (dvt + 1);
     O = f, f += kChunk * (dvt + 1);
-    A = f, f += kChunk * (kChunk + 1);
-    QK = f, f += kChunk * (kChunk + 1);
-    G = f, f += kChunk;
-    beta = f, f += kChunk;
+    QK = f, f += kChunk * kChunkPad;
+    Tb = f, f += kChunk * kChunkPad;
     eg = f, f += kChunk;
     dl = f;
   }
 };
 
-// Chunked form. grid (⌈dv/dvt⌉, Hv, n_seqs), kChunkThreads threads. Within a chunk (G the
-// cumulative log-decay, S0 the state before it): A[i][j] = β_i e^(G_i−G_j) k_i·k_j (j < i),
-// T = (I + A)^-1, Wk = T(β e^G K), U = T(βV), Vnew = U − Wk S0,
-// out_i = e^(G_i) q_i S0 + Σ_{j≤i} e^(G_i−G_j) (q_i·k_j) Vnew_j,
-// S = e^(G_last) S0 + Σ_j e^(G_last−G_j) k_j ⊗ Vnew_j.
-__global__ void __launch_bounds__(kChunkThreads) delta_chunked_kernel(DeltaArgs a, int dvt) {
+// The state's walk over chunks [rec.c0, rec.c0 + rec.n_chunks) of each sequence. grid
+// (⌈dv/dvt⌉, Hv, n_seq_group), kChunkThreads threads; three barriers per chunk.
+__global__ void __launch_bounds__(kChunkThreads)
+    delta_chunk_state_kernel(DeltaArgs a, ChunkRecords rec, int dvt) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const int s = blockIdx.z, h = blockIdx.y, tid = threadIdx.x;
+  const int s = rec.s0 + blockIdx.z, h = blockIdx.y, tid = threadIdx.x;
   const int j0 = blockIdx.x * dvt;
   const int ncols = min(dvt, a.dv - j0);
   const int64_t base = a.seq_start[s], len = a.seq_start[s + 1] - base;
-  if (skip_seq(a.mode, len)) return;
+  if (skip_seq(a.mode, len) || int64_t(rec.c0) * kChunk >= len) return;
   const int kh = h / a.group, dk = a.dk;
-  const int ldq = dk + 1, ldv = dvt + 1, lda = kChunk + 1;
+  const int ldq = dk + 1, ldv = dvt + 1, lda = kChunkPad;
   ChunkSmem m(smem_raw, dk, dvt);
   float* Sg = a.state + (int64_t(a.slot[s]) * a.hv + h) * dk * a.dv;
   for (int e = tid; e < dk * dvt; e += kChunkThreads) {
     const int i = e / dvt, jj = e % dvt;
     m.S[e] = jj < ncols ? Sg[int64_t(i) * a.dv + j0 + jj] : 0.0f;
   }
-  for (int64_t c0 = 0; c0 < len; c0 += kChunk) {
-    const int L = int(min64(kChunk, len - c0));
-    const int64_t t0 = base + c0;
+  const int c_end = int(min64(rec.c0 + rec.n_chunks, (len + kChunk - 1) / kChunk));
+  for (int c = rec.c0; c < c_end; ++c) {
+    const int L = int(min64(kChunk, len - int64_t(c) * kChunk));
+    const int64_t t0 = base + int64_t(c) * kChunk;
+    const float* r = rec.at(s, c, h, a.hv, dk);
+    const float* rWk = r;
+    const float* rQK = rWk + kChunk * dk;
+    const float* rTb = rQK + kChunk * lda;
     for (int e = tid; e < L * dk; e += kChunkThreads) {
       const int i = e / dk, mm = e % dk;
       m.Q[i * ldq + mm] = a.q[(t0 + i) * a.q_s0 + kh * a.q_s1 + mm];
       m.K[i * ldq + mm] = a.k[(t0 + i) * a.k_s0 + kh * a.k_s1 + mm];
+      m.Wk[i * ldq + mm] = rWk[i * dk + mm];
     }
     for (int e = tid; e < L * dvt; e += kChunkThreads) {
       const int i = e / dvt, jj = e % dvt;
       m.V[i * ldv + jj] = jj < ncols ? a.v[(t0 + i) * a.v_s0 + h * a.v_s1 + j0 + jj] : 0.0f;
     }
-    if (tid == 0) {
-      // Sequential, as on the CPU, so the cumulative decays round the same way.
-      float cum = 0.0f;
-      for (int i = 0; i < L; ++i) {
-        cum += a.g[(t0 + i) * a.g_s0 + h];
-        m.G[i] = cum;
-        m.beta[i] = a.beta[(t0 + i) * a.beta_s0 + h];
-        m.eg[i] = expf(cum);
-      }
-      for (int i = 0; i < L; ++i) m.dl[i] = expf(m.G[L - 1] - m.G[i]);
+    for (int e = tid; e < L * lda; e += kChunkThreads) {
+      m.QK[e] = rQK[e];
+      m.Tb[e] = rTb[e];
+    }
+    if (tid < L) {
+      m.eg[tid] = rTb[kChunk * lda + tid];
+      m.dl[tid] = rTb[kChunk * lda + kChunk + tid];
     }
     __syncthreads();
-    // A (strictly lower), the decayed q·k products, and the inter-chunk outputs e^G q S0.
-    for (int p = tid; p < L * (L + 1) / 2; p += kChunkThreads) {
-      // p enumerates the lower triangle row by row: p = i(i+1)/2 + jx, jx ≤ i.
-      int i = int((sqrtf(8.0f * float(p) + 1.0f) - 1.0f) * 0.5f);
-      while (i * (i + 1) / 2 > p) --i;
-      while ((i + 1) * (i + 2) / 2 <= p) ++i;
-      const int jx = p - i * (i + 1) / 2;
-      const float decay = expf(m.G[i] - m.G[jx]);
-      float dkk = 0.0f, dqk = 0.0f;
-      for (int mm = 0; mm < dk; ++mm) {
-        const float kj = m.K[jx * ldq + mm];
-        dkk += m.K[i * ldq + mm] * kj;
-        dqk += m.Q[i * ldq + mm] * kj;
-      }
-      if (jx < i) m.A[i * lda + jx] = m.beta[i] * decay * dkk;
-      m.QK[i * lda + jx] = decay * dqk;
-    }
+    // The inter-chunk outputs e^G q S0, and Vnew = T(βV) − Wk S0.
     for (int e = tid; e < L * dvt; e += kChunkThreads) {
       const int i = e / dvt, jj = e % dvt;
       float o = 0.0f;
       for (int mm = 0; mm < dk; ++mm) o += (m.Q[i * ldq + mm] * m.eg[i]) * m.S[mm * dvt + jj];
       m.O[i * ldv + jj] = o;
-    }
-    __syncthreads();
-    // T = (I + A)^-1 by forward substitution, a row at a time, in double: the solve amplifies
-    // rounding when many keys of a chunk are nearly parallel.
-    for (int i = 0; i < L; ++i) {
-      for (int jx = tid; jx < i; jx += kChunkThreads) {
-        double acc = 0.0;
-        for (int mm = jx; mm < i; ++mm) acc += double(m.A[i * lda + mm]) * m.T[mm * kChunk + jx];
-        m.T[i * kChunk + jx] = -acc;
-      }
-      if (tid == 0) m.T[i * kChunk + i] = 1.0;
-      __syncthreads();
-    }
-    // Wk = T(β e^G K) into Q's space; U = T(βV).
-    for (int e = tid; e < L * dk; e += kChunkThreads) {
-      const int i = e / dk, mm = e % dk;
-      float w = 0.0f;
-      for (int jx = 0; jx <= i; ++jx) {
-        const float tk = float(m.T[i * kChunk + jx]) * m.beta[jx] * m.eg[jx];
-        w += tk * m.K[jx * ldq + mm];
-      }
-      m.Q[i * ldq + mm] = w;
-    }
-    for (int e = tid; e < L * dvt; e += kChunkThreads) {
-      const int i = e / dvt, jj = e % dvt;
-      float u = 0.0f;
-      for (int jx = 0; jx <= i; ++jx) {
-        u += float(m.T[i * kChunk + jx]) * m.beta[jx] * m.V[jx * ldv + jj];
-      }
-      m.U[i * ldv + jj] = u;
-    }
-    __syncthreads();
-    // Vnew = U − Wk S0, into V's space.
-    for (int e = tid; e < L * dvt; e += kChunkThreads) {
-      const int i = e / dvt, jj = e % dvt;
-      float vn = m.U[i * ldv + jj];
-      for (int mm = 0; mm < dk; ++mm) vn -= m.Q[i * ldq + mm] * m.S[mm * dvt + jj];
-      m.V[i * ldv + jj] = vn;
+      float vn = 0.0f;
+      for (int jx = 0; jx <= i; ++jx) vn += m.Tb[i * lda + jx] * m.V[jx * ldv + jj];
+      for (int mm = 0; mm < dk; ++mm) vn -= m.Wk[i * ldq + mm] * m.S[mm * dvt + jj];
+      m.Vn[i * ldv + jj] = vn;
     }
     __syncthreads();
     // Outputs, and the state carried to the next chunk.
     for (int e = tid; e < L * dvt; e += kChunkThreads) {
       const int i = e / dvt, jj = e % dvt;
       float o = m.O[i * ldv + jj];
-      for (int jx = 0; jx <= i; ++jx) o += m.QK[i * lda + jx] * m.V[jx * ldv + jj];
+      for (int jx = 0; jx <= i; ++jx) o += m.QK[i * lda + jx] * m.Vn[jx * ldv + jj];
       if (jj < ncols) a.out[(t0 + i) * a.o_s0 + h * a.o_s1 + j0 + jj] = o;
     }
     const float decay_all = m.eg[L - 1];
     for (int e = tid; e < dk * dvt; e += kChunkThreads) {
       const int mm = e / dvt, jj = e % dvt;
       float sv = m.S[e] * decay_all;
-      for (int jx = 0; jx < L; ++jx) sv += (m.K[jx * ldq + mm] * m.dl[jx]) * m.V[jx * ldv + jj];
+      for (int jx = 0; jx < L; ++jx) sv += (m.K[jx * ldq + mm] * m.dl[jx]) * m.Vn[jx * ldv + jj];
       m.S[e] = sv;
     }
     __syncthreads();
@@ -332,26 +426,55 @@ void launch_recurrent(const DeltaArgs& a, int n_seqs, cudaStream_t stream) {
   }
 }
 
-void launch_chunked(const DeltaArgs& a, int n_seqs, size_t max_smem, cudaStream_t stream) {
+// Chunk records go through `scratch` in pieces: as many sequences and chunks at a time as it
+// holds (host lengths say how many chunks each sequence has).
+void launch_chunked(const DeltaArgs& a, const SeqLayout& layout, void* scratch,
+                    size_t scratch_bytes, size_t max_smem, cudaStream_t stream) {
   int dvt = 32;
   while (dvt > 4 && ChunkSmem::bytes(a.dk, dvt) > max_smem) dvt /= 2;
-  const size_t bytes = ChunkSmem::bytes(a.dk, dvt);
-  if (bytes > max_smem) fatal("gated_delta_rule: key head dim too large for the chunked kernel");
+  const size_t state_smem = ChunkSmem::bytes(a.dk, dvt), keys_smem = chunk_keys_smem(a.dk);
+  if (state_smem > max_smem || keys_smem > max_smem) {
+    fatal("gated_delta_rule: key head dim too large for the chunked kernel");
+  }
   dvt = std::min(dvt, a.dv);
-  static size_t opted_in = 48 << 10;
-  if (bytes > opted_in) {
+  static size_t opted_in = 0;
+  if (opted_in < max_smem) {
     RECUR_CUDA_CHECK(cudaFuncSetAttribute(
-        delta_chunked_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(max_smem)));
+        delta_chunk_state_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(max_smem)));
+    RECUR_CUDA_CHECK(cudaFuncSetAttribute(
+        delta_chunk_keys_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(max_smem)));
     opted_in = max_smem;
   }
-  const dim3 grid(unsigned((a.dv + dvt - 1) / dvt), unsigned(a.hv), unsigned(n_seqs));
-  delta_chunked_kernel<<<grid, kChunkThreads, ChunkSmem::bytes(a.dk, dvt), stream>>>(a, dvt);
+  int max_chunks = 0;
+  for (int i = 0; i < layout.n_seqs; ++i) {
+    const int len = layout.seq_len(i);
+    if ((a.mode == kSingleTokenSeqs && len != 1) || (a.mode == kMultiTokenSeqs && len <= 1))
+      continue;
+    max_chunks = std::max(max_chunks, (len + kChunk - 1) / kChunk);
+  }
+  if (max_chunks == 0) return;
+  const size_t per_head_chunk = size_t(chunk_record_floats(a.dk)) * sizeof(float) * size_t(a.hv);
+  const int64_t fit = int64_t(scratch_bytes / per_head_chunk);
+  if (fit < 1) fatal("gated_delta_rule: scratch too small for one chunk's records");
+  const int group = int(std::min<int64_t>(layout.n_seqs, fit));
+  const int piece = int(std::max<int64_t>(1, std::min<int64_t>(max_chunks, fit / group)));
+  for (int s0 = 0; s0 < layout.n_seqs; s0 += group) {
+    const int ns = std::min(group, layout.n_seqs - s0);
+    for (int c0 = 0; c0 < max_chunks; c0 += piece) {
+      const ChunkRecords rec{static_cast<float*>(scratch), c0, piece, s0, ns};
+      delta_chunk_keys_kernel<<<dim3(unsigned(piece), unsigned(a.hv), unsigned(ns)), kChunkThreads,
+                                keys_smem, stream>>>(a, rec);
+      const dim3 grid(unsigned((a.dv + dvt - 1) / dvt), unsigned(a.hv), unsigned(ns));
+      delta_chunk_state_kernel<<<grid, kChunkThreads, state_smem, stream>>>(a, rec, dvt);
+    }
+  }
 }
 
 }  // namespace
 
 void CudaOps::conv1d_causal_silu(const Tensor& x, const Tensor& weight, Tensor conv_state,
                                  const SeqLayout& layout, Tensor out) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
   const int64_t C = x.shape[1];
   const int K = int(weight.shape[weight.ndim - 1]);
   RECUR_CHECK(weight.shape[0] == C && conv_state.shape[1] == K - 1 && conv_state.shape[2] == C);
@@ -384,6 +507,7 @@ size_t CudaOps::gated_delta_rule_scratch_bytes(int dk, int dv) const {
 void CudaOps::gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                                const Tensor& beta, Tensor state, const SeqLayout& layout,
                                Tensor out, Tensor scratch, DeltaRuleForm form) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
   const int64_t hk = q.shape[1], dk = q.shape[2], hv = v.shape[1], dv = v.shape[2];
   RECUR_CHECK(hk > 0 && hv % hk == 0 && k.shape[1] == hk && k.shape[2] == dk);
   RECUR_CHECK(state.shape[1] == hv && state.shape[2] == dk && state.shape[3] == dv &&
@@ -407,7 +531,8 @@ void CudaOps::gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v
   if (form == DeltaRuleForm::kRecurrent) {
     launch_recurrent(a, layout.n_seqs, s.stream);
   } else if (form == DeltaRuleForm::kChunked) {
-    launch_chunked(a, layout.n_seqs, s.max_smem_optin, s.stream);
+    launch_chunked(a, layout, s.gdn_chunks.data(), s.gdn_chunks.bytes(), s.max_smem_optin,
+                   s.stream);
   } else {
     if (any_single) {
       a.mode = kSingleTokenSeqs;
@@ -415,7 +540,8 @@ void CudaOps::gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v
     }
     if (any_multi) {
       a.mode = kMultiTokenSeqs;
-      launch_chunked(a, layout.n_seqs, s.max_smem_optin, s.stream);
+      launch_chunked(a, layout, s.gdn_chunks.data(), s.gdn_chunks.bytes(), s.max_smem_optin,
+                     s.stream);
     }
   }
   s.launched("gated_delta_rule");

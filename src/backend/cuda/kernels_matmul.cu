@@ -2,12 +2,14 @@
 //
 // Up to kGemvMaxTokens tokens (decode): the GEMV kernel of gemv.cuh, f32 arithmetic, reading
 // each weight byte once at close to memory bandwidth. Larger n (prompts): cuBLAS. F32 weights
-// use plain f32 SGEMM. BF16/F16 weights use tensor cores on activations split into two 16-bit
-// terms (hi + lo; cuBLAS has no f32 × bf16 product), two products accumulated in f32, so the
-// result keeps f32-class accuracy (about 2^-16 relative) at twice the tensor-core work
-// error on an element in the worst case, ~3e-3 typical. F16 activations overflow beyond 65504,
-// a limit f16 checkpoints already impose on their own activations.
+// use plain f32 SGEMM. BF16/F16 weights use tensor cores on activations split exactly into
+// three 16-bit terms (cuBLAS has no f32 × bf16 product), one GEMM over the stacked terms and
+// an f32 sum: the GEMV kernel's arithmetic up to summation order, at three times the
+// tensor-core work.
+// F16's narrower exponent range makes its split close rather than exact for tiny activations,
+// and activations overflow beyond 65504, a limit f16 checkpoints already impose on themselves.
 #include <algorithm>
+#include <string>
 
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/gemv.cuh"
@@ -42,22 +44,41 @@ __global__ void __launch_bounds__(kGemvThreads)
   }
 }
 
-// hi, lo [n, k] contiguous: x [n, k] (rows ldx apart) = hi + lo + O(2^-16 |x|), both in T.
-// Two tensor-core products (hi, then lo accumulated) then carry f32-class accuracy.
+// parts [3, n, k] contiguous: x [n, k] (rows ldx apart) = hi + mid + lo exactly (three 16-bit
+// terms hold f32's 24-bit significand; bf16 keeps f32's exponent range, so only values near
+// the f32 denormal range lose bits). Products with 16-bit weights are exact in the tensor
+// cores' f32 accumulators, so the three GEMMs compute the same sum as the f32 GEMV kernel,
+// up to the order of f32 additions: a token's result does not depend on the batch's size.
 template <typename T>
-__global__ void split_lowp_kernel(const float* x, int64_t ldx, int64_t n, int64_t k, T* hi,
-                                  T* lo) {
+__global__ void split3_lowp_kernel(const float* x, int64_t ldx, int64_t n, int64_t k, T* parts) {
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n * k;
        e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = e / k, c = e % k;
-    const float v = x[r * ldx + c];
-    if constexpr (std::is_same_v<T, __half>) {
-      hi[e] = __float2half_rn(v);
-      lo[e] = __float2half_rn(v - __half2float(hi[e]));
-    } else {
-      hi[e] = __float2bfloat16_rn(v);
-      lo[e] = __float2bfloat16_rn(v - __bfloat162float(hi[e]));
+    float v = x[r * ldx + c];
+#pragma unroll
+    for (int part = 0; part < 3; ++part) {
+      T t;
+      if constexpr (std::is_same_v<T, __half>) {
+        t = __float2half_rn(v);
+        v -= __half2float(t);
+      } else {
+        t = __float2bfloat16_rn(v);
+        v -= __bfloat162float(t);
+      }
+      parts[part * n * k + e] = t;
     }
+  }
+}
+
+// out[r, c] (+)= (terms[2][r, c] + terms[1][r, c]) + terms[0][r, c]: the three terms' products
+// [3, n, m] summed smallest first. out rows ldo apart.
+__global__ void sum3_kernel(const float* terms, int64_t n, int64_t m, float* out, int64_t ldo,
+                            bool accumulate) {
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n * m;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const float v = (terms[2 * n * m + e] + terms[n * m + e]) + terms[e];
+    float* o = out + (e / m) * ldo + e % m;
+    *o = accumulate ? *o + v : v;
   }
 }
 
@@ -86,6 +107,7 @@ void launch_gemv(const Tensor& x, const Tensor& w, Tensor out, bool accumulate, 
 }  // namespace
 
 void CudaOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulate) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
   RECUR_CHECK(x.ndim == 2 && w.ndim == 2 && out.ndim == 2);
   RECUR_CHECK(x.dtype == DType::F32 && out.dtype == DType::F32 && w.is_contiguous());
   RECUR_CHECK(x.stride[1] == 1 && out.stride[1] == 1);
@@ -106,7 +128,12 @@ void CudaOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumula
         launch_gemv<W, 8>(x, w, out, accumulate, int(n), s.stream);
       }
     });
-    s.launched("matmul (gemv)");
+    if (s.profile) {
+      const std::string label = "matmul gemv " + std::to_string(m) + "x" + std::to_string(k);
+      s.launched(label.c_str());
+    } else {
+      s.launched("matmul (gemv)");
+    }
     return;
   }
   // Column-major view: out^T [m, n] = w [k, m]^T · x^T [k, n].
@@ -119,29 +146,41 @@ void CudaOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumula
   }
   RECUR_CHECK(w.dtype == DType::BF16 || w.dtype == DType::F16);
   const bool half = w.dtype == DType::F16;
-  char* xl = static_cast<char*>(s.grow(s.act_lowp, size_t(n * k) * 4, "low-precision activations"));
-  void* xh = xl;
-  void* xlo = xl + size_t(n * k) * 2;
-  const unsigned blocks = unsigned(std::min<int64_t>(blocks_for(n * k, 256), s.sm_count * 8));
-  if (half) {
-    split_lowp_kernel<__half><<<blocks, 256, 0, s.stream>>>(
-        x.ptr<float>(), x.stride[0], n, k, static_cast<__half*>(xh), static_cast<__half*>(xlo));
-  } else {
-    split_lowp_kernel<__nv_bfloat16><<<blocks, 256, 0, s.stream>>>(
-        x.ptr<float>(), x.stride[0], n, k, static_cast<__nv_bfloat16*>(xh),
-        static_cast<__nv_bfloat16*>(xlo));
-  }
-  s.launched("matmul (activation split)");
   const cudaDataType_t t = half ? CUDA_R_16F : CUDA_R_16BF;
-  const float one = 1.0f;
-  RECUR_CUBLAS_CHECK(cublasGemmEx(s.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(m), int(n), int(k),
-                                  &alpha, w.data, t, int(k), xh, t, int(k), &beta, out.data,
-                                  CUDA_R_32F, int(out.stride[0]), CUBLAS_COMPUTE_32F,
-                                  CUBLAS_GEMM_DEFAULT));
-  RECUR_CUBLAS_CHECK(cublasGemmEx(s.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(m), int(n), int(k),
-                                  &alpha, w.data, t, int(k), xlo, t, int(k), &one, out.data,
-                                  CUDA_R_32F, int(out.stride[0]), CUBLAS_COMPUTE_32F,
-                                  CUBLAS_GEMM_DEFAULT));
+  const float zero = 0.0f;
+  // One GEMM over the three terms stacked as 3·n rows (the weights are read once), then a
+  // sum. Rows go in pieces that fit the start-up scratch: 3 · 2 bytes per activation and
+  // 3 · 4 bytes per product.
+  const size_t row_bytes = size_t(6 * k + 12 * m) + 16;
+  RECUR_CHECK(row_bytes <= s.act_lowp.bytes());
+  const int64_t rows_per_piece = int64_t(s.act_lowp.bytes() / row_bytes);
+  for (int64_t r0 = 0; r0 < n; r0 += rows_per_piece) {
+    const int64_t nr = std::min(rows_per_piece, n - r0);
+    char* parts = static_cast<char*>(s.act_lowp.data());
+    float* terms = reinterpret_cast<float*>(parts + (size_t(6 * nr * k) + 15) / 16 * 16);
+    const float* xr = x.ptr<float>() + r0 * x.stride[0];
+    float* outr = out.ptr<float>() + r0 * out.stride[0];
+    const unsigned blocks = unsigned(std::min<int64_t>(blocks_for(nr * k, 256), s.sm_count * 8));
+    if (half) {
+      split3_lowp_kernel<__half>
+          <<<blocks, 256, 0, s.stream>>>(xr, x.stride[0], nr, k, reinterpret_cast<__half*>(parts));
+    } else {
+      split3_lowp_kernel<__nv_bfloat16><<<blocks, 256, 0, s.stream>>>(
+          xr, x.stride[0], nr, k, reinterpret_cast<__nv_bfloat16*>(parts));
+    }
+    s.launched("matmul (activation split)");
+    RECUR_CUBLAS_CHECK(cublasGemmEx(s.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(m), int(3 * nr), int(k),
+                                    &alpha, w.data, t, int(k), parts, t, int(k), &zero, terms,
+                                    CUDA_R_32F, int(m), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    const unsigned sblocks = unsigned(std::min<int64_t>(blocks_for(nr * m, 256), s.sm_count * 8));
+    sum3_kernel<<<sblocks, 256, 0, s.stream>>>(terms, nr, m, outr, out.stride[0], accumulate);
+    if (s.profile) {  // the interval includes cuBLAS's product
+      const std::string label = "matmul 3-term " + std::to_string(m) + "x" + std::to_string(k);
+      s.launched(label.c_str());
+    } else {
+      s.launched("matmul (sum of terms)");
+    }
+  }
 }
 
 }  // namespace recur

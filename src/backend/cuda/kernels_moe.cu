@@ -3,15 +3,15 @@
 // expert on the device (one block; nothing returns to the host), cut into tiles of one
 // expert's rows, and run as grouped GEMMs over a grid sized by the worst case whose surplus
 // blocks exit at once:
-//   ≤ kGemvMaxTokens tokens (decode): the GEMV core (gemv.cuh), f32 arithmetic, each chosen
-//     expert's weights read once;
-//   more tokens, BF16/F16 experts: tensor-core tiles (moe_wmma.cu), activations rounded to
-//     the weights' 16-bit type (~1e-2 relative error, as for the cuBLAS matmul path);
+//   ≤ kGemvMaxTokens tokens, or few rows per expert (decode batches): the GEMV core
+//     (gemv.cuh), f32 arithmetic, each chosen expert's weights read once per tile of ≤ 4 rows;
+//   more tokens, BF16/F16 experts: tensor-core tiles (moe_wmma.cu) on activations split
+//     exactly into three 16-bit terms (f32-class results, like the cuBLAS matmul path);
 //   more tokens, F32 experts: the GEMV core over tiles of 8 rows.
 // Gate and up run fused with SwiGLU; a final pass sums each token's k expert outputs in its
 // own routing order (deterministic, no atomics).
-#include <cstdlib>
 #include <algorithm>
+#include <cstdlib>
 
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/gemv.cuh"
@@ -222,6 +222,76 @@ __global__ void __launch_bounds__(kGemvThreads) moe_gemv_kernel(MoeGemmArgs a) {
   }
 }
 
+// The GEMV core for 16-byte aligned rows, a warp per few output rows: the lanes stride each
+// row in 16-byte chunks and sum by shuffles, so a block (4 warps) streams 16 rows of one
+// expert (8 of each of gate and up when kDual, SwiGLU applied) with no block barrier. The
+// block-wide kernel above leaves threads idle on short rows (d_ff = 512: 64 chunks) and its
+// small blocks cost more to schedule than they stream. grid (⌈m/(4·RW)⌉, max_tiles).
+template <bool kDual>
+constexpr int kWarpRows = kDual ? 2 : 4;
+template <typename W, int NT, bool kDual>
+__global__ void __launch_bounds__(kGemvThreads) moe_gemv_warp_kernel(MoeGemmArgs a) {
+  constexpr int E = Chunk<W>::kElems, RW = kWarpRows<kDual>;
+  const int tile = blockIdx.y;
+  if (tile >= *a.n_tiles) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t orow0 = (int64_t(blockIdx.x) * (kGemvThreads / 32) + warp) * RW;
+  if (orow0 >= a.m) return;  // warp-uniform, and nothing below waits for the block
+  const int e = a.tile_expert[tile], row0 = a.tile_row0[tile], nt = a.tile_rows[tile];
+  const int rows = int(min64(RW, a.m - orow0));
+  const float* xr[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const int r = row0 + (t < nt ? t : 0);
+    xr[t] = a.x + (a.x_row ? int64_t(a.x_row[r]) : int64_t(r)) * a.ldx;
+  }
+  const W* wr[RW];
+  const W* wr2[RW];
+#pragma unroll
+  for (int r = 0; r < RW; ++r) {
+    const int64_t off = (orow0 + (r < rows ? r : 0)) * a.k;
+    wr[r] = static_cast<const W*>(a.w[e]) + off;
+    wr2[r] = kDual ? static_cast<const W*>(a.w2[e]) + off : nullptr;
+  }
+  float acc[RW][NT] = {}, acc2[RW][NT] = {};
+  const int64_t n_chunks = a.k / E;
+#pragma unroll 2
+  for (int64_t c = lane; c < n_chunks; c += 32) {
+    Chunk<W> wc[RW], wc2[kDual ? RW : 1];
+#pragma unroll
+    for (int r = 0; r < RW; ++r) {
+      wc[r] = load_chunk(wr[r] + c * E);
+      if constexpr (kDual) wc2[r] = load_chunk(wr2[r] + c * E);
+    }
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      float xv[E];
+#pragma unroll
+      for (int q = 0; q < E; q += 4) {
+        const float4 f = __ldg(reinterpret_cast<const float4*>(xr[t] + c * E + q));
+        xv[q] = f.x, xv[q + 1] = f.y, xv[q + 2] = f.z, xv[q + 3] = f.w;
+      }
+#pragma unroll
+      for (int r = 0; r < RW; ++r) {
+#pragma unroll
+        for (int q = 0; q < E; ++q) {
+          acc[r][t] = fmaf(wc[r].v[q], xv[q], acc[r][t]);
+          if constexpr (kDual) acc2[r][t] = fmaf(wc2[r].v[q], xv[q], acc2[r][t]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < RW; ++r) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      float v = warp_sum(acc[r][t]);
+      if constexpr (kDual) v = silu(v) * warp_sum(acc2[r][t]);
+      if (lane == 0 && r < rows && t < nt) a.out[int64_t(row0 + t) * a.ldo + orow0 + r] = v;
+    }
+  }
+}
+
 // out[t, :] = Σ_j weights[t, j] · ys[row_of[t·k + j], :]; one block per token.
 __global__ void moe_combine_kernel(const float* ys, const int32_t* row_of, const float* weights,
                                    int64_t ld_w, int k, int64_t d, float* out, int64_t ldo) {
@@ -246,9 +316,26 @@ void launch_moe_gemv(const MoeGemmArgs& a, bool vec, unsigned max_tiles, cudaStr
   }
 }
 
+template <typename W, int NT, bool kDual>
+void launch_moe_gemv_warp(const MoeGemmArgs& a, unsigned max_tiles, cudaStream_t stream) {
+  constexpr int64_t kRowsPerBlock = kWarpRows<kDual> * (kGemvThreads / 32);
+  const dim3 grid(unsigned((a.m + kRowsPerBlock - 1) / kRowsPerBlock), max_tiles);
+  moe_gemv_warp_kernel<W, NT, kDual><<<grid, kGemvThreads, 0, stream>>>(a);
+}
+
 template <typename W, bool kDual>
 void launch_moe_gemv_nt(const MoeGemmArgs& a, int nt, bool vec, unsigned max_tiles,
                         cudaStream_t stream) {
+  if (vec && nt <= 4) {  // eight rows of two matrices would cost the warp kernel registers
+    if (nt == 1) {
+      launch_moe_gemv_warp<W, 1, kDual>(a, max_tiles, stream);
+    } else if (nt == 2) {
+      launch_moe_gemv_warp<W, 2, kDual>(a, max_tiles, stream);
+    } else {
+      launch_moe_gemv_warp<W, 4, kDual>(a, max_tiles, stream);
+    }
+    return;
+  }
   if (nt == 1) {
     launch_moe_gemv<W, 1, kDual>(a, vec, max_tiles, stream);
   } else if (nt == 2) {
@@ -263,6 +350,7 @@ void launch_moe_gemv_nt(const MoeGemmArgs& a, int nt, bool vec, unsigned max_til
 }  // namespace
 
 void CudaOps::moe_route(const Tensor& logits, int k, bool norm_topk, Tensor ids, Tensor weights) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
   const int64_t n = logits.shape[0], E = logits.shape[1];
   RECUR_CHECK(k >= 1 && k <= E && E <= 4096 && k <= 64 && logits.stride[1] == 1);
   RECUR_CHECK(ids.dtype == DType::I32 && ids.shape[1] == k && weights.shape[1] == k);
@@ -292,6 +380,7 @@ size_t CudaOps::moe_experts_scratch_bytes(int n_tokens, int k, int n_experts, in
 
 void CudaOps::moe_experts(const Tensor& x, std::span<const ExpertWeights> experts,
                           const Tensor& ids, const Tensor& weights, Tensor out, Tensor scratch) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
   const int64_t n = x.shape[0], d = x.row_size(), k = ids.shape[1];
   const int64_t E = int64_t(experts.size());
   RECUR_CHECK(E >= 1 && E <= 4096 && x.dtype == DType::F32 && out.row_size() == d);
@@ -314,16 +403,20 @@ void CudaOps::moe_experts(const Tensor& x, std::span<const ExpertWeights> expert
   const int64_t pairs = n * k;
 
   // Tile rows: for decode 1 or 2 (a few tokens rarely share an expert, and the GEMV core's
-  // cost grows with its row count); 64 for tensor cores; 8 for f32 experts of larger batches.
+  // cost grows with its row count); 2 or 4 while experts average at most 4 rows (decode
+  // batches: every expert's weights streamed once, the FMAs still under the loads); then 64
+  // for tensor cores, 8 for f32 experts. RECUR_CUDA_MOE_TENSOR_CORES=0 keeps the GEMV core.
   const bool small = n <= kGemvMaxTokens;
-  // Tensor cores round activations to 16 bits (about 1e-2 relative in the logits of a large
-  // vocabulary): opt-in with RECUR_CUDA_MOE_TENSOR_CORES=1; the default keeps f32 arithmetic.
+  const bool few_per_expert = !small && pairs <= 4 * E;
   static const bool allow_tc = [] {
     const char* e = std::getenv("RECUR_CUDA_MOE_TENSOR_CORES");
-    return e && e[0] == '1';
+    return !(e && e[0] == '0');
   }();
-  const bool tensor_cores = allow_tc && !small && wdt != DType::F32;
-  const int tm = small ? (n == 1 ? 1 : 2) : tensor_cores ? kWmmaTileRows : 8;
+  const bool tensor_cores = allow_tc && !small && !few_per_expert && wdt != DType::F32;
+  const int tm = small            ? (n == 1 ? 1 : 2)
+                 : few_per_expert ? (pairs <= E ? 2 : 4)
+                 : tensor_cores   ? kWmmaTileRows
+                                  : 8;
   const int64_t max_tiles = std::min<int64_t>(pairs, (pairs + tm - 1) / tm + std::min(E, pairs));
 
   const size_t sort_smem = size_t(4 * E) * sizeof(int);

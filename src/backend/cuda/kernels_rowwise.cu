@@ -155,6 +155,7 @@ unsigned elementwise_blocks(int64_t total, int sms) {
 }  // namespace
 
 void CudaOps::embedding(const int32_t* ids, int n, const Tensor& table, Tensor out) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
   if (n == 0) return;
   const int64_t d = table.shape[1];
   RECUR_CHECK(out.shape[0] == n && out.shape[1] == d && out.stride[1] == 1 &&
@@ -171,6 +172,7 @@ void CudaOps::embedding(const int32_t* ids, int n, const Tensor& table, Tensor o
 }
 
 void CudaOps::gather_rows(const Tensor& x, const int32_t* rows, int n, Tensor out) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
   if (n == 0) return;
   const int64_t d = x.row_size();
   RECUR_CHECK(out.row_size() == d && x.dtype == DType::F32);
@@ -184,6 +186,7 @@ void CudaOps::gather_rows(const Tensor& x, const int32_t* rows, int n, Tensor ou
 
 void CudaOps::rms_norm(const Tensor& x, const Tensor& w, float weight_offset, float eps,
                        Tensor out) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
   const Rows xs = rows_of(x), os = rows_of(out);
   RECUR_CHECK(w.numel() == xs.d && os.n_rows == xs.n_rows && os.d == xs.d);
   if (xs.n_rows == 0) return;
@@ -198,6 +201,7 @@ void CudaOps::rms_norm(const Tensor& x, const Tensor& w, float weight_offset, fl
 
 void CudaOps::rms_norm_gated(const Tensor& x, const Tensor& gate, const Tensor& w, float eps,
                              Tensor out) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
   const Rows xs = rows_of(x), gs = rows_of(gate), os = rows_of(out);
   RECUR_CHECK(w.numel() == xs.d && gs.n_rows == xs.n_rows && os.n_rows == xs.n_rows);
   if (xs.n_rows == 0) return;
@@ -211,6 +215,7 @@ void CudaOps::rms_norm_gated(const Tensor& x, const Tensor& gate, const Tensor& 
 }
 
 void CudaOps::l2_norm(Tensor x, float eps, float scale) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
   const Rows xs = rows_of(x);
   if (xs.n_rows == 0) return;
   Impl& s = *impl_;
@@ -220,6 +225,7 @@ void CudaOps::l2_norm(Tensor x, float eps, float scale) {
 
 void CudaOps::split_groups(const Tensor& src, int groups, std::span<const int> parts,
                            std::span<const Tensor> dsts) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
   RECUR_CHECK(parts.size() == dsts.size() && parts.size() <= size_t(kMaxSplitParts));
   SplitArgs a{};
   a.n_parts = int(parts.size());
@@ -241,6 +247,7 @@ void CudaOps::split_groups(const Tensor& src, int groups, std::span<const int> p
 }
 
 void CudaOps::rope(Tensor x, const int32_t* positions, int rot_dim, double theta) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
   RECUR_CHECK(x.ndim == 3 && x.stride[2] == 1 && rot_dim % 2 == 0 && rot_dim <= x.shape[2]);
   const int64_t n = x.shape[0];
   if (n == 0 || rot_dim == 0) return;
@@ -252,6 +259,7 @@ void CudaOps::rope(Tensor x, const int32_t* positions, int rot_dim, double theta
 }
 
 void CudaOps::swiglu(const Tensor& gate, const Tensor& up, Tensor out) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
   const Rows gs = rows_of(gate), us = rows_of(up), os = rows_of(out);
   RECUR_CHECK(gs.n_rows == os.n_rows && us.n_rows == os.n_rows && gs.d == os.d && us.d == os.d);
   if (os.n_rows * os.d == 0) return;
@@ -263,6 +271,7 @@ void CudaOps::swiglu(const Tensor& gate, const Tensor& up, Tensor out) {
 }
 
 void CudaOps::mul_sigmoid(Tensor x, const Tensor& gate) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
   const Rows xs = rows_of(x), gs = rows_of(gate);
   RECUR_CHECK(gs.n_rows == xs.n_rows && gs.d == xs.d);
   if (xs.n_rows * xs.d == 0) return;
@@ -274,6 +283,7 @@ void CudaOps::mul_sigmoid(Tensor x, const Tensor& gate) {
 }
 
 void CudaOps::add(Tensor x, const Tensor& y) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
   const Rows xs = rows_of(x), ys = rows_of(y);
   RECUR_CHECK(ys.n_rows == xs.n_rows && ys.d == xs.d);
   if (xs.n_rows * xs.d == 0) return;
@@ -285,6 +295,7 @@ void CudaOps::add(Tensor x, const Tensor& y) {
 }
 
 void CudaOps::add_scaled_sigmoid(Tensor x, const Tensor& y, const Tensor& sc) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
   const Rows xs = rows_of(x), ys = rows_of(y);
   RECUR_CHECK(ys.n_rows == xs.n_rows && ys.d == xs.d && sc.shape[0] == xs.n_rows);
   if (xs.n_rows * xs.d == 0) return;
@@ -297,6 +308,7 @@ void CudaOps::add_scaled_sigmoid(Tensor x, const Tensor& y, const Tensor& sc) {
 
 void CudaOps::gdn_gates(const Tensor& a, const Tensor& b, const Tensor& a_log,
                         const Tensor& dt_bias, Tensor g, Tensor beta) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
   const int64_t n = a.shape[0], hv = a.shape[1];
   RECUR_CHECK(a_log.numel() == hv && dt_bias.numel() == hv && a_log.dtype == dt_bias.dtype);
   RECUR_CHECK(a.stride[1] == 1 && b.stride[1] == 1 && g.stride[1] == 1 && beta.stride[1] == 1);

@@ -21,7 +21,7 @@ struct MoeGemmArgs {
 };
 
 // Tensor-core grouped GEMM (moe_wmma.cu): 64×64 output tiles, bf16 (or f16) operands with f32
-// accumulation; the activations are rounded to the weights' 16-bit type as they are staged.
+// accumulation; the activations are split exactly into three terms of the weights' type.
 constexpr int kWmmaTileRows = 64;
 void launch_moe_wmma(const MoeGemmArgs& a, DType wdtype, bool dual, unsigned max_tiles,
                      cudaStream_t stream);

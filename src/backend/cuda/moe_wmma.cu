@@ -1,9 +1,11 @@
 // The MoE experts' grouped GEMM on tensor cores, for prompts (more than kGemvMaxTokens tokens).
 // A block computes a 64×64 tile of out for one expert's rows: 4 warps of 2×2 WMMA 16×16×16
 // fragments, K staged 32 at a time through shared memory, the next stage's global loads issued
-// before the current stage's MMAs. f32 activations are rounded to the weights' type (bf16 or
-// f16) as they are staged; accumulation is f32. The fused gate/up variant applies SwiGLU to
-// the two accumulators element by element (same fragment layout) before storing.
+// before the current stage's MMAs. f32 activations are split into three terms of the weights'
+// type (bf16 or f16) as they are staged (hi + mid + lo = x exactly for bf16), each multiplied
+// with the weights into the same f32 accumulators, smallest first: f32-class results, as the
+// GEMV core gives for few tokens. The fused gate/up variant applies SwiGLU to the two
+// accumulators element by element (same fragment layout) before storing.
 #include <mma.h>
 
 #include "backend/cuda/moe.cuh"
@@ -19,6 +21,7 @@ constexpr int kCols = kTK / 2;  // columns of a staged row per thread
 constexpr int kLd = kTK + 8;    // staged rows padded by 16 bytes against bank conflicts
 constexpr int kLdc = kTN + 4;   // f32 epilogue rows
 constexpr int kThreads = 128;
+constexpr int kTerms = 3;  // activation terms: lo, mid, hi
 
 template <typename T>
 __device__ __forceinline__ T from_f32(float v);
@@ -40,7 +43,7 @@ __global__ void __launch_bounds__(kThreads) moe_wmma_kernel(MoeGemmArgs a, bool 
   const int64_t n0 = int64_t(blockIdx.x) * kTN, K = a.k;
   const T* W = static_cast<const T*>(a.w[e]);
   const T* W2 = kDual ? static_cast<const T*>(a.w2[e]) : nullptr;
-  __shared__ __align__(32) T As[kTM * kLd];
+  __shared__ __align__(32) T As[kTerms][kTM * kLd];  // lo, mid, hi
   __shared__ __align__(32) T Bs[kTN * kLd];
   __shared__ __align__(32) T B2s[kDual ? kTN * kLd : 16];
   __shared__ __align__(32) float Cs[kTM * kLdc];
@@ -105,11 +108,30 @@ __global__ void __launch_bounds__(kThreads) moe_wmma_kernel(MoeGemmArgs a, bool 
   load(0);
   for (int64_t k0 = 0; k0 < K; k0 += kTK) {
     __syncthreads();  // the previous stage's MMAs are done with the shared tiles
+    {
+      // The terms are packed in registers and staged with 16-byte stores (scalar 2-byte
+      // stores of three terms and the weights outnumbered the MMAs).
+      uint4 pk[kTerms][kCols / 8];
+      T* pt = reinterpret_cast<T*>(pk);
 #pragma unroll
-    for (int q = 0; q < kCols; ++q) {
-      As[lr * kLd + lc + q] = from_f32<T>(av[q]);
-      Bs[lr * kLd + lc + q] = bv[q];
-      if constexpr (kDual) B2s[lr * kLd + lc + q] = bv2[q];
+      for (int q = 0; q < kCols; ++q) {
+        float v = av[q];
+#pragma unroll
+        for (int term = kTerms - 1; term >= 0; --term) {
+          const T h = from_f32<T>(v);
+          pt[term * kCols + q] = h;
+          v -= to_f32(h);
+        }
+      }
+#pragma unroll
+      for (int w = 0; w < kCols / 8; ++w) {
+#pragma unroll
+        for (int term = 0; term < kTerms; ++term) {
+          *reinterpret_cast<uint4*>(&As[term][lr * kLd + lc + 8 * w]) = pk[term][w];
+        }
+        *reinterpret_cast<uint4*>(&Bs[lr * kLd + lc + 8 * w]) = bq[w];
+        if constexpr (kDual) *reinterpret_cast<uint4*>(&B2s[lr * kLd + lc + 8 * w]) = bq2[w];
+      }
     }
     __syncthreads();
     if (k0 + kTK < K) load(k0 + kTK);
@@ -118,10 +140,6 @@ __global__ void __launch_bounds__(kThreads) moe_wmma_kernel(MoeGemmArgs a, bool 
       wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa[2];
       wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb[2], fb2[kDual ? 2 : 1];
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        wmma::load_matrix_sync(fa[i], As + (wm * 32 + i * 16) * kLd + kk, kLd);
-      }
-#pragma unroll
       for (int j = 0; j < 2; ++j) {
         // B element (k, n) is W[n][k]: the staged rows are B's columns.
         wmma::load_matrix_sync(fb[j], Bs + (wn * 32 + j * 16) * kLd + kk, kLd);
@@ -129,11 +147,18 @@ __global__ void __launch_bounds__(kThreads) moe_wmma_kernel(MoeGemmArgs a, bool 
           wmma::load_matrix_sync(fb2[j], B2s + (wn * 32 + j * 16) * kLd + kk, kLd);
       }
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
+      for (int term = 0; term < kTerms; ++term) {
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
-          if constexpr (kDual) wmma::mma_sync(acc2[i][j], fa[i], fb2[j], acc2[i][j]);
+        for (int i = 0; i < 2; ++i) {
+          wmma::load_matrix_sync(fa[i], As[term] + (wm * 32 + i * 16) * kLd + kk, kLd);
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+            if constexpr (kDual) wmma::mma_sync(acc2[i][j], fa[i], fb2[j], acc2[i][j]);
+          }
         }
       }
     }

@@ -1,0 +1,43 @@
+#include "cli/engine_options.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "backend/backend.h"
+
+namespace recur::cli {
+
+void add_engine_options(CLI::App* cmd, EngineOptions* o, const std::string& seed_help) {
+  cmd->add_option("--model", o->model, "model directory")->required();
+  cmd->add_option("--device", o->device, "cpu, cuda or cuda:N");
+  cmd->add_option("--threads", o->threads, "CPU threads (default: all)")
+      ->check(CLI::Range(0, 1024));
+  cmd->add_option("--max-batch", o->max_batch, "sequences decoded at once")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--max-batch-tokens", o->max_batch_tokens, "tokens per engine step")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--max-context", o->max_context, "context length (default: the model's)")
+      ->check(CLI::Range(0, 1 << 30));
+  cmd->add_option("--kv-cache-mb", o->kv_cache_mb, "attention-cache budget in MiB")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
+  cmd->add_option("--seed", o->seed, seed_help);
+}
+
+Result<std::unique_ptr<Ops>> create_backend(const EngineOptions& o) {
+  auto ops = recur::create_backend(o.device, o.threads);
+  if (ops.ok() || ops.error().message.find(o.device) != std::string::npos) return ops;
+  return Error{ops.error().code, fmt::format("--device {}: {}", o.device, ops.error().message)};
+}
+
+EngineConfig engine_config(const EngineOptions& o) {
+  EngineConfig cfg;
+  cfg.max_batch = o.max_batch;
+  cfg.max_batch_tokens = std::max(o.max_batch_tokens, o.max_batch);
+  cfg.max_context = o.max_context;
+  cfg.kv_cache_bytes = o.kv_cache_mb << 20;
+  if (o.seed) cfg.seed = *o.seed;
+  return cfg;
+}
+
+}  // namespace recur::cli

@@ -1,0 +1,38 @@
+// The model, backend and engine flags that `recur generate` and `recur serve` share, and the
+// backend and engine configuration they describe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "cli/commands.h"
+#include "engine/engine.h"
+#include "ops/ops.h"
+
+namespace recur::cli {
+
+struct EngineOptions {
+  std::string model;
+  std::string device = "cpu";  // cpu, cuda or cuda:N
+  int threads = 0;             // CPU threads, 0: all cores
+  int max_batch = 8;
+  int max_batch_tokens = 512;
+  int max_context = 0;  // 0: the model's
+  int64_t kv_cache_mb = 1024;
+  std::optional<uint64_t> seed;
+};
+
+// Registers --model, --device, --threads, --max-batch, --max-batch-tokens, --max-context,
+// --kv-cache-mb and --seed (described by seed_help) on cmd, writing into *o; the defaults are
+// what *o holds.
+void add_engine_options(CLI::App* cmd, EngineOptions* o, const std::string& seed_help);
+
+// The backend for --device and --threads; an unavailable device is an error that names it.
+Result<std::unique_ptr<Ops>> create_backend(const EngineOptions& o);
+
+// EngineConfig from the flags (max_batch_tokens is raised to max_batch when below it).
+EngineConfig engine_config(const EngineOptions& o);
+
+}  // namespace recur::cli
