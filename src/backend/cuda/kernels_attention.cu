@@ -22,8 +22,10 @@ namespace {
 
 constexpr int kAttnThreads = 128;
 constexpr int kAttnWarps = kAttnThreads / 32;
-constexpr int kTileP = 32;              // positions per tile: one per lane in the softmax
-constexpr int kMinSplitPositions = 32;  // one warp's chunk of positions
+constexpr int kTileP = 32;  // positions per tile: one per lane in the softmax
+// A split holds at least a chunk of 32 positions for each of the block's warps: shorter
+// splits leave warps idle and give the merge more partial results to combine.
+constexpr int kMinSplitPositions = 32 * kAttnWarps;
 
 struct AttnArgs {
   const float* q;  // [n, heads, hd]

@@ -95,6 +95,37 @@ __global__ void moe_route_kernel(const float* logits, int64_t ld, int n, int E, 
   double kept = 0.0;
   int32_t* id_row = ids + int64_t(t) * ld_ids;
   float* w_row = weights + int64_t(t) * ld_w;
+  if (k <= 32) {
+    // Lane j keeps the j-th pick; the k probabilities (double exp and divide) are then
+    // computed side by side rather than one per selection round, with the same formulas,
+    // and summed on lane 0 in pick order.
+    float my_v = -INFINITY;
+    int my_i = E;
+    for (int j = 0; j < k; ++j) {
+      float best_v = -INFINITY;
+      int best_i = E;
+      for_each([&](int e, float v) {
+        const bool after = v < prev_v || (v == prev_v && e > prev_i);
+        if (after && (v > best_v || (v == best_v && e < best_i))) best_v = v, best_i = e;
+      });
+      for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, best_v, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+        if (ov > best_v || (ov == best_v && oi < best_i)) best_v = ov, best_i = oi;
+      }
+      if (lane == j) my_v = best_v, my_i = best_i;
+      prev_v = best_v, prev_i = best_i;
+    }
+    const double p = lane < k ? exp(double(my_v - mx)) / sum : 0.0;
+    for (int j = 0; j < k; ++j) kept += __shfl_sync(0xffffffffu, p, j);
+    if (lane < k) {
+      float wf = float(p);
+      if (norm_topk) wf = float(double(wf) / kept);
+      id_row[lane] = my_i;
+      w_row[lane] = wf;
+    }
+    return;
+  }
   for (int j = 0; j < k; ++j) {
     float best_v = -INFINITY;
     int best_i = E;

@@ -73,7 +73,11 @@ __global__ void rms_norm_kernel(Rows x, Rows gate, Rows out, const W* w, float o
 constexpr int64_t kBlockNormMinWidth = 1024;
 
 // The same as rms_norm_kernel with one block of kThreads per row of x [rows, d]; the block's
-// partial sums of squares are added in a fixed order.
+// partial sums of squares are added in a fixed order. The first kBlockNormPer elements of
+// each thread are loaded (x, y, w, gate) into registers before anything is stored, so their
+// loads are all in flight at once (a store to x would otherwise keep later loads waiting);
+// the sums of squares run in the same order as a plain loop over j.
+constexpr int kBlockNormPer = 8;
 template <typename W, bool kGated, bool kAdd>
 __global__ void __launch_bounds__(kThreads)
     rms_norm_block_kernel(Rows x, Rows gate, Rows out, const W* w, float offset, float eps,
@@ -81,19 +85,40 @@ __global__ void __launch_bounds__(kThreads)
   grid_dependency_sync();
   constexpr int kWarps = kThreads / 32;
   __shared__ float red[kWarps];
-  const int64_t r = blockIdx.x;
+  const int64_t r = blockIdx.x, d = x.d;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   float* xr = x.row(r);
-  float ss = 0.0f;
-  if constexpr (kAdd) {  // each thread rewrites only the elements it reads below
-    const float* yr = y.row(r);
-    for (int64_t j = threadIdx.x; j < x.d; j += kThreads) {
-      const float v = xr[j] + yr[j];
-      xr[j] = v;
-      ss += v * v;
+  const float* yr = kAdd ? y.row(r) : nullptr;
+  const float* gr = kGated ? gate.row(r) : nullptr;
+  float v[kBlockNormPer], wv[kBlockNormPer], gv[kBlockNormPer];
+#pragma unroll
+  for (int i = 0; i < kBlockNormPer; ++i) {
+    const int64_t j = threadIdx.x + int64_t(i) * kThreads;
+    v[i] = wv[i] = gv[i] = 0.0f;
+    if (j < d) {
+      v[i] = xr[j];
+      if constexpr (kAdd) v[i] += yr[j];
+      wv[i] = to_f32(w[j]);
+      if constexpr (kGated) gv[i] = gr[j];
     }
-  } else {
-    for (int64_t j = threadIdx.x; j < x.d; j += kThreads) ss += xr[j] * xr[j];
+  }
+  float ss = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kBlockNormPer; ++i) {
+    const int64_t j = threadIdx.x + int64_t(i) * kThreads;
+    if (j < d) {
+      if constexpr (kAdd) xr[j] = v[i];
+      ss += v[i] * v[i];
+    }
+  }
+  // Rows wider than kBlockNormPer · kThreads: the rest, element by element.
+  for (int64_t j = threadIdx.x + int64_t(kBlockNormPer) * kThreads; j < d; j += kThreads) {
+    float e = xr[j];
+    if constexpr (kAdd) {
+      e += yr[j];
+      xr[j] = e;
+    }
+    ss += e * e;
   }
   ss = warp_sum(ss);
   if (lane == 0) red[warp] = ss;
@@ -101,15 +126,23 @@ __global__ void __launch_bounds__(kThreads)
   float total = 0.0f;
 #pragma unroll
   for (int i = 0; i < kWarps; ++i) total += red[i];
-  const float inv = 1.0f / sqrtf(total / float(x.d) + eps);
+  const float inv = 1.0f / sqrtf(total / float(d) + eps);
   float* orow = out.row(r);
-  if constexpr (kGated) {
-    const float* gr = gate.row(r);
-    for (int64_t j = threadIdx.x; j < x.d; j += kThreads) {
-      orow[j] = xr[j] * inv * to_f32(w[j]) * silu(gr[j]);
+#pragma unroll
+  for (int i = 0; i < kBlockNormPer; ++i) {
+    const int64_t j = threadIdx.x + int64_t(i) * kThreads;
+    if (j < d) {
+      if constexpr (kGated) {
+        orow[j] = v[i] * inv * wv[i] * silu(gv[i]);
+      } else {
+        orow[j] = v[i] * inv * (wv[i] + offset);
+      }
     }
-  } else {
-    for (int64_t j = threadIdx.x; j < x.d; j += kThreads) {
+  }
+  for (int64_t j = threadIdx.x + int64_t(kBlockNormPer) * kThreads; j < d; j += kThreads) {
+    if constexpr (kGated) {
+      orow[j] = xr[j] * inv * to_f32(w[j]) * silu(gr[j]);
+    } else {
       orow[j] = xr[j] * inv * (to_f32(w[j]) + offset);
     }
   }
