@@ -66,7 +66,8 @@ __global__ void conv1d_state_kernel(const float* x, int64_t ldx, int K, float* s
 // Decode (every sequence brings exactly one token): the output and the state's shift in one
 // kernel. Channels are independent, so each thread reads its channel's K-1 state values and
 // the token's input, writes the output (the same sum, in the same order, as
-// conv1d_out_kernel) and then the shifted state. grid (n_seqs, ⌈C/256⌉)
+// conv1d_out_kernel) and then the shifted state. grid (n_seqs, ⌈C/256⌉).
+// x, out [n = n_seqs, C]; w [C, 1, K]; state [slots, K-1, C]
 template <typename W>
 __global__ void conv1d_decode_kernel(const float* x, int64_t ldx, const W* w, int K, float* state,
                                      int64_t C, const int32_t* seq_start, const int32_t* slot,

@@ -64,6 +64,7 @@ struct GemvGroup {
   int count;
 };
 
+// x [nt ≤ NT, k] rows ldx apart; grid (first_block[count]).
 template <typename W, int NT, bool kVec>
 __global__ void __launch_bounds__(kGemvThreads)
     matmul_gemv_group_kernel(GemvGroup<W> g, int64_t k, const float* x, int64_t ldx, int nt) {
