@@ -20,14 +20,14 @@ using namespace cuda;
 
 namespace {
 
-// Rows row0 .. row0+3 of out [nt ≤ NT, m] (rows ldo apart) = x [nt, k] (rows ldx apart) ·
-// w [m, k]^T, by one block: the body of both GEMV kernels below, so a weight gives the same
+// Rows row0 .. row0+R-1 of out [nt ≤ NT, m] (rows ldo apart) = x [nt, k] (rows ldx apart) ·
+// w [m, k]^T, by one block: the body of both GEMV kernels below. A row's sums do not depend on
+// R (each thread's share of k and the reduction order are fixed), so a weight gives the same
 // results alone or in a group.
-template <typename W, int NT, bool kVec>
+template <typename W, int NT, int R, bool kVec>
 __device__ __forceinline__ void gemv_rows(const W* __restrict__ w, int64_t m, int64_t k,
                                           const float* x, int64_t ldx, int nt, float* out,
                                           int64_t ldo, bool accumulate, int64_t row0) {
-  constexpr int R = 4;
   __shared__ float red[R * NT * (kGemvThreads / 32)];
   const int rows = int(min64(R, m - row0));
   const float* xr[NT];
@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(kGemvThreads)
     matmul_gemv_kernel(const W* __restrict__ w, int64_t m, int64_t k, const float* x, int64_t ldx,
                        int nt, float* out, int64_t ldo, bool accumulate) {
   grid_dependency_sync();
-  gemv_rows<W, NT, kVec>(w, m, k, x, ldx, nt, out, ldo, accumulate, int64_t(blockIdx.x) * 4);
+  gemv_rows<W, NT, 4, kVec>(w, m, k, x, ldx, nt, out, ldo, accumulate, int64_t(blockIdx.x) * 4);
 }
 
 // Several weights sharing x: weight g takes blocks first_block[g] .. first_block[g + 1) - 1.
@@ -64,15 +64,15 @@ struct GemvGroup {
   int count;
 };
 
-// x [nt ≤ NT, k] rows ldx apart; grid (first_block[count]).
-template <typename W, int NT, bool kVec>
+// x [nt ≤ NT, k] rows ldx apart; R rows per block; grid (first_block[count]).
+template <typename W, int NT, int R, bool kVec>
 __global__ void __launch_bounds__(kGemvThreads)
     matmul_gemv_group_kernel(GemvGroup<W> g, int64_t k, const float* x, int64_t ldx, int nt) {
   grid_dependency_sync();
   int i = 0;
   while (i + 1 < g.count && int(blockIdx.x) >= g.first_block[i + 1]) ++i;
-  const int64_t row0 = int64_t(int(blockIdx.x) - g.first_block[i]) * 4;
-  gemv_rows<W, NT, kVec>(g.w[i], g.m[i], k, x, ldx, nt, g.out[i], g.ldo[i], false, row0);
+  const int64_t row0 = int64_t(int(blockIdx.x) - g.first_block[i]) * R;
+  gemv_rows<W, NT, R, kVec>(g.w[i], g.m[i], k, x, ldx, nt, g.out[i], g.ldo[i], false, row0);
 }
 
 // parts [3, n, k] contiguous: x [n, k] (rows ldx apart) = hi + mid + lo exactly (three 16-bit
@@ -135,9 +135,9 @@ void launch_gemv(const Tensor& x, const Tensor& w, Tensor out, bool accumulate, 
   }
 }
 
-template <typename W, int NT>
-void launch_gemv_group(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> outs,
-                       int n, cudaStream_t stream) {
+template <typename W, int NT, int R>
+void launch_gemv_group_r(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> outs,
+                         int n, cudaStream_t stream) {
   const int64_t k = x.shape[1];
   GemvGroup<W> g{};
   g.count = int(ws.size());
@@ -146,11 +146,25 @@ void launch_gemv_group(const Tensor& x, std::span<const Tensor> ws, std::span<co
     g.out[i] = outs[i].ptr<float>();
     g.m[i] = ws[i].shape[0];
     g.ldo[i] = outs[i].stride[0];
-    g.first_block[i + 1] = g.first_block[i] + int((g.m[i] + 3) / 4);
+    g.first_block[i + 1] = g.first_block[i] + int((g.m[i] + R - 1) / R);
   }
   const unsigned blocks = unsigned(g.first_block[g.count]);
-  launch_kernel(matmul_gemv_group_kernel<W, NT, true>, blocks, kGemvThreads, 0, stream, g, k,
+  launch_kernel(matmul_gemv_group_kernel<W, NT, R, true>, blocks, kGemvThreads, 0, stream, g, k,
                 x.ptr<float>(), x.stride[0], n);
+}
+
+// Four rows per block; eight for one or two tokens when four would need more than one wave of
+// blocks (16 per SM), whose partly filled last wave would leave bandwidth unused.
+template <typename W, int NT>
+void launch_gemv_group(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> outs,
+                       int n, int sm_count, cudaStream_t stream) {
+  int64_t blocks4 = 0;
+  for (const Tensor& w : ws) blocks4 += (w.shape[0] + 3) / 4;
+  if (NT <= 2 && blocks4 > 16 * int64_t(sm_count)) {
+    launch_gemv_group_r<W, NT, 8>(x, ws, outs, n, stream);
+  } else {
+    launch_gemv_group_r<W, NT, 4>(x, ws, outs, n, stream);
+  }
 }
 
 }  // namespace
@@ -180,13 +194,13 @@ void CudaOps::matmul_group(const Tensor& x, std::span<const Tensor> ws,
   dispatch_weight(ws[0].dtype, [&](auto tag) {
     using W = decltype(tag);
     if (n == 1) {
-      launch_gemv_group<W, 1>(x, ws, outs, int(n), s.stream);
+      launch_gemv_group<W, 1>(x, ws, outs, int(n), s.sm_count, s.stream);
     } else if (n == 2) {
-      launch_gemv_group<W, 2>(x, ws, outs, int(n), s.stream);
+      launch_gemv_group<W, 2>(x, ws, outs, int(n), s.sm_count, s.stream);
     } else if (n <= 4) {
-      launch_gemv_group<W, 4>(x, ws, outs, int(n), s.stream);
+      launch_gemv_group<W, 4>(x, ws, outs, int(n), s.sm_count, s.stream);
     } else {
-      launch_gemv_group<W, 8>(x, ws, outs, int(n), s.stream);
+      launch_gemv_group<W, 8>(x, ws, outs, int(n), s.sm_count, s.stream);
     }
   });
   if (s.profile) {

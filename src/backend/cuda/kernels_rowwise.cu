@@ -37,6 +37,10 @@ __global__ void gather_rows_kernel(const float* x, int64_t ldx, const int32_t* r
 // One warp per row of x [rows, d < kBlockNormMinWidth]: out = x · rsqrt(mean(x²) + eps) · (w +
 // offset), optionally · silu(gate). Each lane rewrites only what it read, so out may alias x. kAdd:
 // first x += y (rows of y [rows, d]), written back to x, as add then rms_norm.
+// The first kWarpNormPer elements of each lane are loaded (x, y, w, gate) before anything is
+// stored, so their loads are in flight together; the sum of squares runs in the plain loop's
+// order (j = lane, lane + 32, ...), as do the rest of rows wider than 32 · kWarpNormPer.
+constexpr int kWarpNormPer = 8;
 template <typename W, bool kGated, bool kAdd>
 __global__ void rms_norm_kernel(Rows x, Rows gate, Rows out, const W* w, float offset, float eps,
                                 Rows y) {
@@ -44,26 +48,59 @@ __global__ void rms_norm_kernel(Rows x, Rows gate, Rows out, const W* w, float o
   const int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (r >= x.n_rows) return;
   const int lane = threadIdx.x % 32;
+  const int64_t d = x.d;
   float* xr = x.row(r);
-  float ss = 0.0f;
-  if constexpr (kAdd) {
-    const float* yr = y.row(r);
-    for (int64_t j = lane; j < x.d; j += 32) {
-      const float v = xr[j] + yr[j];
-      xr[j] = v;
-      ss += v * v;
+  const float* yr = kAdd ? y.row(r) : nullptr;
+  const float* gr = kGated ? gate.row(r) : nullptr;
+  float v[kWarpNormPer], wv[kWarpNormPer], gv[kWarpNormPer];
+#pragma unroll
+  for (int i = 0; i < kWarpNormPer; ++i) {
+    const int64_t j = lane + 32 * int64_t(i);
+    v[i] = wv[i] = gv[i] = 0.0f;
+    if (j < d) {
+      v[i] = xr[j];
+      if constexpr (kAdd) v[i] += yr[j];
+      wv[i] = to_f32(w[j]);
+      if constexpr (kGated) gv[i] = gr[j];
     }
-  } else {
-    for (int64_t j = lane; j < x.d; j += 32) ss += xr[j] * xr[j];
+  }
+  float ss = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kWarpNormPer; ++i) {
+    const int64_t j = lane + 32 * int64_t(i);
+    if (j < d) {
+      if constexpr (kAdd) xr[j] = v[i];
+      ss += v[i] * v[i];
+    }
+  }
+  for (int64_t j = lane + 32 * int64_t(kWarpNormPer); j < d; j += 32) {
+    float e = xr[j];
+    if constexpr (kAdd) {
+      e += yr[j];
+      xr[j] = e;
+    }
+    ss += e * e;
   }
   ss = warp_sum(ss);
-  const float inv = 1.0f / sqrtf(ss / float(x.d) + eps);
+  const float inv = 1.0f / sqrtf(ss / float(d) + eps);
   float* orow = out.row(r);
-  if constexpr (kGated) {
-    const float* gr = gate.row(r);
-    for (int64_t j = lane; j < x.d; j += 32) orow[j] = xr[j] * inv * to_f32(w[j]) * silu(gr[j]);
-  } else {
-    for (int64_t j = lane; j < x.d; j += 32) orow[j] = xr[j] * inv * (to_f32(w[j]) + offset);
+#pragma unroll
+  for (int i = 0; i < kWarpNormPer; ++i) {
+    const int64_t j = lane + 32 * int64_t(i);
+    if (j < d) {
+      if constexpr (kGated) {
+        orow[j] = v[i] * inv * wv[i] * silu(gv[i]);
+      } else {
+        orow[j] = v[i] * inv * (wv[i] + offset);
+      }
+    }
+  }
+  for (int64_t j = lane + 32 * int64_t(kWarpNormPer); j < d; j += 32) {
+    if constexpr (kGated) {
+      orow[j] = xr[j] * inv * to_f32(w[j]) * silu(gr[j]);
+    } else {
+      orow[j] = xr[j] * inv * (to_f32(w[j]) + offset);
+    }
   }
 }
 
@@ -168,11 +205,28 @@ __global__ void l2_norm_kernel(Rows x, float eps, float scale) {
   if (r >= x.n_rows) return;
   const int lane = threadIdx.x % 32;
   float* xr = x.row(r);
+  const int64_t d = x.d;
+  // As in rms_norm_kernel: the first kWarpNormPer elements of each lane in registers.
+  float v[kWarpNormPer];
+#pragma unroll
+  for (int i = 0; i < kWarpNormPer; ++i) {
+    const int64_t j = lane + 32 * int64_t(i);
+    v[i] = j < d ? xr[j] : 0.0f;
+  }
   float ss = 0.0f;
-  for (int64_t j = lane; j < x.d; j += 32) ss += xr[j] * xr[j];
+#pragma unroll
+  for (int i = 0; i < kWarpNormPer; ++i) {
+    if (lane + 32 * int64_t(i) < d) ss += v[i] * v[i];
+  }
+  for (int64_t j = lane + 32 * int64_t(kWarpNormPer); j < d; j += 32) ss += xr[j] * xr[j];
   ss = warp_sum(ss);
   const float f = scale / sqrtf(ss + eps);
-  for (int64_t j = lane; j < x.d; j += 32) xr[j] *= f;
+#pragma unroll
+  for (int i = 0; i < kWarpNormPer; ++i) {
+    const int64_t j = lane + 32 * int64_t(i);
+    if (j < d) xr[j] = v[i] * f;
+  }
+  for (int64_t j = lane + 32 * int64_t(kWarpNormPer); j < d; j += 32) xr[j] *= f;
 }
 
 struct SplitArgs {
