@@ -401,21 +401,26 @@ Status Qwen3Next::forward(const Batch& batch, Tensor logits) {
   Tensor h = ws_.h.slice_rows(0, n), x = ws_.x.slice_rows(0, n);
 
   ops_.embedding(batch.tokens.data(), n, embed_tokens_, h);
-  for (const Layer& L : layers_) {
-    ops_.rms_norm(h, L.input_norm, 1.0f, eps, x);
+  if (!layers_.empty()) ops_.rms_norm(h, layers_.front().input_norm, 1.0f, eps, x);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const Layer& L = layers_[i];
     if (L.kind == LayerKind::kLinearAttention) {
       gated_delta_net(L, sl, n);
     } else {
       attention(L, sl, n);
     }
-    ops_.add(h, ws_.mixer_out.slice_rows(0, n));
-    ops_.rms_norm(h, L.post_norm, 1.0f, eps, x);
+    // Each residual add is fused with the norm that reads its sum (one op, same results).
+    ops_.add_rms_norm(h, ws_.mixer_out.slice_rows(0, n), L.post_norm, 1.0f, eps, x);
     if (L.moe) {
       sparse_moe(L, n);
     } else {
       dense_mlp(L.mlp, x, ws_.ffn_out.slice_rows(0, n), n);
     }
-    ops_.add(h, ws_.ffn_out.slice_rows(0, n));
+    if (i + 1 < layers_.size()) {
+      ops_.add_rms_norm(h, ws_.ffn_out.slice_rows(0, n), layers_[i + 1].input_norm, 1.0f, eps, x);
+    } else {
+      ops_.add(h, ws_.ffn_out.slice_rows(0, n));
+    }
   }
   // Only the rows whose logits are wanted go through the final norm and the LM head.
   const int r = int(batch.logit_rows.size());
@@ -436,8 +441,10 @@ void Qwen3Next::gated_delta_net(const Layer& L, const SeqLayout& sl, int n) {
 
   // Projections come grouped by key head: [q, k, v (r heads), z (r heads)] and [b (r), a (r)].
   Tensor qkvz = ws_.qkvz.slice_rows(0, n), ba = ws_.ba.slice_rows(0, n);
-  ops_.matmul(x, w.in_proj_qkvz, qkvz);
-  ops_.matmul(x, w.in_proj_ba, ba);
+  {
+    const Tensor ws[] = {w.in_proj_qkvz, w.in_proj_ba}, outs[] = {qkvz, ba};
+    ops_.matmul_group(x, ws, outs);
+  }
   Tensor mixed = ws_.mixed_qkv.slice_rows(0, n);  // [n, q all heads | k all heads | v all heads]
   Tensor z = ws_.z.slice_rows(0, n);              // [n, Hv·dv]
   const int qkvz_parts[] = {dk, dk, r * dv, r * dv};
@@ -485,14 +492,15 @@ void Qwen3Next::attention(const Layer& L, const SeqLayout& sl, int n) {
 
   // q_proj yields, per head, the query and then the output gate.
   Tensor qg = ws_.qg.slice_rows(0, n);
-  ops_.matmul(x, w.q_proj, qg);
+  Tensor k = ws_.k.slice_rows(0, n), v = ws_.v.slice_rows(0, n);
+  {
+    const Tensor ws[] = {w.q_proj, w.k_proj, w.v_proj}, outs[] = {qg, k, v};
+    ops_.matmul_group(x, ws, outs);
+  }
   Tensor q = ws_.q.slice_rows(0, n), gate = ws_.gate.slice_rows(0, n);
   const int parts[] = {hd, hd};
   const Tensor dsts[] = {q, gate};
   ops_.split_groups(qg, heads, parts, dsts);
-  Tensor k = ws_.k.slice_rows(0, n), v = ws_.v.slice_rows(0, n);
-  ops_.matmul(x, w.k_proj, k);
-  ops_.matmul(x, w.v_proj, v);
 
   Tensor q3 = q.reshaped({n, heads, hd}), k3 = k.reshaped({n, kv, hd}), v3 = v.reshaped({n, kv, hd});
   ops_.rms_norm(q3, w.q_norm, 1.0f, cfg_.rms_norm_eps, q3);
@@ -525,18 +533,31 @@ void Qwen3Next::sparse_moe(const Layer& L, int n) {
   const Tensor x = ws_.x.slice_rows(0, n);
   Tensor logits = ws_.router_logits.slice_rows(0, n);
   Tensor ids = ws_.expert_ids.slice_rows(0, n), weights = ws_.expert_weights.slice_rows(0, n);
-  ops_.matmul(x, w.router, logits);
-  ops_.moe_route(logits, cfg_.num_experts_per_tok, cfg_.norm_topk_prob, ids, weights);
   Tensor out = ws_.ffn_out.slice_rows(0, n);
-  ops_.moe_experts(x, w.experts, ids, weights, out, ws_.moe_scratch);
-  if (w.has_shared) {
-    // The shared expert, scaled per token by sigmoid(shared_expert_gate · x).
-    Tensor shared = ws_.shared_out.slice_rows(0, n);
-    dense_mlp(w.shared, x, shared, n);
-    Tensor score = ws_.shared_score.slice_rows(0, n);
-    ops_.matmul(x, w.shared_gate, score);
-    ops_.add_scaled_sigmoid(out, shared, score);
+  if (!w.has_shared) {
+    ops_.matmul(x, w.router, logits);
+    ops_.moe_route(logits, cfg_.num_experts_per_tok, cfg_.norm_topk_prob, ids, weights);
+    ops_.moe_experts(x, w.experts, ids, weights, out, ws_.moe_scratch);
+    return;
   }
+  // The router and the shared expert's gate, up and score projections read the same x: one
+  // group. The shared expert's output is scaled per token by sigmoid(shared_expert_gate · x).
+  const int64_t ff = w.shared.gate.shape[0];
+  Tensor g = ws_.ff_gate.slice_rows(0, n).slice_cols(0, ff);
+  Tensor u = ws_.ff_up.slice_rows(0, n).slice_cols(0, ff);
+  Tensor score = ws_.shared_score.slice_rows(0, n);
+  {
+    const Tensor ws[] = {w.router, w.shared.gate, w.shared.up, w.shared_gate};
+    const Tensor outs[] = {logits, g, u, score};
+    ops_.matmul_group(x, ws, outs);
+  }
+  ops_.moe_route(logits, cfg_.num_experts_per_tok, cfg_.norm_topk_prob, ids, weights);
+  ops_.moe_experts(x, w.experts, ids, weights, out, ws_.moe_scratch);
+  Tensor hdn = ws_.ff_hidden.slice_rows(0, n).slice_cols(0, ff);
+  Tensor shared = ws_.shared_out.slice_rows(0, n);
+  ops_.swiglu(g, u, hdn);
+  ops_.matmul(hdn, w.shared.down, shared);
+  ops_.add_scaled_sigmoid(out, shared, score);
 }
 
 }  // namespace

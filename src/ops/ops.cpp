@@ -55,6 +55,17 @@ void Ops::fill_random_uniform(Tensor t, uint64_t seed, float lo, float hi) {
   }
 }
 
+void Ops::matmul_group(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> outs) {
+  RECUR_CHECK(ws.size() == outs.size() && ws.size() <= kMaxMatmulGroup);
+  for (size_t i = 0; i < ws.size(); ++i) matmul(x, ws[i], outs[i]);
+}
+
+void Ops::add_rms_norm(Tensor x, const Tensor& y, const Tensor& w, float weight_offset, float eps,
+                       Tensor out) {
+  add(x, y);
+  rms_norm(x, w, weight_offset, eps, out);
+}
+
 double Ops::measure_copy_bandwidth(size_t bytes) {
   std::vector<uint8_t> a(bytes, 1), b(bytes, 2);
   std::memcpy(b.data(), a.data(), bytes);  // warm

@@ -94,9 +94,19 @@ class Ops {
   // out[n, m] = x[n, k] · w[m, k]^T, or out += that when accumulate; w row-major or as
   // adopt_matmul_weight gave it.
   virtual void matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulate = false) = 0;
+  // outs[i][n, m_i] = x[n, k] · ws[i][m_i, k]^T for each of up to kMaxMatmulGroup weights that
+  // share one input: exactly the results of one matmul per weight (the default does that); a
+  // backend may run them as one launch.
+  static constexpr size_t kMaxMatmulGroup = 4;
+  virtual void matmul_group(const Tensor& x, std::span<const Tensor> ws,
+                            std::span<const Tensor> outs);
   // Rows of x [..., d]: out = x · rsqrt(mean(x²) + eps) · (w + weight_offset); w [d].
   virtual void rms_norm(const Tensor& x, const Tensor& w, float weight_offset, float eps,
                         Tensor out) = 0;
+  // x [n, d] += y [n, d], then out [n, d] = rms_norm(x) as above (out aliases neither): the
+  // results of add then rms_norm (the default calls those); a backend may fuse the two.
+  virtual void add_rms_norm(Tensor x, const Tensor& y, const Tensor& w, float weight_offset,
+                            float eps, Tensor out);
   // Rows of x, gate [..., d]: out = rms_norm(x) · w · silu(gate); w [d].
   virtual void rms_norm_gated(const Tensor& x, const Tensor& gate, const Tensor& w, float eps,
                               Tensor out) = 0;

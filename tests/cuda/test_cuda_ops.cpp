@@ -56,6 +56,53 @@ TEST_F(CudaBasic, AdoptWeightKeepsDtypeAndCopyToHostRoundTrips) {
   EXPECT_EQ(max_abs(zh.f(), z.numel()), 0.0);
 }
 
+// matmul_group: every output equals, bit for bit, what matmul gives for that weight alone
+// (one launch for GEMV token counts, one matmul per weight beyond), and the reference.
+TEST_F(CudaBasic, MatmulGroupEqualsOneMatmulPerWeight) {
+  for (DType wt : {DType::BF16, DType::F32}) {
+    for (int64_t n : {1, 2, 5, 8, 12}) {
+      for (int64_t k : {64, 264}) {
+        // The second set has more rows than one wave of 4-row blocks holds (8 rows per block
+        // for one or two tokens on an H200's 132 SMs): the same sums in either case.
+        const std::vector<int64_t> ms =
+            k == 64 ? std::vector<int64_t>{33, 1, 512, 6} : std::vector<int64_t>{9001, 7};
+        HostTensor x(DType::F32, {n, k});
+        fill_random(x, rng);
+        DeviceTensor dx = dev(x);
+        std::vector<HostTensor> w, out;
+        std::vector<Tensor> dws, douts;
+        std::vector<DeviceTensor> dgroup, dalone;
+        for (int64_t m : ms) {
+          w.push_back(HostTensor(wt, {m, k}));
+          fill_random(w.back(), rng, 0.2f);
+          auto dw = ops().adopt_weight(w.back().t);
+          ASSERT_TRUE(dw.ok());
+          dws.push_back(dw.value());
+          out.push_back(HostTensor(DType::F32, {n, m}));
+        }
+        for (size_t i = 0; i < out.size(); ++i) {
+          dgroup.push_back(poisoned(out[i]));
+          dalone.push_back(poisoned(out[i]));
+          douts.push_back(dgroup.back().t);
+        }
+        ops().matmul_group(dx.t, dws, douts);
+        for (size_t i = 0; i < out.size(); ++i) {
+          ops().matmul(dx.t, dws[i], dalone[i].t, false);
+          HostTensor got = host(dgroup[i], out[i]), alone = host(dalone[i], out[i]), ref = out[i];
+          ref::matmul(x.t, w[i].t, ref.t);
+          const int64_t cnt = out[i].numel();
+          ASSERT_EQ(count_nonfinite(got.f(), cnt), 0);
+          EXPECT_EQ(std::memcmp(got.f(), alone.f(), size_t(cnt) * 4), 0)
+              << dtype_name(wt) << " n=" << n << " k=" << k << " weight " << i;
+          const double err = rel_err(got.f(), ref.f(), cnt);
+          record_error(std::string("matmul_group ") + dtype_name(wt), err);
+          EXPECT_LE(err, 1e-5);
+        }
+      }
+    }
+  }
+}
+
 // GEMV (n ≤ 8), f32 SGEMM and bf16/f16 tensor cores (n > 8), every dtype, odd sizes.
 TEST_F(CudaBasic, MatmulMatchesReferenceForEveryPathAndDtype) {
   for (DType wt : {DType::F32, DType::BF16, DType::F16}) {
@@ -135,7 +182,8 @@ TEST_F(CudaBasic, MatmulAccumulatesAndHonoursRowStrides) {
 
 TEST_F(CudaBasic, NormsMatchReferenceOnStridedViews) {
   for (DType wt : {DType::BF16, DType::F32}) {
-    for (int64_t d : {15, 16, 33, 256}) {
+    // 1024 and 2051 take the block-per-row kernel.
+    for (int64_t d : {15, 16, 33, 256, 1024, 2051}) {
       const int64_t n = 5, heads = 3;
       // x is a [n, heads, d] view into a wider buffer (like the conv output's head views).
       HostTensor big(DType::F32, {n, heads * d + 7}), w(wt, {d}), gate(DType::F32, {n, heads, d});
@@ -180,6 +228,63 @@ TEST_F(CudaBasic, NormsMatchReferenceOnStridedViews) {
       err = max_abs_diff(gotbig.f(), refbig.f(), big.numel());
       record_error("l2_norm", err);
       EXPECT_LE(err, 1e-6);
+    }
+  }
+}
+
+// add_rms_norm: the residual sum written back and the norm of it, bit for bit what add then
+// rms_norm give on the device, and the CPU references; warp (d < 1024) and block kernels.
+TEST_F(CudaBasic, AddRmsNormEqualsAddThenRmsNorm) {
+  for (int64_t d : {64, 300, 2048}) {
+    for (int64_t n : {1, 5}) {
+      HostTensor x(DType::F32, {n, d}), y(DType::F32, {n, d}), w(DType::BF16, {d});
+      fill_random(x, rng);
+      fill_random(y, rng);
+      fill_random(w, rng, 0.3f);
+      auto dw = ops().adopt_weight(w.t);
+      ASSERT_TRUE(dw.ok());
+      DeviceTensor fx = dev(x), sx = dev(x), dy = dev(y);
+      HostTensor out(DType::F32, {n, d});
+      DeviceTensor fout = poisoned(out), sout = poisoned(out);
+      ops().add_rms_norm(fx.t, dy.t, dw.value(), 1.0f, 1e-6f, fout.t);
+      ops().add(sx.t, dy.t);
+      ops().rms_norm(sx.t, dw.value(), 1.0f, 1e-6f, sout.t);
+      HostTensor gx = host(fx, x), gout = host(fout, out), sxh = host(sx, x),
+                 south = host(sout, out);
+      EXPECT_EQ(std::memcmp(gx.f(), sxh.f(), size_t(n * d) * 4), 0) << "sum, d=" << d;
+      EXPECT_EQ(std::memcmp(gout.f(), south.f(), size_t(n * d) * 4), 0) << "norm, d=" << d;
+      HostTensor rx = x, rout = out;
+      for (int64_t i = 0; i < n * d; ++i) rx.f()[i] += y.f()[i];
+      ref::rms_norm(rx.t, w.t, 1.0f, 1e-6f, rout.t);
+      EXPECT_LE(max_abs_diff(gx.f(), rx.f(), n * d), 0.0);
+      const double err = rel_err(gout.f(), rout.f(), n * d);
+      record_error("add_rms_norm", err);
+      EXPECT_LE(err, 1e-5);
+    }
+  }
+}
+
+// A row's norm must not depend on how many rows share the launch (decode batches of any
+// size give a token the same result): one row alone equals the same row inside a batch.
+TEST_F(CudaBasic, RmsNormOfARowDoesNotDependOnTheBatch) {
+  for (int64_t d : {256, 2048}) {
+    const int64_t n = 7;
+    HostTensor x(DType::F32, {n, d}), w(DType::BF16, {d});
+    fill_random(x, rng);
+    fill_random(w, rng, 0.3f);
+    auto dw = ops().adopt_weight(w.t);
+    ASSERT_TRUE(dw.ok());
+    DeviceTensor dx = dev(x);
+    HostTensor all(DType::F32, {n, d}), one(DType::F32, {1, d});
+    DeviceTensor dall = poisoned(all), done = poisoned(one);
+    ops().rms_norm(dx.t, dw.value(), 1.0f, 1e-6f, dall.t);
+    Tensor row = dx.t;
+    row.data = static_cast<float*>(dx.t.data) + 3 * d;
+    row.shape[0] = 1;
+    ops().rms_norm(row, dw.value(), 1.0f, 1e-6f, done.t);
+    HostTensor got_all = host(dall, all), got_one = host(done, one);
+    for (int64_t j = 0; j < d; ++j) {
+      ASSERT_EQ(got_one.f()[j], got_all.f()[3 * d + j]) << "d=" << d << " column " << j;
     }
   }
 }

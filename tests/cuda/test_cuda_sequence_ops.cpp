@@ -12,6 +12,34 @@ using namespace testing;
 
 class CudaSequence : public CudaTest {};
 
+// Decode layouts (one token per sequence) take the fused output-and-state kernel.
+TEST_F(CudaSequence, ConvDecodeStepMatchesReference) {
+  for (int64_t K : {2, 4}) {
+    for (DType wt : {DType::BF16, DType::F32}) {
+      const int64_t C = 300;
+      const std::vector<int> lens = {1, 1, 1};
+      Layout lay(lens, std::vector<int>{7, 0, 30}, 16, rng);
+      const int64_t n = lay.l.n_tokens;
+      HostTensor x(DType::F32, {n, C}), w(wt, {C, 1, K});
+      HostTensor state(DType::F32, {int64_t(lens.size()), K - 1, C});
+      fill_random(x, rng);
+      fill_random(w, rng, 0.5f);
+      fill_random(state, rng);
+      auto dw = ops().adopt_weight(w.t);
+      ASSERT_TRUE(dw.ok());
+      HostTensor out(DType::F32, {n, C}), ref = out, st_ref = state;
+      DeviceTensor dx = dev(x), dstate = dev(state), dout = poisoned(out);
+      ops().begin_forward(lay.l, {}, {});
+      ops().conv1d_causal_silu(dx.t, dw.value(), dstate.t, lay.l, dout.t);
+      ref::conv1d_causal_silu(x.t, w.t, st_ref.t, lay.l, ref.t);
+      const double err = max_abs_diff(host(dout, out).f(), ref.f(), n * C);
+      record_error("conv1d_causal_silu decode", err);
+      EXPECT_LE(err, 1e-5) << "K=" << K;
+      EXPECT_EQ(max_abs_diff(host(dstate, state).f(), st_ref.f(), state.numel()), 0.0);
+    }
+  }
+}
+
 TEST_F(CudaSequence, ConvMatchesReferenceAndCarriesStateAcrossCalls) {
   for (int64_t K : {2, 3, 4}) {
     for (DType wt : {DType::BF16, DType::F32}) {

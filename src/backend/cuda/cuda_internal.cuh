@@ -11,6 +11,7 @@
 #include <map>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/cuda_ops.h"
@@ -240,6 +241,38 @@ void dispatch_weight(DType dt, Fn&& fn) {
     default:
       fatal("weight dtype must be F32, BF16 or F16");
   }
+}
+
+// Programmatic dependent launch (PDL): every forward kernel is launched with programmatic
+// stream serialisation, so its blocks may be scheduled while the kernel before it in the
+// stream still runs, hiding the launch latency between the ~170 small kernels of a decode
+// step. Each such kernel begins with grid_dependency_sync(): it waits until the previous
+// kernel has completed and its writes are visible (then lets the next kernel be scheduled),
+// so no kernel touches memory before its predecessor is done, as with plain launches.
+__device__ __forceinline__ void grid_dependency_sync() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+// False when RECUR_CUDA_PDL=0 (plain stream order, for comparison).
+bool pdl_enabled();
+
+// kernel<<<grid, block, smem, stream>>>(args...) with PDL allowed (see grid_dependency_sync).
+template <typename... KArgs, typename... Args>
+void launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                   cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+  if (e != cudaSuccess) cuda_failed("cudaLaunchKernelEx", e, __FILE__, __LINE__);
 }
 
 inline unsigned blocks_for(int64_t n, int threads) {

@@ -29,6 +29,14 @@ void fatal(const char* what) {
   std::abort();
 }
 
+bool pdl_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("RECUR_CUDA_PDL");
+    return !(v && v[0] == '0');
+  }();
+  return on;
+}
+
 Rows rows_of(const Tensor& t) {
   RECUR_CHECK(t.dtype == DType::F32 && t.ndim >= 2 && t.ndim <= 3 && t.stride[t.ndim - 1] == 1);
   Rows r;

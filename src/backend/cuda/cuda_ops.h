@@ -47,8 +47,14 @@ class CudaOps final : public Ops {
   void embedding(const int32_t* ids, int n, const Tensor& table, Tensor out) override;
   void gather_rows(const Tensor& x, const int32_t* rows, int n, Tensor out) override;
   void matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulate = false) override;
+  // Up to kGemvMaxTokens tokens: one GEMV launch over all the weights' rows.
+  void matmul_group(const Tensor& x, std::span<const Tensor> ws,
+                    std::span<const Tensor> outs) override;
   void rms_norm(const Tensor& x, const Tensor& w, float weight_offset, float eps,
                 Tensor out) override;
+  // One kernel: the sum, written back to x, and the norm.
+  void add_rms_norm(Tensor x, const Tensor& y, const Tensor& w, float weight_offset, float eps,
+                    Tensor out) override;
   void rms_norm_gated(const Tensor& x, const Tensor& gate, const Tensor& w, float eps,
                       Tensor out) override;
   void l2_norm(Tensor x, float eps, float scale) override;

@@ -22,8 +22,10 @@ namespace {
 
 constexpr int kAttnThreads = 128;
 constexpr int kAttnWarps = kAttnThreads / 32;
-constexpr int kTileP = 32;              // positions per tile: one per lane in the softmax
-constexpr int kMinSplitPositions = 32;  // one warp's chunk of positions
+constexpr int kTileP = 32;  // positions per tile: one per lane in the softmax
+// A split holds at least a chunk of 32 positions for each of the block's warps: shorter
+// splits leave warps idle and give the merge more partial results to combine.
+constexpr int kMinSplitPositions = 32 * kAttnWarps;
 
 struct AttnArgs {
   const float* q;  // [n, heads, hd]
@@ -49,6 +51,7 @@ __global__ void kv_cache_write_kernel(const float* k, int64_t k_s0, int64_t k_s1
                                       const int32_t* seq_start, int n_seqs,
                                       const int32_t* positions, const int32_t* block_start,
                                       const int32_t* block_ids) {
+  grid_dependency_sync();
   const int t = blockIdx.x, h = blockIdx.y;
   const int s = seq_of_token(seq_start, n_seqs, t);
   const int pos = positions[t];
@@ -90,6 +93,7 @@ size_t attn_smem_bytes(int group, int hd) {
 // the group's [group, hd] accumulator (MAXO of them per thread).
 template <int MAXO>
 __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(AttnArgs a) {
+  grid_dependency_sync();
   extern __shared__ float sm[];
   const int group = a.group, hd = a.hd;
   float* Qs = sm;                       // [group][hd]
@@ -216,6 +220,7 @@ __device__ __forceinline__ void store_result(const AttnArgs& a, int t, int h, in
 // group ≤ GMAX, hd ≤ 32·DPL.
 template <int GMAX, int DPL>
 __global__ void __launch_bounds__(kAttnThreads) paged_attention_warps_kernel(AttnArgs a) {
+  grid_dependency_sync();
   extern __shared__ float sm[];
   const int group = a.group, hd = a.hd;
   float* Qs = sm;                                   // [group][hd]
@@ -257,7 +262,9 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_warps_kernel(Att
     for (int g = 0; g < GMAX; ++g) s[g] = 0.0f;
     int d = 0;
     if (vec_q) {
-#pragma unroll 4
+      // Deep unrolling keeps many key loads in flight: at decode one warp per split walks
+      // its chunk alone, so the loads' latency, not bandwidth, sets its time.
+#pragma unroll 16
       for (; d + 4 <= hd; d += 4) {
         float kv[4];
 #pragma unroll
@@ -295,7 +302,7 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_warps_kernel(Att
     }
     const int n_valid = min(32, p_end - c0);
     const unsigned long long vaddr = reinterpret_cast<unsigned long long>(vrow);
-#pragma unroll 4
+#pragma unroll 8
     for (int j = 0; j < n_valid; ++j) {
       const float* vj = reinterpret_cast<const float*>(__shfl_sync(0xffffffffu, vaddr, j));
       float v[DPL];
@@ -350,8 +357,8 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_warps_kernel(Att
 
 template <int GMAX, int DPL>
 void launch_warps(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
-  paged_attention_warps_kernel<GMAX, DPL>
-      <<<grid, kAttnThreads, warp_attn_smem_bytes(a.group, a.hd), stream>>>(a);
+  launch_kernel(paged_attention_warps_kernel<GMAX, DPL>, grid, kAttnThreads,
+                warp_attn_smem_bytes(a.group, a.hd), stream, a);
 }
 
 template <int DPL>
@@ -388,6 +395,7 @@ constexpr int kCombineThreads = 256;
 // w, w + 8, ... (lane = channel lane + 32·i), weighting each by e^(m_s − M); the warps' sums
 // then add up in shared memory.
 __global__ void __launch_bounds__(kCombineThreads) attention_combine_kernel(AttnArgs a) {
+  grid_dependency_sync();
   extern __shared__ float sh[];  // weight [n_splits rounded up to 4], then [warps][hd]
   constexpr int kWarps = kCombineThreads / 32;
   __shared__ float red[kWarps];
@@ -456,7 +464,7 @@ void launch_attention(const AttnArgs& a, dim3 grid, size_t smem, size_t max_smem
         paged_attention_kernel<MAXO>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(max_smem)));
     opted_in = max_smem;
   }
-  paged_attention_kernel<MAXO><<<grid, kAttnThreads, smem, stream>>>(a);
+  launch_kernel(paged_attention_kernel<MAXO>, grid, kAttnThreads, smem, stream, a);
 }
 
 void launch_attention_tiled(const AttnArgs& a, dim3 grid, size_t max_smem, cudaStream_t stream) {
@@ -492,12 +500,12 @@ void CudaOps::kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, T
   if (layout.n_tokens == 0) return;
   Impl& s = *impl_;
   const DevLayout dl = s.layout(layout, true);
-  kv_cache_write_kernel<<<dim3(unsigned(layout.n_tokens), unsigned(kv_heads)),
-                          unsigned(std::min<int64_t>(hd, 256)), 0, s.stream>>>(
-      k.ptr<float>(), k.stride[0], k.stride[1], v.ptr<float>(), v.stride[0], v.stride[1],
-      k_cache.ptr<float>(), k_cache.stride[0], k_cache.stride[1], k_cache.stride[2],
-      v_cache.ptr<float>(), v_cache.stride[0], v_cache.stride[1], v_cache.stride[2], int(hd),
-      layout.block_size, dl.seq_start, layout.n_seqs, dl.positions, dl.block_start, dl.block_ids);
+  launch_kernel(kv_cache_write_kernel, dim3(unsigned(layout.n_tokens), unsigned(kv_heads)),
+                unsigned(std::min<int64_t>(hd, 256)), 0, s.stream, k.ptr<float>(), k.stride[0],
+                k.stride[1], v.ptr<float>(), v.stride[0], v.stride[1], k_cache.ptr<float>(),
+                k_cache.stride[0], k_cache.stride[1], k_cache.stride[2], v_cache.ptr<float>(),
+                v_cache.stride[0], v_cache.stride[1], v_cache.stride[2], int(hd), layout.block_size,
+                dl.seq_start, layout.n_seqs, dl.positions, dl.block_start, dl.block_ids);
   s.launched("kv_cache_write");
 }
 
@@ -562,8 +570,8 @@ void CudaOps::paged_attention(const Tensor& q, const Tensor& k_cache, const Tens
                                             int(s.max_smem_optin)));
       combine_opted_in = s.max_smem_optin;
     }
-    attention_combine_kernel<<<dim3(unsigned(n), unsigned(heads)), kCombineThreads, smem,
-                               s.stream>>>(a);
+    launch_kernel(attention_combine_kernel, dim3(unsigned(n), unsigned(heads)), kCombineThreads,
+                  smem, s.stream, a);
     s.launched("paged_attention (combine)");
   }
 }

@@ -23,6 +23,7 @@ template <typename W>
 __global__ void conv1d_out_kernel(const float* x, int64_t ldx, const W* w, int K,
                                   const float* state, int64_t C, const int32_t* seq_start,
                                   const int32_t* slot, int n_seqs, float* out, int64_t ldo) {
+  grid_dependency_sync();
   const int t = blockIdx.x;
   const int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
   if (c >= C) return;
@@ -42,6 +43,7 @@ __global__ void conv1d_out_kernel(const float* x, int64_t ldx, const W* w, int K
 // (which reads the old state). grid (n_seqs, ⌈C/256⌉)
 __global__ void conv1d_state_kernel(const float* x, int64_t ldx, int K, float* state, int64_t C,
                                     const int32_t* seq_start, const int32_t* slot) {
+  grid_dependency_sync();
   const int s = blockIdx.x;
   const int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
   if (c >= C) return;
@@ -58,6 +60,39 @@ __global__ void conv1d_state_kernel(const float* x, int64_t ldx, int K, float* s
 #pragma unroll
   for (int r = 0; r < kMaxConvK - 1; ++r) {
     if (r < K - 1) st[r * C + c] = tail[r];
+  }
+}
+
+// Decode (every sequence brings exactly one token): the output and the state's shift in one
+// kernel. Channels are independent, so each thread reads its channel's K-1 state values and
+// the token's input, writes the output (the same sum, in the same order, as
+// conv1d_out_kernel) and then the shifted state. grid (n_seqs, ⌈C/256⌉).
+// x, out [n = n_seqs, C]; w [C, 1, K]; state [slots, K-1, C]
+template <typename W>
+__global__ void conv1d_decode_kernel(const float* x, int64_t ldx, const W* w, int K, float* state,
+                                     int64_t C, const int32_t* seq_start, const int32_t* slot,
+                                     float* out, int64_t ldo) {
+  grid_dependency_sync();
+  const int s = blockIdx.x;
+  const int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const int64_t t = seq_start[s];
+  float* st = state + int64_t(slot[s]) * (K - 1) * C;
+  float in[kMaxConvK];
+#pragma unroll
+  for (int j = 0; j < kMaxConvK - 1; ++j) {
+    if (j < K - 1) in[j] = st[j * C + c];
+  }
+  const float xv = x[t * ldx + c];
+  float acc = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kMaxConvK; ++j) {
+    if (j < K) acc += to_f32(w[c * K + j]) * (j == K - 1 ? xv : in[j]);
+  }
+  out[t * ldo + c] = silu(acc);
+#pragma unroll
+  for (int r = 0; r < kMaxConvK - 1; ++r) {
+    if (r < K - 1) st[r * C + c] = r + 1 < K - 1 ? in[r + 1] : xv;
   }
 }
 
@@ -84,6 +119,7 @@ constexpr int kRecWarps = 4;
 // value column, warp w owns state rows w, w + kRecWarps, ... (RPT of them, in registers).
 template <int RPT>
 __global__ void __launch_bounds__(32 * kRecWarps) delta_recurrent_kernel(DeltaArgs a) {
+  grid_dependency_sync();
   const int s = blockIdx.z, h = blockIdx.y;
   const int lane = threadIdx.x, warp = threadIdx.y, tid = warp * 32 + lane;
   const int j = blockIdx.x * 32 + lane;
@@ -188,6 +224,7 @@ __host__ __device__ inline size_t chunk_keys_smem(int dk) {
 
 __global__ void __launch_bounds__(kChunkThreads)
     delta_chunk_keys_kernel(DeltaArgs a, ChunkRecords rec) {
+  grid_dependency_sync();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int c = rec.c0 + blockIdx.x, h = blockIdx.y, s = rec.s0 + blockIdx.z, tid = threadIdx.x;
   const int64_t base = a.seq_start[s], len = a.seq_start[s + 1] - base;
@@ -333,6 +370,7 @@ struct ChunkSmem {
 // (⌈dv/dvt⌉, Hv, n_seq_group), kChunkThreads threads; three barriers per chunk.
 __global__ void __launch_bounds__(kChunkThreads)
     delta_chunk_state_kernel(DeltaArgs a, ChunkRecords rec, int dvt) {
+  grid_dependency_sync();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int s = rec.s0 + blockIdx.z, h = blockIdx.y, tid = threadIdx.x;
   const int j0 = blockIdx.x * dvt;
@@ -413,16 +451,16 @@ void launch_recurrent(const DeltaArgs& a, int n_seqs, cudaStream_t stream) {
   const dim3 block(32, kRecWarps);
   const int rpt = (a.dk + kRecWarps - 1) / kRecWarps;
   if (rpt <= 4) {
-    delta_recurrent_kernel<4><<<grid, block, 0, stream>>>(a);
+    launch_kernel(delta_recurrent_kernel<4>, grid, block, 0, stream, a);
   } else if (rpt <= 8) {
-    delta_recurrent_kernel<8><<<grid, block, 0, stream>>>(a);
+    launch_kernel(delta_recurrent_kernel<8>, grid, block, 0, stream, a);
   } else if (rpt <= 16) {
-    delta_recurrent_kernel<16><<<grid, block, 0, stream>>>(a);
+    launch_kernel(delta_recurrent_kernel<16>, grid, block, 0, stream, a);
   } else if (rpt <= 32) {
-    delta_recurrent_kernel<32><<<grid, block, 0, stream>>>(a);
+    launch_kernel(delta_recurrent_kernel<32>, grid, block, 0, stream, a);
   } else {
     RECUR_CHECK(rpt <= 64);
-    delta_recurrent_kernel<64><<<grid, block, 0, stream>>>(a);
+    launch_kernel(delta_recurrent_kernel<64>, grid, block, 0, stream, a);
   }
 }
 
@@ -462,10 +500,10 @@ void launch_chunked(const DeltaArgs& a, const SeqLayout& layout, void* scratch,
     const int ns = std::min(group, layout.n_seqs - s0);
     for (int c0 = 0; c0 < max_chunks; c0 += piece) {
       const ChunkRecords rec{static_cast<float*>(scratch), c0, piece, s0, ns};
-      delta_chunk_keys_kernel<<<dim3(unsigned(piece), unsigned(a.hv), unsigned(ns)), kChunkThreads,
-                                keys_smem, stream>>>(a, rec);
+      launch_kernel(delta_chunk_keys_kernel, dim3(unsigned(piece), unsigned(a.hv), unsigned(ns)),
+                    kChunkThreads, keys_smem, stream, a, rec);
       const dim3 grid(unsigned((a.dv + dvt - 1) / dvt), unsigned(a.hv), unsigned(ns));
-      delta_chunk_state_kernel<<<grid, kChunkThreads, state_smem, stream>>>(a, rec, dvt);
+      launch_kernel(delta_chunk_state_kernel, grid, kChunkThreads, state_smem, stream, a, rec, dvt);
     }
   }
 }
@@ -484,18 +522,35 @@ void CudaOps::conv1d_causal_silu(const Tensor& x, const Tensor& weight, Tensor c
   Impl& s = *impl_;
   const DevLayout dl = s.layout(layout, false);
   const unsigned cblocks = blocks_for(C, 256);
+  bool decode = K > 1 && layout.n_tokens == layout.n_seqs;
+  for (int q = 0; decode && q < layout.n_seqs; ++q) {
+    decode = layout.seq_start[q + 1] - layout.seq_start[q] == 1;
+  }
+  if (decode) {
+    dispatch_weight(weight.dtype, [&](auto tag) {
+      using W = decltype(tag);
+      launch_kernel(conv1d_decode_kernel<W>, dim3(unsigned(layout.n_seqs), cblocks), 256, 0,
+                    s.stream, x.ptr<float>(), x.stride[0], weight.ptr<W>(), K,
+                    conv_state.ptr<float>(), C, dl.seq_start, dl.slot, out.ptr<float>(),
+                    out.stride[0]);
+    });
+    s.launched("conv1d_causal_silu (decode)");
+    return;
+  }
   if (layout.n_tokens > 0) {
     dispatch_weight(weight.dtype, [&](auto tag) {
       using W = decltype(tag);
-      conv1d_out_kernel<W><<<dim3(unsigned(layout.n_tokens), cblocks), 256, 0, s.stream>>>(
-          x.ptr<float>(), x.stride[0], weight.ptr<W>(), K, conv_state.ptr<float>(), C, dl.seq_start,
-          dl.slot, layout.n_seqs, out.ptr<float>(), out.stride[0]);
+      launch_kernel(conv1d_out_kernel<W>, dim3(unsigned(layout.n_tokens), cblocks), 256, 0,
+                    s.stream, x.ptr<float>(), x.stride[0], weight.ptr<W>(), K,
+                    conv_state.ptr<float>(), C, dl.seq_start, dl.slot, layout.n_seqs,
+                    out.ptr<float>(), out.stride[0]);
     });
     s.launched("conv1d_causal_silu (outputs)");
   }
   if (K > 1) {
-    conv1d_state_kernel<<<dim3(unsigned(layout.n_seqs), cblocks), 256, 0, s.stream>>>(
-        x.ptr<float>(), x.stride[0], K, conv_state.ptr<float>(), C, dl.seq_start, dl.slot);
+    launch_kernel(conv1d_state_kernel, dim3(unsigned(layout.n_seqs), cblocks), 256, 0, s.stream,
+                  x.ptr<float>(), x.stride[0], K, conv_state.ptr<float>(), C, dl.seq_start,
+                  dl.slot);
     s.launched("conv1d_causal_silu (state)");
   }
 }

@@ -20,14 +20,15 @@ using namespace cuda;
 
 namespace {
 
-// One block per 4 weight rows; x [nt ≤ NT, k] rows ldx apart; out [nt, m] rows ldo apart.
-template <typename W, int NT, bool kVec>
-__global__ void __launch_bounds__(kGemvThreads)
-    matmul_gemv_kernel(const W* __restrict__ w, int64_t m, int64_t k, const float* x, int64_t ldx,
-                       int nt, float* out, int64_t ldo, bool accumulate) {
-  constexpr int R = 4;
+// Rows row0 .. row0+R-1 of out [nt ≤ NT, m] (rows ldo apart) = x [nt, k] (rows ldx apart) ·
+// w [m, k]^T, by one block: the body of both GEMV kernels below. A row's sums do not depend on
+// R (each thread's share of k and the reduction order are fixed), so a weight gives the same
+// results alone or in a group.
+template <typename W, int NT, int R, bool kVec>
+__device__ __forceinline__ void gemv_rows(const W* __restrict__ w, int64_t m, int64_t k,
+                                          const float* x, int64_t ldx, int nt, float* out,
+                                          int64_t ldo, bool accumulate, int64_t row0) {
   __shared__ float red[R * NT * (kGemvThreads / 32)];
-  const int64_t row0 = int64_t(blockIdx.x) * R;
   const int rows = int(min64(R, m - row0));
   const float* xr[NT];
 #pragma unroll
@@ -44,6 +45,36 @@ __global__ void __launch_bounds__(kGemvThreads)
   }
 }
 
+// One block per 4 weight rows; x [nt ≤ NT, k] rows ldx apart; out [nt, m] rows ldo apart.
+template <typename W, int NT, bool kVec>
+__global__ void __launch_bounds__(kGemvThreads)
+    matmul_gemv_kernel(const W* __restrict__ w, int64_t m, int64_t k, const float* x, int64_t ldx,
+                       int nt, float* out, int64_t ldo, bool accumulate) {
+  grid_dependency_sync();
+  gemv_rows<W, NT, 4, kVec>(w, m, k, x, ldx, nt, out, ldo, accumulate, int64_t(blockIdx.x) * 4);
+}
+
+// Several weights sharing x: weight g takes blocks first_block[g] .. first_block[g + 1) - 1.
+template <typename W>
+struct GemvGroup {
+  const W* w[Ops::kMaxMatmulGroup];  // [m_g, k] each
+  float* out[Ops::kMaxMatmulGroup];  // [nt, m_g], ldo_g apart
+  int64_t m[Ops::kMaxMatmulGroup], ldo[Ops::kMaxMatmulGroup];
+  int first_block[Ops::kMaxMatmulGroup + 1];
+  int count;
+};
+
+// x [nt ≤ NT, k] rows ldx apart; R rows per block; grid (first_block[count]).
+template <typename W, int NT, int R, bool kVec>
+__global__ void __launch_bounds__(kGemvThreads)
+    matmul_gemv_group_kernel(GemvGroup<W> g, int64_t k, const float* x, int64_t ldx, int nt) {
+  grid_dependency_sync();
+  int i = 0;
+  while (i + 1 < g.count && int(blockIdx.x) >= g.first_block[i + 1]) ++i;
+  const int64_t row0 = int64_t(int(blockIdx.x) - g.first_block[i]) * R;
+  gemv_rows<W, NT, R, kVec>(g.w[i], g.m[i], k, x, ldx, nt, g.out[i], g.ldo[i], false, row0);
+}
+
 // parts [3, n, k] contiguous: x [n, k] (rows ldx apart) = hi + mid + lo exactly (three 16-bit
 // terms hold f32's 24-bit significand; bf16 keeps f32's exponent range, so only values near
 // the f32 denormal range lose bits). Products with 16-bit weights are exact in the tensor
@@ -51,6 +82,7 @@ __global__ void __launch_bounds__(kGemvThreads)
 // up to the order of f32 additions: a token's result does not depend on the batch's size.
 template <typename T>
 __global__ void split3_lowp_kernel(const float* x, int64_t ldx, int64_t n, int64_t k, T* parts) {
+  grid_dependency_sync();
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n * k;
        e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = e / k, c = e % k;
@@ -74,6 +106,7 @@ __global__ void split3_lowp_kernel(const float* x, int64_t ldx, int64_t n, int64
 // [3, n, m] summed smallest first. out rows ldo apart.
 __global__ void sum3_kernel(const float* terms, int64_t n, int64_t m, float* out, int64_t ldo,
                             bool accumulate) {
+  grid_dependency_sync();
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n * m;
        e += int64_t(gridDim.x) * blockDim.x) {
     const float v = (terms[2 * n * m + e] + terms[n * m + e]) + terms[e];
@@ -94,17 +127,91 @@ void launch_gemv(const Tensor& x, const Tensor& w, Tensor out, bool accumulate, 
   const bool vec = k % E == 0 && aligned16(w.data) && aligned16(x.data) && x.stride[0] % 4 == 0;
   const unsigned blocks = unsigned((m + 3) / 4);
   if (vec) {
-    matmul_gemv_kernel<W, NT, true>
-        <<<blocks, kGemvThreads, 0, stream>>>(w.ptr<W>(), m, k, x.ptr<float>(), x.stride[0], n,
-                                              out.ptr<float>(), out.stride[0], accumulate);
+    launch_kernel(matmul_gemv_kernel<W, NT, true>, blocks, kGemvThreads, 0, stream, w.ptr<W>(), m,
+                  k, x.ptr<float>(), x.stride[0], n, out.ptr<float>(), out.stride[0], accumulate);
   } else {
-    matmul_gemv_kernel<W, NT, false>
-        <<<blocks, kGemvThreads, 0, stream>>>(w.ptr<W>(), m, k, x.ptr<float>(), x.stride[0], n,
-                                              out.ptr<float>(), out.stride[0], accumulate);
+    launch_kernel(matmul_gemv_kernel<W, NT, false>, blocks, kGemvThreads, 0, stream, w.ptr<W>(), m,
+                  k, x.ptr<float>(), x.stride[0], n, out.ptr<float>(), out.stride[0], accumulate);
+  }
+}
+
+template <typename W, int NT, int R>
+void launch_gemv_group_r(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> outs,
+                         int n, cudaStream_t stream) {
+  const int64_t k = x.shape[1];
+  GemvGroup<W> g{};
+  g.count = int(ws.size());
+  for (int i = 0; i < g.count; ++i) {
+    g.w[i] = ws[i].ptr<W>();
+    g.out[i] = outs[i].ptr<float>();
+    g.m[i] = ws[i].shape[0];
+    g.ldo[i] = outs[i].stride[0];
+    g.first_block[i + 1] = g.first_block[i] + int((g.m[i] + R - 1) / R);
+  }
+  const unsigned blocks = unsigned(g.first_block[g.count]);
+  launch_kernel(matmul_gemv_group_kernel<W, NT, R, true>, blocks, kGemvThreads, 0, stream, g, k,
+                x.ptr<float>(), x.stride[0], n);
+}
+
+// Four rows per block; eight for one or two tokens when four would need more than one wave of
+// blocks (16 per SM), whose partly filled last wave would leave bandwidth unused.
+template <typename W, int NT>
+void launch_gemv_group(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> outs,
+                       int n, int sm_count, cudaStream_t stream) {
+  int64_t blocks4 = 0;
+  for (const Tensor& w : ws) blocks4 += (w.shape[0] + 3) / 4;
+  if (NT <= 2 && blocks4 > 16 * int64_t(sm_count)) {
+    launch_gemv_group_r<W, NT, 8>(x, ws, outs, n, stream);
+  } else {
+    launch_gemv_group_r<W, NT, 4>(x, ws, outs, n, stream);
   }
 }
 
 }  // namespace
+
+void CudaOps::matmul_group(const Tensor& x, std::span<const Tensor> ws,
+                           std::span<const Tensor> outs) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
+  RECUR_CHECK(ws.size() == outs.size() && ws.size() <= kMaxMatmulGroup);
+  RECUR_CHECK(x.ndim == 2 && x.dtype == DType::F32 && x.stride[1] == 1);
+  const int64_t n = x.shape[0], k = x.shape[1];
+  bool one_launch = n >= 1 && n <= kGemvMaxTokens && ws.size() > 1;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const Tensor &w = ws[i], &o = outs[i];
+    RECUR_CHECK(w.ndim == 2 && o.ndim == 2 && w.is_contiguous() && w.shape[1] == k);
+    RECUR_CHECK(o.dtype == DType::F32 && o.stride[1] == 1 && o.shape[0] == n &&
+                o.shape[1] == w.shape[0]);
+    one_launch = one_launch && w.dtype == ws[0].dtype && w.shape[0] > 0 && aligned16(w.data);
+  }
+  // The 16-byte path only, as matmul takes for each such weight alone (same arithmetic).
+  const int64_t chunk = 16 / int64_t(dtype_size(ws.empty() ? DType::F32 : ws[0].dtype));
+  one_launch = one_launch && k % chunk == 0 && aligned16(x.data) && x.stride[0] % 4 == 0;
+  if (!one_launch) {  // prompts (cuBLAS per weight), or nothing to group
+    for (size_t i = 0; i < ws.size(); ++i) matmul(x, ws[i], outs[i]);
+    return;
+  }
+  Impl& s = *impl_;
+  dispatch_weight(ws[0].dtype, [&](auto tag) {
+    using W = decltype(tag);
+    if (n == 1) {
+      launch_gemv_group<W, 1>(x, ws, outs, int(n), s.sm_count, s.stream);
+    } else if (n == 2) {
+      launch_gemv_group<W, 2>(x, ws, outs, int(n), s.sm_count, s.stream);
+    } else if (n <= 4) {
+      launch_gemv_group<W, 4>(x, ws, outs, int(n), s.sm_count, s.stream);
+    } else {
+      launch_gemv_group<W, 8>(x, ws, outs, int(n), s.sm_count, s.stream);
+    }
+  });
+  if (s.profile) {
+    std::string label = "matmul group gemv";
+    for (const Tensor& w : ws) label += " " + std::to_string(w.shape[0]);
+    label += " x" + std::to_string(k);
+    s.launched(label.c_str());
+  } else {
+    s.launched("matmul group (gemv)");
+  }
+}
 
 void CudaOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulate) {
   if (impl_->replaying()) return;  // the decode graph does this op's work
@@ -162,18 +269,19 @@ void CudaOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumula
     float* outr = out.ptr<float>() + r0 * out.stride[0];
     const unsigned blocks = unsigned(std::min<int64_t>(blocks_for(nr * k, 256), s.sm_count * 8));
     if (half) {
-      split3_lowp_kernel<__half>
-          <<<blocks, 256, 0, s.stream>>>(xr, x.stride[0], nr, k, reinterpret_cast<__half*>(parts));
+      launch_kernel(split3_lowp_kernel<__half>, blocks, 256, 0, s.stream, xr, x.stride[0], nr, k,
+                    reinterpret_cast<__half*>(parts));
     } else {
-      split3_lowp_kernel<__nv_bfloat16><<<blocks, 256, 0, s.stream>>>(
-          xr, x.stride[0], nr, k, reinterpret_cast<__nv_bfloat16*>(parts));
+      launch_kernel(split3_lowp_kernel<__nv_bfloat16>, blocks, 256, 0, s.stream, xr, x.stride[0],
+                    nr, k, reinterpret_cast<__nv_bfloat16*>(parts));
     }
     s.launched("matmul (activation split)");
     RECUR_CUBLAS_CHECK(cublasGemmEx(s.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(m), int(3 * nr), int(k),
                                     &alpha, w.data, t, int(k), parts, t, int(k), &zero, terms,
                                     CUDA_R_32F, int(m), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     const unsigned sblocks = unsigned(std::min<int64_t>(blocks_for(nr * m, 256), s.sm_count * 8));
-    sum3_kernel<<<sblocks, 256, 0, s.stream>>>(terms, nr, m, outr, out.stride[0], accumulate);
+    launch_kernel(sum3_kernel, sblocks, 256, 0, s.stream, terms, nr, m, outr, out.stride[0],
+                  accumulate);
     if (s.profile) {  // the interval includes cuBLAS's product
       const std::string label = "matmul 3-term " + std::to_string(m) + "x" + std::to_string(k);
       s.launched(label.c_str());

@@ -61,6 +61,7 @@ template <int PL>
 __global__ void moe_route_kernel(const float* logits, int64_t ld, int n, int E, int k,
                                  bool norm_topk, int32_t* ids, int64_t ld_ids, float* weights,
                                  int64_t ld_w) {
+  grid_dependency_sync();
   const int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (t >= n) return;
@@ -94,6 +95,37 @@ __global__ void moe_route_kernel(const float* logits, int64_t ld, int n, int E, 
   double kept = 0.0;
   int32_t* id_row = ids + int64_t(t) * ld_ids;
   float* w_row = weights + int64_t(t) * ld_w;
+  if (k <= 32) {
+    // Lane j keeps the j-th pick; the k probabilities (double exp and divide) are then
+    // computed side by side rather than one per selection round, with the same formulas,
+    // and summed on lane 0 in pick order.
+    float my_v = -INFINITY;
+    int my_i = E;
+    for (int j = 0; j < k; ++j) {
+      float best_v = -INFINITY;
+      int best_i = E;
+      for_each([&](int e, float v) {
+        const bool after = v < prev_v || (v == prev_v && e > prev_i);
+        if (after && (v > best_v || (v == best_v && e < best_i))) best_v = v, best_i = e;
+      });
+      for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, best_v, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+        if (ov > best_v || (ov == best_v && oi < best_i)) best_v = ov, best_i = oi;
+      }
+      if (lane == j) my_v = best_v, my_i = best_i;
+      prev_v = best_v, prev_i = best_i;
+    }
+    const double p = lane < k ? exp(double(my_v - mx)) / sum : 0.0;
+    for (int j = 0; j < k; ++j) kept += __shfl_sync(0xffffffffu, p, j);
+    if (lane < k) {
+      float wf = float(p);
+      if (norm_topk) wf = float(double(wf) / kept);
+      id_row[lane] = my_i;
+      w_row[lane] = wf;
+    }
+    return;
+  }
   for (int j = 0; j < k; ++j) {
     float best_v = -INFINITY;
     int best_i = E;
@@ -147,6 +179,7 @@ __device__ void block_scan2(int& a, int& b, int* warp_a, int* warp_b, int* tot_a
 // (tiles of up to tm rows of one expert). Shared: count, offset, cursor, first tile [E] each.
 __global__ void __launch_bounds__(kSortThreads)
     moe_sort_kernel(const int32_t* ids, int64_t ld_ids, int n, int k, int E, int tm, MoeScratch m) {
+  grid_dependency_sync();
   extern __shared__ int sh[];
   int* count = sh;
   int* offset = count + E;
@@ -194,11 +227,11 @@ __global__ void __launch_bounds__(kSortThreads)
 // The GEMV core over tiles of ≤ NT rows: grid (⌈m/R⌉, max_tiles).
 template <typename W, int NT, bool kDual, bool kVec>
 __global__ void __launch_bounds__(kGemvThreads) moe_gemv_kernel(MoeGemmArgs a) {
+  grid_dependency_sync();
   constexpr int R = kDual ? 2 : 4;
   __shared__ float red[(kDual ? 2 : 1) * R * NT * (kGemvThreads / 32)];
-  const int tile = blockIdx.y;
-  if (tile >= *a.n_tiles) return;
-  const int e = a.tile_expert[tile], row0 = a.tile_row0[tile], nt = a.tile_rows[tile];
+  int e, row0, nt;
+  if (!moe_tile(a, blockIdx.y, e, row0, nt)) return;
   const int64_t orow0 = int64_t(blockIdx.x) * R;
   const int rows = int(min64(R, a.m - orow0));
   const float* xr[NT];
@@ -231,13 +264,13 @@ template <bool kDual>
 constexpr int kWarpRows = kDual ? 2 : 4;
 template <typename W, int NT, bool kDual>
 __global__ void __launch_bounds__(kGemvThreads) moe_gemv_warp_kernel(MoeGemmArgs a) {
+  grid_dependency_sync();
   constexpr int E = Chunk<W>::kElems, RW = kWarpRows<kDual>;
-  const int tile = blockIdx.y;
-  if (tile >= *a.n_tiles) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t orow0 = (int64_t(blockIdx.x) * (kGemvThreads / 32) + warp) * RW;
   if (orow0 >= a.m) return;  // warp-uniform, and nothing below waits for the block
-  const int e = a.tile_expert[tile], row0 = a.tile_row0[tile], nt = a.tile_rows[tile];
+  int e, row0, nt;
+  if (!moe_tile(a, blockIdx.y, e, row0, nt)) return;
   const int rows = int(min64(RW, a.m - orow0));
   const float* xr[NT];
 #pragma unroll
@@ -292,14 +325,18 @@ __global__ void __launch_bounds__(kGemvThreads) moe_gemv_warp_kernel(MoeGemmArgs
   }
 }
 
-// out[t, :] = Σ_j weights[t, j] · ys[row_of[t·k + j], :]; one block per token.
+// out[t, :] = Σ_j weights[t, j] · ys[row_of[t·k + j], :] (row_of null: the identity); grid
+// (tokens, column blocks), a thread per column (a single block per token is latency-bound).
 __global__ void moe_combine_kernel(const float* ys, const int32_t* row_of, const float* weights,
                                    int64_t ld_w, int k, int64_t d, float* out, int64_t ldo) {
+  grid_dependency_sync();
   const int t = blockIdx.x;
-  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+  for (int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; c < d;
+       c += int64_t(gridDim.y) * blockDim.x) {
     float o = 0.0f;
     for (int j = 0; j < k; ++j) {
-      o += weights[int64_t(t) * ld_w + j] * ys[int64_t(row_of[t * k + j]) * d + c];
+      const int row = row_of ? row_of[t * k + j] : t * k + j;
+      o += weights[int64_t(t) * ld_w + j] * ys[int64_t(row) * d + c];
     }
     out[int64_t(t) * ldo + c] = o;
   }
@@ -310,9 +347,9 @@ void launch_moe_gemv(const MoeGemmArgs& a, bool vec, unsigned max_tiles, cudaStr
   constexpr int R = kDual ? 2 : 4;
   const dim3 grid(unsigned((a.m + R - 1) / R), max_tiles);
   if (vec) {
-    moe_gemv_kernel<W, NT, kDual, true><<<grid, kGemvThreads, 0, stream>>>(a);
+    launch_kernel(moe_gemv_kernel<W, NT, kDual, true>, grid, kGemvThreads, 0, stream, a);
   } else {
-    moe_gemv_kernel<W, NT, kDual, false><<<grid, kGemvThreads, 0, stream>>>(a);
+    launch_kernel(moe_gemv_kernel<W, NT, kDual, false>, grid, kGemvThreads, 0, stream, a);
   }
 }
 
@@ -320,7 +357,7 @@ template <typename W, int NT, bool kDual>
 void launch_moe_gemv_warp(const MoeGemmArgs& a, unsigned max_tiles, cudaStream_t stream) {
   constexpr int64_t kRowsPerBlock = kWarpRows<kDual> * (kGemvThreads / 32);
   const dim3 grid(unsigned((a.m + kRowsPerBlock - 1) / kRowsPerBlock), max_tiles);
-  moe_gemv_warp_kernel<W, NT, kDual><<<grid, kGemvThreads, 0, stream>>>(a);
+  launch_kernel(moe_gemv_warp_kernel<W, NT, kDual>, grid, kGemvThreads, 0, stream, a);
 }
 
 template <typename W, bool kDual>
@@ -357,9 +394,9 @@ void CudaOps::moe_route(const Tensor& logits, int k, bool norm_topk, Tensor ids,
   if (n == 0) return;
   Impl& s = *impl_;
   auto launch = [&](auto kernel) {
-    kernel<<<blocks_for(n, 4), 128, 0, s.stream>>>(
-        logits.ptr<float>(), logits.stride[0], int(n), int(E), k, norm_topk, ids.ptr<int32_t>(),
-        ids.stride[0], weights.ptr<float>(), weights.stride[0]);
+    launch_kernel(kernel, blocks_for(n, 4), 128, 0, s.stream, logits.ptr<float>(), logits.stride[0],
+                  int(n), int(E), k, norm_topk, ids.ptr<int32_t>(), ids.stride[0],
+                  weights.ptr<float>(), weights.stride[0]);
   };
   if (E <= 128) {
     launch(moe_route_kernel<4>);
@@ -419,14 +456,19 @@ void CudaOps::moe_experts(const Tensor& x, std::span<const ExpertWeights> expert
                                   : 8;
   const int64_t max_tiles = std::min<int64_t>(pairs, (pairs + tm - 1) / tm + std::min(E, pairs));
 
-  const size_t sort_smem = size_t(4 * E) * sizeof(int);
-  if (sort_smem > (48 << 10)) {
-    RECUR_CUDA_CHECK(cudaFuncSetAttribute(
-        moe_sort_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sort_smem)));
+  // One token: tile j is its pair j (the GEMV core gives the same per-pair arithmetic as the
+  // sorted tiles of one row), so the sort's launch is skipped.
+  const bool direct = n == 1;
+  if (!direct) {
+    const size_t sort_smem = size_t(4 * E) * sizeof(int);
+    if (sort_smem > (48 << 10)) {
+      RECUR_CUDA_CHECK(cudaFuncSetAttribute(
+          moe_sort_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sort_smem)));
+    }
+    launch_kernel(moe_sort_kernel, 1, kSortThreads, sort_smem, s.stream, ids.ptr<int32_t>(),
+                  ids.stride[0], int(n), int(k), int(E), tm, m);
+    s.launched("moe_experts (sort)");
   }
-  moe_sort_kernel<<<1, kSortThreads, sort_smem, s.stream>>>(ids.ptr<int32_t>(), ids.stride[0],
-                                                            int(n), int(k), int(E), tm, m);
-  s.launched("moe_experts (sort)");
 
   MoeGemmArgs up{};
   up.w = table, up.w2 = table + E, up.m = d_ff, up.k = d;
@@ -434,6 +476,10 @@ void CudaOps::moe_experts(const Tensor& x, std::span<const ExpertWeights> expert
   up.out = m.hs, up.ldo = d_ff;
   up.tile_expert = m.tile_expert, up.tile_row0 = m.tile_row0, up.tile_rows = m.tile_rows;
   up.n_tiles = m.n_tiles, up.w_aligned = aligned;
+  if (direct) {
+    up.direct_ids = ids.ptr<int32_t>(), up.direct_k = int(k), up.n_experts = int(E);
+    up.x_row = nullptr, up.ldx = 0;  // every pair reads the one token's row
+  }
   MoeGemmArgs down = up;
   down.w = table + 2 * E, down.w2 = nullptr, down.m = d, down.k = d_ff;
   down.x = m.hs, down.ldx = d_ff, down.x_row = nullptr;
@@ -457,9 +503,10 @@ void CudaOps::moe_experts(const Tensor& x, std::span<const ExpertWeights> expert
       s.launched("moe_experts (down)");
     });
   }
-  moe_combine_kernel<<<unsigned(n), 256, 0, s.stream>>>(m.ys, m.row_of, weights.ptr<float>(),
-                                                        weights.stride[0], int(k), d,
-                                                        out.ptr<float>(), out.stride[0]);
+  const dim3 combine_grid(unsigned(n), unsigned(std::min<int64_t>((d + 255) / 256, 64)));
+  launch_kernel(moe_combine_kernel, combine_grid, 256, 0, s.stream, m.ys,
+                direct ? nullptr : m.row_of, weights.ptr<float>(), weights.stride[0], int(k), d,
+                out.ptr<float>(), out.stride[0]);
   s.launched("moe_experts (combine)");
 }
 

@@ -18,6 +18,7 @@ constexpr int kMaxSplitParts = 8;
 template <typename W>
 __global__ void embedding_kernel(const int32_t* ids, const W* table, int64_t d, float* out,
                                  int64_t ldo) {
+  grid_dependency_sync();
   const int64_t i = blockIdx.x;
   const W* src = table + int64_t(ids[i]) * d;
   float* dst = out + i * ldo;
@@ -27,43 +28,205 @@ __global__ void embedding_kernel(const int32_t* ids, const W* table, int64_t d, 
 // out[n, d] = x[rows[i], :]
 __global__ void gather_rows_kernel(const float* x, int64_t ldx, const int32_t* rows, int64_t d,
                                    float* out, int64_t ldo) {
+  grid_dependency_sync();
   const int64_t i = blockIdx.x;
   const float* src = x + int64_t(rows[i]) * ldx;
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) out[i * ldo + j] = src[j];
 }
 
-// One warp per row of x [rows, d]: out = x · rsqrt(mean(x²) + eps) · (w + offset), optionally
-// · silu(gate). Each lane rewrites only what it read, so out may alias x.
-template <typename W, bool kGated>
-__global__ void rms_norm_kernel(Rows x, Rows gate, Rows out, const W* w, float offset, float eps) {
+// One warp per row of x [rows, d < kBlockNormMinWidth]: out = x · rsqrt(mean(x²) + eps) · (w +
+// offset), optionally · silu(gate). Each lane rewrites only what it read, so out may alias x. kAdd:
+// first x += y (rows of y [rows, d]), written back to x, as add then rms_norm.
+// The first kWarpNormPer elements of each lane are loaded (x, y, w, gate) before anything is
+// stored, so their loads are in flight together; the sum of squares runs in the plain loop's
+// order (j = lane, lane + 32, ...), as do the rest of rows wider than 32 · kWarpNormPer.
+constexpr int kWarpNormPer = 8;
+template <typename W, bool kGated, bool kAdd>
+__global__ void rms_norm_kernel(Rows x, Rows gate, Rows out, const W* w, float offset, float eps,
+                                Rows y) {
+  grid_dependency_sync();
   const int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (r >= x.n_rows) return;
   const int lane = threadIdx.x % 32;
-  const float* xr = x.row(r);
+  const int64_t d = x.d;
+  float* xr = x.row(r);
+  const float* yr = kAdd ? y.row(r) : nullptr;
+  const float* gr = kGated ? gate.row(r) : nullptr;
+  float v[kWarpNormPer], wv[kWarpNormPer], gv[kWarpNormPer];
+#pragma unroll
+  for (int i = 0; i < kWarpNormPer; ++i) {
+    const int64_t j = lane + 32 * int64_t(i);
+    v[i] = wv[i] = gv[i] = 0.0f;
+    if (j < d) {
+      v[i] = xr[j];
+      if constexpr (kAdd) v[i] += yr[j];
+      wv[i] = to_f32(w[j]);
+      if constexpr (kGated) gv[i] = gr[j];
+    }
+  }
   float ss = 0.0f;
-  for (int64_t j = lane; j < x.d; j += 32) ss += xr[j] * xr[j];
+#pragma unroll
+  for (int i = 0; i < kWarpNormPer; ++i) {
+    const int64_t j = lane + 32 * int64_t(i);
+    if (j < d) {
+      if constexpr (kAdd) xr[j] = v[i];
+      ss += v[i] * v[i];
+    }
+  }
+  for (int64_t j = lane + 32 * int64_t(kWarpNormPer); j < d; j += 32) {
+    float e = xr[j];
+    if constexpr (kAdd) {
+      e += yr[j];
+      xr[j] = e;
+    }
+    ss += e * e;
+  }
   ss = warp_sum(ss);
-  const float inv = 1.0f / sqrtf(ss / float(x.d) + eps);
+  const float inv = 1.0f / sqrtf(ss / float(d) + eps);
   float* orow = out.row(r);
-  if constexpr (kGated) {
-    const float* gr = gate.row(r);
-    for (int64_t j = lane; j < x.d; j += 32) orow[j] = xr[j] * inv * to_f32(w[j]) * silu(gr[j]);
+#pragma unroll
+  for (int i = 0; i < kWarpNormPer; ++i) {
+    const int64_t j = lane + 32 * int64_t(i);
+    if (j < d) {
+      if constexpr (kGated) {
+        orow[j] = v[i] * inv * wv[i] * silu(gv[i]);
+      } else {
+        orow[j] = v[i] * inv * (wv[i] + offset);
+      }
+    }
+  }
+  for (int64_t j = lane + 32 * int64_t(kWarpNormPer); j < d; j += 32) {
+    if constexpr (kGated) {
+      orow[j] = xr[j] * inv * to_f32(w[j]) * silu(gr[j]);
+    } else {
+      orow[j] = xr[j] * inv * (to_f32(w[j]) + offset);
+    }
+  }
+}
+
+// Rows at least this wide get a block each: one warp walking a 2048-wide row is bound by
+// load latency (about 10 µs for a single decode token). The choice depends on d alone, so a
+// token's result never depends on how many rows share the launch.
+constexpr int64_t kBlockNormMinWidth = 1024;
+
+// The same as rms_norm_kernel with one block of kThreads per row of x [rows, d]; the block's
+// partial sums of squares are added in a fixed order. The first kBlockNormPer elements of
+// each thread are loaded (x, y, w, gate) into registers before anything is stored, so their
+// loads are all in flight at once (a store to x would otherwise keep later loads waiting);
+// the sums of squares run in the same order as a plain loop over j.
+constexpr int kBlockNormPer = 8;
+template <typename W, bool kGated, bool kAdd>
+__global__ void __launch_bounds__(kThreads)
+    rms_norm_block_kernel(Rows x, Rows gate, Rows out, const W* w, float offset, float eps,
+                          Rows y) {
+  grid_dependency_sync();
+  constexpr int kWarps = kThreads / 32;
+  __shared__ float red[kWarps];
+  const int64_t r = blockIdx.x, d = x.d;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float* xr = x.row(r);
+  const float* yr = kAdd ? y.row(r) : nullptr;
+  const float* gr = kGated ? gate.row(r) : nullptr;
+  float v[kBlockNormPer], wv[kBlockNormPer], gv[kBlockNormPer];
+#pragma unroll
+  for (int i = 0; i < kBlockNormPer; ++i) {
+    const int64_t j = threadIdx.x + int64_t(i) * kThreads;
+    v[i] = wv[i] = gv[i] = 0.0f;
+    if (j < d) {
+      v[i] = xr[j];
+      if constexpr (kAdd) v[i] += yr[j];
+      wv[i] = to_f32(w[j]);
+      if constexpr (kGated) gv[i] = gr[j];
+    }
+  }
+  float ss = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kBlockNormPer; ++i) {
+    const int64_t j = threadIdx.x + int64_t(i) * kThreads;
+    if (j < d) {
+      if constexpr (kAdd) xr[j] = v[i];
+      ss += v[i] * v[i];
+    }
+  }
+  // Rows wider than kBlockNormPer · kThreads: the rest, element by element.
+  for (int64_t j = threadIdx.x + int64_t(kBlockNormPer) * kThreads; j < d; j += kThreads) {
+    float e = xr[j];
+    if constexpr (kAdd) {
+      e += yr[j];
+      xr[j] = e;
+    }
+    ss += e * e;
+  }
+  ss = warp_sum(ss);
+  if (lane == 0) red[warp] = ss;
+  __syncthreads();
+  float total = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kWarps; ++i) total += red[i];
+  const float inv = 1.0f / sqrtf(total / float(d) + eps);
+  float* orow = out.row(r);
+#pragma unroll
+  for (int i = 0; i < kBlockNormPer; ++i) {
+    const int64_t j = threadIdx.x + int64_t(i) * kThreads;
+    if (j < d) {
+      if constexpr (kGated) {
+        orow[j] = v[i] * inv * wv[i] * silu(gv[i]);
+      } else {
+        orow[j] = v[i] * inv * (wv[i] + offset);
+      }
+    }
+  }
+  for (int64_t j = threadIdx.x + int64_t(kBlockNormPer) * kThreads; j < d; j += kThreads) {
+    if constexpr (kGated) {
+      orow[j] = xr[j] * inv * to_f32(w[j]) * silu(gr[j]);
+    } else {
+      orow[j] = xr[j] * inv * (to_f32(w[j]) + offset);
+    }
+  }
+}
+
+// Launches the warp-per-row or block-per-row kernel (by width) over x [rows, d].
+template <typename W, bool kGated, bool kAdd = false>
+void launch_rms_norm(const Rows& xs, const Rows& gs, const Rows& os, const W* w, float offset,
+                     float eps, cudaStream_t stream, const Rows& ys) {
+  if (xs.d >= kBlockNormMinWidth) {
+    launch_kernel(rms_norm_block_kernel<W, kGated, kAdd>, unsigned(xs.n_rows), kThreads, 0, stream,
+                  xs, gs, os, w, offset, eps, ys);
   } else {
-    for (int64_t j = lane; j < x.d; j += 32) orow[j] = xr[j] * inv * (to_f32(w[j]) + offset);
+    launch_kernel(rms_norm_kernel<W, kGated, kAdd>, blocks_for(xs.n_rows, kThreads / 32), kThreads,
+                  0, stream, xs, gs, os, w, offset, eps, ys);
   }
 }
 
 // In place, one warp per row of x [rows, d]: x = x · scale / sqrt(Σx² + eps)
 __global__ void l2_norm_kernel(Rows x, float eps, float scale) {
+  grid_dependency_sync();
   const int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (r >= x.n_rows) return;
   const int lane = threadIdx.x % 32;
   float* xr = x.row(r);
+  const int64_t d = x.d;
+  // As in rms_norm_kernel: the first kWarpNormPer elements of each lane in registers.
+  float v[kWarpNormPer];
+#pragma unroll
+  for (int i = 0; i < kWarpNormPer; ++i) {
+    const int64_t j = lane + 32 * int64_t(i);
+    v[i] = j < d ? xr[j] : 0.0f;
+  }
   float ss = 0.0f;
-  for (int64_t j = lane; j < x.d; j += 32) ss += xr[j] * xr[j];
+#pragma unroll
+  for (int i = 0; i < kWarpNormPer; ++i) {
+    if (lane + 32 * int64_t(i) < d) ss += v[i] * v[i];
+  }
+  for (int64_t j = lane + 32 * int64_t(kWarpNormPer); j < d; j += 32) ss += xr[j] * xr[j];
   ss = warp_sum(ss);
   const float f = scale / sqrtf(ss + eps);
-  for (int64_t j = lane; j < x.d; j += 32) xr[j] *= f;
+#pragma unroll
+  for (int i = 0; i < kWarpNormPer; ++i) {
+    const int64_t j = lane + 32 * int64_t(i);
+    if (j < d) xr[j] = v[i] * f;
+  }
+  for (int64_t j = lane + 32 * int64_t(kWarpNormPer); j < d; j += 32) xr[j] *= f;
 }
 
 struct SplitArgs {
@@ -77,6 +240,7 @@ struct SplitArgs {
 
 // src [n, groups · width] → dst[j] [n, groups · part[j]]; grid (n, groups)
 __global__ void split_groups_kernel(const float* src, int64_t ld_src, SplitArgs a) {
+  grid_dependency_sync();
   const int64_t t = blockIdx.x;
   const int g = blockIdx.y;
   const float* s = src + t * ld_src + int64_t(g) * a.width;
@@ -91,6 +255,7 @@ __global__ void split_groups_kernel(const float* src, int64_t ld_src, SplitArgs 
 // token. Angles in double, as on the CPU: positions reach millions, where f32 loses the phase.
 __global__ void rope_kernel(float* x, int64_t s0, int64_t s1, int64_t heads,
                             const int32_t* positions, int rot_dim, double theta) {
+  grid_dependency_sync();
   extern __shared__ float cs[];  // cos [half], sin [half]
   const int half = rot_dim / 2;
   const int64_t t = blockIdx.x;
@@ -118,6 +283,7 @@ enum class Elementwise { kSwiglu, kMulSigmoid, kAdd, kAddScaledSigmoid };
 //   σ(s[r])·b
 template <Elementwise kOp>
 __global__ void elementwise_kernel(Rows a, Rows b, Rows c, const float* s, int64_t lds) {
+  grid_dependency_sync();
   const int64_t total = a.n_rows * a.d;
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
        e += int64_t(gridDim.x) * blockDim.x) {
@@ -141,6 +307,7 @@ template <typename W>
 __global__ void gdn_gates_kernel(const float* a, int64_t lda, const float* b, int64_t ldb,
                                  const W* a_log, const W* dt_bias, float* g, int64_t ldg,
                                  float* beta, int64_t ldbeta, int64_t n, int64_t hv) {
+  grid_dependency_sync();
   const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= n * hv) return;
   const int64_t t = e / hv, h = e % hv;
@@ -165,8 +332,8 @@ void CudaOps::embedding(const int32_t* ids, int n, const Tensor& table, Tensor o
   const int32_t* dids = s.ints(ids, n);
   dispatch_weight(table.dtype, [&](auto tag) {
     using W = decltype(tag);
-    embedding_kernel<W>
-        <<<n, kThreads, 0, s.stream>>>(dids, table.ptr<W>(), d, out.ptr<float>(), out.stride[0]);
+    launch_kernel(embedding_kernel<W>, n, kThreads, 0, s.stream, dids, table.ptr<W>(), d,
+                  out.ptr<float>(), out.stride[0]);
   });
   s.launched("embedding");
 }
@@ -179,8 +346,8 @@ void CudaOps::gather_rows(const Tensor& x, const int32_t* rows, int n, Tensor ou
   for (int i = 0; i < n; ++i) RECUR_CHECK(rows[i] >= 0 && rows[i] < x.shape[0]);
   Impl& s = *impl_;
   const int32_t* drows = s.ints(rows, n);
-  gather_rows_kernel<<<n, kThreads, 0, s.stream>>>(x.ptr<float>(), x.stride[0], drows, d,
-                                                   out.ptr<float>(), out.stride[0]);
+  launch_kernel(gather_rows_kernel, n, kThreads, 0, s.stream, x.ptr<float>(), x.stride[0], drows, d,
+                out.ptr<float>(), out.stride[0]);
   s.launched("gather_rows");
 }
 
@@ -193,10 +360,24 @@ void CudaOps::rms_norm(const Tensor& x, const Tensor& w, float weight_offset, fl
   Impl& s = *impl_;
   dispatch_weight(w.dtype, [&](auto tag) {
     using W = decltype(tag);
-    rms_norm_kernel<W, false><<<blocks_for(xs.n_rows, kThreads / 32), kThreads, 0, s.stream>>>(
-        xs, xs, os, w.ptr<W>(), weight_offset, eps);
+    launch_rms_norm<W, false>(xs, xs, os, w.ptr<W>(), weight_offset, eps, s.stream, xs);
   });
   s.launched("rms_norm");
+}
+
+void CudaOps::add_rms_norm(Tensor x, const Tensor& y, const Tensor& w, float weight_offset,
+                           float eps, Tensor out) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
+  const Rows xs = rows_of(x), ys = rows_of(y), os = rows_of(out);
+  RECUR_CHECK(w.numel() == xs.d && ys.n_rows == xs.n_rows && ys.d == xs.d);
+  RECUR_CHECK(os.n_rows == xs.n_rows && os.d == xs.d);
+  if (xs.n_rows == 0) return;
+  Impl& s = *impl_;
+  dispatch_weight(w.dtype, [&](auto tag) {
+    using W = decltype(tag);
+    launch_rms_norm<W, false, true>(xs, xs, os, w.ptr<W>(), weight_offset, eps, s.stream, ys);
+  });
+  s.launched("add_rms_norm");
 }
 
 void CudaOps::rms_norm_gated(const Tensor& x, const Tensor& gate, const Tensor& w, float eps,
@@ -208,8 +389,7 @@ void CudaOps::rms_norm_gated(const Tensor& x, const Tensor& gate, const Tensor& 
   Impl& s = *impl_;
   dispatch_weight(w.dtype, [&](auto tag) {
     using W = decltype(tag);
-    rms_norm_kernel<W, true><<<blocks_for(xs.n_rows, kThreads / 32), kThreads, 0, s.stream>>>(
-        xs, gs, os, w.ptr<W>(), 0.0f, eps);
+    launch_rms_norm<W, true>(xs, gs, os, w.ptr<W>(), 0.0f, eps, s.stream, xs);
   });
   s.launched("rms_norm_gated");
 }
@@ -219,7 +399,8 @@ void CudaOps::l2_norm(Tensor x, float eps, float scale) {
   const Rows xs = rows_of(x);
   if (xs.n_rows == 0) return;
   Impl& s = *impl_;
-  l2_norm_kernel<<<blocks_for(xs.n_rows, kThreads / 32), kThreads, 0, s.stream>>>(xs, eps, scale);
+  launch_kernel(l2_norm_kernel, blocks_for(xs.n_rows, kThreads / 32), kThreads, 0, s.stream, xs,
+                eps, scale);
   s.launched("l2_norm");
 }
 
@@ -241,8 +422,8 @@ void CudaOps::split_groups(const Tensor& src, int groups, std::span<const int> p
   const int64_t n = src.shape[0];
   if (n == 0) return;
   Impl& s = *impl_;
-  split_groups_kernel<<<dim3(unsigned(n), unsigned(groups)), 128, 0, s.stream>>>(src.ptr<float>(),
-                                                                                 src.stride[0], a);
+  launch_kernel(split_groups_kernel, dim3(unsigned(n), unsigned(groups)), 128, 0, s.stream,
+                src.ptr<float>(), src.stride[0], a);
   s.launched("split_groups");
 }
 
@@ -253,8 +434,8 @@ void CudaOps::rope(Tensor x, const int32_t* positions, int rot_dim, double theta
   if (n == 0 || rot_dim == 0) return;
   Impl& s = *impl_;
   const int32_t* dpos = s.ints(positions, n);
-  rope_kernel<<<unsigned(n), 128, size_t(rot_dim) * sizeof(float), s.stream>>>(
-      x.ptr<float>(), x.stride[0], x.stride[1], x.shape[1], dpos, rot_dim, theta);
+  launch_kernel(rope_kernel, unsigned(n), 128, size_t(rot_dim) * sizeof(float), s.stream,
+                x.ptr<float>(), x.stride[0], x.stride[1], x.shape[1], dpos, rot_dim, theta);
   s.launched("rope");
 }
 
@@ -264,9 +445,9 @@ void CudaOps::swiglu(const Tensor& gate, const Tensor& up, Tensor out) {
   RECUR_CHECK(gs.n_rows == os.n_rows && us.n_rows == os.n_rows && gs.d == os.d && us.d == os.d);
   if (os.n_rows * os.d == 0) return;
   Impl& s = *impl_;
-  elementwise_kernel<Elementwise::kSwiglu>
-      <<<elementwise_blocks(os.n_rows * os.d, s.sm_count), kThreads, 0, s.stream>>>(os, gs, us,
-                                                                                    nullptr, 0);
+  launch_kernel(elementwise_kernel<Elementwise::kSwiglu>,
+                elementwise_blocks(os.n_rows * os.d, s.sm_count), kThreads, 0, s.stream, os, gs, us,
+                nullptr, 0);
   s.launched("swiglu");
 }
 
@@ -276,9 +457,9 @@ void CudaOps::mul_sigmoid(Tensor x, const Tensor& gate) {
   RECUR_CHECK(gs.n_rows == xs.n_rows && gs.d == xs.d);
   if (xs.n_rows * xs.d == 0) return;
   Impl& s = *impl_;
-  elementwise_kernel<Elementwise::kMulSigmoid>
-      <<<elementwise_blocks(xs.n_rows * xs.d, s.sm_count), kThreads, 0, s.stream>>>(xs, gs, gs,
-                                                                                    nullptr, 0);
+  launch_kernel(elementwise_kernel<Elementwise::kMulSigmoid>,
+                elementwise_blocks(xs.n_rows * xs.d, s.sm_count), kThreads, 0, s.stream, xs, gs, gs,
+                nullptr, 0);
   s.launched("mul_sigmoid");
 }
 
@@ -288,9 +469,9 @@ void CudaOps::add(Tensor x, const Tensor& y) {
   RECUR_CHECK(ys.n_rows == xs.n_rows && ys.d == xs.d);
   if (xs.n_rows * xs.d == 0) return;
   Impl& s = *impl_;
-  elementwise_kernel<Elementwise::kAdd>
-      <<<elementwise_blocks(xs.n_rows * xs.d, s.sm_count), kThreads, 0, s.stream>>>(xs, ys, ys,
-                                                                                    nullptr, 0);
+  launch_kernel(elementwise_kernel<Elementwise::kAdd>,
+                elementwise_blocks(xs.n_rows * xs.d, s.sm_count), kThreads, 0, s.stream, xs, ys, ys,
+                nullptr, 0);
   s.launched("add");
 }
 
@@ -300,9 +481,9 @@ void CudaOps::add_scaled_sigmoid(Tensor x, const Tensor& y, const Tensor& sc) {
   RECUR_CHECK(ys.n_rows == xs.n_rows && ys.d == xs.d && sc.shape[0] == xs.n_rows);
   if (xs.n_rows * xs.d == 0) return;
   Impl& s = *impl_;
-  elementwise_kernel<Elementwise::kAddScaledSigmoid>
-      <<<elementwise_blocks(xs.n_rows * xs.d, s.sm_count), kThreads, 0, s.stream>>>(
-          xs, ys, ys, sc.ptr<float>(), sc.stride[0]);
+  launch_kernel(elementwise_kernel<Elementwise::kAddScaledSigmoid>,
+                elementwise_blocks(xs.n_rows * xs.d, s.sm_count), kThreads, 0, s.stream, xs, ys, ys,
+                sc.ptr<float>(), sc.stride[0]);
   s.launched("add_scaled_sigmoid");
 }
 
@@ -316,9 +497,10 @@ void CudaOps::gdn_gates(const Tensor& a, const Tensor& b, const Tensor& a_log,
   Impl& s = *impl_;
   dispatch_weight(a_log.dtype, [&](auto tag) {
     using W = decltype(tag);
-    gdn_gates_kernel<W><<<blocks_for(n * hv, kThreads), kThreads, 0, s.stream>>>(
-        a.ptr<float>(), a.stride[0], b.ptr<float>(), b.stride[0], a_log.ptr<W>(), dt_bias.ptr<W>(),
-        g.ptr<float>(), g.stride[0], beta.ptr<float>(), beta.stride[0], n, hv);
+    launch_kernel(gdn_gates_kernel<W>, blocks_for(n * hv, kThreads), kThreads, 0, s.stream,
+                  a.ptr<float>(), a.stride[0], b.ptr<float>(), b.stride[0], a_log.ptr<W>(),
+                  dt_bias.ptr<W>(), g.ptr<float>(), g.stride[0], beta.ptr<float>(), beta.stride[0],
+                  n, hv);
   });
   s.launched("gdn_gates");
 }

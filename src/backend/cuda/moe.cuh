@@ -18,7 +18,27 @@ struct MoeGemmArgs {
   const int32_t *tile_expert, *tile_row0, *tile_rows;  // [max_tiles]
   const int32_t* n_tiles;                              // [1]
   bool w_aligned;  // every expert's weights start 16-byte aligned
+  // One token (decode of one sequence): no sort. Tile j is pair j, of expert direct_ids[j]
+  // (< n_experts), its one row j; the tile fields and n_tiles above are unused.
+  const int32_t* direct_ids = nullptr;  // [direct_k] or null
+  int direct_k = 0, n_experts = 0;
 };
+
+// The (expert, first row, row count) of tile `tile`, or false when the tile is past the
+// problem's tile count (surplus blocks of a worst-case grid).
+__device__ __forceinline__ bool moe_tile(const MoeGemmArgs& a, int tile, int& e, int& row0,
+                                         int& nt) {
+  if (a.direct_ids) {
+    if (tile >= a.direct_k) return false;
+    e = a.direct_ids[tile];
+    if (e < 0 || e >= a.n_experts) __trap();  // ids come from moe_route; anything else is a bug
+    row0 = tile, nt = 1;
+    return true;
+  }
+  if (tile >= *a.n_tiles) return false;
+  e = a.tile_expert[tile], row0 = a.tile_row0[tile], nt = a.tile_rows[tile];
+  return true;
+}
 
 // Tensor-core grouped GEMM (moe_wmma.cu): 64×64 output tiles, bf16 (or f16) operands with f32
 // accumulation; the activations are split exactly into three terms of the weights' type.

@@ -37,6 +37,7 @@ __device__ __forceinline__ __half from_f32<__half>(float v) {
 // grid (⌈m/64⌉, max_tiles); blocks past the device's tile count exit at once.
 template <typename T, bool kDual>
 __global__ void __launch_bounds__(kThreads) moe_wmma_kernel(MoeGemmArgs a, bool vec_a, bool vec_b) {
+  grid_dependency_sync();
   const int tile = blockIdx.y;
   if (tile >= *a.n_tiles) return;
   const int e = a.tile_expert[tile], row0 = a.tile_row0[tile], rows = a.tile_rows[tile];
@@ -192,16 +193,18 @@ void launch_moe_wmma(const MoeGemmArgs& a, DType wdtype, bool dual, unsigned max
   const dim3 grid(unsigned((a.m + kTN - 1) / kTN), max_tiles);
   if (wdtype == DType::BF16) {
     if (dual) {
-      moe_wmma_kernel<__nv_bfloat16, true><<<grid, kThreads, 0, stream>>>(a, vec_a, vec_b);
+      launch_kernel(moe_wmma_kernel<__nv_bfloat16, true>, grid, kThreads, 0, stream, a, vec_a,
+                    vec_b);
     } else {
-      moe_wmma_kernel<__nv_bfloat16, false><<<grid, kThreads, 0, stream>>>(a, vec_a, vec_b);
+      launch_kernel(moe_wmma_kernel<__nv_bfloat16, false>, grid, kThreads, 0, stream, a, vec_a,
+                    vec_b);
     }
   } else {
     RECUR_CHECK(wdtype == DType::F16);
     if (dual) {
-      moe_wmma_kernel<__half, true><<<grid, kThreads, 0, stream>>>(a, vec_a, vec_b);
+      launch_kernel(moe_wmma_kernel<__half, true>, grid, kThreads, 0, stream, a, vec_a, vec_b);
     } else {
-      moe_wmma_kernel<__half, false><<<grid, kThreads, 0, stream>>>(a, vec_a, vec_b);
+      launch_kernel(moe_wmma_kernel<__half, false>, grid, kThreads, 0, stream, a, vec_a, vec_b);
     }
   }
 }
