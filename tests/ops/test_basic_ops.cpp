@@ -259,5 +259,26 @@ TEST_F(BasicOps, EmbeddingAndGatherRows) {
   }
 }
 
+// The backend's allocator: buffers of 2 MiB or more start on a 2 MiB boundary (so that they
+// can sit on huge pages), smaller ones on a cache line; both are counted and freed.
+TEST_F(BasicOps, AllocatorAlignsLargeBuffersToHugePagesAndCountsThem) {
+  Allocator& a = ops.allocator();
+  const AllocStats before = a.stats();
+  {
+    const size_t big_bytes = (size_t(5) << 20) + 3;
+    auto big = a.allocate(big_bytes, "big test buffer");
+    auto small = a.allocate(100, "small test buffer");
+    ASSERT_TRUE(big.ok() && small.ok());
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(big->data()) % (size_t(2) << 20), 0u);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(small->data()) % 64, 0u);
+    std::memset(big->data(), 1, big_bytes);
+    EXPECT_EQ(static_cast<const uint8_t*>(big->data())[big_bytes - 1], 1);
+    EXPECT_EQ(a.stats().live_buffers, before.live_buffers + 2);
+    EXPECT_EQ(a.stats().allocs_total, before.allocs_total + 2);
+  }
+  EXPECT_EQ(a.stats().live_buffers, before.live_buffers);
+  EXPECT_EQ(a.stats().live_bytes, before.live_bytes);
+}
+
 }  // namespace
 }  // namespace recur

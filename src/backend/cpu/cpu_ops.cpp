@@ -2,14 +2,51 @@
 // in their own files.
 #include "backend/cpu/cpu_ops.h"
 
+#include <cstdlib>
 #include <cstring>
 
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/vector_math.h"
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 namespace recur {
 
 using namespace cpu;
+
+namespace {
+
+// Host memory as cpu_allocator() gives it, except that large buffers are 2 MiB aligned and
+// advised onto transparent huge pages (a hint: without THP they are ordinary pages).
+class HugePageAllocator final : public Allocator {
+ public:
+  HugePageAllocator() : Allocator(Device::kCpu) {}
+
+ protected:
+  static constexpr size_t kHugePage = size_t(2) << 20;
+
+  void* raw_allocate(size_t bytes) override {
+    if (bytes < kHugePage) return std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    const size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+    void* p = std::aligned_alloc(kHugePage, rounded);
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    if (p != nullptr) madvise(p, rounded, MADV_HUGEPAGE);
+#endif
+    return p;
+  }
+  void raw_free(void* p, size_t) override {
+    std::free(p);
+  }
+};
+
+}  // namespace
+
+Allocator& CpuOps::allocator() {
+  static HugePageAllocator allocator;
+  return allocator;
+}
 
 CpuOps::CpuOps(int n_threads)
     : pool_(n_threads),

@@ -25,7 +25,10 @@ class CpuOps final : public Ops {
   static int attention_parts(int64_t n_ctx);
 
   Device device() const override { return Device::kCpu; }
-  Allocator& allocator() override { return cpu_allocator(); }
+  // Host memory; buffers of 2 MiB or more (attention cache, state pools) are advised onto
+  // transparent huge pages: first touch faults once per 2 MiB, not per 4 KiB, and the
+  // attention's scattered 2 KB blocks need fewer TLB entries.
+  Allocator& allocator() override;
   Result<Tensor> adopt_weight(const Tensor& host) override { return host; }
   // A k-major copy [k, ld] (ld = m rounded up to 16, zero padded), as the view with strides
   // {1, ld}: the layout of the register-tiled matmul kernel.
