@@ -177,7 +177,7 @@ Status Qwen3Next::load(const WeightGetter& get_weight, const nlohmann::json& gen
   }
 
   const int64_t hk = cfg_.linear_num_key_heads, hv = cfg_.linear_num_value_heads;
-  const int64_t dk = cfg_.linear_key_head_dim, dv = cfg_.linear_value_head_dim;
+  const int64_t dv = cfg_.linear_value_head_dim;
   const int64_t heads = cfg_.num_heads, kv_heads = cfg_.num_kv_heads, hd = cfg_.head_dim;
   int n_linear = 0, n_full = 0;
   for (int i = 0; i < cfg_.num_layers; ++i) {
