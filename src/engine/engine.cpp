@@ -11,10 +11,14 @@ namespace recur {
 
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kCancelled: return "cancelled";
-    case FinishReason::kError: return "error";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kError:
+      return "error";
   }
   return "error";
 }
@@ -36,11 +40,11 @@ struct Engine::Sequence {
   Sampler sampler;
   std::unique_ptr<TextStream> text;
   int32_t slot = -1;
-  std::vector<int32_t> blocks;     // attention-cache block table
-  int n_past = 0;                  // tokens whose effect is in the state
-  int prompt_done = 0;             // prompt tokens prefilled
-  int fed = 0;                     // tokens fed in the current step
-  int32_t next_token = -1;         // sampled, not yet fed
+  std::vector<int32_t> blocks;  // attention-cache block table
+  int n_past = 0;               // tokens whose effect is in the state
+  int prompt_done = 0;          // prompt tokens prefilled
+  int fed = 0;                  // tokens fed in the current step
+  int32_t next_token = -1;      // sampled, not yet fed
   std::vector<int32_t> generated;
   SampledToken sampled;
   bool finished = false;
@@ -82,10 +86,12 @@ Result<std::unique_ptr<Engine>> Engine::create(const std::string& model_dir, Ops
   e->config_.kv_blocks = e->model_->state_config().n_blocks;
   e->slots_ = std::make_unique<IdPool>(config.max_batch);
   e->blocks_ = std::make_unique<IdPool>(e->config_.kv_blocks);
-  RECUR_ASSIGN_OR_RETURN(e->logits_buf_,
-                         ops.allocator().allocate(size_t(config.max_batch) * size_t(info.vocab_size) * 4, "logits"));
+  RECUR_ASSIGN_OR_RETURN(
+      e->logits_buf_,
+      ops.allocator().allocate(size_t(config.max_batch) * size_t(info.vocab_size) * 4, "logits"));
   e->logits_ = view(e->logits_buf_, DType::F32, {config.max_batch, info.vocab_size});
-  if (ops.device() != Device::kCpu) e->host_logits_.resize(size_t(config.max_batch) * size_t(info.vocab_size));
+  if (ops.device() != Device::kCpu)
+    e->host_logits_.resize(size_t(config.max_batch) * size_t(info.vocab_size));
   e->running_.reserve(size_t(config.max_batch));
   e->logit_seqs_.reserve(size_t(config.max_batch));
   e->stats_.kv_blocks_total = e->config_.kv_blocks;
@@ -127,8 +133,8 @@ Result<uint64_t> Engine::submit(Request req, EventSink sink) {
   const int64_t blocks_needed = int64_t(req.prompt.size()) / config_.block_size + 1;
   if (blocks_needed > config_.kv_blocks) {
     return make_error(ErrorCode::kInvalidArgument,
-                      "the prompt needs {} attention-cache blocks; the cache has {}",
-                      blocks_needed, config_.kv_blocks);
+                      "the prompt needs {} attention-cache blocks; the cache has {}", blocks_needed,
+                      config_.kv_blocks);
   }
   if (req.max_tokens < 1) {
     return make_error(ErrorCode::kInvalidArgument, "max_tokens must be at least 1 (got {})",
@@ -196,9 +202,8 @@ void Engine::cancel_all() {
 
 bool Engine::wait_idle(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lk(mu_);
-  return idle_cv_.wait_for(lk, timeout, [&] {
-    return incoming_.empty() && stats_.running == 0 && stats_.waiting == 0;
-  });
+  return idle_cv_.wait_for(
+      lk, timeout, [&] { return incoming_.empty() && stats_.running == 0 && stats_.waiting == 0; });
 }
 
 void Engine::start() {

@@ -49,14 +49,14 @@ struct Event {
   enum class Kind { kToken, kFinish };
   uint64_t request_id = 0;
   Kind kind = Kind::kToken;
-  int32_t token = -1;                         // kToken
-  float logprob = 0;                          // kToken, when logprobs were asked for
+  int32_t token = -1;                          // kToken
+  float logprob = 0;                           // kToken, when logprobs were asked for
   std::span<const TokenLogprob> top_logprobs;  // kToken
-  std::string_view text;                      // text released with this event (may be empty)
-  FinishReason reason = FinishReason::kStop;  // kFinish
-  std::string_view message;                   // kFinish: why, for errors and limits
-  int prompt_tokens = 0;                      // kFinish
-  int generated_tokens = 0;                   // kFinish
+  std::string_view text;                       // text released with this event (may be empty)
+  FinishReason reason = FinishReason::kStop;   // kFinish
+  std::string_view message;                    // kFinish: why, for errors and limits
+  int prompt_tokens = 0;                       // kFinish
+  int generated_tokens = 0;                    // kFinish
 };
 // Runs on the engine thread: must be quick and must not call back into the engine.
 using EventSink = std::function<void(const Event&)>;
@@ -65,14 +65,14 @@ using EventSink = std::function<void(const Event&)>;
 using StepListener = std::function<void()>;
 
 struct EngineConfig {
-  int max_batch = 8;            // sequences in flight (recurrent-state slots)
-  int max_batch_tokens = 512;   // tokens per step, decode tokens first, then prompt chunks
-  int max_context = 0;          // 0: the model's limit
-  int kv_blocks = 0;            // 0: from kv_cache_bytes
+  int max_batch = 8;           // sequences in flight (recurrent-state slots)
+  int max_batch_tokens = 512;  // tokens per step, decode tokens first, then prompt chunks
+  int max_context = 0;         // 0: the model's limit
+  int kv_blocks = 0;           // 0: from kv_cache_bytes
   int64_t kv_cache_bytes = int64_t(1) << 30;
   int block_size = 16;
-  int max_queue = 4096;         // waiting requests beyond which submit() refuses
-  uint64_t seed = 0;            // seeds requests without their own seed; 0: random
+  int max_queue = 4096;  // waiting requests beyond which submit() refuses
+  uint64_t seed = 0;     // seeds requests without their own seed; 0: random
 };
 
 struct EngineStats {

@@ -31,19 +31,19 @@ struct AttentionWeights {
 };
 
 struct MoeWeights {
-  Tensor router;                        // [E, hidden]
-  std::vector<ExpertWeights> experts;   // E × {[ff, hidden], [ff, hidden], [hidden, ff]}
-  ExpertWeights shared;                 // shared expert
-  Tensor shared_gate;                   // [1, hidden]
+  Tensor router;                       // [E, hidden]
+  std::vector<ExpertWeights> experts;  // E × {[ff, hidden], [ff, hidden], [hidden, ff]}
+  ExpertWeights shared;                // shared expert
+  Tensor shared_gate;                  // [1, hidden]
   bool has_shared = false;
 };
 
 struct Layer {
   LayerKind kind;
   bool moe;
-  int state_index;     // index among layers of the same kind (state pools)
-  Tensor input_norm;   // [hidden]
-  Tensor post_norm;    // [hidden]
+  int state_index;    // index among layers of the same kind (state pools)
+  Tensor input_norm;  // [hidden]
+  Tensor post_norm;   // [hidden]
   GatedDeltaNetWeights gdn;
   AttentionWeights attn;
   MoeWeights moe_w;
@@ -53,11 +53,11 @@ struct Layer {
 // f32 activations for up to max_tokens tokens, allocated once at load.
 struct Workspace {
   std::vector<Buffer> buffers;
-  Tensor h, x, mixer_out, ffn_out;                          // [T, hidden]
-  Tensor qkvz, ba, mixed_qkv, z, conv_out, a, b, g, beta;   // Gated DeltaNet
-  Tensor core_out, core_normed;                             // [T, Hv·dv]
-  Tensor qg, q, gate, k, v, attn_out;                       // attention
-  Tensor router_logits, expert_ids, expert_weights;         // [T, E], [T, k], [T, k]
+  Tensor h, x, mixer_out, ffn_out;                         // [T, hidden]
+  Tensor qkvz, ba, mixed_qkv, z, conv_out, a, b, g, beta;  // Gated DeltaNet
+  Tensor core_out, core_normed;                            // [T, Hv·dv]
+  Tensor qg, q, gate, k, v, attn_out;                      // attention
+  Tensor router_logits, expert_ids, expert_weights;        // [T, E], [T, k], [T, k]
   Tensor ff_gate, ff_up, ff_hidden, shared_out, shared_score;
   Tensor moe_scratch, gdn_scratch;
   Tensor final_h;  // [R, hidden]
@@ -141,7 +141,8 @@ Status Qwen3Next::load(const WeightGetter& get_weight, const nlohmann::json& gen
   info_.max_position = opt_.max_context;
   info_.eos_token_ids = cfg_.eos_token_ids;
   auto num = [&](const char* key, auto* out) {
-    if (gen.contains(key) && gen[key].is_number()) *out = gen[key].get<std::remove_pointer_t<decltype(out)>>();
+    if (gen.contains(key) && gen[key].is_number())
+      *out = gen[key].get<std::remove_pointer_t<decltype(out)>>();
   };
   if (gen.contains("do_sample") && gen["do_sample"].is_boolean()) {
     info_.generation.do_sample = gen["do_sample"].get<bool>();
@@ -220,8 +221,8 @@ Status Qwen3Next::load(const WeightGetter& get_weight, const nlohmann::json& gen
       }
       if (cfg_.shared_expert_intermediate_size > 0) {
         L.moe_w.has_shared = true;
-        RECUR_RETURN_IF_ERROR(get_mlp(m + ".shared_expert", cfg_.shared_expert_intermediate_size,
-                                      &L.moe_w.shared));
+        RECUR_RETURN_IF_ERROR(
+            get_mlp(m + ".shared_expert", cfg_.shared_expert_intermediate_size, &L.moe_w.shared));
         RECUR_RETURN_IF_ERROR(get(m + ".shared_expert_gate.weight", {1, H}, &L.moe_w.shared_gate));
       }
     } else {
@@ -237,8 +238,8 @@ Status Qwen3Next::load(const WeightGetter& get_weight, const nlohmann::json& gen
     if (!L.moe) continue;
     ++info_.moe_layers;
     const ExpertWeights& e = L.moe_w.experts[0];
-    info_.expert_weight_bytes = (e.gate.numel() + e.up.numel() + e.down.numel()) *
-                                int64_t(dtype_size(e.gate.dtype));
+    info_.expert_weight_bytes =
+        (e.gate.numel() + e.up.numel() + e.down.numel()) * int64_t(dtype_size(e.gate.dtype));
   }
   info_.n_experts = cfg_.num_experts;
   info_.experts_per_token = cfg_.num_experts_per_tok;
@@ -276,20 +277,20 @@ Status Qwen3Next::allocate() {
   RECUR_RETURN_IF_ERROR(w.add(A, &w.attn_out, f32, {T, heads * hd}, "attention out"));
   RECUR_RETURN_IF_ERROR(w.add(A, &w.k, f32, {T, kv * hd}, "keys"));
   RECUR_RETURN_IF_ERROR(w.add(A, &w.v, f32, {T, kv * hd}, "values"));
-  RECUR_RETURN_IF_ERROR(w.add(A, &w.router_logits, f32, {T, std::max(cfg_.num_experts, 1)},
-                              "router logits"));
+  RECUR_RETURN_IF_ERROR(
+      w.add(A, &w.router_logits, f32, {T, std::max(cfg_.num_experts, 1)}, "router logits"));
   RECUR_RETURN_IF_ERROR(w.add(A, &w.expert_ids, DType::I32, {T, topk}, "expert ids"));
   RECUR_RETURN_IF_ERROR(w.add(A, &w.expert_weights, f32, {T, topk}, "expert weights"));
   for (Tensor* t : {&w.ff_gate, &w.ff_up, &w.ff_hidden}) {
     RECUR_RETURN_IF_ERROR(w.add(A, t, f32, {T, ff}, "feed-forward"));
   }
   RECUR_RETURN_IF_ERROR(w.add(A, &w.shared_score, f32, {T, 1}, "shared expert gate"));
-  size_t moe_bytes = ops_.moe_experts_scratch_bytes(
-      int(T), int(topk), std::max(cfg_.num_experts, 1), int(H),
-      std::max(cfg_.moe_intermediate_size, 1));
+  size_t moe_bytes =
+      ops_.moe_experts_scratch_bytes(int(T), int(topk), std::max(cfg_.num_experts, 1), int(H),
+                                     std::max(cfg_.moe_intermediate_size, 1));
   RECUR_RETURN_IF_ERROR(w.add(A, &w.moe_scratch, DType::U8, {int64_t(moe_bytes)}, "moe scratch"));
-  size_t gdn_bytes = ops_.gated_delta_rule_scratch_bytes(cfg_.linear_key_head_dim,
-                                                         cfg_.linear_value_head_dim);
+  size_t gdn_bytes =
+      ops_.gated_delta_rule_scratch_bytes(cfg_.linear_key_head_dim, cfg_.linear_value_head_dim);
   RECUR_RETURN_IF_ERROR(w.add(A, &w.gdn_scratch, DType::U8, {int64_t(gdn_bytes)}, "gdn scratch"));
   RECUR_RETURN_IF_ERROR(w.add(A, &w.final_h, f32, {opt_.max_logit_rows, H}, "final rows"));
 
@@ -299,10 +300,13 @@ Status Qwen3Next::allocate() {
   if (sc.n_blocks <= 0) {
     int64_t per_block = 0;
     for (const Layer& L : layers_) {
-      if (L.kind == LayerKind::kFullAttention) per_block += 2 * int64_t(sc.block_size) * kv * hd * 4;
+      if (L.kind == LayerKind::kFullAttention)
+        per_block += 2 * int64_t(sc.block_size) * kv * hd * 4;
     }
-    const int64_t needed = int64_t(sc.n_slots) * ((opt_.max_context + sc.block_size - 1) / sc.block_size);
-    sc.n_blocks = int(std::max<int64_t>(1, per_block ? std::min(needed, opt_.kv_cache_budget_bytes / per_block) : 1));
+    const int64_t needed =
+        int64_t(sc.n_slots) * ((opt_.max_context + sc.block_size - 1) / sc.block_size);
+    sc.n_blocks = int(std::max<int64_t>(
+        1, per_block ? std::min(needed, opt_.kv_cache_budget_bytes / per_block) : 1));
   }
   // Sequences of one forward hold distinct slots and distinct blocks.
   ForwardLimits limits;
@@ -332,8 +336,10 @@ Status Qwen3Next::allocate() {
       RECUR_RETURN_IF_ERROR(add_state(state_.delta, {sc.n_slots, hv, dk, dv}, "delta state"));
       info_.state_bytes_per_slot += (K1 * conv_dim() + hv * dk * dv) * 4;
     } else {
-      RECUR_RETURN_IF_ERROR(add_state(state_.k_cache, {sc.n_blocks, kv, hd, sc.block_size}, "k cache", false));
-      RECUR_RETURN_IF_ERROR(add_state(state_.v_cache, {sc.n_blocks, kv, sc.block_size, hd}, "v cache", false));
+      RECUR_RETURN_IF_ERROR(
+          add_state(state_.k_cache, {sc.n_blocks, kv, hd, sc.block_size}, "k cache", false));
+      RECUR_RETURN_IF_ERROR(
+          add_state(state_.v_cache, {sc.n_blocks, kv, sc.block_size, hd}, "v cache", false));
       info_.cache_bytes_per_block += 2 * sc.block_size * kv * hd * 4;
       info_.kv_bytes_per_token += 2 * kv * hd * 4;
       ++info_.attention_layers;
@@ -354,8 +360,8 @@ void Qwen3Next::reset_slot(int slot) {
 Status Qwen3Next::validate(const Batch& batch, const Tensor& logits) const {
   const int n = batch.n_tokens();
   if (n > opt_.max_batch_tokens) {
-    return make_error(ErrorCode::kInvalidArgument, "batch of {} tokens exceeds the {} per step",
-                      n, opt_.max_batch_tokens);
+    return make_error(ErrorCode::kInvalidArgument, "batch of {} tokens exceeds the {} per step", n,
+                      opt_.max_batch_tokens);
   }
   if (int(batch.logit_rows.size()) > opt_.max_logit_rows ||
       logits.rows() < int64_t(batch.logit_rows.size())) {
@@ -364,13 +370,14 @@ Status Qwen3Next::validate(const Batch& batch, const Tensor& logits) const {
   }
   for (int32_t t : batch.tokens) {
     if (t < 0 || t >= cfg_.vocab_size) {
-      return make_error(ErrorCode::kInvalidArgument, "token id {} is outside the vocabulary [0, {})",
-                        t, cfg_.vocab_size);
+      return make_error(ErrorCode::kInvalidArgument,
+                        "token id {} is outside the vocabulary [0, {})", t, cfg_.vocab_size);
     }
   }
   for (int s = 0; s < batch.n_seqs(); ++s) {
     if (batch.slot[size_t(s)] < 0 || batch.slot[size_t(s)] >= opt_.state.n_slots) {
-      return make_error(ErrorCode::kInvalidArgument, "state slot {} out of range", batch.slot[size_t(s)]);
+      return make_error(ErrorCode::kInvalidArgument, "state slot {} out of range",
+                        batch.slot[size_t(s)]);
     }
     const int32_t end = batch.seq_start[size_t(s) + 1];
     if (end == batch.seq_start[size_t(s)]) continue;
@@ -502,7 +509,8 @@ void Qwen3Next::attention(const Layer& L, const SeqLayout& sl, int n) {
   const Tensor dsts[] = {q, gate};
   ops_.split_groups(qg, heads, parts, dsts);
 
-  Tensor q3 = q.reshaped({n, heads, hd}), k3 = k.reshaped({n, kv, hd}), v3 = v.reshaped({n, kv, hd});
+  Tensor q3 = q.reshaped({n, heads, hd}), k3 = k.reshaped({n, kv, hd}),
+         v3 = v.reshaped({n, kv, hd});
   ops_.rms_norm(q3, w.q_norm, 1.0f, cfg_.rms_norm_eps, q3);
   ops_.rms_norm(k3, w.k_norm, 1.0f, cfg_.rms_norm_eps, k3);
   ops_.rope(q3, sl.positions, cfg_.rotary_dim(), cfg_.rope_theta);
@@ -643,8 +651,8 @@ Result<std::unique_ptr<Model>> load_random_model(const nlohmann::json& config, O
         for (int64_t d : shape) n *= d;
         // 1-D parameters stay f32, as checkpoints often keep them.
         const DType dt = shape.size() == 1 ? DType::F32 : dtype;
-        RECUR_ASSIGN_OR_RETURN(Buffer buf, ops.allocator().allocate(size_t(n) * dtype_size(dt),
-                                                                    name.c_str()));
+        RECUR_ASSIGN_OR_RETURN(Buffer buf,
+                               ops.allocator().allocate(size_t(n) * dtype_size(dt), name.c_str()));
         Tensor t = Tensor::contiguous(buf.data(), dt, {n}, buf.device());
         const auto [lo, hi] = random_range(name, shape, cfg.num_layers);
         ops.fill_random_uniform(t, seed + 0x1000 * ++index, lo, hi);
@@ -681,8 +689,9 @@ Result<std::unique_ptr<Model>> load_model(const std::string& dir, Ops& ops,
                                           const LoadOptions& options) {
   RECUR_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::open(dir));
   const auto& cfg = ckpt.config();
-  const std::string type =
-      cfg.contains("model_type") && cfg["model_type"].is_string() ? cfg["model_type"].get<std::string>() : "";
+  const std::string type = cfg.contains("model_type") && cfg["model_type"].is_string()
+                               ? cfg["model_type"].get<std::string>()
+                               : "";
   if (type == "qwen3_next") {
     return load_qwen3_next(std::make_unique<Checkpoint>(std::move(ckpt)), ops, options);
   }

@@ -35,7 +35,9 @@ void Ops::fill_random_uniform(Tensor t, uint64_t seed, float lo, float hi) {
       const float u = float(mix(seed, uint64_t(b + i)) >> 40) * (1.0f / float(1 << 24));
       const float v = lo + (hi - lo) * u;
       switch (t.dtype) {
-        case DType::F32: std::memcpy(&host[size_t(i) * 4], &v, 4); break;
+        case DType::F32:
+          std::memcpy(&host[size_t(i) * 4], &v, 4);
+          break;
         case DType::BF16: {
           const uint16_t h = f32_to_bf16(v);
           std::memcpy(&host[size_t(i) * 2], &h, 2);
@@ -46,11 +48,12 @@ void Ops::fill_random_uniform(Tensor t, uint64_t seed, float lo, float hi) {
           std::memcpy(&host[size_t(i) * 2], &h, 2);
           break;
         }
-        default: RECUR_CHECK(false && "fill_random_uniform: F32, BF16 or F16 only");
+        default:
+          RECUR_CHECK(false && "fill_random_uniform: F32, BF16 or F16 only");
       }
     }
-    Tensor slice = Tensor::contiguous(static_cast<char*>(t.data) + size_t(b) * es, t.dtype,
-                                      {len}, t.device);
+    Tensor slice =
+        Tensor::contiguous(static_cast<char*>(t.data) + size_t(b) * es, t.dtype, {len}, t.device);
     copy_from_host(slice, host.data());
   }
 }
@@ -71,7 +74,8 @@ double Ops::measure_copy_bandwidth(size_t bytes) {
   std::memcpy(b.data(), a.data(), bytes);  // warm
   const int reps = 5;
   const auto t0 = std::chrono::steady_clock::now();
-  for (int r = 0; r < reps; ++r) std::memcpy(r % 2 ? a.data() : b.data(), r % 2 ? b.data() : a.data(), bytes);
+  for (int r = 0; r < reps; ++r)
+    std::memcpy(r % 2 ? a.data() : b.data(), r % 2 ? b.data() : a.data(), bytes);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return 2.0 * double(bytes) * reps / s;
 }

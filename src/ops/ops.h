@@ -133,16 +133,17 @@ class Ops {
   //   x, out [n, C]; weight [C, 1, K] (stored layout); conv_state [slots, K-1, C] f32
   virtual void conv1d_causal_silu(const Tensor& x, const Tensor& weight, Tensor conv_state,
                                   const SeqLayout& layout, Tensor out) = 0;
-  // g = -exp(a_log) · softplus(a + dt_bias), beta = σ(b).  a, b, g, beta [n, Hv]; a_log, dt_bias [Hv]
+  // g = -exp(a_log) · softplus(a + dt_bias), beta = σ(b).  a, b, g, beta [n, Hv]; a_log, dt_bias
+  // [Hv]
   virtual void gdn_gates(const Tensor& a, const Tensor& b, const Tensor& a_log,
                          const Tensor& dt_bias, Tensor g, Tensor beta) = 0;
   // The gated delta rule per sequence and value head h (key head h / (Hv/Hk)), from and into
   // state[slot]:  S ← S·exp(g);  S ← S + k ⊗ β(v − Sᵀk);  o = Sᵀq.
   //   q, k [n, Hk, dk] (already L2-normalised, q scaled); v [n, Hv, dv]; g, beta [n, Hv];
   //   state [slots, Hv, dk, dv] f32; out [n, Hv, dv]; scratch from gated_delta_rule_scratch_bytes
-  virtual void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v,
-                                const Tensor& g, const Tensor& beta, Tensor state,
-                                const SeqLayout& layout, Tensor out, Tensor scratch,
+  virtual void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                                const Tensor& beta, Tensor state, const SeqLayout& layout,
+                                Tensor out, Tensor scratch,
                                 DeltaRuleForm form = DeltaRuleForm::kAuto) = 0;
   virtual size_t gated_delta_rule_scratch_bytes(int dk, int dv) const = 0;
 
