@@ -52,6 +52,38 @@ __device__ __forceinline__ Chunk<W> load_chunk(const W* p) {
   return c;
 }
 
+// acc[r][t] += chunk c of weight row r times the same chunk of activation row t (and acc2
+// with the second weight when kDual): the inner step of every GEMV over bf16/f16/f32 rows.
+template <typename W, int R, int NT, bool kDual>
+__device__ __forceinline__ void fma_chunk(const W* const (&wr)[R], const W* const (&wr2)[R],
+                                          const float* const (&xr)[NT], int64_t c,
+                                          float (&acc)[R][NT], float (&acc2)[R][NT]) {
+  constexpr int E = Chunk<W>::kElems;
+  Chunk<W> wc[R], wc2[kDual ? R : 1];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    wc[r] = load_chunk(wr[r] + c * E);
+    if constexpr (kDual) wc2[r] = load_chunk(wr2[r] + c * E);
+  }
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    float xv[E];
+#pragma unroll
+    for (int q = 0; q < E; q += 4) {
+      const float4 f = __ldg(reinterpret_cast<const float4*>(xr[t] + c * E + q));
+      xv[q] = f.x, xv[q + 1] = f.y, xv[q + 2] = f.z, xv[q + 3] = f.w;
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int q = 0; q < E; ++q) {
+        acc[r][t] = fmaf(wc[r].v[q], xv[q], acc[r][t]);
+        if constexpr (kDual) acc2[r][t] = fmaf(wc2[r].v[q], xv[q], acc2[r][t]);
+      }
+    }
+  }
+}
+
 // Per-thread partial dot products: acc[r][t] += Σ w[r][i]·x[t][i] over this thread's share of
 // k (and acc2 with w2 when kDual). w, w2 point at the block's first row; rows ≥ `rows` and
 // activation rows ≥ the caller's count were clamped to valid memory and are discarded.
@@ -74,29 +106,7 @@ __device__ __forceinline__ void gemv_partial(const W* w, const W* w2, int64_t k,
     // FMAs, not the loads, are the limit.
 #pragma unroll(NT <= 2 ? 2 : 1)
     for (int64_t c = threadIdx.x; c < n_chunks; c += kGemvThreads) {
-      Chunk<W> wc[R], wc2[kDual ? R : 1];
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        wc[r] = load_chunk(wr[r] + c * E);
-        if constexpr (kDual) wc2[r] = load_chunk(wr2[r] + c * E);
-      }
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        float xv[E];
-#pragma unroll
-        for (int q = 0; q < E; q += 4) {
-          const float4 f = __ldg(reinterpret_cast<const float4*>(xr[t] + c * E + q));
-          xv[q] = f.x, xv[q + 1] = f.y, xv[q + 2] = f.z, xv[q + 3] = f.w;
-        }
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-#pragma unroll
-          for (int q = 0; q < E; ++q) {
-            acc[r][t] = fmaf(wc[r].v[q], xv[q], acc[r][t]);
-            if constexpr (kDual) acc2[r][t] = fmaf(wc2[r].v[q], xv[q], acc2[r][t]);
-          }
-        }
-      }
+      fma_chunk<W, R, NT, kDual>(wr, wr2, xr, c, acc, acc2);
     }
   } else {
     for (int64_t i = threadIdx.x; i < k; i += kGemvThreads) {

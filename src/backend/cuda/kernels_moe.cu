@@ -92,6 +92,21 @@ __global__ void moe_route_kernel(const float* logits, int64_t ld, int n, int E, 
   // The j-th pick is the largest (value desc, index asc) strictly after the (j-1)-th.
   float prev_v = INFINITY;
   int prev_i = -1;
+  // Moves (prev_v, prev_i) to the next pick; every lane of the warp agrees on it.
+  auto next_pick = [&]() {
+    float best_v = -INFINITY;
+    int best_i = E;
+    for_each([&](int e, float v) {
+      const bool after = v < prev_v || (v == prev_v && e > prev_i);
+      if (after && (v > best_v || (v == best_v && e < best_i))) best_v = v, best_i = e;
+    });
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, best_v, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+      if (ov > best_v || (ov == best_v && oi < best_i)) best_v = ov, best_i = oi;
+    }
+    prev_v = best_v, prev_i = best_i;
+  };
   double kept = 0.0;
   int32_t* id_row = ids + int64_t(t) * ld_ids;
   float* w_row = weights + int64_t(t) * ld_w;
@@ -102,19 +117,8 @@ __global__ void moe_route_kernel(const float* logits, int64_t ld, int n, int E, 
     float my_v = -INFINITY;
     int my_i = E;
     for (int j = 0; j < k; ++j) {
-      float best_v = -INFINITY;
-      int best_i = E;
-      for_each([&](int e, float v) {
-        const bool after = v < prev_v || (v == prev_v && e > prev_i);
-        if (after && (v > best_v || (v == best_v && e < best_i))) best_v = v, best_i = e;
-      });
-      for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, best_v, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
-        if (ov > best_v || (ov == best_v && oi < best_i)) best_v = ov, best_i = oi;
-      }
-      if (lane == j) my_v = best_v, my_i = best_i;
-      prev_v = best_v, prev_i = best_i;
+      next_pick();
+      if (lane == j) my_v = prev_v, my_i = prev_i;
     }
     const double p = lane < k ? exp(double(my_v - mx)) / sum : 0.0;
     for (int j = 0; j < k; ++j) kept += __shfl_sync(0xffffffffu, p, j);
@@ -127,24 +131,13 @@ __global__ void moe_route_kernel(const float* logits, int64_t ld, int n, int E, 
     return;
   }
   for (int j = 0; j < k; ++j) {
-    float best_v = -INFINITY;
-    int best_i = E;
-    for_each([&](int e, float v) {
-      const bool after = v < prev_v || (v == prev_v && e > prev_i);
-      if (after && (v > best_v || (v == best_v && e < best_i))) best_v = v, best_i = e;
-    });
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, best_v, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
-      if (ov > best_v || (ov == best_v && oi < best_i)) best_v = ov, best_i = oi;
-    }
-    const double p = exp(double(best_v - mx)) / sum;
+    next_pick();
+    const double p = exp(double(prev_v - mx)) / sum;
     kept += p;
     if (lane == 0) {
-      id_row[j] = best_i;
+      id_row[j] = prev_i;
       w_row[j] = float(p);
     }
-    prev_v = best_v, prev_i = best_i;
   }
   if (norm_topk && lane == 0) {
     for (int j = 0; j < k; ++j) w_row[j] = float(double(w_row[j]) / kept);
@@ -290,29 +283,7 @@ __global__ void __launch_bounds__(kGemvThreads) moe_gemv_warp_kernel(MoeGemmArgs
   const int64_t n_chunks = a.k / E;
 #pragma unroll 2
   for (int64_t c = lane; c < n_chunks; c += 32) {
-    Chunk<W> wc[RW], wc2[kDual ? RW : 1];
-#pragma unroll
-    for (int r = 0; r < RW; ++r) {
-      wc[r] = load_chunk(wr[r] + c * E);
-      if constexpr (kDual) wc2[r] = load_chunk(wr2[r] + c * E);
-    }
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      float xv[E];
-#pragma unroll
-      for (int q = 0; q < E; q += 4) {
-        const float4 f = __ldg(reinterpret_cast<const float4*>(xr[t] + c * E + q));
-        xv[q] = f.x, xv[q + 1] = f.y, xv[q + 2] = f.z, xv[q + 3] = f.w;
-      }
-#pragma unroll
-      for (int r = 0; r < RW; ++r) {
-#pragma unroll
-        for (int q = 0; q < E; ++q) {
-          acc[r][t] = fmaf(wc[r].v[q], xv[q], acc[r][t]);
-          if constexpr (kDual) acc2[r][t] = fmaf(wc2[r].v[q], xv[q], acc2[r][t]);
-        }
-      }
-    }
+    fma_chunk<W, RW, NT, kDual>(wr, wr2, xr, c, acc, acc2);
   }
 #pragma unroll
   for (int r = 0; r < RW; ++r) {

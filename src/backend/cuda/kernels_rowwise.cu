@@ -34,28 +34,30 @@ __global__ void gather_rows_kernel(const float* x, int64_t ldx, const int32_t* r
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) out[i * ldo + j] = src[j];
 }
 
-// One warp per row of x [rows, d < kBlockNormMinWidth]: out = x · rsqrt(mean(x²) + eps) · (w +
-// offset), optionally · silu(gate). Each lane rewrites only what it read, so out may alias x. kAdd:
-// first x += y (rows of y [rows, d]), written back to x, as add then rms_norm.
-// The first kWarpNormPer elements of each lane are loaded (x, y, w, gate) before anything is
-// stored, so their loads are in flight together; the sum of squares runs in the plain loop's
-// order (j = lane, lane + 32, ...), as do the rest of rows wider than 32 · kWarpNormPer.
-constexpr int kWarpNormPer = 8;
-template <typename W, bool kGated, bool kAdd>
-__global__ void rms_norm_kernel(Rows x, Rows gate, Rows out, const W* w, float offset, float eps,
-                                Rows y) {
-  grid_dependency_sync();
-  const int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  if (r >= x.n_rows) return;
-  const int lane = threadIdx.x % 32;
+// Rows at least this wide get a block each: one warp walking a 2048-wide row is bound by
+// load latency (about 10 µs for a single decode token). The choice depends on d alone, so a
+// token's result never depends on how many rows share the launch.
+constexpr int64_t kBlockNormMinWidth = 1024;
+
+// One row r of x [rows, d]: out = x · rsqrt(mean(x²) + eps) · (w + offset), optionally ·
+// silu(gate). kAdd: first x += y (rows of y [rows, d]), written back to x, as add then rms_norm.
+// This thread handles elements first, first + stride, ...; reduce(partial) returns the row's sum
+// of squares. Each thread rewrites only what it read, so out may alias x. The first kPer
+// elements (x, y, w, gate) are loaded before anything is stored, so their loads are in flight
+// together (a store to x would otherwise keep later loads waiting); the sum of squares runs in
+// the plain loop's order.
+template <int kPer, typename W, bool kGated, bool kAdd, typename Reduce>
+__device__ __forceinline__ void rms_norm_row(const Rows& x, const Rows& gate, const Rows& out,
+                                             const W* w, float offset, float eps, const Rows& y,
+                                             int64_t r, int first, int stride, Reduce reduce) {
   const int64_t d = x.d;
   float* xr = x.row(r);
   const float* yr = kAdd ? y.row(r) : nullptr;
   const float* gr = kGated ? gate.row(r) : nullptr;
-  float v[kWarpNormPer], wv[kWarpNormPer], gv[kWarpNormPer];
+  float v[kPer], wv[kPer], gv[kPer];
 #pragma unroll
-  for (int i = 0; i < kWarpNormPer; ++i) {
-    const int64_t j = lane + 32 * int64_t(i);
+  for (int i = 0; i < kPer; ++i) {
+    const int64_t j = first + int64_t(i) * stride;
     v[i] = wv[i] = gv[i] = 0.0f;
     if (j < d) {
       v[i] = xr[j];
@@ -66,14 +68,15 @@ __global__ void rms_norm_kernel(Rows x, Rows gate, Rows out, const W* w, float o
   }
   float ss = 0.0f;
 #pragma unroll
-  for (int i = 0; i < kWarpNormPer; ++i) {
-    const int64_t j = lane + 32 * int64_t(i);
+  for (int i = 0; i < kPer; ++i) {
+    const int64_t j = first + int64_t(i) * stride;
     if (j < d) {
       if constexpr (kAdd) xr[j] = v[i];
       ss += v[i] * v[i];
     }
   }
-  for (int64_t j = lane + 32 * int64_t(kWarpNormPer); j < d; j += 32) {
+  // Rows wider than kPer · stride: the rest, element by element.
+  for (int64_t j = first + int64_t(kPer) * stride; j < d; j += stride) {
     float e = xr[j];
     if constexpr (kAdd) {
       e += yr[j];
@@ -81,12 +84,11 @@ __global__ void rms_norm_kernel(Rows x, Rows gate, Rows out, const W* w, float o
     }
     ss += e * e;
   }
-  ss = warp_sum(ss);
-  const float inv = 1.0f / sqrtf(ss / float(d) + eps);
+  const float inv = 1.0f / sqrtf(reduce(ss) / float(d) + eps);
   float* orow = out.row(r);
 #pragma unroll
-  for (int i = 0; i < kWarpNormPer; ++i) {
-    const int64_t j = lane + 32 * int64_t(i);
+  for (int i = 0; i < kPer; ++i) {
+    const int64_t j = first + int64_t(i) * stride;
     if (j < d) {
       if constexpr (kGated) {
         orow[j] = v[i] * inv * wv[i] * silu(gv[i]);
@@ -95,7 +97,7 @@ __global__ void rms_norm_kernel(Rows x, Rows gate, Rows out, const W* w, float o
       }
     }
   }
-  for (int64_t j = lane + 32 * int64_t(kWarpNormPer); j < d; j += 32) {
+  for (int64_t j = first + int64_t(kPer) * stride; j < d; j += stride) {
     if constexpr (kGated) {
       orow[j] = xr[j] * inv * to_f32(w[j]) * silu(gr[j]);
     } else {
@@ -104,16 +106,20 @@ __global__ void rms_norm_kernel(Rows x, Rows gate, Rows out, const W* w, float o
   }
 }
 
-// Rows at least this wide get a block each: one warp walking a 2048-wide row is bound by
-// load latency (about 10 µs for a single decode token). The choice depends on d alone, so a
-// token's result never depends on how many rows share the launch.
-constexpr int64_t kBlockNormMinWidth = 1024;
+// One warp per row of x [rows, d < kBlockNormMinWidth].
+constexpr int kWarpNormPer = 8;
+template <typename W, bool kGated, bool kAdd>
+__global__ void rms_norm_kernel(Rows x, Rows gate, Rows out, const W* w, float offset, float eps,
+                                Rows y) {
+  grid_dependency_sync();
+  const int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (r >= x.n_rows) return;
+  rms_norm_row<kWarpNormPer, W, kGated, kAdd>(x, gate, out, w, offset, eps, y, r, threadIdx.x % 32,
+                                              32, [](float ss) { return warp_sum(ss); });
+}
 
-// The same as rms_norm_kernel with one block of kThreads per row of x [rows, d]; the block's
-// partial sums of squares are added in a fixed order. The first kBlockNormPer elements of
-// each thread are loaded (x, y, w, gate) into registers before anything is stored, so their
-// loads are all in flight at once (a store to x would otherwise keep later loads waiting);
-// the sums of squares run in the same order as a plain loop over j.
+// One block of kThreads per row of x [rows, d >= kBlockNormMinWidth]; the warps' partial sums
+// of squares are added in a fixed order.
 constexpr int kBlockNormPer = 8;
 template <typename W, bool kGated, bool kAdd>
 __global__ void __launch_bounds__(kThreads)
@@ -122,67 +128,17 @@ __global__ void __launch_bounds__(kThreads)
   grid_dependency_sync();
   constexpr int kWarps = kThreads / 32;
   __shared__ float red[kWarps];
-  const int64_t r = blockIdx.x, d = x.d;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  float* xr = x.row(r);
-  const float* yr = kAdd ? y.row(r) : nullptr;
-  const float* gr = kGated ? gate.row(r) : nullptr;
-  float v[kBlockNormPer], wv[kBlockNormPer], gv[kBlockNormPer];
+  auto block_sum = [&](float ss) {
+    ss = warp_sum(ss);
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
+    __syncthreads();
+    float total = 0.0f;
 #pragma unroll
-  for (int i = 0; i < kBlockNormPer; ++i) {
-    const int64_t j = threadIdx.x + int64_t(i) * kThreads;
-    v[i] = wv[i] = gv[i] = 0.0f;
-    if (j < d) {
-      v[i] = xr[j];
-      if constexpr (kAdd) v[i] += yr[j];
-      wv[i] = to_f32(w[j]);
-      if constexpr (kGated) gv[i] = gr[j];
-    }
-  }
-  float ss = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kBlockNormPer; ++i) {
-    const int64_t j = threadIdx.x + int64_t(i) * kThreads;
-    if (j < d) {
-      if constexpr (kAdd) xr[j] = v[i];
-      ss += v[i] * v[i];
-    }
-  }
-  // Rows wider than kBlockNormPer · kThreads: the rest, element by element.
-  for (int64_t j = threadIdx.x + int64_t(kBlockNormPer) * kThreads; j < d; j += kThreads) {
-    float e = xr[j];
-    if constexpr (kAdd) {
-      e += yr[j];
-      xr[j] = e;
-    }
-    ss += e * e;
-  }
-  ss = warp_sum(ss);
-  if (lane == 0) red[warp] = ss;
-  __syncthreads();
-  float total = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kWarps; ++i) total += red[i];
-  const float inv = 1.0f / sqrtf(total / float(d) + eps);
-  float* orow = out.row(r);
-#pragma unroll
-  for (int i = 0; i < kBlockNormPer; ++i) {
-    const int64_t j = threadIdx.x + int64_t(i) * kThreads;
-    if (j < d) {
-      if constexpr (kGated) {
-        orow[j] = v[i] * inv * wv[i] * silu(gv[i]);
-      } else {
-        orow[j] = v[i] * inv * (wv[i] + offset);
-      }
-    }
-  }
-  for (int64_t j = threadIdx.x + int64_t(kBlockNormPer) * kThreads; j < d; j += kThreads) {
-    if constexpr (kGated) {
-      orow[j] = xr[j] * inv * to_f32(w[j]) * silu(gr[j]);
-    } else {
-      orow[j] = xr[j] * inv * (to_f32(w[j]) + offset);
-    }
-  }
+    for (int i = 0; i < kWarps; ++i) total += red[i];
+    return total;
+  };
+  rms_norm_row<kBlockNormPer, W, kGated, kAdd>(x, gate, out, w, offset, eps, y, blockIdx.x,
+                                               threadIdx.x, kThreads, block_sum);
 }
 
 // Launches the warp-per-row or block-per-row kernel (by width) over x [rows, d].
