@@ -92,35 +92,6 @@ struct DeviceTensor {
   }
 };
 
-// Host-side layout of a ragged batch: slots in reverse order of sequences, shuffled blocks.
-struct Layout {
-  std::vector<int32_t> seq_start{0}, slot, positions, block_start{0}, block_ids;
-  SeqLayout l;
-  Layout(const std::vector<int>& lens, const std::vector<int>& first_pos, int block_size,
-         std::mt19937& rng) {
-    int32_t next_block = 0;
-    for (size_t s = 0; s < lens.size(); ++s) {
-      for (int i = 0; i < lens[s]; ++i) positions.push_back(first_pos[s] + i);
-      seq_start.push_back(seq_start.back() + lens[s]);
-      slot.push_back(int32_t(lens.size() - 1 - s));
-      const int n_blocks = (first_pos[s] + lens[s] + block_size - 1) / block_size;
-      for (int b = 0; b < n_blocks; ++b) block_ids.push_back(next_block++);
-      block_start.push_back(int32_t(block_ids.size()));
-    }
-    std::shuffle(block_ids.begin(), block_ids.end(), rng);
-    l.n_seqs = int(lens.size());
-    l.n_tokens = seq_start.back();
-    l.seq_start = seq_start.data();
-    l.slot = slot.data();
-    l.positions = positions.data();
-    l.block_start = block_start.data();
-    l.block_ids = block_ids.data();
-    l.block_size = block_size;
-  }
-  Layout(const Layout&) = delete;
-  int n_blocks() const { return int(block_ids.size()); }
-};
-
 class CudaTest : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -91,28 +91,6 @@ TEST_F(CudaSequence, ConvMatchesReferenceAndCarriesStateAcrossCalls) {
   }
 }
 
-struct DeltaInputs {
-  HostTensor q, k, v, g, beta;
-  DeltaInputs(int64_t n, int64_t hk, int64_t hv, int64_t dk, int64_t dv, std::mt19937& rng)
-      : q(DType::F32, {n, hk, dk}),
-        k(DType::F32, {n, hk, dk}),
-        v(DType::F32, {n, hv, dv}),
-        g(DType::F32, {n, hv}),
-        beta(DType::F32, {n, hv}) {
-    fill_random(q, rng);
-    fill_random(k, rng);
-    fill_random(v, rng);
-    CpuOps ops(1);
-    ops.l2_norm(q.t, 1e-6f, 1.0f / std::sqrt(float(dk)));
-    ops.l2_norm(k.t, 1e-6f, 1.0f);
-    std::uniform_real_distribution<float> gd(-2.0f, 0.0f), bd(0.0f, 1.0f);
-    for (int64_t i = 0; i < g.numel(); ++i) {
-      g.f()[i] = -gd(rng) * gd(rng) * 0.5f;
-      beta.f()[i] = bd(rng);
-    }
-  }
-};
-
 // Runs the CUDA delta rule in `form` and the double reference from the same state; returns
 // {output error relative to scale, state error}.
 std::pair<double, double> delta_errors(CudaOps& ops, const DeltaInputs& in, const Layout& lay,

@@ -10,39 +10,12 @@
 namespace recur {
 namespace {
 
+using testing::DeltaInputs;
 using testing::fill_random;
 using testing::HostTensor;
+using testing::Layout;
 using testing::max_abs;
 using testing::max_abs_diff;
-
-// Host-side layout of a ragged batch: one slot per sequence, block tables shuffled.
-struct Layout {
-  std::vector<int32_t> seq_start{0}, slot, positions, block_start{0}, block_ids;
-  SeqLayout l;
-  Layout(const std::vector<int>& lens, const std::vector<int>& first_pos, int block_size,
-         std::mt19937& rng) {
-    int32_t next_block = 0;
-    std::vector<int32_t> all_blocks;
-    for (size_t s = 0; s < lens.size(); ++s) {
-      for (int i = 0; i < lens[s]; ++i) positions.push_back(first_pos[s] + i);
-      seq_start.push_back(seq_start.back() + lens[s]);
-      slot.push_back(int32_t(lens.size() - 1 - s));  // slots in reverse order of sequences
-      const int n_blocks = (first_pos[s] + lens[s] + block_size - 1) / block_size;
-      for (int b = 0; b < n_blocks; ++b) block_ids.push_back(next_block++);
-      block_start.push_back(int32_t(block_ids.size()));
-    }
-    std::shuffle(block_ids.begin(), block_ids.end(), rng);  // non-contiguous physical blocks
-    l.n_seqs = int(lens.size());
-    l.n_tokens = seq_start.back();
-    l.seq_start = seq_start.data();
-    l.slot = slot.data();
-    l.positions = positions.data();
-    l.block_start = block_start.data();
-    l.block_ids = block_ids.data();
-    l.block_size = block_size;
-  }
-  int n_blocks() const { return int(block_ids.size()); }
-};
 
 class SequenceOps : public ::testing::Test {
  protected:
@@ -91,28 +64,6 @@ TEST_F(SequenceOps, ConvMatchesReferenceAndCarriesStateAcrossCalls) {
     EXPECT_LE(max_abs_diff(piece_state.f(), whole_state.f(), state.numel()), 0);
   }
 }
-
-struct DeltaInputs {
-  HostTensor q, k, v, g, beta;
-  DeltaInputs(int64_t n, int64_t hk, int64_t hv, int64_t dk, int64_t dv, std::mt19937& rng)
-      : q(DType::F32, {n, hk, dk}),
-        k(DType::F32, {n, hk, dk}),
-        v(DType::F32, {n, hv, dv}),
-        g(DType::F32, {n, hv}),
-        beta(DType::F32, {n, hv}) {
-    fill_random(q, rng);
-    fill_random(k, rng);
-    fill_random(v, rng);
-    CpuOps ops(1);
-    ops.l2_norm(q.t, 1e-6f, 1.0f / std::sqrt(float(dk)));
-    ops.l2_norm(k.t, 1e-6f, 1.0f);
-    std::uniform_real_distribution<float> gd(-2.0f, 0.0f), bd(0.0f, 1.0f);
-    for (int64_t i = 0; i < g.numel(); ++i) {
-      g.f()[i] = -gd(rng) * gd(rng) * 0.5f;  // log-decays in [-2, 0]: mostly mild, some strong
-      beta.f()[i] = bd(rng);
-    }
-  }
-};
 
 // The recurrent form's code paths by key head dim (registers for 16 and 32, memory passes
 // otherwise) and value head dims around the 16-lane strips, with a carried state.
