@@ -285,9 +285,10 @@ Status Qwen3Next::allocate() {
     RECUR_RETURN_IF_ERROR(w.add(A, t, f32, {T, ff}, "feed-forward"));
   }
   RECUR_RETURN_IF_ERROR(w.add(A, &w.shared_score, f32, {T, 1}, "shared expert gate"));
+  // One more expert per token than routed: a backend may run the shared expert with them.
   size_t moe_bytes =
-      ops_.moe_experts_scratch_bytes(int(T), int(topk), std::max(cfg_.num_experts, 1), int(H),
-                                     std::max(cfg_.moe_intermediate_size, 1));
+      ops_.moe_experts_scratch_bytes(int(T), int(topk) + 1, std::max(cfg_.num_experts, 1) + 1,
+                                     int(H), std::max(cfg_.moe_intermediate_size, 1));
   RECUR_RETURN_IF_ERROR(w.add(A, &w.moe_scratch, DType::U8, {int64_t(moe_bytes)}, "moe scratch"));
   size_t gdn_bytes =
       ops_.gated_delta_rule_scratch_bytes(cfg_.linear_key_head_dim, cfg_.linear_value_head_dim);
@@ -443,7 +444,6 @@ void Qwen3Next::gated_delta_net(const Layer& L, const SeqLayout& sl, int n) {
   const GatedDeltaNetWeights& w = L.gdn;
   const int hk = cfg_.linear_num_key_heads, hv = cfg_.linear_num_value_heads;
   const int dk = cfg_.linear_key_head_dim, dv = cfg_.linear_value_head_dim;
-  const int r = value_heads_per_key();
   const Tensor x = ws_.x.slice_rows(0, n);
 
   // Projections come grouped by key head: [q, k, v (r heads), z (r heads)] and [b (r), a (r)].
@@ -452,21 +452,23 @@ void Qwen3Next::gated_delta_net(const Layer& L, const SeqLayout& sl, int n) {
     const Tensor ws[] = {w.in_proj_qkvz, w.in_proj_ba}, outs[] = {qkvz, ba};
     ops_.matmul_group(x, ws, outs);
   }
-  Tensor mixed = ws_.mixed_qkv.slice_rows(0, n);  // [n, q all heads | k all heads | v all heads]
-  Tensor z = ws_.z.slice_rows(0, n);              // [n, Hv·dv]
-  const int qkvz_parts[] = {dk, dk, r * dv, r * dv};
-  const Tensor qkvz_dsts[] = {mixed.slice_cols(0, key_dim()),
-                              mixed.slice_cols(key_dim(), 2 * key_dim()),
-                              mixed.slice_cols(2 * key_dim(), conv_dim()), z};
-  ops_.split_groups(qkvz, hk, qkvz_parts, qkvz_dsts);
-  Tensor a = ws_.a.slice_rows(0, n), b = ws_.b.slice_rows(0, n);  // [n, Hv]
-  const int ba_parts[] = {r, r};
-  const Tensor ba_dsts[] = {b, a};
-  ops_.split_groups(ba, hk, ba_parts, ba_dsts);
-
-  // Causal depthwise conv with SiLU over q, k, v together, continuing each slot's conv state.
-  Tensor conv = ws_.conv_out.slice_rows(0, n);
-  ops_.conv1d_causal_silu(mixed, w.conv1d, state_.conv[size_t(L.state_index)], sl, conv);
+  // Split into q|k|v and z, b and a; causal depthwise conv with SiLU over q, k, v together,
+  // continuing each slot's conv state; q and k L2-normalised (q scaled); the decay and beta gates.
+  Tensor conv = ws_.conv_out.slice_rows(0, n);  // [n, q all heads | k all heads | v all heads]
+  Tensor z = ws_.z.slice_rows(0, n);            // [n, Hv·dv]
+  Tensor g = ws_.g.slice_rows(0, n), beta = ws_.beta.slice_rows(0, n);  // [n, Hv]
+  {
+    GdnInputArgs in;
+    in.key_heads = hk, in.value_heads = hv, in.dk = dk, in.dv = dv;
+    in.l2_eps = 1e-6f, in.q_scale = 1.0f / std::sqrt(float(dk));
+    in.qkvz = qkvz, in.ba = ba;
+    in.conv_weight = w.conv1d, in.a_log = w.a_log, in.dt_bias = w.dt_bias;
+    in.conv_state = state_.conv[size_t(L.state_index)];
+    in.mixed = ws_.mixed_qkv.slice_rows(0, n);
+    in.a = ws_.a.slice_rows(0, n), in.b = ws_.b.slice_rows(0, n);
+    in.conv_out = conv, in.z = z, in.g = g, in.beta = beta;
+    ops_.gdn_inputs(in, sl);
+  }
   auto heads_view = [&](int64_t col, int64_t heads, int64_t d) {  // [n, heads, d] in conv
     Tensor t = conv.slice_cols(col, col + heads * d);
     t.ndim = 3;
@@ -476,11 +478,6 @@ void Qwen3Next::gated_delta_net(const Layer& L, const SeqLayout& sl, int n) {
   };
   Tensor q = heads_view(0, hk, dk), k = heads_view(key_dim(), hk, dk);
   Tensor v = heads_view(2 * key_dim(), hv, dv);
-  ops_.l2_norm(q, 1e-6f, 1.0f / std::sqrt(float(dk)));
-  ops_.l2_norm(k, 1e-6f, 1.0f);
-
-  Tensor g = ws_.g.slice_rows(0, n), beta = ws_.beta.slice_rows(0, n);
-  ops_.gdn_gates(a, b, w.a_log, w.dt_bias, g, beta);
   Tensor core = ws_.core_out.slice_rows(0, n).reshaped({n, hv, dv});
   ops_.gated_delta_rule(q, k, v, g, beta, state_.delta[size_t(L.state_index)], sl, core,
                         ws_.gdn_scratch);
@@ -504,21 +501,21 @@ void Qwen3Next::attention(const Layer& L, const SeqLayout& sl, int n) {
     const Tensor ws[] = {w.q_proj, w.k_proj, w.v_proj}, outs[] = {qg, k, v};
     ops_.matmul_group(x, ws, outs);
   }
+  // Per head: the query and the output gate apart, RMS norms of q and k, rotary embedding,
+  // then k and v into the cache.
   Tensor q = ws_.q.slice_rows(0, n), gate = ws_.gate.slice_rows(0, n);
-  const int parts[] = {hd, hd};
-  const Tensor dsts[] = {q, gate};
-  ops_.split_groups(qg, heads, parts, dsts);
-
-  Tensor q3 = q.reshaped({n, heads, hd}), k3 = k.reshaped({n, kv, hd}),
-         v3 = v.reshaped({n, kv, hd});
-  ops_.rms_norm(q3, w.q_norm, 1.0f, cfg_.rms_norm_eps, q3);
-  ops_.rms_norm(k3, w.k_norm, 1.0f, cfg_.rms_norm_eps, k3);
-  ops_.rope(q3, sl.positions, cfg_.rotary_dim(), cfg_.rope_theta);
-  ops_.rope(k3, sl.positions, cfg_.rotary_dim(), cfg_.rope_theta);
-
   Tensor& kc = state_.k_cache[size_t(L.state_index)];
   Tensor& vc = state_.v_cache[size_t(L.state_index)];
-  ops_.kv_cache_write(k3, v3, kc, vc, sl);
+  {
+    AttentionInputArgs in;
+    in.heads = heads, in.kv_heads = kv, in.head_dim = hd;
+    in.rot_dim = cfg_.rotary_dim(), in.rope_theta = cfg_.rope_theta;
+    in.norm_offset = 1.0f, in.eps = cfg_.rms_norm_eps;
+    in.qg = qg, in.k = k, in.v = v, in.q_norm = w.q_norm, in.k_norm = w.k_norm;
+    in.q = q, in.gate = gate, in.k_cache = kc, in.v_cache = vc;
+    ops_.attention_inputs(in, sl);
+  }
+  Tensor q3 = q.reshaped({n, heads, hd});
   Tensor out = ws_.attn_out.slice_rows(0, n);
   ops_.paged_attention(q3, kc, vc, sl, 1.0f / std::sqrt(float(hd)), out.reshaped({n, heads, hd}));
   ops_.mul_sigmoid(out, gate);
@@ -548,24 +545,23 @@ void Qwen3Next::sparse_moe(const Layer& L, int n) {
     ops_.moe_experts(x, w.experts, ids, weights, out, ws_.moe_scratch);
     return;
   }
-  // The router and the shared expert's gate, up and score projections read the same x: one
-  // group. The shared expert's output is scaled per token by sigmoid(shared_expert_gate · x).
+  // The router and the shared expert's score projection read the same x: one group. The
+  // shared expert's output is scaled per token by sigmoid(shared_expert_gate · x).
   const int64_t ff = w.shared.gate.shape[0];
-  Tensor g = ws_.ff_gate.slice_rows(0, n).slice_cols(0, ff);
-  Tensor u = ws_.ff_up.slice_rows(0, n).slice_cols(0, ff);
-  Tensor score = ws_.shared_score.slice_rows(0, n);
+  SharedExpertArgs shared;
+  shared.w = w.shared;
+  shared.score = ws_.shared_score.slice_rows(0, n);
+  shared.gate = ws_.ff_gate.slice_rows(0, n).slice_cols(0, ff);
+  shared.up = ws_.ff_up.slice_rows(0, n).slice_cols(0, ff);
+  shared.hidden = ws_.ff_hidden.slice_rows(0, n).slice_cols(0, ff);
+  shared.out = ws_.shared_out.slice_rows(0, n);
   {
-    const Tensor ws[] = {w.router, w.shared.gate, w.shared.up, w.shared_gate};
-    const Tensor outs[] = {logits, g, u, score};
+    const Tensor ws[] = {w.router, w.shared_gate};
+    const Tensor outs[] = {logits, shared.score};
     ops_.matmul_group(x, ws, outs);
   }
   ops_.moe_route(logits, cfg_.num_experts_per_tok, cfg_.norm_topk_prob, ids, weights);
-  ops_.moe_experts(x, w.experts, ids, weights, out, ws_.moe_scratch);
-  Tensor hdn = ws_.ff_hidden.slice_rows(0, n).slice_cols(0, ff);
-  Tensor shared = ws_.shared_out.slice_rows(0, n);
-  ops_.swiglu(g, u, hdn);
-  ops_.matmul(hdn, w.shared.down, shared);
-  ops_.add_scaled_sigmoid(out, shared, score);
+  ops_.moe_experts_shared(x, w.experts, ids, weights, shared, out, ws_.moe_scratch);
 }
 
 }  // namespace

@@ -69,6 +69,57 @@ void Ops::add_rms_norm(Tensor x, const Tensor& y, const Tensor& w, float weight_
   rms_norm(x, w, weight_offset, eps, out);
 }
 
+void Ops::gdn_inputs(const GdnInputArgs& g, const SeqLayout& layout) {
+  const int hk = g.key_heads, hv = g.value_heads, dk = g.dk, dv = g.dv, r = hv / hk;
+  const int64_t key_dim = int64_t(hk) * dk, conv_dim = 2 * key_dim + int64_t(hv) * dv;
+  RECUR_CHECK(hk > 0 && hv % hk == 0 && g.mixed.shape[1] == conv_dim);
+  const int qkvz_parts[] = {dk, dk, r * dv, r * dv};
+  const Tensor qkvz_dsts[] = {g.mixed.slice_cols(0, key_dim),
+                              g.mixed.slice_cols(key_dim, 2 * key_dim),
+                              g.mixed.slice_cols(2 * key_dim, conv_dim), g.z};
+  split_groups(g.qkvz, hk, qkvz_parts, qkvz_dsts);
+  const int ba_parts[] = {r, r};
+  const Tensor ba_dsts[] = {g.b, g.a};
+  split_groups(g.ba, hk, ba_parts, ba_dsts);
+  conv1d_causal_silu(g.mixed, g.conv_weight, g.conv_state, layout, g.conv_out);
+  const int64_t n = g.conv_out.shape[0];
+  auto heads_view = [&](int64_t col, int64_t heads, int64_t d) {  // [n, heads, d] in conv_out
+    Tensor t = g.conv_out.slice_cols(col, col + heads * d);
+    t.ndim = 3;
+    t.shape[0] = n, t.shape[1] = heads, t.shape[2] = d;
+    t.stride[1] = d, t.stride[2] = 1;
+    return t;
+  };
+  l2_norm(heads_view(0, hk, dk), g.l2_eps, g.q_scale);
+  l2_norm(heads_view(key_dim, hk, dk), g.l2_eps, 1.0f);
+  gdn_gates(g.a, g.b, g.a_log, g.dt_bias, g.g, g.beta);
+}
+
+void Ops::attention_inputs(const AttentionInputArgs& a, const SeqLayout& layout) {
+  const int64_t n = a.qg.shape[0], hd = a.head_dim;
+  const int parts[] = {a.head_dim, a.head_dim};
+  const Tensor dsts[] = {a.q, a.gate};
+  split_groups(a.qg, a.heads, parts, dsts);
+  const Tensor q3 = a.q.reshaped({n, a.heads, hd}), k3 = a.k.reshaped({n, a.kv_heads, hd});
+  const Tensor v3 = a.v.reshaped({n, a.kv_heads, hd});
+  rms_norm(q3, a.q_norm, a.norm_offset, a.eps, q3);
+  rms_norm(k3, a.k_norm, a.norm_offset, a.eps, k3);
+  rope(q3, layout.positions, a.rot_dim, a.rope_theta);
+  rope(k3, layout.positions, a.rot_dim, a.rope_theta);
+  kv_cache_write(k3, v3, a.k_cache, a.v_cache, layout);
+}
+
+void Ops::moe_experts_shared(const Tensor& x, std::span<const ExpertWeights> experts,
+                             const Tensor& ids, const Tensor& weights,
+                             const SharedExpertArgs& shared, Tensor out, Tensor scratch) {
+  const Tensor ws[] = {shared.w.gate, shared.w.up}, outs[] = {shared.gate, shared.up};
+  matmul_group(x, ws, outs);
+  moe_experts(x, experts, ids, weights, out, scratch);
+  swiglu(shared.gate, shared.up, shared.hidden);
+  matmul(shared.hidden, shared.w.down, shared.out);
+  add_scaled_sigmoid(out, shared.out, shared.score);
+}
+
 double Ops::measure_copy_bandwidth(size_t bytes) {
   std::vector<uint8_t> a(bytes, 1), b(bytes, 2);
   std::memcpy(b.data(), a.data(), bytes);  // warm

@@ -34,6 +34,29 @@ struct ExpertWeights {
   Tensor down;  // [d, d_ff]
 };
 
+// Operands of Ops::attention_inputs, one gated-attention layer's input stage.
+struct AttentionInputArgs {
+  int heads = 0, kv_heads = 0, head_dim = 0;
+  int rot_dim = 0;  // rotary channels at the start of each head
+  double rope_theta = 0;
+  float norm_offset = 0.0f;  // added to the q and k norm weights (1 when zero-centred)
+  float eps = 1e-6f;
+  Tensor qg;                // [n, heads·2·hd]: per head the query, then the output gate
+  Tensor k, v;              // [n, kv_heads·hd]; k normalised and rotated in place
+  Tensor q_norm, k_norm;    // [hd]
+  Tensor q, gate;           // [n, heads·hd] out
+  Tensor k_cache, v_cache;  // as kv_cache_write
+};
+
+// A shared expert beside the routed ones (Qwen-style MoE): its output is scaled per token by
+// σ(score) and added to the routed experts' sum.
+struct SharedExpertArgs {
+  ExpertWeights w;          // gate, up [ff, d]; down [d, ff]
+  Tensor score;             // [n, 1]
+  Tensor gate, up, hidden;  // [n, ff] scratch
+  Tensor out;               // [n, d] scratch
+};
+
 // Which form of the gated delta rule to run; kAuto picks per sequence (recurrent for one
 // token, chunked for more).
 enum class DeltaRuleForm { kAuto, kRecurrent, kChunked };
@@ -46,6 +69,24 @@ struct ForwardLimits {
   int max_blocks = 0;      // attention-cache blocks in all block tables of one forward
   int max_logit_rows = 0;  // rows gathered for the LM head
   int max_context = 0;     // positions a sequence may reach
+};
+
+// Operands of Ops::gdn_inputs, one Gated DeltaNet layer's input stage (r = Hv/Hk value heads
+// per key head; C = 2·Hk·dk + Hv·dv conv channels: all q heads, all k heads, all v heads).
+struct GdnInputArgs {
+  int key_heads = 0, value_heads = 0, dk = 0, dv = 0;
+  float l2_eps = 1e-6f;   // of the q and k L2 norms
+  float q_scale = 1.0f;   // q's extra factor after its L2 norm
+  Tensor qkvz;            // [n, Hk·(2dk + 2r·dv)]: per key head q, k, r heads of v, r of z
+  Tensor ba;              // [n, Hk·2r]: per key head r of b, then r of a
+  Tensor conv_weight;     // [C, 1, K] (stored layout)
+  Tensor a_log, dt_bias;  // [Hv]
+  Tensor conv_state;      // [slots, K-1, C] f32
+  Tensor mixed;           // [n, C] scratch: q | k | v before the conv
+  Tensor a, b;            // [n, Hv] scratch
+  Tensor conv_out;        // [n, C] out: q | k | v after conv + SiLU; q, k then L2-normalised
+  Tensor z;               // [n, Hv·dv] out
+  Tensor g, beta;         // [n, Hv] out, as gdn_gates
 };
 
 class Ops {
@@ -133,6 +174,11 @@ class Ops {
   //   x, out [n, C]; weight [C, 1, K] (stored layout); conv_state [slots, K-1, C] f32
   virtual void conv1d_causal_silu(const Tensor& x, const Tensor& weight, Tensor conv_state,
                                   const SeqLayout& layout, Tensor out) = 0;
+  // The Gated DeltaNet input stage (see GdnInputArgs): the results of split_groups (qkvz into
+  // mixed and z, ba into b and a), conv1d_causal_silu (mixed into conv_out), l2_norm of q and
+  // k in conv_out, and gdn_gates, which the default calls in that order; a backend may fuse
+  // them.
+  virtual void gdn_inputs(const GdnInputArgs& args, const SeqLayout& layout);
   // g = -exp(a_log) · softplus(a + dt_bias), beta = σ(b).  a, b, g, beta [n, Hv]; a_log, dt_bias
   // [Hv]
   virtual void gdn_gates(const Tensor& a, const Tensor& b, const Tensor& a_log,
@@ -146,6 +192,11 @@ class Ops {
                                 Tensor out, Tensor scratch,
                                 DeltaRuleForm form = DeltaRuleForm::kAuto) = 0;
   virtual size_t gated_delta_rule_scratch_bytes(int dk, int dv) const = 0;
+
+  // The gated-attention input stage (see AttentionInputArgs): the results of split_groups (qg
+  // into q and gate), rms_norm of q and k per head, rope on q and k, and kv_cache_write of k
+  // and v, which the default calls in that order; a backend may fuse them.
+  virtual void attention_inputs(const AttentionInputArgs& args, const SeqLayout& layout);
 
   // ---- attention over a paged cache ----
   // Cache layouts: k_cache [n_blocks, kv_heads, hd, block_size] (keys transposed within a
@@ -169,6 +220,13 @@ class Ops {
                            Tensor scratch) = 0;
   virtual size_t moe_experts_scratch_bytes(int n_tokens, int k, int n_experts, int d,
                                            int d_ff) const = 0;
+  // moe_experts, then out[t] += σ(score[t]) · down(silu(gate·x[t]) ⊙ up·x[t]) of the shared
+  // expert: the results of matmul_group (gate, up), moe_experts, swiglu, matmul (down) and
+  // add_scaled_sigmoid, which the default calls; a backend may fuse them. scratch as for
+  // moe_experts (with moe_experts_scratch_bytes for one more expert per token).
+  virtual void moe_experts_shared(const Tensor& x, std::span<const ExpertWeights> experts,
+                                  const Tensor& ids, const Tensor& weights,
+                                  const SharedExpertArgs& shared, Tensor out, Tensor scratch);
 };
 
 }  // namespace recur

@@ -15,12 +15,16 @@ TEST_F(CudaMoe, RoutingMatchesReference) {
   struct Case {
     int64_t n, E, k;
   };
-  for (const Case c : {Case{9, 7, 3}, Case{33, 64, 8}, Case{5, 512, 10}, Case{3, 4096, 64}}) {
+  // E ≤ 512 with k ≤ 32 takes the block-per-token kernel (1, 2 or 4 logits per thread).
+  for (const Case c :
+       {Case{9, 7, 3}, Case{33, 64, 8}, Case{5, 512, 10}, Case{4, 200, 32}, Case{3, 4096, 64}}) {
     for (bool norm_topk : {true, false}) {
       HostTensor logits(DType::F32, {c.n, c.E});
       fill_random(logits, rng, 2.0f);
       // Exact ties, which must go to the lower expert index.
       logits.f()[1] = logits.f()[3];
+      // A token whose logits are all equal: the k lowest indices, equal weights.
+      for (int64_t e = 0; e < c.E; ++e) logits.f()[(c.n - 1) * c.E + e] = 0.25f;
       HostTensor ids(DType::I32, {c.n, c.k}), w(DType::F32, {c.n, c.k}), ids_ref = ids, w_ref = w;
       DeviceTensor dl = dev(logits), dids = poisoned(ids), dw = poisoned(w);
       ops().moe_route(dl.t, int(c.k), norm_topk, dids.t, dw.t);
@@ -94,6 +98,58 @@ TEST_F(CudaMoe, ExpertsMatchReferenceOnEveryPath) {
       record_error(std::string("moe_experts ") + path + " " + dtype_name(dt), err);
       EXPECT_LE(err, 1e-5) << dtype_name(dt) << " n=" << c.n << " E=" << c.E << " d=" << c.d
                            << " ff=" << c.ff;
+    }
+  }
+}
+
+// The shared expert: one token rides along the routed experts' launches, more tokens take the
+// default's ops; both against the references, and the one-token path against the default's
+// ops on the GPU.
+TEST_F(CudaMoe, SharedExpertMatchesReference) {
+  struct Case {
+    int64_t n, E, k, d, ff;
+  };
+  const Case cases[] = {{1, 64, 10, 512, 256}, {1, 7, 3, 24, 13}, {3, 32, 8, 64, 32}};
+  for (DType dt : {DType::BF16, DType::F32}) {
+    for (const Case& c : cases) {
+      Experts ex = make_experts(ops(), c.E, c.d, c.ff, dt, rng);
+      Experts sh = make_experts(ops(), 1, c.d, c.ff, dt, rng);
+      HostTensor logits(DType::F32, {c.n, c.E});
+      fill_random(logits, rng, 2.0f);
+      HostTensor ids(DType::I32, {c.n, c.k}), w(DType::F32, {c.n, c.k});
+      DeviceTensor dl = dev(logits), dids = poisoned(ids), dw = poisoned(w);
+      ops().moe_route(dl.t, int(c.k), true, dids.t, dw.t);
+      HostTensor hids = host(dids, ids), hw = host(dw, w);
+      HostTensor x(DType::F32, {c.n, c.d}), score(DType::F32, {c.n, 1}), out = x, ref = x;
+      HostTensor g(DType::F32, {c.n, c.ff}), y = x;
+      fill_random(x, rng);
+      fill_random(score, rng);
+      DeviceTensor dx = dev(x), dscore = dev(score);
+      HostTensor scratch_h(
+          DType::U8, {int64_t(ops().moe_experts_scratch_bytes(int(c.n), int(c.k) + 1, int(c.E) + 1,
+                                                              int(c.d), int(c.ff)))});
+      HostTensor got[2] = {out, out};
+      for (int path = 0; path < 2; ++path) {  // the backend's op, then the default's ops
+        DeviceTensor dg = poisoned(g), du = poisoned(g), dh = poisoned(g), dy = poisoned(y);
+        DeviceTensor dout = poisoned(out), scratch = poisoned(scratch_h);
+        SharedExpertArgs shared;
+        shared.w = sh.d[0];
+        shared.score = dscore.t, shared.gate = dg.t, shared.up = du.t, shared.hidden = dh.t;
+        shared.out = dy.t;
+        if (path == 0) {
+          ops().moe_experts_shared(dx.t, ex.d, dids.t, dw.t, shared, dout.t, scratch.t);
+        } else {
+          ops().Ops::moe_experts_shared(dx.t, ex.d, dids.t, dw.t, shared, dout.t, scratch.t);
+        }
+        got[path] = host(dout, out);
+        ASSERT_EQ(count_nonfinite(got[path].f(), out.numel()), 0);
+      }
+      reference_moe_shared(x.t, ex.h, hids.t, hw.t, sh.h[0], score.t, ref.t);
+      const double err = rel_err(got[0].f(), ref.f(), out.numel());
+      record_error(std::string("moe_experts_shared ") + dtype_name(dt), err);
+      EXPECT_LE(err, 1e-5) << dtype_name(dt) << " n=" << c.n << " E=" << c.E;
+      EXPECT_LE(rel_err(got[1].f(), ref.f(), out.numel()), 1e-5) << "default, n=" << c.n;
+      EXPECT_LE(rel_err(got[0].f(), got[1].f(), out.numel()), 1e-5) << "n=" << c.n;
     }
   }
 }

@@ -40,6 +40,127 @@ TEST_F(CudaSequence, ConvDecodeStepMatchesReference) {
   }
 }
 
+// The fused Gated DeltaNet input stage (one token per sequence) equals the ops it replaces run
+// on the GPU bit for bit, and the CPU references to their tolerances; other layouts take the
+// ops themselves. Shapes: the model's (Hk 16, Hv 32, dk = dv = 128, K 4), three value heads
+// per key head, and dk 256 (eight channels per lane); weight dtypes mixed.
+TEST_F(CudaSequence, GdnInputsDecodeEqualsTheOpsItFuses) {
+  struct Case {
+    int64_t hk, hv, dk, dv, K;
+    DType wt, gate_t;
+    std::vector<int> lens;
+  };
+  const Case cases[] = {{16, 32, 128, 128, 4, DType::BF16, DType::BF16, {1, 1, 1}},
+                        {2, 6, 64, 32, 3, DType::F32, DType::F32, {1, 1}},
+                        {1, 1, 256, 64, 2, DType::BF16, DType::F32, {1, 1, 1, 1}},
+                        {2, 6, 64, 32, 3, DType::BF16, DType::F32, {2, 1, 3}}};  // not decode
+  for (const Case& cs : cases) {
+    Layout lay(cs.lens, std::vector<int>(cs.lens.size(), 5), 16, rng);
+    GdnInputCase c(lay.l.n_tokens, cs.hk, cs.hv, cs.dk, cs.dv, cs.K, int64_t(cs.lens.size()), cs.wt,
+                   cs.gate_t, rng);
+    auto dw = ops().adopt_weight(c.conv_w.t);
+    auto dal = ops().adopt_weight(c.a_log.t);
+    auto ddt = ops().adopt_weight(c.dt_bias.t);
+    ASSERT_TRUE(dw.ok() && dal.ok() && ddt.ok());
+    DeviceTensor dqkvz = dev(c.qkvz), dba = dev(c.ba);
+    // Two runs from the same state: the op as the backend runs it, and the default's ops.
+    struct Run {
+      DeviceTensor state, mixed, a, b, conv_out, z, g, beta;
+    };
+    Run runs[2];
+    for (Run& r : runs) {
+      r.state = dev(c.state);
+      r.mixed = poisoned(c.mixed), r.a = poisoned(c.a), r.b = poisoned(c.b);
+      r.conv_out = poisoned(c.conv_out), r.z = poisoned(c.z);
+      r.g = poisoned(c.g), r.beta = poisoned(c.beta);
+    }
+    auto args = [&](Run& r) {
+      GdnInputArgs in = c.args();
+      in.qkvz = dqkvz.t, in.ba = dba.t;
+      in.conv_weight = dw.value(), in.a_log = dal.value(), in.dt_bias = ddt.value();
+      in.conv_state = r.state.t, in.mixed = r.mixed.t, in.a = r.a.t, in.b = r.b.t;
+      in.conv_out = r.conv_out.t, in.z = r.z.t, in.g = r.g.t, in.beta = r.beta.t;
+      return in;
+    };
+    ops().begin_forward(lay.l, {}, {});
+    ops().gdn_inputs(args(runs[0]), lay.l);
+    ops().Ops::gdn_inputs(args(runs[1]), lay.l);
+    GdnInputCase ref = c;
+    ref.reference(lay.l);
+    const HostTensor outs[2][5] = {
+        {host(runs[0].conv_out, c.conv_out), host(runs[0].z, c.z), host(runs[0].g, c.g),
+         host(runs[0].beta, c.beta), host(runs[0].state, c.state)},
+        {host(runs[1].conv_out, c.conv_out), host(runs[1].z, c.z), host(runs[1].g, c.g),
+         host(runs[1].beta, c.beta), host(runs[1].state, c.state)}};
+    const HostTensor* refs[5] = {&ref.conv_out, &ref.z, &ref.g, &ref.beta, &ref.state};
+    const double tol[5] = {1e-5, 0.0, 1e-6, 1e-6, 0.0};
+    const char* names[5] = {"conv_out", "z", "g", "beta", "state"};
+    for (int i = 0; i < 5; ++i) {
+      const int64_t len = refs[i]->numel();
+      EXPECT_EQ(max_abs_diff(outs[0][i].f(), outs[1][i].f(), len), 0.0)
+          << names[i] << " hk=" << cs.hk << " dk=" << cs.dk;
+      const double err = max_abs_diff(outs[0][i].f(), refs[i]->f(), len);
+      record_error(std::string("gdn_inputs ") + names[i], err);
+      EXPECT_LE(err, tol[i]) << names[i] << " hk=" << cs.hk << " dk=" << cs.dk;
+    }
+  }
+}
+
+// The fused gated-attention input stage equals the ops it replaces on the GPU bit for bit, and
+// the CPU references to the rope tolerance: the model's shape (16 heads, 2 kv heads, hd 256,
+// 64 rotary channels) at decode, and a ragged prompt batch with an f32 norm weight.
+TEST_F(CudaSequence, AttentionInputsEqualTheOpsTheyFuse) {
+  struct Case {
+    int64_t heads, kv, hd;
+    int rot;
+    DType norm_t;
+    std::vector<int> lens, first;
+  };
+  const Case cases[] = {{16, 2, 256, 64, DType::BF16, {1, 1, 1}, {2050, 0, 31}},
+                        {4, 2, 40, 20, DType::F32, {3, 1, 5}, {0, 17, 40}}};
+  for (const Case& cs : cases) {
+    Layout lay(cs.lens, cs.first, 16, rng);
+    AttentionInputCase c(lay.l, lay.n_blocks(), cs.heads, cs.kv, cs.hd, cs.rot, cs.norm_t, rng);
+    auto dqn = ops().adopt_weight(c.q_norm.t);
+    auto dkn = ops().adopt_weight(c.k_norm.t);
+    ASSERT_TRUE(dqn.ok() && dkn.ok());
+    DeviceTensor dqg = dev(c.qg);
+    struct Run {
+      DeviceTensor k, v, q, gate, kc, vc;
+    };
+    Run runs[2];
+    for (Run& r : runs) {
+      r.k = dev(c.k), r.v = dev(c.v), r.kc = dev(c.kc), r.vc = dev(c.vc);
+      r.q = poisoned(c.q), r.gate = poisoned(c.gate);
+    }
+    auto args = [&](Run& r) {
+      AttentionInputArgs a = c.args();
+      a.qg = dqg.t, a.q_norm = dqn.value(), a.k_norm = dkn.value();
+      a.k = r.k.t, a.v = r.v.t, a.q = r.q.t, a.gate = r.gate.t;
+      a.k_cache = r.kc.t, a.v_cache = r.vc.t;
+      return a;
+    };
+    ops().begin_forward(lay.l, {}, {});
+    ops().attention_inputs(args(runs[0]), lay.l);
+    ops().Ops::attention_inputs(args(runs[1]), lay.l);
+    AttentionInputCase ref = c;
+    ref.reference(lay.l);
+    const HostTensor* refs[5] = {&ref.q, &ref.gate, &ref.k, &ref.kc, &ref.vc};
+    const double tol[5] = {2e-5, 0.0, 2e-5, 2e-5, 0.0};
+    const char* names[5] = {"q", "gate", "k", "k cache", "v cache"};
+    for (int i = 0; i < 5; ++i) {
+      const DeviceTensor* d0[5] = {&runs[0].q, &runs[0].gate, &runs[0].k, &runs[0].kc, &runs[0].vc};
+      const DeviceTensor* d1[5] = {&runs[1].q, &runs[1].gate, &runs[1].k, &runs[1].kc, &runs[1].vc};
+      const HostTensor g0 = host(*d0[i], *refs[i]), g1 = host(*d1[i], *refs[i]);
+      const int64_t len = refs[i]->numel();
+      EXPECT_EQ(max_abs_diff(g0.f(), g1.f(), len), 0.0) << names[i] << " hd=" << cs.hd;
+      const double err = max_abs_diff(g0.f(), refs[i]->f(), len);
+      record_error(std::string("attention_inputs ") + names[i], err);
+      EXPECT_LE(err, tol[i]) << names[i] << " hd=" << cs.hd;
+    }
+  }
+}
+
 TEST_F(CudaSequence, ConvMatchesReferenceAndCarriesStateAcrossCalls) {
   for (int64_t K : {2, 3, 4}) {
     for (DType wt : {DType::BF16, DType::F32}) {
@@ -188,8 +309,8 @@ TEST_F(CudaSequence, DeltaRuleRaggedBatchEqualsSeparateCalls) {
 }
 
 // Decode tokens with long histories (context splits and their merge), a fresh prompt and a
-// chunk continuing a prompt; group sizes 1, 3, 8 (the model's) and 16 (the tiled fallback);
-// head dims 20 and 256.
+// chunk continuing a prompt; group sizes 1, 2, 3, 4, 8 (the model's) and 16 (the tiled
+// fallback); head dims 20, 64, 128 and 256 (multiples of 32 at few tokens: the decode kernel).
 TEST_F(CudaSequence, PagedAttentionMatchesReferenceOnRaggedBatchesWithHistory) {
   struct Case {
     int64_t group, hd;
@@ -201,7 +322,11 @@ TEST_F(CudaSequence, PagedAttentionMatchesReferenceOnRaggedBatchesWithHistory) {
                         {3, 20, 32, {1, 1, 40}, {2000, 333, 5}},
                         {8, 256, 16, {1, 1}, {3000, 77}},
                         {8, 256, 16, {70, 1}, {0, 600}},
-                        {16, 256, 16, {1, 3}, {300, 40}}};  // too large for the warp kernel
+                        {16, 256, 16, {1, 3}, {300, 40}},  // too large for the warp kernel
+                        // The decode kernel at other head dims, group sizes and block sizes:
+                        // chunks crossing blocks, splits ending mid-chunk, one-token contexts.
+                        {2, 64, 32, {1, 1, 1}, {5000, 31, 0}},
+                        {4, 128, 16, {1, 2, 1}, {1000, 3, 63}}};
   for (const Case& c : cases) {
     const int64_t kv = 2, heads = kv * c.group, hd = c.hd;
     Layout lay(c.lens, c.first, c.block_size, rng);

@@ -65,6 +65,46 @@ TEST_F(SequenceOps, ConvMatchesReferenceAndCarriesStateAcrossCalls) {
   }
 }
 
+// The Gated DeltaNet input stage equals the references of its parts, on a ragged batch with
+// one- and many-token sequences, at several head shapes and conv kernel sizes.
+TEST_F(SequenceOps, GdnInputsEqualTheReferencesOfTheirParts) {
+  struct Dims {
+    int64_t hk, hv, dk, dv, K;
+  };
+  for (const Dims& d : {Dims{2, 4, 16, 8, 4}, Dims{3, 3, 32, 16, 2}, Dims{1, 3, 8, 24, 3}}) {
+    const std::vector<int> lens = {1, 3, 1, 5};
+    Layout lay(lens, std::vector<int>(lens.size(), 0), 16, rng);
+    testing::GdnInputCase c(lay.l.n_tokens, d.hk, d.hv, d.dk, d.dv, d.K, int64_t(lens.size()),
+                            DType::BF16, DType::F32, rng);
+    testing::GdnInputCase ref = c;
+    ops.gdn_inputs(c.args(), lay.l);
+    ref.reference(lay.l);
+    const int64_t n = c.n;
+    EXPECT_LE(max_abs_diff(c.conv_out.f(), ref.conv_out.f(), n * c.C), 1e-5) << "hk=" << d.hk;
+    EXPECT_EQ(max_abs_diff(c.z.f(), ref.z.f(), c.z.numel()), 0.0);
+    EXPECT_LE(max_abs_diff(c.g.f(), ref.g.f(), n * d.hv), 1e-6);
+    EXPECT_LE(max_abs_diff(c.beta.f(), ref.beta.f(), n * d.hv), 1e-6);
+    EXPECT_EQ(max_abs_diff(c.state.f(), ref.state.f(), c.state.numel()), 0.0);
+  }
+}
+
+// The gated-attention input stage equals the references of its parts on a ragged batch.
+TEST_F(SequenceOps, AttentionInputsEqualTheReferencesOfTheirParts) {
+  for (int rot : {8, 32}) {
+    Layout lay({1, 4, 2}, {70, 0, 15}, 16, rng);
+    testing::AttentionInputCase c(lay.l, lay.n_blocks(), 4, 2, 32, rot, DType::BF16, rng);
+    testing::AttentionInputCase ref = c;
+    ops.attention_inputs(c.args(), lay.l);
+    ref.reference(lay.l);
+    const int64_t nq = c.q.numel();
+    EXPECT_LE(max_abs_diff(c.q.f(), ref.q.f(), nq), 2e-5) << "rot=" << rot;
+    EXPECT_EQ(max_abs_diff(c.gate.f(), ref.gate.f(), nq), 0.0);
+    EXPECT_LE(max_abs_diff(c.k.f(), ref.k.f(), c.k.numel()), 2e-5);
+    EXPECT_LE(max_abs_diff(c.kc.f(), ref.kc.f(), c.kc.numel()), 2e-5);
+    EXPECT_EQ(max_abs_diff(c.vc.f(), ref.vc.f(), c.vc.numel()), 0.0);
+  }
+}
+
 // The recurrent form's code paths by key head dim (registers for 16 and 32, memory passes
 // otherwise) and value head dims around the 16-lane strips, with a carried state.
 TEST_F(SequenceOps, DeltaRuleRecurrentMatchesDefinitionForEveryHeadShape) {
@@ -272,6 +312,23 @@ TEST_F(SequenceOps, MoeRoutingAndExpertsMatchReference) {
         {int64_t(ops.moe_experts_scratch_bytes(int(n), int(k), int(E), int(d), int(ff)))});
     ops.moe_experts(x.t, experts, ids.t, w.t, out.t, scratch.t);
     ref::moe_experts(x.t, experts, ids.t, w.t, ref_out.t);
+    EXPECT_LE(max_abs_diff(out.f(), ref_out.f(), n * d), 1e-5);
+
+    // With a shared expert (the default's ops) against the references.
+    HostTensor sg(DType::BF16, {ff, d}), su = sg, sd(DType::BF16, {d, ff});
+    for (HostTensor* t : {&sg, &su, &sd}) fill_random(*t, rng, 0.3f);
+    SharedExpertArgs shared;
+    shared.w = {sg.t, su.t, sd.t};
+    HostTensor score(DType::F32, {n, 1}), g(DType::F32, {n, ff}), u = g, h = g, y = x;
+    fill_random(score, rng);
+    shared.score = score.t, shared.gate = g.t, shared.up = u.t, shared.hidden = h.t;
+    shared.out = y.t;
+    HostTensor scratch2(
+        DType::U8,
+        {int64_t(ops.moe_experts_scratch_bytes(int(n), int(k) + 1, int(E) + 1, int(d), int(ff)))});
+    fill_random(out, rng);
+    ops.moe_experts_shared(x.t, experts, ids.t, w.t, shared, out.t, scratch2.t);
+    testing::reference_moe_shared(x.t, experts, ids.t, w.t, shared.w, score.t, ref_out.t);
     EXPECT_LE(max_abs_diff(out.f(), ref_out.f(), n * d), 1e-5);
   }
 }

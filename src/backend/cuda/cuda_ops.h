@@ -69,6 +69,8 @@ class CudaOps final : public Ops {
 
   void conv1d_causal_silu(const Tensor& x, const Tensor& weight, Tensor conv_state,
                           const SeqLayout& layout, Tensor out) override;
+  // One kernel when every sequence brings one token (decode); else the default's ops.
+  void gdn_inputs(const GdnInputArgs& args, const SeqLayout& layout) override;
   void gdn_gates(const Tensor& a, const Tensor& b, const Tensor& a_log, const Tensor& dt_bias,
                  Tensor g, Tensor beta) override;
   void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
@@ -76,6 +78,8 @@ class CudaOps final : public Ops {
                         Tensor scratch, DeltaRuleForm form = DeltaRuleForm::kAuto) override;
   size_t gated_delta_rule_scratch_bytes(int dk, int dv) const override;
 
+  // One kernel per token for the common shapes; else the default's ops.
+  void attention_inputs(const AttentionInputArgs& args, const SeqLayout& layout) override;
   void kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, Tensor v_cache,
                       const SeqLayout& layout) override;
   void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
@@ -86,6 +90,11 @@ class CudaOps final : public Ops {
                    const Tensor& weights, Tensor out, Tensor scratch) override;
   size_t moe_experts_scratch_bytes(int n_tokens, int k, int n_experts, int d,
                                    int d_ff) const override;
+  // One token: the shared expert joins the routed experts' launches as one more pair; else the
+  // default's ops.
+  void moe_experts_shared(const Tensor& x, std::span<const ExpertWeights> experts,
+                          const Tensor& ids, const Tensor& weights, const SharedExpertArgs& shared,
+                          Tensor out, Tensor scratch) override;
 
   // Largest token count for which matmul and the MoE experts use the bandwidth-bound GEMV
   // kernels (f32 arithmetic); above it they use bf16/f16 tensor cores (see kernels_matmul.cu).

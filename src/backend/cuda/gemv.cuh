@@ -102,9 +102,11 @@ __device__ __forceinline__ void gemv_partial(const W* w, const W* w2, int64_t k,
   if constexpr (kVec) {
     constexpr int E = Chunk<W>::kElems;
     const int64_t n_chunks = k / E;
-    // Two chunks in flight per thread where registers allow; with many activation rows the
-    // FMAs, not the loads, are the limit.
-#pragma unroll(NT <= 2 ? 2 : 1)
+    // Four chunks of each row in flight per thread for one token on a few rows (long rows
+    // otherwise take several dependent round trips), two where registers allow; with many
+    // activation rows the FMAs, not the loads, are the limit.
+    constexpr int kUnroll = (R * NT <= 4 && !kDual) ? 4 : NT <= 2 ? 2 : 1;
+#pragma unroll(kUnroll)
     for (int64_t c = threadIdx.x; c < n_chunks; c += kGemvThreads) {
       fma_chunk<W, R, NT, kDual>(wr, wr2, xr, c, acc, acc2);
     }

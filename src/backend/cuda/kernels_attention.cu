@@ -9,8 +9,12 @@
 // results merge at the end. When the batch alone gives too few blocks to fill the GPU (decode),
 // the context is split (flash-decoding) and a second kernel merges the splits. Groups too large
 // for the warp kernel's registers (group · ⌈hd/32⌉ > 64) use a block-wide tiled kernel.
+// Forwards of few tokens (decode) take a third kernel where the head dim is a multiple of 32:
+// a thread per channel, every load of a 32-position chunk in flight at once, splits of whole
+// chunks (see paged_attention_decode_kernel).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "backend/cuda/cuda_internal.cuh"
 
@@ -26,6 +30,19 @@ constexpr int kTileP = 32;  // positions per tile: one per lane in the softmax
 // A split holds at least a chunk of 32 positions for each of the block's warps: shorter
 // splits leave warps idle and give the merge more partial results to combine.
 constexpr int kMinSplitPositions = 32 * kAttnWarps;
+// The decode kernel's block is one thread per channel; it serves forwards of at most
+// kDecodeMaxTokens tokens.
+constexpr int kDecodeMaxHd = 512;
+constexpr int kDecodeMaxTokens = 64;
+
+// False when RECUR_CUDA_ATTN_DECODE=0 (the warp kernel for every batch, for comparison).
+bool decode_kernel_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("RECUR_CUDA_ATTN_DECODE");
+    return !(v && v[0] == '0');
+  }();
+  return on;
+}
 
 struct AttnArgs {
   const float* q;  // [n, heads, hd]
@@ -355,6 +372,152 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_warps_kernel(Att
   }
 }
 
+// Decode kernel for few tokens (hd a multiple of 32, ≤ kDecodeMaxHd): a block of hd threads per
+// (token, kv head, context split), warp w owning channels [32w, 32w + 32). Per chunk of 32
+// positions each lane issues its 32 key loads (lane = position, the warp's channels) and 32 value
+// loads (lane = channel, the chunk's positions) before using any, so a chunk costs about one
+// memory round trip; the warps' partial scores add up in shared memory, one warp per query head
+// runs the online softmax, and every thread then accumulates its own channel of the values.
+// Shared memory: Qs [group][hd], S [warps][group][32], P [group][32], corr [group], ml [group][2].
+template <int GMAX>
+__global__ void __launch_bounds__(kDecodeMaxHd) paged_attention_decode_kernel(AttnArgs a) {
+  extern __shared__ float sm[];
+  const int group = a.group, hd = a.hd, nw = hd / 32;
+  float* Qs = sm;
+  float* S = Qs + group * hd;
+  float* P = S + nw * group * 32;
+  float* corr = P + group * 32;
+  float* ml = corr + group;
+  const int t = blockIdx.x, kvh = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x;
+  const int lane = tid % 32, warp = tid / 32;
+  const int seq = seq_of_token(a.seq_start, a.n_seqs, t);
+  const int n_ctx = a.positions[t] + 1;
+  const int split_len = (n_ctx + a.n_splits - 1) / a.n_splits;
+  const int split_chunks = (split_len + 31) / 32;
+  const int p_begin = sp * split_chunks * 32, p_end = min(n_ctx, p_begin + split_chunks * 32);
+  const int32_t* table = a.block_ids + a.block_start[seq];
+  if (p_begin < n_ctx) {
+    // Before waiting for the kernel before (which writes the newest position), ask L2 for the
+    // first chunk's key rows (thread = channel; positions c0 and c0 + 16 cover blocks of ≥ 16)
+    // and value rows (hd/32 lines per position): a hint, so it cannot read anything stale.
+    // The batch mirror it reads is uploaded before the forward's kernels.
+    for (int q = 0; q < 32; q += 16) {
+      const int p = min(p_begin + q, p_end - 1);
+      const float* k = a.kc + int64_t(table[p / a.bs]) * a.kc_s0 + kvh * a.kc_s1 +
+                       int64_t(tid) * a.kc_s2 + p % a.bs;
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(k));
+    }
+    const int lines = hd / 32, p = min(p_begin + tid / lines, p_end - 1);
+    const float* v = a.vc + int64_t(table[p / a.bs]) * a.vc_s0 + kvh * a.vc_s1 +
+                     int64_t(p % a.bs) * a.vc_s2 + (tid % lines) * 32;
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(v));
+  }
+  grid_dependency_sync();
+  if (p_begin >= n_ctx) {
+    mark_empty_split(a, t, kvh, sp);
+    return;
+  }
+  for (int e = tid; e < group * hd; e += hd) {
+    const int g = e / hd, d = e % hd;
+    Qs[e] = a.q[int64_t(t) * a.q_s0 + int64_t(kvh * group + g) * a.q_s1 + d];
+  }
+  if (tid < group) ml[tid * 2] = -INFINITY, ml[tid * 2 + 1] = 0.0f;
+  float acc[GMAX];
+#pragma unroll
+  for (int g = 0; g < GMAX; ++g) acc[g] = 0.0f;
+  for (int c0 = p_begin; c0 < p_end; c0 += 32) {
+    const int p = c0 + lane;
+    const bool valid = p < p_end;
+    const int pc = valid ? p : c0;  // invalid lanes read a valid position and discard it
+    const int64_t block = table[pc / a.bs];
+    const float* kcol =
+        a.kc + block * a.kc_s0 + kvh * a.kc_s1 + int64_t(warp * 32) * a.kc_s2 + pc % a.bs;
+    const float* vrow = a.vc + block * a.vc_s0 + kvh * a.vc_s1 + (pc % a.bs) * a.vc_s2;
+    const unsigned long long vaddr = reinterpret_cast<unsigned long long>(vrow);
+    float kv[32], vv[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) kv[i] = kcol[i * a.kc_s2];
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {  // positions past the split repeat position c0 (weight 0)
+      const int src = c0 + j < p_end ? j : 0;
+      vv[j] = reinterpret_cast<const float*>(__shfl_sync(0xffffffffu, vaddr, src))[tid];
+    }
+    __syncthreads();  // Qs and ml written (first chunk); the last chunk's P and corr read
+#pragma unroll
+    for (int g = 0; g < GMAX; ++g) {
+      if (g < group) {
+        const float* qg = Qs + g * hd + warp * 32;
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 32; i += 4) {
+          const float4 q4 = *reinterpret_cast<const float4*>(qg + i);
+          s += q4.x * kv[i] + q4.y * kv[i + 1] + q4.z * kv[i + 2] + q4.w * kv[i + 3];
+        }
+        S[(warp * group + g) * 32 + lane] = s;
+      }
+    }
+    __syncthreads();
+    for (int g = warp; g < group; g += nw) {
+      float s = 0.0f;
+      for (int w = 0; w < nw; ++w) s += S[(w * group + g) * 32 + lane];
+      const float sc = valid ? s * a.scale : -INFINITY;
+      const float m_old = ml[g * 2];
+      const float m_new = fmaxf(m_old, warp_max(sc));
+      const float c = expf(m_old - m_new);  // 0 on the first chunk
+      const float e = valid ? expf(sc - m_new) : 0.0f;
+      const float sum = warp_sum(e);
+      P[g * 32 + lane] = e;
+      __syncwarp();
+      if (lane == 0) {
+        corr[g] = c;
+        ml[g * 2] = m_new;
+        ml[g * 2 + 1] = ml[g * 2 + 1] * c + sum;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int g = 0; g < GMAX; ++g) {
+      if (g < group) {
+        float o = acc[g] * corr[g];
+#pragma unroll
+        for (int j = 0; j < 32; j += 4) {
+          const float4 p4 = *reinterpret_cast<const float4*>(P + g * 32 + j);
+          o += p4.x * vv[j] + p4.y * vv[j + 1] + p4.z * vv[j + 2] + p4.w * vv[j + 3];
+        }
+        acc[g] = o;
+      }
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int g = 0; g < GMAX; ++g) {
+    if (g < group) store_result(a, t, kvh * group + g, sp, tid, acc[g], ml[g * 2], ml[g * 2 + 1]);
+  }
+}
+
+size_t decode_attn_smem_bytes(int group, int hd) {
+  return sizeof(float) * (size_t(group) * hd + size_t(hd / 32) * group * 32 + 33 * size_t(group) +
+                          2 * size_t(group));
+}
+
+// The decode kernel when the shape suits it; false otherwise.
+bool launch_attention_decode(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
+  if (a.hd % 32 != 0 || a.hd > kDecodeMaxHd || a.group > 8) return false;
+  const size_t smem = decode_attn_smem_bytes(a.group, a.hd);
+  if (smem > (48 << 10)) return false;
+  auto launch = [&](auto kernel) { launch_kernel(kernel, grid, unsigned(a.hd), smem, stream, a); };
+  if (a.group <= 1) {
+    launch(paged_attention_decode_kernel<1>);
+  } else if (a.group <= 2) {
+    launch(paged_attention_decode_kernel<2>);
+  } else if (a.group <= 4) {
+    launch(paged_attention_decode_kernel<4>);
+  } else {
+    launch(paged_attention_decode_kernel<8>);
+  }
+  return true;
+}
+
 template <int GMAX, int DPL>
 void launch_warps(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
   launch_kernel(paged_attention_warps_kernel<GMAX, DPL>, grid, kAttnThreads,
@@ -391,66 +554,38 @@ bool launch_attention_warps(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
 
 constexpr int kCombineThreads = 256;
 
-// Merges the splits of each (token, head): grid (n_tokens, heads). Warp w sums the splits
-// w, w + 8, ... (lane = channel lane + 32·i), weighting each by e^(m_s − M); the warps' sums
-// then add up in shared memory.
+// Merges the splits of each (token, head): grid (n_tokens, heads, ⌈hd/32⌉), lane = channel.
+// Warp w sums the splits w, w + 8, ..., each weighted by e^(m_s − M), with all of a lane's
+// loads independent; the warps' sums then add up in shared memory.
 __global__ void __launch_bounds__(kCombineThreads) attention_combine_kernel(AttnArgs a) {
   grid_dependency_sync();
-  extern __shared__ float sh[];  // weight [n_splits rounded up to 4], then [warps][hd]
   constexpr int kWarps = kCombineThreads / 32;
-  __shared__ float red[kWarps];
+  __shared__ float red_o[kWarps][32], red_den[kWarps];
   const int t = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
   const int lane = tid % 32, warp = tid / 32;
-  float* weight = sh;
-  float* sums = sh + (a.n_splits + 3) / 4 * 4;
+  const int d = blockIdx.z * 32 + lane;
   const int64_t first = (int64_t(t) * a.heads + h) * a.n_splits;
+  const float* ml = a.part_ml + first * 2;
   float m = -INFINITY;
-  for (int sp = tid; sp < a.n_splits; sp += kCombineThreads) {
-    m = fmaxf(m, a.part_ml[(first + sp) * 2]);
-  }
+  for (int sp = lane; sp < a.n_splits; sp += 32) m = fmaxf(m, ml[sp * 2]);
   m = warp_max(m);
-  if (lane == 0) red[warp] = m;
-  __syncthreads();
-  m = red[0];
-  for (int w = 1; w < kWarps; ++w) m = fmaxf(m, red[w]);
-  __syncthreads();
-  float den = 0.0f;
-  for (int sp = tid; sp < a.n_splits; sp += kCombineThreads) {
-    const float ms = a.part_ml[(first + sp) * 2];
-    const float f = ms == -INFINITY ? 0.0f : expf(ms - m);  // empty splits weigh nothing
-    weight[sp] = f;
-    den += a.part_ml[(first + sp) * 2 + 1] * f;
+  float o = 0.0f, den = 0.0f;
+#pragma unroll 4
+  for (int sp = warp; sp < a.n_splits; sp += kWarps) {
+    const float ms = ml[sp * 2];
+    if (ms == -INFINITY) continue;  // empty split: its sums were never written
+    const float f = expf(ms - m);
+    den += ml[sp * 2 + 1] * f;
+    if (d < a.hd) o += a.part_o[(first + sp) * a.hd + d] * f;
   }
-  den = warp_sum(den);
-  if (lane == 0) red[warp] = den;
+  red_o[warp][lane] = o;
+  if (lane == 0) red_den[warp] = den;
   __syncthreads();
-  den = 0.0f;
-  for (int w = 0; w < kWarps; ++w) den += red[w];
-  for (int d0 = 0; d0 < a.hd; d0 += 32 * 8) {  // up to 8 channels per lane at a time
-    float o[8] = {};
-#pragma unroll 2
-    for (int sp = warp; sp < a.n_splits; sp += kWarps) {
-      const float f = weight[sp];
-      if (f == 0.0f) continue;  // empty split: its sums were never written
-      const float* po = a.part_o + (first + sp) * a.hd;
+  if (warp == 0) {
+    float so = 0.0f, sd = 0.0f;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int d = d0 + lane + 32 * i;
-        if (d < a.hd) o[i] += po[d] * f;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int d = d0 + lane + 32 * i;
-      if (d < a.hd) sums[warp * a.hd + d] = o[i];
-    }
-  }
-  __syncthreads();
-  const float inv = 1.0f / den;
-  for (int d = tid; d < a.hd; d += kCombineThreads) {
-    float o = 0.0f;
-    for (int w = 0; w < kWarps; ++w) o += sums[w * a.hd + d];
-    a.out[int64_t(t) * a.o_s0 + int64_t(h) * a.o_s1 + d] = o * inv;
+    for (int w = 0; w < kWarps; ++w) so += red_o[w][lane], sd += red_den[w];
+    if (d < a.hd) a.out[int64_t(t) * a.o_s0 + int64_t(h) * a.o_s1 + d] = so / sd;
   }
 }
 
@@ -525,15 +660,20 @@ void CudaOps::paged_attention(const Tensor& q, const Tensor& k_cache, const Tens
   if (max_ctx <= 0) {
     for (int t = 0; t < n; ++t) max_ctx = std::max(max_ctx, layout.positions[t] + 1);
   }
-  // Split the context only as far as needed to give every SM 16 blocks (a block's warps walk
-  // their positions one dependent chunk at a time, so many are needed in flight), and no
-  // further than the start-up buffer of partial results holds.
+  // Few tokens (decode) take the decode kernel where its shape allows: its blocks each hold hd
+  // threads with a whole chunk's loads in flight, so 4 blocks per SM suffice; the warp kernel
+  // walks its chunks one dependent step at a time and wants 16. Splits go no further than one
+  // chunk of 32 (decode) or one per warp (warp kernel) and the buffer of partial results.
+  const bool decode = n <= kDecodeMaxTokens && decode_kernel_enabled() && hd % 32 == 0 &&
+                      hd <= kDecodeMaxHd && group <= 8 &&
+                      decode_attn_smem_bytes(group, int(hd)) <= (48 << 10);
   const int64_t base_blocks = int64_t(n) * kv_heads;
-  const int64_t want = std::max<int64_t>(1, (16 * s.sm_count + base_blocks - 1) / base_blocks);
+  const int64_t per_sm = decode ? 4 : 16, min_split = decode ? 32 : kMinSplitPositions;
+  const int64_t want = std::max<int64_t>(1, (per_sm * s.sm_count + base_blocks - 1) / base_blocks);
   const int64_t fits = int64_t(s.attn_partial.bytes() /
                                (size_t(n) * size_t(heads) * (size_t(hd) + 2) * sizeof(float)));
-  const int n_splits = int(std::max<int64_t>(
-      1, std::min({want, (int64_t(max_ctx) + kMinSplitPositions - 1) / kMinSplitPositions, fits})));
+  const int n_splits = int(
+      std::max<int64_t>(1, std::min({want, (int64_t(max_ctx) + min_split - 1) / min_split, fits})));
 
   const DevLayout dl = s.layout(layout, true);
   AttnArgs a{};
@@ -554,24 +694,18 @@ void CudaOps::paged_attention(const Tensor& q, const Tensor& k_cache, const Tens
     a.part_ml = p + slots * size_t(hd);
   }
   const dim3 grid{unsigned(n), unsigned(kv_heads), unsigned(n_splits)};
-  if (launch_attention_warps(a, grid, s.stream)) {
+  if (decode && launch_attention_decode(a, grid, s.stream)) {
+    s.launched("paged_attention (decode)");
+  } else if (launch_attention_warps(a, grid, s.stream)) {
     s.launched("paged_attention");
   } else {
     launch_attention_tiled(a, grid, s.max_smem_optin, s.stream);
     s.launched("paged_attention (tiled)");
   }
   if (n_splits > 1) {
-    const size_t smem = sizeof(float) * (size_t(n_splits + 3) / 4 * 4 + 8 * size_t(hd));
-    if (smem > s.max_smem_optin) cuda::fatal("paged_attention: too many context splits");
-    static size_t combine_opted_in = 48 << 10;
-    if (smem > combine_opted_in) {
-      RECUR_CUDA_CHECK(cudaFuncSetAttribute(attention_combine_kernel,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            int(s.max_smem_optin)));
-      combine_opted_in = s.max_smem_optin;
-    }
-    launch_kernel(attention_combine_kernel, dim3(unsigned(n), unsigned(heads)), kCombineThreads,
-                  smem, s.stream, a);
+    launch_kernel(attention_combine_kernel,
+                  dim3(unsigned(n), unsigned(heads), unsigned((hd + 31) / 32)), kCombineThreads, 0,
+                  s.stream, a);
     s.launched("paged_attention (combine)");
   }
 }

@@ -144,6 +144,103 @@ __global__ void moe_route_kernel(const float* logits, int64_t ld, int n, int E, 
   }
 }
 
+// Float bits mapped to unsigned integers of the same order (−inf lowest), and back.
+__device__ __forceinline__ unsigned ordered_bits(float v) {
+  const unsigned b = __float_as_uint(v);
+  return b & 0x80000000u ? ~b : b | 0x80000000u;
+}
+__device__ __forceinline__ float from_ordered_bits(unsigned u) {
+  return __uint_as_float(u & 0x80000000u ? u & 0x7fffffffu : ~u);
+}
+
+constexpr int kRouteThreads = 128;
+
+// One block per token of logits [n, E ≤ kRouteThreads·PL], k ≤ 32: the same selection and
+// formulas as moe_route_kernel with the experts spread over four warps (thread e % 128 keeps
+// expert e's logit): each round every warp finds its best remaining expert with two integer
+// reductions (value, then the lowest index holding it) and the four meet in shared memory.
+// The softmax denominator is summed per thread, per warp, then over the warps in order.
+template <int PL>
+__global__ void __launch_bounds__(kRouteThreads)
+    moe_route_block_kernel(const float* logits, int64_t ld, int n, int E, int k, bool norm_topk,
+                           int32_t* ids, int64_t ld_ids, float* weights, int64_t ld_w) {
+  grid_dependency_sync();
+  constexpr int kWarps = kRouteThreads / 32;
+  __shared__ float red_max[kWarps];
+  __shared__ double red_sum[kWarps];
+  __shared__ unsigned cand_key[2][kWarps];
+  __shared__ int cand_idx[2][kWarps];
+  __shared__ float pick_v[32];
+  __shared__ int pick_i[32];
+  const int t = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const float* l = logits + int64_t(t) * ld;
+  float reg[PL];
+#pragma unroll
+  for (int i = 0; i < PL; ++i) {
+    const int e = tid + kRouteThreads * i;
+    reg[i] = e < E ? l[e] : -INFINITY;
+  }
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < PL; ++i) mx = fmaxf(mx, reg[i]);
+  mx = warp_max(mx);
+  if (lane == 0) red_max[warp] = mx;
+  __syncthreads();
+  mx = red_max[0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) mx = fmaxf(mx, red_max[w]);
+  double sum = 0.0;
+#pragma unroll
+  for (int i = 0; i < PL; ++i) {
+    if (tid + kRouteThreads * i < E) sum += exp(double(reg[i] - mx));
+  }
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (lane == 0) red_sum[warp] = sum;  // read after the selection rounds' barriers
+  float prev_v = INFINITY;
+  int prev_i = -1;
+  for (int j = 0; j < k; ++j) {
+    float best_v = -INFINITY;
+    int best_i = E;
+#pragma unroll
+    for (int i = 0; i < PL; ++i) {
+      const int e = tid + kRouteThreads * i;
+      const float v = reg[i];
+      const bool after = v < prev_v || (v == prev_v && e > prev_i);
+      if (e < E && after && (v > best_v || (v == best_v && e < best_i))) best_v = v, best_i = e;
+    }
+    const unsigned key = __reduce_max_sync(0xffffffffu, ordered_bits(best_v));
+    const int idx = int(__reduce_min_sync(
+        0xffffffffu, ordered_bits(best_v) == key ? unsigned(best_i) : 0xffffffffu));
+    if (lane == 0) cand_key[j & 1][warp] = key, cand_idx[j & 1][warp] = idx;
+    __syncthreads();
+    unsigned bk = cand_key[j & 1][0];
+    int bi = cand_idx[j & 1][0];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) {
+      const unsigned ck = cand_key[j & 1][w];
+      const int ci = cand_idx[j & 1][w];
+      if (ck > bk || (ck == bk && ci < bi)) bk = ck, bi = ci;
+    }
+    prev_v = from_ordered_bits(bk), prev_i = bi;
+    if (tid == 0) pick_v[j] = prev_v, pick_i[j] = prev_i;
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  sum = red_sum[0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) sum += red_sum[w];
+  // As moe_route_kernel: lane j computes the j-th pick's probability; summed in pick order.
+  const double p = lane < k ? exp(double(pick_v[lane] - mx)) / sum : 0.0;
+  double kept = 0.0;
+  for (int j = 0; j < k; ++j) kept += __shfl_sync(0xffffffffu, p, j);
+  if (lane < k) {
+    float wf = float(p);
+    if (norm_topk) wf = float(double(wf) / kept);
+    ids[int64_t(t) * ld_ids + lane] = pick_i[lane];
+    weights[int64_t(t) * ld_w + lane] = wf;
+  }
+}
+
 // Exclusive prefix sums of two per-thread values across the block; returns totals in *tot.
 __device__ void block_scan2(int& a, int& b, int* warp_a, int* warp_b, int* tot_a, int* tot_b) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
@@ -281,7 +378,9 @@ __global__ void __launch_bounds__(kGemvThreads) moe_gemv_warp_kernel(MoeGemmArgs
   }
   float acc[RW][NT] = {}, acc2[RW][NT] = {};
   const int64_t n_chunks = a.k / E;
-#pragma unroll 2
+  // For one token, four chunks of each row in flight per lane (gate/up rows of 2048 bf16 take
+  // 8 chunks per lane: two round trips rather than four).
+#pragma unroll(NT == 1 ? 4 : 2)
   for (int64_t c = lane; c < n_chunks; c += 32) {
     fma_chunk<W, RW, NT, kDual>(wr, wr2, xr, c, acc, acc2);
   }
@@ -298,17 +397,33 @@ __global__ void __launch_bounds__(kGemvThreads) moe_gemv_warp_kernel(MoeGemmArgs
 
 // out[t, :] = Σ_j weights[t, j] · ys[row_of[t·k + j], :] (row_of null: the identity); grid
 // (tokens, column blocks), a thread per column (a single block per token is latency-bound).
+// With shared_y (one token): then out[0, :] += σ(score[0]) · shared_y, as add_scaled_sigmoid.
 __global__ void moe_combine_kernel(const float* ys, const int32_t* row_of, const float* weights,
-                                   int64_t ld_w, int k, int64_t d, float* out, int64_t ldo) {
+                                   int64_t ld_w, int k, int64_t d, float* out, int64_t ldo,
+                                   const float* shared_y, const float* score) {
   grid_dependency_sync();
   const int t = blockIdx.x;
   for (int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; c < d;
        c += int64_t(gridDim.y) * blockDim.x) {
+    // Eight pairs' loads in flight at a time; the sum in pair order as one at a time.
     float o = 0.0f;
-    for (int j = 0; j < k; ++j) {
+    int j = 0;
+    for (; j + 8 <= k; j += 8) {
+      float wv[8], yv[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int row = row_of ? row_of[t * k + j + u] : t * k + j + u;
+        wv[u] = weights[int64_t(t) * ld_w + j + u];
+        yv[u] = ys[int64_t(row) * d + c];
+      }
+#pragma unroll
+      for (int u = 0; u < 8; ++u) o += wv[u] * yv[u];
+    }
+    for (; j < k; ++j) {
       const int row = row_of ? row_of[t * k + j] : t * k + j;
       o += weights[int64_t(t) * ld_w + j] * ys[int64_t(row) * d + c];
     }
+    if (shared_y) o += sigmoid(score[0]) * shared_y[c];
     out[int64_t(t) * ldo + c] = o;
   }
 }
@@ -369,7 +484,18 @@ void CudaOps::moe_route(const Tensor& logits, int k, bool norm_topk, Tensor ids,
                   int(n), int(E), k, norm_topk, ids.ptr<int32_t>(), ids.stride[0],
                   weights.ptr<float>(), weights.stride[0]);
   };
-  if (E <= 128) {
+  auto launch_block = [&](auto kernel) {
+    launch_kernel(kernel, unsigned(n), kRouteThreads, 0, s.stream, logits.ptr<float>(),
+                  logits.stride[0], int(n), int(E), k, norm_topk, ids.ptr<int32_t>(), ids.stride[0],
+                  weights.ptr<float>(), weights.stride[0]);
+  };
+  if (k <= 32 && E <= kRouteThreads) {
+    launch_block(moe_route_block_kernel<1>);
+  } else if (k <= 32 && E <= 2 * kRouteThreads) {
+    launch_block(moe_route_block_kernel<2>);
+  } else if (k <= 32 && E <= 4 * kRouteThreads) {
+    launch_block(moe_route_block_kernel<4>);
+  } else if (E <= 128) {
     launch(moe_route_kernel<4>);
   } else if (E <= 512) {
     launch(moe_route_kernel<16>);
@@ -386,9 +512,13 @@ size_t CudaOps::moe_experts_scratch_bytes(int n_tokens, int k, int n_experts, in
   return MoeScratch(nullptr, n_tokens, k, d, d_ff).bytes;
 }
 
-void CudaOps::moe_experts(const Tensor& x, std::span<const ExpertWeights> experts,
-                          const Tensor& ids, const Tensor& weights, Tensor out, Tensor scratch) {
-  if (impl_->replaying()) return;  // the decode graph does this op's work
+namespace {
+
+// moe_experts; with `shared` (one token only), the shared expert runs as one more pair of the
+// token: its gate/up and down rows join the routed experts' launches and the combine adds it.
+void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWeights> experts,
+                     const Tensor& ids, const Tensor& weights, Tensor out, Tensor scratch,
+                     const SharedExpertArgs* shared) {
   const int64_t n = x.shape[0], d = x.row_size(), k = ids.shape[1];
   const int64_t E = int64_t(experts.size());
   RECUR_CHECK(E >= 1 && E <= 4096 && x.dtype == DType::F32 && out.row_size() == d);
@@ -403,18 +533,32 @@ void CudaOps::moe_experts(const Tensor& x, std::span<const ExpertWeights> expert
       aligned &= (reinterpret_cast<uintptr_t>(t->data) & 15) == 0;
     }
   }
+  if (shared) {
+    for (const Tensor* t : {&shared->w.gate, &shared->w.up, &shared->w.down}) {
+      aligned &= (reinterpret_cast<uintptr_t>(t->data) & 15) == 0;
+    }
+  }
   if (n == 0) return;
-  MoeScratch m(scratch.data, n, k, d, d_ff);
+  RECUR_CHECK(!shared || n == 1);
+  const int64_t slots = k + (shared ? 1 : 0);  // pairs per token in the scratch
+  MoeScratch m(scratch.data, n, slots, d, d_ff);
   RECUR_CHECK(size_t(scratch.numel()) * dtype_size(scratch.dtype) >= m.bytes);
-  Impl& s = *impl_;
-  const void* const* table = s.expert_table(experts);
+  const void* const* table;
+  if (shared) {
+    std::vector<ExpertWeights> all(experts.begin(), experts.end());  // at graph capture only
+    all.push_back(shared->w);
+    table = s.expert_table(all);
+  } else {
+    table = s.expert_table(experts);
+  }
+  const int64_t table_e = E + (shared ? 1 : 0);
   const int64_t pairs = n * k;
 
   // Tile rows: for decode 1 or 2 (a few tokens rarely share an expert, and the GEMV core's
   // cost grows with its row count); 2 or 4 while experts average at most 4 rows (decode
   // batches: every expert's weights streamed once, the FMAs still under the loads); then 64
   // for tensor cores, 8 for f32 experts. RECUR_CUDA_MOE_TENSOR_CORES=0 keeps the GEMV core.
-  const bool small = n <= kGemvMaxTokens;
+  const bool small = n <= CudaOps::kGemvMaxTokens;
   const bool few_per_expert = !small && pairs <= 4 * E;
   static const bool allow_tc = [] {
     const char* e = std::getenv("RECUR_CUDA_MOE_TENSOR_CORES");
@@ -442,17 +586,18 @@ void CudaOps::moe_experts(const Tensor& x, std::span<const ExpertWeights> expert
   }
 
   MoeGemmArgs up{};
-  up.w = table, up.w2 = table + E, up.m = d_ff, up.k = d;
+  up.w = table, up.w2 = table + table_e, up.m = d_ff, up.k = d;
   up.x = x.ptr<float>(), up.ldx = x.stride[0], up.x_row = m.token_of;
   up.out = m.hs, up.ldo = d_ff;
   up.tile_expert = m.tile_expert, up.tile_row0 = m.tile_row0, up.tile_rows = m.tile_rows;
   up.n_tiles = m.n_tiles, up.w_aligned = aligned;
   if (direct) {
-    up.direct_ids = ids.ptr<int32_t>(), up.direct_k = int(k), up.n_experts = int(E);
+    up.direct_ids = ids.ptr<int32_t>(), up.direct_k = int(slots), up.n_experts = int(E);
+    up.direct_shared = shared ? int(E) : -1;
     up.x_row = nullptr, up.ldx = 0;  // every pair reads the one token's row
   }
   MoeGemmArgs down = up;
-  down.w = table + 2 * E, down.w2 = nullptr, down.m = d, down.k = d_ff;
+  down.w = table + 2 * table_e, down.w2 = nullptr, down.m = d, down.k = d_ff;
   down.x = m.hs, down.ldx = d_ff, down.x_row = nullptr;
   down.out = m.ys, down.ldo = d;
 
@@ -466,19 +611,50 @@ void CudaOps::moe_experts(const Tensor& x, std::span<const ExpertWeights> expert
       using W = decltype(tag);
       constexpr int64_t E16 = Chunk<W>::kElems;
       const bool x_vec = (reinterpret_cast<uintptr_t>(x.data) & 15) == 0 && x.stride[0] % 4 == 0;
-      launch_moe_gemv_nt<W, true>(up, tm, aligned && x_vec && d % E16 == 0, unsigned(max_tiles),
-                                  s.stream);
+      const unsigned tiles = unsigned(max_tiles + (shared ? 1 : 0));
+      launch_moe_gemv_nt<W, true>(up, tm, aligned && x_vec && d % E16 == 0, tiles, s.stream);
       s.launched("moe_experts (gate/up)");
-      launch_moe_gemv_nt<W, false>(down, tm, aligned && d_ff % E16 == 0, unsigned(max_tiles),
-                                   s.stream);
+      launch_moe_gemv_nt<W, false>(down, tm, aligned && d_ff % E16 == 0, tiles, s.stream);
       s.launched("moe_experts (down)");
     });
   }
   const dim3 combine_grid(unsigned(n), unsigned(std::min<int64_t>((d + 255) / 256, 64)));
   launch_kernel(moe_combine_kernel, combine_grid, 256, 0, s.stream, m.ys,
                 direct ? nullptr : m.row_of, weights.ptr<float>(), weights.stride[0], int(k), d,
-                out.ptr<float>(), out.stride[0]);
+                out.ptr<float>(), out.stride[0], shared ? m.ys + k * d : nullptr,
+                shared ? shared->score.ptr<float>() : nullptr);
   s.launched("moe_experts (combine)");
+}
+
+}  // namespace
+
+void CudaOps::moe_experts(const Tensor& x, std::span<const ExpertWeights> experts,
+                          const Tensor& ids, const Tensor& weights, Tensor out, Tensor scratch) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
+  run_moe_experts(*impl_, x, experts, ids, weights, out, scratch, nullptr);
+}
+
+void CudaOps::moe_experts_shared(const Tensor& x, std::span<const ExpertWeights> experts,
+                                 const Tensor& ids, const Tensor& weights,
+                                 const SharedExpertArgs& shared, Tensor out, Tensor scratch) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
+  // One token: the shared expert rides along as an eleventh pair when it has the routed
+  // experts' shape and dtype and the scratch holds the extra pair; else the default's ops.
+  const ExpertWeights& e0 = experts.front();
+  const int64_t k = ids.shape[1];
+  const bool fused =
+      x.shape[0] == 1 && shared.w.gate.dtype == e0.gate.dtype &&
+      shared.w.up.dtype == e0.gate.dtype && shared.w.down.dtype == e0.gate.dtype &&
+      shared.w.gate.shape[0] == e0.gate.shape[0] && shared.w.gate.shape[1] == e0.gate.shape[1] &&
+      shared.w.up.shape[0] == e0.up.shape[0] && shared.w.down.shape[1] == e0.down.shape[1] &&
+      shared.w.down.shape[0] == e0.down.shape[0] &&
+      size_t(scratch.numel()) * dtype_size(scratch.dtype) >=
+          MoeScratch(nullptr, 1, k + 1, x.row_size(), e0.gate.shape[0]).bytes;
+  if (!fused) {
+    Ops::moe_experts_shared(x, experts, ids, weights, shared, out, scratch);
+    return;
+  }
+  run_moe_experts(*impl_, x, experts, ids, weights, out, scratch, &shared);
 }
 
 }  // namespace recur

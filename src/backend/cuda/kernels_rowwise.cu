@@ -207,6 +207,14 @@ __global__ void split_groups_kernel(const float* src, int64_t ld_src, SplitArgs 
   }
 }
 
+// The rotation of one pair (x0, x1) by cos c and sin s, with the roundings spelled out so that
+// every kernel using it gives the same bits (rope_kernel, attention_inputs_kernel).
+__device__ __forceinline__ void rotate_pair(float& x0, float& x1, float c, float s) {
+  const float a = x0, b = x1;
+  x0 = __fmaf_rn(a, c, -__fmul_rn(b, s));
+  x1 = __fmaf_rn(b, c, __fmul_rn(a, s));
+}
+
 // x [n, heads, head_dim], in place on the first rot_dim channels of each head; one block per
 // token. Angles in double, as on the CPU: positions reach millions, where f32 loses the phase.
 __global__ void rope_kernel(float* x, int64_t s0, int64_t s1, int64_t heads,
@@ -226,9 +234,79 @@ __global__ void rope_kernel(float* x, int64_t s0, int64_t s1, int64_t heads,
     const int64_t h = e / half;
     const int i = int(e % half);
     float* xr = x + t * s0 + h * s1;
-    const float a = xr[i], b = xr[i + half];
-    xr[i] = a * cs[i] - b * cs[half + i];
-    xr[i + half] = b * cs[i] + a * cs[half + i];
+    float x0 = xr[i], x1 = xr[i + half];
+    rotate_pair(x0, x1, cs[i], cs[half + i]);
+    xr[i] = x0, xr[i + half] = x1;
+  }
+}
+
+struct AttnInputArgs {
+  Rows q_in, q, k;  // q_in: the query part of qg; q, k [n·heads | n·kv, hd] (k in place)
+  const float* qg;  // [n, heads·2·hd]
+  const float* v;   // [n, kv·hd]
+  float* gate;      // [n, heads·hd]
+  int64_t ld_qg, ld_v, ld_gate;
+  const void *q_norm, *k_norm;  // [hd]
+  float offset, eps;
+  int heads, kv, hd, rot_dim;
+  double theta;
+  float *kc, *vc;  // the caches, kv_cache_write_kernel's layouts
+  int64_t kc_s0, kc_s1, kc_s2, vc_s0, vc_s1, vc_s2;
+  int bs, n_seqs;
+  const int32_t *seq_start, *positions, *block_start, *block_ids;
+};
+
+// The gated-attention input stage, one warp per (token, q or k head): rope_kernel's cos/sin
+// table; rms_norm_row as rms_norm_kernel computes it (a q head read from qg), then the rotation
+// as rope_kernel does it on the normalised row; a k head then goes into the cache with its v
+// head, a q head copies its gate out of qg. The results equal split_groups + rms_norm + rope +
+// kv_cache_write bit for bit. grid (n_tokens, heads + kv_heads), 32 threads.
+template <typename W>
+__global__ void __launch_bounds__(32) attention_inputs_kernel(AttnInputArgs a) {
+  grid_dependency_sync();
+  extern __shared__ float cs[];  // cos [half], sin [half]
+  const int half = a.rot_dim / 2, hd = a.hd, lane = threadIdx.x, row = blockIdx.y;
+  const int64_t t = blockIdx.x;
+  const double pos = double(a.positions[t]);
+  for (int i = lane; i < half; i += 32) {
+    const double angle = pos * pow(a.theta, -2.0 * i / a.rot_dim);
+    cs[i] = float(cos(angle));
+    cs[half + i] = float(sin(angle));
+  }
+  const bool is_q = row < a.heads;
+  if (is_q) {
+    for (int e = lane; e < hd; e += 32) {
+      a.gate[t * a.ld_gate + int64_t(row) * hd + e] =
+          a.qg[t * a.ld_qg + int64_t(row) * 2 * hd + hd + e];
+    }
+  }
+  __syncwarp();
+  const int64_t r = is_q ? t * a.heads + row : t * a.kv + (row - a.heads);
+  const Rows& in = is_q ? a.q_in : a.k;
+  const Rows& out = is_q ? a.q : a.k;
+  const W* w = static_cast<const W*>(is_q ? a.q_norm : a.k_norm);
+  rms_norm_row<kWarpNormPer, W, false, false>(in, in, out, w, a.offset, a.eps, in, r, lane, 32,
+                                              [](float ss) { return warp_sum(ss); });
+  __syncwarp();
+  float* xr = out.row(r);
+  for (int i = lane; i < half; i += 32) {
+    float x0 = xr[i], x1 = xr[i + half];
+    rotate_pair(x0, x1, cs[i], cs[half + i]);
+    xr[i] = x0, xr[i + half] = x1;
+  }
+  if (!is_q) {
+    __syncwarp();
+    const int h = row - a.heads;
+    const int s = seq_of_token(a.seq_start, a.n_seqs, int(t));
+    const int p = a.positions[t];
+    const int64_t block = a.block_ids[a.block_start[s] + p / a.bs], off = p % a.bs;
+    float* kd = a.kc + block * a.kc_s0 + h * a.kc_s1 + off;
+    float* vd = a.vc + block * a.vc_s0 + h * a.vc_s1 + off * a.vc_s2;
+    const float* vs = a.v + t * a.ld_v + int64_t(h) * hd;
+    for (int j = lane; j < hd; j += 32) {
+      kd[j * a.kc_s2] = xr[j];
+      vd[j] = vs[j];
+    }
   }
 }
 
@@ -393,6 +471,57 @@ void CudaOps::rope(Tensor x, const int32_t* positions, int rot_dim, double theta
   launch_kernel(rope_kernel, unsigned(n), 128, size_t(rot_dim) * sizeof(float), s.stream,
                 x.ptr<float>(), x.stride[0], x.stride[1], x.shape[1], dpos, rot_dim, theta);
   s.launched("rope");
+}
+
+void CudaOps::attention_inputs(const AttentionInputArgs& in, const SeqLayout& layout) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
+  const int64_t n = in.qg.shape[0], hd = in.head_dim, heads = in.heads, kv = in.kv_heads;
+  // One kernel where its rows are warp-per-row norms (as rms_norm would run them) and the
+  // layouts are plain; else the ops.
+  bool fused = n > 0 && hd < kBlockNormMinWidth && in.rot_dim % 2 == 0 && in.rot_dim <= hd &&
+               in.q_norm.dtype == in.k_norm.dtype && in.q_norm.numel() == hd &&
+               in.k_norm.numel() == hd && in.k_cache.shape[1] == kv && in.k_cache.shape[2] == hd &&
+               in.k_cache.shape[3] == layout.block_size &&
+               in.v_cache.shape[2] == layout.block_size && in.k_cache.stride[3] == 1 &&
+               in.v_cache.stride[3] == 1;
+  for (const Tensor* t : {&in.qg, &in.k, &in.v, &in.q, &in.gate}) {
+    fused = fused && t->ndim == 2 && t->stride[1] == 1;
+  }
+  fused = fused && in.qg.shape[1] == heads * 2 * hd && in.k.shape[1] == kv * hd &&
+          in.v.shape[1] == kv * hd && in.q.shape[1] == heads * hd && in.gate.shape[1] == heads * hd;
+  if (!fused) {
+    Ops::attention_inputs(in, layout);
+    return;
+  }
+  for (int s = 0; s < layout.n_seqs; ++s) {  // as kv_cache_write checks
+    RECUR_CHECK(layout.seq_len(s) == 0 ||
+                (layout.positions[layout.seq_start[s + 1] - 1] / layout.block_size) <
+                    layout.block_start[s + 1] - layout.block_start[s]);
+  }
+  Impl& s = *impl_;
+  const DevLayout dl = s.layout(layout, true);
+  AttnInputArgs a{};
+  a.q_in = Rows{in.qg.ptr<float>(), n * heads, hd, heads, in.qg.stride[0], 2 * hd};
+  a.q = Rows{in.q.ptr<float>(), n * heads, hd, heads, in.q.stride[0], hd};
+  a.k = Rows{in.k.ptr<float>(), n * kv, hd, kv, in.k.stride[0], hd};
+  a.qg = in.qg.ptr<float>(), a.v = in.v.ptr<float>(), a.gate = in.gate.ptr<float>();
+  a.ld_qg = in.qg.stride[0], a.ld_v = in.v.stride[0], a.ld_gate = in.gate.stride[0];
+  a.q_norm = in.q_norm.data, a.k_norm = in.k_norm.data;
+  a.offset = in.norm_offset, a.eps = in.eps;
+  a.heads = int(heads), a.kv = int(kv), a.hd = int(hd), a.rot_dim = in.rot_dim;
+  a.theta = in.rope_theta;
+  a.kc = in.k_cache.ptr<float>(), a.vc = in.v_cache.ptr<float>();
+  a.kc_s0 = in.k_cache.stride[0], a.kc_s1 = in.k_cache.stride[1], a.kc_s2 = in.k_cache.stride[2];
+  a.vc_s0 = in.v_cache.stride[0], a.vc_s1 = in.v_cache.stride[1], a.vc_s2 = in.v_cache.stride[2];
+  a.bs = layout.block_size, a.n_seqs = layout.n_seqs;
+  a.seq_start = dl.seq_start, a.positions = dl.positions;
+  a.block_start = dl.block_start, a.block_ids = dl.block_ids;
+  dispatch_weight(in.q_norm.dtype, [&](auto tag) {
+    using W = decltype(tag);
+    launch_kernel(attention_inputs_kernel<W>, dim3(unsigned(n), unsigned(heads + kv)), 32,
+                  size_t(std::max(in.rot_dim, 2)) * sizeof(float), s.stream, a);
+  });
+  s.launched("attention_inputs");
 }
 
 void CudaOps::swiglu(const Tensor& gate, const Tensor& up, Tensor out) {

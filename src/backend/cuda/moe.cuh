@@ -22,6 +22,8 @@ struct MoeGemmArgs {
   // (< n_experts), its one row j; the tile fields and n_tiles above are unused.
   const int32_t* direct_ids = nullptr;  // [direct_k] or null
   int direct_k = 0, n_experts = 0;
+  // ≥ 0: the last direct tile is this expert (the shared one), not an id from direct_ids.
+  int direct_shared = -1;
 };
 
 // The (expert, first row, row count) of tile `tile`, or false when the tile is past the
@@ -30,8 +32,12 @@ __device__ __forceinline__ bool moe_tile(const MoeGemmArgs& a, int tile, int& e,
                                          int& nt) {
   if (a.direct_ids) {
     if (tile >= a.direct_k) return false;
-    e = a.direct_ids[tile];
-    if (e < 0 || e >= a.n_experts) __trap();  // ids come from moe_route; anything else is a bug
+    if (a.direct_shared >= 0 && tile == a.direct_k - 1) {
+      e = a.direct_shared;
+    } else {
+      e = a.direct_ids[tile];
+      if (e < 0 || e >= a.n_experts) __trap();  // ids come from moe_route; else a bug
+    }
     row0 = tile, nt = 1;
     return true;
   }
