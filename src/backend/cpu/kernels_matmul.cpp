@@ -223,27 +223,52 @@ __attribute__((always_inline)) inline void kmajor_tile(const W* w, int64_t ld, i
   }
 }
 
-// Tokens [0, n) against NV column vectors: tiles of NT tokens, the rest in halving tiles. The
-// first tile streams the weights from memory, asking for rows `ahead` in advance; later
-// tiles find them in cache.
+// A tile of `nt` (1..NT) tokens: the template instance for that count.
+template <int NV, int NT, typename W>
+__attribute__((always_inline)) inline void kmajor_tile_n(int nt, bool prefetch, const W* w,
+                                                         int64_t ld, int64_t k, const float* x,
+                                                         int64_t x_stride, float* out,
+                                                         int64_t out_stride, __mmask16 last,
+                                                         bool accumulate, int64_t ahead) {
+  if constexpr (NT > 1) {
+    if (nt < NT) {
+      kmajor_tile_n<NV, NT - 1>(nt, prefetch, w, ld, k, x, x_stride, out, out_stride, last,
+                                accumulate, ahead);
+      return;
+    }
+  }
+  if (prefetch) {
+    kmajor_tile<NV, NT, true>(w, ld, k, x, x_stride, out, out_stride, last, accumulate, ahead);
+  } else {
+    kmajor_tile<NV, NT, false>(w, ld, k, x, x_stride, out, out_stride, last, accumulate, 0);
+  }
+}
+
+// Tokens [0, n) against NV column vectors: tiles of NT tokens; a short remainder (under NT/2)
+// is balanced with the last full tile (e.g. 7 = 4 + 3, not 6 + 1): tiles of one or two tokens
+// leave too few independent FMA chains to cover the latency. The first tile streams the
+// weights from memory, asking for rows `ahead` in advance; later tiles find them in cache.
 template <int NV, int NT, typename W>
 void kmajor_tokens(const W* w, int64_t ld, int64_t k, const float* x, int64_t x_stride, int64_t n,
                    float* out, int64_t out_stride, __mmask16 last, bool accumulate, int64_t ahead) {
+  int64_t full = n / NT, rest = n % NT;
+  int64_t split = 0;  // tokens of the last full tile and the remainder, shared as two tiles
+  if (rest > 0 && rest < NT / 2 && full > 0) {
+    --full;
+    split = NT + rest;
+  }
   int64_t t = 0;
-  if (n >= NT && ahead > 0) {
-    kmajor_tile<NV, NT, true>(w, ld, k, x, x_stride, out, out_stride, last, accumulate, ahead);
-    t = NT;
-  }
-  for (; t + NT <= n; t += NT) {
-    kmajor_tile<NV, NT, false>(w, ld, k, x + t * x_stride, x_stride, out + t * out_stride,
-                               out_stride, last, accumulate, 0);
-  }
-  if constexpr (NT > 1) {
-    constexpr int kHalf = NT / 2;
-    if (t < n) {
-      kmajor_tokens<NV, kHalf>(w, ld, k, x + t * x_stride, x_stride, n - t, out + t * out_stride,
-                               out_stride, last, accumulate, t == 0 ? ahead : 0);
-    }
+  auto tile = [&](int nt) {
+    kmajor_tile_n<NV, NT>(nt, t == 0 && ahead > 0, w, ld, k, x + t * x_stride, x_stride,
+                          out + t * out_stride, out_stride, last, accumulate, ahead);
+    t += nt;
+  };
+  for (int64_t i = 0; i < full; ++i) tile(NT);
+  if (split > 0) {
+    tile(int((split + 1) / 2));
+    tile(int(split / 2));
+  } else if (rest > 0) {
+    tile(int(rest));
   }
 }
 #endif
@@ -253,9 +278,11 @@ template <typename W>
 void kmajor_block(const float* x, int64_t x_stride, const W* w, int64_t ld, int64_t k, float* out,
                   int64_t out_stride, int64_t n, int64_t c0, int64_t c1, bool accumulate) {
 #if defined(__AVX512F__)
-  // Rows asked for in advance: about 2 KB of this column block ahead of the loads.
+  // Rows asked for in advance: about 8 KB of this column block ahead of the loads. At batch 32
+  // a step's weights and cache exceed L3, so weights come from DRAM: 2 KB ahead left the first
+  // tile stalled on its weight loads.
   const int64_t row_bytes = std::min<int64_t>(c1 - c0, 64) * int64_t(sizeof(W));
-  const int64_t ahead = std::clamp<int64_t>(2048 / row_bytes, 2, 32);
+  const int64_t ahead = std::clamp<int64_t>(8192 / row_bytes, 2, 64);
   for (int64_t c = c0; c < c1;) {
     const int64_t vectors = (c1 - c + 15) / 16;
     const int64_t cols = std::min<int64_t>(c1 - c, 64);
