@@ -22,7 +22,13 @@ using namespace cpu;
 
 namespace {
 
-constexpr int64_t kTokenTile = 64;  // x rows kept hot in cache while sweeping the weight rows
+constexpr int64_t kTokenTile = 64;
+
+// Cache lines to ask for one at a time from inside a compute loop: [next, end).
+struct LineStream {
+  const char* next = nullptr;
+  const char* end = nullptr;
+};  // x rows kept hot in cache while sweeping the weight rows
 
 #if defined(__AVX512F__)
 inline __m512 load16(const float* p, __mmask16 m) {
@@ -186,7 +192,8 @@ template <int NV, int NT, bool kPrefetch, typename W>
 __attribute__((always_inline)) inline void kmajor_tile(const W* w, int64_t ld, int64_t k,
                                                        const float* x, int64_t x_stride, float* out,
                                                        int64_t out_stride, __mmask16 last,
-                                                       bool accumulate, int64_t ahead) {
+                                                       bool accumulate, int64_t ahead,
+                                                       LineStream* stream) {
   __m512 acc[NT][NV];
 #pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) {
@@ -198,6 +205,13 @@ __attribute__((always_inline)) inline void kmajor_tile(const W* w, int64_t ld, i
       if (i + ahead < k) {
 #pragma GCC unroll 4
         for (int v = 0; v < NV; ++v) prefetch_line(w + (i + ahead) * ld + 16 * v);
+      }
+    } else {
+      // Tiles after the first find this weight in cache: meanwhile, one line of the weight
+      // predicted to come next per iteration, spread thin so the loads never queue up.
+      if (stream->next < stream->end) {
+        prefetch_line(stream->next);
+        stream->next += 64;
       }
     }
     __m512 wv[NV];
@@ -229,18 +243,20 @@ __attribute__((always_inline)) inline void kmajor_tile_n(int nt, bool prefetch, 
                                                          int64_t ld, int64_t k, const float* x,
                                                          int64_t x_stride, float* out,
                                                          int64_t out_stride, __mmask16 last,
-                                                         bool accumulate, int64_t ahead) {
+                                                         bool accumulate, int64_t ahead,
+                                                         LineStream* stream) {
   if constexpr (NT > 1) {
     if (nt < NT) {
       kmajor_tile_n<NV, NT - 1>(nt, prefetch, w, ld, k, x, x_stride, out, out_stride, last,
-                                accumulate, ahead);
+                                accumulate, ahead, stream);
       return;
     }
   }
   if (prefetch) {
-    kmajor_tile<NV, NT, true>(w, ld, k, x, x_stride, out, out_stride, last, accumulate, ahead);
+    kmajor_tile<NV, NT, true>(w, ld, k, x, x_stride, out, out_stride, last, accumulate, ahead,
+                              stream);
   } else {
-    kmajor_tile<NV, NT, false>(w, ld, k, x, x_stride, out, out_stride, last, accumulate, 0);
+    kmajor_tile<NV, NT, false>(w, ld, k, x, x_stride, out, out_stride, last, accumulate, 0, stream);
   }
 }
 
@@ -250,7 +266,8 @@ __attribute__((always_inline)) inline void kmajor_tile_n(int nt, bool prefetch, 
 // weights from memory, asking for rows `ahead` in advance; later tiles find them in cache.
 template <int NV, int NT, typename W>
 void kmajor_tokens(const W* w, int64_t ld, int64_t k, const float* x, int64_t x_stride, int64_t n,
-                   float* out, int64_t out_stride, __mmask16 last, bool accumulate, int64_t ahead) {
+                   float* out, int64_t out_stride, __mmask16 last, bool accumulate, int64_t ahead,
+                   LineStream* stream) {
   int64_t full = n / NT, rest = n % NT;
   int64_t split = 0;  // tokens of the last full tile and the remainder, shared as two tiles
   if (rest > 0 && rest < NT / 2 && full > 0) {
@@ -260,7 +277,7 @@ void kmajor_tokens(const W* w, int64_t ld, int64_t k, const float* x, int64_t x_
   int64_t t = 0;
   auto tile = [&](int nt) {
     kmajor_tile_n<NV, NT>(nt, t == 0 && ahead > 0, w, ld, k, x + t * x_stride, x_stride,
-                          out + t * out_stride, out_stride, last, accumulate, ahead);
+                          out + t * out_stride, out_stride, last, accumulate, ahead, stream);
     t += nt;
   };
   for (int64_t i = 0; i < full; ++i) tile(NT);
@@ -276,7 +293,8 @@ void kmajor_tokens(const W* w, int64_t ld, int64_t k, const float* x, int64_t x_
 // Columns [c0, c1) of a k-major weight (c0 a multiple of 16) for all n tokens.
 template <typename W>
 void kmajor_block(const float* x, int64_t x_stride, const W* w, int64_t ld, int64_t k, float* out,
-                  int64_t out_stride, int64_t n, int64_t c0, int64_t c1, bool accumulate) {
+                  int64_t out_stride, int64_t n, int64_t c0, int64_t c1, bool accumulate,
+                  LineStream* stream) {
 #if defined(__AVX512F__)
   // Rows asked for in advance: about 8 KB of this column block ahead of the loads. At batch 32
   // a step's weights and cache exceed L3, so weights come from DRAM: 2 KB ahead left the first
@@ -295,16 +313,20 @@ void kmajor_block(const float* x, int64_t x_stride, const W* w, int64_t ld, int6
     }
     switch (std::min<int64_t>(vectors, 4)) {
       case 4:
-        kmajor_tokens<4, 6>(wc, ld, k, x, x_stride, n, oc, out_stride, last, accumulate, ahead);
+        kmajor_tokens<4, 6>(wc, ld, k, x, x_stride, n, oc, out_stride, last, accumulate, ahead,
+                            stream);
         break;
       case 3:
-        kmajor_tokens<3, 8>(wc, ld, k, x, x_stride, n, oc, out_stride, last, accumulate, ahead);
+        kmajor_tokens<3, 8>(wc, ld, k, x, x_stride, n, oc, out_stride, last, accumulate, ahead,
+                            stream);
         break;
       case 2:
-        kmajor_tokens<2, 12>(wc, ld, k, x, x_stride, n, oc, out_stride, last, accumulate, ahead);
+        kmajor_tokens<2, 12>(wc, ld, k, x, x_stride, n, oc, out_stride, last, accumulate, ahead,
+                             stream);
         break;
       default:
-        kmajor_tokens<1, 16>(wc, ld, k, x, x_stride, n, oc, out_stride, last, accumulate, ahead);
+        kmajor_tokens<1, 16>(wc, ld, k, x, x_stride, n, oc, out_stride, last, accumulate, ahead,
+                             stream);
         break;
     }
     c += cols;
@@ -368,20 +390,34 @@ void CpuOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulat
       self.next.store(nullptr, std::memory_order_relaxed);
     }
     last_weight_.store(&self, std::memory_order_relaxed);
+    // The step's matmuls come in the same order every time: the weight that followed this one
+    // last time is asked for while this one computes (tiles after the first, one line per
+    // iteration), and its first bytes not yet asked for when this one ends, so the ops in
+    // between hide its latency. Parallel parts each take their own share of the stream.
+    const char* next = static_cast<const char*>(self.next.load(std::memory_order_relaxed));
+    const int64_t next_bytes =
+        next == nullptr ? 0 : self.next_bytes.load(std::memory_order_relaxed);
+    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(pool_.size(), vectors));
+    std::atomic<int64_t> streamed{0};  // bytes the tiles asked for, from the start
     dispatch_weight(w.dtype, [&](auto tag) {
       using W = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
-      pool_.parallel_for(vectors, min_vectors, [&](int64_t v0, int64_t v1) {
+      pool_.parallel_for_indexed(vectors, min_vectors, [&](int64_t v0, int64_t v1, int part) {
+        LineStream stream;
+        if (next != nullptr && parts == 1) {
+          stream.next = next;
+          stream.end = next + next_bytes;
+        }
         kmajor_block<W>(x.ptr<float>(), x.stride[0], w.ptr<W>(), ld, k, out.ptr<float>(),
-                        out.stride[0], n, v0 * 16, std::min(m, v1 * 16), accumulate);
+                        out.stride[0], n, v0 * 16, std::min(m, v1 * 16), accumulate, &stream);
+        if (stream.next != nullptr && part == 0) streamed = stream.next - next;
       });
     });
-    // The step's matmuls come in the same order every time: ask now for the start of the
-    // weight that followed this one last time, so the ops in between hide its latency.
-    if (const void* next = self.next.load(std::memory_order_relaxed)) {
-      const char* p = static_cast<const char*>(next);
-      const int64_t ahead = std::min<int64_t>(self.next_bytes.load(std::memory_order_relaxed),
-                                              kNextWeightPrefetchBytes);
-      for (int64_t off = 0; off < ahead; off += 64) prefetch_line(p + off);
+    if (next != nullptr) {
+      const int64_t from = streamed.load(std::memory_order_relaxed);
+      const int64_t to = std::min<int64_t>(next_bytes, from + kNextWeightPrefetchBytes);
+      for (int64_t off = from; off < to; off += 64) prefetch_line(next + off);
+      // And the table entry the next call will look up.
+      prefetch_line(&next_weight_[(reinterpret_cast<uintptr_t>(next) >> 6) % kNextWeightSlots]);
     }
     return;
   }
