@@ -112,9 +112,11 @@ Run decode(Ops& ops, const std::string& model, int batch, int tokens, int64_t sa
   EngineConfig cfg;
   cfg.max_batch = batch;
   cfg.max_batch_tokens = std::max(512, batch);
-  // The cache holds what the phase needs (lowest block ids are handed out first, so the blocks
-  // used are the same as in the default 1 GiB pool), so that pre-faulting it is quick.
-  cfg.kv_blocks = batch * ((8 + tokens + cfg.block_size - 1) / cfg.block_size + 1);
+  // A cache no larger than the phase needs, so that pre-faulting it is quick (lowest block ids
+  // are handed out first: the blocks used are those of the default 1 GiB pool), but at least
+  // the 4,096 blocks the default gives one sequence of the 48-layer model, so that each layer's
+  // cache (2 KiB a block there) stays >= 2 MiB and on huge pages as in the default pool.
+  cfg.kv_blocks = std::max(4096, batch * ((8 + tokens + cfg.block_size - 1) / cfg.block_size + 1));
   auto e = Engine::create(model, ops, cfg, nullptr);
   if (!e.ok()) {
     fmt::print(stderr, "error: {}\n", e.error().to_string());

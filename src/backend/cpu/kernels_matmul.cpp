@@ -189,11 +189,10 @@ inline __m512 load16(const F16* p) {
 // columns; each sum runs i = 0..k-1 as one FMA chain. The last vector is stored under
 // `last` (columns past m); padding columns of w are zero.
 template <int NV, int NT, bool kPrefetch, typename W>
-__attribute__((always_inline)) inline void kmajor_tile(const W* w, int64_t ld, int64_t k,
-                                                       const float* x, int64_t x_stride, float* out,
-                                                       int64_t out_stride, __mmask16 last,
-                                                       bool accumulate, int64_t ahead,
-                                                       LineStream* stream) {
+__attribute__((noinline)) void kmajor_tile(const W* w, int64_t ld, int64_t k, const float* x,
+                                           int64_t x_stride, float* out, int64_t out_stride,
+                                           __mmask16 last, bool accumulate, int64_t ahead,
+                                           LineStream* stream) {
   __m512 acc[NT][NV];
 #pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) {
@@ -296,11 +295,12 @@ void kmajor_block(const float* x, int64_t x_stride, const W* w, int64_t ld, int6
                   int64_t out_stride, int64_t n, int64_t c0, int64_t c1, bool accumulate,
                   LineStream* stream) {
 #if defined(__AVX512F__)
-  // Rows asked for in advance: about 8 KB of this column block ahead of the loads. At batch 32
-  // a step's weights and cache exceed L3, so weights come from DRAM: 2 KB ahead left the first
-  // tile stalled on its weight loads.
+  // Rows asked for in advance. Many tokens: about 8 KB of this column block ahead of the loads
+  // (at batch 32 a step's weights and cache exceed L3, so weights come from DRAM, and 2 KB
+  // left the first tile stalled on its weight loads). A few tokens: 2 KB, since the weights
+  // stay in L3 and a tile that short cannot hide a larger up-front burst.
   const int64_t row_bytes = std::min<int64_t>(c1 - c0, 64) * int64_t(sizeof(W));
-  const int64_t ahead = std::clamp<int64_t>(8192 / row_bytes, 2, 64);
+  const int64_t ahead = std::clamp<int64_t>((n > 8 ? 8192 : 2048) / row_bytes, 2, 64);
   for (int64_t c = c0; c < c1;) {
     const int64_t vectors = (c1 - c + 15) / 16;
     const int64_t cols = std::min<int64_t>(c1 - c, 64);
