@@ -262,6 +262,23 @@ TEST_F(BasicOps, GdnGatesMatchReference) {
       ASSERT_LE(std::fabs(g.f()[i] - g_ref.f()[i]), tol) << "hv=" << hv << " x=" << x;
       ASSERT_NEAR(beta.f()[i], beta_ref.f()[i], 1e-7);
     }
+    // Rows that are not packed take the per-row path: the same bits as the packed path.
+    HostTensor wide_a(DType::F32, {n, hv + 3}), wide_b = wide_a, wide_g = wide_a,
+                                                wide_beta = wide_a;
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t h = 0; h < hv; ++h) {
+        wide_a.f()[t * (hv + 3) + h] = a.f()[t * hv + h];
+        wide_b.f()[t * (hv + 3) + h] = b.f()[t * hv + h];
+      }
+    }
+    ops.gdn_gates(wide_a.t.slice_cols(0, hv), wide_b.t.slice_cols(0, hv), a_log.t, dt_bias.t,
+                  wide_g.t.slice_cols(0, hv), wide_beta.t.slice_cols(0, hv));
+    for (int64_t t = 0; t < n; ++t) {
+      ASSERT_EQ(std::memcmp(wide_g.f() + t * (hv + 3), g.f() + t * hv, size_t(hv) * 4), 0)
+          << "hv=" << hv;
+      ASSERT_EQ(std::memcmp(wide_beta.f() + t * (hv + 3), beta.f() + t * hv, size_t(hv) * 4), 0)
+          << "hv=" << hv;
+    }
   }
 }
 

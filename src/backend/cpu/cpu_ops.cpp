@@ -323,6 +323,31 @@ void CpuOps::gdn_gates(const Tensor& a, const Tensor& b, const Tensor& a_log, co
     neg_a[h] = -std::exp(weight_at(a_log, h));
     bias[h] = weight_at(dt_bias, h);
   }
+#if defined(__AVX512F__)
+  // Few heads (16 a multiple of hv) and packed rows: all n·hv gates as one flat array, 16 at a
+  // time, with the per-head constants tiled across the lanes (the same lane-wise arithmetic).
+  if (16 % hv == 0 && a.stride[0] == hv && b.stride[0] == hv && g.stride[0] == hv &&
+      beta.stride[0] == hv) {
+    alignas(64) float neg_a16[16], bias16[16];
+    for (int i = 0; i < 16; ++i) {
+      neg_a16[i] = neg_a[i % hv];
+      bias16[i] = bias[i % hv];
+    }
+    const __m512 na = _mm512_load_ps(neg_a16), bi = _mm512_load_ps(bias16);
+    const float* ap = a.ptr<float>();
+    const float* bp = b.ptr<float>();
+    float* gp = g.ptr<float>();
+    float* betap = beta.ptr<float>();
+    const int64_t total = n * hv;
+    for (int64_t i = 0; i < total; i += 16) {
+      const __mmask16 m = tail_mask(total - i);
+      const __m512 x = _mm512_add_ps(_mm512_maskz_loadu_ps(m, ap + i), bi);
+      _mm512_mask_storeu_ps(gp + i, m, _mm512_mul_ps(na, softplus16(x)));
+      _mm512_mask_storeu_ps(betap + i, m, sigmoid16(_mm512_maskz_loadu_ps(m, bp + i)));
+    }
+    return;
+  }
+#endif
   for (int64_t t = 0; t < n; ++t) {
     const float* ar = a.row<float>(t);
     const float* br = b.row<float>(t);
