@@ -347,9 +347,11 @@ void CpuOps::kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, Te
         const float* kr = k.ptr<float>() + t * k.stride[0] + h * k.stride[1];
         float* kc = k_cache.ptr<float>() + block * k_cache.stride[0] + h * k_cache.stride[1] + off;
         for (int64_t j = 0; j < hd; ++j) kc[j * k_cache.stride[2]] = kr[j];
-        std::memcpy(v_cache.ptr<float>() + block * v_cache.stride[0] + h * v_cache.stride[1] +
-                        off * v_cache.stride[2],
-                    v.ptr<float>() + t * v.stride[0] + h * v.stride[1], size_t(hd) * 4);
+        // A row of a few vectors: an inline loop, not a memcpy call.
+        float* vc = v_cache.ptr<float>() + block * v_cache.stride[0] + h * v_cache.stride[1] +
+                    off * v_cache.stride[2];
+        const float* vr = v.ptr<float>() + t * v.stride[0] + h * v.stride[1];
+        for (int64_t j = 0; j < hd; ++j) vc[j] = vr[j];
       }
     }
   }
