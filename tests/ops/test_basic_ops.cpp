@@ -1,6 +1,9 @@
 // Row-wise, elementwise and matmul kernels against the scalar references at awkward sizes.
 #include <cstring>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/reference.h"
 #include "ops/op_test_util.h"
@@ -43,7 +46,7 @@ TEST_F(BasicOps, MatmulMatchesReferenceForEveryWeightDtypeAndOddSizes) {
 TEST_F(BasicOps, KMajorMatmulMatchesReferenceAndIsBatchInvariant) {
   std::vector<Buffer> owned;
   for (DType wt : {DType::F32, DType::BF16, DType::F16}) {
-    for (int64_t n : {1, 2, 5, 6, 7, 13, 17, 40}) {
+    for (int64_t n : {1, 2, 5, 6, 7, 13, 17, 26, 32, 40}) {
       for (int64_t k : {1, 31, 64, 65}) {
         for (int64_t m : {1, 4, 16, 17, 33, 64, 96, 130}) {
           HostTensor x(DType::F32, {n, k}), w(wt, {m, k}), out(DType::F32, {n, m}),
@@ -136,6 +139,26 @@ TEST_F(BasicOps, RmsNormVariantsAndL2NormMatchReference) {
       ref::l2_norm(b.t, 1e-6f, 0.25f);
       EXPECT_LE(max_abs_diff(a.f(), b.f(), a.numel()), 1e-6);
     }
+}
+
+// The fused residual add + norm: x holds x + y afterwards and out is, bit for bit, what add
+// followed by rms_norm gives.
+TEST_F(BasicOps, AddRmsNormEqualsAddThenRmsNorm) {
+  for (DType wt : {DType::BF16, DType::F32}) {
+    for (int64_t d : {15, 64, 129}) {
+      const int64_t n = 7;
+      HostTensor x(DType::F32, {n, d}), y(DType::F32, {n, d}), w(wt, {d});
+      fill_random(x, rng);
+      fill_random(y, rng);
+      fill_random(w, rng, 0.3f);
+      HostTensor x2 = x, out(DType::F32, {n, d}), out2(DType::F32, {n, d});
+      ops.add_rms_norm(x.t, y.t, w.t, 1.0f, 1e-6f, out.t);
+      ops.add(x2.t, y.t);
+      ops.rms_norm(x2.t, w.t, 1.0f, 1e-6f, out2.t);
+      EXPECT_EQ(std::memcmp(x.f(), x2.f(), size_t(n * d) * 4), 0) << "residual sum, d=" << d;
+      EXPECT_EQ(std::memcmp(out.f(), out2.f(), size_t(n * d) * 4), 0) << "norm, d=" << d;
+    }
+  }
 }
 
 TEST_F(BasicOps, RopeRotatesOnlyTheRotaryChannels) {
@@ -239,6 +262,23 @@ TEST_F(BasicOps, GdnGatesMatchReference) {
       ASSERT_LE(std::fabs(g.f()[i] - g_ref.f()[i]), tol) << "hv=" << hv << " x=" << x;
       ASSERT_NEAR(beta.f()[i], beta_ref.f()[i], 1e-7);
     }
+    // Rows that are not packed take the per-row path: the same bits as the packed path.
+    HostTensor wide_a(DType::F32, {n, hv + 3}), wide_b = wide_a, wide_g = wide_a,
+                                                wide_beta = wide_a;
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t h = 0; h < hv; ++h) {
+        wide_a.f()[t * (hv + 3) + h] = a.f()[t * hv + h];
+        wide_b.f()[t * (hv + 3) + h] = b.f()[t * hv + h];
+      }
+    }
+    ops.gdn_gates(wide_a.t.slice_cols(0, hv), wide_b.t.slice_cols(0, hv), a_log.t, dt_bias.t,
+                  wide_g.t.slice_cols(0, hv), wide_beta.t.slice_cols(0, hv));
+    for (int64_t t = 0; t < n; ++t) {
+      ASSERT_EQ(std::memcmp(wide_g.f() + t * (hv + 3), g.f() + t * hv, size_t(hv) * 4), 0)
+          << "hv=" << hv;
+      ASSERT_EQ(std::memcmp(wide_beta.f() + t * (hv + 3), beta.f() + t * hv, size_t(hv) * 4), 0)
+          << "hv=" << hv;
+    }
   }
 }
 
@@ -278,6 +318,22 @@ TEST_F(BasicOps, AllocatorAlignsLargeBuffersToHugePagesAndCountsThem) {
   }
   EXPECT_EQ(a.stats().live_buffers, before.live_buffers);
   EXPECT_EQ(a.stats().live_bytes, before.live_bytes);
+}
+
+// Opt-in pre-faulting: a large buffer's pages are resident as soon as it is allocated.
+TEST_F(BasicOps, PrefaultedLargeBuffersAreResidentAtAllocation) {
+  ASSERT_FALSE(CpuOps::prefault_large_buffers()) << "off by default";
+  CpuOps::set_prefault_large_buffers(true);
+  const size_t bytes = size_t(6) << 20;
+  auto big = ops.allocator().allocate(bytes, "prefaulted test buffer");
+  CpuOps::set_prefault_large_buffers(false);
+  ASSERT_TRUE(big.ok());
+  const size_t page = size_t(sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> resident((bytes + page - 1) / page);
+  ASSERT_EQ(mincore(big->data(), bytes, resident.data()), 0);
+  size_t missing = 0;
+  for (unsigned char r : resident) missing += (r & 1) ? 0 : 1;
+  EXPECT_EQ(missing, 0u) << "of " << resident.size() << " pages";
 }
 
 }  // namespace

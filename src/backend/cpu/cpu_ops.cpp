@@ -34,6 +34,13 @@ class HugePageAllocator final : public Allocator {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
     if (p != nullptr) madvise(p, rounded, MADV_HUGEPAGE);
 #endif
+    if (p != nullptr && CpuOps::prefault_large_buffers()) {
+#if defined(__linux__) && defined(MADV_POPULATE_WRITE)
+      if (madvise(p, rounded, MADV_POPULATE_WRITE) == 0) return p;
+#endif
+      // One write per 4 KiB page: the page is mapped (and zeroed by the kernel) now.
+      for (size_t off = 0; off < rounded; off += 4096) static_cast<volatile char*>(p)[off] = 0;
+    }
     return p;
   }
   void raw_free(void* p, size_t) override {
@@ -42,6 +49,16 @@ class HugePageAllocator final : public Allocator {
 };
 
 }  // namespace
+
+std::atomic<bool> CpuOps::prefault_large_buffers_{false};
+
+void CpuOps::set_prefault_large_buffers(bool on) {
+  prefault_large_buffers_.store(on, std::memory_order_relaxed);
+}
+
+bool CpuOps::prefault_large_buffers() {
+  return prefault_large_buffers_.load(std::memory_order_relaxed);
+}
 
 Allocator& CpuOps::allocator() {
   static HugePageAllocator allocator;
@@ -84,6 +101,18 @@ void CpuOps::gather_rows(const Tensor& x, const int32_t* rows, int n, Tensor out
   }
 }
 
+namespace {
+// out_row = x_row / rms(x_row) · (w + weight_offset); the one row body of rms_norm and
+// add_rms_norm, so the fused op gives the same bits as add followed by rms_norm.
+template <typename W>
+inline void rms_norm_row(const float* xr, const W* wp, float weight_offset, float eps, int64_t d,
+                         float* orow) {
+  const float ss = dot_f32(xr, xr, d);
+  const float inv = 1.0f / std::sqrt(ss / float(d) + eps);
+  for (int64_t j = 0; j < d; ++j) orow[j] = xr[j] * inv * (to_f32(wp[j]) + weight_offset);
+}
+}  // namespace
+
 void CpuOps::rms_norm(const Tensor& x, const Tensor& w, float weight_offset, float eps,
                       Tensor out) {
   RowView xs(x), os(out);
@@ -93,12 +122,27 @@ void CpuOps::rms_norm(const Tensor& x, const Tensor& w, float weight_offset, flo
     using W = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
     const W* wp = w.ptr<W>();
     pool_.parallel_for(xs.n_rows, 64, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r)
+        rms_norm_row(xs.row(r), wp, weight_offset, eps, d, os.row(r));
+    });
+  });
+}
+
+// x += y, then out = rms_norm(x), one row at a time while the row is in L1.
+void CpuOps::add_rms_norm(Tensor x, const Tensor& y, const Tensor& w, float weight_offset,
+                          float eps, Tensor out) {
+  RowView xs(x), ys(y), os(out);
+  const int64_t d = xs.d;
+  RECUR_CHECK(w.numel() == d && os.n_rows == xs.n_rows && ys.n_rows == xs.n_rows && ys.d == d);
+  dispatch_weight(w.dtype, [&](auto tag) {
+    using W = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
+    const W* wp = w.ptr<W>();
+    pool_.parallel_for(xs.n_rows, 64, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
-        const float* xr = xs.row(r);
-        float* orow = os.row(r);
-        float ss = dot_f32(xr, xr, d);
-        float inv = 1.0f / std::sqrt(ss / float(d) + eps);
-        for (int64_t j = 0; j < d; ++j) orow[j] = xr[j] * inv * (to_f32(wp[j]) + weight_offset);
+        float* xr = xs.row(r);
+        const float* yr = ys.row(r);
+        for (int64_t j = 0; j < d; ++j) xr[j] += yr[j];
+        rms_norm_row(xr, wp, weight_offset, eps, d, os.row(r));
       }
     });
   });
@@ -279,6 +323,31 @@ void CpuOps::gdn_gates(const Tensor& a, const Tensor& b, const Tensor& a_log, co
     neg_a[h] = -std::exp(weight_at(a_log, h));
     bias[h] = weight_at(dt_bias, h);
   }
+#if defined(__AVX512F__)
+  // Few heads (16 a multiple of hv) and packed rows: all n·hv gates as one flat array, 16 at a
+  // time, with the per-head constants tiled across the lanes (the same lane-wise arithmetic).
+  if (16 % hv == 0 && a.stride[0] == hv && b.stride[0] == hv && g.stride[0] == hv &&
+      beta.stride[0] == hv) {
+    alignas(64) float neg_a16[16], bias16[16];
+    for (int i = 0; i < 16; ++i) {
+      neg_a16[i] = neg_a[i % hv];
+      bias16[i] = bias[i % hv];
+    }
+    const __m512 na = _mm512_load_ps(neg_a16), bi = _mm512_load_ps(bias16);
+    const float* ap = a.ptr<float>();
+    const float* bp = b.ptr<float>();
+    float* gp = g.ptr<float>();
+    float* betap = beta.ptr<float>();
+    const int64_t total = n * hv;
+    for (int64_t i = 0; i < total; i += 16) {
+      const __mmask16 m = tail_mask(total - i);
+      const __m512 x = _mm512_add_ps(_mm512_maskz_loadu_ps(m, ap + i), bi);
+      _mm512_mask_storeu_ps(gp + i, m, _mm512_mul_ps(na, softplus16(x)));
+      _mm512_mask_storeu_ps(betap + i, m, sigmoid16(_mm512_maskz_loadu_ps(m, bp + i)));
+    }
+    return;
+  }
+#endif
   for (int64_t t = 0; t < n; ++t) {
     const float* ar = a.row<float>(t);
     const float* br = b.row<float>(t);

@@ -29,6 +29,12 @@ class CpuOps final : public Ops {
   // transparent huge pages: first touch faults once per 2 MiB, not per 4 KiB, and the
   // attention's scattered 2 KB blocks need fewer TLB entries.
   Allocator& allocator() override;
+  // Opt-in (off by default): buffers of 2 MiB or more are populated when allocated, so the
+  // attention cache's first-touch page faults happen at start-up instead of during decode (a
+  // long-running server pays them once; a benchmark would count them per token). Costs the
+  // whole pool in resident memory at once.
+  static void set_prefault_large_buffers(bool on);
+  static bool prefault_large_buffers();
   Result<Tensor> adopt_weight(const Tensor& host) override { return host; }
   // A k-major copy [k, ld] (ld = m rounded up to 16, zero padded), as the view with strides
   // {1, ld}: the layout of the register-tiled matmul kernel.
@@ -42,6 +48,8 @@ class CpuOps final : public Ops {
   void matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulate = false) override;
   void rms_norm(const Tensor& x, const Tensor& w, float weight_offset, float eps,
                 Tensor out) override;
+  void add_rms_norm(Tensor x, const Tensor& y, const Tensor& w, float weight_offset, float eps,
+                    Tensor out) override;
   void rms_norm_gated(const Tensor& x, const Tensor& gate, const Tensor& w, float eps,
                       Tensor out) override;
   void l2_norm(Tensor x, float eps, float scale) override;
@@ -102,6 +110,7 @@ class CpuOps final : public Ops {
   // Partial softmax states of attention parts: kAttentionMaxParts per thread, allocated once
   // (left uninitialised: pages are only touched by contexts long enough to be split).
   std::unique_ptr<float[]> attention_scratch_;
+  static std::atomic<bool> prefault_large_buffers_;
 };
 
 }  // namespace recur

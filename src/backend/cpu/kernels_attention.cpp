@@ -296,6 +296,17 @@ inline void part_range(int64_t n_ctx, int64_t bs, int n, int i, int64_t* p0, int
 void merge_parts(const float* parts, int n, int64_t G, int64_t hd, float* out,
                  int64_t head_stride) {
   const int64_t part_floats = G * hd + 2 * G;
+  if (n == 1) {  // the general path with M = mx, w = e^0 = 1 exactly: no exp, same bits
+    for (int64_t g = 0; g < G; ++g) {
+      if (!std::isfinite(parts[G * hd + g])) break;  // e^(mx - mx) is not 1: the general path
+      const float den = 0.0f + parts[G * hd + G + g];
+      const float inv = 1.0f / den;
+      const float* a = parts + g * hd;
+      float* o = out + g * head_stride;
+      for (int64_t d = 0; d < hd; ++d) o[d] = (0.0f + a[d]) * inv;
+      if (g == G - 1) return;
+    }
+  }
   for (int64_t g = 0; g < G; ++g) {
     float M = -INFINITY;
     for (int i = 0; i < n; ++i) M = std::max(M, parts[i * part_floats + G * hd + g]);
@@ -336,9 +347,11 @@ void CpuOps::kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, Te
         const float* kr = k.ptr<float>() + t * k.stride[0] + h * k.stride[1];
         float* kc = k_cache.ptr<float>() + block * k_cache.stride[0] + h * k_cache.stride[1] + off;
         for (int64_t j = 0; j < hd; ++j) kc[j * k_cache.stride[2]] = kr[j];
-        std::memcpy(v_cache.ptr<float>() + block * v_cache.stride[0] + h * v_cache.stride[1] +
-                        off * v_cache.stride[2],
-                    v.ptr<float>() + t * v.stride[0] + h * v.stride[1], size_t(hd) * 4);
+        // A row of a few vectors: an inline loop, not a memcpy call.
+        float* vc = v_cache.ptr<float>() + block * v_cache.stride[0] + h * v_cache.stride[1] +
+                    off * v_cache.stride[2];
+        const float* vr = v.ptr<float>() + t * v.stride[0] + h * v.stride[1];
+        for (int64_t j = 0; j < hd; ++j) vc[j] = vr[j];
       }
     }
   }

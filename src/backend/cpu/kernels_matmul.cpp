@@ -22,7 +22,13 @@ using namespace cpu;
 
 namespace {
 
-constexpr int64_t kTokenTile = 64;  // x rows kept hot in cache while sweeping the weight rows
+constexpr int64_t kTokenTile = 64;
+
+// Cache lines to ask for one at a time from inside a compute loop: [next, end).
+struct LineStream {
+  const char* next = nullptr;
+  const char* end = nullptr;
+};  // x rows kept hot in cache while sweeping the weight rows
 
 #if defined(__AVX512F__)
 inline __m512 load16(const float* p, __mmask16 m) {
@@ -183,10 +189,10 @@ inline __m512 load16(const F16* p) {
 // columns; each sum runs i = 0..k-1 as one FMA chain. The last vector is stored under
 // `last` (columns past m); padding columns of w are zero.
 template <int NV, int NT, bool kPrefetch, typename W>
-__attribute__((always_inline)) inline void kmajor_tile(const W* w, int64_t ld, int64_t k,
-                                                       const float* x, int64_t x_stride, float* out,
-                                                       int64_t out_stride, __mmask16 last,
-                                                       bool accumulate, int64_t ahead) {
+__attribute__((noinline)) void kmajor_tile(const W* w, int64_t ld, int64_t k, const float* x,
+                                           int64_t x_stride, float* out, int64_t out_stride,
+                                           __mmask16 last, bool accumulate, int64_t ahead,
+                                           LineStream* stream) {
   __m512 acc[NT][NV];
 #pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) {
@@ -198,6 +204,13 @@ __attribute__((always_inline)) inline void kmajor_tile(const W* w, int64_t ld, i
       if (i + ahead < k) {
 #pragma GCC unroll 4
         for (int v = 0; v < NV; ++v) prefetch_line(w + (i + ahead) * ld + 16 * v);
+      }
+    } else {
+      // Tiles after the first find this weight in cache: meanwhile, one line of the weight
+      // predicted to come next per iteration, spread thin so the loads never queue up.
+      if (stream->next < stream->end) {
+        prefetch_line(stream->next);
+        stream->next += 64;
       }
     }
     __m512 wv[NV];
@@ -223,27 +236,55 @@ __attribute__((always_inline)) inline void kmajor_tile(const W* w, int64_t ld, i
   }
 }
 
-// Tokens [0, n) against NV column vectors: tiles of NT tokens, the rest in halving tiles. The
-// first tile streams the weights from memory, asking for rows `ahead` in advance; later
-// tiles find them in cache.
+// A tile of `nt` (1..NT) tokens: the template instance for that count.
+template <int NV, int NT, typename W>
+__attribute__((always_inline)) inline void kmajor_tile_n(int nt, bool prefetch, const W* w,
+                                                         int64_t ld, int64_t k, const float* x,
+                                                         int64_t x_stride, float* out,
+                                                         int64_t out_stride, __mmask16 last,
+                                                         bool accumulate, int64_t ahead,
+                                                         LineStream* stream) {
+  if constexpr (NT > 1) {
+    if (nt < NT) {
+      kmajor_tile_n<NV, NT - 1>(nt, prefetch, w, ld, k, x, x_stride, out, out_stride, last,
+                                accumulate, ahead, stream);
+      return;
+    }
+  }
+  if (prefetch) {
+    kmajor_tile<NV, NT, true>(w, ld, k, x, x_stride, out, out_stride, last, accumulate, ahead,
+                              stream);
+  } else {
+    kmajor_tile<NV, NT, false>(w, ld, k, x, x_stride, out, out_stride, last, accumulate, 0, stream);
+  }
+}
+
+// Tokens [0, n) against NV column vectors: tiles of NT tokens; a short remainder (under NT/2)
+// is balanced with the last full tile (e.g. 7 = 4 + 3, not 6 + 1): tiles of one or two tokens
+// leave too few independent FMA chains to cover the latency. The first tile streams the
+// weights from memory, asking for rows `ahead` in advance; later tiles find them in cache.
 template <int NV, int NT, typename W>
 void kmajor_tokens(const W* w, int64_t ld, int64_t k, const float* x, int64_t x_stride, int64_t n,
-                   float* out, int64_t out_stride, __mmask16 last, bool accumulate, int64_t ahead) {
+                   float* out, int64_t out_stride, __mmask16 last, bool accumulate, int64_t ahead,
+                   LineStream* stream) {
+  int64_t full = n / NT, rest = n % NT;
+  int64_t split = 0;  // tokens of the last full tile and the remainder, shared as two tiles
+  if (rest > 0 && rest < NT / 2 && full > 0) {
+    --full;
+    split = NT + rest;
+  }
   int64_t t = 0;
-  if (n >= NT && ahead > 0) {
-    kmajor_tile<NV, NT, true>(w, ld, k, x, x_stride, out, out_stride, last, accumulate, ahead);
-    t = NT;
-  }
-  for (; t + NT <= n; t += NT) {
-    kmajor_tile<NV, NT, false>(w, ld, k, x + t * x_stride, x_stride, out + t * out_stride,
-                               out_stride, last, accumulate, 0);
-  }
-  if constexpr (NT > 1) {
-    constexpr int kHalf = NT / 2;
-    if (t < n) {
-      kmajor_tokens<NV, kHalf>(w, ld, k, x + t * x_stride, x_stride, n - t, out + t * out_stride,
-                               out_stride, last, accumulate, t == 0 ? ahead : 0);
-    }
+  auto tile = [&](int nt) {
+    kmajor_tile_n<NV, NT>(nt, t == 0 && ahead > 0, w, ld, k, x + t * x_stride, x_stride,
+                          out + t * out_stride, out_stride, last, accumulate, ahead, stream);
+    t += nt;
+  };
+  for (int64_t i = 0; i < full; ++i) tile(NT);
+  if (split > 0) {
+    tile(int((split + 1) / 2));
+    tile(int(split / 2));
+  } else if (rest > 0) {
+    tile(int(rest));
   }
 }
 #endif
@@ -251,11 +292,15 @@ void kmajor_tokens(const W* w, int64_t ld, int64_t k, const float* x, int64_t x_
 // Columns [c0, c1) of a k-major weight (c0 a multiple of 16) for all n tokens.
 template <typename W>
 void kmajor_block(const float* x, int64_t x_stride, const W* w, int64_t ld, int64_t k, float* out,
-                  int64_t out_stride, int64_t n, int64_t c0, int64_t c1, bool accumulate) {
+                  int64_t out_stride, int64_t n, int64_t c0, int64_t c1, bool accumulate,
+                  LineStream* stream) {
 #if defined(__AVX512F__)
-  // Rows asked for in advance: about 2 KB of this column block ahead of the loads.
+  // Rows asked for in advance. Many tokens: about 8 KB of this column block ahead of the loads
+  // (at batch 32 a step's weights and cache exceed L3, so weights come from DRAM, and 2 KB
+  // left the first tile stalled on its weight loads). A few tokens: 2 KB, since the weights
+  // stay in L3 and a tile that short cannot hide a larger up-front burst.
   const int64_t row_bytes = std::min<int64_t>(c1 - c0, 64) * int64_t(sizeof(W));
-  const int64_t ahead = std::clamp<int64_t>(2048 / row_bytes, 2, 32);
+  const int64_t ahead = std::clamp<int64_t>((n > 8 ? 8192 : 2048) / row_bytes, 2, 64);
   for (int64_t c = c0; c < c1;) {
     const int64_t vectors = (c1 - c + 15) / 16;
     const int64_t cols = std::min<int64_t>(c1 - c, 64);
@@ -268,16 +313,20 @@ void kmajor_block(const float* x, int64_t x_stride, const W* w, int64_t ld, int6
     }
     switch (std::min<int64_t>(vectors, 4)) {
       case 4:
-        kmajor_tokens<4, 6>(wc, ld, k, x, x_stride, n, oc, out_stride, last, accumulate, ahead);
+        kmajor_tokens<4, 6>(wc, ld, k, x, x_stride, n, oc, out_stride, last, accumulate, ahead,
+                            stream);
         break;
       case 3:
-        kmajor_tokens<3, 8>(wc, ld, k, x, x_stride, n, oc, out_stride, last, accumulate, ahead);
+        kmajor_tokens<3, 8>(wc, ld, k, x, x_stride, n, oc, out_stride, last, accumulate, ahead,
+                            stream);
         break;
       case 2:
-        kmajor_tokens<2, 12>(wc, ld, k, x, x_stride, n, oc, out_stride, last, accumulate, ahead);
+        kmajor_tokens<2, 12>(wc, ld, k, x, x_stride, n, oc, out_stride, last, accumulate, ahead,
+                             stream);
         break;
       default:
-        kmajor_tokens<1, 16>(wc, ld, k, x, x_stride, n, oc, out_stride, last, accumulate, ahead);
+        kmajor_tokens<1, 16>(wc, ld, k, x, x_stride, n, oc, out_stride, last, accumulate, ahead,
+                             stream);
         break;
     }
     c += cols;
@@ -341,20 +390,34 @@ void CpuOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulat
       self.next.store(nullptr, std::memory_order_relaxed);
     }
     last_weight_.store(&self, std::memory_order_relaxed);
+    // The step's matmuls come in the same order every time: the weight that followed this one
+    // last time is asked for while this one computes (tiles after the first, one line per
+    // iteration), and its first bytes not yet asked for when this one ends, so the ops in
+    // between hide its latency. Parallel parts each take their own share of the stream.
+    const char* next = static_cast<const char*>(self.next.load(std::memory_order_relaxed));
+    const int64_t next_bytes =
+        next == nullptr ? 0 : self.next_bytes.load(std::memory_order_relaxed);
+    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(pool_.size(), vectors));
+    std::atomic<int64_t> streamed{0};  // bytes the tiles asked for, from the start
     dispatch_weight(w.dtype, [&](auto tag) {
       using W = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
-      pool_.parallel_for(vectors, min_vectors, [&](int64_t v0, int64_t v1) {
+      pool_.parallel_for_indexed(vectors, min_vectors, [&](int64_t v0, int64_t v1, int part) {
+        LineStream stream;
+        if (next != nullptr && parts == 1) {
+          stream.next = next;
+          stream.end = next + next_bytes;
+        }
         kmajor_block<W>(x.ptr<float>(), x.stride[0], w.ptr<W>(), ld, k, out.ptr<float>(),
-                        out.stride[0], n, v0 * 16, std::min(m, v1 * 16), accumulate);
+                        out.stride[0], n, v0 * 16, std::min(m, v1 * 16), accumulate, &stream);
+        if (stream.next != nullptr && part == 0) streamed = stream.next - next;
       });
     });
-    // The step's matmuls come in the same order every time: ask now for the start of the
-    // weight that followed this one last time, so the ops in between hide its latency.
-    if (const void* next = self.next.load(std::memory_order_relaxed)) {
-      const char* p = static_cast<const char*>(next);
-      const int64_t ahead = std::min<int64_t>(self.next_bytes.load(std::memory_order_relaxed),
-                                              kNextWeightPrefetchBytes);
-      for (int64_t off = 0; off < ahead; off += 64) prefetch_line(p + off);
+    if (next != nullptr) {
+      const int64_t from = streamed.load(std::memory_order_relaxed);
+      const int64_t to = std::min<int64_t>(next_bytes, from + kNextWeightPrefetchBytes);
+      for (int64_t off = from; off < to; off += 64) prefetch_line(next + off);
+      // And the table entry the next call will look up.
+      prefetch_line(&next_weight_[(reinterpret_cast<uintptr_t>(next) >> 6) % kNextWeightSlots]);
     }
     return;
   }
