@@ -103,6 +103,62 @@ TEST_F(CudaBasic, MatmulGroupEqualsOneMatmulPerWeight) {
   }
 }
 
+// A token's GEMV row does not depend on the batch: one token (whose blocks load their first
+// weight chunks before the wait for the kernel before) equals, bit for bit, the same token as
+// row 0 of two- and five-token launches, for matmul and matmul_group (8-row blocks at 9001
+// rows), with one to several chunks per thread and row.
+TEST_F(CudaBasic, OneTokenGemvEqualsItsRowInABatch) {
+  for (DType wt : {DType::BF16, DType::F32}) {
+    for (int64_t k : {64, 264, 2048, 4096}) {
+      const std::vector<int64_t> ms = {7, 2048, 9001};
+      HostTensor x(DType::F32, {5, k});
+      fill_random(x, rng);
+      DeviceTensor dx = dev(x);
+      std::vector<HostTensor> w;
+      std::vector<Tensor> dws;
+      for (int64_t m : ms) {
+        w.push_back(HostTensor(wt, {m, k}));
+        fill_random(w.back(), rng, 0.2f);
+        dws.push_back(ops().adopt_weight(w.back().t).value());
+      }
+      for (size_t i = 0; i < ms.size(); ++i) {
+        const int64_t m = ms[i];
+        HostTensor one(DType::F32, {1, m});
+        DeviceTensor d1 = poisoned(one);
+        ops().matmul(dx.t.slice_rows(0, 1), dws[i], d1.t, false);
+        const HostTensor g1 = host(d1, one);
+        for (int64_t n : {2, 5}) {
+          HostTensor many(DType::F32, {n, m});
+          DeviceTensor dn = poisoned(many);
+          ops().matmul(dx.t.slice_rows(0, n), dws[i], dn.t, false);
+          const HostTensor gn = host(dn, many);
+          EXPECT_EQ(std::memcmp(g1.f(), gn.f(), size_t(m) * 4), 0)
+              << dtype_name(wt) << " k=" << k << " m=" << m << " n=" << n;
+        }
+      }
+      // The group of all three weights: one token against two.
+      std::vector<HostTensor> o1, o2;
+      std::vector<DeviceTensor> d1, d2;
+      std::vector<Tensor> t1, t2;
+      for (int64_t m : ms) {
+        o1.push_back(HostTensor(DType::F32, {1, m}));
+        o2.push_back(HostTensor(DType::F32, {2, m}));
+        d1.push_back(poisoned(o1.back()));
+        d2.push_back(poisoned(o2.back()));
+        t1.push_back(d1.back().t);
+        t2.push_back(d2.back().t);
+      }
+      ops().matmul_group(dx.t.slice_rows(0, 1), dws, t1);
+      ops().matmul_group(dx.t.slice_rows(0, 2), dws, t2);
+      for (size_t i = 0; i < ms.size(); ++i) {
+        const HostTensor g1 = host(d1[i], o1[i]), g2 = host(d2[i], o2[i]);
+        EXPECT_EQ(std::memcmp(g1.f(), g2.f(), size_t(ms[i]) * 4), 0)
+            << "group " << dtype_name(wt) << " k=" << k << " m=" << ms[i];
+      }
+    }
+  }
+}
+
 // GEMV (n ≤ 8), f32 SGEMM and bf16/f16 tensor cores (n > 8), every dtype, odd sizes.
 TEST_F(CudaBasic, MatmulMatchesReferenceForEveryPathAndDtype) {
   for (DType wt : {DType::F32, DType::BF16, DType::F16}) {

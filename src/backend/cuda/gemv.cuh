@@ -41,8 +41,7 @@ __device__ __forceinline__ void widen(uint32_t bits, float* out, __half) {
 }
 
 template <typename W>
-__device__ __forceinline__ Chunk<W> load_chunk(const W* p) {
-  const uint4 raw = load_streaming(p);
+__device__ __forceinline__ Chunk<W> widen_chunk(uint4 raw) {
   Chunk<W> c;
   constexpr int kPer = Chunk<W>::kElems / 4;  // elements per 32-bit word
   widen(raw.x, c.v + 0 * kPer, W{});
@@ -50,6 +49,11 @@ __device__ __forceinline__ Chunk<W> load_chunk(const W* p) {
   widen(raw.z, c.v + 2 * kPer, W{});
   widen(raw.w, c.v + 3 * kPer, W{});
   return c;
+}
+
+template <typename W>
+__device__ __forceinline__ Chunk<W> load_chunk(const W* p) {
+  return widen_chunk<W>(load_streaming(p));
 }
 
 // acc[r][t] += chunk c of weight row r times the same chunk of activation row t (and acc2
@@ -84,14 +88,60 @@ __device__ __forceinline__ void fma_chunk(const W* const (&wr)[R], const W* cons
   }
 }
 
+// fma_chunk's arithmetic for chunk c of R rows already loaded (raw[r]), no second weight.
+template <typename W, int R, int NT>
+__device__ __forceinline__ void fma_chunk_raw(const uint4 (&raw)[R], const float* const (&xr)[NT],
+                                              int64_t c, float (&acc)[R][NT]) {
+  constexpr int E = Chunk<W>::kElems;
+  Chunk<W> wc[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) wc[r] = widen_chunk<W>(raw[r]);
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    float xv[E];
+#pragma unroll
+    for (int q = 0; q < E; q += 4) {
+      const float4 f = __ldg(reinterpret_cast<const float4*>(xr[t] + c * E + q));
+      xv[q] = f.x, xv[q + 1] = f.y, xv[q + 2] = f.z, xv[q + 3] = f.w;
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int q = 0; q < E; ++q) acc[r][t] = fmaf(wc[r].v[q], xv[q], acc[r][t]);
+    }
+  }
+}
+
+// The first kPre chunks this thread streams of each of a block's R rows (w: the block's first
+// row, rows ≥ `rows` clamped as in gemv_partial; 16-byte rows). A kernel may issue these loads
+// before its wait for the kernel before it (weights never depend on it), so they overlap that
+// kernel's tail instead of starting after it.
+template <typename W, int R, int kPre>
+__device__ __forceinline__ void gemv_preload(const W* w, int64_t k, int rows,
+                                             uint4 (&pre)[kPre][R]) {
+  constexpr int E = Chunk<W>::kElems;
+  const int64_t n_chunks = k / E;
+#pragma unroll
+  for (int p = 0; p < kPre; ++p) {
+    const int64_t c = threadIdx.x + int64_t(p) * kGemvThreads;
+    if (c < n_chunks) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) pre[p][r] = load_streaming(w + (r < rows ? r : 0) * k + c * E);
+    }
+  }
+}
+
 // Per-thread partial dot products: acc[r][t] += Σ w[r][i]·x[t][i] over this thread's share of
 // k (and acc2 with w2 when kDual). w, w2 point at the block's first row; rows ≥ `rows` and
 // activation rows ≥ the caller's count were clamped to valid memory and are discarded.
 // kVec: k is a multiple of the chunk, weights and x rows are 16-byte aligned.
-template <typename W, int NT, int R, bool kDual, bool kVec>
+// kPre > 0 with pre set (kVec, no w2): the first kPre chunks per row come from gemv_preload,
+// used in the loop's order (the same sums).
+template <typename W, int NT, int R, bool kDual, bool kVec, int kPre = 0>
 __device__ __forceinline__ void gemv_partial(const W* w, const W* w2, int64_t k, int rows,
                                              const float* const (&xr)[NT], float (&acc)[R][NT],
-                                             float (&acc2)[R][NT]) {
+                                             float (&acc2)[R][NT],
+                                             const uint4 (*pre)[R] = nullptr) {
   const W* wr[R];
   const W* wr2[R];
 #pragma unroll
@@ -106,8 +156,19 @@ __device__ __forceinline__ void gemv_partial(const W* w, const W* w2, int64_t k,
     // otherwise take several dependent round trips), two where registers allow; with many
     // activation rows the FMAs, not the loads, are the limit.
     constexpr int kUnroll = (R * NT <= 4 && !kDual) ? 4 : NT <= 2 ? 2 : 1;
+    int64_t c0 = threadIdx.x;
+    if constexpr (kPre > 0 && !kDual) {
+      if (pre) {
+#pragma unroll
+        for (int p = 0; p < kPre; ++p) {
+          const int64_t c = threadIdx.x + int64_t(p) * kGemvThreads;
+          if (c < n_chunks) fma_chunk_raw<W, R, NT>(pre[p], xr, c, acc);
+        }
+        c0 = threadIdx.x + int64_t(kPre) * kGemvThreads;
+      }
+    }
 #pragma unroll(kUnroll)
-    for (int64_t c = threadIdx.x; c < n_chunks; c += kGemvThreads) {
+    for (int64_t c = c0; c < n_chunks; c += kGemvThreads) {
       fma_chunk<W, R, NT, kDual>(wr, wr2, xr, c, acc, acc2);
     }
   } else {

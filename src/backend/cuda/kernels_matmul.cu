@@ -9,6 +9,7 @@
 // F16's narrower exponent range makes its split close rather than exact for tiny activations,
 // and activations overflow beyond 65504, a limit f16 checkpoints already impose on themselves.
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "backend/cuda/cuda_internal.cuh"
@@ -24,17 +25,19 @@ namespace {
 // w [m, k]^T, by one block: the body of both GEMV kernels below. A row's sums do not depend on
 // R (each thread's share of k and the reduction order are fixed), so a weight gives the same
 // results alone or in a group.
-template <typename W, int NT, int R, bool kVec>
+// pre: the block's first kPre chunks per row from gemv_preload, or null.
+template <typename W, int NT, int R, bool kVec, int kPre = 0>
 __device__ __forceinline__ void gemv_rows(const W* __restrict__ w, int64_t m, int64_t k,
                                           const float* x, int64_t ldx, int nt, float* out,
-                                          int64_t ldo, bool accumulate, int64_t row0) {
+                                          int64_t ldo, bool accumulate, int64_t row0,
+                                          const uint4 (*pre)[R] = nullptr) {
   __shared__ float red[R * NT * (kGemvThreads / 32)];
   const int rows = int(min64(R, m - row0));
   const float* xr[NT];
 #pragma unroll
   for (int t = 0; t < NT; ++t) xr[t] = x + int64_t(t < nt ? t : 0) * ldx;
   float acc[R][NT] = {}, unused[R][NT];
-  gemv_partial<W, NT, R, false, kVec>(w + row0 * k, nullptr, k, rows, xr, acc, unused);
+  gemv_partial<W, NT, R, false, kVec, kPre>(w + row0 * k, nullptr, k, rows, xr, acc, unused, pre);
   gemv_reduce<NT, R, false>(acc, unused, red);
   if (threadIdx.x < R * NT) {
     const int r = threadIdx.x / NT, t = threadIdx.x % NT;
@@ -45,13 +48,29 @@ __device__ __forceinline__ void gemv_rows(const W* __restrict__ w, int64_t m, in
   }
 }
 
+// One token, 16-byte rows: chunks per row that a GEMV block loads before its PDL wait when
+// `preload` (RECUR_CUDA_GEMV_PRELOAD=0 turns it off, for comparison).
+template <int NT, bool kVec>
+constexpr int kGemvPre = (kVec && NT == 1) ? 2 : 0;
+
 // One block per 4 weight rows; x [nt ≤ NT, k] rows ldx apart; out [nt, m] rows ldo apart.
 template <typename W, int NT, bool kVec>
 __global__ void __launch_bounds__(kGemvThreads)
     matmul_gemv_kernel(const W* __restrict__ w, int64_t m, int64_t k, const float* x, int64_t ldx,
-                       int nt, float* out, int64_t ldo, bool accumulate) {
+                       int nt, float* out, int64_t ldo, bool accumulate, bool preload) {
+  const int64_t row0 = int64_t(blockIdx.x) * 4;
+  constexpr int kPre = kGemvPre<NT, kVec>;
+  if constexpr (kPre > 0) {
+    if (preload) {
+      uint4 pre[kPre][4];
+      gemv_preload<W, 4, kPre>(w + row0 * k, k, int(min64(4, m - row0)), pre);
+      grid_dependency_sync();
+      gemv_rows<W, NT, 4, kVec, kPre>(w, m, k, x, ldx, nt, out, ldo, accumulate, row0, pre);
+      return;
+    }
+  }
   grid_dependency_sync();
-  gemv_rows<W, NT, 4, kVec>(w, m, k, x, ldx, nt, out, ldo, accumulate, int64_t(blockIdx.x) * 4);
+  gemv_rows<W, NT, 4, kVec>(w, m, k, x, ldx, nt, out, ldo, accumulate, row0);
 }
 
 // Several weights sharing x: weight g takes blocks first_block[g] .. first_block[g + 1) - 1.
@@ -67,11 +86,23 @@ struct GemvGroup {
 // x [nt ≤ NT, k] rows ldx apart; R rows per block; grid (first_block[count]).
 template <typename W, int NT, int R, bool kVec>
 __global__ void __launch_bounds__(kGemvThreads)
-    matmul_gemv_group_kernel(GemvGroup<W> g, int64_t k, const float* x, int64_t ldx, int nt) {
-  grid_dependency_sync();
+    matmul_gemv_group_kernel(GemvGroup<W> g, int64_t k, const float* x, int64_t ldx, int nt,
+                             bool preload) {
   int i = 0;
   while (i + 1 < g.count && int(blockIdx.x) >= g.first_block[i + 1]) ++i;
   const int64_t row0 = int64_t(int(blockIdx.x) - g.first_block[i]) * R;
+  constexpr int kPre = kGemvPre<NT, kVec>;
+  if constexpr (kPre > 0) {
+    if (preload) {
+      uint4 pre[kPre][R];
+      gemv_preload<W, R, kPre>(g.w[i] + row0 * k, k, int(min64(R, g.m[i] - row0)), pre);
+      grid_dependency_sync();
+      gemv_rows<W, NT, R, kVec, kPre>(g.w[i], g.m[i], k, x, ldx, nt, g.out[i], g.ldo[i], false,
+                                      row0, pre);
+      return;
+    }
+  }
+  grid_dependency_sync();
   gemv_rows<W, NT, R, kVec>(g.w[i], g.m[i], k, x, ldx, nt, g.out[i], g.ldo[i], false, row0);
 }
 
@@ -115,6 +146,14 @@ __global__ void sum3_kernel(const float* terms, int64_t n, int64_t m, float* out
   }
 }
 
+bool gemv_preload_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("RECUR_CUDA_GEMV_PRELOAD");
+    return !(e && e[0] == '0');
+  }();
+  return on;
+}
+
 bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
 }
@@ -128,10 +167,12 @@ void launch_gemv(const Tensor& x, const Tensor& w, Tensor out, bool accumulate, 
   const unsigned blocks = unsigned((m + 3) / 4);
   if (vec) {
     launch_kernel(matmul_gemv_kernel<W, NT, true>, blocks, kGemvThreads, 0, stream, w.ptr<W>(), m,
-                  k, x.ptr<float>(), x.stride[0], n, out.ptr<float>(), out.stride[0], accumulate);
+                  k, x.ptr<float>(), x.stride[0], n, out.ptr<float>(), out.stride[0], accumulate,
+                  gemv_preload_enabled());
   } else {
     launch_kernel(matmul_gemv_kernel<W, NT, false>, blocks, kGemvThreads, 0, stream, w.ptr<W>(), m,
-                  k, x.ptr<float>(), x.stride[0], n, out.ptr<float>(), out.stride[0], accumulate);
+                  k, x.ptr<float>(), x.stride[0], n, out.ptr<float>(), out.stride[0], accumulate,
+                  false);
   }
 }
 
@@ -150,7 +191,7 @@ void launch_gemv_group_r(const Tensor& x, std::span<const Tensor> ws, std::span<
   }
   const unsigned blocks = unsigned(g.first_block[g.count]);
   launch_kernel(matmul_gemv_group_kernel<W, NT, R, true>, blocks, kGemvThreads, 0, stream, g, k,
-                x.ptr<float>(), x.stride[0], n);
+                x.ptr<float>(), x.stride[0], n, gemv_preload_enabled());
 }
 
 // Four rows per block; eight for one or two tokens when four would need more than one wave of
