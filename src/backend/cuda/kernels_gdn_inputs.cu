@@ -1,0 +1,345 @@
+// Gated DeltaNet input side on the GPU: the causal depthwise conv with its rolling per-slot
+// state (prompts and one-token steps), and the fused one-token input stage (split, conv, L2
+// norms, gates) behind Ops::gdn_inputs. The delta rule itself is in kernels_gdn.cu.
+#include <algorithm>
+
+#include "backend/cuda/cuda_internal.cuh"
+
+namespace recur {
+
+using namespace cuda;
+
+namespace {
+
+constexpr int kMaxConvK = 16;
+
+// out[t, c] = silu(Σ_j w[c, j] · input(i − (K−1) + j)), input(<0) from the slot's conv state;
+// grid (n_tokens, ⌈C/256⌉).  x, out [n, C]; w [C, 1, K]; state [slots, K-1, C]
+template <typename W>
+__global__ void conv1d_out_kernel(const float* x, int64_t ldx, const W* w, int K,
+                                  const float* state, int64_t C, const int32_t* seq_start,
+                                  const int32_t* slot, int n_seqs, float* out, int64_t ldo) {
+  grid_dependency_sync();
+  const int t = blockIdx.x;
+  const int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const int s = seq_of_token(seq_start, n_seqs, t);
+  const int64_t base = seq_start[s], i = t - base;
+  const float* st = state + int64_t(slot[s]) * (K - 1) * C;
+  float acc = 0.0f;
+  for (int j = 0; j < K; ++j) {
+    const int64_t idx = i - (K - 1) + j;
+    const float in = idx < 0 ? st[(K - 1 + idx) * C + c] : x[(base + idx) * ldx + c];
+    acc += to_f32(w[c * K + j]) * in;
+  }
+  out[int64_t(t) * ldo + c] = silu(acc);
+}
+
+// The state keeps each sequence's last K-1 inputs, oldest first; runs after conv1d_out_kernel
+// (which reads the old state). grid (n_seqs, ⌈C/256⌉)
+__global__ void conv1d_state_kernel(const float* x, int64_t ldx, int K, float* state, int64_t C,
+                                    const int32_t* seq_start, const int32_t* slot) {
+  grid_dependency_sync();
+  const int s = blockIdx.x;
+  const int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const int64_t base = seq_start[s], len = seq_start[s + 1] - base;
+  float* st = state + int64_t(slot[s]) * (K - 1) * C;
+  float tail[kMaxConvK - 1];
+#pragma unroll
+  for (int r = 0; r < kMaxConvK - 1; ++r) {
+    if (r < K - 1) {
+      const int64_t idx = len - (K - 1) + r;
+      tail[r] = idx < 0 ? st[(K - 1 + idx) * C + c] : x[(base + idx) * ldx + c];
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kMaxConvK - 1; ++r) {
+    if (r < K - 1) st[r * C + c] = tail[r];
+  }
+}
+
+// Decode (every sequence brings exactly one token): the output and the state's shift in one
+// kernel. Channels are independent, so each thread reads its channel's K-1 state values and
+// the token's input, writes the output (the same sum, in the same order, as
+// conv1d_out_kernel) and then the shifted state. grid (n_seqs, ⌈C/256⌉).
+// x, out [n = n_seqs, C]; w [C, 1, K]; state [slots, K-1, C]
+template <typename W>
+__global__ void conv1d_decode_kernel(const float* x, int64_t ldx, const W* w, int K, float* state,
+                                     int64_t C, const int32_t* seq_start, const int32_t* slot,
+                                     float* out, int64_t ldo) {
+  grid_dependency_sync();
+  const int s = blockIdx.x;
+  const int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const int64_t t = seq_start[s];
+  float* st = state + int64_t(slot[s]) * (K - 1) * C;
+  float in[kMaxConvK];
+#pragma unroll
+  for (int j = 0; j < kMaxConvK - 1; ++j) {
+    if (j < K - 1) in[j] = st[j * C + c];
+  }
+  const float xv = x[t * ldx + c];
+  float acc = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kMaxConvK; ++j) {
+    if (j < K) acc += to_f32(w[c * K + j]) * (j == K - 1 ? xv : in[j]);
+  }
+  out[t * ldo + c] = silu(acc);
+#pragma unroll
+  for (int r = 0; r < kMaxConvK - 1; ++r) {
+    if (r < K - 1) st[r * C + c] = r + 1 < K - 1 ? in[r + 1] : xv;
+  }
+}
+
+// A weight element widened to f32, its dtype known only at run time (uniform across the grid).
+__device__ __forceinline__ float weight_f32(const void* p, DType dt, int64_t i) {
+  if (dt == DType::BF16) return to_f32(static_cast<const __nv_bfloat16*>(p)[i]);
+  if (dt == DType::F16) return to_f32(static_cast<const __half*>(p)[i]);
+  return static_cast<const float*>(p)[i];
+}
+
+struct GdnDecodeArgs {
+  const float* qkvz;  // [n, Hk·width], width = 2dk + 2r·dv
+  const float* ba;    // [n, Hk·2r]
+  int64_t ld_qkvz, ld_ba;
+  const void *conv_w, *a_log, *dt_bias;  // [C, 1, K]; [Hv]; [Hv]
+  DType gate_dt;
+  float* state;                    // [slots, K-1, C]
+  float *conv_out, *z, *g, *beta;  // [n, C]; [n, Hv·dv]; [n, Hv]; [n, Hv]
+  int64_t ld_out, ld_z, ld_g, ld_beta;
+  int64_t C, key_dim;
+  int dk, r, rdv;
+  float eps, q_scale;
+  const int32_t *seq_start, *slot;
+};
+
+constexpr int kGdnInputThreads = 256;
+constexpr int kGdnMaxDkPerLane = 8;   // dk ≤ 256: a head's q or k in one warp's registers
+constexpr int kGdnMaxVPerThread = 2;  // r·dv ≤ 512
+
+// One conv channel's inputs for a one-token step: the state's K-1 values, the weights, x.
+template <int K>
+struct ConvIn {
+  float in[K - 1], w[K], x;
+};
+// The state and weights of channel c (x is read later, once the projections are done).
+template <typename W, int K>
+__device__ __forceinline__ ConvIn<K> conv_load(const GdnDecodeArgs& a, const float* st, int64_t c) {
+  ConvIn<K> v;
+#pragma unroll
+  for (int j = 0; j < K - 1; ++j) v.in[j] = st[j * a.C + c];
+#pragma unroll
+  for (int j = 0; j < K; ++j) v.w[j] = to_f32(static_cast<const W*>(a.conv_w)[c * K + j]);
+  v.x = 0.0f;
+  return v;
+}
+// silu(Σ_j w[j] · input_j) and the state shifted by one: conv1d_decode_kernel's arithmetic.
+template <int K>
+__device__ __forceinline__ float conv_finish(const GdnDecodeArgs& a, float* st, int64_t c,
+                                             const ConvIn<K>& v) {
+  float acc = 0.0f;
+#pragma unroll
+  for (int j = 0; j < K; ++j) acc += v.w[j] * (j == K - 1 ? v.x : v.in[j]);
+#pragma unroll
+  for (int j = 0; j < K - 1; ++j) st[j * a.C + c] = j + 1 < K - 1 ? v.in[j + 1] : v.x;
+  return silu(acc);
+}
+
+// The Gated DeltaNet input stage for one-token sequences: grid (n_seqs, Hk), one block per key
+// head. Warp 0 takes the head's q, warp 1 its k: conv, then the L2 norm with l2_norm_kernel's
+// arithmetic (lane j holds channels j + 32i, summed in that order, then the warp's tree); all
+// threads take the r value heads (conv) and z (copied); the first r threads take the gates.
+// Every load is issued before any store, so the block costs about one memory round trip. The
+// results equal split_groups + conv1d_causal_silu + l2_norm + gdn_gates bit for bit.
+// The conv state, conv weights and gate parameters load before the wait for the kernel before
+// (no kernel of the forward writes them before this one; the batch mirror is uploaded before
+// the forward's kernels), the projections after it.
+template <typename W, int K>
+__global__ void __launch_bounds__(kGdnInputThreads) gdn_inputs_decode_kernel(GdnDecodeArgs a) {
+  const int sq = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
+  const int lane = tid % 32, warp = tid / 32;
+  const int64_t t = a.seq_start[sq];
+  float* st = a.state + int64_t(a.slot[sq]) * (K - 1) * a.C;
+  const float* src = a.qkvz + t * a.ld_qkvz + int64_t(h) * (2 * a.dk + 2 * a.rdv);
+  float* out = a.conv_out + t * a.ld_out;
+  const bool qk = warp < 2;
+  const int64_t c0 = warp * a.key_dim + int64_t(h) * a.dk;  // q or k channels of warp 0 or 1
+  const int64_t v0 = 2 * a.key_dim + int64_t(h) * a.rdv;
+  ConvIn<K> qin[kGdnMaxDkPerLane], vin[kGdnMaxVPerThread];
+  float zv[kGdnMaxVPerThread];
+  if (qk) {
+#pragma unroll
+    for (int i = 0; i < kGdnMaxDkPerLane; ++i) {
+      if (lane + 32 * i < a.dk) qin[i] = conv_load<W, K>(a, st, c0 + lane + 32 * i);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kGdnMaxVPerThread; ++i) {
+    const int j = tid + kGdnInputThreads * i;
+    if (j < a.rdv) vin[i] = conv_load<W, K>(a, st, v0 + j);
+  }
+  float bv = 0.0f, av = 0.0f, a_log = 0.0f, dt_bias = 0.0f;
+  const int head = h * a.r + tid;
+  if (tid < a.r) {
+    a_log = weight_f32(a.a_log, a.gate_dt, head), dt_bias = weight_f32(a.dt_bias, a.gate_dt, head);
+  }
+  grid_dependency_sync();
+  if (qk) {
+#pragma unroll
+    for (int i = 0; i < kGdnMaxDkPerLane; ++i) {
+      const int j = lane + 32 * i;
+      if (j < a.dk) qin[i].x = src[warp * a.dk + j];
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kGdnMaxVPerThread; ++i) {
+    const int j = tid + kGdnInputThreads * i;
+    if (j < a.rdv) {
+      vin[i].x = src[2 * a.dk + j];
+      zv[i] = src[2 * a.dk + a.rdv + j];
+    }
+  }
+  if (tid < a.r) {
+    const float* bas = a.ba + t * a.ld_ba + int64_t(h) * 2 * a.r;
+    bv = bas[tid], av = bas[a.r + tid];
+  }
+  if (qk) {
+    float v[kGdnMaxDkPerLane];
+#pragma unroll
+    for (int i = 0; i < kGdnMaxDkPerLane; ++i) {
+      const int j = lane + 32 * i;
+      v[i] = j < a.dk ? conv_finish<K>(a, st, c0 + j, qin[i]) : 0.0f;
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kGdnMaxDkPerLane; ++i) {
+      if (lane + 32 * i < a.dk) ss += v[i] * v[i];
+    }
+    ss = warp_sum(ss);
+    const float f = (warp == 0 ? a.q_scale : 1.0f) / sqrtf(ss + a.eps);
+#pragma unroll
+    for (int i = 0; i < kGdnMaxDkPerLane; ++i) {
+      const int j = lane + 32 * i;
+      if (j < a.dk) out[c0 + j] = v[i] * f;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kGdnMaxVPerThread; ++i) {
+    const int j = tid + kGdnInputThreads * i;
+    if (j < a.rdv) {
+      out[v0 + j] = conv_finish<K>(a, st, v0 + j, vin[i]);
+      a.z[t * a.ld_z + int64_t(h) * a.rdv + j] = zv[i];
+    }
+  }
+  if (tid < a.r) {
+    a.g[t * a.ld_g + head] = -expf(a_log) * softplus(av + dt_bias);
+    a.beta[t * a.ld_beta + head] = sigmoid(bv);
+  }
+}
+
+}  // namespace
+
+void CudaOps::conv1d_causal_silu(const Tensor& x, const Tensor& weight, Tensor conv_state,
+                                 const SeqLayout& layout, Tensor out) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
+  const int64_t C = x.shape[1];
+  const int K = int(weight.shape[weight.ndim - 1]);
+  RECUR_CHECK(weight.shape[0] == C && conv_state.shape[1] == K - 1 && conv_state.shape[2] == C);
+  RECUR_CHECK(K >= 1 && K <= kMaxConvK && x.stride[1] == 1 && out.stride[1] == 1);
+  RECUR_CHECK(weight.is_contiguous() && conv_state.is_contiguous());
+  if (layout.n_seqs == 0) return;
+  Impl& s = *impl_;
+  const DevLayout dl = s.layout(layout, false);
+  const unsigned cblocks = blocks_for(C, 256);
+  bool decode = K > 1 && layout.n_tokens == layout.n_seqs;
+  for (int q = 0; decode && q < layout.n_seqs; ++q) {
+    decode = layout.seq_start[q + 1] - layout.seq_start[q] == 1;
+  }
+  if (decode) {
+    dispatch_weight(weight.dtype, [&](auto tag) {
+      using W = decltype(tag);
+      launch_kernel(conv1d_decode_kernel<W>, dim3(unsigned(layout.n_seqs), cblocks), 256, 0,
+                    s.stream, x.ptr<float>(), x.stride[0], weight.ptr<W>(), K,
+                    conv_state.ptr<float>(), C, dl.seq_start, dl.slot, out.ptr<float>(),
+                    out.stride[0]);
+    });
+    s.launched("conv1d_causal_silu (decode)");
+    return;
+  }
+  if (layout.n_tokens > 0) {
+    dispatch_weight(weight.dtype, [&](auto tag) {
+      using W = decltype(tag);
+      launch_kernel(conv1d_out_kernel<W>, dim3(unsigned(layout.n_tokens), cblocks), 256, 0,
+                    s.stream, x.ptr<float>(), x.stride[0], weight.ptr<W>(), K,
+                    conv_state.ptr<float>(), C, dl.seq_start, dl.slot, layout.n_seqs,
+                    out.ptr<float>(), out.stride[0]);
+    });
+    s.launched("conv1d_causal_silu (outputs)");
+  }
+  if (K > 1) {
+    launch_kernel(conv1d_state_kernel, dim3(unsigned(layout.n_seqs), cblocks), 256, 0, s.stream,
+                  x.ptr<float>(), x.stride[0], K, conv_state.ptr<float>(), C, dl.seq_start,
+                  dl.slot);
+    s.launched("conv1d_causal_silu (state)");
+  }
+}
+
+void CudaOps::gdn_inputs(const GdnInputArgs& in, const SeqLayout& layout) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
+  const int hk = in.key_heads, hv = in.value_heads, dk = in.dk, dv = in.dv;
+  RECUR_CHECK(hk > 0 && hv % hk == 0);
+  const int r = hv / hk;
+  const int64_t key_dim = int64_t(hk) * dk, C = 2 * key_dim + int64_t(hv) * dv;
+  const int K = int(in.conv_weight.shape[in.conv_weight.ndim - 1]);
+  // One kernel when every sequence brings one token and the shapes suit it; else the ops.
+  bool fused = layout.n_seqs > 0 && layout.n_tokens == layout.n_seqs && K >= 2 && K <= 4 &&
+               dk <= 32 * kGdnMaxDkPerLane &&
+               int64_t(r) * dv <= kGdnInputThreads * kGdnMaxVPerThread &&
+               in.conv_weight.is_contiguous() && in.conv_weight.shape[0] == C &&
+               in.conv_state.is_contiguous() && in.conv_state.shape[1] == K - 1 &&
+               in.conv_state.shape[2] == C && in.a_log.dtype == in.dt_bias.dtype &&
+               in.a_log.numel() == hv && in.dt_bias.numel() == hv;
+  for (const Tensor* t : {&in.qkvz, &in.ba, &in.conv_out, &in.z, &in.g, &in.beta}) {
+    fused = fused && t->ndim == 2 && t->stride[1] == 1;
+  }
+  fused = fused && in.qkvz.shape[1] == hk * (2 * int64_t(dk) + 2 * int64_t(r) * dv) &&
+          in.ba.shape[1] == 2 * int64_t(hv) && in.conv_out.shape[1] == C &&
+          in.z.shape[1] == int64_t(hv) * dv && in.g.shape[1] == hv && in.beta.shape[1] == hv;
+  for (int q = 0; fused && q < layout.n_seqs; ++q) {
+    fused = layout.seq_start[q + 1] - layout.seq_start[q] == 1;
+  }
+  if (!fused) {
+    Ops::gdn_inputs(in, layout);
+    return;
+  }
+  Impl& s = *impl_;
+  const DevLayout dl = s.layout(layout, false);
+  GdnDecodeArgs a{};
+  a.qkvz = in.qkvz.ptr<float>(), a.ba = in.ba.ptr<float>();
+  a.ld_qkvz = in.qkvz.stride[0], a.ld_ba = in.ba.stride[0];
+  a.conv_w = in.conv_weight.data, a.a_log = in.a_log.data, a.dt_bias = in.dt_bias.data;
+  a.gate_dt = in.a_log.dtype;
+  a.state = in.conv_state.ptr<float>();
+  a.conv_out = in.conv_out.ptr<float>(), a.z = in.z.ptr<float>();
+  a.g = in.g.ptr<float>(), a.beta = in.beta.ptr<float>();
+  a.ld_out = in.conv_out.stride[0], a.ld_z = in.z.stride[0];
+  a.ld_g = in.g.stride[0], a.ld_beta = in.beta.stride[0];
+  a.C = C, a.key_dim = key_dim, a.dk = dk, a.r = r, a.rdv = r * dv;
+  a.eps = in.l2_eps, a.q_scale = in.q_scale;
+  a.seq_start = dl.seq_start, a.slot = dl.slot;
+  const dim3 grid(unsigned(layout.n_seqs), unsigned(hk));
+  dispatch_weight(in.conv_weight.dtype, [&](auto tag) {
+    using W = decltype(tag);
+    if (K == 2) {
+      launch_kernel(gdn_inputs_decode_kernel<W, 2>, grid, kGdnInputThreads, 0, s.stream, a);
+    } else if (K == 3) {
+      launch_kernel(gdn_inputs_decode_kernel<W, 3>, grid, kGdnInputThreads, 0, s.stream, a);
+    } else {
+      launch_kernel(gdn_inputs_decode_kernel<W, 4>, grid, kGdnInputThreads, 0, s.stream, a);
+    }
+  });
+  s.launched("gdn_inputs (decode)");
+}
+
+}  // namespace recur
