@@ -226,7 +226,12 @@ void Generation::drain(std::vector<ChoiceUpdate>* updates) {
     auto it = std::find_if(updates->begin(), updates->end(),
                            [&](const ChoiceUpdate& u) { return u.index == e.choice; });
     if (it == updates->end()) {
-      updates->push_back(ChoiceUpdate{});
+      if (spare_updates_.empty()) {
+        updates->emplace_back();
+      } else {
+        updates->push_back(std::move(spare_updates_.back()));
+        spare_updates_.pop_back();
+      }
       it = updates->end() - 1;
       it->index = e.choice;
     }
@@ -245,22 +250,33 @@ void Generation::drain(std::vector<ChoiceUpdate>* updates) {
         u.tokens.push_back(std::move(e.token));
       }
     }
-    std::vector<Segment> fresh;
+    fresh_.clear();
     if (!e.text.empty()) {
       c.text += e.text;
       u.text += e.text;
-      if (c.parser) c.parser->push(e.text, &fresh);
+      if (c.parser) c.parser->push(e.text, &fresh_);
     }
     if (e.kind == Event::Kind::kFinish) {
-      if (c.parser) c.parser->finish(&fresh);
+      if (c.parser) c.parser->finish(&fresh_);
       u.finished = true;
       on_finish(c, e);
     }
-    for (Segment& s : fresh) {
+    for (Segment& s : fresh_) {
       if (!req_.stream) append_merged(&c.segments, s);
       append_merged(&u.segments, std::move(s));
     }
   }
+}
+
+void Generation::recycle(std::vector<ChoiceUpdate>* updates) {
+  for (ChoiceUpdate& u : *updates) {
+    u.text.clear();
+    u.segments.clear();
+    u.tokens.clear();
+    u.finished = false;
+    spare_updates_.push_back(std::move(u));
+  }
+  updates->clear();
 }
 
 int Generation::prompt_tokens() const {

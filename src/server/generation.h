@@ -112,6 +112,9 @@ class Generation {
   bool has_events() const { return queue_ && queue_->pending(); }
   // Processes queued events; appends one update per choice that has news.
   void drain(std::vector<ChoiceUpdate>* updates);
+  // Empties *updates, keeping its updates' buffers for the next drain (a stream drains once
+  // per engine step: this keeps that from allocating each time).
+  void recycle(std::vector<ChoiceUpdate>* updates);
   bool done() const { return finished_ == int(choices_.size()); }
   // Cancels what is still running; client_gone also records it for the latency metric.
   void cancel(bool client_gone = false);
@@ -137,6 +140,8 @@ class Generation {
   std::shared_ptr<EventQueue> queue_;
   std::vector<ChoiceState> choices_;
   std::vector<QueuedEvent> events_;
+  std::vector<ChoiceUpdate> spare_updates_;  // emptied updates whose buffers drain() reuses
+  std::vector<Segment> fresh_;               // one event's parsed segments
   int finished_ = 0;
   bool parse_ = false;
   std::string id_;

@@ -302,7 +302,7 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
       res.set_header("Connection", "close");
       return;
     }
-    updates.clear();
+    gen->recycle(&updates);
     gen->drain(&updates);
   }
   for (const auto& c : gen->choices()) {

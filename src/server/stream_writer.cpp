@@ -236,7 +236,7 @@ void StreamWriter::pass(Stream& s) {
   if (s.ended || s.closing) return;
   if (s.fd < 0 && s.handle->relay_failed_.load()) return gone(s);
   if (!s.gen->has_events()) return;
-  s.updates.clear();
+  s.gen->recycle(&s.updates);
   s.gen->drain(&s.updates);
   s.text.clear();
   if (s.anthropic) {

@@ -199,6 +199,42 @@ TEST_F(StreamWriterTest, ChunksPerStepAndTokensEqualNonStreaming) {
   }
 }
 
+// Drains reuse their updates' buffers (recycle): each pass must still report only that pass's
+// news: the texts and tokens of all passes add up to each choice's whole output, once.
+TEST_F(StreamWriterTest, RecycledUpdatesCarryOnlyEachPassesNews) {
+  auto gen =
+      start(R"({"prompt":"The quick brown fox","max_tokens":40,"temperature":0,"ignore_eos":true,)"
+            R"("logprobs":2,"n":2,"stream":true})");
+  std::vector<ChoiceUpdate> updates;
+  std::vector<std::string> text(2);
+  std::vector<int> tokens(2, 0), finished(2, 0);
+  int passes = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!gen->done() && std::chrono::steady_clock::now() < deadline) {
+    if (!gen->has_events()) {  // poll: drain a few steps' news at a time, as the writer does
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      continue;
+    }
+    gen->recycle(&updates);
+    ASSERT_TRUE(updates.empty());
+    gen->drain(&updates);
+    ++passes;
+    for (const ChoiceUpdate& u : updates) {
+      ASSERT_TRUE(u.index == 0 || u.index == 1);
+      text[size_t(u.index)] += u.text;
+      tokens[size_t(u.index)] += int(u.tokens.size());
+      finished[size_t(u.index)] += u.finished ? 1 : 0;
+    }
+  }
+  EXPECT_GT(passes, 2);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(text[i], gen->choices()[i].text) << "choice " << i;
+    EXPECT_EQ(tokens[i], 40) << "choice " << i;
+    EXPECT_EQ(tokens[i], gen->choices()[i].generated) << "choice " << i;
+    EXPECT_EQ(finished[i], 1) << "choice " << i;
+  }
+}
+
 TEST_F(StreamWriterTest, SlowReaderGetsEverythingOnceItReads) {
   const std::string body =
       R"({"prompt":[5,6,7],"max_tokens":300,"temperature":0,"ignore_eos":true,"return_token_ids":true,"logprobs":5})";
