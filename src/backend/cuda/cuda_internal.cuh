@@ -21,6 +21,9 @@ namespace recur::cuda {
 [[noreturn]] void cuda_failed(const char* expr, cudaError_t err, const char* file, int line);
 [[noreturn]] void cublas_failed(const char* expr, cublasStatus_t st, const char* file, int line);
 [[noreturn]] void fatal(const char* what);
+// An on/off switch from the environment: off only when the variable is set to 0 (the A/B
+// switches RECUR_CUDA_PDL, _GRAPHS, _ATTN_DECODE, _GEMV_PRELOAD, _MOE_TENSOR_CORES).
+bool env_switch_on(const char* name);
 
 }  // namespace recur::cuda
 

@@ -29,11 +29,13 @@ void fatal(const char* what) {
   std::abort();
 }
 
+bool env_switch_on(const char* name) {
+  const char* v = std::getenv(name);
+  return !(v && v[0] == '0');
+}
+
 bool pdl_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("RECUR_CUDA_PDL");
-    return !(v && v[0] == '0');
-  }();
+  static const bool on = env_switch_on("RECUR_CUDA_PDL");
   return on;
 }
 
@@ -162,10 +164,9 @@ Result<std::unique_ptr<CudaOps>> CudaOps::create(int device) {
   s.main_stream = s.stream;
   RECUR_CUDA_CHECK(cudaStreamCreateWithFlags(&s.capture_stream, cudaStreamNonBlocking));
   RECUR_CUDA_CHECK(cudaEventCreateWithFlags(&s.capture_fork, cudaEventDisableTiming));
-  const char* graphs = std::getenv("RECUR_CUDA_GRAPHS");
   const char* profile = std::getenv("RECUR_CUDA_PROFILE");
   s.profile = profile && profile[0] == '1';
-  s.graphs = !(graphs && graphs[0] == '0') && !s.debug_sync && !s.profile;
+  s.graphs = cuda::env_switch_on("RECUR_CUDA_GRAPHS") && !s.debug_sync && !s.profile;
   RECUR_CUDA_CHECK(cudaEventCreateWithFlags(&s.upload_done, cudaEventDisableTiming));
   RECUR_CUBLAS_CHECK(cublasCreate(&s.cublas));
   RECUR_CUBLAS_CHECK(cublasSetStream(s.cublas, s.stream));

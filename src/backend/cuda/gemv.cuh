@@ -56,19 +56,14 @@ __device__ __forceinline__ Chunk<W> load_chunk(const W* p) {
   return widen_chunk<W>(load_streaming(p));
 }
 
-// acc[r][t] += chunk c of weight row r times the same chunk of activation row t (and acc2
-// with the second weight when kDual): the inner step of every GEMV over bf16/f16/f32 rows.
+// acc[r][t] += the loaded chunk c of weight row r (wc[r], and wc2[r] into acc2 when kDual)
+// times the same chunk of activation row t.
 template <typename W, int R, int NT, bool kDual>
-__device__ __forceinline__ void fma_chunk(const W* const (&wr)[R], const W* const (&wr2)[R],
-                                          const float* const (&xr)[NT], int64_t c,
-                                          float (&acc)[R][NT], float (&acc2)[R][NT]) {
+__device__ __forceinline__ void fma_loaded(const Chunk<W> (&wc)[R],
+                                           const Chunk<W> (&wc2)[kDual ? R : 1],
+                                           const float* const (&xr)[NT], int64_t c,
+                                           float (&acc)[R][NT], float (&acc2)[R][NT]) {
   constexpr int E = Chunk<W>::kElems;
-  Chunk<W> wc[R], wc2[kDual ? R : 1];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    wc[r] = load_chunk(wr[r] + c * E);
-    if constexpr (kDual) wc2[r] = load_chunk(wr2[r] + c * E);
-  }
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
     float xv[E];
@@ -88,28 +83,30 @@ __device__ __forceinline__ void fma_chunk(const W* const (&wr)[R], const W* cons
   }
 }
 
-// fma_chunk's arithmetic for chunk c of R rows already loaded (raw[r]), no second weight.
+// fma_loaded of chunk c loaded from the rows wr (and wr2 when kDual): the inner step of every
+// GEMV over bf16/f16/f32 rows.
+template <typename W, int R, int NT, bool kDual>
+__device__ __forceinline__ void fma_chunk(const W* const (&wr)[R], const W* const (&wr2)[R],
+                                          const float* const (&xr)[NT], int64_t c,
+                                          float (&acc)[R][NT], float (&acc2)[R][NT]) {
+  constexpr int E = Chunk<W>::kElems;
+  Chunk<W> wc[R], wc2[kDual ? R : 1];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    wc[r] = load_chunk(wr[r] + c * E);
+    if constexpr (kDual) wc2[r] = load_chunk(wr2[r] + c * E);
+  }
+  fma_loaded<W, R, NT, kDual>(wc, wc2, xr, c, acc, acc2);
+}
+
+// fma_loaded of chunk c of R rows already loaded (raw[r]), no second weight.
 template <typename W, int R, int NT>
 __device__ __forceinline__ void fma_chunk_raw(const uint4 (&raw)[R], const float* const (&xr)[NT],
                                               int64_t c, float (&acc)[R][NT]) {
-  constexpr int E = Chunk<W>::kElems;
-  Chunk<W> wc[R];
+  Chunk<W> wc[R], unused[1];
 #pragma unroll
   for (int r = 0; r < R; ++r) wc[r] = widen_chunk<W>(raw[r]);
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    float xv[E];
-#pragma unroll
-    for (int q = 0; q < E; q += 4) {
-      const float4 f = __ldg(reinterpret_cast<const float4*>(xr[t] + c * E + q));
-      xv[q] = f.x, xv[q + 1] = f.y, xv[q + 2] = f.z, xv[q + 3] = f.w;
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-#pragma unroll
-      for (int q = 0; q < E; ++q) acc[r][t] = fmaf(wc[r].v[q], xv[q], acc[r][t]);
-    }
-  }
+  fma_loaded<W, R, NT, false>(wc, unused, xr, c, acc, acc);
 }
 
 // The first kPre chunks this thread streams of each of a block's R rows (w: the block's first

@@ -37,10 +37,7 @@ constexpr int kDecodeMaxTokens = 64;
 
 // False when RECUR_CUDA_ATTN_DECODE=0 (the warp kernel for every batch, for comparison).
 bool decode_kernel_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("RECUR_CUDA_ATTN_DECODE");
-    return !(v && v[0] == '0');
-  }();
+  static const bool on = env_switch_on("RECUR_CUDA_ATTN_DECODE");
   return on;
 }
 

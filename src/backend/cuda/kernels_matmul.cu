@@ -147,10 +147,7 @@ __global__ void sum3_kernel(const float* terms, int64_t n, int64_t m, float* out
 }
 
 bool gemv_preload_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("RECUR_CUDA_GEMV_PRELOAD");
-    return !(e && e[0] == '0');
-  }();
+  static const bool on = env_switch_on("RECUR_CUDA_GEMV_PRELOAD");
   return on;
 }
 

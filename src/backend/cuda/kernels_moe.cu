@@ -325,11 +325,7 @@ __global__ void __launch_bounds__(kGemvThreads) moe_gemv_kernel(MoeGemmArgs a) {
   const int64_t orow0 = int64_t(blockIdx.x) * R;
   const int rows = int(min64(R, a.m - orow0));
   const float* xr[NT];
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    const int r = row0 + (t < nt ? t : 0);
-    xr[t] = a.x + (a.x_row ? int64_t(a.x_row[r]) : int64_t(r)) * a.ldx;
-  }
+  moe_tile_rows<NT>(a, row0, nt, xr);
   const W* w = static_cast<const W*>(a.w[e]) + orow0 * a.k;
   const W* w2 = kDual ? static_cast<const W*>(a.w2[e]) + orow0 * a.k : nullptr;
   float acc[R][NT] = {}, acc2[R][NT] = {};
@@ -363,11 +359,7 @@ __global__ void __launch_bounds__(kGemvThreads) moe_gemv_warp_kernel(MoeGemmArgs
   if (!moe_tile(a, blockIdx.y, e, row0, nt)) return;
   const int rows = int(min64(RW, a.m - orow0));
   const float* xr[NT];
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    const int r = row0 + (t < nt ? t : 0);
-    xr[t] = a.x + (a.x_row ? int64_t(a.x_row[r]) : int64_t(r)) * a.ldx;
-  }
+  moe_tile_rows<NT>(a, row0, nt, xr);
   const W* wr[RW];
   const W* wr2[RW];
 #pragma unroll
@@ -560,10 +552,7 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
   // for tensor cores, 8 for f32 experts. RECUR_CUDA_MOE_TENSOR_CORES=0 keeps the GEMV core.
   const bool small = n <= CudaOps::kGemvMaxTokens;
   const bool few_per_expert = !small && pairs <= 4 * E;
-  static const bool allow_tc = [] {
-    const char* e = std::getenv("RECUR_CUDA_MOE_TENSOR_CORES");
-    return !(e && e[0] == '0');
-  }();
+  static const bool allow_tc = env_switch_on("RECUR_CUDA_MOE_TENSOR_CORES");
   const bool tensor_cores = allow_tc && !small && !few_per_expert && wdt != DType::F32;
   const int tm = small            ? (n == 1 ? 1 : 2)
                  : few_per_expert ? (pairs <= E ? 2 : 4)

@@ -46,6 +46,18 @@ __device__ __forceinline__ bool moe_tile(const MoeGemmArgs& a, int tile, int& e,
   return true;
 }
 
+// The activation rows of a tile's nt tokens starting at row0 (slots ≥ nt repeat the first,
+// valid memory whose results are discarded).
+template <int NT>
+__device__ __forceinline__ void moe_tile_rows(const MoeGemmArgs& a, int row0, int nt,
+                                              const float* (&xr)[NT]) {
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const int r = row0 + (t < nt ? t : 0);
+    xr[t] = a.x + (a.x_row ? int64_t(a.x_row[r]) : int64_t(r)) * a.ldx;
+  }
+}
+
 // Tensor-core grouped GEMM (moe_wmma.cu): 64×64 output tiles, bf16 (or f16) operands with f32
 // accumulation; the activations are split exactly into three terms of the weights' type.
 constexpr int kWmmaTileRows = 64;
