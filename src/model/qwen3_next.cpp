@@ -408,8 +408,12 @@ Status Qwen3Next::forward(const Batch& batch, Tensor logits) {
   const float eps = cfg_.rms_norm_eps;
   Tensor h = ws_.h.slice_rows(0, n), x = ws_.x.slice_rows(0, n);
 
-  ops_.embedding(batch.tokens.data(), n, embed_tokens_, h);
-  if (!layers_.empty()) ops_.rms_norm(h, layers_.front().input_norm, 1.0f, eps, x);
+  if (layers_.empty()) {
+    ops_.embedding(batch.tokens.data(), n, embed_tokens_, h);
+  } else {
+    ops_.embedding_rms_norm(batch.tokens.data(), n, embed_tokens_, h, layers_.front().input_norm,
+                            1.0f, eps, x);
+  }
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& L = layers_[i];
     if (L.kind == LayerKind::kLinearAttention) {
@@ -426,16 +430,22 @@ Status Qwen3Next::forward(const Batch& batch, Tensor logits) {
     }
     if (i + 1 < layers_.size()) {
       ops_.add_rms_norm(h, ws_.ffn_out.slice_rows(0, n), layers_[i + 1].input_norm, 1.0f, eps, x);
-    } else {
-      ops_.add(h, ws_.ffn_out.slice_rows(0, n));
     }
   }
-  // Only the rows whose logits are wanted go through the final norm and the LM head.
+  // Only the rows whose logits are wanted go through the final norm and the LM head; when that
+  // is every row in order (decode), the last residual add fuses with the final norm.
   const int r = int(batch.logit_rows.size());
-  if (r == 0) return Status();
+  bool all_rows = r == n && !layers_.empty();
+  for (int i = 0; all_rows && i < r; ++i) all_rows = batch.logit_rows[size_t(i)] == i;
   Tensor fh = ws_.final_h.slice_rows(0, r);
-  ops_.gather_rows(h, batch.logit_rows.data(), r, fh);
-  ops_.rms_norm(fh, final_norm_, 1.0f, eps, fh);
+  if (all_rows) {
+    ops_.add_rms_norm(h, ws_.ffn_out.slice_rows(0, n), final_norm_, 1.0f, eps, fh);
+  } else {
+    if (!layers_.empty()) ops_.add(h, ws_.ffn_out.slice_rows(0, n));
+    if (r == 0) return Status();
+    ops_.gather_rows(h, batch.logit_rows.data(), r, fh);
+    ops_.rms_norm(fh, final_norm_, 1.0f, eps, fh);
+  }
   ops_.matmul(fh, lm_head_, logits.slice_rows(0, r));
   return Status();
 }
@@ -478,14 +488,12 @@ void Qwen3Next::gated_delta_net(const Layer& L, const SeqLayout& sl, int n) {
   };
   Tensor q = heads_view(0, hk, dk), k = heads_view(key_dim(), hk, dk);
   Tensor v = heads_view(2 * key_dim(), hv, dv);
+  // The delta rule, then a gated RMSNorm per value head with silu(z); the output projection.
   Tensor core = ws_.core_out.slice_rows(0, n).reshaped({n, hv, dv});
-  ops_.gated_delta_rule(q, k, v, g, beta, state_.delta[size_t(L.state_index)], sl, core,
-                        ws_.gdn_scratch);
-
-  // Gated RMSNorm per value head with silu(z), then the output projection.
   Tensor normed = ws_.core_normed.slice_rows(0, n);
-  ops_.rms_norm_gated(core, z.reshaped({n, hv, dv}), w.norm, cfg_.rms_norm_eps,
-                      normed.reshaped({n, hv, dv}));
+  ops_.gated_delta_rule_norm(q, k, v, g, beta, state_.delta[size_t(L.state_index)], sl, core,
+                             ws_.gdn_scratch, z.reshaped({n, hv, dv}), w.norm, cfg_.rms_norm_eps,
+                             normed.reshaped({n, hv, dv}));
   ops_.matmul(normed, w.out_proj, ws_.mixer_out.slice_rows(0, n));
 }
 
@@ -517,8 +525,7 @@ void Qwen3Next::attention(const Layer& L, const SeqLayout& sl, int n) {
   }
   Tensor q3 = q.reshaped({n, heads, hd});
   Tensor out = ws_.attn_out.slice_rows(0, n);
-  ops_.paged_attention(q3, kc, vc, sl, 1.0f / std::sqrt(float(hd)), out.reshaped({n, heads, hd}));
-  ops_.mul_sigmoid(out, gate);
+  ops_.paged_attention_gated(q3, kc, vc, sl, 1.0f / std::sqrt(float(hd)), gate, out);
   ops_.matmul(out, w.o_proj, ws_.mixer_out.slice_rows(0, n));
 }
 

@@ -120,6 +120,29 @@ void Ops::moe_experts_shared(const Tensor& x, std::span<const ExpertWeights> exp
   add_scaled_sigmoid(out, shared.out, shared.score);
 }
 
+void Ops::paged_attention_gated(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                const SeqLayout& layout, float scale, const Tensor& gate,
+                                Tensor out) {
+  paged_attention(q, k_cache, v_cache, layout, scale,
+                  out.reshaped({q.shape[0], q.shape[1], q.shape[2]}));
+  mul_sigmoid(out, gate);
+}
+
+void Ops::embedding_rms_norm(const int32_t* ids, int n, const Tensor& table, Tensor out,
+                             const Tensor& w, float weight_offset, float eps, Tensor normed) {
+  embedding(ids, n, table, out);
+  rms_norm(out, w, weight_offset, eps, normed);
+}
+
+void Ops::gated_delta_rule_norm(const Tensor& q, const Tensor& k, const Tensor& v,
+                                const Tensor& g, const Tensor& beta, Tensor state,
+                                const SeqLayout& layout, Tensor out, Tensor scratch,
+                                const Tensor& gate, const Tensor& norm_w, float eps,
+                                Tensor normed) {
+  gated_delta_rule(q, k, v, g, beta, state, layout, out, scratch);
+  rms_norm_gated(out, gate, norm_w, eps, normed);
+}
+
 double Ops::measure_copy_bandwidth(size_t bytes) {
   std::vector<uint8_t> a(bytes, 1), b(bytes, 2);
   std::memcpy(b.data(), a.data(), bytes);  // warm

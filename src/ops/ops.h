@@ -130,6 +130,10 @@ class Ops {
   // ---- row-wise ----
   // out[n, d] = f32(table[ids[i], :])
   virtual void embedding(const int32_t* ids, int n, const Tensor& table, Tensor out) = 0;
+  // embedding into out, then rms_norm(out, w, weight_offset, eps, normed): which the default
+  // calls; a backend may fuse them.
+  virtual void embedding_rms_norm(const int32_t* ids, int n, const Tensor& table, Tensor out,
+                                  const Tensor& w, float weight_offset, float eps, Tensor normed);
   // out[n, d] = x[rows[i], :]
   virtual void gather_rows(const Tensor& x, const int32_t* rows, int n, Tensor out) = 0;
   // out[n, m] = x[n, k] · w[m, k]^T, or out += that when accumulate; w row-major or as
@@ -192,6 +196,14 @@ class Ops {
                                 Tensor out, Tensor scratch,
                                 DeltaRuleForm form = DeltaRuleForm::kAuto) = 0;
   virtual size_t gated_delta_rule_scratch_bytes(int dk, int dv) const = 0;
+  // gated_delta_rule into out, then rms_norm_gated(out, gate, norm_w, eps, normed) over each
+  // value head: which the default calls; a backend may fuse them.  gate, normed [n, Hv, dv];
+  // norm_w [dv].
+  virtual void gated_delta_rule_norm(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const Tensor& g, const Tensor& beta, Tensor state,
+                                     const SeqLayout& layout, Tensor out, Tensor scratch,
+                                     const Tensor& gate, const Tensor& norm_w, float eps,
+                                     Tensor normed);
 
   // The gated-attention input stage (see AttentionInputArgs): the results of split_groups (qg
   // into q and gate), rms_norm of q and k per head, rope on q and k, and kv_cache_write of k
@@ -208,6 +220,11 @@ class Ops {
   // q, out [n, heads, hd]; heads a multiple of kv_heads (grouped-query attention).
   virtual void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                const SeqLayout& layout, float scale, Tensor out) = 0;
+  // paged_attention into out, then mul_sigmoid(out, gate) (gated attention's output gate):
+  // which the default calls; a backend may fuse them.  gate, out [n, heads·hd].
+  virtual void paged_attention_gated(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                     const SeqLayout& layout, float scale, const Tensor& gate,
+                                     Tensor out);
 
   // ---- mixture of experts ----
   // softmax(logits [n, E]) in f32, top-k (ties to the lower index), renormalised when

@@ -1,6 +1,8 @@
 // MoE routing and experts on the GPU against the CPU scalar references. Routing ids must match
 // exactly and weights to 1e-6. Experts: every path (GEMV core, f32 experts, tensor cores on
 // activations split exactly into three 16-bit terms) is f32-class: ≤ 1e-5 relative.
+#include <cstring>
+
 #include "backend/cpu/reference.h"
 #include "cuda/cuda_test_util.h"
 
@@ -99,6 +101,33 @@ TEST_F(CudaMoe, ExpertsMatchReferenceOnEveryPath) {
       EXPECT_LE(err, 1e-5) << dtype_name(dt) << " n=" << c.n << " E=" << c.E << " d=" << c.d
                            << " ff=" << c.ff;
     }
+  }
+}
+
+// One token takes the direct path (no sort; the down launch reads its experts and loads their
+// weights before its PDL wait): its output equals the same token's row in a two-token call bit
+// for bit.
+TEST_F(CudaMoe, OneTokenExpertsEqualTheirRowInABatch) {
+  const int64_t E = 64, k = 10, d = 2048, ff = 512;
+  for (DType dt : {DType::BF16, DType::F32}) {
+    Experts ex = make_experts(ops(), E, d, ff, dt, rng);
+    HostTensor logits(DType::F32, {2, E}), x(DType::F32, {2, d});
+    fill_random(logits, rng, 2.0f);
+    fill_random(x, rng);
+    HostTensor ids(DType::I32, {2, k}), w(DType::F32, {2, k}), out(DType::F32, {2, d});
+    DeviceTensor dl = dev(logits), dx = dev(x), dids = poisoned(ids), dw = poisoned(w);
+    ops().moe_route(dl.t, int(k), true, dids.t, dw.t);
+    HostTensor got[2] = {out, out};
+    for (int64_t n : {1, 2}) {
+      HostTensor scratch_h(DType::U8, {int64_t(ops().moe_experts_scratch_bytes(
+                                          int(n), int(k), int(E), int(d), int(ff)))});
+      DeviceTensor dout = poisoned(out), scratch = poisoned(scratch_h);
+      ops().moe_experts(dx.t.slice_rows(0, n), ex.d, dids.t.slice_rows(0, n),
+                        dw.t.slice_rows(0, n), dout.t.slice_rows(0, n), scratch.t);
+      got[n - 1] = host(dout, out);
+    }
+    ASSERT_EQ(count_nonfinite(got[0].f(), d), 0);
+    EXPECT_EQ(std::memcmp(got[0].f(), got[1].f(), size_t(d) * 4), 0) << dtype_name(dt);
   }
 }
 

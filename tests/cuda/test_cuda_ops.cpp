@@ -464,5 +464,33 @@ TEST_F(CudaBasic, EmbeddingAndGatherRowsViaMirrorAndAdHocUploads) {
   }
 }
 
+// The embedding with the first layer's norm in one kernel equals embedding then rms_norm bit
+// for bit: rows narrower than a block norm's width (a warp per row) and wider (a block per row).
+TEST_F(CudaBasic, EmbeddingRmsNormEqualsTheTwoOps) {
+  const std::vector<int32_t> tokens = {3, 49, 0, 7, 7};
+  for (DType dt : {DType::BF16, DType::F32}) {
+    for (int64_t d : {64, 2048}) {
+      HostTensor table(dt, {50, d}), w(dt, {d});
+      fill_random(table, rng);
+      fill_random(w, rng, 0.2f);
+      const Tensor dtab = ops().adopt_weight(table.t).value(), dw = ops().adopt_weight(w.t).value();
+      HostTensor h(DType::F32, {5, d});
+      HostTensor got_h[2] = {h, h}, got_x[2] = {h, h};
+      for (int path = 0; path < 2; ++path) {  // the backend's op, then the default's two ops
+        DeviceTensor dh = poisoned(h), dx = poisoned(h);
+        if (path == 0) {
+          ops().embedding_rms_norm(tokens.data(), 5, dtab, dh.t, dw, 1.0f, 1e-6f, dx.t);
+        } else {
+          ops().Ops::embedding_rms_norm(tokens.data(), 5, dtab, dh.t, dw, 1.0f, 1e-6f, dx.t);
+        }
+        got_h[path] = host(dh, h), got_x[path] = host(dx, h);
+      }
+      ASSERT_EQ(count_nonfinite(got_x[0].f(), h.numel()), 0);
+      EXPECT_EQ(std::memcmp(got_h[0].f(), got_h[1].f(), size_t(h.numel()) * 4), 0) << d;
+      EXPECT_EQ(std::memcmp(got_x[0].f(), got_x[1].f(), size_t(h.numel()) * 4), 0) << d;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace recur

@@ -1,6 +1,8 @@
 // Sequence-wise CUDA ops (conv, gated delta rule, paged attention) against the CPU scalar
 // references on ragged batches whose segments straddle the 64-token chunk, with initial states.
 // All f32 arithmetic: conv ≤ 1e-5, delta rule ≤ 2e-5 (as the CPU kernels), attention ≤ 2e-5.
+#include <cstring>
+
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/reference.h"
 #include "cuda/cuda_test_util.h"
@@ -308,6 +310,56 @@ TEST_F(CudaSequence, DeltaRuleRaggedBatchEqualsSeparateCalls) {
   EXPECT_EQ(max_abs_diff(host(s_all, state).f(), host(s_sep, state).f(), state.numel()), 0.0);
 }
 
+// The delta rule with the gated norm (one kernel when every sequence has one token) against
+// the two ops it fuses, bit for bit: out, normed and state; heads of 128 (the model's), 96 and
+// 32 channels; f32 and bf16 norm weights; and a batch with a prompt (the two ops run).
+TEST_F(CudaSequence, DeltaRuleNormEqualsTheTwoOps) {
+  struct Case {
+    int64_t hk, hv, dk, dv;
+    std::vector<int> lens;
+  };
+  const Case cases[] = {{2, 4, 128, 128, {1, 1, 1}},
+                        {1, 3, 16, 96, {1, 1}},
+                        {2, 2, 64, 32, {1}},
+                        {2, 4, 128, 128, {1, 7, 1}}};
+  for (DType wt : {DType::F32, DType::BF16}) {
+    for (const Case& c : cases) {
+      Layout lay(c.lens, std::vector<int>(c.lens.size(), 0), 16, rng);
+      const int64_t n = lay.l.n_tokens, n_seqs = int64_t(c.lens.size());
+      DeltaInputs in(n, c.hk, c.hv, c.dk, c.dv, rng);
+      HostTensor state(DType::F32, {n_seqs, c.hv, c.dk, c.dv}), gate(DType::F32, {n, c.hv, c.dv});
+      HostTensor w(wt, {c.dv}), out(DType::F32, {n, c.hv, c.dv});
+      fill_random(state, rng, 0.2f);
+      fill_random(gate, rng);
+      fill_random(w, rng, 0.5f, 1.0f);
+      DeviceTensor dq = dev(in.q), dk_ = dev(in.k), dv_ = dev(in.v), dg = dev(in.g);
+      DeviceTensor db = dev(in.beta), dgate = dev(gate);
+      const Tensor dw = ops().adopt_weight(w.t).value();
+      HostTensor got_out[2] = {out, out}, got_norm[2] = {out, out}, got_state[2] = {state, state};
+      for (int path = 0; path < 2; ++path) {  // the backend's op, then the default's two ops
+        DeviceTensor ds = dev(state), dout = poisoned(out), dnorm = poisoned(out);
+        ops().begin_forward(lay.l, {}, {});
+        if (path == 0) {
+          ops().gated_delta_rule_norm(dq.t, dk_.t, dv_.t, dg.t, db.t, ds.t, lay.l, dout.t, Tensor{},
+                                      dgate.t, dw, 1e-6f, dnorm.t);
+        } else {
+          ops().Ops::gated_delta_rule_norm(dq.t, dk_.t, dv_.t, dg.t, db.t, ds.t, lay.l, dout.t,
+                                           Tensor{}, dgate.t, dw, 1e-6f, dnorm.t);
+        }
+        got_out[path] = host(dout, out), got_norm[path] = host(dnorm, out);
+        got_state[path] = host(ds, state);
+      }
+      const std::string what = std::string(dtype_name(wt)) + " dk=" + std::to_string(c.dk) +
+                               " dv=" + std::to_string(c.dv) + " seqs=" + std::to_string(n_seqs);
+      ASSERT_EQ(count_nonfinite(got_norm[0].f(), out.numel()), 0) << what;
+      EXPECT_EQ(std::memcmp(got_out[0].f(), got_out[1].f(), size_t(out.numel()) * 4), 0) << what;
+      EXPECT_EQ(std::memcmp(got_norm[0].f(), got_norm[1].f(), size_t(out.numel()) * 4), 0) << what;
+      EXPECT_EQ(std::memcmp(got_state[0].f(), got_state[1].f(), size_t(state.numel()) * 4), 0)
+          << what;
+    }
+  }
+}
+
 // Decode tokens with long histories (context splits and their merge), a fresh prompt and a
 // chunk continuing a prompt; group sizes 1, 2, 3, 4, 8 (the model's) and 16 (the tiled
 // fallback); head dims 20, 64, 128 and 256 (multiples of 32 at few tokens: the decode kernel).
@@ -354,6 +406,15 @@ TEST_F(CudaSequence, PagedAttentionMatchesReferenceOnRaggedBatchesWithHistory) {
     const double err = max_abs_diff(host(dout, out).f(), ref.f(), out.numel());
     record_error("paged_attention", err);
     EXPECT_LE(err, 2e-5) << "group=" << c.group << " hd=" << hd << " first=" << c.first[0];
+    // With the output gate: paged_attention then mul_sigmoid, bit for bit.
+    HostTensor gate(DType::F32, {n, heads * hd}), flat = gate;
+    fill_random(gate, rng);
+    DeviceTensor dgate = dev(gate), gated = poisoned(flat), composed = poisoned(flat);
+    ops().paged_attention_gated(dq.t, dkc.t, dvc.t, lay.l, scale, dgate.t, gated.t);
+    ops().Ops::paged_attention_gated(dq.t, dkc.t, dvc.t, lay.l, scale, dgate.t, composed.t);
+    EXPECT_EQ(std::memcmp(host(gated, flat).f(), host(composed, flat).f(), size_t(flat.numel()) * 4),
+              0)
+        << "gated, group=" << c.group << " hd=" << hd;
   }
 }
 

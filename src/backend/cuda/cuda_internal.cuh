@@ -158,6 +158,7 @@ struct CudaOps::Impl {
   void* grow(Buffer& b, size_t bytes, const char* what);  // outside forwards only (ad hoc)
   const void* const* expert_table(std::span<const ExpertWeights> experts);
   void launched(const char* what);  // checks the launch (and synchronises when debugging)
+  void disable_graph_kernels(cudaGraph_t graph, cudaGraphExec_t exec, const char* patterns);
 
  private:
   const int32_t* find_mirrored(const int32_t* host, int64_t count) const;

@@ -5,6 +5,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <cxxabi.h>
+#include <string>
+#include <vector>
 
 #include "backend/cuda/cuda_internal.cuh"
 
@@ -386,6 +389,8 @@ void CudaOps::Impl::start_forward(const SeqLayout& l, int n_logits, const void* 
   DecodeGraph& g = decode_graphs[size_t(found)];
   current_graph = found;
   if (g.exec) {
+    // The graph goes to the GPU now, behind the upload; the forward's ops then only return.
+    RECUR_CUDA_CHECK(cudaGraphLaunch(g.exec, main_stream));
     mode = Mode::kReplaying;
   } else if (g.runs++ >= 1) {
     // The capture runs on its own non-blocking stream, ordered after the upload.
@@ -403,20 +408,68 @@ void CudaOps::Impl::start_forward(const SeqLayout& l, int n_logits, const void* 
 
 void CudaOps::Impl::end_forward() {
   if (mode == Mode::kEager) return;
-  DecodeGraph& g = decode_graphs[size_t(current_graph)];
-  if (mode == Mode::kCapturing) {
-    cudaGraph_t graph = nullptr;
-    RECUR_CUDA_CHECK(cudaStreamEndCapture(capture_stream, &graph));
-    stream = main_stream;
-    RECUR_CUBLAS_CHECK(cublasSetStream(cublas, stream));
-    RECUR_CUBLAS_CHECK(
-        cublasSetWorkspace(cublas, cublas_workspace.data(), cublas_workspace.bytes()));
-    RECUR_CUDA_CHECK(cudaGraphInstantiate(&g.exec, graph, 0));
-    RECUR_CUDA_CHECK(cudaGraphDestroy(graph));
+  if (mode == Mode::kReplaying) {  // launched by start_forward
+    mode = Mode::kEager;
+    current_graph = -1;
+    return;
   }
+  // Capturing: the graph is made and then runs this forward.
+  DecodeGraph& g = decode_graphs[size_t(current_graph)];
+  cudaGraph_t graph = nullptr;
+  RECUR_CUDA_CHECK(cudaStreamEndCapture(capture_stream, &graph));
+  stream = main_stream;
+  RECUR_CUBLAS_CHECK(cublasSetStream(cublas, stream));
+  RECUR_CUBLAS_CHECK(cublasSetWorkspace(cublas, cublas_workspace.data(), cublas_workspace.bytes()));
+  RECUR_CUDA_CHECK(cudaGraphInstantiate(&g.exec, graph, 0));
+  static const char* disabled = std::getenv("RECUR_CUDA_DISABLE_KERNELS");
+  if (disabled && *disabled) disable_graph_kernels(graph, g.exec, disabled);
+  RECUR_CUDA_CHECK(cudaGraphDestroy(graph));
   mode = Mode::kEager;
   current_graph = -1;
   RECUR_CUDA_CHECK(cudaGraphLaunch(g.exec, main_stream));
+}
+
+// Measurement only (RECUR_CUDA_DISABLE_KERNELS="pattern;pattern"): the decode graph's kernels
+// whose demangled names contain a pattern become no-ops, so a step's time without them shows
+// what they cost inside the graph (their outputs are then stale: results are meaningless).
+void CudaOps::Impl::disable_graph_kernels(cudaGraph_t graph, cudaGraphExec_t exec,
+                                          const char* patterns) {
+  std::vector<std::string> pats;
+  for (const char* p = patterns; *p;) {
+    const char* e = std::strchr(p, ';');
+    const size_t len = e ? size_t(e - p) : std::strlen(p);
+    if (len > 0) pats.emplace_back(p, len);
+    p += len + (e ? 1 : 0);
+  }
+  size_t n = 0;
+  RECUR_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  RECUR_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
+  int n_kernels = 0, n_off = 0;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type;
+    RECUR_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+    if (type != cudaGraphNodeTypeKernel) continue;
+    ++n_kernels;
+    cudaKernelNodeParams params{};
+    RECUR_CUDA_CHECK(cudaGraphKernelNodeGetParams(node, &params));
+    const char* raw = nullptr;
+    if (cudaFuncGetName(&raw, params.func) != cudaSuccess || !raw) continue;
+    int status = 0;
+    char* dem = abi::__cxa_demangle(raw, nullptr, nullptr, &status);
+    const std::string name = status == 0 && dem ? dem : raw;
+    std::free(dem);
+    bool off = false;
+    for (const std::string& p : pats) off = off || name.find(p) != std::string::npos;
+    if (off) {
+      RECUR_CUDA_CHECK(cudaGraphNodeSetEnabled(exec, node, 0));
+      ++n_off;
+    }
+    std::fprintf(stderr, "recur: decode graph kernel %s%s\n", off ? "(disabled) " : "",
+                 name.substr(0, 120).c_str());
+  }
+  std::fprintf(stderr, "recur: RECUR_CUDA_DISABLE_KERNELS: %d of %d kernels disabled\n", n_off,
+               n_kernels);
 }
 
 const int32_t* CudaOps::Impl::find_mirrored(const int32_t* host, int64_t count) const {

@@ -45,6 +45,8 @@ class CudaOps final : public Ops {
   double measure_copy_bandwidth(size_t bytes) override;  // cudaMemcpy device to device
 
   void embedding(const int32_t* ids, int n, const Tensor& table, Tensor out) override;
+  void embedding_rms_norm(const int32_t* ids, int n, const Tensor& table, Tensor out,
+                          const Tensor& w, float weight_offset, float eps, Tensor normed) override;
   void gather_rows(const Tensor& x, const int32_t* rows, int n, Tensor out) override;
   void matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulate = false) override;
   // Up to kGemvMaxTokens tokens: one GEMV launch over all the weights' rows.
@@ -76,6 +78,10 @@ class CudaOps final : public Ops {
   void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                         const Tensor& beta, Tensor state, const SeqLayout& layout, Tensor out,
                         Tensor scratch, DeltaRuleForm form = DeltaRuleForm::kAuto) override;
+  void gated_delta_rule_norm(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                             const Tensor& beta, Tensor state, const SeqLayout& layout, Tensor out,
+                             Tensor scratch, const Tensor& gate, const Tensor& norm_w, float eps,
+                             Tensor normed) override;
   size_t gated_delta_rule_scratch_bytes(int dk, int dv) const override;
 
   // One kernel per token for the common shapes; else the default's ops.
@@ -84,6 +90,9 @@ class CudaOps final : public Ops {
                       const SeqLayout& layout) override;
   void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                        const SeqLayout& layout, float scale, Tensor out) override;
+  void paged_attention_gated(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                             const SeqLayout& layout, float scale, const Tensor& gate,
+                             Tensor out) override;
 
   void moe_route(const Tensor& logits, int k, bool norm_topk, Tensor ids, Tensor weights) override;
   void moe_experts(const Tensor& x, std::span<const ExpertWeights> experts, const Tensor& ids,

@@ -50,6 +50,8 @@ struct AttnArgs {
   int64_t vc_s0, vc_s1, vc_s2;
   float* out;  // [n, heads, hd]
   int64_t o_s0, o_s1;
+  const float* gate;  // [n, heads·hd] rows g_s0 apart, or null: out = attention · σ(gate)
+  int64_t g_s0;
   float* part_o;   // [n, heads, n_splits, hd] unnormalised sums (n_splits > 1)
   float* part_ml;  // [n, heads, n_splits, 2] running max and denominator
   const int32_t *seq_start, *positions, *block_start, *block_ids;
@@ -196,7 +198,7 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(AttnArgs 
     if (e < group * hd) {
       const int g = e / hd, d = e % hd, h = kvh * group + g;
       if (a.n_splits == 1) {
-        a.out[int64_t(t) * a.o_s0 + int64_t(h) * a.o_s1 + d] = acc[i] / row_sum[g];
+        store_out(a, t, h, d, acc[i] / row_sum[g]);
       } else {
         const int64_t slot = (int64_t(t) * a.heads + h) * a.n_splits + sp;
         a.part_o[slot * hd + d] = acc[i];
@@ -214,10 +216,17 @@ size_t warp_attn_smem_bytes(int group, int hd) {
 }
 
 // Writes a (token, head) result: the normalised output, or the split's partial sums.
+// The final output of (token t, head h, channel d): v, times σ(gate) when gated (the product
+// mul_sigmoid makes).
+__device__ __forceinline__ void store_out(const AttnArgs& a, int t, int h, int d, float v) {
+  if (a.gate) v *= sigmoid(a.gate[int64_t(t) * a.g_s0 + int64_t(h) * a.hd + d]);
+  a.out[int64_t(t) * a.o_s0 + int64_t(h) * a.o_s1 + d] = v;
+}
+
 __device__ __forceinline__ void store_result(const AttnArgs& a, int t, int h, int sp, int d,
                                              float o, float m, float l) {
   if (a.n_splits == 1) {
-    a.out[int64_t(t) * a.o_s0 + int64_t(h) * a.o_s1 + d] = o / l;
+    store_out(a, t, h, d, o / l);
   } else {
     const int64_t slot = (int64_t(t) * a.heads + h) * a.n_splits + sp;
     a.part_o[slot * a.hd + d] = o;
@@ -393,11 +402,37 @@ __global__ void __launch_bounds__(kDecodeMaxHd) paged_attention_decode_kernel(At
   const int split_chunks = (split_len + 31) / 32;
   const int p_begin = sp * split_chunks * 32, p_end = min(n_ctx, p_begin + split_chunks * 32);
   const int32_t* table = a.block_ids + a.block_start[seq];
-  if (p_begin < n_ctx) {
-    // Before waiting for the kernel before (which writes the newest position), ask L2 for the
-    // first chunk's key rows (thread = channel; positions c0 and c0 + 16 cover blocks of ≥ 16)
-    // and value rows (hd/32 lines per position): a hint, so it cannot read anything stale.
-    // The batch mirror it reads is uploaded before the forward's kernels.
+  // One chunk's keys (lane = position, the warp's 32 channels) and values (lane = channel,
+  // the chunk's positions); positions past the split repeat position c0 (weight 0 later).
+  float kv[32], vv[32];
+  auto load_chunk = [&](int c0) {
+    const int p = c0 + lane;
+    const int pc = p < p_end ? p : c0;  // invalid lanes read a valid position and discard it
+    const int64_t block = table[pc / a.bs];
+    const float* kcol =
+        a.kc + block * a.kc_s0 + kvh * a.kc_s1 + int64_t(warp * 32) * a.kc_s2 + pc % a.bs;
+    const float* vrow = a.vc + block * a.vc_s0 + kvh * a.vc_s1 + (pc % a.bs) * a.vc_s2;
+    const unsigned long long vaddr = reinterpret_cast<unsigned long long>(vrow);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) kv[i] = kcol[i * a.kc_s2];
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      const int src = c0 + j < p_end ? j : 0;
+      vv[j] = reinterpret_cast<const float*>(__shfl_sync(0xffffffffu, vaddr, src))[tid];
+    }
+  };
+  // Positions before the sequence's first token of this forward were written by earlier
+  // forwards, so a first chunk that holds only those is loaded before waiting for the kernel
+  // before (which writes the new positions); the batch mirror it reads is uploaded before the
+  // forward's kernels.
+  const int first_new = a.positions[a.seq_start[seq]];
+  const bool preloaded = p_begin < n_ctx && min(p_end, p_begin + 32) <= first_new;
+  if (preloaded) {
+    load_chunk(p_begin);
+  } else if (p_begin < n_ctx) {
+    // Else ask L2 for the first chunk's key rows (thread = channel; positions c0 and c0 + 16
+    // cover blocks of ≥ 16) and value rows (hd/32 lines per position): a hint, so it cannot
+    // read anything stale.
     for (int q = 0; q < 32; q += 16) {
       const int p = min(p_begin + q, p_end - 1);
       const float* k = a.kc + int64_t(table[p / a.bs]) * a.kc_s0 + kvh * a.kc_s1 +
@@ -423,22 +458,8 @@ __global__ void __launch_bounds__(kDecodeMaxHd) paged_attention_decode_kernel(At
 #pragma unroll
   for (int g = 0; g < GMAX; ++g) acc[g] = 0.0f;
   for (int c0 = p_begin; c0 < p_end; c0 += 32) {
-    const int p = c0 + lane;
-    const bool valid = p < p_end;
-    const int pc = valid ? p : c0;  // invalid lanes read a valid position and discard it
-    const int64_t block = table[pc / a.bs];
-    const float* kcol =
-        a.kc + block * a.kc_s0 + kvh * a.kc_s1 + int64_t(warp * 32) * a.kc_s2 + pc % a.bs;
-    const float* vrow = a.vc + block * a.vc_s0 + kvh * a.vc_s1 + (pc % a.bs) * a.vc_s2;
-    const unsigned long long vaddr = reinterpret_cast<unsigned long long>(vrow);
-    float kv[32], vv[32];
-#pragma unroll
-    for (int i = 0; i < 32; ++i) kv[i] = kcol[i * a.kc_s2];
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {  // positions past the split repeat position c0 (weight 0)
-      const int src = c0 + j < p_end ? j : 0;
-      vv[j] = reinterpret_cast<const float*>(__shfl_sync(0xffffffffu, vaddr, src))[tid];
-    }
+    const bool valid = c0 + lane < p_end;
+    if (c0 != p_begin || !preloaded) load_chunk(c0);
     __syncthreads();  // Qs and ml written (first chunk); the last chunk's P and corr read
 #pragma unroll
     for (int g = 0; g < GMAX; ++g) {
@@ -582,7 +603,7 @@ __global__ void __launch_bounds__(kCombineThreads) attention_combine_kernel(Attn
     float so = 0.0f, sd = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) so += red_o[w][lane], sd += red_den[w];
-    if (d < a.hd) a.out[int64_t(t) * a.o_s0 + int64_t(h) * a.o_s1 + d] = so / sd;
+    if (d < a.hd) store_out(a, t, h, d, so / sd);
   }
 }
 
@@ -641,15 +662,17 @@ void CudaOps::kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, T
   s.launched("kv_cache_write");
 }
 
-void CudaOps::paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                              const SeqLayout& layout, float scale, Tensor out) {
-  if (impl_->replaying()) return;  // the decode graph does this op's work
+namespace {
+
+// paged_attention, its output times σ(gate) when gate is set (gate [n, heads·hd]).
+void run_paged_attention(CudaOps::Impl& s, const Tensor& q, const Tensor& k_cache,
+                         const Tensor& v_cache, const SeqLayout& layout, float scale, Tensor out,
+                         const Tensor* gate) {
   const int64_t heads = q.shape[1], hd = q.shape[2], kv_heads = k_cache.shape[1];
   RECUR_CHECK(heads % kv_heads == 0 && q.stride[2] == 1 && out.stride[2] == 1);
   RECUR_CHECK(k_cache.stride[3] == 1 && v_cache.stride[3] == 1 && k_cache.shape[2] == hd);
   const int n = layout.n_tokens;
   if (n == 0) return;
-  Impl& s = *impl_;
   const int group = int(heads / kv_heads);
   // The longest context: the reserved limit when given (the split count then depends on the
   // batch's shape alone, as a decode graph needs), else this batch's.
@@ -684,6 +707,11 @@ void CudaOps::paged_attention(const Tensor& q, const Tensor& k_cache, const Tens
   a.block_start = dl.block_start, a.block_ids = dl.block_ids;
   a.n_seqs = layout.n_seqs, a.heads = int(heads), a.group = group, a.hd = int(hd);
   a.bs = layout.block_size, a.n_splits = n_splits, a.scale = scale;
+  if (gate) {
+    RECUR_CHECK(gate->ndim == 2 && gate->shape[0] == n && gate->shape[1] == heads * hd &&
+                gate->stride[1] == 1 && gate->dtype == DType::F32);
+    a.gate = gate->ptr<float>(), a.g_s0 = gate->stride[0];
+  }
   if (n_splits > 1) {
     const size_t slots = size_t(n) * size_t(heads) * size_t(n_splits);
     float* p = static_cast<float*>(s.attn_partial.data());
@@ -705,6 +733,23 @@ void CudaOps::paged_attention(const Tensor& q, const Tensor& k_cache, const Tens
                   s.stream, a);
     s.launched("paged_attention (combine)");
   }
+}
+
+}  // namespace
+
+void CudaOps::paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                              const SeqLayout& layout, float scale, Tensor out) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
+  run_paged_attention(*impl_, q, k_cache, v_cache, layout, scale, out, nullptr);
+}
+
+void CudaOps::paged_attention_gated(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                    const SeqLayout& layout, float scale, const Tensor& gate,
+                                    Tensor out) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
+  const int64_t n = q.shape[0], heads = q.shape[1], hd = q.shape[2];
+  run_paged_attention(*impl_, q, k_cache, v_cache, layout, scale, out.reshaped({n, heads, hd}),
+                      &gate);
 }
 
 }  // namespace recur

@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/rms_norm_row.cuh"
 
 namespace recur {
 
@@ -101,6 +102,85 @@ __global__ void __launch_bounds__(32 * kRecWarps) delta_recurrent_kernel(DeltaAr
       a.out[t * a.o_s0 + h * a.o_s1 + j] = o;
     }
     __syncthreads();  // qs, ks, red and red2 are rewritten by the next token
+  }
+#pragma unroll
+  for (int r = 0; r < RPT; ++r) {
+    const int i = warp + kRecWarps * r;
+    if (i < a.dk && j < a.dv) S[int64_t(i) * a.dv + j] = st[r];
+  }
+}
+
+// One token per sequence, then the gated RMS norm of each value head (gated_delta_rule_norm):
+// grid (Hv, n_seqs), block (32, kRecWarps · column groups), a block per head so that the head's
+// dv ≤ 128 outputs meet in one block. Column group c (warps c·kRecWarps ...) computes columns
+// 32c + lane exactly as delta_recurrent_kernel does; then one warp normalises the head's row
+// with rms_norm_row, as rms_norm_kernel does (the same bits as the two kernels).
+constexpr int kNormMaxGroups = 4;
+template <int RPT, typename W>
+__global__ void __launch_bounds__(32 * kRecWarps * kNormMaxGroups)
+    delta_recurrent_norm_kernel(DeltaArgs a, Rows gate, Rows normed, const W* norm_w, float eps) {
+  const int s = blockIdx.y, h = blockIdx.x;
+  const int lane = threadIdx.x, group = threadIdx.y / kRecWarps, warp = threadIdx.y % kRecWarps;
+  const int tid = threadIdx.y * 32 + lane, n_threads = 32 * blockDim.y;
+  const int j = group * 32 + lane;
+  const int64_t t = a.seq_start[s];
+  const int kh = h / a.group;
+  float* S = a.state + (int64_t(a.slot[s]) * a.hv + h) * a.dk * a.dv;
+  __shared__ float qs[kRecWarps * RPT], ks[kRecWarps * RPT];
+  __shared__ float red[kNormMaxGroups][kRecWarps][32], red2[kNormMaxGroups][kRecWarps][32];
+  float st[RPT];
+#pragma unroll
+  for (int r = 0; r < RPT; ++r) {  // before the wait, as in delta_recurrent_kernel
+    const int i = warp + kRecWarps * r;
+    st[r] = (i < a.dk && j < a.dv) ? S[int64_t(i) * a.dv + j] : 0.0f;
+  }
+  grid_dependency_sync();
+  for (int i = tid; i < a.dk; i += n_threads) {
+    qs[i] = a.q[t * a.q_s0 + kh * a.q_s1 + i];
+    ks[i] = a.k[t * a.k_s0 + kh * a.k_s1 + i];
+  }
+  const float decay = expf(a.g[t * a.g_s0 + h]);
+  const float b = a.beta[t * a.beta_s0 + h];
+  const float vj = j < a.dv ? a.v[t * a.v_s0 + h * a.v_s1 + j] : 0.0f;
+  __syncthreads();
+  float p = 0.0f;
+#pragma unroll
+  for (int r = 0; r < RPT; ++r) {
+    const int i = warp + kRecWarps * r;
+    if (i < a.dk) {
+      st[r] *= decay;
+      p += st[r] * ks[i];
+    }
+  }
+  red[group][warp][lane] = p;
+  __syncthreads();
+  float kv = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kRecWarps; ++w) kv += red[group][w][lane];
+  const float delta = (vj - kv) * b;
+  float po = 0.0f;
+#pragma unroll
+  for (int r = 0; r < RPT; ++r) {
+    const int i = warp + kRecWarps * r;
+    if (i < a.dk) {
+      st[r] += ks[i] * delta;
+      po += st[r] * qs[i];
+    }
+  }
+  red2[group][warp][lane] = po;
+  __syncthreads();
+  if (warp == 0 && j < a.dv) {
+    float o = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kRecWarps; ++w) o += red2[group][w][lane];
+    a.out[t * a.o_s0 + h * a.o_s1 + j] = o;
+  }
+  __syncthreads();  // the head's outputs are visible to the block
+  if (threadIdx.y == 0) {
+    const Rows o_rows{a.out, 0, a.dv, a.hv, a.o_s0, a.o_s1};  // [n, Hv, dv] as rows
+    rms_norm_row<kWarpNormPer, W, true, false>(o_rows, gate, normed, norm_w, 0.0f, eps, o_rows,
+                                               t * a.hv + h, lane, 32,
+                                               [](float ss) { return warp_sum(ss); });
   }
 #pragma unroll
   for (int r = 0; r < RPT; ++r) {
@@ -430,6 +510,12 @@ void launch_chunked(const DeltaArgs& a, const SeqLayout& layout, void* scratch,
   }
 }
 
+
+bool delta_norm_fused_enabled() {
+  static const bool on = env_switch_on("RECUR_CUDA_DELTA_NORM_FUSED");
+  return on;
+}
+
 }  // namespace
 
 size_t CudaOps::gated_delta_rule_scratch_bytes(int dk, int dv) const {
@@ -477,6 +563,48 @@ void CudaOps::gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v
     }
   }
   s.launched("gated_delta_rule");
+}
+
+void CudaOps::gated_delta_rule_norm(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& g, const Tensor& beta, Tensor state,
+                                    const SeqLayout& layout, Tensor out, Tensor scratch,
+                                    const Tensor& gate, const Tensor& norm_w, float eps,
+                                    Tensor normed) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
+  const int64_t hk = q.shape[1], dk = q.shape[2], hv = v.shape[1], dv = v.shape[2];
+  bool single = layout.n_seqs > 0 && layout.n_tokens == layout.n_seqs;
+  for (int i = 0; single && i < layout.n_seqs; ++i) single = layout.seq_len(i) == 1;
+  // Decode (one token per sequence) with heads of dv ≤ 128 and dk ≤ 128: one kernel; else the
+  // two ops.
+  if (!delta_norm_fused_enabled() || !single || dv > 32 * kNormMaxGroups || dk > kRecWarps * 32 ||
+      out.ndim != 3 || gate.ndim != 3 || normed.ndim != 3) {
+    Ops::gated_delta_rule_norm(q, k, v, g, beta, state, layout, out, scratch, gate, norm_w, eps,
+                               normed);
+    return;
+  }
+  RECUR_CHECK(hk > 0 && hv % hk == 0 && k.shape[1] == hk && k.shape[2] == dk);
+  RECUR_CHECK(state.shape[1] == hv && state.shape[2] == dk && state.shape[3] == dv &&
+              state.is_contiguous());
+  RECUR_CHECK(q.stride[2] == 1 && k.stride[2] == 1 && v.stride[2] == 1 && out.stride[2] == 1);
+  RECUR_CHECK(norm_w.numel() == dv && gate.shape[1] == hv && gate.shape[2] == dv &&
+              normed.shape[1] == hv && normed.shape[2] == dv);
+  Impl& s = *impl_;
+  const DevLayout dl = s.layout(layout, false);
+  DeltaArgs a{q.ptr<float>(),    k.ptr<float>(), v.ptr<float>(), g.ptr<float>(),
+              beta.ptr<float>(), q.stride[0],    q.stride[1],    k.stride[0],
+              k.stride[1],       v.stride[0],    v.stride[1],    g.stride[0],
+              beta.stride[0],    out.stride[0],  out.stride[1],  state.ptr<float>(),
+              out.ptr<float>(),  int(hv),        int(hv / hk),   int(dk),
+              int(dv),           dl.seq_start,   dl.slot,        kSingleTokenSeqs};
+  const Rows gs = rows_of(gate), ns = rows_of(normed);
+  const dim3 grid(unsigned(hv), unsigned(layout.n_seqs));
+  const dim3 block(32, unsigned(kRecWarps * ((dv + 31) / 32)));
+  dispatch_weight(norm_w.dtype, [&](auto tag) {
+    using W = decltype(tag);
+    launch_kernel(delta_recurrent_norm_kernel<32, W>, grid, block, 0, s.stream, a, gs, ns,
+                  norm_w.ptr<W>(), eps);
+  });
+  s.launched("gated_delta_rule_norm");
 }
 
 }  // namespace recur

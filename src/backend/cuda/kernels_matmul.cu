@@ -54,23 +54,22 @@ template <int NT, bool kVec>
 constexpr int kGemvPre = (kVec && NT == 1) ? 2 : 0;
 
 // One block per 4 weight rows; x [nt ≤ NT, k] rows ldx apart; out [nt, m] rows ldo apart.
-template <typename W, int NT, bool kVec>
+// kPre > 0 (one token, 16-byte rows): the block's first kPre chunks per row are loaded before
+// the PDL wait (4: whole rows of 4,096 bf16, as out_proj and o_proj have).
+template <typename W, int NT, bool kVec, int kPre>
 __global__ void __launch_bounds__(kGemvThreads)
     matmul_gemv_kernel(const W* __restrict__ w, int64_t m, int64_t k, const float* x, int64_t ldx,
-                       int nt, float* out, int64_t ldo, bool accumulate, bool preload) {
+                       int nt, float* out, int64_t ldo, bool accumulate) {
   const int64_t row0 = int64_t(blockIdx.x) * 4;
-  constexpr int kPre = kGemvPre<NT, kVec>;
   if constexpr (kPre > 0) {
-    if (preload) {
-      uint4 pre[kPre][4];
-      gemv_preload<W, 4, kPre>(w + row0 * k, k, int(min64(4, m - row0)), pre);
-      grid_dependency_sync();
-      gemv_rows<W, NT, 4, kVec, kPre>(w, m, k, x, ldx, nt, out, ldo, accumulate, row0, pre);
-      return;
-    }
+    uint4 pre[kPre][4];
+    gemv_preload<W, 4, kPre>(w + row0 * k, k, int(min64(4, m - row0)), pre);
+    grid_dependency_sync();
+    gemv_rows<W, NT, 4, kVec, kPre>(w, m, k, x, ldx, nt, out, ldo, accumulate, row0, pre);
+  } else {
+    grid_dependency_sync();
+    gemv_rows<W, NT, 4, kVec>(w, m, k, x, ldx, nt, out, ldo, accumulate, row0);
   }
-  grid_dependency_sync();
-  gemv_rows<W, NT, 4, kVec>(w, m, k, x, ldx, nt, out, ldo, accumulate, row0);
 }
 
 // Several weights sharing x: weight g takes blocks first_block[g] .. first_block[g + 1) - 1.
@@ -155,6 +154,11 @@ bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
 }
 
+bool gemv_preload_long_enabled() {
+  static const bool on = env_switch_on("RECUR_CUDA_GEMV_PRELOAD_LONG");
+  return on;
+}
+
 template <typename W, int NT>
 void launch_gemv(const Tensor& x, const Tensor& w, Tensor out, bool accumulate, int n,
                  cudaStream_t stream) {
@@ -162,14 +166,18 @@ void launch_gemv(const Tensor& x, const Tensor& w, Tensor out, bool accumulate, 
   constexpr int E = Chunk<W>::kElems;
   const bool vec = k % E == 0 && aligned16(w.data) && aligned16(x.data) && x.stride[0] % 4 == 0;
   const unsigned blocks = unsigned((m + 3) / 4);
-  if (vec) {
-    launch_kernel(matmul_gemv_kernel<W, NT, true>, blocks, kGemvThreads, 0, stream, w.ptr<W>(), m,
-                  k, x.ptr<float>(), x.stride[0], n, out.ptr<float>(), out.stride[0], accumulate,
-                  gemv_preload_enabled());
+  auto go = [&](auto kernel) {
+    launch_kernel(kernel, blocks, kGemvThreads, 0, stream, w.ptr<W>(), m, k, x.ptr<float>(),
+                  x.stride[0], n, out.ptr<float>(), out.stride[0], accumulate);
+  };
+  if (!vec) {
+    go(matmul_gemv_kernel<W, NT, false, 0>);
+  } else if (kGemvPre<NT, true> == 0 || !gemv_preload_enabled()) {
+    go(matmul_gemv_kernel<W, NT, true, 0>);
+  } else if (k / E >= 4 * kGemvThreads && gemv_preload_long_enabled()) {
+    go(matmul_gemv_kernel<W, NT, true, 2 * kGemvPre<NT, true>>);
   } else {
-    launch_kernel(matmul_gemv_kernel<W, NT, false>, blocks, kGemvThreads, 0, stream, w.ptr<W>(), m,
-                  k, x.ptr<float>(), x.stride[0], n, out.ptr<float>(), out.stride[0], accumulate,
-                  false);
+    go(matmul_gemv_kernel<W, NT, true, kGemvPre<NT, true>>);
   }
 }
 

@@ -350,13 +350,41 @@ template <bool kDual>
 constexpr int kWarpRows = kDual ? 2 : 4;
 template <typename W, int NT, bool kDual>
 __global__ void __launch_bounds__(kGemvThreads) moe_gemv_warp_kernel(MoeGemmArgs a) {
-  grid_dependency_sync();
   constexpr int E = Chunk<W>::kElems, RW = kWarpRows<kDual>;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t orow0 = (int64_t(blockIdx.x) * (kGemvThreads / 32) + warp) * RW;
+  const int64_t n_chunks = a.k / E;
+  // One token's down rows (a.ids_early): the tile's expert is read and the first kPre chunks
+  // per row are loaded before the PDL wait, while gate/up still runs.
+  constexpr int kPre = (NT == 1 && !kDual) ? 2 : 0;
+  uint4 pre[kPre > 0 ? kPre : 1][RW];
+  int pre_e = -1;  // ≥ 0: the tile's expert, read before the wait
+  if constexpr (kPre > 0) {
+    int e;
+    if (a.ids_early && moe_direct_expert(a, blockIdx.y, e)) {
+      pre_e = e;
+      if (orow0 < a.m) {
+        const int rows = int(min64(RW, a.m - orow0));
+#pragma unroll
+        for (int p = 0; p < kPre; ++p) {
+          const int64_t c = lane + int64_t(p) * 32;
+#pragma unroll
+          for (int r = 0; r < RW; ++r) {
+            const W* wr = static_cast<const W*>(a.w[e]) + (orow0 + (r < rows ? r : 0)) * a.k;
+            if (c < n_chunks) pre[p][r] = load_streaming(wr + c * E);
+          }
+        }
+      }
+    }
+  }
+  grid_dependency_sync();
   if (orow0 >= a.m) return;  // warp-uniform, and nothing below waits for the block
   int e, row0, nt;
-  if (!moe_tile(a, blockIdx.y, e, row0, nt)) return;
+  if (pre_e >= 0) {
+    e = pre_e, row0 = int(blockIdx.y), nt = 1;
+  } else if (!moe_tile(a, blockIdx.y, e, row0, nt)) {
+    return;
+  }
   const int rows = int(min64(RW, a.m - orow0));
   const float* xr[NT];
   moe_tile_rows<NT>(a, row0, nt, xr);
@@ -369,11 +397,21 @@ __global__ void __launch_bounds__(kGemvThreads) moe_gemv_warp_kernel(MoeGemmArgs
     wr2[r] = kDual ? static_cast<const W*>(a.w2[e]) + off : nullptr;
   }
   float acc[RW][NT] = {}, acc2[RW][NT] = {};
-  const int64_t n_chunks = a.k / E;
+  int64_t c0 = lane;
+  if constexpr (kPre > 0) {
+    if (pre_e >= 0) {  // the preloaded chunks first, in the loop's order (the same sums)
+#pragma unroll
+      for (int p = 0; p < kPre; ++p) {
+        const int64_t c = lane + int64_t(p) * 32;
+        if (c < n_chunks) fma_chunk_raw<W, RW, NT>(pre[p], xr, c, acc);
+      }
+      c0 = lane + int64_t(kPre) * 32;
+    }
+  }
   // For one token, four chunks of each row in flight per lane (gate/up rows of 2048 bf16 take
   // 8 chunks per lane: two round trips rather than four).
 #pragma unroll(NT == 1 ? 4 : 2)
-  for (int64_t c = lane; c < n_chunks; c += 32) {
+  for (int64_t c = c0; c < n_chunks; c += 32) {
     fma_chunk<W, RW, NT, kDual>(wr, wr2, xr, c, acc, acc2);
   }
 #pragma unroll
@@ -429,6 +467,11 @@ void launch_moe_gemv(const MoeGemmArgs& a, bool vec, unsigned max_tiles, cudaStr
   } else {
     launch_kernel(moe_gemv_kernel<W, NT, kDual, false>, grid, kGemvThreads, 0, stream, a);
   }
+}
+
+bool moe_preload_enabled() {
+  static const bool on = env_switch_on("RECUR_CUDA_MOE_PRELOAD");
+  return on;
 }
 
 template <typename W, int NT, bool kDual>
@@ -587,6 +630,7 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
   }
   MoeGemmArgs down = up;
   down.w = table + 2 * table_e, down.w2 = nullptr, down.m = d, down.k = d_ff;
+  down.ids_early = direct && moe_preload_enabled();  // launched right after gate/up below
   down.x = m.hs, down.ldx = d_ff, down.x_row = nullptr;
   down.out = m.ys, down.ldo = d;
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/rms_norm_row.cuh"
 
 namespace recur {
 
@@ -39,75 +40,7 @@ __global__ void gather_rows_kernel(const float* x, int64_t ldx, const int32_t* r
 // token's result never depends on how many rows share the launch.
 constexpr int64_t kBlockNormMinWidth = 1024;
 
-// One row r of x [rows, d]: out = x · rsqrt(mean(x²) + eps) · (w + offset), optionally ·
-// silu(gate). kAdd: first x += y (rows of y [rows, d]), written back to x, as add then rms_norm.
-// This thread handles elements first, first + stride, ...; reduce(partial) returns the row's sum
-// of squares. Each thread rewrites only what it read, so out may alias x. The first kPer
-// elements (x, y, w, gate) are loaded before anything is stored, so their loads are in flight
-// together (a store to x would otherwise keep later loads waiting); the sum of squares runs in
-// the plain loop's order.
-template <int kPer, typename W, bool kGated, bool kAdd, typename Reduce>
-__device__ __forceinline__ void rms_norm_row(const Rows& x, const Rows& gate, const Rows& out,
-                                             const W* w, float offset, float eps, const Rows& y,
-                                             int64_t r, int first, int stride, Reduce reduce) {
-  const int64_t d = x.d;
-  float* xr = x.row(r);
-  const float* yr = kAdd ? y.row(r) : nullptr;
-  const float* gr = kGated ? gate.row(r) : nullptr;
-  float v[kPer], wv[kPer], gv[kPer];
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int64_t j = first + int64_t(i) * stride;
-    v[i] = wv[i] = gv[i] = 0.0f;
-    if (j < d) {
-      v[i] = xr[j];
-      if constexpr (kAdd) v[i] += yr[j];
-      wv[i] = to_f32(w[j]);
-      if constexpr (kGated) gv[i] = gr[j];
-    }
-  }
-  float ss = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int64_t j = first + int64_t(i) * stride;
-    if (j < d) {
-      if constexpr (kAdd) xr[j] = v[i];
-      ss += v[i] * v[i];
-    }
-  }
-  // Rows wider than kPer · stride: the rest, element by element.
-  for (int64_t j = first + int64_t(kPer) * stride; j < d; j += stride) {
-    float e = xr[j];
-    if constexpr (kAdd) {
-      e += yr[j];
-      xr[j] = e;
-    }
-    ss += e * e;
-  }
-  const float inv = 1.0f / sqrtf(reduce(ss) / float(d) + eps);
-  float* orow = out.row(r);
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int64_t j = first + int64_t(i) * stride;
-    if (j < d) {
-      if constexpr (kGated) {
-        orow[j] = v[i] * inv * wv[i] * silu(gv[i]);
-      } else {
-        orow[j] = v[i] * inv * (wv[i] + offset);
-      }
-    }
-  }
-  for (int64_t j = first + int64_t(kPer) * stride; j < d; j += stride) {
-    if constexpr (kGated) {
-      orow[j] = xr[j] * inv * to_f32(w[j]) * silu(gr[j]);
-    } else {
-      orow[j] = xr[j] * inv * (to_f32(w[j]) + offset);
-    }
-  }
-}
-
 // One warp per row of x [rows, d < kBlockNormMinWidth].
-constexpr int kWarpNormPer = 8;
 template <typename W, bool kGated, bool kAdd>
 __global__ void rms_norm_kernel(Rows x, Rows gate, Rows out, const W* w, float offset, float eps,
                                 Rows y) {
@@ -139,6 +72,38 @@ __global__ void __launch_bounds__(kThreads)
   };
   rms_norm_row<kBlockNormPer, W, kGated, kAdd>(x, gate, out, w, offset, eps, y, blockIdx.x,
                                                threadIdx.x, kThreads, block_sum);
+}
+
+// embedding_kernel's rows, then the norm of each as launch_rms_norm's kernel for that width
+// computes it (the same bits as the two launches). grid (n), kThreads.
+template <typename W, typename WN>
+__global__ void __launch_bounds__(kThreads)
+    embedding_rms_norm_kernel(const int32_t* ids, const W* table, Rows h, Rows x, const WN* w,
+                              float offset, float eps) {
+  grid_dependency_sync();
+  const int64_t i = blockIdx.x, d = h.d;
+  const W* src = table + int64_t(ids[i]) * d;
+  float* dst = h.row(i);
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) dst[j] = to_f32(src[j]);
+  __syncthreads();  // the row is visible to the whole block
+  if (d >= kBlockNormMinWidth) {
+    constexpr int kWarps = kThreads / 32;
+    __shared__ float red[kWarps];
+    auto block_sum = [&](float ss) {
+      ss = warp_sum(ss);
+      if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
+      __syncthreads();
+      float total = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kWarps; ++k) total += red[k];
+      return total;
+    };
+    rms_norm_row<kBlockNormPer, WN, false, false>(h, h, x, w, offset, eps, h, i, threadIdx.x,
+                                                  kThreads, block_sum);
+  } else if (threadIdx.x < 32) {
+    rms_norm_row<kWarpNormPer, WN, false, false>(h, h, x, w, offset, eps, h, i, threadIdx.x, 32,
+                                                 [](float ss) { return warp_sum(ss); });
+  }
 }
 
 // Launches the warp-per-row or block-per-row kernel (by width) over x [rows, d].
@@ -263,7 +228,8 @@ struct AttnInputArgs {
 // kv_cache_write bit for bit. grid (n_tokens, heads + kv_heads), 32 threads.
 template <typename W>
 __global__ void __launch_bounds__(32) attention_inputs_kernel(AttnInputArgs a) {
-  grid_dependency_sync();
+  // The angles and the cache slot depend only on the batch's index arrays, uploaded before the
+  // forward's kernels: they are computed before the wait for the kernel before.
   extern __shared__ float cs[];  // cos [half], sin [half]
   const int half = a.rot_dim / 2, hd = a.hd, lane = threadIdx.x, row = blockIdx.y;
   const int64_t t = blockIdx.x;
@@ -274,6 +240,16 @@ __global__ void __launch_bounds__(32) attention_inputs_kernel(AttnInputArgs a) {
     cs[half + i] = float(sin(angle));
   }
   const bool is_q = row < a.heads;
+  float *kd = nullptr, *vd = nullptr;
+  if (!is_q) {
+    const int h = row - a.heads;
+    const int s = seq_of_token(a.seq_start, a.n_seqs, int(t));
+    const int p = a.positions[t];
+    const int64_t block = a.block_ids[a.block_start[s] + p / a.bs], off = p % a.bs;
+    kd = a.kc + block * a.kc_s0 + h * a.kc_s1 + off;
+    vd = a.vc + block * a.vc_s0 + h * a.vc_s1 + off * a.vc_s2;
+  }
+  grid_dependency_sync();
   if (is_q) {
     for (int e = lane; e < hd; e += 32) {
       a.gate[t * a.ld_gate + int64_t(row) * hd + e] =
@@ -297,11 +273,6 @@ __global__ void __launch_bounds__(32) attention_inputs_kernel(AttnInputArgs a) {
   if (!is_q) {
     __syncwarp();
     const int h = row - a.heads;
-    const int s = seq_of_token(a.seq_start, a.n_seqs, int(t));
-    const int p = a.positions[t];
-    const int64_t block = a.block_ids[a.block_start[s] + p / a.bs], off = p % a.bs;
-    float* kd = a.kc + block * a.kc_s0 + h * a.kc_s1 + off;
-    float* vd = a.vc + block * a.vc_s0 + h * a.vc_s1 + off * a.vc_s2;
     const float* vs = a.v + t * a.ld_v + int64_t(h) * hd;
     for (int j = lane; j < hd; j += 32) {
       kd[j * a.kc_s2] = xr[j];
@@ -370,6 +341,29 @@ void CudaOps::embedding(const int32_t* ids, int n, const Tensor& table, Tensor o
                   out.ptr<float>(), out.stride[0]);
   });
   s.launched("embedding");
+}
+
+void CudaOps::embedding_rms_norm(const int32_t* ids, int n, const Tensor& table, Tensor out,
+                                 const Tensor& w, float weight_offset, float eps, Tensor normed) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
+  if (n == 0) return;
+  const int64_t d = table.shape[1];
+  RECUR_CHECK(out.shape[0] == n && out.shape[1] == d && out.stride[1] == 1 &&
+              table.is_contiguous());
+  const Rows hs = rows_of(out), xs = rows_of(normed);
+  RECUR_CHECK(w.numel() == d && xs.n_rows == n && xs.d == d);
+  for (int i = 0; i < n; ++i) RECUR_CHECK(ids[i] >= 0 && ids[i] < table.shape[0]);
+  Impl& s = *impl_;
+  const int32_t* dids = s.ints(ids, n);
+  dispatch_weight(table.dtype, [&](auto tag) {
+    using W = decltype(tag);
+    dispatch_weight(w.dtype, [&](auto ntag) {
+      using WN = decltype(ntag);
+      launch_kernel(embedding_rms_norm_kernel<W, WN>, n, kThreads, 0, s.stream, dids,
+                    table.ptr<W>(), hs, xs, w.ptr<WN>(), weight_offset, eps);
+    });
+  });
+  s.launched("embedding_rms_norm");
 }
 
 void CudaOps::gather_rows(const Tensor& x, const int32_t* rows, int n, Tensor out) {

@@ -24,6 +24,10 @@ struct MoeGemmArgs {
   int direct_k = 0, n_experts = 0;
   // ≥ 0: the last direct tile is this expert (the shared one), not an id from direct_ids.
   int direct_shared = -1;
+  // The direct ids may be read before the PDL wait: set only for a launch that directly follows
+  // one whose every block waits before it exits (gate/up), so the kernels before that one (the
+  // routing that wrote the ids) have completed when this launch starts.
+  bool ids_early = false;
 };
 
 // The (expert, first row, row count) of tile `tile`, or false when the tile is past the
@@ -44,6 +48,18 @@ __device__ __forceinline__ bool moe_tile(const MoeGemmArgs& a, int tile, int& e,
   if (tile >= *a.n_tiles) return false;
   e = a.tile_expert[tile], row0 = a.tile_row0[tile], nt = a.tile_rows[tile];
   return true;
+}
+
+// The expert of direct tile `tile` read before the PDL wait (L2, not L1: written by an
+// earlier kernel of this forward), or false for a surplus tile or an id out of range.
+__device__ __forceinline__ bool moe_direct_expert(const MoeGemmArgs& a, int tile, int& e) {
+  if (!a.direct_ids || tile >= a.direct_k) return false;
+  if (a.direct_shared >= 0 && tile == a.direct_k - 1) {
+    e = a.direct_shared;
+    return true;
+  }
+  e = __ldcg(a.direct_ids + tile);
+  return e >= 0 && e < a.n_experts;
 }
 
 // The activation rows of a tile's nt tokens starting at row0 (slots ≥ nt repeat the first,

@@ -1,0 +1,79 @@
+// The RMS norm of one row as every CUDA norm kernel computes it (kernels_rowwise.cu, and the
+// fused delta rule + gated norm in kernels_gdn.cu), so their results agree bit for bit.
+#pragma once
+
+#include "backend/cuda/cuda_internal.cuh"
+
+namespace recur::cuda {
+
+// Elements per lane kept in registers when one warp normalises a row.
+constexpr int kWarpNormPer = 8;
+
+// One row r of x [rows, d]: out = x · rsqrt(mean(x²) + eps) · (w + offset), optionally ·
+// silu(gate). kAdd: first x += y (rows of y [rows, d]), written back to x, as add then rms_norm.
+// This thread handles elements first, first + stride, ...; reduce(partial) returns the row's sum
+// of squares. Each thread rewrites only what it read, so out may alias x. The first kPer
+// elements (x, y, w, gate) are loaded before anything is stored, so their loads are in flight
+// together (a store to x would otherwise keep later loads waiting); the sum of squares runs in
+// the plain loop's order.
+template <int kPer, typename W, bool kGated, bool kAdd, typename Reduce>
+__device__ __forceinline__ void rms_norm_row(const Rows& x, const Rows& gate, const Rows& out,
+                                             const W* w, float offset, float eps, const Rows& y,
+                                             int64_t r, int first, int stride, Reduce reduce) {
+  const int64_t d = x.d;
+  float* xr = x.row(r);
+  const float* yr = kAdd ? y.row(r) : nullptr;
+  const float* gr = kGated ? gate.row(r) : nullptr;
+  float v[kPer], wv[kPer], gv[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int64_t j = first + int64_t(i) * stride;
+    v[i] = wv[i] = gv[i] = 0.0f;
+    if (j < d) {
+      v[i] = xr[j];
+      if constexpr (kAdd) v[i] += yr[j];
+      wv[i] = to_f32(w[j]);
+      if constexpr (kGated) gv[i] = gr[j];
+    }
+  }
+  float ss = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int64_t j = first + int64_t(i) * stride;
+    if (j < d) {
+      if constexpr (kAdd) xr[j] = v[i];
+      ss += v[i] * v[i];
+    }
+  }
+  // Rows wider than kPer · stride: the rest, element by element.
+  for (int64_t j = first + int64_t(kPer) * stride; j < d; j += stride) {
+    float e = xr[j];
+    if constexpr (kAdd) {
+      e += yr[j];
+      xr[j] = e;
+    }
+    ss += e * e;
+  }
+  const float inv = 1.0f / sqrtf(reduce(ss) / float(d) + eps);
+  float* orow = out.row(r);
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int64_t j = first + int64_t(i) * stride;
+    if (j < d) {
+      if constexpr (kGated) {
+        orow[j] = v[i] * inv * wv[i] * silu(gv[i]);
+      } else {
+        orow[j] = v[i] * inv * (wv[i] + offset);
+      }
+    }
+  }
+  for (int64_t j = first + int64_t(kPer) * stride; j < d; j += stride) {
+    if constexpr (kGated) {
+      orow[j] = xr[j] * inv * to_f32(w[j]) * silu(gr[j]);
+    } else {
+      orow[j] = xr[j] * inv * (to_f32(w[j]) + offset);
+    }
+  }
+}
+
+}  // namespace recur::cuda
