@@ -435,7 +435,7 @@ Status Qwen3Next::forward(const Batch& batch, Tensor logits) {
   // Only the rows whose logits are wanted go through the final norm and the LM head; when that
   // is every row in order (decode), the last residual add fuses with the final norm.
   const int r = int(batch.logit_rows.size());
-  bool all_rows = r == n && !layers_.empty();
+  bool all_rows = r > 0 && r == n && !layers_.empty();
   for (int i = 0; all_rows && i < r; ++i) all_rows = batch.logit_rows[size_t(i)] == i;
   Tensor fh = ws_.final_h.slice_rows(0, r);
   if (all_rows) {
@@ -488,7 +488,8 @@ void Qwen3Next::gated_delta_net(const Layer& L, const SeqLayout& sl, int n) {
   };
   Tensor q = heads_view(0, hk, dk), k = heads_view(key_dim(), hk, dk);
   Tensor v = heads_view(2 * key_dim(), hv, dv);
-  // The delta rule, then a gated RMSNorm per value head with silu(z); the output projection.
+  // Gated RMSNorm per value head with silu(z) on the delta rule's output (one op: a backend
+  // may keep the head's output on chip between the two), then the output projection.
   Tensor core = ws_.core_out.slice_rows(0, n).reshaped({n, hv, dv});
   Tensor normed = ws_.core_normed.slice_rows(0, n);
   ops_.gated_delta_rule_norm(q, k, v, g, beta, state_.delta[size_t(L.state_index)], sl, core,

@@ -134,11 +134,10 @@ void Ops::embedding_rms_norm(const int32_t* ids, int n, const Tensor& table, Ten
   rms_norm(out, w, weight_offset, eps, normed);
 }
 
-void Ops::gated_delta_rule_norm(const Tensor& q, const Tensor& k, const Tensor& v,
-                                const Tensor& g, const Tensor& beta, Tensor state,
-                                const SeqLayout& layout, Tensor out, Tensor scratch,
-                                const Tensor& gate, const Tensor& norm_w, float eps,
-                                Tensor normed) {
+void Ops::gated_delta_rule_norm(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                                const Tensor& beta, Tensor state, const SeqLayout& layout,
+                                Tensor out, Tensor scratch, const Tensor& gate,
+                                const Tensor& norm_w, float eps, Tensor normed) {
   gated_delta_rule(q, k, v, g, beta, state, layout, out, scratch);
   rms_norm_gated(out, gate, norm_w, eps, normed);
 }

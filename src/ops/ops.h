@@ -19,7 +19,8 @@ struct SeqLayout {
   int n_tokens = 0;
   const int32_t* seq_start = nullptr;    // [n_seqs + 1]
   const int32_t* slot = nullptr;         // [n_seqs]: recurrent-state slot of each sequence
-  const int32_t* positions = nullptr;    // [n_tokens]: absolute position of each token
+  const int32_t* positions = nullptr;    // [n_tokens]: absolute position of each token; a
+                                         //   sequence's are consecutive and ascending
   const int32_t* block_start = nullptr;  // [n_seqs + 1]: sequence i's block table is
   const int32_t* block_ids = nullptr;    //   block_ids[block_start[i] .. block_start[i+1])
   int block_size = 0;                    // tokens per attention-cache block
@@ -131,7 +132,7 @@ class Ops {
   // out[n, d] = f32(table[ids[i], :])
   virtual void embedding(const int32_t* ids, int n, const Tensor& table, Tensor out) = 0;
   // embedding into out, then rms_norm(out, w, weight_offset, eps, normed): which the default
-  // calls; a backend may fuse them.
+  // calls; a backend may fuse them.  out, normed [n, d]; w [d].
   virtual void embedding_rms_norm(const int32_t* ids, int n, const Tensor& table, Tensor out,
                                   const Tensor& w, float weight_offset, float eps, Tensor normed);
   // out[n, d] = x[rows[i], :]

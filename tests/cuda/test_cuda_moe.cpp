@@ -119,11 +119,12 @@ TEST_F(CudaMoe, OneTokenExpertsEqualTheirRowInABatch) {
     ops().moe_route(dl.t, int(k), true, dids.t, dw.t);
     HostTensor got[2] = {out, out};
     for (int64_t n : {1, 2}) {
-      HostTensor scratch_h(DType::U8, {int64_t(ops().moe_experts_scratch_bytes(
-                                          int(n), int(k), int(E), int(d), int(ff)))});
+      HostTensor scratch_h(
+          DType::U8,
+          {int64_t(ops().moe_experts_scratch_bytes(int(n), int(k), int(E), int(d), int(ff)))});
       DeviceTensor dout = poisoned(out), scratch = poisoned(scratch_h);
-      ops().moe_experts(dx.t.slice_rows(0, n), ex.d, dids.t.slice_rows(0, n),
-                        dw.t.slice_rows(0, n), dout.t.slice_rows(0, n), scratch.t);
+      ops().moe_experts(dx.t.slice_rows(0, n), ex.d, dids.t.slice_rows(0, n), dw.t.slice_rows(0, n),
+                        dout.t.slice_rows(0, n), scratch.t);
       got[n - 1] = host(dout, out);
     }
     ASSERT_EQ(count_nonfinite(got[0].f(), d), 0);

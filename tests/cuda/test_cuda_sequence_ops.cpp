@@ -311,8 +311,9 @@ TEST_F(CudaSequence, DeltaRuleRaggedBatchEqualsSeparateCalls) {
 }
 
 // The delta rule with the gated norm (one kernel when every sequence has one token) against
-// the two ops it fuses, bit for bit: out, normed and state; heads of 128 (the model's), 96 and
-// 32 channels; f32 and bf16 norm weights; and a batch with a prompt (the two ops run).
+// the two ops it fuses, bit for bit (out, normed and state), and against the scalar references;
+// heads of 128 (the model's), 96 and 32 channels; f32 and bf16 norm weights. A batch with a
+// prompt and heads of 256 take the two ops, checked against the references.
 TEST_F(CudaSequence, DeltaRuleNormEqualsTheTwoOps) {
   struct Case {
     int64_t hk, hv, dk, dv;
@@ -321,7 +322,8 @@ TEST_F(CudaSequence, DeltaRuleNormEqualsTheTwoOps) {
   const Case cases[] = {{2, 4, 128, 128, {1, 1, 1}},
                         {1, 3, 16, 96, {1, 1}},
                         {2, 2, 64, 32, {1}},
-                        {2, 4, 128, 128, {1, 7, 1}}};
+                        {2, 4, 128, 128, {1, 7, 1}},
+                        {1, 2, 32, 256, {1, 1}}};
   for (DType wt : {DType::F32, DType::BF16}) {
     for (const Case& c : cases) {
       Layout lay(c.lens, std::vector<int>(c.lens.size(), 0), 16, rng);
@@ -356,6 +358,14 @@ TEST_F(CudaSequence, DeltaRuleNormEqualsTheTwoOps) {
       EXPECT_EQ(std::memcmp(got_norm[0].f(), got_norm[1].f(), size_t(out.numel()) * 4), 0) << what;
       EXPECT_EQ(std::memcmp(got_state[0].f(), got_state[1].f(), size_t(state.numel()) * 4), 0)
           << what;
+      HostTensor s_ref = state, o_ref = out, n_ref = out;
+      ref::gated_delta_rule(in.q.t, in.k.t, in.v.t, in.g.t, in.beta.t, s_ref.t, lay.l, o_ref.t);
+      ref::rms_norm_gated(o_ref.t, gate.t, w.t, 1e-6f, n_ref.t);
+      const double scale = std::max(1.0, max_abs(n_ref.f(), n_ref.numel()));
+      const double err = max_abs_diff(got_norm[0].f(), n_ref.f(), out.numel()) / scale;
+      record_error("delta rule + gated norm", err);
+      EXPECT_LE(err, 1e-4) << what;
+      EXPECT_LE(max_abs_diff(got_state[0].f(), s_ref.f(), state.numel()), 2e-5) << what;
     }
   }
 }
@@ -378,7 +388,11 @@ TEST_F(CudaSequence, PagedAttentionMatchesReferenceOnRaggedBatchesWithHistory) {
                         // The decode kernel at other head dims, group sizes and block sizes:
                         // chunks crossing blocks, splits ending mid-chunk, one-token contexts.
                         {2, 64, 32, {1, 1, 1}, {5000, 31, 0}},
-                        {4, 128, 16, {1, 2, 1}, {1000, 3, 63}}};
+                        {4, 128, 16, {1, 2, 1}, {1000, 3, 63}},
+                        // Several new tokens of a sequence after a history: chunks of earlier
+                        // positions (loaded before the kernel's wait at group 8) and new ones.
+                        {8, 128, 16, {5, 1}, {100, 40}},
+                        {4, 128, 16, {5, 1}, {100, 40}}};
   for (const Case& c : cases) {
     const int64_t kv = 2, heads = kv * c.group, hd = c.hd;
     Layout lay(c.lens, c.first, c.block_size, rng);
@@ -412,8 +426,8 @@ TEST_F(CudaSequence, PagedAttentionMatchesReferenceOnRaggedBatchesWithHistory) {
     DeviceTensor dgate = dev(gate), gated = poisoned(flat), composed = poisoned(flat);
     ops().paged_attention_gated(dq.t, dkc.t, dvc.t, lay.l, scale, dgate.t, gated.t);
     ops().Ops::paged_attention_gated(dq.t, dkc.t, dvc.t, lay.l, scale, dgate.t, composed.t);
-    EXPECT_EQ(std::memcmp(host(gated, flat).f(), host(composed, flat).f(), size_t(flat.numel()) * 4),
-              0)
+    EXPECT_EQ(
+        std::memcmp(host(gated, flat).f(), host(composed, flat).f(), size_t(flat.numel()) * 4), 0)
         << "gated, group=" << c.group << " hd=" << hd;
   }
 }

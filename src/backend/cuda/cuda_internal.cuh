@@ -22,7 +22,8 @@ namespace recur::cuda {
 [[noreturn]] void cublas_failed(const char* expr, cublasStatus_t st, const char* file, int line);
 [[noreturn]] void fatal(const char* what);
 // An on/off switch from the environment: off only when the variable is set to 0 (the A/B
-// switches RECUR_CUDA_PDL, _GRAPHS, _ATTN_DECODE, _GEMV_PRELOAD, _MOE_TENSOR_CORES).
+// switches RECUR_CUDA_PDL, _GRAPHS, _ATTN_DECODE, _GEMV_PRELOAD, _GEMV_PRELOAD_LONG,
+// _MOE_PRELOAD, _MOE_TENSOR_CORES, _DELTA_NORM_FUSED).
 bool env_switch_on(const char* name);
 
 }  // namespace recur::cuda
@@ -249,10 +250,14 @@ void dispatch_weight(DType dt, Fn&& fn) {
 
 // Programmatic dependent launch (PDL): every forward kernel is launched with programmatic
 // stream serialisation, so its blocks may be scheduled while the kernel before it in the
-// stream still runs, hiding the launch latency between the ~170 small kernels of a decode
-// step. Each such kernel begins with grid_dependency_sync(): it waits until the previous
-// kernel has completed and its writes are visible (then lets the next kernel be scheduled),
-// so no kernel touches memory before its predecessor is done, as with plain launches.
+// stream still runs, hiding the launch latency between the small kernels of a decode step.
+// Each such kernel calls grid_dependency_sync(): it waits until the previous kernel has
+// completed and its writes are visible, then lets the next kernel be scheduled. Before that
+// call a kernel may only read what the kernel before cannot write: weights, the batch mirror
+// and ad hoc uploads (copies are never overlapped), state and cache entries written by earlier
+// forwards and not by this one; and what kernels two or more back wrote, where the kernel
+// directly before waits in every block before exiting (so they had completed when this one
+// could launch); those go through L2 (__ldcg).
 __device__ __forceinline__ void grid_dependency_sync() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

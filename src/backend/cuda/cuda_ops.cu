@@ -1,11 +1,11 @@
 // CudaOps set-up and memory traffic: the allocator, weight slabs, host copies, the per-forward
 // upload of the batch's index arrays, the start-up scratch, and CUDA graphs for decode
 // forwards. Kernels live in kernels_*.cu.
+#include <cxxabi.h>
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <cxxabi.h>
 #include <string>
 #include <vector>
 

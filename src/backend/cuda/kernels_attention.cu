@@ -215,7 +215,6 @@ size_t warp_attn_smem_bytes(int group, int hd) {
   return sizeof(float) * (size_t(group) * hd * (1 + kAttnWarps) + 2 * kAttnWarps * size_t(group));
 }
 
-// Writes a (token, head) result: the normalised output, or the split's partial sums.
 // The final output of (token t, head h, channel d): v, times σ(gate) when gated (the product
 // mul_sigmoid makes).
 __device__ __forceinline__ void store_out(const AttnArgs& a, int t, int h, int d, float v) {
@@ -223,6 +222,7 @@ __device__ __forceinline__ void store_out(const AttnArgs& a, int t, int h, int d
   a.out[int64_t(t) * a.o_s0 + int64_t(h) * a.o_s1 + d] = v;
 }
 
+// Writes a (token, head) result: the normalised output, or the split's partial sums.
 __device__ __forceinline__ void store_result(const AttnArgs& a, int t, int h, int sp, int d,
                                              float o, float m, float l) {
   if (a.n_splits == 1) {
@@ -405,7 +405,7 @@ __global__ void __launch_bounds__(kDecodeMaxHd) paged_attention_decode_kernel(At
   // One chunk's keys (lane = position, the warp's 32 channels) and values (lane = channel,
   // the chunk's positions); positions past the split repeat position c0 (weight 0 later).
   float kv[32], vv[32];
-  auto load_chunk = [&](int c0) {
+  auto load_chunk = [&](int c0, bool l2) {
     const int p = c0 + lane;
     const int pc = p < p_end ? p : c0;  // invalid lanes read a valid position and discard it
     const int64_t block = table[pc / a.bs];
@@ -414,21 +414,23 @@ __global__ void __launch_bounds__(kDecodeMaxHd) paged_attention_decode_kernel(At
     const float* vrow = a.vc + block * a.vc_s0 + kvh * a.vc_s1 + (pc % a.bs) * a.vc_s2;
     const unsigned long long vaddr = reinterpret_cast<unsigned long long>(vrow);
 #pragma unroll
-    for (int i = 0; i < 32; ++i) kv[i] = kcol[i * a.kc_s2];
+    for (int i = 0; i < 32; ++i) kv[i] = l2 ? __ldcg(kcol + i * a.kc_s2) : kcol[i * a.kc_s2];
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
       const int src = c0 + j < p_end ? j : 0;
-      vv[j] = reinterpret_cast<const float*>(__shfl_sync(0xffffffffu, vaddr, src))[tid];
+      const float* vp = reinterpret_cast<const float*>(__shfl_sync(0xffffffffu, vaddr, src)) + tid;
+      vv[j] = l2 ? __ldcg(vp) : *vp;
     }
   };
-  // Positions before the sequence's first token of this forward were written by earlier
-  // forwards, so a first chunk that holds only those is loaded before waiting for the kernel
-  // before (which writes the new positions); the batch mirror it reads is uploaded before the
-  // forward's kernels.
+  // Positions before the sequence's first token of this forward (its positions ascend) were
+  // written by earlier forwards, so a first chunk that holds only those is loaded, through L2,
+  // before waiting for the kernel before (which writes the new positions); the batch mirror it
+  // reads is uploaded before the forward's kernels. Only for the widest groups: for smaller
+  // ones the chunk's 64 registers held across the wait made the kernel spill.
   const int first_new = a.positions[a.seq_start[seq]];
-  const bool preloaded = p_begin < n_ctx && min(p_end, p_begin + 32) <= first_new;
+  const bool preloaded = GMAX >= 8 && p_begin < n_ctx && min(p_end, p_begin + 32) <= first_new;
   if (preloaded) {
-    load_chunk(p_begin);
+    load_chunk(p_begin, true);
   } else if (p_begin < n_ctx) {
     // Else ask L2 for the first chunk's key rows (thread = channel; positions c0 and c0 + 16
     // cover blocks of ≥ 16) and value rows (hd/32 lines per position): a hint, so it cannot
@@ -459,7 +461,7 @@ __global__ void __launch_bounds__(kDecodeMaxHd) paged_attention_decode_kernel(At
   for (int g = 0; g < GMAX; ++g) acc[g] = 0.0f;
   for (int c0 = p_begin; c0 < p_end; c0 += 32) {
     const bool valid = c0 + lane < p_end;
-    if (c0 != p_begin || !preloaded) load_chunk(c0);
+    if (c0 != p_begin || !preloaded) load_chunk(c0, false);
     __syncthreads();  // Qs and ml written (first chunk); the last chunk's P and corr read
 #pragma unroll
     for (int g = 0; g < GMAX; ++g) {

@@ -115,6 +115,7 @@ __global__ void __launch_bounds__(32 * kRecWarps) delta_recurrent_kernel(DeltaAr
 // dv ≤ 128 outputs meet in one block. Column group c (warps c·kRecWarps ...) computes columns
 // 32c + lane exactly as delta_recurrent_kernel does; then one warp normalises the head's row
 // with rms_norm_row, as rms_norm_kernel does (the same bits as the two kernels).
+// gate, normed [n, Hv, dv] as rows; norm_w [dv]; the rest as DeltaArgs.
 constexpr int kNormMaxGroups = 4;
 template <int RPT, typename W>
 __global__ void __launch_bounds__(32 * kRecWarps * kNormMaxGroups)
@@ -177,7 +178,7 @@ __global__ void __launch_bounds__(32 * kRecWarps * kNormMaxGroups)
   }
   __syncthreads();  // the head's outputs are visible to the block
   if (threadIdx.y == 0) {
-    const Rows o_rows{a.out, 0, a.dv, a.hv, a.o_s0, a.o_s1};  // [n, Hv, dv] as rows
+    const Rows o_rows{a.out, normed.n_rows, a.dv, a.hv, a.o_s0, a.o_s1};  // [n, Hv, dv] as rows
     rms_norm_row<kWarpNormPer, W, true, false>(o_rows, gate, normed, norm_w, 0.0f, eps, o_rows,
                                                t * a.hv + h, lane, 32,
                                                [](float ss) { return warp_sum(ss); });
@@ -510,7 +511,6 @@ void launch_chunked(const DeltaArgs& a, const SeqLayout& layout, void* scratch,
   }
 }
 
-
 bool delta_norm_fused_enabled() {
   static const bool on = env_switch_on("RECUR_CUDA_DELTA_NORM_FUSED");
   return on;
@@ -574,10 +574,11 @@ void CudaOps::gated_delta_rule_norm(const Tensor& q, const Tensor& k, const Tens
   const int64_t hk = q.shape[1], dk = q.shape[2], hv = v.shape[1], dv = v.shape[2];
   bool single = layout.n_seqs > 0 && layout.n_tokens == layout.n_seqs;
   for (int i = 0; single && i < layout.n_seqs; ++i) single = layout.seq_len(i) == 1;
-  // Decode (one token per sequence) with heads of dv ≤ 128 and dk ≤ 128: one kernel; else the
-  // two ops.
+  // Decode (one token per sequence) with heads of dv ≤ 128 and dk ≤ 128, while its blocks (one
+  // per head and sequence, one per SM) fit one wave: one kernel, whose gain is the shorter
+  // chain of a small step; else the two ops, whose smaller blocks keep more warps per SM.
   if (!delta_norm_fused_enabled() || !single || dv > 32 * kNormMaxGroups || dk > kRecWarps * 32 ||
-      out.ndim != 3 || gate.ndim != 3 || normed.ndim != 3) {
+      hv * layout.n_seqs > impl_->sm_count || out.ndim != 3 || gate.ndim != 3 || normed.ndim != 3) {
     Ops::gated_delta_rule_norm(q, k, v, g, beta, state, layout, out, scratch, gate, norm_w, eps,
                                normed);
     return;
@@ -586,8 +587,11 @@ void CudaOps::gated_delta_rule_norm(const Tensor& q, const Tensor& k, const Tens
   RECUR_CHECK(state.shape[1] == hv && state.shape[2] == dk && state.shape[3] == dv &&
               state.is_contiguous());
   RECUR_CHECK(q.stride[2] == 1 && k.stride[2] == 1 && v.stride[2] == 1 && out.stride[2] == 1);
-  RECUR_CHECK(norm_w.numel() == dv && gate.shape[1] == hv && gate.shape[2] == dv &&
-              normed.shape[1] == hv && normed.shape[2] == dv);
+  const int64_t n = layout.n_tokens;
+  RECUR_CHECK(norm_w.numel() == dv && out.shape[0] == n && out.shape[1] == hv &&
+              out.shape[2] == dv && gate.shape[0] == n && gate.shape[1] == hv &&
+              gate.shape[2] == dv && normed.shape[0] == n && normed.shape[1] == hv &&
+              normed.shape[2] == dv && q.shape[0] == n && v.shape[0] == n);
   Impl& s = *impl_;
   const DevLayout dl = s.layout(layout, false);
   DeltaArgs a{q.ptr<float>(),    k.ptr<float>(), v.ptr<float>(), g.ptr<float>(),

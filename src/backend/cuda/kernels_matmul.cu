@@ -48,8 +48,8 @@ __device__ __forceinline__ void gemv_rows(const W* __restrict__ w, int64_t m, in
   }
 }
 
-// One token, 16-byte rows: chunks per row that a GEMV block loads before its PDL wait when
-// `preload` (RECUR_CUDA_GEMV_PRELOAD=0 turns it off, for comparison).
+// One token, 16-byte rows: chunks per row that a GEMV block loads before its PDL wait
+// (RECUR_CUDA_GEMV_PRELOAD=0 launches the kernels without, for comparison).
 template <int NT, bool kVec>
 constexpr int kGemvPre = (kVec && NT == 1) ? 2 : 0;
 

@@ -76,6 +76,7 @@ __global__ void __launch_bounds__(kThreads)
 
 // embedding_kernel's rows, then the norm of each as launch_rms_norm's kernel for that width
 // computes it (the same bits as the two launches). grid (n), kThreads.
+// ids [n]; table [vocab, d] as stored; h, x [n, d] as rows; w [d].
 template <typename W, typename WN>
 __global__ void __launch_bounds__(kThreads)
     embedding_rms_norm_kernel(const int32_t* ids, const W* table, Rows h, Rows x, const WN* w,
