@@ -35,6 +35,83 @@ __device__ __forceinline__ bool skip_seq(int mode, int64_t len) {
 
 constexpr int kRecWarps = 4;
 
+// One token t of the rule for value column j, whose state rows warp + kRecWarps·r this thread
+// holds in st: S ← S·exp(g); kv = Sᵀk; S ← S + k ⊗ β(v − kv); o = Sᵀq, written by warp 0.
+// qs, ks [≥ dk] are the block's; red, red2 [kRecWarps][32] its column group's. Every thread of
+// the block calls it (n_threads of them); it ends with a barrier, after which o is visible to
+// the block and the shared arrays may be rewritten.
+template <int RPT>
+__device__ __forceinline__ void delta_token(const DeltaArgs& a, int64_t t, int h, int j, int warp,
+                                            int lane, int tid, int n_threads, float (&st)[RPT],
+                                            float* qs, float* ks, float (*red)[32],
+                                            float (*red2)[32]) {
+  const int kh = h / a.group;
+  for (int i = tid; i < a.dk; i += n_threads) {
+    qs[i] = a.q[t * a.q_s0 + kh * a.q_s1 + i];
+    ks[i] = a.k[t * a.k_s0 + kh * a.k_s1 + i];
+  }
+  const float decay = expf(a.g[t * a.g_s0 + h]);
+  const float b = a.beta[t * a.beta_s0 + h];
+  const float vj = j < a.dv ? a.v[t * a.v_s0 + h * a.v_s1 + j] : 0.0f;
+  __syncthreads();
+  // S ← S·exp(g); kv = Sᵀk
+  float p = 0.0f;
+#pragma unroll
+  for (int r = 0; r < RPT; ++r) {
+    const int i = warp + kRecWarps * r;
+    if (i < a.dk) {
+      st[r] *= decay;
+      p += st[r] * ks[i];
+    }
+  }
+  red[warp][lane] = p;
+  __syncthreads();
+  float kv = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kRecWarps; ++w) kv += red[w][lane];
+  const float delta = (vj - kv) * b;
+  // S ← S + k ⊗ delta; o = Sᵀq
+  float po = 0.0f;
+#pragma unroll
+  for (int r = 0; r < RPT; ++r) {
+    const int i = warp + kRecWarps * r;
+    if (i < a.dk) {
+      st[r] += ks[i] * delta;
+      po += st[r] * qs[i];
+    }
+  }
+  red2[warp][lane] = po;
+  __syncthreads();
+  if (warp == 0 && j < a.dv) {
+    float o = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kRecWarps; ++w) o += red2[w][lane];
+    a.out[t * a.o_s0 + h * a.o_s1 + j] = o;
+  }
+  __syncthreads();
+}
+
+// The state rows of column j that this thread holds (rows warp + kRecWarps·r of slot state S
+// [dk, dv]), loaded or stored.
+template <int RPT>
+__device__ __forceinline__ void delta_state_load(const DeltaArgs& a, const float* S, int j,
+                                                 int warp, float (&st)[RPT]) {
+#pragma unroll
+  for (int r = 0; r < RPT; ++r) {
+    const int i = warp + kRecWarps * r;
+    st[r] = (i < a.dk && j < a.dv) ? S[int64_t(i) * a.dv + j] : 0.0f;
+  }
+}
+template <int RPT>
+__device__ __forceinline__ void delta_state_store(const DeltaArgs& a, float* S, int j, int warp,
+                                                  const float (&st)[RPT]) {
+#pragma unroll
+  for (int r = 0; r < RPT; ++r) {
+    const int i = warp + kRecWarps * r;
+    if (i < a.dk && j < a.dv) S[int64_t(i) * a.dv + j] = st[r];
+  }
+}
+
 // Recurrent form, token by token. grid (⌈dv/32⌉, Hv, n_seqs), block (32, kRecWarps): lane =
 // value column, warp w owns state rows w, w + kRecWarps, ... (RPT of them, in registers).
 template <int RPT>
@@ -47,67 +124,16 @@ __global__ void __launch_bounds__(32 * kRecWarps) delta_recurrent_kernel(DeltaAr
   const int j = blockIdx.x * 32 + lane;
   const int64_t base = a.seq_start[s], len = a.seq_start[s + 1] - base;
   if (skip_seq(a.mode, len)) return;
-  const int kh = h / a.group;
   float* S = a.state + (int64_t(a.slot[s]) * a.hv + h) * a.dk * a.dv;
   __shared__ float qs[kRecWarps * RPT], ks[kRecWarps * RPT];
   __shared__ float red[kRecWarps][32], red2[kRecWarps][32];
   float st[RPT];
-#pragma unroll
-  for (int r = 0; r < RPT; ++r) {
-    const int i = warp + kRecWarps * r;
-    st[r] = (i < a.dk && j < a.dv) ? S[int64_t(i) * a.dv + j] : 0.0f;
-  }
+  delta_state_load<RPT>(a, S, j, warp, st);
   grid_dependency_sync();
   for (int64_t t = base; t < base + len; ++t) {
-    for (int i = tid; i < a.dk; i += 32 * kRecWarps) {
-      qs[i] = a.q[t * a.q_s0 + kh * a.q_s1 + i];
-      ks[i] = a.k[t * a.k_s0 + kh * a.k_s1 + i];
-    }
-    const float decay = expf(a.g[t * a.g_s0 + h]);
-    const float b = a.beta[t * a.beta_s0 + h];
-    const float vj = j < a.dv ? a.v[t * a.v_s0 + h * a.v_s1 + j] : 0.0f;
-    __syncthreads();
-    // S ← S·exp(g); kv = Sᵀk
-    float p = 0.0f;
-#pragma unroll
-    for (int r = 0; r < RPT; ++r) {
-      const int i = warp + kRecWarps * r;
-      if (i < a.dk) {
-        st[r] *= decay;
-        p += st[r] * ks[i];
-      }
-    }
-    red[warp][lane] = p;
-    __syncthreads();
-    float kv = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kRecWarps; ++w) kv += red[w][lane];
-    const float delta = (vj - kv) * b;
-    // S ← S + k ⊗ delta; o = Sᵀq
-    float po = 0.0f;
-#pragma unroll
-    for (int r = 0; r < RPT; ++r) {
-      const int i = warp + kRecWarps * r;
-      if (i < a.dk) {
-        st[r] += ks[i] * delta;
-        po += st[r] * qs[i];
-      }
-    }
-    red2[warp][lane] = po;
-    __syncthreads();
-    if (warp == 0 && j < a.dv) {
-      float o = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kRecWarps; ++w) o += red2[w][lane];
-      a.out[t * a.o_s0 + h * a.o_s1 + j] = o;
-    }
-    __syncthreads();  // qs, ks, red and red2 are rewritten by the next token
+    delta_token<RPT>(a, t, h, j, warp, lane, tid, 32 * kRecWarps, st, qs, ks, red, red2);
   }
-#pragma unroll
-  for (int r = 0; r < RPT; ++r) {
-    const int i = warp + kRecWarps * r;
-    if (i < a.dk && j < a.dv) S[int64_t(i) * a.dv + j] = st[r];
-  }
+  delta_state_store<RPT>(a, S, j, warp, st);
 }
 
 // One token per sequence, then the gated RMS norm of each value head (gated_delta_rule_norm):
@@ -122,72 +148,23 @@ __global__ void __launch_bounds__(32 * kRecWarps * kNormMaxGroups)
     delta_recurrent_norm_kernel(DeltaArgs a, Rows gate, Rows normed, const W* norm_w, float eps) {
   const int s = blockIdx.y, h = blockIdx.x;
   const int lane = threadIdx.x, group = threadIdx.y / kRecWarps, warp = threadIdx.y % kRecWarps;
-  const int tid = threadIdx.y * 32 + lane, n_threads = 32 * blockDim.y;
   const int j = group * 32 + lane;
   const int64_t t = a.seq_start[s];
-  const int kh = h / a.group;
   float* S = a.state + (int64_t(a.slot[s]) * a.hv + h) * a.dk * a.dv;
   __shared__ float qs[kRecWarps * RPT], ks[kRecWarps * RPT];
   __shared__ float red[kNormMaxGroups][kRecWarps][32], red2[kNormMaxGroups][kRecWarps][32];
   float st[RPT];
-#pragma unroll
-  for (int r = 0; r < RPT; ++r) {  // before the wait, as in delta_recurrent_kernel
-    const int i = warp + kRecWarps * r;
-    st[r] = (i < a.dk && j < a.dv) ? S[int64_t(i) * a.dv + j] : 0.0f;
-  }
+  delta_state_load<RPT>(a, S, j, warp, st);  // before the wait, as in delta_recurrent_kernel
   grid_dependency_sync();
-  for (int i = tid; i < a.dk; i += n_threads) {
-    qs[i] = a.q[t * a.q_s0 + kh * a.q_s1 + i];
-    ks[i] = a.k[t * a.k_s0 + kh * a.k_s1 + i];
-  }
-  const float decay = expf(a.g[t * a.g_s0 + h]);
-  const float b = a.beta[t * a.beta_s0 + h];
-  const float vj = j < a.dv ? a.v[t * a.v_s0 + h * a.v_s1 + j] : 0.0f;
-  __syncthreads();
-  float p = 0.0f;
-#pragma unroll
-  for (int r = 0; r < RPT; ++r) {
-    const int i = warp + kRecWarps * r;
-    if (i < a.dk) {
-      st[r] *= decay;
-      p += st[r] * ks[i];
-    }
-  }
-  red[group][warp][lane] = p;
-  __syncthreads();
-  float kv = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kRecWarps; ++w) kv += red[group][w][lane];
-  const float delta = (vj - kv) * b;
-  float po = 0.0f;
-#pragma unroll
-  for (int r = 0; r < RPT; ++r) {
-    const int i = warp + kRecWarps * r;
-    if (i < a.dk) {
-      st[r] += ks[i] * delta;
-      po += st[r] * qs[i];
-    }
-  }
-  red2[group][warp][lane] = po;
-  __syncthreads();
-  if (warp == 0 && j < a.dv) {
-    float o = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kRecWarps; ++w) o += red2[group][w][lane];
-    a.out[t * a.o_s0 + h * a.o_s1 + j] = o;
-  }
-  __syncthreads();  // the head's outputs are visible to the block
+  delta_token<RPT>(a, t, h, j, warp, lane, threadIdx.y * 32 + lane, 32 * blockDim.y, st, qs, ks,
+                   red[group], red2[group]);
   if (threadIdx.y == 0) {
     const Rows o_rows{a.out, normed.n_rows, a.dv, a.hv, a.o_s0, a.o_s1};  // [n, Hv, dv] as rows
     rms_norm_row<kWarpNormPer, W, true, false>(o_rows, gate, normed, norm_w, 0.0f, eps, o_rows,
                                                t * a.hv + h, lane, 32,
                                                [](float ss) { return warp_sum(ss); });
   }
-#pragma unroll
-  for (int r = 0; r < RPT; ++r) {
-    const int i = warp + kRecWarps * r;
-    if (i < a.dk && j < a.dv) S[int64_t(i) * a.dv + j] = st[r];
-  }
+  delta_state_store<RPT>(a, S, j, warp, st);
 }
 
 constexpr int kChunk = 64;

@@ -51,6 +51,18 @@ __global__ void rms_norm_kernel(Rows x, Rows gate, Rows out, const W* w, float o
                                               32, [](float ss) { return warp_sum(ss); });
 }
 
+// The sum of ss over a block of kThreads: the warps' partial sums added in a fixed order.
+// red: kThreads / 32 floats of shared memory.
+__device__ __forceinline__ float block_sum(float ss, float* red) {
+  ss = warp_sum(ss);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
+  __syncthreads();
+  float total = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kThreads / 32; ++i) total += red[i];
+  return total;
+}
+
 // One block of kThreads per row of x [rows, d >= kBlockNormMinWidth]; the warps' partial sums
 // of squares are added in a fixed order.
 constexpr int kBlockNormPer = 8;
@@ -59,19 +71,10 @@ __global__ void __launch_bounds__(kThreads)
     rms_norm_block_kernel(Rows x, Rows gate, Rows out, const W* w, float offset, float eps,
                           Rows y) {
   grid_dependency_sync();
-  constexpr int kWarps = kThreads / 32;
-  __shared__ float red[kWarps];
-  auto block_sum = [&](float ss) {
-    ss = warp_sum(ss);
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
-    __syncthreads();
-    float total = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kWarps; ++i) total += red[i];
-    return total;
-  };
+  __shared__ float red[kThreads / 32];
   rms_norm_row<kBlockNormPer, W, kGated, kAdd>(x, gate, out, w, offset, eps, y, blockIdx.x,
-                                               threadIdx.x, kThreads, block_sum);
+                                               threadIdx.x, kThreads,
+                                               [&](float ss) { return block_sum(ss, red); });
 }
 
 // embedding_kernel's rows, then the norm of each as launch_rms_norm's kernel for that width
@@ -88,19 +91,10 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) dst[j] = to_f32(src[j]);
   __syncthreads();  // the row is visible to the whole block
   if (d >= kBlockNormMinWidth) {
-    constexpr int kWarps = kThreads / 32;
-    __shared__ float red[kWarps];
-    auto block_sum = [&](float ss) {
-      ss = warp_sum(ss);
-      if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
-      __syncthreads();
-      float total = 0.0f;
-#pragma unroll
-      for (int k = 0; k < kWarps; ++k) total += red[k];
-      return total;
-    };
+    __shared__ float red[kThreads / 32];
     rms_norm_row<kBlockNormPer, WN, false, false>(h, h, x, w, offset, eps, h, i, threadIdx.x,
-                                                  kThreads, block_sum);
+                                                  kThreads,
+                                                  [&](float ss) { return block_sum(ss, red); });
   } else if (threadIdx.x < 32) {
     rms_norm_row<kWarpNormPer, WN, false, false>(h, h, x, w, offset, eps, h, i, threadIdx.x, 32,
                                                  [](float ss) { return warp_sum(ss); });
