@@ -488,6 +488,19 @@ void launch_chunked(const DeltaArgs& a, const SeqLayout& layout, void* scratch,
   }
 }
 
+// The kernels' view of the op's tensors (shapes checked by the caller).
+DeltaArgs delta_args(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                     const Tensor& beta, const Tensor& state, const Tensor& out,
+                     const DevLayout& dl, DeltaMode mode) {
+  const int64_t hk = q.shape[1], dk = q.shape[2], hv = v.shape[1], dv = v.shape[2];
+  return DeltaArgs{q.ptr<float>(),    k.ptr<float>(), v.ptr<float>(), g.ptr<float>(),
+                   beta.ptr<float>(), q.stride[0],    q.stride[1],    k.stride[0],
+                   k.stride[1],       v.stride[0],    v.stride[1],    g.stride[0],
+                   beta.stride[0],    out.stride[0],  out.stride[1],  state.ptr<float>(),
+                   out.ptr<float>(),  int(hv),        int(hv / hk),   int(dk),
+                   int(dv),           dl.seq_start,   dl.slot,        mode};
+}
+
 bool delta_norm_fused_enabled() {
   static const bool on = env_switch_on("RECUR_CUDA_DELTA_NORM_FUSED");
   return on;
@@ -512,12 +525,7 @@ void CudaOps::gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v
   if (layout.n_seqs == 0) return;
   Impl& s = *impl_;
   const DevLayout dl = s.layout(layout, false);
-  DeltaArgs a{q.ptr<float>(),    k.ptr<float>(), v.ptr<float>(), g.ptr<float>(),
-              beta.ptr<float>(), q.stride[0],    q.stride[1],    k.stride[0],
-              k.stride[1],       v.stride[0],    v.stride[1],    g.stride[0],
-              beta.stride[0],    out.stride[0],  out.stride[1],  state.ptr<float>(),
-              out.ptr<float>(),  int(hv),        int(hv / hk),   int(dk),
-              int(dv),           dl.seq_start,   dl.slot,        kAllSeqs};
+  DeltaArgs a = delta_args(q, k, v, g, beta, state, out, dl, kAllSeqs);
   bool any_single = false, any_multi = false;
   for (int i = 0; i < layout.n_seqs; ++i) {
     any_single |= layout.seq_len(i) == 1;
@@ -571,12 +579,7 @@ void CudaOps::gated_delta_rule_norm(const Tensor& q, const Tensor& k, const Tens
               normed.shape[2] == dv && q.shape[0] == n && v.shape[0] == n);
   Impl& s = *impl_;
   const DevLayout dl = s.layout(layout, false);
-  DeltaArgs a{q.ptr<float>(),    k.ptr<float>(), v.ptr<float>(), g.ptr<float>(),
-              beta.ptr<float>(), q.stride[0],    q.stride[1],    k.stride[0],
-              k.stride[1],       v.stride[0],    v.stride[1],    g.stride[0],
-              beta.stride[0],    out.stride[0],  out.stride[1],  state.ptr<float>(),
-              out.ptr<float>(),  int(hv),        int(hv / hk),   int(dk),
-              int(dv),           dl.seq_start,   dl.slot,        kSingleTokenSeqs};
+  const DeltaArgs a = delta_args(q, k, v, g, beta, state, out, dl, kSingleTokenSeqs);
   const Rows gs = rows_of(gate), ns = rows_of(normed);
   const dim3 grid(unsigned(hv), unsigned(layout.n_seqs));
   const dim3 block(32, unsigned(kRecWarps * ((dv + 31) / 32)));
