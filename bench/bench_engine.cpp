@@ -108,6 +108,8 @@ double read_bandwidth_gbs(size_t bytes) {
   return best;
 }
 
+constexpr int kPromptLen = 8;  // tokens of each sequence's prompt
+
 Run decode(Ops& ops, const std::string& model, int batch, int tokens, int64_t sample_every) {
   EngineConfig cfg;
   cfg.max_batch = batch;
@@ -116,7 +118,8 @@ Run decode(Ops& ops, const std::string& model, int batch, int tokens, int64_t sa
   // are handed out first: the blocks used are those of the default 1 GiB pool), but at least
   // the 4,096 blocks the default gives one sequence of the 48-layer model, so that each layer's
   // cache (2 KiB a block there) stays >= 2 MiB and on huge pages as in the default pool.
-  cfg.kv_blocks = std::max(4096, batch * ((8 + tokens + cfg.block_size - 1) / cfg.block_size + 1));
+  cfg.kv_blocks =
+      std::max(4096, batch * ((kPromptLen + tokens + cfg.block_size - 1) / cfg.block_size + 1));
   auto e = Engine::create(model, ops, cfg, nullptr);
   if (!e.ok()) {
     fmt::print(stderr, "error: {}\n", e.error().to_string());
@@ -127,7 +130,7 @@ Run decode(Ops& ops, const std::string& model, int batch, int tokens, int64_t sa
   int64_t seen = 0;
   for (int b = 0; b < batch; ++b) {
     Request r;
-    for (int i = 1; i <= 8; ++i) r.prompt.push_back((i + b) % 256);
+    for (int i = 1; i <= kPromptLen; ++i) r.prompt.push_back((i + b) % 256);
     r.max_tokens = tokens;
     r.sampling.temperature = 0;
     r.stop.ignore_eos = true;
@@ -153,7 +156,7 @@ Run decode(Ops& ops, const std::string& model, int batch, int tokens, int64_t sa
   run.info = eng.model_info();
   // Decode token i (1-based, after the prefill's first) is fed at position prompt + i - 1 and
   // reads prompt + i positions.
-  for (int i = 1; i < tokens; ++i) run.context_positions += int64_t(batch) * (8 + i);
+  for (int i = 1; i < tokens; ++i) run.context_positions += int64_t(batch) * (kPromptLen + i);
   eng.step();  // prefill (not timed: this measures decode)
   const auto t0 = std::chrono::steady_clock::now();
   const double c0 = cpu_seconds();

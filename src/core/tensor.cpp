@@ -65,6 +65,15 @@ Tensor Tensor::slice_cols(int64_t begin, int64_t end) const {
   return t;
 }
 
+Tensor Tensor::col_heads(int64_t col, int64_t heads, int64_t d) const {
+  RECUR_CHECK(stride[1] == 1);
+  Tensor t = slice_cols(col, col + heads * d);
+  t.ndim = 3;
+  t.shape[1] = heads, t.shape[2] = d;
+  t.stride[1] = d, t.stride[2] = 1;
+  return t;
+}
+
 Tensor Tensor::reshaped(std::initializer_list<int64_t> new_shape) const {
   RECUR_CHECK(is_contiguous());
   Tensor t = contiguous(data, dtype, new_shape, device);

@@ -36,13 +36,19 @@ struct Tensor {
   int64_t row_size() const;  // elements per row when dims after 0 are contiguous
 
   template <typename T>
-  T* ptr() const { return static_cast<T*>(data); }
+  T* ptr() const {
+    return static_cast<T*>(data);
+  }
   template <typename T>
-  T* row(int64_t r) const { return static_cast<T*>(data) + r * stride[0]; }
+  T* row(int64_t r) const {
+    return static_cast<T*>(data) + r * stride[0];
+  }
 
   // Views sharing the same memory.
   Tensor slice_rows(int64_t begin, int64_t end) const;
   Tensor slice_cols(int64_t begin, int64_t end) const;  // last dimension of a 2-D view
+  // Columns [col, col + heads·d) of a 2-D view with unit column stride, as [rows, heads, d].
+  Tensor col_heads(int64_t col, int64_t heads, int64_t d) const;
   Tensor reshaped(std::initializer_list<int64_t> shape) const;  // contiguous views only
 
   std::string shape_string() const;  // "[3, 4]"

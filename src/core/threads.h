@@ -20,23 +20,30 @@ class ThreadPool {
 
   int size() const { return n_threads_; }
 
+  // How many ranges parallel_for_indexed(n, min_per_thread, ...) splits [0, n) into.
+  int parts_for(int64_t n, int64_t min_per_thread) const {
+    int parts = n_threads_;
+    if (min_per_thread > 0) {
+      int64_t max_parts = n / min_per_thread;
+      if (max_parts < parts) parts = int(max_parts < 1 ? 1 : max_parts);
+    }
+    return parts;
+  }
+
   // Calls fn(begin, end, part) over a split of [0, n) into at most size() contiguous ranges;
   // `part` < size() is unique among concurrent calls (an index for per-thread scratch).
   // Runs inline when n < 2 * min_per_thread or the pool has one thread.
   template <typename Fn>
   void parallel_for_indexed(int64_t n, int64_t min_per_thread, Fn&& fn) {
     if (n <= 0) return;
-    int parts = n_threads_;
-    if (min_per_thread > 0) {
-      int64_t max_parts = n / min_per_thread;
-      if (max_parts < parts) parts = int(max_parts < 1 ? 1 : max_parts);
-    }
+    const int parts = parts_for(n, min_per_thread);
     if (parts <= 1) {
       fn(int64_t(0), n, 0);
       return;
     }
     using F = std::remove_reference_t<Fn>;
-    run(n, parts, [](void* ctx, int64_t b, int64_t e, int p) { (*static_cast<F*>(ctx))(b, e, p); },
+    run(
+        n, parts, [](void* ctx, int64_t b, int64_t e, int p) { (*static_cast<F*>(ctx))(b, e, p); },
         &fn);
   }
 

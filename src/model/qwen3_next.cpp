@@ -115,9 +115,6 @@ class Qwen3Next final : public Model {
   int key_dim() const { return cfg_.linear_num_key_heads * cfg_.linear_key_head_dim; }
   int value_dim() const { return cfg_.linear_num_value_heads * cfg_.linear_value_head_dim; }
   int conv_dim() const { return 2 * key_dim() + value_dim(); }
-  int value_heads_per_key() const {
-    return cfg_.linear_num_value_heads / cfg_.linear_num_key_heads;
-  }
 
   Qwen3NextConfig cfg_;
   Ops& ops_;
@@ -479,15 +476,8 @@ void Qwen3Next::gated_delta_net(const Layer& L, const SeqLayout& sl, int n) {
     in.conv_out = conv, in.z = z, in.g = g, in.beta = beta;
     ops_.gdn_inputs(in, sl);
   }
-  auto heads_view = [&](int64_t col, int64_t heads, int64_t d) {  // [n, heads, d] in conv
-    Tensor t = conv.slice_cols(col, col + heads * d);
-    t.ndim = 3;
-    t.shape[1] = heads, t.shape[2] = d;
-    t.stride[1] = d, t.stride[2] = 1;
-    return t;
-  };
-  Tensor q = heads_view(0, hk, dk), k = heads_view(key_dim(), hk, dk);
-  Tensor v = heads_view(2 * key_dim(), hv, dv);
+  Tensor q = conv.col_heads(0, hk, dk), k = conv.col_heads(key_dim(), hk, dk);  // [n, Hk, dk]
+  Tensor v = conv.col_heads(2 * key_dim(), hv, dv);                             // [n, Hv, dv]
   // Gated RMSNorm per value head with silu(z) on the delta rule's output (one op: a backend
   // may keep the head's output on chip between the two), then the output projection.
   Tensor core = ws_.core_out.slice_rows(0, n).reshaped({n, hv, dv});

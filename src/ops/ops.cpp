@@ -82,16 +82,8 @@ void Ops::gdn_inputs(const GdnInputArgs& g, const SeqLayout& layout) {
   const Tensor ba_dsts[] = {g.b, g.a};
   split_groups(g.ba, hk, ba_parts, ba_dsts);
   conv1d_causal_silu(g.mixed, g.conv_weight, g.conv_state, layout, g.conv_out);
-  const int64_t n = g.conv_out.shape[0];
-  auto heads_view = [&](int64_t col, int64_t heads, int64_t d) {  // [n, heads, d] in conv_out
-    Tensor t = g.conv_out.slice_cols(col, col + heads * d);
-    t.ndim = 3;
-    t.shape[0] = n, t.shape[1] = heads, t.shape[2] = d;
-    t.stride[1] = d, t.stride[2] = 1;
-    return t;
-  };
-  l2_norm(heads_view(0, hk, dk), g.l2_eps, g.q_scale);
-  l2_norm(heads_view(key_dim, hk, dk), g.l2_eps, 1.0f);
+  l2_norm(g.conv_out.col_heads(0, hk, dk), g.l2_eps, g.q_scale);
+  l2_norm(g.conv_out.col_heads(key_dim, hk, dk), g.l2_eps, 1.0f);
   gdn_gates(g.a, g.b, g.a_log, g.dt_bias, g.g, g.beta);
 }
 

@@ -296,22 +296,18 @@ inline void part_range(int64_t n_ctx, int64_t bs, int n, int i, int64_t* p0, int
 void merge_parts(const float* parts, int n, int64_t G, int64_t hd, float* out,
                  int64_t head_stride) {
   const int64_t part_floats = G * hd + 2 * G;
-  if (n == 1) {  // the general path with M = mx, w = e^0 = 1 exactly: no exp, same bits
-    for (int64_t g = 0; g < G; ++g) {
-      if (!std::isfinite(parts[G * hd + g])) break;  // e^(mx - mx) is not 1: the general path
-      const float den = 0.0f + parts[G * hd + G + g];
-      const float inv = 1.0f / den;
-      const float* a = parts + g * hd;
-      float* o = out + g * head_stride;
-      for (int64_t d = 0; d < hd; ++d) o[d] = (0.0f + a[d]) * inv;
-      if (g == G - 1) return;
-    }
-  }
   for (int64_t g = 0; g < G; ++g) {
+    float* o = out + g * head_stride;
+    if (n == 1 && std::isfinite(parts[G * hd + g])) {
+      // The general path below with M = mx, so w = e^0 = 1 exactly: no exp, same bits.
+      const float inv = 1.0f / (0.0f + parts[G * hd + G + g]);
+      const float* a = parts + g * hd;
+      for (int64_t d = 0; d < hd; ++d) o[d] = (0.0f + a[d]) * inv;
+      continue;
+    }
     float M = -INFINITY;
     for (int i = 0; i < n; ++i) M = std::max(M, parts[i * part_floats + G * hd + g]);
     float den = 0.0f;
-    float* o = out + g * head_stride;
     std::fill(o, o + hd, 0.0f);
     for (int i = 0; i < n; ++i) {
       const float* p = parts + i * part_floats;

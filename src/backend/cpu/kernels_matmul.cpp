@@ -22,13 +22,13 @@ using namespace cpu;
 
 namespace {
 
-constexpr int64_t kTokenTile = 64;
+constexpr int64_t kTokenTile = 64;  // x rows kept hot in cache while sweeping the weight rows
 
 // Cache lines to ask for one at a time from inside a compute loop: [next, end).
 struct LineStream {
   const char* next = nullptr;
   const char* end = nullptr;
-};  // x rows kept hot in cache while sweeping the weight rows
+};
 
 #if defined(__AVX512F__)
 inline __m512 load16(const float* p, __mmask16 m) {
@@ -275,8 +275,8 @@ void kmajor_tokens(const W* w, int64_t ld, int64_t k, const float* x, int64_t x_
   }
   int64_t t = 0;
   auto tile = [&](int nt) {
-    kmajor_tile_n<NV, NT>(nt, t == 0 && ahead > 0, w, ld, k, x + t * x_stride, x_stride,
-                          out + t * out_stride, out_stride, last, accumulate, ahead, stream);
+    kmajor_tile_n<NV, NT>(nt, t == 0, w, ld, k, x + t * x_stride, x_stride, out + t * out_stride,
+                          out_stride, last, accumulate, ahead, stream);
     t += nt;
   };
   for (int64_t i = 0; i < full; ++i) tile(NT);
@@ -392,28 +392,28 @@ void CpuOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulat
     last_weight_.store(&self, std::memory_order_relaxed);
     // The step's matmuls come in the same order every time: the weight that followed this one
     // last time is asked for while this one computes (tiles after the first, one line per
-    // iteration), and its first bytes not yet asked for when this one ends, so the ops in
-    // between hide its latency. Parallel parts each take their own share of the stream.
+    // iteration, when the matmul runs as one part), and its first bytes not yet asked for when
+    // this one ends, so the ops in between hide its latency.
     const char* next = static_cast<const char*>(self.next.load(std::memory_order_relaxed));
     const int64_t next_bytes =
         next == nullptr ? 0 : self.next_bytes.load(std::memory_order_relaxed);
-    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(pool_.size(), vectors));
-    std::atomic<int64_t> streamed{0};  // bytes the tiles asked for, from the start
+    const bool one_part = pool_.parts_for(vectors, min_vectors) <= 1;
+    int64_t streamed = 0;  // bytes the tiles asked for, from the start (one part only)
     dispatch_weight(w.dtype, [&](auto tag) {
       using W = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
-      pool_.parallel_for_indexed(vectors, min_vectors, [&](int64_t v0, int64_t v1, int part) {
+      pool_.parallel_for_indexed(vectors, min_vectors, [&](int64_t v0, int64_t v1, int) {
         LineStream stream;
-        if (next != nullptr && parts == 1) {
+        if (next != nullptr && one_part) {
           stream.next = next;
           stream.end = next + next_bytes;
         }
         kmajor_block<W>(x.ptr<float>(), x.stride[0], w.ptr<W>(), ld, k, out.ptr<float>(),
                         out.stride[0], n, v0 * 16, std::min(m, v1 * 16), accumulate, &stream);
-        if (stream.next != nullptr && part == 0) streamed = stream.next - next;
+        if (one_part && stream.next != nullptr) streamed = stream.next - next;
       });
     });
     if (next != nullptr) {
-      const int64_t from = streamed.load(std::memory_order_relaxed);
+      const int64_t from = streamed;
       const int64_t to = std::min<int64_t>(next_bytes, from + kNextWeightPrefetchBytes);
       for (int64_t off = from; off < to; off += 64) prefetch_line(next + off);
       // And the table entry the next call will look up.

@@ -18,14 +18,12 @@ void CpuOps::moe_route(const Tensor& logits, int k, bool norm_topk, Tensor ids, 
     const float* l = logits.row<float>(t);
     float mx = l[0];
     for (int64_t e = 1; e < E; ++e) mx = std::max(mx, l[e]);
-    // e^(l - mx) once per expert (kept for the chosen ones when E is small).
-    constexpr int64_t kKeep = 256;
-    double ex[kKeep];
+    // e^(l - mx) once per expert, kept for the chosen ones (E ≤ 4096: 32 KB of stack).
+    double ex[4096];
     double sum = 0.0;
     for (int64_t e = 0; e < E; ++e) {
-      const double x = std::exp(double(l[e] - mx));
-      if (e < kKeep) ex[e] = x;
-      sum += x;
+      ex[e] = std::exp(double(l[e] - mx));
+      sum += ex[e];
     }
     // Top-k by logit (softmax is monotonic); ties go to the lower expert index.
     int32_t top[64];
@@ -43,7 +41,7 @@ void CpuOps::moe_route(const Tensor& logits, int k, bool norm_topk, Tensor ids, 
     double kept = 0.0;
     for (int j = 0; j < k; ++j) {
       id_row[j] = top[j];
-      const double p = (top[j] < kKeep ? ex[top[j]] : std::exp(double(l[top[j]] - mx))) / sum;
+      const double p = ex[top[j]] / sum;
       w_row[j] = float(p);
       kept += p;
     }
