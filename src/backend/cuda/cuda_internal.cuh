@@ -26,6 +26,33 @@ namespace recur::cuda {
 // _MOE_PRELOAD, _MOE_TENSOR_CORES, _DELTA_NORM_FUSED).
 bool env_switch_on(const char* name);
 
+#ifdef RECUR_CUDA_TRACE
+// Measurement build (cmake -DRECUR_CUDA_TRACE=ON): the first thread of each kernel's first
+// block stamps %globaltimer as it reaches grid_dependency_sync and as its wait returns, into
+// slot i of a ring (i taken before the wait, in launch order). RECUR_CUDA_TRACE_OUT names
+// the file the ring and the decode graphs' kernel names are written to at exit.
+constexpr unsigned kTraceSlots = 1u << 20;
+struct TraceRing {
+  // [kTraceSlots][4]: reached the wait, left it, grid x | y << 20 | z << 40, block threads
+  unsigned long long* stamps = nullptr;
+  unsigned* next = nullptr;  // [1] slots taken
+};
+// Every translation unit has its own copy of the device-side ring pointer; each registers a
+// setter so the host can point them all at one ring.
+void register_trace_setter(void (*set)(const TraceRing&));
+namespace {
+__device__ TraceRing g_trace_ring;
+void set_trace_ring(const TraceRing& r) {
+  cudaMemcpyToSymbol(g_trace_ring, &r, sizeof r);
+}
+[[maybe_unused]] const bool g_trace_registered = (register_trace_setter(&set_trace_ring), true);
+}  // namespace
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+#endif
 }  // namespace recur::cuda
 
 // Every CUDA runtime call goes through this: an error aborts with the call, the CUDA message
@@ -119,11 +146,14 @@ struct CudaOps::Impl {
   // graph. Kernel arguments are then fixed: the batch arrays sit at fixed offsets of the mirror
   // (block tables last) and no launch depends on host data beyond the shape.
   enum class Mode { kEager, kCapturing, kReplaying };
+  // A decode graph begins with the batch upload (pinned buffer to mirror): upload_elems int32
+  // elements, enough for the shape's arrays at the longest context.
   struct DecodeGraph {
     int n_tokens, n_seqs, n_logits;
     const void* output;  // the forward's result buffer: every other argument is the model's
     int runs = 0;
     cudaGraphExec_t exec = nullptr;
+    size_t upload_elems = 0;
   };
   Mode mode = Mode::kEager;
   bool graphs = true;  // RECUR_CUDA_GRAPHS=0 turns them off
@@ -144,14 +174,24 @@ struct CudaOps::Impl {
   void profile_mark(const char* what);
   void profile_collect();  // after the stream was synchronised
 
+#ifdef RECUR_CUDA_TRACE
+  cuda::TraceRing trace;     // device ring (cuda_internal.cuh, grid_dependency_sync)
+  std::string trace_graphs;  // each captured decode graph's kernel names, in node order
+  void trace_start();
+  void trace_write();
+#endif
+
   ~Impl();
   // True while a replayed forward's ops are skipped (the graph does their work).
-  bool replaying() const { return mode == Mode::kReplaying; }
+  bool replaying() const {
+    return mode == Mode::kReplaying;
+  }
   // Ends a captured or replayed forward: instantiates and launches, or launches, its graph.
   // Every entry point that is not a forward op calls this first.
   void end_forward();
-  // Decides how the forward that begin_forward just uploaded runs.
-  void start_forward(const SeqLayout& l, int n_logits, const void* output);
+  // Decides how the forward whose arrays begin_forward packed (upload_elems of them) runs, and
+  // uploads them: by a copy on the stream, or inside the decode graph.
+  void start_forward(const SeqLayout& l, int n_logits, const void* output, size_t upload_elems);
   // A device pointer holding `host[0..count)`: the mirror when begin_forward uploaded it,
   // otherwise an ad hoc upload.
   const int32_t* ints(const int32_t* host, int64_t count);
@@ -259,8 +299,29 @@ void dispatch_weight(DType dt, Fn&& fn) {
 // directly before waits in every block before exiting (so they had completed when this one
 // could launch); those go through L2 (__ldcg).
 __device__ __forceinline__ void grid_dependency_sync() {
+#ifdef RECUR_CUDA_TRACE
+  const bool stamp =
+      (blockIdx.x | blockIdx.y | blockIdx.z | threadIdx.x | threadIdx.y | threadIdx.z) == 0 &&
+      g_trace_ring.stamps;
+  unsigned slot = 0;
+  unsigned long long reached = 0;
+  if (stamp) {
+    reached = global_ns();
+    slot = atomicAdd(g_trace_ring.next, 1u) % kTraceSlots;
+  }
+#endif
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#ifdef RECUR_CUDA_TRACE
+  if (stamp) {
+    unsigned long long* r = g_trace_ring.stamps + 4 * size_t(slot);
+    r[0] = reached;
+    r[1] = global_ns();
+    r[2] = gridDim.x | (static_cast<unsigned long long>(gridDim.y) << 20) |
+           (static_cast<unsigned long long>(gridDim.z) << 40);
+    r[3] = blockDim.x * blockDim.y * blockDim.z;
+  }
+#endif
 }
 
 // False when RECUR_CUDA_PDL=0 (plain stream order, for comparison).

@@ -61,7 +61,50 @@ Rows rows_of(const Tensor& t) {
   return r;
 }
 
+#ifdef RECUR_CUDA_TRACE
+static std::vector<void (*)(const TraceRing&)>& trace_setters() {
+  static std::vector<void (*)(const TraceRing&)> setters;
+  return setters;
+}
+void register_trace_setter(void (*set)(const TraceRing&)) {
+  trace_setters().push_back(set);
+}
+#endif
+
 }  // namespace cuda
+
+#ifdef RECUR_CUDA_TRACE
+void CudaOps::Impl::trace_start() {
+  RECUR_CUDA_CHECK(cudaMalloc(&trace.stamps, size_t(cuda::kTraceSlots) * 4 * 8));
+  RECUR_CUDA_CHECK(cudaMalloc(&trace.next, sizeof(unsigned)));
+  RECUR_CUDA_CHECK(cudaMemset(trace.next, 0, sizeof(unsigned)));
+  for (auto set : cuda::trace_setters()) set(trace);
+  RECUR_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// Text: "graph" blocks of kernel names, then "stamps N" and N lines "reached left grid
+// threads" (ns; grid x,y,z).
+void CudaOps::Impl::trace_write() {
+  const char* path = std::getenv("RECUR_CUDA_TRACE_OUT");
+  if (!path || !trace.stamps) return;
+  unsigned next = 0;
+  RECUR_CUDA_CHECK(cudaMemcpy(&next, trace.next, sizeof next, cudaMemcpyDeviceToHost));
+  const unsigned n = std::min(next, cuda::kTraceSlots);
+  std::vector<unsigned long long> st(size_t(cuda::kTraceSlots) * 4);
+  RECUR_CUDA_CHECK(cudaMemcpy(st.data(), trace.stamps, st.size() * 8, cudaMemcpyDeviceToHost));
+  FILE* f = std::fopen(path, "w");
+  if (!f) return;
+  std::fputs(trace_graphs.c_str(), f);
+  std::fprintf(f, "stamps %u\n", n);
+  for (unsigned i = next - n; i < next; ++i) {
+    const unsigned k = i % cuda::kTraceSlots;
+    const unsigned long long* r = st.data() + 4 * size_t(k);
+    std::fprintf(f, "%llu %llu %llu,%llu,%llu %llu\n", r[0], r[1], r[2] & 0xfffff,
+                 (r[2] >> 20) & 0xfffff, r[2] >> 40, r[3]);
+  }
+  std::fclose(f);
+}
+#endif
 
 namespace {
 constexpr size_t kSlabBytes = size_t(512) << 20;  // weight slab; larger weights get their own
@@ -108,6 +151,9 @@ CudaOps::Impl::~Impl() {
     stream = main_stream;
   }
   if (stream) cudaStreamSynchronize(stream);
+#ifdef RECUR_CUDA_TRACE
+  trace_write();
+#endif
   if (profile) {
     profile_collect();
     std::vector<std::pair<double, std::string>> rows;
@@ -189,6 +235,9 @@ Result<std::unique_ptr<CudaOps>> CudaOps::create(int device) {
   RECUR_ASSIGN_OR_RETURN(s.gdn_chunks, s.alloc.allocate(kGdnChunkBytes, "delta rule chunks"));
   RECUR_ASSIGN_OR_RETURN(s.expert_table_pool,
                          s.alloc.allocate(kExpertTablePointers * sizeof(void*), "expert tables"));
+#ifdef RECUR_CUDA_TRACE
+  s.trace_start();
+#endif
   return Result<std::unique_ptr<CudaOps>>(std::move(ops));
 }
 
@@ -300,7 +349,8 @@ void CudaOps::begin_forward(const SeqLayout& l, std::span<const int32_t> tokens,
   size_t total = 0;
   for (const Part& p : parts) total += size_t(p.n + 3) / 4 * 4;  // each part 16-byte aligned
   // The previous upload must have left the pinned buffer before it is rewritten (normally
-  // long done: the previous forward ended with a copy to the host).
+  // long done: the previous forward ended with a copy to the host). A decode graph uploads at
+  // its start, and its event is recorded after the whole graph.
   RECUR_CUDA_CHECK(cudaEventSynchronize(s.upload_done));
   if (total > s.pinned_capacity) {
     // Beyond the limits given to reserve() (or without them, in tests): grow once more. The
@@ -328,12 +378,7 @@ void CudaOps::begin_forward(const SeqLayout& l, std::span<const int32_t> tokens,
     s.mirrored.push_back({p.p, p.n, off});
     off += (p.n + 3) / 4 * 4;
   }
-  if (off > 0) {
-    RECUR_CUDA_CHECK(cudaMemcpyAsync(s.mirror.data(), s.pinned, size_t(off) * 4,
-                                     cudaMemcpyHostToDevice, s.stream));
-  }
-  RECUR_CUDA_CHECK(cudaEventRecord(s.upload_done, s.stream));
-  s.start_forward(l, int(logit_rows.size()), output);
+  s.start_forward(l, int(logit_rows.size()), output, size_t(off));
   if (s.profile) {
     const bool decode = l.n_tokens == l.n_seqs;
     s.prof_prefix = (decode ? "decode b=" : "prompt n=") + std::to_string(l.n_tokens) + " ";
@@ -365,13 +410,25 @@ void CudaOps::Impl::profile_collect() {
   prof_used = 0;
 }
 
-void CudaOps::Impl::start_forward(const SeqLayout& l, int n_logits, const void* output) {
+void CudaOps::Impl::start_forward(const SeqLayout& l, int n_logits, const void* output,
+                                  size_t upload_elems) {
+  auto upload = [&](cudaStream_t st, size_t elems) {
+    if (elems > 0) {
+      RECUR_CUDA_CHECK(
+          cudaMemcpyAsync(mirror.data(), pinned, elems * 4, cudaMemcpyHostToDevice, st));
+    }
+  };
   bool decode = graphs && output && limits.max_context > 0 && l.n_tokens > 0 &&
-                l.n_tokens == l.n_seqs && l.positions && l.slot && l.block_start;
+                l.n_tokens == l.n_seqs && l.positions && l.slot && l.block_start &&
+                l.block_size > 0;
   // Every sequence brings exactly one token (a shape such as lengths 0 and 2 would make other
   // launch choices on the host).
   for (int i = 0; decode && i < l.n_seqs; ++i) decode = l.seq_start[i + 1] - l.seq_start[i] == 1;
-  if (!decode) return;
+  auto eager = [&] {
+    upload(main_stream, upload_elems);
+    RECUR_CUDA_CHECK(cudaEventRecord(upload_done, main_stream));
+  };
+  if (!decode) return eager();
   int found = -1;
   for (size_t i = 0; i < decode_graphs.size(); ++i) {
     const DecodeGraph& g = decode_graphs[i];
@@ -382,18 +439,30 @@ void CudaOps::Impl::start_forward(const SeqLayout& l, int n_logits, const void* 
     }
   }
   if (found < 0) {
-    if (decode_graphs.size() >= kMaxDecodeGraphs) return;
+    if (decode_graphs.size() >= kMaxDecodeGraphs) return eager();
     decode_graphs.push_back({l.n_tokens, l.n_seqs, n_logits, output});
     found = int(decode_graphs.size()) - 1;
   }
   DecodeGraph& g = decode_graphs[size_t(found)];
   current_graph = found;
+  if (g.upload_elems == 0) {
+    const int64_t max_blocks = (int64_t(limits.max_context) + l.block_size - 1) / l.block_size;
+    g.upload_elems = std::min(pinned_capacity,
+                              mirror_elems(l.n_tokens, l.n_seqs, l.n_seqs * max_blocks, n_logits));
+  }
+  if (upload_elems > g.upload_elems) {  // beyond the announced context: the rest goes first
+    upload(main_stream, upload_elems);
+  }
   if (g.exec) {
-    // The graph goes to the GPU now, behind the upload; the forward's ops then only return.
+    // The graph (its upload first) goes to the GPU now; the forward's ops then only return.
     RECUR_CUDA_CHECK(cudaGraphLaunch(g.exec, main_stream));
+    RECUR_CUDA_CHECK(cudaEventRecord(upload_done, main_stream));
     mode = Mode::kReplaying;
-  } else if (g.runs++ >= 1) {
-    // The capture runs on its own non-blocking stream, ordered after the upload.
+    return;
+  }
+  if (g.runs++ == 0) return eager();  // the shape's first forward runs eagerly
+  {
+    // The capture runs on its own non-blocking stream, ordered after the work before it.
     RECUR_CUDA_CHECK(cudaEventRecord(capture_fork, main_stream));
     RECUR_CUDA_CHECK(cudaStreamWaitEvent(capture_stream, capture_fork, 0));
     RECUR_CUDA_CHECK(cudaStreamBeginCapture(capture_stream, cudaStreamCaptureModeRelaxed));
@@ -403,6 +472,8 @@ void CudaOps::Impl::start_forward(const SeqLayout& l, int n_logits, const void* 
     RECUR_CUBLAS_CHECK(
         cublasSetWorkspace(cublas, cublas_workspace.data(), cublas_workspace.bytes()));
     mode = Mode::kCapturing;
+    // The graph's first node: replays read the pinned buffer as begin_forward left it.
+    upload(capture_stream, g.upload_elems);
   }
 }
 
@@ -423,10 +494,40 @@ void CudaOps::Impl::end_forward() {
   RECUR_CUDA_CHECK(cudaGraphInstantiate(&g.exec, graph, 0));
   static const char* disabled = std::getenv("RECUR_CUDA_DISABLE_KERNELS");
   if (disabled && *disabled) disable_graph_kernels(graph, g.exec, disabled);
+#ifdef RECUR_CUDA_TRACE
+  trace_graphs += "graph " + std::to_string(g.n_tokens) + "\n";
+  {
+    size_t n = 0;
+    RECUR_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
+    std::vector<cudaGraphNode_t> nodes(n);
+    RECUR_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
+    for (cudaGraphNode_t node : nodes) {
+      cudaGraphNodeType type;
+      RECUR_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+      if (type != cudaGraphNodeTypeKernel) {
+        trace_graphs += "node (not a kernel)\n";
+        continue;
+      }
+      cudaKernelNodeParams params{};
+      RECUR_CUDA_CHECK(cudaGraphKernelNodeGetParams(node, &params));
+      const char* raw = nullptr;
+      if (cudaFuncGetName(&raw, params.func) != cudaSuccess || !raw) raw = "?";
+      int status = 0;
+      char* dem = abi::__cxa_demangle(raw, nullptr, nullptr, &status);
+      std::string name = status == 0 && dem ? dem : raw;
+      std::free(dem);
+      trace_graphs +=
+          "node " + name.substr(0, 100) + " grid " + std::to_string(params.gridDim.x) + "," +
+          std::to_string(params.gridDim.y) + "," + std::to_string(params.gridDim.z) + " threads " +
+          std::to_string(params.blockDim.x * params.blockDim.y * params.blockDim.z) + "\n";
+    }
+  }
+#endif
   RECUR_CUDA_CHECK(cudaGraphDestroy(graph));
   mode = Mode::kEager;
   current_graph = -1;
   RECUR_CUDA_CHECK(cudaGraphLaunch(g.exec, main_stream));
+  RECUR_CUDA_CHECK(cudaEventRecord(upload_done, main_stream));
 }
 
 // Measurement only (RECUR_CUDA_DISABLE_KERNELS="pattern;pattern"): the decode graph's kernels

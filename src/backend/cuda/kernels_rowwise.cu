@@ -84,17 +84,36 @@ template <typename W, typename WN>
 __global__ void __launch_bounds__(kThreads)
     embedding_rms_norm_kernel(const int32_t* ids, const W* table, Rows h, Rows x, const WN* w,
                               float offset, float eps) {
-  grid_dependency_sync();
+  // The ids (batch mirror), the table row and the norm weights load before the wait: issued
+  // after it, they queued behind the next kernel's early weight loads (a large GEMV).
   const int64_t i = blockIdx.x, d = h.d;
   const W* src = table + int64_t(ids[i]) * d;
+  constexpr int kPer = kBlockNormPer;
+  float row[kPer];
+#pragma unroll
+  for (int q = 0; q < kPer; ++q) {
+    const int64_t j = threadIdx.x + int64_t(q) * blockDim.x;
+    row[q] = j < d ? to_f32(src[j]) : 0.0f;
+  }
+  const bool block_norm = d >= kBlockNormMinWidth && blockDim.x == kThreads;
+  NormWeights<kPer> wpre;
+  if (block_norm) wpre = load_norm_weights<kPer>(w, d, threadIdx.x, kThreads);
+  grid_dependency_sync();
   float* dst = h.row(i);
-  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) dst[j] = to_f32(src[j]);
+#pragma unroll
+  for (int q = 0; q < kPer; ++q) {
+    const int64_t j = threadIdx.x + int64_t(q) * blockDim.x;
+    if (j < d) dst[j] = row[q];
+  }
+  for (int64_t j = threadIdx.x + int64_t(kPer) * blockDim.x; j < d; j += blockDim.x) {
+    dst[j] = to_f32(src[j]);
+  }
   __syncthreads();  // the row is visible to the whole block
   if (d >= kBlockNormMinWidth) {
     __shared__ float red[kThreads / 32];
-    rms_norm_row<kBlockNormPer, WN, false, false>(h, h, x, w, offset, eps, h, i, threadIdx.x,
-                                                  kThreads,
-                                                  [&](float ss) { return block_sum(ss, red); });
+    rms_norm_row<kBlockNormPer, WN, false, false>(
+        h, h, x, w, offset, eps, h, i, threadIdx.x, kThreads,
+        [&](float ss) { return block_sum(ss, red); }, wpre);
   } else if (threadIdx.x < 32) {
     rms_norm_row<kWarpNormPer, WN, false, false>(h, h, x, w, offset, eps, h, i, threadIdx.x, 32,
                                                  [](float ss) { return warp_sum(ss); });
@@ -244,6 +263,8 @@ __global__ void __launch_bounds__(32) attention_inputs_kernel(AttnInputArgs a) {
     kd = a.kc + block * a.kc_s0 + h * a.kc_s1 + off;
     vd = a.vc + block * a.vc_s0 + h * a.vc_s1 + off * a.vc_s2;
   }
+  const W* w = static_cast<const W*>(is_q ? a.q_norm : a.k_norm);
+  const auto wpre = load_norm_weights<kWarpNormPer>(w, hd, lane, 32);
   grid_dependency_sync();
   if (is_q) {
     for (int e = lane; e < hd; e += 32) {
@@ -255,9 +276,9 @@ __global__ void __launch_bounds__(32) attention_inputs_kernel(AttnInputArgs a) {
   const int64_t r = is_q ? t * a.heads + row : t * a.kv + (row - a.heads);
   const Rows& in = is_q ? a.q_in : a.k;
   const Rows& out = is_q ? a.q : a.k;
-  const W* w = static_cast<const W*>(is_q ? a.q_norm : a.k_norm);
-  rms_norm_row<kWarpNormPer, W, false, false>(in, in, out, w, a.offset, a.eps, in, r, lane, 32,
-                                              [](float ss) { return warp_sum(ss); });
+  rms_norm_row<kWarpNormPer, W, false, false>(
+      in, in, out, w, a.offset, a.eps, in, r, lane, 32, [](float ss) { return warp_sum(ss); },
+      wpre);
   __syncwarp();
   float* xr = out.row(r);
   for (int i = lane; i < half; i += 32) {

@@ -16,10 +16,32 @@ constexpr int kWarpNormPer = 8;
 // elements (x, y, w, gate) are loaded before anything is stored, so their loads are in flight
 // together (a store to x would otherwise keep later loads waiting); the sum of squares runs in
 // the plain loop's order.
+// The first kPer weights of the elements a thread handles (first, first + stride, ...), as
+// rms_norm_row reads them; a kernel may load them before its PDL wait (weights).
+template <int kPer>
+struct NormWeights {
+  float v[kPer];
+  bool loaded = false;
+};
+template <int kPer, typename W>
+__device__ __forceinline__ NormWeights<kPer> load_norm_weights(const W* w, int64_t d, int first,
+                                                               int stride) {
+  NormWeights<kPer> nw;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int64_t j = first + int64_t(i) * stride;
+    nw.v[i] = j < d ? to_f32(w[j]) : 0.0f;
+  }
+  nw.loaded = true;
+  return nw;
+}
+
+// pre: the weights from load_norm_weights, or not loaded (read here).
 template <int kPer, typename W, bool kGated, bool kAdd, typename Reduce>
 __device__ __forceinline__ void rms_norm_row(const Rows& x, const Rows& gate, const Rows& out,
                                              const W* w, float offset, float eps, const Rows& y,
-                                             int64_t r, int first, int stride, Reduce reduce) {
+                                             int64_t r, int first, int stride, Reduce reduce,
+                                             const NormWeights<kPer>& pre = {}) {
   const int64_t d = x.d;
   float* xr = x.row(r);
   const float* yr = kAdd ? y.row(r) : nullptr;
@@ -28,11 +50,12 @@ __device__ __forceinline__ void rms_norm_row(const Rows& x, const Rows& gate, co
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int64_t j = first + int64_t(i) * stride;
-    v[i] = wv[i] = gv[i] = 0.0f;
+    v[i] = gv[i] = 0.0f;
+    wv[i] = pre.loaded ? pre.v[i] : 0.0f;
     if (j < d) {
       v[i] = xr[j];
       if constexpr (kAdd) v[i] += yr[j];
-      wv[i] = to_f32(w[j]);
+      if (!pre.loaded) wv[i] = to_f32(w[j]);
       if constexpr (kGated) gv[i] = gr[j];
     }
   }
