@@ -40,11 +40,12 @@ constexpr int kRecWarps = 4;
 // qs, ks [≥ dk] are the block's; red, red2 [kRecWarps][32] its column group's. Every thread of
 // the block calls it (n_threads of them); it ends with a barrier, after which o is visible to
 // the block and the shared arrays may be rewritten.
+// o_shared (or null): o [dv] is also written there, for the block's own later use.
 template <int RPT>
 __device__ __forceinline__ void delta_token(const DeltaArgs& a, int64_t t, int h, int j, int warp,
                                             int lane, int tid, int n_threads, float (&st)[RPT],
                                             float* qs, float* ks, float (*red)[32],
-                                            float (*red2)[32]) {
+                                            float (*red2)[32], float* o_shared = nullptr) {
   const int kh = h / a.group;
   for (int i = tid; i < a.dk; i += n_threads) {
     qs[i] = a.q[t * a.q_s0 + kh * a.q_s1 + i];
@@ -87,6 +88,7 @@ __device__ __forceinline__ void delta_token(const DeltaArgs& a, int64_t t, int h
 #pragma unroll
     for (int w = 0; w < kRecWarps; ++w) o += red2[w][lane];
     a.out[t * a.o_s0 + h * a.o_s1 + j] = o;
+    if (o_shared) o_shared[j] = o;
   }
   __syncthreads();
 }
@@ -153,18 +155,22 @@ __global__ void __launch_bounds__(32 * kRecWarps * kNormMaxGroups)
   float* S = a.state + (int64_t(a.slot[s]) * a.hv + h) * a.dk * a.dv;
   __shared__ float qs[kRecWarps * RPT], ks[kRecWarps * RPT];
   __shared__ float red[kNormMaxGroups][kRecWarps][32], red2[kNormMaxGroups][kRecWarps][32];
+  __shared__ float o_head[32 * kNormMaxGroups];
   float st[RPT];
   delta_state_load<RPT>(a, S, j, warp, st);  // before the wait, as in delta_recurrent_kernel
+  NormWeights<kWarpNormPer> wpre;
+  if (threadIdx.y == 0) wpre = load_norm_weights<kWarpNormPer>(norm_w, a.dv, lane, 32);
   grid_dependency_sync();
   delta_token<RPT>(a, t, h, j, warp, lane, threadIdx.y * 32 + lane, 32 * blockDim.y, st, qs, ks,
-                   red[group], red2[group]);
+                   red[group], red2[group], o_head);
+  delta_state_store<RPT>(a, S, j, warp, st);  // the final state, stored while the norm runs
   if (threadIdx.y == 0) {
-    const Rows o_rows{a.out, normed.n_rows, a.dv, a.hv, a.o_s0, a.o_s1};  // [n, Hv, dv] as rows
-    rms_norm_row<kWarpNormPer, W, true, false>(o_rows, gate, normed, norm_w, 0.0f, eps, o_rows,
-                                               t * a.hv + h, lane, 32,
-                                               [](float ss) { return warp_sum(ss); });
+    // The head's output row from shared memory (every row index maps to o_head).
+    const Rows o_row{o_head, normed.n_rows, a.dv, a.hv, 0, 0};
+    rms_norm_row<kWarpNormPer, W, true, false>(
+        o_row, gate, normed, norm_w, 0.0f, eps, o_row, t * a.hv + h, lane, 32,
+        [](float ss) { return warp_sum(ss); }, wpre);
   }
-  delta_state_store<RPT>(a, S, j, warp, st);
 }
 
 constexpr int kChunk = 64;

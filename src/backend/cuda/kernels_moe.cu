@@ -377,6 +377,21 @@ __global__ void __launch_bounds__(kGemvThreads) moe_gemv_warp_kernel(MoeGemmArgs
       }
     }
   }
+  if constexpr (kDual && NT == 1) {
+    // Gate/up of one token waits for the routing that picks its experts, a chain that leaves
+    // DRAM idle. The shared expert's tile needs no routing: its rows are fetched into L2
+    // meanwhile, and read from there after the wait.
+    if (a.direct_shared >= 0 && int(blockIdx.y) == a.direct_k - 1 && orow0 < a.m) {
+      const int rows = int(min64(RW, a.m - orow0));
+      const int64_t row_bytes = a.k * int64_t(sizeof(W));
+      const char* gate = static_cast<const char*>(a.w[a.direct_shared]) + orow0 * row_bytes;
+      const char* up = static_cast<const char*>(a.w2[a.direct_shared]) + orow0 * row_bytes;
+      for (int64_t off = int64_t(lane) * 128; off < rows * row_bytes; off += 32 * 128) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(gate + off));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(up + off));
+      }
+    }
+  }
   grid_dependency_sync();
   if (orow0 >= a.m) return;  // warp-uniform, and nothing below waits for the block
   int e, row0, nt;
