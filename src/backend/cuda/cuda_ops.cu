@@ -446,9 +446,12 @@ void CudaOps::Impl::start_forward(const SeqLayout& l, int n_logits, const void* 
   DecodeGraph& g = decode_graphs[size_t(found)];
   current_graph = found;
   if (g.upload_elems == 0) {
-    const int64_t max_blocks = (int64_t(limits.max_context) + l.block_size - 1) / l.block_size;
-    g.upload_elems = std::min(pinned_capacity,
-                              mirror_elems(l.n_tokens, l.n_seqs, l.n_seqs * max_blocks, n_logits));
+    // Block tables at the longest context, one block to spare (a caller may hold the next);
+    // a longer upload is copied before the graph (below).
+    const int64_t per_seq = (int64_t(limits.max_context) + l.block_size - 1) / l.block_size + 1;
+    const int64_t blocks = std::min<int64_t>(l.n_seqs * per_seq, limits.max_blocks);
+    g.upload_elems =
+        std::min(pinned_capacity, mirror_elems(l.n_tokens, l.n_seqs, blocks, n_logits));
   }
   if (upload_elems > g.upload_elems) {  // beyond the announced context: the rest goes first
     upload(main_stream, upload_elems);
