@@ -480,6 +480,39 @@ void CudaOps::Impl::start_forward(const SeqLayout& l, int n_logits, const void* 
   }
 }
 
+namespace {
+// A graph node (null when it is not a kernel) with its launch parameters and demangled name.
+struct GraphKernel {
+  cudaGraphNode_t node = nullptr;
+  cudaKernelNodeParams params{};
+  std::string name;
+};
+
+// Every node of graph in cudaGraphGetNodes' order (capture order, for a captured stream).
+std::vector<GraphKernel> graph_kernels(cudaGraph_t graph) {
+  size_t n = 0;
+  RECUR_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  RECUR_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
+  std::vector<GraphKernel> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    cudaGraphNodeType type;
+    RECUR_CUDA_CHECK(cudaGraphNodeGetType(nodes[i], &type));
+    if (type != cudaGraphNodeTypeKernel) continue;
+    GraphKernel& k = out[i];
+    k.node = nodes[i];
+    RECUR_CUDA_CHECK(cudaGraphKernelNodeGetParams(k.node, &k.params));
+    const char* raw = nullptr;
+    if (cudaFuncGetName(&raw, k.params.func) != cudaSuccess || !raw) raw = "?";
+    int status = 0;
+    char* dem = abi::__cxa_demangle(raw, nullptr, nullptr, &status);
+    k.name = status == 0 && dem ? dem : raw;
+    std::free(dem);
+  }
+  return out;
+}
+}  // namespace
+
 void CudaOps::Impl::end_forward() {
   if (mode == Mode::kEager) return;
   if (mode == Mode::kReplaying) {  // launched by start_forward
@@ -499,31 +532,15 @@ void CudaOps::Impl::end_forward() {
   if (disabled && *disabled) disable_graph_kernels(graph, g.exec, disabled);
 #ifdef RECUR_CUDA_TRACE
   trace_graphs += "graph " + std::to_string(g.n_tokens) + "\n";
-  {
-    size_t n = 0;
-    RECUR_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
-    std::vector<cudaGraphNode_t> nodes(n);
-    RECUR_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
-    for (cudaGraphNode_t node : nodes) {
-      cudaGraphNodeType type;
-      RECUR_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
-      if (type != cudaGraphNodeTypeKernel) {
-        trace_graphs += "node (not a kernel)\n";
-        continue;
-      }
-      cudaKernelNodeParams params{};
-      RECUR_CUDA_CHECK(cudaGraphKernelNodeGetParams(node, &params));
-      const char* raw = nullptr;
-      if (cudaFuncGetName(&raw, params.func) != cudaSuccess || !raw) raw = "?";
-      int status = 0;
-      char* dem = abi::__cxa_demangle(raw, nullptr, nullptr, &status);
-      std::string name = status == 0 && dem ? dem : raw;
-      std::free(dem);
-      trace_graphs +=
-          "node " + name.substr(0, 100) + " grid " + std::to_string(params.gridDim.x) + "," +
-          std::to_string(params.gridDim.y) + "," + std::to_string(params.gridDim.z) + " threads " +
-          std::to_string(params.blockDim.x * params.blockDim.y * params.blockDim.z) + "\n";
+  for (const GraphKernel& k : graph_kernels(graph)) {
+    if (!k.node) {
+      trace_graphs += "node (not a kernel)\n";
+      continue;
     }
+    const dim3 gd = k.params.gridDim, bd = k.params.blockDim;
+    trace_graphs += "node " + k.name.substr(0, 100) + " grid " + std::to_string(gd.x) + "," +
+                    std::to_string(gd.y) + "," + std::to_string(gd.z) + " threads " +
+                    std::to_string(bd.x * bd.y * bd.z) + "\n";
   }
 #endif
   RECUR_CUDA_CHECK(cudaGraphDestroy(graph));
@@ -545,28 +562,15 @@ void CudaOps::Impl::disable_graph_kernels(cudaGraph_t graph, cudaGraphExec_t exe
     if (len > 0) pats.emplace_back(p, len);
     p += len + (e ? 1 : 0);
   }
-  size_t n = 0;
-  RECUR_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
-  std::vector<cudaGraphNode_t> nodes(n);
-  RECUR_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
   int n_kernels = 0, n_off = 0;
-  for (cudaGraphNode_t node : nodes) {
-    cudaGraphNodeType type;
-    RECUR_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
-    if (type != cudaGraphNodeTypeKernel) continue;
+  for (const GraphKernel& k : graph_kernels(graph)) {
+    if (!k.node) continue;
     ++n_kernels;
-    cudaKernelNodeParams params{};
-    RECUR_CUDA_CHECK(cudaGraphKernelNodeGetParams(node, &params));
-    const char* raw = nullptr;
-    if (cudaFuncGetName(&raw, params.func) != cudaSuccess || !raw) continue;
-    int status = 0;
-    char* dem = abi::__cxa_demangle(raw, nullptr, nullptr, &status);
-    const std::string name = status == 0 && dem ? dem : raw;
-    std::free(dem);
+    const std::string& name = k.name;
     bool off = false;
     for (const std::string& p : pats) off = off || name.find(p) != std::string::npos;
     if (off) {
-      RECUR_CUDA_CHECK(cudaGraphNodeSetEnabled(exec, node, 0));
+      RECUR_CUDA_CHECK(cudaGraphNodeSetEnabled(exec, k.node, 0));
       ++n_off;
     }
     std::fprintf(stderr, "recur: decode graph kernel %s%s\n", off ? "(disabled) " : "",
