@@ -9,15 +9,8 @@ namespace recur::cuda {
 // Elements per lane kept in registers when one warp normalises a row.
 constexpr int kWarpNormPer = 8;
 
-// One row r of x [rows, d]: out = x · rsqrt(mean(x²) + eps) · (w + offset), optionally ·
-// silu(gate). kAdd: first x += y (rows of y [rows, d]), written back to x, as add then rms_norm.
-// This thread handles elements first, first + stride, ...; reduce(partial) returns the row's sum
-// of squares. Each thread rewrites only what it read, so out may alias x. The first kPer
-// elements (x, y, w, gate) are loaded before anything is stored, so their loads are in flight
-// together (a store to x would otherwise keep later loads waiting); the sum of squares runs in
-// the plain loop's order.
 // The first kPer weights of the elements a thread handles (first, first + stride, ...), as
-// rms_norm_row reads them; a kernel may load them before its PDL wait (weights).
+// rms_norm_row reads them; a kernel may load them before its PDL wait (weights). v [kPer].
 template <int kPer>
 struct NormWeights {
   float v[kPer];
@@ -36,7 +29,14 @@ __device__ __forceinline__ NormWeights<kPer> load_norm_weights(const W* w, int64
   return nw;
 }
 
-// pre: the weights from load_norm_weights, or not loaded (read here).
+// One row r of x [rows, d]: out = x · rsqrt(mean(x²) + eps) · (w + offset), optionally ·
+// silu(gate). kAdd: first x += y (rows of y [rows, d]), written back to x, as add then rms_norm.
+// This thread handles elements first, first + stride, ...; reduce(partial) returns the row's sum
+// of squares. Each thread rewrites only what it read, so out may alias x. The first kPer
+// elements (x, y, w, gate) are loaded before anything is stored, so their loads are in flight
+// together (a store to x would otherwise keep later loads waiting); the sum of squares runs in
+// the plain loop's order.
+// pre: the first kPer weights from load_norm_weights, or not loaded (read here).
 template <int kPer, typename W, bool kGated, bool kAdd, typename Reduce>
 __device__ __forceinline__ void rms_norm_row(const Rows& x, const Rows& gate, const Rows& out,
                                              const W* w, float offset, float eps, const Rows& y,
