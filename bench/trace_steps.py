@@ -72,6 +72,7 @@ def main():
     if len(replays) < 3:
         return 1
     replays = replays[1:]  # the first replay may follow the capture
+    starts = set(replays)
     step_times = []
     per = [[] for _ in range(L)]
     slack = [[] for _ in range(L)]
@@ -81,7 +82,7 @@ def main():
         for j in range(L):
             a, b = stamps[r + j][0], stamps[r + j][1]
             slack[j].append(b - a)
-            if r + j + 1 < len(stamps) and (j + 1 < L or r + L in replays):
+            if r + j + 1 < len(stamps) and (j + 1 < L or r + L in starts):
                 per[j].append(stamps[r + j + 1][1] - b)
     med = lambda v: statistics.median(v) / 1000 if v else float("nan")
     print(f"step (kernel 0 to kernel 0 of the next replay): median {med(step_times):.2f} us over "
