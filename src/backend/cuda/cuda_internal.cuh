@@ -23,7 +23,7 @@ namespace recur::cuda {
 [[noreturn]] void fatal(const char* what);
 // An on/off switch from the environment: off only when the variable is set to 0 (the A/B
 // switches RECUR_CUDA_PDL, _GRAPHS, _ATTN_DECODE, _GEMV_PRELOAD, _GEMV_PRELOAD_LONG,
-// _MOE_PRELOAD, _MOE_TENSOR_CORES, _DELTA_NORM_FUSED).
+// _MOE_PRELOAD, _MOE_TENSOR_CORES, _DELTA_NORM_FUSED, _NORM_PRELOAD).
 bool env_switch_on(const char* name);
 
 #ifdef RECUR_CUDA_TRACE
@@ -43,7 +43,8 @@ void register_trace_setter(void (*set)(const TraceRing&));
 namespace {
 __device__ TraceRing g_trace_ring;
 void set_trace_ring(const TraceRing& r) {
-  cudaMemcpyToSymbol(g_trace_ring, &r, sizeof r);
+  const cudaError_t err = cudaMemcpyToSymbol(g_trace_ring, &r, sizeof r);
+  if (err != cudaSuccess) cuda_failed("cudaMemcpyToSymbol(g_trace_ring)", err, __FILE__, __LINE__);
 }
 [[maybe_unused]] const bool g_trace_registered = (register_trace_setter(&set_trace_ring), true);
 }  // namespace

@@ -453,6 +453,10 @@ void CudaOps::Impl::start_forward(const SeqLayout& l, int n_logits, const void* 
     g.upload_elems =
         std::min(pinned_capacity, mirror_elems(l.n_tokens, l.n_seqs, blocks, n_logits));
   }
+  if (!g.exec && g.runs == 0) {  // the shape's first forward runs eagerly: one whole upload
+    ++g.runs;
+    return eager();
+  }
   if (upload_elems > g.upload_elems) {  // beyond the announced context: the rest goes first
     upload(main_stream, upload_elems);
   }
@@ -463,7 +467,7 @@ void CudaOps::Impl::start_forward(const SeqLayout& l, int n_logits, const void* 
     mode = Mode::kReplaying;
     return;
   }
-  if (g.runs++ == 0) return eager();  // the shape's first forward runs eagerly
+  ++g.runs;
   {
     // The capture runs on its own non-blocking stream, ordered after the work before it.
     RECUR_CUDA_CHECK(cudaEventRecord(capture_fork, main_stream));

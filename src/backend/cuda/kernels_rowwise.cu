@@ -66,15 +66,24 @@ __device__ __forceinline__ float block_sum(float ss, float* red) {
 // One block of kThreads per row of x [rows, d >= kBlockNormMinWidth]; the warps' partial sums
 // of squares are added in a fixed order.
 constexpr int kBlockNormPer = 8;
+// preload: the weights load before the PDL wait; after it, they would queue behind the next
+// kernel's early weight loads (a large GEMV), as x and y must.
 template <typename W, bool kGated, bool kAdd>
 __global__ void __launch_bounds__(kThreads)
-    rms_norm_block_kernel(Rows x, Rows gate, Rows out, const W* w, float offset, float eps,
-                          Rows y) {
+    rms_norm_block_kernel(Rows x, Rows gate, Rows out, const W* w, float offset, float eps, Rows y,
+                          bool preload) {
+  NormWeights<kBlockNormPer> wpre;
+  if (preload) wpre = load_norm_weights<kBlockNormPer>(w, x.d, threadIdx.x, kThreads);
   grid_dependency_sync();
   __shared__ float red[kThreads / 32];
-  rms_norm_row<kBlockNormPer, W, kGated, kAdd>(x, gate, out, w, offset, eps, y, blockIdx.x,
-                                               threadIdx.x, kThreads,
-                                               [&](float ss) { return block_sum(ss, red); });
+  rms_norm_row<kBlockNormPer, W, kGated, kAdd>(
+      x, gate, out, w, offset, eps, y, blockIdx.x, threadIdx.x, kThreads,
+      [&](float ss) { return block_sum(ss, red); }, wpre);
+}
+
+bool norm_preload_enabled() {
+  static const bool on = env_switch_on("RECUR_CUDA_NORM_PRELOAD");
+  return on;
 }
 
 // embedding_kernel's rows, then the norm of each as launch_rms_norm's kernel for that width
@@ -95,7 +104,7 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t j = threadIdx.x + int64_t(q) * blockDim.x;
     row[q] = j < d ? to_f32(src[j]) : 0.0f;
   }
-  const bool block_norm = d >= kBlockNormMinWidth && blockDim.x == kThreads;
+  const bool block_norm = d >= kBlockNormMinWidth;  // launched with kThreads
   NormWeights<kPer> wpre;
   if (block_norm) wpre = load_norm_weights<kPer>(w, d, threadIdx.x, kThreads);
   grid_dependency_sync();
@@ -126,7 +135,7 @@ void launch_rms_norm(const Rows& xs, const Rows& gs, const Rows& os, const W* w,
                      float eps, cudaStream_t stream, const Rows& ys) {
   if (xs.d >= kBlockNormMinWidth) {
     launch_kernel(rms_norm_block_kernel<W, kGated, kAdd>, unsigned(xs.n_rows), kThreads, 0, stream,
-                  xs, gs, os, w, offset, eps, ys);
+                  xs, gs, os, w, offset, eps, ys, norm_preload_enabled());
   } else {
     launch_kernel(rms_norm_kernel<W, kGated, kAdd>, blocks_for(xs.n_rows, kThreads / 32), kThreads,
                   0, stream, xs, gs, os, w, offset, eps, ys);
