@@ -90,8 +90,12 @@ Result<std::unique_ptr<Engine>> Engine::create(const std::string& model_dir, Ops
       e->logits_buf_,
       ops.allocator().allocate(size_t(config.max_batch) * size_t(info.vocab_size) * 4, "logits"));
   e->logits_ = view(e->logits_buf_, DType::F32, {config.max_batch, info.vocab_size});
-  if (ops.device() != Device::kCpu)
+  if (ops.device() != Device::kCpu) {
     e->host_logits_.resize(size_t(config.max_batch) * size_t(info.vocab_size));
+    RECUR_ASSIGN_OR_RETURN(e->ids_buf_,
+                           ops.allocator().allocate(size_t(config.max_batch) * 4, "greedy ids"));
+    e->host_ids_.resize(size_t(config.max_batch));
+  }
   e->running_.reserve(size_t(config.max_batch));
   e->logit_seqs_.reserve(size_t(config.max_batch));
   e->stats_.kv_blocks_total = e->config_.kv_blocks;
@@ -392,9 +396,20 @@ void Engine::notify_step_listener() {
 
 void Engine::sample_and_emit() {
   const int V = model_->info().vocab_size;
+  const int64_t n_rows = int64_t(logit_seqs_.size());
   const float* rows = logits_.ptr<float>();
-  if (!host_logits_.empty()) {
-    ops_->copy_to_host(logits_.slice_rows(0, int64_t(logit_seqs_.size())), host_logits_.data());
+  // A device backend returns the rows of logits, unless every row's choice is its argmax
+  // (plain greedy): then the device picks, and only the ids come back.
+  bool device_argmax = !host_logits_.empty();
+  for (const Sequence* s : logit_seqs_) {
+    device_argmax = device_argmax && (s->finished || s->sampler.plain_greedy());
+  }
+  if (device_argmax) {
+    const Tensor ids = view(ids_buf_, DType::I32, {n_rows});
+    ops_->argmax_rows(logits_.slice_rows(0, n_rows), ids);
+    ops_->copy_to_host(ids, host_ids_.data());
+  } else if (!host_logits_.empty()) {
+    ops_->copy_to_host(logits_.slice_rows(0, n_rows), host_logits_.data());
     rows = host_logits_.data();
   }
   const std::vector<int32_t>& eos = model_->info().eos_token_ids;
@@ -402,7 +417,13 @@ void Engine::sample_and_emit() {
   for (size_t r = 0; r < logit_seqs_.size(); ++r) {
     Sequence& s = *logit_seqs_[r];
     if (s.finished) continue;
-    s.sampler.sample(const_cast<float*>(rows) + r * size_t(V), &s.sampled);
+    if (device_argmax) {
+      s.sampled.id = host_ids_[r];
+      s.sampled.logprob = 0;
+      s.sampled.top.clear();
+    } else {
+      s.sampler.sample(const_cast<float*>(rows) + r * size_t(V), &s.sampled);
+    }
     const int32_t tok = s.sampled.id;
     s.sampler.accept(tok);
     s.generated.push_back(tok);

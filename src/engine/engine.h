@@ -149,6 +149,9 @@ class Engine {
   Buffer logits_buf_;
   Tensor logits_;                   // [max rows, vocab] in the backend's memory
   std::vector<float> host_logits_;  // for backends whose memory the host cannot read
+  // Those backends' greedy path: ids chosen on the device ([max rows] I32) and their host copy.
+  Buffer ids_buf_;
+  std::vector<int32_t> host_ids_;
 
   // Owned by the engine thread.
   std::vector<std::unique_ptr<Sequence>> running_, waiting_;

@@ -60,6 +60,10 @@ class Sampler {
   // Records a generated token (penalty counts).
   void accept(int32_t id);
 
+  // Greedy with nothing applied to the logits and no logprobs: the choice is the raw logits'
+  // argmax (Ops::argmax_rows), so a device backend need not return the logits.
+  bool plain_greedy() const { return greedy_ && !penalties_ && bias_.empty() && logprobs_ < 0; }
+
   uint64_t seed() const { return seed_; }
   int vocab_size() const { return vocab_; }
 

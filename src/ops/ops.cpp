@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 namespace recur {
@@ -10,6 +11,20 @@ namespace recur {
 void Ops::copy_from_host(Tensor dst, const void* src) {
   RECUR_CHECK(dst.is_contiguous());
   std::memcpy(dst.data, src, size_t(dst.numel()) * dtype_size(dst.dtype));
+}
+
+void Ops::argmax_rows(const Tensor& x, Tensor ids) {
+  RECUR_CHECK(x.ndim == 2 && x.dtype == DType::F32 && x.stride[1] == 1);
+  RECUR_CHECK(ids.dtype == DType::I32 && ids.numel() == x.shape[0] && ids.is_contiguous());
+  for (int64_t r = 0; r < x.shape[0]; ++r) {
+    const float* row = x.ptr<float>() + r * x.stride[0];
+    float best = -std::numeric_limits<float>::infinity();
+    int32_t best_i = 0;
+    for (int64_t j = 0; j < x.shape[1]; ++j) {
+      if (row[j] > best) best = row[j], best_i = int32_t(j);  // NaN never compares greater
+    }
+    ids.ptr<int32_t>()[r] = best_i;
+  }
 }
 
 namespace {

@@ -106,6 +106,10 @@ class Ops {
   }
   virtual void copy_to_host(const Tensor& src, void* dst) = 0;  // src contiguous
   virtual void fill_zero(Tensor t) = 0;                         // t contiguous
+  // ids[r] = the index of row r's largest value (ties to the lower index; NaN ranks as -inf):
+  // the greedy choice, so a device backend returns n ids instead of n rows of logits.
+  //   x [n, V] f32 rows; ids [n] I32. The default reads host memory.
+  virtual void argmax_rows(const Tensor& x, Tensor ids);
   // dst contiguous; src holds dst's bytes. The default suits backends whose memory the host
   // can write (the CPU); device backends override it.
   virtual void copy_from_host(Tensor dst, const void* src);

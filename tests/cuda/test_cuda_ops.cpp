@@ -58,6 +58,34 @@ TEST_F(CudaBasic, AdoptWeightKeepsDtypeAndCopyToHostRoundTrips) {
 
 // matmul_group: every output equals, bit for bit, what matmul gives for that weight alone
 // (one launch for GEMV token counts, one matmul per weight beyond), and the reference.
+// argmax_rows on the device picks what the host rule (Ops' default) picks: rows of a real
+// vocabulary and short ones, with the maximum tied, NaN, and rows with nothing above -inf.
+TEST_F(CudaBasic, ArgmaxRowsEqualsTheHostRule) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int64_t V : {int64_t(151936), int64_t(1000), int64_t(5)}) {
+    const int64_t n = 7;
+    HostTensor x(DType::F32, {n, V});
+    fill_random(x, rng, 4.0f);
+    float* r = x.f();
+    r[0 * V + V - 1] = 50, r[0 * V + V / 2] = 50;  // tie: the lower index
+    r[1 * V + 0] = nan;
+    r[2 * V + V / 3] = nan, r[2 * V + V - 1] = 60;
+    for (int64_t j = 0; j < V; ++j) r[3 * V + j] = -inf;
+    for (int64_t j = 0; j < V; ++j) r[4 * V + j] = nan;
+    for (int64_t j = 0; j < V; ++j) r[5 * V + j] = j % 3 == 0 ? nan : -inf;
+    HostTensor ids(DType::I32, {n}), want = ids;
+    DeviceTensor dx = dev(x), dids = poisoned(ids);
+    ops().argmax_rows(dx.t, dids.t);
+    ops().Ops::argmax_rows(x.t, want.t);
+    const HostTensor got = host(dids, ids);
+    for (int64_t i = 0; i < n; ++i) {
+      EXPECT_EQ(got.t.ptr<int32_t>()[i], want.t.ptr<int32_t>()[i]) << "V=" << V << " row " << i;
+    }
+    EXPECT_EQ(want.t.ptr<int32_t>()[0], int32_t(V / 2));
+  }
+}
+
 TEST_F(CudaBasic, MatmulGroupEqualsOneMatmulPerWeight) {
   for (DType wt : {DType::BF16, DType::F32}) {
     for (int64_t n : {1, 2, 5, 8, 12}) {

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <new>
 #include <numeric>
 #include <random>
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/cpu_ops.h"
 #include "engine/sampler.h"
 
 // Test-only global allocation counter: counts while g_count_allocs is set, otherwise a plain
@@ -137,6 +139,43 @@ TEST(Sampler, GreedyPicksArgmaxAndLowestIdOnTies) {
   p.min_p = 0.9f;
   p.logprobs = 3;
   EXPECT_EQ(sample_once(p, big), 77);
+}
+
+// A device backend's greedy path: the engine takes Ops::argmax_rows's id instead of sampling
+// when the sampler is plain greedy. The two must choose alike on ties, NaN and rows with
+// nothing above -inf; and plain_greedy must not hold once anything changes the logits or
+// logprobs are asked for.
+TEST(Sampler, ArgmaxRowsChoosesAsGreedySampling) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<std::vector<float>> rows = {{0.1f, 2.0f, -1.0f, 1.9f}, {0.5f, 3.0f, 1.0f, 3.0f, 3.0f},
+                                          {-5.0f, -5.0f, -5.0f},     {nan, 1.0f, 1.0f},
+                                          {1.0f, nan, 2.0f},         {nan, -inf, -inf},
+                                          {-inf, -inf, -inf},        {nan, nan},
+                                          {-inf, nan, -inf}};
+  std::vector<float> big = random_logits(kQwenVocab, 5);
+  big[140000] = 40, big[100000] = 40, big[3] = nan;
+  rows.push_back(big);
+  recur::CpuOps ops(1);
+  SamplingParams p;
+  p.temperature = 0;
+  for (const std::vector<float>& row : rows) {
+    std::vector<float> x = row;
+    int32_t id = -1;
+    ops.argmax_rows(Tensor::contiguous(x.data(), DType::F32, {1, int64_t(x.size())}),
+                    Tensor::contiguous(&id, DType::I32, {1}));
+    EXPECT_EQ(id, sample_once(p, row)) << "row of " << row.size();
+  }
+  EXPECT_TRUE(Sampler(p, 8, 1).plain_greedy());
+  SamplingParams q = p;
+  q.logprobs = 0;
+  EXPECT_FALSE(Sampler(q, 8, 1).plain_greedy());
+  q = p, q.repetition_penalty = 1.1f;
+  EXPECT_FALSE(Sampler(q, 8, 1).plain_greedy());
+  q = p, q.logit_bias = {{3, 1.0f}};
+  EXPECT_FALSE(Sampler(q, 8, 1).plain_greedy());
+  q = p, q.temperature = 0.7f;
+  EXPECT_FALSE(Sampler(q, 8, 1).plain_greedy());
 }
 
 TEST(Sampler, TemperatureToZeroApproachesGreedy) {

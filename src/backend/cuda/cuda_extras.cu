@@ -8,6 +8,8 @@
 
 namespace recur {
 
+using namespace cuda;
+
 namespace {
 
 // The same splitmix64 of (seed, index) as Ops::fill_random_uniform on the host.
@@ -34,7 +36,52 @@ __global__ void fill_uniform_kernel(T* out, int64_t n, uint64_t seed, float lo, 
   }
 }
 
+// ids[r] = argmax of row r of x [n, V] (rows ldx apart), as Ops::argmax_rows: a block per row;
+// each thread keeps the first of its strided elements' largest values (a NaN never compares
+// greater; a thread with nothing above -inf offers its first index), then the block keeps
+// the largest by (value desc, index asc).
+constexpr int kArgmaxThreads = 1024;
+__global__ void __launch_bounds__(kArgmaxThreads)
+    argmax_rows_kernel(const float* x, int64_t ldx, int64_t V, int32_t* ids) {
+  grid_dependency_sync();
+  const float* row = x + int64_t(blockIdx.x) * ldx;
+  float best = -INFINITY;
+  int64_t best_i = threadIdx.x;
+  for (int64_t j = threadIdx.x; j < V; j += kArgmaxThreads) {
+    const float v = row[j];
+    if (v > best) best = v, best_i = j;
+  }
+  auto take = [&](float v, int64_t i) {
+    if (v > best || (v == best && i < best_i)) best = v, best_i = i;
+  };
+  for (int o = 16; o > 0; o >>= 1) {
+    take(__shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, best_i, o));
+  }
+  __shared__ float warp_v[kArgmaxThreads / 32];
+  __shared__ int64_t warp_i[kArgmaxThreads / 32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) warp_v[warp] = best, warp_i[warp] = best_i;
+  __syncthreads();
+  if (warp != 0) return;
+  best = warp_v[lane], best_i = warp_i[lane];  // kArgmaxThreads / 32 == 32 warps
+  for (int o = 16; o > 0; o >>= 1) {
+    take(__shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, best_i, o));
+  }
+  if (lane == 0) ids[blockIdx.x] = int32_t(best_i);
+}
+
 }  // namespace
+
+void CudaOps::argmax_rows(const Tensor& x, Tensor ids) {
+  RECUR_CHECK(x.ndim == 2 && x.dtype == DType::F32 && x.stride[1] == 1);
+  RECUR_CHECK(ids.dtype == DType::I32 && ids.numel() == x.shape[0] && ids.is_contiguous());
+  Impl& s = *impl_;
+  s.end_forward();
+  if (x.shape[0] == 0) return;
+  launch_kernel(argmax_rows_kernel, unsigned(x.shape[0]), kArgmaxThreads, 0, s.stream,
+                x.ptr<float>(), x.stride[0], x.shape[1], ids.ptr<int32_t>());
+  s.launched("argmax_rows");
+}
 
 void CudaOps::copy_from_host(Tensor dst, const void* src) {
   RECUR_CHECK(dst.is_contiguous());
