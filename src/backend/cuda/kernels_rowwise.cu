@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(kThreads)
     dst[j] = to_f32(src[j]);
   }
   __syncthreads();  // the row is visible to the whole block
-  if (d >= kBlockNormMinWidth) {
+  if (block_norm) {
     __shared__ float red[kThreads / 32];
     rms_norm_row<kBlockNormPer, WN, false, false>(
         h, h, x, w, offset, eps, h, i, threadIdx.x, kThreads,
