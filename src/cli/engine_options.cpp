@@ -22,6 +22,10 @@ void add_engine_options(CLI::App* cmd, EngineOptions* o, const std::string& seed
   cmd->add_option("--kv-cache-mb", o->kv_cache_mb, "attention-cache budget in MiB")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
   cmd->add_option("--seed", o->seed, seed_help);
+  cmd->add_option("--pipeline-decode", o->pipeline_decode,
+                  "greedy steps queued one ahead of reading their picks: 1 on, 0 off, -1 on "
+                  "for GPUs (default)")
+      ->check(CLI::Range(-1, 1));
 }
 
 Result<std::unique_ptr<Ops>> create_backend(const EngineOptions& o) {
@@ -37,6 +41,7 @@ EngineConfig engine_config(const EngineOptions& o) {
   cfg.max_context = o.max_context;
   cfg.kv_cache_bytes = o.kv_cache_mb << 20;
   if (o.seed) cfg.seed = *o.seed;
+  cfg.pipeline_decode = o.pipeline_decode;
   return cfg;
 }
 

@@ -22,10 +22,11 @@ struct EngineOptions {
   int max_context = 0;  // 0: the model's
   int64_t kv_cache_mb = 1024;
   std::optional<uint64_t> seed;
+  int pipeline_decode = -1;  // EngineConfig::pipeline_decode
 };
 
 // Registers --model, --device, --threads, --max-batch, --max-batch-tokens, --max-context,
-// --kv-cache-mb and --seed (described by seed_help) on cmd, writing into *o; the defaults are
+// --kv-cache-mb, --seed (described by seed_help) and --pipeline-decode on cmd, writing into *o; the defaults are
 // what *o holds.
 void add_engine_options(CLI::App* cmd, EngineOptions* o, const std::string& seed_help);
 

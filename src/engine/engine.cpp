@@ -92,12 +92,17 @@ Result<std::unique_ptr<Engine>> Engine::create(const std::string& model_dir, Ops
   e->logits_ = view(e->logits_buf_, DType::F32, {config.max_batch, info.vocab_size});
   if (ops.device() != Device::kCpu) {
     e->host_logits_.resize(size_t(config.max_batch) * size_t(info.vocab_size));
+  }
+  e->pipeline_ = config.pipeline_decode > 0 ||
+                 (config.pipeline_decode < 0 && ops.device() != Device::kCpu);
+  if (ops.device() != Device::kCpu || e->pipeline_) {
     RECUR_ASSIGN_OR_RETURN(e->ids_buf_,
                            ops.allocator().allocate(size_t(config.max_batch) * 4, "greedy ids"));
     e->host_ids_.resize(size_t(config.max_batch));
   }
   e->running_.reserve(size_t(config.max_batch));
   e->logit_seqs_.reserve(size_t(config.max_batch));
+  e->next_seqs_.reserve(size_t(config.max_batch));
   e->stats_.kv_blocks_total = e->config_.kv_blocks;
   e->stats_.slots_total = config.max_batch;
   e->seed_counter_ = config.seed ? config.seed : std::random_device{}();
@@ -332,6 +337,9 @@ bool Engine::step() {
   admit();
   release_finished();  // cancellations of waiting requests
   if (running_.empty()) {
+    // A step queued for sequences that have all finished since: nothing of it is read.
+    prelaunched_ = false;
+    next_seqs_.clear();
     {
       std::lock_guard<std::mutex> lk(mu_);
       publish_gauges();
@@ -342,7 +350,19 @@ bool Engine::step() {
   }
   const auto t0 = std::chrono::steady_clock::now();
   int prompt_tokens = 0, decode_tokens = 0;
-  if (build_batch()) {
+  if (prelaunched_) {
+    // Queued by the previous step, fed its picks: the bookkeeping of a decode step.
+    prelaunched_ = false;
+    logit_seqs_.swap(next_seqs_);
+    next_seqs_.clear();
+    for (Sequence* s : logit_seqs_) {
+      if (!s) continue;
+      s->next_token = -1;
+      s->n_past += 1;
+      decode_tokens += 1;
+    }
+    sample_and_emit();
+  } else if (build_batch()) {
     Status st = model_->forward(batch_, logits_);
     if (!st.ok()) {
       for (auto& s : running_) {
@@ -399,15 +419,18 @@ void Engine::sample_and_emit() {
   const int64_t n_rows = int64_t(logit_seqs_.size());
   const float* rows = logits_.ptr<float>();
   // A device backend returns the rows of logits, unless every row's choice is its argmax
-  // (plain greedy): then the device picks, and only the ids come back.
-  bool device_argmax = !host_logits_.empty();
+  // (plain greedy): then the device picks, and only the ids come back. When pipelining, the
+  // next step is queued before they are read.
+  bool device_argmax = !host_logits_.empty() || pipeline_;
   for (const Sequence* s : logit_seqs_) {
-    device_argmax = device_argmax && (s->finished || s->sampler.plain_greedy());
+    device_argmax = device_argmax && (!s || s->finished || s->sampler.plain_greedy());
   }
   if (device_argmax) {
     const Tensor ids = view(ids_buf_, DType::I32, {n_rows});
     ops_->argmax_rows(logits_.slice_rows(0, n_rows), ids);
-    ops_->copy_to_host(ids, host_ids_.data());
+    ops_->copy_to_host_start(ids, host_ids_.data());
+    if (pipeline_) maybe_prelaunch();
+    ops_->copy_to_host_finish();
   } else if (!host_logits_.empty()) {
     ops_->copy_to_host(logits_.slice_rows(0, n_rows), host_logits_.data());
     rows = host_logits_.data();
@@ -415,6 +438,7 @@ void Engine::sample_and_emit() {
   const std::vector<int32_t>& eos = model_->info().eos_token_ids;
   int64_t sampled = 0;
   for (size_t r = 0; r < logit_seqs_.size(); ++r) {
+    if (!logit_seqs_[r]) continue;
     Sequence& s = *logit_seqs_[r];
     if (s.finished) continue;
     if (device_argmax) {
@@ -470,7 +494,43 @@ void Engine::finish(Sequence& seq, FinishReason reason, std::string_view message
   seq.message = message;
 }
 
+void Engine::maybe_prelaunch() {
+  // Only while the step's sequences are all there is: each decodes one token, greedy, and
+  // nothing known now ends it at this step's pick (an end of sequence is only known after;
+  // the queued step's result for it is then dropped).
+  if (!waiting_.empty() || logit_seqs_.size() != running_.size() ||
+      batch_.n_tokens() != int(logit_seqs_.size())) {
+    return;
+  }
+  for (const Sequence* s : logit_seqs_) {
+    if (!s || s->finished || s->prefilling() || !s->sampler.plain_greedy() ||
+        int(s->generated.size()) + 1 >= s->req.max_tokens || s->n_past >= config_.max_context) {
+      return;
+    }
+  }
+  for (Sequence* s : logit_seqs_) {
+    if (!ensure_blocks(*s, s->n_past)) return;  // the next step would need them as well
+  }
+  static const int32_t kPlaceholder = 0;  // read from ids_buf_ instead
+  batch_.clear();
+  for (Sequence* s : logit_seqs_) {
+    batch_.add_sequence(s->slot, s->n_past, std::span(&kPlaceholder, 1), s->blocks,
+                        Batch::Logits::kLast);
+  }
+  // The ids come from argmax_rows over the vocabulary: in range, unlike tokens from a client.
+  batch_.device_tokens = static_cast<const int32_t*>(ids_buf_.data());
+  if (!model_->forward(batch_, logits_).ok()) return;  // the next step runs it the usual way
+  next_seqs_ = logit_seqs_;
+  prelaunched_ = true;
+  std::lock_guard<std::mutex> lk(mu_);
+  stats_.pipelined_steps++;
+}
+
 void Engine::release_finished() {
+  // A queued step's rows of sequences released now are dropped when it is read.
+  for (Sequence*& s : next_seqs_) {
+    if (s && s->finished) s = nullptr;
+  }
   auto emit_and_release = [&](Sequence& s) {
     text_buf_.clear();
     if (s.text && !s.stopped_by_string) s.text->finish(&text_buf_);

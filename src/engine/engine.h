@@ -73,6 +73,10 @@ struct EngineConfig {
   int block_size = 16;
   int max_queue = 4096;  // waiting requests beyond which submit() refuses
   uint64_t seed = 0;     // seeds requests without their own seed; 0: random
+  // Greedy decode steps launched one ahead: the next step's forward, fed the picks still on
+  // the device, is queued before this step's picks are read. 1 on, 0 off, -1 on for device
+  // backends (on the CPU, where the forward runs on the caller's thread, it gains nothing).
+  int pipeline_decode = -1;
 };
 
 struct EngineStats {
@@ -82,6 +86,7 @@ struct EngineStats {
   double decode_seconds = 0;     // time of steps that carried only decode tokens
   int64_t decode_step_tokens = 0;
   int64_t steps = 0;
+  int64_t pipelined_steps = 0;  // decode steps queued before the previous step's picks were read
   int running = 0, waiting = 0;
   int kv_blocks_used = 0, kv_blocks_total = 0;
   int slots_used = 0, slots_total = 0;
@@ -137,6 +142,7 @@ class Engine {
   void finish(Sequence& seq, FinishReason reason, std::string_view message);
   void release_finished();
   void sample_and_emit();
+  void maybe_prelaunch();  // the next step's forward, when this step's picks feed it as they are
   void publish_gauges();  // running, waiting, blocks and slots in use; caller holds mu_
   bool ensure_blocks(Sequence& seq, int last_position);
   void notify_step_listener();  // when this step delivered events
@@ -149,7 +155,8 @@ class Engine {
   Buffer logits_buf_;
   Tensor logits_;                   // [max rows, vocab] in the backend's memory
   std::vector<float> host_logits_;  // for backends whose memory the host cannot read
-  // Those backends' greedy path: ids chosen on the device ([max rows] I32) and their host copy.
+  // Greedy steps on those backends, and pipelined ones: ids chosen by the backend ([max rows]
+  // I32) and their host copy.
   Buffer ids_buf_;
   std::vector<int32_t> host_ids_;
 
@@ -157,6 +164,11 @@ class Engine {
   std::vector<std::unique_ptr<Sequence>> running_, waiting_;
   std::vector<Sequence*> logit_seqs_;  // sequence of each logits row this step
   Batch batch_;
+  bool pipeline_ = false;
+  // A forward for the next step is already queued (batch_), with these rows (null: finished
+  // since; its result for them is dropped).
+  bool prelaunched_ = false;
+  std::vector<Sequence*> next_seqs_;
   std::string text_buf_;
   int64_t events_this_step_ = 0;
 

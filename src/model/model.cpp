@@ -10,6 +10,7 @@ void Batch::clear() {
   block_start.clear();
   block_ids.clear();
   logit_rows.clear();
+  device_tokens = nullptr;
 }
 
 void Batch::add_sequence(int32_t slot_id, int32_t first_pos, std::span<const int32_t> new_tokens,

@@ -21,6 +21,9 @@ struct Batch {
   std::vector<int32_t> block_start;  // [n_seqs + 1]
   std::vector<int32_t> block_ids;    // block tables of all sequences, back to back
   std::vector<int32_t> logit_rows;   // token indices whose logits are wanted, in output order
+  // When set: the tokens' ids [n_tokens] in the backend's memory (the previous step's greedy
+  // picks, still on the device), read instead of `tokens`, whose values are then placeholders.
+  const int32_t* device_tokens = nullptr;
 
   int n_seqs() const { return int(slot.size()); }
   int n_tokens() const { return int(tokens.size()); }

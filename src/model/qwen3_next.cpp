@@ -401,15 +401,16 @@ Status Qwen3Next::forward(const Batch& batch, Tensor logits) {
   const int n = batch.n_tokens();
   if (n == 0) return Status();
   const SeqLayout sl = batch.layout(opt_.state.block_size);
-  ops_.begin_forward(sl, batch.tokens, batch.logit_rows, logits.data);
+  ops_.begin_forward(sl, batch.tokens, batch.logit_rows, logits.data, batch.device_tokens);
+  const int32_t* tokens = batch.device_tokens ? batch.device_tokens : batch.tokens.data();
   const float eps = cfg_.rms_norm_eps;
   Tensor h = ws_.h.slice_rows(0, n), x = ws_.x.slice_rows(0, n);
 
   if (layers_.empty()) {
-    ops_.embedding(batch.tokens.data(), n, embed_tokens_, h);
+    ops_.embedding(tokens, n, embed_tokens_, h);
   } else {
-    ops_.embedding_rms_norm(batch.tokens.data(), n, embed_tokens_, h, layers_.front().input_norm,
-                            1.0f, eps, x);
+    ops_.embedding_rms_norm(tokens, n, embed_tokens_, h, layers_.front().input_norm, 1.0f, eps,
+                            x);
   }
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& L = layers_[i];

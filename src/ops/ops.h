@@ -105,6 +105,11 @@ class Ops {
     return adopt_weight(host);
   }
   virtual void copy_to_host(const Tensor& src, void* dst) = 0;  // src contiguous
+  // copy_to_host in two halves, so work queued between them (the next step) runs meanwhile:
+  // start orders the copy after the work queued so far; finish waits for it and fills dst.
+  // One copy at a time, of a few rows of ids. The defaults copy at start.
+  virtual void copy_to_host_start(const Tensor& src, void* dst) { copy_to_host(src, dst); }
+  virtual void copy_to_host_finish() {}
   virtual void fill_zero(Tensor t) = 0;                         // t contiguous
   // ids[r] = the index of row r's largest value (ties to the lower index; NaN ranks as -inf):
   // the greedy choice, so a device backend returns n ids instead of n rows of logits.
@@ -127,8 +132,11 @@ class Ops {
   // these same arrays: a device backend uploads them here once, asynchronously. `output` is
   // the buffer the forward's results go to (a backend that replays recorded forwards keys
   // them by it).
+  // device_tokens: when set, [n_tokens] ids in this backend's memory (the previous step's
+  // greedy picks) that ops given that pointer read instead of `tokens`' values.
   virtual void begin_forward(const SeqLayout& layout, std::span<const int32_t> tokens,
-                             std::span<const int32_t> logit_rows, const void* output = nullptr) {}
+                             std::span<const int32_t> logit_rows, const void* output = nullptr,
+                             const int32_t* device_tokens = nullptr) {}
   // Waits until the device has finished the forward (no-op on the CPU).
   virtual void synchronize() {}
 

@@ -109,12 +109,19 @@ struct CudaOps::Impl {
   struct Mirrored {
     const int32_t* host;
     int64_t count;
-    int64_t offset;  // elements into the mirror
+    int64_t offset;                  // elements into the mirror
+    const int32_t* device = nullptr;  // or already in device memory (begin_forward's tokens)
   };
   int32_t* pinned = nullptr;
   size_t pinned_capacity = 0;  // int32 elements, also the mirror's capacity
   Buffer mirror;
   cudaEvent_t upload_done = nullptr;
+  // copy_to_host_start's staging: pinned, sized by reserve(); the copy's event and target.
+  int32_t* copy_pinned = nullptr;
+  size_t copy_capacity = 0;  // bytes
+  cudaEvent_t copy_done = nullptr;
+  void* copy_dst = nullptr;
+  size_t copy_bytes = 0;
   std::vector<Mirrored> mirrored;
 
   // Arrays an op receives that were not mirrored (ops called outside a forward, in tests or
@@ -152,6 +159,7 @@ struct CudaOps::Impl {
   struct DecodeGraph {
     int n_tokens, n_seqs, n_logits;
     const void* output;  // the forward's result buffer: every other argument is the model's
+    const int32_t* device_tokens;  // or null: the tokens come from the upload
     int runs = 0;
     cudaGraphExec_t exec = nullptr;
     size_t upload_elems = 0;
@@ -192,7 +200,9 @@ struct CudaOps::Impl {
   void end_forward();
   // Decides how the forward whose arrays begin_forward packed (upload_elems of them) runs, and
   // uploads them: by a copy on the stream, or inside the decode graph.
-  void start_forward(const SeqLayout& l, int n_logits, const void* output, size_t upload_elems);
+  void copy_to_host_finish_pending();  // completes copy_to_host_start's copy, if any
+  void start_forward(const SeqLayout& l, int n_logits, const void* output, size_t upload_elems,
+                     const int32_t* device_tokens);
   // A device pointer holding `host[0..count)`: the mirror when begin_forward uploaded it,
   // otherwise an ad hoc upload.
   const int32_t* ints(const int32_t* host, int64_t count);
@@ -204,6 +214,7 @@ struct CudaOps::Impl {
 
  private:
   const int32_t* find_mirrored(const int32_t* host, int64_t count) const;
+  bool on_device(const int32_t* p, int64_t count) const;  // begin_forward's device tokens
 };
 
 namespace cuda {

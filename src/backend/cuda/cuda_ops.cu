@@ -176,7 +176,9 @@ CudaOps::Impl::~Impl() {
   // Buffers return to `alloc` in their own destructors (members below it).
   if (cublas) cublasDestroy(cublas);
   if (upload_done) cudaEventDestroy(upload_done);
+  if (copy_done) cudaEventDestroy(copy_done);
   if (pinned) cudaFreeHost(pinned);
+  if (copy_pinned) cudaFreeHost(copy_pinned);
   if (stream) cudaStreamDestroy(stream);
 }
 
@@ -217,6 +219,7 @@ Result<std::unique_ptr<CudaOps>> CudaOps::create(int device) {
   s.profile = profile && profile[0] == '1';
   s.graphs = cuda::env_switch_on("RECUR_CUDA_GRAPHS") && !s.debug_sync && !s.profile;
   RECUR_CUDA_CHECK(cudaEventCreateWithFlags(&s.upload_done, cudaEventDisableTiming));
+  RECUR_CUDA_CHECK(cudaEventCreateWithFlags(&s.copy_done, cudaEventDisableTiming));
   RECUR_CUBLAS_CHECK(cublasCreate(&s.cublas));
   RECUR_CUBLAS_CHECK(cublasSetStream(s.cublas, s.stream));
   // cuBLAS gets a fixed workspace so it never allocates during a forward.
@@ -266,6 +269,16 @@ Status CudaOps::reserve(const ForwardLimits& limits) {
                                    s.pinned_capacity * sizeof(int32_t), cudaHostAllocDefault));
     RECUR_ASSIGN_OR_RETURN(s.mirror, s.alloc.allocate(s.pinned_capacity * 4, "batch mirror"));
   }
+  // copy_to_host_start's staging: a few values per logit row (the greedy ids).
+  const size_t copy_need = size_t(std::max(limits.max_logit_rows, limits.max_seqs)) * 8;
+  if (copy_need > s.copy_capacity) {
+    s.copy_to_host_finish_pending();
+    RECUR_CUDA_CHECK(cudaFreeHost(s.copy_pinned));
+    s.copy_pinned = nullptr;
+    RECUR_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&s.copy_pinned), copy_need,
+                                   cudaHostAllocDefault));
+    s.copy_capacity = copy_need;
+  }
   return Status();
 }
 
@@ -314,6 +327,32 @@ void CudaOps::copy_to_host(const Tensor& src, void* dst) {
   if (s.profile) s.profile_collect();
 }
 
+void CudaOps::copy_to_host_start(const Tensor& src, void* dst) {
+  RECUR_CHECK(src.is_contiguous());
+  Impl& s = *impl_;
+  s.copy_to_host_finish_pending();
+  const size_t bytes = size_t(src.numel()) * dtype_size(src.dtype);
+  if (bytes > s.copy_capacity) return copy_to_host(src, dst);
+  s.end_forward();
+  RECUR_CUDA_CHECK(
+      cudaMemcpyAsync(s.copy_pinned, src.data, bytes, cudaMemcpyDeviceToHost, s.stream));
+  RECUR_CUDA_CHECK(cudaEventRecord(s.copy_done, s.stream));
+  s.copy_dst = dst;
+  s.copy_bytes = bytes;
+}
+
+void CudaOps::copy_to_host_finish() {
+  impl_->copy_to_host_finish_pending();
+}
+
+void CudaOps::Impl::copy_to_host_finish_pending() {
+  if (!copy_dst) return;
+  RECUR_CUDA_CHECK(cudaEventSynchronize(copy_done));
+  std::memcpy(copy_dst, copy_pinned, copy_bytes);
+  copy_dst = nullptr;
+  if (profile) profile_collect();
+}
+
 void CudaOps::fill_zero(Tensor t) {
   RECUR_CHECK(t.is_contiguous());
   impl_->end_forward();
@@ -329,7 +368,8 @@ void CudaOps::synchronize() {
 }
 
 void CudaOps::begin_forward(const SeqLayout& l, std::span<const int32_t> tokens,
-                            std::span<const int32_t> logit_rows, const void* output) {
+                            std::span<const int32_t> logit_rows, const void* output,
+                            const int32_t* device_tokens) {
   Impl& s = *impl_;
   s.end_forward();
   const int64_t n_blocks = l.block_start ? l.block_start[l.n_seqs] : 0;
@@ -349,8 +389,8 @@ void CudaOps::begin_forward(const SeqLayout& l, std::span<const int32_t> tokens,
   size_t total = 0;
   for (const Part& p : parts) total += size_t(p.n + 3) / 4 * 4;  // each part 16-byte aligned
   // The previous upload must have left the pinned buffer before it is rewritten (normally
-  // long done: the previous forward ended with a copy to the host). A decode graph uploads at
-  // its start, and its event is recorded after the whole graph.
+  // done: the previous forward ended with a copy to the host, or its upload was its graph's
+  // first node, which records the event; the forward itself may still run).
   RECUR_CUDA_CHECK(cudaEventSynchronize(s.upload_done));
   if (total > s.pinned_capacity) {
     // Beyond the limits given to reserve() (or without them, in tests): grow once more. The
@@ -378,7 +418,11 @@ void CudaOps::begin_forward(const SeqLayout& l, std::span<const int32_t> tokens,
     s.mirrored.push_back({p.p, p.n, off});
     off += (p.n + 3) / 4 * 4;
   }
-  s.start_forward(l, int(logit_rows.size()), output, size_t(off));
+  // The tokens are uploaded as well (the offsets stay those of the shape) but not read.
+  if (device_tokens) {
+    s.mirrored.insert(s.mirrored.begin(), {device_tokens, l.n_tokens, 0, device_tokens});
+  }
+  s.start_forward(l, int(logit_rows.size()), output, size_t(off), device_tokens);
   if (s.profile) {
     const bool decode = l.n_tokens == l.n_seqs;
     s.prof_prefix = (decode ? "decode b=" : "prompt n=") + std::to_string(l.n_tokens) + " ";
@@ -411,7 +455,7 @@ void CudaOps::Impl::profile_collect() {
 }
 
 void CudaOps::Impl::start_forward(const SeqLayout& l, int n_logits, const void* output,
-                                  size_t upload_elems) {
+                                  size_t upload_elems, const int32_t* device_tokens) {
   auto upload = [&](cudaStream_t st, size_t elems) {
     if (elems > 0) {
       RECUR_CUDA_CHECK(
@@ -433,14 +477,14 @@ void CudaOps::Impl::start_forward(const SeqLayout& l, int n_logits, const void* 
   for (size_t i = 0; i < decode_graphs.size(); ++i) {
     const DecodeGraph& g = decode_graphs[i];
     if (g.n_tokens == l.n_tokens && g.n_seqs == l.n_seqs && g.n_logits == n_logits &&
-        g.output == output) {
+        g.output == output && g.device_tokens == device_tokens) {
       found = int(i);
       break;
     }
   }
   if (found < 0) {
     if (decode_graphs.size() >= kMaxDecodeGraphs) return eager();
-    decode_graphs.push_back({l.n_tokens, l.n_seqs, n_logits, output});
+    decode_graphs.push_back({l.n_tokens, l.n_seqs, n_logits, output, device_tokens});
     found = int(decode_graphs.size()) - 1;
   }
   DecodeGraph& g = decode_graphs[size_t(found)];
@@ -461,9 +505,9 @@ void CudaOps::Impl::start_forward(const SeqLayout& l, int n_logits, const void* 
     upload(main_stream, upload_elems);
   }
   if (g.exec) {
-    // The graph (its upload first) goes to the GPU now; the forward's ops then only return.
+    // The graph (its upload first, then upload_done) goes to the GPU now; the forward's ops
+    // then only return.
     RECUR_CUDA_CHECK(cudaGraphLaunch(g.exec, main_stream));
-    RECUR_CUDA_CHECK(cudaEventRecord(upload_done, main_stream));
     mode = Mode::kReplaying;
     return;
   }
@@ -479,8 +523,11 @@ void CudaOps::Impl::start_forward(const SeqLayout& l, int n_logits, const void* 
     RECUR_CUBLAS_CHECK(
         cublasSetWorkspace(cublas, cublas_workspace.data(), cublas_workspace.bytes()));
     mode = Mode::kCapturing;
-    // The graph's first node: replays read the pinned buffer as begin_forward left it.
+    // The graph's first node: replays read the pinned buffer as begin_forward left it. Then
+    // upload_done, so the next forward may rewrite the buffer while this one runs.
     upload(capture_stream, g.upload_elems);
+    RECUR_CUDA_CHECK(
+        cudaEventRecordWithFlags(upload_done, capture_stream, cudaEventRecordExternal));
   }
 }
 
@@ -551,7 +598,6 @@ void CudaOps::Impl::end_forward() {
   mode = Mode::kEager;
   current_graph = -1;
   RECUR_CUDA_CHECK(cudaGraphLaunch(g.exec, main_stream));
-  RECUR_CUDA_CHECK(cudaEventRecord(upload_done, main_stream));
 }
 
 // Measurement only (RECUR_CUDA_DISABLE_KERNELS="pattern;pattern"): the decode graph's kernels
@@ -587,10 +633,18 @@ void CudaOps::Impl::disable_graph_kernels(cudaGraph_t graph, cudaGraphExec_t exe
 const int32_t* CudaOps::Impl::find_mirrored(const int32_t* host, int64_t count) const {
   for (const Mirrored& m : mirrored) {
     if (host >= m.host && host + count <= m.host + m.count) {
+      if (m.device) return m.device + (host - m.host);
       return mirror.as<int32_t>() + m.offset + (host - m.host);
     }
   }
   return nullptr;
+}
+
+bool CudaOps::Impl::on_device(const int32_t* p, int64_t count) const {
+  for (const Mirrored& m : mirrored) {
+    if (m.device && p >= m.host && p + count <= m.host + m.count) return true;
+  }
+  return false;
 }
 
 const int32_t* CudaOps::Impl::ints(const int32_t* host, int64_t count) {

@@ -38,7 +38,11 @@ class CudaOps final : public Ops {
   // Decode forwards (one token per sequence) after reserve() run as CUDA graphs, one per
   // (tokens, sequences, logit rows, output) seen before.
   void begin_forward(const SeqLayout& layout, std::span<const int32_t> tokens,
-                     std::span<const int32_t> logit_rows, const void* output = nullptr) override;
+                     std::span<const int32_t> logit_rows, const void* output = nullptr,
+                     const int32_t* device_tokens = nullptr) override;
+  // Through a pinned buffer sized by reserve(); larger copies are made at start.
+  void copy_to_host_start(const Tensor& src, void* dst) override;
+  void copy_to_host_finish() override;
   void synchronize() override;
   void copy_from_host(Tensor dst, const void* src) override;  // waits for the copy
   // Generated on the device with the same counter-based values as the CPU default.

@@ -357,8 +357,12 @@ void CudaOps::embedding(const int32_t* ids, int n, const Tensor& table, Tensor o
   const int64_t d = table.shape[1];
   RECUR_CHECK(out.shape[0] == n && out.shape[1] == d && out.stride[1] == 1 &&
               table.is_contiguous());
-  for (int i = 0; i < n; ++i) RECUR_CHECK(ids[i] >= 0 && ids[i] < table.shape[0]);
   Impl& s = *impl_;
+  // Host ids are checked here; ids already on the device (begin_forward's device tokens) are
+  // the backend's own picks.
+  if (!s.on_device(ids, n)) {
+    for (int i = 0; i < n; ++i) RECUR_CHECK(ids[i] >= 0 && ids[i] < table.shape[0]);
+  }
   const int32_t* dids = s.ints(ids, n);
   dispatch_weight(table.dtype, [&](auto tag) {
     using W = decltype(tag);
@@ -377,8 +381,12 @@ void CudaOps::embedding_rms_norm(const int32_t* ids, int n, const Tensor& table,
               table.is_contiguous());
   const Rows hs = rows_of(out), xs = rows_of(normed);
   RECUR_CHECK(w.numel() == d && xs.n_rows == n && xs.d == d);
-  for (int i = 0; i < n; ++i) RECUR_CHECK(ids[i] >= 0 && ids[i] < table.shape[0]);
   Impl& s = *impl_;
+  // Host ids are checked here; ids already on the device (begin_forward's device tokens) are
+  // the backend's own picks.
+  if (!s.on_device(ids, n)) {
+    for (int i = 0; i < n; ++i) RECUR_CHECK(ids[i] >= 0 && ids[i] < table.shape[0]);
+  }
   const int32_t* dids = s.ints(ids, n);
   dispatch_weight(table.dtype, [&](auto tag) {
     using W = decltype(tag);
