@@ -52,7 +52,7 @@ int run_bench(const BenchOptions& o) {
     }
   }
   if (batches.empty() || o.prompt_len < 1) return fail("bad --batch/--prompt-len");
-  if (o.gen_len < 4) return fail("--gen-len must be at least 4 (three untimed warm-up steps)");
+  if (o.gen_len < 3) return fail("--gen-len must be at least 3 (two untimed warm-up steps)");
   const int max_batch = *std::max_element(batches.begin(), batches.end());
   auto ops_r = create_backend(o.device, o.threads);
   if (!ops_r.ok()) return fail(ops_r.error().to_string());
@@ -89,9 +89,6 @@ int run_bench(const BenchOptions& o) {
   auto logits_buf = ops.allocator().allocate(size_t(max_batch) * size_t(V) * 4, "logits");
   if (!logits_buf.ok()) return fail(logits_buf.error().to_string());
   Tensor logits = view(*logits_buf, DType::F32, {max_batch, V});
-  auto ids_buf = ops.allocator().allocate(size_t(max_batch) * 4, "greedy ids");
-  if (!ids_buf.ok()) return fail(ids_buf.error().to_string());
-  std::vector<int32_t> host_ids(static_cast<size_t>(max_batch));
 
   // The ceiling: device copy bandwidth, measured now.
   const size_t copy_bytes = ops.device() == Device::kCpu ? (size_t(256) << 20) : (size_t(2) << 30);
@@ -148,46 +145,24 @@ int run_bench(const BenchOptions& o) {
       check(m.forward(batch, logits));
     }
     ops.synchronize();
-    // Greedy decode as the engine runs it (pipeline_decode): each step's tokens are the
-    // previous step's argmax, picked on the device; the next step is queued, fed those ids
-    // there, before the host reads them (one copy of b ids a step).
-    const Tensor ids = view(*ids_buf, DType::I32, {b});
-    const std::vector<int32_t> first = {int32_t(13 % V)}, placeholder = {0};
-    auto forward = [&](int pos, bool picks) {
+    std::vector<int32_t> tok(1);
+    auto step = [&](int pos) {
       batch.clear();
       for (int s = 0; s < b; ++s) {
-        batch.add_sequence(s, pos, picks ? placeholder : first, tables[size_t(s)],
-                           Batch::Logits::kLast);
+        tok[0] = int32_t((pos * 31 + s * 17) % V);  // fixed ids: sampling is not measured
+        batch.add_sequence(s, pos, tok, tables[size_t(s)], Batch::Logits::kLast);
       }
-      if (picks) batch.device_tokens = ids.ptr<int32_t>();
       check(m.forward(batch, logits));
-    };
-    auto pick = [&] {
-      ops.argmax_rows(logits.slice_rows(0, b), ids);
-      ops.copy_to_host_start(ids, host_ids.data());
+      ops.synchronize();  // the engine reads sampled ids every step
     };
     // Untimed warm-up: a device backend runs a new decode shape eagerly once and records it
-    // as a graph the second time; the timed steps are replays. The pipeline starts empty.
-    int pos = o.prompt_len;
-    forward(pos++, false);
-    pick();
-    for (int w = 0; w < 2; ++w) {
-      forward(pos++, true);
-      ops.copy_to_host_finish();
-      pick();
-    }
-    ops.copy_to_host_finish();
-    ops.synchronize();
+    // as a graph the second time; the timed steps are replays.
+    step(o.prompt_len);
+    step(o.prompt_len + 1);
     const auto t0 = Clock::now();
-    for (int g = 3; g < o.gen_len; ++g) {
-      forward(pos++, true);        // queued behind the previous step's argmax and copy
-      ops.copy_to_host_finish();   // the previous step's picks reach the host
-      pick();
-    }
-    ops.copy_to_host_finish();
-    ops.synchronize();
+    for (int g = 2; g < o.gen_len; ++g) step(o.prompt_len + g);
     const double secs = seconds_since(t0);
-    const int steps = o.gen_len - 3;
+    const int steps = o.gen_len - 2;
     const double step_s = secs / steps;
     // Bytes one step must read: dense weights, the distinct routed experts b tokens pick
     // (expected, uniform routing), each sequence's recurrent state (read and written) and its
@@ -224,8 +199,7 @@ int run_bench(const BenchOptions& o) {
       {"prefill_tflop_s", prefill_flops / prefill_s / 1e12},
       {"decode", decode},
       {"note",
-       "decode steps are greedy as the engine runs them: the device picks each step's tokens "
-       "(argmax) and the next step is queued, fed those picks, before they are copied back"}};
+       "decode steps feed fixed token ids and synchronize each step; sampling is not included"}};
   fmt::print("{}\n", out.dump(2));
   return 0;
 }

@@ -198,9 +198,10 @@ struct CudaOps::Impl {
   // Ends a captured or replayed forward: instantiates and launches, or launches, its graph.
   // Every entry point that is not a forward op calls this first.
   void end_forward();
+  void copy_to_host_finish_pending();  // completes copy_to_host_start's copy, if any
+  bool on_device(const int32_t* p, int64_t count) const;  // begin_forward's device tokens
   // Decides how the forward whose arrays begin_forward packed (upload_elems of them) runs, and
   // uploads them: by a copy on the stream, or inside the decode graph.
-  void copy_to_host_finish_pending();  // completes copy_to_host_start's copy, if any
   void start_forward(const SeqLayout& l, int n_logits, const void* output, size_t upload_elems,
                      const int32_t* device_tokens);
   // A device pointer holding `host[0..count)`: the mirror when begin_forward uploaded it,
@@ -214,7 +215,6 @@ struct CudaOps::Impl {
 
  private:
   const int32_t* find_mirrored(const int32_t* host, int64_t count) const;
-  bool on_device(const int32_t* p, int64_t count) const;  // begin_forward's device tokens
 };
 
 namespace cuda {
