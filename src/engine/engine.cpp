@@ -388,6 +388,8 @@ bool Engine::step() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     stats_.steps++;
+    stats_.pipelined_steps += pipelined_this_step_;
+    pipelined_this_step_ = 0;
     stats_.prompt_tokens += prompt_tokens;
     if (prompt_tokens > 0) {
       stats_.prefill_seconds += secs;
@@ -522,8 +524,7 @@ void Engine::maybe_prelaunch() {
   if (!model_->forward(batch_, logits_).ok()) return;  // the next step runs it the usual way
   next_seqs_ = logit_seqs_;
   prelaunched_ = true;
-  std::lock_guard<std::mutex> lk(mu_);
-  stats_.pipelined_steps++;
+  ++pipelined_this_step_;  // added to the stats under the step's one lock
 }
 
 void Engine::release_finished() {

@@ -169,6 +169,7 @@ class Engine {
   // since; its result for them is dropped).
   bool prelaunched_ = false;
   std::vector<Sequence*> next_seqs_;
+  int64_t pipelined_this_step_ = 0;
   std::string text_buf_;
   int64_t events_this_step_ = 0;
 
