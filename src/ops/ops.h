@@ -107,10 +107,12 @@ class Ops {
   virtual void copy_to_host(const Tensor& src, void* dst) = 0;  // src contiguous
   // copy_to_host in two halves, so work queued between them (the next step) runs meanwhile:
   // start orders the copy after the work queued so far; finish waits for it and fills dst.
-  // One copy at a time, of a few rows of ids. The defaults copy at start.
+  // Work queued after start may read src but must not write it until finish has returned (a
+  // device backend copies beside that work). One copy at a time, of a few rows of ids. The
+  // defaults copy at start.
   virtual void copy_to_host_start(const Tensor& src, void* dst) { copy_to_host(src, dst); }
   virtual void copy_to_host_finish() {}
-  virtual void fill_zero(Tensor t) = 0;                         // t contiguous
+  virtual void fill_zero(Tensor t) = 0;  // t contiguous
   // ids[r] = the index of row r's largest value (ties to the lower index; NaN ranks as -inf):
   // the greedy choice, so a device backend returns n ids instead of n rows of logits.
   //   x [n, V] f32 rows; ids [n] I32. The default reads host memory.

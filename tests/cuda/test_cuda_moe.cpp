@@ -17,14 +17,23 @@ TEST_F(CudaMoe, RoutingMatchesReference) {
   struct Case {
     int64_t n, E, k;
   };
-  // E ≤ 512 with k ≤ 32 takes the block-per-token kernel (1, 2 or 4 logits per thread).
+  // E ≤ 512 with k ≤ 32 takes the block-per-token kernel (1, 2 or 4 logits per thread), or its
+  // threshold-filter form where E is 128, 256 or 512.
   for (const Case c :
-       {Case{9, 7, 3}, Case{33, 64, 8}, Case{5, 512, 10}, Case{4, 200, 32}, Case{3, 4096, 64}}) {
+       {Case{9, 7, 3}, Case{33, 64, 8}, Case{5, 512, 10}, Case{4, 200, 32}, Case{3, 4096, 64},
+        Case{6, 256, 8}, Case{6, 128, 32}, Case{6, 512, 32}, Case{6, 512, 1}}) {
     for (bool norm_topk : {true, false}) {
       HostTensor logits(DType::F32, {c.n, c.E});
       fill_random(logits, rng, 2.0f);
       // Exact ties, which must go to the lower expert index.
       logits.f()[1] = logits.f()[3];
+      // A token whose largest logits all sit with one thread of a block (experts e + 128·i),
+      // and one with a tie across the threshold (more candidates than picks).
+      if (c.n > 3 && c.E >= 512) {
+        for (int64_t i = 0; i < 4; ++i) logits.f()[1 * c.E + 5 + 128 * i] = 9.0f - float(i);
+        for (int64_t e = 0; e < c.E; e += 37) logits.f()[2 * c.E + e] = 7.5f;
+        logits.f()[2 * c.E + 3] = -0.0f, logits.f()[2 * c.E + 4] = 0.0f;
+      }
       // A token whose logits are all equal: the k lowest indices, equal weights.
       for (int64_t e = 0; e < c.E; ++e) logits.f()[(c.n - 1) * c.E + e] = 0.25f;
       HostTensor ids(DType::I32, {c.n, c.k}), w(DType::F32, {c.n, c.k}), ids_ref = ids, w_ref = w;

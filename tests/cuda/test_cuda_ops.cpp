@@ -56,15 +56,16 @@ TEST_F(CudaBasic, AdoptWeightKeepsDtypeAndCopyToHostRoundTrips) {
   EXPECT_EQ(max_abs(zh.f(), z.numel()), 0.0);
 }
 
-// matmul_group: every output equals, bit for bit, what matmul gives for that weight alone
-// (one launch for GEMV token counts, one matmul per weight beyond), and the reference.
 // argmax_rows on the device picks what the host rule (Ops' default) picks: rows of a real
-// vocabulary and short ones, with the maximum tied, NaN, and rows with nothing above -inf.
+// vocabulary, longer ones (blocks taking several spans) and short ones, with the maximum tied,
+// NaN, and rows with nothing above -inf; each shape twice (the split kernel's per-row counts
+// must be back at zero), and more rows than the split kernel holds (one block per row).
 TEST_F(CudaBasic, ArgmaxRowsEqualsTheHostRule) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
-  for (int64_t V : {int64_t(151936), int64_t(1000), int64_t(5)}) {
-    const int64_t n = 7;
+  const std::pair<int64_t, int64_t> shapes[] = {{151936, 7}, {151936, 7}, {300001, 7}, {1000, 7},
+                                                {5, 7},      {5, 1100},   {4097, 7},   {4097, 7}};
+  for (auto [V, n] : shapes) {
     HostTensor x(DType::F32, {n, V});
     fill_random(x, rng, 4.0f);
     float* r = x.f();
@@ -86,6 +87,8 @@ TEST_F(CudaBasic, ArgmaxRowsEqualsTheHostRule) {
   }
 }
 
+// matmul_group: every output equals, bit for bit, what matmul gives for that weight alone
+// (one launch for GEMV token counts, one matmul per weight beyond), and the reference.
 TEST_F(CudaBasic, MatmulGroupEqualsOneMatmulPerWeight) {
   for (DType wt : {DType::BF16, DType::F32}) {
     for (int64_t n : {1, 2, 5, 8, 12}) {

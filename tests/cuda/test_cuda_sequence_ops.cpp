@@ -119,7 +119,9 @@ TEST_F(CudaSequence, AttentionInputsEqualTheOpsTheyFuse) {
     std::vector<int> lens, first;
   };
   const Case cases[] = {{16, 2, 256, 64, DType::BF16, {1, 1, 1}, {2050, 0, 31}},
-                        {4, 2, 40, 20, DType::F32, {3, 1, 5}, {0, 17, 40}}};
+                        {4, 2, 40, 20, DType::F32, {3, 1, 5}, {0, 17, 40}},
+                        // Rotated pairs two registers apart (half 64), every channel rotated.
+                        {8, 2, 128, 128, DType::BF16, {1, 2}, {100, 7}}};
   for (const Case& cs : cases) {
     Layout lay(cs.lens, cs.first, 16, rng);
     AttentionInputCase c(lay.l, lay.n_blocks(), cs.heads, cs.kv, cs.hd, cs.rot, cs.norm_t, rng);
@@ -392,7 +394,9 @@ TEST_F(CudaSequence, PagedAttentionMatchesReferenceOnRaggedBatchesWithHistory) {
                         // Several new tokens of a sequence after a history: chunks of earlier
                         // positions (loaded before the kernel's wait at group 8) and new ones.
                         {8, 128, 16, {5, 1}, {100, 40}},
-                        {4, 128, 16, {5, 1}, {100, 40}}};
+                        {4, 128, 16, {5, 1}, {100, 40}},
+                        // One token, a long history: more splits than the merge holds at once.
+                        {8, 256, 16, {1}, {6000}}};
   for (const Case& c : cases) {
     const int64_t kv = 2, heads = kv * c.group, hd = c.hd;
     Layout lay(c.lens, c.first, c.block_size, rng);

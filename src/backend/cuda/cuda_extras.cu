@@ -36,10 +36,35 @@ __global__ void fill_uniform_kernel(T* out, int64_t n, uint64_t seed, float lo, 
   }
 }
 
+// argmax_rows' rule for one thread: (value desc, index asc); a NaN never compares greater,
+// so it ranks as -inf.
+__device__ __forceinline__ void take_larger(float& best, int64_t& best_i, float v, int64_t i) {
+  if (v > best || (v == best && i < best_i)) best = v, best_i = i;
+}
+
+// The block's best (value, index) into lane 0 of warp 0; red_v/red_i: [blockDim / 32].
+__device__ __forceinline__ void block_argmax(float& best, int64_t& best_i, float* red_v,
+                                             int64_t* red_i) {
+  for (int o = 16; o > 0; o >>= 1) {
+    take_larger(best, best_i, __shfl_xor_sync(0xffffffffu, best, o),
+                __shfl_xor_sync(0xffffffffu, best_i, o));
+  }
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
+  if (lane == 0) red_v[warp] = best, red_i[warp] = best_i;
+  __syncthreads();
+  if (warp != 0) return;
+  best = lane < n_warps ? red_v[lane] : -INFINITY;
+  best_i = lane < n_warps ? red_i[lane] : INT64_MAX;
+  for (int o = 16; o > 0; o >>= 1) {
+    take_larger(best, best_i, __shfl_xor_sync(0xffffffffu, best, o),
+                __shfl_xor_sync(0xffffffffu, best_i, o));
+  }
+}
+
 // ids[r] = argmax of row r of x [n, V] (rows ldx apart), as Ops::argmax_rows: a block per row;
-// each thread keeps the first of its strided elements' largest values (a NaN never compares
-// greater; a thread with nothing above -inf offers its first index), then the block keeps
-// the largest by (value desc, index asc).
+// each thread keeps the first of its strided elements' largest values (a thread with nothing
+// above -inf offers its first index), then the block keeps the largest. Rows beyond the split
+// kernel's scratch only.
 constexpr int kArgmaxThreads = 1024;
 __global__ void __launch_bounds__(kArgmaxThreads)
     argmax_rows_kernel(const float* x, int64_t ldx, int64_t V, int32_t* ids) {
@@ -47,27 +72,71 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   const float* row = x + int64_t(blockIdx.x) * ldx;
   float best = -INFINITY;
   int64_t best_i = threadIdx.x;
-  for (int64_t j = threadIdx.x; j < V; j += kArgmaxThreads) {
-    const float v = row[j];
-    if (v > best) best = v, best_i = j;
+  for (int64_t j = threadIdx.x; j < V; j += kArgmaxThreads) take_larger(best, best_i, row[j], j);
+  __shared__ float red_v[kArgmaxThreads / 32];
+  __shared__ int64_t red_i[kArgmaxThreads / 32];
+  block_argmax(best, best_i, red_v, red_i);
+  if (threadIdx.x == 0) ids[blockIdx.x] = int32_t(best_i);
+}
+
+// The same choice with a row spread over gridDim.x blocks (a vocabulary is read from L2 in
+// one round trip instead of ~150 dependent ones): block (s, r) takes spans s, s + gridDim.x,
+// ... of kArgmaxSpan elements, all its loads in flight at once, and leaves its pick in
+// partial[r][s]; the last of the row's blocks to finish (counted in ticket[r], which it
+// resets for the next call) picks among them. partial: [rows, kArgmaxMaxSlices].
+constexpr int kArgmaxSplitThreads = 256, kArgmaxPerThread = 16;
+constexpr int64_t kArgmaxSpan = int64_t(kArgmaxSplitThreads) * kArgmaxPerThread;
+struct ArgmaxPick {
+  float v;
+  int32_t i;
+};
+__global__ void __launch_bounds__(kArgmaxSplitThreads)
+    argmax_rows_split_kernel(const float* x, int64_t ldx, int64_t V, int32_t* ids,
+                             ArgmaxPick* partial, unsigned* ticket) {
+  grid_dependency_sync();
+  const int r = blockIdx.y, s = blockIdx.x, tid = threadIdx.x;
+  const float* row = x + int64_t(r) * ldx;
+  float best = -INFINITY;
+  int64_t best_i = int64_t(s) * kArgmaxSpan + tid;
+  for (int64_t base = int64_t(s) * kArgmaxSpan; base < V; base += gridDim.x * kArgmaxSpan) {
+    float v[kArgmaxPerThread];
+#pragma unroll
+    for (int q = 0; q < kArgmaxPerThread; ++q) {
+      const int64_t j = base + tid + q * kArgmaxSplitThreads;
+      v[q] = j < V ? row[j] : -INFINITY;
+    }
+#pragma unroll
+    for (int q = 0; q < kArgmaxPerThread; ++q) {
+      take_larger(best, best_i, v[q], base + tid + q * kArgmaxSplitThreads);
+    }
   }
-  auto take = [&](float v, int64_t i) {
-    if (v > best || (v == best && i < best_i)) best = v, best_i = i;
-  };
-  for (int o = 16; o > 0; o >>= 1) {
-    take(__shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, best_i, o));
+  __shared__ float red_v[kArgmaxSplitThreads / 32];
+  __shared__ int64_t red_i[kArgmaxSplitThreads / 32];
+  __shared__ bool last;
+  block_argmax(best, best_i, red_v, red_i);
+  ArgmaxPick* row_partial = partial + int64_t(r) * kArgmaxMaxSlices;
+  if (tid == 0) {
+    row_partial[s] = {best, int32_t(best_i)};
+    __threadfence();  // the pick is visible before the ticket counts it
+    last = atomicAdd(&ticket[r], 1u) == gridDim.x - 1;
   }
-  __shared__ float warp_v[kArgmaxThreads / 32];
-  __shared__ int64_t warp_i[kArgmaxThreads / 32];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) warp_v[warp] = best, warp_i[warp] = best_i;
   __syncthreads();
-  if (warp != 0) return;
-  best = warp_v[lane], best_i = warp_i[lane];  // kArgmaxThreads / 32 == 32 warps
-  for (int o = 16; o > 0; o >>= 1) {
-    take(__shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, best_i, o));
+  if (!last || tid >= 32) return;
+  __threadfence();
+  best = -INFINITY;
+  best_i = INT64_MAX;
+  for (int j = tid; j < int(gridDim.x); j += 32) {
+    const float2 p = __ldcg(reinterpret_cast<const float2*>(row_partial + j));
+    take_larger(best, best_i, p.x, __float_as_int(p.y));
   }
-  if (lane == 0) ids[blockIdx.x] = int32_t(best_i);
+  for (int o = 16; o > 0; o >>= 1) {
+    take_larger(best, best_i, __shfl_xor_sync(0xffffffffu, best, o),
+                __shfl_xor_sync(0xffffffffu, best_i, o));
+  }
+  if (tid == 0) {
+    ids[r] = int32_t(best_i);
+    ticket[r] = 0;
+  }
 }
 
 }  // namespace
@@ -77,9 +146,20 @@ void CudaOps::argmax_rows(const Tensor& x, Tensor ids) {
   RECUR_CHECK(ids.dtype == DType::I32 && ids.numel() == x.shape[0] && ids.is_contiguous());
   Impl& s = *impl_;
   s.end_forward();
-  if (x.shape[0] == 0) return;
-  launch_kernel(argmax_rows_kernel, unsigned(x.shape[0]), kArgmaxThreads, 0, s.stream,
-                x.ptr<float>(), x.stride[0], x.shape[1], ids.ptr<int32_t>());
+  const int64_t n = x.shape[0], V = x.shape[1];
+  if (n == 0) return;
+  if (n <= kArgmaxRows && V <= INT32_MAX) {
+    const unsigned slices =
+        unsigned(std::min<int64_t>(kArgmaxMaxSlices, (V + kArgmaxSpan - 1) / kArgmaxSpan));
+    auto* partial = static_cast<ArgmaxPick*>(s.argmax_scratch.data());
+    auto* ticket = reinterpret_cast<unsigned*>(partial + kArgmaxRows * kArgmaxMaxSlices);
+    launch_kernel(argmax_rows_split_kernel, dim3(std::max(1u, slices), unsigned(n)),
+                  kArgmaxSplitThreads, 0, s.stream, x.ptr<float>(), x.stride[0], V,
+                  ids.ptr<int32_t>(), partial, ticket);
+  } else {
+    launch_kernel(argmax_rows_kernel, unsigned(n), kArgmaxThreads, 0, s.stream, x.ptr<float>(),
+                  x.stride[0], V, ids.ptr<int32_t>());
+  }
   s.launched("argmax_rows");
 }
 

@@ -109,7 +109,7 @@ struct CudaOps::Impl {
   struct Mirrored {
     const int32_t* host;
     int64_t count;
-    int64_t offset;                  // elements into the mirror
+    int64_t offset;                   // elements into the mirror
     const int32_t* device = nullptr;  // or already in device memory (begin_forward's tokens)
   };
   int32_t* pinned = nullptr;
@@ -120,6 +120,10 @@ struct CudaOps::Impl {
   int32_t* copy_pinned = nullptr;
   size_t copy_capacity = 0;  // bytes
   cudaEvent_t copy_done = nullptr;
+  // The copy runs on its own stream once the work before it is done (copy_ready), so a step
+  // queued behind it does not wait for it (9 µs a pipelined batch-1 step of the 80B config).
+  cudaStream_t copy_stream = nullptr;
+  cudaEvent_t copy_ready = nullptr;
   void* copy_dst = nullptr;
   size_t copy_bytes = 0;
   std::vector<Mirrored> mirrored;
@@ -134,6 +138,9 @@ struct CudaOps::Impl {
   Buffer act_lowp;      // matmul: activations split into three 16-bit terms, their products
   Buffer attn_partial;  // split-context attention partials
   Buffer gdn_chunks;    // the chunked delta rule's per-chunk key-side records
+  // argmax_rows split over blocks: each row's per-block picks [kArgmaxRows, kArgmaxMaxSlices]
+  // (8 bytes each), then a finished-block count per row [kArgmaxRows], zero between calls.
+  Buffer argmax_scratch;
 
   // Device tables of expert weight pointers, built once per expert list, carved from a pool
   // allocated at start-up (a table that does not fit gets its own buffer).
@@ -218,6 +225,10 @@ struct CudaOps::Impl {
 };
 
 namespace cuda {
+
+// argmax_rows splits rows of up to this many (the rows of a step's logits) over blocks.
+constexpr int64_t kArgmaxRows = 1024;
+constexpr int kArgmaxMaxSlices = 64;
 
 // Element types as stored; the device reads them with these loads.
 template <typename W>
@@ -338,6 +349,10 @@ __device__ __forceinline__ void grid_dependency_sync() {
 
 // False when RECUR_CUDA_PDL=0 (plain stream order, for comparison).
 bool pdl_enabled();
+
+// False when RECUR_CUDA_EARLY_OPERANDS=0: the attention input stage and the delta rule's norm
+// request their copy and gate rows late, as dependent round trips (for comparison).
+bool early_operands();
 
 // kernel<<<grid, block, smem, stream>>>(args...) with PDL allowed (see grid_dependency_sync).
 template <typename... KArgs, typename... Args>

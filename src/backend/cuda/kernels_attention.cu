@@ -57,6 +57,7 @@ struct AttnArgs {
   const int32_t *seq_start, *positions, *block_start, *block_ids;
   int n_seqs, heads, group, hd, bs, n_splits;
   float scale;
+  bool combine_one_trip;
 };
 
 // x [n, kv_heads, hd] → the cache at each token's position; grid (n, kv_heads)
@@ -573,30 +574,65 @@ bool launch_attention_warps(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
 }
 
 constexpr int kCombineThreads = 256;
+constexpr int kCombineWarps = kCombineThreads / 32;
+constexpr int kCombinePer = 16;  // splits per warp held at once: up to 128 in one round trip
 
 // Merges the splits of each (token, head): grid (n_tokens, heads, ⌈hd/32⌉), lane = channel.
-// Warp w sums the splits w, w + 8, ..., each weighted by e^(m_s − M), with all of a lane's
-// loads independent; the warps' sums then add up in shared memory.
+// Warp w sums the splits w, w + 8, ..., each weighted by e^(m_s − M); the warps' sums then add
+// up in shared memory. Up to 128 splits, every load (the maxima, each split's statistics and
+// values) is issued before any is used: one round trip to L2 rather than one per few splits.
+// The output gate, written two kernels back (the attention kernel before waits in every block),
+// loads before the wait.
 __global__ void __launch_bounds__(kCombineThreads) attention_combine_kernel(AttnArgs a) {
-  grid_dependency_sync();
-  constexpr int kWarps = kCombineThreads / 32;
-  __shared__ float red_o[kWarps][32], red_den[kWarps];
+  __shared__ float red_o[kCombineWarps][32], red_den[kCombineWarps];
   const int t = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
   const int lane = tid % 32, warp = tid / 32;
   const int d = blockIdx.z * 32 + lane;
-  const int64_t first = (int64_t(t) * a.heads + h) * a.n_splits;
+  const bool gated = a.gate && warp == 0 && d < a.hd;
+  const float gate = gated ? __ldcg(a.gate + int64_t(t) * a.g_s0 + int64_t(h) * a.hd + d) : 0.0f;
+  grid_dependency_sync();
+  const int n = a.n_splits;
+  const int64_t first = (int64_t(t) * a.heads + h) * n;
   const float* ml = a.part_ml + first * 2;
-  float m = -INFINITY;
-  for (int sp = lane; sp < a.n_splits; sp += 32) m = fmaxf(m, ml[sp * 2]);
-  m = warp_max(m);
+  const float* po = a.part_o + first * a.hd + d;
   float o = 0.0f, den = 0.0f;
+  if (n <= kCombineWarps * kCombinePer && a.combine_one_trip) {
+    float mv[kCombinePer * kCombineWarps / 32], ms[kCombinePer], ls[kCombinePer], ov[kCombinePer];
+#pragma unroll
+    for (int i = 0; i < kCombinePer * kCombineWarps / 32; ++i) {
+      const int sp = lane + 32 * i;
+      mv[i] = sp < n ? ml[sp * 2] : -INFINITY;
+    }
+#pragma unroll
+    for (int i = 0; i < kCombinePer; ++i) {
+      const int sp = warp + kCombineWarps * i;
+      ms[i] = sp < n ? ml[sp * 2] : -INFINITY;
+      ls[i] = sp < n ? ml[sp * 2 + 1] : 0.0f;
+      ov[i] = sp < n && d < a.hd ? po[int64_t(sp) * a.hd] : 0.0f;
+    }
+    float m = mv[0];
+#pragma unroll
+    for (int i = 1; i < kCombinePer * kCombineWarps / 32; ++i) m = fmaxf(m, mv[i]);
+    m = warp_max(m);
+#pragma unroll
+    for (int i = 0; i < kCombinePer; ++i) {
+      if (ms[i] == -INFINITY) continue;  // empty split (or none): its sums were never written
+      const float f = expf(ms[i] - m);
+      den += ls[i] * f;
+      o += ov[i] * f;
+    }
+  } else {
+    float m = -INFINITY;
+    for (int sp = lane; sp < n; sp += 32) m = fmaxf(m, ml[sp * 2]);
+    m = warp_max(m);
 #pragma unroll 4
-  for (int sp = warp; sp < a.n_splits; sp += kWarps) {
-    const float ms = ml[sp * 2];
-    if (ms == -INFINITY) continue;  // empty split: its sums were never written
-    const float f = expf(ms - m);
-    den += ml[sp * 2 + 1] * f;
-    if (d < a.hd) o += a.part_o[(first + sp) * a.hd + d] * f;
+    for (int sp = warp; sp < n; sp += kCombineWarps) {
+      const float msp = ml[sp * 2];
+      if (msp == -INFINITY) continue;
+      const float f = expf(msp - m);
+      den += ml[sp * 2 + 1] * f;
+      if (d < a.hd) o += po[int64_t(sp) * a.hd] * f;
+    }
   }
   red_o[warp][lane] = o;
   if (lane == 0) red_den[warp] = den;
@@ -604,8 +640,12 @@ __global__ void __launch_bounds__(kCombineThreads) attention_combine_kernel(Attn
   if (warp == 0) {
     float so = 0.0f, sd = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) so += red_o[w][lane], sd += red_den[w];
-    if (d < a.hd) store_out(a, t, h, d, so / sd);
+    for (int w = 0; w < kCombineWarps; ++w) so += red_o[w][lane], sd += red_den[w];
+    if (d < a.hd) {
+      float v = so / sd;
+      if (gated) v *= sigmoid(gate);
+      a.out[int64_t(t) * a.o_s0 + int64_t(h) * a.o_s1 + d] = v;
+    }
   }
 }
 
@@ -709,6 +749,8 @@ void run_paged_attention(CudaOps::Impl& s, const Tensor& q, const Tensor& k_cach
   a.block_start = dl.block_start, a.block_ids = dl.block_ids;
   a.n_seqs = layout.n_seqs, a.heads = int(heads), a.group = group, a.hd = int(hd);
   a.bs = layout.block_size, a.n_splits = n_splits, a.scale = scale;
+  static const bool one_trip = env_switch_on("RECUR_CUDA_COMBINE_ONE_TRIP");
+  a.combine_one_trip = one_trip;
   if (gate) {
     RECUR_CHECK(gate->ndim == 2 && gate->shape[0] == n && gate->shape[1] == heads * hd &&
                 gate->stride[1] == 1 && gate->dtype == DType::F32);

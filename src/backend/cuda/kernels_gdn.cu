@@ -147,7 +147,8 @@ __global__ void __launch_bounds__(32 * kRecWarps) delta_recurrent_kernel(DeltaAr
 constexpr int kNormMaxGroups = 4;
 template <int RPT, typename W>
 __global__ void __launch_bounds__(32 * kRecWarps * kNormMaxGroups)
-    delta_recurrent_norm_kernel(DeltaArgs a, Rows gate, Rows normed, const W* norm_w, float eps) {
+    delta_recurrent_norm_kernel(DeltaArgs a, Rows gate, Rows normed, const W* norm_w, float eps,
+                                bool early_gate) {
   const int s = blockIdx.y, h = blockIdx.x;
   const int lane = threadIdx.x, group = threadIdx.y / kRecWarps, warp = threadIdx.y % kRecWarps;
   const int j = group * 32 + lane;
@@ -161,6 +162,12 @@ __global__ void __launch_bounds__(32 * kRecWarps * kNormMaxGroups)
   NormWeights<kWarpNormPer> wpre;
   if (threadIdx.y == 0) wpre = load_norm_weights<kWarpNormPer>(norm_w, a.dv, lane, 32);
   grid_dependency_sync();
+  // The head's gate row (written by the kernel before) is requested with the token's inputs,
+  // not after the rule: one round trip less before the norm.
+  NormWeights<kWarpNormPer> gpre;
+  if (threadIdx.y == 0 && early_gate) {
+    gpre = load_row_values<kWarpNormPer>(gate.row(t * a.hv + h), a.dv, lane, 32);
+  }
   delta_token<RPT>(a, t, h, j, warp, lane, threadIdx.y * 32 + lane, 32 * blockDim.y, st, qs, ks,
                    red[group], red2[group], o_head);
   delta_state_store<RPT>(a, S, j, warp, st);  // the final state, stored while the norm runs
@@ -169,7 +176,7 @@ __global__ void __launch_bounds__(32 * kRecWarps * kNormMaxGroups)
     const Rows o_row{o_head, normed.n_rows, a.dv, a.hv, 0, 0};
     rms_norm_row<kWarpNormPer, W, true, false>(
         o_row, gate, normed, norm_w, 0.0f, eps, o_row, t * a.hv + h, lane, 32,
-        [](float ss) { return warp_sum(ss); }, wpre);
+        [](float ss) { return warp_sum(ss); }, wpre, gpre);
   }
 }
 
@@ -592,7 +599,7 @@ void CudaOps::gated_delta_rule_norm(const Tensor& q, const Tensor& k, const Tens
   dispatch_weight(norm_w.dtype, [&](auto tag) {
     using W = decltype(tag);
     launch_kernel(delta_recurrent_norm_kernel<32, W>, grid, block, 0, s.stream, a, gs, ns,
-                  norm_w.ptr<W>(), eps);
+                  norm_w.ptr<W>(), eps, early_operands());
   });
   s.launched("gated_delta_rule_norm");
 }

@@ -153,6 +153,11 @@ __device__ __forceinline__ float from_ordered_bits(unsigned u) {
   return __uint_as_float(u & 0x80000000u ? u & 0x7fffffffu : ~u);
 }
 
+// The logit of a routing key (its ordered bits in the high word).
+__device__ __forceinline__ float reg_of_key(unsigned long long key) {
+  return from_ordered_bits(unsigned(key >> 32));
+}
+
 constexpr int kRouteThreads = 128;
 
 // One block per token of logits [n, E ≤ kRouteThreads·PL], k ≤ 32: the same selection and
@@ -237,6 +242,96 @@ __global__ void __launch_bounds__(kRouteThreads)
     float wf = float(p);
     if (norm_topk) wf = float(double(wf) / kept);
     ids[int64_t(t) * ld_ids + lane] = pick_i[lane];
+    weights[int64_t(t) * ld_w + lane] = wf;
+  }
+}
+
+// The block kernel's choice without its k rounds, for E == kRouteThreads·PL exactly (every
+// thread holds PL experts e = tid + 128·i) and k ≤ 32. Keys order the experts as the picks
+// do: (logit desc, index asc), the logit's ordered bits above the inverted index. Each warp
+// finds the k-th largest of its lanes' largest logits (counting, per lane, the lanes above
+// it); the largest of the four is a threshold at least k experts reach, and only experts at
+// or above it (usually a little over k) are candidates. Each candidate's pick position is the
+// number of candidates above it. Three block barriers instead of k + 2.
+template <int PL>
+__global__ void __launch_bounds__(kRouteThreads)
+    moe_route_filter_kernel(const float* logits, int64_t ld, int /*n: the grid*/, int E, int k,
+                            bool norm_topk, int32_t* ids, int64_t ld_ids, float* weights,
+                            int64_t ld_w) {
+  grid_dependency_sync();
+  constexpr int kWarps = kRouteThreads / 32;
+  __shared__ float red_max[kWarps];
+  __shared__ unsigned red_threshold[kWarps];
+  __shared__ double red_sum[kWarps];
+  __shared__ unsigned long long cand[kRouteThreads * PL];
+  __shared__ unsigned long long pick[32];
+  __shared__ int n_cand;
+  const int t = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const float* l = logits + int64_t(t) * ld;
+  float reg[PL];
+  unsigned bits[PL];  // ordered bits; NaN lowest (never above a number, as in the rounds)
+  unsigned lane_top = 0;
+#pragma unroll
+  for (int i = 0; i < PL; ++i) {
+    reg[i] = l[tid + kRouteThreads * i];
+    const float v = reg[i] + 0.0f;  // -0 as +0: they compare equal
+    bits[i] = v != v ? 0u : ordered_bits(v);
+    lane_top = max(lane_top, bits[i]);
+  }
+  if (tid == 0) n_cand = 0;
+  // This warp's k-th largest lane maximum (with repeats): the smallest value held by a lane
+  // with fewer than k lanes above it.
+  int above = 0;
+#pragma unroll
+  for (int j = 0; j < 32; ++j) above += __shfl_sync(0xffffffffu, lane_top, j) > lane_top;
+  const unsigned warp_kth = __reduce_min_sync(0xffffffffu, above < k ? lane_top : 0xffffffffu);
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < PL; ++i) mx = fmaxf(mx, reg[i]);
+  mx = warp_max(mx);
+  if (lane == 0) red_max[warp] = mx, red_threshold[warp] = warp_kth;
+  __syncthreads();
+  mx = red_max[0];
+  unsigned threshold = red_threshold[0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) {
+    mx = fmaxf(mx, red_max[w]);
+    threshold = max(threshold, red_threshold[w]);
+  }
+#pragma unroll
+  for (int i = 0; i < PL; ++i) {
+    if (bits[i] >= threshold) {
+      const unsigned e = unsigned(tid + kRouteThreads * i);
+      cand[atomicAdd(&n_cand, 1)] = (static_cast<unsigned long long>(bits[i]) << 32) | ~e;
+    }
+  }
+  double sum = 0.0;
+#pragma unroll
+  for (int i = 0; i < PL; ++i) sum += exp(double(reg[i] - mx));
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (lane == 0) red_sum[warp] = sum;
+  __syncthreads();
+  const int nc = n_cand;
+  for (int c = tid; c < nc; c += kRouteThreads) {
+    const unsigned long long key = cand[c];
+    int rank = 0;
+    for (int j = 0; j < nc; ++j) rank += cand[j] > key;
+    if (rank < k) pick[rank] = key;
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  sum = red_sum[0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) sum += red_sum[w];
+  // As moe_route_kernel: lane j computes the j-th pick's probability; summed in pick order.
+  const unsigned long long key = lane < k ? pick[lane] : 0ull;
+  const double p = lane < k ? exp(double(reg_of_key(key) - mx)) / sum : 0.0;
+  double kept = 0.0;
+  for (int j = 0; j < k; ++j) kept += __shfl_sync(0xffffffffu, p, j);
+  if (lane < k) {
+    float wf = float(p);
+    if (norm_topk) wf = float(double(wf) / kept);
+    ids[int64_t(t) * ld_ids + lane] = int32_t(~unsigned(key));
     weights[int64_t(t) * ld_w + lane] = wf;
   }
 }
@@ -539,7 +634,14 @@ void CudaOps::moe_route(const Tensor& logits, int k, bool norm_topk, Tensor ids,
                   logits.stride[0], int(n), int(E), k, norm_topk, ids.ptr<int32_t>(), ids.stride[0],
                   weights.ptr<float>(), weights.stride[0]);
   };
-  if (k <= 32 && E <= kRouteThreads) {
+  static const bool filter = env_switch_on("RECUR_CUDA_ROUTE_FILTER");
+  if (filter && k <= 32 && E == kRouteThreads) {
+    launch_block(moe_route_filter_kernel<1>);
+  } else if (filter && k <= 32 && E == 2 * kRouteThreads) {
+    launch_block(moe_route_filter_kernel<2>);
+  } else if (filter && k <= 32 && E == 4 * kRouteThreads) {
+    launch_block(moe_route_filter_kernel<4>);
+  } else if (k <= 32 && E <= kRouteThreads) {
     launch_block(moe_route_block_kernel<1>);
   } else if (k <= 32 && E <= 2 * kRouteThreads) {
     launch_block(moe_route_block_kernel<2>);

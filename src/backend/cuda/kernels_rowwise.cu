@@ -242,6 +242,7 @@ struct AttnInputArgs {
   int64_t kc_s0, kc_s1, kc_s2, vc_s0, vc_s1, vc_s2;
   int bs, n_seqs;
   const int32_t *seq_start, *positions, *block_start, *block_ids;
+  bool early_operands;
 };
 
 // The gated-attention input stage, one warp per (token, q or k head): rope_kernel's cos/sin
@@ -274,17 +275,55 @@ __global__ void __launch_bounds__(32) attention_inputs_kernel(AttnInputArgs a) {
   }
   const W* w = static_cast<const W*>(is_q ? a.q_norm : a.k_norm);
   const auto wpre = load_norm_weights<kWarpNormPer>(w, hd, lane, 32);
+  // A lane holds channels lane + 32·i of its row in registers through the norm; when the
+  // rotated pairs (i, i + half) fall in one lane and the row fits, the rotation and the
+  // stores work on those registers, and the gate (or v) row is requested with the norm's
+  // input: one round trip after the wait instead of one per dependent copy.
+  constexpr int kPer = kWarpNormPer;
+  const bool in_regs = a.early_operands && half % 32 == 0 && hd <= 32 * kPer;
   grid_dependency_sync();
-  if (is_q) {
-    for (int e = lane; e < hd; e += 32) {
-      a.gate[t * a.ld_gate + int64_t(row) * hd + e] =
-          a.qg[t * a.ld_qg + int64_t(row) * 2 * hd + hd + e];
-    }
-  }
-  __syncwarp();
   const int64_t r = is_q ? t * a.heads + row : t * a.kv + (row - a.heads);
   const Rows& in = is_q ? a.q_in : a.k;
   const Rows& out = is_q ? a.q : a.k;
+  const float* copy_src = is_q ? a.qg + t * a.ld_qg + int64_t(row) * 2 * hd + hd
+                               : a.v + t * a.ld_v + int64_t(row - a.heads) * hd;
+  if (in_regs) {
+    const NormWeights<kPer> copy = load_row_values<kPer>(copy_src, hd, lane, 32);
+    auto rotate = [&](float(&o)[kPer]) {
+      constexpr int kHalfMax = kPer / 2;
+#pragma unroll
+      for (int i = 0; i < kHalfMax; ++i) {
+        const int pair = i + half / 32;  // register of channel lane + 32·i + half
+        if (32 * i < half && pair < kPer) {
+          float x0 = o[i], x1 = o[pair];
+          rotate_pair(x0, x1, cs[lane + 32 * i], cs[half + lane + 32 * i]);
+          o[i] = x0, o[pair] = x1;
+        }
+      }
+      if (!is_q) {
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) {
+          const int j = lane + 32 * i;
+          if (j < hd) kd[j * a.kc_s2] = o[i];
+        }
+      }
+    };
+    __syncwarp();  // cs written by every lane
+    rms_norm_row<kPer, W, false, false>(
+        in, in, out, w, a.offset, a.eps, in, r, lane, 32, [](float ss) { return warp_sum(ss); },
+        wpre, {}, rotate);
+    float* dst = is_q ? a.gate + t * a.ld_gate + int64_t(row) * hd : vd;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int j = lane + 32 * i;
+      if (j < hd) dst[j] = copy.v[i];
+    }
+    return;
+  }
+  if (is_q) {
+    for (int e = lane; e < hd; e += 32) a.gate[t * a.ld_gate + int64_t(row) * hd + e] = copy_src[e];
+  }
+  __syncwarp();
   rms_norm_row<kWarpNormPer, W, false, false>(
       in, in, out, w, a.offset, a.eps, in, r, lane, 32, [](float ss) { return warp_sum(ss); },
       wpre);
@@ -297,11 +336,9 @@ __global__ void __launch_bounds__(32) attention_inputs_kernel(AttnInputArgs a) {
   }
   if (!is_q) {
     __syncwarp();
-    const int h = row - a.heads;
-    const float* vs = a.v + t * a.ld_v + int64_t(h) * hd;
     for (int j = lane; j < hd; j += 32) {
       kd[j * a.kc_s2] = xr[j];
-      vd[j] = vs[j];
+      vd[j] = copy_src[j];
     }
   }
 }
@@ -528,6 +565,7 @@ void CudaOps::attention_inputs(const AttentionInputArgs& in, const SeqLayout& la
   Impl& s = *impl_;
   const DevLayout dl = s.layout(layout, true);
   AttnInputArgs a{};
+  a.early_operands = early_operands();
   a.q_in = Rows{in.qg.ptr<float>(), n * heads, hd, heads, in.qg.stride[0], 2 * hd};
   a.q = Rows{in.q.ptr<float>(), n * heads, hd, heads, in.q.stride[0], hd};
   a.k = Rows{in.k.ptr<float>(), n * kv, hd, kv, in.k.stride[0], hd};

@@ -29,6 +29,21 @@ __device__ __forceinline__ NormWeights<kPer> load_norm_weights(const W* w, int64
   return nw;
 }
 
+// The first kPer values of a row of floats that a thread handles, as rms_norm_row reads them
+// (a gate row loaded early: its pre_gate).
+template <int kPer>
+__device__ __forceinline__ NormWeights<kPer> load_row_values(const float* row, int64_t d, int first,
+                                                             int stride) {
+  NormWeights<kPer> nv;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int64_t j = first + int64_t(i) * stride;
+    nv.v[i] = j < d ? row[j] : 0.0f;
+  }
+  nv.loaded = true;
+  return nv;
+}
+
 // One row r of x [rows, d]: out = x · rsqrt(mean(x²) + eps) · (w + offset), optionally ·
 // silu(gate). kAdd: first x += y (rows of y [rows, d]), written back to x, as add then rms_norm.
 // This thread handles elements first, first + stride, ...; reduce(partial) returns the row's sum
@@ -36,12 +51,17 @@ __device__ __forceinline__ NormWeights<kPer> load_norm_weights(const W* w, int64
 // elements (x, y, w, gate) are loaded before anything is stored, so their loads are in flight
 // together (a store to x would otherwise keep later loads waiting); the sum of squares runs in
 // the plain loop's order.
-// pre: the first kPer weights from load_norm_weights, or not loaded (read here).
-template <int kPer, typename W, bool kGated, bool kAdd, typename Reduce>
-__device__ __forceinline__ void rms_norm_row(const Rows& x, const Rows& gate, const Rows& out,
-                                             const W* w, float offset, float eps, const Rows& y,
-                                             int64_t r, int first, int stride, Reduce reduce,
-                                             const NormWeights<kPer>& pre = {}) {
+// pre: the first kPer weights from load_norm_weights, or not loaded (read here); pre_gate
+// likewise the first kPer gate values (kGated), loaded by the caller as soon as it could.
+// finish(o): sees the first kPer outputs of this thread just before they are stored, and may
+// change them (a rotation of pairs this thread holds).
+template <int kPer, typename W, bool kGated, bool kAdd, typename Reduce,
+          typename Finish = void (*)(float (&)[kPer])>
+__device__ __forceinline__ void rms_norm_row(
+    const Rows& x, const Rows& gate, const Rows& out, const W* w, float offset, float eps,
+    const Rows& y, int64_t r, int first, int stride, Reduce reduce,
+    const NormWeights<kPer>& pre = {}, const NormWeights<kPer>& pre_gate = {},
+    Finish finish = [](float (&)[kPer]) {}) {
   const int64_t d = x.d;
   float* xr = x.row(r);
   const float* yr = kAdd ? y.row(r) : nullptr;
@@ -50,13 +70,16 @@ __device__ __forceinline__ void rms_norm_row(const Rows& x, const Rows& gate, co
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int64_t j = first + int64_t(i) * stride;
-    v[i] = gv[i] = 0.0f;
+    v[i] = 0.0f;
+    gv[i] = pre_gate.loaded ? pre_gate.v[i] : 0.0f;
     wv[i] = pre.loaded ? pre.v[i] : 0.0f;
     if (j < d) {
       v[i] = xr[j];
       if constexpr (kAdd) v[i] += yr[j];
       if (!pre.loaded) wv[i] = to_f32(w[j]);
-      if constexpr (kGated) gv[i] = gr[j];
+      if constexpr (kGated) {
+        if (!pre_gate.loaded) gv[i] = gr[j];
+      }
     }
   }
   float ss = 0.0f;
@@ -79,16 +102,20 @@ __device__ __forceinline__ void rms_norm_row(const Rows& x, const Rows& gate, co
   }
   const float inv = 1.0f / sqrtf(reduce(ss) / float(d) + eps);
   float* orow = out.row(r);
+  float o[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    if constexpr (kGated) {
+      o[i] = v[i] * inv * wv[i] * silu(gv[i]);
+    } else {
+      o[i] = v[i] * inv * (wv[i] + offset);
+    }
+  }
+  finish(o);
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int64_t j = first + int64_t(i) * stride;
-    if (j < d) {
-      if constexpr (kGated) {
-        orow[j] = v[i] * inv * wv[i] * silu(gv[i]);
-      } else {
-        orow[j] = v[i] * inv * (wv[i] + offset);
-      }
-    }
+    if (j < d) orow[j] = o[i];
   }
   for (int64_t j = first + int64_t(kPer) * stride; j < d; j += stride) {
     if constexpr (kGated) {

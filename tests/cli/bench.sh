@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# recur bench on the CPU: the JSON carries every figure it promises, finite and positive, for
+# both decode ways (synchronous fixed ids, and the pipelined greedy decode with its picks),
+# from a model directory and from a config with random weights; bad options fail clearly.
+set -euo pipefail
+recur="$1"; root="$2"
+check() {
+  python3 - "$1" "$2" <<'PY'
+import json, math, sys
+out, batches = json.loads(sys.argv[1]), [int(b) for b in sys.argv[2].split(",")]
+def pos(x, what):
+    assert isinstance(x, (int, float)) and math.isfinite(x) and x > 0, f"{what}: {x!r}"
+for key in ("copy_bandwidth_gb_s", "prefill_tok_s", "prefill_tflop_s", "weight_bytes"):
+    pos(out[key], key)
+assert [d["batch"] for d in out["decode"]] == batches, out["decode"]
+for d in out["decode"]:
+    for key in ("tok_s", "step_ms", "weight_bytes_per_step", "achieved_bandwidth_gb_s",
+                "fraction_of_copy_bandwidth"):
+        pos(d[key], f"b{d['batch']} {key}")
+    p = d["greedy_pipelined"]
+    for key in ("tok_s", "step_ms", "steps", "achieved_bandwidth_gb_s"):
+        pos(p[key], f"b{d['batch']} greedy_pipelined {key}")
+    assert 1 <= p["distinct_ids_per_step"] <= d["batch"], p
+print("bench:", " ".join(f"b{d['batch']} {d['tok_s']:.0f}/{d['greedy_pipelined']['tok_s']:.0f} tok/s"
+                         for d in out["decode"]))
+PY
+}
+out=$("$recur" bench --model "$root/models/qwen3next-tiny-realvocab" --batch 1,3 --prompt-len 24 --gen-len 6 --threads 2)
+check "$out" 1,3
+out=$("$recur" bench --config "$root/models/qwen3next-tiny/config.json" --random-weights --layers 2 --batch 2 --prompt-len 8 --gen-len 5 --threads 2)
+check "$out" 2
+if "$recur" bench --model "$root/models/qwen3next-tiny" --gen-len 3 2>/dev/null; then
+  echo "bench accepted --gen-len 3 (fewer steps than its warm-up)"; exit 1
+fi
+if "$recur" bench --model "$root/models/qwen3next-tiny" --batch 1,x 2>/dev/null; then
+  echo "bench accepted --batch 1,x"; exit 1
+fi
+echo "bench: ok"
