@@ -181,7 +181,7 @@ int run_bench(const BenchOptions& o) {
     // step, and the next step queued before they are read, fed the device's picks (as
     // Engine::maybe_prelaunch). Three untimed steps: eager, captured, first replay.
     const Tensor ids = view(*ids_buf, DType::I32, {b});
-    std::vector<int32_t> host_ids(static_cast<size_t>(b));
+    std::vector<int32_t> host_ids(static_cast<size_t>(b)), sorted(host_ids.size());
     const int pos0 = o.prompt_len + o.gen_len;
     auto queue_forward = [&](int pos, bool device_ids) {
       batch.clear();
@@ -201,7 +201,7 @@ int run_bench(const BenchOptions& o) {
       ops.copy_to_host_start(ids, host_ids.data());
       if (g + 1 < o.gen_len) queue_forward(pos0 + g + 1, true);
       ops.copy_to_host_finish();
-      std::vector<int32_t> sorted = host_ids;
+      std::copy(host_ids.begin(), host_ids.end(), sorted.begin());
       std::sort(sorted.begin(), sorted.end());
       distinct_sum += double(std::unique(sorted.begin(), sorted.end()) - sorted.begin());
       if (g + 1 == kPipelineWarmup) tp0 = Clock::now();

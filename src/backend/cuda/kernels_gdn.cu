@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(32 * kRecWarps * kNormMaxGroups)
   // not after the rule: one round trip less before the norm.
   NormWeights<kWarpNormPer> gpre;
   if (threadIdx.y == 0 && early_gate) {
-    gpre = load_row_values<kWarpNormPer>(gate.row(t * a.hv + h), a.dv, lane, 32);
+    gpre = load_norm_weights<kWarpNormPer>(gate.row(t * a.hv + h), a.dv, lane, 32);
   }
   delta_token<RPT>(a, t, h, j, warp, lane, threadIdx.y * 32 + lane, 32 * blockDim.y, st, qs, ks,
                    red[group], red2[group], o_head);

@@ -154,7 +154,7 @@ __device__ __forceinline__ float from_ordered_bits(unsigned u) {
 }
 
 // The logit of a routing key (its ordered bits in the high word).
-__device__ __forceinline__ float reg_of_key(unsigned long long key) {
+__device__ __forceinline__ float logit_of_key(unsigned long long key) {
   return from_ordered_bits(unsigned(key >> 32));
 }
 
@@ -325,7 +325,7 @@ __global__ void __launch_bounds__(kRouteThreads)
   for (int w = 1; w < kWarps; ++w) sum += red_sum[w];
   // As moe_route_kernel: lane j computes the j-th pick's probability; summed in pick order.
   const unsigned long long key = lane < k ? pick[lane] : 0ull;
-  const double p = lane < k ? exp(double(reg_of_key(key) - mx)) / sum : 0.0;
+  const double p = lane < k ? exp(double(logit_of_key(key) - mx)) / sum : 0.0;
   double kept = 0.0;
   for (int j = 0; j < k; ++j) kept += __shfl_sync(0xffffffffu, p, j);
   if (lane < k) {

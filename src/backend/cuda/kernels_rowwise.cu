@@ -288,7 +288,7 @@ __global__ void __launch_bounds__(32) attention_inputs_kernel(AttnInputArgs a) {
   const float* copy_src = is_q ? a.qg + t * a.ld_qg + int64_t(row) * 2 * hd + hd
                                : a.v + t * a.ld_v + int64_t(row - a.heads) * hd;
   if (in_regs) {
-    const NormWeights<kPer> copy = load_row_values<kPer>(copy_src, hd, lane, 32);
+    const NormWeights<kPer> copy = load_norm_weights<kPer>(copy_src, hd, lane, 32);
     auto rotate = [&](float(&o)[kPer]) {
       constexpr int kHalfMax = kPer / 2;
 #pragma unroll

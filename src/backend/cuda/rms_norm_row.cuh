@@ -11,6 +11,7 @@ constexpr int kWarpNormPer = 8;
 
 // The first kPer weights of the elements a thread handles (first, first + stride, ...), as
 // rms_norm_row reads them; a kernel may load them before its PDL wait (weights). v [kPer].
+// Also any row of values loaded early that way (a gate row: W float).
 template <int kPer>
 struct NormWeights {
   float v[kPer];
@@ -27,21 +28,6 @@ __device__ __forceinline__ NormWeights<kPer> load_norm_weights(const W* w, int64
   }
   nw.loaded = true;
   return nw;
-}
-
-// The first kPer values of a row of floats that a thread handles, as rms_norm_row reads them
-// (a gate row loaded early: its pre_gate).
-template <int kPer>
-__device__ __forceinline__ NormWeights<kPer> load_row_values(const float* row, int64_t d, int first,
-                                                             int stride) {
-  NormWeights<kPer> nv;
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int64_t j = first + int64_t(i) * stride;
-    nv.v[i] = j < d ? row[j] : 0.0f;
-  }
-  nv.loaded = true;
-  return nv;
 }
 
 // One row r of x [rows, d]: out = x · rsqrt(mean(x²) + eps) · (w + offset), optionally ·
