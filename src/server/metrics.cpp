@@ -140,6 +140,9 @@ std::string Metrics::render(const EngineStats& s) const {
   scalar(&out, "recur_generation_tokens_total", "counter", "Tokens generated.",
          double(s.generated_tokens));
   scalar(&out, "recur_engine_steps_total", "counter", "Engine scheduler steps.", double(s.steps));
+  scalar(&out, "recur_engine_pipelined_steps_total", "counter",
+         "Decode steps queued before the previous step's picks were read (greedy, on a GPU).",
+         double(s.pipelined_steps));
   scalar(&out, "recur_engine_requests_finished_total", "counter",
          "Sequences the engine has finished and released.", double(s.requests_finished));
   ttft.render(&out, "recur_time_to_first_token_seconds",

@@ -50,6 +50,8 @@ TEST(Metrics, RenderCarriesEngineGaugesAndCounters) {
   s.alloc.live_buffers = 42;
   s.alloc.live_bytes = 1 << 20;
   s.generated_tokens = 77;
+  s.steps = 40;
+  s.pipelined_steps = 31;
   const std::string text = m.render(s);
   EXPECT_EQ(value_of(text, R"(recur_http_requests_total{route="/v1/completions",code="200"})"),
             "2");
@@ -65,6 +67,8 @@ TEST(Metrics, RenderCarriesEngineGaugesAndCounters) {
   EXPECT_EQ(value_of(text, "recur_live_buffers"), "42");
   EXPECT_EQ(value_of(text, "recur_live_bytes"), "1048576");
   EXPECT_EQ(value_of(text, "recur_generation_tokens_total"), "77");
+  EXPECT_EQ(value_of(text, "recur_engine_steps_total"), "40");
+  EXPECT_EQ(value_of(text, "recur_engine_pipelined_steps_total"), "31");
   EXPECT_EQ(value_of(text, "recur_time_to_first_token_seconds_count"), "1");
   EXPECT_EQ(text.back(), '\n');
 }
