@@ -179,7 +179,8 @@ int run_bench(const BenchOptions& o) {
 
     // The engine's greedy decode on a device: the argmax on the device, the ids read back every
     // step, and the next step queued before they are read, fed the device's picks (as
-    // Engine::maybe_prelaunch). Three untimed steps: eager, captured, first replay.
+    // Engine::maybe_prelaunch). The first three reads are untimed (the host-id step, then the
+    // device-id shape's eager run and its capture); the rest time steady-state steps.
     const Tensor ids = view(*ids_buf, DType::I32, {b});
     std::vector<int32_t> host_ids(static_cast<size_t>(b)), sorted(host_ids.size());
     const int pos0 = o.prompt_len + o.gen_len;

@@ -1,6 +1,7 @@
 // MoE routing and experts on the GPU against the CPU scalar references. Routing ids must match
 // exactly and weights to 1e-6. Experts: every path (GEMV core, f32 experts, tensor cores on
 // activations split exactly into three 16-bit terms) is f32-class: ≤ 1e-5 relative.
+#include <cmath>
 #include <cstring>
 
 #include "backend/cpu/reference.h"
@@ -32,7 +33,13 @@ TEST_F(CudaMoe, RoutingMatchesReference) {
       if (c.n > 3 && c.E >= 512) {
         for (int64_t i = 0; i < 4; ++i) logits.f()[1 * c.E + 5 + 128 * i] = 9.0f - float(i);
         for (int64_t e = 0; e < c.E; e += 37) logits.f()[2 * c.E + e] = 7.5f;
-        logits.f()[2 * c.E + 3] = -0.0f, logits.f()[2 * c.E + 4] = 0.0f;
+      }
+      // The largest logits -0 (lower index) and +0: equal, so the lower index first.
+      if (c.n > 4 && c.E > 8) {
+        for (int64_t e = 0; e < c.E; ++e) {
+          logits.f()[3 * c.E + e] = -0.1f - std::fabs(logits.f()[3 * c.E + e]);
+        }
+        logits.f()[3 * c.E + 5] = -0.0f, logits.f()[3 * c.E + 7] = 0.0f;
       }
       // A token whose logits are all equal: the k lowest indices, equal weights.
       for (int64_t e = 0; e < c.E; ++e) logits.f()[(c.n - 1) * c.E + e] = 0.25f;

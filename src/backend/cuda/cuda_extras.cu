@@ -119,10 +119,10 @@ __global__ void __launch_bounds__(kArgmaxSplitThreads)
     row_partial[s] = {best, int32_t(best_i)};
     __threadfence();  // the pick is visible before the ticket counts it
     last = atomicAdd(&ticket[r], 1u) == gridDim.x - 1;
+    __threadfence();  // and the last block reads the others' picks after its count
   }
   __syncthreads();
   if (!last || tid >= 32) return;
-  __threadfence();
   best = -INFINITY;
   best_i = INT64_MAX;
   for (int j = tid; j < int(gridDim.x); j += 32) {

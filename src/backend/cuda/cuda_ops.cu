@@ -183,7 +183,10 @@ CudaOps::Impl::~Impl() {
   if (upload_done) cudaEventDestroy(upload_done);
   if (copy_done) cudaEventDestroy(copy_done);
   if (copy_ready) cudaEventDestroy(copy_ready);
-  if (copy_stream) cudaStreamDestroy(copy_stream);
+  if (copy_stream) {
+    cudaStreamSynchronize(copy_stream);  // a started copy may still write copy_pinned
+    cudaStreamDestroy(copy_stream);
+  }
   if (pinned) cudaFreeHost(pinned);
   if (copy_pinned) cudaFreeHost(copy_pinned);
   if (stream) cudaStreamDestroy(stream);

@@ -183,7 +183,8 @@ __global__ void __launch_bounds__(kRouteThreads)
 #pragma unroll
   for (int i = 0; i < PL; ++i) {
     const int e = tid + kRouteThreads * i;
-    reg[i] = e < E ? l[e] : -INFINITY;
+    // -0 as +0: they compare equal, and the reductions below order by bits.
+    reg[i] = e < E ? l[e] + 0.0f : -INFINITY;
   }
   float mx = -INFINITY;
 #pragma unroll
@@ -269,7 +270,9 @@ __global__ void __launch_bounds__(kRouteThreads)
   const int t = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const float* l = logits + int64_t(t) * ld;
   float reg[PL];
-  unsigned bits[PL];  // ordered bits; NaN lowest (never above a number, as in the rounds)
+  // Ordered bits; NaN lowest (never above a number, as in the rounds; a row with fewer than
+  // k numbers picks NaN experts last, where the rounds would give the invalid id E).
+  unsigned bits[PL];
   unsigned lane_top = 0;
 #pragma unroll
   for (int i = 0; i < PL; ++i) {
