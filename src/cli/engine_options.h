@@ -26,8 +26,8 @@ struct EngineOptions {
 };
 
 // Registers --model, --device, --threads, --max-batch, --max-batch-tokens, --max-context,
-// --kv-cache-mb, --seed (described by seed_help) and --pipeline-decode on cmd, writing into *o; the defaults are
-// what *o holds.
+// --kv-cache-mb, --seed (described by seed_help) and --pipeline-decode on cmd, writing into *o;
+// the defaults are what *o holds.
 void add_engine_options(CLI::App* cmd, EngineOptions* o, const std::string& seed_help);
 
 // The backend for --device and --threads; an unavailable device is an error that names it.

@@ -23,7 +23,8 @@ namespace recur::cuda {
 [[noreturn]] void fatal(const char* what);
 // An on/off switch from the environment: off only when the variable is set to 0 (the A/B
 // switches RECUR_CUDA_PDL, _GRAPHS, _ATTN_DECODE, _GEMV_PRELOAD, _GEMV_PRELOAD_LONG,
-// _MOE_PRELOAD, _MOE_TENSOR_CORES, _DELTA_NORM_FUSED, _NORM_PRELOAD).
+// _MOE_PRELOAD, _MOE_TENSOR_CORES, _DELTA_NORM_FUSED, _NORM_PRELOAD, _ROUTE_FILTER,
+// _COMBINE_ONE_TRIP, _EARLY_OPERANDS, _COPY_BESIDE).
 bool env_switch_on(const char* name);
 
 #ifdef RECUR_CUDA_TRACE
@@ -221,6 +222,7 @@ struct CudaOps::Impl {
   void disable_graph_kernels(cudaGraph_t graph, cudaGraphExec_t exec, const char* patterns);
 
  private:
+  const Mirrored* mirrored_entry(const int32_t* host, int64_t count) const;  // or null
   const int32_t* find_mirrored(const int32_t* host, int64_t count) const;
 };
 

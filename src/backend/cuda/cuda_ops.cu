@@ -651,21 +651,24 @@ void CudaOps::Impl::disable_graph_kernels(cudaGraph_t graph, cudaGraphExec_t exe
                n_kernels);
 }
 
-const int32_t* CudaOps::Impl::find_mirrored(const int32_t* host, int64_t count) const {
+const CudaOps::Impl::Mirrored* CudaOps::Impl::mirrored_entry(const int32_t* host,
+                                                             int64_t count) const {
   for (const Mirrored& m : mirrored) {
-    if (host >= m.host && host + count <= m.host + m.count) {
-      if (m.device) return m.device + (host - m.host);
-      return mirror.as<int32_t>() + m.offset + (host - m.host);
-    }
+    if (host >= m.host && host + count <= m.host + m.count) return &m;
   }
   return nullptr;
 }
 
+const int32_t* CudaOps::Impl::find_mirrored(const int32_t* host, int64_t count) const {
+  const Mirrored* m = mirrored_entry(host, count);
+  if (!m) return nullptr;
+  if (m->device) return m->device + (host - m->host);
+  return mirror.as<int32_t>() + m->offset + (host - m->host);
+}
+
 bool CudaOps::Impl::on_device(const int32_t* p, int64_t count) const {
-  for (const Mirrored& m : mirrored) {
-    if (m.device && p >= m.host && p + count <= m.host + m.count) return true;
-  }
-  return false;
+  const Mirrored* m = mirrored_entry(p, count);
+  return m && m->device;
 }
 
 const int32_t* CudaOps::Impl::ints(const int32_t* host, int64_t count) {

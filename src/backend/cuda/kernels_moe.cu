@@ -54,6 +54,23 @@ struct MoeScratch {
   }
 };
 
+// Lane j < k of the calling warp holds the j-th pick (logit v, expert id): its probability
+// (double exp over the row's sum), renormalised over the k picks (summed in pick order) when
+// norm_topk; lanes ≥ k only take part in the shuffles. id_row, w_row [k].
+__device__ __forceinline__ void store_picks(int lane, int k, float v, int32_t id, float mx,
+                                            double sum, bool norm_topk, int32_t* id_row,
+                                            float* w_row) {
+  const double p = lane < k ? exp(double(v - mx)) / sum : 0.0;
+  double kept = 0.0;
+  for (int j = 0; j < k; ++j) kept += __shfl_sync(0xffffffffu, p, j);
+  if (lane < k) {
+    float wf = float(p);
+    if (norm_topk) wf = float(double(wf) / kept);
+    id_row[lane] = id;
+    w_row[lane] = wf;
+  }
+}
+
 // One warp per token of logits [n, E]: ids, weights [n, k]. With PL > 0 each lane keeps its
 // experts' logits (e = lane + 32·i, E ≤ 32·PL) in registers across the k selection rounds;
 // PL = 0 re-reads them from memory (large E).
@@ -107,7 +124,6 @@ __global__ void moe_route_kernel(const float* logits, int64_t ld, int n, int E, 
     }
     prev_v = best_v, prev_i = best_i;
   };
-  double kept = 0.0;
   int32_t* id_row = ids + int64_t(t) * ld_ids;
   float* w_row = weights + int64_t(t) * ld_w;
   if (k <= 32) {
@@ -120,16 +136,10 @@ __global__ void moe_route_kernel(const float* logits, int64_t ld, int n, int E, 
       next_pick();
       if (lane == j) my_v = prev_v, my_i = prev_i;
     }
-    const double p = lane < k ? exp(double(my_v - mx)) / sum : 0.0;
-    for (int j = 0; j < k; ++j) kept += __shfl_sync(0xffffffffu, p, j);
-    if (lane < k) {
-      float wf = float(p);
-      if (norm_topk) wf = float(double(wf) / kept);
-      id_row[lane] = my_i;
-      w_row[lane] = wf;
-    }
+    store_picks(lane, k, my_v, my_i, mx, sum, norm_topk, id_row, w_row);
     return;
   }
+  double kept = 0.0;
   for (int j = 0; j < k; ++j) {
     next_pick();
     const double p = exp(double(prev_v - mx)) / sum;
@@ -235,16 +245,8 @@ __global__ void __launch_bounds__(kRouteThreads)
   sum = red_sum[0];
 #pragma unroll
   for (int w = 1; w < kWarps; ++w) sum += red_sum[w];
-  // As moe_route_kernel: lane j computes the j-th pick's probability; summed in pick order.
-  const double p = lane < k ? exp(double(pick_v[lane] - mx)) / sum : 0.0;
-  double kept = 0.0;
-  for (int j = 0; j < k; ++j) kept += __shfl_sync(0xffffffffu, p, j);
-  if (lane < k) {
-    float wf = float(p);
-    if (norm_topk) wf = float(double(wf) / kept);
-    ids[int64_t(t) * ld_ids + lane] = pick_i[lane];
-    weights[int64_t(t) * ld_w + lane] = wf;
-  }
+  store_picks(lane, k, pick_v[lane], pick_i[lane], mx, sum, norm_topk, ids + int64_t(t) * ld_ids,
+              weights + int64_t(t) * ld_w);
 }
 
 // The block kernel's choice without its k rounds, for E == kRouteThreads·PL exactly (every
@@ -326,17 +328,9 @@ __global__ void __launch_bounds__(kRouteThreads)
   sum = red_sum[0];
 #pragma unroll
   for (int w = 1; w < kWarps; ++w) sum += red_sum[w];
-  // As moe_route_kernel: lane j computes the j-th pick's probability; summed in pick order.
   const unsigned long long key = lane < k ? pick[lane] : 0ull;
-  const double p = lane < k ? exp(double(logit_of_key(key) - mx)) / sum : 0.0;
-  double kept = 0.0;
-  for (int j = 0; j < k; ++j) kept += __shfl_sync(0xffffffffu, p, j);
-  if (lane < k) {
-    float wf = float(p);
-    if (norm_topk) wf = float(double(wf) / kept);
-    ids[int64_t(t) * ld_ids + lane] = int32_t(~unsigned(key));
-    weights[int64_t(t) * ld_w + lane] = wf;
-  }
+  store_picks(lane, k, logit_of_key(key), int32_t(~unsigned(key)), mx, sum, norm_topk,
+              ids + int64_t(t) * ld_ids, weights + int64_t(t) * ld_w);
 }
 
 // Exclusive prefix sums of two per-thread values across the block; returns totals in *tot.

@@ -388,6 +388,17 @@ unsigned elementwise_blocks(int64_t total, int sms) {
 
 }  // namespace
 
+namespace {
+// The device copy of an embedding's ids: host ids are checked against the table first; ids
+// already on the device (begin_forward's device tokens) are the backend's own picks.
+const int32_t* checked_ids(CudaOps::Impl& s, const int32_t* ids, int n, int64_t vocab) {
+  if (!s.on_device(ids, n)) {
+    for (int i = 0; i < n; ++i) RECUR_CHECK(ids[i] >= 0 && ids[i] < vocab);
+  }
+  return s.ints(ids, n);
+}
+}  // namespace
+
 void CudaOps::embedding(const int32_t* ids, int n, const Tensor& table, Tensor out) {
   if (impl_->replaying()) return;  // the decode graph does this op's work
   if (n == 0) return;
@@ -395,12 +406,7 @@ void CudaOps::embedding(const int32_t* ids, int n, const Tensor& table, Tensor o
   RECUR_CHECK(out.shape[0] == n && out.shape[1] == d && out.stride[1] == 1 &&
               table.is_contiguous());
   Impl& s = *impl_;
-  // Host ids are checked here; ids already on the device (begin_forward's device tokens) are
-  // the backend's own picks.
-  if (!s.on_device(ids, n)) {
-    for (int i = 0; i < n; ++i) RECUR_CHECK(ids[i] >= 0 && ids[i] < table.shape[0]);
-  }
-  const int32_t* dids = s.ints(ids, n);
+  const int32_t* dids = checked_ids(s, ids, n, table.shape[0]);
   dispatch_weight(table.dtype, [&](auto tag) {
     using W = decltype(tag);
     launch_kernel(embedding_kernel<W>, n, kThreads, 0, s.stream, dids, table.ptr<W>(), d,
@@ -419,12 +425,7 @@ void CudaOps::embedding_rms_norm(const int32_t* ids, int n, const Tensor& table,
   const Rows hs = rows_of(out), xs = rows_of(normed);
   RECUR_CHECK(w.numel() == d && xs.n_rows == n && xs.d == d);
   Impl& s = *impl_;
-  // Host ids are checked here; ids already on the device (begin_forward's device tokens) are
-  // the backend's own picks.
-  if (!s.on_device(ids, n)) {
-    for (int i = 0; i < n; ++i) RECUR_CHECK(ids[i] >= 0 && ids[i] < table.shape[0]);
-  }
-  const int32_t* dids = s.ints(ids, n);
+  const int32_t* dids = checked_ids(s, ids, n, table.shape[0]);
   dispatch_weight(table.dtype, [&](auto tag) {
     using W = decltype(tag);
     dispatch_weight(w.dtype, [&](auto ntag) {
