@@ -409,8 +409,7 @@ Status Qwen3Next::forward(const Batch& batch, Tensor logits) {
   if (layers_.empty()) {
     ops_.embedding(tokens, n, embed_tokens_, h);
   } else {
-    ops_.embedding_rms_norm(tokens, n, embed_tokens_, h, layers_.front().input_norm, 1.0f, eps,
-                            x);
+    ops_.embedding_rms_norm(tokens, n, embed_tokens_, h, layers_.front().input_norm, 1.0f, eps, x);
   }
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& L = layers_[i];
@@ -559,8 +558,8 @@ void Qwen3Next::sparse_moe(const Layer& L, int n) {
     const Tensor outs[] = {logits, shared.score};
     ops_.matmul_group(x, ws, outs);
   }
-  ops_.moe_route(logits, cfg_.num_experts_per_tok, cfg_.norm_topk_prob, ids, weights);
-  ops_.moe_experts_shared(x, w.experts, ids, weights, shared, out, ws_.moe_scratch);
+  ops_.moe_route_experts_shared(logits, cfg_.num_experts_per_tok, cfg_.norm_topk_prob, x, w.experts,
+                                ids, weights, shared, out, ws_.moe_scratch);
 }
 
 }  // namespace

@@ -200,5 +200,73 @@ TEST_F(CudaMoe, SharedExpertMatchesReference) {
   }
 }
 
+// Routing inside the expert kernels (one token; 128, 256 or 512 experts, k ≤ 32) against
+// moe_route then moe_experts_shared: the same ids, and bit for bit the same weights and output
+// (the same formulas and sums). 64 experts, or a second token, take the default's two ops.
+TEST_F(CudaMoe, RoutingInsideExpertsMatchesRouteThenExperts) {
+  struct Case {
+    int64_t n, E, k;
+    int pattern;  // 0 random, 1 top logits on one thread, 2 ties across the threshold, 3 ±0
+  };
+  const Case cases[] = {{1, 512, 10, 0}, {1, 512, 10, 1}, {1, 512, 32, 2}, {1, 256, 8, 3},
+                        {1, 128, 1, 0},  {1, 128, 32, 2}, {1, 64, 10, 0},  {2, 512, 10, 0}};
+  const int64_t d = 256, ff = 128;
+  for (DType dt : {DType::BF16, DType::F32}) {
+    for (const Case& c : cases) {
+      Experts ex = make_experts(ops(), c.E, d, ff, dt, rng);
+      Experts sh = make_experts(ops(), 1, d, ff, dt, rng);
+      HostTensor logits(DType::F32, {c.n, c.E});
+      fill_random(logits, rng, 2.0f);
+      float* l = logits.f();
+      if (c.pattern == 1) {
+        for (int64_t i = 0; i < 4; ++i) l[5 + 128 * i] = 9.0f - float(i);
+      } else if (c.pattern == 2) {
+        for (int64_t e = 0; e < c.E; e += 5) l[e] = 7.5f;
+      } else if (c.pattern == 3) {
+        for (int64_t e = 0; e < c.E; ++e) l[e] = -0.1f - std::fabs(l[e]);
+        l[5] = -0.0f, l[7] = 0.0f;
+      }
+      HostTensor x(DType::F32, {c.n, d}), score(DType::F32, {c.n, 1}), out = x;
+      HostTensor ids(DType::I32, {c.n, c.k}), w(DType::F32, {c.n, c.k});
+      HostTensor g(DType::F32, {c.n, ff}), y = x;
+      fill_random(x, rng);
+      fill_random(score, rng);
+      DeviceTensor dl = dev(logits), dx = dev(x), dscore = dev(score);
+      HostTensor scratch_h(DType::U8, {int64_t(ops().moe_experts_scratch_bytes(
+                                          int(c.n), int(c.k) + 1, int(c.E) + 1, int(d), int(ff)))});
+      HostTensor got_ids[2] = {ids, ids}, got_w[2] = {w, w}, got[2] = {out, out};
+      for (int path = 0; path < 2; ++path) {  // the fused op, then route and experts
+        DeviceTensor dg = poisoned(g), du = poisoned(g), dh = poisoned(g), dy = poisoned(y);
+        DeviceTensor dout = poisoned(out), scratch = poisoned(scratch_h);
+        DeviceTensor dids = poisoned(ids), dw = poisoned(w);
+        SharedExpertArgs shared;
+        shared.w = sh.d[0];
+        shared.score = dscore.t, shared.gate = dg.t, shared.up = du.t, shared.hidden = dh.t;
+        shared.out = dy.t;
+        if (path == 0) {
+          ops().moe_route_experts_shared(dl.t, int(c.k), true, dx.t, ex.d, dids.t, dw.t, shared,
+                                         dout.t, scratch.t);
+        } else {
+          ops().moe_route(dl.t, int(c.k), true, dids.t, dw.t);
+          ops().moe_experts_shared(dx.t, ex.d, dids.t, dw.t, shared, dout.t, scratch.t);
+        }
+        got_ids[path] = host(dids, ids), got_w[path] = host(dw, w), got[path] = host(dout, out);
+      }
+      const std::string what = std::string(dtype_name(dt)) + " n=" + std::to_string(c.n) +
+                               " E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) +
+                               " pattern " + std::to_string(c.pattern);
+      HostTensor ids_ref = ids, w_ref = w, ref = out;
+      ref::moe_route(logits.t, int(c.k), true, ids_ref.t, w_ref.t);
+      EXPECT_EQ(std::memcmp(got_ids[0].t.data, ids_ref.t.data, size_t(c.n * c.k) * 4), 0) << what;
+      EXPECT_EQ(std::memcmp(got_ids[0].t.data, got_ids[1].t.data, size_t(c.n * c.k) * 4), 0)
+          << what;
+      EXPECT_EQ(std::memcmp(got_w[0].t.data, got_w[1].t.data, size_t(c.n * c.k) * 4), 0) << what;
+      EXPECT_EQ(std::memcmp(got[0].t.data, got[1].t.data, size_t(c.n * d) * 4), 0) << what;
+      reference_moe_shared(x.t, ex.h, ids_ref.t, w_ref.t, sh.h[0], score.t, ref.t);
+      EXPECT_LE(rel_err(got[0].f(), ref.f(), out.numel()), 1e-5) << what;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace recur

@@ -313,17 +313,9 @@ void dispatch_weight(DType dt, Fn&& fn) {
   }
 }
 
-// Programmatic dependent launch (PDL): every forward kernel is launched with programmatic
-// stream serialisation, so its blocks may be scheduled while the kernel before it in the
-// stream still runs, hiding the launch latency between the small kernels of a decode step.
-// Each such kernel calls grid_dependency_sync(): it waits until the previous kernel has
-// completed and its writes are visible, then lets the next kernel be scheduled. Before that
-// call a kernel may only read what the kernel before cannot write: weights, the batch mirror
-// and ad hoc uploads (copies are never overlapped), state and cache entries written by earlier
-// forwards and not by this one; and what kernels two or more back wrote, where the kernel
-// directly before waits in every block before exiting (so they had completed when this one
-// could launch); those go through L2 (__ldcg).
-__device__ __forceinline__ void grid_dependency_sync() {
+// The wait half of grid_dependency_sync (below): until the kernel before has completed and
+// its writes are visible.
+__device__ __forceinline__ void grid_dependency_wait() {
 #ifdef RECUR_CUDA_TRACE
   const bool stamp =
       (blockIdx.x | blockIdx.y | blockIdx.z | threadIdx.x | threadIdx.y | threadIdx.z) == 0 &&
@@ -336,7 +328,6 @@ __device__ __forceinline__ void grid_dependency_sync() {
   }
 #endif
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #ifdef RECUR_CUDA_TRACE
   if (stamp) {
     unsigned long long* r = g_trace_ring.stamps + 4 * size_t(slot);
@@ -349,6 +340,29 @@ __device__ __forceinline__ void grid_dependency_sync() {
 #endif
 }
 
+// The other half: lets the next kernel be scheduled. A kernel may call it later than its
+// wait, after publishing (stores, then a fence, then a block barrier) what the next kernel
+// reads before its own wait.
+__device__ __forceinline__ void allow_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+// Programmatic dependent launch (PDL): every forward kernel is launched with programmatic
+// stream serialisation, so its blocks may be scheduled while the kernel before it in the
+// stream still runs, hiding the launch latency between the small kernels of a decode step.
+// Each such kernel calls grid_dependency_sync(): it waits until the previous kernel has
+// completed and its writes are visible, then lets the next kernel be scheduled. Before that
+// call a kernel may only read what the kernel before cannot write: weights, the batch mirror
+// and ad hoc uploads (copies are never overlapped), state and cache entries written by earlier
+// forwards and not by this one; and what kernels two or more back wrote, where the kernel
+// directly before waits in every block before exiting (so they had completed when this one
+// could launch); those go through L2 (__ldcg). Also what the kernel directly before published
+// before its allow_dependents, in a kernel that calls the halves apart.
+__device__ __forceinline__ void grid_dependency_sync() {
+  grid_dependency_wait();
+  allow_dependents();
+}
+
 // False when RECUR_CUDA_PDL=0 (plain stream order, for comparison).
 bool pdl_enabled();
 
@@ -356,22 +370,40 @@ bool pdl_enabled();
 // request their copy and gate rows late, as dependent round trips (for comparison).
 bool early_operands();
 
-// kernel<<<grid, block, smem, stream>>>(args...) with PDL allowed (see grid_dependency_sync).
+// kernel<<<grid, block, smem, stream>>>(args...) with PDL allowed (see grid_dependency_sync),
+// in clusters of cluster_x blocks along x when that is above 1 (grid.x a multiple of it).
 template <typename... KArgs, typename... Args>
-void launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
-                   cudaStream_t stream, Args&&... args) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+void launch_kernel_clusters(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                            cudaStream_t stream, unsigned cluster_x, Args&&... args) {
+  cudaLaunchAttribute attr[2];
+  unsigned n_attrs = 0;
+  if (pdl_enabled()) {
+    attr[n_attrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n_attrs].val.programmaticStreamSerializationAllowed = 1;
+    ++n_attrs;
+  }
+  if (cluster_x > 1) {
+    attr[n_attrs].id = cudaLaunchAttributeClusterDimension;
+    attr[n_attrs].val.clusterDim.x = cluster_x;
+    attr[n_attrs].val.clusterDim.y = 1;
+    attr[n_attrs].val.clusterDim.z = 1;
+    ++n_attrs;
+  }
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cfg.numAttrs = n_attrs;
   const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
   if (e != cudaSuccess) cuda_failed("cudaLaunchKernelEx", e, __FILE__, __LINE__);
+}
+
+template <typename... KArgs, typename... Args>
+void launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                   cudaStream_t stream, Args&&... args) {
+  launch_kernel_clusters(kernel, grid, block, smem, stream, 1u, std::forward<Args>(args)...);
 }
 
 inline unsigned blocks_for(int64_t n, int threads) {

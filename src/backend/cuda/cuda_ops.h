@@ -109,6 +109,10 @@ class CudaOps final : public Ops {
   void moe_experts_shared(const Tensor& x, std::span<const ExpertWeights> experts,
                           const Tensor& ids, const Tensor& weights, const SharedExpertArgs& shared,
                           Tensor out, Tensor scratch) override;
+  void moe_route_experts_shared(const Tensor& logits, int k, bool norm_topk, const Tensor& x,
+                                std::span<const ExpertWeights> experts, Tensor ids, Tensor weights,
+                                const SharedExpertArgs& shared, Tensor out,
+                                Tensor scratch) override;
 
   // Largest token count for which matmul and the MoE experts use the bandwidth-bound GEMV
   // kernels (f32 arithmetic); above it they use bf16/f16 tensor cores (see kernels_matmul.cu).

@@ -1,7 +1,6 @@
-// Mixture of experts on the GPU. Routing: a warp per token, f32 softmax with a double sum and
-// top-k by (logit desc, index asc), as on the CPU. Experts: (token, expert) pairs are sorted by
-// expert on the device (one block; nothing returns to the host), cut into tiles of one
-// expert's rows, and run as grouped GEMMs over a grid sized by the worst case whose surplus
+// Mixture of experts on the GPU (routing kernels: kernels_moe_route.cu). Experts: (token, expert)
+// pairs are sorted by expert on the device (one block; nothing returns to the host), cut into tiles
+// of one expert's rows, and run as grouped GEMMs over a grid sized by the worst case whose surplus
 // blocks exit at once:
 //   ≤ kGemvMaxTokens tokens, or few rows per expert (decode batches): the GEMV core
 //     (gemv.cuh), f32 arithmetic, each chosen expert's weights read once per tile of ≤ 4 rows;
@@ -10,12 +9,15 @@
 //   more tokens, F32 experts: the GEMV core over tiles of 8 rows.
 // Gate and up run fused with SwiGLU; a final pass sums each token's k expert outputs in its
 // own routing order (deterministic, no atomics).
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <cstdlib>
 
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/gemv.cuh"
 #include "backend/cuda/moe.cuh"
+#include "backend/cuda/moe_route.cuh"
 
 namespace recur {
 
@@ -53,285 +55,6 @@ struct MoeScratch {
     bytes = size_t(p - static_cast<char*>(base));
   }
 };
-
-// Lane j < k of the calling warp holds the j-th pick (logit v, expert id): its probability
-// (double exp over the row's sum), renormalised over the k picks (summed in pick order) when
-// norm_topk; lanes ≥ k only take part in the shuffles. id_row, w_row [k].
-__device__ __forceinline__ void store_picks(int lane, int k, float v, int32_t id, float mx,
-                                            double sum, bool norm_topk, int32_t* id_row,
-                                            float* w_row) {
-  const double p = lane < k ? exp(double(v - mx)) / sum : 0.0;
-  double kept = 0.0;
-  for (int j = 0; j < k; ++j) kept += __shfl_sync(0xffffffffu, p, j);
-  if (lane < k) {
-    float wf = float(p);
-    if (norm_topk) wf = float(double(wf) / kept);
-    id_row[lane] = id;
-    w_row[lane] = wf;
-  }
-}
-
-// One warp per token of logits [n, E]: ids, weights [n, k]. With PL > 0 each lane keeps its
-// experts' logits (e = lane + 32·i, E ≤ 32·PL) in registers across the k selection rounds;
-// PL = 0 re-reads them from memory (large E).
-template <int PL>
-__global__ void moe_route_kernel(const float* logits, int64_t ld, int n, int E, int k,
-                                 bool norm_topk, int32_t* ids, int64_t ld_ids, float* weights,
-                                 int64_t ld_w) {
-  grid_dependency_sync();
-  const int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (t >= n) return;
-  const float* l = logits + int64_t(t) * ld;
-  float reg[PL > 0 ? PL : 1];
-#pragma unroll
-  for (int i = 0; i < PL; ++i) {
-    const int e = lane + 32 * i;
-    reg[i] = e < E ? l[e] : -INFINITY;
-  }
-  // for_each(fn): fn(e, logit) over this lane's experts.
-  auto for_each = [&](auto&& fn) {
-    if constexpr (PL > 0) {
-#pragma unroll
-      for (int i = 0; i < PL; ++i) {
-        if (lane + 32 * i < E) fn(lane + 32 * i, reg[i]);
-      }
-    } else {
-      for (int e = lane; e < E; e += 32) fn(e, l[e]);
-    }
-  };
-  float mx = -INFINITY;
-  for_each([&](int, float v) { mx = fmaxf(mx, v); });
-  mx = warp_max(mx);
-  double sum = 0.0;
-  for_each([&](int, float v) { sum += exp(double(v - mx)); });
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  // The j-th pick is the largest (value desc, index asc) strictly after the (j-1)-th.
-  float prev_v = INFINITY;
-  int prev_i = -1;
-  // Moves (prev_v, prev_i) to the next pick; every lane of the warp agrees on it.
-  auto next_pick = [&]() {
-    float best_v = -INFINITY;
-    int best_i = E;
-    for_each([&](int e, float v) {
-      const bool after = v < prev_v || (v == prev_v && e > prev_i);
-      if (after && (v > best_v || (v == best_v && e < best_i))) best_v = v, best_i = e;
-    });
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, best_v, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
-      if (ov > best_v || (ov == best_v && oi < best_i)) best_v = ov, best_i = oi;
-    }
-    prev_v = best_v, prev_i = best_i;
-  };
-  int32_t* id_row = ids + int64_t(t) * ld_ids;
-  float* w_row = weights + int64_t(t) * ld_w;
-  if (k <= 32) {
-    // Lane j keeps the j-th pick; the k probabilities (double exp and divide) are then
-    // computed side by side rather than one per selection round, with the same formulas,
-    // and summed on lane 0 in pick order.
-    float my_v = -INFINITY;
-    int my_i = E;
-    for (int j = 0; j < k; ++j) {
-      next_pick();
-      if (lane == j) my_v = prev_v, my_i = prev_i;
-    }
-    store_picks(lane, k, my_v, my_i, mx, sum, norm_topk, id_row, w_row);
-    return;
-  }
-  double kept = 0.0;
-  for (int j = 0; j < k; ++j) {
-    next_pick();
-    const double p = exp(double(prev_v - mx)) / sum;
-    kept += p;
-    if (lane == 0) {
-      id_row[j] = prev_i;
-      w_row[j] = float(p);
-    }
-  }
-  if (norm_topk && lane == 0) {
-    for (int j = 0; j < k; ++j) w_row[j] = float(double(w_row[j]) / kept);
-  }
-}
-
-// Float bits mapped to unsigned integers of the same order (−inf lowest), and back.
-__device__ __forceinline__ unsigned ordered_bits(float v) {
-  const unsigned b = __float_as_uint(v);
-  return b & 0x80000000u ? ~b : b | 0x80000000u;
-}
-__device__ __forceinline__ float from_ordered_bits(unsigned u) {
-  return __uint_as_float(u & 0x80000000u ? u & 0x7fffffffu : ~u);
-}
-
-// The logit of a routing key (its ordered bits in the high word).
-__device__ __forceinline__ float logit_of_key(unsigned long long key) {
-  return from_ordered_bits(unsigned(key >> 32));
-}
-
-constexpr int kRouteThreads = 128;
-
-// One block per token of logits [n, E ≤ kRouteThreads·PL], k ≤ 32: the same selection and
-// formulas as moe_route_kernel with the experts spread over four warps (thread e % 128 keeps
-// expert e's logit): each round every warp finds its best remaining expert with two integer
-// reductions (value, then the lowest index holding it) and the four meet in shared memory.
-// The softmax denominator is summed per thread, per warp, then over the warps in order.
-template <int PL>
-__global__ void __launch_bounds__(kRouteThreads)
-    moe_route_block_kernel(const float* logits, int64_t ld, int n, int E, int k, bool norm_topk,
-                           int32_t* ids, int64_t ld_ids, float* weights, int64_t ld_w) {
-  grid_dependency_sync();
-  constexpr int kWarps = kRouteThreads / 32;
-  __shared__ float red_max[kWarps];
-  __shared__ double red_sum[kWarps];
-  __shared__ unsigned cand_key[2][kWarps];
-  __shared__ int cand_idx[2][kWarps];
-  __shared__ float pick_v[32];
-  __shared__ int pick_i[32];
-  const int t = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const float* l = logits + int64_t(t) * ld;
-  float reg[PL];
-#pragma unroll
-  for (int i = 0; i < PL; ++i) {
-    const int e = tid + kRouteThreads * i;
-    // -0 as +0: they compare equal, and the reductions below order by bits.
-    reg[i] = e < E ? l[e] + 0.0f : -INFINITY;
-  }
-  float mx = -INFINITY;
-#pragma unroll
-  for (int i = 0; i < PL; ++i) mx = fmaxf(mx, reg[i]);
-  mx = warp_max(mx);
-  if (lane == 0) red_max[warp] = mx;
-  __syncthreads();
-  mx = red_max[0];
-#pragma unroll
-  for (int w = 1; w < kWarps; ++w) mx = fmaxf(mx, red_max[w]);
-  double sum = 0.0;
-#pragma unroll
-  for (int i = 0; i < PL; ++i) {
-    if (tid + kRouteThreads * i < E) sum += exp(double(reg[i] - mx));
-  }
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  if (lane == 0) red_sum[warp] = sum;  // read after the selection rounds' barriers
-  float prev_v = INFINITY;
-  int prev_i = -1;
-  for (int j = 0; j < k; ++j) {
-    float best_v = -INFINITY;
-    int best_i = E;
-#pragma unroll
-    for (int i = 0; i < PL; ++i) {
-      const int e = tid + kRouteThreads * i;
-      const float v = reg[i];
-      const bool after = v < prev_v || (v == prev_v && e > prev_i);
-      if (e < E && after && (v > best_v || (v == best_v && e < best_i))) best_v = v, best_i = e;
-    }
-    const unsigned key = __reduce_max_sync(0xffffffffu, ordered_bits(best_v));
-    const int idx = int(__reduce_min_sync(
-        0xffffffffu, ordered_bits(best_v) == key ? unsigned(best_i) : 0xffffffffu));
-    if (lane == 0) cand_key[j & 1][warp] = key, cand_idx[j & 1][warp] = idx;
-    __syncthreads();
-    unsigned bk = cand_key[j & 1][0];
-    int bi = cand_idx[j & 1][0];
-#pragma unroll
-    for (int w = 1; w < kWarps; ++w) {
-      const unsigned ck = cand_key[j & 1][w];
-      const int ci = cand_idx[j & 1][w];
-      if (ck > bk || (ck == bk && ci < bi)) bk = ck, bi = ci;
-    }
-    prev_v = from_ordered_bits(bk), prev_i = bi;
-    if (tid == 0) pick_v[j] = prev_v, pick_i[j] = prev_i;
-  }
-  __syncthreads();
-  if (warp != 0) return;
-  sum = red_sum[0];
-#pragma unroll
-  for (int w = 1; w < kWarps; ++w) sum += red_sum[w];
-  store_picks(lane, k, pick_v[lane], pick_i[lane], mx, sum, norm_topk, ids + int64_t(t) * ld_ids,
-              weights + int64_t(t) * ld_w);
-}
-
-// The block kernel's choice without its k rounds, for E == kRouteThreads·PL exactly (every
-// thread holds PL experts e = tid + 128·i) and k ≤ 32. Keys order the experts as the picks
-// do: (logit desc, index asc), the logit's ordered bits above the inverted index. Each warp
-// finds the k-th largest of its lanes' largest logits (counting, per lane, the lanes above
-// it); the largest of the four is a threshold at least k experts reach, and only experts at
-// or above it (usually a little over k) are candidates. Each candidate's pick position is the
-// number of candidates above it. Three block barriers instead of k + 2.
-template <int PL>
-__global__ void __launch_bounds__(kRouteThreads)
-    moe_route_filter_kernel(const float* logits, int64_t ld, int /*n: the grid*/, int E, int k,
-                            bool norm_topk, int32_t* ids, int64_t ld_ids, float* weights,
-                            int64_t ld_w) {
-  grid_dependency_sync();
-  constexpr int kWarps = kRouteThreads / 32;
-  __shared__ float red_max[kWarps];
-  __shared__ unsigned red_threshold[kWarps];
-  __shared__ double red_sum[kWarps];
-  __shared__ unsigned long long cand[kRouteThreads * PL];
-  __shared__ unsigned long long pick[32];
-  __shared__ int n_cand;
-  const int t = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const float* l = logits + int64_t(t) * ld;
-  float reg[PL];
-  // Ordered bits; NaN lowest (never above a number, as in the rounds; a row with fewer than
-  // k numbers picks NaN experts last, where the rounds would give the invalid id E).
-  unsigned bits[PL];
-  unsigned lane_top = 0;
-#pragma unroll
-  for (int i = 0; i < PL; ++i) {
-    reg[i] = l[tid + kRouteThreads * i];
-    const float v = reg[i] + 0.0f;  // -0 as +0: they compare equal
-    bits[i] = v != v ? 0u : ordered_bits(v);
-    lane_top = max(lane_top, bits[i]);
-  }
-  if (tid == 0) n_cand = 0;
-  // This warp's k-th largest lane maximum (with repeats): the smallest value held by a lane
-  // with fewer than k lanes above it.
-  int above = 0;
-#pragma unroll
-  for (int j = 0; j < 32; ++j) above += __shfl_sync(0xffffffffu, lane_top, j) > lane_top;
-  const unsigned warp_kth = __reduce_min_sync(0xffffffffu, above < k ? lane_top : 0xffffffffu);
-  float mx = -INFINITY;
-#pragma unroll
-  for (int i = 0; i < PL; ++i) mx = fmaxf(mx, reg[i]);
-  mx = warp_max(mx);
-  if (lane == 0) red_max[warp] = mx, red_threshold[warp] = warp_kth;
-  __syncthreads();
-  mx = red_max[0];
-  unsigned threshold = red_threshold[0];
-#pragma unroll
-  for (int w = 1; w < kWarps; ++w) {
-    mx = fmaxf(mx, red_max[w]);
-    threshold = max(threshold, red_threshold[w]);
-  }
-#pragma unroll
-  for (int i = 0; i < PL; ++i) {
-    if (bits[i] >= threshold) {
-      const unsigned e = unsigned(tid + kRouteThreads * i);
-      cand[atomicAdd(&n_cand, 1)] = (static_cast<unsigned long long>(bits[i]) << 32) | ~e;
-    }
-  }
-  double sum = 0.0;
-#pragma unroll
-  for (int i = 0; i < PL; ++i) sum += exp(double(reg[i] - mx));
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  if (lane == 0) red_sum[warp] = sum;
-  __syncthreads();
-  const int nc = n_cand;
-  for (int c = tid; c < nc; c += kRouteThreads) {
-    const unsigned long long key = cand[c];
-    int rank = 0;
-    for (int j = 0; j < nc; ++j) rank += cand[j] > key;
-    if (rank < k) pick[rank] = key;
-  }
-  __syncthreads();
-  if (warp != 0) return;
-  sum = red_sum[0];
-#pragma unroll
-  for (int w = 1; w < kWarps; ++w) sum += red_sum[w];
-  const unsigned long long key = lane < k ? pick[lane] : 0ull;
-  store_picks(lane, k, logit_of_key(key), int32_t(~unsigned(key)), mx, sum, norm_topk,
-              ids + int64_t(t) * ld_ids, weights + int64_t(t) * ld_w);
-}
 
 // Exclusive prefix sums of two per-thread values across the block; returns totals in *tot.
 __device__ void block_scan2(int& a, int& b, int* warp_a, int* warp_b, int* tot_a, int* tot_b) {
@@ -433,6 +156,51 @@ __global__ void __launch_bounds__(kGemvThreads) moe_gemv_kernel(MoeGemmArgs a) {
   }
 }
 
+// The expert of direct tile `tile` when gate/up routes the token itself: pick `tile` of its
+// logits, the shared expert for the last tile, -1 past the tiles. Every thread of the block
+// calls it with the same tile (route_filter_block has block barriers). In clusters (all of one
+// tile), the first block selects and stores the expert into the others' handoff (their
+// barrier_arrive before the PDL wait said they had started). Block (0, 0) also stores the ids
+// and weights (as moe_route; down reads the ids before its wait, the combine the weights),
+// fenced before the barrier that precedes the block's allow_dependents.
+static_assert(kGemvThreads == kRouteThreads, "a GEMV block routes as a routing block");
+template <int PL>
+__device__ __forceinline__ int routed_expert(const MoeGemmArgs& a, int tile,
+                                             RouteFilterShared<PL>& s, int& handoff) {
+  const MoeInKernelRoute& r = a.route;
+  if (tile >= r.k) return a.direct_shared >= 0 && tile == a.direct_k - 1 ? a.direct_shared : -1;
+  namespace cg = cooperative_groups;
+  const unsigned rank = r.cluster > 1 ? cg::this_cluster().block_rank() : 0u;
+  int e = -1;
+  if (rank == 0) {
+    const bool publish = blockIdx.x == 0 && tile == 0;
+    float mx;
+    double sum;
+    route_filter_block<PL>(r.logits, r.k, s, publish, &mx, &sum);
+    if (publish) {
+      if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        const unsigned long long key = lane < r.k ? s.pick[lane] : 0ull;
+        store_picks(lane, r.k, logit_of_key(key), expert_of_key(key), mx, sum, r.norm_topk, r.ids,
+                    r.weights);
+        __threadfence();
+      }
+      __syncthreads();
+    }
+    e = expert_of_key(s.pick[tile]);
+  }
+  if (r.cluster > 1) {
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.barrier_wait();  // every block of the cluster has started
+    if (rank == 0 && threadIdx.x < unsigned(r.cluster) && threadIdx.x > 0) {
+      *cluster.map_shared_rank(&handoff, int(threadIdx.x)) = e;
+    }
+    cluster.sync();
+    if (rank != 0) e = handoff;
+  }
+  return e;
+}
+
 // The GEMV core for 16-byte aligned rows, a warp per few output rows: the lanes stride each
 // row in 16-byte chunks and sum by shuffles, so a block (4 warps) streams 16 rows of one
 // expert (8 of each of gate and up when kDual, SwiGLU applied) with no block barrier. The
@@ -440,17 +208,21 @@ __global__ void __launch_bounds__(kGemvThreads) moe_gemv_kernel(MoeGemmArgs a) {
 // small blocks cost more to schedule than they stream. grid (⌈m/(4·RW)⌉, max_tiles).
 template <bool kDual>
 constexpr int kWarpRows = kDual ? 2 : 4;
-template <typename W, int NT, bool kDual>
+// PL > 0 (gate/up of one token, a.route set): the kernel routes the token itself after its
+// wait (routed_expert) and lets the down launch start only after the ids are stored.
+template <typename W, int NT, bool kDual, int PL = 0>
 __global__ void __launch_bounds__(kGemvThreads) moe_gemv_warp_kernel(MoeGemmArgs a) {
+  static_assert(PL == 0 || (NT == 1 && kDual), "in-kernel routing is gate/up's, one token");
   constexpr int E = Chunk<W>::kElems, RW = kWarpRows<kDual>;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t orow0 = (int64_t(blockIdx.x) * (kGemvThreads / 32) + warp) * RW;
   const int64_t n_chunks = a.k / E;
+  __shared__ RouteFilterShared<(PL > 0 ? PL : 1)> route_shared;
   // One token's down rows (a.ids_early): the tile's expert is read and the first kPre chunks
   // per row are loaded before the PDL wait, while gate/up still runs.
   constexpr int kPre = (NT == 1 && !kDual) ? 2 : 0;
   uint4 pre[kPre > 0 ? kPre : 1][RW];
-  int pre_e = -1;  // ≥ 0: the tile's expert, read before the wait
+  int pre_e = -1;  // ≥ 0: the tile's expert, read before the wait (or routed here)
   if constexpr (kPre > 0) {
     int e;
     if (a.ids_early && moe_direct_expert(a, blockIdx.y, e)) {
@@ -484,12 +256,23 @@ __global__ void __launch_bounds__(kGemvThreads) moe_gemv_warp_kernel(MoeGemmArgs
       }
     }
   }
-  grid_dependency_sync();
+  if constexpr (PL > 0) {
+    // After the wait (the router directly before wrote the logits), before any warp leaves
+    // (the selection has block barriers); the next launch only after the ids are stored.
+    __shared__ int handoff;
+    if (a.route.cluster > 1 && int(blockIdx.y) < a.route.k)
+      cooperative_groups::this_cluster().barrier_arrive();
+    grid_dependency_wait();
+    pre_e = routed_expert<PL>(a, int(blockIdx.y), route_shared, handoff);
+    allow_dependents();
+  } else {
+    grid_dependency_sync();
+  }
   if (orow0 >= a.m) return;  // warp-uniform, and nothing below waits for the block
   int e, row0, nt;
   if (pre_e >= 0) {
     e = pre_e, row0 = int(blockIdx.y), nt = 1;
-  } else if (!moe_tile(a, blockIdx.y, e, row0, nt)) {
+  } else if (PL > 0 || !moe_tile(a, blockIdx.y, e, row0, nt)) {
     return;
   }
   const int rows = int(min64(RW, a.m - orow0));
@@ -581,11 +364,25 @@ bool moe_preload_enabled() {
   return on;
 }
 
-template <typename W, int NT, bool kDual>
+template <typename W, int NT, bool kDual, int PL = 0>
 void launch_moe_gemv_warp(const MoeGemmArgs& a, unsigned max_tiles, cudaStream_t stream) {
   constexpr int64_t kRowsPerBlock = kWarpRows<kDual> * (kGemvThreads / 32);
   const dim3 grid(unsigned((a.m + kRowsPerBlock - 1) / kRowsPerBlock), max_tiles);
-  launch_kernel(moe_gemv_warp_kernel<W, NT, kDual>, grid, kGemvThreads, 0, stream, a);
+  launch_kernel_clusters(moe_gemv_warp_kernel<W, NT, kDual, PL>, grid, kGemvThreads, 0, stream,
+                         unsigned(a.route.cluster), a);
+}
+
+// Gate/up of one token routed in the kernel (a.route set): the warp kernel for its expert
+// count kRouteThreads·PL, PL in 1, 2, 4 (routes_in_kernels checked it).
+template <typename W>
+void launch_moe_gemv_routed(const MoeGemmArgs& a, int PL, unsigned tiles, cudaStream_t stream) {
+  if (PL == 1) {
+    launch_moe_gemv_warp<W, 1, true, 1>(a, tiles, stream);
+  } else if (PL == 2) {
+    launch_moe_gemv_warp<W, 1, true, 2>(a, tiles, stream);
+  } else {
+    launch_moe_gemv_warp<W, 1, true, 4>(a, tiles, stream);
+  }
 }
 
 template <typename W, bool kDual>
@@ -614,48 +411,6 @@ void launch_moe_gemv_nt(const MoeGemmArgs& a, int nt, bool vec, unsigned max_til
 
 }  // namespace
 
-void CudaOps::moe_route(const Tensor& logits, int k, bool norm_topk, Tensor ids, Tensor weights) {
-  if (impl_->replaying()) return;  // the decode graph does this op's work
-  const int64_t n = logits.shape[0], E = logits.shape[1];
-  RECUR_CHECK(k >= 1 && k <= E && E <= 4096 && k <= 64 && logits.stride[1] == 1);
-  RECUR_CHECK(ids.dtype == DType::I32 && ids.shape[1] == k && weights.shape[1] == k);
-  if (n == 0) return;
-  Impl& s = *impl_;
-  auto launch = [&](auto kernel) {
-    launch_kernel(kernel, blocks_for(n, 4), 128, 0, s.stream, logits.ptr<float>(), logits.stride[0],
-                  int(n), int(E), k, norm_topk, ids.ptr<int32_t>(), ids.stride[0],
-                  weights.ptr<float>(), weights.stride[0]);
-  };
-  auto launch_block = [&](auto kernel) {
-    launch_kernel(kernel, unsigned(n), kRouteThreads, 0, s.stream, logits.ptr<float>(),
-                  logits.stride[0], int(n), int(E), k, norm_topk, ids.ptr<int32_t>(), ids.stride[0],
-                  weights.ptr<float>(), weights.stride[0]);
-  };
-  static const bool filter = env_switch_on("RECUR_CUDA_ROUTE_FILTER");
-  if (filter && k <= 32 && E == kRouteThreads) {
-    launch_block(moe_route_filter_kernel<1>);
-  } else if (filter && k <= 32 && E == 2 * kRouteThreads) {
-    launch_block(moe_route_filter_kernel<2>);
-  } else if (filter && k <= 32 && E == 4 * kRouteThreads) {
-    launch_block(moe_route_filter_kernel<4>);
-  } else if (k <= 32 && E <= kRouteThreads) {
-    launch_block(moe_route_block_kernel<1>);
-  } else if (k <= 32 && E <= 2 * kRouteThreads) {
-    launch_block(moe_route_block_kernel<2>);
-  } else if (k <= 32 && E <= 4 * kRouteThreads) {
-    launch_block(moe_route_block_kernel<4>);
-  } else if (E <= 128) {
-    launch(moe_route_kernel<4>);
-  } else if (E <= 512) {
-    launch(moe_route_kernel<16>);
-  } else if (E <= 1024) {
-    launch(moe_route_kernel<32>);
-  } else {
-    launch(moe_route_kernel<0>);
-  }
-  s.launched("moe_route");
-}
-
 size_t CudaOps::moe_experts_scratch_bytes(int n_tokens, int k, int n_experts, int d,
                                           int d_ff) const {
   return MoeScratch(nullptr, n_tokens, k, d, d_ff).bytes;
@@ -663,31 +418,69 @@ size_t CudaOps::moe_experts_scratch_bytes(int n_tokens, int k, int n_experts, in
 
 namespace {
 
+// Whether every expert's (and the shared expert's) weights start 16-byte aligned.
+bool experts_aligned(std::span<const ExpertWeights> experts, const SharedExpertArgs* shared) {
+  bool aligned = true;
+  auto check = [&](const ExpertWeights& ew) {
+    for (const Tensor* t : {&ew.gate, &ew.up, &ew.down}) {
+      aligned &= (reinterpret_cast<uintptr_t>(t->data) & 15) == 0;
+    }
+  };
+  for (const ExpertWeights& ew : experts) check(ew);
+  if (shared) check(shared->w);
+  return aligned;
+}
+
+// Whether the shared expert can ride along the routed experts' launches as one more pair of
+// one token: the routed experts' shape and dtype, and room in the scratch for the extra pair.
+bool shared_rides_along(const Tensor& x, std::span<const ExpertWeights> experts, int64_t k,
+                        const SharedExpertArgs& shared, const Tensor& scratch) {
+  const ExpertWeights& e0 = experts.front();
+  return x.shape[0] == 1 && shared.w.gate.dtype == e0.gate.dtype &&
+         shared.w.up.dtype == e0.gate.dtype && shared.w.down.dtype == e0.gate.dtype &&
+         shared.w.gate.shape[0] == e0.gate.shape[0] && shared.w.gate.shape[1] == e0.gate.shape[1] &&
+         shared.w.up.shape[0] == e0.up.shape[0] && shared.w.down.shape[1] == e0.down.shape[1] &&
+         shared.w.down.shape[0] == e0.down.shape[0] &&
+         size_t(scratch.numel()) * dtype_size(scratch.dtype) >=
+             MoeScratch(nullptr, 1, k + 1, x.row_size(), e0.gate.shape[0]).bytes;
+}
+
+// Whether the expert kernels can route one token themselves: its logits [1, E] contiguous with
+// E = kRouteThreads·PL (PL 1, 2 or 4) and k ≤ 32, the shared expert riding along, and 16-byte
+// rows for the warp GEMV kernel. RECUR_CUDA_ROUTE_IN_EXPERTS=0 keeps the routing kernel.
+bool routes_in_kernels(const Tensor& logits, int k, const Tensor& x,
+                       std::span<const ExpertWeights> experts, const SharedExpertArgs& shared,
+                       const Tensor& scratch) {
+  static const bool on = env_switch_on("RECUR_CUDA_ROUTE_IN_EXPERTS");
+  const int64_t E = logits.shape[1], d = x.row_size();
+  const ExpertWeights& e0 = experts.front();
+  const int64_t elems16 = 16 / int64_t(dtype_size(e0.gate.dtype));
+  return on && logits.shape[0] == 1 && logits.stride[1] == 1 && int64_t(experts.size()) == E &&
+         (E == kRouteThreads || E == 2 * kRouteThreads || E == 4 * kRouteThreads) && k >= 1 &&
+         k <= 32 && shared_rides_along(x, experts, k, shared, scratch) &&
+         experts_aligned(experts, &shared) && (reinterpret_cast<uintptr_t>(x.data) & 15) == 0 &&
+         d % elems16 == 0 && e0.gate.shape[0] % elems16 == 0;
+}
+
 // moe_experts; with `shared` (one token only), the shared expert runs as one more pair of the
 // token: its gate/up and down rows join the routed experts' launches and the combine adds it.
+// With `route` (one token, routes_in_kernels), the expert kernels route it themselves.
 void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWeights> experts,
                      const Tensor& ids, const Tensor& weights, Tensor out, Tensor scratch,
-                     const SharedExpertArgs* shared) {
+                     const SharedExpertArgs* shared, const MoeInKernelRoute* route = nullptr) {
   const int64_t n = x.shape[0], d = x.row_size(), k = ids.shape[1];
   const int64_t E = int64_t(experts.size());
   RECUR_CHECK(E >= 1 && E <= 4096 && x.dtype == DType::F32 && out.row_size() == d);
   const int64_t d_ff = experts[0].gate.shape[0];
   const DType wdt = experts[0].gate.dtype;
-  bool aligned = true;
   for (const ExpertWeights& ew : experts) {
     RECUR_CHECK(ew.gate.dtype == wdt && ew.up.dtype == wdt && ew.down.dtype == wdt);
     RECUR_CHECK(ew.gate.shape[0] == d_ff && ew.gate.shape[1] == d && ew.up.shape[0] == d_ff &&
                 ew.up.shape[1] == d && ew.down.shape[0] == d && ew.down.shape[1] == d_ff);
-    for (const Tensor* t : {&ew.gate, &ew.up, &ew.down}) {
-      aligned &= (reinterpret_cast<uintptr_t>(t->data) & 15) == 0;
-    }
   }
-  if (shared) {
-    for (const Tensor* t : {&shared->w.gate, &shared->w.up, &shared->w.down}) {
-      aligned &= (reinterpret_cast<uintptr_t>(t->data) & 15) == 0;
-    }
-  }
+  const bool aligned = experts_aligned(experts, shared);
   if (n == 0) return;
+  RECUR_CHECK(!route || (n == 1 && shared && route->k == k && E % kRouteThreads == 0));
   RECUR_CHECK(!shared || n == 1);
   const int64_t slots = k + (shared ? 1 : 0);  // pairs per token in the scratch
   MoeScratch m(scratch.data, n, slots, d, d_ff);
@@ -743,6 +536,7 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
     up.x_row = nullptr, up.ldx = 0;  // every pair reads the one token's row
   }
   MoeGemmArgs down = up;
+  if (route) up.route = *route, up.direct_ids = nullptr;  // gate/up routes and stores the ids
   down.w = table + 2 * table_e, down.w2 = nullptr, down.m = d, down.k = d_ff;
   down.ids_early = direct && moe_preload_enabled();  // launched right after gate/up below
   down.x = m.hs, down.ldx = d_ff, down.x_row = nullptr;
@@ -759,6 +553,25 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
       constexpr int64_t E16 = Chunk<W>::kElems;
       const bool x_vec = (reinterpret_cast<uintptr_t>(x.data) & 15) == 0 && x.stride[0] % 4 == 0;
       const unsigned tiles = unsigned(max_tiles + (shared ? 1 : 0));
+      if (route) {
+        RECUR_CHECK(aligned && x_vec && d % E16 == 0 && d_ff % E16 == 0);
+        const int PL = int(E / kRouteThreads);
+        // Clusters of up to 4 (RECUR_CUDA_ROUTE_CLUSTER, at most 8) dividing a tile's blocks.
+        static const int max_cluster = [] {
+          const char* v = std::getenv("RECUR_CUDA_ROUTE_CLUSTER");
+          return v ? std::clamp(std::atoi(v), 1, 8) : 4;
+        }();
+        constexpr int64_t kRowsPerBlock = kWarpRows<true> * (kGemvThreads / 32);
+        const int64_t tile_blocks = (d_ff + kRowsPerBlock - 1) / kRowsPerBlock;
+        int cluster = max_cluster;
+        while (cluster > 1 && tile_blocks % cluster != 0) cluster /= 2;
+        up.route.cluster = cluster;
+        launch_moe_gemv_routed<W>(up, PL, tiles, s.stream);
+        s.launched("moe_experts (routing, gate/up)");
+        launch_moe_gemv_warp<W, 1, false>(down, tiles, s.stream);
+        s.launched("moe_experts (down)");
+        return;
+      }
       launch_moe_gemv_nt<W, true>(up, tm, aligned && x_vec && d % E16 == 0, tiles, s.stream);
       s.launched("moe_experts (gate/up)");
       launch_moe_gemv_nt<W, false>(down, tm, aligned && d_ff % E16 == 0, tiles, s.stream);
@@ -785,23 +598,29 @@ void CudaOps::moe_experts_shared(const Tensor& x, std::span<const ExpertWeights>
                                  const Tensor& ids, const Tensor& weights,
                                  const SharedExpertArgs& shared, Tensor out, Tensor scratch) {
   if (impl_->replaying()) return;  // the decode graph does this op's work
-  // One token: the shared expert rides along as an eleventh pair when it has the routed
-  // experts' shape and dtype and the scratch holds the extra pair; else the default's ops.
-  const ExpertWeights& e0 = experts.front();
-  const int64_t k = ids.shape[1];
-  const bool fused =
-      x.shape[0] == 1 && shared.w.gate.dtype == e0.gate.dtype &&
-      shared.w.up.dtype == e0.gate.dtype && shared.w.down.dtype == e0.gate.dtype &&
-      shared.w.gate.shape[0] == e0.gate.shape[0] && shared.w.gate.shape[1] == e0.gate.shape[1] &&
-      shared.w.up.shape[0] == e0.up.shape[0] && shared.w.down.shape[1] == e0.down.shape[1] &&
-      shared.w.down.shape[0] == e0.down.shape[0] &&
-      size_t(scratch.numel()) * dtype_size(scratch.dtype) >=
-          MoeScratch(nullptr, 1, k + 1, x.row_size(), e0.gate.shape[0]).bytes;
-  if (!fused) {
+  // One token: the shared expert rides along as an eleventh pair; else the default's ops.
+  if (!shared_rides_along(x, experts, ids.shape[1], shared, scratch)) {
     Ops::moe_experts_shared(x, experts, ids, weights, shared, out, scratch);
     return;
   }
   run_moe_experts(*impl_, x, experts, ids, weights, out, scratch, &shared);
+}
+
+void CudaOps::moe_route_experts_shared(const Tensor& logits, int k, bool norm_topk, const Tensor& x,
+                                       std::span<const ExpertWeights> experts, Tensor ids,
+                                       Tensor weights, const SharedExpertArgs& shared, Tensor out,
+                                       Tensor scratch) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
+  if (!routes_in_kernels(logits, k, x, experts, shared, scratch)) {
+    Ops::moe_route_experts_shared(logits, k, norm_topk, x, experts, ids, weights, shared, out,
+                                  scratch);
+    return;
+  }
+  RECUR_CHECK(ids.dtype == DType::I32 && ids.shape[1] == k && weights.shape[1] == k);
+  MoeInKernelRoute route;
+  route.logits = logits.ptr<float>(), route.k = k, route.norm_topk = norm_topk;
+  route.ids = ids.ptr<int32_t>(), route.weights = weights.ptr<float>();
+  run_moe_experts(*impl_, x, experts, ids, weights, out, scratch, &shared, &route);
 }
 
 }  // namespace recur

@@ -6,6 +6,22 @@
 
 namespace recur::cuda {
 
+// One token routed by the gate/up kernel itself (moe_route_experts_shared): every block selects
+// the picks from the logits (route_filter_block; E = kRouteThreads·PL, k ≤ 32), so no routing
+// kernel stands between the router and gate/up; one block stores ids and weights as moe_route
+// would, for down and the combine.
+struct MoeInKernelRoute {
+  const float* logits = nullptr;  // [E] or null: the ids come from memory
+  int k = 0;
+  bool norm_topk = false;
+  int32_t* ids = nullptr;    // [k]
+  float* weights = nullptr;  // [k]
+  // Gate/up launched in clusters of this many blocks along x (one tile's rows): the cluster's
+  // first block selects and hands the tile's expert to the others through their shared memory
+  // (one selection per cluster rather than per block).
+  int cluster = 1;
+};
+
 struct MoeGemmArgs {
   const void* const* w;   // [E] weights [m, k] per expert, stored dtype
   const void* const* w2;  // [E] second weights for the fused SwiGLU pair (gate, up), or null
@@ -26,8 +42,12 @@ struct MoeGemmArgs {
   int direct_shared = -1;
   // The direct ids may be read before the PDL wait: set only for a launch that directly follows
   // one whose every block waits before it exits (gate/up), so the kernels before that one (the
-  // routing that wrote the ids) have completed when this launch starts.
+  // routing that wrote the ids) have completed when this launch starts, or that stored the ids
+  // before letting this launch start (gate/up routing the token itself).
   bool ids_early = false;
+  // Gate/up only: direct tiles 0..route.k-1 routed in the kernel (direct_ids null), the
+  // shared one last.
+  MoeInKernelRoute route;
 };
 
 // The (expert, first row, row count) of tile `tile`, or false when the tile is past the

@@ -1,0 +1,240 @@
+// MoE routing kernels: softmax in f32 with a double sum, top-k by (logit desc, index asc), as
+// on the CPU. A warp per token in general; a block per token for up to 512 experts and
+// k ≤ 32, by k selection rounds or, for 128, 256 or 512 experts, by a threshold filter
+// (moe_route.cuh, which the expert kernels also use when they route one token themselves).
+#include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/moe_route.cuh"
+
+namespace recur {
+
+using namespace cuda;
+
+namespace {
+
+// One warp per token of logits [n, E]: ids, weights [n, k]. With PL > 0 each lane keeps its
+// experts' logits (e = lane + 32·i, E ≤ 32·PL) in registers across the k selection rounds;
+// PL = 0 re-reads them from memory (large E).
+template <int PL>
+__global__ void moe_route_kernel(const float* logits, int64_t ld, int n, int E, int k,
+                                 bool norm_topk, int32_t* ids, int64_t ld_ids, float* weights,
+                                 int64_t ld_w) {
+  grid_dependency_sync();
+  const int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (t >= n) return;
+  const float* l = logits + int64_t(t) * ld;
+  float reg[PL > 0 ? PL : 1];
+#pragma unroll
+  for (int i = 0; i < PL; ++i) {
+    const int e = lane + 32 * i;
+    reg[i] = e < E ? l[e] : -INFINITY;
+  }
+  // for_each(fn): fn(e, logit) over this lane's experts.
+  auto for_each = [&](auto&& fn) {
+    if constexpr (PL > 0) {
+#pragma unroll
+      for (int i = 0; i < PL; ++i) {
+        if (lane + 32 * i < E) fn(lane + 32 * i, reg[i]);
+      }
+    } else {
+      for (int e = lane; e < E; e += 32) fn(e, l[e]);
+    }
+  };
+  float mx = -INFINITY;
+  for_each([&](int, float v) { mx = fmaxf(mx, v); });
+  mx = warp_max(mx);
+  double sum = 0.0;
+  for_each([&](int, float v) { sum += exp(double(v - mx)); });
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  // The j-th pick is the largest (value desc, index asc) strictly after the (j-1)-th.
+  float prev_v = INFINITY;
+  int prev_i = -1;
+  // Moves (prev_v, prev_i) to the next pick; every lane of the warp agrees on it.
+  auto next_pick = [&]() {
+    float best_v = -INFINITY;
+    int best_i = E;
+    for_each([&](int e, float v) {
+      const bool after = v < prev_v || (v == prev_v && e > prev_i);
+      if (after && (v > best_v || (v == best_v && e < best_i))) best_v = v, best_i = e;
+    });
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, best_v, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+      if (ov > best_v || (ov == best_v && oi < best_i)) best_v = ov, best_i = oi;
+    }
+    prev_v = best_v, prev_i = best_i;
+  };
+  int32_t* id_row = ids + int64_t(t) * ld_ids;
+  float* w_row = weights + int64_t(t) * ld_w;
+  if (k <= 32) {
+    // Lane j keeps the j-th pick; the k probabilities (double exp and divide) are then
+    // computed side by side rather than one per selection round, with the same formulas,
+    // and summed on lane 0 in pick order.
+    float my_v = -INFINITY;
+    int my_i = E;
+    for (int j = 0; j < k; ++j) {
+      next_pick();
+      if (lane == j) my_v = prev_v, my_i = prev_i;
+    }
+    store_picks(lane, k, my_v, my_i, mx, sum, norm_topk, id_row, w_row);
+    return;
+  }
+  double kept = 0.0;
+  for (int j = 0; j < k; ++j) {
+    next_pick();
+    const double p = exp(double(prev_v - mx)) / sum;
+    kept += p;
+    if (lane == 0) {
+      id_row[j] = prev_i;
+      w_row[j] = float(p);
+    }
+  }
+  if (norm_topk && lane == 0) {
+    for (int j = 0; j < k; ++j) w_row[j] = float(double(w_row[j]) / kept);
+  }
+}
+
+// One block per token of logits [n, E ≤ kRouteThreads·PL], k ≤ 32: the same selection and
+// formulas as moe_route_kernel with the experts spread over four warps (thread e % 128 keeps
+// expert e's logit): each round every warp finds its best remaining expert with two integer
+// reductions (value, then the lowest index holding it) and the four meet in shared memory.
+// The softmax denominator is summed per thread, per warp, then over the warps in order.
+template <int PL>
+__global__ void __launch_bounds__(kRouteThreads)
+    moe_route_block_kernel(const float* logits, int64_t ld, int n, int E, int k, bool norm_topk,
+                           int32_t* ids, int64_t ld_ids, float* weights, int64_t ld_w) {
+  grid_dependency_sync();
+  constexpr int kWarps = kRouteThreads / 32;
+  __shared__ float red_max[kWarps];
+  __shared__ double red_sum[kWarps];
+  __shared__ unsigned cand_key[2][kWarps];
+  __shared__ int cand_idx[2][kWarps];
+  __shared__ float pick_v[32];
+  __shared__ int pick_i[32];
+  const int t = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const float* l = logits + int64_t(t) * ld;
+  float reg[PL];
+#pragma unroll
+  for (int i = 0; i < PL; ++i) {
+    const int e = tid + kRouteThreads * i;
+    // -0 as +0: they compare equal, and the reductions below order by bits.
+    reg[i] = e < E ? l[e] + 0.0f : -INFINITY;
+  }
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < PL; ++i) mx = fmaxf(mx, reg[i]);
+  mx = warp_max(mx);
+  if (lane == 0) red_max[warp] = mx;
+  __syncthreads();
+  mx = red_max[0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) mx = fmaxf(mx, red_max[w]);
+  double sum = 0.0;
+#pragma unroll
+  for (int i = 0; i < PL; ++i) {
+    if (tid + kRouteThreads * i < E) sum += exp(double(reg[i] - mx));
+  }
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (lane == 0) red_sum[warp] = sum;  // read after the selection rounds' barriers
+  float prev_v = INFINITY;
+  int prev_i = -1;
+  for (int j = 0; j < k; ++j) {
+    float best_v = -INFINITY;
+    int best_i = E;
+#pragma unroll
+    for (int i = 0; i < PL; ++i) {
+      const int e = tid + kRouteThreads * i;
+      const float v = reg[i];
+      const bool after = v < prev_v || (v == prev_v && e > prev_i);
+      if (e < E && after && (v > best_v || (v == best_v && e < best_i))) best_v = v, best_i = e;
+    }
+    const unsigned key = __reduce_max_sync(0xffffffffu, ordered_bits(best_v));
+    const int idx = int(__reduce_min_sync(
+        0xffffffffu, ordered_bits(best_v) == key ? unsigned(best_i) : 0xffffffffu));
+    if (lane == 0) cand_key[j & 1][warp] = key, cand_idx[j & 1][warp] = idx;
+    __syncthreads();
+    unsigned bk = cand_key[j & 1][0];
+    int bi = cand_idx[j & 1][0];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) {
+      const unsigned ck = cand_key[j & 1][w];
+      const int ci = cand_idx[j & 1][w];
+      if (ck > bk || (ck == bk && ci < bi)) bk = ck, bi = ci;
+    }
+    prev_v = from_ordered_bits(bk), prev_i = bi;
+    if (tid == 0) pick_v[j] = prev_v, pick_i[j] = prev_i;
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  sum = red_sum[0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) sum += red_sum[w];
+  store_picks(lane, k, pick_v[lane], pick_i[lane], mx, sum, norm_topk, ids + int64_t(t) * ld_ids,
+              weights + int64_t(t) * ld_w);
+}
+
+// The block kernel's choice without its k rounds (route_filter_block), for E ==
+// kRouteThreads·PL exactly and k ≤ 32: the same picks and weights.
+template <int PL>
+__global__ void __launch_bounds__(kRouteThreads)
+    moe_route_filter_kernel(const float* logits, int64_t ld, int /*n: the grid*/, int /*E*/, int k,
+                            bool norm_topk, int32_t* ids, int64_t ld_ids, float* weights,
+                            int64_t ld_w) {
+  grid_dependency_sync();
+  __shared__ RouteFilterShared<PL> s;
+  const int t = blockIdx.x;
+  float mx;
+  double sum;
+  route_filter_block<PL>(logits + int64_t(t) * ld, k, s, true, &mx, &sum);
+  if (threadIdx.x >= 32) return;
+  const int lane = threadIdx.x;
+  const unsigned long long key = lane < k ? s.pick[lane] : 0ull;
+  store_picks(lane, k, logit_of_key(key), expert_of_key(key), mx, sum, norm_topk,
+              ids + int64_t(t) * ld_ids, weights + int64_t(t) * ld_w);
+}
+
+}  // namespace
+
+void CudaOps::moe_route(const Tensor& logits, int k, bool norm_topk, Tensor ids, Tensor weights) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
+  const int64_t n = logits.shape[0], E = logits.shape[1];
+  RECUR_CHECK(k >= 1 && k <= E && E <= 4096 && k <= 64 && logits.stride[1] == 1);
+  RECUR_CHECK(ids.dtype == DType::I32 && ids.shape[1] == k && weights.shape[1] == k);
+  if (n == 0) return;
+  Impl& s = *impl_;
+  auto launch = [&](auto kernel) {
+    launch_kernel(kernel, blocks_for(n, 4), 128, 0, s.stream, logits.ptr<float>(), logits.stride[0],
+                  int(n), int(E), k, norm_topk, ids.ptr<int32_t>(), ids.stride[0],
+                  weights.ptr<float>(), weights.stride[0]);
+  };
+  auto launch_block = [&](auto kernel) {
+    launch_kernel(kernel, unsigned(n), kRouteThreads, 0, s.stream, logits.ptr<float>(),
+                  logits.stride[0], int(n), int(E), k, norm_topk, ids.ptr<int32_t>(), ids.stride[0],
+                  weights.ptr<float>(), weights.stride[0]);
+  };
+  static const bool filter = env_switch_on("RECUR_CUDA_ROUTE_FILTER");
+  if (filter && k <= 32 && E == kRouteThreads) {
+    launch_block(moe_route_filter_kernel<1>);
+  } else if (filter && k <= 32 && E == 2 * kRouteThreads) {
+    launch_block(moe_route_filter_kernel<2>);
+  } else if (filter && k <= 32 && E == 4 * kRouteThreads) {
+    launch_block(moe_route_filter_kernel<4>);
+  } else if (k <= 32 && E <= kRouteThreads) {
+    launch_block(moe_route_block_kernel<1>);
+  } else if (k <= 32 && E <= 2 * kRouteThreads) {
+    launch_block(moe_route_block_kernel<2>);
+  } else if (k <= 32 && E <= 4 * kRouteThreads) {
+    launch_block(moe_route_block_kernel<4>);
+  } else if (E <= 128) {
+    launch(moe_route_kernel<4>);
+  } else if (E <= 512) {
+    launch(moe_route_kernel<16>);
+  } else if (E <= 1024) {
+    launch(moe_route_kernel<32>);
+  } else {
+    launch(moe_route_kernel<0>);
+  }
+  s.launched("moe_route");
+}
+
+}  // namespace recur

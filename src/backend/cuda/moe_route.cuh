@@ -1,0 +1,145 @@
+// Routing pieces shared by the routing kernels (kernels_moe_route.cu) and the expert kernels
+// that route one token themselves (kernels_moe.cu): key order, the pick weights, and the
+// threshold-filter selection of one row of logits by one block.
+#pragma once
+
+#include "backend/cuda/cuda_internal.cuh"
+
+namespace recur::cuda {
+
+constexpr int kRouteThreads = 128;
+
+// Float bits mapped to unsigned integers of the same order (−inf lowest), and back.
+__device__ __forceinline__ unsigned ordered_bits(float v) {
+  const unsigned b = __float_as_uint(v);
+  return b & 0x80000000u ? ~b : b | 0x80000000u;
+}
+__device__ __forceinline__ float from_ordered_bits(unsigned u) {
+  return __uint_as_float(u & 0x80000000u ? u & 0x7fffffffu : ~u);
+}
+
+// A routing key orders experts as the picks do (logit desc, index asc): the logit's ordered
+// bits above the inverted index.
+__device__ __forceinline__ float logit_of_key(unsigned long long key) {
+  return from_ordered_bits(unsigned(key >> 32));
+}
+__device__ __forceinline__ int32_t expert_of_key(unsigned long long key) {
+  return int32_t(~unsigned(key));
+}
+
+// Lane j < k of the calling warp holds the j-th pick's logit v: returns its weight, the
+// probability (double exp over the row's sum), renormalised over the k picks (summed in pick
+// order) when norm_topk; lanes ≥ k only take part in the shuffles (and get 0).
+__device__ __forceinline__ float pick_weight(int lane, int k, float v, float mx, double sum,
+                                             bool norm_topk) {
+  const double p = lane < k ? exp(double(v - mx)) / sum : 0.0;
+  double kept = 0.0;
+  for (int j = 0; j < k; ++j) kept += __shfl_sync(0xffffffffu, p, j);
+  float wf = float(p);
+  if (norm_topk && lane < k) wf = float(double(wf) / kept);
+  return wf;
+}
+
+// pick_weight, stored with the pick's id: id_row, w_row [k].
+__device__ __forceinline__ void store_picks(int lane, int k, float v, int32_t id, float mx,
+                                            double sum, bool norm_topk, int32_t* id_row,
+                                            float* w_row) {
+  const float wf = pick_weight(lane, k, v, mx, sum, norm_topk);
+  if (lane < k) {
+    id_row[lane] = id;
+    w_row[lane] = wf;
+  }
+}
+
+// Shared memory of route_filter_block for rows of kRouteThreads·PL experts.
+template <int PL>
+struct RouteFilterShared {
+  static constexpr int kWarps = kRouteThreads / 32;
+  float red_max[kWarps];
+  unsigned red_threshold[kWarps];
+  double red_sum[kWarps];
+  unsigned long long cand[kRouteThreads * PL];
+  unsigned long long pick[32];  // [k] the picks' keys, in pick order
+  int n_cand;
+};
+
+// The top k ≤ 32 of one row l [kRouteThreads·PL] (thread t holds experts t + 128·i), run by
+// a whole block of kRouteThreads threads (it has block barriers). Each warp finds the k-th
+// largest of its lanes' largest logits (counting, per lane, the lanes above it); the largest
+// of the four is a threshold at least k experts reach, and only experts at or above it
+// (usually a little over k) are candidates. Each candidate's pick position is the number of
+// candidates above it: three block barriers instead of k + 2 rounds. On return every thread
+// sees s.pick; with softmax (the same for the whole block) also *mx and *sum, the row's max
+// and Σ exp(l − max) (double, per thread, per warp, then over the warps in order). NaN ranks lowest
+// (a row with fewer than k numbers picks NaN experts last). l may have been written by an earlier
+// kernel of this forward that has completed: it is read through L2.
+template <int PL>
+__device__ __forceinline__ void route_filter_block(const float* l, int k, RouteFilterShared<PL>& s,
+                                                   bool softmax, float* mx_out, double* sum_out) {
+  constexpr int kWarps = RouteFilterShared<PL>::kWarps;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  float reg[PL];
+  unsigned bits[PL];
+  unsigned lane_top = 0;
+#pragma unroll
+  for (int i = 0; i < PL; ++i) {
+    reg[i] = __ldcg(l + tid + kRouteThreads * i);
+    const float v = reg[i] + 0.0f;  // -0 as +0: they compare equal
+    bits[i] = v != v ? 0u : ordered_bits(v);
+    lane_top = max(lane_top, bits[i]);
+  }
+  if (tid == 0) s.n_cand = 0;
+  // This warp's k-th largest lane maximum (with repeats): the smallest value held by a lane
+  // with fewer than k lanes above it.
+  int above = 0;
+#pragma unroll
+  for (int j = 0; j < 32; ++j) above += __shfl_sync(0xffffffffu, lane_top, j) > lane_top;
+  const unsigned warp_kth = __reduce_min_sync(0xffffffffu, above < k ? lane_top : 0xffffffffu);
+  float mx = -INFINITY;
+  if (softmax) {
+#pragma unroll
+    for (int i = 0; i < PL; ++i) mx = fmaxf(mx, reg[i]);
+    mx = warp_max(mx);
+    if (lane == 0) s.red_max[warp] = mx;
+  }
+  if (lane == 0) s.red_threshold[warp] = warp_kth;
+  __syncthreads();
+  unsigned threshold = s.red_threshold[0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) threshold = max(threshold, s.red_threshold[w]);
+#pragma unroll
+  for (int i = 0; i < PL; ++i) {
+    if (bits[i] >= threshold) {
+      const unsigned e = unsigned(tid + kRouteThreads * i);
+      s.cand[atomicAdd(&s.n_cand, 1)] = (static_cast<unsigned long long>(bits[i]) << 32) | ~e;
+    }
+  }
+  if (softmax) {
+    mx = s.red_max[0];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) mx = fmaxf(mx, s.red_max[w]);
+    double sum = 0.0;
+#pragma unroll
+    for (int i = 0; i < PL; ++i) sum += exp(double(reg[i] - mx));
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) s.red_sum[warp] = sum;
+  }
+  __syncthreads();
+  const int nc = s.n_cand;
+  for (int c = tid; c < nc; c += kRouteThreads) {
+    const unsigned long long key = s.cand[c];
+    int rank = 0;
+    for (int j = 0; j < nc; ++j) rank += s.cand[j] > key;
+    if (rank < k) s.pick[rank] = key;
+  }
+  __syncthreads();
+  if (softmax) {
+    double sum = s.red_sum[0];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) sum += s.red_sum[w];
+    *mx_out = mx;
+    *sum_out = sum;
+  }
+}
+
+}  // namespace recur::cuda
