@@ -53,7 +53,7 @@ struct Layer {
 // f32 activations for up to max_tokens tokens, allocated once at load.
 struct Workspace {
   std::vector<Buffer> buffers;
-  Tensor h, x, mixer_out, ffn_out;                         // [T, hidden]
+  Tensor h, x, ffn_out;                                    // [T, hidden]
   Tensor qkvz, ba, mixed_qkv, z, conv_out, a, b, g, beta;  // Gated DeltaNet
   Tensor core_out, core_normed;                            // [T, Hv·dv]
   Tensor qg, q, gate, k, v, attn_out;                      // attention
@@ -109,7 +109,7 @@ class Qwen3Next final : public Model {
   void gated_delta_net(const Layer& layer, const SeqLayout& sl, int n);
   void attention(const Layer& layer, const SeqLayout& sl, int n);
   void sparse_moe(const Layer& layer, int n);
-  void dense_mlp(const ExpertWeights& w, const Tensor& x, Tensor out, int n);
+  void dense_mlp(const ExpertWeights& w, const Tensor& x, Tensor h, int n);
 
   // Derived sizes.
   int key_dim() const { return cfg_.linear_num_key_heads * cfg_.linear_key_head_dim; }
@@ -255,7 +255,7 @@ Status Qwen3Next::allocate() {
   const int64_t ff = std::max({cfg_.intermediate_size, cfg_.shared_expert_intermediate_size, 1});
   Workspace& w = ws_;
   const DType f32 = DType::F32;
-  for (Tensor* t : {&w.h, &w.x, &w.mixer_out, &w.ffn_out, &w.shared_out}) {
+  for (Tensor* t : {&w.h, &w.x, &w.ffn_out, &w.shared_out}) {
     RECUR_RETURN_IF_ERROR(w.add(A, t, f32, {T, H}, "activations"));
   }
   RECUR_RETURN_IF_ERROR(w.add(A, &w.qkvz, f32, {T, 2 * key_dim() + 2 * value_dim()}, "qkvz"));
@@ -406,6 +406,8 @@ Status Qwen3Next::forward(const Batch& batch, Tensor logits) {
   const float eps = cfg_.rms_norm_eps;
   Tensor h = ws_.h.slice_rows(0, n), x = ws_.x.slice_rows(0, n);
 
+  // The residual stream h: each layer's mixer and feed-forward add their outputs to it (their
+  // last projection accumulates into h), and each norm reads it whole into x.
   if (layers_.empty()) {
     ops_.embedding(tokens, n, embed_tokens_, h);
   } else {
@@ -413,32 +415,27 @@ Status Qwen3Next::forward(const Batch& batch, Tensor logits) {
   }
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& L = layers_[i];
+    if (i > 0) ops_.rms_norm(h, L.input_norm, 1.0f, eps, x);
     if (L.kind == LayerKind::kLinearAttention) {
       gated_delta_net(L, sl, n);
     } else {
       attention(L, sl, n);
     }
-    // Each residual add is fused with the norm that reads its sum (one op, same results).
-    ops_.add_rms_norm(h, ws_.mixer_out.slice_rows(0, n), L.post_norm, 1.0f, eps, x);
+    ops_.rms_norm(h, L.post_norm, 1.0f, eps, x);
     if (L.moe) {
       sparse_moe(L, n);
     } else {
-      dense_mlp(L.mlp, x, ws_.ffn_out.slice_rows(0, n), n);
-    }
-    if (i + 1 < layers_.size()) {
-      ops_.add_rms_norm(h, ws_.ffn_out.slice_rows(0, n), layers_[i + 1].input_norm, 1.0f, eps, x);
+      dense_mlp(L.mlp, x, h, n);
     }
   }
-  // Only the rows whose logits are wanted go through the final norm and the LM head; when that
-  // is every row in order (decode), the last residual add fuses with the final norm.
+  // Only the rows whose logits are wanted go through the final norm and the LM head.
   const int r = int(batch.logit_rows.size());
-  bool all_rows = r > 0 && r == n && !layers_.empty();
+  bool all_rows = r > 0 && r == n;
   for (int i = 0; all_rows && i < r; ++i) all_rows = batch.logit_rows[size_t(i)] == i;
   Tensor fh = ws_.final_h.slice_rows(0, r);
   if (all_rows) {
-    ops_.add_rms_norm(h, ws_.ffn_out.slice_rows(0, n), final_norm_, 1.0f, eps, fh);
+    ops_.rms_norm(h, final_norm_, 1.0f, eps, fh);
   } else {
-    if (!layers_.empty()) ops_.add(h, ws_.ffn_out.slice_rows(0, n));
     if (r == 0) return Status();
     ops_.gather_rows(h, batch.logit_rows.data(), r, fh);
     ops_.rms_norm(fh, final_norm_, 1.0f, eps, fh);
@@ -452,6 +449,7 @@ void Qwen3Next::gated_delta_net(const Layer& L, const SeqLayout& sl, int n) {
   const int hk = cfg_.linear_num_key_heads, hv = cfg_.linear_num_value_heads;
   const int dk = cfg_.linear_key_head_dim, dv = cfg_.linear_value_head_dim;
   const Tensor x = ws_.x.slice_rows(0, n);
+  Tensor h = ws_.h.slice_rows(0, n);
 
   // Projections come grouped by key head: [q, k, v (r heads), z (r heads)] and [b (r), a (r)].
   Tensor qkvz = ws_.qkvz.slice_rows(0, n), ba = ws_.ba.slice_rows(0, n);
@@ -485,13 +483,14 @@ void Qwen3Next::gated_delta_net(const Layer& L, const SeqLayout& sl, int n) {
   ops_.gated_delta_rule_norm(q, k, v, g, beta, state_.delta[size_t(L.state_index)], sl, core,
                              ws_.gdn_scratch, z.reshaped({n, hv, dv}), w.norm, cfg_.rms_norm_eps,
                              normed.reshaped({n, hv, dv}));
-  ops_.matmul(normed, w.out_proj, ws_.mixer_out.slice_rows(0, n));
+  ops_.matmul(normed, w.out_proj, h, /*accumulate=*/true);  // h += the mixer's output
 }
 
 void Qwen3Next::attention(const Layer& L, const SeqLayout& sl, int n) {
   const AttentionWeights& w = L.attn;
   const int heads = cfg_.num_heads, kv = cfg_.num_kv_heads, hd = cfg_.head_dim;
   const Tensor x = ws_.x.slice_rows(0, n);
+  Tensor h = ws_.h.slice_rows(0, n);
 
   // q_proj yields, per head, the query and then the output gate.
   Tensor qg = ws_.qg.slice_rows(0, n);
@@ -517,10 +516,11 @@ void Qwen3Next::attention(const Layer& L, const SeqLayout& sl, int n) {
   Tensor q3 = q.reshaped({n, heads, hd});
   Tensor out = ws_.attn_out.slice_rows(0, n);
   ops_.paged_attention_gated(q3, kc, vc, sl, 1.0f / std::sqrt(float(hd)), gate, out);
-  ops_.matmul(out, w.o_proj, ws_.mixer_out.slice_rows(0, n));
+  ops_.matmul(out, w.o_proj, h, /*accumulate=*/true);  // h += the mixer's output
 }
 
-void Qwen3Next::dense_mlp(const ExpertWeights& w, const Tensor& x, Tensor out, int n) {
+// h += down(silu(gate·x) ⊙ up·x)
+void Qwen3Next::dense_mlp(const ExpertWeights& w, const Tensor& x, Tensor h, int n) {
   const int64_t ff = w.gate.shape[0];
   Tensor g = ws_.ff_gate.slice_rows(0, n).slice_cols(0, ff);
   Tensor u = ws_.ff_up.slice_rows(0, n).slice_cols(0, ff);
@@ -528,12 +528,14 @@ void Qwen3Next::dense_mlp(const ExpertWeights& w, const Tensor& x, Tensor out, i
   ops_.matmul(x, w.gate, g);
   ops_.matmul(x, w.up, u);
   ops_.swiglu(g, u, hdn);
-  ops_.matmul(hdn, w.down, out);
+  ops_.matmul(hdn, w.down, h, /*accumulate=*/true);
 }
 
+// h += the experts' output for x.
 void Qwen3Next::sparse_moe(const Layer& L, int n) {
   const MoeWeights& w = L.moe_w;
   const Tensor x = ws_.x.slice_rows(0, n);
+  Tensor h = ws_.h.slice_rows(0, n);
   Tensor logits = ws_.router_logits.slice_rows(0, n);
   Tensor ids = ws_.expert_ids.slice_rows(0, n), weights = ws_.expert_weights.slice_rows(0, n);
   Tensor out = ws_.ffn_out.slice_rows(0, n);
@@ -541,6 +543,7 @@ void Qwen3Next::sparse_moe(const Layer& L, int n) {
     ops_.matmul(x, w.router, logits);
     ops_.moe_route(logits, cfg_.num_experts_per_tok, cfg_.norm_topk_prob, ids, weights);
     ops_.moe_experts(x, w.experts, ids, weights, out, ws_.moe_scratch);
+    ops_.add(h, out);
     return;
   }
   // The router and the shared expert's score projection read the same x: one group. The
@@ -559,7 +562,7 @@ void Qwen3Next::sparse_moe(const Layer& L, int n) {
     ops_.matmul_group(x, ws, outs);
   }
   ops_.moe_route_experts_shared(logits, cfg_.num_experts_per_tok, cfg_.norm_topk_prob, x, w.experts,
-                                ids, weights, shared, out, ws_.moe_scratch);
+                                ids, weights, shared, out, ws_.moe_scratch, h);
 }
 
 }  // namespace

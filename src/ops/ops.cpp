@@ -130,9 +130,10 @@ void Ops::moe_experts_shared(const Tensor& x, std::span<const ExpertWeights> exp
 void Ops::moe_route_experts_shared(const Tensor& logits, int k, bool norm_topk, const Tensor& x,
                                    std::span<const ExpertWeights> experts, Tensor ids,
                                    Tensor weights, const SharedExpertArgs& shared, Tensor out,
-                                   Tensor scratch) {
+                                   Tensor scratch, Tensor residual) {
   moe_route(logits, k, norm_topk, ids, weights);
   moe_experts_shared(x, experts, ids, weights, shared, out, scratch);
+  if (residual.data) add(residual, out);
 }
 
 void Ops::paged_attention_gated(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,

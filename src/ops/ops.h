@@ -259,13 +259,14 @@ class Ops {
   virtual void moe_experts_shared(const Tensor& x, std::span<const ExpertWeights> experts,
                                   const Tensor& ids, const Tensor& weights,
                                   const SharedExpertArgs& shared, Tensor out, Tensor scratch);
-  // moe_route(logits, k, norm_topk, ids, weights), then moe_experts_shared with those ids and
-  // weights, which the default calls; a backend may fuse them (ids and weights are written
-  // either way).
+  // moe_route(logits, k, norm_topk, ids, weights), moe_experts_shared with those ids and
+  // weights, then add(residual, out) when residual has data (the residual stream [n, d] the
+  // layer's output joins): which the default calls; a backend may fuse them (ids, weights and
+  // out are written either way).
   virtual void moe_route_experts_shared(const Tensor& logits, int k, bool norm_topk,
                                         const Tensor& x, std::span<const ExpertWeights> experts,
                                         Tensor ids, Tensor weights, const SharedExpertArgs& shared,
-                                        Tensor out, Tensor scratch);
+                                        Tensor out, Tensor scratch, Tensor residual);
 };
 
 }  // namespace recur

@@ -201,8 +201,9 @@ TEST_F(CudaMoe, SharedExpertMatchesReference) {
 }
 
 // Routing inside the expert kernels (one token; 128, 256 or 512 experts, k ≤ 32) against
-// moe_route then moe_experts_shared: the same ids, and bit for bit the same weights and output
-// (the same formulas and sums). 64 experts, or a second token, take the default's two ops.
+// moe_route, moe_experts_shared and add to the residual: the same ids, and bit for bit the same
+// weights, output and residual (the same formulas and sums). 64 experts route by the routing
+// kernel; a second token takes the default's ops.
 TEST_F(CudaMoe, RoutingInsideExpertsMatchesRouteThenExperts) {
   struct Case {
     int64_t n, E, k;
@@ -226,31 +227,35 @@ TEST_F(CudaMoe, RoutingInsideExpertsMatchesRouteThenExperts) {
         for (int64_t e = 0; e < c.E; ++e) l[e] = -0.1f - std::fabs(l[e]);
         l[5] = -0.0f, l[7] = 0.0f;
       }
-      HostTensor x(DType::F32, {c.n, d}), score(DType::F32, {c.n, 1}), out = x;
+      HostTensor x(DType::F32, {c.n, d}), score(DType::F32, {c.n, 1}), out = x, res = x;
       HostTensor ids(DType::I32, {c.n, c.k}), w(DType::F32, {c.n, c.k});
       HostTensor g(DType::F32, {c.n, ff}), y = x;
       fill_random(x, rng);
       fill_random(score, rng);
+      fill_random(res, rng);
       DeviceTensor dl = dev(logits), dx = dev(x), dscore = dev(score);
       HostTensor scratch_h(DType::U8, {int64_t(ops().moe_experts_scratch_bytes(
                                           int(c.n), int(c.k) + 1, int(c.E) + 1, int(d), int(ff)))});
       HostTensor got_ids[2] = {ids, ids}, got_w[2] = {w, w}, got[2] = {out, out};
+      HostTensor got_res[2] = {res, res};
       for (int path = 0; path < 2; ++path) {  // the fused op, then route and experts
         DeviceTensor dg = poisoned(g), du = poisoned(g), dh = poisoned(g), dy = poisoned(y);
         DeviceTensor dout = poisoned(out), scratch = poisoned(scratch_h);
-        DeviceTensor dids = poisoned(ids), dw = poisoned(w);
+        DeviceTensor dids = poisoned(ids), dw = poisoned(w), dres = dev(res);
         SharedExpertArgs shared;
         shared.w = sh.d[0];
         shared.score = dscore.t, shared.gate = dg.t, shared.up = du.t, shared.hidden = dh.t;
         shared.out = dy.t;
         if (path == 0) {
           ops().moe_route_experts_shared(dl.t, int(c.k), true, dx.t, ex.d, dids.t, dw.t, shared,
-                                         dout.t, scratch.t);
+                                         dout.t, scratch.t, dres.t);
         } else {
           ops().moe_route(dl.t, int(c.k), true, dids.t, dw.t);
           ops().moe_experts_shared(dx.t, ex.d, dids.t, dw.t, shared, dout.t, scratch.t);
+          ops().add(dres.t, dout.t);
         }
         got_ids[path] = host(dids, ids), got_w[path] = host(dw, w), got[path] = host(dout, out);
+        got_res[path] = host(dres, res);
       }
       const std::string what = std::string(dtype_name(dt)) + " n=" + std::to_string(c.n) +
                                " E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) +
@@ -262,6 +267,10 @@ TEST_F(CudaMoe, RoutingInsideExpertsMatchesRouteThenExperts) {
           << what;
       EXPECT_EQ(std::memcmp(got_w[0].t.data, got_w[1].t.data, size_t(c.n * c.k) * 4), 0) << what;
       EXPECT_EQ(std::memcmp(got[0].t.data, got[1].t.data, size_t(c.n * d) * 4), 0) << what;
+      EXPECT_EQ(std::memcmp(got_res[0].t.data, got_res[1].t.data, size_t(c.n * d) * 4), 0) << what;
+      for (int64_t e = 0; e < c.n * d; ++e) {  // the residual took the output
+        ASSERT_EQ(got_res[0].f()[e], res.f()[e] + got[0].f()[e]) << what << " at " << e;
+      }
       reference_moe_shared(x.t, ex.h, ids_ref.t, w_ref.t, sh.h[0], score.t, ref.t);
       EXPECT_LE(rel_err(got[0].f(), ref.f(), out.numel()), 1e-5) << what;
     }

@@ -111,8 +111,8 @@ class CudaOps final : public Ops {
                           Tensor out, Tensor scratch) override;
   void moe_route_experts_shared(const Tensor& logits, int k, bool norm_topk, const Tensor& x,
                                 std::span<const ExpertWeights> experts, Tensor ids, Tensor weights,
-                                const SharedExpertArgs& shared, Tensor out,
-                                Tensor scratch) override;
+                                const SharedExpertArgs& shared, Tensor out, Tensor scratch,
+                                Tensor residual) override;
 
   // Largest token count for which matmul and the MoE experts use the bandwidth-bound GEMV
   // kernels (f32 arithmetic); above it they use bf16/f16 tensor cores (see kernels_matmul.cu).

@@ -318,9 +318,11 @@ __global__ void __launch_bounds__(kGemvThreads) moe_gemv_warp_kernel(MoeGemmArgs
 // out[t, :] = Σ_j weights[t, j] · ys[row_of[t·k + j], :] (row_of null: the identity); grid
 // (tokens, column blocks), a thread per column (a single block per token is latency-bound).
 // With shared_y (one token): then out[0, :] += σ(score[0]) · shared_y, as add_scaled_sigmoid.
+// With residual [tokens, d] (rows ld_res apart): then residual += out, as add.
 __global__ void moe_combine_kernel(const float* ys, const int32_t* row_of, const float* weights,
                                    int64_t ld_w, int k, int64_t d, float* out, int64_t ldo,
-                                   const float* shared_y, const float* score) {
+                                   const float* shared_y, const float* score, float* residual,
+                                   int64_t ld_res) {
   grid_dependency_sync();
   const int t = blockIdx.x;
   for (int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; c < d;
@@ -345,6 +347,7 @@ __global__ void moe_combine_kernel(const float* ys, const int32_t* row_of, const
     }
     if (shared_y) o += sigmoid(score[0]) * shared_y[c];
     out[int64_t(t) * ldo + c] = o;
+    if (residual) residual[int64_t(t) * ld_res + c] += o;
   }
 }
 
@@ -464,10 +467,12 @@ bool routes_in_kernels(const Tensor& logits, int k, const Tensor& x,
 
 // moe_experts; with `shared` (one token only), the shared expert runs as one more pair of the
 // token: its gate/up and down rows join the routed experts' launches and the combine adds it.
-// With `route` (one token, routes_in_kernels), the expert kernels route it themselves.
+// With `route` (one token, routes_in_kernels), the expert kernels route it themselves. With
+// residual data: then residual += out, by the combine.
 void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWeights> experts,
                      const Tensor& ids, const Tensor& weights, Tensor out, Tensor scratch,
-                     const SharedExpertArgs* shared, const MoeInKernelRoute* route = nullptr) {
+                     const SharedExpertArgs* shared, const MoeInKernelRoute* route = nullptr,
+                     Tensor residual = {}) {
   const int64_t n = x.shape[0], d = x.row_size(), k = ids.shape[1];
   const int64_t E = int64_t(experts.size());
   RECUR_CHECK(E >= 1 && E <= 4096 && x.dtype == DType::F32 && out.row_size() == d);
@@ -481,6 +486,8 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
   const bool aligned = experts_aligned(experts, shared);
   if (n == 0) return;
   RECUR_CHECK(!route || (n == 1 && shared && route->k == k && E % kRouteThreads == 0));
+  RECUR_CHECK(!residual.data || (residual.dtype == DType::F32 && residual.shape[0] == n &&
+                                 residual.row_size() == d && residual.stride[1] == 1));
   RECUR_CHECK(!shared || n == 1);
   const int64_t slots = k + (shared ? 1 : 0);  // pairs per token in the scratch
   MoeScratch m(scratch.data, n, slots, d, d_ff);
@@ -579,10 +586,11 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
     });
   }
   const dim3 combine_grid(unsigned(n), unsigned(std::min<int64_t>((d + 255) / 256, 64)));
-  launch_kernel(moe_combine_kernel, combine_grid, 256, 0, s.stream, m.ys,
-                direct ? nullptr : m.row_of, weights.ptr<float>(), weights.stride[0], int(k), d,
-                out.ptr<float>(), out.stride[0], shared ? m.ys + k * d : nullptr,
-                shared ? shared->score.ptr<float>() : nullptr);
+  launch_kernel(
+      moe_combine_kernel, combine_grid, 256, 0, s.stream, m.ys, direct ? nullptr : m.row_of,
+      weights.ptr<float>(), weights.stride[0], int(k), d, out.ptr<float>(), out.stride[0],
+      shared ? m.ys + k * d : nullptr, shared ? shared->score.ptr<float>() : nullptr,
+      residual.data ? residual.ptr<float>() : nullptr, residual.data ? residual.stride[0] : 0);
   s.launched("moe_experts (combine)");
 }
 
@@ -609,18 +617,25 @@ void CudaOps::moe_experts_shared(const Tensor& x, std::span<const ExpertWeights>
 void CudaOps::moe_route_experts_shared(const Tensor& logits, int k, bool norm_topk, const Tensor& x,
                                        std::span<const ExpertWeights> experts, Tensor ids,
                                        Tensor weights, const SharedExpertArgs& shared, Tensor out,
-                                       Tensor scratch) {
+                                       Tensor scratch, Tensor residual) {
   if (impl_->replaying()) return;  // the decode graph does this op's work
-  if (!routes_in_kernels(logits, k, x, experts, shared, scratch)) {
+  if (!shared_rides_along(x, experts, ids.shape[1], shared, scratch)) {
     Ops::moe_route_experts_shared(logits, k, norm_topk, x, experts, ids, weights, shared, out,
-                                  scratch);
+                                  scratch, residual);
     return;
   }
+  // One token: routed by gate/up itself where it can, else by the routing kernel; the shared
+  // expert rides along; the combine adds the result to the residual.
   RECUR_CHECK(ids.dtype == DType::I32 && ids.shape[1] == k && weights.shape[1] == k);
+  if (!routes_in_kernels(logits, k, x, experts, shared, scratch)) {
+    moe_route(logits, k, norm_topk, ids, weights);
+    run_moe_experts(*impl_, x, experts, ids, weights, out, scratch, &shared, nullptr, residual);
+    return;
+  }
   MoeInKernelRoute route;
   route.logits = logits.ptr<float>(), route.k = k, route.norm_topk = norm_topk;
   route.ids = ids.ptr<int32_t>(), route.weights = weights.ptr<float>();
-  run_moe_experts(*impl_, x, experts, ids, weights, out, scratch, &shared, &route);
+  run_moe_experts(*impl_, x, experts, ids, weights, out, scratch, &shared, &route, residual);
 }
 
 }  // namespace recur
