@@ -261,8 +261,8 @@ class Ops {
                                   const SharedExpertArgs& shared, Tensor out, Tensor scratch);
   // moe_route(logits, k, norm_topk, ids, weights), moe_experts_shared with those ids and
   // weights, then add(residual, out) when residual has data (the residual stream [n, d] the
-  // layer's output joins): which the default calls; a backend may fuse them (ids, weights and
-  // out are written either way).
+  // layer's output joins; not out itself): which the default calls; a backend may fuse them
+  // (ids, weights and out are written either way).
   virtual void moe_route_experts_shared(const Tensor& logits, int k, bool norm_topk,
                                         const Tensor& x, std::span<const ExpertWeights> experts,
                                         Tensor ids, Tensor weights, const SharedExpertArgs& shared,

@@ -207,13 +207,18 @@ TEST_F(CudaMoe, SharedExpertMatchesReference) {
 TEST_F(CudaMoe, RoutingInsideExpertsMatchesRouteThenExperts) {
   struct Case {
     int64_t n, E, k;
-    int pattern;  // 0 random, 1 top logits on one thread, 2 ties across the threshold, 3 ±0
+    int pattern;       // 0 random, 1 top logits on one thread, 2 ties across the threshold, 3 ±0
+    int64_t ff = 128;  // 16 gate/up blocks a tile: clusters of 4; 144: of 2; 136: none
+    bool norm_topk = true;
   };
-  const Case cases[] = {{1, 512, 10, 0}, {1, 512, 10, 1}, {1, 512, 32, 2}, {1, 256, 8, 3},
-                        {1, 128, 1, 0},  {1, 128, 32, 2}, {1, 64, 10, 0},  {2, 512, 10, 0}};
-  const int64_t d = 256, ff = 128;
+  const Case cases[] = {{1, 512, 10, 0},      {1, 512, 10, 1},     {1, 512, 32, 2},
+                        {1, 256, 8, 3},       {1, 128, 1, 0},      {1, 128, 32, 2},
+                        {1, 512, 10, 0, 144}, {1, 256, 8, 2, 136}, {1, 512, 10, 0, 128, false},
+                        {1, 64, 10, 0},       {2, 512, 10, 0}};
+  const int64_t d = 256;
   for (DType dt : {DType::BF16, DType::F32}) {
     for (const Case& c : cases) {
+      const int64_t ff = c.ff;
       Experts ex = make_experts(ops(), c.E, d, ff, dt, rng);
       Experts sh = make_experts(ops(), 1, d, ff, dt, rng);
       HostTensor logits(DType::F32, {c.n, c.E});
@@ -241,16 +246,22 @@ TEST_F(CudaMoe, RoutingInsideExpertsMatchesRouteThenExperts) {
       for (int path = 0; path < 2; ++path) {  // the fused op, then route and experts
         DeviceTensor dg = poisoned(g), du = poisoned(g), dh = poisoned(g), dy = poisoned(y);
         DeviceTensor dout = poisoned(out), scratch = poisoned(scratch_h);
-        DeviceTensor dids = poisoned(ids), dw = poisoned(w), dres = dev(res);
+        // The fused path starts from valid ids of another routing (what the previous layer
+        // leaves): down must not keep them, however early it read them.
+        HostTensor stale = ids;
+        for (int64_t j = 0; j < c.n * c.k; ++j)
+          stale.t.ptr<int32_t>()[j] = int32_t((j * 7 + 3) % c.E);
+        DeviceTensor dids = path == 0 ? dev(stale) : poisoned(ids), dw = poisoned(w),
+                     dres = dev(res);
         SharedExpertArgs shared;
         shared.w = sh.d[0];
         shared.score = dscore.t, shared.gate = dg.t, shared.up = du.t, shared.hidden = dh.t;
         shared.out = dy.t;
         if (path == 0) {
-          ops().moe_route_experts_shared(dl.t, int(c.k), true, dx.t, ex.d, dids.t, dw.t, shared,
-                                         dout.t, scratch.t, dres.t);
+          ops().moe_route_experts_shared(dl.t, int(c.k), c.norm_topk, dx.t, ex.d, dids.t, dw.t,
+                                         shared, dout.t, scratch.t, dres.t);
         } else {
-          ops().moe_route(dl.t, int(c.k), true, dids.t, dw.t);
+          ops().moe_route(dl.t, int(c.k), c.norm_topk, dids.t, dw.t);
           ops().moe_experts_shared(dx.t, ex.d, dids.t, dw.t, shared, dout.t, scratch.t);
           ops().add(dres.t, dout.t);
         }
@@ -259,9 +270,10 @@ TEST_F(CudaMoe, RoutingInsideExpertsMatchesRouteThenExperts) {
       }
       const std::string what = std::string(dtype_name(dt)) + " n=" + std::to_string(c.n) +
                                " E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) +
-                               " pattern " + std::to_string(c.pattern);
+                               " pattern " + std::to_string(c.pattern) +
+                               " ff=" + std::to_string(ff) + (c.norm_topk ? "" : " raw weights");
       HostTensor ids_ref = ids, w_ref = w, ref = out;
-      ref::moe_route(logits.t, int(c.k), true, ids_ref.t, w_ref.t);
+      ref::moe_route(logits.t, int(c.k), c.norm_topk, ids_ref.t, w_ref.t);
       EXPECT_EQ(std::memcmp(got_ids[0].t.data, ids_ref.t.data, size_t(c.n * c.k) * 4), 0) << what;
       EXPECT_EQ(std::memcmp(got_ids[0].t.data, got_ids[1].t.data, size_t(c.n * c.k) * 4), 0)
           << what;

@@ -24,7 +24,7 @@ namespace recur::cuda {
 // An on/off switch from the environment: off only when the variable is set to 0 (the A/B
 // switches RECUR_CUDA_PDL, _GRAPHS, _ATTN_DECODE, _GEMV_PRELOAD, _GEMV_PRELOAD_LONG,
 // _MOE_PRELOAD, _MOE_TENSOR_CORES, _DELTA_NORM_FUSED, _NORM_PRELOAD, _ROUTE_FILTER,
-// _COMBINE_ONE_TRIP, _EARLY_OPERANDS, _COPY_BESIDE).
+// _COMBINE_ONE_TRIP, _EARLY_OPERANDS, _COPY_BESIDE, _ROUTE_IN_EXPERTS).
 bool env_switch_on(const char* name);
 
 #ifdef RECUR_CUDA_TRACE

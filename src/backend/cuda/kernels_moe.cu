@@ -179,10 +179,7 @@ __device__ __forceinline__ int routed_expert(const MoeGemmArgs& a, int tile,
     route_filter_block<PL>(r.logits, r.k, s, publish, &mx, &sum);
     if (publish) {
       if (threadIdx.x < 32) {
-        const int lane = threadIdx.x;
-        const unsigned long long key = lane < r.k ? s.pick[lane] : 0ull;
-        store_picks(lane, r.k, logit_of_key(key), expert_of_key(key), mx, sum, r.norm_topk, r.ids,
-                    r.weights);
+        store_pick_keys(int(threadIdx.x), r.k, s.pick, mx, sum, r.norm_topk, r.ids, r.weights);
         __threadfence();
       }
       __syncthreads();
@@ -219,14 +216,19 @@ __global__ void __launch_bounds__(kGemvThreads) moe_gemv_warp_kernel(MoeGemmArgs
   const int64_t n_chunks = a.k / E;
   __shared__ RouteFilterShared<(PL > 0 ? PL : 1)> route_shared;
   // One token's down rows (a.ids_early): the tile's expert is read and the first kPre chunks
-  // per row are loaded before the PDL wait, while gate/up still runs.
+  // per row are loaded before the PDL wait, while gate/up still runs. The id is read again after
+  // the wait, which guarantees it (gate/up routing the token stores the ids and fences before
+  // letting this launch start, which in practice makes them visible, but PDL promises
+  // visibility only at the wait): on a difference the preloaded chunks are loaded again.
   constexpr int kPre = (NT == 1 && !kDual) ? 2 : 0;
   uint4 pre[kPre > 0 ? kPre : 1][RW];
-  int pre_e = -1;  // ≥ 0: the tile's expert, read before the wait (or routed here)
+  int pre_e = -1;        // ≥ 0: the tile's expert, read before the wait (or routed here)
+  bool recheck = false;  // pre_e came from the ids
   if constexpr (kPre > 0) {
     int e;
     if (a.ids_early && moe_direct_expert(a, blockIdx.y, e)) {
       pre_e = e;
+      recheck = !(a.direct_shared >= 0 && int(blockIdx.y) == a.direct_k - 1);
       if (orow0 < a.m) {
         const int rows = int(min64(RW, a.m - orow0));
 #pragma unroll
@@ -242,9 +244,10 @@ __global__ void __launch_bounds__(kGemvThreads) moe_gemv_warp_kernel(MoeGemmArgs
     }
   }
   if constexpr (kDual && NT == 1) {
-    // Gate/up of one token waits for the routing that picks its experts, a chain that leaves
-    // DRAM idle. The shared expert's tile needs no routing: its rows are fetched into L2
-    // meanwhile, and read from there after the wait.
+    // Gate/up of one token waits for the routing that picks its experts (the routing kernel,
+    // or its own selection after the wait), a chain that leaves DRAM idle. The shared
+    // expert's tile needs no routing: its rows are fetched into L2 meanwhile, and read from
+    // there after the wait.
     if (a.direct_shared >= 0 && int(blockIdx.y) == a.direct_k - 1 && orow0 < a.m) {
       const int rows = int(min64(RW, a.m - orow0));
       const int64_t row_bytes = a.k * int64_t(sizeof(W));
@@ -274,6 +277,25 @@ __global__ void __launch_bounds__(kGemvThreads) moe_gemv_warp_kernel(MoeGemmArgs
     e = pre_e, row0 = int(blockIdx.y), nt = 1;
   } else if (PL > 0 || !moe_tile(a, blockIdx.y, e, row0, nt)) {
     return;
+  }
+  if constexpr (kPre > 0) {
+    if (recheck) {
+      const int checked = __ldcg(a.direct_ids + blockIdx.y);
+      if (checked != e) {  // the id read early was stale: the preloaded chunks again, from it
+        if (checked < 0 || checked >= a.n_experts) __trap();  // ids come from routing
+        e = checked;
+        const int rows = int(min64(RW, a.m - orow0));
+#pragma unroll
+        for (int p = 0; p < kPre; ++p) {
+          const int64_t c = lane + int64_t(p) * 32;
+#pragma unroll
+          for (int r = 0; r < RW; ++r) {
+            const W* wr = static_cast<const W*>(a.w[e]) + (orow0 + (r < rows ? r : 0)) * a.k;
+            if (c < n_chunks) pre[p][r] = load_streaming(wr + c * E);
+          }
+        }
+      }
+    }
   }
   const int rows = int(min64(RW, a.m - orow0));
   const float* xr[NT];
@@ -367,12 +389,16 @@ bool moe_preload_enabled() {
   return on;
 }
 
+// a.route.cluster > 1 (routing in gate/up): clusters of up to that many blocks, halved until
+// they divide a tile's blocks.
 template <typename W, int NT, bool kDual, int PL = 0>
 void launch_moe_gemv_warp(const MoeGemmArgs& a, unsigned max_tiles, cudaStream_t stream) {
   constexpr int64_t kRowsPerBlock = kWarpRows<kDual> * (kGemvThreads / 32);
   const dim3 grid(unsigned((a.m + kRowsPerBlock - 1) / kRowsPerBlock), max_tiles);
+  MoeGemmArgs b = a;
+  while (b.route.cluster > 1 && grid.x % unsigned(b.route.cluster) != 0) b.route.cluster /= 2;
   launch_kernel_clusters(moe_gemv_warp_kernel<W, NT, kDual, PL>, grid, kGemvThreads, 0, stream,
-                         unsigned(a.route.cluster), a);
+                         unsigned(b.route.cluster), b);
 }
 
 // Gate/up of one token routed in the kernel (a.route set): the warp kernel for its expert
@@ -462,7 +488,7 @@ bool routes_in_kernels(const Tensor& logits, int k, const Tensor& x,
          (E == kRouteThreads || E == 2 * kRouteThreads || E == 4 * kRouteThreads) && k >= 1 &&
          k <= 32 && shared_rides_along(x, experts, k, shared, scratch) &&
          experts_aligned(experts, &shared) && (reinterpret_cast<uintptr_t>(x.data) & 15) == 0 &&
-         d % elems16 == 0 && e0.gate.shape[0] % elems16 == 0;
+         x.stride[0] % 4 == 0 && d % elems16 == 0 && e0.gate.shape[0] % elems16 == 0;
 }
 
 // moe_experts; with `shared` (one token only), the shared expert runs as one more pair of the
@@ -563,16 +589,12 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
       if (route) {
         RECUR_CHECK(aligned && x_vec && d % E16 == 0 && d_ff % E16 == 0);
         const int PL = int(E / kRouteThreads);
-        // Clusters of up to 4 (RECUR_CUDA_ROUTE_CLUSTER, at most 8) dividing a tile's blocks.
+        // Clusters of up to 4 gate/up blocks (RECUR_CUDA_ROUTE_CLUSTER, 1 to 8).
         static const int max_cluster = [] {
           const char* v = std::getenv("RECUR_CUDA_ROUTE_CLUSTER");
           return v ? std::clamp(std::atoi(v), 1, 8) : 4;
         }();
-        constexpr int64_t kRowsPerBlock = kWarpRows<true> * (kGemvThreads / 32);
-        const int64_t tile_blocks = (d_ff + kRowsPerBlock - 1) / kRowsPerBlock;
-        int cluster = max_cluster;
-        while (cluster > 1 && tile_blocks % cluster != 0) cluster /= 2;
-        up.route.cluster = cluster;
+        up.route.cluster = max_cluster;
         launch_moe_gemv_routed<W>(up, PL, tiles, s.stream);
         s.launched("moe_experts (routing, gate/up)");
         launch_moe_gemv_warp<W, 1, false>(down, tiles, s.stream);
@@ -627,6 +649,7 @@ void CudaOps::moe_route_experts_shared(const Tensor& logits, int k, bool norm_to
   // One token: routed by gate/up itself where it can, else by the routing kernel; the shared
   // expert rides along; the combine adds the result to the residual.
   RECUR_CHECK(ids.dtype == DType::I32 && ids.shape[1] == k && weights.shape[1] == k);
+  RECUR_CHECK(!residual.data || residual.data != out.data);
   if (!routes_in_kernels(logits, k, x, experts, shared, scratch)) {
     moe_route(logits, k, norm_topk, ids, weights);
     run_moe_experts(*impl_, x, experts, ids, weights, out, scratch, &shared, nullptr, residual);

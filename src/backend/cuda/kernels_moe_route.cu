@@ -187,10 +187,8 @@ __global__ void __launch_bounds__(kRouteThreads)
   double sum;
   route_filter_block<PL>(logits + int64_t(t) * ld, k, s, true, &mx, &sum);
   if (threadIdx.x >= 32) return;
-  const int lane = threadIdx.x;
-  const unsigned long long key = lane < k ? s.pick[lane] : 0ull;
-  store_picks(lane, k, logit_of_key(key), expert_of_key(key), mx, sum, norm_topk,
-              ids + int64_t(t) * ld_ids, weights + int64_t(t) * ld_w);
+  store_pick_keys(int(threadIdx.x), k, s.pick, mx, sum, norm_topk, ids + int64_t(t) * ld_ids,
+                  weights + int64_t(t) * ld_w);
 }
 
 }  // namespace

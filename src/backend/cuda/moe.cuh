@@ -6,10 +6,10 @@
 
 namespace recur::cuda {
 
-// One token routed by the gate/up kernel itself (moe_route_experts_shared): every block selects
-// the picks from the logits (route_filter_block; E = kRouteThreads·PL, k ≤ 32), so no routing
-// kernel stands between the router and gate/up; one block stores ids and weights as moe_route
-// would, for down and the combine.
+// One token routed by the gate/up kernel itself (moe_route_experts_shared): the first block of
+// each cluster selects the picks from the logits (route_filter_block; E = kRouteThreads·PL,
+// k ≤ 32) for the cluster, so no routing kernel stands between the router and gate/up; one
+// block stores ids and weights as moe_route would, for down and the combine.
 struct MoeInKernelRoute {
   const float* logits = nullptr;  // [E] or null: the ids come from memory
   int k = 0;
@@ -60,7 +60,7 @@ __device__ __forceinline__ bool moe_tile(const MoeGemmArgs& a, int tile, int& e,
       e = a.direct_shared;
     } else {
       e = a.direct_ids[tile];
-      if (e < 0 || e >= a.n_experts) __trap();  // ids come from moe_route; else a bug
+      if (e < 0 || e >= a.n_experts) __trap();  // ids come from routing; else a bug
     }
     row0 = tile, nt = 1;
     return true;

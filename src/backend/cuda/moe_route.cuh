@@ -51,6 +51,15 @@ __device__ __forceinline__ void store_picks(int lane, int k, float v, int32_t id
   }
 }
 
+// store_picks for picks given as routing keys (route_filter_block's s.pick): lane j < k
+// stores pick j.
+__device__ __forceinline__ void store_pick_keys(int lane, int k, const unsigned long long* keys,
+                                                float mx, double sum, bool norm_topk,
+                                                int32_t* id_row, float* w_row) {
+  const unsigned long long key = lane < k ? keys[lane] : 0ull;
+  store_picks(lane, k, logit_of_key(key), expert_of_key(key), mx, sum, norm_topk, id_row, w_row);
+}
+
 // Shared memory of route_filter_block for rows of kRouteThreads·PL experts.
 template <int PL>
 struct RouteFilterShared {
