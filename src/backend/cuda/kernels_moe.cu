@@ -222,6 +222,19 @@ __global__ void __launch_bounds__(kGemvThreads) moe_gemv_warp_kernel(MoeGemmArgs
   // visibility only at the wait): on a difference the preloaded chunks are loaded again.
   constexpr int kPre = (NT == 1 && !kDual) ? 2 : 0;
   uint4 pre[kPre > 0 ? kPre : 1][RW];
+  // This warp's first kPre chunks of each of its rows of expert e into pre.
+  auto preload = [&](int e) {
+    const int rows = int(min64(RW, a.m - orow0));
+#pragma unroll
+    for (int p = 0; p < kPre; ++p) {
+      const int64_t c = lane + int64_t(p) * 32;
+#pragma unroll
+      for (int r = 0; r < RW; ++r) {
+        const W* wr = static_cast<const W*>(a.w[e]) + (orow0 + (r < rows ? r : 0)) * a.k;
+        if (c < n_chunks) pre[p][r] = load_streaming(wr + c * E);
+      }
+    }
+  };
   int pre_e = -1;        // ≥ 0: the tile's expert, read before the wait (or routed here)
   bool recheck = false;  // pre_e came from the ids
   if constexpr (kPre > 0) {
@@ -229,18 +242,7 @@ __global__ void __launch_bounds__(kGemvThreads) moe_gemv_warp_kernel(MoeGemmArgs
     if (a.ids_early && moe_direct_expert(a, blockIdx.y, e)) {
       pre_e = e;
       recheck = !(a.direct_shared >= 0 && int(blockIdx.y) == a.direct_k - 1);
-      if (orow0 < a.m) {
-        const int rows = int(min64(RW, a.m - orow0));
-#pragma unroll
-        for (int p = 0; p < kPre; ++p) {
-          const int64_t c = lane + int64_t(p) * 32;
-#pragma unroll
-          for (int r = 0; r < RW; ++r) {
-            const W* wr = static_cast<const W*>(a.w[e]) + (orow0 + (r < rows ? r : 0)) * a.k;
-            if (c < n_chunks) pre[p][r] = load_streaming(wr + c * E);
-          }
-        }
-      }
+      if (orow0 < a.m) preload(e);
     }
   }
   if constexpr (kDual && NT == 1) {
@@ -284,16 +286,7 @@ __global__ void __launch_bounds__(kGemvThreads) moe_gemv_warp_kernel(MoeGemmArgs
       if (checked != e) {  // the id read early was stale: the preloaded chunks again, from it
         if (checked < 0 || checked >= a.n_experts) __trap();  // ids come from routing
         e = checked;
-        const int rows = int(min64(RW, a.m - orow0));
-#pragma unroll
-        for (int p = 0; p < kPre; ++p) {
-          const int64_t c = lane + int64_t(p) * 32;
-#pragma unroll
-          for (int r = 0; r < RW; ++r) {
-            const W* wr = static_cast<const W*>(a.w[e]) + (orow0 + (r < rows ? r : 0)) * a.k;
-            if (c < n_chunks) pre[p][r] = load_streaming(wr + c * E);
-          }
-        }
+        preload(e);
       }
     }
   }
@@ -474,21 +467,21 @@ bool shared_rides_along(const Tensor& x, std::span<const ExpertWeights> experts,
              MoeScratch(nullptr, 1, k + 1, x.row_size(), e0.gate.shape[0]).bytes;
 }
 
-// Whether the expert kernels can route one token themselves: its logits [1, E] contiguous with
-// E = kRouteThreads·PL (PL 1, 2 or 4) and k ≤ 32, the shared expert riding along, and 16-byte
-// rows for the warp GEMV kernel. RECUR_CUDA_ROUTE_IN_EXPERTS=0 keeps the routing kernel.
+// Whether gate/up can route one token whose shared expert rides along (shared_rides_along,
+// checked by the caller): its logits [1, E] contiguous with E = kRouteThreads·PL (PL 1, 2 or 4)
+// and k ≤ 32, and 16-byte rows for the warp GEMV kernel. RECUR_CUDA_ROUTE_IN_EXPERTS=0 keeps
+// the routing kernel.
 bool routes_in_kernels(const Tensor& logits, int k, const Tensor& x,
-                       std::span<const ExpertWeights> experts, const SharedExpertArgs& shared,
-                       const Tensor& scratch) {
+                       std::span<const ExpertWeights> experts, const SharedExpertArgs& shared) {
   static const bool on = env_switch_on("RECUR_CUDA_ROUTE_IN_EXPERTS");
   const int64_t E = logits.shape[1], d = x.row_size();
   const ExpertWeights& e0 = experts.front();
   const int64_t elems16 = 16 / int64_t(dtype_size(e0.gate.dtype));
   return on && logits.shape[0] == 1 && logits.stride[1] == 1 && int64_t(experts.size()) == E &&
          (E == kRouteThreads || E == 2 * kRouteThreads || E == 4 * kRouteThreads) && k >= 1 &&
-         k <= 32 && shared_rides_along(x, experts, k, shared, scratch) &&
-         experts_aligned(experts, &shared) && (reinterpret_cast<uintptr_t>(x.data) & 15) == 0 &&
-         x.stride[0] % 4 == 0 && d % elems16 == 0 && e0.gate.shape[0] % elems16 == 0;
+         k <= 32 && experts_aligned(experts, &shared) &&
+         (reinterpret_cast<uintptr_t>(x.data) & 15) == 0 && x.stride[0] % 4 == 0 &&
+         d % elems16 == 0 && e0.gate.shape[0] % elems16 == 0;
 }
 
 // moe_experts; with `shared` (one token only), the shared expert runs as one more pair of the
@@ -650,7 +643,7 @@ void CudaOps::moe_route_experts_shared(const Tensor& logits, int k, bool norm_to
   // expert rides along; the combine adds the result to the residual.
   RECUR_CHECK(ids.dtype == DType::I32 && ids.shape[1] == k && weights.shape[1] == k);
   RECUR_CHECK(!residual.data || residual.data != out.data);
-  if (!routes_in_kernels(logits, k, x, experts, shared, scratch)) {
+  if (!routes_in_kernels(logits, k, x, experts, shared)) {
     moe_route(logits, k, norm_topk, ids, weights);
     run_moe_experts(*impl_, x, experts, ids, weights, out, scratch, &shared, nullptr, residual);
     return;
