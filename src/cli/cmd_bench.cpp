@@ -14,7 +14,7 @@
 #include "backend/backend.h"
 #include "cli/commands.h"
 #include "io/checkpoint.h"
-#include "model/qwen3_next.h"
+#include "model/registry.h"
 
 namespace recur::cli {
 

@@ -12,7 +12,7 @@
 #include "backend/backend.h"
 #include "cli/commands.h"
 #include "io/safetensors.h"
-#include "model/qwen3_next.h"
+#include "model/registry.h"
 
 namespace recur::cli {
 

@@ -17,7 +17,7 @@
 
 #include "core/allocator.h"
 #include "engine/sampler.h"
-#include "model/qwen3_next.h"
+#include "model/registry.h"
 #include "tokenizer/tokenizer.h"
 
 namespace recur {
