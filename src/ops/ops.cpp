@@ -78,37 +78,20 @@ void Ops::matmul_group(const Tensor& x, std::span<const Tensor> ws, std::span<co
   for (size_t i = 0; i < ws.size(); ++i) matmul(x, ws[i], outs[i]);
 }
 
-void Ops::add_rms_norm(Tensor x, const Tensor& y, const Tensor& w, float weight_offset, float eps,
-                       Tensor out) {
-  add(x, y);
-  rms_norm(x, w, weight_offset, eps, out);
-}
-
 void Ops::gdn_inputs(const GdnInputArgs& g, const SeqLayout& layout) {
-  const int hk = g.key_heads, hv = g.value_heads, dk = g.dk, dv = g.dv, r = hv / hk;
-  const int64_t key_dim = int64_t(hk) * dk, conv_dim = 2 * key_dim + int64_t(hv) * dv;
-  RECUR_CHECK(hk > 0 && hv % hk == 0 && g.mixed.shape[1] == conv_dim);
-  const int qkvz_parts[] = {dk, dk, r * dv, r * dv};
-  const Tensor qkvz_dsts[] = {g.mixed.slice_cols(0, key_dim),
-                              g.mixed.slice_cols(key_dim, 2 * key_dim),
-                              g.mixed.slice_cols(2 * key_dim, conv_dim), g.z};
-  split_groups(g.qkvz, hk, qkvz_parts, qkvz_dsts);
-  const int ba_parts[] = {r, r};
-  const Tensor ba_dsts[] = {g.b, g.a};
-  split_groups(g.ba, hk, ba_parts, ba_dsts);
+  const int64_t key_dim = int64_t(g.key_heads) * g.dk;
+  RECUR_CHECK(g.key_heads > 0 && g.value_heads % g.key_heads == 0 &&
+              g.mixed.shape[1] == 2 * key_dim + int64_t(g.value_heads) * g.dv);
   conv1d_causal_silu(g.mixed, g.conv_weight, g.conv_state, layout, g.conv_out);
-  l2_norm(g.conv_out.col_heads(0, hk, dk), g.l2_eps, g.q_scale);
-  l2_norm(g.conv_out.col_heads(key_dim, hk, dk), g.l2_eps, 1.0f);
+  l2_norm(g.conv_out.col_heads(0, g.key_heads, g.dk), g.l2_eps, g.q_scale);
+  l2_norm(g.conv_out.col_heads(key_dim, g.key_heads, g.dk), g.l2_eps, 1.0f);
   gdn_gates(g.a, g.b, g.a_log, g.dt_bias, g.g, g.beta);
 }
 
 void Ops::attention_inputs(const AttentionInputArgs& a, const SeqLayout& layout) {
-  const int64_t n = a.qg.shape[0], hd = a.head_dim;
-  const int parts[] = {a.head_dim, a.head_dim};
-  const Tensor dsts[] = {a.q, a.gate};
-  split_groups(a.qg, a.heads, parts, dsts);
+  const int64_t n = a.q.shape[0], hd = a.head_dim;
   const Tensor q3 = a.q.reshaped({n, a.heads, hd}), k3 = a.k.reshaped({n, a.kv_heads, hd});
-  const Tensor v3 = a.v.reshaped({n, a.kv_heads, hd});
+  const Tensor v3 = a.v.reshaped({n, a.kv_heads, a.v.shape[1] / a.kv_heads});
   rms_norm(q3, a.q_norm, a.norm_offset, a.eps, q3);
   rms_norm(k3, a.k_norm, a.norm_offset, a.eps, k3);
   rope(q3, layout.positions, a.rot_dim, a.rope_theta);
@@ -124,14 +107,18 @@ void Ops::moe_experts_shared(const Tensor& x, std::span<const ExpertWeights> exp
   moe_experts(x, experts, ids, weights, out, scratch);
   swiglu(shared.gate, shared.up, shared.hidden);
   matmul(shared.hidden, shared.w.down, shared.out);
-  add_scaled_sigmoid(out, shared.out, shared.score);
+  if (shared.score.empty()) {
+    add(out, shared.out);
+  } else {
+    add_scaled_sigmoid(out, shared.out, shared.score);
+  }
 }
 
-void Ops::moe_route_experts_shared(const Tensor& logits, int k, bool norm_topk, const Tensor& x,
-                                   std::span<const ExpertWeights> experts, Tensor ids,
-                                   Tensor weights, const SharedExpertArgs& shared, Tensor out,
-                                   Tensor scratch, Tensor residual) {
-  moe_route(logits, k, norm_topk, ids, weights);
+void Ops::moe_route_experts_shared(const Tensor& logits, const MoeRouting& routing,
+                                   const Tensor& x, std::span<const ExpertWeights> experts,
+                                   Tensor ids, Tensor weights, const SharedExpertArgs& shared,
+                                   Tensor out, Tensor scratch, Tensor residual) {
+  moe_route(logits, routing, ids, weights);
   moe_experts_shared(x, experts, ids, weights, shared, out, scratch);
   if (residual.data) add(residual, out);
 }
@@ -140,7 +127,7 @@ void Ops::paged_attention_gated(const Tensor& q, const Tensor& k_cache, const Te
                                 const SeqLayout& layout, float scale, const Tensor& gate,
                                 Tensor out) {
   paged_attention(q, k_cache, v_cache, layout, scale,
-                  out.reshaped({q.shape[0], q.shape[1], q.shape[2]}));
+                  out.reshaped({q.shape[0], q.shape[1], out.shape[1] / q.shape[1]}));
   mul_sigmoid(out, gate);
 }
 
@@ -153,9 +140,10 @@ void Ops::embedding_rms_norm(const int32_t* ids, int n, const Tensor& table, Ten
 void Ops::gated_delta_rule_norm(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                                 const Tensor& beta, Tensor state, const SeqLayout& layout,
                                 Tensor out, Tensor scratch, const Tensor& gate,
-                                const Tensor& norm_w, float eps, Tensor normed) {
+                                const Tensor& norm_w, float eps, GateActivation act,
+                                Tensor normed) {
   gated_delta_rule(q, k, v, g, beta, state, layout, out, scratch);
-  rms_norm_gated(out, gate, norm_w, eps, normed);
+  rms_norm_gated(out, gate, norm_w, eps, act, normed);
 }
 
 double Ops::measure_copy_bandwidth(size_t bytes) {

@@ -35,28 +35,43 @@ struct ExpertWeights {
   Tensor down;  // [d, d_ff]
 };
 
-// Operands of Ops::attention_inputs, one gated-attention layer's input stage.
+// Operands of Ops::attention_inputs, one attention layer's input stage after its projections.
 struct AttentionInputArgs {
-  int heads = 0, kv_heads = 0, head_dim = 0;
+  int heads = 0, kv_heads = 0, head_dim = 0;  // head_dim: of queries and keys
   int rot_dim = 0;  // rotary channels at the start of each head
   double rope_theta = 0;
   float norm_offset = 0.0f;  // added to the q and k norm weights (1 when zero-centred)
   float eps = 1e-6f;
-  Tensor qg;                // [n, heads·2·hd]: per head the query, then the output gate
-  Tensor k, v;              // [n, kv_heads·hd]; k normalised and rotated in place
+  Tensor q;                 // [n, heads·hd]: RMS-normalised per head and rotated in place
+  Tensor k;                 // [n, kv_heads·hd]: likewise
+  Tensor v;                 // [n, kv_heads·dv] (dv may differ from hd)
   Tensor q_norm, k_norm;    // [hd]
-  Tensor q, gate;           // [n, heads·hd] out
   Tensor k_cache, v_cache;  // as kv_cache_write
 };
 
-// A shared expert beside the routed ones (Qwen-style MoE): its output is scaled per token by
-// σ(score) and added to the routed experts' sum.
+// A shared expert beside the routed ones: its output is added to the routed experts' sum,
+// scaled per token by σ(score) when score is given (Qwen), as it is otherwise (Kimi).
 struct SharedExpertArgs {
   ExpertWeights w;          // gate, up [ff, d]; down [d, ff]
-  Tensor score;             // [n, 1]
+  Tensor score;             // [n, 1], or empty: ungated
   Tensor gate, up, hidden;  // [n, ff] scratch
   Tensor out;               // [n, d] scratch
 };
+
+// How a router's logits [n, E] choose k experts per token and weigh them.
+struct MoeRouting {
+  enum class Score { kSoftmax, kSigmoid };
+  Score score = Score::kSoftmax;  // scores from the logits, in f32 (softmax over the E experts)
+  int k = 1;                      // experts per token; ties to the lower index
+  Tensor selection_bias;          // [E] f32, or empty: added to the scores to choose the k,
+                                  //   never to weigh them
+  bool renormalize = true;        // the k chosen scores divided by their sum
+  float scale = 1.0f;             // factor on every weight, after renormalisation
+};
+
+// The activation of a gated norm's gate: silu (Gated DeltaNet) or sigmoid (Kimi Delta
+// Attention).
+enum class GateActivation { kSilu, kSigmoid };
 
 // Which form of the gated delta rule to run; kAuto picks per sequence (recurrent for one
 // token, chunked for more).
@@ -72,21 +87,19 @@ struct ForwardLimits {
   int max_context = 0;     // positions a sequence may reach
 };
 
-// Operands of Ops::gdn_inputs, one Gated DeltaNet layer's input stage (r = Hv/Hk value heads
-// per key head; C = 2·Hk·dk + Hv·dv conv channels: all q heads, all k heads, all v heads).
+// Operands of Ops::gdn_inputs, one Gated DeltaNet layer's input stage after its projections
+// (C = 2·Hk·dk + Hv·dv conv channels: all q heads, all k heads, then all v heads; value head h
+// reads key head h / (Hv/Hk)).
 struct GdnInputArgs {
   int key_heads = 0, value_heads = 0, dk = 0, dv = 0;
   float l2_eps = 1e-6f;   // of the q and k L2 norms
   float q_scale = 1.0f;   // q's extra factor after its L2 norm
-  Tensor qkvz;            // [n, Hk·(2dk + 2r·dv)]: per key head q, k, r heads of v, r of z
-  Tensor ba;              // [n, Hk·2r]: per key head r of b, then r of a
+  Tensor mixed;           // [n, C]: q | k | v before the conv
+  Tensor a, b;            // [n, Hv]: the projections of the decay and of beta
   Tensor conv_weight;     // [C, 1, K] (stored layout)
   Tensor a_log, dt_bias;  // [Hv]
   Tensor conv_state;      // [slots, K-1, C] f32
-  Tensor mixed;           // [n, C] scratch: q | k | v before the conv
-  Tensor a, b;            // [n, Hv] scratch
   Tensor conv_out;        // [n, C] out: q | k | v after conv + SiLU; q, k then L2-normalised
-  Tensor z;               // [n, Hv·dv] out
   Tensor g, beta;         // [n, Hv] out, as gdn_gates
 };
 
@@ -163,19 +176,11 @@ class Ops {
   // Rows of x [..., d]: out = x · rsqrt(mean(x²) + eps) · (w + weight_offset); w [d].
   virtual void rms_norm(const Tensor& x, const Tensor& w, float weight_offset, float eps,
                         Tensor out) = 0;
-  // x [n, d] += y [n, d], then out [n, d] = rms_norm(x) as above (out aliases neither): the
-  // results of add then rms_norm (the default calls those); a backend may fuse the two.
-  virtual void add_rms_norm(Tensor x, const Tensor& y, const Tensor& w, float weight_offset,
-                            float eps, Tensor out);
-  // Rows of x, gate [..., d]: out = rms_norm(x) · w · silu(gate); w [d].
+  // Rows of x, gate [..., d]: out = rms_norm(x) · w · act(gate); w [d] (not zero-centred).
   virtual void rms_norm_gated(const Tensor& x, const Tensor& gate, const Tensor& w, float eps,
-                              Tensor out) = 0;
+                              GateActivation act, Tensor out) = 0;
   // Rows of x [..., d], in place: x = x · rsqrt(sum(x²) + eps) · scale.
   virtual void l2_norm(Tensor x, float eps, float scale) = 0;
-  // src [n, groups · sum(parts)] holds `groups` groups of consecutive parts; dsts[j]
-  // [n, groups · parts[j]] receives part j of every group, in group order.
-  virtual void split_groups(const Tensor& src, int groups, std::span<const int> parts,
-                            std::span<const Tensor> dsts) = 0;
   // Rotary embedding on the first rot_dim channels of each head of x [n, heads, head_dim]
   // (halves rotated, as in rotate_half), angle = position · theta^(-2i/rot_dim).
   virtual void rope(Tensor x, const int32_t* positions, int rot_dim, double theta) = 0;
@@ -193,58 +198,62 @@ class Ops {
   //   x, out [n, C]; weight [C, 1, K] (stored layout); conv_state [slots, K-1, C] f32
   virtual void conv1d_causal_silu(const Tensor& x, const Tensor& weight, Tensor conv_state,
                                   const SeqLayout& layout, Tensor out) = 0;
-  // The Gated DeltaNet input stage (see GdnInputArgs): the results of split_groups (qkvz into
-  // mixed and z, ba into b and a), conv1d_causal_silu (mixed into conv_out), l2_norm of q and
-  // k in conv_out, and gdn_gates, which the default calls in that order; a backend may fuse
-  // them.
+  // The Gated DeltaNet input stage (see GdnInputArgs): the results of conv1d_causal_silu
+  // (mixed into conv_out), l2_norm of q and k in conv_out, and gdn_gates (a, b into g, beta),
+  // which the default calls in that order; a backend may fuse them.
   virtual void gdn_inputs(const GdnInputArgs& args, const SeqLayout& layout);
   // g = -exp(a_log) · softplus(a + dt_bias), beta = σ(b).  a, b, g, beta [n, Hv]; a_log, dt_bias
   // [Hv]
   virtual void gdn_gates(const Tensor& a, const Tensor& b, const Tensor& a_log,
                          const Tensor& dt_bias, Tensor g, Tensor beta) = 0;
   // The gated delta rule per sequence and value head h (key head h / (Hv/Hk)), from and into
-  // state[slot]:  S ← S·exp(g);  S ← S + k ⊗ β(v − Sᵀk);  o = Sᵀq.
-  //   q, k [n, Hk, dk] (already L2-normalised, q scaled); v [n, Hv, dv]; g, beta [n, Hv];
+  // state[slot]:  S ← diag(exp(g))·S;  S ← S + k ⊗ β(v − Sᵀk);  o = Sᵀq.
+  // The decay is per head (g [n, Hv]: every key row of S decays alike; Gated DeltaNet) or per
+  // key channel (g [n, Hv, dk]: row i of S decays by exp(g[i]); Kimi Delta Attention); g ≤ 0.
+  //   q, k [n, Hk, dk] (already L2-normalised, q scaled); v [n, Hv, dv]; beta [n, Hv];
   //   state [slots, Hv, dk, dv] f32; out [n, Hv, dv]; scratch from gated_delta_rule_scratch_bytes
+  //   (enough for either decay)
   virtual void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                                 const Tensor& beta, Tensor state, const SeqLayout& layout,
                                 Tensor out, Tensor scratch,
                                 DeltaRuleForm form = DeltaRuleForm::kAuto) = 0;
   virtual size_t gated_delta_rule_scratch_bytes(int dk, int dv) const = 0;
-  // gated_delta_rule into out, then rms_norm_gated(out, gate, norm_w, eps, normed) over each
-  // value head: which the default calls; a backend may fuse them.  gate, normed [n, Hv, dv];
-  // norm_w [dv].
+  // gated_delta_rule into out, then rms_norm_gated(out, gate, norm_w, eps, act, normed) over
+  // each value head: which the default calls; a backend may fuse them.  gate, normed
+  // [n, Hv, dv]; norm_w [dv].
   virtual void gated_delta_rule_norm(const Tensor& q, const Tensor& k, const Tensor& v,
                                      const Tensor& g, const Tensor& beta, Tensor state,
                                      const SeqLayout& layout, Tensor out, Tensor scratch,
                                      const Tensor& gate, const Tensor& norm_w, float eps,
-                                     Tensor normed);
+                                     GateActivation act, Tensor normed);
 
-  // The gated-attention input stage (see AttentionInputArgs): the results of split_groups (qg
-  // into q and gate), rms_norm of q and k per head, rope on q and k, and kv_cache_write of k
-  // and v, which the default calls in that order; a backend may fuse them.
+  // The attention input stage (see AttentionInputArgs): the results of rms_norm of q and k per
+  // head, rope on q and k, and kv_cache_write of k and v, which the default calls in that
+  // order; a backend may fuse them.
   virtual void attention_inputs(const AttentionInputArgs& args, const SeqLayout& layout);
 
   // ---- attention over a paged cache ----
   // Cache layouts: k_cache [n_blocks, kv_heads, hd, block_size] (keys transposed within a
   // block, so a block's scores are plain vector FMAs), v_cache [n_blocks, kv_heads, block_size,
-  // hd]. Writes each token's k, v [n, kv_heads, hd] at its position.
+  // dv]; the value head size dv may differ from the key head size hd. Writes each token's
+  // k [n, kv_heads, hd] and v [n, kv_heads, dv] at its position.
   virtual void kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, Tensor v_cache,
                               const SeqLayout& layout) = 0;
   // Causal attention: token t of a sequence attends to its cache positions 0..positions[t].
-  // q, out [n, heads, hd]; heads a multiple of kv_heads (grouped-query attention).
+  // q [n, heads, hd], out [n, heads, dv]; heads a multiple of kv_heads (grouped-query
+  // attention).
   virtual void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                const SeqLayout& layout, float scale, Tensor out) = 0;
   // paged_attention into out, then mul_sigmoid(out, gate) (gated attention's output gate):
-  // which the default calls; a backend may fuse them.  gate, out [n, heads·hd].
+  // which the default calls; a backend may fuse them.  gate, out [n, heads·dv].
   virtual void paged_attention_gated(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                      const SeqLayout& layout, float scale, const Tensor& gate,
                                      Tensor out);
 
   // ---- mixture of experts ----
-  // softmax(logits [n, E]) in f32, top-k (ties to the lower index), renormalised when
-  // norm_topk; ids [n, k] I32, weights [n, k] f32.
-  virtual void moe_route(const Tensor& logits, int k, bool norm_topk, Tensor ids,
+  // The k experts of each token and their weights, as `routing` describes (see MoeRouting).
+  //   logits [n, E] f32; ids [n, k] I32; weights [n, k] f32
+  virtual void moe_route(const Tensor& logits, const MoeRouting& routing, Tensor ids,
                          Tensor weights) = 0;
   // out[t] = Σ_j weights[t, j] · expert[ids[t, j]](x[t]); x, out [n, d].
   virtual void moe_experts(const Tensor& x, std::span<const ExpertWeights> experts,
@@ -253,17 +262,18 @@ class Ops {
   virtual size_t moe_experts_scratch_bytes(int n_tokens, int k, int n_experts, int d,
                                            int d_ff) const = 0;
   // moe_experts, then out[t] += σ(score[t]) · down(silu(gate·x[t]) ⊙ up·x[t]) of the shared
-  // expert: the results of matmul_group (gate, up), moe_experts, swiglu, matmul (down) and
-  // add_scaled_sigmoid, which the default calls; a backend may fuse them. scratch as for
+  // expert (without σ(score) when the expert is ungated): the results of matmul_group (gate,
+  // up), moe_experts, swiglu, matmul (down) and add_scaled_sigmoid (or add), which the default
+  // calls; a backend may fuse them. scratch as for
   // moe_experts (with moe_experts_scratch_bytes for one more expert per token).
   virtual void moe_experts_shared(const Tensor& x, std::span<const ExpertWeights> experts,
                                   const Tensor& ids, const Tensor& weights,
                                   const SharedExpertArgs& shared, Tensor out, Tensor scratch);
-  // moe_route(logits, k, norm_topk, ids, weights), moe_experts_shared with those ids and
-  // weights, then add(residual, out) when residual has data (the residual stream [n, d] the
-  // layer's output joins; not out itself): which the default calls; a backend may fuse them
-  // (ids, weights and out are written either way).
-  virtual void moe_route_experts_shared(const Tensor& logits, int k, bool norm_topk,
+  // moe_route(logits, routing, ids, weights), moe_experts_shared with those ids and weights,
+  // then add(residual, out) when residual has data (the residual stream [n, d] the layer's
+  // output joins; not out itself): which the default calls; a backend may fuse them (ids,
+  // weights and out are written either way).
+  virtual void moe_route_experts_shared(const Tensor& logits, const MoeRouting& routing,
                                         const Tensor& x, std::span<const ExpertWeights> experts,
                                         Tensor ids, Tensor weights, const SharedExpertArgs& shared,
                                         Tensor out, Tensor scratch, Tensor residual);
