@@ -1,6 +1,7 @@
-// Qwen3-Next hyper-parameters, read from config.json in either style found in the wild:
-// `layer_types` or `full_attention_interval`; `rope_parameters` or top-level `rope_theta` /
-// `partial_rotary_factor`.
+// Hyper-parameters of the Qwen hybrid family (Qwen3-Next, Qwen3.5 dense and MoE), read from
+// config.json in every style found in the wild: the text config at the top or nested in
+// `text_config`; `layer_types` or `full_attention_interval`; `rope_parameters` or top-level
+// `rope_theta` / `partial_rotary_factor`.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -13,7 +14,16 @@ namespace recur {
 
 enum class LayerKind { kLinearAttention, kFullAttention };
 
-struct Qwen3NextConfig {
+enum class QwenFamily {
+  kQwen3Next,  // qwen3_next: interleaved in_proj_qkvz / in_proj_ba, MoE per decoder_sparse_step
+  kQwen3_5,    // qwen3_5 / qwen3_5_text: in_proj_qkv, _z, _b, _a; dense MLP in every layer
+  kQwen3_5Moe  // qwen3_5_moe / qwen3_5_moe_text: as qwen3_5, MoE in every layer
+};
+
+struct QwenHybridConfig {
+  QwenFamily family = QwenFamily::kQwen3Next;
+  std::string model_type;  // as written (the outer one when nested)
+  bool nested = false;     // the text config sat in `text_config`
   int hidden_size = 0;
   int num_layers = 0;
   int vocab_size = 0;
@@ -49,12 +59,23 @@ struct Qwen3NextConfig {
 
   std::vector<LayerKind> layer_types;  // one per layer
   std::vector<int32_t> eos_token_ids;  // from config.json and generation_config.json
+  // Image and video placeholders (Qwen3.5's vision tokens): a text-only engine refuses them.
+  std::vector<int32_t> vision_token_ids;
 
   bool layer_is_moe(int layer) const;
 
   // Validates and derives everything; errors name the field.
-  static Result<Qwen3NextConfig> from_json(const nlohmann::json& config,
-                                           const nlohmann::json& generation_config);
+  static Result<QwenHybridConfig> from_json(const nlohmann::json& config,
+                                            const nlohmann::json& generation_config);
 };
+
+// Field readers shared by the architectures' config parsers: absent or null fields keep *out
+// (an error when required); errors name the field.
+Status config_int(const nlohmann::json& j, const std::string& key, int* out, bool required,
+                  int min = 0, int max = 1 << 30);
+Status config_double(const nlohmann::json& j, const std::string& key, double* out);
+Status config_bool(const nlohmann::json& j, const std::string& key, bool* out);
+// eos_token_id: an integer or a list of integers, appended to *out without repeats.
+Status config_eos(const nlohmann::json& j, const char* file, std::vector<int32_t>* out);
 
 }  // namespace recur

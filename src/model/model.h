@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -53,6 +54,7 @@ struct GenerationDefaults {
 };
 
 struct ModelInfo {
+  std::string architecture;  // e.g. "qwen3_next", "qwen3_5_moe"
   int vocab_size = 0;
   int max_position = 0;  // the context length a sequence may reach
   GenerationDefaults generation;
@@ -68,6 +70,11 @@ struct ModelInfo {
   int64_t attention_layers = 0, attention_dim = 0;  // for the attention FLOPs (heads · head_dim)
   int64_t state_bytes_per_slot = 0;   // recurrent state of one sequence, all layers
   int64_t cache_bytes_per_block = 0;  // one attention-cache block, all layers
+  // Input ids the model cannot take yet (Qwen3.5's image and video placeholders), and why: a
+  // prompt holding one is refused with that reason.
+  std::vector<int32_t> refused_token_ids;
+  std::string refused_tokens_reason;
+  std::vector<std::string> notes;  // what loading did that a user should hear of (skipped tensors)
 };
 
 class Model {

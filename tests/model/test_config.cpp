@@ -22,7 +22,7 @@ json base_config() {
 TEST(Config, OlderStyleDerivesLayerTypesFromTheInterval) {
   json j = base_config();
   j["full_attention_interval"] = 2;
-  auto c = Qwen3NextConfig::from_json(j, json::object());
+  auto c = QwenHybridConfig::from_json(j, json::object());
   ASSERT_TRUE(c.ok()) << c.error().to_string();
   ASSERT_EQ(c->layer_types.size(), 5u);
   EXPECT_EQ(c->layer_types[0], LayerKind::kLinearAttention);
@@ -44,7 +44,7 @@ TEST(Config, NewerStyleReadsLayerTypesAndRopeParameters) {
   j["decoder_sparse_step"] = 2;
   j["norm_topk_prob"] = false;
   json gen = {{"eos_token_id", {7, 9}}};
-  auto c = Qwen3NextConfig::from_json(j, gen);
+  auto c = QwenHybridConfig::from_json(j, gen);
   ASSERT_TRUE(c.ok()) << c.error().to_string();
   EXPECT_EQ(c->layer_types[0], LayerKind::kFullAttention);
   EXPECT_EQ(c->layer_types[4], LayerKind::kLinearAttention);
@@ -74,7 +74,7 @@ TEST(Config, ErrorsNameTheField) {
   for (auto& [mutate, expect] : cases) {
     json j = base_config();
     mutate(j);
-    auto c = Qwen3NextConfig::from_json(j, json::object());
+    auto c = QwenHybridConfig::from_json(j, json::object());
     ASSERT_FALSE(c.ok()) << expect;
     EXPECT_NE(c.error().message.find(expect), std::string::npos) << c.error().message;
   }

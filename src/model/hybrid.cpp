@@ -1,0 +1,353 @@
+#include "model/hybrid.h"
+
+#include <algorithm>
+
+namespace recur {
+
+int ModelPlan::recurrent_state(int64_t conv_rows, int64_t conv_channels, int64_t heads,
+                               int64_t dk, int64_t dv) {
+  recurrent.push_back({conv_rows, conv_channels, heads, dk, dv});
+  return int(recurrent.size()) - 1;
+}
+
+int ModelPlan::attention_cache(int64_t kv_heads, int64_t hd, int64_t dv) {
+  caches.push_back({kv_heads, hd, dv});
+  return int(caches.size()) - 1;
+}
+
+std::string text_weights_prefix(const WeightLoader& weights, bool nested_default) {
+  if (weights.has("model.language_model.embed_tokens.weight")) return "model.language_model.";
+  if (weights.has("model.embed_tokens.weight")) return "model.";
+  return nested_default ? "model.language_model." : "model.";
+}
+
+namespace {
+
+class HybridModel final : public Model {
+ public:
+  HybridModel(HybridSpec spec, Ops& ops, const LoadOptions& opt)
+      : spec_(std::move(spec)), ops_(ops), opt_(opt) {}
+
+  Status allocate(const ModelPlan& plan);
+  void keep(WeightLoader& weights, std::unique_ptr<Checkpoint> checkpoint) {
+    for (Buffer& b : weights.owned()) owned_weights_.push_back(std::move(b));
+    checkpoint_ = std::move(checkpoint);
+  }
+  ModelInfo& mutable_info() { return info_; }
+
+  const ModelInfo& info() const override { return info_; }
+  int max_batch_tokens() const override { return opt_.max_batch_tokens; }
+  int max_logit_rows() const override { return opt_.max_logit_rows; }
+  const StateConfig& state_config() const override { return opt_.state; }
+  Ops& ops() override { return ops_; }
+  void reset_slot(int slot) override;
+  Status forward(const Batch& batch, Tensor logits) override;
+
+ private:
+  Status validate(const Batch& batch, const Tensor& logits) const;
+
+  HybridSpec spec_;
+  Ops& ops_;
+  LoadOptions opt_;
+  ModelInfo info_;
+  Tensor h_, x_, final_h_;  // [T, hidden], [T, hidden], [R, hidden]
+  std::vector<Buffer> buffers_;
+  Scratch scratch_;
+  StatePools state_;
+  std::unique_ptr<Checkpoint> checkpoint_;  // owns the mapped weights
+  std::vector<Buffer> owned_weights_;
+};
+
+Status add_tensor(Allocator& alloc, std::vector<Buffer>& owner, Tensor* t, DType dt,
+                  std::initializer_list<int64_t> shape, const char* what) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= std::max<int64_t>(s, 1);  // never a zero-sized buffer
+  RECUR_ASSIGN_OR_RETURN(Buffer buf, alloc.allocate(size_t(n) * dtype_size(dt), what));
+  *t = Tensor::contiguous(buf.data(), dt, shape, alloc.device());
+  owner.push_back(std::move(buf));
+  return Status();
+}
+
+Status HybridModel::allocate(const ModelPlan& plan) {
+  Allocator& A = ops_.allocator();
+  const int64_t T = opt_.max_batch_tokens, H = spec_.hidden_size;
+  const ScratchNeeds& n = plan.scratch();
+  const DType f32 = DType::F32;
+  Scratch& s = scratch_;
+  auto add = [&](Tensor* t, DType dt, std::initializer_list<int64_t> shape, const char* what) {
+    return add_tensor(A, s.buffers, t, dt, shape, what);
+  };
+  RECUR_RETURN_IF_ERROR(add_tensor(A, buffers_, &h_, f32, {T, H}, "residual stream"));
+  RECUR_RETURN_IF_ERROR(add_tensor(A, buffers_, &x_, f32, {T, H}, "normed input"));
+  RECUR_RETURN_IF_ERROR(
+      add_tensor(A, buffers_, &final_h_, f32, {opt_.max_logit_rows, H}, "final rows"));
+  if (n.conv_channels > 0) {
+    RECUR_RETURN_IF_ERROR(add(&s.conv_in, f32, {T, n.conv_channels}, "conv input"));
+    RECUR_RETURN_IF_ERROR(add(&s.conv_out, f32, {T, n.conv_channels}, "conv output"));
+    RECUR_RETURN_IF_ERROR(add(&s.z, f32, {T, n.value_dim}, "output gate"));
+    RECUR_RETURN_IF_ERROR(add(&s.core, f32, {T, n.value_dim}, "delta rule out"));
+    RECUR_RETURN_IF_ERROR(add(&s.core_normed, f32, {T, n.value_dim}, "delta rule normed"));
+    for (Tensor* t : {&s.a, &s.b, &s.beta}) {
+      RECUR_RETURN_IF_ERROR(add(t, f32, {T, n.recurrent_heads}, "recurrent gates"));
+    }
+    RECUR_RETURN_IF_ERROR(add(&s.decay, f32, {T, n.decay_dim}, "decay"));
+    RECUR_RETURN_IF_ERROR(add(&s.delta, DType::U8, {n.delta_scratch_bytes}, "delta scratch"));
+  }
+  if (n.attn_q > 0) {
+    RECUR_RETURN_IF_ERROR(add(&s.q, f32, {T, n.attn_q}, "queries"));
+    RECUR_RETURN_IF_ERROR(add(&s.k, f32, {T, n.attn_k}, "keys"));
+    RECUR_RETURN_IF_ERROR(add(&s.v, f32, {T, n.attn_v}, "values"));
+    RECUR_RETURN_IF_ERROR(add(&s.gate, f32, {T, n.attn_out}, "attention gate"));
+    RECUR_RETURN_IF_ERROR(add(&s.attn_out, f32, {T, n.attn_out}, "attention out"));
+  }
+  if (n.experts > 0) {
+    RECUR_RETURN_IF_ERROR(add(&s.router_logits, f32, {T, n.experts}, "router logits"));
+    RECUR_RETURN_IF_ERROR(add(&s.expert_ids, DType::I32, {T, n.experts_per_token}, "expert ids"));
+    RECUR_RETURN_IF_ERROR(
+        add(&s.expert_weights, f32, {T, n.experts_per_token}, "expert weights"));
+    RECUR_RETURN_IF_ERROR(add(&s.moe, DType::U8, {n.moe_scratch_bytes}, "moe scratch"));
+    RECUR_RETURN_IF_ERROR(add(&s.shared_score, f32, {T, 1}, "shared expert gate"));
+    RECUR_RETURN_IF_ERROR(add(&s.shared_out, f32, {T, H}, "shared expert out"));
+  }
+  if (n.ff > 0) {
+    for (Tensor* t : {&s.ff_gate, &s.ff_up, &s.ff_hidden}) {
+      RECUR_RETURN_IF_ERROR(add(t, f32, {T, n.ff}, "feed-forward"));
+    }
+  }
+  RECUR_RETURN_IF_ERROR(add(&s.ffn_out, f32, {T, H}, "feed-forward out"));
+
+  // Without an explicit block count, the cache takes the budget, but never more than every slot
+  // filled to the context length needs.
+  StateConfig& sc = opt_.state;
+  const int64_t bs = sc.block_size;
+  int64_t per_block = 0;
+  for (const ModelPlan::Cache& c : plan.caches) per_block += bs * c.kv_heads * (c.hd + c.dv) * 4;
+  if (sc.n_blocks <= 0) {
+    const int64_t needed = int64_t(sc.n_slots) * ((opt_.max_context + bs - 1) / bs);
+    sc.n_blocks = int(std::clamp<int64_t>(
+        per_block ? std::min(needed, opt_.kv_cache_budget_bytes / per_block) : 1, 1,
+        int64_t(1) << 30));
+  }
+  // Sequences of one forward hold distinct slots and distinct blocks.
+  ForwardLimits limits;
+  limits.max_tokens = opt_.max_batch_tokens;
+  limits.max_seqs = sc.n_slots;
+  limits.max_blocks = sc.n_blocks;
+  limits.max_logit_rows = opt_.max_logit_rows;
+  limits.max_context = opt_.max_context;
+  RECUR_RETURN_IF_ERROR(ops_.reserve(limits));
+
+  // Recurrent state starts at zero; the cache needs no clearing (positions are written before
+  // they are read), so its pages stay untouched until used.
+  auto add_state = [&](std::vector<Tensor>& list, std::initializer_list<int64_t> shape,
+                       const char* what, bool zero) -> Status {
+    Tensor t;
+    RECUR_RETURN_IF_ERROR(add_tensor(A, state_.buffers, &t, f32, shape, what));
+    if (zero) ops_.fill_zero(t);
+    list.push_back(t);
+    return Status();
+  };
+  for (const ModelPlan::Recurrent& r : plan.recurrent) {
+    RECUR_RETURN_IF_ERROR(
+        add_state(state_.conv, {sc.n_slots, r.conv_rows, r.conv_channels}, "conv state", true));
+    RECUR_RETURN_IF_ERROR(
+        add_state(state_.delta, {sc.n_slots, r.heads, r.dk, r.dv}, "delta state", true));
+    info_.state_bytes_per_slot += (r.conv_rows * r.conv_channels + r.heads * r.dk * r.dv) * 4;
+  }
+  for (const ModelPlan::Cache& c : plan.caches) {
+    RECUR_RETURN_IF_ERROR(
+        add_state(state_.k_cache, {sc.n_blocks, c.kv_heads, c.hd, bs}, "k cache", false));
+    RECUR_RETURN_IF_ERROR(
+        add_state(state_.v_cache, {sc.n_blocks, c.kv_heads, bs, c.dv}, "v cache", false));
+    info_.kv_bytes_per_token += c.kv_heads * (c.hd + c.dv) * 4;
+  }
+  info_.cache_bytes_per_block = per_block;
+  return Status();
+}
+
+void HybridModel::reset_slot(int slot) {
+  for (size_t i = 0; i < state_.conv.size(); ++i) {
+    ops_.fill_zero(state_.conv[i].slice_rows(slot, slot + 1));
+    ops_.fill_zero(state_.delta[i].slice_rows(slot, slot + 1));
+  }
+}
+
+Status HybridModel::validate(const Batch& batch, const Tensor& logits) const {
+  const int n = batch.n_tokens();
+  if (n > opt_.max_batch_tokens) {
+    return make_error(ErrorCode::kInvalidArgument, "batch of {} tokens exceeds the {} per step", n,
+                      opt_.max_batch_tokens);
+  }
+  if (int(batch.logit_rows.size()) > opt_.max_logit_rows ||
+      logits.rows() < int64_t(batch.logit_rows.size())) {
+    return make_error(ErrorCode::kInvalidArgument, "{} logit rows exceed the {} per step",
+                      batch.logit_rows.size(), opt_.max_logit_rows);
+  }
+  for (int32_t r : batch.logit_rows) {
+    if (r < 0 || r >= n) {
+      return make_error(ErrorCode::kInvalidArgument, "logit row {} is outside the batch", r);
+    }
+  }
+  if (!batch.device_tokens) {
+    for (int32_t t : batch.tokens) {
+      if (t < 0 || t >= spec_.vocab_size) {
+        return make_error(ErrorCode::kInvalidArgument,
+                          "token id {} is outside the vocabulary [0, {})", t, spec_.vocab_size);
+      }
+    }
+  }
+  for (int s = 0; s < batch.n_seqs(); ++s) {
+    if (batch.slot[size_t(s)] < 0 || batch.slot[size_t(s)] >= opt_.state.n_slots) {
+      return make_error(ErrorCode::kInvalidArgument, "state slot {} out of range",
+                        batch.slot[size_t(s)]);
+    }
+    const int32_t end = batch.seq_start[size_t(s) + 1];
+    if (end == batch.seq_start[size_t(s)]) continue;
+    const int32_t last_pos = batch.positions[size_t(end) - 1];
+    const int32_t n_blocks = batch.block_start[size_t(s) + 1] - batch.block_start[size_t(s)];
+    if (!state_.k_cache.empty() && last_pos / opt_.state.block_size >= n_blocks) {
+      return make_error(ErrorCode::kOutOfResources,
+                        "sequence {} at position {} has only {} cache blocks", s, last_pos,
+                        n_blocks);
+    }
+    for (int32_t b = batch.block_start[size_t(s)]; b < batch.block_start[size_t(s) + 1]; ++b) {
+      if (batch.block_ids[size_t(b)] < 0 || batch.block_ids[size_t(b)] >= opt_.state.n_blocks) {
+        return make_error(ErrorCode::kInvalidArgument, "cache block {} out of range",
+                          batch.block_ids[size_t(b)]);
+      }
+    }
+  }
+  return Status();
+}
+
+Status HybridModel::forward(const Batch& batch, Tensor logits) {
+  RECUR_RETURN_IF_ERROR(validate(batch, logits));
+  const int n = batch.n_tokens();
+  if (n == 0) return Status();
+  const SeqLayout sl = batch.layout(opt_.state.block_size);
+  ops_.begin_forward(sl, batch.tokens, batch.logit_rows, logits.data, batch.device_tokens);
+  const int32_t* tokens = batch.device_tokens ? batch.device_tokens : batch.tokens.data();
+  const float eps = spec_.rms_norm_eps, off = spec_.norm_offset;
+  Tensor h = h_.slice_rows(0, n), x = x_.slice_rows(0, n);
+  const LayerIo io{ops_, sl, n, h, x, scratch_, state_};
+
+  // The residual stream h: each layer's mixer and feed-forward add their outputs to it (their
+  // last projection accumulates into h), and each norm reads it whole into x.
+  if (spec_.layers.empty()) {
+    ops_.embedding(tokens, n, spec_.embed_tokens, h);
+  } else {
+    ops_.embedding_rms_norm(tokens, n, spec_.embed_tokens, h, spec_.layers.front().input_norm, off,
+                            eps, x);
+  }
+  for (size_t i = 0; i < spec_.layers.size(); ++i) {
+    const DecoderLayer& L = spec_.layers[i];
+    if (i > 0) ops_.rms_norm(h, L.input_norm, off, eps, x);
+    L.mixer->forward(io);
+    ops_.rms_norm(h, L.post_norm, off, eps, x);
+    L.ffn->forward(io);
+  }
+  // Only the rows whose logits are wanted go through the final norm and the LM head.
+  const int r = int(batch.logit_rows.size());
+  bool all_rows = r > 0 && r == n;
+  for (int i = 0; all_rows && i < r; ++i) all_rows = batch.logit_rows[size_t(i)] == i;
+  Tensor fh = final_h_.slice_rows(0, r);
+  if (all_rows) {
+    ops_.rms_norm(h, spec_.final_norm, off, eps, fh);
+  } else {
+    if (r == 0) return Status();
+    ops_.gather_rows(h, batch.logit_rows.data(), r, fh);
+    ops_.rms_norm(fh, spec_.final_norm, off, eps, fh);
+  }
+  ops_.matmul(fh, spec_.lm_head, logits.slice_rows(0, r));
+  return Status();
+}
+
+void read_generation_defaults(const nlohmann::json& gen, GenerationDefaults* g) {
+  auto num = [&](const char* key, auto* out) {
+    if (gen.contains(key) && gen[key].is_number()) {
+      *out = gen[key].get<std::remove_pointer_t<decltype(out)>>();
+    }
+  };
+  if (gen.contains("do_sample") && gen["do_sample"].is_boolean()) {
+    g->do_sample = gen["do_sample"].get<bool>();
+  }
+  num("temperature", &g->temperature);
+  num("top_k", &g->top_k);
+  num("top_p", &g->top_p);
+  num("min_p", &g->min_p);
+  num("repetition_penalty", &g->repetition_penalty);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Model>> build_hybrid_model(HybridSpec spec, WeightLoader& weights,
+                                                  std::unique_ptr<Checkpoint> checkpoint,
+                                                  const nlohmann::json& generation_config,
+                                                  Ops& ops, const LoadOptions& options) {
+  LoadOptions opt = options;
+  if (opt.max_logit_rows <= 0) opt.max_logit_rows = opt.max_batch_tokens;
+  if (opt.max_context <= 0 || opt.max_context > spec.max_position) {
+    opt.max_context = spec.max_position;
+  }
+  if (opt.max_batch_tokens < 1 || opt.state.n_slots < 1 || opt.state.n_blocks < 0 ||
+      opt.state.block_size < 1) {
+    return make_error(ErrorCode::kInvalidArgument, "batch tokens, slots and blocks must be >= 1");
+  }
+  if (spec.layers.empty()) {
+    return make_error(ErrorCode::kInvalidArgument, "{}: the model has no layers",
+                      spec.architecture);
+  }
+  ModelPlan plan(ops, spec.hidden_size, opt.max_batch_tokens);
+  for (DecoderLayer& L : spec.layers) {
+    L.mixer->plan(plan);
+    L.ffn->plan(plan);
+  }
+  ModelInfo info;
+  info.architecture = spec.architecture;
+  info.vocab_size = spec.vocab_size;
+  info.max_position = opt.max_context;
+  info.eos_token_ids = spec.eos_token_ids;
+  info.refused_token_ids = spec.refused_token_ids;
+  info.refused_tokens_reason = spec.refused_tokens_reason;
+  read_generation_defaults(generation_config, &info.generation);
+  const WeightTally& tally = weights.tally();
+  info.weight_bytes = tally.bytes;
+  info.dense_weight_bytes = tally.dense_bytes;
+  info.active_params_per_token = tally.dense_matrix_params;
+  if (spec.tied_lm_head) {  // the tied table is read as the LM head every step
+    info.dense_weight_bytes +=
+        spec.embed_tokens.numel() * int64_t(dtype_size(spec.embed_tokens.dtype));
+    info.active_params_per_token += spec.embed_tokens.numel();
+  }
+  for (const DecoderLayer& L : spec.layers) {
+    L.mixer->describe(info);
+    L.ffn->describe(info);
+  }
+  if (checkpoint) {
+    std::vector<std::string> prefixes;
+    for (const auto& [prefix, what] : spec.skipped_prefixes) prefixes.push_back(prefix);
+    const std::vector<std::string> extra = checkpoint->unused(prefixes);
+    if (!extra.empty()) {
+      return make_error(ErrorCode::kCorrupt, "{}: unexpected tensor '{}'{}", checkpoint->dir(),
+                        extra[0],
+                        extra.size() > 1 ? fmt::format(" (and {} more)", extra.size() - 1) : "");
+    }
+    const std::vector<std::string> unused = checkpoint->unused({});
+    for (const auto& [prefix, what] : spec.skipped_prefixes) {
+      const int64_t count = std::count_if(unused.begin(), unused.end(), [&](const std::string& s) {
+        return s.rfind(prefix, 0) == 0;
+      });
+      if (count > 0) {
+        info.notes.push_back(
+            fmt::format("skipped {} tensors of {} ({}*): not used for text", count, what, prefix));
+      }
+    }
+  }
+  auto model = std::make_unique<HybridModel>(std::move(spec), ops, opt);
+  model->mutable_info() = std::move(info);
+  RECUR_RETURN_IF_ERROR(model->allocate(plan));
+  model->keep(weights, std::move(checkpoint));
+  return std::unique_ptr<Model>(std::move(model));
+}
+
+}  // namespace recur

@@ -1,0 +1,100 @@
+// Qwen3.5 and Qwen3.5-MoE (text), top to bottom like their modeling code: the Qwen3-Next
+// decoder with Gated DeltaNet projections as four tensors (in_proj_qkv with rows of all q heads,
+// all k heads, then all v heads grouped by key head; in_proj_z, in_proj_b, in_proj_a), a dense
+// SwiGLU in every layer (qwen3_5) or MoE in every layer (qwen3_5_moe), and interleaved
+// multimodal rotary, which for text is the 1-D partial rotary. Published checkpoints carry a
+// vision tower and a multi-token-prediction head; the text path skips both.
+#include "model/blocks.h"
+#include "model/config.h"
+#include "model/qwen3_next.h"
+#include "model/qwen_common.h"
+
+namespace recur {
+
+namespace {
+
+Status load_gated_deltanet(const QwenHybridConfig& c, const std::string& p, WeightLoader& w,
+                           GatedDeltaNet* g) {
+  const int64_t H = c.hidden_size, hv = c.linear_num_value_heads;
+  const int64_t key_dim = int64_t(c.linear_num_key_heads) * c.linear_key_head_dim;
+  const int64_t value_dim = hv * c.linear_value_head_dim;
+  RECUR_ASSIGN_OR_RETURN(g->in_proj_qkv, w.load(p + "in_proj_qkv.weight",
+                                                {2 * key_dim + value_dim, H}, WeightUse::kMatrix));
+  RECUR_ASSIGN_OR_RETURN(g->in_proj_z,
+                         w.load(p + "in_proj_z.weight", {value_dim, H}, WeightUse::kMatrix));
+  RECUR_ASSIGN_OR_RETURN(g->in_proj_b, w.load(p + "in_proj_b.weight", {hv, H}, WeightUse::kMatrix));
+  RECUR_ASSIGN_OR_RETURN(g->in_proj_a, w.load(p + "in_proj_a.weight", {hv, H}, WeightUse::kMatrix));
+  return load_gated_deltanet_rest(c, p, w, g);
+}
+
+// Experts as the bf16 releases store them, fused per layer (gate_up_proj [E, 2I, H] with each
+// expert's gate rows first, down_proj [E, H, I], no .weight suffix), or one tensor per expert
+// (fine-tunes, FP8 releases). Each expert's matrices are contiguous rows of the fused tensors,
+// used in place.
+Status load_experts(const QwenHybridConfig& c, const std::string& p, WeightLoader& w,
+                    SparseMoe* m) {
+  const int64_t E = c.num_experts, I = c.moe_intermediate_size, H = c.hidden_size;
+  m->experts.resize(size_t(E));
+  const std::string gate_up = p + "experts.gate_up_proj", down = p + "experts.down_proj";
+  if (!w.has(gate_up)) {
+    for (int64_t e = 0; e < E; ++e) {
+      RECUR_RETURN_IF_ERROR(load_swiglu(w, p + "experts." + std::to_string(e) + ".", I, H,
+                                        WeightUse::kExpert, &m->experts[size_t(e)]));
+    }
+    return Status();
+  }
+  const std::vector<int64_t> gate_up_shape = {E, 2 * I, H}, down_shape = {E, H, I};
+  for (int64_t e = 0; e < E; ++e) {
+    ExpertWeights& x = m->experts[size_t(e)];
+    const RowPiece g{gate_up, gate_up_shape, e * 2 * I, I}, u{gate_up, gate_up_shape, e * 2 * I + I, I};
+    const RowPiece d{down, down_shape, e * H, H};
+    RECUR_ASSIGN_OR_RETURN(x.gate, w.load_rows({&g, 1}, {I, H}, WeightUse::kExpert));
+    RECUR_ASSIGN_OR_RETURN(x.up, w.load_rows({&u, 1}, {I, H}, WeightUse::kExpert));
+    RECUR_ASSIGN_OR_RETURN(x.down, w.load_rows({&d, 1}, {H, I}, WeightUse::kExpert));
+  }
+  return Status();
+}
+
+}  // namespace
+
+Result<HybridSpec> build_qwen3_5(const nlohmann::json& config, const nlohmann::json& gen,
+                                 WeightLoader& w) {
+  RECUR_ASSIGN_OR_RETURN(QwenHybridConfig c, QwenHybridConfig::from_json(config, gen));
+  if (c.family == QwenFamily::kQwen3Next) {
+    return make_error(ErrorCode::kInternal, "build_qwen3_5: model_type '{}'", c.model_type);
+  }
+  const std::string prefix = text_weights_prefix(w, c.nested);
+  HybridSpec spec;
+  RECUR_RETURN_IF_ERROR(begin_qwen_spec(c, prefix, w, &spec));
+  for (int i = 0; i < c.num_layers; ++i) {
+    const std::string p = prefix + "layers." + std::to_string(i) + ".";
+    DecoderLayer L;
+    if (c.layer_types[size_t(i)] == LayerKind::kLinearAttention) {
+      auto g = std::make_unique<GatedDeltaNet>();
+      RECUR_RETURN_IF_ERROR(load_gated_deltanet(c, p + "linear_attn.", w, g.get()));
+      L.mixer = std::move(g);
+    } else {
+      auto a = std::make_unique<GatedAttention>();
+      RECUR_RETURN_IF_ERROR(load_gated_attention(c, p + "self_attn.", w, a.get()));
+      L.mixer = std::move(a);
+    }
+    if (c.family == QwenFamily::kQwen3_5Moe) {
+      auto m = std::make_unique<SparseMoe>();
+      RECUR_RETURN_IF_ERROR(load_router_and_shared(c, p + "mlp.", w, m.get()));
+      RECUR_RETURN_IF_ERROR(load_experts(c, p + "mlp.", w, m.get()));
+      L.ffn = std::move(m);
+    } else {
+      auto m = std::make_unique<DenseMlp>();
+      RECUR_RETURN_IF_ERROR(
+          load_swiglu(w, p + "mlp.", c.intermediate_size, c.hidden_size, WeightUse::kMatrix, &m->w));
+      L.ffn = std::move(m);
+    }
+    RECUR_RETURN_IF_ERROR(load_layer_norms(c, p, w, &L));
+    spec.layers.push_back(std::move(L));
+  }
+  spec.skipped_prefixes = {{"model.visual.", "the vision tower"},
+                           {"mtp.", "the multi-token-prediction head"}};
+  return spec;
+}
+
+}  // namespace recur

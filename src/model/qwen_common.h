@@ -1,0 +1,41 @@
+// Loading shared by the Qwen hybrid architectures (Qwen3-Next and Qwen3.5 name and shape most of
+// their weights alike): the model's ends, the gated attention, the Gated DeltaNet's conv, gates,
+// norm and output, SwiGLU matrices, the router and the shared expert.
+#pragma once
+
+#include <string>
+
+#include "model/blocks.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace recur {
+
+// Embedding, final norm, LM head (tied or not) and the model-wide settings, for weights under
+// `prefix` ("model." or "model.language_model.").
+Status begin_qwen_spec(const QwenHybridConfig& c, const std::string& prefix, WeightLoader& w,
+                       HybridSpec* spec);
+
+// input_layernorm and post_attention_layernorm of the layer at `p` ("...layers.N.").
+Status load_layer_norms(const QwenHybridConfig& c, const std::string& p, WeightLoader& w,
+                        DecoderLayer* L);
+
+// q_proj [heads·2·hd, H] holds per head the query, then its output gate: re-packed into q_proj
+// and gate_proj of all heads. k, v, o projections and the q / k norms as stored.
+Status load_gated_attention(const QwenHybridConfig& c, const std::string& p, WeightLoader& w,
+                            GatedAttention* a);
+
+// The Gated DeltaNet's sizes and its weights after the input projections: conv1d, dt_bias,
+// A_log (f32 in released checkpoints: used as stored), the gated norm and out_proj.
+Status load_gated_deltanet_rest(const QwenHybridConfig& c, const std::string& p, WeightLoader& w,
+                                GatedDeltaNet* g);
+
+// gate_proj, up_proj [ff, H] and down_proj [H, ff] under `p`.
+Status load_swiglu(WeightLoader& w, const std::string& p, int64_t ff, int64_t hidden,
+                   WeightUse use, ExpertWeights* e);
+
+// The router (`gate`), its routing rule, and the σ-gated shared expert when the config has one.
+Status load_router_and_shared(const QwenHybridConfig& c, const std::string& p, WeightLoader& w,
+                              SparseMoe* m);
+
+}  // namespace recur

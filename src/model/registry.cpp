@@ -1,0 +1,112 @@
+// The architectures recur loads, picked from config.json's model_type (or, without one, its
+// architectures list).
+#include "model/registry.h"
+
+#include <string>
+
+#include "model/qwen3_next.h"
+
+namespace recur {
+
+namespace {
+
+using Builder = Result<HybridSpec> (*)(const nlohmann::json& config, const nlohmann::json& gen,
+                                       WeightLoader& weights);
+
+struct Architecture {
+  const char* model_type;
+  const char* class_name;  // as `architectures` lists it
+  Builder build;
+};
+
+constexpr Architecture kArchitectures[] = {
+    {"qwen3_next", "Qwen3NextForCausalLM", build_qwen3_next},
+    {"qwen3_5", "Qwen3_5ForConditionalGeneration", build_qwen3_5},
+    {"qwen3_5_text", "Qwen3_5ForCausalLM", build_qwen3_5},
+    {"qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", build_qwen3_5},
+    {"qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", build_qwen3_5},
+};
+
+std::string supported_list() {
+  std::string s;
+  for (const Architecture& a : kArchitectures) s += std::string(s.empty() ? "" : ", ") + a.model_type;
+  return s;
+}
+
+Result<const Architecture*> find_architecture(const nlohmann::json& config,
+                                              const std::string& where) {
+  if (config.contains("model_type") && config["model_type"].is_string()) {
+    const std::string type = config["model_type"].get<std::string>();
+    for (const Architecture& a : kArchitectures) {
+      if (type == a.model_type) return &a;
+    }
+    return make_error(ErrorCode::kUnsupported,
+                      "{}config.json: model_type '{}' is not supported (supported: {})", where,
+                      type, supported_list());
+  }
+  if (config.contains("architectures") && config["architectures"].is_array()) {
+    for (const nlohmann::json& name : config["architectures"]) {
+      for (const Architecture& a : kArchitectures) {
+        if (name.is_string() && name.get<std::string>() == a.class_name) return &a;
+      }
+    }
+  }
+  return make_error(ErrorCode::kInvalidArgument,
+                    "{}config.json: no model_type and no supported entry in architectures "
+                    "(supported: {})",
+                    where, supported_list());
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Model>> load_model(const std::string& dir, Ops& ops,
+                                          const LoadOptions& options) {
+  RECUR_ASSIGN_OR_RETURN(Checkpoint opened, Checkpoint::open(dir));
+  auto ckpt = std::make_unique<Checkpoint>(std::move(opened));
+  RECUR_ASSIGN_OR_RETURN(const Architecture* arch, find_architecture(ckpt->config(), dir + "/"));
+  nlohmann::json config = ckpt->config();
+  if (!config.contains("model_type")) config["model_type"] = arch->model_type;
+  CheckpointWeights weights(*ckpt, ops);
+  RECUR_ASSIGN_OR_RETURN(HybridSpec spec, arch->build(config, ckpt->generation_config(), weights));
+  const nlohmann::json gen = ckpt->generation_config();
+  return build_hybrid_model(std::move(spec), weights, std::move(ckpt), gen, ops, options);
+}
+
+Result<std::unique_ptr<Model>> load_random_model(const nlohmann::json& config, Ops& ops,
+                                                 const LoadOptions& options, DType dtype,
+                                                 uint64_t seed) {
+  if (dtype != DType::F32 && dtype != DType::BF16 && dtype != DType::F16) {
+    return make_error(ErrorCode::kUnsupported, "random weights: dtype must be F32, BF16 or F16");
+  }
+  RECUR_ASSIGN_OR_RETURN(const Architecture* arch, find_architecture(config, ""));
+  const nlohmann::json& text =
+      config.contains("text_config") && config["text_config"].is_object() ? config["text_config"]
+                                                                          : config;
+  int layers = 1;
+  if (text.contains("num_hidden_layers") && text["num_hidden_layers"].is_number_integer()) {
+    layers = std::max(1, text["num_hidden_layers"].get<int>());
+  }
+  RandomWeights weights(ops, dtype, seed, layers);
+  nlohmann::json c = config;
+  if (!c.contains("model_type")) c["model_type"] = arch->model_type;
+  RECUR_ASSIGN_OR_RETURN(HybridSpec spec, arch->build(c, nlohmann::json::object(), weights));
+  return build_hybrid_model(std::move(spec), weights, nullptr, nlohmann::json::object(), ops,
+                            options);
+}
+
+nlohmann::json cut_layers(nlohmann::json config, int layers) {
+  if (layers <= 0) return config;
+  const bool nested = config.contains("text_config") && config["text_config"].is_object();
+  nlohmann::json& text = nested ? config["text_config"] : config;
+  if (text.contains("num_hidden_layers") && text["num_hidden_layers"].is_number_integer() &&
+      text["num_hidden_layers"].get<int>() > layers) {
+    text["num_hidden_layers"] = layers;
+    if (text.contains("layer_types") && text["layer_types"].is_array() &&
+        int(text["layer_types"].size()) > layers) {
+      text["layer_types"].erase(text["layer_types"].begin() + layers, text["layer_types"].end());
+    }
+  }
+  return config;
+}
+
+}  // namespace recur

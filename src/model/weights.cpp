@@ -1,0 +1,144 @@
+#include "model/weights.h"
+
+#include <cmath>
+#include <cstring>
+
+namespace recur {
+
+namespace {
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+Tensor with_shape(Tensor t, const std::vector<int64_t>& shape) {
+  t.ndim = int(shape.size());
+  int64_t st = 1;
+  for (int d = t.ndim - 1; d >= 0; --d) {
+    t.shape[d] = shape[size_t(d)];
+    t.stride[d] = st;
+    st *= shape[size_t(d)];
+  }
+  return t;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += fmt::format("{}{}", i ? ", " : "", shape[i]);
+  return s + "]";
+}
+
+bool ends_with(const std::string& s, const char* suffix) {
+  const size_t n = std::strlen(suffix);
+  return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
+}
+
+}  // namespace
+
+Result<Tensor> WeightLoader::load(const std::string& name, const std::vector<int64_t>& shape,
+                                  WeightUse use) {
+  const int64_t rows = shape.size() > 1 ? numel_of(shape) / shape.back() : 1;
+  const RowPiece piece{name, shape, 0, shape.size() > 1 ? rows : 1};
+  return load_rows({&piece, 1}, shape, use);
+}
+
+void WeightLoader::count(const Tensor& t, WeightUse use) {
+  const int64_t bytes = t.numel() * int64_t(dtype_size(t.dtype));
+  tally_.bytes += bytes;
+  if (use == WeightUse::kMatrix || use == WeightUse::kVector) tally_.dense_bytes += bytes;
+  if (use == WeightUse::kMatrix) tally_.dense_matrix_params += t.numel();
+}
+
+Result<Tensor> CheckpointWeights::adopt(const Tensor& host, WeightUse use) {
+  if (use == WeightUse::kMatrix || use == WeightUse::kExpert) {
+    return ops_.adopt_matmul_weight(host, &owned_);
+  }
+  return ops_.adopt_weight(host);
+}
+
+Result<Tensor> CheckpointWeights::load_rows(std::span<const RowPiece> pieces,
+                                            const std::vector<int64_t>& shape, WeightUse use) {
+  RECUR_CHECK(!pieces.empty());
+  const int64_t cols = shape.size() > 1 ? shape.back() : numel_of(shape);
+  std::vector<Tensor> views;
+  int64_t rows = 0;
+  for (const RowPiece& p : pieces) {
+    RECUR_ASSIGN_OR_RETURN(Tensor t, ckpt_.get(p.name, p.stored_shape));
+    const int64_t stored_cols = p.stored_shape.size() > 1 ? p.stored_shape.back() : t.numel();
+    const int64_t stored_rows = t.numel() / std::max<int64_t>(stored_cols, 1);
+    RECUR_CHECK(stored_cols == cols && p.first >= 0 && p.first + p.count <= stored_rows);
+    Tensor flat = t.reshaped({stored_rows, stored_cols});
+    views.push_back(flat.slice_rows(p.first, p.first + p.count));
+    rows += p.count;
+  }
+  if (rows * cols != numel_of(shape)) {
+    return make_error(ErrorCode::kInternal, "weight '{}': pieces give {} x {}, expected {}",
+                      pieces[0].name, rows, cols, shape_text(shape));
+  }
+  for (const Tensor& v : views) {
+    if (v.dtype != views[0].dtype) {
+      return make_error(ErrorCode::kCorrupt, "{}: tensors '{}' and '{}' form one weight but are {} and {}",
+                        ckpt_.dir(), pieces[0].name, pieces.back().name, dtype_name(views[0].dtype),
+                        dtype_name(v.dtype));
+    }
+  }
+  Tensor host;
+  Buffer repacked;
+  if (views.size() == 1) {  // used in place: a whole tensor or a contiguous slice of one
+    host = with_shape(views[0], shape);
+  } else {
+    const size_t es = dtype_size(views[0].dtype), row_bytes = size_t(cols) * es;
+    RECUR_ASSIGN_OR_RETURN(repacked, cpu_allocator().allocate(size_t(rows) * row_bytes, "re-packed weight"));
+    char* dst = static_cast<char*>(repacked.data());
+    for (const Tensor& v : views) {
+      std::memcpy(dst, v.data, size_t(v.shape[0]) * row_bytes);
+      dst += size_t(v.shape[0]) * row_bytes;
+    }
+    host = with_shape(Tensor::contiguous(repacked.data(), views[0].dtype, {rows * cols}), shape);
+  }
+  RECUR_ASSIGN_OR_RETURN(Tensor adopted, adopt(host, use));
+  // A backend that used the host copy in place needs it for as long as the model lives.
+  if (repacked.data() && adopted.data == host.data) owned_.push_back(std::move(repacked));
+  count(adopted, use);
+  return adopted;
+}
+
+namespace {
+// Uniform ranges by role, so that a deep random network stays finite and roughly as well
+// conditioned as a trained one.
+std::pair<float, float> random_range(const std::string& name, const std::vector<int64_t>& shape,
+                                     int n_layers) {
+  if (ends_with(name, "linear_attn.norm.weight")) return {0.9f, 1.1f};
+  if (ends_with(name, "norm.weight") || ends_with(name, "layernorm.weight")) return {-0.1f, 0.1f};
+  if (ends_with(name, "A_log")) return {0.0f, 2.77f};
+  if (ends_with(name, "dt_bias")) return {0.5f, 1.5f};
+  if (ends_with(name, "embed_tokens.weight")) return {-1.7f, 1.7f};
+  float a = std::sqrt(3.0f / float(shape.back()));
+  if (ends_with(name, "o_proj.weight") || ends_with(name, "out_proj.weight") ||
+      ends_with(name, "down_proj.weight") || ends_with(name, "experts.down_proj")) {
+    a /= std::sqrt(2.0f * float(n_layers));
+  }
+  return {-a, a};
+}
+}  // namespace
+
+Result<Tensor> RandomWeights::load_rows(std::span<const RowPiece> pieces,
+                                        const std::vector<int64_t>& shape, WeightUse use) {
+  const int64_t n = numel_of(shape);
+  // 1-D parameters stay f32, as checkpoints often keep them.
+  const DType dt = shape.size() == 1 ? DType::F32 : dtype_;
+  const std::string& name = pieces.front().name;
+  RECUR_ASSIGN_OR_RETURN(Buffer buf,
+                         ops_.allocator().allocate(size_t(n) * dtype_size(dt), name.c_str()));
+  Tensor t = Tensor::contiguous(buf.data(), dt, {n}, buf.device());
+  const auto [lo, hi] = random_range(name, shape, n_layers_);
+  ops_.fill_random_uniform(t, seed_ + 0x1000 * ++index_, lo, hi);
+  t = with_shape(t, shape);
+  owned_.push_back(std::move(buf));
+  count(t, use);
+  return t;
+}
+
+}  // namespace recur

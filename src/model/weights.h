@@ -1,0 +1,94 @@
+// Where a model's weights come from: a checkpoint (names resolved, layouts re-packed into what the
+// kernels want, each weight handed to the backend once) or random values made in the backend's
+// memory for benchmarks. Architectures ask for weights by checkpoint name and get them in the
+// layout the ops want; the loader keeps the tally of bytes that ModelInfo reports.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "io/checkpoint.h"
+#include "ops/ops.h"
+
+namespace recur {
+
+// How a weight is used, for the backend (matmul weights may take a layout of the backend's own)
+// and for the tally (what one decode step reads).
+enum class WeightUse {
+  kMatrix,     // matmul's w [m, k]
+  kVector,     // norms, biases, conv taps, gate parameters
+  kEmbedding,  // the token table (rows gathered, not multiplied)
+  kExpert,     // a routed expert's matrix (read only for the tokens routed to it)
+};
+
+// Rows [first, first + count) of a stored tensor viewed as 2-D (all dims but the last flattened):
+// a weight the kernels want is the concatenation of such pieces, in order.
+struct RowPiece {
+  std::string name;
+  std::vector<int64_t> stored_shape;  // the tensor's full shape in the file (checked)
+  int64_t first = 0, count = 0;
+};
+
+struct WeightTally {
+  int64_t bytes = 0;            // every weight as stored
+  int64_t dense_bytes = 0;      // read by every decode step (all but embedding and routed experts)
+  int64_t dense_matrix_params = 0;
+};
+
+class WeightLoader {
+ public:
+  virtual ~WeightLoader() = default;
+  // The named tensor, with its stored shape checked, as the backend keeps it.
+  Result<Tensor> load(const std::string& name, const std::vector<int64_t>& shape, WeightUse use);
+  // A weight of `shape` made of the rows of `pieces` (re-packed at load; one piece covering a whole
+  // tensor, or a contiguous slice of one, is used in place).
+  virtual Result<Tensor> load_rows(std::span<const RowPiece> pieces,
+                                   const std::vector<int64_t>& shape, WeightUse use) = 0;
+  virtual bool has(const std::string& name) const = 0;
+  const WeightTally& tally() const { return tally_; }
+  // Buffers of weights the loader made (re-packed or random); the model keeps them.
+  std::vector<Buffer>& owned() { return owned_; }
+
+ protected:
+  void count(const Tensor& t, WeightUse use);
+  std::vector<Buffer> owned_;
+  WeightTally tally_;
+};
+
+// Weights from a Hugging Face checkpoint, mapped; the backend adopts each one.
+class CheckpointWeights final : public WeightLoader {
+ public:
+  CheckpointWeights(Checkpoint& checkpoint, Ops& ops) : ckpt_(checkpoint), ops_(ops) {}
+  Result<Tensor> load_rows(std::span<const RowPiece> pieces, const std::vector<int64_t>& shape,
+                           WeightUse use) override;
+  bool has(const std::string& name) const override { return ckpt_.has(name); }
+
+ private:
+  Result<Tensor> adopt(const Tensor& host, WeightUse use);
+  Checkpoint& ckpt_;
+  Ops& ops_;
+};
+
+// Random weights made in the backend's memory, in the requested layout, with ranges by role so a
+// deep random network stays finite (benchmarks of published configurations).
+class RandomWeights final : public WeightLoader {
+ public:
+  RandomWeights(Ops& ops, DType matrix_dtype, uint64_t seed, int n_layers)
+      : ops_(ops), dtype_(matrix_dtype), seed_(seed), n_layers_(n_layers) {}
+  Result<Tensor> load_rows(std::span<const RowPiece> pieces, const std::vector<int64_t>& shape,
+                           WeightUse use) override;
+  bool has(const std::string& name) const override { return false; }
+
+ private:
+  Ops& ops_;
+  DType dtype_;
+  uint64_t seed_;
+  int n_layers_;
+  uint64_t index_ = 0;
+};
+
+}  // namespace recur
