@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <stdexcept>
 
 namespace recur_test {
@@ -90,10 +91,13 @@ const char* torch_dtype_name(StoreType t) {
   return "?";
 }
 
-nlohmann::json make_config(const RandomModelSpec& s) {
+bool is_qwen3_5(const RandomModelSpec& s) {
+  return s.family != Family::kQwen3Next;
+}
+
+// The text model's fields, shared by every family and style.
+nlohmann::json text_config(const RandomModelSpec& s) {
   nlohmann::json c;
-  c["architectures"] = {"Qwen3NextForCausalLM"};
-  c["model_type"] = "qwen3_next";
   c["hidden_act"] = "silu";
   c["hidden_size"] = s.hidden;
   c["num_hidden_layers"] = s.layers;
@@ -101,12 +105,22 @@ nlohmann::json make_config(const RandomModelSpec& s) {
   c["rms_norm_eps"] = s.rms_norm_eps;
   c["tie_word_embeddings"] = s.tie_word_embeddings;
   c["max_position_embeddings"] = 4096;
-  c["torch_dtype"] = torch_dtype_name(s.dtype);
   c["eos_token_id"] = s.vocab - 1;
   c["num_attention_heads"] = s.heads;
   c["num_key_value_heads"] = s.kv_heads;
   c["head_dim"] = s.head_dim;
-  if (s.rope_parameters_style) {
+  if (is_qwen3_5(s)) {
+    // As the releases write it: rope_parameters (with the multimodal sections) and the factor
+    // repeated at the top.
+    c["rope_parameters"] = {{"rope_type", "default"},
+                            {"rope_theta", s.rope_theta},
+                            {"partial_rotary_factor", s.partial_rotary_factor}};
+    if (!s.mrope_section.empty()) {
+      c["rope_parameters"]["mrope_section"] = s.mrope_section;
+      c["rope_parameters"]["mrope_interleaved"] = true;
+    }
+    c["partial_rotary_factor"] = s.partial_rotary_factor;
+  } else if (s.rope_parameters_style) {
     c["rope_parameters"] = {{"rope_type", "default"},
                             {"rope_theta", s.rope_theta},
                             {"partial_rotary_factor", s.partial_rotary_factor}};
@@ -124,14 +138,81 @@ nlohmann::json make_config(const RandomModelSpec& s) {
   c["linear_key_head_dim"] = s.linear_key_dim;
   c["linear_value_head_dim"] = s.linear_value_dim;
   c["linear_conv_kernel_dim"] = s.conv_kernel;
-  c["intermediate_size"] = s.intermediate;
-  c["num_experts"] = s.experts;
-  c["num_experts_per_tok"] = s.experts_per_tok;
-  c["moe_intermediate_size"] = s.moe_intermediate;
-  c["shared_expert_intermediate_size"] = s.shared_intermediate;
-  c["norm_topk_prob"] = s.norm_topk_prob;
-  c["decoder_sparse_step"] = s.decoder_sparse_step;
-  c["mlp_only_layers"] = s.mlp_only_layers;
+  switch (s.family) {
+    case Family::kQwen3Next:
+      c["intermediate_size"] = s.intermediate;
+      c["num_experts"] = s.experts;
+      c["num_experts_per_tok"] = s.experts_per_tok;
+      c["moe_intermediate_size"] = s.moe_intermediate;
+      c["shared_expert_intermediate_size"] = s.shared_intermediate;
+      c["norm_topk_prob"] = s.norm_topk_prob;
+      c["decoder_sparse_step"] = s.decoder_sparse_step;
+      c["mlp_only_layers"] = s.mlp_only_layers;
+      break;
+    case Family::kQwen3_5:
+      c["intermediate_size"] = s.intermediate;
+      break;
+    case Family::kQwen3_5Moe:
+      c["num_experts"] = s.experts;
+      c["num_experts_per_tok"] = s.experts_per_tok;
+      c["moe_intermediate_size"] = s.moe_intermediate;
+      c["shared_expert_intermediate_size"] = s.shared_intermediate;
+      c["router_aux_loss_coef"] = 0.001;
+      // Qwen3-Next's fields mean nothing here: written only as strays to be ignored.
+      if (!s.norm_topk_prob) c["norm_topk_prob"] = false;
+      if (s.decoder_sparse_step != 1) c["decoder_sparse_step"] = s.decoder_sparse_step;
+      if (!s.mlp_only_layers.empty()) c["mlp_only_layers"] = s.mlp_only_layers;
+      break;
+  }
+  if (is_qwen3_5(s)) {
+    c["mamba_ssm_dtype"] = "float32";
+    c["mtp_num_hidden_layers"] = 1;
+    c["attn_output_gate"] = true;
+  }
+  return c;
+}
+
+nlohmann::json make_config(const RandomModelSpec& s) {
+  const bool moe = s.family == Family::kQwen3_5Moe;
+  nlohmann::json text = text_config(s);
+  if (s.family == Family::kQwen3Next) {
+    text["architectures"] = {"Qwen3NextForCausalLM"};
+    text["model_type"] = "qwen3_next";
+    text["torch_dtype"] = torch_dtype_name(s.dtype);
+    return text;
+  }
+  text["model_type"] = moe ? "qwen3_5_moe_text" : "qwen3_5_text";
+  if (!s.nested) {
+    text["architectures"] = {moe ? "Qwen3_5MoeForCausalLM" : "Qwen3_5ForCausalLM"};
+    text["torch_dtype"] = torch_dtype_name(s.dtype);
+    return text;
+  }
+  // The multimodal wrapper: its own model_type, the tie flag and dtype at the top, the vision
+  // tower's config and the placeholder token ids as the releases have them.
+  nlohmann::json c;
+  c["architectures"] = {moe ? "Qwen3_5MoeForConditionalGeneration"
+                            : "Qwen3_5ForConditionalGeneration"};
+  c["model_type"] = moe ? "qwen3_5_moe" : "qwen3_5";
+  text.erase("eos_token_id");
+  text["eos_token_id"] = nullptr;
+  c["text_config"] = text;
+  c["tie_word_embeddings"] = s.tie_word_embeddings;
+  c["torch_dtype"] = torch_dtype_name(s.dtype);
+  c["eos_token_id"] = s.vocab - 1;
+  c["image_token_id"] = 248056;
+  c["video_token_id"] = 248057;
+  c["vision_start_token_id"] = 248053;
+  c["vision_end_token_id"] = 248054;
+  c["vision_config"] = {{"model_type", moe ? "qwen3_5_moe_vision" : "qwen3_5_vision"},
+                        {"depth", 1},
+                        {"hidden_size", 8},
+                        {"intermediate_size", 16},
+                        {"num_heads", 2},
+                        {"in_channels", 3},
+                        {"patch_size", 4},
+                        {"temporal_patch_size", 2},
+                        {"spatial_merge_size", 2},
+                        {"out_hidden_size", s.hidden}};
   return c;
 }
 
@@ -164,7 +245,27 @@ double round_to_store(StoreType t, double x) {
   return r;
 }
 
+std::string text_prefix(const RandomModelSpec& s) {
+  return is_qwen3_5(s) && s.nested ? "model.language_model." : "model.";
+}
+
+bool spec_layer_is_full_attention(const RandomModelSpec& s, int i) {
+  return s.layer_types.empty() ? (i + 1) % s.full_attention_interval == 0
+                               : s.layer_types[size_t(i)] == "full_attention";
+}
+
+bool spec_layer_is_moe(const RandomModelSpec& s, int i) {
+  if (s.experts <= 0 || s.family == Family::kQwen3_5) return false;
+  if (s.family == Family::kQwen3_5Moe) return true;
+  const bool mlp_only =
+      std::find(s.mlp_only_layers.begin(), s.mlp_only_layers.end(), i) != s.mlp_only_layers.end();
+  return !mlp_only && (i + 1) % s.decoder_sparse_step == 0;
+}
+
 RandomCheckpoint make_random_checkpoint(const RandomModelSpec& s, uint64_t seed) {
+  if (s.family == Family::kQwen3_5Moe && (s.experts <= 0 || s.shared_intermediate <= 0)) {
+    throw std::runtime_error("a Qwen3.5-MoE spec needs experts and a shared expert");
+  }
   RandomCheckpoint ck;
   ck.config = make_config(s);
   Rng rng(seed);
@@ -184,19 +285,23 @@ RandomCheckpoint make_random_checkpoint(const RandomModelSpec& s, uint64_t seed)
     add(name, {out, in}, 0.0, 1.0 / std::sqrt(double(in)), dt);
   };
   auto norm = [&](const std::string& name, int64_t n) { add(name, {n}, 0.0, 0.2, dt); };
+  auto swiglu = [&](const std::string& p, int64_t ff, int64_t d) {
+    matrix(p + "gate_proj.weight", ff, d);
+    matrix(p + "up_proj.weight", ff, d);
+    matrix(p + "down_proj.weight", d, ff);
+  };
 
   const int D = s.hidden;
-  add("model.embed_tokens.weight", {s.vocab, D}, 0.0, 1.0, dt);
+  const std::string m = text_prefix(s);
+  add(m + "embed_tokens.weight", {s.vocab, D}, 0.0, 1.0, dt);
   if (!s.tie_word_embeddings) matrix("lm_head.weight", s.vocab, D);
-  norm("model.norm.weight", D);
+  norm(m + "norm.weight", D);
 
   for (int i = 0; i < s.layers; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
+    const std::string p = m + "layers." + std::to_string(i) + ".";
     norm(p + "input_layernorm.weight", D);
     norm(p + "post_attention_layernorm.weight", D);
-    const bool full = s.layer_types.empty() ? (i + 1) % s.full_attention_interval == 0
-                                            : s.layer_types[size_t(i)] == "full_attention";
-    if (full) {
+    if (spec_layer_is_full_attention(s, i)) {
       const int hd = s.head_dim;
       matrix(p + "self_attn.q_proj.weight", int64_t(s.heads) * 2 * hd, D);
       matrix(p + "self_attn.k_proj.weight", int64_t(s.kv_heads) * hd, D);
@@ -208,8 +313,15 @@ RandomCheckpoint make_random_checkpoint(const RandomModelSpec& s, uint64_t seed)
       const int hk = s.linear_key_heads, hv = s.linear_value_heads;
       const int dk = s.linear_key_dim, dv = s.linear_value_dim, r = hv / hk;
       const int conv_dim = 2 * hk * dk + hv * dv;
-      matrix(p + "linear_attn.in_proj_qkvz.weight", int64_t(hk) * (2 * dk + 2 * r * dv), D);
-      matrix(p + "linear_attn.in_proj_ba.weight", int64_t(hk) * 2 * r, D);
+      if (is_qwen3_5(s)) {
+        matrix(p + "linear_attn.in_proj_qkv.weight", conv_dim, D);
+        matrix(p + "linear_attn.in_proj_z.weight", int64_t(hv) * dv, D);
+        matrix(p + "linear_attn.in_proj_b.weight", hv, D);
+        matrix(p + "linear_attn.in_proj_a.weight", hv, D);
+      } else {
+        matrix(p + "linear_attn.in_proj_qkvz.weight", int64_t(hk) * (2 * dk + 2 * r * dv), D);
+        matrix(p + "linear_attn.in_proj_ba.weight", int64_t(hk) * 2 * r, D);
+      }
       add(p + "linear_attn.conv1d.weight", {conv_dim, 1, s.conv_kernel}, 0.0,
           1.0 / std::sqrt(double(s.conv_kernel)), dt);
       const StoreType gt = s.gate_params_f32 ? StoreType::kF32 : dt;
@@ -222,24 +334,43 @@ RandomCheckpoint make_random_checkpoint(const RandomModelSpec& s, uint64_t seed)
       add(p + "linear_attn.norm.weight", {dv}, 1.0, 0.2, dt);
       matrix(p + "linear_attn.out_proj.weight", D, int64_t(hv) * dv);
     }
-    const bool mlp_only =
-        std::find(s.mlp_only_layers.begin(), s.mlp_only_layers.end(), i) != s.mlp_only_layers.end();
-    if (!mlp_only && s.experts > 0 && (i + 1) % s.decoder_sparse_step == 0) {
-      matrix(p + "mlp.gate.weight", s.experts, D);
-      for (int e = 0; e < s.experts; ++e) {
-        const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
-        matrix(x + "gate_proj.weight", s.moe_intermediate, D);
-        matrix(x + "up_proj.weight", s.moe_intermediate, D);
-        matrix(x + "down_proj.weight", D, s.moe_intermediate);
+    if (spec_layer_is_moe(s, i)) {
+      const int64_t E = s.experts, I = s.moe_intermediate;
+      matrix(p + "mlp.gate.weight", E, D);
+      if (s.family == Family::kQwen3_5Moe && s.fused_experts) {
+        // Each expert's gate rows, then its up rows; down [E, H, I]; no .weight suffix.
+        add(p + "mlp.experts.gate_up_proj", {E, 2 * I, D}, 0.0, 1.0 / std::sqrt(double(D)), dt);
+        add(p + "mlp.experts.down_proj", {E, D, I}, 0.0, 1.0 / std::sqrt(double(I)), dt);
+      } else {
+        for (int e = 0; e < s.experts; ++e) {
+          swiglu(p + "mlp.experts." + std::to_string(e) + ".", I, D);
+        }
       }
-      matrix(p + "mlp.shared_expert.gate_proj.weight", s.shared_intermediate, D);
-      matrix(p + "mlp.shared_expert.up_proj.weight", s.shared_intermediate, D);
-      matrix(p + "mlp.shared_expert.down_proj.weight", D, s.shared_intermediate);
+      swiglu(p + "mlp.shared_expert.", s.shared_intermediate, D);
       matrix(p + "mlp.shared_expert_gate.weight", 1, D);
     } else {
-      matrix(p + "mlp.gate_proj.weight", s.intermediate, D);
-      matrix(p + "mlp.up_proj.weight", s.intermediate, D);
-      matrix(p + "mlp.down_proj.weight", D, s.intermediate);
+      swiglu(p + "mlp.", s.intermediate, D);
+    }
+  }
+
+  if (is_qwen3_5(s)) {
+    // What a text engine skips: a sliver of the vision tower (nested only; 5-D patch weights
+    // included) and of the multi-token-prediction head, in the same dtype as the rest.
+    if (s.nested) {
+      add("model.visual.patch_embed.proj.weight", {8, 3, 2, 4, 4}, 0.0, 0.1, dt);
+      add("model.visual.blocks.0.attn.qkv.weight", {24, 8}, 0.0, 0.1, dt);
+      add("model.visual.blocks.0.attn.qkv.bias", {24}, 0.0, 0.1, dt);
+      add("model.visual.merger.linear_fc2.weight", {D, 32}, 0.0, 0.1, dt);
+    }
+    add("mtp.fc.weight", {D, 2 * D}, 0.0, 0.1, dt);
+    add("mtp.norm.weight", {D}, 0.0, 0.1, dt);
+    add("mtp.pre_fc_norm_hidden.weight", {D}, 0.0, 0.1, dt);
+    add("mtp.layers.0.input_layernorm.weight", {D}, 0.0, 0.1, dt);
+    if (s.family == Family::kQwen3_5Moe) {  // the releases keep the head's experts per expert
+      add("mtp.layers.0.mlp.experts.0.gate_proj.weight", {s.moe_intermediate, D}, 0.0, 0.1, dt);
+      add("mtp.layers.0.mlp.gate.weight", {s.experts, D}, 0.0, 0.1, dt);
+    } else {
+      add("mtp.layers.0.mlp.gate_proj.weight", {s.intermediate, D}, 0.0, 0.1, dt);
     }
   }
   return ck;
@@ -272,6 +403,96 @@ void write_checkpoint(const std::string& dir, const RandomCheckpoint& ck) {
   f.write(h.data(), std::streamsize(h.size()));
   f.write(data.data(), std::streamsize(data.size()));
   if (!f) throw std::runtime_error("cannot write " + dir + "/model.safetensors");
+}
+
+namespace {
+
+double decode(const std::string& dtype, const unsigned char* p) {
+  auto half_bits = [&] { return uint16_t(p[0] | (p[1] << 8)); };
+  if (dtype == "F32") {
+    float f;
+    std::memcpy(&f, p, 4);
+    return f;
+  }
+  if (dtype == "BF16") {
+    const uint32_t bits = uint32_t(half_bits()) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  }
+  if (dtype == "F16") {
+    const uint16_t h = half_bits();
+    const int e = (h >> 10) & 31, m = h & 1023;
+    const double sign = (h & 0x8000) ? -1.0 : 1.0;
+    if (e == 31) return m ? NAN : sign * INFINITY;
+    return sign * (e ? std::ldexp(1024.0 + m, e - 25) : std::ldexp(double(m), -24));
+  }
+  if (dtype == "I64") {
+    int64_t v;
+    std::memcpy(&v, p, 8);
+    return double(v);
+  }
+  if (dtype == "I32") {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return double(v);
+  }
+  throw std::runtime_error("read_safetensors: dtype " + dtype + " is not supported");
+}
+
+size_t dtype_bytes(const std::string& dtype) {
+  if (dtype == "F32" || dtype == "I32") return 4;
+  if (dtype == "BF16" || dtype == "F16") return 2;
+  if (dtype == "I64") return 8;
+  throw std::runtime_error("read_safetensors: dtype " + dtype + " is not supported");
+}
+
+}  // namespace
+
+TensorMap read_safetensors(const std::string& file) {
+  std::ifstream f(file, std::ios::binary);
+  if (!f) throw std::runtime_error("cannot open " + file);
+  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  uint64_t n = 0;
+  if (bytes.size() < 8) throw std::runtime_error(file + ": too short");
+  std::memcpy(&n, bytes.data(), 8);
+  if (n > bytes.size() - 8) throw std::runtime_error(file + ": header runs past the end");
+  const nlohmann::json header = nlohmann::json::parse(bytes.substr(8, n));
+  const auto* data = reinterpret_cast<const unsigned char*>(bytes.data() + 8 + n);
+  const uint64_t data_size = bytes.size() - 8 - n;
+  TensorMap out;
+  for (const auto& [name, info] : header.items()) {
+    if (name == "__metadata__") continue;
+    const std::string dtype = info.at("dtype").get<std::string>();
+    StoredTensor t;
+    t.shape = info.at("shape").get<std::vector<int64_t>>();
+    t.type = dtype == "BF16"  ? StoreType::kBF16
+             : dtype == "F16" ? StoreType::kF16
+                              : StoreType::kF32;
+    const uint64_t begin = info.at("data_offsets")[0].get<uint64_t>();
+    const uint64_t end = info.at("data_offsets")[1].get<uint64_t>();
+    const size_t es = dtype_bytes(dtype);
+    if (begin > end || end > data_size || (end - begin) != uint64_t(numel(t.shape)) * es) {
+      throw std::runtime_error(file + ": bad data_offsets for " + name);
+    }
+    t.values.resize(size_t(numel(t.shape)));
+    for (size_t i = 0; i < t.values.size(); ++i) t.values[i] = decode(dtype, data + begin + i * es);
+    out[name] = std::move(t);
+  }
+  return out;
+}
+
+TensorMap read_checkpoint_tensors(const std::string& dir) {
+  TensorMap all;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".safetensors") continue;
+    for (auto& [name, t] : read_safetensors(entry.path().string())) {
+      if (!all.emplace(name, std::move(t)).second) {
+        throw std::runtime_error(dir + ": tensor " + name + " is in two files");
+      }
+    }
+  }
+  return all;
 }
 
 TempDir::TempDir() {

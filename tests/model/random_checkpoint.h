@@ -1,7 +1,8 @@
-// Random Qwen3-Next checkpoints for tests: a Hugging Face model directory (config.json +
-// model.safetensors) whose shapes are chosen by the test, so that recur can be checked on
-// shapes no shipped checkpoint has. Written without recur's io code, so that a bug shared by
-// recur's reader and a writer built on it cannot hide.
+// Random checkpoints of the Qwen hybrid family (Qwen3-Next, Qwen3.5, Qwen3.5-MoE) for tests: a
+// Hugging Face model directory (config.json + model.safetensors) whose shapes and layout are
+// chosen by the test, so that recur can be checked on shapes no shipped checkpoint has. Written
+// without recur's io code, so that a bug shared by recur's reader and a writer built on it
+// cannot hide.
 #pragma once
 
 #include <cstdint>
@@ -28,8 +29,27 @@ struct StoredTensor {
 };
 using TensorMap = std::map<std::string, StoredTensor>;
 
+enum class Family {
+  kQwen3Next,  // qwen3_next: in_proj_qkvz / in_proj_ba interleaved by key head
+  kQwen3_5,    // qwen3_5: in_proj_qkv, _z, _b, _a; a dense SwiGLU in every layer
+  kQwen3_5Moe  // qwen3_5_moe: as qwen3_5 with MoE (σ-gated shared expert) in every layer
+};
+
 // The shapes of a tiny model and the config.json style that describes them.
 struct RandomModelSpec {
+  Family family = Family::kQwen3Next;
+  // Qwen3.5 only. Nested: the published multimodal layout (Qwen3_5[Moe]ForConditionalGeneration,
+  // the text config in `text_config`, weights under model.language_model., lm_head at the top, a
+  // few model.visual.* tensors). Flat: the text-only one (Qwen3_5[Moe]ForCausalLM, weights under
+  // model.). Both carry a few mtp.* tensors.
+  bool nested = true;
+  // Qwen3.5-MoE only: experts fused as the bf16 releases store them (gate_up_proj [E, 2I, H],
+  // down_proj [E, H, I]) or one tensor per expert.
+  bool fused_experts = true;
+  // Qwen3.5 only: rope_parameters.mrope_section (three sizes, summing to rotary_dim / 2 in a valid
+  // config), written with mrope_interleaved; empty: none. Qwen3.5 always writes rope_parameters.
+  std::vector<int> mrope_section;
+
   int hidden = 32;
   int layers = 4;
   int vocab = 128;
@@ -41,7 +61,7 @@ struct RandomModelSpec {
   int head_dim = 16;
   double rope_theta = 10000.0;
   double partial_rotary_factor = 0.25;
-  bool rope_parameters_style = false;  // nested rope_parameters vs top-level fields
+  bool rope_parameters_style = false;  // Qwen3-Next: rope_parameters vs top-level fields
 
   // Empty: full_attention_interval decides which layers are full attention.
   std::vector<std::string> layer_types;
@@ -58,6 +78,10 @@ struct RandomModelSpec {
   int experts_per_tok = 2;
   int moe_intermediate = 16;
   int shared_intermediate = 24;
+  // Qwen3-Next only: the router's renormalisation and which layers are MoE. Qwen3.5-MoE always
+  // renormalises and has MoE everywhere; there these are written only when they differ from
+  // that (norm_topk_prob false, decoder_sparse_step > 1, mlp_only_layers), as stray fields that
+  // transformers ignores for the family, and must be ignored.
   bool norm_topk_prob = true;
   int decoder_sparse_step = 1;
   std::vector<int> mlp_only_layers;
@@ -72,13 +96,28 @@ struct RandomCheckpoint {
   TensorMap tensors;
 };
 
+// Where the text model's weights live: "model.language_model." (nested Qwen3.5) or "model.".
+std::string text_prefix(const RandomModelSpec& spec);
+
+// Whether layer i is full attention / has a MoE feed-forward, as the spec describes it.
+bool spec_layer_is_full_attention(const RandomModelSpec& spec, int layer);
+bool spec_layer_is_moe(const RandomModelSpec& spec, int layer);
+
 // Builds config.json and random weights: matrices N(0, 1/fan_in), embeddings N(0, 1),
 // zero-centred norm weights N(0, 0.2²), the gated norm 1 + N(0, 0.2²), A_log = log U(1, 16),
-// dt_bias 1 + N(0, 0.2²). Deterministic for a given seed on every platform.
+// dt_bias 1 + N(0, 0.2²); for Qwen3.5 also a few vision-tower and multi-token-prediction tensors
+// (drawn last, so the text weights of a spec do not depend on them). Deterministic for a given
+// seed on every platform.
 RandomCheckpoint make_random_checkpoint(const RandomModelSpec& spec, uint64_t seed);
 
 // Writes dir/config.json and dir/model.safetensors; throws std::runtime_error on failure.
 void write_checkpoint(const std::string& dir, const RandomCheckpoint& checkpoint);
+
+// The tensors of one .safetensors file (F32, BF16, F16, I64, I32 decoded exactly to doubles), or
+// of every *.safetensors file in a directory; read without recur's io code, for the oracle.
+// Throws std::runtime_error on a malformed file.
+TensorMap read_safetensors(const std::string& file);
+TensorMap read_checkpoint_tensors(const std::string& dir);
 
 // A fresh directory under the system temp dir, removed with everything in it on destruction.
 class TempDir {

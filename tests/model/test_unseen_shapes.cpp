@@ -1,7 +1,10 @@
-// recur's Qwen3-Next forward on shapes the shipped reference data never covers (value/key
-// head ratios, conv kernels, head dims that are not powers of two, partial rotary factors,
-// dense/MoE mixes, tied embeddings, both config.json styles, F32/BF16/F16 storage), checked
-// against an independent double-precision implementation on random checkpoints.
+// recur's Qwen3-Next and Qwen3.5 forwards on shapes and layouts the shipped reference data never
+// covers (value/key head ratios, key and value head sizes apart, conv kernels, head dims that are
+// not powers of two, partial rotary factors and multimodal rotary sections, dense/MoE mixes, tied
+// embeddings, every config.json style, nested and flat Qwen3.5 checkpoints, fused and per-expert
+// experts, F32/BF16/F16 storage), checked against an independent double-precision
+// implementation (itself checked against transformers in test_naive_oracle.cpp) on random
+// checkpoints.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,9 +14,9 @@
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
-#include "model/naive_qwen3_next.h"
-#include "model/qwen3_next.h"
+#include "model/naive_qwen_hybrid.h"
 #include "model/random_checkpoint.h"
+#include "model/registry.h"
 
 namespace recur_test {
 namespace {
@@ -131,7 +134,7 @@ void check_config(const RandomModelSpec& spec, uint64_t seed, int prompt_len) {
   TempDir dir;
   const RandomCheckpoint ck = make_random_checkpoint(spec, seed);
   write_checkpoint(dir.path(), ck);
-  const NaiveQwen3Next naive(ck.config, ck.tensors);
+  const NaiveQwenHybrid naive(ck.config, ck.tensors);
   Recur recur(dir.path());
   ASSERT_EQ(recur.model().info().vocab_size, spec.vocab);
 
@@ -282,6 +285,76 @@ TEST(UnseenShapes, ThreeKeyHeadsDenseOnly) {
   check_config(s, 404, 150);
 }
 
+// ---- Qwen3.5: in_proj_qkv / _z / _b / _a, nested or flat, dense or MoE ----
+
+// Dense, nested as published (weights under model.language_model., vision tower and MTP head to
+// skip), tied embeddings (the wrapper's flag; no lm_head.weight), ratio 1 with three key heads,
+// dk 12 != dv 20, kernel 5, head dim 24 with 6 channels rotated in sections [1, 1, 1].
+TEST(UnseenShapes, Qwen3_5DenseNestedTiedRatio1Kernel5) {
+  RandomModelSpec s;
+  s.family = Family::kQwen3_5, s.nested = true, s.tie_word_embeddings = true;
+  s.hidden = 36, s.layers = 4, s.vocab = 97, s.full_attention_interval = 2;
+  s.heads = 3, s.kv_heads = 1, s.head_dim = 24, s.partial_rotary_factor = 0.25;
+  s.rope_theta = 1e7, s.mrope_section = {1, 1, 1};
+  s.linear_key_heads = 3, s.linear_value_heads = 3, s.linear_key_dim = 12;
+  s.linear_value_dim = 20, s.conv_kernel = 5;
+  s.intermediate = 44, s.experts = 0;
+  check_config(s, 505, 70);
+}
+
+// Dense, flat text-only (Qwen3_5ForCausalLM, weights under model.), BF16 with A_log and
+// dt_bias in F32 as the releases store them, ratio 3 over two key heads (value heads grouped by
+// key head), dk 10 != dv 6, kernel 2, head dim 20 half rotated in sections [3, 1, 1].
+TEST(UnseenShapes, Qwen3_5DenseFlatBf16Ratio3Kernel2) {
+  RandomModelSpec s;
+  s.family = Family::kQwen3_5, s.nested = false;
+  s.hidden = 30, s.layers = 3, s.vocab = 150, s.rms_norm_eps = 1e-5;
+  s.layer_types = {"linear_attention", "linear_attention", "full_attention"};
+  s.heads = 4, s.kv_heads = 2, s.head_dim = 20, s.partial_rotary_factor = 0.5;
+  s.rope_theta = 10000.0, s.mrope_section = {3, 1, 1};
+  s.linear_key_heads = 2, s.linear_value_heads = 6, s.linear_key_dim = 10;
+  s.linear_value_dim = 6, s.conv_kernel = 2;
+  s.intermediate = 50, s.experts = 0;
+  s.dtype = StoreType::kBF16, s.gate_params_f32 = true;
+  check_config(s, 606, 60);
+}
+
+// MoE, nested with fused experts (gate_up_proj [E, 2I, H], down_proj [E, H, I]) in BF16 with
+// F32 gate parameters, as the bf16 releases are; ratio 2 over two key heads, dk 8 != dv 12,
+// kernel 3, head dim 12 half rotated; the config also carries Qwen3-Next's norm_topk_prob false,
+// decoder_sparse_step 2 and mlp_only_layers, which Qwen3.5-MoE ignores (it always renormalises,
+// every layer MoE).
+TEST(UnseenShapes, Qwen3_5MoeNestedFusedBf16Ratio2Kernel3) {
+  RandomModelSpec s;
+  s.family = Family::kQwen3_5Moe, s.nested = true, s.fused_experts = true;
+  s.hidden = 24, s.layers = 4, s.vocab = 120, s.full_attention_interval = 4;
+  s.heads = 2, s.kv_heads = 2, s.head_dim = 12, s.partial_rotary_factor = 0.5;
+  s.rope_theta = 1e6, s.mrope_section = {1, 1, 1};
+  s.linear_key_heads = 2, s.linear_value_heads = 4, s.linear_key_dim = 8;
+  s.linear_value_dim = 12, s.conv_kernel = 3;
+  s.experts = 6, s.experts_per_tok = 3, s.moe_intermediate = 10, s.shared_intermediate = 14;
+  s.norm_topk_prob = false, s.decoder_sparse_step = 2, s.mlp_only_layers = {0};
+  s.dtype = StoreType::kBF16, s.gate_params_f32 = true;
+  check_config(s, 707, 66);
+}
+
+// MoE, flat with one tensor per expert, tied, F16; a single key head of ratio 2, dk 14 != dv 10,
+// kernel 4, attention first, head dim 40 with 10 channels rotated in sections [2, 2, 1].
+TEST(UnseenShapes, Qwen3_5MoeFlatPerExpertTiedF16) {
+  RandomModelSpec s;
+  s.family = Family::kQwen3_5Moe, s.nested = false, s.fused_experts = false;
+  s.tie_word_embeddings = true;
+  s.hidden = 32, s.layers = 3, s.vocab = 80;
+  s.layer_types = {"full_attention", "linear_attention", "linear_attention"};
+  s.heads = 5, s.kv_heads = 1, s.head_dim = 40, s.partial_rotary_factor = 0.25;
+  s.rope_theta = 10000.0, s.mrope_section = {2, 2, 1};
+  s.linear_key_heads = 1, s.linear_value_heads = 2, s.linear_key_dim = 14;
+  s.linear_value_dim = 10, s.conv_kernel = 4;
+  s.experts = 5, s.experts_per_tok = 2, s.moe_intermediate = 12, s.shared_intermediate = 8;
+  s.dtype = StoreType::kF16;
+  check_config(s, 808, 55);
+}
+
 // ---- loading: every checkpoint defect is an error naming the culprit, never a crash ----
 
 RandomModelSpec small_spec() {
@@ -371,6 +444,146 @@ TEST(UnseenShapesLoad, UnknownModelTypeIsNamed) {
   ASSERT_FALSE(m.ok());
   std::printf("  %s\n", m.error().to_string().c_str());
   EXPECT_NE(m.error().message.find("qwen9_hyper"), std::string::npos) << m.error().to_string();
+}
+
+// ---- loading Qwen3.5 checkpoints ----
+
+RandomModelSpec small_qwen3_5_spec(Family family, bool nested, bool fused) {
+  RandomModelSpec s = small_spec();
+  s.family = family, s.nested = nested, s.fused_experts = fused;
+  s.mrope_section = {1, 0, 0};  // head dim 8 × 0.25: 2 channels rotated
+  s.intermediate = 24, s.moe_intermediate = 8, s.shared_intermediate = 12;
+  if (family == Family::kQwen3_5) s.experts = 0;
+  return s;
+}
+
+// Expects loading to fail with an error that names `culprit`.
+void expect_named_error(const RandomCheckpoint& ck, const std::string& culprit) {
+  recur::CpuOps ops(2);
+  auto m = load(ck, ops);
+  ASSERT_FALSE(m.ok()) << culprit;
+  std::printf("  %s\n", m.error().to_string().c_str());
+  EXPECT_NE(m.error().message.find(culprit), std::string::npos) << m.error().to_string();
+}
+
+TEST(UnseenShapesLoad, Qwen3_5SkipsVisionAndMtpAndReportsThem) {
+  struct Case {
+    Family family;
+    bool nested, fused;
+    const char* architecture;
+  };
+  for (const Case& c : {Case{Family::kQwen3_5Moe, true, true, "qwen3_5_moe"},
+                        Case{Family::kQwen3_5, true, false, "qwen3_5"},
+                        Case{Family::kQwen3_5, false, false, "qwen3_5_text"},
+                        Case{Family::kQwen3_5Moe, false, false, "qwen3_5_moe_text"}}) {
+    const RandomModelSpec s = small_qwen3_5_spec(c.family, c.nested, c.fused);
+    const RandomCheckpoint ck = make_random_checkpoint(s, 9);
+    recur::CpuOps ops(2);
+    auto m = load(ck, ops);
+    ASSERT_TRUE(m.ok()) << c.architecture << ": " << m.error().to_string();
+    const recur::ModelInfo& info = (*m)->info();
+    EXPECT_EQ(info.architecture, c.architecture);
+    EXPECT_EQ(info.vocab_size, s.vocab);
+    EXPECT_NE(std::find(info.eos_token_ids.begin(), info.eos_token_ids.end(), s.vocab - 1),
+              info.eos_token_ids.end());
+    EXPECT_EQ(info.moe_layers, c.family == Family::kQwen3_5Moe ? s.layers : 0) << c.architecture;
+    // Each skipped part is reported with its tensor count.
+    for (const std::string prefix : {"model.visual.", "mtp."}) {
+      int count = 0;
+      for (const auto& [name, t] : ck.tensors) count += name.rfind(prefix, 0) == 0;
+      bool reported = false;
+      for (const std::string& note : info.notes) {
+        reported |= note.find(prefix) != std::string::npos &&
+                    note.find(std::to_string(count) + " tensors") != std::string::npos;
+      }
+      EXPECT_EQ(reported, count > 0) << c.architecture << " " << prefix;
+    }
+    for (const std::string& note : info.notes)
+      std::printf("  %s: %s\n", c.architecture, note.c_str());
+    // The multimodal wrapper's image and video placeholders are refused, not embedded.
+    const auto& refused = info.refused_token_ids;
+    EXPECT_EQ(std::find(refused.begin(), refused.end(), 248056) != refused.end(), c.nested);
+  }
+}
+
+TEST(UnseenShapesLoad, Qwen3_5MissingTensorIsNamed) {
+  const std::string L = "model.language_model.layers.";
+  struct Case {
+    RandomModelSpec spec;
+    std::string name;
+  };
+  const RandomModelSpec dense = small_qwen3_5_spec(Family::kQwen3_5, true, false);
+  const RandomModelSpec fused = small_qwen3_5_spec(Family::kQwen3_5Moe, true, true);
+  const RandomModelSpec flat = small_qwen3_5_spec(Family::kQwen3_5Moe, false, false);
+  for (const Case& c :
+       {Case{dense, L + "0.linear_attn.in_proj_z.weight"},
+        Case{dense, L + "1.linear_attn.in_proj_qkv.weight"},
+        Case{dense, L + "2.linear_attn.in_proj_a.weight"}, Case{dense, L + "3.mlp.up_proj.weight"},
+        Case{dense, "lm_head.weight"}, Case{dense, "model.language_model.norm.weight"},
+        Case{fused, L + "1.mlp.experts.down_proj"},
+        Case{fused, L + "2.mlp.shared_expert_gate.weight"},
+        Case{flat, "model.layers.0.linear_attn.in_proj_b.weight"},
+        Case{flat, "model.layers.3.mlp.experts.1.up_proj.weight"}}) {
+    RandomCheckpoint ck = make_random_checkpoint(c.spec, 7);
+    ASSERT_EQ(ck.tensors.erase(c.name), 1u) << c.name;
+    expect_named_error(ck, c.name);
+  }
+}
+
+TEST(UnseenShapesLoad, Qwen3_5WrongShapeIsNamed) {
+  const std::string L = "model.language_model.layers.";
+  const RandomModelSpec dense = small_qwen3_5_spec(Family::kQwen3_5, true, false);
+  const RandomModelSpec fused = small_qwen3_5_spec(Family::kQwen3_5Moe, true, true);
+  // small spec: hidden 16, E 2, I 8, Hk 1 × dk 8, Hv 2 × dv 8 (conv channels 32).
+  struct Case {
+    RandomModelSpec spec;
+    std::string name;
+    std::vector<int64_t> shape;
+  };
+  for (const Case& c :
+       {Case{fused, L + "0.mlp.experts.gate_up_proj", {2, 8, 16}},  // gate rows only
+        Case{fused, L + "1.mlp.experts.gate_up_proj", {2, 16, 17}},
+        Case{fused, L + "2.mlp.experts.gate_up_proj", {16, 16}},
+        Case{fused, L + "0.mlp.experts.down_proj", {2, 8, 16}},  // transposed
+        Case{dense, L + "0.linear_attn.in_proj_qkv.weight", {24, 16}},
+        Case{dense, L + "1.linear_attn.in_proj_z.weight", {8, 16}},
+        Case{dense, L + "2.linear_attn.in_proj_b.weight", {1, 16}},
+        Case{dense, L + "3.self_attn.q_proj.weight", {16, 16}}}) {
+    RandomCheckpoint ck = make_random_checkpoint(c.spec, 7);
+    StoredTensor& t = ck.tensors.at(c.name);
+    int64_t n = 1;
+    for (int64_t d : c.shape) n *= d;
+    t.shape = c.shape;
+    t.values.assign(size_t(n), 0.25);
+    expect_named_error(ck, c.name);
+  }
+}
+
+TEST(UnseenShapesLoad, Qwen3_5UnexpectedTensorIsNamed) {
+  const std::string L = "model.language_model.layers.";
+  const RandomModelSpec fused = small_qwen3_5_spec(Family::kQwen3_5Moe, true, true);
+  const RandomModelSpec flat = small_qwen3_5_spec(Family::kQwen3_5, false, false);
+  struct Case {
+    RandomModelSpec spec;
+    std::string name;
+  };
+  // Qwen3-Next's projections in a Qwen3.5 checkpoint; per-expert tensors beside fused ones; a
+  // tower that is not the vision one; a prefix that only starts like model.visual.; experts in
+  // a dense model.
+  for (const Case& c :
+       {Case{fused, L + "0.linear_attn.in_proj_qkvz.weight"},
+        Case{fused, L + "1.mlp.experts.0.gate_proj.weight"},
+        Case{fused, "model.audio_tower.proj.weight"}, Case{fused, "model.visualizer.proj.weight"},
+        Case{flat, "model.layers.0.linear_attn.in_proj_ba.weight"},
+        Case{flat, "model.layers.1.mlp.experts.gate_up_proj"}}) {
+    RandomCheckpoint ck = make_random_checkpoint(c.spec, 7);
+    ASSERT_TRUE(
+        ck.tensors
+            .emplace(c.name, StoredTensor{{4, 16}, StoreType::kF32, std::vector<double>(64, 0.5)})
+            .second)
+        << c.name;
+    expect_named_error(ck, c.name);
+  }
 }
 
 }  // namespace

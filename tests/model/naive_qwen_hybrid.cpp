@@ -1,4 +1,4 @@
-#include "model/naive_qwen3_next.h"
+#include "model/naive_qwen_hybrid.h"
 
 #include <algorithm>
 #include <cmath>
@@ -15,13 +15,14 @@ using Vec = std::vector<double>;
   throw std::runtime_error("naive: " + what);
 }
 
-// y[out] = W[out, in] · x[in]
-Vec matvec(const Vec& w, int64_t out, int64_t in, const Vec& x) {
+// y[out] = W[first + out, in] · x[in]: rows [first, first + out) of a row-major matrix.
+Vec matvec(const Vec& w, int64_t out, int64_t in, const Vec& x, int64_t first = 0) {
   if (int64_t(x.size()) != in) fail("matvec input width");
+  if ((first + out) * in > int64_t(w.size())) fail("matvec rows out of range");
   Vec y(size_t(out), 0.0);
   for (int64_t o = 0; o < out; ++o) {
     double s = 0;
-    for (int64_t i = 0; i < in; ++i) s += w[size_t(o * in + i)] * x[size_t(i)];
+    for (int64_t i = 0; i < in; ++i) s += w[size_t((first + o) * in + i)] * x[size_t(i)];
     y[size_t(o)] = s;
   }
   return y;
@@ -51,14 +52,34 @@ T get_or(const nlohmann::json& j, const char* key, T fallback) {
 
 }  // namespace
 
-NaiveQwen3Next::NaiveQwen3Next(const nlohmann::json& c, const TensorMap& weights)
+NaiveQwenHybrid::NaiveQwenHybrid(const nlohmann::json& outer, const TensorMap& weights)
     : weights_(weights) {
-  if (get_or<std::string>(c, "model_type", "") != "qwen3_next") fail("model_type");
+  // transformers' classes: Qwen3NextForCausalLM and Qwen3_5[Moe]ForCausalLM (model_type
+  // qwen3_next, qwen3_5_text, qwen3_5_moe_text) hold the text model as `model`;
+  // Qwen3_5[Moe]ForConditionalGeneration (qwen3_5, qwen3_5_moe) as `model.language_model`, its
+  // config in text_config.
+  const std::string type = get_or<std::string>(outer, "model_type", "");
+  bool multimodal = false;
+  if (type == "qwen3_next") {
+    family_ = Family::kQwen3Next;
+  } else if (type == "qwen3_5" || type == "qwen3_5_text") {
+    family_ = Family::kQwen3_5, multimodal = type == "qwen3_5";
+  } else if (type == "qwen3_5_moe" || type == "qwen3_5_moe_text") {
+    family_ = Family::kQwen3_5Moe, multimodal = type == "qwen3_5_moe";
+  } else {
+    fail("model_type '" + type + "'");
+  }
+  const bool nested = outer.contains("text_config") && outer["text_config"].is_object();
+  if (nested != multimodal) fail("text_config belongs to the multimodal model types only");
+  prefix_ = multimodal ? "model.language_model." : "model.";
+  const nlohmann::json& c = nested ? outer["text_config"] : outer;
+
   hidden_ = get_int(c, "hidden_size");
   layers_ = get_int(c, "num_hidden_layers");
   vocab_ = get_int(c, "vocab_size");
   eps_ = get_or<double>(c, "rms_norm_eps", 1e-6);
   tied_ = get_or<bool>(c, "tie_word_embeddings", false);
+  if (nested) tied_ = get_or<bool>(outer, "tie_word_embeddings", tied_);  // the wrapper's flag
 
   heads_ = get_int(c, "num_attention_heads");
   kv_heads_ = get_int(c, "num_key_value_heads");
@@ -70,6 +91,8 @@ NaiveQwen3Next::NaiveQwen3Next(const nlohmann::json& c, const TensorMap& weights
     if (get_or<std::string>(rp, "rope_type", "default") != "default") fail("rope_type");
     prf = get_or<double>(rp, "partial_rotary_factor", prf);
     theta_ = get_or<double>(rp, "rope_theta", theta_);
+    // mrope_section splits the frequencies among the temporal, height and width positions; a
+    // text token has all three equal to its index, so every split gives the 1-D rotary.
   }
   rot_dim_ = int(std::floor(head_dim_ * prf));
   if (rot_dim_ % 2 != 0) fail("odd rotary dimension");
@@ -80,15 +103,6 @@ NaiveQwen3Next::NaiveQwen3Next(const nlohmann::json& c, const TensorMap& weights
   dv_ = get_int(c, "linear_value_head_dim");
   conv_k_ = get_int(c, "linear_conv_kernel_dim");
   if (hv_ % hk_ != 0) fail("value heads not a multiple of key heads");
-
-  intermediate_ = get_or<int>(c, "intermediate_size", 0);
-  experts_ = get_or<int>(c, "num_experts", 0);
-  topk_ = get_or<int>(c, "num_experts_per_tok", 0);
-  moe_ff_ = get_or<int>(c, "moe_intermediate_size", 0);
-  shared_ff_ = get_or<int>(c, "shared_expert_intermediate_size", 0);
-  norm_topk_ = get_or<bool>(c, "norm_topk_prob", true);
-  const int sparse_step = get_or<int>(c, "decoder_sparse_step", 1);
-  const auto mlp_only = get_or<std::vector<int>>(c, "mlp_only_layers", {});
 
   if (c.contains("layer_types") && !c["layer_types"].is_null()) {
     const auto types = c["layer_types"].get<std::vector<std::string>>();
@@ -101,13 +115,39 @@ NaiveQwen3Next::NaiveQwen3Next(const nlohmann::json& c, const TensorMap& weights
     const int interval = get_or<int>(c, "full_attention_interval", 4);
     for (int i = 0; i < layers_; ++i) full_attn_.push_back((i + 1) % interval == 0);
   }
-  for (int i = 0; i < layers_; ++i) {
-    const bool only = std::find(mlp_only.begin(), mlp_only.end(), i) != mlp_only.end();
-    moe_.push_back(!only && experts_ > 0 && (i + 1) % sparse_step == 0);
+
+  switch (family_) {
+    case Family::kQwen3Next: {
+      intermediate_ = get_or<int>(c, "intermediate_size", 0);
+      experts_ = get_or<int>(c, "num_experts", 0);
+      topk_ = get_or<int>(c, "num_experts_per_tok", 0);
+      moe_ff_ = get_or<int>(c, "moe_intermediate_size", 0);
+      shared_ff_ = get_or<int>(c, "shared_expert_intermediate_size", 0);
+      norm_topk_ = get_or<bool>(c, "norm_topk_prob", true);
+      const int sparse_step = get_or<int>(c, "decoder_sparse_step", 1);
+      const auto mlp_only = get_or<std::vector<int>>(c, "mlp_only_layers", {});
+      for (int i = 0; i < layers_; ++i) {
+        const bool only = std::find(mlp_only.begin(), mlp_only.end(), i) != mlp_only.end();
+        moe_.push_back(!only && experts_ > 0 && (i + 1) % sparse_step == 0);
+      }
+      break;
+    }
+    case Family::kQwen3_5:  // Qwen3_5MLP in every layer; the MoE fields are deleted
+      intermediate_ = get_int(c, "intermediate_size");
+      moe_.assign(size_t(layers_), false);
+      break;
+    case Family::kQwen3_5Moe:  // the sparse block in every layer; its router always renormalises
+      experts_ = get_int(c, "num_experts");
+      topk_ = get_int(c, "num_experts_per_tok");
+      moe_ff_ = get_int(c, "moe_intermediate_size");
+      shared_ff_ = get_int(c, "shared_expert_intermediate_size");
+      norm_topk_ = true;
+      moe_.assign(size_t(layers_), true);
+      break;
   }
 }
 
-const Vec& NaiveQwen3Next::w(const std::string& name, std::vector<int64_t> shape) const {
+const Vec& NaiveQwenHybrid::w(const std::string& name, std::vector<int64_t> shape) const {
   auto it = weights_.find(name);
   if (it == weights_.end()) fail("missing tensor " + name);
   if (it->second.shape != shape) fail("tensor " + name + " has an unexpected shape");
@@ -115,20 +155,55 @@ const Vec& NaiveQwen3Next::w(const std::string& name, std::vector<int64_t> shape
 }
 
 // Zero-centred RMSNorm: x / sqrt(mean(x²) + eps) · (1 + w), in place.
-void NaiveQwen3Next::rms_norm_centred(Vec& x, const Vec& wt) const {
+void NaiveQwenHybrid::rms_norm_centred(Vec& x, const Vec& wt) const {
   double ss = 0;
   for (double v : x) ss += v * v;
   const double inv = 1.0 / std::sqrt(ss / double(x.size()) + eps_);
   for (size_t i = 0; i < x.size(); ++i) x[i] = x[i] * inv * (1.0 + wt[i]);
 }
 
-NaiveQwen3Next::Rows NaiveQwen3Next::linear_attention(int layer, const Rows& x) const {
-  const std::string p = "model.layers." + std::to_string(layer) + ".linear_attn.";
-  const int64_t D = hidden_, hk = hk_, hv = hv_, dk = dk_, dv = dv_, r = hv_ / hk_, K = conv_k_;
-  const int64_t group = 2 * dk + 2 * r * dv;  // one key head's slice of in_proj_qkvz
+void NaiveQwenHybrid::linear_projections(const std::string& p, const Vec& x, Vec* mixed, Vec* z,
+                                         Vec* b, Vec* a) const {
+  const int64_t D = hidden_, hk = hk_, hv = hv_, dk = dk_, dv = dv_, r = hv_ / hk_;
   const int64_t conv_dim = 2 * hk * dk + hv * dv;
-  const Vec& w_qkvz = w(p + "in_proj_qkvz.weight", {hk * group, D});
-  const Vec& w_ba = w(p + "in_proj_ba.weight", {hk * 2 * r, D});
+  if (family_ != Family::kQwen3Next) {
+    // Qwen3.5: in_proj_qkv rows are all q heads, all k heads, all v heads (value heads grouped
+    // by key head), the conv's channel order as is.
+    *mixed = matvec(w(p + "in_proj_qkv.weight", {conv_dim, D}), conv_dim, D, x);
+    *z = matvec(w(p + "in_proj_z.weight", {hv * dv, D}), hv * dv, D, x);
+    *b = matvec(w(p + "in_proj_b.weight", {hv, D}), hv, D, x);
+    *a = matvec(w(p + "in_proj_a.weight", {hv, D}), hv, D, x);
+    return;
+  }
+  // Qwen3-Next: per key head q, k, its r value heads, their z; then per key head r b, r a.
+  const int64_t group = 2 * dk + 2 * r * dv;  // one key head's slice of in_proj_qkvz
+  const Vec qkvz = matvec(w(p + "in_proj_qkvz.weight", {hk * group, D}), hk * group, D, x);
+  const Vec ba = matvec(w(p + "in_proj_ba.weight", {hk * 2 * r, D}), hk * 2 * r, D, x);
+  mixed->assign(size_t(conv_dim), 0.0);
+  z->assign(size_t(hv * dv), 0.0);
+  b->assign(size_t(hv), 0.0);
+  a->assign(size_t(hv), 0.0);
+  for (int64_t j = 0; j < hk; ++j) {
+    const double* g = &qkvz[size_t(j * group)];
+    for (int64_t i = 0; i < dk; ++i) {
+      (*mixed)[size_t(j * dk + i)] = g[i];
+      (*mixed)[size_t(hk * dk + j * dk + i)] = g[dk + i];
+    }
+    for (int64_t i = 0; i < r * dv; ++i) {
+      (*mixed)[size_t(2 * hk * dk + j * r * dv + i)] = g[2 * dk + i];
+      (*z)[size_t(j * r * dv + i)] = g[2 * dk + r * dv + i];
+    }
+    for (int64_t i = 0; i < r; ++i) {
+      (*b)[size_t(j * r + i)] = ba[size_t(j * 2 * r + i)];
+      (*a)[size_t(j * r + i)] = ba[size_t(j * 2 * r + r + i)];
+    }
+  }
+}
+
+NaiveQwenHybrid::Rows NaiveQwenHybrid::linear_attention(int layer, const Rows& x) const {
+  const std::string p = prefix_ + "layers." + std::to_string(layer) + ".linear_attn.";
+  const int64_t D = hidden_, hk = hk_, hv = hv_, dk = dk_, dv = dv_, r = hv_ / hk_, K = conv_k_;
+  const int64_t conv_dim = 2 * hk * dk + hv * dv;
   const Vec& w_conv = w(p + "conv1d.weight", {conv_dim, 1, K});
   const Vec& dt_bias = w(p + "dt_bias", {hv});
   const Vec& a_log = w(p + "A_log", {hv});
@@ -136,28 +211,8 @@ NaiveQwen3Next::Rows NaiveQwen3Next::linear_attention(int layer, const Rows& x) 
   const Vec& w_out = w(p + "out_proj.weight", {D, hv * dv});
 
   const size_t n = x.size();
-  Rows mixed(n, Vec(size_t(conv_dim)));               // [n, conv_dim]: q of all key heads, k, v
-  Rows z(n, Vec(size_t(hv * dv)));                    // [n, Hv·dv]
-  Rows b(n, Vec(size_t(hv))), a(n, Vec(size_t(hv)));  // [n, Hv]
-  for (size_t t = 0; t < n; ++t) {
-    const Vec qkvz = matvec(w_qkvz, hk * group, D, x[t]);
-    const Vec ba = matvec(w_ba, hk * 2 * r, D, x[t]);
-    for (int64_t j = 0; j < hk; ++j) {
-      const double* g = &qkvz[size_t(j * group)];
-      for (int64_t i = 0; i < dk; ++i) {
-        mixed[t][size_t(j * dk + i)] = g[i];
-        mixed[t][size_t(hk * dk + j * dk + i)] = g[dk + i];
-      }
-      for (int64_t i = 0; i < r * dv; ++i) {
-        mixed[t][size_t(2 * hk * dk + j * r * dv + i)] = g[2 * dk + i];
-        z[t][size_t(j * r * dv + i)] = g[2 * dk + r * dv + i];
-      }
-      for (int64_t i = 0; i < r; ++i) {
-        b[t][size_t(j * r + i)] = ba[size_t(j * 2 * r + i)];
-        a[t][size_t(j * r + i)] = ba[size_t(j * 2 * r + r + i)];
-      }
-    }
-  }
+  Rows mixed(n), z(n), b(n), a(n);  // [n, conv_dim] (q of all key heads, k, v), [n, Hv·dv], [n, Hv]
+  for (size_t t = 0; t < n; ++t) linear_projections(p, x[t], &mixed[t], &z[t], &b[t], &a[t]);
 
   // Causal depthwise convolution over time, zero before the first token, then SiLU.
   Rows conv(n, Vec(size_t(conv_dim)));  // [n, conv_dim]
@@ -229,8 +284,8 @@ NaiveQwen3Next::Rows NaiveQwen3Next::linear_attention(int layer, const Rows& x) 
   return out;
 }
 
-NaiveQwen3Next::Rows NaiveQwen3Next::full_attention(int layer, const Rows& x) const {
-  const std::string p = "model.layers." + std::to_string(layer) + ".self_attn.";
+NaiveQwenHybrid::Rows NaiveQwenHybrid::full_attention(int layer, const Rows& x) const {
+  const std::string p = prefix_ + "layers." + std::to_string(layer) + ".self_attn.";
   const int64_t D = hidden_, H = heads_, Hkv = kv_heads_, hd = head_dim_;
   const Vec& wq = w(p + "q_proj.weight", {H * 2 * hd, D});
   const Vec& wk = w(p + "k_proj.weight", {Hkv * hd, D});
@@ -303,17 +358,35 @@ NaiveQwen3Next::Rows NaiveQwen3Next::full_attention(int layer, const Rows& x) co
   return out;
 }
 
-NaiveQwen3Next::Rows NaiveQwen3Next::mlp(int layer, const Rows& x) const {
-  const std::string p = "model.layers." + std::to_string(layer) + ".mlp.";
+// down(silu(gate·x) ⊙ (up·x)) for one SwiGLU block of width ff.
+NaiveQwenHybrid::Vec NaiveQwenHybrid::swiglu(const std::string& prefix, int64_t ff,
+                                             const Vec& x) const {
   const int64_t D = hidden_;
-  // down(silu(gate·x) ⊙ (up·x)) for one SwiGLU block of width ff.
-  auto swiglu = [&](const std::string& prefix, int64_t ff, const Vec& xt) {
-    const Vec g = matvec(w(prefix + "gate_proj.weight", {ff, D}), ff, D, xt);
-    const Vec u = matvec(w(prefix + "up_proj.weight", {ff, D}), ff, D, xt);
-    Vec hmid(static_cast<size_t>(ff), 0.0);
-    for (int64_t i = 0; i < ff; ++i) hmid[size_t(i)] = silu(g[size_t(i)]) * u[size_t(i)];
-    return matvec(w(prefix + "down_proj.weight", {D, ff}), D, ff, hmid);
-  };
+  const Vec g = matvec(w(prefix + "gate_proj.weight", {ff, D}), ff, D, x);
+  const Vec u = matvec(w(prefix + "up_proj.weight", {ff, D}), ff, D, x);
+  Vec hmid(size_t(ff), 0.0);
+  for (int64_t i = 0; i < ff; ++i) hmid[size_t(i)] = silu(g[size_t(i)]) * u[size_t(i)];
+  return matvec(w(prefix + "down_proj.weight", {D, ff}), D, ff, hmid);
+}
+
+// Routed expert e: fused (gate_up_proj [E, 2I, D], expert e's gate rows then its up rows;
+// down_proj [E, D, I]) when the checkpoint has it, else one tensor per expert.
+NaiveQwenHybrid::Vec NaiveQwenHybrid::expert(const std::string& p, int e, const Vec& x) const {
+  const int64_t D = hidden_, I = moe_ff_, E = experts_;
+  if (!has(p + "experts.gate_up_proj"))
+    return swiglu(p + "experts." + std::to_string(e) + ".", I, x);
+  const Vec& gate_up = w(p + "experts.gate_up_proj", {E, 2 * I, D});
+  const Vec& down = w(p + "experts.down_proj", {E, D, I});
+  const Vec g = matvec(gate_up, I, D, x, e * 2 * I);
+  const Vec u = matvec(gate_up, I, D, x, e * 2 * I + I);
+  Vec hmid(size_t(I), 0.0);
+  for (int64_t i = 0; i < I; ++i) hmid[size_t(i)] = silu(g[size_t(i)]) * u[size_t(i)];
+  return matvec(down, D, I, hmid, e * D);
+}
+
+NaiveQwenHybrid::Rows NaiveQwenHybrid::mlp(int layer, const Rows& x) const {
+  const std::string p = prefix_ + "layers." + std::to_string(layer) + ".mlp.";
+  const int64_t D = hidden_;
   Rows out(x.size());
   for (size_t t = 0; t < x.size(); ++t) {
     if (!moe_[size_t(layer)]) {
@@ -336,7 +409,7 @@ NaiveQwen3Next::Rows NaiveQwen3Next::mlp(int layer, const Rows& x) const {
     for (int j = 0; j < topk_; ++j) {
       const int e = order[size_t(j)];
       const double weight = norm_topk_ ? logits[size_t(e)] / top_sum : logits[size_t(e)];
-      const Vec y = swiglu(p + "experts." + std::to_string(e) + ".", moe_ff_, x[t]);
+      const Vec y = expert(p, e, x[t]);
       for (int64_t i = 0; i < D; ++i) acc[size_t(i)] += weight * y[size_t(i)];
     }
     const Vec sg = matvec(w(p + "shared_expert_gate.weight", {1, D}), 1, D, x[t]);
@@ -347,16 +420,16 @@ NaiveQwen3Next::Rows NaiveQwen3Next::mlp(int layer, const Rows& x) const {
   return out;
 }
 
-std::vector<std::vector<double>> NaiveQwen3Next::forward(std::span<const int32_t> tokens) const {
+std::vector<std::vector<double>> NaiveQwenHybrid::forward(std::span<const int32_t> tokens) const {
   const int64_t D = hidden_, V = vocab_;
-  const Vec& emb = w("model.embed_tokens.weight", {V, D});
+  const Vec& emb = w(prefix_ + "embed_tokens.weight", {V, D});
   Rows h;  // [n, D]: the residual stream
   for (int32_t id : tokens) {
     if (id < 0 || id >= V) fail("token out of range");
     h.emplace_back(emb.begin() + id * D, emb.begin() + (id + 1) * D);
   }
   for (int l = 0; l < layers_; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const std::string p = prefix_ + "layers." + std::to_string(l) + ".";
     Rows x = h;
     for (Vec& r : x) rms_norm_centred(r, w(p + "input_layernorm.weight", {D}));
     const Rows m = full_attn_[size_t(l)] ? full_attention(l, x) : linear_attention(l, x);
@@ -373,7 +446,7 @@ std::vector<std::vector<double>> NaiveQwen3Next::forward(std::span<const int32_t
   const Vec& head = tied_ ? emb : w("lm_head.weight", {V, D});
   std::vector<std::vector<double>> logits;
   for (Vec& r : h) {
-    rms_norm_centred(r, w("model.norm.weight", {D}));
+    rms_norm_centred(r, w(prefix_ + "norm.weight", {D}));
     logits.push_back(matvec(head, V, D, r));
   }
   return logits;
