@@ -102,14 +102,24 @@ struct Layout {
   int n_blocks() const { return int(block_ids.size()); }
 };
 
-// Delta-rule inputs as the model makes them: l2-normalised q (scaled) and k, log-decays g, beta.
+// How DeltaInputs draws the log-decays g.
+enum class DecayStrength {
+  kMixed,   // in [-2, 0], mostly mild
+  kStrong,  // a quarter of the heads (per head) or key channels (per key) at -5 to -20 per
+            // token, so that a 64-token chunk's sum is far below -80; the rest as kMixed,
+            // with some exactly 0 (no decay)
+};
+
+// Delta-rule inputs as the model makes them: l2-normalised q (scaled) and k, log-decays g
+// (per head [n, hv] or per key channel [n, hv, dk]), beta.
 struct DeltaInputs {
   HostTensor q, k, v, g, beta;
-  DeltaInputs(int64_t n, int64_t hk, int64_t hv, int64_t dk, int64_t dv, std::mt19937& rng)
+  DeltaInputs(int64_t n, int64_t hk, int64_t hv, int64_t dk, int64_t dv, std::mt19937& rng,
+              bool per_key = false, DecayStrength strength = DecayStrength::kMixed)
       : q(DType::F32, {n, hk, dk}),
         k(DType::F32, {n, hk, dk}),
         v(DType::F32, {n, hv, dv}),
-        g(DType::F32, {n, hv}),
+        g(per_key ? HostTensor(DType::F32, {n, hv, dk}) : HostTensor(DType::F32, {n, hv})),
         beta(DType::F32, {n, hv}) {
     fill_random(q, rng);
     fill_random(k, rng);
@@ -117,37 +127,52 @@ struct DeltaInputs {
     CpuOps ops(1);
     ops.l2_norm(q.t, 1e-6f, 1.0f / std::sqrt(float(dk)));
     ops.l2_norm(k.t, 1e-6f, 1.0f);
-    std::uniform_real_distribution<float> gd(-2.0f, 0.0f), bd(0.0f, 1.0f);
-    for (int64_t i = 0; i < g.numel(); ++i) {
-      g.f()[i] = -gd(rng) * gd(rng) * 0.5f;  // log-decays in [-2, 0]: mostly mild, some strong
-      beta.f()[i] = bd(rng);
+    std::uniform_real_distribution<float> gd(-2.0f, 0.0f), bd(0.0f, 1.0f), strong(-20.0f, -5.0f);
+    const int64_t channels = per_key ? hv * dk : hv;  // decays per token
+    std::vector<int> kind(size_t(channels), 0);       // 0 mixed, 1 strong, 2 none
+    if (strength == DecayStrength::kStrong) {
+      for (int64_t c = 0; c < channels; ++c) kind[size_t(c)] = c % 4 == 1 ? 1 : c % 8 == 2 ? 2 : 0;
+      std::shuffle(kind.begin(), kind.end(), rng);
     }
+    for (int64_t i = 0; i < g.numel(); ++i) {
+      switch (kind[size_t(i % channels)]) {
+        case 0:
+          g.f()[i] = -gd(rng) * gd(rng) * 0.5f;  // log-decays in [-2, 0]: mostly mild, some strong
+          break;
+        case 1:
+          g.f()[i] = strong(rng);
+          break;
+        default:
+          g.f()[i] = 0.0f;
+      }
+    }
+    for (int64_t i = 0; i < beta.numel(); ++i) beta.f()[i] = bd(rng);
   }
 };
 
-// One gated-attention layer's input stage (Ops::attention_inputs) on random data over a ragged
+// One attention layer's input stage (Ops::attention_inputs) on random data over a ragged
 // layout's positions and blocks, and its reference from the scalar references of its parts.
+// Value heads of dv channels, query and key heads of hd.
 struct AttentionInputCase {
-  int64_t n, heads, kv, hd;
+  int64_t n, heads, kv, hd, dv;
   int rot;
-  HostTensor qg, k, v, q_norm, k_norm, q, gate, kc, vc;
+  HostTensor q, k, v, q_norm, k_norm, kc, vc;
   AttentionInputCase(const SeqLayout& l, int n_blocks, int64_t heads_, int64_t kv_, int64_t hd_,
-                     int rot_, DType norm_t, std::mt19937& rng)
+                     int64_t dv_, int rot_, DType norm_t, std::mt19937& rng)
       : n(l.n_tokens),
         heads(heads_),
         kv(kv_),
         hd(hd_),
+        dv(dv_),
         rot(rot_),
-        qg(DType::F32, {n, heads * 2 * hd}),
+        q(DType::F32, {n, heads * hd}),
         k(DType::F32, {n, kv * hd}),
-        v(DType::F32, {n, kv * hd}),
+        v(DType::F32, {n, kv * dv}),
         q_norm(norm_t, {hd}),
         k_norm(norm_t, {hd}),
-        q(DType::F32, {n, heads * hd}),
-        gate(DType::F32, {n, heads * hd}),
         kc(DType::F32, {n_blocks, kv, hd, l.block_size}),
-        vc(DType::F32, {n_blocks, kv, l.block_size, hd}) {
-    for (HostTensor* t : {&qg, &k, &v, &kc, &vc}) fill_random(*t, rng);
+        vc(DType::F32, {n_blocks, kv, l.block_size, dv}) {
+    for (HostTensor* t : {&q, &k, &v, &kc, &vc}) fill_random(*t, rng);
     fill_random(q_norm, rng, 0.2f);
     fill_random(k_norm, rng, 0.2f);
   }
@@ -155,33 +180,25 @@ struct AttentionInputCase {
     AttentionInputArgs a;
     a.heads = int(heads), a.kv_heads = int(kv), a.head_dim = int(hd), a.rot_dim = rot;
     a.rope_theta = 1e7, a.norm_offset = 1.0f, a.eps = 1e-6f;
-    a.qg = qg.t, a.k = k.t, a.v = v.t, a.q_norm = q_norm.t, a.k_norm = k_norm.t;
-    a.q = q.t, a.gate = gate.t, a.k_cache = kc.t, a.v_cache = vc.t;
+    a.q = q.t, a.k = k.t, a.v = v.t, a.q_norm = q_norm.t, a.k_norm = k_norm.t;
+    a.k_cache = kc.t, a.v_cache = vc.t;
     return a;
   }
-  // The stage from the references, in place on this case: the split by hand (it only moves
-  // values), the norms, the rotations and the cache writes.
+  // The stage from the references, in place on this case: the norms, the rotations and the
+  // cache writes.
   void reference(const SeqLayout& l) {
-    for (int64_t t = 0; t < n; ++t) {
-      for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t j = 0; j < hd; ++j) {
-          q.f()[(t * heads + h) * hd + j] = qg.f()[t * heads * 2 * hd + h * 2 * hd + j];
-          gate.f()[(t * heads + h) * hd + j] = qg.f()[t * heads * 2 * hd + h * 2 * hd + hd + j];
-        }
-      }
-    }
     const Tensor q3 = q.t.reshaped({n, heads, hd}), k3 = k.t.reshaped({n, kv, hd});
     ref::rms_norm(q3, q_norm.t, 1.0f, 1e-6f, q3);
     ref::rms_norm(k3, k_norm.t, 1.0f, 1e-6f, k3);
     ref::rope(q3, l.positions, rot, 1e7);
     ref::rope(k3, l.positions, rot, 1e7);
-    ref::kv_cache_write(k3, v.t.reshaped({n, kv, hd}), kc.t, vc.t, l);
+    ref::kv_cache_write(k3, v.t.reshaped({n, kv, dv}), kc.t, vc.t, l);
   }
 };
 
 // moe_experts_shared from the references: ref::moe_experts, then the shared expert (gate and up
-// by ref::matmul, SwiGLU and the σ(score) scale in double, down by ref::matmul) added in.
-// x [n, d]; score [n, 1]; out [n, d].
+// by ref::matmul, SwiGLU and the σ(score) scale in double, down by ref::matmul) added in; score
+// empty for an ungated shared expert. x [n, d]; score [n, 1]; out [n, d].
 inline void reference_moe_shared(const Tensor& x, std::span<const ExpertWeights> experts,
                                  const Tensor& ids, const Tensor& weights,
                                  const ExpertWeights& shared, const Tensor& score, Tensor out) {
@@ -196,7 +213,7 @@ inline void reference_moe_shared(const Tensor& x, std::span<const ExpertWeights>
   }
   ref::matmul(h.t, shared.down, y.t);
   for (int64_t t = 0; t < n; ++t) {
-    const double sg = 1.0 / (1.0 + std::exp(-double(score.row<float>(t)[0])));
+    const double sg = score.empty() ? 1.0 : 1.0 / (1.0 + std::exp(-double(score.row<float>(t)[0])));
     for (int64_t c = 0; c < d; ++c) {
       out.row<float>(t)[c] = float(out.row<float>(t)[c] + sg * y.f()[t * d + c]);
     }
@@ -204,11 +221,13 @@ inline void reference_moe_shared(const Tensor& x, std::span<const ExpertWeights>
 }
 
 // One Gated DeltaNet layer's input stage (Ops::gdn_inputs) on random data: the operands, the
-// outputs, and the reference built from the scalar references of its parts.
+// outputs, and the reference built from the scalar references of its parts. mixed, a and b are
+// column views of one projection output [n, C + 2·hv + 3], as a model's fused projection gives
+// them (rows not packed).
 struct GdnInputCase {
   int64_t n, hk, hv, dk, dv, K, C;
-  HostTensor qkvz, ba, conv_w, a_log, dt_bias, state;
-  HostTensor mixed, a, b, conv_out, z, g, beta;  // scratch and outputs
+  HostTensor proj, conv_w, a_log, dt_bias, state;  // operands
+  HostTensor conv_out, g, beta;                    // outputs
   GdnInputCase(int64_t n_, int64_t hk_, int64_t hv_, int64_t dk_, int64_t dv_, int64_t K_,
                int64_t slots, DType wt, DType gate_t, std::mt19937& rng)
       : n(n_),
@@ -218,59 +237,37 @@ struct GdnInputCase {
         dv(dv_),
         K(K_),
         C(2 * hk_ * dk_ + hv_ * dv_),
-        qkvz(DType::F32, {n, 2 * hk * dk + 2 * hv * dv}),
-        ba(DType::F32, {n, 2 * hv}),
+        proj(DType::F32, {n, C + 2 * hv + 3}),
         conv_w(wt, {C, 1, K}),
         a_log(gate_t, {hv}),
         dt_bias(gate_t, {hv}),
         state(DType::F32, {slots, K - 1, C}),
-        mixed(DType::F32, {n, C}),
-        a(DType::F32, {n, hv}),
-        b(DType::F32, {n, hv}),
         conv_out(DType::F32, {n, C}),
-        z(DType::F32, {n, hv * dv}),
         g(DType::F32, {n, hv}),
         beta(DType::F32, {n, hv}) {
-    fill_random(qkvz, rng);
-    fill_random(ba, rng);
+    fill_random(proj, rng);
     fill_random(conv_w, rng, 0.5f);
     fill_random(a_log, rng, 0.5f);
     fill_random(dt_bias, rng);
     fill_random(state, rng);
   }
+  Tensor mixed() const { return proj.t.slice_cols(0, C); }
+  Tensor a() const { return proj.t.slice_cols(C, C + hv); }
+  Tensor b() const { return proj.t.slice_cols(C + hv, C + 2 * hv); }
   GdnInputArgs args() const {
     GdnInputArgs r;
     r.key_heads = int(hk), r.value_heads = int(hv), r.dk = int(dk), r.dv = int(dv);
     r.l2_eps = 1e-6f, r.q_scale = 1.0f / std::sqrt(float(dk));
-    r.qkvz = qkvz.t, r.ba = ba.t, r.conv_weight = conv_w.t;
+    r.mixed = mixed(), r.a = a(), r.b = b(), r.conv_weight = conv_w.t;
     r.a_log = a_log.t, r.dt_bias = dt_bias.t, r.conv_state = state.t;
-    r.mixed = mixed.t, r.a = a.t, r.b = b.t;
-    r.conv_out = conv_out.t, r.z = z.t, r.g = g.t, r.beta = beta.t;
+    r.conv_out = conv_out.t, r.g = g.t, r.beta = beta.t;
     return r;
   }
-  // The stage from the references, in place on this case's outputs and state: the split by
-  // hand (it only moves values), then conv, the two L2 norms and the gates.
+  // The stage from the references, in place on this case's outputs and state: conv, the L2
+  // norms of every q and k head, and the gates.
   void reference(const SeqLayout& layout) {
-    const int64_t r = hv / hk, width = 2 * dk + 2 * r * dv, key_dim = hk * dk;
-    for (int64_t t = 0; t < n; ++t) {
-      const float* src = qkvz.f() + t * qkvz.t.stride[0];
-      for (int64_t h = 0; h < hk; ++h) {
-        const float* grp = src + h * width;
-        for (int64_t i = 0; i < dk; ++i) {
-          mixed.f()[t * C + h * dk + i] = grp[i];
-          mixed.f()[t * C + key_dim + h * dk + i] = grp[dk + i];
-        }
-        for (int64_t j = 0; j < r * dv; ++j) {
-          mixed.f()[t * C + 2 * key_dim + h * r * dv + j] = grp[2 * dk + j];
-          z.f()[t * hv * dv + h * r * dv + j] = grp[2 * dk + r * dv + j];
-        }
-        for (int64_t j = 0; j < r; ++j) {
-          b.f()[t * hv + h * r + j] = ba.f()[t * 2 * hv + h * 2 * r + j];
-          a.f()[t * hv + h * r + j] = ba.f()[t * 2 * hv + h * 2 * r + r + j];
-        }
-      }
-    }
-    ref::conv1d_causal_silu(mixed.t, conv_w.t, state.t, layout, conv_out.t);
+    const int64_t key_dim = hk * dk;
+    ref::conv1d_causal_silu(mixed(), conv_w.t, state.t, layout, conv_out.t);
     for (int64_t t = 0; t < n; ++t) {
       for (int64_t h = 0; h < hk; ++h) {
         for (int64_t part = 0; part < 2; ++part) {
@@ -280,7 +277,7 @@ struct GdnInputCase {
         }
       }
     }
-    ref::gdn_gates(a.t, b.t, a_log.t, dt_bias.t, g.t, beta.t);
+    ref::gdn_gates(a(), b(), a_log.t, dt_bias.t, g.t, beta.t);
   }
 };
 

@@ -102,8 +102,7 @@ void CpuOps::gather_rows(const Tensor& x, const int32_t* rows, int n, Tensor out
 }
 
 namespace {
-// out_row = x_row / rms(x_row) · (w + weight_offset); the one row body of rms_norm and
-// add_rms_norm, so the fused op gives the same bits as add followed by rms_norm.
+// out_row = x_row / rms(x_row) · (w + weight_offset).
 template <typename W>
 inline void rms_norm_row(const float* xr, const W* wp, float weight_offset, float eps, int64_t d,
                          float* orow) {
@@ -128,61 +127,66 @@ void CpuOps::rms_norm(const Tensor& x, const Tensor& w, float weight_offset, flo
   });
 }
 
-// x += y, then out = rms_norm(x), one row at a time while the row is in L1.
-void CpuOps::add_rms_norm(Tensor x, const Tensor& y, const Tensor& w, float weight_offset,
-                          float eps, Tensor out) {
-  RowView xs(x), ys(y), os(out);
-  const int64_t d = xs.d;
-  RECUR_CHECK(w.numel() == d && os.n_rows == xs.n_rows && ys.n_rows == xs.n_rows && ys.d == d);
-  dispatch_weight(w.dtype, [&](auto tag) {
-    using W = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
-    const W* wp = w.ptr<W>();
-    pool_.parallel_for(xs.n_rows, 64, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        float* xr = xs.row(r);
-        const float* yr = ys.row(r);
-        for (int64_t j = 0; j < d; ++j) xr[j] += yr[j];
-        rms_norm_row(xr, wp, weight_offset, eps, d, os.row(r));
-      }
-    });
-  });
+namespace {
+template <GateActivation A>
+inline float gate_act(float g) {
+  return A == GateActivation::kSilu ? silu(g) : sigmoid(g);
 }
+#if defined(__AVX512F__)
+template <GateActivation A>
+inline __m512 gate_act16(__m512 g) {
+  return A == GateActivation::kSilu ? silu16(g) : sigmoid16(g);
+}
+#endif
+
+// Rows [r0, r1) of rms_norm_gated with the gate activation A.
+template <GateActivation A, typename W>
+void rms_norm_gated_rows(const RowView& xs, const RowView& gs, const RowView& os, const W* wp,
+                         float eps, int64_t r0, int64_t r1) {
+  const int64_t d = xs.d;
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* xr = xs.row(r);
+    const float* gr = gs.row(r);
+    float* orow = os.row(r);
+    float ss = dot_f32(xr, xr, d);
+    float inv = 1.0f / std::sqrt(ss / float(d) + eps);
+#if defined(__AVX512F__)
+    const __m512 vinv = _mm512_set1_ps(inv);
+    for (int64_t j = 0; j < d; j += 16) {
+      const __mmask16 m = tail_mask(d - j);
+      __m512 wv = _mm512_setzero_ps();
+      if constexpr (std::is_same_v<W, float>) {
+        wv = _mm512_maskz_loadu_ps(m, wp + j);
+      } else {
+        alignas(64) float wtmp[16];
+        for (int64_t i = 0; i < 16; ++i) wtmp[i] = j + i < d ? to_f32(wp[j + i]) : 0.0f;
+        wv = _mm512_load_ps(wtmp);
+      }
+      const __m512 res =
+          _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, xr + j), vinv), wv),
+                        gate_act16<A>(_mm512_maskz_loadu_ps(m, gr + j)));
+      _mm512_mask_storeu_ps(orow + j, m, res);
+    }
+#else
+    for (int64_t j = 0; j < d; ++j) orow[j] = xr[j] * inv * to_f32(wp[j]) * gate_act<A>(gr[j]);
+#endif
+  }
+}
+}  // namespace
 
 void CpuOps::rms_norm_gated(const Tensor& x, const Tensor& gate, const Tensor& w, float eps,
-                            Tensor out) {
+                            GateActivation act, Tensor out) {
   RowView xs(x), gs(gate), os(out);
-  const int64_t d = xs.d;
-  RECUR_CHECK(w.numel() == d && gs.n_rows == xs.n_rows && os.n_rows == xs.n_rows);
+  RECUR_CHECK(w.numel() == xs.d && gs.d == xs.d && os.d == xs.d && gs.n_rows == xs.n_rows &&
+              os.n_rows == xs.n_rows);
   dispatch_weight(w.dtype, [&](auto tag) {
     using W = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
     const W* wp = w.ptr<W>();
     pool_.parallel_for(xs.n_rows, 64, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const float* xr = xs.row(r);
-        const float* gr = gs.row(r);
-        float* orow = os.row(r);
-        float ss = dot_f32(xr, xr, d);
-        float inv = 1.0f / std::sqrt(ss / float(d) + eps);
-#if defined(__AVX512F__)
-        const __m512 vinv = _mm512_set1_ps(inv);
-        for (int64_t j = 0; j < d; j += 16) {
-          const __mmask16 m = tail_mask(d - j);
-          __m512 wv = _mm512_setzero_ps();
-          if constexpr (std::is_same_v<W, float>) {
-            wv = _mm512_maskz_loadu_ps(m, wp + j);
-          } else {
-            alignas(64) float wtmp[16];
-            for (int64_t i = 0; i < 16; ++i) wtmp[i] = j + i < d ? to_f32(wp[j + i]) : 0.0f;
-            wv = _mm512_load_ps(wtmp);
-          }
-          const __m512 r = _mm512_mul_ps(
-              _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, xr + j), vinv), wv),
-              silu16(_mm512_maskz_loadu_ps(m, gr + j)));
-          _mm512_mask_storeu_ps(orow + j, m, r);
-        }
-#else
-        for (int64_t j = 0; j < d; ++j) orow[j] = xr[j] * inv * to_f32(wp[j]) * silu(gr[j]);
-#endif
+      if (act == GateActivation::kSilu) {
+        rms_norm_gated_rows<GateActivation::kSilu>(xs, gs, os, wp, eps, r0, r1);
+      } else {
+        rms_norm_gated_rows<GateActivation::kSigmoid>(xs, gs, os, wp, eps, r0, r1);
       }
     });
   });
@@ -197,26 +201,6 @@ void CpuOps::l2_norm(Tensor x, float eps, float scale) {
       for (int64_t j = 0; j < xs.d; ++j) xr[j] *= inv;
     }
   });
-}
-
-void CpuOps::split_groups(const Tensor& src, int groups, std::span<const int> parts,
-                          std::span<const Tensor> dsts) {
-  RECUR_CHECK(parts.size() == dsts.size());
-  int group_width = 0;
-  for (int p : parts) group_width += p;
-  RECUR_CHECK(src.row_size() == int64_t(groups) * group_width);
-  const int64_t n = src.shape[0];
-  for (int64_t t = 0; t < n; ++t) {
-    const float* s = src.row<float>(t);
-    for (int gi = 0; gi < groups; ++gi) {
-      for (size_t j = 0; j < parts.size(); ++j) {
-        float* d = dsts[j].row<float>(t) + int64_t(gi) * parts[j];
-        // Parts are a few floats to a few vectors: an inline loop beats a memcpy call.
-        for (int i = 0; i < parts[j]; ++i) d[i] = s[i];
-        s += parts[j];
-      }
-    }
-  }
 }
 
 void CpuOps::rope(Tensor x, const int32_t* positions, int rot_dim, double theta) {

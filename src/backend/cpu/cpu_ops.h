@@ -20,8 +20,10 @@ class CpuOps final : public Ops {
   // alone, so that results do not depend on the batch or the thread count).
   static constexpr int64_t kAttentionPartPositions = 1024;
   static constexpr int kAttentionMaxParts = 16;
-  static constexpr int kMaxGroup = 64;        // query heads per kv head
-  static constexpr int kMaxGroupDims = 8192;  // query heads per kv head × head_dim
+  static constexpr int kMaxGroup = 64;  // query heads per kv head
+  // Query heads per kv head × head size, for the key head size and for the value head size
+  // alike (queries and partial sums live in buffers of this many floats).
+  static constexpr int kMaxGroupDims = 8192;
   static int attention_parts(int64_t n_ctx);
 
   Device device() const override { return Device::kCpu; }
@@ -48,13 +50,9 @@ class CpuOps final : public Ops {
   void matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulate = false) override;
   void rms_norm(const Tensor& x, const Tensor& w, float weight_offset, float eps,
                 Tensor out) override;
-  void add_rms_norm(Tensor x, const Tensor& y, const Tensor& w, float weight_offset, float eps,
-                    Tensor out) override;
   void rms_norm_gated(const Tensor& x, const Tensor& gate, const Tensor& w, float eps,
-                      Tensor out) override;
+                      GateActivation act, Tensor out) override;
   void l2_norm(Tensor x, float eps, float scale) override;
-  void split_groups(const Tensor& src, int groups, std::span<const int> parts,
-                    std::span<const Tensor> dsts) override;
   void rope(Tensor x, const int32_t* positions, int rot_dim, double theta) override;
 
   void swiglu(const Tensor& gate, const Tensor& up, Tensor out) override;
@@ -66,6 +64,8 @@ class CpuOps final : public Ops {
                           const SeqLayout& layout, Tensor out) override;
   void gdn_gates(const Tensor& a, const Tensor& b, const Tensor& a_log, const Tensor& dt_bias,
                  Tensor g, Tensor beta) override;
+  // Key heads up to kMaxKeyDim channels, value heads up to kMaxValueDim.
+  static constexpr int kMaxKeyDim = 1024, kMaxValueDim = 1024;
   void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                         const Tensor& beta, Tensor state, const SeqLayout& layout, Tensor out,
                         Tensor scratch, DeltaRuleForm form = DeltaRuleForm::kAuto) override;
@@ -76,7 +76,10 @@ class CpuOps final : public Ops {
   void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                        const SeqLayout& layout, float scale, Tensor out) override;
 
-  void moe_route(const Tensor& logits, int k, bool norm_topk, Tensor ids, Tensor weights) override;
+  // Up to kMaxRouteExperts experts, kMaxRouteTopK of them per token.
+  static constexpr int kMaxRouteExperts = 4096, kMaxRouteTopK = 64;
+  void moe_route(const Tensor& logits, const MoeRouting& routing, Tensor ids,
+                 Tensor weights) override;
   void moe_experts(const Tensor& x, std::span<const ExpertWeights> experts, const Tensor& ids,
                    const Tensor& weights, Tensor out, Tensor scratch) override;
   size_t moe_experts_scratch_bytes(int n_tokens, int k, int n_experts, int d,

@@ -37,19 +37,19 @@ struct CacheView {
   int64_t k_block, k_dim;  // k strides: per block, per channel (positions are contiguous)
   int64_t v_block, v_row;  // v strides: per block, per position (channels are contiguous)
   const int32_t* blocks;   // block table of the sequence
-  int64_t bs, hd;
+  int64_t bs, hd, dv;      // block size, key and value head sizes
 };
 
 // Partial softmax state of G query heads over a range of positions, in scratch memory laid
-// out [acc: G·hd][mx: G][den: G].
+// out [acc: G·dv][mx: G][den: G].
 struct PartialState {
-  float* acc;  // [G, hd] Σ e^(s − mx) v, unnormalised
+  float* acc;  // [G, dv] Σ e^(s − mx) v, unnormalised
   float* mx;   // [G] largest score seen (−inf before any)
   float* den;  // [G] Σ e^(s − mx)
 };
 
-inline PartialState partial_at(float* base, int64_t G, int64_t hd) {
-  return {base, base + G * hd, base + G * hd + G};
+inline PartialState partial_at(float* base, int64_t G, int64_t dv) {
+  return {base, base + G * dv, base + G * dv + G};
 }
 
 #if defined(__AVX512F__)
@@ -87,18 +87,18 @@ inline void score_vectors(const float* q, int64_t hd, const float* kt, int64_t d
   }
 }
 
-// acc_g[d0 .. d0 + 16·NV) (masked to hd) = acc_g·corr_g + Σ_j p_g[j]·v_j over the chunk's
+// acc_g[d0 .. d0 + 16·NV) (masked to dv) = acc_g·corr_g + Σ_j p_g[j]·v_j over the chunk's
 // pieces, for TG heads; two position chains per accumulator.
 template <int TG, int NV>
 inline void value_tile(const float* p, int64_t p_stride, const float* const* piece_v,
                        const int64_t* piece_len, int n_pieces, int64_t v_row, float* acc,
-                       int64_t hd, int64_t d0, const float* corr) {
+                       int64_t dv, int64_t d0, const float* corr) {
   __mmask16 m[NV];
-  for (int i = 0; i < NV; ++i) m[i] = lanes(hd - d0 - 16 * i);
+  for (int i = 0; i < NV; ++i) m[i] = lanes(dv - d0 - 16 * i);
   __m512 a[2][TG][NV];
   for (int g = 0; g < TG; ++g) {
     for (int i = 0; i < NV; ++i) {
-      a[0][g][i] = _mm512_mul_ps(_mm512_maskz_loadu_ps(m[i], acc + g * hd + d0 + 16 * i),
+      a[0][g][i] = _mm512_mul_ps(_mm512_maskz_loadu_ps(m[i], acc + g * dv + d0 + 16 * i),
                                  _mm512_set1_ps(corr[g]));
       a[1][g][i] = _mm512_setzero_ps();
     }
@@ -131,7 +131,7 @@ inline void value_tile(const float* p, int64_t p_stride, const float* const* pie
   }
   for (int g = 0; g < TG; ++g) {
     for (int i = 0; i < NV; ++i) {
-      _mm512_mask_storeu_ps(acc + g * hd + d0 + 16 * i, m[i],
+      _mm512_mask_storeu_ps(acc + g * dv + d0 + 16 * i, m[i],
                             _mm512_add_ps(a[0][g][i], a[1][g][i]));
     }
   }
@@ -196,42 +196,42 @@ void chunk_scores(const float* q, int64_t G, int64_t hd, const float* const* pie
   }
 }
 
-void chunk_values(const float* p, int64_t G, int64_t hd, const float* const* piece_v,
+void chunk_values(const float* p, int64_t G, int64_t dv, const float* const* piece_v,
                   const int64_t* piece_len, int n_pieces, int64_t v_row, float* acc,
                   const float* corr) {
 #if defined(__AVX512F__)
-  for (int64_t d0 = 0; d0 < hd; d0 += 32) {
+  for (int64_t d0 = 0; d0 < dv; d0 += 32) {
     int64_t g = 0;
-    if (hd - d0 > 16) {
+    if (dv - d0 > 16) {
       for (; g + 2 <= G; g += 2) {
-        value_tile<2, 2>(p + g * kChunk, kChunk, piece_v, piece_len, n_pieces, v_row, acc + g * hd,
-                         hd, d0, corr + g);
+        value_tile<2, 2>(p + g * kChunk, kChunk, piece_v, piece_len, n_pieces, v_row, acc + g * dv,
+                         dv, d0, corr + g);
       }
       if (g < G) {
-        value_tile<1, 2>(p + g * kChunk, kChunk, piece_v, piece_len, n_pieces, v_row, acc + g * hd,
-                         hd, d0, corr + g);
+        value_tile<1, 2>(p + g * kChunk, kChunk, piece_v, piece_len, n_pieces, v_row, acc + g * dv,
+                         dv, d0, corr + g);
       }
     } else {
       for (; g + 2 <= G; g += 2) {
-        value_tile<2, 1>(p + g * kChunk, kChunk, piece_v, piece_len, n_pieces, v_row, acc + g * hd,
-                         hd, d0, corr + g);
+        value_tile<2, 1>(p + g * kChunk, kChunk, piece_v, piece_len, n_pieces, v_row, acc + g * dv,
+                         dv, d0, corr + g);
       }
       if (g < G) {
-        value_tile<1, 1>(p + g * kChunk, kChunk, piece_v, piece_len, n_pieces, v_row, acc + g * hd,
-                         hd, d0, corr + g);
+        value_tile<1, 1>(p + g * kChunk, kChunk, piece_v, piece_len, n_pieces, v_row, acc + g * dv,
+                         dv, d0, corr + g);
       }
     }
   }
 #else
   for (int64_t g = 0; g < G; ++g) {
-    float* a = acc + g * hd;
-    for (int64_t d = 0; d < hd; ++d) a[d] *= corr[g];
+    float* a = acc + g * dv;
+    for (int64_t d = 0; d < dv; ++d) a[d] *= corr[g];
     int64_t o = 0;
     for (int pc = 0; pc < n_pieces; ++pc) {
       for (int64_t j = 0; j < piece_len[pc]; ++j) {
         const float w = p[g * kChunk + o + j];
         const float* v = piece_v[pc] + j * v_row;
-        for (int64_t d = 0; d < hd; ++d) a[d] += w * v[d];
+        for (int64_t d = 0; d < dv; ++d) a[d] += w * v[d];
       }
       o += piece_len[pc];
     }
@@ -239,10 +239,11 @@ void chunk_values(const float* p, int64_t G, int64_t hd, const float* const* pie
 #endif
 }
 
-// Positions [p0, p1) of one task into `st` (starting empty). q [G, hd] is already scaled.
-void attend_part(const CacheView& c, const float* q, int64_t G, int64_t hd, int64_t p0, int64_t p1,
+// Positions [p0, p1) of one task into `st` (starting empty). q [G, c.hd] is already scaled.
+void attend_part(const CacheView& c, const float* q, int64_t G, int64_t p0, int64_t p1,
                  PartialState st) {
-  std::fill(st.acc, st.acc + G * hd, 0.0f);
+  const int64_t hd = c.hd, dv = c.dv;
+  std::fill(st.acc, st.acc + G * dv, 0.0f);
   std::fill(st.mx, st.mx + G, -INFINITY);
   std::fill(st.den, st.den + G, 0.0f);
   alignas(64) float sc[kMaxGroup * kChunk];
@@ -281,7 +282,7 @@ void attend_part(const CacheView& c, const float* q, int64_t G, int64_t hd, int6
       st.mx[g] = mx;
       st.den[g] = st.den[g] * corr[g] + exp_shifted_sum(s, L, mx);
     }
-    chunk_values(sc, G, hd, piece_v, piece_len, n_pieces, c.v_row, st.acc, corr);
+    chunk_values(sc, G, dv, piece_v, piece_len, n_pieces, c.v_row, st.acc, corr);
   }
 }
 
@@ -293,31 +294,31 @@ inline void part_range(int64_t n_ctx, int64_t bs, int n, int i, int64_t* p0, int
 }
 
 // out_g = Σ_i acc_i,g e^(mx_i,g − M) / Σ_i den_i,g e^(mx_i,g − M), parts merged in order.
-void merge_parts(const float* parts, int n, int64_t G, int64_t hd, float* out,
+void merge_parts(const float* parts, int n, int64_t G, int64_t dv, float* out,
                  int64_t head_stride) {
-  const int64_t part_floats = G * hd + 2 * G;
+  const int64_t part_floats = G * dv + 2 * G;
   for (int64_t g = 0; g < G; ++g) {
     float* o = out + g * head_stride;
-    if (n == 1 && std::isfinite(parts[G * hd + g])) {
+    if (n == 1 && std::isfinite(parts[G * dv + g])) {
       // The general path below with M = mx, so w = e^0 = 1 exactly: no exp, same bits.
-      const float inv = 1.0f / (0.0f + parts[G * hd + G + g]);
-      const float* a = parts + g * hd;
-      for (int64_t d = 0; d < hd; ++d) o[d] = (0.0f + a[d]) * inv;
+      const float inv = 1.0f / (0.0f + parts[G * dv + G + g]);
+      const float* a = parts + g * dv;
+      for (int64_t d = 0; d < dv; ++d) o[d] = (0.0f + a[d]) * inv;
       continue;
     }
     float M = -INFINITY;
-    for (int i = 0; i < n; ++i) M = std::max(M, parts[i * part_floats + G * hd + g]);
+    for (int i = 0; i < n; ++i) M = std::max(M, parts[i * part_floats + G * dv + g]);
     float den = 0.0f;
-    std::fill(o, o + hd, 0.0f);
+    std::fill(o, o + dv, 0.0f);
     for (int i = 0; i < n; ++i) {
       const float* p = parts + i * part_floats;
-      const float w = p[G * hd + g] == -INFINITY ? 0.0f : std::exp(p[G * hd + g] - M);
-      den += p[G * hd + G + g] * w;
-      const float* a = p + g * hd;
-      for (int64_t d = 0; d < hd; ++d) o[d] += w * a[d];
+      const float w = p[G * dv + g] == -INFINITY ? 0.0f : std::exp(p[G * dv + g] - M);
+      den += p[G * dv + G + g] * w;
+      const float* a = p + g * dv;
+      for (int64_t d = 0; d < dv; ++d) o[d] += w * a[d];
     }
     const float inv = 1.0f / den;
-    for (int64_t d = 0; d < hd; ++d) o[d] *= inv;
+    for (int64_t d = 0; d < dv; ++d) o[d] *= inv;
   }
 }
 
@@ -329,9 +330,11 @@ int CpuOps::attention_parts(int64_t n_ctx) {
 
 void CpuOps::kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, Tensor v_cache,
                             const SeqLayout& layout) {
-  const int64_t kv_heads = k.shape[1], hd = k.shape[2];
+  const int64_t kv_heads = k.shape[1], hd = k.shape[2], dv = v.shape[2];
+  RECUR_CHECK(v.shape[1] == kv_heads && k.stride[2] == 1 && v.stride[2] == 1);
   RECUR_CHECK(k_cache.shape[1] == kv_heads && k_cache.shape[2] == hd &&
-              k_cache.shape[3] == layout.block_size && v_cache.shape[2] == layout.block_size);
+              k_cache.shape[3] == layout.block_size && v_cache.shape[1] == kv_heads &&
+              v_cache.shape[2] == layout.block_size && v_cache.shape[3] == dv);
   for (int s = 0; s < layout.n_seqs; ++s) {
     RECUR_CHECK(layout.seq_len(s) == 0 ||
                 (layout.positions[layout.seq_start[s + 1] - 1] / layout.block_size) <
@@ -347,7 +350,7 @@ void CpuOps::kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, Te
         float* vc = v_cache.ptr<float>() + block * v_cache.stride[0] + h * v_cache.stride[1] +
                     off * v_cache.stride[2];
         const float* vr = v.ptr<float>() + t * v.stride[0] + h * v.stride[1];
-        for (int64_t j = 0; j < hd; ++j) vc[j] = vr[j];
+        for (int64_t j = 0; j < dv; ++j) vc[j] = vr[j];
       }
     }
   }
@@ -356,10 +359,13 @@ void CpuOps::kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, Te
 void CpuOps::paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                              const SeqLayout& layout, float scale, Tensor out) {
   const int64_t heads = q.shape[1], hd = q.shape[2], kv_heads = k_cache.shape[1];
-  const int64_t G = heads / kv_heads;
-  RECUR_CHECK(heads % kv_heads == 0 && G <= kMaxGroup && G * hd <= kMaxGroupDims);
+  const int64_t dv = v_cache.shape[3], G = heads / kv_heads;
+  RECUR_CHECK(heads % kv_heads == 0 && G <= kMaxGroup && G * hd <= kMaxGroupDims &&
+              G * dv <= kMaxGroupDims);
+  RECUR_CHECK(k_cache.shape[2] == hd && v_cache.shape[1] == kv_heads && out.shape[1] == heads &&
+              out.shape[2] == dv);
   RECUR_CHECK(layout.block_size <= kMaxBlock && q.stride[2] == 1 && out.stride[2] == 1);
-  const int64_t part_floats = G * hd + 2 * G;
+  const int64_t part_floats = G * dv + 2 * G;
   const int64_t n_tasks = int64_t(layout.n_tokens) * kv_heads;
   int64_t max_ctx = 0;
   for (int t = 0; t < layout.n_tokens; ++t)
@@ -381,7 +387,8 @@ void CpuOps::paged_attention(const Tensor& q, const Tensor& k_cache, const Tenso
                      v_cache.stride[2],
                      layout.block_ids + layout.block_start[seq_of(t)],
                      layout.block_size,
-                     hd};
+                     hd,
+                     dv};
   };
   // The task's query heads, scaled, contiguous [G, hd].
   auto load_queries = [&](int64_t t, int64_t kvh, float* qs) {
@@ -420,9 +427,9 @@ void CpuOps::paged_attention(const Tensor& q, const Tensor& k_cache, const Tenso
         for (int i = 0; i < n; ++i) {
           int64_t p0, p1;
           part_range(n_ctx, c.bs, n, i, &p0, &p1);
-          attend_part(c, qs, G, hd, p0, p1, partial_at(parts + i * part_floats, G, hd));
+          attend_part(c, qs, G, p0, p1, partial_at(parts + i * part_floats, G, dv));
         }
-        merge_parts(parts, n, G, hd, out_of(t, kvh), out.stride[1]);
+        merge_parts(parts, n, G, dv, out_of(t, kvh), out.stride[1]);
       }
     });
     return;
@@ -444,14 +451,14 @@ void CpuOps::paged_attention(const Tensor& q, const Tensor& k_cache, const Tenso
       load_queries(t, kvh, qs);
       int64_t p0, p1;
       part_range(n_ctx, c.bs, n, i, &p0, &p1);
-      attend_part(c, qs, G, hd, p0, p1, partial_at(parts + item * part_floats, G, hd));
+      attend_part(c, qs, G, p0, p1, partial_at(parts + item * part_floats, G, dv));
     }
   });
   pool_.parallel_for(n_tasks, n_tasks, [&](int64_t b, int64_t e) {  // small: inline
     for (int64_t task = b; task < e; ++task) {
       const int64_t t = task / kv_heads, kvh = task % kv_heads;
       const int n = attention_parts(int64_t(layout.positions[t]) + 1);
-      merge_parts(parts + task * max_parts * part_floats, n, G, hd, out_of(t, kvh), out.stride[1]);
+      merge_parts(parts + task * max_parts * part_floats, n, G, dv, out_of(t, kvh), out.stride[1]);
     }
   });
 }

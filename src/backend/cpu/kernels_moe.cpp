@@ -1,5 +1,6 @@
-// Mixture of experts on the CPU: f32 softmax routing, then tokens grouped by expert so that
-// each chosen expert's weights are read once per step, whatever the number of tokens.
+// Mixture of experts on the CPU: routing by f32 scores (softmax or sigmoid), then tokens grouped
+// by expert so that each chosen expert's weights are read once per step, whatever the number of
+// tokens.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -11,26 +12,50 @@ namespace recur {
 
 using namespace cpu;
 
-void CpuOps::moe_route(const Tensor& logits, int k, bool norm_topk, Tensor ids, Tensor weights) {
+void CpuOps::moe_route(const Tensor& logits, const MoeRouting& routing, Tensor ids,
+                       Tensor weights) {
   const int64_t n = logits.shape[0], E = logits.shape[1];
-  RECUR_CHECK(k >= 1 && k <= E && E <= 4096 && k <= 64);
+  const int k = routing.k;
+  const bool biased = !routing.selection_bias.empty();
+  RECUR_CHECK(k >= 1 && k <= E && E <= kMaxRouteExperts && k <= kMaxRouteTopK);
+  RECUR_CHECK(logits.dtype == DType::F32 && logits.stride[1] == 1 && ids.shape[1] >= k &&
+              weights.shape[1] >= k);
+  RECUR_CHECK(!biased || routing.selection_bias.numel() == E);
+  // The per-expert bias once per call (E ≤ 4096: 16 KB of stack).
+  float bias[kMaxRouteExperts];
+  for (int64_t e = 0; e < E; ++e) bias[e] = biased ? weight_at(routing.selection_bias, e) : 0.0f;
+  const bool softmax = routing.score == MoeRouting::Score::kSoftmax;
   for (int64_t t = 0; t < n; ++t) {
     const float* l = logits.row<float>(t);
-    float mx = l[0];
-    for (int64_t e = 1; e < E; ++e) mx = std::max(mx, l[e]);
-    // e^(l - mx) once per expert, kept for the chosen ones (E ≤ 4096: 32 KB of stack).
-    double ex[4096];
-    double sum = 0.0;
-    for (int64_t e = 0; e < E; ++e) {
-      ex[e] = std::exp(double(l[e] - mx));
-      sum += ex[e];
+    // Scores in double, held in f32 (as the reference holds them, so that equal scores tie
+    // alike); the values that choose are score + bias in f32.
+    float score[kMaxRouteExperts];
+    if (softmax) {
+      double mx = l[0];
+      for (int64_t e = 1; e < E; ++e) mx = std::max(mx, double(l[e]));
+      double ex[kMaxRouteExperts];
+      double sum = 0.0;
+      for (int64_t e = 0; e < E; ++e) {
+        ex[e] = std::exp(double(l[e]) - mx);
+        sum += ex[e];
+      }
+      for (int64_t e = 0; e < E; ++e) score[e] = float(ex[e] / sum);
+    } else {
+      for (int64_t e = 0; e < E; ++e) score[e] = float(1.0 / (1.0 + std::exp(-double(l[e]))));
     }
-    // Top-k by logit (softmax is monotonic); ties go to the lower expert index.
-    int32_t top[64];
+    const float* choose = score;
+    float biased_score[kMaxRouteExperts];
+    if (biased) {
+      for (int64_t e = 0; e < E; ++e) biased_score[e] = score[e] + bias[e];
+      choose = biased_score;
+    }
+    // Top-k by insertion; an expert goes after those that choose at least as high, so ties
+    // go to the lower expert index.
+    int32_t top[kMaxRouteTopK];
     int n_top = 0;
     for (int64_t e = 0; e < E; ++e) {
       int pos = n_top;
-      while (pos > 0 && l[top[pos - 1]] < l[e]) --pos;
+      while (pos > 0 && choose[top[pos - 1]] < choose[e]) --pos;
       if (pos >= k) continue;
       for (int j = std::min(n_top, k - 1); j > pos; --j) top[j] = top[j - 1];
       top[pos] = int32_t(e);
@@ -39,14 +64,11 @@ void CpuOps::moe_route(const Tensor& logits, int k, bool norm_topk, Tensor ids, 
     int32_t* id_row = ids.row<int32_t>(t);
     float* w_row = weights.row<float>(t);
     double kept = 0.0;
+    for (int j = 0; j < k; ++j) kept += score[top[j]];
+    const double norm = routing.renormalize ? kept : 1.0;
     for (int j = 0; j < k; ++j) {
       id_row[j] = top[j];
-      const double p = ex[top[j]] / sum;
-      w_row[j] = float(p);
-      kept += p;
-    }
-    if (norm_topk) {
-      for (int j = 0; j < k; ++j) w_row[j] = float(double(w_row[j]) / kept);
+      w_row[j] = float(double(score[top[j]]) / norm * routing.scale);
     }
   }
 }

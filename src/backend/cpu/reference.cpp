@@ -49,14 +49,17 @@ void rms_norm(const Tensor& x, const Tensor& w, float weight_offset, float eps, 
   }
 }
 
-void rms_norm_gated(const Tensor& x, const Tensor& gate, const Tensor& w, float eps, Tensor out) {
+void rms_norm_gated(const Tensor& x, const Tensor& gate, const Tensor& w, float eps,
+                    GateActivation act, Tensor out) {
   RowView xs(x), gs(gate), os(out);
   for (int64_t r = 0; r < xs.n_rows; ++r) {
     double ss = 0;
     for (int64_t j = 0; j < xs.d; ++j) ss += double(xs.row(r)[j]) * xs.row(r)[j];
     const double inv = 1.0 / std::sqrt(ss / double(xs.d) + eps);
     for (int64_t j = 0; j < xs.d; ++j) {
-      os.row(r)[j] = float(xs.row(r)[j] * inv * weight_at(w, j) * silu(gs.row(r)[j]));
+      const double gv = gs.row(r)[j];
+      const double a = act == GateActivation::kSilu ? silu(gv) : sigmoid(gv);
+      os.row(r)[j] = float(xs.row(r)[j] * inv * weight_at(w, j) * a);
     }
   }
 }
@@ -127,15 +130,18 @@ void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const T
                       const Tensor& beta, Tensor state, const SeqLayout& layout, Tensor out) {
   const int64_t hk = q.shape[1], dk = q.shape[2], hv = v.shape[1], dv = v.shape[2];
   const int64_t group = hv / hk;
+  const bool per_key = g.ndim == 3;  // [n, Hv, dk]; else [n, Hv]
   std::vector<double> S(static_cast<size_t>(dk * dv)), kv(static_cast<size_t>(dv));
   for (int s = 0; s < layout.n_seqs; ++s) {
     for (int64_t h = 0; h < hv; ++h) {
       float* st = state.ptr<float>() + (int64_t(layout.slot[s]) * hv + h) * dk * dv;
       for (int64_t i = 0; i < dk * dv; ++i) S[size_t(i)] = st[i];
       for (int64_t t = layout.seq_start[s]; t < layout.seq_start[s + 1]; ++t) {
-        const double decay = std::exp(double(g.row<float>(t)[h]));
         const double b = beta.row<float>(t)[h];
-        for (auto& e : S) e *= decay;
+        for (int64_t i = 0; i < dk; ++i) {  // S ← diag(exp(g))·S: row i by its channel's decay
+          const double decay = std::exp(double(per_key ? at3(g, t, h, i) : g.row<float>(t)[h]));
+          for (int64_t j = 0; j < dv; ++j) S[size_t(i * dv + j)] *= decay;
+        }
         for (int64_t j = 0; j < dv; ++j) {
           double acc = 0;
           for (int64_t i = 0; i < dk; ++i) acc += S[size_t(i * dv + j)] * at3(k, t, h / group, i);
@@ -156,7 +162,7 @@ void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const T
 }
 
 namespace {
-// k_cache [blocks, kv_heads, hd, block_size]; v_cache [blocks, kv_heads, block_size, hd]
+// k_cache [blocks, kv_heads, hd, block_size]; v_cache [blocks, kv_heads, block_size, dv]
 float& k_at(const Tensor& c, const SeqLayout& l, int s, int64_t pos, int64_t h, int64_t j) {
   const int32_t block = l.block_ids[l.block_start[s] + pos / l.block_size];
   return c
@@ -173,16 +179,18 @@ void kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, Tensor v_c
                     const SeqLayout& layout) {
   for (int s = 0; s < layout.n_seqs; ++s)
     for (int64_t t = layout.seq_start[s]; t < layout.seq_start[s + 1]; ++t)
-      for (int64_t h = 0; h < k.shape[1]; ++h)
-        for (int64_t j = 0; j < k.shape[2]; ++j) {
+      for (int64_t h = 0; h < k.shape[1]; ++h) {
+        for (int64_t j = 0; j < k.shape[2]; ++j)
           k_at(k_cache, layout, s, layout.positions[t], h, j) = at3(k, t, h, j);
+        for (int64_t j = 0; j < v.shape[2]; ++j)
           v_at(v_cache, layout, s, layout.positions[t], h, j) = at3(v, t, h, j);
-        }
+      }
 }
 
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const SeqLayout& layout, float scale, Tensor out) {
   const int64_t heads = q.shape[1], hd = q.shape[2], group = heads / k_cache.shape[1];
+  const int64_t dv = v_cache.shape[3];
   for (int s = 0; s < layout.n_seqs; ++s) {
     for (int64_t t = layout.seq_start[s]; t < layout.seq_start[s + 1]; ++t) {
       const int64_t n_ctx = layout.positions[t] + 1;
@@ -197,7 +205,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
         const double mx = *std::max_element(score.begin(), score.end());
         double sum = 0;
         for (auto& e : score) sum += (e = std::exp(e - mx));
-        for (int64_t j = 0; j < hd; ++j) {
+        for (int64_t j = 0; j < dv; ++j) {
           double acc = 0;
           for (int64_t p = 0; p < n_ctx; ++p)
             acc += score[size_t(p)] * v_at(v_cache, layout, s, p, h / group, j);
@@ -208,23 +216,35 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   }
 }
 
-void moe_route(const Tensor& logits, int k, bool norm_topk, Tensor ids, Tensor weights) {
+void moe_route(const Tensor& logits, const MoeRouting& routing, Tensor ids, Tensor weights) {
   const int64_t n = logits.shape[0], E = logits.shape[1];
+  const int k = routing.k;
+  const bool biased = !routing.selection_bias.empty();
   for (int64_t t = 0; t < n; ++t) {
-    std::vector<double> p(static_cast<size_t>(E));
-    double mx = -INFINITY, sum = 0;
-    for (int64_t e = 0; e < E; ++e) mx = std::max(mx, double(logits.row<float>(t)[e]));
-    for (int64_t e = 0; e < E; ++e) sum += (p[size_t(e)] = std::exp(logits.row<float>(t)[e] - mx));
-    for (auto& e : p) e /= sum;
+    const float* l = logits.row<float>(t);
+    // The scores, computed in double and held in f32; the values that choose add the bias.
+    std::vector<float> score(static_cast<size_t>(E)), choose(static_cast<size_t>(E));
+    if (routing.score == MoeRouting::Score::kSoftmax) {
+      double mx = -INFINITY, sum = 0;
+      for (int64_t e = 0; e < E; ++e) mx = std::max(mx, double(l[e]));
+      for (int64_t e = 0; e < E; ++e) sum += std::exp(double(l[e]) - mx);
+      for (int64_t e = 0; e < E; ++e) score[size_t(e)] = float(std::exp(double(l[e]) - mx) / sum);
+    } else {
+      for (int64_t e = 0; e < E; ++e) score[size_t(e)] = float(sigmoid(l[e]));
+    }
+    for (int64_t e = 0; e < E; ++e) {
+      choose[size_t(e)] = score[size_t(e)] + (biased ? weight_at(routing.selection_bias, e) : 0.0f);
+    }
     std::vector<int> order(static_cast<size_t>(E));
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(),
-                     [&](int a, int b) { return p[size_t(a)] > p[size_t(b)]; });
+                     [&](int a, int b) { return choose[size_t(a)] > choose[size_t(b)]; });
     double kept = 0;
-    for (int j = 0; j < k; ++j) kept += p[size_t(order[size_t(j)])];
+    for (int j = 0; j < k; ++j) kept += score[size_t(order[size_t(j)])];
     for (int j = 0; j < k; ++j) {
+      const double w = score[size_t(order[size_t(j)])] / (routing.renormalize ? kept : 1.0);
       ids.row<int32_t>(t)[j] = order[size_t(j)];
-      weights.row<float>(t)[j] = float(p[size_t(order[size_t(j)])] / (norm_topk ? kept : 1.0));
+      weights.row<float>(t)[j] = float(w * routing.scale);
     }
   }
 }
@@ -254,7 +274,6 @@ void moe_experts(const Tensor& x, std::span<const ExpertWeights> experts, const 
     }
     for (int64_t c = 0; c < d; ++c) out.row<float>(t)[c] = float(acc[size_t(c)]);
   }
-  (void)sigmoid;
 }
 
 }  // namespace recur::ref
