@@ -92,8 +92,8 @@ Result<HybridSpec> build_qwen3_5(const nlohmann::json& config, const nlohmann::j
     RECUR_RETURN_IF_ERROR(load_layer_norms(c, p, w, &L));
     spec.layers.push_back(std::move(L));
   }
-  spec.skipped_prefixes = {{"model.visual.", "the vision tower"},
-                           {"mtp.", "the multi-token-prediction head"}};
+  spec.skipped_prefixes.push_back({"model.visual.", "the vision tower"});
+  spec.skipped_prefixes.push_back({"mtp.", "the multi-token-prediction head"});
   return spec;
 }
 

@@ -35,7 +35,8 @@ Status load_gated_deltanet(const QwenHybridConfig& c, const std::string& p, Weig
     b.push_back({ba, ba_shape, kh * 2 * r, r});
     a.push_back({ba, ba_shape, kh * 2 * r + r, r});
   }
-  RECUR_ASSIGN_OR_RETURN(g->in_proj_qkv, w.load_rows(qkv, {g->conv_dim(), H}, WeightUse::kMatrix));
+  RECUR_ASSIGN_OR_RETURN(g->in_proj_qkv,
+                         w.load_rows(qkv, {2 * hk * dk + hv * dv, H}, WeightUse::kMatrix));
   RECUR_ASSIGN_OR_RETURN(g->in_proj_z, w.load_rows(z, {hv * dv, H}, WeightUse::kMatrix));
   RECUR_ASSIGN_OR_RETURN(g->in_proj_b, w.load_rows(b, {hv, H}, WeightUse::kMatrix));
   RECUR_ASSIGN_OR_RETURN(g->in_proj_a, w.load_rows(a, {hv, H}, WeightUse::kMatrix));
@@ -89,7 +90,7 @@ Result<HybridSpec> build_qwen3_next(const nlohmann::json& config, const nlohmann
     spec.layers.push_back(std::move(L));
   }
   // Multi-token-prediction weights are not used for plain decoding.
-  spec.skipped_prefixes = {{"mtp.", "the multi-token-prediction head"}};
+  spec.skipped_prefixes.push_back({"mtp.", "the multi-token-prediction head"});
   return spec;
 }
 

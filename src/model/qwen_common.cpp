@@ -21,6 +21,8 @@ Status begin_qwen_spec(const QwenHybridConfig& c, const std::string& prefix, Wei
   spec->tied_lm_head = c.tie_word_embeddings;
   if (c.tie_word_embeddings) {
     spec->lm_head = spec->embed_tokens;
+    // transformers ties over a stored lm_head.weight; so does this.
+    spec->skipped_prefixes.push_back({"lm_head.weight", "the LM head (tied to the embedding)"});
   } else {
     RECUR_ASSIGN_OR_RETURN(spec->lm_head,
                            w.load("lm_head.weight", {c.vocab_size, H}, WeightUse::kMatrix));
