@@ -447,6 +447,27 @@ void OutputParser::process(bool final, std::vector<Segment>* out) {
         return;
       }
       case State::kToolCall: {
+        const State after = call_in_think_ ? State::kReasoning : State::kContent;
+        if (!call_started_) {
+          // A call opens with "{" or "<function=": else the tag was text, and the text goes
+          // on at once (not held until a </tool_call> that may never come).
+          const std::string_view opener =
+              options_.tool_format == ToolCallFormat::kXml ? kFunctionOpen : "{";
+          const size_t p = buf_.find_first_not_of(" \t\r\n");
+          const std::string_view rest =
+              p == std::string::npos ? std::string_view() : std::string_view(buf_).substr(p);
+          if (rest.size() < opener.size() && rest == opener.substr(0, rest.size()) && !final) {
+            return;
+          }
+          if (!rest.starts_with(opener)) {
+            emit_text(
+                after == State::kReasoning ? Segment::Kind::kReasoning : Segment::Kind::kContent,
+                kCallOpen, out);
+            state_ = after;
+            continue;
+          }
+          call_started_ = true;
+        }
         size_t close;
         if (options_.tool_format == ToolCallFormat::kXml) {
           close = xml_call_end(final);
@@ -454,13 +475,13 @@ void OutputParser::process(bool final, std::vector<Segment>* out) {
           close = buf_.find(kCallClose, scan_);
           if (close == std::string::npos) scan_ = resume_at(buf_.size(), kCallClose.size(), 0);
         }
-        const State after = call_in_think_ ? State::kReasoning : State::kContent;
         if (close != std::string::npos) {
           handle_block(std::string_view(buf_).substr(0, close), true, out);
           buf_.erase(0, close + kCallClose.size());
           state_ = after;
           scan_ = 0;
           in_value_ = false;
+          call_started_ = false;
           continue;
         }
         if (!final) return;
@@ -469,6 +490,7 @@ void OutputParser::process(bool final, std::vector<Segment>* out) {
         state_ = after;
         scan_ = 0;
         in_value_ = false;
+        call_started_ = false;
         return;
       }
     }

@@ -60,6 +60,7 @@ class OutputParser {
   bool strip_newlines_ = false;  // drop newlines at the start of the next reasoning/content
   bool after_call_ = false;      // whitespace between and after tool calls is dropped
   bool call_in_think_ = false;   // the open tool call began inside <think>
+  bool call_started_ = false;    // the open tool call's body begins as a call does
   size_t scan_ = 0;              // XML call: buf_ is searched from here on
   bool in_value_ = false;        // XML call: scan_ is inside a parameter value
   int calls_ = 0;

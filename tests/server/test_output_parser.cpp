@@ -215,6 +215,7 @@ TEST(OutputParser, AnySplitGivesTheWholeResult) {
       "  <think>x</think>y<tool_call>bad</tool_call>z",
       "text <tool_call>{\"name\": \"c\", \"arguments\": {\"s\": \"</tool\"}}</tool_call> tail",
       "\n\n<think>\n\n</think>\n\n\n",
+      "<think>a <tool_call> b</think> <tool_call>\n[1]</tool_call><tool_call> {\"name\": \"x\"}",
   };
   std::mt19937 rng(7);
   for (bool start_in : {false, true}) {
@@ -270,14 +271,16 @@ TEST(OutputParserXml, ArgumentsAreTypedFromTheToolSchema) {
                                                             {"rooms", "[{\"beds\": 2}]"},
                                                             {"prefs", "{\"floor\": \"high\"}"},
                                                             {"maybe", "7"},
-                                                            {"level", "high"}});
+                                                            {"level", "high"},
+                                                            {"code", "true"}});
   Flat f = parse_whole(xml_opts(), text);
   EXPECT_EQ(f.content, "Booking.\n");
   ASSERT_EQ(f.calls.size(), 1u);
   EXPECT_EQ(f.calls[0].name, "book");
   EXPECT_EQ(f.calls[0].arguments,
             R"({"city":"Paris","nights":3,"budget":120.5,"pets":true,"note":null,)"
-            R"("rooms":[{"beds":2}],"prefs":{"floor":"high"},"maybe":7,"level":"high"})");
+            R"("rooms":[{"beds":2}],"prefs":{"floor":"high"},"maybe":7,"level":"high",)"
+            R"("code":"true"})");
   EXPECT_EQ(f.calls[0].id.rfind("call_", 0), 0u);
 }
 
@@ -439,6 +442,23 @@ TEST(OutputParserXml, MalformedCallsAreContentAndParsingGoesOn) {
   }
 }
 
+TEST(OutputParserXml, ATagThatDoesNotOpenACallIsTextAtOnce) {
+  // Not held until a </tool_call> that never comes: the thinking ends, the answer follows.
+  Flat f = parse_whole(xml_opts(), "<think>I write <tool_call> tags.</think>\n\nAnswer");
+  EXPECT_EQ(f.reasoning, "I write <tool_call> tags.");
+  EXPECT_EQ(f.content, "Answer");
+  EXPECT_TRUE(f.calls.empty());
+  OutputParser p(xml_opts(false));
+  std::vector<Segment> out;
+  p.push("Use <tool_call> tags", &out);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].text, "Use <tool_call> tags");
+  // The JSON form: a call's body is an object.
+  f = parse_whole(chat_opts(true, true), "<think>a <tool_call> b</think>c <tool_call>[1]");
+  EXPECT_EQ(f.reasoning, "a <tool_call> b");
+  EXPECT_EQ(f.content, "c <tool_call>[1]");
+}
+
 TEST(OutputParserXml, OnlyTheCloseTagEndsAValue) {
   // A value may hold "</tool_call>" (code, say); so a parameter left open runs on to the next
   // </parameter>, and with none the block is text.
@@ -540,6 +560,7 @@ TEST(OutputParserXml, AnySplitGivesTheWholeResult) {
       "a <tool_call><function=b\nc></function></tool_call> d " + xml_call("ping", {{"n", "{}"}}),
       "<tool_call>\n<function=book>\n<parameter=" + std::string(300, 'p') + "</tool_call> e",
       "\n\n<think>\n\n</think>\n\n\n" + xml_call("ping", {}) + "\n\n",
+      "<think>a <tool_call> b\n</think>\n<tool_call>\n <tool_call><function=ping></function>",
   };
   std::mt19937 rng(11);
   for (bool start_in : {false, true}) {
