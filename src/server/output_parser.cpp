@@ -1,6 +1,8 @@
 #include "server/output_parser.h"
 
 #include <algorithm>
+#include <cmath>
+#include <optional>
 
 namespace recur::server {
 
@@ -10,6 +12,11 @@ constexpr std::string_view kThinkOpen = "<think>";
 constexpr std::string_view kThinkClose = "</think>";
 constexpr std::string_view kCallOpen = "<tool_call>";
 constexpr std::string_view kCallClose = "</tool_call>";
+constexpr std::string_view kFunctionOpen = "<function=";
+constexpr std::string_view kFunctionClose = "</function>";
+constexpr std::string_view kParamOpen = "<parameter=";
+constexpr std::string_view kParamClose = "</parameter>";
+constexpr size_t kMaxXmlName = 256;  // a longer <function=…> or <parameter=…> name is not one
 
 // Length of the longest suffix of `s` that is a proper prefix of `marker`.
 size_t partial_suffix(std::string_view s, std::string_view marker) {
@@ -29,16 +36,154 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
+size_t skip_space(std::string_view s, size_t pos) {
+  while (pos < s.size() && is_space(s[pos])) ++pos;
+  return pos;
+}
+
+bool starts_at(std::string_view s, size_t pos, std::string_view prefix) {
+  return s.substr(std::min(pos, s.size()), prefix.size()) == prefix;
+}
+
+bool iequals(std::string_view a, std::string_view lower) {
+  if (a.size() != lower.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const char c = (a[i] >= 'A' && a[i] <= 'Z') ? char(a[i] - 'A' + 'a') : a[i];
+    if (c != lower[i]) return false;
+  }
+  return true;
+}
+
+// A search for a marker of `len` bytes that failed on `size` bytes resumes here next time.
+size_t resume_at(size_t size, size_t len, size_t from) {
+  return std::max(from, size >= len ? size - len + 1 : size_t(0));
+}
+
+// Bracket depth outside strings: serializing, templating and the Anthropic input recurse on it.
+bool depth_within(std::string_view s, int limit) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return false;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return true;
+}
+
+// Model-written JSON, or nothing when it is not JSON (or nested too deep to handle).
+std::optional<ojson> parse_json(std::string_view s) {
+  if (s.empty() || !depth_within(s, kMaxJsonDepth)) return std::nullopt;
+  ojson j = ojson::parse(s, nullptr, false);
+  if (j.is_discarded()) return std::nullopt;
+  return j;
+}
+
+// The name of <function=NAME> / <parameter=NAME> starting at `pos`: up to '>', on one line,
+// without '<'. Returns the trimmed name and the position after '>'.
+std::optional<std::pair<std::string_view, size_t>> xml_name(std::string_view s, size_t pos) {
+  const size_t end = s.find_first_of(">\n<", pos);
+  if (end == std::string_view::npos || s[end] != '>' || end - pos > kMaxXmlName) {
+    return std::nullopt;
+  }
+  const std::string_view name = trim(s.substr(pos, end - pos));
+  if (name.empty()) return std::nullopt;
+  return std::make_pair(name, end + 1);
+}
+
+enum TypeBits : unsigned {
+  kString = 1,
+  kInteger = 2,
+  kNumber = 4,
+  kBoolean = 8,
+  kNull = 16,
+  kObject = 32,
+  kArray = 64,
+};
+
+unsigned type_bit(const ojson& t) {
+  if (!t.is_string()) return 0;
+  const std::string& s = t.get_ref<const std::string&>();
+  if (s == "string") return kString;
+  if (s == "integer") return kInteger;
+  if (s == "number") return kNumber;
+  if (s == "boolean") return kBoolean;
+  if (s == "null") return kNull;
+  if (s == "object") return kObject;
+  if (s == "array") return kArray;
+  return 0;
+}
+
+// The JSON types a schema allows ("type", a list of them, or anyOf/oneOf alternatives);
+// 0 when it does not say (no "type", "$ref", an alternative without one).
+unsigned schema_types(const ojson& schema, int depth) {
+  if (!schema.is_object() || depth > 8) return 0;
+  unsigned bits = 0;
+  if (const ojson* t = field(schema, "type")) {
+    if (t->is_array()) {
+      for (const ojson& x : *t) bits |= type_bit(x);
+    } else {
+      bits |= type_bit(*t);
+    }
+  }
+  for (const char* key : {"anyOf", "oneOf"}) {
+    const ojson* alts = field(schema, key);
+    if (!alts || !alts->is_array()) continue;
+    for (const ojson& alt : *alts) {
+      const unsigned b = schema_types(alt, depth + 1);
+      if (b == 0) return 0;
+      bits |= b;
+    }
+  }
+  return bits;
+}
+
 }  // namespace
+
+ojson typed_argument(std::string_view value, const ojson* schema) {
+  const unsigned types = schema ? schema_types(*schema, 0) : 0;
+  const std::string_view t = trim(value);
+  if (types == 0) {
+    std::optional<ojson> j = parse_json(t);
+    return j ? std::move(*j) : ojson(std::string(value));
+  }
+  // Other types before string: a union with string still reads "3" as 3, "null" as null.
+  if ((types & kNull) && iequals(t, "null")) return nullptr;
+  if (types & kBoolean) {
+    if (iequals(t, "true")) return true;
+    if (iequals(t, "false")) return false;
+  }
+  if (types & (kInteger | kNumber)) {
+    std::optional<ojson> j = parse_json(t);
+    if (j && j->is_number()) {
+      if ((types & kNumber) || j->is_number_integer()) return std::move(*j);
+      const double d = j->get<double>();
+      if (std::trunc(d) == d && std::fabs(d) < 9.0e18) return int64_t(d);  // 5.0 is an integer
+    }
+  }
+  if (types & (kObject | kArray)) {
+    std::optional<ojson> j = parse_json(t);
+    if (j && ((j->is_object() && (types & kObject)) || (j->is_array() && (types & kArray)))) {
+      return std::move(*j);
+    }
+  }
+  return std::string(value);  // a string, or what does not parse as the schema's type
+}
 
 OutputParser::OutputParser(const OutputOptions& options, std::string id_prefix)
     : options_(options), id_prefix_(std::move(id_prefix)) {
-  if (options_.parse_reasoning) {
-    state_ = options_.start_in_reasoning ? State::kReasoning : State::kThinkStart;
-    strip_newlines_ = options_.start_in_reasoning;
-  } else {
-    state_ = State::kContent;
-  }
+  state_ = options_.parse_reasoning ? State::kThinkStart : State::kContent;
   if (!options_.forced_prefix.empty()) {
     std::vector<Segment> discard;  // the prefix is part of the prompt, not of the output
     push(options_.forced_prefix, &discard);
@@ -57,6 +202,18 @@ void OutputParser::emit_text(Segment::Kind kind, std::string_view text, std::vec
   out->push_back(std::move(s));
 }
 
+void OutputParser::emit_call(std::string name, std::string arguments, std::vector<Segment>* out) {
+  after_call_ = true;
+  if (calls_ > 0 && !options_.parallel_tool_calls) return;
+  Segment s;
+  s.kind = Segment::Kind::kToolCall;
+  s.call.id = random_id(id_prefix_);
+  s.call.name = std::move(name);
+  s.call.arguments = std::move(arguments);
+  ++calls_;
+  out->push_back(std::move(s));
+}
+
 void OutputParser::push(std::string_view text, std::vector<Segment>* out) {
   buf_.append(text);
   process(false, out);
@@ -66,34 +223,132 @@ void OutputParser::finish(std::vector<Segment>* out) {
   process(true, out);
 }
 
+const ojson* OutputParser::parameter_schema(std::string_view tool,
+                                            std::string_view parameter) const {
+  if (!options_.tools || !options_.tools->is_array()) return nullptr;
+  for (const ojson& t : *options_.tools) {
+    const ojson* fn = t.is_object() ? field(t, "function") : nullptr;
+    if (!fn || !fn->is_object()) continue;
+    const ojson* name = field(*fn, "name");
+    if (!name || !name->is_string() || name->get_ref<const std::string&>() != tool) continue;
+    const ojson* params = field(*fn, "parameters");
+    const ojson* props = params && params->is_object() ? field(*params, "properties") : nullptr;
+    return props && props->is_object() ? field(*props, parameter) : nullptr;
+  }
+  return nullptr;
+}
+
+bool OutputParser::handle_json(std::string_view block, std::vector<Segment>* out) {
+  std::optional<ojson> j = parse_json(trim(block));
+  const ojson* name = j && j->is_object() ? field(*j, "name") : nullptr;
+  if (!name || !name->is_string() || name->get_ref<const std::string&>().empty()) return false;
+  const ojson* args = field(*j, "arguments");
+  if (!args) args = field(*j, "parameters");
+  std::string arguments;
+  if (!args) {
+    arguments = "{}";
+  } else if (args->is_string()) {
+    arguments = args->get<std::string>();
+  } else {
+    arguments = dump(*args);
+  }
+  emit_call(name->get<std::string>(), std::move(arguments), out);
+  return true;
+}
+
+// <function=NAME> (<parameter=ARG>\nVALUE\n</parameter>)* </function>, one or more times;
+// whitespace between the tags. Cut off by the end of output, a call counts only once its
+// </function> is in.
+bool OutputParser::handle_xml(std::string_view b, bool terminated, std::vector<Segment>* out) {
+  std::vector<std::pair<std::string, ojson>> calls;
+  size_t pos = skip_space(b, 0);
+  while (pos < b.size()) {
+    if (!starts_at(b, pos, kFunctionOpen)) return false;
+    const auto name = xml_name(b, pos + kFunctionOpen.size());
+    if (!name) return false;
+    pos = name->second;
+    ojson args = ojson::object();
+    bool closed = false;
+    for (;;) {
+      pos = skip_space(b, pos);
+      if (starts_at(b, pos, kParamOpen)) {
+        const auto param = xml_name(b, pos + kParamOpen.size());
+        if (!param) return false;
+        const size_t end = b.find(kParamClose, param->second);
+        if (end == std::string_view::npos) return false;
+        // The newline after <parameter=…> and the one before </parameter> are markup.
+        std::string_view value = b.substr(param->second, end - param->second);
+        if (!value.empty() && value.front() == '\n') value.remove_prefix(1);
+        if (!value.empty() && value.back() == '\n') value.remove_suffix(1);
+        args[std::string(param->first)] =
+            typed_argument(value, parameter_schema(name->first, param->first));
+        pos = end + kParamClose.size();
+      } else if (starts_at(b, pos, kFunctionClose)) {
+        pos += kFunctionClose.size();
+        closed = true;
+        break;
+      } else if (pos == b.size()) {
+        break;
+      } else {
+        return false;
+      }
+    }
+    if (!closed && !terminated) return false;
+    calls.emplace_back(std::string(name->first), std::move(args));
+    pos = skip_space(b, pos);
+  }
+  if (calls.empty()) return false;
+  for (auto& [name, args] : calls) emit_call(std::move(name), dump(args), out);
+  return true;
+}
+
 void OutputParser::handle_block(std::string_view block, bool terminated,
                                 std::vector<Segment>* out) {
-  ojson j = ojson::parse(trim(block), nullptr, false);
-  const ojson* name = j.is_object() ? field(j, "name") : nullptr;
-  if (!name || !name->is_string() || name->get_ref<const std::string&>().empty()) {
-    // Not a call after all: the model's text goes out as content.
-    std::string raw(kCallOpen);
-    raw.append(block);
-    if (terminated) raw.append(kCallClose);
-    emit_text(Segment::Kind::kContent, raw, out);
-    return;
+  const bool call = options_.tool_format == ToolCallFormat::kXml
+                        ? handle_xml(block, terminated, out)
+                        : handle_json(block, out);
+  if (call) return;
+  // Not a call after all: the model's text goes out as it was, where it was written.
+  std::string raw(kCallOpen);
+  raw.append(block);
+  if (terminated) raw.append(kCallClose);
+  emit_text(call_in_think_ ? Segment::Kind::kReasoning : Segment::Kind::kContent, raw, out);
+}
+
+size_t OutputParser::xml_call_end(bool final) {
+  // Only </parameter> ends a value: a value may hold "</tool_call>" (code, say).
+  for (;;) {
+    if (in_value_) {
+      const size_t close = buf_.find(kParamClose, scan_);
+      if (close == std::string::npos) {
+        scan_ = resume_at(buf_.size(), kParamClose.size(), scan_);
+        return std::string::npos;
+      }
+      in_value_ = false;
+      scan_ = close + kParamClose.size();
+      continue;
+    }
+    const size_t end = buf_.find(kCallClose, scan_);
+    const size_t param = buf_.find(kParamOpen, scan_);
+    if (param < end) {
+      const size_t name = param + kParamOpen.size();
+      const size_t stop = buf_.find_first_of(">\n<", name);
+      if (stop == std::string::npos && buf_.size() - name <= kMaxXmlName && !final) {
+        scan_ = param;  // the name may still end in '>'
+        return std::string::npos;
+      }
+      if (stop != std::string::npos && buf_[stop] == '>' && stop - name <= kMaxXmlName) {
+        in_value_ = true;
+        scan_ = stop + 1;
+      } else {
+        scan_ = stop == std::string::npos ? name : stop;  // not a parameter after all
+      }
+      continue;
+    }
+    if (end != std::string::npos) return end;
+    scan_ = resume_at(buf_.size(), std::max(kCallClose.size(), kParamOpen.size()), scan_);
+    return std::string::npos;
   }
-  if (calls_ > 0 && !options_.parallel_tool_calls) return;
-  Segment s;
-  s.kind = Segment::Kind::kToolCall;
-  s.call.id = random_id(id_prefix_);
-  s.call.name = name->get<std::string>();
-  const ojson* args = field(j, "arguments");
-  if (!args) args = field(j, "parameters");
-  if (!args) {
-    s.call.arguments = "{}";
-  } else if (args->is_string()) {
-    s.call.arguments = args->get<std::string>();
-  } else {
-    s.call.arguments = dump(*args);
-  }
-  ++calls_;
-  out->push_back(std::move(s));
 }
 
 void OutputParser::process(bool final, std::vector<Segment>* out) {
@@ -113,10 +368,18 @@ void OutputParser::process(bool final, std::vector<Segment>* out) {
                 std::string_view(buf_).substr(p)) {
           return;  // "<thi" so far
         }
-        state_ = State::kContent;
+        // A template that opened <think> itself: the output starts inside the reasoning.
+        state_ = options_.start_in_reasoning ? State::kReasoning : State::kContent;
+        strip_newlines_ = options_.start_in_reasoning;
         continue;
       }
       case State::kReasoning: {
+        if (after_call_) {
+          const size_t p = buf_.find_first_not_of(" \t\r\n");
+          buf_.erase(0, p == std::string::npos ? buf_.size() : p);
+          if (buf_.empty()) return;
+          after_call_ = false;
+        }
         if (strip_newlines_) {
           const size_t p = buf_.find_first_not_of('\n');
           buf_.erase(0, p == std::string::npos ? buf_.size() : p);
@@ -124,6 +387,15 @@ void OutputParser::process(bool final, std::vector<Segment>* out) {
           strip_newlines_ = false;
         }
         const size_t end = buf_.find(kThinkClose);
+        const size_t open = options_.parse_tools ? buf_.find(kCallOpen) : std::string::npos;
+        if (open < end) {
+          // A call written while thinking is still a call.
+          emit_text(Segment::Kind::kReasoning, std::string_view(buf_).substr(0, open), out);
+          buf_.erase(0, open + kCallOpen.size());
+          state_ = State::kToolCall;
+          call_in_think_ = true;
+          continue;
+        }
         if (end != std::string::npos) {
           std::string_view r(buf_.data(), end);
           while (!r.empty() && r.back() == '\n') r.remove_suffix(1);
@@ -136,10 +408,9 @@ void OutputParser::process(bool final, std::vector<Segment>* out) {
         size_t hold = 0;
         if (!final) {
           hold = partial_suffix(buf_, kThinkClose);
-          while (hold < buf_.size() && buf_[buf_.size() - hold - 1] == '\n') ++hold;
-        } else {
-          while (hold < buf_.size() && buf_[buf_.size() - hold - 1] == '\n') ++hold;
+          if (options_.parse_tools) hold = std::max(hold, partial_suffix(buf_, kCallOpen));
         }
+        while (hold < buf_.size() && buf_[buf_.size() - hold - 1] == '\n') ++hold;
         emit_text(Segment::Kind::kReasoning, std::string_view(buf_).substr(0, buf_.size() - hold),
                   out);
         buf_.erase(0, buf_.size() - hold);
@@ -165,6 +436,7 @@ void OutputParser::process(bool final, std::vector<Segment>* out) {
           emit_text(Segment::Kind::kContent, before, out);
           buf_.erase(0, open + kCallOpen.size());
           state_ = State::kToolCall;
+          call_in_think_ = false;
           continue;
         }
         const size_t hold = final ? 0 : partial_suffix(buf_, kCallOpen);
@@ -175,22 +447,77 @@ void OutputParser::process(bool final, std::vector<Segment>* out) {
         return;
       }
       case State::kToolCall: {
-        const size_t close = buf_.find(kCallClose);
+        const State after = call_in_think_ ? State::kReasoning : State::kContent;
+        if (!call_started_) {
+          // A call opens with "{" or "<function=": else the tag was text, and the text goes
+          // on at once (not held until a </tool_call> that may never come).
+          const std::string_view opener =
+              options_.tool_format == ToolCallFormat::kXml ? kFunctionOpen : "{";
+          const size_t p = buf_.find_first_not_of(" \t\r\n");
+          const std::string_view rest =
+              p == std::string::npos ? std::string_view() : std::string_view(buf_).substr(p);
+          if (rest.size() < opener.size() && rest == opener.substr(0, rest.size()) && !final) {
+            return;
+          }
+          if (!rest.starts_with(opener)) {
+            emit_text(
+                after == State::kReasoning ? Segment::Kind::kReasoning : Segment::Kind::kContent,
+                kCallOpen, out);
+            state_ = after;
+            continue;
+          }
+          call_started_ = true;
+        }
+        size_t close;
+        if (options_.tool_format == ToolCallFormat::kXml) {
+          close = xml_call_end(final);
+        } else {
+          close = buf_.find(kCallClose, scan_);
+          if (close == std::string::npos) scan_ = resume_at(buf_.size(), kCallClose.size(), 0);
+        }
         if (close != std::string::npos) {
           handle_block(std::string_view(buf_).substr(0, close), true, out);
           buf_.erase(0, close + kCallClose.size());
-          state_ = State::kContent;
-          after_call_ = true;
+          state_ = after;
+          scan_ = 0;
+          in_value_ = false;
+          call_started_ = false;
           continue;
         }
         if (!final) return;
         handle_block(buf_, false, out);
         buf_.clear();
-        state_ = State::kContent;
+        state_ = after;
+        scan_ = 0;
+        in_value_ = false;
+        call_started_ = false;
         return;
       }
     }
   }
+}
+
+ToolCallFormat detect_tool_call_format(std::string_view chat_template) {
+  // Both tags: <function=…> alone also appears in other forms (Llama's <function=NAME>{json}).
+  const bool xml = chat_template.find(kFunctionOpen) != std::string_view::npos &&
+                   chat_template.find(kParamOpen) != std::string_view::npos;
+  return xml ? ToolCallFormat::kXml : ToolCallFormat::kJson;
+}
+
+std::string forced_call_prefix(ToolCallFormat format, std::string_view name) {
+  std::string prefix(kCallOpen);
+  prefix += '\n';
+  if (format == ToolCallFormat::kXml) {
+    prefix += kFunctionOpen;
+    if (!name.empty()) {
+      prefix += name;
+      prefix += ">\n";
+    }
+  } else if (!name.empty()) {
+    // Arguments are a JSON object (the schema's parameters); the model writes its members.
+    prefix += "{\"name\": " + dump(ojson(std::string(name))) + ", \"arguments\": {";
+  }
+  return prefix;
 }
 
 std::string matched_stop(std::string_view text, const std::vector<std::string>& stops) {

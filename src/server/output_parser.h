@@ -1,7 +1,10 @@
 // Splits generated text, as it streams, into reasoning (Qwen3 <think>…</think>), content, and
-// tool calls (Hermes/Qwen <tool_call>{"name": …, "arguments": …}</tool_call>). Text that may
-// still turn out to begin a marker is held back until it cannot, so a streamed split always
-// equals the split of the whole text.
+// tool calls, in the form the model's chat template asks for: Hermes/Qwen3 JSON
+// (<tool_call>{"name": …, "arguments": …}</tool_call>) or Qwen3.5 XML
+// (<tool_call><function=NAME><parameter=ARG>VALUE</parameter></function></tool_call>, whose
+// values are typed from the tool's JSON schema). Text that may still turn out to begin a marker
+// is held back until it cannot, so a streamed split always equals the split of the whole text.
+// Calls written inside <think> are calls too; a malformed call is returned as the text it was.
 #pragma once
 
 #include <string>
@@ -32,8 +35,8 @@ class OutputParser {
 
   // Appends what `text` completes; adjacent pieces of one kind are merged.
   void push(std::string_view text, std::vector<Segment>* out);
-  // End of output: releases what was held back (an unterminated tool call is parsed if it can
-  // be, else returned as content).
+  // End of output: releases what was held back (an unterminated tool call is parsed if it is
+  // complete, else returned as text).
   void finish(std::vector<Segment>* out);
 
   int tool_calls() const { return calls_; }
@@ -42,7 +45,13 @@ class OutputParser {
   enum class State { kThinkStart, kReasoning, kContent, kToolCall };
   void process(bool final, std::vector<Segment>* out);
   void emit_text(Segment::Kind kind, std::string_view text, std::vector<Segment>* out);
+  void emit_call(std::string name, std::string arguments, std::vector<Segment>* out);
+  // Where the current XML call ends in buf_: npos while it may still go on.
+  size_t xml_call_end(bool final);
   void handle_block(std::string_view block, bool terminated, std::vector<Segment>* out);
+  bool handle_json(std::string_view block, std::vector<Segment>* out);
+  bool handle_xml(std::string_view block, bool terminated, std::vector<Segment>* out);
+  const ojson* parameter_schema(std::string_view tool, std::string_view parameter) const;
 
   OutputOptions options_;
   std::string id_prefix_;
@@ -50,8 +59,22 @@ class OutputParser {
   std::string buf_;              // text not yet released
   bool strip_newlines_ = false;  // drop newlines at the start of the next reasoning/content
   bool after_call_ = false;      // whitespace between and after tool calls is dropped
+  bool call_in_think_ = false;   // the open tool call began inside <think>
+  bool call_started_ = false;    // the open tool call's body begins as a call does
+  size_t scan_ = 0;              // XML call: buf_ is searched from here on
+  bool in_value_ = false;        // XML call: scan_ is inside a parameter value
   int calls_ = 0;
 };
+
+// kXml when the chat template writes or asks for <function=NAME> calls, else kJson.
+ToolCallFormat detect_tool_call_format(std::string_view chat_template);
+
+// What the assistant turn starts with to force a call (tool_choice "required": `name` empty,
+// or a named function), in the given form; the model writes the rest.
+std::string forced_call_prefix(ToolCallFormat format, std::string_view name);
+
+// A parameter value written in XML, as JSON: typed by its schema (null: none known).
+ojson typed_argument(std::string_view value, const ojson* schema);
 
 // Which stop string ended `text` (the one that completes first), or "" if none occurs.
 std::string matched_stop(std::string_view text, const std::vector<std::string>& stops);

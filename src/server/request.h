@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,12 @@ namespace recur::server {
 
 enum class Endpoint { kChat, kCompletions, kMessages };
 
+// How the model writes tool calls, as its chat template asks (detect_tool_call_format).
+enum class ToolCallFormat {
+  kJson,  // Hermes / Qwen3: <tool_call>{"name": …, "arguments": {…}}</tool_call>
+  kXml,   // Qwen3.5 / Qwen3-Coder: <tool_call><function=NAME><parameter=ARG>…
+};
+
 // What a request is validated against.
 struct ServingContext {
   std::string model_name;  // the one name requests may give in "model"
@@ -24,17 +31,20 @@ struct ServingContext {
   int max_context = 0;  // prompt plus generated tokens of one sequence
   GenerationDefaults generation;
   std::vector<int32_t> eos_token_ids;
-  const Tokenizer* tokenizer = nullptr;         // null: token-id prompts only
-  const ChatTemplate* chat_template = nullptr;  // null: no chat endpoints
+  const Tokenizer* tokenizer = nullptr;                // null: token-id prompts only
+  const ChatTemplate* chat_template = nullptr;         // null: no chat endpoints
+  ToolCallFormat tool_format = ToolCallFormat::kJson;  // from the chat template, at start
 };
 
 // How generated text is split into reasoning, content and tool calls (chat and messages).
 struct OutputOptions {
   bool parse_reasoning = false;     // <think>…</think>
   bool start_in_reasoning = false;  // the prompt left <think> open
-  bool parse_tools = false;         // <tool_call>{…}</tool_call>
-  bool parallel_tool_calls = true;  // false: only the first call is reported
-  std::string forced_prefix;        // appended to the prompt; the parser reads it first
+  bool parse_tools = false;         // <tool_call>…</tool_call>
+  ToolCallFormat tool_format = ToolCallFormat::kJson;
+  std::shared_ptr<const ojson> tools;  // the request's tools (OpenAI shape): XML argument types
+  bool parallel_tool_calls = true;     // false: only the first call is reported
+  std::string forced_prefix;           // appended to the prompt; the parser reads it first
 };
 
 struct ParsedRequest {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "server/output_parser.h"
 #include "server/request.h"
 
 namespace recur::server {
@@ -386,15 +387,13 @@ ApiResult<bool> render_chat(const ojson& messages, const ojson* tools, const ojs
     }
   }
   out.parse_tools = use_tools;
+  out.tool_format = ctx.tool_format;
+  if (use_tools) out.tools = std::make_shared<const ojson>(*tools);
   if (tool_choice == "required" || tool_choice.rfind("named:", 0) == 0) {
     // Without constrained decoding, a forced call is a forced prefix of the assistant turn.
     if (out.start_in_reasoning) out.forced_prefix = "\n</think>\n\n";
-    out.forced_prefix += "<tool_call>\n";
-    if (tool_choice != "required") {
-      // Arguments are a JSON object (the schema's parameters); the model writes its members.
-      out.forced_prefix +=
-          "{\"name\": " + dump(ojson(tool_choice.substr(6))) + ", \"arguments\": {";
-    }
+    out.forced_prefix += forced_call_prefix(
+        ctx.tool_format, tool_choice == "required" ? "" : std::string_view(tool_choice).substr(6));
   }
   auto ids = ctx.tokenizer->encode(*text + out.forced_prefix);
   if (!ids.ok()) return from_error(ids.error(), "messages");

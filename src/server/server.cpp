@@ -370,6 +370,7 @@ Server::Server(Engine& engine, const Tokenizer* tokenizer, const ChatTemplate* c
   ctx.eos_token_ids = info.eos_token_ids;
   ctx.tokenizer = tokenizer;
   ctx.chat_template = chat_template;
+  if (chat_template) ctx.tool_format = detect_tool_call_format(chat_template->source());
   impl_->setup();
   auto writer = StreamWriter::create(impl_->metrics);
   if (writer.ok()) {

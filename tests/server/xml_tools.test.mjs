@@ -1,0 +1,236 @@
+// Qwen3.5's XML tool calls end to end, through the official OpenAI SDK and the Anthropic
+// Messages API (plain fetch: @anthropic-ai/sdk is not installed here). The server reads the XML
+// form off tests/data/qwen3_5-chat-tiny's chat template; tool_choice forces the call's opening
+// (<tool_call>\n<function=NAME>\n) into the prompt, as constrained decoding is not there.
+//
+// The tiny model writes noise, so the rest of each call must be made certain: its copy of the
+// Qwen3 tokenizer gains, at test time, one added token per scenario whose text is the rest of
+// the call (ids past the tokenizer's last, inside the model's vocabulary). logit_bias makes that
+// token certain and stop_token_ids makes it the last, as the JSON tool tests do with `}}`. The
+// parser sees exactly the text a real model would write; the typed arguments come from the
+// request's tool schema.
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { after, before, test } from 'node:test';
+import OpenAI from 'openai';
+
+import { ROOT, postJson, sseEvents, startServer } from './lib.mjs';
+
+const FIXTURE = path.join(ROOT, 'tests/data/qwen3_5-chat-tiny');
+const NAME = 'qwen3_5-chat-tiny';
+
+// The rest of a call, written after the forced prefix `<tool_call>\n<function=get_weather>\n`.
+const TYPED_CALL =
+  '<parameter=city>\nSão Paulo\n</parameter>\n<parameter=days>\n3\n</parameter>\n' +
+  '<parameter=hourly>\ntrue\n</parameter>\n<parameter=units>\n{"temp": "C", "wind": [1, 2]}\n' +
+  '</parameter>\n<parameter=note>\n2024\n</parameter>\n<parameter=limit>\nnone\n</parameter>\n' +
+  '<parameter=extra>\n4.5\n</parameter>\n</function>\n</tool_call>';
+const TYPED_ARGS = {
+  city: 'São Paulo', days: 3, hourly: true, units: { temp: 'C', wind: [1, 2] },
+  note: '2024',    // a string stays a string, digits and all
+  limit: 'none',   // not an integer: kept as the text
+  extra: 4.5,      // not in the schema: JSON when it parses
+};
+// tool_choice "required": the forced prefix ends at `<function=`; the model names the tool.
+const TWO_CALLS =
+  'get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>\n' +
+  '<tool_call>\n<function=get_time>\n<parameter=zone>\nCET\n</parameter>\n</function>\n' +
+  '</tool_call>';
+// tool_choice "auto" with thinking on (the prompt opened <think>): a call while thinking.
+const CALL_IN_THINK =
+  'Checking first.\n<tool_call>\n<function=get_weather>\n<parameter=days>\n2\n</parameter>\n' +
+  '</function>\n</tool_call>\n</think>\n\nOne moment.';
+
+const TOOLS = [
+  {
+    type: 'function',
+    function: {
+      name: 'get_weather',
+      description: 'Weather for a city',
+      parameters: {
+        type: 'object',
+        properties: {
+          city: { type: 'string' }, days: { type: 'integer' }, hourly: { type: 'boolean' },
+          units: { type: 'object' }, note: { type: 'string' }, limit: { type: 'integer' },
+        },
+        required: ['city'],
+      },
+    },
+  },
+  {
+    type: 'function',
+    function: {
+      name: 'get_time',
+      parameters: { type: 'object', properties: { zone: { type: 'string' } } },
+    },
+  },
+];
+const messages = [{ role: 'user', content: 'What is the weather in São Paulo?' }];
+
+let server;
+let client;
+let dir;
+const ids = {};
+
+before(async () => {
+  dir = fs.mkdtempSync(path.join(os.tmpdir(), 'recur-xml-tools-'));
+  for (const f of fs.readdirSync(FIXTURE)) {
+    if (f !== 'tokenizer.json') fs.symlinkSync(fs.realpathSync(path.join(FIXTURE, f)), path.join(dir, f));
+  }
+  const tok = JSON.parse(fs.readFileSync(path.join(FIXTURE, 'tokenizer.json'), 'utf8'));
+  let next = Math.max(...tok.added_tokens.map((t) => t.id)) + 1;
+  for (const [key, content] of Object.entries({ TYPED_CALL, TWO_CALLS, CALL_IN_THINK })) {
+    ids[key] = next;
+    tok.added_tokens.push({
+      id: next++, content, single_word: false, lstrip: false, rstrip: false,
+      normalized: false, special: false,
+    });
+  }
+  fs.writeFileSync(path.join(dir, 'tokenizer.json'), JSON.stringify(tok));
+  server = await startServer(['--served-model-name', NAME], { model: dir });
+  client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'none', maxRetries: 0 });
+});
+
+after(async () => {
+  const r = await server.stop();
+  fs.rmSync(dir, { recursive: true });
+  assert.deepEqual(r, { code: 0, signal: null }, server.output());
+});
+
+// The one token `key` is the whole output.
+const only = (key) => ({
+  logit_bias: { [ids[key]]: 100 }, stop_token_ids: [ids[key]], temperature: 0,
+});
+const named = { type: 'function', function: { name: 'get_weather' } };
+
+test('typed XML arguments, not streamed', async () => {
+  const r = await client.chat.completions.create({
+    model: NAME, messages, tools: TOOLS, tool_choice: named, ...only('TYPED_CALL'),
+  });
+  const c = r.choices[0];
+  assert.equal(r.usage.completion_tokens, 1);
+  assert.equal(c.finish_reason, 'tool_calls');
+  assert.equal(c.message.content, null);
+  assert.equal(c.message.reasoning_content, null);  // the forced call closed the open <think>
+  assert.equal(c.message.tool_calls.length, 1);
+  const call = c.message.tool_calls[0];
+  assert.match(call.id, /^call_/);
+  assert.equal(call.type, 'function');
+  assert.equal(call.function.name, 'get_weather');
+  assert.deepEqual(JSON.parse(call.function.arguments), TYPED_ARGS);
+});
+
+test('typed XML arguments streamed: deltas and the SDK stream helper', async () => {
+  const stream = await client.chat.completions.create({
+    model: NAME, messages, tools: TOOLS, tool_choice: named, stream: true, ...only('TYPED_CALL'),
+  });
+  const deltas = [];
+  let finish = null;
+  let content = '';
+  for await (const chunk of stream) {
+    for (const c of chunk.choices) {
+      if (c.delta.tool_calls) deltas.push(...c.delta.tool_calls);
+      content += c.delta.content ?? '';
+      if (c.finish_reason) finish = c.finish_reason;
+    }
+  }
+  assert.equal(finish, 'tool_calls');
+  assert.equal(content, '');
+  assert.equal(deltas[0].function.name, 'get_weather');
+  assert.match(deltas[0].id, /^call_/);
+  const args = deltas.filter((d) => d.index === 0).map((d) => d.function?.arguments ?? '').join('');
+  assert.deepEqual(JSON.parse(args), TYPED_ARGS);
+
+  const helper = client.beta.chat.completions.stream({
+    model: NAME, messages, tools: TOOLS, tool_choice: named, ...only('TYPED_CALL'),
+  });
+  const final = await helper.finalChatCompletion();
+  const m = final.choices[0].message;
+  assert.equal(final.choices[0].finish_reason, 'tool_calls');
+  assert.equal(m.tool_calls.length, 1);
+  assert.deepEqual(JSON.parse(m.tool_calls[0].function.arguments), TYPED_ARGS);
+});
+
+test('tool_choice required: the model names the tool; two calls, streamed the same', async () => {
+  const body = {
+    model: NAME, messages, tools: TOOLS, tool_choice: 'required', ...only('TWO_CALLS'),
+  };
+  const r = await client.chat.completions.create(body);
+  const calls = r.choices[0].message.tool_calls;
+  assert.equal(r.choices[0].finish_reason, 'tool_calls');
+  assert.deepEqual(calls.map((c) => c.function.name), ['get_weather', 'get_time']);
+  assert.deepEqual(calls.map((c) => JSON.parse(c.function.arguments)), [{ city: 'Oslo' }, { zone: 'CET' }]);
+  assert.notEqual(calls[0].id, calls[1].id);
+
+  const final = await client.beta.chat.completions.stream(body).finalChatCompletion();
+  const streamed = final.choices[0].message.tool_calls;
+  assert.deepEqual(streamed.map((c) => [c.function.name, JSON.parse(c.function.arguments)]),
+    calls.map((c) => [c.function.name, JSON.parse(c.function.arguments)]));
+
+  // parallel_tool_calls: false keeps the first.
+  const one = await client.chat.completions.create({ ...body, parallel_tool_calls: false });
+  assert.deepEqual(one.choices[0].message.tool_calls.map((c) => c.function.name), ['get_weather']);
+});
+
+test('a call written inside <think> is a call, and leaves the reasoning', async () => {
+  const body = { model: NAME, messages, tools: TOOLS, ...only('CALL_IN_THINK') };
+  const r = await client.chat.completions.create(body);
+  const m = r.choices[0].message;
+  assert.equal(r.choices[0].finish_reason, 'tool_calls');
+  assert.equal(m.reasoning_content, 'Checking first.\n');
+  assert.equal(m.content, 'One moment.');
+  assert.equal(m.tool_calls.length, 1);
+  assert.deepEqual(JSON.parse(m.tool_calls[0].function.arguments), { days: 2 });
+
+  const stream = await client.chat.completions.create({ ...body, stream: true });
+  let reasoning = '';
+  let content = '';
+  const deltas = [];
+  for await (const chunk of stream) {
+    const d = chunk.choices[0]?.delta ?? {};
+    reasoning += d.reasoning_content ?? '';
+    content += d.content ?? '';
+    if (d.tool_calls) deltas.push(...d.tool_calls);
+  }
+  assert.equal(reasoning, m.reasoning_content);
+  assert.equal(content, m.content);
+  assert.equal(deltas[0].function.name, 'get_weather');
+});
+
+test('Anthropic messages: tool_use with a typed input object, streamed and not', async () => {
+  const body = {
+    model: NAME, max_tokens: 8, messages,
+    tools: TOOLS.map((t) => ({ name: t.function.name, input_schema: t.function.parameters })),
+    tool_choice: { type: 'tool', name: 'get_weather' },
+    ...only('TYPED_CALL'),
+  };
+  const headers = { 'anthropic-version': '2023-06-01' };
+  const res = await postJson(`${server.url}/v1/messages`, body, headers);
+  assert.equal(res.status, 200);
+  const msg = await res.json();
+  assert.equal(msg.stop_reason, 'tool_use');
+  const uses = msg.content.filter((b) => b.type === 'tool_use');
+  assert.equal(uses.length, 1);
+  assert.match(uses[0].id, /^toolu_/);
+  assert.equal(uses[0].name, 'get_weather');
+  assert.deepEqual(uses[0].input, TYPED_ARGS);
+  assert.deepEqual(msg.content.filter((b) => b.type === 'text' && b.text !== ''), []);
+
+  const sres = await postJson(`${server.url}/v1/messages`, { ...body, stream: true }, headers);
+  assert.equal(sres.status, 200);
+  let start = null;
+  let json = '';
+  let stop = null;
+  for await (const ev of sseEvents(sres)) {
+    const d = JSON.parse(ev.data);
+    if (d.type === 'content_block_start' && d.content_block.type === 'tool_use') start = d.content_block;
+    if (d.type === 'content_block_delta' && d.delta.type === 'input_json_delta') json += d.delta.partial_json;
+    if (d.type === 'message_delta') stop = d.delta.stop_reason;
+  }
+  assert.equal(start.name, 'get_weather');
+  assert.match(start.id, /^toolu_/);
+  assert.deepEqual(JSON.parse(json), TYPED_ARGS);
+  assert.equal(stop, 'tool_use');
+});
