@@ -25,6 +25,7 @@ using Clock = std::chrono::steady_clock;
 
 struct BenchOptions {
   std::string config, model, device = "cpu", batches = "1,16,64", dtype = "bf16";
+  std::string prefill_lens;  // empty: prompt_len
   bool random_weights = false;
   int layers = 0, prompt_len = 2048, gen_len = 64, threads = 0, block_size = 16;
 };
@@ -38,20 +39,27 @@ int run_bench(const BenchOptions& o) {
     fmt::print(stderr, "error: {}\n", msg);
     return 2;
   };
-  std::vector<int> batches;
-  {
-    std::stringstream ss(o.batches);
+  auto parse_list = [](const std::string& text, std::vector<int>* out) {
+    std::stringstream ss(text);
     std::string item;
     while (std::getline(ss, item, ',')) {
       try {
-        batches.push_back(std::stoi(item));
+        out->push_back(std::stoi(item));
       } catch (const std::exception&) {
-        return fail("--batch: '" + item + "' is not a number");
+        return false;
       }
-      if (batches.back() < 1) return fail("--batch sizes must be >= 1");
+      if (out->back() < 1) return false;
     }
+    return !out->empty();
+  };
+  std::vector<int> batches, prefill_lens;
+  if (!parse_list(o.batches, &batches)) return fail("--batch: positive integers, comma-separated");
+  if (o.prompt_len < 1) return fail("--prompt-len must be >= 1");
+  if (!parse_list(o.prefill_lens.empty() ? std::to_string(o.prompt_len) : o.prefill_lens,
+                  &prefill_lens)) {
+    return fail("--prefill-lens: positive integers, comma-separated");
   }
-  if (batches.empty() || o.prompt_len < 1) return fail("bad --batch/--prompt-len");
+  const int max_prefill = *std::max_element(prefill_lens.begin(), prefill_lens.end());
   if (o.gen_len < 4) return fail("--gen-len must be at least 4 (untimed warm-up steps)");
   const int max_batch = *std::max_element(batches.begin(), batches.end());
   auto ops_r = create_backend(o.device, o.threads);
@@ -59,15 +67,17 @@ int run_bench(const BenchOptions& o) {
   Ops& ops = **ops_r;
 
   LoadOptions opt;
-  opt.max_batch_tokens = std::max(o.prompt_len, max_batch);
+  opt.max_batch_tokens = std::max({o.prompt_len, max_prefill, max_batch});
   opt.max_logit_rows = max_batch;
   opt.state.n_slots = max_batch;
   opt.state.block_size = o.block_size;
-  // Each batch size decodes gen_len steps the synchronous way, then gen_len pipelined.
-  const int max_context = o.prompt_len + 2 * o.gen_len + 1;
-  const int blocks_per_seq = max_context / o.block_size + 1;
-  opt.state.n_blocks = max_batch * blocks_per_seq;
-  opt.max_context = max_context;
+  // Each batch size decodes gen_len steps the synchronous way, then gen_len pipelined, after a
+  // prompt_len context; the prefill runs get blocks of their own past the decode sequences'.
+  const int decode_context = o.prompt_len + 2 * o.gen_len + 1;
+  const int blocks_per_seq = decode_context / o.block_size + 1;
+  const int prefill_blocks = max_prefill / o.block_size + 1;
+  opt.state.n_blocks = max_batch * blocks_per_seq + prefill_blocks;
+  opt.max_context = std::max(decode_context, max_prefill);
   const auto t_load = Clock::now();
   Result<std::unique_ptr<Model>> model_r = make_error(ErrorCode::kInvalidArgument, "no model");
   json config;
@@ -107,7 +117,6 @@ int run_bench(const BenchOptions& o) {
     }
     return p;
   };
-  const std::vector<int32_t> prompt = prompt_of(0);
   auto blocks_of = [&](int slot) {
     std::vector<int32_t> b(static_cast<size_t>(blocks_per_seq));
     for (int i = 0; i < blocks_per_seq; ++i) b[size_t(i)] = slot * blocks_per_seq + i;
@@ -121,27 +130,34 @@ int run_bench(const BenchOptions& o) {
     }
   };
 
-  // Prefill: one sequence of prompt_len tokens; a warm-up, then the median of three.
-  std::vector<double> prefill_times;
-  const std::vector<int32_t> b0 = blocks_of(0);
-  for (int rep = 0; rep < 4; ++rep) {
-    m.reset_slot(0);
-    batch.clear();
-    batch.add_sequence(0, 0, prompt, b0, Batch::Logits::kLast);
-    ops.synchronize();
-    const auto t0 = Clock::now();
-    check(m.forward(batch, logits));
-    ops.synchronize();
-    if (rep > 0) prefill_times.push_back(seconds_since(t0));
+  // Prefill: one sequence of each length in one forward; a warm-up, then the median of three.
+  std::vector<int32_t> prefill_table(static_cast<size_t>(prefill_blocks));
+  for (int i = 0; i < prefill_blocks; ++i) prefill_table[size_t(i)] = max_batch * blocks_per_seq + i;
+  json prefill = json::array();
+  for (int len : prefill_lens) {
+    std::vector<int32_t> p(static_cast<size_t>(len));
+    for (int i = 0; i < len; ++i) p[size_t(i)] = int32_t((int64_t(i) * 7919 + 13) % V);
+    std::vector<double> times;
+    for (int rep = 0; rep < 4; ++rep) {
+      m.reset_slot(0);
+      batch.clear();
+      batch.add_sequence(0, 0, p, prefill_table, Batch::Logits::kLast);
+      ops.synchronize();
+      const auto t0 = Clock::now();
+      check(m.forward(batch, logits));
+      ops.synchronize();
+      if (rep > 0) times.push_back(seconds_since(t0));
+    }
+    std::sort(times.begin(), times.end());
+    // Projections at 2 FLOPs per multiply-add, plus causal attention (QK and PV).
+    const double flops = 2.0 * double(info.active_params_per_token) * len +
+                         2.0 * 2.0 * double(info.attention_layers) * double(info.attention_dim) *
+                             len * (len + 1) / 2.0;
+    prefill.push_back({{"tokens", len},
+                       {"seconds", times[1]},
+                       {"tok_s", len / times[1]},
+                       {"tflop_s", flops / times[1] / 1e12}});
   }
-  std::sort(prefill_times.begin(), prefill_times.end());
-  const double prefill_s = prefill_times[1];
-  const double prefill_tok_s = o.prompt_len / prefill_s;
-  // Projections at 2 FLOPs per multiply-add, plus causal attention (QK and PV).
-  const double prefill_flops = 2.0 * double(info.active_params_per_token) * o.prompt_len +
-                               2.0 * 2.0 * double(info.attention_layers) *
-                                   double(info.attention_dim) * o.prompt_len * (o.prompt_len + 1) /
-                                   2.0;
 
   json decode = json::array();
   for (int b : batches) {
@@ -251,10 +267,12 @@ int run_bench(const BenchOptions& o) {
       {"weight_bytes", info.weight_bytes},
       {"load_seconds", load_s},
       {"copy_bandwidth_gb_s", copy_bw / 1e9},
+      {"architecture", info.architecture},
       {"prompt_len", o.prompt_len},
       {"gen_len", o.gen_len},
-      {"prefill_tok_s", prefill_tok_s},
-      {"prefill_tflop_s", prefill_flops / prefill_s / 1e12},
+      {"prefill_tok_s", prefill[0]["tok_s"]},
+      {"prefill_tflop_s", prefill[0]["tflop_s"]},
+      {"prefill", prefill},
       {"decode", decode},
       {"note",
        "decode: fixed token ids, the host waits for each step before queuing the next, no "
@@ -278,6 +296,8 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--device", o->device, "cpu, cuda or cuda:N");
   cmd->add_option("--batch", o->batches, "decode batch sizes, comma-separated");
   cmd->add_option("--prompt-len", o->prompt_len, "prompt tokens (prefill; decode context)");
+  cmd->add_option("--prefill-lens", o->prefill_lens,
+                  "prefill lengths to time, comma-separated (default: --prompt-len)");
   cmd->add_option("--gen-len", o->gen_len, "decode steps per batch size");
   cmd->add_option("--dtype", o->dtype, "random weights' dtype: bf16, f16, f32");
   cmd->add_option("--threads", o->threads, "CPU threads (default: all)");
