@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
+#include <string_view>
 #include <string>
 #include <vector>
 
@@ -15,7 +17,7 @@
 
 namespace recur::server {
 
-enum class Endpoint { kChat, kCompletions, kMessages };
+enum class Endpoint { kChat, kCompletions, kMessages, kResponses };
 
 // What a request is validated against.
 struct ServingContext {
@@ -26,6 +28,7 @@ struct ServingContext {
   std::vector<int32_t> eos_token_ids;
   const Tokenizer* tokenizer = nullptr;         // null: token-id prompts only
   const ChatTemplate* chat_template = nullptr;  // null: no chat endpoints
+  bool allow_unknown_fields = false;            // else a top-level field not known is a 400
 };
 
 // How generated text is split into reasoning, content and tool calls (chat and messages).
@@ -50,13 +53,25 @@ struct ParsedRequest {
   bool return_token_ids = false;
   bool chat_logprobs = false;  // chat: logprobs=true (top-n in engine.sampling.logprobs)
   OutputOptions output;
+  ojson response_echo;  // responses: the request fields its response object repeats
 };
 
 ApiResult<ParsedRequest> parse_chat_request(const ojson& body, const ServingContext& ctx);
 ApiResult<ParsedRequest> parse_completion_request(const ojson& body, const ServingContext& ctx);
 ApiResult<ParsedRequest> parse_messages_request(const ojson& body, const ServingContext& ctx);
+// OpenAI Responses API (/v1/responses): input items and function tools, rendered as a chat.
+ApiResult<ParsedRequest> parse_responses_request(const ojson& body, const ServingContext& ctx);
+// Anthropic /v1/messages/count_tokens: the prompt tokens the same messages request would use.
+ApiResult<int64_t> count_message_tokens(const ojson& body, const ServingContext& ctx);
 
-// Shared steps, exposed for the Anthropic translation and for tests.
+// Shared steps, exposed for the Anthropic and Responses translations and for tests.
+// Top-level fields outside these lists are a 400 naming the first one (and the known name it
+// is closest to), unless ctx.allow_unknown_fields.
+ApiResult<bool> check_fields(const ojson& body,
+                             std::initializer_list<std::initializer_list<std::string_view>> known,
+                             const ServingContext& ctx);
+// The fields parse_sampling reads.
+extern const std::initializer_list<std::string_view> kSamplingFields;
 // "model": absent, or the served name (else 404 model_not_found).
 ApiResult<bool> check_model(const ojson& body, const ServingContext& ctx);
 // Reads sampling, stop and extension fields common to all endpoints into req->engine.
