@@ -57,6 +57,7 @@ int run_serve(const ServeOptions& o) {
   std::fflush(stdout);
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<ChatTemplate> chat_template;
+  std::string chat_template_error;  // a template that is there but broken
   if (std::filesystem::exists(std::filesystem::path(model) / "tokenizer.json")) {
     auto t = Tokenizer::load(model);
     if (!t.ok()) return fail(t.error());
@@ -66,6 +67,7 @@ int run_serve(const ServeOptions& o) {
       chat_template = std::make_unique<ChatTemplate>(std::move(*ct));
     } else {
       fmt::print(stderr, "warning: no chat endpoints: {}\n", ct.error().to_string());
+      if (ct.error().code != ErrorCode::kNotFound) chat_template_error = ct.error().to_string();
     }
   } else {
     fmt::print(stderr, "warning: {} has no tokenizer.json: token-id prompts only\n", model);
@@ -101,6 +103,7 @@ int run_serve(const ServeOptions& o) {
   so.idle_timeout = ms(o.idle_timeout_s);
   so.allowed_origins = o.allowed_origins;
   so.allow_unknown_fields = o.allow_unknown_fields;
+  so.chat_template_error = chat_template_error;
   so.shutdown_grace = std::chrono::seconds(o.shutdown_grace_s);
   server::Server srv(engine, tokenizer.get(), chat_template.get(), so);
   auto port = srv.bind();

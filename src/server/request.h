@@ -28,6 +28,7 @@ struct ServingContext {
   std::vector<int32_t> eos_token_ids;
   const Tokenizer* tokenizer = nullptr;         // null: token-id prompts only
   const ChatTemplate* chat_template = nullptr;  // null: no chat endpoints
+  std::string chat_template_error;              // why a template the directory has did not load
   bool allow_unknown_fields = false;            // else a top-level field not known is a 400
 };
 

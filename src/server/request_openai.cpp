@@ -434,6 +434,18 @@ ApiResult<bool> parse_sampling(const ojson& b, const ServingContext& ctx, Parsed
 ApiResult<bool> render_chat(const ojson& messages, const ojson* tools, const ojson* kwargs,
                             const std::string& tool_choice, const ServingContext& ctx,
                             ParsedRequest* req) {
+  if (!ctx.chat_template && !ctx.chat_template_error.empty()) {
+    ApiError e;
+    e.status = 500;
+    e.type = "server_error";
+    e.code = "chat_template_error";
+    e.message = fmt::format(
+        "the chat template of the model directory served as '{}' could not be loaded, so chat "
+        "requests cannot be rendered; this is a fault of the model directory, not of the "
+        "request: {}",
+        ctx.model_name, ctx.chat_template_error);
+    return e;
+  }
   if (!ctx.chat_template || !ctx.tokenizer) {
     return bad_request("messages",
                        "this model directory has no chat template or tokenizer; "

@@ -434,6 +434,7 @@ Server::Server(Engine& engine, const Tokenizer* tokenizer, const ChatTemplate* c
   ctx.tokenizer = tokenizer;
   ctx.chat_template = chat_template;
   ctx.allow_unknown_fields = m.options.allow_unknown_fields;
+  if (!chat_template) ctx.chat_template_error = m.options.chat_template_error;
 
   HttpServerOptions ho;
   ho.host = m.options.host;

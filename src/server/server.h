@@ -30,6 +30,7 @@ struct ServerOptions {
   // an Origin not listed is refused, so web pages cannot drive a local server unasked.
   std::vector<std::string> allowed_origins;
   bool allow_unknown_fields = false;  // else a request field the server does not know is a 400
+  std::string chat_template_error;    // the model directory's template failed to load: why
   std::chrono::milliseconds shutdown_grace{30000};  // then in-flight requests are cancelled
 };
 
