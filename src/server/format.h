@@ -80,8 +80,8 @@ class ResponsesStream {
   const Generation& gen_;
   int64_t sequence_ = 0;
   Open open_ = Open::kNone;
-  std::string item_id_, text_;  // of the open item
-  std::string pending_space_;   // content that is only whitespace, not yet in an item
+  std::string item_id_, text_;    // of the open item
+  std::string pending_space_;     // content that is only whitespace, not yet in an item
   ojson items_ = ojson::array();  // finished output items, for the final response object
   ojson final_;
 };

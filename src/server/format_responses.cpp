@@ -23,8 +23,9 @@ ojson reasoning_part(const std::string& text) {
 }
 
 ojson call_item(const ToolCall& call, const std::string& id, const char* status) {
-  return {{"type", "function_call"}, {"id", id},           {"call_id", call.id},
-          {"name", call.name},       {"arguments", call.arguments}, {"status", status}};
+  return {{"type", "function_call"},     {"id", id},
+          {"call_id", call.id},          {"name", call.name},
+          {"arguments", call.arguments}, {"status", status}};
 }
 
 const char* final_status(const ChoiceState& c) {
@@ -96,10 +97,11 @@ void ResponsesStream::open_item(std::string* out, Open kind) {
     item_id_ = random_id("rs_");
     event(out, "response.output_item.added",
           {{"output_index", index},
-           {"item", {{"type", "reasoning"},
-                     {"id", item_id_},
-                     {"summary", ojson::array()},
-                     {"content", ojson::array()}}}});
+           {"item",
+            {{"type", "reasoning"},
+             {"id", item_id_},
+             {"summary", ojson::array()},
+             {"content", ojson::array()}}}});
     event(out, "response.content_part.added",
           {{"item_id", item_id_},
            {"output_index", index},
@@ -109,11 +111,12 @@ void ResponsesStream::open_item(std::string* out, Open kind) {
     item_id_ = random_id("msg_");
     event(out, "response.output_item.added",
           {{"output_index", index},
-           {"item", {{"type", "message"},
-                     {"id", item_id_},
-                     {"status", "in_progress"},
-                     {"role", "assistant"},
-                     {"content", ojson::array()}}}});
+           {"item",
+            {{"type", "message"},
+             {"id", item_id_},
+             {"status", "in_progress"},
+             {"role", "assistant"},
+             {"content", ojson::array()}}}});
     event(out, "response.content_part.added",
           {{"item_id", item_id_},
            {"output_index", index},

@@ -94,7 +94,7 @@ const std::string* Request::header(std::string_view lower_name) const {
 }
 
 std::variant<std::optional<size_t>, ParseError> find_head_end(std::string_view buf, size_t* scanned,
-                                                               const Limits& limits) {
+                                                              const Limits& limits) {
   size_t pos = *scanned;  // always the start of a line
   const size_t first = buf.find_first_not_of("\r\n");
   while (pos < buf.size()) {
@@ -104,10 +104,11 @@ std::variant<std::optional<size_t>, ParseError> find_head_end(std::string_view b
     const bool empty = len == 0 || (len == 1 && buf[pos] == '\r');
     if (len > limits.max_line + 1) {
       const bool request_line = first != std::string_view::npos && pos <= first;
-      return request_line ? error(414, fmt::format("the request line is longer than {} bytes",
-                                                   limits.max_line))
-                          : error(431, fmt::format("a header line is longer than {} bytes",
-                                                   limits.max_line));
+      return request_line
+                 ? error(414,
+                         fmt::format("the request line is longer than {} bytes", limits.max_line))
+                 : error(431,
+                         fmt::format("a header line is longer than {} bytes", limits.max_line));
     }
     pos = nl + 1;
     if (nl + 1 > limits.max_head) {
@@ -123,7 +124,8 @@ std::variant<std::optional<size_t>, ParseError> find_head_end(std::string_view b
   if (buf.size() - pos > limits.max_line + 1) {
     const bool request_line = first == std::string_view::npos || pos <= first;
     return request_line
-               ? error(414, fmt::format("the request line is longer than {} bytes", limits.max_line))
+               ? error(414,
+                       fmt::format("the request line is longer than {} bytes", limits.max_line))
                : error(431, fmt::format("a header line is longer than {} bytes", limits.max_line));
   }
   if (buf.size() > limits.max_head) {
@@ -177,8 +179,9 @@ std::variant<bool, ParseError> parse_request_line(std::string_view line, Request
   const std::string_view method = line.substr(0, sp1);
   const std::string_view target = line.substr(sp1 + 1, sp2 - sp1 - 1);
   const std::string_view version = line.substr(sp2 + 1);
-  if (method.empty() || !std::all_of(method.begin(), method.end(),
-                                     [](char c) { return is_tchar(static_cast<unsigned char>(c)); })) {
+  if (method.empty() || !std::all_of(method.begin(), method.end(), [](char c) {
+        return is_tchar(static_cast<unsigned char>(c));
+      })) {
     return error(400, fmt::format("malformed method '{}'", excerpt(method)));
   }
   if (target.empty()) return error(400, "the request line has no target");
@@ -263,7 +266,8 @@ std::variant<bool, ParseError> check_framing(Request* r) {
     }
   }
   if (hosts > 1) return error(400, "more than one Host header");
-  if (hosts == 0 && r->minor_version == 1) return error(400, "HTTP/1.1 requests need a Host header");
+  if (hosts == 0 && r->minor_version == 1)
+    return error(400, "HTTP/1.1 requests need a Host header");
   if (lengths > 1) return error(400, "more than one Content-Length header");
   if (encodings > 1) return error(400, "more than one Transfer-Encoding header");
   if (length) {

@@ -56,7 +56,7 @@ struct ParseError {
 // bytes are needed. *scanned carries the resume point between calls on a growing buffer. An
 // over-long line or head is an error at once, without waiting for its end.
 std::variant<std::optional<size_t>, ParseError> find_head_end(std::string_view buf, size_t* scanned,
-                                                               const Limits& limits);
+                                                              const Limits& limits);
 
 // Parses a complete head (request line, header lines, empty line; CRLF or bare LF).
 std::variant<Request, ParseError> parse_head(std::string_view head, const Limits& limits);

@@ -83,7 +83,7 @@ struct HttpServer::Impl {
   // Workers.
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<Conn*> jobs;      // guarded by mu
+  std::deque<Conn*> jobs;       // guarded by mu
   std::vector<Conn*> returned;  // guarded by mu
   bool workers_exit = false;    // guarded by mu
   std::vector<std::thread> workers;
@@ -494,8 +494,8 @@ void HttpServer::Impl::respond(Conn& c, http::Response res, bool keep_alive, boo
 
 void HttpServer::Impl::fail(Conn& c, int status, std::string message) {
   release_budget(c);
-  http::Response res = handler.error_response(c.head_parsed ? &c.req : nullptr, status,
-                                              std::move(message));
+  http::Response res =
+      handler.error_response(c.head_parsed ? &c.req : nullptr, status, std::move(message));
   respond(c, std::move(res), false, true);
 }
 
@@ -639,9 +639,9 @@ Result<int> HttpServer::bind() {
   sockaddr_storage addr{};
   socklen_t len = sizeof(addr);
   getsockname(m.listen_fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  const int bound = ntohs(addr.ss_family == AF_INET6
-                              ? reinterpret_cast<sockaddr_in6&>(addr).sin6_port
-                              : reinterpret_cast<sockaddr_in&>(addr).sin_port);
+  const int bound =
+      ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6&>(addr).sin6_port
+                                       : reinterpret_cast<sockaddr_in&>(addr).sin_port);
   m.epoll_fd = epoll_create1(EPOLL_CLOEXEC);
   m.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (m.epoll_fd < 0 || m.wake_fd < 0) {

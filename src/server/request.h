@@ -5,8 +5,8 @@
 
 #include <cstdint>
 #include <initializer_list>
-#include <string_view>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/engine.h"

@@ -143,11 +143,12 @@ ApiResult<ParsedRequest> parse_messages(const ojson& body, const ServingContext&
   if (count_only) {
     RECUR_API_CHECK(check_fields(body, {kPromptFields}, ctx));
   } else {
-    RECUR_API_CHECK(check_fields(body,
-                                 {kPromptFields, kSamplingFields,
-                                  {"max_tokens", "stream", "stop_sequences", "metadata",
-                                   "service_tier"}},
-                                 ctx));
+    RECUR_API_CHECK(
+        check_fields(body,
+                     {kPromptFields,
+                      kSamplingFields,
+                      {"max_tokens", "stream", "stop_sequences", "metadata", "service_tier"}},
+                     ctx));
   }
   RECUR_API_CHECK(check_model(body, ctx));
   if (!count_only) RECUR_API_CHECK(parse_sampling(body, ctx, &req));

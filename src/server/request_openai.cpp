@@ -299,11 +299,22 @@ const std::initializer_list<std::string_view> kIgnoredFields = {
 
 }  // namespace
 
-const std::initializer_list<std::string_view> kSamplingFields = {
-    "temperature",      "top_p",          "top_k",         "min_p",
-    "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
-    "seed",             "stop_token_ids", "ignore_eos",    "skip_special_tokens",
-    "return_token_ids", "min_tokens",     "response_format", "priority"};
+const std::initializer_list<std::string_view> kSamplingFields = {"temperature",
+                                                                 "top_p",
+                                                                 "top_k",
+                                                                 "min_p",
+                                                                 "presence_penalty",
+                                                                 "frequency_penalty",
+                                                                 "repetition_penalty",
+                                                                 "logit_bias",
+                                                                 "seed",
+                                                                 "stop_token_ids",
+                                                                 "ignore_eos",
+                                                                 "skip_special_tokens",
+                                                                 "return_token_ids",
+                                                                 "min_tokens",
+                                                                 "response_format",
+                                                                 "priority"};
 
 ApiResult<bool> check_fields(const ojson& body,
                              std::initializer_list<std::initializer_list<std::string_view>> known,
@@ -325,10 +336,10 @@ ApiResult<bool> check_fields(const ojson& body,
     }
     if (found) continue;
     ApiError e = bad_request(
-        key, fmt::format("unknown field '{}'{}; this server refuses fields it does not know "
-                         "(start it with --allow-unknown-fields to ignore them)",
-                         key,
-                         closest.empty() ? "" : fmt::format(" (did you mean '{}'?)", closest)));
+        key,
+        fmt::format("unknown field '{}'{}; this server refuses fields it does not know "
+                    "(start it with --allow-unknown-fields to ignore them)",
+                    key, closest.empty() ? "" : fmt::format(" (did you mean '{}'?)", closest)));
     e.code = "unknown_parameter";
     return e;
   }
@@ -535,10 +546,11 @@ ApiResult<ParsedRequest> parse_chat_request(const ojson& body, const ServingCont
   req.endpoint = Endpoint::kChat;
   RECUR_API_CHECK(check_fields(
       body,
-      {kSamplingFields, kIgnoredFields,
-       {"model", "messages", "stream", "stream_options", "n", "max_tokens",
-        "max_completion_tokens", "stop", "logprobs", "top_logprobs", "tools", "tool_choice",
-        "parallel_tool_calls", "chat_template_kwargs", "reasoning_effort"}},
+      {kSamplingFields,
+       kIgnoredFields,
+       {"model", "messages", "stream", "stream_options", "n", "max_tokens", "max_completion_tokens",
+        "stop", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
+        "chat_template_kwargs", "reasoning_effort"}},
       ctx));
   RECUR_API_CHECK(check_model(body, ctx));
   RECUR_API_CHECK(parse_sampling(body, ctx, &req));
@@ -594,7 +606,8 @@ ApiResult<ParsedRequest> parse_completion_request(const ojson& body, const Servi
   ParsedRequest req;
   req.endpoint = Endpoint::kCompletions;
   RECUR_API_CHECK(check_fields(body,
-                               {kSamplingFields, kIgnoredFields,
+                               {kSamplingFields,
+                                kIgnoredFields,
                                 {"model", "prompt", "stream", "stream_options", "n", "max_tokens",
                                  "stop", "best_of", "suffix", "logprobs", "echo"}},
                                ctx));

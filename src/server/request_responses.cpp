@@ -115,10 +115,9 @@ ApiResult<ojson> input_messages(const ojson& body) {
       }
       ojson& msg = assistant();
       if (!msg.contains("tool_calls")) msg["tool_calls"] = ojson::array();
-      msg["tool_calls"].push_back(
-          {{"id", call_id},
-           {"type", "function"},
-           {"function", {{"name", name}, {"arguments", std::move(args)}}}});
+      msg["tool_calls"].push_back({{"id", call_id},
+                                   {"type", "function"},
+                                   {"function", {{"name", name}, {"arguments", std::move(args)}}}});
     } else if (t == "function_call_output") {
       RECUR_API_ASSIGN(std::string call_id, required_string(item, "call_id", where));
       const ojson* output = field(item, "output");
@@ -139,9 +138,9 @@ ApiResult<ojson> input_messages(const ojson& body) {
         for (const ojson& p : *parts) {
           const ojson* text = field(p, "text");
           if (!text || !text->is_string()) {
-            return bad_request(fmt::format("{}.{}", where, key),
-                               fmt::format("'{}.{}' must hold {{\"type\", \"text\"}} parts", where,
-                                           key));
+            return bad_request(
+                fmt::format("{}.{}", where, key),
+                fmt::format("'{}.{}' must hold {{\"type\", \"text\"}} parts", where, key));
           }
           if (!reasoning.empty()) reasoning += "\n";
           reasoning += text->get<std::string>();
@@ -223,9 +222,9 @@ ApiResult<std::string> tool_choice(const ojson& body, const ojson& tools) {
     return bad_request("tool_choice", "'tool_choice' asks for a tool call but 'tools' is empty");
   }
   if (mode.rfind("named:", 0) == 0 && !has_tool(tools, mode.substr(6))) {
-    return bad_request("tool_choice",
-                       fmt::format("'tool_choice' names \"{}\", which is not in 'tools'",
-                                   mode.substr(6)));
+    return bad_request(
+        "tool_choice",
+        fmt::format("'tool_choice' names \"{}\", which is not in 'tools'", mode.substr(6)));
   }
   if (!have_tools) mode = "none";
   return mode;
@@ -249,8 +248,9 @@ ApiResult<bool> refuse_unsupported(const ojson& body) {
     const ojson* format = text->is_object() ? field(*text, "format") : nullptr;
     if (!text->is_object() || (format && (!format->is_object() || !field(*format, "type") ||
                                           (*format)["type"] != "text"))) {
-      return bad_request("text", "only text {\"format\": {\"type\": \"text\"}} is supported (no "
-                                 "constrained decoding)");
+      return bad_request("text",
+                         "only text {\"format\": {\"type\": \"text\"}} is supported (no "
+                         "constrained decoding)");
     }
   }
   RECUR_API_ASSIGN(auto truncation, get_string(body, "truncation"));
@@ -268,14 +268,33 @@ ApiResult<bool> refuse_unsupported(const ojson& body) {
 ApiResult<ParsedRequest> parse_responses_request(const ojson& body, const ServingContext& ctx) {
   ParsedRequest req;
   req.endpoint = Endpoint::kResponses;
-  RECUR_API_CHECK(check_fields(
-      body,
-      {kSamplingFields,
-       {"model", "input", "instructions", "max_output_tokens", "stream", "stream_options", "tools",
-        "tool_choice", "parallel_tool_calls", "reasoning", "text", "truncation", "include",
-        "previous_response_id", "conversation", "prompt", "background", "store", "metadata",
-        "user", "service_tier", "safety_identifier", "prompt_cache_key", "chat_template_kwargs"}},
-      ctx));
+  RECUR_API_CHECK(check_fields(body,
+                               {kSamplingFields,
+                                {"model",
+                                 "input",
+                                 "instructions",
+                                 "max_output_tokens",
+                                 "stream",
+                                 "stream_options",
+                                 "tools",
+                                 "tool_choice",
+                                 "parallel_tool_calls",
+                                 "reasoning",
+                                 "text",
+                                 "truncation",
+                                 "include",
+                                 "previous_response_id",
+                                 "conversation",
+                                 "prompt",
+                                 "background",
+                                 "store",
+                                 "metadata",
+                                 "user",
+                                 "service_tier",
+                                 "safety_identifier",
+                                 "prompt_cache_key",
+                                 "chat_template_kwargs"}},
+                               ctx));
   RECUR_API_CHECK(check_model(body, ctx));
   RECUR_API_CHECK(refuse_unsupported(body));
   RECUR_API_CHECK(parse_sampling(body, ctx, &req));

@@ -106,6 +106,9 @@ ApiError error_for(int status, std::string message) {
     case 503:
       e.type = "overloaded_error";
       break;
+    case 501:  // a transfer coding, or
+    case 505:  // an HTTP version, the client chose
+      break;
     default:
       if (status >= 500) e.type = "server_error";
   }
@@ -248,9 +251,9 @@ http::Response Server::Impl::preflight(const http::Request& req, Route route) {
   if (req.header("origin") && req.header("access-control-request-method")) {
     res.set_header("Access-Control-Allow-Methods", allowed_methods(route));
     const std::string* headers = req.header("access-control-request-headers");
-    res.set_header("Access-Control-Allow-Headers",
-                   headers ? *headers
-                           : "authorization, content-type, x-api-key, anthropic-version");
+    res.set_header(
+        "Access-Control-Allow-Headers",
+        headers ? *headers : "authorization, content-type, x-api-key, anthropic-version");
     res.set_header("Access-Control-Max-Age", "600");
   }
   return res;
@@ -461,7 +464,7 @@ Server::Server(Engine& engine, const Tokenizer* tokenizer, const ChatTemplate* c
 
 Server::~Server() {
   shutdown();
-  impl_->http.reset();                    // its workers end before the writer goes
+  impl_->http.reset();                  // its workers end before the writer goes
   impl_->engine.set_step_listener({});  // before the writer goes
 }
 

@@ -71,8 +71,8 @@ TEST(HttpHead, AmbiguousOrMalformedFramingIsRefused) {
       {"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1234567890123456789\r\n\r\n", 400,
        "invalid Content-Length"},
       {"POST / HTTP/1.1\r\nHost: a\r\nContent-Length:\r\n\r\n", 400, "invalid Content-Length"},
-      {"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n",
-       400, "both Content-Length and Transfer-Encoding"},
+      {"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n", 400,
+       "both Content-Length and Transfer-Encoding"},
       {"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", 501,
        "only chunked"},
       {"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked"
@@ -131,7 +131,8 @@ TEST(HttpHead, LimitsAreErrorsBeforeTheHeadEnds) {
             431);
   scanned = 0;
   std::string many = "GET / HTTP/1.1\r\n";
-  for (int i = 0; i < 10; ++i) many += "Header-" + std::to_string(i) + ": " + std::string(40, 'c') + "\r\n";
+  for (int i = 0; i < 10; ++i)
+    many += "Header-" + std::to_string(i) + ": " + std::string(40, 'c') + "\r\n";
   r = find_head_end(many, &scanned, limits);
   ASSERT_TRUE(std::holds_alternative<ParseError>(r));
   EXPECT_EQ(std::get<ParseError>(r).status, 431);
@@ -196,9 +197,9 @@ TEST(HttpChunked, BadFramingAndTheSizeLimit) {
     const char* data;
     int status;
   };
-  for (const Case& c : {Case{"ZZ\r\nabc\r\n0\r\n\r\n", 400}, Case{"\r\n", 400},
-                        Case{"2\r\nabc\r\n0\r\n\r\n", 400}, Case{"2\r\nab\rX", 400},
-                        Case{"1234567890abcdef0\r\n", 400}, Case{"5 x\r\n", 400}}) {
+  for (const Case& c :
+       {Case{"ZZ\r\nabc\r\n0\r\n\r\n", 400}, Case{"\r\n", 400}, Case{"2\r\nabc\r\n0\r\n\r\n", 400},
+        Case{"2\r\nab\rX", 400}, Case{"1234567890abcdef0\r\n", 400}, Case{"5 x\r\n", 400}}) {
     auto r = decode(c.data, 1);
     ASSERT_TRUE(std::holds_alternative<ParseError>(r)) << c.data;
     EXPECT_EQ(std::get<ParseError>(r).status, c.status) << c.data;

@@ -82,11 +82,11 @@ TEST(Strict, UnknownTopLevelFieldsAreRefusedByName) {
 
 TEST(Strict, OutOfRangeNumbersSaySo) {
   const ServingContext c = ctx();
-  for (const char* body : {R"({"prompt": "x", "max_tokens": 1e20})",
-                           R"({"prompt": "x", "max_tokens": 18446744073709551616})",
-                           R"({"prompt": "x", "max_tokens": 0})",
-                           R"({"prompt": "x", "temperature": 101})",
-                           R"({"prompt": "x", "top_p": 2})"}) {
+  for (const char* body :
+       {R"({"prompt": "x", "max_tokens": 1e20})",
+        R"({"prompt": "x", "max_tokens": 18446744073709551616})",
+        R"({"prompt": "x", "max_tokens": 0})", R"({"prompt": "x", "temperature": 101})",
+        R"({"prompt": "x", "top_p": 2})"}) {
     auto r = parse_completion_request(J(body), c);
     ASSERT_FALSE(r.ok()) << body;
     EXPECT_NE(r.error().message.find("is out of range"), std::string::npos)
@@ -98,8 +98,8 @@ TEST(Strict, OutOfRangeNumbersSaySo) {
 }
 
 TEST(Strict, ATemplateThatFailsIsTheModelDirectorysFault) {
-  auto broken = ChatTemplate::from_string(
-      "{% for m in messages %}{{ m.content + 1 }}{% endfor %}", "", "");
+  auto broken =
+      ChatTemplate::from_string("{% for m in messages %}{{ m.content + 1 }}{% endfor %}", "", "");
   ASSERT_TRUE(broken.ok());
   ServingContext c = ctx();
   c.chat_template = &*broken;
@@ -159,7 +159,7 @@ TEST(Responses, InputItemsRenderAsTheEquivalentChat) {
         {"type": "function_call_output", "call_id": "call_1", "output": "21 C"},
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Thanks"}]}
       ]})"),
-                                        c);
+                                      c);
   ASSERT_TRUE(resp.ok()) << resp.error().message;
   auto chat = parse_chat_request(J(R"({
       "max_tokens": 7, "temperature": 0.5,
@@ -204,7 +204,8 @@ TEST(CountTokens, EqualsThePromptOfTheMessagesRequest) {
       "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}],
       "tool_choice": {"type": "tool", "name": "get_weather"})";
   auto n = count_message_tokens(J(fmt::format("{{{}}}", prompt).c_str()), c);
-  auto full = parse_messages_request(J(fmt::format(R"({{"max_tokens": 5, {}}})", prompt).c_str()), c);
+  auto full =
+      parse_messages_request(J(fmt::format(R"({{"max_tokens": 5, {}}})", prompt).c_str()), c);
   ASSERT_TRUE(n.ok()) << n.error().message;
   ASSERT_TRUE(full.ok()) << full.error().message;
   EXPECT_EQ(*n, int64_t(full->prompts[0].size()));
