@@ -200,12 +200,12 @@ void HttpServer::Impl::worker_main() {
       failure = "internal error";
     }
     if (!ex.responded()) {
+      ex.close_connection();  // before the send: the response says so
       try {
         ex.send(handler.error_response(
             &c->req, 500, failure.empty() ? "internal error: no response was made" : failure));
       } catch (...) {
       }
-      ex.close_connection();
     } else if (!failure.empty()) {
       ex.close_connection();
     }
