@@ -19,7 +19,7 @@ namespace {
 using WriterClock = std::chrono::steady_clock;
 
 // A client that reads nothing for this long, or leaves this much unsent, is treated as gone
-// (httplib's own limit for a blocking write is 30 s).
+// (the HTTP layer's own limit for a blocking write is 30 s).
 constexpr auto kStallLimit = std::chrono::seconds(30);
 constexpr size_t kMaxPending = size_t(16) << 20;
 
@@ -227,7 +227,7 @@ void StreamWriter::flush(Stream& s) {
 }
 
 // Queues SSE text: framed as an HTTP chunk when the writer owns the socket; relayed bytes
-// are framed by httplib's sink.
+// are framed by the HTTP thread (HttpExchange::write_chunk).
 void StreamWriter::frame(Stream& s, std::string_view text) {
   if (s.fd >= 0) {
     append_chunk(&s.out, text);
