@@ -609,15 +609,17 @@ int soak(const Options& o, int port) {
       accepted, fin_stop, fin_len, fin_abort, fin_err, series("recur_client_disconnects_total"));
   fmt::print(
       "after: slots used {:.0f}, blocks used {:.0f}, running {:.0f}, waiting {:.0f}, "
-      "live buffers {:.0f} (idle {:.0f}), live bytes {:.0f}, in-flight HTTP {:.0f}\n",
+      "live buffers {:.0f} (idle {:.0f}), live bytes {:.0f}, in-flight HTTP {:.0f}, open "
+      "connections {:.0f}\n",
       series("recur_state_slots_used"), series("recur_kv_cache_blocks_used"),
       series("recur_num_requests_running"), series("recur_num_requests_waiting"),
       series("recur_live_buffers"), idle_buffers, series("recur_live_bytes"),
-      series("recur_http_requests_in_flight"));
+      series("recur_http_requests_in_flight"), series("recur_http_connections"));
+  // The one open connection is the /metrics request's own.
   const bool idle_ok =
       series("recur_state_slots_used") == 0 && series("recur_kv_cache_blocks_used") == 0 &&
       series("recur_num_requests_running") == 0 && series("recur_num_requests_waiting") == 0 &&
-      series("recur_live_buffers") == idle_buffers;
+      series("recur_live_buffers") == idle_buffers && series("recur_http_connections") <= 1;
   // Every request the clients sent was accepted, and every accepted one has finished; the
   // client's count of full completions is the server's stop + length.
   const bool none_lost = accepted == double(sent.load()) &&

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <memory>
 #include <thread>
+#include <vector>
 
 #include "cli/commands.h"
 #include "cli/engine_options.h"
@@ -26,7 +27,11 @@ struct ServeOptions {
   std::string host = "127.0.0.1", api_key, served_model_name;
   int port = 8080;
   int http_threads = 0;
+  int max_connections = 1024;
   int64_t max_body_mb = 8;
+  double header_timeout_s = 10, body_timeout_s = 60, idle_timeout_s = 5;
+  std::vector<std::string> allowed_origins;
+  bool allow_unknown_fields = false;
   int shutdown_grace_s = 30;
 
   ServeOptions() { engine.max_batch = 32; }
@@ -52,6 +57,7 @@ int run_serve(const ServeOptions& o) {
   std::fflush(stdout);
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<ChatTemplate> chat_template;
+  std::string chat_template_error;  // a template that is there but broken
   if (std::filesystem::exists(std::filesystem::path(model) / "tokenizer.json")) {
     auto t = Tokenizer::load(model);
     if (!t.ok()) return fail(t.error());
@@ -61,6 +67,7 @@ int run_serve(const ServeOptions& o) {
       chat_template = std::make_unique<ChatTemplate>(std::move(*ct));
     } else {
       fmt::print(stderr, "warning: no chat endpoints: {}\n", ct.error().to_string());
+      if (ct.error().code != ErrorCode::kNotFound) chat_template_error = ct.error().to_string();
     }
   } else {
     fmt::print(stderr, "warning: {} has no tokenizer.json: token-id prompts only\n", model);
@@ -89,6 +96,14 @@ int run_serve(const ServeOptions& o) {
     so.model_name = std::filesystem::path(model).parent_path().filename().string();
   so.max_body_bytes = size_t(o.max_body_mb) << 20;
   so.http_threads = o.http_threads;
+  so.max_connections = o.max_connections;
+  const auto ms = [](double s) { return std::chrono::milliseconds(int64_t(s * 1000)); };
+  so.header_timeout = ms(o.header_timeout_s);
+  so.body_timeout = ms(o.body_timeout_s);
+  so.idle_timeout = ms(o.idle_timeout_s);
+  so.allowed_origins = o.allowed_origins;
+  so.allow_unknown_fields = o.allow_unknown_fields;
+  so.chat_template_error = chat_template_error;
   so.shutdown_grace = std::chrono::seconds(o.shutdown_grace_s);
   server::Server srv(engine, tokenizer.get(), chat_template.get(), so);
   auto port = srv.bind();
@@ -96,7 +111,8 @@ int run_serve(const ServeOptions& o) {
   const std::string host = o.host.find(':') != std::string::npos ? "[" + o.host + "]" : o.host;
   fmt::print(
       "serving model \"{}\" at http://{}:{}  (POST /v1/chat/completions, /v1/completions, "
-      "/v1/messages; GET /v1/models, /health, /metrics)\n",
+      "/v1/responses, /v1/messages, /v1/messages/count_tokens; GET /v1/models, /health, "
+      "/metrics)\n",
       so.model_name, host, *port);
   std::fflush(stdout);
 
@@ -138,8 +154,27 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--http-threads", o->http_threads,
                   "HTTP worker threads (default: from --max-batch)")
       ->check(CLI::Range(0, 65536));
-  cmd->add_option("--max-body-mb", o->max_body_mb, "largest request body accepted, MiB")
+  cmd->add_option("--max-body-mb", o->max_body_mb,
+                  "largest request body accepted, MiB (chunked or not)")
       ->check(CLI::Range(int64_t(1), int64_t(1024)));
+  cmd->add_option("--max-connections", o->max_connections,
+                  "open connections at most; beyond it the oldest idle or slow one is closed")
+      ->check(CLI::Range(16, 1 << 20));
+  cmd->add_option("--header-timeout", o->header_timeout_s,
+                  "seconds a request head may take from its first byte (then 408)")
+      ->check(CLI::Range(0.1, 3600.0));
+  cmd->add_option("--body-timeout", o->body_timeout_s,
+                  "seconds a request body may take after its head (then 408)")
+      ->check(CLI::Range(0.1, 3600.0));
+  cmd->add_option("--idle-timeout", o->idle_timeout_s,
+                  "seconds a connection may wait between requests before it is closed")
+      ->check(CLI::Range(0.1, 3600.0));
+  cmd->add_option("--allowed-origins", o->allowed_origins,
+                  "web origins allowed to call the API (CORS), comma-separated; '*' for any; "
+                  "requests from other origins are refused")
+      ->delimiter(',');
+  cmd->add_flag("--allow-unknown-fields", o->allow_unknown_fields,
+                "ignore request fields the server does not know (default: 400 naming them)");
   cmd->add_option("--shutdown-grace", o->shutdown_grace_s,
                   "seconds in-flight requests may run after SIGTERM before they are cancelled")
       ->check(CLI::Range(0, 86400));

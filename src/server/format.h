@@ -58,6 +58,34 @@ class AnthropicStream {
   int open_ = -1;   // Segment::Kind of the open block, -1: none
 };
 
+// OpenAI Responses API: the response object, and its event stream (response.created, output
+// items with their deltas, then response.completed, .incomplete or .failed).
+ojson responses_response(const Generation& gen);
+
+class ResponsesStream {
+ public:
+  explicit ResponsesStream(const Generation& gen);
+  std::string start();  // response.created, response.in_progress
+  void updates(const std::vector<ChoiceUpdate>& updates, std::string* out);
+  std::string updates(const std::vector<ChoiceUpdate>& updates);
+  // The response object once the choice has finished (what response.completed carries).
+  const ojson& final_response() const { return final_; }
+
+ private:
+  enum class Open { kNone, kReasoning, kMessage };
+  ojson response(std::string_view status, bool final) const;
+  void event(std::string* out, std::string_view type, ojson body);
+  void open_item(std::string* out, Open kind);
+  void close_item(std::string* out);
+  const Generation& gen_;
+  int64_t sequence_ = 0;
+  Open open_ = Open::kNone;
+  std::string item_id_, text_;    // of the open item
+  std::string pending_space_;     // content that is only whitespace, not yet in an item
+  ojson items_ = ojson::array();  // finished output items, for the final response object
+  ojson final_;
+};
+
 // OpenAI logprobs objects for the given tokens (chat: {"content": [...]}; completions:
 // {"tokens", "token_logprobs", "top_logprobs", "text_offset"}).
 ojson chat_logprobs(const Generation& gen, const std::vector<TokenInfo>& tokens);

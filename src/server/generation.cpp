@@ -78,6 +78,7 @@ Generation::Generation(Engine& engine, const ServingContext& ctx, ParsedRequest 
   parse_ = req_.endpoint != Endpoint::kCompletions;
   const char* prefix = req_.endpoint == Endpoint::kChat          ? "chatcmpl-"
                        : req_.endpoint == Endpoint::kCompletions ? "cmpl-"
+                       : req_.endpoint == Endpoint::kResponses   ? "resp_"
                                                                  : "msg_";
   id_ = random_id(prefix);
   created_ = int64_t(std::time(nullptr));
@@ -165,6 +166,7 @@ ApiResult<bool> Generation::start() {
     if (i == 0 && metrics_) {
       metrics_->request_started(req_.endpoint == Endpoint::kChat          ? "chat"
                                 : req_.endpoint == Endpoint::kCompletions ? "completions"
+                                : req_.endpoint == Endpoint::kResponses   ? "responses"
                                                                           : "messages");
     }
   }

@@ -152,13 +152,18 @@ ApiResult<std::optional<int64_t>> get_int(const ojson& obj, std::string_view key
   if (!v) return std::optional<int64_t>();
   if (!v->is_number()) return wrong_type(where, key, "an integer", *v);
   auto x = as_int(*v, INT64_MIN, INT64_MAX);
-  if (!x) {
+  // An integer too large for 64 bits (1e20, 18446744073709551616) is out of range, not a
+  // fraction.
+  const bool whole = v->is_number_unsigned() ||
+                     (v->is_number_float() && std::floor(v->get<double>()) == v->get<double>());
+  if (!x && !whole) {
     return bad_request(fmt::format("{}{}", where, key),
                        fmt::format("'{}{}' must be an integer, got {}", where, key, v->dump()));
   }
-  if (*x < lo || *x > hi) {
+  if (!x || *x < lo || *x > hi) {
     return bad_request(fmt::format("{}{}", where, key),
-                       fmt::format("'{}{}' must be in [{}, {}], got {}", where, key, lo, hi, *x));
+                       fmt::format("'{}{}' is out of range: it must be in [{}, {}], got {}", where,
+                                   key, lo, hi, v->dump()));
   }
   return std::optional<int64_t>(*x);
 }
@@ -170,9 +175,9 @@ ApiResult<std::optional<double>> get_number(const ojson& obj, std::string_view k
   if (!v->is_number()) return wrong_type(where, key, "a number", *v);
   const double x = v->get<double>();
   if (!std::isfinite(x) || x < lo || x > hi) {
-    return bad_request(
-        fmt::format("{}{}", where, key),
-        fmt::format("'{}{}' must be in [{}, {}], got {}", where, key, lo, hi, v->dump()));
+    return bad_request(fmt::format("{}{}", where, key),
+                       fmt::format("'{}{}' is out of range: it must be in [{}, {}], got {}", where,
+                                   key, lo, hi, v->dump()));
   }
   return std::optional<double>(x);
 }

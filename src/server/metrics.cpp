@@ -92,6 +92,11 @@ void Metrics::http_request(std::string_view route, int status) {
   http_[{std::string(route), status}]++;
 }
 
+void Metrics::connection_closed(std::string_view reason) {
+  std::lock_guard<std::mutex> lk(mu_);
+  closed_[std::string(reason)]++;
+}
+
 void Metrics::request_started(std::string_view endpoint) {
   std::lock_guard<std::mutex> lk(mu_);
   started_[std::string(endpoint)]++;
@@ -115,7 +120,7 @@ std::string Metrics::render(const EngineStats& s) const {
                      escape(key.first), key.second, n);
     }
     header(&out, "recur_requests_total", "counter", "Generation requests accepted, by endpoint.");
-    for (const char* e : {"chat", "completions", "messages"}) {
+    for (const char* e : {"chat", "completions", "messages", "responses"}) {
       auto it = started_.find(e);
       fmt::format_to(std::back_inserter(out), "recur_requests_total{{endpoint=\"{}\"}} {}\n", e,
                      it == started_.end() ? 0 : it->second);
@@ -128,7 +133,18 @@ std::string Metrics::render(const EngineStats& s) const {
                      "recur_sequences_finished_total{{finish_reason=\"{}\"}} {}\n", r,
                      it == finished_.end() ? 0 : it->second);
     }
+    header(&out, "recur_http_connections_closed_total", "counter",
+           "Connections the server closed itself, by reason (deadlines, the connection limit).");
+    for (const char* r : {"idle_timeout", "header_timeout", "body_timeout", "write_timeout",
+                          "evicted", "refused"}) {
+      auto it = closed_.find(r);
+      fmt::format_to(std::back_inserter(out),
+                     "recur_http_connections_closed_total{{reason=\"{}\"}} {}\n", r,
+                     it == closed_.end() ? 0 : it->second);
+    }
   }
+  scalar(&out, "recur_http_connections", "gauge", "Open client connections.",
+         double(connections_.load()));
   scalar(&out, "recur_client_disconnects_total", "counter",
          "Requests whose client went away before the end; their sequences were cancelled.",
          double(disconnects_.load()));

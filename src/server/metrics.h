@@ -38,6 +38,10 @@ class Metrics {
   void request_finished(std::string_view finish_reason);  // one per sequence
   void client_disconnected() { disconnects_.fetch_add(1, std::memory_order_relaxed); }
   void http_in_flight(int delta) { in_flight_.fetch_add(delta, std::memory_order_relaxed); }
+  void http_connections(int delta) { connections_.fetch_add(delta, std::memory_order_relaxed); }
+  // Connections the server closed on its own: idle_timeout, header_timeout, body_timeout,
+  // write_timeout, evicted (displaced at the connection limit), refused (503 at the limit).
+  void connection_closed(std::string_view reason);
 
   Histogram ttft;  // seconds from request arrival to the first token
   Histogram tpot;  // seconds per output token after the first, per sequence
@@ -55,6 +59,8 @@ class Metrics {
   std::map<std::string, uint64_t> finished_;
   std::atomic<uint64_t> disconnects_{0};
   std::atomic<int> in_flight_{0};
+  std::atomic<int> connections_{0};
+  std::map<std::string, uint64_t> closed_;
 };
 
 }  // namespace recur::server

@@ -4,8 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/engine.h"
@@ -16,7 +18,7 @@
 
 namespace recur::server {
 
-enum class Endpoint { kChat, kCompletions, kMessages };
+enum class Endpoint { kChat, kCompletions, kMessages, kResponses };
 
 // How the model writes tool calls, as its chat template asks (detect_tool_call_format).
 enum class ToolCallFormat {
@@ -34,6 +36,8 @@ struct ServingContext {
   const Tokenizer* tokenizer = nullptr;                // null: token-id prompts only
   const ChatTemplate* chat_template = nullptr;         // null: no chat endpoints
   ToolCallFormat tool_format = ToolCallFormat::kJson;  // from the chat template, at start
+  std::string chat_template_error;  // why a template the directory has did not load
+  bool allow_unknown_fields = false;  // else a top-level field not known is a 400
 };
 
 // How generated text is split into reasoning, content and tool calls (chat and messages).
@@ -60,13 +64,25 @@ struct ParsedRequest {
   bool return_token_ids = false;
   bool chat_logprobs = false;  // chat: logprobs=true (top-n in engine.sampling.logprobs)
   OutputOptions output;
+  ojson response_echo;  // responses: the request fields its response object repeats
 };
 
 ApiResult<ParsedRequest> parse_chat_request(const ojson& body, const ServingContext& ctx);
 ApiResult<ParsedRequest> parse_completion_request(const ojson& body, const ServingContext& ctx);
 ApiResult<ParsedRequest> parse_messages_request(const ojson& body, const ServingContext& ctx);
+// OpenAI Responses API (/v1/responses): input items and function tools, rendered as a chat.
+ApiResult<ParsedRequest> parse_responses_request(const ojson& body, const ServingContext& ctx);
+// Anthropic /v1/messages/count_tokens: the prompt tokens the same messages request would use.
+ApiResult<int64_t> count_message_tokens(const ojson& body, const ServingContext& ctx);
 
-// Shared steps, exposed for the Anthropic translation and for tests.
+// Shared steps, exposed for the Anthropic and Responses translations and for tests.
+// Top-level fields outside these lists are a 400 naming the first one (and the known name it
+// is closest to), unless ctx.allow_unknown_fields.
+ApiResult<bool> check_fields(const ojson& body,
+                             std::initializer_list<std::initializer_list<std::string_view>> known,
+                             const ServingContext& ctx);
+// The fields parse_sampling reads.
+extern const std::initializer_list<std::string_view> kSamplingFields;
 // "model": absent, or the served name (else 404 model_not_found).
 ApiResult<bool> check_model(const ojson& body, const ServingContext& ctx);
 // Reads sampling, stop and extension fields common to all endpoints into req->engine.

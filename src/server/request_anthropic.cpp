@@ -131,18 +131,32 @@ ApiResult<ojson> convert_tools(const ojson& tools) {
   return out;
 }
 
-}  // namespace
+// What a messages request and a count_tokens request share: the prompt.
+const std::initializer_list<std::string_view> kPromptFields = {
+    "model", "messages", "system", "tools", "tool_choice", "thinking", "chat_template_kwargs"};
 
-ApiResult<ParsedRequest> parse_messages_request(const ojson& body, const ServingContext& ctx) {
+// count_only: /v1/messages/count_tokens (no generation fields, no length checks).
+ApiResult<ParsedRequest> parse_messages(const ojson& body, const ServingContext& ctx,
+                                        bool count_only) {
   ParsedRequest req;
   req.endpoint = Endpoint::kMessages;
+  if (count_only) {
+    RECUR_API_CHECK(check_fields(body, {kPromptFields}, ctx));
+  } else {
+    RECUR_API_CHECK(
+        check_fields(body,
+                     {kPromptFields,
+                      kSamplingFields,
+                      {"max_tokens", "stream", "stop_sequences", "metadata", "service_tier"}},
+                     ctx));
+  }
   RECUR_API_CHECK(check_model(body, ctx));
-  RECUR_API_CHECK(parse_sampling(body, ctx, &req));
+  if (!count_only) RECUR_API_CHECK(parse_sampling(body, ctx, &req));
   RECUR_API_ASSIGN(auto stream, get_bool(body, "stream"));
   req.stream = stream.value_or(false);
   RECUR_API_ASSIGN(auto max_tokens, get_int(body, "max_tokens", 1, INT32_MAX));
-  if (!max_tokens) return bad_request("max_tokens", "'max_tokens' is required");
-  req.engine.max_tokens = int(*max_tokens);
+  if (!max_tokens && !count_only) return bad_request("max_tokens", "'max_tokens' is required");
+  req.engine.max_tokens = int(max_tokens.value_or(1));
   req.max_tokens_given = true;
   if (const ojson* stops = field(body, "stop_sequences")) {
     if (!stops->is_array() || stops->size() > 64) {
@@ -217,8 +231,20 @@ ApiResult<ParsedRequest> parse_messages_request(const ojson& body, const Serving
   }
   RECUR_API_CHECK(render_chat(messages, have_tools ? &tools : nullptr,
                               kwargs.is_null() ? nullptr : &kwargs, choice, ctx, &req));
-  RECUR_API_CHECK(check_lengths(ctx, &req));
+  if (!count_only) RECUR_API_CHECK(check_lengths(ctx, &req));
   return req;
+}
+
+}  // namespace
+
+ApiResult<ParsedRequest> parse_messages_request(const ojson& body, const ServingContext& ctx) {
+  return parse_messages(body, ctx, false);
+}
+
+ApiResult<int64_t> count_message_tokens(const ojson& body, const ServingContext& ctx) {
+  RECUR_API_ASSIGN(ParsedRequest req, parse_messages(body, ctx, true));
+  // The forced prefix of a required tool call is part of the prompt the model reads.
+  return int64_t(req.prompts.at(0).size());
 }
 
 }  // namespace recur::server

@@ -231,6 +231,39 @@ ApiResult<std::string> parse_tool_choice(const ojson& body, const ojson* tools) 
   return mode;
 }
 
+// Edit distance, for suggesting the known field a misspelt one meant.
+size_t distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// A template that fails to render is the model directory's fault, not the request's; only
+// raise_exception() (the template's own words, for the caller) and malformed request values
+// are the client's. The tokenizer layer names its own failures "chat template ...".
+ApiError template_failure(const Error& e, const ServingContext& ctx) {
+  if (e.message.rfind("chat template", 0) != 0) return from_error(e, "messages");
+  ApiError out;
+  out.status = 500;
+  out.type = "server_error";
+  out.code = "chat_template_error";
+  out.message = fmt::format(
+      "the chat template of the model directory served as '{}' failed to render this request; "
+      "this is a fault of the model directory (its tokenizer_config.json or "
+      "chat_template.jinja), not of the request: {}",
+      ctx.model_name, e.message);
+  return out;
+}
+
 ApiResult<int> parse_max_tokens(const ojson& body, const char* key, ParsedRequest* req) {
   RECUR_API_ASSIGN(auto mt, get_int(body, key, 1, std::numeric_limits<int32_t>::max()));
   if (mt) {
@@ -261,7 +294,58 @@ ApiResult<bool> parse_n(const ojson& body, ParsedRequest* req) {
   return true;
 }
 
+// Fields every OpenAI endpoint accepts and ignores: they label or route requests elsewhere.
+const std::initializer_list<std::string_view> kIgnoredFields = {
+    "user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"};
+
 }  // namespace
+
+const std::initializer_list<std::string_view> kSamplingFields = {"temperature",
+                                                                 "top_p",
+                                                                 "top_k",
+                                                                 "min_p",
+                                                                 "presence_penalty",
+                                                                 "frequency_penalty",
+                                                                 "repetition_penalty",
+                                                                 "logit_bias",
+                                                                 "seed",
+                                                                 "stop_token_ids",
+                                                                 "ignore_eos",
+                                                                 "skip_special_tokens",
+                                                                 "return_token_ids",
+                                                                 "min_tokens",
+                                                                 "response_format",
+                                                                 "priority"};
+
+ApiResult<bool> check_fields(const ojson& body,
+                             std::initializer_list<std::initializer_list<std::string_view>> known,
+                             const ServingContext& ctx) {
+  if (ctx.allow_unknown_fields) return true;
+  for (const auto& [key, value] : body.items()) {
+    bool found = false;
+    std::string_view closest;
+    size_t best = 3;  // suggest only names within two edits
+    for (const auto& list : known) {
+      for (std::string_view k : list) {
+        if (k == key) found = true;
+        const size_t d = distance(key, k);
+        if (d < best) {
+          best = d;
+          closest = k;
+        }
+      }
+    }
+    if (found) continue;
+    ApiError e = bad_request(
+        key,
+        fmt::format("unknown field '{}'{}; this server refuses fields it does not know "
+                    "(start it with --allow-unknown-fields to ignore them)",
+                    key, closest.empty() ? "" : fmt::format(" (did you mean '{}'?)", closest)));
+    e.code = "unknown_parameter";
+    return e;
+  }
+  return true;
+}
 
 ApiResult<bool> check_model(const ojson& body, const ServingContext& ctx) {
   RECUR_API_ASSIGN(auto model, get_string(body, "model"));
@@ -362,6 +446,18 @@ ApiResult<bool> parse_sampling(const ojson& b, const ServingContext& ctx, Parsed
 ApiResult<bool> render_chat(const ojson& messages, const ojson* tools, const ojson* kwargs,
                             const std::string& tool_choice, const ServingContext& ctx,
                             ParsedRequest* req) {
+  if (!ctx.chat_template && !ctx.chat_template_error.empty()) {
+    ApiError e;
+    e.status = 500;
+    e.type = "server_error";
+    e.code = "chat_template_error";
+    e.message = fmt::format(
+        "the chat template of the model directory served as '{}' could not be loaded, so chat "
+        "requests cannot be rendered; this is a fault of the model directory, not of the "
+        "request: {}",
+        ctx.model_name, ctx.chat_template_error);
+    return e;
+  }
   if (!ctx.chat_template || !ctx.tokenizer) {
     return bad_request("messages",
                        "this model directory has no chat template or tokenizer; "
@@ -374,7 +470,7 @@ ApiResult<bool> render_chat(const ojson& messages, const ojson* tools, const ojs
   request["add_generation_prompt"] = true;
   if (kwargs) request["chat_template_kwargs"] = *kwargs;
   auto text = ctx.chat_template->render(request);
-  if (!text.ok()) return from_error(text.error(), "messages");
+  if (!text.ok()) return template_failure(text.error(), ctx);
 
   OutputOptions& out = req->output;
   out.parse_reasoning = ctx.tokenizer->token_to_id("</think>").has_value();
@@ -447,6 +543,14 @@ ApiResult<bool> check_lengths(const ServingContext& ctx, ParsedRequest* req) {
 ApiResult<ParsedRequest> parse_chat_request(const ojson& body, const ServingContext& ctx) {
   ParsedRequest req;
   req.endpoint = Endpoint::kChat;
+  RECUR_API_CHECK(check_fields(
+      body,
+      {kSamplingFields,
+       kIgnoredFields,
+       {"model", "messages", "stream", "stream_options", "n", "max_tokens", "max_completion_tokens",
+        "stop", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
+        "chat_template_kwargs", "reasoning_effort"}},
+      ctx));
   RECUR_API_CHECK(check_model(body, ctx));
   RECUR_API_CHECK(parse_sampling(body, ctx, &req));
   RECUR_API_CHECK(parse_stream(body, &req));
@@ -476,6 +580,22 @@ ApiResult<ParsedRequest> parse_chat_request(const ojson& body, const ServingCont
   if (kwargs && !kwargs->is_object()) {
     return bad_request("chat_template_kwargs", "'chat_template_kwargs' must be an object");
   }
+  // reasoning_effort: "none" and "minimal" switch thinking off (a template variable, as
+  // enable_thinking in chat_template_kwargs, which wins when both are given).
+  RECUR_API_ASSIGN(auto effort, get_string(body, "reasoning_effort"));
+  ojson with_effort;
+  if (effort) {
+    if (*effort != "none" && *effort != "minimal" && *effort != "low" && *effort != "medium" &&
+        *effort != "high") {
+      return bad_request("reasoning_effort",
+                         "'reasoning_effort' must be none, minimal, low, medium or high");
+    }
+    with_effort = kwargs ? *kwargs : ojson::object();
+    if (!with_effort.contains("enable_thinking")) {
+      with_effort["enable_thinking"] = *effort != "none" && *effort != "minimal";
+    }
+    kwargs = &with_effort;
+  }
   RECUR_API_CHECK(render_chat(norm, tools, kwargs, choice, ctx, &req));
   RECUR_API_CHECK(check_lengths(ctx, &req));
   return req;
@@ -484,6 +604,12 @@ ApiResult<ParsedRequest> parse_chat_request(const ojson& body, const ServingCont
 ApiResult<ParsedRequest> parse_completion_request(const ojson& body, const ServingContext& ctx) {
   ParsedRequest req;
   req.endpoint = Endpoint::kCompletions;
+  RECUR_API_CHECK(check_fields(body,
+                               {kSamplingFields,
+                                kIgnoredFields,
+                                {"model", "prompt", "stream", "stream_options", "n", "max_tokens",
+                                 "stop", "best_of", "suffix", "logprobs", "echo"}},
+                               ctx));
   RECUR_API_CHECK(check_model(body, ctx));
   RECUR_API_CHECK(parse_sampling(body, ctx, &req));
   RECUR_API_CHECK(parse_stream(body, &req));

@@ -1,6 +1,5 @@
 #include "server/server.h"
 
-#include <httplib.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -10,9 +9,9 @@
 #include <csignal>
 #include <ctime>
 
-#include "server/connection.h"
 #include "server/format.h"
 #include "server/generation.h"
+#include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/stream_writer.h"
 
@@ -22,33 +21,63 @@ namespace {
 
 constexpr const char* kJson = "application/json";
 
-// httplib listens with a backlog of 5; a burst of clients would see dropped SYNs and retry a
-// second later. listen() again on the bound socket raises the backlog.
-class HttpServer : public httplib::Server {
- public:
-  void raise_backlog(int backlog) {
-    const socket_t s = svr_sock_;
-    if (s != INVALID_SOCKET) ::listen(s, backlog);
-  }
+enum class Route {
+  kChat,
+  kCompletions,
+  kMessages,
+  kCountTokens,
+  kResponses,
+  kModels,
+  kModel,
+  kHealth,
+  kMetrics
 };
 
-std::string route_label(const std::string& path) {
-  static const char* kRoutes[] = {"/v1/chat/completions", "/v1/completions", "/v1/messages",
-                                  "/v1/models",           "/health",         "/metrics"};
-  for (const char* r : kRoutes) {
-    if (path == r) return r;
+struct RouteInfo {
+  const char* path;
+  Route route;
+};
+
+constexpr RouteInfo kRoutes[] = {
+    {"/v1/chat/completions", Route::kChat},
+    {"/v1/completions", Route::kCompletions},
+    {"/v1/messages", Route::kMessages},
+    {"/v1/messages/count_tokens", Route::kCountTokens},
+    {"/v1/responses", Route::kResponses},
+    {"/v1/models", Route::kModels},
+    {"/health", Route::kHealth},
+    {"/metrics", Route::kMetrics},
+};
+
+std::optional<Route> find_route(const std::string& path) {
+  for (const RouteInfo& r : kRoutes) {
+    if (path == r.path) return r.route;
   }
-  if (path.rfind("/v1/models/", 0) == 0) return "/v1/models";
+  if (path.size() > 11 && path.rfind("/v1/models/", 0) == 0) return Route::kModel;
+  return std::nullopt;
+}
+
+const char* route_label(std::optional<Route> r) {
+  if (!r) return "other";
+  if (*r == Route::kModel) return "/v1/models";
+  for (const RouteInfo& info : kRoutes) {
+    if (info.route == *r) return info.path;
+  }
   return "other";
 }
 
-bool anthropic_path(const std::string& path) {
-  return path.rfind("/v1/messages", 0) == 0;
+bool is_post(Route r) {
+  return r == Route::kChat || r == Route::kCompletions || r == Route::kMessages ||
+         r == Route::kCountTokens || r == Route::kResponses;
 }
 
-void send_error(httplib::Response& res, const ApiError& e, bool anthropic) {
-  res.status = e.status;
-  res.set_content(dump(e.to_json(anthropic)), kJson);
+const char* allowed_methods(Route r) {
+  return is_post(r) ? "POST, OPTIONS" : "GET, HEAD, OPTIONS";
+}
+
+// Anthropic SDKs send anthropic-version on every request; /v1/messages is theirs alone.
+bool anthropic_client(const http::Request& req) {
+  return req.path.rfind("/v1/messages", 0) == 0 || req.header("anthropic-version");
 }
 
 // Constant-time comparison: the key must not leak through response timing.
@@ -59,311 +88,348 @@ bool same_key(const std::string& given, const std::string& key) {
   return diff == 0;
 }
 
-const char* status_message(int status) {
+ApiError error_for(int status, std::string message) {
+  ApiError e;
+  e.status = status;
+  e.message = std::move(message);
   switch (status) {
-    case 400:
-      return "malformed HTTP request";
+    case 401:
+      e.type = "authentication_error";
+      e.code = "invalid_api_key";
+      break;
+    case 403:
+      e.type = "permission_error";
+      break;
     case 404:
-      return "no such route; see /v1/models, /v1/chat/completions, /v1/completions, "
-             "/v1/messages, /health, /metrics";
-    case 405:
-      return "method not allowed on this route";
-    case 413:
-      return "the request body is larger than the server accepts";
-    case 414:
-      return "the request URI is too long";
-    case 416:
-      return "range not satisfiable";
+      e.type = "not_found_error";
+      break;
+    case 503:
+      e.type = "overloaded_error";
+      break;
+    case 501:  // a transfer coding, or
+    case 505:  // an HTTP version, the client chose
+      break;
     default:
-      return status < 500 ? "bad request" : "internal server error";
+      if (status >= 500) e.type = "server_error";
   }
+  return e;
+}
+
+http::Response json_response(int status, const ojson& body) {
+  http::Response res;
+  res.status = status;
+  res.body = dump(body);
+  return res;
+}
+
+http::Response error_json(ApiError e, bool anthropic) {
+  // Anthropic names the same classes api_error and request_too_large.
+  if (anthropic && e.type == "server_error") e.type = "api_error";
+  if (anthropic && e.status == 413) e.type = "request_too_large";
+  return json_response(e.status, e.to_json(anthropic));
+}
+
+std::string rfc3339(int64_t t) {
+  std::tm tm{};
+  const std::time_t tt = std::time_t(t);
+  gmtime_r(&tt, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
 }
 
 }  // namespace
 
-struct Server::Impl {
+struct Server::Impl final : HttpHandler {
   Engine& engine;
   ServerOptions options;
   ServingContext ctx;
   std::shared_ptr<Metrics> metrics = std::make_shared<Metrics>();
-  // Declared before http: it outlives the HTTP threads that wait on its streams.
+  int64_t started_at = int64_t(std::time(nullptr));
+  // Declared before http: it outlives the worker threads that wait on its streams.
   std::unique_ptr<StreamWriter> writer;
   Status writer_status;  // why there is no writer; reported by bind()
-  HttpServer http;
+  std::unique_ptr<HttpServer> http;
   std::atomic<bool> draining{false};
   std::atomic<bool> shut_down{false};
 
   Impl(Engine& e, ServerOptions o) : engine(e), options(std::move(o)) {}
 
-  bool authorized(const httplib::Request& req) const {
+  bool authorized(const http::Request& req) const {
     if (options.api_key.empty()) return true;
-    const std::string auth = req.get_header_value("Authorization");
-    if (auth.rfind("Bearer ", 0) == 0 && same_key(auth.substr(7), options.api_key)) return true;
-    return req.has_header("x-api-key") &&
-           same_key(req.get_header_value("x-api-key"), options.api_key);
+    if (const std::string* auth = req.header("authorization")) {
+      if (auth->rfind("Bearer ", 0) == 0 && same_key(auth->substr(7), options.api_key)) {
+        return true;
+      }
+    }
+    const std::string* key = req.header("x-api-key");
+    return key && same_key(*key, options.api_key);
   }
 
-  void setup();
-  void handle_generate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
-  void stream(std::shared_ptr<Generation> gen, int fd, httplib::Response& res);
-  void models(const httplib::Request& req, httplib::Response& res);
+  bool origin_allowed(const std::string& origin) const {
+    for (const std::string& o : options.allowed_origins) {
+      if (o == "*" || o == origin) return true;
+    }
+    return false;
+  }
+
+  http::Response error(const http::Request& req, int status, std::string message) {
+    return error_json(error_for(status, std::move(message)), anthropic_client(req));
+  }
+
+  // HttpHandler
+  std::optional<http::Response> on_head(const http::Request& req) override;
+  void handle(http::Request& req, HttpExchange& ex) override;
+  http::Response error_response(const http::Request* req, int status,
+                                std::string message) override {
+    return error_json(error_for(status, std::move(message)), req && anthropic_client(*req));
+  }
+  void finish(const http::Request* req, http::Response& res) override;
+
+  http::Response preflight(const http::Request& req, Route route);
+  http::Response models(const http::Request& req, Route route);
+  void generate(http::Request& req, HttpExchange& ex, Endpoint endpoint);
+  void stream(std::shared_ptr<Generation> gen, HttpExchange& ex);
+  void count_tokens(http::Request& req, HttpExchange& ex);
 };
 
-void Server::Impl::setup() {
-  const int threads = options.http_threads > 0 ? options.http_threads
-                                               : std::max(64, 4 * engine.config().max_batch + 32);
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
-  http.set_payload_max_length(options.max_body_bytes);
-  http.set_keep_alive_max_count(1000);
-  http.set_keep_alive_timeout(5);
-  http.set_read_timeout(10, 0);
-  http.set_write_timeout(30, 0);
-  http.set_tcp_nodelay(true);
-  // httplib's default also sets SO_REUSEPORT, which lets a second server bind the same port
-  // and silently take half its connections; a port in use must be an error instead.
-  http.set_socket_options([](socket_t sock) {
-    const int one = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  });
-
-  auto guard = [this](auto fn) {
-    return [this, fn](const httplib::Request& req, httplib::Response& res) {
-      metrics->http_in_flight(1);
-      try {
-        fn(req, res);
-      } catch (const std::exception& e) {
-        ApiError err;
-        err.status = 500;
-        err.type = "server_error";
-        err.message = std::string("internal error: ") + e.what();
-        send_error(res, err, anthropic_path(req.path));
-      } catch (...) {
-        ApiError err;
-        err.status = 500;
-        err.type = "server_error";
-        err.message = "internal error";
-        send_error(res, err, anthropic_path(req.path));
-      }
-      metrics->http_in_flight(-1);
-    };
-  };
-  auto generate = [this, guard](Endpoint ep) {
-    return guard([this, ep](const httplib::Request& req, httplib::Response& res) {
-      handle_generate(req, res, ep);
-    });
-  };
-  http.Post("/v1/chat/completions", generate(Endpoint::kChat));
-  http.Post("/v1/completions", generate(Endpoint::kCompletions));
-  http.Post("/v1/messages", generate(Endpoint::kMessages));
-  auto models_handler =
-      guard([this](const httplib::Request& req, httplib::Response& res) { models(req, res); });
-  http.Get("/v1/models", models_handler);
-  http.Get(R"(/v1/models/(.+))", models_handler);
-  http.Get("/health", guard([this](const httplib::Request&, httplib::Response& res) {
-             if (draining.load()) {
-               res.status = 503;
-               res.set_content(R"({"status":"shutting down"})", kJson);
-             } else {
-               res.set_content(R"({"status":"ok"})", kJson);
-             }
-           }));
-  http.Get("/metrics", guard([this](const httplib::Request&, httplib::Response& res) {
-             res.set_content(metrics->render(engine.stats()),
-                             "text/plain; version=0.0.4; charset=utf-8");
-           }));
-  auto not_allowed = [](const httplib::Request& req, httplib::Response& res) {
-    ApiError e;
-    e.status = 405;
-    e.message = fmt::format("{} is not allowed on {}", req.method, req.path);
-    send_error(res, e, anthropic_path(req.path));
-  };
-  for (const char* p : {"/v1/chat/completions", "/v1/completions", "/v1/messages"}) {
-    http.Get(p, not_allowed);
-    http.Put(p, not_allowed);
-    http.Delete(p, not_allowed);
+std::optional<http::Response> Server::Impl::on_head(const http::Request& req) {
+  if (const std::string* origin = req.header("origin"); origin && !origin_allowed(*origin)) {
+    return error(req, 403,
+                 fmt::format("requests from the web origin '{}' are not allowed; start the server "
+                             "with --allowed-origins {} (or '*') to allow them",
+                             *origin, *origin));
   }
-  for (const char* p : {"/v1/models", "/health", "/metrics"}) {
-    http.Post(p, not_allowed);
+  const std::optional<Route> route = find_route(req.path);
+  if (!route) {
+    return error(req, 404,
+                 fmt::format("no route {}; the routes are POST /v1/chat/completions, "
+                             "/v1/completions, /v1/responses, /v1/messages, "
+                             "/v1/messages/count_tokens and GET /v1/models, /health, /metrics",
+                             req.path));
   }
-
-  // Errors httplib produces itself (bad request lines, body limits, unknown routes) get the
-  // same JSON error body as the API's own.
-  http.set_error_handler(
-      httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
-        if (!res.body.empty() || res.is_chunked_content_provider_) {
-          return httplib::Server::HandlerResponse::Unhandled;
-        }
-        try {
-          ApiError e;
-          e.status = res.status;
-          e.message = status_message(res.status);
-          if (res.status == 404) e.type = "not_found_error";
-          if (res.status >= 500) e.type = "server_error";
-          send_error(res, e, anthropic_path(req.path));
-          return httplib::Server::HandlerResponse::Handled;
-        } catch (...) {  // nothing may escape into httplib's threads
-          return httplib::Server::HandlerResponse::Unhandled;
-        }
-      }));
-  http.set_exception_handler(
-      [](const httplib::Request& req, httplib::Response& res, std::exception_ptr) {
-        res.status = 500;
-        try {
-          ApiError e;
-          e.status = 500;
-          e.type = "server_error";
-          e.message = "internal error";
-          send_error(res, e, anthropic_path(req.path));
-        } catch (...) {
-        }
-      });
-  // The API has no use for byte ranges; httplib would answer them with an empty 416.
-  http.set_pre_routing_handler([](const httplib::Request& req, httplib::Response&) {
-    const_cast<httplib::Request&>(req).ranges.clear();  // httplib's own object, not const
-    return httplib::Server::HandlerResponse::Unhandled;
-  });
-  http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-    try {
-      metrics->http_request(route_label(req.path), res.status);
-    } catch (...) {
+  if (req.method == "OPTIONS") return preflight(req, *route);
+  const bool post = is_post(*route);
+  if (post ? req.method != "POST" : (req.method != "GET" && req.method != "HEAD")) {
+    http::Response res = error(req, 405,
+                               fmt::format("{} is not allowed on {}; use {}", req.method, req.path,
+                                           post ? "POST" : "GET"));
+    res.set_header("Allow", allowed_methods(*route));
+    return res;
+  }
+  // Before any body byte is read: a refused client costs no memory.
+  if (req.path.rfind("/v1/", 0) == 0 && !authorized(req)) {
+    return error(req, 401,
+                 "missing or incorrect API key (send Authorization: Bearer KEY or x-api-key)");
+  }
+  if (draining.load() && (post || *route == Route::kHealth)) {
+    if (*route == Route::kHealth) return json_response(503, {{"status", "shutting down"}});
+    return error(req, 503, "the server is shutting down");
+  }
+  switch (*route) {
+    case Route::kHealth:
+      return json_response(200, {{"status", "ok"}});
+    case Route::kMetrics: {
+      http::Response res;
+      res.content_type = "text/plain; version=0.0.4; charset=utf-8";
+      res.body = metrics->render(engine.stats());
+      return res;
     }
-  });
+    case Route::kModels:
+    case Route::kModel:
+      return models(req, *route);
+    default:
+      return std::nullopt;  // POST: the body is read, then handle() runs on a worker
+  }
 }
 
-void Server::Impl::models(const httplib::Request& req, httplib::Response& res) {
-  if (!authorized(req)) {
-    ApiError e;
-    e.status = 401;
-    e.type = "authentication_error";
-    e.code = "invalid_api_key";
-    e.message = "missing or incorrect API key";
-    return send_error(res, e, false);
+http::Response Server::Impl::preflight(const http::Request& req, Route route) {
+  http::Response res;
+  res.status = 204;
+  res.content_type.clear();
+  res.set_header("Allow", allowed_methods(route));
+  if (req.header("origin") && req.header("access-control-request-method")) {
+    res.set_header("Access-Control-Allow-Methods", allowed_methods(route));
+    const std::string* headers = req.header("access-control-request-headers");
+    res.set_header(
+        "Access-Control-Allow-Headers",
+        headers ? *headers : "authorization, content-type, x-api-key, anthropic-version");
+    res.set_header("Access-Control-Max-Age", "600");
   }
-  ojson model = {{"id", ctx.model_name},
-                 {"object", "model"},
-                 {"created", 0},
-                 {"owned_by", "recur"},
-                 {"max_model_len", ctx.max_context}};
-  if (req.matches.size() > 1) {
-    if (req.matches[1] != ctx.model_name) {
-      ApiError e;
-      e.status = 404;
-      e.type = "not_found_error";
-      e.code = "model_not_found";
-      e.message = fmt::format("The model '{}' does not exist", std::string(req.matches[1]));
-      return send_error(res, e, false);
+  return res;
+}
+
+void Server::Impl::finish(const http::Request* req, http::Response& res) {
+  if (req) {
+    // on_head refused origins not allowed, so an Origin still here is allowed.
+    if (const std::string* origin = req->header("origin"); origin && origin_allowed(*origin)) {
+      res.set_header("Access-Control-Allow-Origin", *origin);
+      res.set_header("Vary", "Origin");
     }
-    res.set_content(dump(model), kJson);
+  }
+  try {
+    metrics->http_request(route_label(req ? find_route(req->path) : std::nullopt), res.status);
+  } catch (...) {
+  }
+}
+
+http::Response Server::Impl::models(const http::Request& req, Route route) {
+  const bool anthropic = req.header("anthropic-version") != nullptr;
+  if (route == Route::kModel) {
+    const auto id = http::percent_decode(std::string_view(req.path).substr(11));
+    if (!id || *id != ctx.model_name) {
+      ApiError e = error_for(404, fmt::format("The model '{}' does not exist; this server serves "
+                                              "'{}'",
+                                              id.value_or(req.path.substr(11)), ctx.model_name));
+      e.code = "model_not_found";
+      return error_json(e, anthropic);
+    }
+  }
+  if (anthropic) {
+    const ojson model = {{"type", "model"},
+                         {"id", ctx.model_name},
+                         {"display_name", ctx.model_name},
+                         {"created_at", rfc3339(started_at)}};
+    if (route == Route::kModel) return json_response(200, model);
+    return json_response(200, {{"data", ojson::array({model})},
+                               {"has_more", false},
+                               {"first_id", ctx.model_name},
+                               {"last_id", ctx.model_name}});
+  }
+  const ojson model = {{"id", ctx.model_name},
+                       {"object", "model"},
+                       {"created", 0},
+                       {"owned_by", "recur"},
+                       {"max_model_len", ctx.max_context}};
+  if (route == Route::kModel) return json_response(200, model);
+  return json_response(200, {{"object", "list"}, {"data", ojson::array({model})}});
+}
+
+void Server::Impl::handle(http::Request& req, HttpExchange& ex) {
+  metrics->http_in_flight(1);
+  struct Done {
+    Metrics& m;
+    ~Done() { m.http_in_flight(-1); }
+  } done{*metrics};
+  switch (find_route(req.path).value_or(Route::kHealth)) {
+    case Route::kChat:
+      return generate(req, ex, Endpoint::kChat);
+    case Route::kCompletions:
+      return generate(req, ex, Endpoint::kCompletions);
+    case Route::kMessages:
+      return generate(req, ex, Endpoint::kMessages);
+    case Route::kResponses:
+      return generate(req, ex, Endpoint::kResponses);
+    case Route::kCountTokens:
+      return count_tokens(req, ex);
+    default:  // on_head answers every other route itself
+      ex.send(error(req, 404, "no such route"));
+  }
+}
+
+void Server::Impl::count_tokens(http::Request& req, HttpExchange& ex) {
+  auto body = parse_body(req.body);
+  if (!body.ok()) {
+    ex.send(error_json(body.error(), true));
     return;
   }
-  res.set_content(dump(ojson{{"object", "list"}, {"data", ojson::array({model})}}), kJson);
+  auto n = count_message_tokens(*body, ctx);
+  if (!n.ok()) {
+    ex.send(error_json(n.error(), true));
+    return;
+  }
+  ex.send(json_response(200, {{"input_tokens", *n}}));
 }
 
-void Server::Impl::handle_generate(const httplib::Request& req, httplib::Response& res,
-                                   Endpoint endpoint) {
+void Server::Impl::generate(http::Request& req, HttpExchange& ex, Endpoint endpoint) {
   const auto arrival = Clock::now();
   const bool anthropic = endpoint == Endpoint::kMessages;
+  auto fail = [&](const ApiError& e) { ex.send(error_json(e, anthropic)); };
   if (draining.load()) {
-    ApiError e;
-    e.status = 503;
-    e.type = "overloaded_error";
-    e.message = "the server is shutting down";
-    res.set_header("Connection", "close");
-    return send_error(res, e, anthropic);
-  }
-  if (!authorized(req)) {
-    ApiError e;
-    e.status = 401;
-    e.type = "authentication_error";
-    e.code = "invalid_api_key";
-    e.message = "missing or incorrect API key (send Authorization: Bearer KEY or x-api-key)";
-    return send_error(res, e, anthropic);
+    ex.close_connection();
+    return fail(error_for(503, "the server is shutting down"));
   }
   auto body = parse_body(req.body);
-  if (!body.ok()) return send_error(res, body.error(), anthropic);
+  if (!body.ok()) return fail(body.error());
   auto parsed = endpoint == Endpoint::kChat          ? parse_chat_request(*body, ctx)
                 : endpoint == Endpoint::kCompletions ? parse_completion_request(*body, ctx)
+                : endpoint == Endpoint::kResponses   ? parse_responses_request(*body, ctx)
                                                      : parse_messages_request(*body, ctx);
-  if (!parsed.ok()) return send_error(res, parsed.error(), anthropic);
+  if (!parsed.ok()) return fail(parsed.error());
+  std::string().swap(req.body);  // parsed: the raw body is not needed while generating
 
   auto gen = std::make_shared<Generation>(engine, ctx, std::move(*parsed), metrics, arrival);
   auto started = gen->start();
-  if (!started.ok()) return send_error(res, started.error(), anthropic);
-  const int fd = find_socket(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
-  if (gen->request().stream) return stream(std::move(gen), fd, res);
+  if (!started.ok()) return fail(started.error());
+  if (gen->request().stream) return stream(std::move(gen), ex);
 
   std::vector<ChoiceUpdate> updates;
   while (!gen->done()) {
-    const auto w = gen->wait(fd, 1000);
-    if (w == Generation::Wait::kClientGone) {
+    if (gen->wait(ex.fd(), 1000) == Generation::Wait::kClientGone) {
       gen->cancel(true);
       metrics->client_disconnected();
-      res.status = 499;  // nobody reads it; keeps the access counters honest
-      res.set_header("Connection", "close");
+      metrics->http_request(route_label(find_route(req.path)), 499);  // nobody reads it
+      ex.abandon();
       return;
     }
     gen->recycle(&updates);
     gen->drain(&updates);
   }
   for (const auto& c : gen->choices()) {
-    if (c.reason == FinishReason::kError) {
-      ApiError e;
-      e.status = 500;
-      e.type = "server_error";
-      e.message = c.message;
-      return send_error(res, e, anthropic);
-    }
+    if (c.reason == FinishReason::kError) return fail(error_for(500, c.message));
   }
-  res.set_content(dump(anthropic ? anthropic_response(*gen) : openai_response(*gen)), kJson);
+  const ojson out = anthropic                          ? anthropic_response(*gen)
+                    : endpoint == Endpoint::kResponses ? responses_response(*gen)
+                                                       : openai_response(*gen);
+  ex.send(json_response(200, out));
 }
 
-void Server::Impl::stream(std::shared_ptr<Generation> gen, int fd, httplib::Response& res) {
-  if (fd >= 0) {
-    // Each event is a small write; Nagle would hold it back for the previous one's ACK.
-    const int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+void Server::Impl::stream(std::shared_ptr<Generation> gen, HttpExchange& ex) {
+  http::Response head;
+  head.content_type = "text/event-stream";
+  head.set_header("Cache-Control", "no-cache");
+  head.set_header("X-Accel-Buffering", "no");
+  if (!ex.begin_chunked(std::move(head))) {
+    gen->cancel(true);
+    metrics->client_disconnected();
+    return;
   }
-  res.set_header("Cache-Control", "no-cache");
-  res.set_header("X-Accel-Buffering", "no");
-  // httplib has sent the headers when it calls the provider; from then on the stream writer
-  // writes the body (straight to the socket when it is known) and this thread only waits.
-  auto provider = [this, gen, fd](size_t, httplib::DataSink& sink) -> bool {
-    std::shared_ptr<SseStream> s;
-    try {
-      s = writer->add(gen, fd);
-    } catch (...) {
-      gen->cancel();
-      return false;
+  // From here the stream writer sends the chunks straight to the socket; this thread waits.
+  std::shared_ptr<SseStream> s;
+  try {
+    s = writer->add(gen, ex.fd());
+  } catch (...) {
+    gen->cancel();
+    ex.close_connection();
+    return;
+  }
+  std::string data;
+  for (;;) {
+    switch (s->next(&data)) {
+      case SseStream::Next::kData:  // relayed (the writer had no socket)
+        if (!ex.write_chunk(data)) {
+          s->client_gone();
+          ex.close_connection();
+          return;
+        }
+        break;
+      case SseStream::Next::kDone:
+        if (!ex.end_chunked()) ex.close_connection();
+        return;
+      case SseStream::Next::kGone:
+        ex.close_connection();
+        return;
     }
-    std::string data;
-    for (;;) {
-      switch (s->next(&data)) {
-        case SseStream::Next::kData:  // relayed: no socket of our own to write to
-          if (!sink.write(data.data(), data.size())) {
-            s->client_gone();
-            return false;
-          }
-          break;
-        case SseStream::Next::kDone:
-          sink.done();
-          return true;
-        case SseStream::Next::kGone:
-          return false;
-      }
-    }
-  };
-  // The releaser runs when the response is destroyed, written or not; dropping the last
-  // reference to the generation cancels whatever it still has running.
-  res.set_chunked_content_provider("text/event-stream", std::move(provider),
-                                   [gen](bool) mutable { gen.reset(); });
+  }
 }
 
 Server::Server(Engine& engine, const Tokenizer* tokenizer, const ChatTemplate* chat_template,
                ServerOptions options)
     : impl_(std::make_unique<Impl>(engine, std::move(options))) {
-  ServingContext& ctx = impl_->ctx;
+  Impl& m = *impl_;
+  ServingContext& ctx = m.ctx;
   const ModelInfo& info = engine.model_info();
-  ctx.model_name = impl_->options.model_name;
+  ctx.model_name = m.options.model_name;
   ctx.vocab_size = info.vocab_size;
   ctx.max_context = engine.config().max_context;
   ctx.generation = info.generation;
@@ -371,18 +437,35 @@ Server::Server(Engine& engine, const Tokenizer* tokenizer, const ChatTemplate* c
   ctx.tokenizer = tokenizer;
   ctx.chat_template = chat_template;
   if (chat_template) ctx.tool_format = detect_tool_call_format(chat_template->source());
-  impl_->setup();
-  auto writer = StreamWriter::create(impl_->metrics);
+  ctx.allow_unknown_fields = m.options.allow_unknown_fields;
+  if (!chat_template) ctx.chat_template_error = m.options.chat_template_error;
+
+  HttpServerOptions ho;
+  ho.host = m.options.host;
+  ho.port = m.options.port;
+  ho.max_connections = m.options.max_connections;
+  // A worker per request whose body has arrived: generations the engine runs or queues.
+  ho.workers = m.options.http_threads > 0 ? m.options.http_threads
+                                          : std::max(64, 4 * engine.config().max_batch + 32);
+  ho.limits.max_body = m.options.max_body_bytes;
+  ho.body_budget_bytes = std::max(size_t(256) << 20, 4 * m.options.max_body_bytes);
+  ho.header_timeout = m.options.header_timeout;
+  ho.body_timeout = m.options.body_timeout;
+  ho.idle_timeout = m.options.idle_timeout;
+  m.http = std::make_unique<HttpServer>(ho, m, m.metrics);
+
+  auto writer = StreamWriter::create(m.metrics);
   if (writer.ok()) {
-    impl_->writer = std::move(*writer);
-    engine.set_step_listener([w = impl_->writer.get()] { w->step_done(); });
+    m.writer = std::move(*writer);
+    engine.set_step_listener([w = m.writer.get()] { w->step_done(); });
   } else {
-    impl_->writer_status = writer.error();
+    m.writer_status = writer.error();
   }
 }
 
 Server::~Server() {
   shutdown();
+  impl_->http.reset();                  // its workers end before the writer goes
   impl_->engine.set_step_listener({});  // before the writer goes
 }
 
@@ -392,40 +475,27 @@ const ServingContext& Server::context() const {
 
 Result<int> Server::bind() {
   if (!impl_->writer_status.ok()) return impl_->writer_status.error();
-  // A client that vanishes mid-write must not kill the process.
+  // Every send passes MSG_NOSIGNAL; this covers any other write to a closed socket.
   std::signal(SIGPIPE, SIG_IGN);
-  int port = impl_->options.port;
-  if (port == 0) {
-    port = impl_->http.bind_to_any_port(impl_->options.host);
-    if (port <= 0) {
-      return make_error(ErrorCode::kIo, "cannot bind to {} (any port)", impl_->options.host);
-    }
-  } else if (!impl_->http.bind_to_port(impl_->options.host, port)) {
-    return make_error(ErrorCode::kIo, "cannot bind to {}:{} (in use, or not an address here?)",
-                      impl_->options.host, port);
-  }
-  impl_->http.raise_backlog(1024);
-  return port;
+  return impl_->http->bind();
 }
 
 Status Server::serve() {
   if (impl_->shut_down.load()) return {};
-  if (!impl_->http.listen_after_bind() && !impl_->shut_down.load()) {
-    return make_error(ErrorCode::kIo, "the HTTP server stopped unexpectedly");
-  }
-  return {};
+  return impl_->http->run();
 }
 
 void Server::shutdown() {
   if (impl_->shut_down.exchange(true)) return;
   impl_->draining = true;
-  impl_->http.stop();  // closes the listening socket; workers finish their connections
+  impl_->http->set_draining();  // still accepting: /health answers 503 meanwhile
   Engine& engine = impl_->engine;
   engine.stop_accepting();
   if (!engine.wait_idle(impl_->options.shutdown_grace)) {
     engine.cancel_all();
     engine.wait_idle(std::chrono::seconds(10));
   }
+  impl_->http->stop();
 }
 
 }  // namespace recur::server

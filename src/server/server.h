@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 #include "engine/engine.h"
@@ -19,8 +20,17 @@ struct ServerOptions {
   int port = 8080;      // 0: any free port
   std::string api_key;  // empty: no authentication
   std::string model_name;
-  size_t max_body_bytes = size_t(8) << 20;
-  int http_threads = 0;  // 0: enough for max_batch streams plus idle keep-alive connections
+  size_t max_body_bytes = size_t(8) << 20;  // whatever the transfer encoding
+  int http_threads = 0;  // 0: enough for max_batch streams plus requests queued behind them
+  int max_connections = 1024;
+  std::chrono::milliseconds header_timeout{10000};  // a request head, from its first byte
+  std::chrono::milliseconds body_timeout{60000};    // a request body, from its head
+  std::chrono::milliseconds idle_timeout{5000};     // a connection between requests
+  // Browser origins allowed to call the API (CORS); "*" allows any. A request that carries
+  // an Origin not listed is refused, so web pages cannot drive a local server unasked.
+  std::vector<std::string> allowed_origins;
+  bool allow_unknown_fields = false;  // else a request field the server does not know is a 400
+  std::string chat_template_error;    // the model directory's template failed to load: why
   std::chrono::milliseconds shutdown_grace{30000};  // then in-flight requests are cancelled
 };
 
@@ -35,8 +45,9 @@ class Server {
   Result<int> bind();
   // Serves until shutdown() has run and in-flight requests have ended.
   Status serve();
-  // Safe from any thread, once or more: stops accepting connections, refuses new requests,
-  // lets running ones finish within the grace period, cancels the rest.
+  // Safe from any thread, once or more: refuses new requests (503, and /health answers 503),
+  // lets running ones finish within the grace period, cancels the rest, then closes the
+  // listener and every connection.
   void shutdown();
 
   const ServingContext& context() const;

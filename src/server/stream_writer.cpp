@@ -19,7 +19,7 @@ namespace {
 using WriterClock = std::chrono::steady_clock;
 
 // A client that reads nothing for this long, or leaves this much unsent, is treated as gone
-// (httplib's own limit for a blocking write is 30 s).
+// (the HTTP layer's own limit for a blocking write is 30 s).
 constexpr auto kStallLimit = std::chrono::seconds(30);
 constexpr size_t kMaxPending = size_t(16) << 20;
 
@@ -49,6 +49,7 @@ struct StreamWriter::Stream {
   bool anthropic = false;
   std::optional<OpenAiStream> openai;
   std::optional<AnthropicStream> claude;
+  std::optional<ResponsesStream> responses;
   std::vector<ChoiceUpdate> updates;
   std::string text;  // SSE text of this pass
   std::string out;   // framed bytes not yet sent; out[0, sent) are sent
@@ -115,9 +116,12 @@ void StreamWriter::step_done() noexcept {
 std::shared_ptr<SseStream> StreamWriter::add(std::shared_ptr<Generation> gen, int fd) {
   auto s = std::make_shared<Stream>();
   s->handle = std::make_shared<SseStream>();
-  s->anthropic = gen->request().endpoint == Endpoint::kMessages;
+  const Endpoint endpoint = gen->request().endpoint;
+  s->anthropic = endpoint == Endpoint::kMessages;
   if (s->anthropic) {
     s->claude.emplace(*gen);
+  } else if (endpoint == Endpoint::kResponses) {
+    s->responses.emplace(*gen);
   } else {
     s->openai.emplace(*gen);
   }
@@ -223,7 +227,7 @@ void StreamWriter::flush(Stream& s) {
 }
 
 // Queues SSE text: framed as an HTTP chunk when the writer owns the socket; relayed bytes
-// are framed by httplib's sink.
+// are framed by the HTTP thread (HttpExchange::write_chunk).
 void StreamWriter::frame(Stream& s, std::string_view text) {
   if (s.fd >= 0) {
     append_chunk(&s.out, text);
@@ -239,13 +243,15 @@ void StreamWriter::pass(Stream& s) {
   s.gen->recycle(&s.updates);
   s.gen->drain(&s.updates);
   s.text.clear();
-  if (s.anthropic) {
+  if (s.claude) {
     s.claude->updates(s.updates, &s.text);
+  } else if (s.responses) {
+    s.responses->updates(s.updates, &s.text);
   } else {
     s.openai->updates(s.updates, &s.text);
   }
   if (s.gen->done()) {
-    if (!s.anthropic) s.openai->done(&s.text);
+    if (s.openai) s.openai->done(&s.text);
     s.closing = true;
   }
   if (!s.text.empty()) frame(s, s.text);
@@ -276,8 +282,9 @@ void StreamWriter::run() {
       stop = stop_;
       for (auto& s : incoming_) {
         try {
-          // Anthropic streams open with message_start before any token.
-          if (s->anthropic) frame(*s, s->claude->start());
+          // Anthropic and Responses streams open with an event before any token.
+          if (s->claude) frame(*s, s->claude->start());
+          if (s->responses) frame(*s, s->responses->start());
           active_.push_back(s);
         } catch (...) {  // out of memory: this stream fails, its HTTP thread hears of it
           gone(*s);

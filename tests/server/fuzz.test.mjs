@@ -202,7 +202,11 @@ function cases() {
     `GET /v1/models/nope HTTP/1.1\r\nAuthorization: Bearer ${KEY}\r\n\r\n`,
     'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n{}',
   ];
-  for (const p of pre) out.push({ name: `raw ${JSON.stringify(p.slice(0, 50))}`, bytes: Buffer.from(p, 'latin1') });
+  // An HTTP version the server does not speak is 505 (RFC 9110 15.6.6), the one 5xx here.
+  for (const p of pre) {
+    out.push({ name: `raw ${JSON.stringify(p.slice(0, 50))}`, bytes: Buffer.from(p, 'latin1'),
+      status: p.includes('HTTP/9.9') ? 505 : undefined });
+  }
   return out;
 }
 

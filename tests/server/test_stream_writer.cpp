@@ -92,7 +92,7 @@ class StreamWriterTest : public ::testing::Test {
 };
 
 // Reads the socket to its end: the body's chunks, parsed strictly as HTTP/1.1 chunked framing
-// (without the final 0-size chunk, which is httplib's to write).
+// (without the final 0-size chunk, which is the HTTP layer's to write).
 struct Received {
   std::vector<std::string> chunks;
   std::string sse;  // the chunks joined
