@@ -185,7 +185,7 @@ function cases() {
       out.push({ name: `${path} header ${name}`, bytes: post(path, '{"n": [}', { [name]: value, 'content-type': value }) });
     }
   }
-  // Request lines and headers httplib itself rejects.
+  // Request lines and headers the HTTP layer rejects.
   const pre = [
     'GARBAGE\r\n\r\n', 'GET /health\r\n\r\n', 'GET /health HTTP/9.9\r\n\r\n', 'FOO /health HTTP/1.1\r\nHost: x\r\n\r\n',
     `GET /health HTTP/1.1\r\nHost: x\r\nX-Long: ${'a'.repeat(9000)}\r\n\r\n`,
