@@ -59,7 +59,8 @@ ApiResult<ParsedRequest> parse_messages_request(const ojson& body, const Serving
 // Shared steps, exposed for the Anthropic translation and for tests.
 // "model": absent, or the served name (else 404 model_not_found).
 ApiResult<bool> check_model(const ojson& body, const ServingContext& ctx);
-// Reads sampling, stop and extension fields common to all endpoints into req->engine.
+// Reads sampling, stop and extension fields common to all endpoints (priority included) into
+// req->engine.
 ApiResult<bool> parse_sampling(const ojson& body, const ServingContext& ctx, ParsedRequest* req);
 // Renders {messages, tools, chat_template_kwargs} and tokenizes; sets output options.
 // tool_choice: "none", "auto", "required" or a function name (named:NAME).
