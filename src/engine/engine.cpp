@@ -44,6 +44,9 @@ struct Engine::Sequence {
   int n_past = 0;               // tokens whose effect is in the state
   int prompt_done = 0;          // prompt tokens prefilled
   int fed = 0;                  // tokens fed in the current step
+  int grant = 0;                // prompt tokens granted this step
+  int reserve = 0;              // cache blocks reserved at admission for prompt + first token
+  int64_t queued_step = 0;      // the engine step it joined the queue at
   int32_t next_token = -1;      // sampled, not yet fed
   std::vector<int32_t> generated;
   SampledToken sampled;
@@ -56,22 +59,30 @@ struct Engine::Sequence {
       : req(std::move(r)), sink(std::move(s)), sampler(req.sampling, vocab, seed) {
     sampler.set_prompt(req.prompt);
     generated.reserve(size_t(std::min(req.max_tokens, 4096)));
+    message.reserve(64);  // the reasons finish() gives fit: no allocation at the end
   }
   bool prefilling() const { return prompt_done < int(req.prompt.size()); }
 };
 
-Result<std::unique_ptr<Engine>> Engine::create(const std::string& model_dir, Ops& ops,
-                                               const EngineConfig& config,
-                                               const Tokenizer* tokenizer) {
+namespace {
+
+Status check_config(const EngineConfig& config) {
   if (config.max_batch < 1 || config.max_batch_tokens < config.max_batch || config.block_size < 1) {
     return make_error(ErrorCode::kInvalidArgument,
                       "max_batch must be >= 1 and max_batch_tokens >= max_batch (got {} and {})",
                       config.max_batch, config.max_batch_tokens);
   }
-  std::unique_ptr<Engine> e(new Engine());
-  e->config_ = config;
-  e->tokenizer_ = tokenizer;
-  e->ops_ = &ops;
+  if (config.aging_steps < 1 || !(config.step_time_target_ms >= 0)) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "aging_steps must be >= 1 and step_time_target_ms >= 0 (got {} and {})",
+                      config.aging_steps, config.step_time_target_ms);
+  }
+  return Status();
+}
+
+}  // namespace
+
+LoadOptions Engine::load_options(const EngineConfig& config) {
   LoadOptions opt;
   opt.max_batch_tokens = config.max_batch_tokens;
   opt.max_logit_rows = config.max_batch;  // at most one row per sequence per step
@@ -80,10 +91,44 @@ Result<std::unique_ptr<Engine>> Engine::create(const std::string& model_dir, Ops
   opt.state.block_size = config.block_size;
   opt.kv_cache_budget_bytes = config.kv_cache_bytes;
   opt.max_context = config.max_context;
-  RECUR_ASSIGN_OR_RETURN(e->model_, load_model(model_dir, ops, opt));
+  return opt;
+}
+
+Result<std::unique_ptr<Engine>> Engine::create(const std::string& model_dir, Ops& ops,
+                                               const EngineConfig& config,
+                                               const Tokenizer* tokenizer) {
+  RECUR_RETURN_IF_ERROR(check_config(config));
+  RECUR_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
+                         load_model(model_dir, ops, load_options(config)));
+  return create(std::move(model), config, tokenizer);
+}
+
+Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> model,
+                                               const EngineConfig& config,
+                                               const Tokenizer* tokenizer) {
+  RECUR_RETURN_IF_ERROR(check_config(config));
+  if (!model) return make_error(ErrorCode::kInvalidArgument, "no model");
+  const StateConfig& sc = model->state_config();
+  if (model->max_batch_tokens() < config.max_batch_tokens ||
+      model->max_logit_rows() < config.max_batch || sc.n_slots < config.max_batch ||
+      sc.block_size != config.block_size || sc.n_blocks < 1) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "the model was loaded for {} tokens, {} logit rows, {} slots and blocks of "
+                      "{} per step; the engine needs {}, {}, {} and {}",
+                      model->max_batch_tokens(), model->max_logit_rows(), sc.n_slots, sc.block_size,
+                      config.max_batch_tokens, config.max_batch, config.max_batch,
+                      config.block_size);
+  }
+  Ops& ops = model->ops();
+  std::unique_ptr<Engine> e(new Engine());
+  e->config_ = config;
+  e->tokenizer_ = tokenizer;
+  e->ops_ = &ops;
+  e->model_ = std::move(model);
   const ModelInfo& info = e->model_->info();
-  e->config_.max_context = info.max_position;
-  e->config_.kv_blocks = e->model_->state_config().n_blocks;
+  e->config_.max_context =
+      config.max_context > 0 ? std::min(config.max_context, info.max_position) : info.max_position;
+  e->config_.kv_blocks = sc.n_blocks;
   e->slots_ = std::make_unique<IdPool>(config.max_batch);
   e->blocks_ = std::make_unique<IdPool>(e->config_.kv_blocks);
   RECUR_ASSIGN_OR_RETURN(
@@ -93,15 +138,27 @@ Result<std::unique_ptr<Engine>> Engine::create(const std::string& model_dir, Ops
   if (ops.device() != Device::kCpu) {
     e->host_logits_.resize(size_t(config.max_batch) * size_t(info.vocab_size));
   }
-  e->pipeline_ = config.pipeline_decode > 0 ||
-                 (config.pipeline_decode < 0 && ops.device() != Device::kCpu);
+  e->pipeline_ =
+      config.pipeline_decode > 0 || (config.pipeline_decode < 0 && ops.device() != Device::kCpu);
   if (ops.device() != Device::kCpu || e->pipeline_) {
     RECUR_ASSIGN_OR_RETURN(e->ids_buf_,
                            ops.allocator().allocate(size_t(config.max_batch) * 4, "greedy ids"));
     e->host_ids_.resize(size_t(config.max_batch));
   }
   e->running_.reserve(size_t(config.max_batch));
+  e->waiting_.reserve(size_t(std::max(0, config.max_queue)) + 1);
+  e->shares_.reserve(size_t(config.max_batch));
+  e->share_seqs_.reserve(size_t(config.max_batch));
   e->logit_seqs_.reserve(size_t(config.max_batch));
+  // A step's batch at its largest: every block belongs to one sequence at a time.
+  Batch& b = e->batch_;
+  b.tokens.reserve(size_t(config.max_batch_tokens));
+  b.positions.reserve(size_t(config.max_batch_tokens));
+  b.seq_start.reserve(size_t(config.max_batch) + 1);
+  b.slot.reserve(size_t(config.max_batch));
+  b.block_start.reserve(size_t(config.max_batch) + 1);
+  b.block_ids.reserve(size_t(e->config_.kv_blocks));
+  b.logit_rows.reserve(size_t(config.max_batch));
   e->next_seqs_.reserve(size_t(config.max_batch));
   e->stats_.kv_blocks_total = e->config_.kv_blocks;
   e->stats_.slots_total = config.max_batch;
@@ -243,7 +300,10 @@ void Engine::take_incoming() {
   bool all = false;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    for (auto& s : incoming_) waiting_.push_back(std::move(s));
+    for (auto& s : incoming_) {
+      s->queued_step = step_count_;
+      waiting_.push_back(std::move(s));
+    }
     incoming_.clear();
     cancels.swap(cancels_);
     std::swap(all, cancel_all_);
@@ -262,37 +322,121 @@ void Engine::take_incoming() {
   }
 }
 
+int Engine::blocks_for_prompt(const Sequence& seq) const {
+  return int(seq.req.prompt.size()) / config_.block_size + 1;  // its positions and the next
+}
+
+int Engine::admittable_blocks() const {
+  return blocks_->available() - reserved_blocks_;
+}
+
 void Engine::admit() {
-  while (!waiting_.empty() && int(running_.size()) < config_.max_batch) {
-    Sequence& seq = *waiting_.front();
-    if (seq.finished) break;  // cancelled while waiting: released below
-    // Start a prompt only when the cache can hold it now; otherwise wait for others to finish.
-    const int blocks_needed = int(seq.req.prompt.size()) / config_.block_size + 1;
-    if (blocks_->available() < blocks_needed && !running_.empty()) break;
+  if (waiting_.empty() || int(running_.size()) >= config_.max_batch) return;
+  // Requests past their wait limit first (by arrival), then by priority, then by arrival.
+  const auto overdue = [&](const Sequence& s) {
+    return step_count_ - s.queued_step >= config_.aging_steps;
+  };
+  std::sort(waiting_.begin(), waiting_.end(), [&](const auto& a, const auto& b) {
+    const bool oa = overdue(*a), ob = overdue(*b);
+    if (oa != ob) return oa;
+    if (!oa && a->req.priority != b->req.priority) return a->req.priority < b->req.priority;
+    return a->id < b->id;
+  });
+  for (size_t i = 0; i < waiting_.size() && int(running_.size()) < config_.max_batch;) {
+    Sequence& seq = *waiting_[i];
+    if (seq.finished) {  // cancelled while waiting: released after
+      ++i;
+      continue;
+    }
+    // A prompt starts only when the cache can hold it now, its blocks reserved so that nothing
+    // admitted later cuts it short. One that must wait is passed by requests that fit, until
+    // it is overdue; then nothing passes it and blocks come free for it as others finish.
+    const int need = blocks_for_prompt(seq);
+    if (need > admittable_blocks()) {
+      if (overdue(seq)) break;
+      ++i;
+      continue;
+    }
     const int32_t slot = slots_->acquire();
     if (slot < 0) break;
     seq.slot = slot;
+    seq.reserve = need;
+    // The table's whole life at once (bounded by the cache): this allocation, one per
+    // request, is the only one its steps make.
+    const int64_t life =
+        (int64_t(seq.req.prompt.size()) + seq.req.max_tokens) / config_.block_size + 1;
+    seq.blocks.reserve(size_t(std::min<int64_t>(life, config_.kv_blocks)));
+    reserved_blocks_ += need;
     model_->reset_slot(slot);
-    running_.push_back(std::move(waiting_.front()));
-    waiting_.erase(waiting_.begin());
+    running_.push_back(std::move(waiting_[i]));
+    waiting_.erase(waiting_.begin() + std::ptrdiff_t(i));
   }
 }
 
 bool Engine::ensure_blocks(Sequence& seq, int last_position) {
   const size_t needed = size_t(last_position / config_.block_size + 1);
   while (seq.blocks.size() < needed) {
+    const bool reserved = int(seq.blocks.size()) < seq.reserve;
+    if (!reserved && admittable_blocks() <= 0) return false;  // the rest is promised
     const int32_t b = blocks_->acquire();
     if (b < 0) return false;
     seq.blocks.push_back(b);
+    if (reserved) --reserved_blocks_;
   }
   return true;
+}
+
+void Engine::release_blocks(Sequence& seq) {
+  reserved_blocks_ -= std::max(0, seq.reserve - int(seq.blocks.size()));
+  seq.reserve = 0;
+  for (int32_t b : seq.blocks) blocks_->release(b);
+  seq.blocks.clear();
+}
+
+void Engine::share_prompt_budget(int budget, int64_t decode_positions) {
+  shares_.clear();
+  share_seqs_.clear();
+  for (auto& sp : running_) {
+    Sequence& s = *sp;
+    s.grant = 0;
+    if (s.finished || !s.prefilling()) continue;
+    sched::PromptShare sh;
+    sh.remaining = int(s.req.prompt.size()) - s.prompt_done;
+    sh.position = s.n_past;
+    sh.priority = s.req.priority;
+    sh.order = s.id;
+    sh.index = int(share_seqs_.size());
+    shares_.push_back(sh);
+    share_seqs_.push_back(&s);
+  }
+  if (shares_.empty() || budget == 0) return;
+  if (config_.arrival_order_prefill) {
+    for (sched::PromptShare& sh : shares_) {  // running_ is in admission order
+      sh.tokens = std::min(sh.remaining, budget);
+      budget -= sh.tokens;
+    }
+  } else {
+    sched::share_prompt_tokens(shares_, budget);
+    if (config_.step_time_target_ms > 0) {
+      int planned = config_.max_batch_tokens - budget;  // the decode tokens
+      for (const sched::PromptShare& sh : shares_) planned += sh.tokens;
+      const double allowance =
+          step_cost_.attention_allowance(planned, config_.step_time_target_ms * 1e-3) -
+          double(decode_positions);
+      step_cut_ = sched::cap_prompt_attention(shares_, allowance);
+    }
+  }
+  for (const sched::PromptShare& sh : shares_) share_seqs_[size_t(sh.index)]->grant = sh.tokens;
 }
 
 bool Engine::build_batch() {
   batch_.clear();
   logit_seqs_.clear();
+  step_attended_ = 0;
+  step_cut_ = false;
   int budget = config_.max_batch_tokens;
   // Decode tokens first: one per sequence past its prompt.
+  int64_t decode_positions = 0;
   for (auto& sp : running_) {
     Sequence& s = *sp;
     s.fed = 0;
@@ -310,14 +454,17 @@ bool Engine::build_batch() {
     logit_seqs_.push_back(&s);
     s.fed = 1;
     --budget;
+    decode_positions += s.n_past + 1;
   }
-  // Then prompt chunks, in admission order, within what is left of the budget.
+  // Then prompt chunks, as the budget was shared, in admission order.
+  share_prompt_budget(budget, decode_positions);
+  step_attended_ = decode_positions;
   for (auto& sp : running_) {
     Sequence& s = *sp;
-    if (s.finished || !s.prefilling() || budget == 0) continue;
+    if (s.finished || !s.prefilling() || s.grant == 0) continue;
     const int remaining = int(s.req.prompt.size()) - s.prompt_done;
-    const int chunk = std::min(remaining, budget);
-    if (!ensure_blocks(s, s.n_past + chunk - 1)) {
+    const int chunk = s.grant;
+    if (!ensure_blocks(s, s.n_past + chunk - 1)) {  // reserved at admission: not expected
       finish(s, FinishReason::kLength, "the attention cache is full");
       continue;
     }
@@ -327,12 +474,13 @@ bool Engine::build_batch() {
                         s.blocks, last_chunk ? Batch::Logits::kLast : Batch::Logits::kNone);
     if (last_chunk) logit_seqs_.push_back(&s);
     s.fed = chunk;
-    budget -= chunk;
+    step_attended_ += sched::attended_positions(s.n_past, chunk);
   }
   return batch_.n_tokens() > 0;
 }
 
 bool Engine::step() {
+  ++step_count_;
   take_incoming();
   admit();
   release_finished();  // cancellations of waiting requests
@@ -363,6 +511,7 @@ bool Engine::step() {
     }
     sample_and_emit();
   } else if (build_batch()) {
+    const auto f0 = std::chrono::steady_clock::now();
     Status st = model_->forward(batch_, logits_);
     if (!st.ok()) {
       for (auto& s : running_) {
@@ -381,6 +530,12 @@ bool Engine::step() {
         s->n_past += s->fed;
       }
       sample_and_emit();
+      if (prompt_tokens > 0) {
+        // The forward and the sampling: what a chunk's size changes.
+        step_cost_.observe(
+            double(batch_.n_tokens()), double(step_attended_),
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - f0).count());
+      }
     }
   }
   release_finished();
@@ -389,6 +544,8 @@ bool Engine::step() {
     std::lock_guard<std::mutex> lk(mu_);
     stats_.steps++;
     stats_.pipelined_steps += pipelined_this_step_;
+    stats_.attention_cut_steps += step_cut_ ? 1 : 0;
+    step_cut_ = false;
     pipelined_this_step_ = 0;
     stats_.prompt_tokens += prompt_tokens;
     if (prompt_tokens > 0) {
@@ -546,9 +703,8 @@ void Engine::release_finished() {
     s.sink(ev);
     ++events_this_step_;
     if (s.slot >= 0) slots_->release(s.slot);
-    for (int32_t b : s.blocks) blocks_->release(b);
     s.slot = -1;
-    s.blocks.clear();
+    release_blocks(s);
   };
   int64_t done = 0;
   for (auto* list : {&running_, &waiting_}) {

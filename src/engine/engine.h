@@ -17,6 +17,7 @@
 
 #include "core/allocator.h"
 #include "engine/sampler.h"
+#include "engine/schedule.h"
 #include "model/registry.h"
 #include "tokenizer/tokenizer.h"
 
@@ -35,6 +36,9 @@ struct Request {
   StopConditions stop;
   int max_tokens = 16;
   bool skip_special_tokens = true;  // for the text that events carry
+  // Lower is served first (as vLLM's `priority`): in admission and in the share of each
+  // step's prompt budget. Never starved: see EngineConfig::aging_steps and the minimum share.
+  int priority = 0;
 };
 
 // A request's sampling before its own overrides: generation_config.json's values when it sets
@@ -64,11 +68,32 @@ using EventSink = std::function<void(const Event&)>;
 // a whole step's events at once (one wake-up per step instead of one per token).
 using StepListener = std::function<void()>;
 
+// Scheduling, in each step: one decode token for every sequence past its prompt; then the prompt
+// budget shared among the prompts being prefilled (engine/schedule.h: a minimum share for each,
+// the rest by priority, max-min fair within one), so that a short prompt is done in a few steps
+// however long the prompts beside it; then deep chunks cut so that the step's attention work
+// fits step_time_target_ms. Admission: by priority, then arrival; a request the free cache
+// blocks cannot hold yet is passed by those they can, until it has waited aging_steps.
 struct EngineConfig {
   int max_batch = 8;           // sequences in flight (recurrent-state slots)
   int max_batch_tokens = 512;  // tokens per step, decode tokens first, then prompt chunks
-  int max_context = 0;         // 0: the model's limit
-  int kv_blocks = 0;           // 0: from kv_cache_bytes
+  // A step carrying prompt chunks is held to about this long by cutting the chunks of prompts
+  // deep into their context, whose attention grows with their position (a 512-token chunk at
+  // position 90,000 of the tiny model takes seconds on one core). The cost of an attended
+  // position is fitted from the engine's own steps. A new request's first token then comes
+  // within about two steps however long the prompts being prefilled. 0: chunks are bounded by
+  // max_batch_tokens alone.
+  double step_time_target_ms = 100;
+  // A request that has waited this many steps for admission goes before all that have waited
+  // less, whatever their priorities, and none is admitted past it: low priority and prompts
+  // needing many cache blocks are delayed, never starved.
+  int aging_steps = 1000;
+  // The scheduler before fair prefill, kept as the baseline that bench_fairness and the
+  // scheduler tests measure the default against: prompt chunks in admission order, each taking
+  // all the budget left, no step-time bound. Admission is the same either way.
+  bool arrival_order_prefill = false;
+  int max_context = 0;  // 0: the model's limit
+  int kv_blocks = 0;    // 0: from kv_cache_bytes
   int64_t kv_cache_bytes = int64_t(1) << 30;
   int block_size = 16;
   int max_queue = 4096;  // waiting requests beyond which submit() refuses
@@ -87,6 +112,7 @@ struct EngineStats {
   int64_t decode_step_tokens = 0;
   int64_t steps = 0;
   int64_t pipelined_steps = 0;  // decode steps queued before the previous step's picks were read
+  int64_t attention_cut_steps = 0;  // steps whose prompt chunks step_time_target_ms cut
   int running = 0, waiting = 0;
   int kv_blocks_used = 0, kv_blocks_total = 0;
   int slots_used = 0, slots_total = 0;
@@ -101,6 +127,13 @@ class Engine {
   static Result<std::unique_ptr<Engine>> create(const std::string& model_dir, Ops& ops,
                                                 const EngineConfig& config,
                                                 const Tokenizer* tokenizer);
+  // Runs over a model already loaded (any Model: tests drive the scheduler with a fake one). Its
+  // pools must hold what `config` asks: load it with load_options(config).
+  static Result<std::unique_ptr<Engine>> create(std::unique_ptr<Model> model,
+                                                const EngineConfig& config,
+                                                const Tokenizer* tokenizer);
+  // What a model must be loaded with to serve `config`.
+  static LoadOptions load_options(const EngineConfig& config);
   ~Engine();
 
   // Validates and queues a request; errors name what is wrong with it.
@@ -143,8 +176,12 @@ class Engine {
   void release_finished();
   void sample_and_emit();
   void maybe_prelaunch();  // the next step's forward, when this step's picks feed it as they are
-  void publish_gauges();  // running, waiting, blocks and slots in use; caller holds mu_
+  void publish_gauges();   // running, waiting, blocks and slots in use; caller holds mu_
   bool ensure_blocks(Sequence& seq, int last_position);
+  int blocks_for_prompt(const Sequence& seq) const;
+  int admittable_blocks() const;  // free blocks no admitted prompt still counts on
+  void share_prompt_budget(int budget, int64_t decode_positions);
+  void release_blocks(Sequence& seq);
   void notify_step_listener();  // when this step delivered events
 
   EngineConfig config_;
@@ -162,7 +199,16 @@ class Engine {
 
   // Owned by the engine thread.
   std::vector<std::unique_ptr<Sequence>> running_, waiting_;
-  std::vector<Sequence*> logit_seqs_;  // sequence of each logits row this step
+  std::vector<Sequence*> logit_seqs_;       // sequence of each logits row this step
+  std::vector<sched::PromptShare> shares_;  // prompts being prefilled this step
+  std::vector<Sequence*> share_seqs_;       // the sequence of each share's index
+  sched::StepCostModel step_cost_;
+  int64_t step_count_ = 0;
+  // Cache blocks admitted prompts will still take for their prompt and first token: admission
+  // leaves them, and a decode growing past its own reservation cannot take them.
+  int reserved_blocks_ = 0;
+  int64_t step_attended_ = 0;  // positions this step's tokens attend, for the cost fit
+  bool step_cut_ = false;      // this step's chunks were cut to the step-time target
   Batch batch_;
   bool pipeline_ = false;
   // A forward for the next step is already queued (batch_), with these rows (null: finished

@@ -85,7 +85,8 @@ ApiResult<bool> check_fields(const ojson& body,
 extern const std::initializer_list<std::string_view> kSamplingFields;
 // "model": absent, or the served name (else 404 model_not_found).
 ApiResult<bool> check_model(const ojson& body, const ServingContext& ctx);
-// Reads sampling, stop and extension fields common to all endpoints into req->engine.
+// Reads sampling, stop and extension fields common to all endpoints (priority included) into
+// req->engine.
 ApiResult<bool> parse_sampling(const ojson& body, const ServingContext& ctx, ParsedRequest* req);
 // Renders {messages, tools, chat_template_kwargs} and tokenizes; sets output options.
 // tool_choice: "none", "auto", "required" or a function name (named:NAME).

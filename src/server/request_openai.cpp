@@ -430,6 +430,9 @@ ApiResult<bool> parse_sampling(const ojson& b, const ServingContext& ctx, Parsed
   req->engine.skip_special_tokens = skip.value_or(true);
   RECUR_API_ASSIGN(auto ids, get_bool(b, "return_token_ids"));
   req->return_token_ids = ids.value_or(false);
+  // vLLM's extension: lower is scheduled first (engine Request::priority).
+  RECUR_API_ASSIGN(auto priority, get_int(b, "priority", INT32_MIN, INT32_MAX));
+  req->engine.priority = int(priority.value_or(0));
   RECUR_API_ASSIGN(auto min_tokens, get_int(b, "min_tokens", 0, INT32_MAX));
   if (min_tokens && *min_tokens > 0)
     return bad_request("min_tokens", "'min_tokens' is not supported");

@@ -112,7 +112,7 @@ TEST(Engine, BatchedAndStaggeredDecodingEqualsEachSequenceAlone) {
   auto ops_owner = test_ops();
   Ops& ops = *ops_owner;
   EngineConfig cfg;
-  cfg.max_batch = 4;  // the fifth waits in the queue for a free slot
+  cfg.max_batch = 4;          // the fifth waits in the queue for a free slot
   cfg.max_batch_tokens = 96;  // long prompts are prefilled in chunks between decode steps
   auto e = make_engine(ops, kTiny, cfg);
   std::vector<Result1> together(reqs.size());
@@ -185,7 +185,8 @@ TEST(Engine, CancelledSequenceFreesItsSlotForAFreshOne) {
 // The 48-layer reference model's 1,024 greedy steps through the engine: the same tokens as
 // transformers chose, and the same log-probabilities within 1e-3.
 TEST(Engine, ReferenceDecodeOf48LayerModelThroughTheEngine) {
-  auto golden = SafetensorsFile::open(kRoot + "/tests/data/golden/qwen3next-seed-48L/golden.safetensors");
+  auto golden =
+      SafetensorsFile::open(kRoot + "/tests/data/golden/qwen3next-seed-48L/golden.safetensors");
   ASSERT_TRUE(golden.ok());
   auto ids_t = golden->tensor("p0.ids");
   auto gen_t = golden->tensor("p0.gen");
@@ -300,7 +301,9 @@ TEST(Engine, PipelinedGreedyDecodeEqualsStepByStep) {
       if (i == 3) cancel_id = *id;
     }
     for (int step = 0; step < 200 && e->step(); ++step) {
-      if (step == 4) EXPECT_TRUE(e->submit(rs.back(), collect(&out.back())).ok());
+      if (step == 4) {
+        EXPECT_TRUE(e->submit(rs.back(), collect(&out.back())).ok());
+      }
       if (out[3].ids.size() == 17) e->cancel(cancel_id);
     }
     const EngineStats st = e->stats();
@@ -344,15 +347,17 @@ TEST(Engine, TwentyThousandTokensWithFlatBufferCounters) {
   bool done = false;
   FinishReason reason = FinishReason::kError;
   Request req = greedy({1, 2, 3, 4, 5, 6, 7, 8}, 20000, -1);
-  ASSERT_TRUE(eng->submit(req, [&](const Event& ev) {
-                   if (ev.kind == Event::Kind::kFinish) {
-                     done = true;
-                     reason = ev.reason;
-                     return;
-                   }
-                   ++n;
-                   if (n == 2000 || n == 20000) at[n] = eng->stats();
-                 }).ok());
+  ASSERT_TRUE(eng->submit(req,
+                          [&](const Event& ev) {
+                            if (ev.kind == Event::Kind::kFinish) {
+                              done = true;
+                              reason = ev.reason;
+                              return;
+                            }
+                            ++n;
+                            if (n == 2000 || n == 20000) at[n] = eng->stats();
+                          })
+                  .ok());
   e->run_until_idle();
   ASSERT_TRUE(done);
   EXPECT_EQ(reason, FinishReason::kLength);
@@ -416,7 +421,8 @@ TEST(EngineUnseenShape, BatchInvarianceSlotReuseAndMixedPrefill) {
   cfg.max_batch_tokens = 200;  // several prompts prefilled in one step
   auto e = make_engine(ops, dir.path(), cfg);
   std::vector<Result1> together(reqs.size());
-  for (size_t i = 0; i < reqs.size(); ++i) ASSERT_TRUE(e->submit(reqs[i], collect(&together[i])).ok());
+  for (size_t i = 0; i < reqs.size(); ++i)
+    ASSERT_TRUE(e->submit(reqs[i], collect(&together[i])).ok());
   e->run_until_idle();
   for (size_t i = 0; i < reqs.size(); ++i) {
     expect_same(together[i], alone[i], 1e-4, "prompt " + std::to_string(i));
@@ -445,11 +451,14 @@ TEST(EngineText, StopStringAcrossTokenBoundariesEndsAndIsExcluded) {
     r.skip_special_tokens = false;
     FinishReason reason = FinishReason::kError;
     std::vector<int32_t> ids;
-    EXPECT_TRUE((*eng)->submit(r, [&](const Event& ev) {
-                        text->append(ev.text);
-                        if (ev.kind == Event::Kind::kToken) ids.push_back(ev.token);
-                        if (ev.kind == Event::Kind::kFinish) reason = ev.reason;
-                      }).ok());
+    EXPECT_TRUE((*eng)
+                    ->submit(r,
+                             [&](const Event& ev) {
+                               text->append(ev.text);
+                               if (ev.kind == Event::Kind::kToken) ids.push_back(ev.token);
+                               if (ev.kind == Event::Kind::kFinish) reason = ev.reason;
+                             })
+                    .ok());
     (*eng)->run_until_idle();
     return std::make_pair(reason, ids);
   };
@@ -462,7 +471,8 @@ TEST(EngineText, StopStringAcrossTokenBoundariesEndsAndIsExcluded) {
   std::string first_one = tok->decode(std::span(free_ids).subspan(0, 11), false);
   ASSERT_GT(first_two.size(), first_one.size());
   ASSERT_GE(first_one.size(), 2u);
-  const std::string stop = first_one.substr(first_one.size() - 2) + first_two.substr(first_one.size(), 1);
+  const std::string stop =
+      first_one.substr(first_one.size() - 2) + first_two.substr(first_one.size(), 1);
   const size_t at = full.find(stop);
   ASSERT_NE(at, std::string::npos);
   std::string text;

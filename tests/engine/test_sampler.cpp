@@ -14,44 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "alloc_counter.h"
 #include "backend/cpu/cpu_ops.h"
 #include "engine/sampler.h"
-
-// Test-only global allocation counter: counts while g_count_allocs is set, otherwise a plain
-// malloc pass-through, so the rest of the test binary is unaffected. GCC cannot tell that the
-// replaced new/delete pair is malloc/free, hence the silenced warning.
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-namespace {
-std::atomic<bool> g_count_allocs{false};
-std::atomic<int64_t> g_allocs{0};
-void note_alloc() {
-  if (g_count_allocs.load(std::memory_order_relaxed)) g_allocs.fetch_add(1);
-}
-}  // namespace
-
-void* operator new(std::size_t n) {
-  note_alloc();
-  if (void* p = std::malloc(n ? n : 1)) return p;
-  throw std::bad_alloc();
-}
-void* operator new(std::size_t n, std::align_val_t al) {
-  note_alloc();
-  const size_t a = size_t(al);
-  if (void* p = std::aligned_alloc(a, (std::max<size_t>(n, 1) + a - 1) / a * a)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept {
-  std::free(p);
-}
-void operator delete(void* p, std::size_t) noexcept {
-  std::free(p);
-}
-void operator delete(void* p, std::align_val_t) noexcept {
-  std::free(p);
-}
-void operator delete(void* p, std::size_t, std::align_val_t) noexcept {
-  std::free(p);
-}
 
 namespace recur {
 namespace {
@@ -643,25 +608,24 @@ TEST(Sampler, NoAllocationPerSampleCall) {
     s.set_prompt(prompt);
     SampledToken out;
     out.top.reserve(kMaxTopLogprobs);  // what the engine's first step does once
-    g_allocs = 0;
+    int64_t allocs = 0;
     for (int step = 0; step < 30; ++step) {
       std::copy(base.begin(), base.end(), l.begin());
       l[step * 1000] = 12.0f;  // a new token every step, so penalty bookkeeping grows
-      g_count_allocs = true;
+      testing::start_counting_allocs();
       s.sample(l.data(), &out);
       s.accept(out.id);
       s.accept(step * 1000 + 1);
-      g_count_allocs = false;
+      allocs += testing::stop_counting_allocs();
     }
-    EXPECT_EQ(g_allocs.load(), 0) << "top_k " << p.top_k << " top_p " << p.top_p;
+    EXPECT_EQ(allocs, 0) << "top_k " << p.top_k << " top_p " << p.top_p;
   }
   // The counter itself works.
-  g_allocs = 0;
-  g_count_allocs = true;
+  testing::start_counting_allocs();
   auto* probe = new std::vector<int>(10);
-  g_count_allocs = false;
+  const int64_t probe_allocs = testing::stop_counting_allocs();
   delete probe;
-  EXPECT_EQ(g_allocs.load(), 2);
+  EXPECT_EQ(probe_allocs, 2);
 }
 
 }  // namespace

@@ -1,0 +1,56 @@
+// Test-only global allocation counter: counts while a window is open, otherwise a plain malloc
+// pass-through, so the rest of the test binary is unaffected. GCC cannot tell that the replaced
+// new/delete pair is malloc/free, hence the silenced warning.
+#include "alloc_counter.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <new>
+
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+namespace {
+std::atomic<bool> g_count_allocs{false};
+std::atomic<int64_t> g_allocs{0};
+void note_alloc() {
+  if (g_count_allocs.load(std::memory_order_relaxed)) g_allocs.fetch_add(1);
+}
+}  // namespace
+
+namespace recur::testing {
+
+void start_counting_allocs() {
+  g_allocs = 0;
+  g_count_allocs = true;
+}
+
+int64_t stop_counting_allocs() {
+  g_count_allocs = false;
+  return g_allocs.load();
+}
+
+}  // namespace recur::testing
+
+void* operator new(std::size_t n) {
+  note_alloc();
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void* operator new(std::size_t n, std::align_val_t al) {
+  note_alloc();
+  const size_t a = size_t(al);
+  if (void* p = std::aligned_alloc(a, (std::max<size_t>(n, 1) + a - 1) / a * a)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::align_val_t) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept {
+  std::free(p);
+}
