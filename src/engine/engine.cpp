@@ -189,6 +189,12 @@ Result<uint64_t> Engine::submit(Request req, EventSink sink) {
                         "prompt token {} (id {}) is outside the vocabulary [0, {})", i,
                         req.prompt[i], info.vocab_size);
     }
+    for (int32_t refused : info.refused_token_ids) {
+      if (req.prompt[i] == refused) {
+        return make_error(ErrorCode::kUnsupported, "prompt token {} (id {}): {}", i, refused,
+                          info.refused_tokens_reason);
+      }
+    }
   }
   if (int64_t(req.prompt.size()) + 1 > config_.max_context) {
     return make_error(ErrorCode::kInvalidArgument,

@@ -3,6 +3,7 @@
 // buffer counters over a long completion.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <map>
 #include <numeric>
 #include <random>
@@ -17,7 +18,13 @@ namespace {
 
 const std::string kRoot = RECUR_SOURCE_DIR;
 const std::string kTiny = kRoot + "/models/qwen3next-tiny";
-const std::string k48 = kRoot + "/models/qwen3next-seed-48L";
+// A test-name-safe form of a model directory's name.
+std::string name_of(std::string dir) {
+  for (char& c : dir) {
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  return dir;
+}
 
 struct Result1 {
   std::vector<int32_t> ids;
@@ -100,21 +107,33 @@ void expect_same(const Result1& a, const Result1& b, double tol, const std::stri
   EXPECT_LE(worst, tol) << what;
 }
 
-TEST(Engine, BatchedAndStaggeredDecodingEqualsEachSequenceAlone) {
+// The scheduler invariants on every architecture's small reference model (vocabulary 256).
+class EngineOnModel : public ::testing::TestWithParam<std::string> {};
+INSTANTIATE_TEST_SUITE_P(Models, EngineOnModel,
+                         ::testing::Values("qwen3next-tiny", "qwen3_5-tiny", "qwen3_5-moe-tiny"),
+                         [](const auto& info) { return name_of(info.param); });
+// The original report's 48-layer shape, as Qwen3-Next and as Qwen3.5.
+class EngineOn48Layers : public ::testing::TestWithParam<std::string> {};
+INSTANTIATE_TEST_SUITE_P(Models, EngineOn48Layers,
+                         ::testing::Values("qwen3next-seed-48L", "qwen3_5-seed-48L"),
+                         [](const auto& info) { return name_of(info.param); });
+
+TEST_P(EngineOnModel, BatchedAndStaggeredDecodingEqualsEachSequenceAlone) {
+  const std::string model = kRoot + "/models/" + GetParam();
   const std::vector<int> lens = {1, 7, 64, 65, 150};
   std::vector<Request> reqs;
   for (size_t i = 0; i < lens.size(); ++i) {
     reqs.push_back(greedy(random_prompt(lens[i], 256, uint32_t(i + 1)), 20 + int(i) * 3));
   }
   std::vector<Result1> alone;
-  for (auto& r : reqs) alone.push_back(solo(kTiny, r));
+  for (auto& r : reqs) alone.push_back(solo(model, r));
 
   auto ops_owner = test_ops();
   Ops& ops = *ops_owner;
   EngineConfig cfg;
   cfg.max_batch = 4;          // the fifth waits in the queue for a free slot
   cfg.max_batch_tokens = 96;  // long prompts are prefilled in chunks between decode steps
-  auto e = make_engine(ops, kTiny, cfg);
+  auto e = make_engine(ops, model, cfg);
   std::vector<Result1> together(reqs.size());
   // Staggered admission: a new request every few steps.
   size_t submitted = 0;
@@ -134,14 +153,15 @@ TEST(Engine, BatchedAndStaggeredDecodingEqualsEachSequenceAlone) {
   EXPECT_EQ(st.kv_blocks_used, 0);
 }
 
-TEST(Engine, MixedLengthPrefillInOneStepEqualsSeparatePrefills) {
+TEST_P(EngineOnModel, MixedLengthPrefillInOneStepEqualsSeparatePrefills) {
+  const std::string model = kRoot + "/models/" + GetParam();
   const std::vector<int> lens = {1, 37, 100, 2};
   auto ops_owner = test_ops();
   Ops& ops = *ops_owner;
   EngineConfig cfg;
   cfg.max_batch = 4;
   cfg.max_batch_tokens = 256;  // all four prompts in the first step
-  auto e = make_engine(ops, kTiny, cfg);
+  auto e = make_engine(ops, model, cfg);
   std::vector<Result1> together(lens.size());
   std::vector<Request> reqs;
   for (size_t i = 0; i < lens.size(); ++i) {
@@ -153,16 +173,17 @@ TEST(Engine, MixedLengthPrefillInOneStepEqualsSeparatePrefills) {
   EXPECT_EQ(e->stats().prompt_tokens, 140);
   e->run_until_idle();
   for (size_t i = 0; i < lens.size(); ++i) {
-    expect_same(together[i], solo(kTiny, reqs[i]), 1e-4, "prompt " + std::to_string(i));
+    expect_same(together[i], solo(model, reqs[i]), 1e-4, "prompt " + std::to_string(i));
   }
 }
 
-TEST(Engine, CancelledSequenceFreesItsSlotForAFreshOne) {
+TEST_P(EngineOnModel, CancelledSequenceFreesItsSlotForAFreshOne) {
+  const std::string model = kRoot + "/models/" + GetParam();
   auto ops_owner = test_ops();
   Ops& ops = *ops_owner;
   EngineConfig cfg;
   cfg.max_batch = 1;
-  auto e = make_engine(ops, kTiny, cfg);
+  auto e = make_engine(ops, model, cfg);
   Result1 first, second;
   const Request a = greedy(random_prompt(30, 256, 7), 1000);
   const Request b = greedy(random_prompt(45, 256, 8), 25);
@@ -178,15 +199,16 @@ TEST(Engine, CancelledSequenceFreesItsSlotForAFreshOne) {
   EXPECT_TRUE(first.done);
   EXPECT_EQ(first.reason, FinishReason::kCancelled);
   e->run_until_idle();
-  expect_same(second, solo(kTiny, b), 1e-4, "request after the cancelled one");
+  expect_same(second, solo(model, b), 1e-4, "request after the cancelled one");
   EXPECT_EQ(e->stats().kv_blocks_used, 0);
 }
 
 // The 48-layer reference model's 1,024 greedy steps through the engine: the same tokens as
 // transformers chose, and the same log-probabilities within 1e-3.
-TEST(Engine, ReferenceDecodeOf48LayerModelThroughTheEngine) {
+TEST_P(EngineOn48Layers, ReferenceDecodeOf48LayerModelThroughTheEngine) {
+  const std::string model = kRoot + "/models/" + GetParam();
   auto golden =
-      SafetensorsFile::open(kRoot + "/tests/data/golden/qwen3next-seed-48L/golden.safetensors");
+      SafetensorsFile::open(kRoot + "/tests/data/golden/" + GetParam() + "/golden.safetensors");
   ASSERT_TRUE(golden.ok());
   auto ids_t = golden->tensor("p0.ids");
   auto gen_t = golden->tensor("p0.gen");
@@ -195,7 +217,7 @@ TEST(Engine, ReferenceDecodeOf48LayerModelThroughTheEngine) {
   std::vector<int32_t> prompt, gen;
   for (int64_t i = 0; i < ids_t->numel(); ++i) prompt.push_back(int32_t(ids_t->ptr<int64_t>()[i]));
   for (int64_t i = 0; i < gen_t->numel(); ++i) gen.push_back(int32_t(gen_t->ptr<int64_t>()[i]));
-  Result1 r = solo(k48, greedy(prompt, int(gen.size()), 20));
+  Result1 r = solo(model, greedy(prompt, int(gen.size()), 20));
   ASSERT_EQ(r.ids, gen);
   const int64_t V = logits_t->shape[1];
   double worst = 0;
@@ -335,12 +357,13 @@ TEST(Engine, PipelinedGreedyDecodeEqualsStepByStep) {
 
 // The original report's scenario: 48 layers (36 Gated DeltaNet), one sequence, prompt 1..8,
 // 20,000 generated tokens through the batched path. Counters at token 2,000 and 20,000 match.
-TEST(Engine, TwentyThousandTokensWithFlatBufferCounters) {
+TEST_P(EngineOn48Layers, TwentyThousandTokensWithFlatBufferCounters) {
+  const std::string model = kRoot + "/models/" + GetParam();
   auto ops_owner = test_ops();
   Ops& ops = *ops_owner;
   EngineConfig cfg;
   cfg.max_batch = 4;
-  auto e = make_engine(ops, k48, cfg);
+  auto e = make_engine(ops, model, cfg);
   std::map<int, EngineStats> at;
   int n = 0;
   Engine* eng = e.get();
@@ -427,6 +450,34 @@ TEST(EngineUnseenShape, BatchInvarianceSlotReuseAndMixedPrefill) {
   for (size_t i = 0; i < reqs.size(); ++i) {
     expect_same(together[i], alone[i], 1e-4, "prompt " + std::to_string(i));
   }
+}
+
+// A multimodal Qwen3.5 checkpoint's image and video placeholders are refused at submission with
+// the reason, until images are supported; other prompts run.
+TEST(EngineUnseenShape, Qwen3_5ImageTokensAreRefusedWithTheReason) {
+  recur_test::RandomModelSpec spec;
+  spec.family = recur_test::Family::kQwen3_5;
+  spec.nested = true;
+  spec.vocab = 300;
+  recur_test::RandomCheckpoint ck = recur_test::make_random_checkpoint(spec, 5);
+  ck.config["image_token_id"] = 250;  // inside this vocabulary, so only the refusal can stop it
+  ck.config["video_token_id"] = 251;
+  recur_test::TempDir dir;
+  recur_test::write_checkpoint(dir.path(), ck);
+  auto ops_owner = test_ops();
+  auto e = make_engine(*ops_owner, dir.path(), EngineConfig{});
+  for (int32_t id : {250, 251}) {
+    auto r = e->submit(greedy({1, 2, id, 3}, 4), [](const Event&) {});
+    ASSERT_FALSE(r.ok()) << "id " << id;
+    EXPECT_EQ(r.error().code, ErrorCode::kUnsupported);
+    EXPECT_NE(r.error().message.find("image and video inputs are not supported"),
+              std::string::npos)
+        << r.error().message;
+  }
+  Result1 ok;
+  ASSERT_TRUE(e->submit(greedy({1, 2, 249, 3}, 4), collect(&ok)).ok());
+  e->run_until_idle();
+  EXPECT_EQ(ok.ids.size(), 4u);
 }
 
 }  // namespace
