@@ -79,11 +79,13 @@ int run_serve(const ServeOptions& o) {
   engine.start();
   const ModelInfo& info = engine.model_info();
   fmt::print(
-      "loaded in {:.1f}s: {:.1f} MiB of weights, vocab {}, context {}, max batch {}, "
+      "loaded {} in {:.1f}s: {:.1f} MiB of weights, vocab {}, context {}, max batch {}, "
       "{} attention-cache blocks\n",
+      info.architecture,
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
       double(info.weight_bytes) / (1 << 20), info.vocab_size, engine.config().max_context,
       engine.config().max_batch, engine.config().kv_blocks);
+  for (const std::string& note : info.notes) fmt::print("note: {}\n", note);
 
   server::ServerOptions so;
   so.host = o.host;
