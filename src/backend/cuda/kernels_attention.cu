@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(AttnArgs 
     if (e < group * dv) {
       const int g = e / dv, d = e % dv, h = kvh * group + g;
       if (a.n_splits == 1) {
-        store_out(a, t, h, d, acc[i] / row_sum[g]);
+        store_out(a, t, h, d, acc[i] / row_sum[g], dv);
       } else {
         const int64_t slot = (int64_t(t) * a.heads + h) * a.n_splits + sp;
         a.part_o[slot * dv + d] = acc[i];
@@ -211,20 +211,20 @@ size_t warp_attn_smem_bytes(int group, int hd, int dv) {
 }
 
 // The final output of (token t, head h, value channel d): v, times σ(gate) when gated (the
-// product mul_sigmoid makes).
-__device__ __forceinline__ void store_out(const AttnArgs& a, int t, int h, int d, float v) {
-  if (a.gate) v *= sigmoid(a.gate[int64_t(t) * a.g_s0 + int64_t(h) * a.dv + d]);
+// product mul_sigmoid makes). dv: a.dv, passed by the caller (which may know it equals hd).
+__device__ __forceinline__ void store_out(const AttnArgs& a, int t, int h, int d, float v, int dv) {
+  if (a.gate) v *= sigmoid(a.gate[int64_t(t) * a.g_s0 + int64_t(h) * dv + d]);
   a.out[int64_t(t) * a.o_s0 + int64_t(h) * a.o_s1 + d] = v;
 }
 
 // Writes a (token, head) result: the normalised output, or the split's partial sums.
 __device__ __forceinline__ void store_result(const AttnArgs& a, int t, int h, int sp, int d,
-                                             float o, float m, float l) {
+                                             float o, float m, float l, int dv) {
   if (a.n_splits == 1) {
-    store_out(a, t, h, d, o / l);
+    store_out(a, t, h, d, o / l, dv);
   } else {
     const int64_t slot = (int64_t(t) * a.heads + h) * a.n_splits + sp;
-    a.part_o[slot * a.dv + d] = o;
+    a.part_o[slot * dv + d] = o;
     if (d == 0) {
       a.part_ml[slot * 2] = m;
       a.part_ml[slot * 2 + 1] = l;
@@ -235,12 +235,13 @@ __device__ __forceinline__ void store_result(const AttnArgs& a, int t, int h, in
 // grid (n_tokens, kv_heads, n_splits), kAttnThreads. Warp w takes the 32-position chunks
 // w, w + kAttnWarps, ... of the split. Scores: lane = position, s[g] = q_g · k_p over the
 // channels; values: lane owns value channels lane + 32·i (i < DPL), acc[g][i] += p_g(j) · v_j.
-// group ≤ GMAX, dv ≤ 32·DPL.
-template <int GMAX, int DPL>
+// group ≤ GMAX, dv ≤ 32·DPL. kSplitDims: dv ≠ hd (hd = dv compiles as a kernel of one head
+// size, whose registers it was tuned for).
+template <int GMAX, int DPL, bool kSplitDims>
 __global__ void __launch_bounds__(kAttnThreads) paged_attention_warps_kernel(AttnArgs a) {
   grid_dependency_sync();
   extern __shared__ float sm[];
-  const int group = a.group, hd = a.hd, dv = a.dv;
+  const int group = a.group, hd = a.hd, dv = kSplitDims ? a.dv : hd;
   float* Qs = sm;                                   // [group][hd]
   float* part = Qs + group * hd;                    // [warps][group][dv]
   float* part_ml = part + kAttnWarps * group * dv;  // [warps][group][2]
@@ -369,7 +370,7 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_warps_kernel(Att
         o += part[(w * group + g) * dv + dd] * f;
       }
     }
-    store_result(a, t, kvh * group + g, sp, dd, o, mx, den);
+    store_result(a, t, kvh * group + g, sp, dd, o, mx, den, dv);
   }
 }
 
@@ -519,7 +520,10 @@ __global__ void __launch_bounds__(kDecodeMaxHd) paged_attention_decode_kernel(At
   if (!value_thread) return;
 #pragma unroll
   for (int g = 0; g < GMAX; ++g) {
-    if (g < group) store_result(a, t, kvh * group + g, sp, tid, acc[g], ml[g * 2], ml[g * 2 + 1]);
+    if (g < group) {
+      store_result(a, t, kvh * group + g, sp, tid, acc[g], ml[g * 2], ml[g * 2 + 1],
+                   kSplitDims ? a.dv : hd);
+    }
   }
 }
 
@@ -552,8 +556,14 @@ void launch_attention_decode(const AttnArgs& a, dim3 grid, cudaStream_t stream) 
 
 template <int GMAX, int DPL>
 void launch_warps(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
-  launch_kernel(paged_attention_warps_kernel<GMAX, DPL>, grid, kAttnThreads,
-                warp_attn_smem_bytes(a.group, a.hd, a.dv), stream, a);
+  const size_t smem = warp_attn_smem_bytes(a.group, a.hd, a.dv);
+  if (a.dv == a.hd) {
+    launch_kernel(paged_attention_warps_kernel<GMAX, DPL, false>, grid, kAttnThreads, smem, stream,
+                  a);
+  } else {
+    launch_kernel(paged_attention_warps_kernel<GMAX, DPL, true>, grid, kAttnThreads, smem, stream,
+                  a);
+  }
 }
 
 template <int DPL>

@@ -227,8 +227,8 @@ void CudaOps::matmul_group(const Tensor& x, std::span<const Tensor> ws,
   });
   if (s.options.profile) {
     std::string label = "matmul group gemv";
-    for (const Tensor& w : ws) label += " " + std::to_string(w.shape[0]);
-    label += " x" + std::to_string(k);
+    for (const Tensor& w : ws) label.append(" ").append(std::to_string(w.shape[0]));
+    label.append(" x").append(std::to_string(k));
     s.launched(label.c_str());
   } else {
     s.launched("matmul group (gemv)");
@@ -258,7 +258,8 @@ void CudaOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumula
       }
     });
     if (s.options.profile) {
-      const std::string label = "matmul gemv " + std::to_string(m) + "x" + std::to_string(k);
+      std::string label = "matmul gemv ";
+      label.append(std::to_string(m)).append("x").append(std::to_string(k));
       s.launched(label.c_str());
     } else {
       s.launched("matmul (gemv)");
@@ -305,7 +306,8 @@ void CudaOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumula
     launch_kernel(sum3_kernel, sblocks, 256, 0, s.stream, terms, nr, m, outr, out.stride[0],
                   accumulate);
     if (s.options.profile) {  // the interval includes cuBLAS's product
-      const std::string label = "matmul 3-term " + std::to_string(m) + "x" + std::to_string(k);
+      std::string label = "matmul 3-term ";
+      label.append(std::to_string(m)).append("x").append(std::to_string(k));
       s.launched(label.c_str());
     } else {
       s.launched("matmul (sum of terms)");
