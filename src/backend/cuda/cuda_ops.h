@@ -81,18 +81,22 @@ class CudaOps final : public Ops {
   void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                         const Tensor& beta, Tensor state, const SeqLayout& layout, Tensor out,
                         Tensor scratch, DeltaRuleForm form = DeltaRuleForm::kAuto) override;
-  // One kernel when every sequence brings one token (either decay, either gate activation);
-  // else the default's two ops.
+  // One kernel when every sequence brings one token, dk and dv are at most 128 and the
+  // (sequence, head) blocks fit one wave; either decay, either gate activation. Else the
+  // default's two ops.
   void gated_delta_rule_norm(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                              const Tensor& beta, Tensor state, const SeqLayout& layout, Tensor out,
                              Tensor scratch, const Tensor& gate, const Tensor& norm_w, float eps,
                              GateActivation act, Tensor normed) override;
   size_t gated_delta_rule_scratch_bytes(int dk, int dv) const override;
 
-  // One kernel per token for the common shapes; else the default's ops.
+  // One kernel per token for the common shapes (value heads of any size); else the default's
+  // ops.
   void attention_inputs(const AttentionInputArgs& args, const SeqLayout& layout) override;
   void kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, Tensor v_cache,
                       const SeqLayout& layout) override;
+  // Value heads may differ in size from key heads in every kernel: the decode kernel (with its
+  // context splits and their merge), the warp kernel and the tiled one.
   void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                        const SeqLayout& layout, float scale, Tensor out) override;
   void paged_attention_gated(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
