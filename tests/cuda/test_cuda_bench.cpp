@@ -74,7 +74,22 @@ TEST_F(CudaBench, DeltaRule) {
     std::printf("bench delta rule decode %d seqs: %.1f us, %.0f GB/s of state\n", n_seqs, us,
                 double(n_seqs * hv * dk * dv * 8) / us * 1e-3);
   }
-  for (int len : {512, 4096}) {
+  for (bool per_channel : {false, true}) {
+    const int len = 4096;
+    std::mt19937 rng(1);
+    Layout lay({len}, {0}, 16, rng);
+    Tensor q = make(DType::F32, {len, hk, dk}), k = make(DType::F32, {len, hk, dk});
+    Tensor v = make(DType::F32, {len, hv, dv}), beta = make(DType::F32, {len, hv});
+    Tensor g =
+        per_channel ? make(DType::F32, {len, hv, dk}, 0xBC) : make(DType::F32, {len, hv}, 0xBC);
+    Tensor out = make(DType::F32, {len, hv, dv}), state = make(DType::F32, {1, hv, dk, dv});
+    ops().begin_forward(lay.l, {}, {});
+    const double us =
+        time_us([&] { ops().gated_delta_rule(q, k, v, g, beta, state, lay.l, out, Tensor{}); }, 3);
+    std::printf("bench delta rule chunked prompt of %d, decay %s: %.0f us\n", len,
+                per_channel ? "per key channel" : "per head", us);
+  }
+  for (int len : {512}) {
     std::mt19937 rng(1);
     Layout lay({len}, {0}, 16, rng);
     Tensor q = make(DType::F32, {len, hk, dk}), k = make(DType::F32, {len, hk, dk});
@@ -137,7 +152,9 @@ TEST_F(CudaBench, MoeExperts) {
     Tensor scratch = make(
         DType::U8,
         {int64_t(ops().moe_experts_scratch_bytes(int(n), int(topk), int(E), int(d), int(ff)))});
-    const double route = time_us([&] { ops().moe_route(logits, int(topk), true, routed, w); }, 10);
+    MoeRouting routing;
+    routing.k = int(topk);
+    const double route = time_us([&] { ops().moe_route(logits, routing, routed, w); }, 10);
     const double us =
         time_us([&] { ops().moe_experts(x, experts, ids, w, out, scratch); }, n >= 512 ? 3 : 20);
     const int64_t active = std::min<int64_t>(E, n * topk);

@@ -1,10 +1,12 @@
-// MoE routing and experts on the GPU against the CPU scalar references. Routing ids must match
-// exactly and weights to 1e-6. Experts: every path (GEMV core, f32 experts, tensor cores on
-// activations split exactly into three 16-bit terms) is f32-class: ≤ 1e-5 relative.
+// MoE routing and experts on the GPU against the scalar references. Routing (every MoeRouting
+// option) must match the ids exactly and the weights to 1e-6. Experts: every path (GEMV core,
+// f32 experts, tensor cores on activations split exactly into three 16-bit terms) is
+// f32-class: ≤ 1e-5 relative.
 #include <cmath>
 #include <cstring>
 
 #include "backend/cpu/reference.h"
+#include "cuda/cuda_reference.h"
 #include "cuda/cuda_test_util.h"
 
 namespace recur {
@@ -14,16 +16,59 @@ using namespace testing;
 
 class CudaMoe : public CudaTest {};
 
-TEST_F(CudaMoe, RoutingMatchesReference) {
+// A routing description with its selection bias (when it has one) on the host and the device.
+struct Routing {
+  MoeRouting host, device;
+  HostTensor bias{DType::F32, {1}};
+  DeviceTensor dbias;
+  std::string name;
+};
+// The options the tests cover: Qwen's (softmax, renormalised), raw softmax, sigmoid with and
+// without a selection bias (DeepSeek / Kimi style, scaled), softmax with a bias.
+std::vector<std::unique_ptr<Routing>> routings(CudaOps& ops, int64_t E, int k, std::mt19937& rng) {
+  struct Option {
+    MoeRouting::Score score;
+    bool bias, renormalize;
+    float scale;
+    const char* name;
+  };
+  const Option options[] = {
+      {MoeRouting::Score::kSoftmax, false, true, 1.0f, "softmax"},
+      {MoeRouting::Score::kSoftmax, false, false, 1.0f, "softmax raw"},
+      {MoeRouting::Score::kSigmoid, false, true, 2.5f, "sigmoid scaled"},
+      {MoeRouting::Score::kSigmoid, true, true, 2.446f, "sigmoid bias scaled"},
+      {MoeRouting::Score::kSigmoid, true, false, 1.0f, "sigmoid bias raw"},
+      {MoeRouting::Score::kSoftmax, true, true, 1.0f, "softmax bias"}};
+  std::vector<std::unique_ptr<Routing>> out;
+  for (const Option& o : options) {
+    auto r = std::make_unique<Routing>();
+    r->host.score = o.score, r->host.k = k, r->host.renormalize = o.renormalize;
+    r->host.scale = o.scale;
+    r->device = r->host;
+    if (o.bias) {
+      r->bias = HostTensor(DType::F32, {E});
+      fill_random(r->bias, rng, 0.3f);
+      r->dbias = DeviceTensor(ops, r->bias);
+      r->host.selection_bias = r->bias.t, r->device.selection_bias = r->dbias.t;
+    }
+    r->name = o.name;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+// Every option on every routing kernel: E ≤ 512 with k ≤ 32 takes the block-per-token kernel
+// (1, 2 or 4 logits per thread), or its threshold-filter form where E is 128, 256 or 512; more
+// experts, larger k or a selection bias take the warp-per-token kernel (logits in registers,
+// or from memory for E > 1024).
+TEST_F(CudaMoe, RoutingMatchesReferenceForEveryOption) {
   struct Case {
     int64_t n, E, k;
   };
-  // E ≤ 512 with k ≤ 32 takes the block-per-token kernel (1, 2 or 4 logits per thread), or its
-  // threshold-filter form where E is 128, 256 or 512.
-  for (const Case c :
-       {Case{9, 7, 3}, Case{33, 64, 8}, Case{5, 512, 10}, Case{4, 200, 32}, Case{3, 4096, 64},
-        Case{6, 256, 8}, Case{6, 128, 32}, Case{6, 512, 32}, Case{6, 512, 1}}) {
-    for (bool norm_topk : {true, false}) {
+  for (const Case c : {Case{9, 7, 3}, Case{33, 64, 8}, Case{5, 512, 10}, Case{4, 200, 32},
+                       Case{3, 4096, 64}, Case{6, 256, 8}, Case{6, 128, 32}, Case{6, 512, 32},
+                       Case{6, 512, 1}, Case{5, 2000, 8}, Case{5, 1024, 40}}) {
+    for (const auto& r : routings(ops(), c.E, int(c.k), rng)) {
       HostTensor logits(DType::F32, {c.n, c.E});
       fill_random(logits, rng, 2.0f);
       // Exact ties, which must go to the lower expert index.
@@ -41,19 +86,20 @@ TEST_F(CudaMoe, RoutingMatchesReference) {
         }
         logits.f()[3 * c.E + 5] = -0.0f, logits.f()[3 * c.E + 7] = 0.0f;
       }
-      // A token whose logits are all equal: the k lowest indices, equal weights.
+      // A token whose logits are all equal: the k lowest indices (or the bias's), equal scores.
       for (int64_t e = 0; e < c.E; ++e) logits.f()[(c.n - 1) * c.E + e] = 0.25f;
       HostTensor ids(DType::I32, {c.n, c.k}), w(DType::F32, {c.n, c.k}), ids_ref = ids, w_ref = w;
       DeviceTensor dl = dev(logits), dids = poisoned(ids), dw = poisoned(w);
-      ops().moe_route(dl.t, int(c.k), norm_topk, dids.t, dw.t);
-      ref::moe_route(logits.t, int(c.k), norm_topk, ids_ref.t, w_ref.t);
+      ops().moe_route(dl.t, r->device, dids.t, dw.t);
+      host_ref::moe_route(logits.t, r->host, ids_ref.t, w_ref.t);
       HostTensor gi = host(dids, ids), gw = host(dw, w);
       for (int64_t i = 0; i < c.n * c.k; ++i) {
-        ASSERT_EQ(gi.t.ptr<int32_t>()[i], ids_ref.t.ptr<int32_t>()[i]) << "E=" << c.E << " i=" << i;
+        ASSERT_EQ(gi.t.ptr<int32_t>()[i], ids_ref.t.ptr<int32_t>()[i])
+            << r->name << " E=" << c.E << " k=" << c.k << " i=" << i;
       }
       const double err = max_abs_diff(gw.f(), w_ref.f(), c.n * c.k);
-      record_error("moe_route weights", err);
-      EXPECT_LE(err, 1e-6);
+      record_error("moe_route weights " + r->name, err);
+      EXPECT_LE(err, 1e-6) << r->name << " E=" << c.E << " k=" << c.k;
     }
   }
 }
@@ -95,7 +141,9 @@ TEST_F(CudaMoe, ExpertsMatchReferenceOnEveryPath) {
       fill_random(logits, rng, 2.0f);
       HostTensor ids(DType::I32, {c.n, c.k}), w(DType::F32, {c.n, c.k});
       DeviceTensor dl = dev(logits), dids = poisoned(ids), dw = poisoned(w);
-      ops().moe_route(dl.t, int(c.k), true, dids.t, dw.t);
+      MoeRouting routing;
+      routing.k = int(c.k);
+      ops().moe_route(dl.t, routing, dids.t, dw.t);
       HostTensor hids = host(dids, ids), hw = host(dw, w);
       // x as a column slice of a wider buffer (row stride ≠ d).
       HostTensor xbig(DType::F32, {c.n, c.d + 4}), out(DType::F32, {c.n, c.d}), ref = out;
@@ -132,7 +180,9 @@ TEST_F(CudaMoe, OneTokenExpertsEqualTheirRowInABatch) {
     fill_random(x, rng);
     HostTensor ids(DType::I32, {2, k}), w(DType::F32, {2, k}), out(DType::F32, {2, d});
     DeviceTensor dl = dev(logits), dx = dev(x), dids = poisoned(ids), dw = poisoned(w);
-    ops().moe_route(dl.t, int(k), true, dids.t, dw.t);
+    MoeRouting routing;
+    routing.k = int(k);
+    ops().moe_route(dl.t, routing, dids.t, dw.t);
     HostTensor got[2] = {out, out};
     for (int64_t n : {1, 2}) {
       HostTensor scratch_h(
@@ -148,77 +198,103 @@ TEST_F(CudaMoe, OneTokenExpertsEqualTheirRowInABatch) {
   }
 }
 
-// The shared expert: one token rides along the routed experts' launches, more tokens take the
-// default's ops; both against the references, and the one-token path against the default's
-// ops on the GPU.
+// The shared expert, gated by σ(score) (Qwen) or not (Kimi): one token rides along the routed
+// experts' launches, more tokens take the default's ops; both against the references, and the
+// one-token path against the default's ops on the GPU.
 TEST_F(CudaMoe, SharedExpertMatchesReference) {
   struct Case {
     int64_t n, E, k, d, ff;
   };
   const Case cases[] = {{1, 64, 10, 512, 256}, {1, 7, 3, 24, 13}, {3, 32, 8, 64, 32}};
   for (DType dt : {DType::BF16, DType::F32}) {
-    for (const Case& c : cases) {
-      Experts ex = make_experts(ops(), c.E, c.d, c.ff, dt, rng);
-      Experts sh = make_experts(ops(), 1, c.d, c.ff, dt, rng);
-      HostTensor logits(DType::F32, {c.n, c.E});
-      fill_random(logits, rng, 2.0f);
-      HostTensor ids(DType::I32, {c.n, c.k}), w(DType::F32, {c.n, c.k});
-      DeviceTensor dl = dev(logits), dids = poisoned(ids), dw = poisoned(w);
-      ops().moe_route(dl.t, int(c.k), true, dids.t, dw.t);
-      HostTensor hids = host(dids, ids), hw = host(dw, w);
-      HostTensor x(DType::F32, {c.n, c.d}), score(DType::F32, {c.n, 1}), out = x, ref = x;
-      HostTensor g(DType::F32, {c.n, c.ff}), y = x;
-      fill_random(x, rng);
-      fill_random(score, rng);
-      DeviceTensor dx = dev(x), dscore = dev(score);
-      HostTensor scratch_h(
-          DType::U8, {int64_t(ops().moe_experts_scratch_bytes(int(c.n), int(c.k) + 1, int(c.E) + 1,
-                                                              int(c.d), int(c.ff)))});
-      HostTensor got[2] = {out, out};
-      for (int path = 0; path < 2; ++path) {  // the backend's op, then the default's ops
-        DeviceTensor dg = poisoned(g), du = poisoned(g), dh = poisoned(g), dy = poisoned(y);
-        DeviceTensor dout = poisoned(out), scratch = poisoned(scratch_h);
-        SharedExpertArgs shared;
-        shared.w = sh.d[0];
-        shared.score = dscore.t, shared.gate = dg.t, shared.up = du.t, shared.hidden = dh.t;
-        shared.out = dy.t;
-        if (path == 0) {
-          ops().moe_experts_shared(dx.t, ex.d, dids.t, dw.t, shared, dout.t, scratch.t);
-        } else {
-          ops().Ops::moe_experts_shared(dx.t, ex.d, dids.t, dw.t, shared, dout.t, scratch.t);
+    for (bool gated : {true, false}) {
+      for (const Case& c : cases) {
+        Experts ex = make_experts(ops(), c.E, c.d, c.ff, dt, rng);
+        Experts sh = make_experts(ops(), 1, c.d, c.ff, dt, rng);
+        HostTensor logits(DType::F32, {c.n, c.E});
+        fill_random(logits, rng, 2.0f);
+        HostTensor ids(DType::I32, {c.n, c.k}), w(DType::F32, {c.n, c.k});
+        DeviceTensor dl = dev(logits), dids = poisoned(ids), dw = poisoned(w);
+        MoeRouting routing;
+        routing.k = int(c.k);
+        ops().moe_route(dl.t, routing, dids.t, dw.t);
+        HostTensor hids = host(dids, ids), hw = host(dw, w);
+        HostTensor x(DType::F32, {c.n, c.d}), score(DType::F32, {c.n, 1}), out = x, ref = x;
+        HostTensor g(DType::F32, {c.n, c.ff}), y = x;
+        fill_random(x, rng);
+        fill_random(score, rng);
+        DeviceTensor dx = dev(x), dscore = dev(score);
+        HostTensor scratch_h(DType::U8,
+                             {int64_t(ops().moe_experts_scratch_bytes(
+                                 int(c.n), int(c.k) + 1, int(c.E) + 1, int(c.d), int(c.ff)))});
+        HostTensor got[2] = {out, out};
+        for (int path = 0; path < 2; ++path) {  // the backend's op, then the default's ops
+          DeviceTensor dg = poisoned(g), du = poisoned(g), dh = poisoned(g), dy = poisoned(y);
+          DeviceTensor dout = poisoned(out), scratch = poisoned(scratch_h);
+          SharedExpertArgs shared;
+          shared.w = sh.d[0];
+          shared.score = gated ? dscore.t : Tensor{}, shared.gate = dg.t, shared.up = du.t;
+          shared.hidden = dh.t, shared.out = dy.t;
+          if (path == 0) {
+            ops().moe_experts_shared(dx.t, ex.d, dids.t, dw.t, shared, dout.t, scratch.t);
+          } else {
+            ops().Ops::moe_experts_shared(dx.t, ex.d, dids.t, dw.t, shared, dout.t, scratch.t);
+          }
+          got[path] = host(dout, out);
+          ASSERT_EQ(count_nonfinite(got[path].f(), out.numel()), 0);
         }
-        got[path] = host(dout, out);
-        ASSERT_EQ(count_nonfinite(got[path].f(), out.numel()), 0);
+        host_ref::moe_experts_shared(x.t, ex.h, hids.t, hw.t, sh.h[0], gated ? score.t : Tensor{},
+                                     ref.t);
+        const std::string what = std::string(dtype_name(dt)) + (gated ? " gated" : " ungated") +
+                                 " n=" + std::to_string(c.n) + " E=" + std::to_string(c.E);
+        const double err = rel_err(got[0].f(), ref.f(), out.numel());
+        record_error(
+            std::string("moe_experts_shared ") + dtype_name(dt) + (gated ? " gated" : " ungated"),
+            err);
+        EXPECT_LE(err, 1e-5) << what;
+        EXPECT_LE(rel_err(got[1].f(), ref.f(), out.numel()), 1e-5) << "default, " << what;
+        EXPECT_LE(rel_err(got[0].f(), got[1].f(), out.numel()), 1e-5) << what;
       }
-      reference_moe_shared(x.t, ex.h, hids.t, hw.t, sh.h[0], score.t, ref.t);
-      const double err = rel_err(got[0].f(), ref.f(), out.numel());
-      record_error(std::string("moe_experts_shared ") + dtype_name(dt), err);
-      EXPECT_LE(err, 1e-5) << dtype_name(dt) << " n=" << c.n << " E=" << c.E;
-      EXPECT_LE(rel_err(got[1].f(), ref.f(), out.numel()), 1e-5) << "default, n=" << c.n;
-      EXPECT_LE(rel_err(got[0].f(), got[1].f(), out.numel()), 1e-5) << "n=" << c.n;
     }
   }
 }
 
-// Routing inside the expert kernels (one token; 128, 256 or 512 experts, k ≤ 32) against
-// moe_route, moe_experts_shared and add to the residual: the same ids, and bit for bit the same
-// weights, output and residual (the same formulas and sums). 64 experts route by the routing
-// kernel; a second token takes the default's ops.
+// Routing inside the expert kernels (one token; 128, 256 or 512 experts, k ≤ 32, no selection
+// bias) against moe_route, moe_experts_shared and add to the residual: the same ids, and bit
+// for bit the same weights, output and residual (the same formulas and sums). 64 experts, or a
+// selection bias, route by the routing kernel; a second token takes the default's ops. Routing
+// options as routings() lists them (0 Qwen's; 1 raw softmax; 2 scaled sigmoid; 3 sigmoid with a
+// bias); the shared expert gated or not.
 TEST_F(CudaMoe, RoutingInsideExpertsMatchesRouteThenExperts) {
   struct Case {
     int64_t n, E, k;
     int pattern;       // 0 random, 1 top logits on one thread, 2 ties across the threshold, 3 ±0
     int64_t ff = 128;  // 16 gate/up blocks a tile: clusters of 4; 144: of 2; 136: none
-    bool norm_topk = true;
+    int routing = 0;
+    bool gated = true;
   };
-  const Case cases[] = {{1, 512, 10, 0},      {1, 512, 10, 1},     {1, 512, 32, 2},
-                        {1, 256, 8, 3},       {1, 128, 1, 0},      {1, 128, 32, 2},
-                        {1, 512, 10, 0, 144}, {1, 256, 8, 2, 136}, {1, 512, 10, 0, 128, false},
-                        {1, 64, 10, 0},       {2, 512, 10, 0}};
+  const Case cases[] = {{1, 512, 10, 0},
+                        {1, 512, 10, 1},
+                        {1, 512, 32, 2},
+                        {1, 256, 8, 3},
+                        {1, 128, 1, 0},
+                        {1, 128, 32, 2},
+                        {1, 512, 10, 0, 144},
+                        {1, 256, 8, 2, 136},
+                        {1, 512, 10, 0, 128, 1},
+                        {1, 256, 8, 0, 128, 2},
+                        {1, 256, 8, 0, 128, 2, false},
+                        {1, 256, 8, 0, 128, 3, false},
+                        {1, 512, 10, 1, 128, 3},
+                        {1, 64, 10, 0},
+                        {2, 512, 10, 0},
+                        {2, 256, 8, 0, 128, 3, false}};
   const int64_t d = 256;
   for (DType dt : {DType::BF16, DType::F32}) {
     for (const Case& c : cases) {
       const int64_t ff = c.ff;
+      const auto all_routings = routings(ops(), c.E, int(c.k), rng);
+      const Routing& rt = *all_routings[size_t(c.routing)];
       Experts ex = make_experts(ops(), c.E, d, ff, dt, rng);
       Experts sh = make_experts(ops(), 1, d, ff, dt, rng);
       HostTensor logits(DType::F32, {c.n, c.E});
@@ -255,25 +331,25 @@ TEST_F(CudaMoe, RoutingInsideExpertsMatchesRouteThenExperts) {
                      dres = dev(res);
         SharedExpertArgs shared;
         shared.w = sh.d[0];
-        shared.score = dscore.t, shared.gate = dg.t, shared.up = du.t, shared.hidden = dh.t;
-        shared.out = dy.t;
+        shared.score = c.gated ? dscore.t : Tensor{}, shared.gate = dg.t, shared.up = du.t;
+        shared.hidden = dh.t, shared.out = dy.t;
         if (path == 0) {
-          ops().moe_route_experts_shared(dl.t, int(c.k), c.norm_topk, dx.t, ex.d, dids.t, dw.t,
-                                         shared, dout.t, scratch.t, dres.t);
+          ops().moe_route_experts_shared(dl.t, rt.device, dx.t, ex.d, dids.t, dw.t, shared, dout.t,
+                                         scratch.t, dres.t);
         } else {
-          ops().moe_route(dl.t, int(c.k), c.norm_topk, dids.t, dw.t);
+          ops().moe_route(dl.t, rt.device, dids.t, dw.t);
           ops().moe_experts_shared(dx.t, ex.d, dids.t, dw.t, shared, dout.t, scratch.t);
           ops().add(dres.t, dout.t);
         }
         got_ids[path] = host(dids, ids), got_w[path] = host(dw, w), got[path] = host(dout, out);
         got_res[path] = host(dres, res);
       }
-      const std::string what = std::string(dtype_name(dt)) + " n=" + std::to_string(c.n) +
-                               " E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) +
-                               " pattern " + std::to_string(c.pattern) +
-                               " ff=" + std::to_string(ff) + (c.norm_topk ? "" : " raw weights");
+      const std::string what =
+          std::string(dtype_name(dt)) + " n=" + std::to_string(c.n) + " E=" + std::to_string(c.E) +
+          " k=" + std::to_string(c.k) + " pattern " + std::to_string(c.pattern) +
+          " ff=" + std::to_string(ff) + " " + rt.name + (c.gated ? "" : " ungated");
       HostTensor ids_ref = ids, w_ref = w, ref = out;
-      ref::moe_route(logits.t, int(c.k), c.norm_topk, ids_ref.t, w_ref.t);
+      host_ref::moe_route(logits.t, rt.host, ids_ref.t, w_ref.t);
       EXPECT_EQ(std::memcmp(got_ids[0].t.data, ids_ref.t.data, size_t(c.n * c.k) * 4), 0) << what;
       EXPECT_EQ(std::memcmp(got_ids[0].t.data, got_ids[1].t.data, size_t(c.n * c.k) * 4), 0)
           << what;
@@ -283,7 +359,8 @@ TEST_F(CudaMoe, RoutingInsideExpertsMatchesRouteThenExperts) {
       for (int64_t e = 0; e < c.n * d; ++e) {  // the residual took the output
         ASSERT_EQ(got_res[0].f()[e], res.f()[e] + got[0].f()[e]) << what << " at " << e;
       }
-      reference_moe_shared(x.t, ex.h, ids_ref.t, w_ref.t, sh.h[0], score.t, ref.t);
+      host_ref::moe_experts_shared(x.t, ex.h, ids_ref.t, w_ref.t, sh.h[0],
+                                   c.gated ? score.t : Tensor{}, ref.t);
       EXPECT_LE(rel_err(got[0].f(), ref.f(), out.numel()), 1e-5) << what;
     }
   }

@@ -21,11 +21,21 @@ namespace recur::cuda {
 [[noreturn]] void cuda_failed(const char* expr, cudaError_t err, const char* file, int line);
 [[noreturn]] void cublas_failed(const char* expr, cublasStatus_t st, const char* file, int line);
 [[noreturn]] void fatal(const char* what);
-// An on/off switch from the environment: off only when the variable is set to 0 (the A/B
-// switches RECUR_CUDA_PDL, _GRAPHS, _ATTN_DECODE, _GEMV_PRELOAD, _GEMV_PRELOAD_LONG,
-// _MOE_PRELOAD, _MOE_TENSOR_CORES, _DELTA_NORM_FUSED, _NORM_PRELOAD, _ROUTE_FILTER,
-// _COMBINE_ONE_TRIP, _EARLY_OPERANDS, _COPY_BESIDE, _ROUTE_IN_EXPERTS).
-bool env_switch_on(const char* name);
+
+// The backend's debugging and measurement switches, read from the environment once, by
+// CudaOps::create (README.md lists them). None changes results except DISABLE_KERNELS.
+struct CudaOptions {
+  bool graphs = true;    // RECUR_CUDA_GRAPHS=0: decode forwards run eagerly, without graphs
+  bool pdl = true;       // RECUR_CUDA_PDL=0: plain stream order, no programmatic launch
+  bool sync = false;     // RECUR_CUDA_SYNC=1: wait for and check every launch (no graphs)
+  bool profile = false;  // RECUR_CUDA_PROFILE=1: device time per op, printed at exit (no graphs)
+  // RECUR_CUDA_DISABLE_KERNELS="name;name": decode-graph kernels whose names contain one
+  // become no-ops (measurement only: results are meaningless).
+  std::string disable_kernels;
+  // RECUR_CUDA_TRACE_OUT=FILE: where a RECUR_CUDA_TRACE build writes its stamps at exit.
+  std::string trace_out;
+  static CudaOptions from_environment();
+};
 
 #ifdef RECUR_CUDA_TRACE
 // Measurement build (cmake -DRECUR_CUDA_TRACE=ON): the first thread of each kernel's first
@@ -100,7 +110,7 @@ struct CudaOps::Impl {
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
   Buffer cublas_workspace;
-  bool debug_sync = false;  // RECUR_CUDA_SYNC=1: synchronise after every launch
+  cuda::CudaOptions options;  // graphs there is off when sync or profile is on
 
   // Weight slabs: adopt_weight sub-allocates, 256-byte aligned; large weights get their own.
   std::vector<Buffer> slabs, weight_buffers;
@@ -173,16 +183,14 @@ struct CudaOps::Impl {
     size_t upload_elems = 0;
   };
   Mode mode = Mode::kEager;
-  bool graphs = true;  // RECUR_CUDA_GRAPHS=0 turns them off
   std::vector<DecodeGraph> decode_graphs;
   int current_graph = -1;
   cudaStream_t main_stream = nullptr;     // the ops' stream outside captures
   cudaStream_t capture_stream = nullptr;  // non-blocking: captures need no legacy-stream order
   cudaEvent_t capture_fork = nullptr;
 
-  // RECUR_CUDA_PROFILE=1 (graphs off): an event after every launch; device time per op label
-  // and forward shape, summed at each wait for the stream and printed to stderr at exit.
-  bool profile = false;
+  // options.profile (graphs off): an event after every launch; device time per op label and
+  // forward shape, summed at each wait for the stream and printed to stderr at exit.
   std::vector<cudaEvent_t> prof_events;
   std::vector<std::string> prof_labels;  // label of the interval ending at event i
   size_t prof_used = 0;
@@ -363,12 +371,10 @@ __device__ __forceinline__ void grid_dependency_sync() {
   allow_dependents();
 }
 
-// False when RECUR_CUDA_PDL=0 (plain stream order, for comparison).
+// CudaOptions::pdl of the CudaOps created last (launches are free functions; the option is
+// process-wide in practice, as it comes from the environment).
 bool pdl_enabled();
-
-// False when RECUR_CUDA_EARLY_OPERANDS=0: the attention input stage and the delta rule's norm
-// request their copy and gate rows late, as dependent round trips (for comparison).
-bool early_operands();
+void set_pdl_enabled(bool on);
 
 // kernel<<<grid, block, smem, stream>>>(args...) with PDL allowed (see grid_dependency_sync),
 // in clusters of cluster_x blocks along x when that is above 1 (grid.x a multiple of it).

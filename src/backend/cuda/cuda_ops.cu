@@ -32,19 +32,40 @@ void fatal(const char* what) {
   std::abort();
 }
 
-bool env_switch_on(const char* name) {
+namespace {
+// Off only when the variable is set to 0.
+bool env_on(const char* name) {
   const char* v = std::getenv(name);
   return !(v && v[0] == '0');
 }
+// On only when the variable is set to 1.
+bool env_one(const char* name) {
+  const char* v = std::getenv(name);
+  return v && v[0] == '1';
+}
+std::string env_string(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string();
+}
+bool g_pdl = true;
+}  // namespace
 
-bool early_operands() {
-  static const bool on = env_switch_on("RECUR_CUDA_EARLY_OPERANDS");
-  return on;
+CudaOptions CudaOptions::from_environment() {
+  CudaOptions o;
+  o.graphs = env_on("RECUR_CUDA_GRAPHS");
+  o.pdl = env_on("RECUR_CUDA_PDL");
+  o.sync = env_one("RECUR_CUDA_SYNC");
+  o.profile = env_one("RECUR_CUDA_PROFILE");
+  o.disable_kernels = env_string("RECUR_CUDA_DISABLE_KERNELS");
+  o.trace_out = env_string("RECUR_CUDA_TRACE_OUT");
+  return o;
 }
 
 bool pdl_enabled() {
-  static const bool on = env_switch_on("RECUR_CUDA_PDL");
-  return on;
+  return g_pdl;
+}
+void set_pdl_enabled(bool on) {
+  g_pdl = on;
 }
 
 Rows rows_of(const Tensor& t) {
@@ -90,8 +111,8 @@ void CudaOps::Impl::trace_start() {
 // Text: "graph" blocks of kernel names, then "stamps N" and N lines "reached left grid
 // threads" (ns; grid x,y,z).
 void CudaOps::Impl::trace_write() {
-  const char* path = std::getenv("RECUR_CUDA_TRACE_OUT");
-  if (!path || !trace.stamps) return;
+  const char* path = options.trace_out.c_str();
+  if (options.trace_out.empty() || !trace.stamps) return;
   unsigned next = 0;
   RECUR_CUDA_CHECK(cudaMemcpy(&next, trace.next, sizeof next, cudaMemcpyDeviceToHost));
   const unsigned n = std::min(next, cuda::kTraceSlots);
@@ -159,7 +180,7 @@ CudaOps::Impl::~Impl() {
 #ifdef RECUR_CUDA_TRACE
   trace_write();
 #endif
-  if (profile) {
+  if (options.profile) {
     profile_collect();
     std::vector<std::pair<double, std::string>> rows;
     for (auto& [label, v] : prof_totals) rows.push_back({v.first, label});
@@ -217,17 +238,15 @@ Result<std::unique_ptr<CudaOps>> CudaOps::create(int device) {
   s.device = device;
   s.sm_count = prop.multiProcessorCount;
   s.max_smem_optin = prop.sharedMemPerBlockOptin;
-  const char* dbg = std::getenv("RECUR_CUDA_SYNC");
-  s.debug_sync = dbg && dbg[0] == '1';
+  s.options = cuda::CudaOptions::from_environment();
+  s.options.graphs = s.options.graphs && !s.options.sync && !s.options.profile;
+  cuda::set_pdl_enabled(s.options.pdl);
   // A blocking stream: it also orders against work callers put on the legacy default stream
   // (plain cudaMemcpy/cudaMemset of buffers they then hand to the ops).
   RECUR_CUDA_CHECK(cudaStreamCreate(&s.stream));
   s.main_stream = s.stream;
   RECUR_CUDA_CHECK(cudaStreamCreateWithFlags(&s.capture_stream, cudaStreamNonBlocking));
   RECUR_CUDA_CHECK(cudaEventCreateWithFlags(&s.capture_fork, cudaEventDisableTiming));
-  const char* profile = std::getenv("RECUR_CUDA_PROFILE");
-  s.profile = profile && profile[0] == '1';
-  s.graphs = cuda::env_switch_on("RECUR_CUDA_GRAPHS") && !s.debug_sync && !s.profile;
   RECUR_CUDA_CHECK(cudaEventCreateWithFlags(&s.upload_done, cudaEventDisableTiming));
   RECUR_CUDA_CHECK(cudaEventCreateWithFlags(&s.copy_done, cudaEventDisableTiming));
   RECUR_CUDA_CHECK(cudaEventCreateWithFlags(&s.copy_ready, cudaEventDisableTiming));
@@ -340,7 +359,7 @@ void CudaOps::copy_to_host(const Tensor& src, void* dst) {
                                    cudaMemcpyDeviceToHost, s.stream));
   RECUR_CUDA_CHECK(cudaStreamSynchronize(s.stream));
   s.mirrored.clear();  // the forward is over; its host arrays may now be reused
-  if (s.profile) s.profile_collect();
+  if (s.options.profile) s.profile_collect();
 }
 
 void CudaOps::copy_to_host_start(const Tensor& src, void* dst) {
@@ -350,14 +369,11 @@ void CudaOps::copy_to_host_start(const Tensor& src, void* dst) {
   const size_t bytes = size_t(src.numel()) * dtype_size(src.dtype);
   if (bytes > s.copy_capacity) return copy_to_host(src, dst);
   s.end_forward();
-  static const bool beside = cuda::env_switch_on("RECUR_CUDA_COPY_BESIDE");
-  cudaStream_t st = beside ? s.copy_stream : s.stream;
-  if (beside) {
-    RECUR_CUDA_CHECK(cudaEventRecord(s.copy_ready, s.stream));
-    RECUR_CUDA_CHECK(cudaStreamWaitEvent(s.copy_stream, s.copy_ready, 0));
-  }
-  RECUR_CUDA_CHECK(cudaMemcpyAsync(s.copy_pinned, src.data, bytes, cudaMemcpyDeviceToHost, st));
-  RECUR_CUDA_CHECK(cudaEventRecord(s.copy_done, st));
+  RECUR_CUDA_CHECK(cudaEventRecord(s.copy_ready, s.stream));
+  RECUR_CUDA_CHECK(cudaStreamWaitEvent(s.copy_stream, s.copy_ready, 0));
+  RECUR_CUDA_CHECK(
+      cudaMemcpyAsync(s.copy_pinned, src.data, bytes, cudaMemcpyDeviceToHost, s.copy_stream));
+  RECUR_CUDA_CHECK(cudaEventRecord(s.copy_done, s.copy_stream));
   s.copy_dst = dst;
   s.copy_bytes = bytes;
 }
@@ -371,7 +387,7 @@ void CudaOps::Impl::copy_to_host_finish_pending() {
   RECUR_CUDA_CHECK(cudaEventSynchronize(copy_done));
   std::memcpy(copy_dst, copy_pinned, copy_bytes);
   copy_dst = nullptr;
-  if (profile) profile_collect();
+  if (options.profile) profile_collect();
 }
 
 void CudaOps::fill_zero(Tensor t) {
@@ -385,7 +401,7 @@ void CudaOps::synchronize() {
   impl_->end_forward();
   RECUR_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
   impl_->mirrored.clear();
-  if (impl_->profile) impl_->profile_collect();
+  if (impl_->options.profile) impl_->profile_collect();
 }
 
 void CudaOps::begin_forward(const SeqLayout& l, std::span<const int32_t> tokens,
@@ -444,7 +460,7 @@ void CudaOps::begin_forward(const SeqLayout& l, std::span<const int32_t> tokens,
     s.mirrored.insert(s.mirrored.begin(), {device_tokens, l.n_tokens, 0, device_tokens});
   }
   s.start_forward(l, int(logit_rows.size()), output, size_t(off), device_tokens);
-  if (s.profile) {
+  if (s.options.profile) {
     const bool decode = l.n_tokens == l.n_seqs;
     s.prof_prefix = (decode ? "decode b=" : "prompt n=") + std::to_string(l.n_tokens) + " ";
     s.profile_mark(nullptr);
@@ -483,7 +499,7 @@ void CudaOps::Impl::start_forward(const SeqLayout& l, int n_logits, const void* 
           cudaMemcpyAsync(mirror.data(), pinned, elems * 4, cudaMemcpyHostToDevice, st));
     }
   };
-  bool decode = graphs && output && limits.max_context > 0 && l.n_tokens > 0 &&
+  bool decode = options.graphs && output && limits.max_context > 0 && l.n_tokens > 0 &&
                 l.n_tokens == l.n_seqs && l.positions && l.slot && l.block_start &&
                 l.block_size > 0;
   // Every sequence brings exactly one token (a shape such as lengths 0 and 2 would make other
@@ -600,8 +616,9 @@ void CudaOps::Impl::end_forward() {
   RECUR_CUBLAS_CHECK(cublasSetStream(cublas, stream));
   RECUR_CUBLAS_CHECK(cublasSetWorkspace(cublas, cublas_workspace.data(), cublas_workspace.bytes()));
   RECUR_CUDA_CHECK(cudaGraphInstantiate(&g.exec, graph, 0));
-  static const char* disabled = std::getenv("RECUR_CUDA_DISABLE_KERNELS");
-  if (disabled && *disabled) disable_graph_kernels(graph, g.exec, disabled);
+  if (!options.disable_kernels.empty()) {
+    disable_graph_kernels(graph, g.exec, options.disable_kernels.c_str());
+  }
 #ifdef RECUR_CUDA_TRACE
   trace_graphs += "graph " + std::to_string(g.n_tokens) + "\n";
   for (const GraphKernel& k : graph_kernels(graph)) {
@@ -761,9 +778,9 @@ const void* const* CudaOps::Impl::expert_table(std::span<const ExpertWeights> ex
 
 void CudaOps::Impl::launched(const char* what) {
   cudaError_t e = cudaGetLastError();
-  if (e == cudaSuccess && debug_sync && mode == Mode::kEager) e = cudaStreamSynchronize(stream);
+  if (e == cudaSuccess && options.sync && mode == Mode::kEager) e = cudaStreamSynchronize(stream);
   if (e != cudaSuccess) cuda::cuda_failed(what, e, __FILE__, __LINE__);
-  if (profile && mode == Mode::kEager && prof_used > 0) profile_mark(what);
+  if (options.profile && mode == Mode::kEager && prof_used > 0) profile_mark(what);
 }
 
 }  // namespace recur

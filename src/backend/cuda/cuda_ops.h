@@ -59,14 +59,9 @@ class CudaOps final : public Ops {
                     std::span<const Tensor> outs) override;
   void rms_norm(const Tensor& x, const Tensor& w, float weight_offset, float eps,
                 Tensor out) override;
-  // One kernel: the sum, written back to x, and the norm.
-  void add_rms_norm(Tensor x, const Tensor& y, const Tensor& w, float weight_offset, float eps,
-                    Tensor out) override;
   void rms_norm_gated(const Tensor& x, const Tensor& gate, const Tensor& w, float eps,
-                      Tensor out) override;
+                      GateActivation act, Tensor out) override;
   void l2_norm(Tensor x, float eps, float scale) override;
-  void split_groups(const Tensor& src, int groups, std::span<const int> parts,
-                    std::span<const Tensor> dsts) override;
   void rope(Tensor x, const int32_t* positions, int rot_dim, double theta) override;
 
   void swiglu(const Tensor& gate, const Tensor& up, Tensor out) override;
@@ -80,36 +75,50 @@ class CudaOps final : public Ops {
   void gdn_inputs(const GdnInputArgs& args, const SeqLayout& layout) override;
   void gdn_gates(const Tensor& a, const Tensor& b, const Tensor& a_log, const Tensor& dt_bias,
                  Tensor g, Tensor beta) override;
+  // Decay per head or per key channel (g [n, Hv] or [n, Hv, dk]). kAuto: the recurrent kernel
+  // for one-token sequences, the chunked one for longer (the recurrent one for per-channel
+  // decays whose key head is too large for the chunked kernel's shared memory).
   void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                         const Tensor& beta, Tensor state, const SeqLayout& layout, Tensor out,
                         Tensor scratch, DeltaRuleForm form = DeltaRuleForm::kAuto) override;
+  // One kernel when every sequence brings one token, dk and dv are at most 128 and the
+  // (sequence, head) blocks fit one wave; either decay, either gate activation. Else the
+  // default's two ops.
   void gated_delta_rule_norm(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                              const Tensor& beta, Tensor state, const SeqLayout& layout, Tensor out,
                              Tensor scratch, const Tensor& gate, const Tensor& norm_w, float eps,
-                             Tensor normed) override;
+                             GateActivation act, Tensor normed) override;
   size_t gated_delta_rule_scratch_bytes(int dk, int dv) const override;
 
-  // One kernel per token for the common shapes; else the default's ops.
+  // One kernel per token for the common shapes (value heads of any size); else the default's
+  // ops.
   void attention_inputs(const AttentionInputArgs& args, const SeqLayout& layout) override;
   void kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, Tensor v_cache,
                       const SeqLayout& layout) override;
+  // Value heads may differ in size from key heads in every kernel: the decode kernel (with its
+  // context splits and their merge), the warp kernel and the tiled one.
   void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                        const SeqLayout& layout, float scale, Tensor out) override;
   void paged_attention_gated(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                              const SeqLayout& layout, float scale, const Tensor& gate,
                              Tensor out) override;
 
-  void moe_route(const Tensor& logits, int k, bool norm_topk, Tensor ids, Tensor weights) override;
+  // Every MoeRouting option; the block-per-token kernels for rows of up to 512 experts and
+  // k ≤ 32 without a selection bias, a warp per token otherwise.
+  void moe_route(const Tensor& logits, const MoeRouting& routing, Tensor ids,
+                 Tensor weights) override;
   void moe_experts(const Tensor& x, std::span<const ExpertWeights> experts, const Tensor& ids,
                    const Tensor& weights, Tensor out, Tensor scratch) override;
   size_t moe_experts_scratch_bytes(int n_tokens, int k, int n_experts, int d,
                                    int d_ff) const override;
-  // One token: the shared expert joins the routed experts' launches as one more pair; else the
-  // default's ops.
+  // One token: the shared expert (gated or not) joins the routed experts' launches as one more
+  // pair; else the default's ops.
   void moe_experts_shared(const Tensor& x, std::span<const ExpertWeights> experts,
                           const Tensor& ids, const Tensor& weights, const SharedExpertArgs& shared,
                           Tensor out, Tensor scratch) override;
-  void moe_route_experts_shared(const Tensor& logits, int k, bool norm_topk, const Tensor& x,
+  // One token: routed inside the gate/up kernel where the routing allows (no selection bias),
+  // else by moe_route; then as moe_experts_shared. More tokens: the default's ops.
+  void moe_route_experts_shared(const Tensor& logits, const MoeRouting& routing, const Tensor& x,
                                 std::span<const ExpertWeights> experts, Tensor ids, Tensor weights,
                                 const SharedExpertArgs& shared, Tensor out, Tensor scratch,
                                 Tensor residual) override;

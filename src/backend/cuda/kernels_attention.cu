@@ -1,6 +1,7 @@
 // Attention over the paged cache, with the CPU's layouts: k_cache [blocks, kv_heads, hd,
 // block_size] (keys transposed within a block, so 32 consecutive positions are one coalesced
-// row read per key channel) and v_cache [blocks, kv_heads, block_size, hd].
+// row read per key channel) and v_cache [blocks, kv_heads, block_size, dv] (the value head size
+// dv may differ from the key head size hd).
 //
 // One block per (token, kv head, context split) handles the kv head's whole group of query
 // heads, so the cache is read once per token. The main kernel gives each warp its own chunks
@@ -9,7 +10,7 @@
 // results merge at the end. When the batch alone gives too few blocks to fill the GPU (decode),
 // the context is split (flash-decoding) and a second kernel merges the splits. Groups too large
 // for the warp kernel's registers (group · ⌈hd/32⌉ > 64) use a block-wide tiled kernel.
-// Forwards of few tokens (decode) take a third kernel where the head dim is a multiple of 32:
+// Forwards of few tokens (decode) take a third kernel where both head dims are multiples of 32:
 // a thread per channel, every load of a 32-position chunk in flight at once, splits of whole
 // chunks (see paged_attention_decode_kernel).
 #include <algorithm>
@@ -30,41 +31,35 @@ constexpr int kTileP = 32;  // positions per tile: one per lane in the softmax
 // A split holds at least a chunk of 32 positions for each of the block's warps: shorter
 // splits leave warps idle and give the merge more partial results to combine.
 constexpr int kMinSplitPositions = 32 * kAttnWarps;
-// The decode kernel's block is one thread per channel; it serves forwards of at most
-// kDecodeMaxTokens tokens.
+// The decode kernel's block is one thread per channel (of the wider head); it serves forwards
+// of at most kDecodeMaxTokens tokens.
 constexpr int kDecodeMaxHd = 512;
 constexpr int kDecodeMaxTokens = 64;
-
-// False when RECUR_CUDA_ATTN_DECODE=0 (the warp kernel for every batch, for comparison).
-bool decode_kernel_enabled() {
-  static const bool on = env_switch_on("RECUR_CUDA_ATTN_DECODE");
-  return on;
-}
 
 struct AttnArgs {
   const float* q;  // [n, heads, hd]
   int64_t q_s0, q_s1;
   const float* kc;  // [blocks, kv_heads, hd, bs]
   int64_t kc_s0, kc_s1, kc_s2;
-  const float* vc;  // [blocks, kv_heads, bs, hd]
+  const float* vc;  // [blocks, kv_heads, bs, dv]
   int64_t vc_s0, vc_s1, vc_s2;
-  float* out;  // [n, heads, hd]
+  float* out;  // [n, heads, dv]
   int64_t o_s0, o_s1;
-  const float* gate;  // [n, heads·hd] rows g_s0 apart, or null: out = attention · σ(gate)
+  const float* gate;  // [n, heads·dv] rows g_s0 apart, or null: out = attention · σ(gate)
   int64_t g_s0;
-  float* part_o;   // [n, heads, n_splits, hd] unnormalised sums (n_splits > 1)
+  float* part_o;   // [n, heads, n_splits, dv] unnormalised sums (n_splits > 1)
   float* part_ml;  // [n, heads, n_splits, 2] running max and denominator
   const int32_t *seq_start, *positions, *block_start, *block_ids;
-  int n_seqs, heads, group, hd, bs, n_splits;
+  int n_seqs, heads, group, hd, dv, bs, n_splits;
   float scale;
-  bool combine_one_trip;
 };
 
-// x [n, kv_heads, hd] → the cache at each token's position; grid (n, kv_heads)
+// k [n, kv_heads, hd], v [n, kv_heads, dv] → the caches at each token's position; grid
+// (n, kv_heads)
 __global__ void kv_cache_write_kernel(const float* k, int64_t k_s0, int64_t k_s1, const float* v,
                                       int64_t v_s0, int64_t v_s1, float* kc, int64_t kc_s0,
                                       int64_t kc_s1, int64_t kc_s2, float* vc, int64_t vc_s0,
-                                      int64_t vc_s1, int64_t vc_s2, int hd, int bs,
+                                      int64_t vc_s1, int64_t vc_s2, int hd, int dv, int bs,
                                       const int32_t* seq_start, int n_seqs,
                                       const int32_t* positions, const int32_t* block_start,
                                       const int32_t* block_ids) {
@@ -77,10 +72,8 @@ __global__ void kv_cache_write_kernel(const float* k, int64_t k_s0, int64_t k_s1
   float* vd = vc + block * vc_s0 + h * vc_s1 + off * vc_s2;
   const float* ks = k + int64_t(t) * k_s0 + h * k_s1;
   const float* vs = v + int64_t(t) * v_s0 + h * v_s1;
-  for (int j = threadIdx.x; j < hd; j += blockDim.x) {
-    kd[j * kc_s2] = ks[j];
-    vd[j] = vs[j];
-  }
+  for (int j = threadIdx.x; j < hd; j += blockDim.x) kd[j * kc_s2] = ks[j];
+  for (int j = threadIdx.x; j < dv; j += blockDim.x) vd[j] = vs[j];
 }
 
 // Positions per context split of a token with n_ctx positions: the splits are cut from each
@@ -99,24 +92,24 @@ __device__ __forceinline__ void mark_empty_split(const AttnArgs& a, int t, int k
   }
 }
 
-size_t attn_smem_bytes(int group, int hd) {
-  return sizeof(float) * (size_t(group) * hd + 2 * size_t(kTileP) * hd + size_t(group) * kTileP +
+size_t attn_smem_bytes(int group, int hd, int dv) {
+  return sizeof(float) * (size_t(group) * hd + size_t(kTileP) * (hd + dv) + size_t(group) * kTileP +
                           3 * size_t(group));
 }
 
 // The tiled kernel, for groups too large for the warp kernel: the block walks the split in
 // tiles of ≤ 32 positions within one cache block (scores, softmax and values each a block-wide
 // step). grid (n_tokens, kv_heads, n_splits). Thread outputs: e = tid + i·kAttnThreads over
-// the group's [group, hd] accumulator (MAXO of them per thread).
+// the group's [group, dv] accumulator (MAXO of them per thread).
 template <int MAXO>
 __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(AttnArgs a) {
   grid_dependency_sync();
   extern __shared__ float sm[];
-  const int group = a.group, hd = a.hd;
+  const int group = a.group, hd = a.hd, dv = a.dv;
   float* Qs = sm;                       // [group][hd]
   float* Ks = Qs + group * hd;          // [hd][kTileP]
-  float* Vs = Ks + hd * kTileP;         // [kTileP][hd]
-  float* P = Vs + kTileP * hd;          // [group][kTileP]
+  float* Vs = Ks + hd * kTileP;         // [kTileP][dv]
+  float* P = Vs + kTileP * dv;          // [group][kTileP]
   float* row_max = P + group * kTileP;  // [group]
   float* row_sum = row_max + group;     // [group]
   float* corr = row_sum + group;        // [group]
@@ -152,9 +145,9 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(AttnArgs 
       const int d = e / len, pp = e % len;
       Ks[d * kTileP + pp] = kb[d * a.kc_s2 + pp];
     }
-    for (int e = tid; e < len * hd; e += kAttnThreads) {
-      const int pp = e / hd, d = e % hd;
-      Vs[pp * hd + d] = vb[pp * a.vc_s2 + d];
+    for (int e = tid; e < len * dv; e += kAttnThreads) {
+      const int pp = e / dv, d = e % dv;
+      Vs[pp * dv + d] = vb[pp * a.vc_s2 + d];
     }
     __syncthreads();
     for (int e = tid; e < group * len; e += kAttnThreads) {
@@ -183,10 +176,10 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(AttnArgs 
 #pragma unroll
     for (int i = 0; i < MAXO; ++i) {
       const int e = tid + i * kAttnThreads;
-      if (e < group * hd) {
-        const int g = e / hd, d = e % hd;
+      if (e < group * dv) {
+        const int g = e / dv, d = e % dv;
         float v = acc[i] * corr[g];
-        for (int pp = 0; pp < len; ++pp) v += P[g * kTileP + pp] * Vs[pp * hd + d];
+        for (int pp = 0; pp < len; ++pp) v += P[g * kTileP + pp] * Vs[pp * dv + d];
         acc[i] = v;
       }
     }
@@ -196,13 +189,13 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(AttnArgs 
 #pragma unroll
   for (int i = 0; i < MAXO; ++i) {
     const int e = tid + i * kAttnThreads;
-    if (e < group * hd) {
-      const int g = e / hd, d = e % hd, h = kvh * group + g;
+    if (e < group * dv) {
+      const int g = e / dv, d = e % dv, h = kvh * group + g;
       if (a.n_splits == 1) {
-        store_out(a, t, h, d, acc[i] / row_sum[g]);
+        store_out(a, t, h, d, acc[i] / row_sum[g], dv);
       } else {
         const int64_t slot = (int64_t(t) * a.heads + h) * a.n_splits + sp;
-        a.part_o[slot * hd + d] = acc[i];
+        a.part_o[slot * dv + d] = acc[i];
         if (d == 0) {
           a.part_ml[slot * 2] = row_max[g];
           a.part_ml[slot * 2 + 1] = row_sum[g];
@@ -212,25 +205,26 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(AttnArgs 
   }
 }
 
-size_t warp_attn_smem_bytes(int group, int hd) {
-  return sizeof(float) * (size_t(group) * hd * (1 + kAttnWarps) + 2 * kAttnWarps * size_t(group));
+size_t warp_attn_smem_bytes(int group, int hd, int dv) {
+  return sizeof(float) *
+         (size_t(group) * (hd + size_t(dv) * kAttnWarps) + 2 * kAttnWarps * size_t(group));
 }
 
-// The final output of (token t, head h, channel d): v, times σ(gate) when gated (the product
-// mul_sigmoid makes).
-__device__ __forceinline__ void store_out(const AttnArgs& a, int t, int h, int d, float v) {
-  if (a.gate) v *= sigmoid(a.gate[int64_t(t) * a.g_s0 + int64_t(h) * a.hd + d]);
+// The final output of (token t, head h, value channel d): v, times σ(gate) when gated (the
+// product mul_sigmoid makes). dv: a.dv, passed by the caller (which may know it equals hd).
+__device__ __forceinline__ void store_out(const AttnArgs& a, int t, int h, int d, float v, int dv) {
+  if (a.gate) v *= sigmoid(a.gate[int64_t(t) * a.g_s0 + int64_t(h) * dv + d]);
   a.out[int64_t(t) * a.o_s0 + int64_t(h) * a.o_s1 + d] = v;
 }
 
 // Writes a (token, head) result: the normalised output, or the split's partial sums.
 __device__ __forceinline__ void store_result(const AttnArgs& a, int t, int h, int sp, int d,
-                                             float o, float m, float l) {
+                                             float o, float m, float l, int dv) {
   if (a.n_splits == 1) {
-    store_out(a, t, h, d, o / l);
+    store_out(a, t, h, d, o / l, dv);
   } else {
     const int64_t slot = (int64_t(t) * a.heads + h) * a.n_splits + sp;
-    a.part_o[slot * a.hd + d] = o;
+    a.part_o[slot * dv + d] = o;
     if (d == 0) {
       a.part_ml[slot * 2] = m;
       a.part_ml[slot * 2 + 1] = l;
@@ -240,16 +234,17 @@ __device__ __forceinline__ void store_result(const AttnArgs& a, int t, int h, in
 
 // grid (n_tokens, kv_heads, n_splits), kAttnThreads. Warp w takes the 32-position chunks
 // w, w + kAttnWarps, ... of the split. Scores: lane = position, s[g] = q_g · k_p over the
-// channels; values: lane owns channels lane + 32·i (i < DPL), acc[g][i] += p_g(j) · v_j.
-// group ≤ GMAX, hd ≤ 32·DPL.
-template <int GMAX, int DPL>
+// channels; values: lane owns value channels lane + 32·i (i < DPL), acc[g][i] += p_g(j) · v_j.
+// group ≤ GMAX, dv ≤ 32·DPL. kSplitDims: dv ≠ hd (hd = dv compiles as a kernel of one head
+// size, whose registers it was tuned for).
+template <int GMAX, int DPL, bool kSplitDims>
 __global__ void __launch_bounds__(kAttnThreads) paged_attention_warps_kernel(AttnArgs a) {
   grid_dependency_sync();
   extern __shared__ float sm[];
-  const int group = a.group, hd = a.hd;
+  const int group = a.group, hd = a.hd, dv = kSplitDims ? a.dv : hd;
   float* Qs = sm;                                   // [group][hd]
-  float* part = Qs + group * hd;                    // [warps][group][hd]
-  float* part_ml = part + kAttnWarps * group * hd;  // [warps][group][2]
+  float* part = Qs + group * hd;                    // [warps][group][dv]
+  float* part_ml = part + kAttnWarps * group * dv;  // [warps][group][2]
   const int t = blockIdx.x, kvh = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x;
   const int lane = tid % 32, warp = tid / 32;
   const int seq = seq_of_token(a.seq_start, a.n_seqs, t);
@@ -333,7 +328,7 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_warps_kernel(Att
 #pragma unroll
       for (int i = 0; i < DPL; ++i) {
         const int dd = lane + 32 * i;
-        v[i] = dd < hd ? vj[dd] : 0.0f;
+        v[i] = dd < dv ? vj[dd] : 0.0f;
       }
 #pragma unroll
       for (int g = 0; g < GMAX; ++g) {
@@ -352,7 +347,7 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_warps_kernel(Att
 #pragma unroll
       for (int i = 0; i < DPL; ++i) {
         const int dd = lane + 32 * i;
-        if (dd < hd) part[(warp * group + g) * hd + dd] = acc[g][i];
+        if (dd < dv) part[(warp * group + g) * dv + dd] = acc[g][i];
       }
       if (lane == 0) {
         part_ml[(warp * group + g) * 2] = m[g];
@@ -361,8 +356,8 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_warps_kernel(Att
     }
   }
   __syncthreads();
-  for (int e = tid; e < group * hd; e += kAttnThreads) {
-    const int g = e / hd, dd = e % hd;
+  for (int e = tid; e < group * dv; e += kAttnThreads) {
+    const int g = e / dv, dd = e % dv;
     float mx = -INFINITY;
     for (int w = 0; w < kAttnWarps; ++w) mx = fmaxf(mx, part_ml[(w * group + g) * 2]);
     float o = 0.0f, den = 0.0f;
@@ -372,24 +367,28 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_warps_kernel(Att
         if (mw == -INFINITY) continue;
         const float f = expf(mw - mx);
         den += part_ml[(w * group + g) * 2 + 1] * f;
-        o += part[(w * group + g) * hd + dd] * f;
+        o += part[(w * group + g) * dv + dd] * f;
       }
     }
-    store_result(a, t, kvh * group + g, sp, dd, o, mx, den);
+    store_result(a, t, kvh * group + g, sp, dd, o, mx, den, dv);
   }
 }
 
-// Decode kernel for few tokens (hd a multiple of 32, ≤ kDecodeMaxHd): a block of hd threads per
-// (token, kv head, context split), warp w owning channels [32w, 32w + 32). Per chunk of 32
-// positions each lane issues its 32 key loads (lane = position, the warp's channels) and 32 value
-// loads (lane = channel, the chunk's positions) before using any, so a chunk costs about one
-// memory round trip; the warps' partial scores add up in shared memory, one warp per query head
-// runs the online softmax, and every thread then accumulates its own channel of the values.
-// Shared memory: Qs [group][hd], S [warps][group][32], P [group][32], corr [group], ml [group][2].
-template <int GMAX>
+// Decode kernel for few tokens (hd and dv multiples of 32, ≤ kDecodeMaxHd): a block of
+// max(hd, dv) threads per (token, kv head, context split), warp w owning key channels
+// [32w, 32w + 32) and thread i value channel i. Per chunk of 32 positions each lane issues its
+// 32 key loads (lane = position, the warp's channels) and 32 value loads (lane = channel, the
+// chunk's positions) before using any, so a chunk costs about one memory round trip; the warps'
+// partial scores add up in shared memory, one warp per query head runs the online softmax, and
+// every thread then accumulates its own channel of the values. kSplitDims: dv ≠ hd, so some
+// warps hold no key channels or some threads no value channel (hd = dv compiles without the
+// checks). Shared memory: Qs [group][hd], S [hd/32][group][32], P [group][32], corr [group],
+// ml [group][2].
+template <int GMAX, bool kSplitDims>
 __global__ void __launch_bounds__(kDecodeMaxHd) paged_attention_decode_kernel(AttnArgs a) {
   extern __shared__ float sm[];
   const int group = a.group, hd = a.hd, nw = hd / 32;
+  const int n_threads = kSplitDims ? int(blockDim.x) : hd, n_warps = n_threads / 32;
   float* Qs = sm;
   float* S = Qs + group * hd;
   float* P = S + nw * group * 32;
@@ -397,6 +396,8 @@ __global__ void __launch_bounds__(kDecodeMaxHd) paged_attention_decode_kernel(At
   float* ml = corr + group;
   const int t = blockIdx.x, kvh = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x;
   const int lane = tid % 32, warp = tid / 32;
+  const bool key_warp = !kSplitDims || warp < nw;       // owns key channels
+  const bool value_thread = !kSplitDims || tid < a.dv;  // owns a value channel
   const int seq = seq_of_token(a.seq_start, a.n_seqs, t);
   const int n_ctx = a.positions[t] + 1;
   const int split_len = (n_ctx + a.n_splits - 1) / a.n_splits;
@@ -414,13 +415,15 @@ __global__ void __launch_bounds__(kDecodeMaxHd) paged_attention_decode_kernel(At
         a.kc + block * a.kc_s0 + kvh * a.kc_s1 + int64_t(warp * 32) * a.kc_s2 + pc % a.bs;
     const float* vrow = a.vc + block * a.vc_s0 + kvh * a.vc_s1 + (pc % a.bs) * a.vc_s2;
     const unsigned long long vaddr = reinterpret_cast<unsigned long long>(vrow);
+    if (key_warp) {
 #pragma unroll
-    for (int i = 0; i < 32; ++i) kv[i] = l2 ? __ldcg(kcol + i * a.kc_s2) : kcol[i * a.kc_s2];
+      for (int i = 0; i < 32; ++i) kv[i] = l2 ? __ldcg(kcol + i * a.kc_s2) : kcol[i * a.kc_s2];
+    }
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
       const int src = c0 + j < p_end ? j : 0;
       const float* vp = reinterpret_cast<const float*>(__shfl_sync(0xffffffffu, vaddr, src)) + tid;
-      vv[j] = l2 ? __ldcg(vp) : *vp;
+      if (value_thread) vv[j] = l2 ? __ldcg(vp) : *vp;
     }
   };
   // Positions before the sequence's first token of this forward (its positions ascend) were
@@ -434,25 +437,29 @@ __global__ void __launch_bounds__(kDecodeMaxHd) paged_attention_decode_kernel(At
     load_chunk(p_begin, true);
   } else if (p_begin < n_ctx) {
     // Else ask L2 for the first chunk's key rows (thread = channel; positions c0 and c0 + 16
-    // cover blocks of ≥ 16) and value rows (hd/32 lines per position): a hint, so it cannot
+    // cover blocks of ≥ 16) and value rows (dv/32 lines per position): a hint, so it cannot
     // read anything stale.
-    for (int q = 0; q < 32; q += 16) {
-      const int p = min(p_begin + q, p_end - 1);
-      const float* k = a.kc + int64_t(table[p / a.bs]) * a.kc_s0 + kvh * a.kc_s1 +
-                       int64_t(tid) * a.kc_s2 + p % a.bs;
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(k));
+    if (!kSplitDims || tid < hd) {
+      for (int q = 0; q < 32; q += 16) {
+        const int p = min(p_begin + q, p_end - 1);
+        const float* k = a.kc + int64_t(table[p / a.bs]) * a.kc_s0 + kvh * a.kc_s1 +
+                         int64_t(tid) * a.kc_s2 + p % a.bs;
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(k));
+      }
     }
-    const int lines = hd / 32, p = min(p_begin + tid / lines, p_end - 1);
-    const float* v = a.vc + int64_t(table[p / a.bs]) * a.vc_s0 + kvh * a.vc_s1 +
-                     int64_t(p % a.bs) * a.vc_s2 + (tid % lines) * 32;
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(v));
+    if (value_thread) {
+      const int lines = (kSplitDims ? a.dv : hd) / 32, p = min(p_begin + tid / lines, p_end - 1);
+      const float* v = a.vc + int64_t(table[p / a.bs]) * a.vc_s0 + kvh * a.vc_s1 +
+                       int64_t(p % a.bs) * a.vc_s2 + (tid % lines) * 32;
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(v));
+    }
   }
   grid_dependency_sync();
   if (p_begin >= n_ctx) {
     mark_empty_split(a, t, kvh, sp);
     return;
   }
-  for (int e = tid; e < group * hd; e += hd) {
+  for (int e = tid; e < group * hd; e += n_threads) {
     const int g = e / hd, d = e % hd;
     Qs[e] = a.q[int64_t(t) * a.q_s0 + int64_t(kvh * group + g) * a.q_s1 + d];
   }
@@ -466,7 +473,7 @@ __global__ void __launch_bounds__(kDecodeMaxHd) paged_attention_decode_kernel(At
     __syncthreads();  // Qs and ml written (first chunk); the last chunk's P and corr read
 #pragma unroll
     for (int g = 0; g < GMAX; ++g) {
-      if (g < group) {
+      if (g < group && key_warp) {
         const float* qg = Qs + g * hd + warp * 32;
         float s = 0.0f;
 #pragma unroll
@@ -478,7 +485,7 @@ __global__ void __launch_bounds__(kDecodeMaxHd) paged_attention_decode_kernel(At
       }
     }
     __syncthreads();
-    for (int g = warp; g < group; g += nw) {
+    for (int g = warp; g < group; g += n_warps) {
       float s = 0.0f;
       for (int w = 0; w < nw; ++w) s += S[(w * group + g) * 32 + lane];
       const float sc = valid ? s * a.scale : -INFINITY;
@@ -510,9 +517,13 @@ __global__ void __launch_bounds__(kDecodeMaxHd) paged_attention_decode_kernel(At
     }
   }
   __syncthreads();
+  if (!value_thread) return;
 #pragma unroll
   for (int g = 0; g < GMAX; ++g) {
-    if (g < group) store_result(a, t, kvh * group + g, sp, tid, acc[g], ml[g * 2], ml[g * 2 + 1]);
+    if (g < group) {
+      store_result(a, t, kvh * group + g, sp, tid, acc[g], ml[g * 2], ml[g * 2 + 1],
+                   kSplitDims ? a.dv : hd);
+    }
   }
 }
 
@@ -521,28 +532,38 @@ size_t decode_attn_smem_bytes(int group, int hd) {
                           2 * size_t(group));
 }
 
-// The decode kernel when the shape suits it; false otherwise.
-bool launch_attention_decode(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
-  if (a.hd % 32 != 0 || a.hd > kDecodeMaxHd || a.group > 8) return false;
+// Whether the decode kernel takes heads of these sizes.
+bool decode_kernel_fits(int group, int hd, int dv) {
+  return hd % 32 == 0 && dv % 32 == 0 && hd <= kDecodeMaxHd && dv <= kDecodeMaxHd && group <= 8 &&
+         decode_attn_smem_bytes(group, hd) <= (48 << 10);
+}
+
+template <bool kSplitDims>
+void launch_attention_decode(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
   const size_t smem = decode_attn_smem_bytes(a.group, a.hd);
-  if (smem > (48 << 10)) return false;
-  auto launch = [&](auto kernel) { launch_kernel(kernel, grid, unsigned(a.hd), smem, stream, a); };
+  const unsigned threads = unsigned(std::max(a.hd, a.dv));
+  auto launch = [&](auto kernel) { launch_kernel(kernel, grid, threads, smem, stream, a); };
   if (a.group <= 1) {
-    launch(paged_attention_decode_kernel<1>);
+    launch(paged_attention_decode_kernel<1, kSplitDims>);
   } else if (a.group <= 2) {
-    launch(paged_attention_decode_kernel<2>);
+    launch(paged_attention_decode_kernel<2, kSplitDims>);
   } else if (a.group <= 4) {
-    launch(paged_attention_decode_kernel<4>);
+    launch(paged_attention_decode_kernel<4, kSplitDims>);
   } else {
-    launch(paged_attention_decode_kernel<8>);
+    launch(paged_attention_decode_kernel<8, kSplitDims>);
   }
-  return true;
 }
 
 template <int GMAX, int DPL>
 void launch_warps(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
-  launch_kernel(paged_attention_warps_kernel<GMAX, DPL>, grid, kAttnThreads,
-                warp_attn_smem_bytes(a.group, a.hd), stream, a);
+  const size_t smem = warp_attn_smem_bytes(a.group, a.hd, a.dv);
+  if (a.dv == a.hd) {
+    launch_kernel(paged_attention_warps_kernel<GMAX, DPL, false>, grid, kAttnThreads, smem, stream,
+                  a);
+  } else {
+    launch_kernel(paged_attention_warps_kernel<GMAX, DPL, true>, grid, kAttnThreads, smem, stream,
+                  a);
+  }
 }
 
 template <int DPL>
@@ -563,9 +584,9 @@ bool launch_warps_dpl(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
   return true;
 }
 
-// The warp kernel when its registers allow (group · ⌈hd/32⌉ ≤ 64); false otherwise.
+// The warp kernel when its registers allow (group · ⌈dv/32⌉ ≤ 64); false otherwise.
 bool launch_attention_warps(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
-  const int dpl = (a.hd + 31) / 32;
+  const int dpl = (a.dv + 31) / 32;
   if (dpl <= 1) return launch_warps_dpl<1>(a, grid, stream);
   if (dpl <= 2) return launch_warps_dpl<2>(a, grid, stream);
   if (dpl <= 4) return launch_warps_dpl<4>(a, grid, stream);
@@ -577,7 +598,7 @@ constexpr int kCombineThreads = 256;
 constexpr int kCombineWarps = kCombineThreads / 32;
 constexpr int kCombinePer = 16;  // splits per warp held at once: up to 128 in one round trip
 
-// Merges the splits of each (token, head): grid (n_tokens, heads, ⌈hd/32⌉), lane = channel.
+// Merges the splits of each (token, head): grid (n_tokens, heads, ⌈dv/32⌉), lane = channel.
 // Warp w sums the splits w, w + 8, ..., each weighted by e^(m_s − M); the warps' sums then add
 // up in shared memory. Up to 128 splits, every load (the maxima, each split's statistics and
 // values) is issued before any is used: one round trip to L2 rather than one per few splits.
@@ -588,15 +609,15 @@ __global__ void __launch_bounds__(kCombineThreads) attention_combine_kernel(Attn
   const int t = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
   const int lane = tid % 32, warp = tid / 32;
   const int d = blockIdx.z * 32 + lane;
-  const bool gated = a.gate && warp == 0 && d < a.hd;
-  const float gate = gated ? __ldcg(a.gate + int64_t(t) * a.g_s0 + int64_t(h) * a.hd + d) : 0.0f;
+  const bool gated = a.gate && warp == 0 && d < a.dv;
+  const float gate = gated ? __ldcg(a.gate + int64_t(t) * a.g_s0 + int64_t(h) * a.dv + d) : 0.0f;
   grid_dependency_sync();
   const int n = a.n_splits;
   const int64_t first = (int64_t(t) * a.heads + h) * n;
   const float* ml = a.part_ml + first * 2;
-  const float* po = a.part_o + first * a.hd + d;
+  const float* po = a.part_o + first * a.dv + d;
   float o = 0.0f, den = 0.0f;
-  if (n <= kCombineWarps * kCombinePer && a.combine_one_trip) {
+  if (n <= kCombineWarps * kCombinePer) {
     float mv[kCombinePer * kCombineWarps / 32], ms[kCombinePer], ls[kCombinePer], ov[kCombinePer];
 #pragma unroll
     for (int i = 0; i < kCombinePer * kCombineWarps / 32; ++i) {
@@ -608,7 +629,7 @@ __global__ void __launch_bounds__(kCombineThreads) attention_combine_kernel(Attn
       const int sp = warp + kCombineWarps * i;
       ms[i] = sp < n ? ml[sp * 2] : -INFINITY;
       ls[i] = sp < n ? ml[sp * 2 + 1] : 0.0f;
-      ov[i] = sp < n && d < a.hd ? po[int64_t(sp) * a.hd] : 0.0f;
+      ov[i] = sp < n && d < a.dv ? po[int64_t(sp) * a.dv] : 0.0f;
     }
     float m = mv[0];
 #pragma unroll
@@ -631,7 +652,7 @@ __global__ void __launch_bounds__(kCombineThreads) attention_combine_kernel(Attn
       if (msp == -INFINITY) continue;
       const float f = expf(msp - m);
       den += ml[sp * 2 + 1] * f;
-      if (d < a.hd) o += po[int64_t(sp) * a.hd] * f;
+      if (d < a.dv) o += po[int64_t(sp) * a.dv] * f;
     }
   }
   red_o[warp][lane] = o;
@@ -641,7 +662,7 @@ __global__ void __launch_bounds__(kCombineThreads) attention_combine_kernel(Attn
     float so = 0.0f, sd = 0.0f;
 #pragma unroll
     for (int w = 0; w < kCombineWarps; ++w) so += red_o[w][lane], sd += red_den[w];
-    if (d < a.hd) {
+    if (d < a.dv) {
       float v = so / sd;
       if (gated) v *= sigmoid(gate);
       a.out[int64_t(t) * a.o_s0 + int64_t(h) * a.o_s1 + d] = v;
@@ -663,8 +684,8 @@ void launch_attention(const AttnArgs& a, dim3 grid, size_t smem, size_t max_smem
 }
 
 void launch_attention_tiled(const AttnArgs& a, dim3 grid, size_t max_smem, cudaStream_t stream) {
-  const size_t smem = attn_smem_bytes(a.group, a.hd);
-  const int64_t per_thread = (int64_t(a.group) * a.hd + kAttnThreads - 1) / kAttnThreads;
+  const size_t smem = attn_smem_bytes(a.group, a.hd, a.dv);
+  const int64_t per_thread = (int64_t(a.group) * a.dv + kAttnThreads - 1) / kAttnThreads;
   if (per_thread <= 1) {
     launch_attention<1>(a, grid, smem, max_smem, stream);
   } else if (per_thread <= 4) {
@@ -682,9 +703,11 @@ void launch_attention_tiled(const AttnArgs& a, dim3 grid, size_t max_smem, cudaS
 void CudaOps::kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, Tensor v_cache,
                              const SeqLayout& layout) {
   if (impl_->replaying()) return;  // the decode graph does this op's work
-  const int64_t kv_heads = k.shape[1], hd = k.shape[2];
+  const int64_t kv_heads = k.shape[1], hd = k.shape[2], dv = v.shape[2];
+  RECUR_CHECK(k.ndim == 3 && v.ndim == 3 && v.shape[1] == kv_heads && v.shape[0] == k.shape[0]);
   RECUR_CHECK(k_cache.shape[1] == kv_heads && k_cache.shape[2] == hd &&
-              k_cache.shape[3] == layout.block_size && v_cache.shape[2] == layout.block_size);
+              k_cache.shape[3] == layout.block_size && v_cache.shape[1] == kv_heads &&
+              v_cache.shape[2] == layout.block_size && v_cache.shape[3] == dv);
   RECUR_CHECK(k.stride[2] == 1 && v.stride[2] == 1 && k_cache.stride[3] == 1 &&
               v_cache.stride[3] == 1);
   for (int s = 0; s < layout.n_seqs; ++s) {
@@ -696,23 +719,28 @@ void CudaOps::kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, T
   Impl& s = *impl_;
   const DevLayout dl = s.layout(layout, true);
   launch_kernel(kv_cache_write_kernel, dim3(unsigned(layout.n_tokens), unsigned(kv_heads)),
-                unsigned(std::min<int64_t>(hd, 256)), 0, s.stream, k.ptr<float>(), k.stride[0],
-                k.stride[1], v.ptr<float>(), v.stride[0], v.stride[1], k_cache.ptr<float>(),
-                k_cache.stride[0], k_cache.stride[1], k_cache.stride[2], v_cache.ptr<float>(),
-                v_cache.stride[0], v_cache.stride[1], v_cache.stride[2], int(hd), layout.block_size,
-                dl.seq_start, layout.n_seqs, dl.positions, dl.block_start, dl.block_ids);
+                unsigned(std::min<int64_t>(std::max(hd, dv), 256)), 0, s.stream, k.ptr<float>(),
+                k.stride[0], k.stride[1], v.ptr<float>(), v.stride[0], v.stride[1],
+                k_cache.ptr<float>(), k_cache.stride[0], k_cache.stride[1], k_cache.stride[2],
+                v_cache.ptr<float>(), v_cache.stride[0], v_cache.stride[1], v_cache.stride[2],
+                int(hd), int(dv), layout.block_size, dl.seq_start, layout.n_seqs, dl.positions,
+                dl.block_start, dl.block_ids);
   s.launched("kv_cache_write");
 }
 
 namespace {
 
-// paged_attention, its output times σ(gate) when gate is set (gate [n, heads·hd]).
+// paged_attention, its output times σ(gate) when gate is set (gate [n, heads·dv]).
 void run_paged_attention(CudaOps::Impl& s, const Tensor& q, const Tensor& k_cache,
                          const Tensor& v_cache, const SeqLayout& layout, float scale, Tensor out,
                          const Tensor* gate) {
   const int64_t heads = q.shape[1], hd = q.shape[2], kv_heads = k_cache.shape[1];
+  const int64_t dv = v_cache.shape[3];
   RECUR_CHECK(heads % kv_heads == 0 && q.stride[2] == 1 && out.stride[2] == 1);
-  RECUR_CHECK(k_cache.stride[3] == 1 && v_cache.stride[3] == 1 && k_cache.shape[2] == hd);
+  RECUR_CHECK(k_cache.stride[3] == 1 && v_cache.stride[3] == 1 && k_cache.shape[2] == hd &&
+              v_cache.shape[1] == kv_heads);
+  RECUR_CHECK(out.ndim == 3 && out.shape[0] == q.shape[0] && out.shape[1] == heads &&
+              out.shape[2] == dv);
   const int n = layout.n_tokens;
   if (n == 0) return;
   const int group = int(heads / kv_heads);
@@ -726,14 +754,12 @@ void run_paged_attention(CudaOps::Impl& s, const Tensor& q, const Tensor& k_cach
   // threads with a whole chunk's loads in flight, so 4 blocks per SM suffice; the warp kernel
   // walks its chunks one dependent step at a time and wants 16. Splits go no further than one
   // chunk of 32 (decode) or one per warp (warp kernel) and the buffer of partial results.
-  const bool decode = n <= kDecodeMaxTokens && decode_kernel_enabled() && hd % 32 == 0 &&
-                      hd <= kDecodeMaxHd && group <= 8 &&
-                      decode_attn_smem_bytes(group, int(hd)) <= (48 << 10);
+  const bool decode = n <= kDecodeMaxTokens && decode_kernel_fits(group, int(hd), int(dv));
   const int64_t base_blocks = int64_t(n) * kv_heads;
   const int64_t per_sm = decode ? 4 : 16, min_split = decode ? 32 : kMinSplitPositions;
   const int64_t want = std::max<int64_t>(1, (per_sm * s.sm_count + base_blocks - 1) / base_blocks);
   const int64_t fits = int64_t(s.attn_partial.bytes() /
-                               (size_t(n) * size_t(heads) * (size_t(hd) + 2) * sizeof(float)));
+                               (size_t(n) * size_t(heads) * (size_t(dv) + 2) * sizeof(float)));
   const int n_splits = int(
       std::max<int64_t>(1, std::min({want, (int64_t(max_ctx) + min_split - 1) / min_split, fits})));
 
@@ -748,11 +774,9 @@ void run_paged_attention(CudaOps::Impl& s, const Tensor& q, const Tensor& k_cach
   a.seq_start = dl.seq_start, a.positions = dl.positions;
   a.block_start = dl.block_start, a.block_ids = dl.block_ids;
   a.n_seqs = layout.n_seqs, a.heads = int(heads), a.group = group, a.hd = int(hd);
-  a.bs = layout.block_size, a.n_splits = n_splits, a.scale = scale;
-  static const bool one_trip = env_switch_on("RECUR_CUDA_COMBINE_ONE_TRIP");
-  a.combine_one_trip = one_trip;
+  a.dv = int(dv), a.bs = layout.block_size, a.n_splits = n_splits, a.scale = scale;
   if (gate) {
-    RECUR_CHECK(gate->ndim == 2 && gate->shape[0] == n && gate->shape[1] == heads * hd &&
+    RECUR_CHECK(gate->ndim == 2 && gate->shape[0] == n && gate->shape[1] == heads * dv &&
                 gate->stride[1] == 1 && gate->dtype == DType::F32);
     a.gate = gate->ptr<float>(), a.g_s0 = gate->stride[0];
   }
@@ -760,10 +784,15 @@ void run_paged_attention(CudaOps::Impl& s, const Tensor& q, const Tensor& k_cach
     const size_t slots = size_t(n) * size_t(heads) * size_t(n_splits);
     float* p = static_cast<float*>(s.attn_partial.data());
     a.part_o = p;
-    a.part_ml = p + slots * size_t(hd);
+    a.part_ml = p + slots * size_t(dv);
   }
   const dim3 grid{unsigned(n), unsigned(kv_heads), unsigned(n_splits)};
-  if (decode && launch_attention_decode(a, grid, s.stream)) {
+  if (decode) {
+    if (dv == hd) {
+      launch_attention_decode<false>(a, grid, s.stream);
+    } else {
+      launch_attention_decode<true>(a, grid, s.stream);
+    }
     s.launched("paged_attention (decode)");
   } else if (launch_attention_warps(a, grid, s.stream)) {
     s.launched("paged_attention");
@@ -773,7 +802,7 @@ void run_paged_attention(CudaOps::Impl& s, const Tensor& q, const Tensor& k_cach
   }
   if (n_splits > 1) {
     launch_kernel(attention_combine_kernel,
-                  dim3(unsigned(n), unsigned(heads), unsigned((hd + 31) / 32)), kCombineThreads, 0,
+                  dim3(unsigned(n), unsigned(heads), unsigned((dv + 31) / 32)), kCombineThreads, 0,
                   s.stream, a);
     s.launched("paged_attention (combine)");
   }
@@ -791,8 +820,9 @@ void CudaOps::paged_attention_gated(const Tensor& q, const Tensor& k_cache, cons
                                     const SeqLayout& layout, float scale, const Tensor& gate,
                                     Tensor out) {
   if (impl_->replaying()) return;  // the decode graph does this op's work
-  const int64_t n = q.shape[0], heads = q.shape[1], hd = q.shape[2];
-  run_paged_attention(*impl_, q, k_cache, v_cache, layout, scale, out.reshaped({n, heads, hd}),
+  const int64_t n = q.shape[0], heads = q.shape[1], dv = v_cache.shape[3];
+  RECUR_CHECK(out.ndim == 2 && out.shape[1] == heads * dv && out.stride[1] == 1);
+  run_paged_attention(*impl_, q, k_cache, v_cache, layout, scale, out.reshaped({n, heads, dv}),
                       &gate);
 }
 

@@ -3,8 +3,10 @@
 // chunks of 64 tokens, the same algebra as delta_rule_chunked in backend/cpu/kernels_gdn.cpp,
 // including the (I + A)^-1 solve in double). Value columns are independent in the rule, so both
 // forms split dv across blocks; the chunked form first computes the key-side matrices of every
-// chunk in parallel, then walks the chunks in order with the state. The conv and the input
-// stage are in kernels_gdn_inputs.cu.
+// chunk in parallel, then walks the chunks in order with the state. The decay is per head
+// (Gated DeltaNet) or per key channel (Kimi Delta Attention): every kernel is a template on
+// which, so the per-head instructions are those of a kernel that knows nothing else. The conv
+// and the input stage are in kernels_gdn_inputs.cu.
 #include <algorithm>
 
 #include "backend/cuda/cuda_internal.cuh"
@@ -20,8 +22,10 @@ namespace {
 enum DeltaMode : int { kAllSeqs = 0, kSingleTokenSeqs = 1, kMultiTokenSeqs = 2 };
 
 struct DeltaArgs {
-  const float *q, *k, *v, *g, *beta;  // q, k [n, Hk, dk]; v [n, Hv, dv]; g, beta [n, Hv]
-  int64_t q_s0, q_s1, k_s0, k_s1, v_s0, v_s1, g_s0, beta_s0, o_s0, o_s1;
+  // q, k [n, Hk, dk]; v [n, Hv, dv]; beta [n, Hv]; g [n, Hv] or, per key channel, [n, Hv, dk]
+  // (g_s1 apart, channels contiguous)
+  const float *q, *k, *v, *g, *beta;
+  int64_t q_s0, q_s1, k_s0, k_s1, v_s0, v_s1, g_s0, g_s1, beta_s0, o_s0, o_s1;
   float* state;  // [slots, Hv, dk, dv]
   float* out;    // [n, Hv, dv]
   int hv, group, dk, dv;
@@ -36,32 +40,39 @@ __device__ __forceinline__ bool skip_seq(int mode, int64_t len) {
 constexpr int kRecWarps = 4;
 
 // One token t of the rule for value column j, whose state rows warp + kRecWarps·r this thread
-// holds in st: S ← S·exp(g); kv = Sᵀk; S ← S + k ⊗ β(v − kv); o = Sᵀq, written by warp 0.
-// qs, ks [≥ dk] are the block's; red, red2 [kRecWarps][32] its column group's. Every thread of
-// the block calls it (n_threads of them); it ends with a barrier, after which o is visible to
-// the block and the shared arrays may be rewritten.
+// holds in st: S ← diag(exp(g))·S; kv = Sᵀk; S ← S + k ⊗ β(v − kv); o = Sᵀq, written by warp 0.
+// qs, ks [≥ dk] are the block's (and gs, the decay factors of the rows, when kPerChannel);
+// red, red2 [kRecWarps][32] its column group's. Every thread of the block calls it (n_threads
+// of them); it ends with a barrier, after which o is visible to the block and the shared
+// arrays may be rewritten.
 // o_shared (or null): o [dv] is also written there, for the block's own later use.
-template <int RPT>
+template <int RPT, bool kPerChannel>
 __device__ __forceinline__ void delta_token(const DeltaArgs& a, int64_t t, int h, int j, int warp,
                                             int lane, int tid, int n_threads, float (&st)[RPT],
-                                            float* qs, float* ks, float (*red)[32],
+                                            float* qs, float* ks, float* gs, float (*red)[32],
                                             float (*red2)[32], float* o_shared = nullptr) {
   const int kh = h / a.group;
   for (int i = tid; i < a.dk; i += n_threads) {
     qs[i] = a.q[t * a.q_s0 + kh * a.q_s1 + i];
     ks[i] = a.k[t * a.k_s0 + kh * a.k_s1 + i];
+    if constexpr (kPerChannel) gs[i] = expf(a.g[t * a.g_s0 + h * a.g_s1 + i]);
   }
-  const float decay = expf(a.g[t * a.g_s0 + h]);
+  float decay = 1.0f;
+  if constexpr (!kPerChannel) decay = expf(a.g[t * a.g_s0 + h]);
   const float b = a.beta[t * a.beta_s0 + h];
   const float vj = j < a.dv ? a.v[t * a.v_s0 + h * a.v_s1 + j] : 0.0f;
   __syncthreads();
-  // S ← S·exp(g); kv = Sᵀk
+  // S ← diag(exp(g))·S; kv = Sᵀk
   float p = 0.0f;
 #pragma unroll
   for (int r = 0; r < RPT; ++r) {
     const int i = warp + kRecWarps * r;
     if (i < a.dk) {
-      st[r] *= decay;
+      if constexpr (kPerChannel) {
+        st[r] *= gs[i];
+      } else {
+        st[r] *= decay;
+      }
       p += st[r] * ks[i];
     }
   }
@@ -116,7 +127,7 @@ __device__ __forceinline__ void delta_state_store(const DeltaArgs& a, float* S, 
 
 // Recurrent form, token by token. grid (⌈dv/32⌉, Hv, n_seqs), block (32, kRecWarps): lane =
 // value column, warp w owns state rows w, w + kRecWarps, ... (RPT of them, in registers).
-template <int RPT>
+template <int RPT, bool kPerChannel>
 __global__ void __launch_bounds__(32 * kRecWarps) delta_recurrent_kernel(DeltaArgs a) {
   // The state tile loads before the wait for the kernel before: no kernel of this forward
   // writes this slot's state before this one (and the batch mirror is uploaded before the
@@ -128,12 +139,14 @@ __global__ void __launch_bounds__(32 * kRecWarps) delta_recurrent_kernel(DeltaAr
   if (skip_seq(a.mode, len)) return;
   float* S = a.state + (int64_t(a.slot[s]) * a.hv + h) * a.dk * a.dv;
   __shared__ float qs[kRecWarps * RPT], ks[kRecWarps * RPT];
+  __shared__ float gs[kPerChannel ? kRecWarps * RPT : 1];
   __shared__ float red[kRecWarps][32], red2[kRecWarps][32];
   float st[RPT];
   delta_state_load<RPT>(a, S, j, warp, st);
   grid_dependency_sync();
   for (int64_t t = base; t < base + len; ++t) {
-    delta_token<RPT>(a, t, h, j, warp, lane, tid, 32 * kRecWarps, st, qs, ks, red, red2);
+    delta_token<RPT, kPerChannel>(a, t, h, j, warp, lane, tid, 32 * kRecWarps, st, qs, ks, gs, red,
+                                  red2);
   }
   delta_state_store<RPT>(a, S, j, warp, st);
 }
@@ -145,16 +158,16 @@ __global__ void __launch_bounds__(32 * kRecWarps) delta_recurrent_kernel(DeltaAr
 // with rms_norm_row, as rms_norm_kernel does (the same bits as the two kernels).
 // gate, normed [n, Hv, dv] as rows; norm_w [dv]; the rest as DeltaArgs.
 constexpr int kNormMaxGroups = 4;
-template <int RPT, typename W>
+template <int RPT, typename W, NormGate kGate, bool kPerChannel>
 __global__ void __launch_bounds__(32 * kRecWarps * kNormMaxGroups)
-    delta_recurrent_norm_kernel(DeltaArgs a, Rows gate, Rows normed, const W* norm_w, float eps,
-                                bool early_gate) {
+    delta_recurrent_norm_kernel(DeltaArgs a, Rows gate, Rows normed, const W* norm_w, float eps) {
   const int s = blockIdx.y, h = blockIdx.x;
   const int lane = threadIdx.x, group = threadIdx.y / kRecWarps, warp = threadIdx.y % kRecWarps;
   const int j = group * 32 + lane;
   const int64_t t = a.seq_start[s];
   float* S = a.state + (int64_t(a.slot[s]) * a.hv + h) * a.dk * a.dv;
   __shared__ float qs[kRecWarps * RPT], ks[kRecWarps * RPT];
+  __shared__ float gs[kPerChannel ? kRecWarps * RPT : 1];
   __shared__ float red[kNormMaxGroups][kRecWarps][32], red2[kNormMaxGroups][kRecWarps][32];
   __shared__ float o_head[32 * kNormMaxGroups];
   float st[RPT];
@@ -165,17 +178,17 @@ __global__ void __launch_bounds__(32 * kRecWarps * kNormMaxGroups)
   // The head's gate row (written by the kernel before) is requested with the token's inputs,
   // not after the rule: one round trip less before the norm.
   NormWeights<kWarpNormPer> gpre;
-  if (threadIdx.y == 0 && early_gate) {
+  if (threadIdx.y == 0) {
     gpre = load_norm_weights<kWarpNormPer>(gate.row(t * a.hv + h), a.dv, lane, 32);
   }
-  delta_token<RPT>(a, t, h, j, warp, lane, threadIdx.y * 32 + lane, 32 * blockDim.y, st, qs, ks,
-                   red[group], red2[group], o_head);
+  delta_token<RPT, kPerChannel>(a, t, h, j, warp, lane, threadIdx.y * 32 + lane, 32 * blockDim.y,
+                                st, qs, ks, gs, red[group], red2[group], o_head);
   delta_state_store<RPT>(a, S, j, warp, st);  // the final state, stored while the norm runs
   if (threadIdx.y == 0) {
     // The head's output row from shared memory (every row index maps to o_head).
     const Rows o_row{o_head, normed.n_rows, a.dv, a.hv, 0, 0};
-    rms_norm_row<kWarpNormPer, W, true, false>(
-        o_row, gate, normed, norm_w, 0.0f, eps, o_row, t * a.hv + h, lane, 32,
+    rms_norm_row<kWarpNormPer, W, kGate>(
+        o_row, gate, normed, norm_w, 0.0f, eps, t * a.hv + h, lane, 32,
         [](float ss) { return warp_sum(ss); }, wpre, gpre);
   }
 }
@@ -192,29 +205,40 @@ constexpr int kChunkPad = kChunk + 1;
 // T = (I + A)^-1, Wk = T(β e^G K), U = T(βV), Vnew = U − Wk S0,
 // out_i = e^(G_i) q_i S0 + Σ_{j≤i} e^(G_i−G_j) (q_i·k_j) Vnew_j,
 // S = e^(G_last) S0 + Σ_j e^(G_last−G_j) k_j ⊗ Vnew_j.
-// The record, floats: Wk [64][dk], QK [64][65] (e^(G_i−G_j) q_i·k_j), Tb [64][65] (T·β, by
-// column), eg [64] (e^G_i), dl [64] (e^(G_last−G_i)).
-__host__ __device__ inline int64_t chunk_record_floats(int dk) {
-  return (int64_t(kChunk) * dk + 2 * kChunk * kChunkPad + 2 * kChunk + 3) / 4 * 4;
+// Per key channel, G_i is a vector [dk] and every decay acts channel-wise inside the products:
+// A[i][j] = β_i Σ_c k_i[c] k_j[c] e^(G_i[c]−G_j[c]), QK likewise with q_i, Wk = T(β k∘e^G),
+// out_i = (q_i∘e^(G_i)) S0 + ..., S = diag(e^(G_last)) S0 + Σ_j (k_j∘e^(G_last−G_j)) ⊗ Vnew_j:
+// every exponent is a non-positive difference (G falls within a chunk), so strong decays
+// underflow to 0 instead of overflowing.
+// The record, floats: Wk [64][dk], QK [64][65] (the decayed q_i·k_j), Tb [64][65] (T·β, by
+// column), eg [64] (e^G_i), dl [64] (e^(G_last−G_i)); per key channel then Qd [64][dk]
+// (q∘e^G), Kd [64][dk] (k∘e^(G_last−G)), gl [dk] (e^G_last), and eg, dl unused.
+__host__ __device__ inline int64_t chunk_record_floats(int dk, bool per_channel) {
+  const int64_t per_head = int64_t(kChunk) * dk + 2 * kChunk * kChunkPad + 2 * kChunk;
+  return (per_head + (per_channel ? 2 * int64_t(kChunk) * dk + dk : 0) + 3) / 4 * 4;
 }
 
 // Records of chunks [c0, c0 + n_chunks) of sequences [s0, s0 + n_seq_group), each head.
 struct ChunkRecords {
   float* base;
   int c0, n_chunks, s0, n_seq_group;
+  bool per_channel;
   __device__ float* at(int s, int c, int h, int hv, int dk) const {
     const int64_t idx = (int64_t(s - s0) * n_chunks + (c - c0)) * hv + h;
-    return base + idx * chunk_record_floats(dk);
+    return base + idx * chunk_record_floats(dk, per_channel);
   }
 };
 
 // grid (n_chunks, Hv, n_seq_group), kChunkThreads. Shared: T [64][64] double, Q, K
-// [64][dk+1], A [64][65], G, beta, eg [64].
-__host__ __device__ inline size_t chunk_keys_smem(int dk) {
+// [64][dk+1], A [64][65], G, beta, eg [64]; per key channel also the cumulative decays
+// [64][dk+1].
+__host__ __device__ inline size_t chunk_keys_smem(int dk, bool per_channel) {
   return sizeof(double) * kChunk * kChunk +
-         sizeof(float) * (2 * size_t(kChunk) * (dk + 1) + kChunk * kChunkPad + 3 * kChunk);
+         sizeof(float) *
+             ((per_channel ? 3 : 2) * size_t(kChunk) * (dk + 1) + kChunk * kChunkPad + 3 * kChunk);
 }
 
+template <bool kPerChannel>
 __global__ void __launch_bounds__(kChunkThreads)
     delta_chunk_keys_kernel(DeltaArgs a, ChunkRecords rec) {
   grid_dependency_sync();
@@ -230,12 +254,16 @@ __global__ void __launch_bounds__(kChunkThreads)
   float* G = A + kChunk * lda;
   float* beta = G + kChunk;
   float* eg = beta + kChunk;
+  float* GC = eg + kChunk;  // [64][dk+1] per key channel
   float* r = rec.at(s, c, h, a.hv, dk);
   float* Wk = r;                    // [64][dk]
   float* QK = Wk + kChunk * dk;     // [64][65]
   float* Tb = QK + kChunk * lda;    // [64][65]
   float* r_eg = Tb + kChunk * lda;  // [64]
   float* r_dl = r_eg + kChunk;      // [64]
+  float* r_qd = r_dl + kChunk;      // [64][dk] per key channel
+  float* r_kd = r_qd + kChunk * dk;
+  float* r_gl = r_kd + kChunk * dk;  // [dk]
   const int L = int(min64(kChunk, len - int64_t(c) * kChunk));
   const int64_t t0 = base + int64_t(c) * kChunk;
   for (int e = tid; e < L * dk; e += kChunkThreads) {
@@ -243,7 +271,17 @@ __global__ void __launch_bounds__(kChunkThreads)
     Q[i * ldq + mm] = a.q[(t0 + i) * a.q_s0 + kh * a.q_s1 + mm];
     K[i * ldq + mm] = a.k[(t0 + i) * a.k_s0 + kh * a.k_s1 + mm];
   }
-  if (tid == 0) {
+  if constexpr (kPerChannel) {
+    // Sequential per channel, as on the CPU, so the cumulative decays round the same way.
+    for (int mm = tid; mm < dk; mm += kChunkThreads) {
+      float cum = 0.0f;
+      for (int i = 0; i < L; ++i) {
+        cum += a.g[(t0 + i) * a.g_s0 + h * a.g_s1 + mm];
+        GC[i * ldq + mm] = cum;
+      }
+    }
+    if (tid < L) beta[tid] = a.beta[(t0 + tid) * a.beta_s0 + h];
+  } else if (tid == 0) {
     // Sequential, as on the CPU, so the cumulative decays round the same way.
     float cum = 0.0f;
     for (int i = 0; i < L; ++i) {
@@ -265,17 +303,40 @@ __global__ void __launch_bounds__(kChunkThreads)
     while (i * (i + 1) / 2 > p) --i;
     while ((i + 1) * (i + 2) / 2 <= p) ++i;
     const int jx = p - i * (i + 1) / 2;
-    const float decay = expf(G[i] - G[jx]);
     float dkk = 0.0f, dqk = 0.0f;
-    for (int mm = 0; mm < dk; ++mm) {
-      const float kj = K[jx * ldq + mm];
-      dkk += K[i * ldq + mm] * kj;
-      dqk += Q[i * ldq + mm] * kj;
+    if constexpr (kPerChannel) {
+      for (int mm = 0; mm < dk; ++mm) {
+        const float kj = K[jx * ldq + mm] * expf(GC[i * ldq + mm] - GC[jx * ldq + mm]);
+        dkk += K[i * ldq + mm] * kj;
+        dqk += Q[i * ldq + mm] * kj;
+      }
+      if (jx < i) A[i * lda + jx] = beta[i] * dkk;
+      QK[i * lda + jx] = dqk;
+    } else {
+      const float decay = expf(G[i] - G[jx]);
+      for (int mm = 0; mm < dk; ++mm) {
+        const float kj = K[jx * ldq + mm];
+        dkk += K[i * ldq + mm] * kj;
+        dqk += Q[i * ldq + mm] * kj;
+      }
+      if (jx < i) A[i * lda + jx] = beta[i] * decay * dkk;
+      QK[i * lda + jx] = decay * dqk;
     }
-    if (jx < i) A[i * lda + jx] = beta[i] * decay * dkk;
-    QK[i * lda + jx] = decay * dqk;
   }
   __syncthreads();
+  if constexpr (kPerChannel) {
+    // The decayed queries and keys of the record; K becomes k∘e^G for Wk below (A and QK,
+    // which read K, are done).
+    for (int e = tid; e < L * dk; e += kChunkThreads) {
+      const int i = e / dk, mm = e % dk;
+      const float gi = GC[i * ldq + mm];
+      const float eg_i = expf(gi);
+      r_qd[i * dk + mm] = Q[i * ldq + mm] * eg_i;
+      r_kd[i * dk + mm] = K[i * ldq + mm] * expf(GC[(L - 1) * ldq + mm] - gi);
+      K[i * ldq + mm] *= eg_i;
+    }
+    for (int mm = tid; mm < dk; mm += kChunkThreads) r_gl[mm] = expf(GC[(L - 1) * ldq + mm]);
+  }
   // T = (I + A)^-1 by forward substitution in double (the solve amplifies rounding when many
   // keys of a chunk are nearly parallel). Columns are independent: a warp solves kSolveCols
   // of them together, x = T[:, col] held by the lanes (rows lane and lane + 32), each row's
@@ -319,8 +380,12 @@ __global__ void __launch_bounds__(kChunkThreads)
     const int i = e / dk, mm = e % dk;
     float w = 0.0f;
     for (int jx = 0; jx <= i; ++jx) {
-      const float tk = float(T[i * kChunk + jx]) * beta[jx] * eg[jx];
-      w += tk * K[jx * ldq + mm];
+      if constexpr (kPerChannel) {
+        w += float(T[i * kChunk + jx]) * beta[jx] * K[jx * ldq + mm];  // K holds k∘e^G
+      } else {
+        const float tk = float(T[i * kChunk + jx]) * beta[jx] * eg[jx];
+        w += tk * K[jx * ldq + mm];
+      }
     }
     Wk[i * dk + mm] = w;
   }
@@ -333,15 +398,16 @@ __global__ void __launch_bounds__(kChunkThreads)
 // Shared-memory carve-up of the state kernel for key dim dk and a tile of dvt value columns.
 struct ChunkSmem {
   float* S;        // [dk][dvt] state tile
-  float *Q, *K;    // [64][dk+1]
+  float *Q, *K;    // [64][dk+1]: per key channel already decayed (the record's Qd, Kd)
   float* Wk;       // [64][dk+1]
   float *V, *Vn;   // [64][dvt+1] values, new values
   float* O;        // [64][dvt+1] inter-chunk outputs
   float *QK, *Tb;  // [64][65]
   float *eg, *dl;  // [64]
-  __host__ __device__ static size_t bytes(int dk, int dvt) {
+  float* gl;       // [dk] per key channel: the chunk's decay of each state row
+  __host__ __device__ static size_t bytes(int dk, int dvt, bool per_channel) {
     return sizeof(float) * (size_t(dk) * dvt + 3 * kChunk * (dk + 1) + 3 * kChunk * (dvt + 1) +
-                            2 * kChunk * kChunkPad + 2 * kChunk);
+                            2 * kChunk * kChunkPad + 2 * kChunk + (per_channel ? dk : 0));
   }
   __device__ ChunkSmem(void* p, int dk, int dvt) {
     float* f = static_cast<float*>(p);
@@ -355,12 +421,14 @@ struct ChunkSmem {
     QK = f, f += kChunk * kChunkPad;
     Tb = f, f += kChunk * kChunkPad;
     eg = f, f += kChunk;
-    dl = f;
+    dl = f, f += kChunk;
+    gl = f;
   }
 };
 
 // The state's walk over chunks [rec.c0, rec.c0 + rec.n_chunks) of each sequence. grid
 // (⌈dv/dvt⌉, Hv, n_seq_group), kChunkThreads threads; three barriers per chunk.
+template <bool kPerChannel>
 __global__ void __launch_bounds__(kChunkThreads)
     delta_chunk_state_kernel(DeltaArgs a, ChunkRecords rec, int dvt) {
   grid_dependency_sync();
@@ -386,10 +454,18 @@ __global__ void __launch_bounds__(kChunkThreads)
     const float* rWk = r;
     const float* rQK = rWk + kChunk * dk;
     const float* rTb = rQK + kChunk * lda;
+    const float* rQd = rTb + kChunk * lda + 2 * kChunk;
+    const float* rKd = rQd + kChunk * dk;
+    const float* rgl = rKd + kChunk * dk;
     for (int e = tid; e < L * dk; e += kChunkThreads) {
       const int i = e / dk, mm = e % dk;
-      m.Q[i * ldq + mm] = a.q[(t0 + i) * a.q_s0 + kh * a.q_s1 + mm];
-      m.K[i * ldq + mm] = a.k[(t0 + i) * a.k_s0 + kh * a.k_s1 + mm];
+      if constexpr (kPerChannel) {
+        m.Q[i * ldq + mm] = rQd[i * dk + mm];
+        m.K[i * ldq + mm] = rKd[i * dk + mm];
+      } else {
+        m.Q[i * ldq + mm] = a.q[(t0 + i) * a.q_s0 + kh * a.q_s1 + mm];
+        m.K[i * ldq + mm] = a.k[(t0 + i) * a.k_s0 + kh * a.k_s1 + mm];
+      }
       m.Wk[i * ldq + mm] = rWk[i * dk + mm];
     }
     for (int e = tid; e < L * dvt; e += kChunkThreads) {
@@ -400,7 +476,9 @@ __global__ void __launch_bounds__(kChunkThreads)
       m.QK[e] = rQK[e];
       m.Tb[e] = rTb[e];
     }
-    if (tid < L) {
+    if constexpr (kPerChannel) {
+      for (int mm = tid; mm < dk; mm += kChunkThreads) m.gl[mm] = rgl[mm];
+    } else if (tid < L) {
       m.eg[tid] = rTb[kChunk * lda + tid];
       m.dl[tid] = rTb[kChunk * lda + kChunk + tid];
     }
@@ -409,7 +487,11 @@ __global__ void __launch_bounds__(kChunkThreads)
     for (int e = tid; e < L * dvt; e += kChunkThreads) {
       const int i = e / dvt, jj = e % dvt;
       float o = 0.0f;
-      for (int mm = 0; mm < dk; ++mm) o += (m.Q[i * ldq + mm] * m.eg[i]) * m.S[mm * dvt + jj];
+      if constexpr (kPerChannel) {
+        for (int mm = 0; mm < dk; ++mm) o += m.Q[i * ldq + mm] * m.S[mm * dvt + jj];
+      } else {
+        for (int mm = 0; mm < dk; ++mm) o += (m.Q[i * ldq + mm] * m.eg[i]) * m.S[mm * dvt + jj];
+      }
       m.O[i * ldv + jj] = o;
       float vn = 0.0f;
       for (int jx = 0; jx <= i; ++jx) vn += m.Tb[i * lda + jx] * m.V[jx * ldv + jj];
@@ -424,12 +506,21 @@ __global__ void __launch_bounds__(kChunkThreads)
       for (int jx = 0; jx <= i; ++jx) o += m.QK[i * lda + jx] * m.Vn[jx * ldv + jj];
       if (jj < ncols) a.out[(t0 + i) * a.o_s0 + h * a.o_s1 + j0 + jj] = o;
     }
-    const float decay_all = m.eg[L - 1];
-    for (int e = tid; e < dk * dvt; e += kChunkThreads) {
-      const int mm = e / dvt, jj = e % dvt;
-      float sv = m.S[e] * decay_all;
-      for (int jx = 0; jx < L; ++jx) sv += (m.K[jx * ldq + mm] * m.dl[jx]) * m.Vn[jx * ldv + jj];
-      m.S[e] = sv;
+    if constexpr (kPerChannel) {
+      for (int e = tid; e < dk * dvt; e += kChunkThreads) {
+        const int mm = e / dvt, jj = e % dvt;
+        float sv = m.S[e] * m.gl[mm];
+        for (int jx = 0; jx < L; ++jx) sv += m.K[jx * ldq + mm] * m.Vn[jx * ldv + jj];
+        m.S[e] = sv;
+      }
+    } else {
+      const float decay_all = m.eg[L - 1];
+      for (int e = tid; e < dk * dvt; e += kChunkThreads) {
+        const int mm = e / dvt, jj = e % dvt;
+        float sv = m.S[e] * decay_all;
+        for (int jx = 0; jx < L; ++jx) sv += (m.K[jx * ldq + mm] * m.dl[jx]) * m.Vn[jx * ldv + jj];
+        m.S[e] = sv;
+      }
     }
     __syncthreads();
   }
@@ -439,41 +530,52 @@ __global__ void __launch_bounds__(kChunkThreads)
   }
 }
 
+template <bool kPerChannel>
 void launch_recurrent(const DeltaArgs& a, int n_seqs, cudaStream_t stream) {
   const dim3 grid(unsigned((a.dv + 31) / 32), unsigned(a.hv), unsigned(n_seqs));
   const dim3 block(32, kRecWarps);
   const int rpt = (a.dk + kRecWarps - 1) / kRecWarps;
   if (rpt <= 4) {
-    launch_kernel(delta_recurrent_kernel<4>, grid, block, 0, stream, a);
+    launch_kernel(delta_recurrent_kernel<4, kPerChannel>, grid, block, 0, stream, a);
   } else if (rpt <= 8) {
-    launch_kernel(delta_recurrent_kernel<8>, grid, block, 0, stream, a);
+    launch_kernel(delta_recurrent_kernel<8, kPerChannel>, grid, block, 0, stream, a);
   } else if (rpt <= 16) {
-    launch_kernel(delta_recurrent_kernel<16>, grid, block, 0, stream, a);
+    launch_kernel(delta_recurrent_kernel<16, kPerChannel>, grid, block, 0, stream, a);
   } else if (rpt <= 32) {
-    launch_kernel(delta_recurrent_kernel<32>, grid, block, 0, stream, a);
+    launch_kernel(delta_recurrent_kernel<32, kPerChannel>, grid, block, 0, stream, a);
   } else {
     RECUR_CHECK(rpt <= 64);
-    launch_kernel(delta_recurrent_kernel<64>, grid, block, 0, stream, a);
+    launch_kernel(delta_recurrent_kernel<64, kPerChannel>, grid, block, 0, stream, a);
   }
+}
+
+// The state kernel's tile of value columns for key dim dk, or 0 when neither chunked kernel
+// fits in max_smem bytes of shared memory.
+int chunk_columns(int dk, bool per_channel, size_t max_smem) {
+  int dvt = 32;
+  while (dvt > 4 && ChunkSmem::bytes(dk, dvt, per_channel) > max_smem) dvt /= 2;
+  if (ChunkSmem::bytes(dk, dvt, per_channel) > max_smem) return 0;
+  return chunk_keys_smem(dk, per_channel) <= max_smem ? dvt : 0;
 }
 
 // Chunk records go through `scratch` in pieces: as many sequences and chunks at a time as it
 // holds (host lengths say how many chunks each sequence has).
+template <bool kPerChannel>
 void launch_chunked(const DeltaArgs& a, const SeqLayout& layout, void* scratch,
                     size_t scratch_bytes, size_t max_smem, cudaStream_t stream) {
-  int dvt = 32;
-  while (dvt > 4 && ChunkSmem::bytes(a.dk, dvt) > max_smem) dvt /= 2;
-  const size_t state_smem = ChunkSmem::bytes(a.dk, dvt), keys_smem = chunk_keys_smem(a.dk);
-  if (state_smem > max_smem || keys_smem > max_smem) {
-    fatal("gated_delta_rule: key head dim too large for the chunked kernel");
-  }
+  int dvt = chunk_columns(a.dk, kPerChannel, max_smem);
+  if (dvt == 0) fatal("gated_delta_rule: key head dim too large for the chunked kernel");
+  const size_t state_smem = ChunkSmem::bytes(a.dk, dvt, kPerChannel);
+  const size_t keys_smem = chunk_keys_smem(a.dk, kPerChannel);
   dvt = std::min(dvt, a.dv);
-  static size_t opted_in = 0;
+  static size_t opted_in = 0;  // one per instantiation
   if (opted_in < max_smem) {
-    RECUR_CUDA_CHECK(cudaFuncSetAttribute(
-        delta_chunk_state_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(max_smem)));
-    RECUR_CUDA_CHECK(cudaFuncSetAttribute(
-        delta_chunk_keys_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(max_smem)));
+    RECUR_CUDA_CHECK(cudaFuncSetAttribute(delta_chunk_state_kernel<kPerChannel>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          int(max_smem)));
+    RECUR_CUDA_CHECK(cudaFuncSetAttribute(delta_chunk_keys_kernel<kPerChannel>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          int(max_smem)));
     opted_in = max_smem;
   }
   int max_chunks = 0;
@@ -484,7 +586,8 @@ void launch_chunked(const DeltaArgs& a, const SeqLayout& layout, void* scratch,
     max_chunks = std::max(max_chunks, (len + kChunk - 1) / kChunk);
   }
   if (max_chunks == 0) return;
-  const size_t per_head_chunk = size_t(chunk_record_floats(a.dk)) * sizeof(float) * size_t(a.hv);
+  const size_t per_head_chunk =
+      size_t(chunk_record_floats(a.dk, kPerChannel)) * sizeof(float) * size_t(a.hv);
   const int64_t fit = int64_t(scratch_bytes / per_head_chunk);
   if (fit < 1) fatal("gated_delta_rule: scratch too small for one chunk's records");
   const int group = int(std::min<int64_t>(layout.n_seqs, fit));
@@ -492,13 +595,27 @@ void launch_chunked(const DeltaArgs& a, const SeqLayout& layout, void* scratch,
   for (int s0 = 0; s0 < layout.n_seqs; s0 += group) {
     const int ns = std::min(group, layout.n_seqs - s0);
     for (int c0 = 0; c0 < max_chunks; c0 += piece) {
-      const ChunkRecords rec{static_cast<float*>(scratch), c0, piece, s0, ns};
-      launch_kernel(delta_chunk_keys_kernel, dim3(unsigned(piece), unsigned(a.hv), unsigned(ns)),
-                    kChunkThreads, keys_smem, stream, a, rec);
+      const ChunkRecords rec{static_cast<float*>(scratch), c0, piece, s0, ns, kPerChannel};
+      launch_kernel(delta_chunk_keys_kernel<kPerChannel>,
+                    dim3(unsigned(piece), unsigned(a.hv), unsigned(ns)), kChunkThreads, keys_smem,
+                    stream, a, rec);
       const dim3 grid(unsigned((a.dv + dvt - 1) / dvt), unsigned(a.hv), unsigned(ns));
-      launch_kernel(delta_chunk_state_kernel, grid, kChunkThreads, state_smem, stream, a, rec, dvt);
+      launch_kernel(delta_chunk_state_kernel<kPerChannel>, grid, kChunkThreads, state_smem, stream,
+                    a, rec, dvt);
     }
   }
+}
+
+// Whether g [n, Hv, dk] holds a decay per key channel (else g [n, Hv], per head); checks the
+// shape either way.
+bool decay_per_channel(const Tensor& g, int64_t n, int64_t hv, int64_t dk) {
+  RECUR_CHECK(g.dtype == DType::F32 && g.shape[0] == n && g.shape[1] == hv);
+  if (g.ndim == 3) {
+    RECUR_CHECK(g.shape[2] == dk && g.stride[2] == 1);
+    return true;
+  }
+  RECUR_CHECK(g.ndim == 2 && g.stride[1] == 1);
+  return false;
 }
 
 // The kernels' view of the op's tensors (shapes checked by the caller).
@@ -506,23 +623,23 @@ DeltaArgs delta_args(const Tensor& q, const Tensor& k, const Tensor& v, const Te
                      const Tensor& beta, const Tensor& state, const Tensor& out,
                      const DevLayout& dl, DeltaMode mode) {
   const int64_t hk = q.shape[1], dk = q.shape[2], hv = v.shape[1], dv = v.shape[2];
-  return DeltaArgs{q.ptr<float>(),    k.ptr<float>(), v.ptr<float>(), g.ptr<float>(),
-                   beta.ptr<float>(), q.stride[0],    q.stride[1],    k.stride[0],
-                   k.stride[1],       v.stride[0],    v.stride[1],    g.stride[0],
-                   beta.stride[0],    out.stride[0],  out.stride[1],  state.ptr<float>(),
-                   out.ptr<float>(),  int(hv),        int(hv / hk),   int(dk),
-                   int(dv),           dl.seq_start,   dl.slot,        mode};
-}
-
-bool delta_norm_fused_enabled() {
-  static const bool on = env_switch_on("RECUR_CUDA_DELTA_NORM_FUSED");
-  return on;
+  DeltaArgs a{};
+  a.q = q.ptr<float>(), a.k = k.ptr<float>(), a.v = v.ptr<float>(), a.g = g.ptr<float>();
+  a.beta = beta.ptr<float>();
+  a.q_s0 = q.stride[0], a.q_s1 = q.stride[1], a.k_s0 = k.stride[0], a.k_s1 = k.stride[1];
+  a.v_s0 = v.stride[0], a.v_s1 = v.stride[1];
+  a.g_s0 = g.stride[0], a.g_s1 = g.ndim == 3 ? g.stride[1] : 0;
+  a.beta_s0 = beta.stride[0], a.o_s0 = out.stride[0], a.o_s1 = out.stride[1];
+  a.state = state.ptr<float>(), a.out = out.ptr<float>();
+  a.hv = int(hv), a.group = int(hv / hk), a.dk = int(dk), a.dv = int(dv);
+  a.seq_start = dl.seq_start, a.slot = dl.slot, a.mode = mode;
+  return a;
 }
 
 }  // namespace
 
 size_t CudaOps::gated_delta_rule_scratch_bytes(int dk, int dv) const {
-  return 0;  // both forms work in shared memory and registers
+  return 0;  // both forms and both decays work in shared memory, registers and gdn_chunks
 }
 
 void CudaOps::gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
@@ -535,6 +652,7 @@ void CudaOps::gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v
               state.is_contiguous());
   RECUR_CHECK(q.stride[2] == 1 && k.stride[2] == 1 && v.stride[2] == 1 && out.stride[2] == 1);
   RECUR_CHECK(dk <= 4 * 64);
+  const bool per_channel = decay_per_channel(g, q.shape[0], hv, dk);
   if (layout.n_seqs == 0) return;
   Impl& s = *impl_;
   const DevLayout dl = s.layout(layout, false);
@@ -544,20 +662,38 @@ void CudaOps::gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v
     any_single |= layout.seq_len(i) == 1;
     any_multi |= layout.seq_len(i) > 1;
   }
+  auto recurrent = [&] {
+    if (per_channel) {
+      launch_recurrent<true>(a, layout.n_seqs, s.stream);
+    } else {
+      launch_recurrent<false>(a, layout.n_seqs, s.stream);
+    }
+  };
+  // Per key channel, a key head too large for the chunked kernels' shared memory (dk > 128 on
+  // an H200) runs token by token.
+  const bool chunked_fits = chunk_columns(int(dk), per_channel, s.max_smem_optin) > 0;
+  auto chunked = [&] {
+    if (!chunked_fits && per_channel) return recurrent();
+    void* records = s.gdn_chunks.data();
+    const size_t bytes = s.gdn_chunks.bytes();
+    if (per_channel) {
+      launch_chunked<true>(a, layout, records, bytes, s.max_smem_optin, s.stream);
+    } else {
+      launch_chunked<false>(a, layout, records, bytes, s.max_smem_optin, s.stream);
+    }
+  };
   if (form == DeltaRuleForm::kRecurrent) {
-    launch_recurrent(a, layout.n_seqs, s.stream);
+    recurrent();
   } else if (form == DeltaRuleForm::kChunked) {
-    launch_chunked(a, layout, s.gdn_chunks.data(), s.gdn_chunks.bytes(), s.max_smem_optin,
-                   s.stream);
+    chunked();
   } else {
     if (any_single) {
       a.mode = kSingleTokenSeqs;
-      launch_recurrent(a, layout.n_seqs, s.stream);
+      recurrent();
     }
     if (any_multi) {
       a.mode = kMultiTokenSeqs;
-      launch_chunked(a, layout, s.gdn_chunks.data(), s.gdn_chunks.bytes(), s.max_smem_optin,
-                     s.stream);
+      chunked();
     }
   }
   s.launched("gated_delta_rule");
@@ -567,7 +703,7 @@ void CudaOps::gated_delta_rule_norm(const Tensor& q, const Tensor& k, const Tens
                                     const Tensor& g, const Tensor& beta, Tensor state,
                                     const SeqLayout& layout, Tensor out, Tensor scratch,
                                     const Tensor& gate, const Tensor& norm_w, float eps,
-                                    Tensor normed) {
+                                    GateActivation act, Tensor normed) {
   if (impl_->replaying()) return;  // the decode graph does this op's work
   const int64_t hk = q.shape[1], dk = q.shape[2], hv = v.shape[1], dv = v.shape[2];
   bool single = layout.n_seqs > 0 && layout.n_tokens == layout.n_seqs;
@@ -575,10 +711,10 @@ void CudaOps::gated_delta_rule_norm(const Tensor& q, const Tensor& k, const Tens
   // Decode (one token per sequence) with heads of dv ≤ 128 and dk ≤ 128, while its blocks (one
   // per head and sequence, one per SM) fit one wave: one kernel, whose gain is the shorter
   // chain of a small step; else the two ops, whose smaller blocks keep more warps per SM.
-  if (!delta_norm_fused_enabled() || !single || dv > 32 * kNormMaxGroups || dk > kRecWarps * 32 ||
+  if (!single || dv > 32 * kNormMaxGroups || dk > kRecWarps * 32 ||
       hv * layout.n_seqs > impl_->sm_count || out.ndim != 3 || gate.ndim != 3 || normed.ndim != 3) {
     Ops::gated_delta_rule_norm(q, k, v, g, beta, state, layout, out, scratch, gate, norm_w, eps,
-                               normed);
+                               act, normed);
     return;
   }
   RECUR_CHECK(hk > 0 && hv % hk == 0 && k.shape[1] == hk && k.shape[2] == dk);
@@ -590,6 +726,7 @@ void CudaOps::gated_delta_rule_norm(const Tensor& q, const Tensor& k, const Tens
               out.shape[2] == dv && gate.shape[0] == n && gate.shape[1] == hv &&
               gate.shape[2] == dv && normed.shape[0] == n && normed.shape[1] == hv &&
               normed.shape[2] == dv && q.shape[0] == n && v.shape[0] == n);
+  const bool per_channel = decay_per_channel(g, n, hv, dk);
   Impl& s = *impl_;
   const DevLayout dl = s.layout(layout, false);
   const DeltaArgs a = delta_args(q, k, v, g, beta, state, out, dl, kSingleTokenSeqs);
@@ -598,8 +735,17 @@ void CudaOps::gated_delta_rule_norm(const Tensor& q, const Tensor& k, const Tens
   const dim3 block(32, unsigned(kRecWarps * ((dv + 31) / 32)));
   dispatch_weight(norm_w.dtype, [&](auto tag) {
     using W = decltype(tag);
-    launch_kernel(delta_recurrent_norm_kernel<32, W>, grid, block, 0, s.stream, a, gs, ns,
-                  norm_w.ptr<W>(), eps, early_operands());
+    auto launch = [&](auto kernel) {
+      launch_kernel(kernel, grid, block, 0, s.stream, a, gs, ns, norm_w.ptr<W>(), eps);
+    };
+    const bool silu = act == GateActivation::kSilu;
+    if (per_channel) {
+      silu ? launch(delta_recurrent_norm_kernel<32, W, NormGate::kSilu, true>)
+           : launch(delta_recurrent_norm_kernel<32, W, NormGate::kSigmoid, true>);
+    } else {
+      silu ? launch(delta_recurrent_norm_kernel<32, W, NormGate::kSilu, false>)
+           : launch(delta_recurrent_norm_kernel<32, W, NormGate::kSigmoid, false>);
+    }
   });
   s.launched("gated_delta_rule_norm");
 }

@@ -1,6 +1,6 @@
 // Gated DeltaNet input side on the GPU: the causal depthwise conv with its rolling per-slot
-// state (prompts and one-token steps), and the fused one-token input stage (split, conv, L2
-// norms, gates) behind Ops::gdn_inputs. The delta rule itself is in kernels_gdn.cu.
+// state (prompts and one-token steps), and the fused one-token input stage (conv, L2 norms,
+// gates) behind Ops::gdn_inputs. The delta rule itself is in kernels_gdn.cu.
 #include <algorithm>
 
 #include "backend/cuda/cuda_internal.cuh"
@@ -100,14 +100,14 @@ __device__ __forceinline__ float weight_f32(const void* p, DType dt, int64_t i) 
 }
 
 struct GdnDecodeArgs {
-  const float* qkvz;  // [n, Hk·width], width = 2dk + 2r·dv
-  const float* ba;    // [n, Hk·2r]
-  int64_t ld_qkvz, ld_ba;
+  const float* mixed;  // [n, C]: q heads | k heads | v heads
+  const float *a, *b;  // [n, Hv]
+  int64_t ld_mixed, ld_a, ld_b;
   const void *conv_w, *a_log, *dt_bias;  // [C, 1, K]; [Hv]; [Hv]
   DType gate_dt;
-  float* state;                    // [slots, K-1, C]
-  float *conv_out, *z, *g, *beta;  // [n, C]; [n, Hv·dv]; [n, Hv]; [n, Hv]
-  int64_t ld_out, ld_z, ld_g, ld_beta;
+  float* state;                // [slots, K-1, C]
+  float *conv_out, *g, *beta;  // [n, C]; [n, Hv]; [n, Hv]
+  int64_t ld_out, ld_g, ld_beta;
   int64_t C, key_dim;
   int dk, r, rdv;
   float eps, q_scale;
@@ -149,9 +149,9 @@ __device__ __forceinline__ float conv_finish(const GdnDecodeArgs& a, float* st, 
 // The Gated DeltaNet input stage for one-token sequences: grid (n_seqs, Hk), one block per key
 // head. Warp 0 takes the head's q, warp 1 its k: conv, then the L2 norm with l2_norm_kernel's
 // arithmetic (lane j holds channels j + 32i, summed in that order, then the warp's tree); all
-// threads take the r value heads (conv) and z (copied); the first r threads take the gates.
+// threads take the r value heads of the key head (conv); the first r threads take the gates.
 // Every load is issued before any store, so the block costs about one memory round trip. The
-// results equal split_groups + conv1d_causal_silu + l2_norm + gdn_gates bit for bit.
+// results equal conv1d_causal_silu + l2_norm + gdn_gates bit for bit.
 // The conv state, conv weights and gate parameters load before the wait for the kernel before
 // (no kernel of the forward writes them before this one; the batch mirror is uploaded before
 // the forward's kernels), the projections after it.
@@ -161,13 +161,12 @@ __global__ void __launch_bounds__(kGdnInputThreads) gdn_inputs_decode_kernel(Gdn
   const int lane = tid % 32, warp = tid / 32;
   const int64_t t = a.seq_start[sq];
   float* st = a.state + int64_t(a.slot[sq]) * (K - 1) * a.C;
-  const float* src = a.qkvz + t * a.ld_qkvz + int64_t(h) * (2 * a.dk + 2 * a.rdv);
+  const float* src = a.mixed + t * a.ld_mixed;
   float* out = a.conv_out + t * a.ld_out;
   const bool qk = warp < 2;
   const int64_t c0 = warp * a.key_dim + int64_t(h) * a.dk;  // q or k channels of warp 0 or 1
   const int64_t v0 = 2 * a.key_dim + int64_t(h) * a.rdv;
   ConvIn<K> qin[kGdnMaxDkPerLane], vin[kGdnMaxVPerThread];
-  float zv[kGdnMaxVPerThread];
   if (qk) {
 #pragma unroll
     for (int i = 0; i < kGdnMaxDkPerLane; ++i) {
@@ -189,21 +188,15 @@ __global__ void __launch_bounds__(kGdnInputThreads) gdn_inputs_decode_kernel(Gdn
 #pragma unroll
     for (int i = 0; i < kGdnMaxDkPerLane; ++i) {
       const int j = lane + 32 * i;
-      if (j < a.dk) qin[i].x = src[warp * a.dk + j];
+      if (j < a.dk) qin[i].x = src[c0 + j];
     }
   }
 #pragma unroll
   for (int i = 0; i < kGdnMaxVPerThread; ++i) {
     const int j = tid + kGdnInputThreads * i;
-    if (j < a.rdv) {
-      vin[i].x = src[2 * a.dk + j];
-      zv[i] = src[2 * a.dk + a.rdv + j];
-    }
+    if (j < a.rdv) vin[i].x = src[v0 + j];
   }
-  if (tid < a.r) {
-    const float* bas = a.ba + t * a.ld_ba + int64_t(h) * 2 * a.r;
-    bv = bas[tid], av = bas[a.r + tid];
-  }
+  if (tid < a.r) bv = a.b[t * a.ld_b + head], av = a.a[t * a.ld_a + head];
   if (qk) {
     float v[kGdnMaxDkPerLane];
 #pragma unroll
@@ -227,10 +220,7 @@ __global__ void __launch_bounds__(kGdnInputThreads) gdn_inputs_decode_kernel(Gdn
 #pragma unroll
   for (int i = 0; i < kGdnMaxVPerThread; ++i) {
     const int j = tid + kGdnInputThreads * i;
-    if (j < a.rdv) {
-      out[v0 + j] = conv_finish<K>(a, st, v0 + j, vin[i]);
-      a.z[t * a.ld_z + int64_t(h) * a.rdv + j] = zv[i];
-    }
+    if (j < a.rdv) out[v0 + j] = conv_finish<K>(a, st, v0 + j, vin[i]);
   }
   if (tid < a.r) {
     a.g[t * a.ld_g + head] = -expf(a_log) * softplus(av + dt_bias);
@@ -294,18 +284,17 @@ void CudaOps::gdn_inputs(const GdnInputArgs& in, const SeqLayout& layout) {
   const int K = int(in.conv_weight.shape[in.conv_weight.ndim - 1]);
   // One kernel when every sequence brings one token and the shapes suit it; else the ops.
   bool fused = layout.n_seqs > 0 && layout.n_tokens == layout.n_seqs && K >= 2 && K <= 4 &&
-               dk <= 32 * kGdnMaxDkPerLane &&
+               r <= kGdnInputThreads && dk <= 32 * kGdnMaxDkPerLane &&
                int64_t(r) * dv <= kGdnInputThreads * kGdnMaxVPerThread &&
                in.conv_weight.is_contiguous() && in.conv_weight.shape[0] == C &&
                in.conv_state.is_contiguous() && in.conv_state.shape[1] == K - 1 &&
                in.conv_state.shape[2] == C && in.a_log.dtype == in.dt_bias.dtype &&
                in.a_log.numel() == hv && in.dt_bias.numel() == hv;
-  for (const Tensor* t : {&in.qkvz, &in.ba, &in.conv_out, &in.z, &in.g, &in.beta}) {
-    fused = fused && t->ndim == 2 && t->stride[1] == 1;
+  for (const Tensor* t : {&in.mixed, &in.a, &in.b, &in.conv_out, &in.g, &in.beta}) {
+    fused = fused && t->ndim == 2 && t->stride[1] == 1 && t->shape[0] == layout.n_tokens;
   }
-  fused = fused && in.qkvz.shape[1] == hk * (2 * int64_t(dk) + 2 * int64_t(r) * dv) &&
-          in.ba.shape[1] == 2 * int64_t(hv) && in.conv_out.shape[1] == C &&
-          in.z.shape[1] == int64_t(hv) * dv && in.g.shape[1] == hv && in.beta.shape[1] == hv;
+  fused = fused && in.mixed.shape[1] == C && in.conv_out.shape[1] == C && in.a.shape[1] == hv &&
+          in.b.shape[1] == hv && in.g.shape[1] == hv && in.beta.shape[1] == hv;
   for (int q = 0; fused && q < layout.n_seqs; ++q) {
     fused = layout.seq_start[q + 1] - layout.seq_start[q] == 1;
   }
@@ -316,14 +305,14 @@ void CudaOps::gdn_inputs(const GdnInputArgs& in, const SeqLayout& layout) {
   Impl& s = *impl_;
   const DevLayout dl = s.layout(layout, false);
   GdnDecodeArgs a{};
-  a.qkvz = in.qkvz.ptr<float>(), a.ba = in.ba.ptr<float>();
-  a.ld_qkvz = in.qkvz.stride[0], a.ld_ba = in.ba.stride[0];
+  a.mixed = in.mixed.ptr<float>(), a.a = in.a.ptr<float>(), a.b = in.b.ptr<float>();
+  a.ld_mixed = in.mixed.stride[0], a.ld_a = in.a.stride[0], a.ld_b = in.b.stride[0];
   a.conv_w = in.conv_weight.data, a.a_log = in.a_log.data, a.dt_bias = in.dt_bias.data;
   a.gate_dt = in.a_log.dtype;
   a.state = in.conv_state.ptr<float>();
-  a.conv_out = in.conv_out.ptr<float>(), a.z = in.z.ptr<float>();
+  a.conv_out = in.conv_out.ptr<float>();
   a.g = in.g.ptr<float>(), a.beta = in.beta.ptr<float>();
-  a.ld_out = in.conv_out.stride[0], a.ld_z = in.z.stride[0];
+  a.ld_out = in.conv_out.stride[0];
   a.ld_g = in.g.stride[0], a.ld_beta = in.beta.stride[0];
   a.C = C, a.key_dim = key_dim, a.dk = dk, a.r = r, a.rdv = r * dv;
   a.eps = in.l2_eps, a.q_scale = in.q_scale;

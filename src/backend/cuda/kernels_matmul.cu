@@ -48,8 +48,7 @@ __device__ __forceinline__ void gemv_rows(const W* __restrict__ w, int64_t m, in
   }
 }
 
-// One token, 16-byte rows: chunks per row that a GEMV block loads before its PDL wait
-// (RECUR_CUDA_GEMV_PRELOAD=0 launches the kernels without, for comparison).
+// One token, 16-byte rows: chunks per row that a GEMV block loads before its PDL wait.
 template <int NT, bool kVec>
 constexpr int kGemvPre = (kVec && NT == 1) ? 2 : 0;
 
@@ -85,24 +84,21 @@ struct GemvGroup {
 // x [nt ≤ NT, k] rows ldx apart; R rows per block; grid (first_block[count]).
 template <typename W, int NT, int R, bool kVec>
 __global__ void __launch_bounds__(kGemvThreads)
-    matmul_gemv_group_kernel(GemvGroup<W> g, int64_t k, const float* x, int64_t ldx, int nt,
-                             bool preload) {
+    matmul_gemv_group_kernel(GemvGroup<W> g, int64_t k, const float* x, int64_t ldx, int nt) {
   int i = 0;
   while (i + 1 < g.count && int(blockIdx.x) >= g.first_block[i + 1]) ++i;
   const int64_t row0 = int64_t(int(blockIdx.x) - g.first_block[i]) * R;
   constexpr int kPre = kGemvPre<NT, kVec>;
   if constexpr (kPre > 0) {
-    if (preload) {
-      uint4 pre[kPre][R];
-      gemv_preload<W, R, kPre>(g.w[i] + row0 * k, k, int(min64(R, g.m[i] - row0)), pre);
-      grid_dependency_sync();
-      gemv_rows<W, NT, R, kVec, kPre>(g.w[i], g.m[i], k, x, ldx, nt, g.out[i], g.ldo[i], false,
-                                      row0, pre);
-      return;
-    }
+    uint4 pre[kPre][R];
+    gemv_preload<W, R, kPre>(g.w[i] + row0 * k, k, int(min64(R, g.m[i] - row0)), pre);
+    grid_dependency_sync();
+    gemv_rows<W, NT, R, kVec, kPre>(g.w[i], g.m[i], k, x, ldx, nt, g.out[i], g.ldo[i], false, row0,
+                                    pre);
+  } else {
+    grid_dependency_sync();
+    gemv_rows<W, NT, R, kVec>(g.w[i], g.m[i], k, x, ldx, nt, g.out[i], g.ldo[i], false, row0);
   }
-  grid_dependency_sync();
-  gemv_rows<W, NT, R, kVec>(g.w[i], g.m[i], k, x, ldx, nt, g.out[i], g.ldo[i], false, row0);
 }
 
 // parts [3, n, k] contiguous: x [n, k] (rows ldx apart) = hi + mid + lo exactly (three 16-bit
@@ -145,18 +141,8 @@ __global__ void sum3_kernel(const float* terms, int64_t n, int64_t m, float* out
   }
 }
 
-bool gemv_preload_enabled() {
-  static const bool on = env_switch_on("RECUR_CUDA_GEMV_PRELOAD");
-  return on;
-}
-
 bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
-}
-
-bool gemv_preload_long_enabled() {
-  static const bool on = env_switch_on("RECUR_CUDA_GEMV_PRELOAD_LONG");
-  return on;
 }
 
 template <typename W, int NT>
@@ -172,9 +158,9 @@ void launch_gemv(const Tensor& x, const Tensor& w, Tensor out, bool accumulate, 
   };
   if (!vec) {
     go(matmul_gemv_kernel<W, NT, false, 0>);
-  } else if (kGemvPre<NT, true> == 0 || !gemv_preload_enabled()) {
+  } else if (kGemvPre<NT, true> == 0) {
     go(matmul_gemv_kernel<W, NT, true, 0>);
-  } else if (k / E >= 4 * kGemvThreads && gemv_preload_long_enabled()) {
+  } else if (k / E >= 4 * kGemvThreads) {
     go(matmul_gemv_kernel<W, NT, true, 2 * kGemvPre<NT, true>>);
   } else {
     go(matmul_gemv_kernel<W, NT, true, kGemvPre<NT, true>>);
@@ -200,7 +186,7 @@ void launch_gemv_group(const Tensor& x, std::span<const Tensor> ws, std::span<co
   }
   const unsigned blocks = unsigned(g.first_block[g.count]);
   launch_kernel(matmul_gemv_group_kernel<W, NT, R, true>, blocks, kGemvThreads, 0, stream, g, k,
-                x.ptr<float>(), x.stride[0], n, gemv_preload_enabled());
+                x.ptr<float>(), x.stride[0], n);
 }
 
 }  // namespace
@@ -239,10 +225,10 @@ void CudaOps::matmul_group(const Tensor& x, std::span<const Tensor> ws,
       launch_gemv_group<W, 8>(x, ws, outs, int(n), s.stream);
     }
   });
-  if (s.profile) {
+  if (s.options.profile) {
     std::string label = "matmul group gemv";
-    for (const Tensor& w : ws) label += " " + std::to_string(w.shape[0]);
-    label += " x" + std::to_string(k);
+    for (const Tensor& w : ws) label.append(" ").append(std::to_string(w.shape[0]));
+    label.append(" x").append(std::to_string(k));
     s.launched(label.c_str());
   } else {
     s.launched("matmul group (gemv)");
@@ -271,8 +257,9 @@ void CudaOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumula
         launch_gemv<W, 8>(x, w, out, accumulate, int(n), s.stream);
       }
     });
-    if (s.profile) {
-      const std::string label = "matmul gemv " + std::to_string(m) + "x" + std::to_string(k);
+    if (s.options.profile) {
+      std::string label = "matmul gemv ";
+      label.append(std::to_string(m)).append("x").append(std::to_string(k));
       s.launched(label.c_str());
     } else {
       s.launched("matmul (gemv)");
@@ -318,8 +305,9 @@ void CudaOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumula
     const unsigned sblocks = unsigned(std::min<int64_t>(blocks_for(nr * m, 256), s.sm_count * 8));
     launch_kernel(sum3_kernel, sblocks, 256, 0, s.stream, terms, nr, m, outr, out.stride[0],
                   accumulate);
-    if (s.profile) {  // the interval includes cuBLAS's product
-      const std::string label = "matmul 3-term " + std::to_string(m) + "x" + std::to_string(k);
+    if (s.options.profile) {  // the interval includes cuBLAS's product
+      std::string label = "matmul 3-term ";
+      label.append(std::to_string(m)).append("x").append(std::to_string(k));
       s.launched(label.c_str());
     } else {
       s.launched("matmul (sum of terms)");

@@ -174,12 +174,12 @@ __device__ __forceinline__ int routed_expert(const MoeGemmArgs& a, int tile,
   int e = -1;
   if (rank == 0) {
     const bool publish = blockIdx.x == 0 && tile == 0;
-    float mx;
-    double sum;
-    route_filter_block<PL>(r.logits, r.k, s, publish, &mx, &sum);
+    float mx = 0.0f;
+    double sum = 0.0;
+    route_filter_block<PL>(r.logits, r.k, s, publish && !r.scoring.sigmoid, &mx, &sum);
     if (publish) {
       if (threadIdx.x < 32) {
-        store_pick_keys(int(threadIdx.x), r.k, s.pick, mx, sum, r.norm_topk, r.ids, r.weights);
+        store_pick_keys(int(threadIdx.x), r.k, s.pick, mx, sum, r.scoring, r.ids, r.weights);
         __threadfence();
       }
       __syncthreads();
@@ -332,7 +332,8 @@ __global__ void __launch_bounds__(kGemvThreads) moe_gemv_warp_kernel(MoeGemmArgs
 
 // out[t, :] = Σ_j weights[t, j] · ys[row_of[t·k + j], :] (row_of null: the identity); grid
 // (tokens, column blocks), a thread per column (a single block per token is latency-bound).
-// With shared_y (one token): then out[0, :] += σ(score[0]) · shared_y, as add_scaled_sigmoid.
+// With shared_y (one token): then out[0, :] += σ(score[0]) · shared_y, as add_scaled_sigmoid,
+// or += shared_y when score is null (an ungated shared expert), as add.
 // With residual [tokens, d] (rows ld_res apart): then residual += out, as add.
 __global__ void moe_combine_kernel(const float* ys, const int32_t* row_of, const float* weights,
                                    int64_t ld_w, int k, int64_t d, float* out, int64_t ldo,
@@ -360,7 +361,7 @@ __global__ void moe_combine_kernel(const float* ys, const int32_t* row_of, const
       const int row = row_of ? row_of[t * k + j] : t * k + j;
       o += weights[int64_t(t) * ld_w + j] * ys[int64_t(row) * d + c];
     }
-    if (shared_y) o += sigmoid(score[0]) * shared_y[c];
+    if (shared_y) o += score ? sigmoid(score[0]) * shared_y[c] : shared_y[c];
     out[int64_t(t) * ldo + c] = o;
     if (residual) residual[int64_t(t) * ld_res + c] += o;
   }
@@ -375,11 +376,6 @@ void launch_moe_gemv(const MoeGemmArgs& a, bool vec, unsigned max_tiles, cudaStr
   } else {
     launch_kernel(moe_gemv_kernel<W, NT, kDual, false>, grid, kGemvThreads, 0, stream, a);
   }
-}
-
-bool moe_preload_enabled() {
-  static const bool on = env_switch_on("RECUR_CUDA_MOE_PRELOAD");
-  return on;
 }
 
 // a.route.cluster > 1 (routing in gate/up): clusters of up to that many blocks, halved until
@@ -468,16 +464,17 @@ bool shared_rides_along(const Tensor& x, std::span<const ExpertWeights> experts,
 }
 
 // Whether gate/up can route one token whose shared expert rides along (shared_rides_along,
-// checked by the caller): its logits [1, E] contiguous with E = kRouteThreads·PL (PL 1, 2 or 4)
-// and k ≤ 32, and 16-byte rows for the warp GEMV kernel. RECUR_CUDA_ROUTE_IN_EXPERTS=0 keeps
-// the routing kernel.
-bool routes_in_kernels(const Tensor& logits, int k, const Tensor& x,
+// checked by the caller): no selection bias (route_filter_block chooses by logit), its logits
+// [1, E] contiguous with E = kRouteThreads·PL (PL 1, 2 or 4) and k ≤ 32, and 16-byte rows for
+// the warp GEMV kernel.
+bool routes_in_kernels(const Tensor& logits, const MoeRouting& routing, const Tensor& x,
                        std::span<const ExpertWeights> experts, const SharedExpertArgs& shared) {
-  static const bool on = env_switch_on("RECUR_CUDA_ROUTE_IN_EXPERTS");
   const int64_t E = logits.shape[1], d = x.row_size();
+  const int k = routing.k;
   const ExpertWeights& e0 = experts.front();
   const int64_t elems16 = 16 / int64_t(dtype_size(e0.gate.dtype));
-  return on && logits.shape[0] == 1 && logits.stride[1] == 1 && int64_t(experts.size()) == E &&
+  return routing.selection_bias.empty() && logits.shape[0] == 1 && logits.stride[1] == 1 &&
+         int64_t(experts.size()) == E &&
          (E == kRouteThreads || E == 2 * kRouteThreads || E == 4 * kRouteThreads) && k >= 1 &&
          k <= 32 && experts_aligned(experts, &shared) &&
          (reinterpret_cast<uintptr_t>(x.data) & 15) == 0 && x.stride[0] % 4 == 0 &&
@@ -525,11 +522,10 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
   // Tile rows: for decode 1 or 2 (a few tokens rarely share an expert, and the GEMV core's
   // cost grows with its row count); 2 or 4 while experts average at most 4 rows (decode
   // batches: every expert's weights streamed once, the FMAs still under the loads); then 64
-  // for tensor cores, 8 for f32 experts. RECUR_CUDA_MOE_TENSOR_CORES=0 keeps the GEMV core.
+  // for tensor cores, 8 for f32 experts.
   const bool small = n <= CudaOps::kGemvMaxTokens;
   const bool few_per_expert = !small && pairs <= 4 * E;
-  static const bool allow_tc = env_switch_on("RECUR_CUDA_MOE_TENSOR_CORES");
-  const bool tensor_cores = allow_tc && !small && !few_per_expert && wdt != DType::F32;
+  const bool tensor_cores = !small && !few_per_expert && wdt != DType::F32;
   const int tm = small            ? (n == 1 ? 1 : 2)
                  : few_per_expert ? (pairs <= E ? 2 : 4)
                  : tensor_cores   ? kWmmaTileRows
@@ -564,7 +560,7 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
   MoeGemmArgs down = up;
   if (route) up.route = *route, up.direct_ids = nullptr;  // gate/up routes and stores the ids
   down.w = table + 2 * table_e, down.w2 = nullptr, down.m = d, down.k = d_ff;
-  down.ids_early = direct && moe_preload_enabled();  // launched right after gate/up below
+  down.ids_early = direct;  // launched right after gate/up below
   down.x = m.hs, down.ldx = d_ff, down.x_row = nullptr;
   down.out = m.ys, down.ldo = d;
 
@@ -582,12 +578,7 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
       if (route) {
         RECUR_CHECK(aligned && x_vec && d % E16 == 0 && d_ff % E16 == 0);
         const int PL = int(E / kRouteThreads);
-        // Clusters of up to 4 gate/up blocks (RECUR_CUDA_ROUTE_CLUSTER, 1 to 8).
-        static const int max_cluster = [] {
-          const char* v = std::getenv("RECUR_CUDA_ROUTE_CLUSTER");
-          return v ? std::clamp(std::atoi(v), 1, 8) : 4;
-        }();
-        up.route.cluster = max_cluster;
+        up.route.cluster = kRouteCluster;
         launch_moe_gemv_routed<W>(up, PL, tiles, s.stream);
         s.launched("moe_experts (routing, gate/up)");
         launch_moe_gemv_warp<W, 1, false>(down, tiles, s.stream);
@@ -601,11 +592,12 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
     });
   }
   const dim3 combine_grid(unsigned(n), unsigned(std::min<int64_t>((d + 255) / 256, 64)));
-  launch_kernel(
-      moe_combine_kernel, combine_grid, 256, 0, s.stream, m.ys, direct ? nullptr : m.row_of,
-      weights.ptr<float>(), weights.stride[0], int(k), d, out.ptr<float>(), out.stride[0],
-      shared ? m.ys + k * d : nullptr, shared ? shared->score.ptr<float>() : nullptr,
-      residual.data ? residual.ptr<float>() : nullptr, residual.data ? residual.stride[0] : 0);
+  launch_kernel(moe_combine_kernel, combine_grid, 256, 0, s.stream, m.ys,
+                direct ? nullptr : m.row_of, weights.ptr<float>(), weights.stride[0], int(k), d,
+                out.ptr<float>(), out.stride[0], shared ? m.ys + k * d : nullptr,
+                shared && !shared->score.empty() ? shared->score.ptr<float>() : nullptr,
+                residual.data ? residual.ptr<float>() : nullptr,
+                residual.data ? residual.stride[0] : 0);
   s.launched("moe_experts (combine)");
 }
 
@@ -629,27 +621,28 @@ void CudaOps::moe_experts_shared(const Tensor& x, std::span<const ExpertWeights>
   run_moe_experts(*impl_, x, experts, ids, weights, out, scratch, &shared);
 }
 
-void CudaOps::moe_route_experts_shared(const Tensor& logits, int k, bool norm_topk, const Tensor& x,
-                                       std::span<const ExpertWeights> experts, Tensor ids,
-                                       Tensor weights, const SharedExpertArgs& shared, Tensor out,
-                                       Tensor scratch, Tensor residual) {
+void CudaOps::moe_route_experts_shared(const Tensor& logits, const MoeRouting& routing,
+                                       const Tensor& x, std::span<const ExpertWeights> experts,
+                                       Tensor ids, Tensor weights, const SharedExpertArgs& shared,
+                                       Tensor out, Tensor scratch, Tensor residual) {
   if (impl_->replaying()) return;  // the decode graph does this op's work
   if (!shared_rides_along(x, experts, ids.shape[1], shared, scratch)) {
-    Ops::moe_route_experts_shared(logits, k, norm_topk, x, experts, ids, weights, shared, out,
-                                  scratch, residual);
+    Ops::moe_route_experts_shared(logits, routing, x, experts, ids, weights, shared, out, scratch,
+                                  residual);
     return;
   }
   // One token: routed by gate/up itself where it can, else by the routing kernel; the shared
   // expert rides along; the combine adds the result to the residual.
+  const int k = routing.k;
   RECUR_CHECK(ids.dtype == DType::I32 && ids.shape[1] == k && weights.shape[1] == k);
   RECUR_CHECK(!residual.data || residual.data != out.data);
-  if (!routes_in_kernels(logits, k, x, experts, shared)) {
-    moe_route(logits, k, norm_topk, ids, weights);
+  if (!routes_in_kernels(logits, routing, x, experts, shared)) {
+    moe_route(logits, routing, ids, weights);
     run_moe_experts(*impl_, x, experts, ids, weights, out, scratch, &shared, nullptr, residual);
     return;
   }
   MoeInKernelRoute route;
-  route.logits = logits.ptr<float>(), route.k = k, route.norm_topk = norm_topk;
+  route.logits = logits.ptr<float>(), route.k = k, route.scoring = route_scoring(routing);
   route.ids = ids.ptr<int32_t>(), route.weights = weights.ptr<float>();
   run_moe_experts(*impl_, x, experts, ids, weights, out, scratch, &shared, &route, residual);
 }

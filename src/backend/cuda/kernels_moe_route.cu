@@ -1,7 +1,9 @@
-// MoE routing kernels: softmax in f32 with a double sum, top-k by (logit desc, index asc), as
-// on the CPU. A warp per token in general; a block per token for up to 512 experts and
-// k ≤ 32, by k selection rounds or, for 128, 256 or 512 experts, by a threshold filter
-// (moe_route.cuh, which the expert kernels also use when they route one token themselves).
+// MoE routing kernels (MoeRouting): softmax or sigmoid scores in double, rounded to f32; top-k
+// by (key desc, index asc), the key being the logit (the scores' order) or, with a selection
+// bias, the f32 score plus the bias. A warp per token takes every option; without a bias a
+// block per token takes up to 512 experts and k ≤ 32, by k selection rounds or, for 128, 256
+// or 512 experts, by a threshold filter (moe_route.cuh, which the expert kernels also use when
+// they route one token themselves).
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/moe_route.cuh"
 
@@ -12,11 +14,11 @@ using namespace cuda;
 namespace {
 
 // One warp per token of logits [n, E]: ids, weights [n, k]. With PL > 0 each lane keeps its
-// experts' logits (e = lane + 32·i, E ≤ 32·PL) in registers across the k selection rounds;
-// PL = 0 re-reads them from memory (large E).
+// experts' keys (e = lane + 32·i, E ≤ 32·PL) in registers across the k selection rounds;
+// PL = 0 re-reads the logits from memory (large E).
 template <int PL>
 __global__ void moe_route_kernel(const float* logits, int64_t ld, int n, int E, int k,
-                                 bool norm_topk, int32_t* ids, int64_t ld_ids, float* weights,
+                                 RouteScoring sc, int32_t* ids, int64_t ld_ids, float* weights,
                                  int64_t ld_w) {
   grid_dependency_sync();
   const int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
@@ -46,6 +48,24 @@ __global__ void moe_route_kernel(const float* logits, int64_t ld, int n, int E, 
   double sum = 0.0;
   for_each([&](int, float v) { sum += exp(double(v - mx)); });
   for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  // With a selection bias the registers hold the keys from here on (the logits stay in memory).
+  if constexpr (PL > 0) {
+    if (sc.bias) {
+#pragma unroll
+      for (int i = 0; i < PL; ++i) {
+        const int e = lane + 32 * i;
+        if (e < E) reg[i] = route_key(sc, e, reg[i], mx, sum);
+      }
+    }
+  }
+  // for_each_key(fn): fn(e, key) over this lane's experts.
+  auto for_each_key = [&](auto&& fn) {
+    if constexpr (PL > 0) {
+      for_each(fn);
+    } else {
+      for (int e = lane; e < E; e += 32) fn(e, route_key(sc, e, l[e], mx, sum));
+    }
+  };
   // The j-th pick is the largest (value desc, index asc) strictly after the (j-1)-th.
   float prev_v = INFINITY;
   int prev_i = -1;
@@ -53,7 +73,7 @@ __global__ void moe_route_kernel(const float* logits, int64_t ld, int n, int E, 
   auto next_pick = [&]() {
     float best_v = -INFINITY;
     int best_i = E;
-    for_each([&](int e, float v) {
+    for_each_key([&](int e, float v) {
       const bool after = v < prev_v || (v == prev_v && e > prev_i);
       if (after && (v > best_v || (v == best_v && e < best_i))) best_v = v, best_i = e;
     });
@@ -76,32 +96,40 @@ __global__ void moe_route_kernel(const float* logits, int64_t ld, int n, int E, 
       next_pick();
       if (lane == j) my_v = prev_v, my_i = prev_i;
     }
-    store_picks(lane, k, my_v, my_i, mx, sum, norm_topk, id_row, w_row);
+    // The pick's logit: its key, or from memory (a key with a bias is not the logit).
+    if (sc.bias && lane < k) my_v = my_i < E ? l[my_i] : -INFINITY;
+    store_picks(lane, k, my_v, my_i, mx, sum, sc, id_row, w_row);
     return;
   }
   double kept = 0.0;
   for (int j = 0; j < k; ++j) {
     next_pick();
-    const double p = exp(double(prev_v - mx)) / sum;
+    const float v = sc.bias ? (prev_i < E ? l[prev_i] : -INFINITY) : prev_v;
+    const double p = route_score(sc, v, mx, sum);
     kept += p;
     if (lane == 0) {
       id_row[j] = prev_i;
       w_row[j] = float(p);
     }
   }
-  if (norm_topk && lane == 0) {
-    for (int j = 0; j < k; ++j) w_row[j] = float(double(w_row[j]) / kept);
+  if (lane == 0) {
+    for (int j = 0; j < k; ++j) {
+      float w = w_row[j];
+      if (sc.renormalize) w = float(double(w) / kept);
+      w_row[j] = w * sc.scale;
+    }
   }
 }
 
-// One block per token of logits [n, E ≤ kRouteThreads·PL], k ≤ 32: the same selection and
-// formulas as moe_route_kernel with the experts spread over four warps (thread e % 128 keeps
-// expert e's logit): each round every warp finds its best remaining expert with two integer
-// reductions (value, then the lowest index holding it) and the four meet in shared memory.
-// The softmax denominator is summed per thread, per warp, then over the warps in order.
+// One block per token of logits [n, E ≤ kRouteThreads·PL], k ≤ 32, no selection bias: the
+// same selection and formulas as moe_route_kernel with the experts spread over four warps
+// (thread e % 128 keeps expert e's logit): each round every warp finds its best remaining
+// expert with two integer reductions (value, then the lowest index holding it) and the four
+// meet in shared memory. The softmax denominator is summed per thread, per warp, then over
+// the warps in order.
 template <int PL>
 __global__ void __launch_bounds__(kRouteThreads)
-    moe_route_block_kernel(const float* logits, int64_t ld, int n, int E, int k, bool norm_topk,
+    moe_route_block_kernel(const float* logits, int64_t ld, int n, int E, int k, RouteScoring sc,
                            int32_t* ids, int64_t ld_ids, float* weights, int64_t ld_w) {
   grid_dependency_sync();
   constexpr int kWarps = kRouteThreads / 32;
@@ -169,59 +197,69 @@ __global__ void __launch_bounds__(kRouteThreads)
   sum = red_sum[0];
 #pragma unroll
   for (int w = 1; w < kWarps; ++w) sum += red_sum[w];
-  store_picks(lane, k, pick_v[lane], pick_i[lane], mx, sum, norm_topk, ids + int64_t(t) * ld_ids,
+  store_picks(lane, k, pick_v[lane], pick_i[lane], mx, sum, sc, ids + int64_t(t) * ld_ids,
               weights + int64_t(t) * ld_w);
 }
 
 // The block kernel's choice without its k rounds (route_filter_block), for E ==
-// kRouteThreads·PL exactly and k ≤ 32: the same picks and weights.
+// kRouteThreads·PL exactly, k ≤ 32 and no selection bias: the same picks and weights.
 template <int PL>
 __global__ void __launch_bounds__(kRouteThreads)
     moe_route_filter_kernel(const float* logits, int64_t ld, int /*n: the grid*/, int /*E*/, int k,
-                            bool norm_topk, int32_t* ids, int64_t ld_ids, float* weights,
+                            RouteScoring sc, int32_t* ids, int64_t ld_ids, float* weights,
                             int64_t ld_w) {
   grid_dependency_sync();
   __shared__ RouteFilterShared<PL> s;
   const int t = blockIdx.x;
-  float mx;
-  double sum;
-  route_filter_block<PL>(logits + int64_t(t) * ld, k, s, true, &mx, &sum);
+  float mx = 0.0f;
+  double sum = 0.0;
+  route_filter_block<PL>(logits + int64_t(t) * ld, k, s, !sc.sigmoid, &mx, &sum);
   if (threadIdx.x >= 32) return;
-  store_pick_keys(int(threadIdx.x), k, s.pick, mx, sum, norm_topk, ids + int64_t(t) * ld_ids,
+  store_pick_keys(int(threadIdx.x), k, s.pick, mx, sum, sc, ids + int64_t(t) * ld_ids,
                   weights + int64_t(t) * ld_w);
 }
 
 }  // namespace
 
-void CudaOps::moe_route(const Tensor& logits, int k, bool norm_topk, Tensor ids, Tensor weights) {
+void CudaOps::moe_route(const Tensor& logits, const MoeRouting& routing, Tensor ids,
+                        Tensor weights) {
   if (impl_->replaying()) return;  // the decode graph does this op's work
   const int64_t n = logits.shape[0], E = logits.shape[1];
-  RECUR_CHECK(k >= 1 && k <= E && E <= 4096 && k <= 64 && logits.stride[1] == 1);
-  RECUR_CHECK(ids.dtype == DType::I32 && ids.shape[1] == k && weights.shape[1] == k);
+  const int k = routing.k;
+  RECUR_CHECK(k >= 1 && k <= E && E <= 4096 && k <= 64 && logits.stride[1] == 1 &&
+              logits.dtype == DType::F32);
+  RECUR_CHECK(ids.dtype == DType::I32 && ids.shape[0] == n && ids.shape[1] == k &&
+              weights.shape[0] == n && weights.shape[1] == k && ids.stride[1] == 1 &&
+              weights.stride[1] == 1);
+  RECUR_CHECK(routing.selection_bias.empty() ||
+              (routing.selection_bias.dtype == DType::F32 && routing.selection_bias.numel() == E &&
+               routing.selection_bias.is_contiguous()));
   if (n == 0) return;
   Impl& s = *impl_;
+  const RouteScoring sc = route_scoring(routing);
   auto launch = [&](auto kernel) {
     launch_kernel(kernel, blocks_for(n, 4), 128, 0, s.stream, logits.ptr<float>(), logits.stride[0],
-                  int(n), int(E), k, norm_topk, ids.ptr<int32_t>(), ids.stride[0],
-                  weights.ptr<float>(), weights.stride[0]);
+                  int(n), int(E), k, sc, ids.ptr<int32_t>(), ids.stride[0], weights.ptr<float>(),
+                  weights.stride[0]);
   };
   auto launch_block = [&](auto kernel) {
     launch_kernel(kernel, unsigned(n), kRouteThreads, 0, s.stream, logits.ptr<float>(),
-                  logits.stride[0], int(n), int(E), k, norm_topk, ids.ptr<int32_t>(), ids.stride[0],
+                  logits.stride[0], int(n), int(E), k, sc, ids.ptr<int32_t>(), ids.stride[0],
                   weights.ptr<float>(), weights.stride[0]);
   };
-  static const bool filter = env_switch_on("RECUR_CUDA_ROUTE_FILTER");
-  if (filter && k <= 32 && E == kRouteThreads) {
+  // The block kernels choose by logit: a selection bias takes the warp kernel.
+  const bool block = k <= 32 && !sc.bias;
+  if (block && E == kRouteThreads) {
     launch_block(moe_route_filter_kernel<1>);
-  } else if (filter && k <= 32 && E == 2 * kRouteThreads) {
+  } else if (block && E == 2 * kRouteThreads) {
     launch_block(moe_route_filter_kernel<2>);
-  } else if (filter && k <= 32 && E == 4 * kRouteThreads) {
+  } else if (block && E == 4 * kRouteThreads) {
     launch_block(moe_route_filter_kernel<4>);
-  } else if (k <= 32 && E <= kRouteThreads) {
+  } else if (block && E <= kRouteThreads) {
     launch_block(moe_route_block_kernel<1>);
-  } else if (k <= 32 && E <= 2 * kRouteThreads) {
+  } else if (block && E <= 2 * kRouteThreads) {
     launch_block(moe_route_block_kernel<2>);
-  } else if (k <= 32 && E <= 4 * kRouteThreads) {
+  } else if (block && E <= 4 * kRouteThreads) {
     launch_block(moe_route_block_kernel<4>);
   } else if (E <= 128) {
     launch(moe_route_kernel<4>);

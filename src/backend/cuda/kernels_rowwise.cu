@@ -1,6 +1,6 @@
-// Row-wise and elementwise kernels: embedding, row gathers, the norms, group splits, rotary
-// embedding, the SwiGLU/sigmoid elementwise ops and the Gated DeltaNet gates. Each mirrors the
-// CPU kernel in cpu_ops.cpp (same formulas, f32 arithmetic, expf rather than fast exp).
+// Row-wise and elementwise kernels: embedding, row gathers, the norms, rotary embedding, the
+// attention input stage, the SwiGLU/sigmoid elementwise ops and the Gated DeltaNet gates. Each
+// mirrors the CPU kernel in cpu_ops.cpp (same formulas, f32 arithmetic, expf rather than fast exp).
 #include <algorithm>
 
 #include "backend/cuda/cuda_internal.cuh"
@@ -13,7 +13,6 @@ using namespace cuda;
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kMaxSplitParts = 8;
 
 // out[n, d] = f32(table[ids[i], :]);  table [vocab, d] as stored
 template <typename W>
@@ -40,15 +39,14 @@ __global__ void gather_rows_kernel(const float* x, int64_t ldx, const int32_t* r
 // token's result never depends on how many rows share the launch.
 constexpr int64_t kBlockNormMinWidth = 1024;
 
-// One warp per row of x [rows, d < kBlockNormMinWidth].
-template <typename W, bool kGated, bool kAdd>
-__global__ void rms_norm_kernel(Rows x, Rows gate, Rows out, const W* w, float offset, float eps,
-                                Rows y) {
+// One warp per row of x [rows, d < kBlockNormMinWidth]; gate [rows, d] when kGate is set.
+template <typename W, NormGate kGate>
+__global__ void rms_norm_kernel(Rows x, Rows gate, Rows out, const W* w, float offset, float eps) {
   grid_dependency_sync();
   const int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (r >= x.n_rows) return;
-  rms_norm_row<kWarpNormPer, W, kGated, kAdd>(x, gate, out, w, offset, eps, y, r, threadIdx.x % 32,
-                                              32, [](float ss) { return warp_sum(ss); });
+  rms_norm_row<kWarpNormPer, W, kGate>(x, gate, out, w, offset, eps, r, threadIdx.x % 32, 32,
+                                       [](float ss) { return warp_sum(ss); });
 }
 
 // The sum of ss over a block of kThreads: the warps' partial sums added in a fixed order.
@@ -64,26 +62,19 @@ __device__ __forceinline__ float block_sum(float ss, float* red) {
 }
 
 // One block of kThreads per row of x [rows, d >= kBlockNormMinWidth]; the warps' partial sums
-// of squares are added in a fixed order.
+// of squares are added in a fixed order. The weights load before the PDL wait: after it, they
+// would queue behind the next kernel's early weight loads (a large GEMV), as x must.
 constexpr int kBlockNormPer = 8;
-// preload: the weights load before the PDL wait; after it, they would queue behind the next
-// kernel's early weight loads (a large GEMV), as x and y must.
-template <typename W, bool kGated, bool kAdd>
+template <typename W, NormGate kGate>
 __global__ void __launch_bounds__(kThreads)
-    rms_norm_block_kernel(Rows x, Rows gate, Rows out, const W* w, float offset, float eps, Rows y,
-                          bool preload) {
-  NormWeights<kBlockNormPer> wpre;
-  if (preload) wpre = load_norm_weights<kBlockNormPer>(w, x.d, threadIdx.x, kThreads);
+    rms_norm_block_kernel(Rows x, Rows gate, Rows out, const W* w, float offset, float eps) {
+  const NormWeights<kBlockNormPer> wpre =
+      load_norm_weights<kBlockNormPer>(w, x.d, threadIdx.x, kThreads);
   grid_dependency_sync();
   __shared__ float red[kThreads / 32];
-  rms_norm_row<kBlockNormPer, W, kGated, kAdd>(
-      x, gate, out, w, offset, eps, y, blockIdx.x, threadIdx.x, kThreads,
+  rms_norm_row<kBlockNormPer, W, kGate>(
+      x, gate, out, w, offset, eps, blockIdx.x, threadIdx.x, kThreads,
       [&](float ss) { return block_sum(ss, red); }, wpre);
-}
-
-bool norm_preload_enabled() {
-  static const bool on = env_switch_on("RECUR_CUDA_NORM_PRELOAD");
-  return on;
 }
 
 // embedding_kernel's rows, then the norm of each as launch_rms_norm's kernel for that width
@@ -120,25 +111,25 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();  // the row is visible to the whole block
   if (block_norm) {
     __shared__ float red[kThreads / 32];
-    rms_norm_row<kBlockNormPer, WN, false, false>(
-        h, h, x, w, offset, eps, h, i, threadIdx.x, kThreads,
+    rms_norm_row<kBlockNormPer, WN, NormGate::kNone>(
+        h, h, x, w, offset, eps, i, threadIdx.x, kThreads,
         [&](float ss) { return block_sum(ss, red); }, wpre);
   } else if (threadIdx.x < 32) {
-    rms_norm_row<kWarpNormPer, WN, false, false>(h, h, x, w, offset, eps, h, i, threadIdx.x, 32,
-                                                 [](float ss) { return warp_sum(ss); });
+    rms_norm_row<kWarpNormPer, WN, NormGate::kNone>(h, h, x, w, offset, eps, i, threadIdx.x, 32,
+                                                    [](float ss) { return warp_sum(ss); });
   }
 }
 
 // Launches the warp-per-row or block-per-row kernel (by width) over x [rows, d].
-template <typename W, bool kGated, bool kAdd = false>
+template <typename W, NormGate kGate>
 void launch_rms_norm(const Rows& xs, const Rows& gs, const Rows& os, const W* w, float offset,
-                     float eps, cudaStream_t stream, const Rows& ys) {
+                     float eps, cudaStream_t stream) {
   if (xs.d >= kBlockNormMinWidth) {
-    launch_kernel(rms_norm_block_kernel<W, kGated, kAdd>, unsigned(xs.n_rows), kThreads, 0, stream,
-                  xs, gs, os, w, offset, eps, ys, norm_preload_enabled());
+    launch_kernel(rms_norm_block_kernel<W, kGate>, unsigned(xs.n_rows), kThreads, 0, stream, xs, gs,
+                  os, w, offset, eps);
   } else {
-    launch_kernel(rms_norm_kernel<W, kGated, kAdd>, blocks_for(xs.n_rows, kThreads / 32), kThreads,
-                  0, stream, xs, gs, os, w, offset, eps, ys);
+    launch_kernel(rms_norm_kernel<W, kGate>, blocks_for(xs.n_rows, kThreads / 32), kThreads, 0,
+                  stream, xs, gs, os, w, offset, eps);
   }
 }
 
@@ -171,28 +162,6 @@ __global__ void l2_norm_kernel(Rows x, float eps, float scale) {
     if (j < d) xr[j] = v[i] * f;
   }
   for (int64_t j = lane + 32 * int64_t(kWarpNormPer); j < d; j += 32) xr[j] *= f;
-}
-
-struct SplitArgs {
-  int n_parts;
-  int width;  // sum of parts
-  int part[kMaxSplitParts];
-  int part_start[kMaxSplitParts];  // column of part j within a group
-  float* dst[kMaxSplitParts];
-  int64_t ld_dst[kMaxSplitParts];
-};
-
-// src [n, groups · width] → dst[j] [n, groups · part[j]]; grid (n, groups)
-__global__ void split_groups_kernel(const float* src, int64_t ld_src, SplitArgs a) {
-  grid_dependency_sync();
-  const int64_t t = blockIdx.x;
-  const int g = blockIdx.y;
-  const float* s = src + t * ld_src + int64_t(g) * a.width;
-  for (int c = threadIdx.x; c < a.width; c += blockDim.x) {
-    int j = 0;
-    while (j + 1 < a.n_parts && c >= a.part_start[j + 1]) ++j;
-    a.dst[j][t * a.ld_dst[j] + int64_t(g) * a.part[j] + (c - a.part_start[j])] = s[c];
-  }
 }
 
 // The rotation of one pair (x0, x1) by cos c and sin s, with the roundings spelled out so that
@@ -229,27 +198,24 @@ __global__ void rope_kernel(float* x, int64_t s0, int64_t s1, int64_t heads,
 }
 
 struct AttnInputArgs {
-  Rows q_in, q, k;  // q_in: the query part of qg; q, k [n·heads | n·kv, hd] (k in place)
-  const float* qg;  // [n, heads·2·hd]
-  const float* v;   // [n, kv·hd]
-  float* gate;      // [n, heads·hd]
-  int64_t ld_qg, ld_v, ld_gate;
+  Rows q, k;       // [n·heads, hd], [n·kv, hd] as rows: normalised and rotated in place
+  const float* v;  // [n, kv·dv]
+  int64_t ld_v;
   const void *q_norm, *k_norm;  // [hd]
   float offset, eps;
-  int heads, kv, hd, rot_dim;
+  int heads, kv, hd, dv, rot_dim;
   double theta;
   float *kc, *vc;  // the caches, kv_cache_write_kernel's layouts
   int64_t kc_s0, kc_s1, kc_s2, vc_s0, vc_s1, vc_s2;
   int bs, n_seqs;
   const int32_t *seq_start, *positions, *block_start, *block_ids;
-  bool early_operands;
 };
 
-// The gated-attention input stage, one warp per (token, q or k head): rope_kernel's cos/sin
-// table; rms_norm_row as rms_norm_kernel computes it (a q head read from qg), then the rotation
-// as rope_kernel does it on the normalised row; a k head then goes into the cache with its v
-// head, a q head copies its gate out of qg. The results equal split_groups + rms_norm + rope +
-// kv_cache_write bit for bit. grid (n_tokens, heads + kv_heads), 32 threads.
+// The attention input stage, one warp per (token, q or k head): rope_kernel's cos/sin table;
+// rms_norm_row as rms_norm_kernel computes it, in place, then the rotation as rope_kernel does
+// it on the normalised row; a k head then goes into the cache with its v head. The results
+// equal rms_norm + rope + kv_cache_write bit for bit. grid (n_tokens, heads + kv_heads), 32
+// threads.
 template <typename W>
 __global__ void __launch_bounds__(32) attention_inputs_kernel(AttnInputArgs a) {
   // The angles and the cache slot depend only on the batch's index arrays, uploaded before the
@@ -277,18 +243,17 @@ __global__ void __launch_bounds__(32) attention_inputs_kernel(AttnInputArgs a) {
   const auto wpre = load_norm_weights<kWarpNormPer>(w, hd, lane, 32);
   // A lane holds channels lane + 32·i of its row in registers through the norm; when the
   // rotated pairs (i, i + half) fall in one lane and the row fits, the rotation and the
-  // stores work on those registers, and the gate (or v) row is requested with the norm's
-  // input: one round trip after the wait instead of one per dependent copy.
+  // stores work on those registers, and a k head's v row is requested with the norm's input:
+  // one round trip after the wait instead of one per dependent copy.
   constexpr int kPer = kWarpNormPer;
-  const bool in_regs = a.early_operands && half % 32 == 0 && hd <= 32 * kPer;
+  const bool in_regs = half % 32 == 0 && hd <= 32 * kPer;
   grid_dependency_sync();
   const int64_t r = is_q ? t * a.heads + row : t * a.kv + (row - a.heads);
-  const Rows& in = is_q ? a.q_in : a.k;
-  const Rows& out = is_q ? a.q : a.k;
-  const float* copy_src = is_q ? a.qg + t * a.ld_qg + int64_t(row) * 2 * hd + hd
-                               : a.v + t * a.ld_v + int64_t(row - a.heads) * hd;
+  const Rows& x = is_q ? a.q : a.k;
+  const float* v_src = is_q ? nullptr : a.v + t * a.ld_v + int64_t(row - a.heads) * a.dv;
   if (in_regs) {
-    const NormWeights<kPer> copy = load_norm_weights<kPer>(copy_src, hd, lane, 32);
+    NormWeights<kPer> v_row;
+    if (!is_q) v_row = load_norm_weights<kPer>(v_src, a.dv, lane, 32);
     auto rotate = [&](float(&o)[kPer]) {
       constexpr int kHalfMax = kPer / 2;
 #pragma unroll
@@ -309,26 +274,24 @@ __global__ void __launch_bounds__(32) attention_inputs_kernel(AttnInputArgs a) {
       }
     };
     __syncwarp();  // cs written by every lane
-    rms_norm_row<kPer, W, false, false>(
-        in, in, out, w, a.offset, a.eps, in, r, lane, 32, [](float ss) { return warp_sum(ss); },
-        wpre, {}, rotate);
-    float* dst = is_q ? a.gate + t * a.ld_gate + int64_t(row) * hd : vd;
+    rms_norm_row<kPer, W, NormGate::kNone>(
+        x, x, x, w, a.offset, a.eps, r, lane, 32, [](float ss) { return warp_sum(ss); }, wpre, {},
+        rotate);
+    if (!is_q) {
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const int j = lane + 32 * i;
-      if (j < hd) dst[j] = copy.v[i];
+      for (int i = 0; i < kPer; ++i) {
+        const int j = lane + 32 * i;
+        if (j < a.dv) vd[j] = v_row.v[i];
+      }
+      for (int j = lane + 32 * kPer; j < a.dv; j += 32) vd[j] = v_src[j];
     }
     return;
   }
-  if (is_q) {
-    for (int e = lane; e < hd; e += 32) a.gate[t * a.ld_gate + int64_t(row) * hd + e] = copy_src[e];
-  }
   __syncwarp();
-  rms_norm_row<kWarpNormPer, W, false, false>(
-      in, in, out, w, a.offset, a.eps, in, r, lane, 32, [](float ss) { return warp_sum(ss); },
-      wpre);
+  rms_norm_row<kWarpNormPer, W, NormGate::kNone>(
+      x, x, x, w, a.offset, a.eps, r, lane, 32, [](float ss) { return warp_sum(ss); }, wpre);
   __syncwarp();
-  float* xr = out.row(r);
+  float* xr = x.row(r);
   for (int i = lane; i < half; i += 32) {
     float x0 = xr[i], x1 = xr[i + half];
     rotate_pair(x0, x1, cs[i], cs[half + i]);
@@ -336,10 +299,8 @@ __global__ void __launch_bounds__(32) attention_inputs_kernel(AttnInputArgs a) {
   }
   if (!is_q) {
     __syncwarp();
-    for (int j = lane; j < hd; j += 32) {
-      kd[j * a.kc_s2] = xr[j];
-      vd[j] = copy_src[j];
-    }
+    for (int j = lane; j < hd; j += 32) kd[j * a.kc_s2] = xr[j];
+    for (int j = lane; j < a.dv; j += 32) vd[j] = v_src[j];
   }
 }
 
@@ -459,36 +420,26 @@ void CudaOps::rms_norm(const Tensor& x, const Tensor& w, float weight_offset, fl
   Impl& s = *impl_;
   dispatch_weight(w.dtype, [&](auto tag) {
     using W = decltype(tag);
-    launch_rms_norm<W, false>(xs, xs, os, w.ptr<W>(), weight_offset, eps, s.stream, xs);
+    launch_rms_norm<W, NormGate::kNone>(xs, xs, os, w.ptr<W>(), weight_offset, eps, s.stream);
   });
   s.launched("rms_norm");
 }
 
-void CudaOps::add_rms_norm(Tensor x, const Tensor& y, const Tensor& w, float weight_offset,
-                           float eps, Tensor out) {
-  if (impl_->replaying()) return;  // the decode graph does this op's work
-  const Rows xs = rows_of(x), ys = rows_of(y), os = rows_of(out);
-  RECUR_CHECK(w.numel() == xs.d && ys.n_rows == xs.n_rows && ys.d == xs.d);
-  RECUR_CHECK(os.n_rows == xs.n_rows && os.d == xs.d);
-  if (xs.n_rows == 0) return;
-  Impl& s = *impl_;
-  dispatch_weight(w.dtype, [&](auto tag) {
-    using W = decltype(tag);
-    launch_rms_norm<W, false, true>(xs, xs, os, w.ptr<W>(), weight_offset, eps, s.stream, ys);
-  });
-  s.launched("add_rms_norm");
-}
-
 void CudaOps::rms_norm_gated(const Tensor& x, const Tensor& gate, const Tensor& w, float eps,
-                             Tensor out) {
+                             GateActivation act, Tensor out) {
   if (impl_->replaying()) return;  // the decode graph does this op's work
   const Rows xs = rows_of(x), gs = rows_of(gate), os = rows_of(out);
-  RECUR_CHECK(w.numel() == xs.d && gs.n_rows == xs.n_rows && os.n_rows == xs.n_rows);
+  RECUR_CHECK(w.numel() == xs.d && gs.n_rows == xs.n_rows && os.n_rows == xs.n_rows &&
+              gs.d == xs.d && os.d == xs.d);
   if (xs.n_rows == 0) return;
   Impl& s = *impl_;
   dispatch_weight(w.dtype, [&](auto tag) {
     using W = decltype(tag);
-    launch_rms_norm<W, true>(xs, gs, os, w.ptr<W>(), 0.0f, eps, s.stream, xs);
+    if (act == GateActivation::kSilu) {
+      launch_rms_norm<W, NormGate::kSilu>(xs, gs, os, w.ptr<W>(), 0.0f, eps, s.stream);
+    } else {
+      launch_rms_norm<W, NormGate::kSigmoid>(xs, gs, os, w.ptr<W>(), 0.0f, eps, s.stream);
+    }
   });
   s.launched("rms_norm_gated");
 }
@@ -501,29 +452,6 @@ void CudaOps::l2_norm(Tensor x, float eps, float scale) {
   launch_kernel(l2_norm_kernel, blocks_for(xs.n_rows, kThreads / 32), kThreads, 0, s.stream, xs,
                 eps, scale);
   s.launched("l2_norm");
-}
-
-void CudaOps::split_groups(const Tensor& src, int groups, std::span<const int> parts,
-                           std::span<const Tensor> dsts) {
-  if (impl_->replaying()) return;  // the decode graph does this op's work
-  RECUR_CHECK(parts.size() == dsts.size() && parts.size() <= size_t(kMaxSplitParts));
-  SplitArgs a{};
-  a.n_parts = int(parts.size());
-  for (size_t j = 0; j < parts.size(); ++j) {
-    a.part[j] = parts[j];
-    a.part_start[j] = a.width;
-    a.width += parts[j];
-    a.dst[j] = dsts[j].ptr<float>();
-    a.ld_dst[j] = dsts[j].stride[0];
-    RECUR_CHECK(dsts[j].row_size() == int64_t(groups) * parts[j]);
-  }
-  RECUR_CHECK(src.row_size() == int64_t(groups) * a.width);
-  const int64_t n = src.shape[0];
-  if (n == 0) return;
-  Impl& s = *impl_;
-  launch_kernel(split_groups_kernel, dim3(unsigned(n), unsigned(groups)), 128, 0, s.stream,
-                src.ptr<float>(), src.stride[0], a);
-  s.launched("split_groups");
 }
 
 void CudaOps::rope(Tensor x, const int32_t* positions, int rot_dim, double theta) {
@@ -540,20 +468,22 @@ void CudaOps::rope(Tensor x, const int32_t* positions, int rot_dim, double theta
 
 void CudaOps::attention_inputs(const AttentionInputArgs& in, const SeqLayout& layout) {
   if (impl_->replaying()) return;  // the decode graph does this op's work
-  const int64_t n = in.qg.shape[0], hd = in.head_dim, heads = in.heads, kv = in.kv_heads;
+  const int64_t n = in.q.shape[0], hd = in.head_dim, heads = in.heads, kv = in.kv_heads;
+  const int64_t dv = kv > 0 ? in.v.shape[1] / kv : 0;
   // One kernel where its rows are warp-per-row norms (as rms_norm would run them) and the
   // layouts are plain; else the ops.
-  bool fused = n > 0 && hd < kBlockNormMinWidth && in.rot_dim % 2 == 0 && in.rot_dim <= hd &&
-               in.q_norm.dtype == in.k_norm.dtype && in.q_norm.numel() == hd &&
-               in.k_norm.numel() == hd && in.k_cache.shape[1] == kv && in.k_cache.shape[2] == hd &&
-               in.k_cache.shape[3] == layout.block_size &&
-               in.v_cache.shape[2] == layout.block_size && in.k_cache.stride[3] == 1 &&
-               in.v_cache.stride[3] == 1;
-  for (const Tensor* t : {&in.qg, &in.k, &in.v, &in.q, &in.gate}) {
-    fused = fused && t->ndim == 2 && t->stride[1] == 1;
+  bool fused = n > 0 && kv > 0 && dv > 0 && hd < kBlockNormMinWidth && in.rot_dim % 2 == 0 &&
+               in.rot_dim <= hd && in.q_norm.dtype == in.k_norm.dtype && in.q_norm.numel() == hd &&
+               in.k_norm.numel() == hd && in.k_cache.ndim == 4 && in.v_cache.ndim == 4 &&
+               in.k_cache.shape[1] == kv && in.k_cache.shape[2] == hd &&
+               in.k_cache.shape[3] == layout.block_size && in.v_cache.shape[1] == kv &&
+               in.v_cache.shape[2] == layout.block_size && in.v_cache.shape[3] == dv &&
+               in.k_cache.stride[3] == 1 && in.v_cache.stride[3] == 1;
+  for (const Tensor* t : {&in.q, &in.k, &in.v}) {
+    fused = fused && t->ndim == 2 && t->stride[1] == 1 && t->shape[0] == n;
   }
-  fused = fused && in.qg.shape[1] == heads * 2 * hd && in.k.shape[1] == kv * hd &&
-          in.v.shape[1] == kv * hd && in.q.shape[1] == heads * hd && in.gate.shape[1] == heads * hd;
+  fused =
+      fused && in.q.shape[1] == heads * hd && in.k.shape[1] == kv * hd && in.v.shape[1] == kv * dv;
   if (!fused) {
     Ops::attention_inputs(in, layout);
     return;
@@ -566,15 +496,12 @@ void CudaOps::attention_inputs(const AttentionInputArgs& in, const SeqLayout& la
   Impl& s = *impl_;
   const DevLayout dl = s.layout(layout, true);
   AttnInputArgs a{};
-  a.early_operands = early_operands();
-  a.q_in = Rows{in.qg.ptr<float>(), n * heads, hd, heads, in.qg.stride[0], 2 * hd};
   a.q = Rows{in.q.ptr<float>(), n * heads, hd, heads, in.q.stride[0], hd};
   a.k = Rows{in.k.ptr<float>(), n * kv, hd, kv, in.k.stride[0], hd};
-  a.qg = in.qg.ptr<float>(), a.v = in.v.ptr<float>(), a.gate = in.gate.ptr<float>();
-  a.ld_qg = in.qg.stride[0], a.ld_v = in.v.stride[0], a.ld_gate = in.gate.stride[0];
+  a.v = in.v.ptr<float>(), a.ld_v = in.v.stride[0];
   a.q_norm = in.q_norm.data, a.k_norm = in.k_norm.data;
   a.offset = in.norm_offset, a.eps = in.eps;
-  a.heads = int(heads), a.kv = int(kv), a.hd = int(hd), a.rot_dim = in.rot_dim;
+  a.heads = int(heads), a.kv = int(kv), a.hd = int(hd), a.dv = int(dv), a.rot_dim = in.rot_dim;
   a.theta = in.rope_theta;
   a.kc = in.k_cache.ptr<float>(), a.vc = in.v_cache.ptr<float>();
   a.kc_s0 = in.k_cache.stride[0], a.kc_s1 = in.k_cache.stride[1], a.kc_s2 = in.k_cache.stride[2];

@@ -3,17 +3,18 @@
 #pragma once
 
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/moe_route.cuh"
 
 namespace recur::cuda {
 
 // One token routed by the gate/up kernel itself (moe_route_experts_shared): the first block of
 // each cluster selects the picks from the logits (route_filter_block; E = kRouteThreads·PL,
-// k ≤ 32) for the cluster, so no routing kernel stands between the router and gate/up; one
-// block stores ids and weights as moe_route would, for down and the combine.
+// k ≤ 32, no selection bias) for the cluster, so no routing kernel stands between the router
+// and gate/up; one block stores ids and weights as moe_route would, for down and the combine.
 struct MoeInKernelRoute {
   const float* logits = nullptr;  // [E] or null: the ids come from memory
   int k = 0;
-  bool norm_topk = false;
+  RouteScoring scoring;      // bias null
   int32_t* ids = nullptr;    // [k]
   float* weights = nullptr;  // [k]
   // Gate/up launched in clusters of this many blocks along x (one tile's rows): the cluster's
@@ -21,6 +22,9 @@ struct MoeInKernelRoute {
   // (one selection per cluster rather than per block).
   int cluster = 1;
 };
+// Gate/up blocks per routing cluster for one token (the fastest of 1 to 8 on the H200, where
+// the first block's selection and the handoff cost less than each block selecting).
+constexpr int kRouteCluster = 4;
 
 struct MoeGemmArgs {
   const void* const* w;   // [E] weights [m, k] per expert, stored dtype

@@ -9,6 +9,36 @@ namespace recur::cuda {
 
 constexpr int kRouteThreads = 128;
 
+// MoeRouting as the kernels read it (k apart).
+struct RouteScoring {
+  bool sigmoid = false;         // scores σ(logit), else the softmax over the row
+  const float* bias = nullptr;  // [E] added to the scores (rounded to f32) to choose, or null
+  bool renormalize = true;      // the k picks' scores divided by their sum
+  float scale = 1.0f;           // on every weight, last
+};
+inline RouteScoring route_scoring(const MoeRouting& r) {
+  RouteScoring s;
+  s.sigmoid = r.score == MoeRouting::Score::kSigmoid;
+  s.bias = r.selection_bias.empty() ? nullptr : r.selection_bias.ptr<float>();
+  s.renormalize = r.renormalize;
+  s.scale = r.scale;
+  return s;
+}
+
+// The score of logit v in double: σ(v), or exp(v − mx) / sum (mx and sum the row's max and
+// Σ exp(l − mx)).
+__device__ __forceinline__ double route_score(const RouteScoring& sc, float v, float mx,
+                                              double sum) {
+  return sc.sigmoid ? 1.0 / (1.0 + exp(-double(v))) : exp(double(v - mx)) / sum;
+}
+
+// The key an expert is chosen by: its logit (the scores' order) without a selection bias,
+// else its score rounded to f32 plus the bias.
+__device__ __forceinline__ float route_key(const RouteScoring& sc, int e, float v, float mx,
+                                           double sum) {
+  return sc.bias ? float(route_score(sc, v, mx, sum)) + sc.bias[e] : v;
+}
+
 // Float bits mapped to unsigned integers of the same order (−inf lowest), and back.
 __device__ __forceinline__ unsigned ordered_bits(float v) {
   const unsigned b = __float_as_uint(v);
@@ -27,37 +57,37 @@ __device__ __forceinline__ int32_t expert_of_key(unsigned long long key) {
   return int32_t(~unsigned(key));
 }
 
-// Lane j < k of the calling warp holds the j-th pick's logit v: returns its weight, the
-// probability (double exp over the row's sum), renormalised over the k picks (summed in pick
-// order) when norm_topk; lanes ≥ k only take part in the shuffles (and get 0).
+// Lane j < k of the calling warp holds the j-th pick's logit v: returns its weight, the score
+// (in double, rounded to f32), renormalised over the k picks (summed in pick order) when asked,
+// then scaled; lanes ≥ k only take part in the shuffles (and get 0).
 __device__ __forceinline__ float pick_weight(int lane, int k, float v, float mx, double sum,
-                                             bool norm_topk) {
-  const double p = lane < k ? exp(double(v - mx)) / sum : 0.0;
+                                             const RouteScoring& sc) {
+  const double p = lane < k ? route_score(sc, v, mx, sum) : 0.0;
   double kept = 0.0;
   for (int j = 0; j < k; ++j) kept += __shfl_sync(0xffffffffu, p, j);
   float wf = float(p);
-  if (norm_topk && lane < k) wf = float(double(wf) / kept);
-  return wf;
+  if (sc.renormalize && lane < k) wf = float(double(wf) / kept);
+  return wf * sc.scale;
 }
 
 // pick_weight, stored with the pick's id: id_row, w_row [k].
 __device__ __forceinline__ void store_picks(int lane, int k, float v, int32_t id, float mx,
-                                            double sum, bool norm_topk, int32_t* id_row,
+                                            double sum, const RouteScoring& sc, int32_t* id_row,
                                             float* w_row) {
-  const float wf = pick_weight(lane, k, v, mx, sum, norm_topk);
+  const float wf = pick_weight(lane, k, v, mx, sum, sc);
   if (lane < k) {
     id_row[lane] = id;
     w_row[lane] = wf;
   }
 }
 
-// store_picks for picks given as routing keys (route_filter_block's s.pick): lane j < k
-// stores pick j.
+// store_picks for picks given as routing keys of logits (route_filter_block's s.pick, no
+// selection bias): lane j < k stores pick j.
 __device__ __forceinline__ void store_pick_keys(int lane, int k, const unsigned long long* keys,
-                                                float mx, double sum, bool norm_topk,
+                                                float mx, double sum, const RouteScoring& sc,
                                                 int32_t* id_row, float* w_row) {
   const unsigned long long key = lane < k ? keys[lane] : 0ull;
-  store_picks(lane, k, logit_of_key(key), expert_of_key(key), mx, sum, norm_topk, id_row, w_row);
+  store_picks(lane, k, logit_of_key(key), expert_of_key(key), mx, sum, sc, id_row, w_row);
 }
 
 // Shared memory of route_filter_block for rows of kRouteThreads·PL experts.

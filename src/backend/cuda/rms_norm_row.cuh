@@ -30,27 +30,36 @@ __device__ __forceinline__ NormWeights<kPer> load_norm_weights(const W* w, int64
   return nw;
 }
 
-// One row r of x [rows, d]: out = x · rsqrt(mean(x²) + eps) · (w + offset), optionally ·
-// silu(gate). kAdd: first x += y (rows of y [rows, d]), written back to x, as add then rms_norm.
+// The gate of a gated norm: none (a plain norm), silu or sigmoid (GateActivation).
+enum class NormGate { kNone, kSilu, kSigmoid };
+template <NormGate kGate>
+__device__ __forceinline__ float norm_gate(float g) {
+  if constexpr (kGate == NormGate::kSilu) {
+    return silu(g);
+  } else {
+    return sigmoid(g);
+  }
+}
+
+// One row r of x [rows, d]: out = x · rsqrt(mean(x²) + eps) · (w + offset), or with a gate
+// x · rsqrt(mean(x²) + eps) · w · act(gate) (rows of gate [rows, d]).
 // This thread handles elements first, first + stride, ...; reduce(partial) returns the row's sum
 // of squares. Each thread rewrites only what it read, so out may alias x. The first kPer
-// elements (x, y, w, gate) are loaded before anything is stored, so their loads are in flight
-// together (a store to x would otherwise keep later loads waiting); the sum of squares runs in
-// the plain loop's order.
+// elements (x, w, gate) are loaded before anything is stored, so their loads are in flight
+// together; the sum of squares runs in the plain loop's order.
 // pre: the first kPer weights from load_norm_weights, or not loaded (read here); pre_gate
-// likewise the first kPer gate values (kGated), loaded by the caller as soon as it could.
+// likewise the first kPer gate values (gated), loaded by the caller as soon as it could.
 // finish(o): sees the first kPer outputs of this thread just before they are stored, and may
 // change them (a rotation of pairs this thread holds).
-template <int kPer, typename W, bool kGated, bool kAdd, typename Reduce,
+template <int kPer, typename W, NormGate kGate, typename Reduce,
           typename Finish = void (*)(float (&)[kPer])>
 __device__ __forceinline__ void rms_norm_row(
     const Rows& x, const Rows& gate, const Rows& out, const W* w, float offset, float eps,
-    const Rows& y, int64_t r, int first, int stride, Reduce reduce,
-    const NormWeights<kPer>& pre = {}, const NormWeights<kPer>& pre_gate = {},
-    Finish finish = [](float (&)[kPer]) {}) {
+    int64_t r, int first, int stride, Reduce reduce, const NormWeights<kPer>& pre = {},
+    const NormWeights<kPer>& pre_gate = {}, Finish finish = [](float (&)[kPer]) {}) {
+  constexpr bool kGated = kGate != NormGate::kNone;
   const int64_t d = x.d;
   float* xr = x.row(r);
-  const float* yr = kAdd ? y.row(r) : nullptr;
   const float* gr = kGated ? gate.row(r) : nullptr;
   float v[kPer], wv[kPer], gv[kPer];
 #pragma unroll
@@ -61,7 +70,6 @@ __device__ __forceinline__ void rms_norm_row(
     wv[i] = pre.loaded ? pre.v[i] : 0.0f;
     if (j < d) {
       v[i] = xr[j];
-      if constexpr (kAdd) v[i] += yr[j];
       if (!pre.loaded) wv[i] = to_f32(w[j]);
       if constexpr (kGated) {
         if (!pre_gate.loaded) gv[i] = gr[j];
@@ -72,18 +80,11 @@ __device__ __forceinline__ void rms_norm_row(
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int64_t j = first + int64_t(i) * stride;
-    if (j < d) {
-      if constexpr (kAdd) xr[j] = v[i];
-      ss += v[i] * v[i];
-    }
+    if (j < d) ss += v[i] * v[i];
   }
   // Rows wider than kPer · stride: the rest, element by element.
   for (int64_t j = first + int64_t(kPer) * stride; j < d; j += stride) {
-    float e = xr[j];
-    if constexpr (kAdd) {
-      e += yr[j];
-      xr[j] = e;
-    }
+    const float e = xr[j];
     ss += e * e;
   }
   const float inv = 1.0f / sqrtf(reduce(ss) / float(d) + eps);
@@ -92,7 +93,7 @@ __device__ __forceinline__ void rms_norm_row(
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     if constexpr (kGated) {
-      o[i] = v[i] * inv * wv[i] * silu(gv[i]);
+      o[i] = v[i] * inv * wv[i] * norm_gate<kGate>(gv[i]);
     } else {
       o[i] = v[i] * inv * (wv[i] + offset);
     }
@@ -105,7 +106,7 @@ __device__ __forceinline__ void rms_norm_row(
   }
   for (int64_t j = first + int64_t(kPer) * stride; j < d; j += stride) {
     if constexpr (kGated) {
-      orow[j] = xr[j] * inv * to_f32(w[j]) * silu(gr[j]);
+      orow[j] = xr[j] * inv * to_f32(w[j]) * norm_gate<kGate>(gr[j]);
     } else {
       orow[j] = xr[j] * inv * (to_f32(w[j]) + offset);
     }
