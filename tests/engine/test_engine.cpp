@@ -11,6 +11,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_ops.h"
 #include "engine/engine.h"
+#include "io/checkpoint.h"
 #include "io/safetensors.h"
 
 namespace recur {
@@ -71,6 +72,22 @@ std::unique_ptr<Ops> test_ops() {
   auto ops = create_backend(d ? d : "cpu", 2);
   EXPECT_TRUE(ops.ok()) << ops.error().to_string();
   return ops.ok() ? std::move(*ops) : nullptr;
+}
+
+// How far a sequence's log-probabilities may move with the batch around it. f32 arithmetic
+// throughout (the CPU; f32 weights anywhere) gives the same values up to summation order. On
+// CUDA, steps of more than CudaOps::kGemvMaxTokens tokens run 16-bit weights on tensor cores
+// with activations rounded to that width, so a token decoded beside a prompt chunk differs
+// from one decoded alone by that rounding (measured up to 3.1e-4 on qwen3_5-moe-tiny).
+double batch_tolerance(const std::string& model) {
+  const char* d = std::getenv("RECUR_TEST_DEVICE");
+  if (!d || std::string(d).rfind("cuda", 0) != 0) return 1e-4;
+  auto cfg = read_json_file(model + "/config.json");
+  if (!cfg.ok()) return 1e-4;
+  for (const char* key : {"torch_dtype", "dtype"}) {
+    if (cfg->contains(key) && (*cfg)[key].is_string() && (*cfg)[key] != "float32") return 1e-3;
+  }
+  return 1e-4;
 }
 
 std::unique_ptr<Engine> make_engine(Ops& ops, const std::string& model, EngineConfig cfg) {
@@ -145,7 +162,7 @@ TEST_P(EngineOnModel, BatchedAndStaggeredDecodingEqualsEachSequenceAlone) {
     }
   }
   for (size_t i = 0; i < reqs.size(); ++i) {
-    expect_same(together[i], alone[i], 1e-4, "prompt " + std::to_string(i));
+    expect_same(together[i], alone[i], batch_tolerance(model), "prompt " + std::to_string(i));
     EXPECT_EQ(together[i].reason, FinishReason::kLength);
   }
   const EngineStats st = e->stats();
@@ -173,7 +190,8 @@ TEST_P(EngineOnModel, MixedLengthPrefillInOneStepEqualsSeparatePrefills) {
   EXPECT_EQ(e->stats().prompt_tokens, 140);
   e->run_until_idle();
   for (size_t i = 0; i < lens.size(); ++i) {
-    expect_same(together[i], solo(model, reqs[i]), 1e-4, "prompt " + std::to_string(i));
+    expect_same(together[i], solo(model, reqs[i]), batch_tolerance(model),
+                "prompt " + std::to_string(i));
   }
 }
 
@@ -199,7 +217,7 @@ TEST_P(EngineOnModel, CancelledSequenceFreesItsSlotForAFreshOne) {
   EXPECT_TRUE(first.done);
   EXPECT_EQ(first.reason, FinishReason::kCancelled);
   e->run_until_idle();
-  expect_same(second, solo(model, b), 1e-4, "request after the cancelled one");
+  expect_same(second, solo(model, b), batch_tolerance(model), "request after the cancelled one");
   EXPECT_EQ(e->stats().kv_blocks_used, 0);
 }
 
@@ -470,8 +488,7 @@ TEST(EngineUnseenShape, Qwen3_5ImageTokensAreRefusedWithTheReason) {
     auto r = e->submit(greedy({1, 2, id, 3}, 4), [](const Event&) {});
     ASSERT_FALSE(r.ok()) << "id " << id;
     EXPECT_EQ(r.error().code, ErrorCode::kUnsupported);
-    EXPECT_NE(r.error().message.find("image and video inputs are not supported"),
-              std::string::npos)
+    EXPECT_NE(r.error().message.find("image and video inputs are not supported"), std::string::npos)
         << r.error().message;
   }
   Result1 ok;

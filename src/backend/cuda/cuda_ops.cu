@@ -480,6 +480,8 @@ void CudaOps::Impl::profile_mark(const char* what) {
 }
 
 void CudaOps::Impl::profile_collect() {
+  // Callers may not have waited for the stream (a copy started beside queued work).
+  if (prof_used > 0) RECUR_CUDA_CHECK(cudaEventSynchronize(prof_events[prof_used - 1]));
   for (size_t i = 1; i < prof_used; ++i) {
     if (prof_labels[i].empty()) continue;  // a new forward's start: nothing ends here
     float ms = 0.0f;
