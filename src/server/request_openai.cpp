@@ -372,8 +372,11 @@ ApiResult<bool> render_chat(const ojson& messages, const ojson* tools, const ojs
   if (use_tools) request["tools"] = *tools;
   request["add_generation_prompt"] = true;
   if (kwargs) request["chat_template_kwargs"] = *kwargs;
-  auto text = ctx.chat_template->render(request);
-  if (!text.ok()) return from_error(text.error(), "messages");
+  // Which bytes came from the request, so that special-token strings written there are
+  // tokenized as text (ChatTemplateOptions::request_special_tokens_as_text).
+  auto prompt = ctx.chat_template->render_prompt(request);
+  if (!prompt.ok()) return from_error(prompt.error(), "messages");
+  std::string* text = &prompt->text;
 
   OutputOptions& out = req->output;
   out.parse_reasoning = ctx.tokenizer->token_to_id("</think>").has_value();
@@ -392,11 +395,17 @@ ApiResult<bool> render_chat(const ojson& messages, const ojson* tools, const ojs
     out.forced_prefix += "<tool_call>\n";
     if (tool_choice != "required") {
       // Arguments are a JSON object (the schema's parameters); the model writes its members.
-      out.forced_prefix +=
-          "{\"name\": " + dump(ojson(tool_choice.substr(6))) + ", \"arguments\": {";
+      out.forced_prefix += "{\"name\": ";
+      const size_t name_at = text->size() + out.forced_prefix.size();
+      out.forced_prefix += dump(ojson(tool_choice.substr(6)));
+      // The function name is request text too.
+      if (ctx.chat_template->options().request_special_tokens_as_text) {
+        prompt->literal.emplace_back(name_at, text->size() + out.forced_prefix.size());
+      }
+      out.forced_prefix += ", \"arguments\": {";
     }
   }
-  auto ids = ctx.tokenizer->encode(*text + out.forced_prefix);
+  auto ids = ctx.tokenizer->encode(*text + out.forced_prefix, prompt->literal);
   if (!ids.ok()) return from_error(ids.error(), "messages");
   req->prompts.push_back(std::move(*ids));
   req->prompt_texts.push_back(std::move(*text));
