@@ -12,8 +12,15 @@ recur="${RECUR:-build/recur}"
 name=$(basename "$model")
 golden="tests/data/golden/$name/golden.safetensors"
 if [ -f "$golden" ]; then
-  echo "== recur verify --model $model"
-  "$recur" verify --model "$model" --golden "$golden" | tail -n 1  # on the CPU
+  # On the CPU. The last line is the verdict against the tolerance: PASS, or FAIL and then
+  # every line, so that the failing prompt and mode show; a FAIL stops here.
+  echo "== recur verify --model $model (logits against transformers')"
+  if ! out=$("$recur" verify --model "$model" --golden "$golden" 2>&1); then
+    echo "$out"
+    echo "== verify: FAIL; not serving a model whose logits disagree with transformers'" >&2
+    exit 1
+  fi
+  echo "$out" | tail -n 1
 fi
 echo "== recur serve --model $model --host $host --port $port --device $device"
 exec "$recur" serve --model "$model" --host "$host" --port "$port" --device "$device"

@@ -165,6 +165,20 @@ int run_generate(const GenerateOptions& o) {
   if (!engine.ok()) return fail(engine.error());
   Engine& eng = **engine;
 
+  // The engine ends a completion when the context is full, whatever --max-tokens says: say so
+  // now rather than let the output look cut short.
+  const int context = eng.config().max_context;
+  for (size_t i = 0; i < inputs->size(); ++i) {
+    const Input& in = (*inputs)[i];
+    if (int64_t(in.ids.size()) + in.max_tokens > context) {
+      fmt::print(stderr,
+                 "warning: prompt {}: {} prompt tokens + max tokens {} exceed the {}-token "
+                 "context; the completion stops when the context is full (finish_reason "
+                 "length)\n",
+                 i, in.ids.size(), in.max_tokens, context);
+    }
+  }
+
   SamplingParams sp = default_sampling(eng.model_info().generation);
   if (o.temperature) sp.temperature = *o.temperature;
   if (o.top_k) sp.top_k = *o.top_k;
@@ -210,23 +224,37 @@ int run_generate(const GenerateOptions& o) {
     std::unique_lock<std::mutex> lk(mu);
     cv.wait(lk, [&] { return finished == outputs.size(); });
   }
+  bool any_error = false;
   for (size_t i = 0; i < outputs.size(); ++i) {
     const Output& out = outputs[i];
     if (!o.prompts_file.empty()) {
       json j = {{"index", i}, {"ids", out.ids}, {"finish_reason", out.finish_reason}};
+      if (!out.message.empty()) j["finish_detail"] = out.message;
       if (tokenizer) j["text"] = out.text;
       fmt::print("{}\n", j.dump(-1, ' ', false, json::error_handler_t::replace));
-    } else if (o.text && tokenizer) {
-      fmt::print("{}\n", out.text);
     } else {
-      for (size_t k = 0; k < out.ids.size(); ++k) fmt::print("{}{}", k ? "," : "", out.ids[k]);
-      fmt::print("\n");
+      if (o.text && tokenizer) {
+        fmt::print("{}\n", out.text);
+      } else {
+        for (size_t k = 0; k < out.ids.size(); ++k) fmt::print("{}{}", k ? "," : "", out.ids[k]);
+        fmt::print("\n");
+      }
+      // Why the completion ended, beside the ids on stdout: "length" alone does not say
+      // whether --max-tokens or the context ended it.
+      std::fflush(stdout);
+      fmt::print(stderr, "prompt {}: finish_reason={}{}, {} tokens\n", i, out.finish_reason,
+                 out.message.empty() || out.finish_reason == "error" ? std::string()
+                                                                     : " (" + out.message + ")",
+                 out.ids.size());
     }
-    if (out.finish_reason == "error") fmt::print(stderr, "prompt {}: error: {}\n", i, out.message);
+    if (out.finish_reason == "error") {
+      fmt::print(stderr, "prompt {}: error: {}\n", i, out.message);
+      any_error = true;
+    }
   }
   std::fflush(stdout);
   if (o.stats) fmt::print(stderr, "{}\n", stats_json(eng.stats()).dump());
-  return 0;
+  return any_error ? 1 : 0;
 }
 
 }  // namespace

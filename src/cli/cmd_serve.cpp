@@ -32,6 +32,8 @@ struct ServeOptions {
   double header_timeout_s = 10, body_timeout_s = 60, idle_timeout_s = 5;
   std::vector<std::string> allowed_origins;
   bool allow_unknown_fields = false;
+  bool special_tokens_in_requests = false;  // transformers' behaviour: request text may hold
+                                            // control tokens
   int shutdown_grace_s = 30;
 
   ServeOptions() { engine.max_batch = 32; }
@@ -62,7 +64,9 @@ int run_serve(const ServeOptions& o) {
     auto t = Tokenizer::load(model);
     if (!t.ok()) return fail(t.error());
     tokenizer = std::make_unique<Tokenizer>(std::move(*t));
-    auto ct = ChatTemplate::load(model);
+    ChatTemplateOptions cto;
+    cto.request_special_tokens_as_text = !o.special_tokens_in_requests;
+    auto ct = ChatTemplate::load(model, cto);
     if (ct.ok()) {
       chat_template = std::make_unique<ChatTemplate>(std::move(*ct));
     } else {
@@ -177,6 +181,9 @@ void register_serve(CLI::App& app) {
       ->delimiter(',');
   cmd->add_flag("--allow-unknown-fields", o->allow_unknown_fields,
                 "ignore request fields the server does not know (default: 400 naming them)");
+  cmd->add_flag("--special-tokens-in-requests", o->special_tokens_in_requests,
+                "let special-token strings written in chat requests become control tokens, as "
+                "transformers does (default: they are the text they spell)");
   cmd->add_option("--shutdown-grace", o->shutdown_grace_s,
                   "seconds in-flight requests may run after SIGTERM before they are cancelled")
       ->check(CLI::Range(0, 86400));

@@ -1,5 +1,7 @@
-// `recur tokenize --model DIR --jsonl FILE`: encodes the "text" field of each JSON line and
-// prints one {"ids": [...]} line per input line, in order.
+// `recur tokenize --model DIR --jsonl FILE`: encodes the "text" field of each JSON line, or
+// renders a chat request line ({"messages": [...], "tools": ..., "add_generation_prompt": ...})
+// with the model's chat template and encodes that as `recur serve` does, and prints one
+// {"ids": [...]} line per input line, in order.
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -9,6 +11,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8_util.h"
 
@@ -19,6 +22,7 @@ namespace {
 struct TokenizeOptions {
   std::string model_dir;
   std::string jsonl;
+  ChatTemplateOptions chat;
 };
 
 [[noreturn]] void fail(const std::string& message) {
@@ -30,6 +34,7 @@ struct TokenizeOptions {
 void run_tokenize(const TokenizeOptions& opts) {
   Result<Tokenizer> tok = Tokenizer::load(opts.model_dir);
   if (!tok.ok()) fail(tok.error().to_string());
+  std::optional<ChatTemplate> chat_template;  // loaded at the first chat request
 
   std::ifstream file;
   std::istream* in = &std::cin;
@@ -50,16 +55,30 @@ void run_tokenize(const TokenizeOptions& opts) {
     if (std::optional<size_t> bad = find_invalid_utf8(line)) {
       fail(fmt::format("{}: invalid UTF-8 at byte offset {} of the line", where(), *bad));
     }
-    nlohmann::json j;
+    // ordered_json keeps a chat request's key order, which tojson reproduces.
+    nlohmann::ordered_json j;
     try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
+      j = nlohmann::ordered_json::parse(line);
+    } catch (const nlohmann::ordered_json::parse_error& e) {
       fail(fmt::format("{}: invalid JSON: {}", where(), e.what()));
     }
-    if (!j.is_object() || !j.contains("text") || !j["text"].is_string()) {
-      fail(fmt::format("{}: expected an object with a string field \"text\"", where()));
+    Result<std::vector<int32_t>> ids = std::vector<int32_t>();
+    if (j.is_object() && j.contains("messages")) {
+      if (!chat_template) {
+        auto t = ChatTemplate::load(opts.model_dir, opts.chat);
+        if (!t.ok()) fail(fmt::format("{}: {}", where(), t.error().to_string()));
+        chat_template = std::move(*t);
+      }
+      Result<RenderedPrompt> prompt = chat_template->render_prompt(j);
+      if (!prompt.ok()) fail(fmt::format("{}: {}", where(), prompt.error().to_string()));
+      ids = tok->encode(prompt->text, prompt->literal);
+    } else if (j.is_object() && j.contains("text") && j["text"].is_string()) {
+      ids = tok->encode(j["text"].get_ref<const std::string&>());
+    } else {
+      fail(fmt::format(
+          "{}: expected an object with a string field \"text\" or a chat request (\"messages\")",
+          where()));
     }
-    Result<std::vector<int32_t>> ids = tok->encode(j["text"].get_ref<const std::string&>());
     if (!ids.ok()) fail(fmt::format("{}: {}", where(), ids.error().to_string()));
     out += "{\"ids\": [";
     for (size_t i = 0; i < ids->size(); ++i) {
@@ -82,10 +101,19 @@ void run_tokenize(const TokenizeOptions& opts) {
 void register_tokenize(CLI::App& app) {
   auto opts = std::make_shared<TokenizeOptions>();
   CLI::App* cmd = app.add_subcommand(
-      "tokenize", "Encode the \"text\" field of each JSON line; print {\"ids\": [...]} per line");
+      "tokenize",
+      "Encode the \"text\" field (or the chat request) of each JSON line; print {\"ids\": [...]} "
+      "per line");
   cmd->add_option("--model", opts->model_dir, "Model directory holding tokenizer.json")->required();
   cmd->add_option("--jsonl", opts->jsonl, "Input file of JSON lines ('-' for stdin)")->required();
-  cmd->callback([opts] { run_tokenize(*opts); });
+  auto special = std::make_shared<bool>(false);
+  cmd->add_flag("--special-tokens-in-requests", *special,
+                "chat requests: special-token strings written in messages or tools become "
+                "control tokens (as in transformers); by default they stay text");
+  cmd->callback([opts, special] {
+    opts->chat.request_special_tokens_as_text = !*special;
+    run_tokenize(*opts);
+  });
 }
 
 }  // namespace recur::cli

@@ -19,6 +19,8 @@ namespace recur::cli {
 namespace {
 
 struct Reference {
+  Tensor ids_tensor;         // [T] I64
+  Tensor gen_tensor;         // [N] I64
   std::vector<int32_t> ids;  // [T]
   std::vector<int32_t> gen;  // [N]
   Tensor logits;             // [T, V] or top values [T, 20]
@@ -33,18 +35,94 @@ std::vector<int32_t> read_ids(const Tensor& t) {
   return out;
 }
 
-// Largest |ours - reference| over one row; the top-k variant compares at the stored ids.
-double row_error(const float* ours, const Tensor& ref, const Tensor& top_ids, int64_t row) {
+// Every id is a token of the model and the logits have the shapes the ids promise; a reference
+// file is input like any other, so nothing is indexed before this holds.
+Status check_reference(const Reference& r, int64_t vocab, const std::string& p) {
+  auto ids_in_vocab = [&](const Tensor& t, const char* key) -> Status {
+    const int64_t* v = t.ptr<int64_t>();
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      if (v[i] < 0 || v[i] >= vocab) {
+        return make_error(ErrorCode::kCorrupt, "{}{}[{}] = {} is outside the vocabulary [0, {})", p,
+                          key, i, v[i], vocab);
+      }
+    }
+    return {};
+  };
+  if (r.ids.empty()) return make_error(ErrorCode::kCorrupt, "{}ids is empty", p);
+  RECUR_RETURN_IF_ERROR(ids_in_vocab(r.ids_tensor, "ids"));
+  RECUR_RETURN_IF_ERROR(ids_in_vocab(r.gen_tensor, "gen"));
+  auto check_logits = [&](const Tensor& values, const Tensor& top_ids, const char* key,
+                          size_t rows) -> Status {
+    if (values.ndim != 2 || values.rows() != int64_t(rows)) {
+      return make_error(ErrorCode::kCorrupt, "{}{} has shape {}; expected {} rows", p, key,
+                        values.shape_string(), rows);
+    }
+    if (top_ids.empty()) {
+      if (values.shape[1] != vocab) {
+        return make_error(ErrorCode::kCorrupt, "{}{} has {} columns; the model's vocabulary has {}",
+                          p, key, values.shape[1], vocab);
+      }
+      return {};
+    }
+    if (top_ids.ndim != 2 || top_ids.shape[0] != values.shape[0] ||
+        top_ids.shape[1] != values.shape[1]) {
+      return make_error(ErrorCode::kCorrupt, "{}{}: top ids of shape {} for values of shape {}", p,
+                        key, top_ids.shape_string(), values.shape_string());
+    }
+    return ids_in_vocab(top_ids, key);
+  };
+  RECUR_RETURN_IF_ERROR(check_logits(r.logits, r.logits_top_ids, "logits", r.ids.size()));
+  RECUR_RETURN_IF_ERROR(check_logits(r.gen_logits, r.gen_top_ids, "gen_logits", r.gen.size()));
+  return {};
+}
+
+// The largest |ours - reference| of one mode, and the first value that is not a finite number:
+// any NaN or infinity, ours or the reference's, fails the comparison (std::max would drop a
+// NaN and report the error of the other values).
+// A value that is not finite, as the messages name it ("nan" whatever its sign bit).
+std::string not_finite(float v) {
+  return std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf";
+}
+
+struct Comparison {
   double err = 0;
-  if (top_ids.empty()) {
+  std::string problem;  // empty while every value is finite
+
+  bool ok(double tolerance) const { return problem.empty() && err <= tolerance; }
+
+  // One row: `ours` has all V logits; the top-k variant compares at the stored ids.
+  void add_row(const float* ours, int64_t vocab, const Tensor& ref, const Tensor& top_ids,
+               int64_t row, std::string_view where) {
+    if (!problem.empty()) return;
+    for (int64_t j = 0; j < vocab; ++j) {
+      if (!std::isfinite(ours[j])) {
+        problem = fmt::format("our logit {} at {} is {}", j, where, not_finite(ours[j]));
+        err = INFINITY;
+        return;
+      }
+    }
     const float* r = ref.row<float>(row);
-    for (int64_t j = 0; j < ref.shape[1]; ++j) err = std::max(err, double(std::fabs(ours[j] - r[j])));
-  } else {
-    const float* r = ref.row<float>(row);
-    const int64_t* ids = top_ids.row<int64_t>(row);
-    for (int64_t j = 0; j < ref.shape[1]; ++j) err = std::max(err, double(std::fabs(ours[ids[j]] - r[j])));
+    const int64_t* ids = top_ids.empty() ? nullptr : top_ids.row<int64_t>(row);
+    for (int64_t j = 0; j < ref.shape[1]; ++j) {
+      if (!std::isfinite(r[j])) {
+        problem = fmt::format("the reference logit {} at {} is {}", ids ? ids[j] : j, where,
+                              not_finite(r[j]));
+        err = INFINITY;
+        return;
+      }
+      err = std::max(err, std::fabs(double(ours[ids ? ids[j] : j]) - double(r[j])));
+    }
   }
-  return std::isnan(err) ? INFINITY : err;
+  void add(const Comparison& o) {
+    if (problem.empty() && !o.problem.empty()) problem = o.problem;
+    err = problem.empty() ? std::max(err, o.err) : INFINITY;
+  }
+};
+
+void print_mode(size_t prompt, const char* mode, size_t tokens, const Comparison& c,
+                double tolerance) {
+  fmt::print("p{} {:<8} tokens={:<4} max_abs_err={:.3e}{}{}\n", prompt, mode, tokens, c.err,
+             c.ok(tolerance) ? "" : "  FAIL", c.problem.empty() ? "" : ": " + c.problem);
 }
 
 struct Runner {
@@ -57,7 +135,8 @@ struct Runner {
   // Feeds tokens at positions pos..; returns logits of the last `rows` tokens into host.
   Status feed(std::span<const int32_t> toks, int pos, bool all_logits) {
     batch.clear();
-    batch.add_sequence(0, pos, toks, blocks, all_logits ? Batch::Logits::kAll : Batch::Logits::kLast);
+    batch.add_sequence(0, pos, toks, blocks,
+                       all_logits ? Batch::Logits::kAll : Batch::Logits::kLast);
     RECUR_RETURN_IF_ERROR(model.forward(batch, logits));
     const size_t rows = batch.logit_rows.size();
     host.resize(rows * size_t(model.info().vocab_size));
@@ -89,9 +168,8 @@ int run_verify(const std::string& model_dir, const std::string& golden_path, dou
       *out = *t;
       return true;
     };
-    Tensor ids, gen;
-    need("ids", &ids, DType::I64);
-    need("gen", &gen, DType::I64);
+    need("ids", &r.ids_tensor, DType::I64);
+    need("gen", &r.gen_tensor, DType::I64);
     if (golden->contains(p + "logits")) {
       need("logits", &r.logits, DType::F32);
       need("gen_logits", &r.gen_logits, DType::F32);
@@ -102,13 +180,8 @@ int run_verify(const std::string& model_dir, const std::string& golden_path, dou
       need("gen_logits_top_ids", &r.gen_top_ids, DType::I64);
     }
     if (missing) continue;
-    r.ids = read_ids(ids);
-    r.gen = read_ids(gen);
-    if (r.logits.rows() != int64_t(r.ids.size()) || r.gen_logits.rows() != int64_t(r.gen.size())) {
-      fmt::print("{}: logits rows do not match the ids\n", p);
-      missing = true;
-      continue;
-    }
+    r.ids = read_ids(r.ids_tensor);
+    r.gen = read_ids(r.gen_tensor);
     refs.push_back(std::move(r));
   }
   if (refs.empty()) {
@@ -139,7 +212,15 @@ int run_verify(const std::string& model_dir, const std::string& golden_path, dou
   }
   Model& m = **model;
   const int V = m.info().vocab_size;
-  auto logits_buf = ops.allocator().allocate(size_t(opt.max_batch_tokens) * size_t(V) * 4, "logits");
+  for (size_t pi = 0; pi < refs.size(); ++pi) {
+    Status st = check_reference(refs[pi], V, fmt::format("p{}.", pi));
+    if (!st.ok()) {
+      fmt::print(stderr, "error: {}: {}\n", golden_path, st.error().message);
+      return 2;
+    }
+  }
+  auto logits_buf =
+      ops.allocator().allocate(size_t(opt.max_batch_tokens) * size_t(V) * 4, "logits");
   if (!logits_buf.ok()) {
     fmt::print(stderr, "error: {}\n", logits_buf.error().to_string());
     return 2;
@@ -147,7 +228,7 @@ int run_verify(const std::string& model_dir, const std::string& golden_path, dou
   Runner run{m, view(*logits_buf, DType::F32, {opt.max_batch_tokens, V}), {}, {}, {}};
   for (int b = 0; b < opt.state.n_blocks; ++b) run.blocks.push_back(b);
 
-  double worst = 0;
+  Comparison overall;
   bool failed = missing;
   for (size_t pi = 0; pi < refs.size(); ++pi) {
     const Reference& r = refs[pi];
@@ -155,7 +236,7 @@ int run_verify(const std::string& model_dir, const std::string& golden_path, dou
     for (const char* mode : {"whole", "chunks17", "token"}) {
       m.reset_slot(0);
       const int step = std::string(mode) == "whole" ? T : std::string(mode) == "chunks17" ? 17 : 1;
-      double err = 0;
+      Comparison c;
       for (int pos = 0; pos < T; pos += step) {
         const int len = std::min(step, T - pos);
         Status st = run.feed(std::span(r.ids).subspan(size_t(pos), size_t(len)), pos, true);
@@ -164,40 +245,42 @@ int run_verify(const std::string& model_dir, const std::string& golden_path, dou
           return 2;
         }
         for (int i = 0; i < len; ++i) {
-          err = std::max(err, row_error(run.host.data() + size_t(i) * size_t(V), r.logits,
-                                        r.logits_top_ids, pos + i));
+          c.add_row(run.host.data() + size_t(i) * size_t(V), V, r.logits, r.logits_top_ids, pos + i,
+                    fmt::format("prompt token {}", pos + i));
         }
       }
-      fmt::print("p{} {:<8} tokens={:<4} max_abs_err={:.3e}{}\n", pi, mode, T, err,
-                 err <= tolerance ? "" : "  FAIL");
-      worst = std::max(worst, err);
-      failed = failed || !(err <= tolerance);
+      print_mode(pi, mode, size_t(T), c, tolerance);
+      overall.add(c);
+      failed = failed || !c.ok(tolerance);
     }
     // Teacher-forced decode: prefill the prompt, then feed the reference continuation.
     m.reset_slot(0);
-    double err = 0;
+    Comparison c;
     Status st = run.feed(r.ids, 0, false);
     for (size_t j = 0; st.ok() && j < r.gen.size(); ++j) {
-      err = std::max(err, row_error(run.host.data(), r.gen_logits, r.gen_top_ids, int64_t(j)));
+      c.add_row(run.host.data(), V, r.gen_logits, r.gen_top_ids, int64_t(j),
+                fmt::format("decode step {}", j));
       if (j + 1 < r.gen.size()) st = run.feed(std::span(&r.gen[j], 1), T + int(j), false);
     }
     if (!st.ok()) {
       fmt::print(stderr, "error: {}\n", st.error().to_string());
       return 2;
     }
-    fmt::print("p{} {:<8} tokens={:<4} max_abs_err={:.3e}{}\n", pi, "decode", r.gen.size(), err,
-               err <= tolerance ? "" : "  FAIL");
-    worst = std::max(worst, err);
-    failed = failed || !(err <= tolerance);
+    print_mode(pi, "decode", r.gen.size(), c, tolerance);
+    overall.add(c);
+    failed = failed || !c.ok(tolerance);
   }
-  fmt::print("max_abs_err={:.6e}\n", worst);
+  // The verdict, on the last line: what `make run` shows.
+  fmt::print("max_abs_err={:.6e} tolerance={:.1e} {}\n", overall.err, tolerance,
+             failed ? "FAIL" : "PASS");
   return failed ? 1 : 0;
 }
 
 }  // namespace
 
 void register_verify(CLI::App& app) {
-  auto* cmd = app.add_subcommand("verify", "Compare logits with a reference file from transformers");
+  auto* cmd =
+      app.add_subcommand("verify", "Compare logits with a reference file from transformers");
   auto model = std::make_shared<std::string>();
   auto golden = std::make_shared<std::string>();
   auto tolerance = std::make_shared<double>(1e-3);
@@ -206,7 +289,8 @@ void register_verify(CLI::App& app) {
   cmd->add_option("--device", *device, "cpu, cuda or cuda:N");
   cmd->add_option("--model", *model, "model directory")->required();
   cmd->add_option("--golden", *golden, "golden.safetensors")->required();
-  cmd->add_option("--tolerance", *tolerance, "largest allowed |logit error|");
+  cmd->add_option("--tolerance", *tolerance, "largest allowed |logit error|")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--threads", *threads, "CPU threads (default: all)");
   cmd->callback([=] {
     int rc = run_verify(*model, *golden, *tolerance, *threads, *device);

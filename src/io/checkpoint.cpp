@@ -38,6 +38,7 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
   }
 
   std::vector<std::string> shard_names;
+  std::vector<std::pair<std::string, std::string>> index_entries;  // tensor, shard it names
   fs::path index = fs::path(dir) / "model.safetensors.index.json";
   if (fs::exists(index)) {
     RECUR_ASSIGN_OR_RETURN(json idx, read_json_file(index.string()));
@@ -56,6 +57,7 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
                           index.string(), f);
       }
       if (seen.insert(f).second) shard_names.push_back(f);
+      index_entries.emplace_back(name, f);
     }
   } else if (fs::exists(fs::path(dir) / "model.safetensors")) {
     shard_names.push_back("model.safetensors");
@@ -75,6 +77,20 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
       }
     }
     c.files_.push_back(std::make_unique<SafetensorsFile>(std::move(f)));
+  }
+  // The index and the shards must agree: a mismatch means files of different downloads or
+  // revisions were mixed, and a tensor would silently come from the wrong one.
+  for (const auto& [tname, shard] : index_entries) {
+    auto it = c.where_.find(tname);
+    if (it == c.where_.end()) {
+      return make_error(ErrorCode::kCorrupt, "{}: weight_map puts '{}' in {}, but no shard has it",
+                        index.string(), tname, shard);
+    }
+    const std::string& actual = c.files_[it->second]->path();
+    if (fs::path(actual).filename() != shard) {
+      return make_error(ErrorCode::kCorrupt, "{}: weight_map puts '{}' in {}, but it is in {}",
+                        index.string(), tname, shard, actual);
+    }
   }
   return c;
 }

@@ -15,8 +15,8 @@ namespace recur {
 Result<MappedFile> MappedFile::open(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    return make_error(errno == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIo,
-                      "cannot open {}: {}", path, std::strerror(errno));
+    return make_error(errno == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIo, "cannot open {}: {}",
+                      path, std::strerror(errno));
   }
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -55,7 +55,18 @@ MappedFile::~MappedFile() {
   if (data_) munmap(const_cast<uint8_t*>(data_), size_);
 }
 
-Result<std::string> read_text_file(const std::string& path) {
+Result<std::string> read_text_file(const std::string& path, size_t max_bytes) {
+  // Checked before reading: a directory or a huge file gives an error, not an endless read.
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    return make_error(errno == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIo, "cannot open {}: {}",
+                      path, std::strerror(errno));
+  }
+  if (!S_ISREG(st.st_mode)) return make_error(ErrorCode::kIo, "{} is not a regular file", path);
+  if (uint64_t(st.st_size) > max_bytes) {
+    return make_error(ErrorCode::kOutOfResources, "{} has {} bytes; text files over {} are refused",
+                      path, st.st_size, max_bytes);
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return make_error(ErrorCode::kNotFound, "cannot open {}", path);
   std::ostringstream ss;

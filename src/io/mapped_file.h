@@ -29,7 +29,9 @@ class MappedFile {
   size_t size_ = 0;
 };
 
-// Whole file as a string (for small text files: JSON configs).
-Result<std::string> read_text_file(const std::string& path);
+// Whole file as a string (for text files: JSON configs, tokenizer.json, chat templates).
+// Larger files are refused before anything is read.
+constexpr size_t kMaxTextFileBytes = size_t(256) << 20;
+Result<std::string> read_text_file(const std::string& path, size_t max_bytes = kMaxTextFileBytes);
 
 }  // namespace recur

@@ -1,18 +1,62 @@
 #include "io/safetensors.h"
 
+#include <algorithm>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 namespace recur {
 
 using json = nlohmann::json;
 
+namespace {
+
+// As the safetensors format requires, the tensors tile the data exactly: no two share a byte
+// and no byte lies outside every tensor (a hole could hide a second payload in the file).
+Status check_tiling(const std::map<std::string, SafetensorsEntry>& entries, size_t data_begin,
+                    size_t data_size, const std::string& path) {
+  std::vector<std::pair<const std::string*, const SafetensorsEntry*>> by_offset;
+  by_offset.reserve(entries.size());
+  for (const auto& [name, e] : entries) by_offset.emplace_back(&name, &e);
+  std::sort(by_offset.begin(), by_offset.end(), [](const auto& a, const auto& b) {
+    return std::pair(a.second->offset, a.second->bytes) <
+           std::pair(b.second->offset, b.second->bytes);
+  });
+  size_t covered = 0;  // data bytes [0, covered) belong to the tensors seen so far
+  const std::string* previous = nullptr;
+  for (const auto& [name, e] : by_offset) {
+    const size_t begin = e->offset - data_begin, end = begin + e->bytes;
+    if (begin < covered) {
+      return make_error(ErrorCode::kCorrupt,
+                        "{}: tensors '{}' and '{}' overlap: '{}' starts at data byte {}, before "
+                        "'{}' ends at {}",
+                        path, *previous, *name, *name, begin, *previous, covered);
+    }
+    if (begin > covered) {
+      return make_error(ErrorCode::kCorrupt,
+                        "{}: data bytes [{}, {}) belong to no tensor (a gap before '{}')", path,
+                        covered, begin, *name);
+    }
+    covered = end;
+    previous = name;
+  }
+  if (covered != data_size) {
+    return make_error(ErrorCode::kCorrupt,
+                      "{}: data bytes [{}, {}) after the last tensor belong to no tensor", path,
+                      covered, data_size);
+  }
+  return {};
+}
+
+}  // namespace
+
 Result<std::map<std::string, SafetensorsEntry>> SafetensorsFile::parse(const uint8_t* data,
                                                                        size_t size,
                                                                        const std::string& path) {
   if (size < 8) {
-    return make_error(ErrorCode::kCorrupt, "{}: truncated: {} bytes, too short for a header",
-                      path, size);
+    return make_error(ErrorCode::kCorrupt, "{}: truncated: {} bytes, too short for a header", path,
+                      size);
   }
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = header_len << 8 | data[i];
@@ -22,8 +66,8 @@ Result<std::map<std::string, SafetensorsEntry>> SafetensorsFile::parse(const uin
   }
   if (header_len > size - 8) {
     return make_error(ErrorCode::kCorrupt,
-                      "{}: truncated: header length {} runs past the end of the {}-byte file",
-                      path, header_len, size);
+                      "{}: truncated: header length {} runs past the end of the {}-byte file", path,
+                      header_len, size);
   }
   json header = json::parse(data + 8, data + 8 + header_len, nullptr, false);
   if (header.is_discarded() || !header.is_object()) {
@@ -75,15 +119,20 @@ Result<std::map<std::string, SafetensorsEntry>> SafetensorsFile::parse(const uin
                         "(truncated file?)",
                         path, name, b, en, data_size);
     }
-    if (en - b != numel * dtype_size(e.dtype)) {
+    // numel * element size may not fit in 64 bits; compare without multiplying first.
+    const uint64_t element = dtype_size(e.dtype);
+    if (numel > (en - b) / element || numel * element != en - b) {
       return make_error(ErrorCode::kCorrupt,
                         "{}: tensor '{}': {} bytes stored but shape {} of {} needs {}", path, name,
-                        en - b, v["shape"].dump(), dtype_str, numel * dtype_size(e.dtype));
+                        en - b, v["shape"].dump(), dtype_str,
+                        numel > data_size / element ? "more than the whole file"
+                                                    : std::to_string(numel * element));
     }
     e.offset = data_begin + size_t(b);
     e.bytes = size_t(en - b);
     entries.emplace(name, std::move(e));
   }
+  RECUR_RETURN_IF_ERROR(check_tiling(entries, data_begin, data_size, path));
   return entries;
 }
 

@@ -49,7 +49,7 @@ Status config_eos(const json& j, const char* file, std::vector<int32_t>* out) {
   if (!j.contains("eos_token_id") || j["eos_token_id"].is_null()) return Status();
   const json& e = j["eos_token_id"];
   auto add = [&](const json& v) -> Status {
-    if (!v.is_number_integer() || v.get<int64_t>() < 0) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX) {
       return make_error(ErrorCode::kInvalidArgument, "{}: eos_token_id must be integers", file);
     }
     int32_t id = int32_t(v.get<int64_t>());
@@ -211,10 +211,25 @@ Result<QwenHybridConfig> QwenHybridConfig::from_json(const json& outer, const js
   if (c.num_heads % c.num_kv_heads != 0) {
     return field_error("num_key_value_heads", "must divide num_attention_heads");
   }
-  c.head_dim = c.hidden_size / c.num_heads;
+  c.head_dim = 0;
   RECUR_RETURN_IF_ERROR(config_int(j, "head_dim", &c.head_dim, false, 1, 1024));
-  if (c.head_dim < 1) return field_error("head_dim", "must be at least 1");
+  if (c.head_dim == 0) {
+    if (c.hidden_size % c.num_heads != 0) {
+      return field_error("head_dim", "is missing and hidden_size is not a multiple of "
+                                     "num_attention_heads");
+    }
+    c.head_dim = c.hidden_size / c.num_heads;
+  }
   RECUR_RETURN_IF_ERROR(read_rope(j, &c));
+  // transformers rotates int(head_dim · factor) channels, rounded up to even: an odd count
+  // would rotate a pair with a frequency base recur does not use, so it is refused.
+  const int rotary = int(c.head_dim * c.partial_rotary_factor);
+  if (rotary % 2 != 0 || rotary < 2) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "config.json: head_dim {} × partial_rotary_factor {} gives {} rotary "
+                      "channels; they must be even and at least 2",
+                      c.head_dim, c.partial_rotary_factor, rotary);
+  }
 
   RECUR_RETURN_IF_ERROR(config_int(j, "linear_num_key_heads", &c.linear_num_key_heads, true, 1, 1024));
   RECUR_RETURN_IF_ERROR(
@@ -249,7 +264,9 @@ Result<QwenHybridConfig> QwenHybridConfig::from_json(const json& outer, const js
     if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null()) {
       if (!j["mlp_only_layers"].is_array()) return field_error("mlp_only_layers", "must be a list");
       for (auto& v : j["mlp_only_layers"]) {
-        if (!v.is_number_integer()) return field_error("mlp_only_layers", "must hold integers");
+        if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= c.num_layers) {
+          return field_error("mlp_only_layers", "must hold layer indices in [0, num_hidden_layers)");
+        }
         c.mlp_only_layers.push_back(v.get<int>());
       }
     }
@@ -269,6 +286,12 @@ Result<QwenHybridConfig> QwenHybridConfig::from_json(const json& outer, const js
   RECUR_RETURN_IF_ERROR(config_eos(j, "config.json", &c.eos_token_ids));
   if (c.nested) RECUR_RETURN_IF_ERROR(config_eos(outer, "config.json", &c.eos_token_ids));
   RECUR_RETURN_IF_ERROR(config_eos(gen, "generation_config.json", &c.eos_token_ids));
+  for (int32_t id : c.eos_token_ids) {
+    if (id >= c.vocab_size) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "eos_token_id {} is outside the vocabulary [0, {})", id, c.vocab_size);
+    }
+  }
   return c;
 }
 

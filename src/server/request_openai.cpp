@@ -472,8 +472,11 @@ ApiResult<bool> render_chat(const ojson& messages, const ojson* tools, const ojs
   if (use_tools) request["tools"] = *tools;
   request["add_generation_prompt"] = true;
   if (kwargs) request["chat_template_kwargs"] = *kwargs;
-  auto text = ctx.chat_template->render(request);
-  if (!text.ok()) return template_failure(text.error(), ctx);
+  // Which bytes came from the request, so that special-token strings written there are
+  // tokenized as text (ChatTemplateOptions::request_special_tokens_as_text).
+  auto prompt = ctx.chat_template->render_prompt(request);
+  if (!prompt.ok()) return template_failure(prompt.error(), ctx);
+  std::string* text = &prompt->text;
 
   OutputOptions& out = req->output;
   out.parse_reasoning = ctx.tokenizer->token_to_id("</think>").has_value();
@@ -491,10 +494,18 @@ ApiResult<bool> render_chat(const ojson& messages, const ojson* tools, const ojs
   if (tool_choice == "required" || tool_choice.rfind("named:", 0) == 0) {
     // Without constrained decoding, a forced call is a forced prefix of the assistant turn.
     if (out.start_in_reasoning) out.forced_prefix = "\n</think>\n\n";
-    out.forced_prefix += forced_call_prefix(
-        ctx.tool_format, tool_choice == "required" ? "" : std::string_view(tool_choice).substr(6));
+    const std::string_view name =
+        tool_choice == "required" ? std::string_view() : std::string_view(tool_choice).substr(6);
+    const size_t call_at = text->size() + out.forced_prefix.size();
+    out.forced_prefix += forced_call_prefix(ctx.tool_format, name);
+    // The function name (from tool_choice) is request text too: everything after the call's
+    // opening line, which holds no control token of the template's.
+    if (!name.empty() && ctx.chat_template->options().request_special_tokens_as_text) {
+      prompt->literal.emplace_back(call_at + std::string_view("<tool_call>\n").size(),
+                                   text->size() + out.forced_prefix.size());
+    }
   }
-  auto ids = ctx.tokenizer->encode(*text + out.forced_prefix);
+  auto ids = ctx.tokenizer->encode(*text + out.forced_prefix, prompt->literal);
   if (!ids.ok()) return from_error(ids.error(), "messages");
   req->prompts.push_back(std::move(*ids));
   req->prompt_texts.push_back(std::move(*text));

@@ -159,8 +159,24 @@ bool AddedVocabulary::is_word_boundary_ok(std::string_view text, size_t start, s
   return true;
 }
 
+bool AddedVocabulary::Literal::overlaps(size_t begin, size_t end) const {
+  if (everywhere) return true;
+  begin += offset;
+  end += offset;
+  // The first range ending after `begin`; it overlaps if it starts before `end`.
+  auto it =
+      std::upper_bound(ranges.begin(), ranges.end(), begin,
+                       [](size_t b, const std::pair<size_t, size_t>& r) { return b < r.second; });
+  return it != ranges.end() && it->first < end;
+}
+
 void AddedVocabulary::split(std::string_view text, bool normalized_tokens,
                             std::vector<Segment>& out) const {
+  split(text, normalized_tokens, out, Literal{});
+}
+
+void AddedVocabulary::split(std::string_view text, bool normalized_tokens,
+                            std::vector<Segment>& out, const Literal& literal) const {
   const Matcher& matcher = normalized_tokens ? normalized_ : raw_;
   size_t start_offset = 0;  // end of what has been emitted
   size_t from = 0;          // where the search resumes: after the last match, stripped or not
@@ -169,6 +185,7 @@ void AddedVocabulary::split(std::string_view text, bool normalized_tokens,
     from = hit.end;
     const AddedToken& t = tokens_[hit.token_index];
     size_t start = hit.start, stop = hit.end;
+    if (t.special && literal.overlaps(start, stop)) continue;
     if (t.single_word && !is_word_boundary_ok(text, start, stop)) continue;
     if (t.lstrip) start = std::max(trailing_space_start(text.substr(0, start)), start_offset);
     if (t.rstrip) stop += leading_space_length(text.substr(stop));

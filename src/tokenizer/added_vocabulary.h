@@ -5,8 +5,10 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -37,8 +39,20 @@ class AddedVocabulary {
     std::string_view text;
     int32_t id;
   };
+  // Where special tokens may not match: they stay the text they spell where their match
+  // overlaps one of `ranges` (sorted, disjoint byte ranges of the text split() is given, moved
+  // by `offset`: ranges are of a whole prompt, split() may see a piece of it), or anywhere.
+  struct Literal {
+    std::span<const std::pair<size_t, size_t>> ranges;
+    size_t offset = 0;  // where the text given to split() begins in the text ranges index
+    bool everywhere = false;
+    bool overlaps(size_t begin, size_t end) const;  // bytes of the text given to split()
+  };
   // Splits `text` on the tokens whose `normalized` flag equals `normalized_tokens`, matching
-  // leftmost-longest. Empty text runs are dropped.
+  // leftmost-longest. Empty text runs are dropped. A special token skipped for `literal` is
+  // skipped as Hugging Face skips it for split_special_tokens: the search resumes after it.
+  void split(std::string_view text, bool normalized_tokens, std::vector<Segment>& out,
+             const Literal& literal) const;
   void split(std::string_view text, bool normalized_tokens, std::vector<Segment>& out) const;
 
   bool has_normalized_tokens() const { return !normalized_.empty(); }

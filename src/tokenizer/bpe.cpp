@@ -70,6 +70,18 @@ class WordCache {
   mutable std::array<Shard, kShards> shards_;
 };
 
+Status check_id_range(int64_t max_id, int64_t distinct_ids, std::string_view origin,
+                      std::string_view what) {
+  const int64_t unused = max_id + 1 - distinct_ids;
+  if (unused > kMaxUnusedIds) {
+    return make_error(ErrorCode::kCorrupt,
+                      "{}: {} ids are sparse: the largest is {} but only {} ids are used ({} "
+                      "unused; at most {} may be)",
+                      origin, what, max_id, distinct_ids, unused, kMaxUnusedIds);
+  }
+  return {};
+}
+
 BpeModel::BpeModel() = default;
 BpeModel::BpeModel(BpeModel&&) noexcept = default;
 BpeModel& BpeModel::operator=(BpeModel&&) noexcept = default;
@@ -111,15 +123,29 @@ Result<BpeModel> BpeModel::from_json(const json& m, bool byte_level_input, bool 
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 ||
         it.value().get<int64_t>() > INT32_MAX) {
-      return make_error(ErrorCode::kCorrupt, "tokenizer.json: vocab entry \"{}\" has no valid id",
-                        it.key());
+      return make_error(ErrorCode::kCorrupt,
+                        "tokenizer.json: vocab entry \"{}\" has id {}; ids are integers in [0, "
+                        "2^31)",
+                        it.key(), it.value().dump());
     }
     int64_t id = it.value().get<int64_t>();
     b.vocab_[it.key()] = static_cast<int32_t>(id);
     max_id = std::max(max_id, id);
   }
+  // Tables per id are sized by the largest id: checked against the number of tokens first.
+  RECUR_RETURN_IF_ERROR(
+      check_id_range(max_id, static_cast<int64_t>(b.vocab_.size()), "tokenizer.json", "vocab"));
   b.id_to_token_.resize(static_cast<size_t>(max_id + 1));
-  for (const auto& [token, id] : b.vocab_) b.id_to_token_[id] = token;
+  std::vector<bool> taken(b.id_to_token_.size(), false);
+  for (const auto& [token, id] : b.vocab_) {
+    if (taken[id]) {
+      return make_error(ErrorCode::kCorrupt,
+                        "tokenizer.json: vocab entries \"{}\" and \"{}\" both have id {}",
+                        b.id_to_token_[id], token, id);
+    }
+    taken[id] = true;
+    b.id_to_token_[id] = token;
+  }
 
   std::string unk = string_field("unk_token");
   if (!unk.empty()) {

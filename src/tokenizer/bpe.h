@@ -56,6 +56,13 @@ class MergeTable {
 
 class WordCache;
 
+// Tables indexed by token id are as long as the largest id, so a tokenizer.json may leave only
+// this many ids below it unused (real vocabularies are dense; one id of 2^31 - 1 would cost
+// gigabytes). `distinct_ids`: how many ids are in use; `origin` and `what` name them in errors.
+constexpr int64_t kMaxUnusedIds = int64_t(1) << 16;
+Status check_id_range(int64_t max_id, int64_t distinct_ids, std::string_view origin,
+                      std::string_view what);
+
 class BpeModel {
  public:
   // `byte_level_input`: pieces arrive as raw bytes that ByteLevel maps to one symbol each.
@@ -67,6 +74,8 @@ class BpeModel {
 
   // One more than the largest id in the vocabulary.
   int32_t vocab_size() const { return static_cast<int32_t>(id_to_token_.size()); }
+  // Number of tokens (ids in use) in the vocabulary.
+  int64_t token_count() const { return static_cast<int64_t>(vocab_.size()); }
   std::optional<int32_t> token_to_id(std::string_view token) const;
   // Empty for an id the vocabulary lacks.
   std::string_view id_to_token(int32_t id) const;

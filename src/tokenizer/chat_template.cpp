@@ -5,6 +5,7 @@
 
 #include "io/mapped_file.h"
 #include "tokenizer/jinja_eval.h"
+#include "tokenizer/jinja_marked.h"
 
 namespace recur {
 
@@ -47,11 +48,13 @@ using jinja::Dict;
 using jinja::List;
 using jinja::Value;
 
+// Every string of the request is marked as request data (jinja_marked.h), so the rendered
+// prompt can tell the template's markup from the same text written in a message.
 Result<Value> content_value(const nlohmann::ordered_json& content, bool takes_parts, size_t index) {
-  if (content.is_string()) return Value::string(content.get<std::string>());
+  if (content.is_string()) return Value::request_string(content.get<std::string>());
   if (content.is_null()) return takes_parts ? Value::none() : Value::string("");
-  if (!content.is_array() || takes_parts) return jinja::value_from_json(content);
-  std::string joined;
+  if (!content.is_array() || takes_parts) return jinja::value_from_request(content);
+  jinja::MarkedText joined;
   for (size_t j = 0; j < content.size(); ++j) {
     const auto& part = content[j];
     if (!part.is_object() || !part.contains("type") || part["type"] != "text") {
@@ -64,10 +67,10 @@ Result<Value> content_value(const nlohmann::ordered_json& content, bool takes_pa
       return make_error(ErrorCode::kInvalidArgument,
                         "messages[{}].content[{}]: a text part needs a \"text\" string", index, j);
     }
-    if (j) joined += kTextPartSeparator;
-    joined += part["text"].get<std::string>();
+    if (j) joined.append(kTextPartSeparator);
+    joined.append_request(part["text"].get<std::string>());
   }
-  return Value::string(std::move(joined));
+  return joined.take();
 }
 
 Result<Dict> render_globals(const nlohmann::ordered_json& request, bool takes_parts,
@@ -90,12 +93,13 @@ Result<Dict> render_globals(const nlohmann::ordered_json& request, bool takes_pa
       return make_error(ErrorCode::kInvalidArgument, "messages[{}] must be an object", i);
     }
     Dict message;
+    message.keys_from_request = true;
     for (const auto& [key, field] : m.items()) {
       if (key == "content") {
         RECUR_ASSIGN_OR_RETURN(Value content, content_value(field, takes_parts, i));
         message.set(key, std::move(content));
       } else {
-        message.set(key, jinja::value_from_json(field));
+        message.set(key, jinja::value_from_request(field));
       }
     }
     messages.push_back(Value::dict(std::move(message)));
@@ -104,10 +108,11 @@ Result<Dict> render_globals(const nlohmann::ordered_json& request, bool takes_pa
 
   auto tools_it = request.find("tools");
   globals.set("tools",
-              tools_it == request.end() ? Value::none() : jinja::value_from_json(*tools_it));
+              tools_it == request.end() ? Value::none() : jinja::value_from_request(*tools_it));
   auto documents_it = request.find("documents");
-  globals.set("documents", documents_it == request.end() ? Value::none()
-                                                         : jinja::value_from_json(*documents_it));
+  globals.set("documents", documents_it == request.end()
+                               ? Value::none()
+                               : jinja::value_from_request(*documents_it));
 
   bool add_generation_prompt = false;
   auto agp_it = request.find("add_generation_prompt");
@@ -130,7 +135,7 @@ Result<Dict> render_globals(const nlohmann::ordered_json& request, bool takes_pa
         return make_error(ErrorCode::kInvalidArgument,
                           "chat_template_kwargs may not set \"{}\"; it is a request field", key);
       }
-      globals.set(key, jinja::value_from_json(value));
+      globals.set(key, jinja::value_from_request(value));
     }
   }
   return globals;
@@ -143,11 +148,14 @@ struct ChatTemplate::Impl {
   std::optional<NamedTemplate> tool_use;
   std::string bos_token;
   std::string eos_token;
+  ChatTemplateOptions options;
 };
 
 Result<ChatTemplate> ChatTemplate::from_string(std::string source, std::string bos_token,
-                                               std::string eos_token) {
+                                               std::string eos_token,
+                                               const ChatTemplateOptions& options) {
   auto impl = std::make_shared<Impl>();
+  impl->options = options;
   RECUR_ASSIGN_OR_RETURN(impl->main, compile(std::move(source)));
   impl->bos_token = std::move(bos_token);
   impl->eos_token = std::move(eos_token);
@@ -156,7 +164,8 @@ Result<ChatTemplate> ChatTemplate::from_string(std::string source, std::string b
   return t;
 }
 
-Result<ChatTemplate> ChatTemplate::load(const std::string& model_dir) {
+Result<ChatTemplate> ChatTemplate::load(const std::string& model_dir,
+                                        const ChatTemplateOptions& options) {
   namespace fs = std::filesystem;
   const std::string config_path = (fs::path(model_dir) / "tokenizer_config.json").string();
   const std::string jinja_path = (fs::path(model_dir) / "chat_template.jinja").string();
@@ -174,6 +183,7 @@ Result<ChatTemplate> ChatTemplate::load(const std::string& model_dir) {
   }
 
   auto impl = std::make_shared<Impl>();
+  impl->options = options;
   RECUR_ASSIGN_OR_RETURN(impl->bos_token, token_text(config, "bos_token"));
   RECUR_ASSIGN_OR_RETURN(impl->eos_token, token_text(config, "eos_token"));
 
@@ -225,16 +235,31 @@ Result<ChatTemplate> ChatTemplate::load(const std::string& model_dir) {
 }
 
 Result<std::string> ChatTemplate::render(const nlohmann::ordered_json& request) const {
+  RECUR_ASSIGN_OR_RETURN(RenderedPrompt prompt, render_prompt(request));
+  return std::move(prompt.text);
+}
+
+Result<RenderedPrompt> ChatTemplate::render_prompt(const nlohmann::ordered_json& request) const {
   const bool has_tools =
       request.is_object() && request.contains("tools") && !request["tools"].is_null();
   const NamedTemplate& chosen = has_tools && impl_->tool_use ? *impl_->tool_use : impl_->main;
   try {
     RECUR_ASSIGN_OR_RETURN(Dict globals, render_globals(request, chosen.takes_content_parts,
                                                         impl_->bos_token, impl_->eos_token));
-    return chosen.compiled.render(globals);
+    RECUR_ASSIGN_OR_RETURN(jinja::Rendered rendered, chosen.compiled.render_marked(globals));
+    RenderedPrompt prompt;
+    prompt.text = std::move(rendered.text);
+    if (impl_->options.request_special_tokens_as_text) {
+      prompt.literal = std::move(rendered.request_spans);
+    }
+    return prompt;
   } catch (const jinja::TemplateError& err) {  // a request value JSON can hold but Python cannot
     return Error{err.code, "chat request: " + err.message};
   }
+}
+
+const ChatTemplateOptions& ChatTemplate::options() const {
+  return impl_->options;
 }
 
 Result<std::string> ChatTemplate::render(const nlohmann::json& request) const {

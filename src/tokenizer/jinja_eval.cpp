@@ -6,6 +6,7 @@
 #include "tokenizer/jinja_ast.h"
 #include "tokenizer/jinja_builtins.h"
 #include "tokenizer/jinja_lexer.h"
+#include "tokenizer/jinja_marked.h"
 #include "tokenizer/jinja_parser.h"
 
 namespace recur::jinja {
@@ -74,8 +75,8 @@ class Renderer {
   explicit Renderer(const Dict& globals)
       : builtins_(nullptr, &builtin_globals()), globals_(&builtins_, &globals), root_(&globals_) {}
 
-  std::string render(const Body& body) {
-    std::string out;
+  MarkedText render(const Body& body) {
+    MarkedText out;
     exec_body(body, root_, out);
     return out;
   }
@@ -86,7 +87,7 @@ class Renderer {
   Scope root_;  // the template's top level: its sets and macros
   int macro_depth_ = 0;
 
-  Flow exec_body(const Body& body, Scope& scope, std::string& out) {
+  Flow exec_body(const Body& body, Scope& scope, MarkedText& out) {
     for (const StmtPtr& s : body) {
       Flow f;
       try {
@@ -124,13 +125,13 @@ class Renderer {
     for (size_t i = 0; i < items->size(); ++i) scope.set(t.names[i], (*items)[i]);
   }
 
-  Flow exec(const Stmt& s, Scope& scope, std::string& out) {
+  Flow exec(const Stmt& s, Scope& scope, MarkedText& out) {
     switch (s.kind) {
       case Stmt::Kind::kText:
-        out += s.text;
+        out.append(std::string_view(s.text));
         return Flow::kNormal;
       case Stmt::Kind::kOutput:
-        out += to_str(eval(*s.expr, scope));
+        out.append(eval(*s.expr, scope));
         return Flow::kNormal;
       case Stmt::Kind::kIf:
         for (const auto& [cond, body] : s.branches) {
@@ -144,9 +145,9 @@ class Renderer {
         return Flow::kNormal;
       case Stmt::Kind::kSetBlock: {
         Scope inner(&scope);
-        std::string captured;
+        MarkedText captured;
         exec_body(s.body, inner, captured);
-        Value v = Value::string(std::move(captured));
+        Value v = captured.take();
         if (s.expr) v = eval_filters(*s.expr, scope, v);
         bind(s.target, v, scope);
         return Flow::kNormal;
@@ -166,9 +167,9 @@ class Renderer {
         return Flow::kContinue;
       case Stmt::Kind::kFilterBlock: {
         Scope inner(&scope);
-        std::string captured;
+        MarkedText captured;
         exec_body(s.body, inner, captured);
-        out += to_str(eval_filters(*s.expr, scope, Value::string(std::move(captured))));
+        out.append(eval_filters(*s.expr, scope, captured.take()));
         return Flow::kNormal;
       }
       case Stmt::Kind::kScope: {
@@ -194,7 +195,7 @@ class Renderer {
     return vars;
   }
 
-  Flow exec_for(const Stmt& s, Scope& scope, std::string& out) {
+  Flow exec_for(const Stmt& s, Scope& scope, MarkedText& out) {
     std::shared_ptr<const List> items = iterate(eval(*s.expr, scope));
     if (s.condition) {
       List kept;
@@ -307,7 +308,7 @@ class Renderer {
     }
     if (m.uses_varargs) scope.set("varargs", Value::list(std::move(varargs), ListKind::kTuple));
     if (m.uses_kwargs) scope.set("kwargs", Value::dict(std::move(kwargs)));
-    std::string out;
+    MarkedText out;
     ++macro_depth_;
     try {
       exec_body(m.body, scope, out);
@@ -316,7 +317,7 @@ class Renderer {
       throw;
     }
     --macro_depth_;
-    return Value::string(std::move(out));
+    return out.take();
   }
 
   Value eval(const Expr& e, const Scope& scope) {
@@ -348,6 +349,7 @@ class Renderer {
           if (!key.is_string()) {
             fail(ErrorCode::kUnsupported, "dict literal keys other than strings are not supported");
           }
+          if (key.user_spans()) d.keys_from_request = true;
           d.set(key.str(), eval(*e.children[i + 1], scope));
         }
         return Value::dict(std::move(d));
@@ -389,7 +391,12 @@ class Renderer {
         if (e.name == "and") return truthy(a) ? eval(*e.children[1], scope) : a;
         if (e.name == "or") return truthy(a) ? a : eval(*e.children[1], scope);
         Value b = eval(*e.children[1], scope);
-        if (e.name == "~") return Value::string(to_str(a) + to_str(b));
+        if (e.name == "~") {
+          MarkedText joined;
+          joined.append(a);
+          joined.append(b);
+          return joined.take();
+        }
         return binary_op(e.name, a, b);
       }
       case Expr::Kind::kCompare: {
@@ -479,9 +486,18 @@ Result<Template> Template::parse(std::string_view source, std::string name) {
 }
 
 Result<std::string> Template::render(const Dict& globals) const {
+  RECUR_ASSIGN_OR_RETURN(Rendered r, render_marked(globals));
+  return std::move(r.text);
+}
+
+Result<Rendered> Template::render_marked(const Dict& globals) const {
   try {
     Renderer renderer(globals);
-    return renderer.render(parsed_->body);
+    MarkedText out = renderer.render(parsed_->body);
+    Rendered r;
+    r.request_spans = out.take_spans();
+    r.text = out.take_text();
+    return r;
   } catch (const TemplateError& err) {
     return to_error(err, parsed_->name);
   } catch (const std::bad_alloc&) {

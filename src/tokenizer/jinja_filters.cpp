@@ -8,6 +8,7 @@
 #include <map>
 
 #include "tokenizer/jinja_builtins.h"
+#include "tokenizer/jinja_marked.h"
 
 namespace recur::jinja {
 
@@ -156,7 +157,7 @@ Value filter_tojson(const Value& in, const CallArgs& args) {
     o.key_separator = seps.items()[1].str();
   }
   o.sort_keys = a.has(3) && truthy(*a.get(3));
-  return Value::string(to_json(in, o));
+  return derived_string(to_json(in, o), false, {&in, a.get(1), a.get(2)});
 }
 
 Value filter_length(const Value& in) {
@@ -264,21 +265,26 @@ std::string jinja_title(const std::string& s) {
 Value filter_indent(const Value& in, const CallArgs& args) {
   BoundArgs a(args, "indent", {"width", "first", "blank"});
   if (in.is_undefined()) fail_undefined(in);
-  std::string pad = "    ";
+  Value pad = Value::string("    ");
   if (a.has(0)) {
-    pad = a.get(0)->is_string() ? a.get(0)->str() : std::string(need_int(a.get(0), "width"), ' ');
+    pad = a.get(0)->is_string() ? *a.get(0)
+                                : Value::string(std::string(need_int(a.get(0), "width"), ' '));
   }
   bool first = a.has(1) && truthy(*a.get(1));
   bool blank = a.has(2) && truthy(*a.get(2));
-  std::vector<std::string> lines = python_splitlines(to_str(in) + "\n");
-  std::string out;
+  MarkedText text;
+  text.append(as_string(in));
+  text.append("\n");
+  const Value lines_of = text.take();
+  MarkedText out;
+  if (first) out.append(pad);
+  const auto lines = python_splitlines_ranges(lines_of.str());
   for (size_t i = 0; i < lines.size(); ++i) {
-    if (i) out += "\n";
-    if (i && (blank || !lines[i].empty())) out += pad;
-    out += lines[i];
+    if (i) out.append("\n");
+    if (i && (blank || lines[i].first != lines[i].second)) out.append(pad);
+    out.append_slice(lines_of, lines[i].first, lines[i].second);
   }
-  if (first) out = pad + out;
-  return Value::string(std::move(out), in.markup());
+  return out.take(in.markup());
 }
 
 // select / reject / selectattr / rejectattr.
@@ -368,7 +374,7 @@ Value filter_sorted(const Value& in, const CallArgs& args, std::string_view whic
     bool reverse = a.has(2) && truthy(*a.get(2));
     List pairs;
     for (const auto& [k, v] : in.dict().entries)
-      pairs.push_back(Value::list({Value::string(k), v}, ListKind::kTuple));
+      pairs.push_back(Value::list({key_value(in.dict(), k), v}, ListKind::kTuple));
     size_t at = by == "key" ? 0 : 1;
     std::stable_sort(pairs.begin(), pairs.end(), [&](const Value& x, const Value& y) {
       Value kx = sort_key(x.items()[at], nullptr, cs), ky = sort_key(y.items()[at], nullptr, cs);
@@ -411,9 +417,10 @@ const std::map<std::string, Filter, std::less<>>& filters() {
       BoundArgs a(args, "trim", {"chars"});
       const Value* chars = a.get(0);
       std::string set = chars && !chars->is_none() ? to_str(*chars) : "";
-      return Value::string(
-          python_strip(to_str(in), chars && !chars->is_none() ? &set : nullptr, true, true),
-          in.markup());
+      const Value text = as_string(in);
+      auto [b, e] =
+          python_strip_range(text.str(), chars && !chars->is_none() ? &set : nullptr, true, true);
+      return substring(text, b, e, in.markup());
     };
     f["length"] = [](const Value& in, const CallArgs& args) {
       (void)BoundArgs(args, "length", {});
@@ -436,32 +443,32 @@ const std::map<std::string, Filter, std::less<>>& filters() {
     };
     f["join"] = [](const Value& in, const CallArgs& args) {
       BoundArgs a(args, "join", {"d", "attribute"});
-      std::string sep = a.has(0) ? to_str(*a.get(0)) : "";
-      std::string out;
+      const Value sep = a.has(0) ? *a.get(0) : Value::string("");
+      MarkedText out;
       auto items_owner = iterate(in);
       const List& items = *items_owner;
       for (size_t i = 0; i < items.size(); ++i) {
-        if (i) out += sep;
-        out += to_str(a.has(1) && !a.get(1)->is_none() ? lookup_path(items[i], to_str(*a.get(1)))
-                                                       : items[i]);
+        if (i) out.append(sep);
+        out.append(a.has(1) && !a.get(1)->is_none() ? lookup_path(items[i], to_str(*a.get(1)))
+                                                    : items[i]);
       }
-      return Value::string(std::move(out));
+      return out.take();
     };
     f["upper"] = [](const Value& in, const CallArgs& args) {
       (void)BoundArgs(args, "upper", {});
-      return Value::string(python_upper(to_str(in)), in.markup());
+      return mapped_string(as_string(in), python_upper(to_str(in)), in.markup());
     };
     f["lower"] = [](const Value& in, const CallArgs& args) {
       (void)BoundArgs(args, "lower", {});
-      return Value::string(python_lower(to_str(in)), in.markup());
+      return mapped_string(as_string(in), python_lower(to_str(in)), in.markup());
     };
     f["capitalize"] = [](const Value& in, const CallArgs& args) {
       (void)BoundArgs(args, "capitalize", {});
-      return Value::string(python_capitalize(to_str(in)), in.markup());
+      return mapped_string(as_string(in), python_capitalize(to_str(in)), in.markup());
     };
     f["title"] = [](const Value& in, const CallArgs& args) {
       (void)BoundArgs(args, "title", {});
-      return Value::string(jinja_title(to_str(in)));
+      return mapped_string(as_string(in), jinja_title(to_str(in)), false);
     };
     f["default"] = [](const Value& in, const CallArgs& args) {
       BoundArgs a(args, "default", {"default_value", "boolean"});
@@ -472,7 +479,7 @@ const std::map<std::string, Filter, std::less<>>& filters() {
     f["d"] = f["default"];
     f["string"] = [](const Value& in, const CallArgs& args) {
       (void)BoundArgs(args, "string", {});
-      return in.is_string() ? in : Value::string(to_str(in));
+      return in.is_string() ? in : as_string(in);
     };
     f["list"] = [](const Value& in, const CallArgs& args) {
       (void)BoundArgs(args, "list", {});
@@ -485,27 +492,30 @@ const std::map<std::string, Filter, std::less<>>& filters() {
       if (!in.is_dict())
         fail(ErrorCode::kInvalidArgument, "Can only get item pairs from a mapping.");
       for (const auto& [k, v] : in.dict().entries) {
-        out.push_back(Value::list({Value::string(k), v}, ListKind::kTuple));
+        out.push_back(Value::list({key_value(in.dict(), k), v}, ListKind::kTuple));
       }
       return Value::list(std::move(out), ListKind::kIterator);
     };
     f["replace"] = [](const Value& in, const CallArgs& args) {
       BoundArgs a(args, "replace", {"old", "new", "count"});
       CallArgs m;
-      m.positional = {Value::string(to_str(a.get_or(0, Value()))),
-                      Value::string(to_str(a.get_or(1, Value())))};
+      m.positional = {as_string(a.get_or(0, Value())), as_string(a.get_or(1, Value()))};
       if (a.has(2) && !a.get(2)->is_none()) m.positional.push_back(*a.get(2));
-      return call_method(Value::string(to_str(in)), "replace", m);
+      return call_method(as_string(in), "replace", m);
     };
     f["int"] = filter_int;
     f["float"] = filter_float;
     f["safe"] = [](const Value& in, const CallArgs& args) {
       (void)BoundArgs(args, "safe", {});
-      return Value::string(to_str(in), true);
+      const Value text = as_string(in);
+      return substring(text, 0, text.str().size(), true);
     };
     f["escape"] = [](const Value& in, const CallArgs& args) {
       (void)BoundArgs(args, "escape", {});
-      return in.is_string() && in.markup() ? in : Value::string(html_escape(to_str(in)), true);
+      if (in.is_string() && in.markup()) return in;
+      MarkedText out;
+      out.append_html_escaped(as_string(in));
+      return out.take(true);
     };
     f["e"] = f["escape"];
     f["abs"] = [](const Value& in, const CallArgs& args) {
@@ -519,9 +529,10 @@ const std::map<std::string, Filter, std::less<>>& filters() {
     f["reverse"] = [](const Value& in, const CallArgs& args) {
       (void)BoundArgs(args, "reverse", {});
       if (in.is_string()) {
-        std::u32string cps = utf8_decode(in.str());
-        std::reverse(cps.begin(), cps.end());
-        return Value::string(utf8_encode(cps));
+        const std::vector<size_t> at = code_point_offsets(in.str());
+        MarkedText out;
+        for (size_t i = at.size() - 1; i > 0; --i) out.append_slice(in, at[i - 1], at[i]);
+        return out.take();
       }
       List items = *iterate(in);
       std::reverse(items.begin(), items.end());
@@ -660,6 +671,7 @@ Value make_namespace(const CallArgs& args) {
   auto ns = std::make_shared<Namespace>();
   for (const Value& init : args.positional) {
     if (init.is_dict()) {
+      if (init.dict().keys_from_request) ns->attrs.keys_from_request = true;
       for (const auto& [k, v] : init.dict().entries) ns->attrs.set(k, v);
     } else {
       auto iterated = iterate(init);
@@ -667,6 +679,7 @@ Value make_namespace(const CallArgs& args) {
         if (!pair.is_list() || pair.items().size() != 2 || !pair.items()[0].is_string()) {
           fail(ErrorCode::kInvalidArgument, "namespace() expects a mapping or key/value pairs");
         }
+        if (pair.items()[0].user_spans()) ns->attrs.keys_from_request = true;
         ns->attrs.set(pair.items()[0].str(), pair.items()[1]);
       }
     }
@@ -751,7 +764,7 @@ Value call_global(const std::string& name, const CallArgs& args) {
     char buf[512];
     size_t n = format.empty() ? 0 : std::strftime(buf, sizeof(buf), format.c_str(), &local);
     if (n == 0 && !format.empty()) fail(ErrorCode::kInvalidArgument, "strftime_now: bad format");
-    return Value::string(std::string(buf, n));
+    return derived_string(std::string(buf, n), false, {a.get(0)});
   }
   failf(ErrorCode::kUnsupported, "the global function '{}' is not supported", name);
 }

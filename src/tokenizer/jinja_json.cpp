@@ -155,7 +155,7 @@ std::string to_json(const Value& v, const JsonOptions& options) {
 
 namespace {
 
-Value from_json_at(const nlohmann::ordered_json& j, int depth) {
+Value from_json_at(const nlohmann::ordered_json& j, int depth, bool from_request) {
   if (depth > kMaxNesting) {
     failf(ErrorCode::kInvalidArgument, "JSON nested more than {} levels deep", kMaxNesting);
   }
@@ -177,16 +177,18 @@ Value from_json_at(const nlohmann::ordered_json& j, int depth) {
     case T::number_float:
       return Value::floating(j.get<double>());
     case T::string:
-      return Value::string(j.get<std::string>());
+      return from_request ? Value::request_string(j.get<std::string>())
+                          : Value::string(j.get<std::string>());
     case T::array: {
       List items;
       items.reserve(j.size());
-      for (const auto& e : j) items.push_back(from_json_at(e, depth + 1));
+      for (const auto& e : j) items.push_back(from_json_at(e, depth + 1, from_request));
       return Value::list(std::move(items));
     }
     case T::object: {
       Dict d;
-      for (const auto& [k, e] : j.items()) d.set(k, from_json_at(e, depth + 1));
+      d.keys_from_request = from_request;
+      for (const auto& [k, e] : j.items()) d.set(k, from_json_at(e, depth + 1, from_request));
       return Value::dict(std::move(d));
     }
     default:
@@ -197,7 +199,11 @@ Value from_json_at(const nlohmann::ordered_json& j, int depth) {
 }  // namespace
 
 Value value_from_json(const nlohmann::ordered_json& j) {
-  return from_json_at(j, 0);
+  return from_json_at(j, 0, false);
+}
+
+Value value_from_request(const nlohmann::ordered_json& j) {
+  return from_json_at(j, 0, true);
 }
 
 }  // namespace recur::jinja

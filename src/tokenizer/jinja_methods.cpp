@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "tokenizer/jinja_builtins.h"
+#include "tokenizer/jinja_marked.h"
 
 namespace recur::jinja {
 
@@ -35,11 +36,13 @@ bool is_line_break(char32_t c) {
          c == 0x85 || c == 0x2028 || c == 0x2029;
 }
 
-// Python's str.split / rsplit.
-List split(const std::string& s, const Value* sep_value, int64_t maxsplit, bool from_right) {
+// Python's str.split / rsplit; the parts are substrings of `self`, keeping their marks.
+List split(const Value& self, const Value* sep_value, int64_t maxsplit, bool from_right) {
+  const std::string& s = self.str();
   List parts;
   if (!sep_value || sep_value->is_none()) {
     std::u32string cps = utf8_decode(s);
+    const std::vector<size_t> at = code_point_offsets(s);
     std::vector<std::pair<size_t, size_t>> words;  // [begin, end) in code points
     size_t i = 0;
     while (i < cps.size()) {
@@ -62,9 +65,7 @@ List split(const std::string& s, const Value* sep_value, int64_t maxsplit, bool 
         words.insert(words.begin(), {0, end});
       }
     }
-    for (auto [b, e] : words) {
-      parts.push_back(Value::string(utf8_encode(std::u32string_view(cps).substr(b, e - b))));
-    }
+    for (auto [b, e] : words) parts.push_back(as_string(substring(self, at[b], at[e])));
     return parts;
   }
   if (!sep_value->is_string()) {
@@ -72,60 +73,61 @@ List split(const std::string& s, const Value* sep_value, int64_t maxsplit, bool 
   }
   const std::string& sep = sep_value->str();
   if (sep.empty()) fail(ErrorCode::kInvalidArgument, "empty separator");
-  std::vector<std::string> pieces;
+  std::vector<std::pair<size_t, size_t>> pieces;  // byte ranges of s
   if (!from_right) {
     size_t pos = 0;
     while (maxsplit < 0 || static_cast<int64_t>(pieces.size()) < maxsplit) {
       size_t hit = s.find(sep, pos);
       if (hit == std::string::npos) break;
-      pieces.push_back(s.substr(pos, hit - pos));
+      pieces.emplace_back(pos, hit);
       pos = hit + sep.size();
     }
-    pieces.push_back(s.substr(pos));
+    pieces.emplace_back(pos, s.size());
   } else {
     size_t end = s.size();
     while (maxsplit < 0 || static_cast<int64_t>(pieces.size()) < maxsplit) {
       if (end < sep.size()) break;
       size_t hit = s.rfind(sep, end - sep.size());
       if (hit == std::string::npos) break;
-      pieces.push_back(s.substr(hit + sep.size(), end - hit - sep.size()));
+      pieces.emplace_back(hit + sep.size(), end);
       end = hit;
     }
-    pieces.push_back(s.substr(0, end));
+    pieces.emplace_back(0, end);
     std::reverse(pieces.begin(), pieces.end());
   }
-  for (auto& p : pieces) parts.push_back(Value::string(std::move(p)));
+  for (auto [b, e] : pieces) parts.push_back(as_string(substring(self, b, e)));
   return parts;
 }
 
-std::string replace(const std::string& s, const std::string& old, const std::string& with,
-                    int64_t count) {
-  std::string out;
+// Python's str.replace; kept text keeps its marks, inserted text carries those of `with`.
+Value replace(const Value& self, const std::string& old, const Value& with, int64_t count) {
+  const std::string& s = self.str();
+  MarkedText out;
   if (old.empty()) {
     // Python inserts `with` around every code point.
-    std::u32string cps = utf8_decode(s);
+    const std::vector<size_t> at = code_point_offsets(s);
     int64_t done = 0;
-    for (size_t i = 0; i <= cps.size(); ++i) {
+    for (size_t i = 0; i < at.size(); ++i) {
       if (count < 0 || done < count) {
-        out += with;
+        out.append(with);
         ++done;
       }
-      if (i < cps.size()) utf8_append(out, cps[i]);
+      if (i + 1 < at.size()) out.append_slice(self, at[i], at[i + 1]);
     }
-    return out;
+    return out.take();
   }
   size_t pos = 0;
   int64_t done = 0;
   while (count < 0 || done < count) {
     size_t hit = s.find(old, pos);
     if (hit == std::string::npos) break;
-    out.append(s, pos, hit - pos);
-    out += with;
+    out.append_slice(self, pos, hit);
+    out.append(with);
     pos = hit + old.size();
     ++done;
   }
-  out.append(s, pos, std::string::npos);
-  return out;
+  out.append_slice(self, pos, s.size());
+  return out.take();
 }
 
 const std::string& need_string(const Value* v, std::string_view what) {
@@ -220,24 +222,27 @@ Value string_method(const Value& self, const std::string& name, const CallArgs& 
   if (name == "split" || name == "rsplit") {
     BoundArgs a(args, name, {"sep", "maxsplit"});
     int64_t maxsplit = a.has(1) ? a.get(1)->as_int() : -1;
-    return Value::list(split(s, a.get(0), maxsplit, name == "rsplit"));
+    return Value::list(split(self, a.get(0), maxsplit, name == "rsplit"));
   }
   if (name == "strip" || name == "lstrip" || name == "rstrip") {
     BoundArgs a(args, name, {"chars"});
     const Value* chars = a.get(0);
     const std::string* set = chars && !chars->is_none() ? &need_string(chars, "chars") : nullptr;
-    return Value::string(python_strip(s, set, name != "rstrip", name != "lstrip"), self.markup());
+    auto [b, e] = python_strip_range(s, set, name != "rstrip", name != "lstrip");
+    return substring(self, b, e);
   }
   if (name == "replace") {
     BoundArgs a(args, name, {"old", "new", "count"});
     int64_t count = a.has(2) ? a.get(2)->as_int() : -1;
-    return Value::string(
-        replace(s, need_string(a.get(0), "old"), need_string(a.get(1), "new"), count));
+    need_string(a.get(1), "new");
+    return replace(self, need_string(a.get(0), "old"), *a.get(1), count);
   }
-  if (name == "upper") return no_args(), Value::string(python_upper(s), self.markup());
-  if (name == "lower") return no_args(), Value::string(python_lower(s), self.markup());
-  if (name == "title") return no_args(), Value::string(python_title(s), self.markup());
-  if (name == "capitalize") return no_args(), Value::string(python_capitalize(s), self.markup());
+  if (name == "upper") return no_args(), mapped_string(self, python_upper(s), self.markup());
+  if (name == "lower") return no_args(), mapped_string(self, python_lower(s), self.markup());
+  if (name == "title") return no_args(), mapped_string(self, python_title(s), self.markup());
+  if (name == "capitalize") {
+    return no_args(), mapped_string(self, python_capitalize(s), self.markup());
+  }
   if (name == "find" || name == "rfind" || name == "index") {
     BoundArgs a(args, name, {"sub", "start", "end"});
     int64_t at = find(self, a, name == "rfind");
@@ -254,7 +259,7 @@ Value string_method(const Value& self, const std::string& name, const CallArgs& 
   }
   if (name == "join") {
     BoundArgs a(args, name, {"iterable"});
-    std::string out;
+    MarkedText out;
     auto items_owner = iterate(a.get_or(0, Value()));
     const List& items = *items_owner;
     for (size_t i = 0; i < items.size(); ++i) {
@@ -262,10 +267,10 @@ Value string_method(const Value& self, const std::string& name, const CallArgs& 
         failf(ErrorCode::kInvalidArgument, "sequence item {}: expected str instance, {} found", i,
               type_name(items[i]));
       }
-      if (i) out += s;
-      out += items[i].str();
+      if (i) out.append(self);
+      out.append(items[i]);
     }
-    return Value::string(std::move(out));
+    return out.take();
   }
   if (name == "removeprefix" || name == "removesuffix") {
     BoundArgs a(args, name, {"affix"});
@@ -275,13 +280,15 @@ Value string_method(const Value& self, const std::string& name, const CallArgs& 
                (prefix ? s.compare(0, affix.size(), affix) == 0
                        : s.compare(s.size() - affix.size(), affix.size(), affix) == 0);
     if (!hit) return self;
-    return Value::string(prefix ? s.substr(affix.size()) : s.substr(0, s.size() - affix.size()));
+    Value rest = prefix ? substring(self, affix.size(), s.size())
+                        : substring(self, 0, s.size() - affix.size());
+    return as_string(rest);  // Python returns a plain str, even for Markup
   }
   if (name == "splitlines") {
     BoundArgs a(args, name, {"keepends"});
     if (a.has(0) && truthy(*a.get(0))) fail(ErrorCode::kUnsupported, "splitlines(keepends=True)");
     List out;
-    for (auto& line : python_splitlines(s)) out.push_back(Value::string(std::move(line)));
+    for (auto [b, e] : python_splitlines_ranges(s)) out.push_back(as_string(substring(self, b, e)));
     return Value::list(std::move(out));
   }
   if (name != "isspace" && name != "isdigit" && name != "isalpha" && name != "isalnum" &&
@@ -338,11 +345,11 @@ Value dict_method(const Value& self, const std::string& name, const CallArgs& ar
   if (name == "items") {
     kind = ListKind::kDictItems;
     for (const auto& [k, v] : d.entries) {
-      out.push_back(Value::list({Value::string(k), v}, ListKind::kTuple));
+      out.push_back(Value::list({key_value(d, k), v}, ListKind::kTuple));
     }
   } else if (name == "keys") {
     kind = ListKind::kDictKeys;
-    for (const auto& [k, _] : d.entries) out.push_back(Value::string(k));
+    for (const auto& [k, _] : d.entries) out.push_back(key_value(d, k));
   } else if (name == "values") {
     kind = ListKind::kDictValues;
     for (const auto& [_, v] : d.entries) out.push_back(v);
@@ -414,15 +421,22 @@ std::string python_title(std::string_view s) {
 
 std::vector<std::string> python_splitlines(std::string_view s) {
   std::vector<std::string> lines;
+  for (auto [b, e] : python_splitlines_ranges(s)) lines.emplace_back(s.substr(b, e - b));
+  return lines;
+}
+
+std::vector<std::pair<size_t, size_t>> python_splitlines_ranges(std::string_view s) {
+  std::vector<std::pair<size_t, size_t>> lines;
   std::u32string cps = utf8_decode(s);
+  const std::vector<size_t> at = code_point_offsets(s);
   size_t b = 0;
   for (size_t i = 0; i < cps.size(); ++i) {
     if (!is_line_break(cps[i])) continue;
-    lines.push_back(utf8_encode(std::u32string_view(cps).substr(b, i - b)));
+    lines.emplace_back(at[b], at[i]);
     if (cps[i] == '\r' && i + 1 < cps.size() && cps[i + 1] == '\n') ++i;
     b = i + 1;
   }
-  if (b < cps.size()) lines.push_back(utf8_encode(std::u32string_view(cps).substr(b)));
+  if (b < cps.size()) lines.emplace_back(at[b], s.size());
   return lines;
 }
 

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "tokenizer/jinja_builtins.h"
+#include "tokenizer/jinja_marked.h"
 
 namespace recur::jinja {
 
@@ -82,15 +83,14 @@ int64_t checked_mul(int64_t a, int64_t b) {
   return r;
 }
 
-std::string repeat(const std::string& s, int64_t n) {
-  std::string out;
-  if (n <= 0) return out;
-  if (static_cast<double>(s.size()) * static_cast<double>(n) > 64.0 * 1024 * 1024) {
+Value repeat(const Value& s, int64_t n) {
+  MarkedText out;
+  if (n <= 0) return out.take(s.markup());
+  if (static_cast<double>(s.str().size()) * static_cast<double>(n) > 64.0 * 1024 * 1024) {
     fail(ErrorCode::kOutOfResources, "string repetition result is too large");
   }
-  out.reserve(s.size() * n);
-  for (int64_t i = 0; i < n; ++i) out += s;
-  return out;
+  for (int64_t i = 0; i < n; ++i) out.append(s);
+  return out.take(s.markup());
 }
 
 [[noreturn]] void unsupported_operands(std::string_view op, const Value& a, const Value& b) {
@@ -113,16 +113,13 @@ std::shared_ptr<const List> iterate(const Value& v) {
       return v.list_ptr();
     case Value::Type::kDict: {
       List keys;
-      for (const auto& [k, _] : v.dict().entries) keys.push_back(Value::string(k));
+      for (const auto& [k, _] : v.dict().entries) keys.push_back(key_value(v.dict(), k));
       return std::make_shared<const List>(std::move(keys));
     }
     case Value::Type::kString: {
       List chars;
-      for (char32_t c : utf8_decode(v.str())) {
-        std::string s;
-        utf8_append(s, c);
-        chars.push_back(Value::string(std::move(s), v.markup()));
-      }
+      const std::vector<size_t> at = code_point_offsets(v.str());
+      for (size_t i = 0; i + 1 < at.size(); ++i) chars.push_back(substring(v, at[i], at[i + 1]));
       return std::make_shared<const List>(std::move(chars));
     }
     default:
@@ -206,13 +203,9 @@ Value get_item(const Value& obj, const Value& key) {
       break;
     case Value::Type::kString:
       if (key.is_integral()) {
-        std::u32string cps = utf8_decode(obj.str());
+        const std::vector<size_t> at = code_point_offsets(obj.str());
         int64_t i = key.as_int();
-        if (normalize_index(i, cps.size())) {
-          std::string s;
-          utf8_append(s, cps[i]);
-          return Value::string(std::move(s), obj.markup());
-        }
+        if (normalize_index(i, at.size() - 1)) return substring(obj, at[i], at[i + 1]);
         return Value::undefined(fmt::format("str object has no element {}", key.as_int()));
       }
       break;
@@ -243,11 +236,11 @@ Value get_slice(const Value& obj, const Value* start, const Value* stop, const V
   int64_t st = step ? step->as_int() : 1;
   if (st == 0) fail(ErrorCode::kInvalidArgument, "slice step cannot be zero");
 
-  std::u32string cps;
+  std::vector<size_t> at;  // code point offsets
   size_t n;
   if (obj.is_string()) {
-    cps = utf8_decode(obj.str());
-    n = cps.size();
+    at = code_point_offsets(obj.str());
+    n = at.size() - 1;
   } else {
     n = obj.items().size();
   }
@@ -270,9 +263,9 @@ Value get_slice(const Value& obj, const Value* start, const Value* stop, const V
   for (int64_t i = b; st > 0 ? i < e : i > e; i += st) picks.push_back(static_cast<size_t>(i));
 
   if (obj.is_string()) {
-    std::string out;
-    for (size_t i : picks) utf8_append(out, cps[i]);
-    return Value::string(std::move(out), obj.markup());
+    MarkedText out;
+    for (size_t i : picks) out.append_slice(obj, at[i], at[i + 1]);
+    return out.take(obj.markup());
   }
   List out;
   out.reserve(picks.size());
@@ -300,12 +293,15 @@ Value binary_op(std::string_view op, const Value& a, const Value& b) {
     if (nums) return Value::floating(a.as_float() + b.as_float());
     if (a.is_string() && b.is_string()) {
       // MarkupSafe: adding plain text to a Markup string escapes the plain text.
-      if (a.markup() != b.markup()) {
-        return Value::string((a.markup() ? a.str() : html_escape(a.str())) +
-                                 (b.markup() ? b.str() : html_escape(b.str())),
-                             true);
+      MarkedText sum;
+      for (const Value* part : {&a, &b}) {
+        if (a.markup() != b.markup() && !part->markup()) {
+          sum.append_html_escaped(*part);
+        } else {
+          sum.append(*part);
+        }
       }
-      return Value::string(a.str() + b.str(), a.markup());
+      return sum.take(a.markup() || b.markup());
     }
     if (a.is_indexable_list() && b.is_indexable_list() && a.is_tuple() == b.is_tuple()) {
       List out = a.items();
@@ -325,7 +321,7 @@ Value binary_op(std::string_view op, const Value& a, const Value& b) {
     const Value& seq = a.is_integral() ? b : a;
     const Value& count = a.is_integral() ? a : b;
     if (count.is_integral() && seq.is_string()) {
-      return Value::string(repeat(seq.str(), count.as_int()), seq.markup());
+      return repeat(seq, count.as_int());
     }
     if (count.is_integral() && seq.is_indexable_list()) {
       List out;

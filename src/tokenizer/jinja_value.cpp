@@ -57,6 +57,17 @@ Value Value::string(std::string s, bool markup) {
   return v;
 }
 
+Value Value::marked_string(std::string s, UserSpans spans, bool markup) {
+  Value v = string(std::move(s), markup);
+  if (!spans.empty()) v.spans_ = std::make_shared<const UserSpans>(std::move(spans));
+  return v;
+}
+
+Value Value::request_string(std::string s) {
+  const size_t n = s.size();
+  return marked_string(std::move(s), n ? UserSpans{{0, n}} : UserSpans{});
+}
+
 Value Value::list(List items, ListKind kind) {
   return list(std::make_shared<const List>(std::move(items)), kind);
 }
@@ -234,6 +245,12 @@ bool is_python_space(char32_t c) {
 }
 
 std::string python_strip(std::string_view s, const std::string* chars, bool left, bool right) {
+  auto [b, e] = python_strip_range(s, chars, left, right);
+  return std::string(s.substr(b, e - b));
+}
+
+std::pair<size_t, size_t> python_strip_range(std::string_view s, const std::string* chars,
+                                             bool left, bool right) {
   std::u32string set;
   if (chars) set = utf8_decode(*chars);
   auto strip_it = [&](char32_t c) {
@@ -258,7 +275,7 @@ std::string python_strip(std::string_view s, const std::string* chars, bool left
     if (!strip_it(code_point_at(start, e))) break;
     e = start;
   }
-  return std::string(s.substr(b, e - b));
+  return {b, e};
 }
 
 // ---- str() / repr() -------------------------------------------------------------------------

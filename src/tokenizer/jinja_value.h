@@ -39,6 +39,9 @@ constexpr int kMaxNesting = 512;
 
 class Value;
 using List = std::vector<Value>;
+// Byte ranges [first, second) of a string that came from the request rather than from the
+// template (jinja_marked.h): sorted, disjoint and not touching.
+using UserSpans = std::vector<std::pair<size_t, size_t>>;
 struct Dict;
 struct Namespace;
 struct Callable;
@@ -71,6 +74,10 @@ class Value {
   static Value integer(int64_t i);
   static Value floating(double d);
   static Value string(std::string s, bool markup = false);
+  // A string whose bytes at `spans` came from the request (empty: none did).
+  static Value marked_string(std::string s, UserSpans spans, bool markup = false);
+  // A string that came from the request as a whole.
+  static Value request_string(std::string s);
   static Value list(List items, ListKind kind = ListKind::kList);
   static Value list(std::shared_ptr<const List> items, ListKind kind = ListKind::kList);
   static Value dict(Dict d);
@@ -96,6 +103,8 @@ class Value {
   double as_float() const;  // any number
   const std::string& str() const { return std::get<std::string>(data_); }
   bool markup() const { return flag_; }  // a string marked safe (MarkupSafe's Markup)
+  // Where a string holds request data; null when nowhere.
+  const UserSpans* user_spans() const { return spans_.get(); }
   ListKind list_kind() const { return kind_; }
   bool is_tuple() const { return kind_ == ListKind::kTuple; }
   // A real list or tuple: indexable, sliceable, with len().
@@ -124,11 +133,13 @@ class Value {
                std::shared_ptr<const Dict>, std::shared_ptr<Namespace>,
                std::shared_ptr<const Callable>, std::shared_ptr<LoopState>>
       data_{std::string()};
+  std::shared_ptr<const UserSpans> spans_;  // strings only; null: no request data
 };
 
 // A Python dict with string keys, in insertion order.
 struct Dict {
   std::vector<std::pair<std::string, Value>> entries;
+  bool keys_from_request = false;  // the keys are request data (an object of the request)
 
   const Value* find(std::string_view key) const;
   void set(std::string key, Value v);  // replaces in place, or appends
@@ -188,6 +199,8 @@ struct JsonOptions {
 std::string to_json(const Value& v, const JsonOptions& options);
 // Request data as the template sees it; objects keep their key order.
 Value value_from_json(const nlohmann::ordered_json& j);
+// The same with every string and object key marked as request data (jinja_marked.h).
+Value value_from_request(const nlohmann::ordered_json& j);
 
 // UTF-8 helpers: template strings are indexed and measured in code points, as in Python.
 std::u32string utf8_decode(std::string_view s);
@@ -197,5 +210,8 @@ size_t utf8_length(std::string_view s);
 bool is_python_space(char32_t c);
 // str.strip / lstrip / rstrip; chars == nullptr strips whitespace.
 std::string python_strip(std::string_view s, const std::string* chars, bool left, bool right);
+// The bytes [first, second) of `s` that python_strip keeps.
+std::pair<size_t, size_t> python_strip_range(std::string_view s, const std::string* chars,
+                                             bool left, bool right);
 
 }  // namespace recur::jinja

@@ -3,6 +3,7 @@
 #include <deque>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <unordered_map>
 
 #include "io/mapped_file.h"
 #include "tokenizer/added_vocabulary.h"
@@ -122,15 +123,21 @@ Result<Tokenizer> Tokenizer::from_json_text(std::string_view json_text, const st
     auto impl = std::make_shared<Impl>(std::move(normalizer), std::move(pre), std::move(model),
                                        std::move(added));
 
-    int32_t size = impl->model.vocab_size();
+    // Per-id tables are sized by the largest id: checked against the ids in use first.
+    int64_t max_id = int64_t(impl->model.vocab_size()) - 1;
+    int64_t distinct = impl->model.token_count();
+    std::unordered_map<int32_t, const AddedToken*> added_by_id;
     for (const AddedToken& t : impl->added.tokens()) {
-      // Per-id tables are sized by the largest id; refuse one that is absurdly far out.
-      if (t.id >= size + (1 << 20)) {
-        return make_error(ErrorCode::kCorrupt, "{}: added token \"{}\" has id {}, far beyond {}",
-                          origin, t.content, t.id, size);
+      auto [it, inserted] = added_by_id.emplace(t.id, &t);
+      if (!inserted && it->second->content != t.content) {
+        return make_error(ErrorCode::kCorrupt, "{}: added tokens \"{}\" and \"{}\" both have id {}",
+                          origin, it->second->content, t.content, t.id);
       }
-      size = std::max(size, t.id + 1);
+      if (inserted && impl->model.id_to_token(t.id).empty()) ++distinct;
+      max_id = std::max<int64_t>(max_id, t.id);
     }
+    RECUR_RETURN_IF_ERROR(check_id_range(max_id, distinct, origin, "vocab and added-token"));
+    const int32_t size = static_cast<int32_t>(max_id + 1);
     impl->id_bytes.resize(size);
     impl->present.assign(size, 0);
     impl->special.assign(size, 0);
@@ -166,6 +173,19 @@ Result<Tokenizer> Tokenizer::from_json_text(std::string_view json_text, const st
 }
 
 Result<std::vector<int32_t>> Tokenizer::encode(std::string_view text) const {
+  return encode(text, {});
+}
+
+Result<std::vector<int32_t>> Tokenizer::encode(
+    std::string_view text, std::span<const std::pair<size_t, size_t>> literal) const {
+  for (size_t i = 0; i < literal.size(); ++i) {
+    if (literal[i].first >= literal[i].second || literal[i].second > text.size() ||
+        (i > 0 && literal[i].first < literal[i - 1].second)) {
+      return make_error(ErrorCode::kInternal,
+                        "literal range {} [{}, {}) is empty, unsorted or past the text's {} bytes",
+                        i, literal[i].first, literal[i].second, text.size());
+    }
+  }
   if (std::optional<size_t> bad = find_invalid_utf8(text)) {
     return make_error(ErrorCode::kInvalidArgument,
                       "text is not valid UTF-8: byte 0x{:02X} at byte offset {}",
@@ -178,7 +198,7 @@ Result<std::vector<int32_t>> Tokenizer::encode(std::string_view text) const {
   std::deque<std::string> arena;
   std::string normalized_storage;
 
-  im.added.split(text, /*normalized_tokens=*/false, raw_segments);
+  im.added.split(text, /*normalized_tokens=*/false, raw_segments, {literal, 0, false});
   for (const AddedVocabulary::Segment& raw : raw_segments) {
     if (raw.id >= 0) {
       ids.push_back(raw.id);
@@ -189,7 +209,14 @@ Result<std::vector<int32_t>> Tokenizer::encode(std::string_view text) const {
                            im.normalizer.normalize(raw.text, normalized_storage));
     segments.clear();
     if (im.added.has_normalized_tokens()) {
-      im.added.split(normalized, /*normalized_tokens=*/true, segments);
+      // Literal ranges index the raw text; they carry over where normalizing changed nothing,
+      // else the whole run counts as literal if any of it is.
+      const size_t raw_at = static_cast<size_t>(raw.text.data() - text.data());
+      AddedVocabulary::Literal in_run{literal, raw_at, false};
+      if (normalized != raw.text) {
+        in_run = {{}, 0, in_run.overlaps(0, raw.text.size())};
+      }
+      im.added.split(normalized, /*normalized_tokens=*/true, segments, in_run);
     } else {
       segments.push_back({normalized, -1});
     }

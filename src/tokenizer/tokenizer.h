@@ -9,6 +9,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -34,6 +35,13 @@ class Tokenizer {
   // add_special_tokens=false semantics: no BOS/EOS or template, but added tokens written in the
   // text (<|im_start|>, <think>) become their ids. Invalid UTF-8 gives kInvalidArgument.
   Result<std::vector<int32_t>> encode(std::string_view text) const;
+  // The same, except that a special token (special: true in tokenizer.json, <|im_start|>)
+  // whose match overlaps one of `literal` (sorted, disjoint byte ranges [first, second)) stays
+  // the text it spells, as split_special_tokens=True makes it in Hugging Face: for the text of
+  // a chat request inside a rendered prompt (RenderedPrompt::literal). Other added tokens
+  // (<think>) still match. Outside the ranges the ids are those of encode(text).
+  Result<std::vector<int32_t>> encode(std::string_view text,
+                                      std::span<const std::pair<size_t, size_t>> literal) const;
   // Unknown ids are skipped; invalid UTF-8 in the bytes becomes U+FFFD.
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # recur generate reproduces the greedy continuation that transformers computed (p1 of the
-# tiny model's reference file), and rejects bad ids with a clear error.
+# tiny model's reference file), reports why each completion ended (warning first when
+# --max-tokens runs past the context), and rejects bad ids with a clear error.
 set -euo pipefail
 recur="$1"; root="$2"
 model="$root/models/qwen3next-tiny"
@@ -20,9 +21,34 @@ PY
 prompt=$(echo "$expected" | sed -n 1p)
 gen=$(echo "$expected" | sed -n 2p)
 n=$(echo "$gen" | tr ',' '\n' | wc -l)
-got=$("$recur" generate --model "$model" --prompt-ids "$prompt" --max-tokens "$n")
-[ "$got" = "$gen" ] || { echo "generate: got $got, expected $gen"; exit 1; }
 err=$(mktemp)
+got=$("$recur" generate --model "$model" --prompt-ids "$prompt" --max-tokens "$n" 2>"$err")
+[ "$got" = "$gen" ] || { echo "generate: got $got, expected $gen"; exit 1; }
+# Why it ended is reported beside the ids.
+grep -q "^prompt 0: finish_reason=length (max_tokens reached), $n tokens$" "$err" || {
+  echo "generate: no finish reason for --max-tokens:"; cat "$err"; exit 1; }
+! grep -q "warning" "$err" || { echo "generate: unexpected warning:"; cat "$err"; exit 1; }
+
+# --max-tokens past the context: a warning first, then the context ends the completion and
+# the finish reason says so (the last token is sampled at the last position, never fed).
+got=$("$recur" generate --model "$model" --prompt-ids 1,2,3 --max-tokens 50 --max-context 8 2>"$err")
+grep -q "^warning: prompt 0: 3 prompt tokens + max tokens 50 exceed the 8-token context" "$err" || {
+  echo "generate: no warning for --max-tokens past the context:"; cat "$err"; exit 1; }
+grep -q "^prompt 0: finish_reason=length (the context length is reached), 6 tokens$" "$err" || {
+  echo "generate: the context's end is not reported:"; cat "$err"; exit 1; }
+[ "$(echo "$got" | tr ',' '\n' | wc -l)" = 6 ] || { echo "generate: got $got"; exit 1; }
+printf '{"ids": [1, 2, 3], "max_tokens": 50}\n{"ids": [1], "max_tokens": 2}\n' >"$err.jsonl"
+got=$("$recur" generate --model "$model" --prompts "$err.jsonl" --max-context 8 2>"$err")
+python3 - "$got" <<'EOF' || { cat "$err"; exit 1; }
+import json, sys
+lines = [json.loads(l) for l in sys.argv[1].splitlines()]
+assert [l["finish_reason"] for l in lines] == ["length", "length"], lines
+assert [l.get("finish_detail") for l in lines] == ["the context length is reached",
+                                                    "max_tokens reached"], lines
+EOF
+grep -q "^warning: prompt 0: 3 prompt tokens" "$err" && ! grep -q "prompt 1" "$err" || {
+  echo "generate --prompts: warnings:"; cat "$err"; exit 1; }
+rm -f "$err.jsonl"
 if "$recur" generate --model "$model" --prompt-ids 1,99999 --max-tokens 2 2>"$err"; then
   echo "generate accepted a token id outside the vocabulary"; exit 1
 fi

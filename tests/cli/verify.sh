@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # recur verify passes every mode on the three reference models shipped in the repo, and fails
-# (non-zero) when the tolerance is impossibly tight, so the check can fail.
+# (non-zero) when the tolerance is impossibly tight, when any logit, ours or the reference's,
+# is NaN or infinite, and when the reference names ids outside the vocabulary.
 set -euo pipefail
 recur="$1"; root="$2"
 for m in qwen3next-tiny qwen3next-seed-48L qwen3next-tiny-realvocab; do
@@ -18,4 +19,56 @@ fi
 if "$recur" verify --model "$root/models/qwen3next-tiny" --golden "$root/models/qwen3next-tiny/config.json" 2>/dev/null; then
   echo "verify accepted a non-safetensors golden file"; exit 1
 fi
+# The verdict is the last line, against the tolerance.
+out=$("$recur" verify --model "$root/models/qwen3next-tiny" \
+      --golden "$root/tests/data/golden/qwen3next-tiny/golden.safetensors")
+echo "$out" | tail -1 | grep -q "^max_abs_err=.* tolerance=1.0e-03 PASS$" || {
+  echo "verify: last line is not a PASS verdict: $(echo "$out" | tail -1)"; exit 1; }
+
+# Any NaN or infinity fails, in our logits or in the reference (std::max would drop a NaN
+# and report the error of the other values). Broken copies of the tiny model and of its
+# reference's first prompt:
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+edit="$root/tests/cli/safetensors_edit.py"
+tiny="$root/models/qwen3next-tiny"
+p0="$tmp/p0.safetensors"
+python3 "$edit" "$root/tests/data/golden/qwen3next-tiny/golden.safetensors" "$p0" --keep p0.
+broken_model() {  # NAME [safetensors_edit.py options]: a copy of the tiny model
+  local dir="$tmp/$1"; shift
+  mkdir -p "$dir"
+  cp "$tiny/config.json" "$tiny/generation_config.json" "$dir/"
+  python3 "$edit" "$tiny/model.safetensors" "$dir/model.safetensors" "$@"
+  echo "$dir"
+}
+expect_fail() {  # NAME STATUS PATTERN MODEL GOLDEN
+  local out rc=0
+  out=$("$recur" verify --model "$4" --golden "$5" 2>&1) || rc=$?
+  [ "$rc" = "$2" ] || { echo "$1: exit status $rc, expected $2:"; echo "$out"; exit 1; }
+  grep -q -- "$3" <<<"$out" || { echo "$1: output lacks '$3':"; echo "$out"; exit 1; }
+  tail -1 <<<"$out" | grep -q "FAIL$" || [ "$2" = 2 ] || { echo "$1: no FAIL verdict"; exit 1; }
+}
+"$recur" verify --model "$tiny" --golden "$p0" >/dev/null || { echo "p0 alone does not pass"; exit 1; }
+expect_fail nan-weights 1 "FAIL: our logit 0 at prompt token 0 is nan" \
+  "$(broken_model nan --fill model.embed_tokens.weight nan)" "$p0"
+expect_fail inf-weights 1 "FAIL: our logit 0 at prompt token 0 is \(nan\|inf\|-inf\)" \
+  "$(broken_model inf --fill model.embed_tokens.weight inf)" "$p0"
+one_nan=$(broken_model one-nan --set model.embed_tokens.weight 5 nan)
+expect_fail one-nan-weight 1 "is nan" "$one_nan" "$p0"
+eps="$(broken_model eps)"
+python3 - "$eps/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); c["rms_norm_eps"] = -1
+json.dump(c, open(sys.argv[1], "w"))
+PY
+# rms_norm_eps = -1: NaN logits, unless the config is refused first (exit 2, an error).
+out=$("$recur" verify --model "$eps" --golden "$p0" 2>&1) && { echo "eps=-1: verify passed"; echo "$out"; exit 1; }
+grep -q "is nan\|is inf\|is -inf\|error:" <<<"$out" || { echo "eps=-1: $out"; exit 1; }
+python3 "$edit" "$p0" "$tmp/ref-nan.safetensors" --set p0.logits 3 nan
+expect_fail ref-nan 1 "FAIL: the reference logit 3 at prompt token 0 is nan" "$tiny" "$tmp/ref-nan.safetensors"
+python3 "$edit" "$p0" "$tmp/ref-inf.safetensors" --set p0.gen_logits 261 inf
+expect_fail ref-inf 1 "FAIL: the reference logit 5 at decode step 1 is inf" "$tiny" "$tmp/ref-inf.safetensors"
+# Reference ids are input too: checked against the vocabulary before anything is run.
+python3 "$edit" "$p0" "$tmp/bad-id.safetensors" --set p0.ids 0 999999
+expect_fail bad-id 2 "p0.ids\[0\] = 999999 is outside the vocabulary \[0, 256)" "$tiny" "$tmp/bad-id.safetensors"
 echo "verify: ok"

@@ -5,8 +5,10 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <tuple>
 
 #include "io/checkpoint.h"
+#include "io/mapped_file.h"
 #include "io/safetensors.h"
 
 namespace recur {
@@ -45,7 +47,8 @@ class TempDir {
   fs::path path_;
 };
 
-const char* kGood = R"({"__metadata__":{"format":"pt"},"a":{"dtype":"BF16","shape":[2,3],"data_offsets":[0,12]}})";
+const char* kGood =
+    R"({"__metadata__":{"format":"pt"},"a":{"dtype":"BF16","shape":[2,3],"data_offsets":[0,12]}})";
 
 TEST(Safetensors, ParsesAValidHeader) {
   auto r = parse(make_file(kGood, 12));
@@ -81,7 +84,8 @@ TEST(Safetensors, RejectsCorruptEntries) {
       {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", "needs 8"},
       {R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", "bad shape"},
       {R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[8,4]}})", "outside"},
-      {R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,4]}})", "overflows"},
+      {R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,4]}})",
+       "overflows"},
       {R"({"a":{"shape":[1],"data_offsets":[0,4]}})", "needs dtype"},
       {R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0]}})", "needs dtype"},
   };
@@ -89,6 +93,56 @@ TEST(Safetensors, RejectsCorruptEntries) {
     auto r = parse(make_file(header, 12));
     ASSERT_FALSE(r.ok()) << header;
     EXPECT_NE(r.error().message.find(expect), std::string::npos)
+        << header << " -> " << r.error().message;
+  }
+}
+
+// The tensors must tile the data exactly, as the format requires: no shared byte, no byte that
+// belongs to no tensor, nothing past the end.
+TEST(Safetensors, RejectsOverlapsGapsAndBytesOutsideEveryTensor) {
+  const std::vector<std::tuple<std::string, size_t, std::string>> cases = {
+      {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+       R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+       12, "tensors 'a' and 'b' overlap: 'b' starts at data byte 4, before 'a' ends at 8"},
+      {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+       R"("b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+       8, "tensors 'a' and 'b' overlap"},
+      {R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+       R"("b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+       12, "data bytes [4, 8) belong to no tensor (a gap before 'b')"},
+      {R"({"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8,
+       "data bytes [0, 4) belong to no tensor (a gap before 'b')"},
+      {kGood, 16, "data bytes [12, 16) after the last tensor belong to no tensor"},
+      {R"({"a":{"dtype":"BF16","shape":[2,3],"data_offsets":[0,16]}})", 12,
+       "data_offsets [0, 16] outside the 12 data bytes"},
+  };
+  for (auto& [header, data_bytes, expect] : cases) {
+    auto r = parse(make_file(header, data_bytes));
+    ASSERT_FALSE(r.ok()) << header;
+    EXPECT_NE(r.error().message.find(expect), std::string::npos)
+        << header << " -> " << r.error().message;
+    EXPECT_EQ(r.error().code, ErrorCode::kCorrupt);
+  }
+  // Empty tensors take no bytes, anywhere in the order.
+  auto empty = parse(make_file(R"({"e":{"dtype":"F32","shape":[0],"data_offsets":[4,4]},)"
+                               R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                               R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                               8));
+  EXPECT_TRUE(empty.ok()) << empty.error().to_string();
+}
+
+// A shape whose byte count does not fit in 64 bits must not wrap around to the stored size.
+TEST(Safetensors, RejectsShapesWhoseBytesOverflow) {
+  // 2^62 doubles are 2^65 bytes, which wraps to 0; 2^61 + 1 of them wrap to 8.
+  const std::vector<std::pair<std::string, size_t>> cases = {
+      {R"({"a":{"dtype":"F64","shape":[4611686018427387904],"data_offsets":[0,0]}})", 0},
+      {R"({"a":{"dtype":"F64","shape":[2305843009213693953],"data_offsets":[0,8]}})", 8},
+      {R"({"a":{"dtype":"I32","shape":[2147483648,2147483648],"data_offsets":[0,0]}})", 0},
+  };
+  for (auto& [header, data_bytes] : cases) {
+    auto r = parse(make_file(header, data_bytes));
+    ASSERT_FALSE(r.ok()) << header;
+    EXPECT_NE(r.error().message.find("needs more than the whole file"), std::string::npos)
         << header << " -> " << r.error().message;
   }
 }
@@ -114,14 +168,17 @@ TEST(Checkpoint, NamesTheFileAndTensorOnShapeAndDtypeErrors) {
   dir.write("config.json", R"({"model_type":"qwen3_next"})");
   dir.write("model.safetensors",
             make_file(R"({"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},)"
-                      R"("i":{"dtype":"I64","shape":[1],"data_offsets":[24,32]}})", 32));
+                      R"("i":{"dtype":"I64","shape":[1],"data_offsets":[24,32]}})",
+                      32));
   auto ck = Checkpoint::open(dir.str());
   ASSERT_TRUE(ck.ok()) << ck.error().to_string();
   EXPECT_TRUE(ck->get("w", {2, 3}).ok());
   auto bad_shape = ck->get("w", {3, 2});
   ASSERT_FALSE(bad_shape.ok());
-  EXPECT_NE(bad_shape.error().message.find("model.safetensors: tensor 'w' has shape [2, 3], expected [3, 2]"),
-            std::string::npos) << bad_shape.error().message;
+  EXPECT_NE(bad_shape.error().message.find(
+                "model.safetensors: tensor 'w' has shape [2, 3], expected [3, 2]"),
+            std::string::npos)
+      << bad_shape.error().message;
   auto bad_dtype = ck->get("i", {1});
   ASSERT_FALSE(bad_dtype.ok());
   EXPECT_NE(bad_dtype.error().message.find("'i' has dtype I64"), std::string::npos);
@@ -140,13 +197,56 @@ TEST(Checkpoint, LoadsShardsThroughTheIndex) {
             make_file(R"({"a":{"dtype":"F16","shape":[2],"data_offsets":[0,4]}})", 4));
   dir.write("model-00002-of-00002.safetensors",
             make_file(R"({"b":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4));
-  dir.write("model.safetensors.index.json",
-            R"({"weight_map":{"a":"model-00001-of-00002.safetensors","b":"model-00002-of-00002.safetensors"}})");
+  dir.write(
+      "model.safetensors.index.json",
+      R"({"weight_map":{"a":"model-00001-of-00002.safetensors","b":"model-00002-of-00002.safetensors"}})");
   auto ck = Checkpoint::open(dir.str());
   ASSERT_TRUE(ck.ok()) << ck.error().to_string();
   EXPECT_TRUE(ck->get("a", {2}).ok());
   EXPECT_TRUE(ck->get("b", {1}).ok());
   EXPECT_TRUE(ck->unused({}).empty());
+}
+
+TEST(Checkpoint, RejectsAnIndexThatMisplacesATensor) {
+  TempDir dir;
+  dir.write("config.json", R"({"model_type":"qwen3_next"})");
+  dir.write("s1.safetensors",
+            make_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4));
+  dir.write("s2.safetensors",
+            make_file(R"({"b":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4));
+  dir.write("model.safetensors.index.json",
+            R"({"weight_map":{"a":"s2.safetensors","b":"s2.safetensors","c":"s1.safetensors"}})");
+  auto ck = Checkpoint::open(dir.str());
+  ASSERT_FALSE(ck.ok());
+  EXPECT_NE(ck.error().message.find("weight_map puts 'a' in s2.safetensors, but it is in "),
+            std::string::npos)
+      << ck.error().message;
+  dir.write("model.safetensors.index.json",
+            R"({"weight_map":{"a":"s1.safetensors","b":"s2.safetensors","c":"s1.safetensors"}})");
+  ck = Checkpoint::open(dir.str());
+  ASSERT_FALSE(ck.ok());
+  EXPECT_NE(ck.error().message.find("weight_map puts 'c' in s1.safetensors, but no shard has it"),
+            std::string::npos)
+      << ck.error().message;
+}
+
+TEST(MappedFile, ReadTextFileRefusesDirectoriesAndOversizedFiles) {
+  TempDir dir;
+  const std::string path = dir.write("ten.txt", "0123456789");
+  auto ok = read_text_file(path, 10);
+  ASSERT_TRUE(ok.ok()) << ok.error().to_string();
+  EXPECT_EQ(*ok, "0123456789");
+  auto big = read_text_file(path, 9);
+  ASSERT_FALSE(big.ok());
+  EXPECT_NE(big.error().message.find("has 10 bytes; text files over 9 are refused"),
+            std::string::npos)
+      << big.error().message;
+  auto directory = read_text_file(dir.str());
+  ASSERT_FALSE(directory.ok());
+  EXPECT_NE(directory.error().message.find("is not a regular file"), std::string::npos);
+  auto missing = read_text_file(dir.str() + "/nope.json");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.error().code, ErrorCode::kNotFound);
 }
 
 TEST(Checkpoint, ReportsMissingFilesAndBrokenJson) {
