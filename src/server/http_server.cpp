@@ -52,7 +52,7 @@ struct Conn {
   size_t budget = 0;       // bytes of the body budget held for this request
   std::string out;         // the loop's own response, out[out_sent..) not yet sent
   size_t out_sent = 0;
-  bool close_after = false, linger_after = false;
+  bool close_after = false;  // after out is sent: a lingering close
   bool keep = false;  // set by the worker: reuse after its response
   int requests = 0;   // answered on this connection
   Clock::time_point deadline;
@@ -107,7 +107,7 @@ struct HttpServer::Impl {
   void start_request(Conn& c);
   bool read_body(Conn& c);
   void dispatch(Conn& c);
-  void respond(Conn& c, http::Response res, bool keep_alive, bool linger);
+  void respond(Conn& c, http::Response res, bool keep_alive);
   void fail(Conn& c, int status, std::string message);
   void flush_out(Conn& c);
   void to_idle(Conn& c);
@@ -153,7 +153,23 @@ bool HttpExchange::send(http::Response res) {
   if (!keep) keep_alive_ = false;
   std::string out = http::serialize_head(res, keep, res.body.size());
   if (req_->method != "HEAD") out += res.body;
-  return write_all(out);
+  size_t at = 0;
+  while (at < out.size()) {
+    const ssize_t n = ::send(fd_, out.data() + at, out.size() - at, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) {
+      at += size_t(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      unsent_ = std::move(out);
+      unsent_at_ = at;
+      return true;
+    } else {
+      failed_ = true;
+      return false;
+    }
+  }
+  return true;
 }
 
 bool HttpExchange::begin_chunked(http::Response head) {
@@ -210,6 +226,8 @@ void HttpServer::Impl::worker_main() {
       ex.close_connection();
     }
     c->keep = ex.keep_alive();
+    c->out = std::move(ex.unsent_);
+    c->out_sent = ex.unsent_at_;
     c->req = http::Request();  // the body's memory goes now
     release_budget(*c);
     {
@@ -325,6 +343,7 @@ void HttpServer::Impl::on_event(Conn& c, uint32_t events) {
   if (c.dead || c.phase == Phase::kWorker) return;
   if (c.phase == Phase::kWriting) {
     flush_out(c);
+    if (!c.dead && c.phase == Phase::kIdle) process(c);
     return;
   }
   if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) read_input(c);
@@ -408,7 +427,7 @@ void HttpServer::Impl::start_request(Conn& c) {
   if (reply) {
     // Any body is left unread: the connection cannot carry another request.
     const bool body = c.req.has_body();
-    return respond(c, std::move(*reply), c.req.keep_alive && !body && !draining.load(), body);
+    return respond(c, std::move(*reply), c.req.keep_alive && !body && !draining.load());
   }
   const size_t max_body = opt.limits.max_body;
   if (c.req.content_length && *c.req.content_length > max_body) {
@@ -478,14 +497,13 @@ void HttpServer::Impl::dispatch(Conn& c) {
   cv.notify_one();
 }
 
-void HttpServer::Impl::respond(Conn& c, http::Response res, bool keep_alive, bool linger) {
+void HttpServer::Impl::respond(Conn& c, http::Response res, bool keep_alive) {
   const http::Request* req = c.head_parsed ? &c.req : nullptr;
   handler.finish(req, res);
   c.out = http::serialize_head(res, keep_alive, res.body.size());
   if (!req || req->method != "HEAD") c.out += res.body;
   c.out_sent = 0;
   c.close_after = !keep_alive;
-  c.linger_after = linger;
   c.phase = Phase::kWriting;
   c.deadline = Clock::now() + opt.write_timeout;
   lru_remove(c);
@@ -496,7 +514,7 @@ void HttpServer::Impl::fail(Conn& c, int status, std::string message) {
   release_budget(c);
   http::Response res =
       handler.error_response(c.head_parsed ? &c.req : nullptr, status, std::move(message));
-  respond(c, std::move(res), false, true);
+  respond(c, std::move(res), false);
 }
 
 void HttpServer::Impl::flush_out(Conn& c) {
@@ -515,7 +533,8 @@ void HttpServer::Impl::flush_out(Conn& c) {
   c.out_sent = 0;
   ++c.requests;
   if (!c.close_after) return to_idle(c);
-  if (!c.linger_after) return close_conn(c);
+  // Closing with unread input would reset the connection and could discard the response's tail
+  // still in the send queue: the output is shut and the input dropped until the peer closes.
   ::shutdown(c.fd, SHUT_WR);
   c.phase = Phase::kLinger;
   c.deadline = Clock::now() + opt.linger;
@@ -534,14 +553,19 @@ void HttpServer::Impl::to_idle(Conn& c) {
   c.deadline = Clock::now() + opt.idle_timeout;
   lru_add(c, idle_lru);
   watch(c, EPOLLIN | EPOLLRDHUP);
-  process(c);  // a pipelined request may be buffered already
+  // A pipelined request may be buffered already: the caller processes it (process() itself when
+  // it is the caller, looping, so that many such requests never nest calls).
 }
 
 void HttpServer::Impl::resume(Conn& c) {
   --with_workers;
-  if (stopping.load() || !c.keep) return close_conn(c);
-  ++c.requests;
-  to_idle(c);
+  if (stopping.load()) return close_conn(c);
+  // The rest of the worker's response, if any, then the next request or a lingering close.
+  c.phase = Phase::kWriting;
+  c.close_after = !c.keep;
+  c.deadline = Clock::now() + opt.write_timeout;
+  flush_out(c);
+  if (!c.dead && c.phase == Phase::kIdle) process(c);
 }
 
 void HttpServer::Impl::check_deadlines(Clock::time_point now) {

@@ -35,7 +35,7 @@ struct HttpServerOptions {
   std::chrono::milliseconds body_timeout{60000};
   std::chrono::milliseconds idle_timeout{5000};
   std::chrono::milliseconds write_timeout{30000};
-  // After an error that leaves request bytes unread, input is read and dropped this long
+  // After a response that ends its connection, input is read and dropped up to this long
   // before the close, so that the client sees the response instead of a reset.
   std::chrono::milliseconds linger{2000};
 };
@@ -87,7 +87,8 @@ class HttpServer {
 class HttpExchange {
  public:
   int fd() const { return fd_; }
-  // The whole response; blocks up to the write timeout. false: the client is gone.
+  // The whole response. What the socket does not take at once is left to the event loop (under
+  // the write timeout), so a client that reads slowly holds no worker. false: the client is gone.
   bool send(http::Response res);
   // A chunked response's status line and headers; the body's chunks are then written to fd()
   // (by the stream writer) and end_chunked() writes the last one.
@@ -116,6 +117,8 @@ class HttpExchange {
   bool keep_alive_ = true;
   bool responded_ = false;
   bool failed_ = false;
+  std::string unsent_;  // of send()'s response, unsent_[unsent_at_..) for the loop to write
+  size_t unsent_at_ = 0;
 };
 
 }  // namespace recur::server

@@ -5,9 +5,11 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <thread>
 
 #include "server/http_server.h"
@@ -24,6 +26,12 @@ class EchoHandler : public HttpHandler {
       res.body = "refused";
       return res;
     }
+    if (head.path == "/fast") {  // answered by the loop, the connection kept
+      http::Response res;
+      res.content_type = "text/plain";
+      res.body = "ok";
+      return res;
+    }
     return std::nullopt;
   }
   void handle(http::Request& req, HttpExchange& ex) override {
@@ -31,6 +39,7 @@ class EchoHandler : public HttpHandler {
     http::Response res;
     res.content_type = "text/plain";
     res.body = req.path + ":" + req.body;
+    if (req.path == "/big") res.body.append(size_t(8) << 20, 'b');  // more than a socket holds
     ex.send(std::move(res));
   }
   http::Response error_response(const http::Request*, int status, std::string message) override {
@@ -45,19 +54,37 @@ class EchoHandler : public HttpHandler {
 
 class HttpServerTest : public ::testing::Test {
  protected:
-  void start(HttpServerOptions o) {
+  // The loop runs on a thread with a small stack (256 KiB), so that stack use that grows with
+  // what a client sends shows as a crash here rather than at 8 MiB in production.
+  void start(HttpServerOptions o, int workers = 2) {
     o.host = "127.0.0.1";
     o.port = 0;
-    o.workers = 2;
+    o.workers = workers;
     server_ = std::make_unique<HttpServer>(o, handler_, nullptr);
     auto port = server_->bind();
     ASSERT_TRUE(port.ok()) << port.error().to_string();
     port_ = *port;
-    thread_ = std::thread([this] { ASSERT_TRUE(server_->run().ok()); });
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, size_t(256) << 10);
+    ASSERT_EQ(pthread_create(
+                  &loop_, &attr,
+                  [](void* self) -> void* {
+                    static_cast<HttpServerTest*>(self)->run_ok_ =
+                        static_cast<HttpServerTest*>(self)->server_->run().ok();
+                    return nullptr;
+                  },
+                  this),
+              0);
+    pthread_attr_destroy(&attr);
+    running_ = true;
   }
   void TearDown() override {
     if (server_) server_->stop();
-    if (thread_.joinable()) thread_.join();
+    if (running_) {
+      pthread_join(loop_, nullptr);
+      EXPECT_TRUE(run_ok_);
+    }
   }
   int connect_client() {
     const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -93,7 +120,9 @@ class HttpServerTest : public ::testing::Test {
 
   EchoHandler handler_;
   std::unique_ptr<HttpServer> server_;
-  std::thread thread_;
+  pthread_t loop_{};
+  bool running_ = false;
+  std::atomic<bool> run_ok_{false};
   int port_ = 0;
 };
 
@@ -157,6 +186,153 @@ TEST_F(HttpServerTest, AnExceptionInAHandlerIsA500) {
   EXPECT_EQ(got.rfind("HTTP/1.1 500", 0), 0u) << got;
   EXPECT_NE(got.find("Connection: close"), std::string::npos);
   close(fd);
+}
+
+// Thousands of pipelined requests that the loop answers itself (from the head) are answered in
+// turn, not by a call chain as deep as the requests in the buffer.
+TEST_F(HttpServerTest, ManyPipelinedHeadAnswersDoNotNestCalls) {
+  start(HttpServerOptions());
+  const int fd = connect_client();
+  const int n = 20000;
+  std::string all;
+  for (int i = 0; i < n; ++i) all += "GET /fast HTTP/1.1\r\nHost: x\r\n\r\n";
+  all += "GET /fast HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  std::thread sender([&] {
+    for (size_t at = 0; at < all.size();) {
+      const ssize_t k = send(fd, all.data() + at, all.size() - at, MSG_NOSIGNAL);
+      if (k <= 0) break;
+      at += size_t(k);
+    }
+  });
+  std::string got;
+  char buf[65536];
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 5000) <= 0) break;
+    const ssize_t r = recv(fd, buf, sizeof(buf), 0);
+    if (r <= 0) break;
+    got.append(buf, size_t(r));
+  }
+  sender.join();
+  size_t answers = 0;
+  for (size_t at = got.find("HTTP/1.1 200"); at != std::string::npos;
+       at = got.find("HTTP/1.1 200", at + 1)) {
+    ++answers;
+  }
+  EXPECT_EQ(answers, size_t(n + 1));
+  close(fd);
+}
+
+// A client that never reads a response larger than the socket's buffers holds no worker: with
+// one worker, another connection is still answered at once, and the first client gets its
+// whole response once it reads.
+TEST_F(HttpServerTest, AClientThatDoesNotReadHoldsNoWorker) {
+  start(HttpServerOptions(), /*workers=*/1);
+  const int slow = connect_client();
+  const int rcvbuf = 65536;
+  setsockopt(slow, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
+  std::string req = "GET /big HTTP/1.1\r\nHost: x\r\n\r\n";
+  send(slow, req.data(), req.size(), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const auto t0 = std::chrono::steady_clock::now();
+  const int fd = connect_client();
+  req = "GET /a HTTP/1.1\r\nHost: x\r\n\r\n";
+  send(fd, req.data(), req.size(), 0);
+  const std::string got = read_until(fd, "/a:", 1);
+  EXPECT_EQ(got.rfind("HTTP/1.1 200", 0), 0u) << got;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+  close(fd);
+  // The slow client reads now: all of it arrives.
+  size_t body = 0;
+  std::string head;
+  char buf[65536];
+  for (;;) {
+    pollfd p{slow, POLLIN, 0};
+    if (poll(&p, 1, 3000) <= 0) break;
+    const ssize_t r = recv(slow, buf, sizeof(buf), 0);
+    if (r <= 0) break;
+    if (head.find("\r\n\r\n") == std::string::npos) {
+      head.append(buf, size_t(r));
+      const size_t end = head.find("\r\n\r\n");
+      if (end != std::string::npos) body = head.size() - end - 4;
+    } else {
+      body += size_t(r);
+    }
+    if (body >= (size_t(8) << 20) + 5) break;
+  }
+  EXPECT_EQ(body, (size_t(8) << 20) + 5) << head.substr(0, 200);
+  close(slow);
+}
+
+// Reads a response with a Content-Length body from fd; the body's size, or what arrived before
+// the connection ended (a reset included).
+size_t read_body_size(int fd, std::string* head, bool* reset) {
+  size_t body = 0;
+  char buf[65536];
+  *reset = false;
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 3000) <= 0) break;
+    const ssize_t r = recv(fd, buf, sizeof(buf), 0);
+    if (r < 0) *reset = true;
+    if (r <= 0) break;
+    if (head->find("\r\n\r\n") == std::string::npos) {
+      head->append(buf, size_t(r));
+      const size_t end = head->find("\r\n\r\n");
+      if (end != std::string::npos) body = head->size() - end - 4;
+    } else {
+      body += size_t(r);
+    }
+  }
+  return body;
+}
+
+// A response that ends its connection (Connection: close) reaches a client that sent more
+// bytes meanwhile whole: closing with those bytes unread would reset the connection and drop
+// the response's tail still queued in the kernel.
+TEST_F(HttpServerTest, AClosingResponseIsNotResetByUnreadInput) {
+  start(HttpServerOptions(), /*workers=*/1);
+  const int fd = connect_client();
+  const int rcvbuf = 65536;
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
+  std::string req = "GET /big HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  send(fd, req.data(), req.size(), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the server reads no more
+  req = "GET /a HTTP/1.1\r\nHost: x\r\n\r\n";
+  send(fd, req.data(), req.size(), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::string head;
+  bool reset = false;
+  EXPECT_EQ(read_body_size(fd, &head, &reset), (size_t(8) << 20) + 5) << head.substr(0, 200);
+  EXPECT_FALSE(reset);
+  close(fd);
+}
+
+// One that never reads at all is cut off at the write timeout.
+TEST_F(HttpServerTest, AResponseNobodyReadsEndsAtTheWriteTimeout) {
+  HttpServerOptions o;
+  o.write_timeout = std::chrono::milliseconds(300);
+  start(o, /*workers=*/1);
+  const int slow = connect_client();
+  const std::string req = "GET /big HTTP/1.1\r\nHost: x\r\n\r\n";
+  send(slow, req.data(), req.size(), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  size_t got = 0;
+  char buf[65536];
+  bool closed = false;
+  for (;;) {
+    pollfd p{slow, POLLIN, 0};
+    if (poll(&p, 1, 1000) <= 0) break;
+    const ssize_t r = recv(slow, buf, sizeof(buf), 0);
+    if (r <= 0) {
+      closed = true;
+      break;
+    }
+    got += size_t(r);
+  }
+  EXPECT_TRUE(closed);
+  EXPECT_LT(got, size_t(8) << 20);
+  close(slow);
 }
 
 }  // namespace
