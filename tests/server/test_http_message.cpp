@@ -218,6 +218,21 @@ TEST(HttpChunked, BadFramingAndTheSizeLimit) {
   ASSERT_TRUE(std::holds_alternative<std::string>(r));  // exactly the limit is fine
 }
 
+// Every byte of a trailer counts toward its bound, the CRs of its line ends too: an endless run
+// of CRs after the last chunk is an error, not a body that never ends.
+TEST(HttpChunked, TrailerBytesAreBoundedWhateverTheyAre) {
+  Limits limits;
+  limits.max_head = 1024;
+  for (const char filler : {'x', '\r'}) {
+    ChunkedDecoder d;
+    std::string body;
+    const std::string data = "1\r\na\r\n0\r\n" + std::string(4096, filler);
+    size_t used = 0;
+    EXPECT_EQ(d.feed(data, &used, &body, limits), ChunkedDecoder::Status::kError) << int(filler);
+    EXPECT_EQ(d.error().status, 431);
+  }
+}
+
 TEST(HttpResponse, HeadIsWellFormed) {
   Response res;
   res.status = 405;
