@@ -53,8 +53,8 @@ struct Conn {
   std::string out;         // the loop's own response, out[out_sent..) not yet sent
   size_t out_sent = 0;
   bool close_after = false;  // after out is sent: a lingering close
-  bool keep = false;  // set by the worker: reuse after its response
-  int requests = 0;   // answered on this connection
+  bool keep = false;         // set by the worker: reuse after its response
+  int requests = 0;          // answered on this connection
   Clock::time_point deadline;
   std::list<Conn*>* lru = nullptr;  // idle_lru or head_lru while in one
   std::list<Conn*>::iterator lru_it;
@@ -137,7 +137,9 @@ bool HttpExchange::write_all(std::string_view data) {
       const int64_t left =
           std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
       pollfd p{fd_, POLLOUT, 0};
-      if (left > 0 && poll(&p, 1, int(std::min<int64_t>(left, 1000))) >= 0) continue;
+      if (left > 0 && (poll(&p, 1, int(std::min<int64_t>(left, 1000))) >= 0 || errno == EINTR)) {
+        continue;
+      }
     }
     failed_ = true;  // reset, broken pipe, or nothing read for write_timeout
     return false;
@@ -176,18 +178,20 @@ bool HttpExchange::begin_chunked(http::Response head) {
   if (responded_) return false;
   responded_ = true;
   impl_->handler.finish(req_, head);
+  if (!chunked()) keep_alive_ = false;  // the close ends the body
   const bool keep = keep_alive();
   if (!keep) keep_alive_ = false;
-  return write_all(http::serialize_head(head, keep, std::nullopt));
+  return write_all(http::serialize_head(head, keep, std::nullopt, chunked()));
 }
 
 bool HttpExchange::write_chunk(std::string_view data) {
   if (data.empty()) return true;  // an empty chunk would end the body
+  if (!chunked()) return write_all(data);
   return write_all(fmt::format("{:x}\r\n", data.size())) && write_all(data) && write_all("\r\n");
 }
 
 bool HttpExchange::end_chunked() {
-  return write_all("0\r\n\r\n");
+  return chunked() ? write_all("0\r\n\r\n") : !failed_;
 }
 
 void HttpServer::Impl::worker_main() {

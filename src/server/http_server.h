@@ -91,11 +91,13 @@ class HttpExchange {
   // the write timeout), so a client that reads slowly holds no worker. false: the client is gone.
   bool send(http::Response res);
   // A chunked response's status line and headers; the body's chunks are then written to fd()
-  // (by the stream writer) and end_chunked() writes the last one.
+  // (by the stream writer) and end_chunked() writes the last one. An HTTP/1.0 client knows no
+  // chunking: its body is sent as is and ended by the close (chunked() says which).
   bool begin_chunked(http::Response head);
   bool end_chunked();
   // One chunk of a chunked body.
   bool write_chunk(std::string_view data);
+  bool chunked() const { return req_->minor_version >= 1; }
   // Not reused after this response (the client went away, or a write failed).
   void close_connection() { keep_alive_ = false; }
   // No response will be sent (the client went away): the connection is closed.

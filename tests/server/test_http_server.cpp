@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -36,6 +37,20 @@ class EchoHandler : public HttpHandler {
   }
   void handle(http::Request& req, HttpExchange& ex) override {
     if (req.path == "/throw") throw std::runtime_error("boom");
+    if (req.path == "/stream" || req.path == "/stream-big") {
+      worker = pthread_self();
+      has_worker = true;
+      http::Response head;
+      head.content_type = "text/event-stream";
+      if (!ex.begin_chunked(std::move(head))) return;
+      if (!ex.write_chunk("hello ")) return;
+      if (!ex.write_chunk(req.path == "/stream" ? std::string("world")
+                                                : std::string(size_t(8) << 20, 'w'))) {
+        return;
+      }
+      ex.end_chunked();
+      return;
+    }
     http::Response res;
     res.content_type = "text/plain";
     res.body = req.path + ":" + req.body;
@@ -50,6 +65,9 @@ class EchoHandler : public HttpHandler {
     return res;
   }
   void finish(const http::Request*, http::Response&) override {}
+
+  std::atomic<pthread_t> worker{};  // of the last streamed response
+  std::atomic<bool> has_worker{false};
 };
 
 class HttpServerTest : public ::testing::Test {
@@ -306,6 +324,75 @@ TEST_F(HttpServerTest, AClosingResponseIsNotResetByUnreadInput) {
   EXPECT_EQ(read_body_size(fd, &head, &reset), (size_t(8) << 20) + 5) << head.substr(0, 200);
   EXPECT_FALSE(reset);
   close(fd);
+}
+
+// Reads until the peer closes (or 3 s pass without a byte).
+std::string read_all(int fd) {
+  std::string got;
+  char buf[65536];
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 3000) <= 0) break;
+    const ssize_t r = recv(fd, buf, sizeof(buf), 0);
+    if (r <= 0) break;
+    got.append(buf, size_t(r));
+  }
+  return got;
+}
+
+// A streamed response is chunked for HTTP/1.1; HTTP/1.0 knows no chunking, so its body is
+// the bytes themselves, ended by the close (RFC 9112 6.1: no Transfer-Encoding for 1.0).
+TEST_F(HttpServerTest, StreamedResponsesAreChunkedFor11AndCloseDelimitedFor10) {
+  start(HttpServerOptions());
+  int fd = connect_client();
+  std::string req = "GET /stream HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  send(fd, req.data(), req.size(), 0);
+  std::string got = read_all(fd);
+  close(fd);
+  EXPECT_NE(got.find("Transfer-Encoding: chunked\r\n"), std::string::npos) << got;
+  EXPECT_EQ(got.substr(got.find("\r\n\r\n") + 4), "6\r\nhello \r\n5\r\nworld\r\n0\r\n\r\n");
+
+  fd = connect_client();
+  req = "GET /stream HTTP/1.0\r\nConnection: keep-alive\r\n\r\n";
+  send(fd, req.data(), req.size(), 0);
+  got = read_all(fd);
+  close(fd);
+  EXPECT_EQ(got.find("Transfer-Encoding"), std::string::npos) << got;
+  EXPECT_NE(got.find("Connection: close\r\n"), std::string::npos) << got;
+  EXPECT_EQ(got.substr(got.find("\r\n\r\n") + 4), "hello world");
+}
+
+// A signal that interrupts a worker waiting for the socket to take a chunk does not fail the
+// response (a poll interrupted with EINTR is retried).
+TEST_F(HttpServerTest, ASignalDuringABlockedWriteDoesNotFailTheResponse) {
+  struct sigaction sa {
+  }, old{};
+  sa.sa_handler = [](int) {};
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;  // no SA_RESTART (poll is never restarted anyway)
+  ASSERT_EQ(sigaction(SIGUSR1, &sa, &old), 0);
+  start(HttpServerOptions(), /*workers=*/1);
+  const int fd = connect_client();
+  const int rcvbuf = 65536;
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
+  const std::string req = "GET /stream-big HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  send(fd, req.data(), req.size(), 0);
+  for (int i = 0; i < 100 && !handler_.has_worker; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(handler_.has_worker);
+  for (int i = 0; i < 20; ++i) {  // while the client reads nothing
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    pthread_kill(handler_.worker.load(), SIGUSR1);
+  }
+  const std::string got = read_all(fd);
+  close(fd);
+  sigaction(SIGUSR1, &old, nullptr);
+  const size_t end = got.find("\r\n\r\n");
+  ASSERT_NE(end, std::string::npos);
+  const std::string want =
+      "6\r\nhello \r\n800000\r\n" + std::string(size_t(8) << 20, 'w') + "\r\n0\r\n\r\n";
+  EXPECT_TRUE(got.compare(end + 4, std::string::npos, want) == 0) << got.size() - end - 4;
 }
 
 // One that never reads at all is cut off at the write timeout.
