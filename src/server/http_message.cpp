@@ -256,7 +256,7 @@ std::variant<bool, ParseError> check_framing(Request* r) {
       if (!iequals(h.value, "100-continue")) {
         return error(417, fmt::format("Expect '{}' is not supported", excerpt(h.value)));
       }
-      r->expect_continue = true;
+      r->expect_continue = r->minor_version >= 1;  // HTTP/1.0: ignored (RFC 9110 10.1.1)
     } else if (h.name == "content-encoding") {
       if (!iequals(h.value, "identity")) {
         return error(415, fmt::format("Content-Encoding '{}' is not supported; send the body "

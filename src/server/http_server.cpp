@@ -379,13 +379,21 @@ void HttpServer::Impl::process(Conn& c) {
   for (;;) {
     if (c.dead) return;
     switch (c.phase) {
-      case Phase::kIdle:
-        if (c.in.empty()) return;
+      case Phase::kIdle: {
+        // Empty lines before a request (an old client's CRLF after a body) are no request yet:
+        // dropped here, they keep the connection idle instead of starting a head (and a 408).
+        size_t start = 0;
+        while (c.in.compare(start, 1, "\n") == 0 || c.in.compare(start, 2, "\r\n") == 0) {
+          start += c.in[start] == '\n' ? 1 : 2;
+        }
+        c.in.erase(0, start);
+        if (c.in.empty() || c.in == "\r") return;  // (a CRLF may be split across reads)
         c.phase = Phase::kHead;
         c.head_scanned = 0;
         c.deadline = Clock::now() + opt.header_timeout;
         lru_add(c, head_lru);
         break;
+      }
       case Phase::kHead: {
         auto end = http::find_head_end(c.in, &c.head_scanned, opt.limits);
         if (auto* e = std::get_if<http::ParseError>(&end)) return fail(c, e->status, e->message);

@@ -52,6 +52,9 @@ TEST(HttpHead, ParsesRequestLineHeadersAndFraming) {
   EXPECT_EQ(r.path, "*");
   r = parse_ok("POST / HTTP/1.1\r\nHost: h\r\nExpect: 100-Continue\r\nContent-Length: 1\r\n\r\n");
   EXPECT_TRUE(r.expect_continue);
+  // An HTTP/1.0 client's expectation is ignored (RFC 9110 10.1.1): no 100 is sent to it.
+  r = parse_ok("POST / HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n");
+  EXPECT_FALSE(r.expect_continue);
 }
 
 TEST(HttpHead, AmbiguousOrMalformedFramingIsRefused) {

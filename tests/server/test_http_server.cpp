@@ -395,6 +395,26 @@ TEST_F(HttpServerTest, ASignalDuringABlockedWriteDoesNotFailTheResponse) {
   EXPECT_TRUE(got.compare(end + 4, std::string::npos, want) == 0) << got.size() - end - 4;
 }
 
+// The empty line an old client sends after a body is not the start of a request: the idle
+// connection is closed at the idle timeout without a word, not answered 408 at the header
+// timeout (an unasked-for response that the client's next request would read as its own).
+TEST_F(HttpServerTest, AnEmptyLineAfterARequestIsNotARequestHead) {
+  HttpServerOptions o;
+  o.idle_timeout = std::chrono::milliseconds(600);
+  o.header_timeout = std::chrono::milliseconds(200);
+  start(o);
+  const int fd = connect_client();
+  const std::string req = "POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\none\r\n";
+  send(fd, req.data(), req.size(), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string got = read_all(fd);
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  close(fd);
+  EXPECT_EQ(got.rfind("HTTP/1.1 200", 0), 0u) << got;
+  EXPECT_EQ(got.find("HTTP/1.1 408"), std::string::npos) << got;
+  EXPECT_GE(waited, std::chrono::milliseconds(500));  // kept open until the idle timeout
+}
+
 // One that never reads at all is cut off at the write timeout.
 TEST_F(HttpServerTest, AResponseNobodyReadsEndsAtTheWriteTimeout) {
   HttpServerOptions o;
