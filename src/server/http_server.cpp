@@ -43,7 +43,9 @@ struct Conn {
   int fd = -1;
   size_t slot = 0;  // index in Impl::conns
   Phase phase = Phase::kIdle;
-  std::string in;  // bytes read and not yet consumed
+  std::string in;    // bytes read; in[0, in_at) consumed, erased once per pass, not per request
+  size_t in_at = 0;  // (per request, pipelined requests would cost quadratic time)
+  std::string_view unread() const { return std::string_view(in).substr(in_at); }
   size_t head_scanned = 0;
   bool head_parsed = false;
   http::Request req;
@@ -104,6 +106,7 @@ struct HttpServer::Impl {
   void on_event(Conn& c, uint32_t events);
   void read_input(Conn& c);
   void process(Conn& c);
+  void process_unread(Conn& c);
   void start_request(Conn& c);
   bool read_body(Conn& c);
   void dispatch(Conn& c);
@@ -355,7 +358,10 @@ void HttpServer::Impl::on_event(Conn& c, uint32_t events) {
 
 void HttpServer::Impl::read_input(Conn& c) {
   char buf[65536];
-  // A bounded amount per wake-up: one fast sender must not hold the loop.
+  // A bounded amount per wake-up: one fast sender must not hold the loop. Body bytes are read
+  // on, but once a read has completed a request the rest waits for the next pass, so that a
+  // client pipelining many small requests takes its turn with the others.
+  const int answered = c.requests;
   for (int k = 0; k < 16; ++k) {
     if (c.dead) return;
     if (c.phase != Phase::kIdle && c.phase != Phase::kHead && c.phase != Phase::kBody &&
@@ -372,22 +378,35 @@ void HttpServer::Impl::read_input(Conn& c) {
     if (c.phase == Phase::kLinger) continue;  // dropped
     c.in.append(buf, size_t(n));
     process(c);
+    if (c.requests != answered) return;
   }
 }
 
 void HttpServer::Impl::process(Conn& c) {
+  process_unread(c);
+  if (!c.dead && c.in_at) {
+    c.in.erase(0, c.in_at);
+    c.in_at = 0;
+  }
+}
+
+void HttpServer::Impl::process_unread(Conn& c) {
   for (;;) {
     if (c.dead) return;
     switch (c.phase) {
       case Phase::kIdle: {
         // Empty lines before a request (an old client's CRLF after a body) are no request yet:
         // dropped here, they keep the connection idle instead of starting a head (and a 408).
-        size_t start = 0;
-        while (c.in.compare(start, 1, "\n") == 0 || c.in.compare(start, 2, "\r\n") == 0) {
-          start += c.in[start] == '\n' ? 1 : 2;
+        for (std::string_view u = c.unread(); !u.empty(); u = c.unread()) {
+          if (u[0] == '\n') {
+            c.in_at += 1;
+          } else if (u.substr(0, 2) == "\r\n") {
+            c.in_at += 2;
+          } else {
+            break;
+          }
         }
-        c.in.erase(0, start);
-        if (c.in.empty() || c.in == "\r") return;  // (a CRLF may be split across reads)
+        if (c.unread().empty() || c.unread() == "\r") return;  // (a CRLF may be split in two)
         c.phase = Phase::kHead;
         c.head_scanned = 0;
         c.deadline = Clock::now() + opt.header_timeout;
@@ -395,12 +414,12 @@ void HttpServer::Impl::process(Conn& c) {
         break;
       }
       case Phase::kHead: {
-        auto end = http::find_head_end(c.in, &c.head_scanned, opt.limits);
+        auto end = http::find_head_end(c.unread(), &c.head_scanned, opt.limits);
         if (auto* e = std::get_if<http::ParseError>(&end)) return fail(c, e->status, e->message);
         const std::optional<size_t> at = std::get<std::optional<size_t>>(end);
         if (!at) return;
-        auto parsed = http::parse_head(std::string_view(c.in).substr(0, *at), opt.limits);
-        c.in.erase(0, *at);
+        auto parsed = http::parse_head(c.unread().substr(0, *at), opt.limits);
+        c.in_at += *at;
         if (auto* e = std::get_if<http::ParseError>(&parsed)) return fail(c, e->status, e->message);
         c.req = std::move(std::get<http::Request>(parsed));
         c.head_parsed = true;
@@ -461,7 +480,7 @@ void HttpServer::Impl::start_request(Conn& c) {
   if (!c.req.has_body()) return dispatch(c);
   c.phase = Phase::kBody;
   c.deadline = Clock::now() + opt.body_timeout;
-  if (c.req.expect_continue && c.in.empty()) {
+  if (c.req.expect_continue && c.unread().empty()) {
     static constexpr std::string_view k100 = "HTTP/1.1 100 Continue\r\n\r\n";
     if (::send(c.fd, k100.data(), k100.size(), MSG_DONTWAIT | MSG_NOSIGNAL) !=
         ssize_t(k100.size())) {
@@ -474,8 +493,8 @@ bool HttpServer::Impl::read_body(Conn& c) {
   if (c.req.chunked) {
     size_t used = 0;
     const size_t before = c.req.body.size();
-    const auto st = c.chunked.feed(c.in, &used, &c.req.body, opt.limits);
-    c.in.erase(0, used);
+    const auto st = c.chunked.feed(c.unread(), &used, &c.req.body, opt.limits);
+    c.in_at += used;
     const size_t grown = c.req.body.size() - before;
     if (grown) {
       if (!reserve(budget_used, opt.body_budget_bytes, grown)) {
@@ -490,9 +509,9 @@ bool HttpServer::Impl::read_body(Conn& c) {
     }
     return st == http::ChunkedDecoder::Status::kDone;
   }
-  const size_t take = size_t(std::min<uint64_t>(c.body_left, c.in.size()));
-  c.req.body.append(c.in, 0, take);
-  c.in.erase(0, take);
+  const size_t take = size_t(std::min<uint64_t>(c.body_left, c.unread().size()));
+  c.req.body.append(c.unread().substr(0, take));
+  c.in_at += take;
   c.body_left -= take;
   return c.body_left == 0;
 }
@@ -551,6 +570,7 @@ void HttpServer::Impl::flush_out(Conn& c) {
   c.phase = Phase::kLinger;
   c.deadline = Clock::now() + opt.linger;
   std::string().swap(c.in);
+  c.in_at = 0;
   watch(c, EPOLLIN | EPOLLRDHUP);
 }
 

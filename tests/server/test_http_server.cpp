@@ -415,6 +415,50 @@ TEST_F(HttpServerTest, AnEmptyLineAfterARequestIsNotARequestHead) {
   EXPECT_GE(waited, std::chrono::milliseconds(500));  // kept open until the idle timeout
 }
 
+// Clients that pipeline small requests as fast as they can take their turns with the others:
+// a request on another connection is still answered promptly (before, each pass read and
+// answered up to 1 MiB of one client's requests, erasing each from the front of its buffer,
+// and another client waited seconds).
+TEST_F(HttpServerTest, ClientsPipeliningWithoutPauseDoNotStarveOthers) {
+  start(HttpServerOptions());
+  std::atomic<bool> stop{false};
+  std::vector<int> fds;
+  std::vector<std::thread> threads;
+  std::string batch;
+  while (batch.size() < 65536) batch += "GET /fast HTTP/1.1\r\nHost:\r\n\r\n";
+  for (int k = 0; k < 2; ++k) {
+    const int fd = connect_client();
+    fds.push_back(fd);
+    threads.emplace_back([&, fd] {  // sends
+      while (!stop && send(fd, batch.data(), batch.size(), MSG_NOSIGNAL) > 0) {
+      }
+    });
+    threads.emplace_back([&, fd] {  // reads the answers
+      char buf[65536];
+      while (!stop && recv(fd, buf, sizeof(buf), 0) > 0) {
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto worst = std::chrono::steady_clock::duration::zero();
+  for (int i = 0; i < 10; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const int fd = connect_client();
+    const std::string req = "GET /fast HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    send(fd, req.data(), req.size(), 0);
+    const std::string got = read_until(fd, "\r\n\r\nok", 1);
+    worst = std::max(worst, std::chrono::steady_clock::now() - t0);
+    close(fd);
+    EXPECT_EQ(got.rfind("HTTP/1.1 200", 0), 0u) << got;
+  }
+  stop = true;
+  for (const int fd : fds) shutdown(fd, SHUT_RDWR);
+  for (auto& t : threads) t.join();
+  for (const int fd : fds) close(fd);
+  EXPECT_LT(worst, std::chrono::milliseconds(1000))
+      << std::chrono::duration<double, std::milli>(worst).count() << " ms";
+}
+
 // One that never reads at all is cut off at the write timeout.
 TEST_F(HttpServerTest, AResponseNobodyReadsEndsAtTheWriteTimeout) {
   HttpServerOptions o;
