@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -11,6 +12,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
+#include <filesystem>
 #include <thread>
 
 #include "server/http_server.h"
@@ -457,6 +460,91 @@ TEST_F(HttpServerTest, ClientsPipeliningWithoutPauseDoNotStarveOthers) {
   for (const int fd : fds) close(fd);
   EXPECT_LT(worst, std::chrono::milliseconds(1000))
       << std::chrono::duration<double, std::milli>(worst).count() << " ms";
+}
+
+// Requests that arrive a byte at a time (every split of a head, a Content-Length body, a
+// chunked body and the next pipelined request) are read as if whole.
+TEST_F(HttpServerTest, RequestsSplitAtEveryByteAreReadWhole) {
+  start(HttpServerOptions());
+  const int fd = connect_client();
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  const std::string all =
+      "POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhelloPOST /b HTTP/1.1\r\n"
+      "Host: x\r\nTransfer-Encoding: chunked\r\n\r\n3;e=1\r\nabc\r\n2\r\nde\r\n0\r\nT: v\r\n\r\n"
+      "GET /c HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  for (const char ch : all) {
+    ASSERT_EQ(send(fd, &ch, 1, 0), 1);
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
+  }
+  const std::string got = read_all(fd);
+  close(fd);
+  const size_t a = got.find("/a:hello"), b = got.find("/b:abcde"), c = got.find("/c:");
+  EXPECT_NE(a, std::string::npos) << got;
+  EXPECT_NE(b, std::string::npos) << got;
+  EXPECT_NE(c, std::string::npos) << got;
+  EXPECT_LT(a, b);
+  EXPECT_LT(b, c);
+}
+
+// A HEAD response carries the length of the GET body but no body, from the loop or a worker:
+// the next pipelined response follows its head directly.
+TEST_F(HttpServerTest, HeadResponsesHaveNoBody) {
+  start(HttpServerOptions());
+  const int fd = connect_client();
+  const std::string req =
+      "HEAD /fast HTTP/1.1\r\nHost: x\r\n\r\nHEAD /a HTTP/1.1\r\nHost: x\r\n\r\n"
+      "GET /fast HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  send(fd, req.data(), req.size(), 0);
+  const std::string got = read_all(fd);
+  close(fd);
+  const std::string fast_head = "Content-Length: 2\r\nConnection: keep-alive\r\n\r\n";
+  const std::string worker_head = "Content-Length: 3\r\nConnection: keep-alive\r\n\r\n";
+  EXPECT_NE(got.find(fast_head + "HTTP/1.1 200"), std::string::npos) << got;
+  EXPECT_NE(got.find(worker_head + "HTTP/1.1 200"), std::string::npos) << got;
+  EXPECT_TRUE(got.size() > 4 && got.compare(got.size() - 6, 6, "\r\n\r\nok") == 0) << got;
+}
+
+size_t open_descriptors() {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+// Connections that end in every state (idle, in a head, in a body, refused, answered with an
+// error, kept alive, displaced at the connection limit) leave no descriptor behind.
+TEST_F(HttpServerTest, NoDescriptorOutlivesItsConnection) {
+  HttpServerOptions o;
+  o.max_connections = 8;
+  o.linger = std::chrono::milliseconds(200);
+  start(o);
+  const size_t before = open_descriptors();
+  const char* sends[] = {
+      "",                                                               // idle
+      "GET /a HTTP/1.1\r\nHost:",                                       // in a head
+      "POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\nabc",    // in a body
+      "GET /a HTTP/1.1\r\nNo colon\r\n\r\n",                            // a 400
+      "POST /refuse HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\n",  // refused from the head
+      "GET /a HTTP/1.1\r\nHost: x\r\n\r\n",                             // kept alive
+  };
+  for (int round = 0; round < 5; ++round) {
+    std::vector<int> fds;
+    for (const char* bytes : sends) {
+      for (int k = 0; k < 3; ++k) {  // 18 connections, 8 allowed: some are displaced
+        const int fd = connect_client();
+        send(fd, bytes, strlen(bytes), MSG_NOSIGNAL);
+        fds.push_back(fd);
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    for (const int fd : fds) close(fd);
+  }
+  size_t after = 0;
+  for (int i = 0; i < 50; ++i) {  // the server sees the closes and the linger ends
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if ((after = open_descriptors()) == before) break;
+  }
+  EXPECT_EQ(after, before);
 }
 
 // One that never reads at all is cut off at the write timeout.
