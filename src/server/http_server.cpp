@@ -58,7 +58,7 @@ struct Conn {
   bool keep = false;         // set by the worker: reuse after its response
   int requests = 0;          // answered on this connection
   Clock::time_point deadline;
-  std::list<Conn*>* lru = nullptr;  // idle_lru or head_lru while in one
+  std::list<Conn*>* lru = nullptr;  // linger_lru, idle_lru or head_lru while in one
   std::list<Conn*>::iterator lru_it;
   uint32_t events = 0;  // registered epoll events, 0: not registered
   bool dead = false;
@@ -76,8 +76,8 @@ struct HttpServer::Impl {
 
   // Loop thread only.
   std::vector<std::unique_ptr<Conn>> conns;
-  std::vector<std::unique_ptr<Conn>> graveyard;  // closed during this loop pass
-  std::list<Conn*> idle_lru, head_lru;           // oldest first
+  std::vector<std::unique_ptr<Conn>> graveyard;     // closed during this loop pass
+  std::list<Conn*> linger_lru, idle_lru, head_lru;  // oldest first
   bool listening_paused = false;
   Clock::time_point resume_accept;
   bool drained_idle = false;
@@ -296,7 +296,10 @@ void HttpServer::Impl::close_conn(Conn& c, const char* reason) {
 }
 
 bool HttpServer::Impl::evict_one() {
-  std::list<Conn*>& from = !idle_lru.empty() ? idle_lru : head_lru;
+  // Answered and only lingering first, then idle, then still sending a head.
+  std::list<Conn*>& from = !linger_lru.empty() ? linger_lru
+                           : !idle_lru.empty() ? idle_lru
+                                               : head_lru;
   if (from.empty()) return false;
   close_conn(*from.front(), "evicted");
   return true;
@@ -569,6 +572,7 @@ void HttpServer::Impl::flush_out(Conn& c) {
   ::shutdown(c.fd, SHUT_WR);
   c.phase = Phase::kLinger;
   c.deadline = Clock::now() + opt.linger;
+  lru_add(c, linger_lru);
   std::string().swap(c.in);
   c.in_at = 0;
   watch(c, EPOLLIN | EPOLLRDHUP);

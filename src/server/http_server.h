@@ -7,8 +7,8 @@
 // (authentication, routing, a declared size) costs no body bytes. Only a request whose body
 // has fully arrived reaches a worker thread, so slow or idle clients hold a descriptor and a
 // small buffer each, never a thread. At max_connections, a new connection displaces the oldest
-// idle one, then the oldest still sending its head; only when every connection is busy with a
-// request is it answered 503.
+// one lingering after its last response, then the oldest idle one, then the oldest still
+// sending its head; only when every connection is busy with a request is it answered 503.
 #pragma once
 
 #include <chrono>

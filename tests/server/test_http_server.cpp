@@ -547,6 +547,31 @@ TEST_F(HttpServerTest, NoDescriptorOutlivesItsConnection) {
   EXPECT_EQ(after, before);
 }
 
+// At the connection limit, connections that are only lingering after their last response are
+// the first displaced: a flood of Connection: close requests whose clients keep their sockets
+// open does not turn new clients away.
+TEST_F(HttpServerTest, LingeringConnectionsAreDisplacedFirst) {
+  HttpServerOptions o;
+  o.max_connections = 4;
+  o.linger = std::chrono::seconds(10);
+  start(o);
+  std::vector<int> lingering;
+  for (int i = 0; i < 4; ++i) {
+    const int fd = connect_client();
+    const std::string req = "GET /fast HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    send(fd, req.data(), req.size(), 0);
+    EXPECT_NE(read_until(fd, "\r\n\r\nok", 1).find("ok"), std::string::npos);
+    lingering.push_back(fd);  // answered, but kept open
+  }
+  const int fd = connect_client();
+  const std::string req = "GET /fast HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  send(fd, req.data(), req.size(), 0);
+  const std::string got = read_until(fd, "\r\n\r\n", 1);
+  EXPECT_EQ(got.rfind("HTTP/1.1 200", 0), 0u) << got;
+  close(fd);
+  for (const int l : lingering) close(l);
+}
+
 // One that never reads at all is cut off at the write timeout.
 TEST_F(HttpServerTest, AResponseNobodyReadsEndsAtTheWriteTimeout) {
   HttpServerOptions o;
