@@ -256,7 +256,7 @@ std::variant<bool, ParseError> check_framing(Request* r) {
       if (!iequals(h.value, "100-continue")) {
         return error(417, fmt::format("Expect '{}' is not supported", excerpt(h.value)));
       }
-      r->expect_continue = true;
+      r->expect_continue = r->minor_version >= 1;  // HTTP/1.0: ignored (RFC 9110 10.1.1)
     } else if (h.name == "content-encoding") {
       if (!iequals(h.value, "identity")) {
         return error(415, fmt::format("Content-Encoding '{}' is not supported; send the body "
@@ -418,7 +418,9 @@ ChunkedDecoder::Status ChunkedDecoder::feed(std::string_view data, size_t* consu
         state_ = State::kSize;
         break;
       case State::kTrailer:
-        // Trailer fields are read and dropped; an empty line ends the body.
+        // Trailer fields are read and dropped; an empty line ends the body. Every byte counts
+        // toward the bound (CRs too: else endless CRs would be a body that never ends).
+        if (++trailer_bytes_ > limits.max_head) return fail(431, "chunked trailer too large");
         if (c == '\n') {
           ++i;
           if (trailer_line_ == 0) {
@@ -433,7 +435,6 @@ ChunkedDecoder::Status ChunkedDecoder::feed(std::string_view data, size_t* consu
         } else {
           ++i;
           ++trailer_line_;
-          if (++trailer_bytes_ > limits.max_head) return fail(431, "chunked trailer too large");
         }
         break;
       case State::kDone:
@@ -502,7 +503,7 @@ const char* reason_phrase(int status) {
 }
 
 std::string serialize_head(const Response& res, bool keep_alive,
-                           std::optional<size_t> content_length) {
+                           std::optional<size_t> content_length, bool chunked) {
   // Header values are ours or validated client bytes; a CR or LF must still never split them.
   auto clean = [](std::string_view v) {
     std::string s(v);
@@ -515,9 +516,10 @@ std::string serialize_head(const Response& res, bool keep_alive,
   if (!res.content_type.empty() && res.status != 204) {
     out += "Content-Type: " + clean(res.content_type) + "\r\n";
   }
-  if (res.status != 204) {
-    out += content_length ? fmt::format("Content-Length: {}\r\n", *content_length)
-                          : std::string("Transfer-Encoding: chunked\r\n");
+  if (res.status != 204 && content_length) {
+    out += fmt::format("Content-Length: {}\r\n", *content_length);
+  } else if (res.status != 204 && chunked) {
+    out += "Transfer-Encoding: chunked\r\n";
   }
   out += keep_alive ? "Connection: keep-alive\r\n" : "Connection: close\r\n";
   for (const Header& h : res.headers) out += clean(h.name) + ": " + clean(h.value) + "\r\n";

@@ -94,9 +94,10 @@ struct Response {
 
 const char* reason_phrase(int status);
 
-// Status line and headers, ending in the empty line. content_length nullopt: chunked.
+// Status line and headers, ending in the empty line. content_length nullopt: a chunked body, or
+// with chunked false (HTTP/1.0 knows no chunking) a body that the close ends.
 std::string serialize_head(const Response& res, bool keep_alive,
-                           std::optional<size_t> content_length);
+                           std::optional<size_t> content_length, bool chunked = true);
 
 // Percent-decoding of a path segment; nullopt when an escape is malformed.
 std::optional<std::string> percent_decode(std::string_view s);

@@ -43,7 +43,9 @@ struct Conn {
   int fd = -1;
   size_t slot = 0;  // index in Impl::conns
   Phase phase = Phase::kIdle;
-  std::string in;  // bytes read and not yet consumed
+  std::string in;    // bytes read; in[0, in_at) consumed, erased once per pass, not per request
+  size_t in_at = 0;  // (per request, pipelined requests would cost quadratic time)
+  std::string_view unread() const { return std::string_view(in).substr(in_at); }
   size_t head_scanned = 0;
   bool head_parsed = false;
   http::Request req;
@@ -52,11 +54,11 @@ struct Conn {
   size_t budget = 0;       // bytes of the body budget held for this request
   std::string out;         // the loop's own response, out[out_sent..) not yet sent
   size_t out_sent = 0;
-  bool close_after = false, linger_after = false;
-  bool keep = false;  // set by the worker: reuse after its response
-  int requests = 0;   // answered on this connection
+  bool close_after = false;  // after out is sent: a lingering close
+  bool keep = false;         // set by the worker: reuse after its response
+  int requests = 0;          // answered on this connection
   Clock::time_point deadline;
-  std::list<Conn*>* lru = nullptr;  // idle_lru or head_lru while in one
+  std::list<Conn*>* lru = nullptr;  // linger_lru, idle_lru or head_lru while in one
   std::list<Conn*>::iterator lru_it;
   uint32_t events = 0;  // registered epoll events, 0: not registered
   bool dead = false;
@@ -74,8 +76,8 @@ struct HttpServer::Impl {
 
   // Loop thread only.
   std::vector<std::unique_ptr<Conn>> conns;
-  std::vector<std::unique_ptr<Conn>> graveyard;  // closed during this loop pass
-  std::list<Conn*> idle_lru, head_lru;           // oldest first
+  std::vector<std::unique_ptr<Conn>> graveyard;     // closed during this loop pass
+  std::list<Conn*> linger_lru, idle_lru, head_lru;  // oldest first
   bool listening_paused = false;
   Clock::time_point resume_accept;
   bool drained_idle = false;
@@ -104,10 +106,11 @@ struct HttpServer::Impl {
   void on_event(Conn& c, uint32_t events);
   void read_input(Conn& c);
   void process(Conn& c);
+  void process_unread(Conn& c);
   void start_request(Conn& c);
   bool read_body(Conn& c);
   void dispatch(Conn& c);
-  void respond(Conn& c, http::Response res, bool keep_alive, bool linger);
+  void respond(Conn& c, http::Response res, bool keep_alive);
   void fail(Conn& c, int status, std::string message);
   void flush_out(Conn& c);
   void to_idle(Conn& c);
@@ -137,7 +140,9 @@ bool HttpExchange::write_all(std::string_view data) {
       const int64_t left =
           std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
       pollfd p{fd_, POLLOUT, 0};
-      if (left > 0 && poll(&p, 1, int(std::min<int64_t>(left, 1000))) >= 0) continue;
+      if (left > 0 && (poll(&p, 1, int(std::min<int64_t>(left, 1000))) >= 0 || errno == EINTR)) {
+        continue;
+      }
     }
     failed_ = true;  // reset, broken pipe, or nothing read for write_timeout
     return false;
@@ -153,25 +158,43 @@ bool HttpExchange::send(http::Response res) {
   if (!keep) keep_alive_ = false;
   std::string out = http::serialize_head(res, keep, res.body.size());
   if (req_->method != "HEAD") out += res.body;
-  return write_all(out);
+  size_t at = 0;
+  while (at < out.size()) {
+    const ssize_t n = ::send(fd_, out.data() + at, out.size() - at, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) {
+      at += size_t(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      unsent_ = std::move(out);
+      unsent_at_ = at;
+      return true;
+    } else {
+      failed_ = true;
+      return false;
+    }
+  }
+  return true;
 }
 
 bool HttpExchange::begin_chunked(http::Response head) {
   if (responded_) return false;
   responded_ = true;
   impl_->handler.finish(req_, head);
+  if (!chunked()) keep_alive_ = false;  // the close ends the body
   const bool keep = keep_alive();
   if (!keep) keep_alive_ = false;
-  return write_all(http::serialize_head(head, keep, std::nullopt));
+  return write_all(http::serialize_head(head, keep, std::nullopt, chunked()));
 }
 
 bool HttpExchange::write_chunk(std::string_view data) {
   if (data.empty()) return true;  // an empty chunk would end the body
+  if (!chunked()) return write_all(data);
   return write_all(fmt::format("{:x}\r\n", data.size())) && write_all(data) && write_all("\r\n");
 }
 
 bool HttpExchange::end_chunked() {
-  return write_all("0\r\n\r\n");
+  return chunked() ? write_all("0\r\n\r\n") : !failed_;
 }
 
 void HttpServer::Impl::worker_main() {
@@ -210,6 +233,8 @@ void HttpServer::Impl::worker_main() {
       ex.close_connection();
     }
     c->keep = ex.keep_alive();
+    c->out = std::move(ex.unsent_);
+    c->out_sent = ex.unsent_at_;
     c->req = http::Request();  // the body's memory goes now
     release_budget(*c);
     {
@@ -271,7 +296,10 @@ void HttpServer::Impl::close_conn(Conn& c, const char* reason) {
 }
 
 bool HttpServer::Impl::evict_one() {
-  std::list<Conn*>& from = !idle_lru.empty() ? idle_lru : head_lru;
+  // Answered and only lingering first, then idle, then still sending a head.
+  std::list<Conn*>& from = !linger_lru.empty() ? linger_lru
+                           : !idle_lru.empty() ? idle_lru
+                                               : head_lru;
   if (from.empty()) return false;
   close_conn(*from.front(), "evicted");
   return true;
@@ -325,6 +353,7 @@ void HttpServer::Impl::on_event(Conn& c, uint32_t events) {
   if (c.dead || c.phase == Phase::kWorker) return;
   if (c.phase == Phase::kWriting) {
     flush_out(c);
+    if (!c.dead && c.phase == Phase::kIdle) process(c);
     return;
   }
   if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) read_input(c);
@@ -332,7 +361,10 @@ void HttpServer::Impl::on_event(Conn& c, uint32_t events) {
 
 void HttpServer::Impl::read_input(Conn& c) {
   char buf[65536];
-  // A bounded amount per wake-up: one fast sender must not hold the loop.
+  // A bounded amount per wake-up: one fast sender must not hold the loop. Body bytes are read
+  // on, but once a read has completed a request the rest waits for the next pass, so that a
+  // client pipelining many small requests takes its turn with the others.
+  const int answered = c.requests;
   for (int k = 0; k < 16; ++k) {
     if (c.dead) return;
     if (c.phase != Phase::kIdle && c.phase != Phase::kHead && c.phase != Phase::kBody &&
@@ -349,27 +381,48 @@ void HttpServer::Impl::read_input(Conn& c) {
     if (c.phase == Phase::kLinger) continue;  // dropped
     c.in.append(buf, size_t(n));
     process(c);
+    if (c.requests != answered) return;
   }
 }
 
 void HttpServer::Impl::process(Conn& c) {
+  process_unread(c);
+  if (!c.dead && c.in_at) {
+    c.in.erase(0, c.in_at);
+    c.in_at = 0;
+  }
+}
+
+void HttpServer::Impl::process_unread(Conn& c) {
   for (;;) {
     if (c.dead) return;
     switch (c.phase) {
-      case Phase::kIdle:
-        if (c.in.empty()) return;
+      case Phase::kIdle: {
+        // Empty lines before a request (an old client's CRLF after a body) are no request yet:
+        // dropped here, they keep the connection idle instead of starting a head (and a 408).
+        for (std::string_view u = c.unread(); !u.empty(); u = c.unread()) {
+          if (u[0] == '\n') {
+            c.in_at += 1;
+          } else if (u.substr(0, 2) == "\r\n") {
+            c.in_at += 2;
+          } else {
+            break;
+          }
+        }
+        if (c.unread().empty() || c.unread() == "\r") return;  // (a CRLF may be split in two)
         c.phase = Phase::kHead;
         c.head_scanned = 0;
         c.deadline = Clock::now() + opt.header_timeout;
         lru_add(c, head_lru);
         break;
+      }
       case Phase::kHead: {
-        auto end = http::find_head_end(c.in, &c.head_scanned, opt.limits);
+        auto end = http::find_head_end(c.unread(), &c.head_scanned, opt.limits);
         if (auto* e = std::get_if<http::ParseError>(&end)) return fail(c, e->status, e->message);
         const std::optional<size_t> at = std::get<std::optional<size_t>>(end);
         if (!at) return;
-        auto parsed = http::parse_head(std::string_view(c.in).substr(0, *at), opt.limits);
-        c.in.erase(0, *at);
+        auto parsed = http::parse_head(c.unread().substr(0, *at), opt.limits);
+        c.in_at += *at;
         if (auto* e = std::get_if<http::ParseError>(&parsed)) return fail(c, e->status, e->message);
         c.req = std::move(std::get<http::Request>(parsed));
         c.head_parsed = true;
@@ -408,7 +461,7 @@ void HttpServer::Impl::start_request(Conn& c) {
   if (reply) {
     // Any body is left unread: the connection cannot carry another request.
     const bool body = c.req.has_body();
-    return respond(c, std::move(*reply), c.req.keep_alive && !body && !draining.load(), body);
+    return respond(c, std::move(*reply), c.req.keep_alive && !body && !draining.load());
   }
   const size_t max_body = opt.limits.max_body;
   if (c.req.content_length && *c.req.content_length > max_body) {
@@ -430,7 +483,7 @@ void HttpServer::Impl::start_request(Conn& c) {
   if (!c.req.has_body()) return dispatch(c);
   c.phase = Phase::kBody;
   c.deadline = Clock::now() + opt.body_timeout;
-  if (c.req.expect_continue && c.in.empty()) {
+  if (c.req.expect_continue && c.unread().empty()) {
     static constexpr std::string_view k100 = "HTTP/1.1 100 Continue\r\n\r\n";
     if (::send(c.fd, k100.data(), k100.size(), MSG_DONTWAIT | MSG_NOSIGNAL) !=
         ssize_t(k100.size())) {
@@ -443,8 +496,8 @@ bool HttpServer::Impl::read_body(Conn& c) {
   if (c.req.chunked) {
     size_t used = 0;
     const size_t before = c.req.body.size();
-    const auto st = c.chunked.feed(c.in, &used, &c.req.body, opt.limits);
-    c.in.erase(0, used);
+    const auto st = c.chunked.feed(c.unread(), &used, &c.req.body, opt.limits);
+    c.in_at += used;
     const size_t grown = c.req.body.size() - before;
     if (grown) {
       if (!reserve(budget_used, opt.body_budget_bytes, grown)) {
@@ -459,9 +512,9 @@ bool HttpServer::Impl::read_body(Conn& c) {
     }
     return st == http::ChunkedDecoder::Status::kDone;
   }
-  const size_t take = size_t(std::min<uint64_t>(c.body_left, c.in.size()));
-  c.req.body.append(c.in, 0, take);
-  c.in.erase(0, take);
+  const size_t take = size_t(std::min<uint64_t>(c.body_left, c.unread().size()));
+  c.req.body.append(c.unread().substr(0, take));
+  c.in_at += take;
   c.body_left -= take;
   return c.body_left == 0;
 }
@@ -478,14 +531,13 @@ void HttpServer::Impl::dispatch(Conn& c) {
   cv.notify_one();
 }
 
-void HttpServer::Impl::respond(Conn& c, http::Response res, bool keep_alive, bool linger) {
+void HttpServer::Impl::respond(Conn& c, http::Response res, bool keep_alive) {
   const http::Request* req = c.head_parsed ? &c.req : nullptr;
   handler.finish(req, res);
   c.out = http::serialize_head(res, keep_alive, res.body.size());
   if (!req || req->method != "HEAD") c.out += res.body;
   c.out_sent = 0;
   c.close_after = !keep_alive;
-  c.linger_after = linger;
   c.phase = Phase::kWriting;
   c.deadline = Clock::now() + opt.write_timeout;
   lru_remove(c);
@@ -496,7 +548,7 @@ void HttpServer::Impl::fail(Conn& c, int status, std::string message) {
   release_budget(c);
   http::Response res =
       handler.error_response(c.head_parsed ? &c.req : nullptr, status, std::move(message));
-  respond(c, std::move(res), false, true);
+  respond(c, std::move(res), false);
 }
 
 void HttpServer::Impl::flush_out(Conn& c) {
@@ -515,11 +567,14 @@ void HttpServer::Impl::flush_out(Conn& c) {
   c.out_sent = 0;
   ++c.requests;
   if (!c.close_after) return to_idle(c);
-  if (!c.linger_after) return close_conn(c);
+  // Closing with unread input would reset the connection and could discard the response's tail
+  // still in the send queue: the output is shut and the input dropped until the peer closes.
   ::shutdown(c.fd, SHUT_WR);
   c.phase = Phase::kLinger;
   c.deadline = Clock::now() + opt.linger;
+  lru_add(c, linger_lru);
   std::string().swap(c.in);
+  c.in_at = 0;
   watch(c, EPOLLIN | EPOLLRDHUP);
 }
 
@@ -534,14 +589,19 @@ void HttpServer::Impl::to_idle(Conn& c) {
   c.deadline = Clock::now() + opt.idle_timeout;
   lru_add(c, idle_lru);
   watch(c, EPOLLIN | EPOLLRDHUP);
-  process(c);  // a pipelined request may be buffered already
+  // A pipelined request may be buffered already: the caller processes it (process() itself when
+  // it is the caller, looping, so that many such requests never nest calls).
 }
 
 void HttpServer::Impl::resume(Conn& c) {
   --with_workers;
-  if (stopping.load() || !c.keep) return close_conn(c);
-  ++c.requests;
-  to_idle(c);
+  if (stopping.load()) return close_conn(c);
+  // The rest of the worker's response, if any, then the next request or a lingering close.
+  c.phase = Phase::kWriting;
+  c.close_after = !c.keep;
+  c.deadline = Clock::now() + opt.write_timeout;
+  flush_out(c);
+  if (!c.dead && c.phase == Phase::kIdle) process(c);
 }
 
 void HttpServer::Impl::check_deadlines(Clock::time_point now) {

@@ -7,8 +7,8 @@
 // (authentication, routing, a declared size) costs no body bytes. Only a request whose body
 // has fully arrived reaches a worker thread, so slow or idle clients hold a descriptor and a
 // small buffer each, never a thread. At max_connections, a new connection displaces the oldest
-// idle one, then the oldest still sending its head; only when every connection is busy with a
-// request is it answered 503.
+// one lingering after its last response, then the oldest idle one, then the oldest still
+// sending its head; only when every connection is busy with a request is it answered 503.
 #pragma once
 
 #include <chrono>
@@ -35,7 +35,7 @@ struct HttpServerOptions {
   std::chrono::milliseconds body_timeout{60000};
   std::chrono::milliseconds idle_timeout{5000};
   std::chrono::milliseconds write_timeout{30000};
-  // After an error that leaves request bytes unread, input is read and dropped this long
+  // After a response that ends its connection, input is read and dropped up to this long
   // before the close, so that the client sees the response instead of a reset.
   std::chrono::milliseconds linger{2000};
 };
@@ -87,14 +87,17 @@ class HttpServer {
 class HttpExchange {
  public:
   int fd() const { return fd_; }
-  // The whole response; blocks up to the write timeout. false: the client is gone.
+  // The whole response. What the socket does not take at once is left to the event loop (under
+  // the write timeout), so a client that reads slowly holds no worker. false: the client is gone.
   bool send(http::Response res);
   // A chunked response's status line and headers; the body's chunks are then written to fd()
-  // (by the stream writer) and end_chunked() writes the last one.
+  // (by the stream writer) and end_chunked() writes the last one. An HTTP/1.0 client knows no
+  // chunking: its body is sent as is and ended by the close (chunked() says which).
   bool begin_chunked(http::Response head);
   bool end_chunked();
   // One chunk of a chunked body.
   bool write_chunk(std::string_view data);
+  bool chunked() const { return req_->minor_version >= 1; }
   // Not reused after this response (the client went away, or a write failed).
   void close_connection() { keep_alive_ = false; }
   // No response will be sent (the client went away): the connection is closed.
@@ -116,6 +119,8 @@ class HttpExchange {
   bool keep_alive_ = true;
   bool responded_ = false;
   bool failed_ = false;
+  std::string unsent_;  // of send()'s response, unsent_[unsent_at_..) for the loop to write
+  size_t unsent_at_ = 0;
 };
 
 }  // namespace recur::server

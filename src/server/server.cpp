@@ -397,7 +397,7 @@ void Server::Impl::stream(std::shared_ptr<Generation> gen, HttpExchange& ex) {
   // From here the stream writer sends the chunks straight to the socket; this thread waits.
   std::shared_ptr<SseStream> s;
   try {
-    s = writer->add(gen, ex.fd());
+    s = writer->add(gen, ex.fd(), ex.chunked());
   } catch (...) {
     gen->cancel();
     ex.close_connection();

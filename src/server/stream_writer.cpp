@@ -45,7 +45,8 @@ void append_chunk(std::string* out, std::string_view data) {
 struct StreamWriter::Stream {
   std::shared_ptr<Generation> gen;
   std::shared_ptr<SseStream> handle;
-  int fd = -1;  // -1: relayed through the HTTP thread
+  int fd = -1;          // -1: relayed through the HTTP thread
+  bool chunked = true;  // HTTP chunk framing on fd (HTTP/1.0: none, the close ends the body)
   bool anthropic = false;
   std::optional<OpenAiStream> openai;
   std::optional<AnthropicStream> claude;
@@ -113,7 +114,8 @@ void StreamWriter::step_done() noexcept {
   eventfd_write(wake_fd_, 1);
 }
 
-std::shared_ptr<SseStream> StreamWriter::add(std::shared_ptr<Generation> gen, int fd) {
+std::shared_ptr<SseStream> StreamWriter::add(std::shared_ptr<Generation> gen, int fd,
+                                             bool chunked) {
   auto s = std::make_shared<Stream>();
   s->handle = std::make_shared<SseStream>();
   const Endpoint endpoint = gen->request().endpoint;
@@ -127,6 +129,7 @@ std::shared_ptr<SseStream> StreamWriter::add(std::shared_ptr<Generation> gen, in
   }
   s->gen = std::move(gen);
   s->fd = fd;
+  s->chunked = chunked;
   s->progress = WriterClock::now();
   std::shared_ptr<SseStream> handle = s->handle;
   {
@@ -229,7 +232,7 @@ void StreamWriter::flush(Stream& s) {
 // Queues SSE text: framed as an HTTP chunk when the writer owns the socket; relayed bytes
 // are framed by the HTTP thread (HttpExchange::write_chunk).
 void StreamWriter::frame(Stream& s, std::string_view text) {
-  if (s.fd >= 0) {
+  if (s.fd >= 0 && s.chunked) {
     append_chunk(&s.out, text);
   } else {
     s.out.append(text);

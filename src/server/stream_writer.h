@@ -53,9 +53,9 @@ class StreamWriter {
 
   // Takes over a started streaming generation whose response headers are already on the
   // socket `fd`: from now on only the writer thread touches `gen`, and it writes the chunks
-  // (HTTP chunked framing) straight to `fd`. With fd < 0 (socket unknown) the chunks are
-  // relayed to the HTTP thread through SseStream::next instead.
-  std::shared_ptr<SseStream> add(std::shared_ptr<Generation> gen, int fd);
+  // (HTTP chunked framing; unframed with chunked false, for HTTP/1.0) straight to `fd`. With
+  // fd < 0 (socket unknown) the chunks are relayed to the HTTP thread through SseStream::next.
+  std::shared_ptr<SseStream> add(std::shared_ptr<Generation> gen, int fd, bool chunked = true);
 
   struct Stream;
 

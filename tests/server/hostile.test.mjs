@@ -326,6 +326,25 @@ describe('without an API key', () => {
     assert.equal(o.status, 204);
     assert.match(o.headers.allow, /POST/);
   });
+
+  test('an HTTP/1.0 stream is the SSE bytes themselves, ended by the close (no chunking)', async () => {
+    const body = JSON.stringify({ prompt: [9707, 11], max_tokens: 3, temperature: 0, ignore_eos: true, stream: true });
+    const c = open(port);
+    await c.connected;
+    await c.write(`POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\nConnection: keep-alive\r\n` +
+      `Content-Length: ${body.length}\r\n\r\n${body}`);
+    assert.ok(await c.closedWithin(10000), 'the stream did not end with the close');
+    const text = c.buf.toString('latin1');
+    const end = text.indexOf('\r\n\r\n');
+    const head = text.slice(0, end);
+    assert.match(head, /^HTTP\/1\.1 200/);
+    assert.doesNotMatch(head, /transfer-encoding/i);
+    assert.match(head, /\r\nConnection: close(\r|$)/);
+    const events = text.slice(end + 4);
+    assert.match(events, /^data: \{/, events.slice(0, 80));
+    assert.ok(events.endsWith('data: [DONE]\n\n'), events.slice(-80));
+    assert.equal((events.match(/^data: \{/gm) ?? []).length >= 3, true, events);
+  });
 });
 
 describe('with an API key', () => {

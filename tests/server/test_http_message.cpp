@@ -52,6 +52,9 @@ TEST(HttpHead, ParsesRequestLineHeadersAndFraming) {
   EXPECT_EQ(r.path, "*");
   r = parse_ok("POST / HTTP/1.1\r\nHost: h\r\nExpect: 100-Continue\r\nContent-Length: 1\r\n\r\n");
   EXPECT_TRUE(r.expect_continue);
+  // An HTTP/1.0 client's expectation is ignored (RFC 9110 10.1.1): no 100 is sent to it.
+  r = parse_ok("POST / HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n");
+  EXPECT_FALSE(r.expect_continue);
 }
 
 TEST(HttpHead, AmbiguousOrMalformedFramingIsRefused) {
@@ -216,6 +219,21 @@ TEST(HttpChunked, BadFramingAndTheSizeLimit) {
   EXPECT_EQ(std::get<ParseError>(r).status, 413);
   r = decode("5\r\nabcde\r\n5\r\nfghij\r\n0\r\n\r\n", 3, limits);
   ASSERT_TRUE(std::holds_alternative<std::string>(r));  // exactly the limit is fine
+}
+
+// Every byte of a trailer counts toward its bound, the CRs of its line ends too: an endless run
+// of CRs after the last chunk is an error, not a body that never ends.
+TEST(HttpChunked, TrailerBytesAreBoundedWhateverTheyAre) {
+  Limits limits;
+  limits.max_head = 1024;
+  for (const char filler : {'x', '\r'}) {
+    ChunkedDecoder d;
+    std::string body;
+    const std::string data = "1\r\na\r\n0\r\n" + std::string(4096, filler);
+    size_t used = 0;
+    EXPECT_EQ(d.feed(data, &used, &body, limits), ChunkedDecoder::Status::kError) << int(filler);
+    EXPECT_EQ(d.error().status, 431);
+  }
 }
 
 TEST(HttpResponse, HeadIsWellFormed) {
