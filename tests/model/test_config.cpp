@@ -88,6 +88,20 @@ TEST(Config, ErrorsNameTheField) {
          j["num_experts"] = 0;
        },
        "'intermediate_size'"},
+      {[](json& j) { j["rms_norm_eps"] = -1; }, "'rms_norm_eps'"},
+      {[](json& j) {
+         j.erase("head_dim");
+         j["hidden_size"] = 31;  // not a multiple of the 2 heads
+       },
+       "'head_dim' is missing"},
+      {[](json& j) {
+         j["head_dim"] = 10;  // int(10 x 0.3) = 3 rotary channels: odd
+         j["partial_rotary_factor"] = 0.3;
+       },
+       "rotary channels; they must be even"},
+      {[](json& j) { j["mlp_only_layers"] = {5}; }, "'mlp_only_layers'"},
+      {[](json& j) { j["eos_token_id"] = 1 << 20; }, "outside the vocabulary"},
+      {[](json& j) { j["eos_token_id"] = int64_t(1) << 33; }, "eos_token_id"},
   };
   for (auto& [mutate, expect] : cases) {
     json j = base_config();
