@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over a build made here with `cmake --preset cuda`: the CUDA op tests,
-# verify on the three reference models, the engine invariants on CUDA (the 20,000-token
+# verify on the six reference models, the engine invariants on CUDA (the 20,000-token
 # flat-counter test included), the benchmark of the published 80B configuration cut to 6
 # layers, transformers' baseline in the same session, and one long completion whose buffer
 # counters must stay flat. Exits 1 when any check fails (CUDA verify at tolerance 1e-3: the
@@ -17,6 +17,10 @@ set -uo pipefail
 out="${1:-/tmp/out}"; mode="${2:-full}"
 mkdir -p "$out"
 export LD_LIBRARY_PATH="$PWD/.devlibs:${LD_LIBRARY_PATH:-}"
+# The device image's cuBLAS 13 comes with PyTorch's pip packages.
+for d in /opt/torch/.venv/lib/python3*/site-packages/nvidia/cu13/lib; do
+  [ -d "$d" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"
+done
 b="${RECUR_BIN:-build-cuda}"; t="$b/${RECUR_TESTS-tests/}"; be="$b/bench/"
 if [ -n "${RECUR_BINS_TAR:-}" ]; then
   b=/tmp/recur-bins; mkdir -p $b && tar xJf "$RECUR_BINS_TAR" -C $b; t="$b/"; be="$b/"
@@ -35,14 +39,15 @@ nvidia-smi -L | tee "$out/gpu.txt"
 timeout 300 ${t}test_cuda --gtest_filter=-*Bench* > "$out/test_cuda_full.txt" 2>&1 || failed test_cuda
 tail -60 "$out/test_cuda_full.txt" > "$out/test_cuda.txt"
 grep -E "PASSED|FAILED" "$out/test_cuda.txt"
-for m in qwen3next-tiny qwen3next-seed-48L qwen3next-tiny-realvocab; do
+for m in qwen3next-tiny qwen3next-seed-48L qwen3next-tiny-realvocab qwen3_5-tiny qwen3_5-seed-48L \
+    qwen3_5-moe-tiny; do
   timeout 60 $b/recur verify --device cuda --tolerance 1e-3 --model models/$m \
     --golden tests/data/golden/$m/golden.safetensors > "$out/verify_$m.txt" 2>&1 ||
     failed "verify $m"
   tail -1 "$out/verify_$m.txt"
 done
 if [ "$mode" = quick ]; then exit $fail; fi
-RECUR_TEST_DEVICE=cuda timeout 200 ${t}test_engine --gtest_filter='Engine*' \
+RECUR_TEST_DEVICE=cuda timeout 300 ${t}test_engine --gtest_filter='*Engine*' \
   > "$out/test_engine_cuda_full.txt" 2>&1 || failed test_engine
 tail -15 "$out/test_engine_cuda_full.txt" > "$out/test_engine_cuda.txt"
 grep -E "OK|PASSED|FAILED" "$out/test_engine_cuda.txt"
