@@ -32,8 +32,8 @@ void GatedDeltaNet::forward(const LayerIo& io) const {
   // Causal depthwise conv with SiLU over q, k, v together, continuing each slot's conv state; q
   // and k L2-normalised (q scaled); the decay and beta gates.
   Tensor conv = s.conv_out.slice_rows(0, n).slice_cols(0, conv_dim());
-  Tensor g = s.decay.slice_rows(0, n).slice_cols(0, value_heads);     // [n, Hv]
-  Tensor beta = s.beta.slice_rows(0, n).slice_cols(0, value_heads);   // [n, Hv]
+  Tensor g = s.decay.slice_rows(0, n).slice_cols(0, value_heads);    // [n, Hv]
+  Tensor beta = s.beta.slice_rows(0, n).slice_cols(0, value_heads);  // [n, Hv]
   {
     GdnInputArgs in;
     in.key_heads = key_heads, in.value_heads = value_heads, in.dk = dk, in.dv = dv;
@@ -72,10 +72,10 @@ void GatedAttention::forward(const LayerIo& io) const {
   const int64_t qd = int64_t(heads) * head_dim, kd = int64_t(kv_heads) * head_dim;
   Ops& ops = io.ops;
   const Scratch& s = io.s;
-  Tensor q = s.q.slice_rows(0, n).slice_cols(0, qd);           // [n, heads·hd]
-  Tensor gate = s.gate.slice_rows(0, n).slice_cols(0, qd);     // [n, heads·hd]
-  Tensor k = s.k.slice_rows(0, n).slice_cols(0, kd);           // [n, kv·hd]
-  Tensor v = s.v.slice_rows(0, n).slice_cols(0, kd);           // [n, kv·hd]
+  Tensor q = s.q.slice_rows(0, n).slice_cols(0, qd);        // [n, heads·hd]
+  Tensor gate = s.gate.slice_rows(0, n).slice_cols(0, qd);  // [n, heads·hd]
+  Tensor k = s.k.slice_rows(0, n).slice_cols(0, kd);        // [n, kv·hd]
+  Tensor v = s.v.slice_rows(0, n).slice_cols(0, kd);        // [n, kv·hd]
   {
     const Tensor ws[] = {q_proj, gate_proj, k_proj, v_proj}, outs[] = {q, gate, k, v};
     ops.matmul_group(io.x, ws, outs);
@@ -180,7 +180,8 @@ void SparseMoe::describe(ModelInfo& info) const {
   info.experts_per_token = routing.k;
   info.expert_weight_bytes =
       (e.gate.numel() + e.up.numel() + e.down.numel()) * int64_t(dtype_size(e.gate.dtype));
-  info.active_params_per_token += int64_t(routing.k) * (e.gate.numel() + e.up.numel() + e.down.numel());
+  info.active_params_per_token +=
+      int64_t(routing.k) * (e.gate.numel() + e.up.numel() + e.down.numel());
 }
 
 }  // namespace recur

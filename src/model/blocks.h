@@ -17,16 +17,16 @@ class GatedDeltaNet final : public TokenMixer {
  public:
   int key_heads = 0, value_heads = 0, dk = 0, dv = 0, conv_kernel = 0;  // value head h reads
                                                                         // key head h / (Hv/Hk)
-  float eps = 1e-6f;     // of the gated norm
-  Tensor in_proj_qkv;    // [C, hidden]: all q heads | all k heads | all v heads
-  Tensor in_proj_z;      // [Hv·dv, hidden]
-  Tensor in_proj_b;      // [Hv, hidden]
-  Tensor in_proj_a;      // [Hv, hidden]
-  Tensor conv1d;         // [C, 1, K]
-  Tensor dt_bias;        // [Hv]
-  Tensor a_log;          // [Hv]
-  Tensor norm;           // [dv] (gated RMSNorm, not zero-centred)
-  Tensor out_proj;       // [hidden, Hv·dv]
+  float eps = 1e-6f;                                                    // of the gated norm
+  Tensor in_proj_qkv;  // [C, hidden]: all q heads | all k heads | all v heads
+  Tensor in_proj_z;    // [Hv·dv, hidden]
+  Tensor in_proj_b;    // [Hv, hidden]
+  Tensor in_proj_a;    // [Hv, hidden]
+  Tensor conv1d;       // [C, 1, K]
+  Tensor dt_bias;      // [Hv]
+  Tensor a_log;        // [Hv]
+  Tensor norm;         // [dv] (gated RMSNorm, not zero-centred)
+  Tensor out_proj;     // [hidden, Hv·dv]
 
   int64_t key_dim() const { return int64_t(key_heads) * dk; }
   int64_t value_dim() const { return int64_t(value_heads) * dv; }
@@ -47,13 +47,13 @@ class GatedAttention final : public TokenMixer {
   int rot_dim = 0;
   double rope_theta = 10000.0;
   float norm_offset = 0.0f, eps = 1e-6f;  // of the q and k norms
-  Tensor q_proj;     // [heads·hd, hidden]
-  Tensor gate_proj;  // [heads·hd, hidden]: the output gate
-  Tensor k_proj;     // [kv_heads·hd, hidden]
-  Tensor v_proj;     // [kv_heads·hd, hidden]
-  Tensor o_proj;     // [hidden, heads·hd]
-  Tensor q_norm;     // [hd]
-  Tensor k_norm;     // [hd]
+  Tensor q_proj;                          // [heads·hd, hidden]
+  Tensor gate_proj;                       // [heads·hd, hidden]: the output gate
+  Tensor k_proj;                          // [kv_heads·hd, hidden]
+  Tensor v_proj;                          // [kv_heads·hd, hidden]
+  Tensor o_proj;                          // [hidden, heads·hd]
+  Tensor q_norm;                          // [hd]
+  Tensor k_norm;                          // [hd]
 
   void plan(ModelPlan& plan) override;
   void forward(const LayerIo& io) const override;
@@ -79,8 +79,8 @@ class SparseMoe final : public FeedForward {
   Tensor router;                       // [E, hidden]
   std::vector<ExpertWeights> experts;  // E × {[ff, hidden], [ff, hidden], [hidden, ff]}
   bool has_shared = false;
-  ExpertWeights shared;                // [sff, hidden], [sff, hidden], [hidden, sff]
-  Tensor shared_gate;                  // [1, hidden], or empty: the shared expert is ungated
+  ExpertWeights shared;  // [sff, hidden], [sff, hidden], [hidden, sff]
+  Tensor shared_gate;    // [1, hidden], or empty: the shared expert is ungated
 
   void plan(ModelPlan& plan) override;
   void forward(const LayerIo& io) const override;

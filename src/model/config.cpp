@@ -66,8 +66,8 @@ Status config_eos(const json& j, const char* file, std::vector<int32_t>* out) {
 bool QwenHybridConfig::layer_is_moe(int layer) const {
   if (num_experts <= 0) return false;
   if (family == QwenFamily::kQwen3_5Moe) return true;
-  const bool mlp_only = std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) !=
-                        mlp_only_layers.end();
+  const bool mlp_only =
+      std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end();
   return !mlp_only && (layer + 1) % decoder_sparse_step == 0;
 }
 
@@ -101,8 +101,8 @@ Status read_rope(const json& j, QwenHybridConfig* c) {
       if (rp.contains(t) && rp[t].is_string()) type = rp[t].get<std::string>();
     }
     if (type != "default" && !(type == "mrope" && rp.contains("mrope_section"))) {
-      return make_error(ErrorCode::kUnsupported, "config.json: {} type '{}' is not supported",
-                        key, type);
+      return make_error(ErrorCode::kUnsupported, "config.json: {} type '{}' is not supported", key,
+                        type);
     }
     RECUR_RETURN_IF_ERROR(config_double(rp, "rope_theta", &c->rope_theta));
     RECUR_RETURN_IF_ERROR(config_double(rp, "partial_rotary_factor", &c->partial_rotary_factor));
@@ -195,7 +195,8 @@ Result<QwenHybridConfig> QwenHybridConfig::from_json(const json& outer, const js
   c.rms_norm_eps = float(eps);
   // The multimodal wrapper ties its LM head by its own flag; the text config's is the fallback.
   RECUR_RETURN_IF_ERROR(config_bool(j, "tie_word_embeddings", &c.tie_word_embeddings));
-  if (c.nested) RECUR_RETURN_IF_ERROR(config_bool(outer, "tie_word_embeddings", &c.tie_word_embeddings));
+  if (c.nested)
+    RECUR_RETURN_IF_ERROR(config_bool(outer, "tie_word_embeddings", &c.tie_word_embeddings));
   c.max_position_embeddings = 262144;
   RECUR_RETURN_IF_ERROR(
       config_int(j, "max_position_embeddings", &c.max_position_embeddings, false, 1));
@@ -215,8 +216,9 @@ Result<QwenHybridConfig> QwenHybridConfig::from_json(const json& outer, const js
   RECUR_RETURN_IF_ERROR(config_int(j, "head_dim", &c.head_dim, false, 1, 1024));
   if (c.head_dim == 0) {
     if (c.hidden_size % c.num_heads != 0) {
-      return field_error("head_dim", "is missing and hidden_size is not a multiple of "
-                                     "num_attention_heads");
+      return field_error("head_dim",
+                         "is missing and hidden_size is not a multiple of "
+                         "num_attention_heads");
     }
     c.head_dim = c.hidden_size / c.num_heads;
   }
@@ -231,13 +233,16 @@ Result<QwenHybridConfig> QwenHybridConfig::from_json(const json& outer, const js
                       c.head_dim, c.partial_rotary_factor, rotary);
   }
 
-  RECUR_RETURN_IF_ERROR(config_int(j, "linear_num_key_heads", &c.linear_num_key_heads, true, 1, 1024));
+  RECUR_RETURN_IF_ERROR(
+      config_int(j, "linear_num_key_heads", &c.linear_num_key_heads, true, 1, 1024));
   RECUR_RETURN_IF_ERROR(
       config_int(j, "linear_num_value_heads", &c.linear_num_value_heads, true, 1, 1024));
-  RECUR_RETURN_IF_ERROR(config_int(j, "linear_key_head_dim", &c.linear_key_head_dim, true, 1, 1024));
+  RECUR_RETURN_IF_ERROR(
+      config_int(j, "linear_key_head_dim", &c.linear_key_head_dim, true, 1, 1024));
   RECUR_RETURN_IF_ERROR(
       config_int(j, "linear_value_head_dim", &c.linear_value_head_dim, true, 1, 1024));
-  RECUR_RETURN_IF_ERROR(config_int(j, "linear_conv_kernel_dim", &c.linear_conv_kernel, true, 1, 16));
+  RECUR_RETURN_IF_ERROR(
+      config_int(j, "linear_conv_kernel_dim", &c.linear_conv_kernel, true, 1, 16));
   if (c.linear_num_value_heads % c.linear_num_key_heads != 0) {
     return field_error("linear_num_value_heads", "must be a multiple of linear_num_key_heads");
   }
@@ -251,7 +256,8 @@ Result<QwenHybridConfig> QwenHybridConfig::from_json(const json& outer, const js
   }
   if (c.num_experts > 0) {
     RECUR_RETURN_IF_ERROR(config_int(j, "num_experts_per_tok", &c.num_experts_per_tok, true, 1));
-    RECUR_RETURN_IF_ERROR(config_int(j, "moe_intermediate_size", &c.moe_intermediate_size, true, 1));
+    RECUR_RETURN_IF_ERROR(
+        config_int(j, "moe_intermediate_size", &c.moe_intermediate_size, true, 1));
     RECUR_RETURN_IF_ERROR(config_int(j, "shared_expert_intermediate_size",
                                      &c.shared_expert_intermediate_size, false, 0));
     if (c.num_experts_per_tok > c.num_experts || c.num_experts_per_tok > 64) {
@@ -265,7 +271,8 @@ Result<QwenHybridConfig> QwenHybridConfig::from_json(const json& outer, const js
       if (!j["mlp_only_layers"].is_array()) return field_error("mlp_only_layers", "must be a list");
       for (auto& v : j["mlp_only_layers"]) {
         if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= c.num_layers) {
-          return field_error("mlp_only_layers", "must hold layer indices in [0, num_hidden_layers)");
+          return field_error("mlp_only_layers",
+                             "must hold layer indices in [0, num_hidden_layers)");
         }
         c.mlp_only_layers.push_back(v.get<int>());
       }

@@ -4,8 +4,8 @@
 
 namespace recur {
 
-int ModelPlan::recurrent_state(int64_t conv_rows, int64_t conv_channels, int64_t heads,
-                               int64_t dk, int64_t dv) {
+int ModelPlan::recurrent_state(int64_t conv_rows, int64_t conv_channels, int64_t heads, int64_t dk,
+                               int64_t dv) {
   recurrent.push_back({conv_rows, conv_channels, heads, dk, dv});
   return int(recurrent.size()) - 1;
 }
@@ -103,8 +103,7 @@ Status HybridModel::allocate(const ModelPlan& plan) {
   if (n.experts > 0) {
     RECUR_RETURN_IF_ERROR(add(&s.router_logits, f32, {T, n.experts}, "router logits"));
     RECUR_RETURN_IF_ERROR(add(&s.expert_ids, DType::I32, {T, n.experts_per_token}, "expert ids"));
-    RECUR_RETURN_IF_ERROR(
-        add(&s.expert_weights, f32, {T, n.experts_per_token}, "expert weights"));
+    RECUR_RETURN_IF_ERROR(add(&s.expert_weights, f32, {T, n.experts_per_token}, "expert weights"));
     RECUR_RETURN_IF_ERROR(add(&s.moe, DType::U8, {n.moe_scratch_bytes}, "moe scratch"));
     RECUR_RETURN_IF_ERROR(add(&s.shared_score, f32, {T, 1}, "shared expert gate"));
     RECUR_RETURN_IF_ERROR(add(&s.shared_out, f32, {T, H}, "shared expert out"));
@@ -282,8 +281,8 @@ void read_generation_defaults(const nlohmann::json& gen, GenerationDefaults* g) 
 
 Result<std::unique_ptr<Model>> build_hybrid_model(HybridSpec spec, WeightLoader& weights,
                                                   std::unique_ptr<Checkpoint> checkpoint,
-                                                  const nlohmann::json& generation_config,
-                                                  Ops& ops, const LoadOptions& options) {
+                                                  const nlohmann::json& generation_config, Ops& ops,
+                                                  const LoadOptions& options) {
   LoadOptions opt = options;
   if (opt.max_logit_rows <= 0) opt.max_logit_rows = opt.max_batch_tokens;
   if (opt.max_context <= 0 || opt.max_context > spec.max_position) {

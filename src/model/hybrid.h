@@ -31,7 +31,7 @@ struct ScratchNeeds {
   int64_t conv_channels = 0;  // recurrent mixers: channels through the causal conv
   int64_t value_dim = 0;      // recurrent mixers: value heads × value head size
   int64_t recurrent_heads = 0;
-  int64_t decay_dim = 0;       // per-head decay: heads; per-channel: heads × key head size
+  int64_t decay_dim = 0;  // per-head decay: heads; per-channel: heads × key head size
   int64_t delta_scratch_bytes = 0;
   int64_t attn_q = 0, attn_k = 0, attn_v = 0, attn_out = 0;  // heads·hd, kv·hd, kv·dv, heads·dv
   int64_t experts = 0, experts_per_token = 0, moe_scratch_bytes = 0;
@@ -41,28 +41,28 @@ struct ScratchNeeds {
 // Activations of up to max_batch_tokens tokens, shared by every layer (f32 unless noted).
 struct Scratch {
   std::vector<Buffer> buffers;
-  Tensor conv_in, conv_out;                // [T, conv_channels]
-  Tensor z, core, core_normed;             // [T, value_dim]
-  Tensor a, b, beta;                       // [T, recurrent_heads]
-  Tensor decay;                            // [T, decay_dim]
-  Tensor delta;                            // U8 [delta_scratch_bytes]
-  Tensor q, gate, attn_out;                // [T, attn_q], [T, attn_out], [T, attn_out]
-  Tensor k, v;                             // [T, attn_k], [T, attn_v]
-  Tensor router_logits;                    // [T, experts]
-  Tensor expert_ids, expert_weights;       // [T, k] I32, f32
-  Tensor ff_gate, ff_up, ff_hidden;        // [T, ff]
-  Tensor shared_score;                     // [T, 1]
-  Tensor ffn_out, shared_out;              // [T, hidden]
-  Tensor moe;                              // U8 [moe_scratch_bytes]
+  Tensor conv_in, conv_out;           // [T, conv_channels]
+  Tensor z, core, core_normed;        // [T, value_dim]
+  Tensor a, b, beta;                  // [T, recurrent_heads]
+  Tensor decay;                       // [T, decay_dim]
+  Tensor delta;                       // U8 [delta_scratch_bytes]
+  Tensor q, gate, attn_out;           // [T, attn_q], [T, attn_out], [T, attn_out]
+  Tensor k, v;                        // [T, attn_k], [T, attn_v]
+  Tensor router_logits;               // [T, experts]
+  Tensor expert_ids, expert_weights;  // [T, k] I32, f32
+  Tensor ff_gate, ff_up, ff_hidden;   // [T, ff]
+  Tensor shared_score;                // [T, 1]
+  Tensor ffn_out, shared_out;         // [T, hidden]
+  Tensor moe;                         // U8 [moe_scratch_bytes]
 };
 
 // What a block sees in one forward.
 struct LayerIo {
   Ops& ops;
   const SeqLayout& layout;
-  int n;                // tokens of the batch
-  Tensor h;             // [n, hidden]: the residual stream; each block adds its output to it
-  Tensor x;             // [n, hidden]: the block's normed input
+  int n;     // tokens of the batch
+  Tensor h;  // [n, hidden]: the residual stream; each block adds its output to it
+  Tensor x;  // [n, hidden]: the block's normed input
   const Scratch& s;
   const StatePools& state;
 };
@@ -103,7 +103,7 @@ class ModelPlan {
 class TokenMixer {
  public:
   virtual ~TokenMixer() = default;
-  virtual void plan(ModelPlan& plan) = 0;  // declares its state and scratch
+  virtual void plan(ModelPlan& plan) = 0;             // declares its state and scratch
   virtual void forward(const LayerIo& io) const = 0;  // io.h += the mixer's output for io.x
   virtual void describe(ModelInfo& info) const {}     // its share of the benchmark figures
 };
@@ -151,7 +151,7 @@ std::string text_weights_prefix(const WeightLoader& weights, bool nested_default
 // limits to the backend. The model keeps the loader's buffers and the checkpoint (mapped weights).
 Result<std::unique_ptr<Model>> build_hybrid_model(HybridSpec spec, WeightLoader& weights,
                                                   std::unique_ptr<Checkpoint> checkpoint,
-                                                  const nlohmann::json& generation_config,
-                                                  Ops& ops, const LoadOptions& options);
+                                                  const nlohmann::json& generation_config, Ops& ops,
+                                                  const LoadOptions& options);
 
 }  // namespace recur

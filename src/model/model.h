@@ -59,17 +59,17 @@ struct ModelInfo {
   int max_position = 0;  // the context length a sequence may reach
   GenerationDefaults generation;
   std::vector<int32_t> eos_token_ids;
-  int64_t weight_bytes = 0;           // as stored
+  int64_t weight_bytes = 0;  // as stored
   // What one decode step reads, for benchmarks: every weight but the routed experts and the
   // embedding table; each routed expert's bytes; and the MoE shape.
   int64_t dense_weight_bytes = 0;
   int64_t expert_weight_bytes = 0;  // one routed expert of one layer
   int moe_layers = 0, n_experts = 0, experts_per_token = 0;
-  int64_t active_params_per_token = 0;   // multiply-adds per token in the projections
-  int64_t kv_bytes_per_token = 0;        // attention cache, all layers
+  int64_t active_params_per_token = 0;              // multiply-adds per token in the projections
+  int64_t kv_bytes_per_token = 0;                   // attention cache, all layers
   int64_t attention_layers = 0, attention_dim = 0;  // for the attention FLOPs (heads · head_dim)
-  int64_t state_bytes_per_slot = 0;   // recurrent state of one sequence, all layers
-  int64_t cache_bytes_per_block = 0;  // one attention-cache block, all layers
+  int64_t state_bytes_per_slot = 0;                 // recurrent state of one sequence, all layers
+  int64_t cache_bytes_per_block = 0;                // one attention-cache block, all layers
   // Input ids the model cannot take yet (Qwen3.5's image and video placeholders), and why: a
   // prompt holding one is refused with that reason.
   std::vector<int32_t> refused_token_ids;

@@ -13,8 +13,8 @@ namespace recur {
 
 namespace {
 
-Status load_gated_deltanet(const QwenHybridConfig& c, const std::string& p, WeightLoader& w,
-                           GatedDeltaNet* g) {
+Status load_gdn_projections(const QwenHybridConfig& c, const std::string& p, WeightLoader& w,
+                            GatedDeltaNet* g) {
   const int64_t H = c.hidden_size, hv = c.linear_num_value_heads;
   const int64_t key_dim = int64_t(c.linear_num_key_heads) * c.linear_key_head_dim;
   const int64_t value_dim = hv * c.linear_value_head_dim;
@@ -24,7 +24,7 @@ Status load_gated_deltanet(const QwenHybridConfig& c, const std::string& p, Weig
                          w.load(p + "in_proj_z.weight", {value_dim, H}, WeightUse::kMatrix));
   RECUR_ASSIGN_OR_RETURN(g->in_proj_b, w.load(p + "in_proj_b.weight", {hv, H}, WeightUse::kMatrix));
   RECUR_ASSIGN_OR_RETURN(g->in_proj_a, w.load(p + "in_proj_a.weight", {hv, H}, WeightUse::kMatrix));
-  return load_gated_deltanet_rest(c, p, w, g);
+  return Status();
 }
 
 // Experts as the bf16 releases store them, fused per layer (gate_up_proj [E, 2I, H] with each
@@ -46,7 +46,8 @@ Status load_experts(const QwenHybridConfig& c, const std::string& p, WeightLoade
   const std::vector<int64_t> gate_up_shape = {E, 2 * I, H}, down_shape = {E, H, I};
   for (int64_t e = 0; e < E; ++e) {
     ExpertWeights& x = m->experts[size_t(e)];
-    const RowPiece g{gate_up, gate_up_shape, e * 2 * I, I}, u{gate_up, gate_up_shape, e * 2 * I + I, I};
+    const RowPiece g{gate_up, gate_up_shape, e * 2 * I, I},
+        u{gate_up, gate_up_shape, e * 2 * I + I, I};
     const RowPiece d{down, down_shape, e * H, H};
     RECUR_ASSIGN_OR_RETURN(x.gate, w.load_rows({&g, 1}, {I, H}, WeightUse::kExpert));
     RECUR_ASSIGN_OR_RETURN(x.up, w.load_rows({&u, 1}, {I, H}, WeightUse::kExpert));
@@ -67,29 +68,9 @@ Result<HybridSpec> build_qwen3_5(const nlohmann::json& config, const nlohmann::j
   HybridSpec spec;
   RECUR_RETURN_IF_ERROR(begin_qwen_spec(c, prefix, w, &spec));
   for (int i = 0; i < c.num_layers; ++i) {
-    const std::string p = prefix + "layers." + std::to_string(i) + ".";
     DecoderLayer L;
-    if (c.layer_types[size_t(i)] == LayerKind::kLinearAttention) {
-      auto g = std::make_unique<GatedDeltaNet>();
-      RECUR_RETURN_IF_ERROR(load_gated_deltanet(c, p + "linear_attn.", w, g.get()));
-      L.mixer = std::move(g);
-    } else {
-      auto a = std::make_unique<GatedAttention>();
-      RECUR_RETURN_IF_ERROR(load_gated_attention(c, p + "self_attn.", w, a.get()));
-      L.mixer = std::move(a);
-    }
-    if (c.family == QwenFamily::kQwen3_5Moe) {
-      auto m = std::make_unique<SparseMoe>();
-      RECUR_RETURN_IF_ERROR(load_router_and_shared(c, p + "mlp.", w, m.get()));
-      RECUR_RETURN_IF_ERROR(load_experts(c, p + "mlp.", w, m.get()));
-      L.ffn = std::move(m);
-    } else {
-      auto m = std::make_unique<DenseMlp>();
-      RECUR_RETURN_IF_ERROR(
-          load_swiglu(w, p + "mlp.", c.intermediate_size, c.hidden_size, WeightUse::kMatrix, &m->w));
-      L.ffn = std::move(m);
-    }
-    RECUR_RETURN_IF_ERROR(load_layer_norms(c, p, w, &L));
+    RECUR_RETURN_IF_ERROR(load_qwen_layer(c, i, prefix + "layers." + std::to_string(i) + ".", w,
+                                          {load_gdn_projections, load_experts}, &L));
     spec.layers.push_back(std::move(L));
   }
   spec.skipped_prefixes.push_back({"model.visual.", "the vision tower"});

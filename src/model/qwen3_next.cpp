@@ -16,8 +16,8 @@ namespace {
 
 // in_proj_qkvz [Hk·(2dk + 2r·dv), H] holds per key head q, k, r value heads and r z heads;
 // in_proj_ba [Hk·2r, H] per key head r b then r a. Re-packed into q | k | v of all heads, z, b, a.
-Status load_gated_deltanet(const QwenHybridConfig& c, const std::string& p, WeightLoader& w,
-                           GatedDeltaNet* g) {
+Status load_gdn_projections(const QwenHybridConfig& c, const std::string& p, WeightLoader& w,
+                            GatedDeltaNet* g) {
   const int64_t H = c.hidden_size, hk = c.linear_num_key_heads, hv = c.linear_num_value_heads;
   const int64_t dk = c.linear_key_head_dim, dv = c.linear_value_head_dim, r = hv / hk;
   const int64_t group = 2 * dk + 2 * r * dv;
@@ -40,11 +40,12 @@ Status load_gated_deltanet(const QwenHybridConfig& c, const std::string& p, Weig
   RECUR_ASSIGN_OR_RETURN(g->in_proj_z, w.load_rows(z, {hv * dv, H}, WeightUse::kMatrix));
   RECUR_ASSIGN_OR_RETURN(g->in_proj_b, w.load_rows(b, {hv, H}, WeightUse::kMatrix));
   RECUR_ASSIGN_OR_RETURN(g->in_proj_a, w.load_rows(a, {hv, H}, WeightUse::kMatrix));
-  return load_gated_deltanet_rest(c, p, w, g);
+  return Status();
 }
 
-Status load_moe(const QwenHybridConfig& c, const std::string& p, WeightLoader& w, SparseMoe* m) {
-  RECUR_RETURN_IF_ERROR(load_router_and_shared(c, p, w, m));
+// One tensor per expert.
+Status load_experts(const QwenHybridConfig& c, const std::string& p, WeightLoader& w,
+                    SparseMoe* m) {
   m->experts.resize(size_t(c.num_experts));
   for (int e = 0; e < c.num_experts; ++e) {
     RECUR_RETURN_IF_ERROR(load_swiglu(w, p + "experts." + std::to_string(e) + ".",
@@ -65,28 +66,9 @@ Result<HybridSpec> build_qwen3_next(const nlohmann::json& config, const nlohmann
   HybridSpec spec;
   RECUR_RETURN_IF_ERROR(begin_qwen_spec(c, "model.", w, &spec));
   for (int i = 0; i < c.num_layers; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
     DecoderLayer L;
-    if (c.layer_types[size_t(i)] == LayerKind::kLinearAttention) {
-      auto g = std::make_unique<GatedDeltaNet>();
-      RECUR_RETURN_IF_ERROR(load_gated_deltanet(c, p + "linear_attn.", w, g.get()));
-      L.mixer = std::move(g);
-    } else {
-      auto a = std::make_unique<GatedAttention>();
-      RECUR_RETURN_IF_ERROR(load_gated_attention(c, p + "self_attn.", w, a.get()));
-      L.mixer = std::move(a);
-    }
-    if (c.layer_is_moe(i)) {
-      auto m = std::make_unique<SparseMoe>();
-      RECUR_RETURN_IF_ERROR(load_moe(c, p + "mlp.", w, m.get()));
-      L.ffn = std::move(m);
-    } else {
-      auto m = std::make_unique<DenseMlp>();
-      RECUR_RETURN_IF_ERROR(
-          load_swiglu(w, p + "mlp.", c.intermediate_size, c.hidden_size, WeightUse::kMatrix, &m->w));
-      L.ffn = std::move(m);
-    }
-    RECUR_RETURN_IF_ERROR(load_layer_norms(c, p, w, &L));
+    RECUR_RETURN_IF_ERROR(load_qwen_layer(c, i, "model.layers." + std::to_string(i) + ".", w,
+                                          {load_gdn_projections, load_experts}, &L));
     spec.layers.push_back(std::move(L));
   }
   // Multi-token-prediction weights are not used for plain decoding.

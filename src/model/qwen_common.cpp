@@ -16,8 +16,7 @@ Status begin_qwen_spec(const QwenHybridConfig& c, const std::string& prefix, Wei
   spec->refused_tokens_reason = "image and video inputs are not supported yet (text only)";
   RECUR_ASSIGN_OR_RETURN(spec->embed_tokens, w.load(prefix + "embed_tokens.weight",
                                                     {c.vocab_size, H}, WeightUse::kEmbedding));
-  RECUR_ASSIGN_OR_RETURN(spec->final_norm,
-                         w.load(prefix + "norm.weight", {H}, WeightUse::kVector));
+  RECUR_ASSIGN_OR_RETURN(spec->final_norm, w.load(prefix + "norm.weight", {H}, WeightUse::kVector));
   spec->tied_lm_head = c.tie_word_embeddings;
   if (c.tie_word_embeddings) {
     spec->lm_head = spec->embed_tokens;
@@ -80,8 +79,8 @@ Status load_gated_deltanet_rest(const QwenHybridConfig& c, const std::string& p,
   return Status();
 }
 
-Status load_swiglu(WeightLoader& w, const std::string& p, int64_t ff, int64_t hidden,
-                   WeightUse use, ExpertWeights* e) {
+Status load_swiglu(WeightLoader& w, const std::string& p, int64_t ff, int64_t hidden, WeightUse use,
+                   ExpertWeights* e) {
   RECUR_ASSIGN_OR_RETURN(e->gate, w.load(p + "gate_proj.weight", {ff, hidden}, use));
   RECUR_ASSIGN_OR_RETURN(e->up, w.load(p + "up_proj.weight", {ff, hidden}, use));
   RECUR_ASSIGN_OR_RETURN(e->down, w.load(p + "down_proj.weight", {hidden, ff}, use));
@@ -105,6 +104,32 @@ Status load_router_and_shared(const QwenHybridConfig& c, const std::string& p, W
                            w.load(p + "shared_expert_gate.weight", {1, H}, WeightUse::kMatrix));
   }
   return Status();
+}
+
+Status load_qwen_layer(const QwenHybridConfig& c, int i, const std::string& p, WeightLoader& w,
+                       const QwenLayout& layout, DecoderLayer* L) {
+  if (c.layer_types[size_t(i)] == LayerKind::kLinearAttention) {
+    auto g = std::make_unique<GatedDeltaNet>();
+    RECUR_RETURN_IF_ERROR(layout.gdn_projections(c, p + "linear_attn.", w, g.get()));
+    RECUR_RETURN_IF_ERROR(load_gated_deltanet_rest(c, p + "linear_attn.", w, g.get()));
+    L->mixer = std::move(g);
+  } else {
+    auto a = std::make_unique<GatedAttention>();
+    RECUR_RETURN_IF_ERROR(load_gated_attention(c, p + "self_attn.", w, a.get()));
+    L->mixer = std::move(a);
+  }
+  if (c.layer_is_moe(i)) {
+    auto m = std::make_unique<SparseMoe>();
+    RECUR_RETURN_IF_ERROR(load_router_and_shared(c, p + "mlp.", w, m.get()));
+    RECUR_RETURN_IF_ERROR(layout.experts(c, p + "mlp.", w, m.get()));
+    L->ffn = std::move(m);
+  } else {
+    auto m = std::make_unique<DenseMlp>();
+    RECUR_RETURN_IF_ERROR(
+        load_swiglu(w, p + "mlp.", c.intermediate_size, c.hidden_size, WeightUse::kMatrix, &m->w));
+    L->ffn = std::move(m);
+  }
+  return load_layer_norms(c, p, w, L);
 }
 
 }  // namespace recur

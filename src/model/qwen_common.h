@@ -31,11 +31,24 @@ Status load_gated_deltanet_rest(const QwenHybridConfig& c, const std::string& p,
                                 GatedDeltaNet* g);
 
 // gate_proj, up_proj [ff, H] and down_proj [H, ff] under `p`.
-Status load_swiglu(WeightLoader& w, const std::string& p, int64_t ff, int64_t hidden,
-                   WeightUse use, ExpertWeights* e);
+Status load_swiglu(WeightLoader& w, const std::string& p, int64_t ff, int64_t hidden, WeightUse use,
+                   ExpertWeights* e);
 
 // The router (`gate`), its routing rule, and the σ-gated shared expert when the config has one.
 Status load_router_and_shared(const QwenHybridConfig& c, const std::string& p, WeightLoader& w,
                               SparseMoe* m);
+
+// What an architecture of the family stores its own way: the Gated DeltaNet's input projections
+// (under p = "...linear_attn.") and the routed experts (under p = "...mlp.").
+struct QwenLayout {
+  Status (*gdn_projections)(const QwenHybridConfig& c, const std::string& p, WeightLoader& w,
+                            GatedDeltaNet* g);
+  Status (*experts)(const QwenHybridConfig& c, const std::string& p, WeightLoader& w, SparseMoe* m);
+};
+
+// Decoder layer `i` under p = "...layers.N.": its token mixer (Gated DeltaNet or gated
+// attention, as layer_types says), its feed-forward (MoE or a dense SwiGLU) and its two norms.
+Status load_qwen_layer(const QwenHybridConfig& c, int i, const std::string& p, WeightLoader& w,
+                       const QwenLayout& layout, DecoderLayer* L);
 
 }  // namespace recur

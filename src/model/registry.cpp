@@ -29,7 +29,8 @@ constexpr Architecture kArchitectures[] = {
 
 std::string supported_list() {
   std::string s;
-  for (const Architecture& a : kArchitectures) s += std::string(s.empty() ? "" : ", ") + a.model_type;
+  for (const Architecture& a : kArchitectures)
+    s += std::string(s.empty() ? "" : ", ") + a.model_type;
   return s;
 }
 
@@ -79,9 +80,9 @@ Result<std::unique_ptr<Model>> load_random_model(const nlohmann::json& config, O
     return make_error(ErrorCode::kUnsupported, "random weights: dtype must be F32, BF16 or F16");
   }
   RECUR_ASSIGN_OR_RETURN(const Architecture* arch, find_architecture(config, ""));
-  const nlohmann::json& text =
-      config.contains("text_config") && config["text_config"].is_object() ? config["text_config"]
-                                                                          : config;
+  const nlohmann::json& text = config.contains("text_config") && config["text_config"].is_object()
+                                   ? config["text_config"]
+                                   : config;
   int layers = 1;
   if (text.contains("num_hidden_layers") && text["num_hidden_layers"].is_number_integer()) {
     layers = std::max(1, text["num_hidden_layers"].get<int>());
@@ -104,6 +105,14 @@ nlohmann::json cut_layers(nlohmann::json config, int layers) {
     if (text.contains("layer_types") && text["layer_types"].is_array() &&
         int(text["layer_types"].size()) > layers) {
       text["layer_types"].erase(text["layer_types"].begin() + layers, text["layer_types"].end());
+    }
+    // Layer lists keep only the layers that remain.
+    if (text.contains("mlp_only_layers") && text["mlp_only_layers"].is_array()) {
+      nlohmann::json kept = nlohmann::json::array();
+      for (const auto& v : text["mlp_only_layers"]) {
+        if (!v.is_number_integer() || v.get<int64_t>() < layers) kept.push_back(v);
+      }
+      text["mlp_only_layers"] = std::move(kept);
     }
   }
   return config;

@@ -14,7 +14,7 @@ struct LoadOptions {
   int max_logit_rows = 0;      // 0: same as max_batch_tokens
   StateConfig state;           // state.n_blocks 0: sized from the budget below
   int64_t kv_cache_budget_bytes = int64_t(1) << 30;
-  int max_context = 0;         // 0: the model's max_position_embeddings
+  int max_context = 0;  // 0: the model's max_position_embeddings
 };
 
 // Opens a model directory and loads whatever architecture its config names.

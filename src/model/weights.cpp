@@ -79,8 +79,9 @@ Result<Tensor> CheckpointWeights::load_rows(std::span<const RowPiece> pieces,
   }
   for (const Tensor& v : views) {
     if (v.dtype != views[0].dtype) {
-      return make_error(ErrorCode::kCorrupt, "{}: tensors '{}' and '{}' form one weight but are {} and {}",
-                        ckpt_.dir(), pieces[0].name, pieces.back().name, dtype_name(views[0].dtype),
+      return make_error(ErrorCode::kCorrupt,
+                        "{}: tensors '{}' and '{}' form one weight but are {} and {}", ckpt_.dir(),
+                        pieces[0].name, pieces.back().name, dtype_name(views[0].dtype),
                         dtype_name(v.dtype));
     }
   }
@@ -90,7 +91,8 @@ Result<Tensor> CheckpointWeights::load_rows(std::span<const RowPiece> pieces,
     host = with_shape(views[0], shape);
   } else {
     const size_t es = dtype_size(views[0].dtype), row_bytes = size_t(cols) * es;
-    RECUR_ASSIGN_OR_RETURN(repacked, cpu_allocator().allocate(size_t(rows) * row_bytes, "re-packed weight"));
+    RECUR_ASSIGN_OR_RETURN(repacked,
+                           cpu_allocator().allocate(size_t(rows) * row_bytes, "re-packed weight"));
     char* dst = static_cast<char*>(repacked.data());
     for (const Tensor& v : views) {
       std::memcpy(dst, v.data, size_t(v.shape[0]) * row_bytes);

@@ -34,8 +34,8 @@ struct RowPiece {
 };
 
 struct WeightTally {
-  int64_t bytes = 0;            // every weight as stored
-  int64_t dense_bytes = 0;      // read by every decode step (all but embedding and routed experts)
+  int64_t bytes = 0;        // every weight as stored
+  int64_t dense_bytes = 0;  // read by every decode step (all but embedding and routed experts)
   int64_t dense_matrix_params = 0;
 };
 

@@ -36,7 +36,8 @@ struct Harness {
   FakeModel* model = nullptr;  // owned by the engine
   std::unique_ptr<Engine> engine;
   std::map<uint64_t, Outcome> out;
-  int64_t steps = 0;  // steps run so far
+  int64_t steps = 0;                   // steps run so far
+  std::vector<int64_t> batch_of_step;  // [steps]: index into model->batches, or -1
 
   explicit Harness(EngineConfig cfg, double delay_ns_per_position = 0) {
     auto o = create_backend("cpu", 1);
@@ -76,8 +77,13 @@ struct Harness {
     }
   }
   bool step() {
+    const size_t recorded = model->batches.size();
     const bool more = engine->step();
     ++steps;
+    // A step with nothing running calls no forward, so steps and batches need not line up.
+    if (model->record) {
+      batch_of_step.push_back(model->batches.size() > recorded ? int64_t(recorded) : -1);
+    }
     return more;
   }
   void run(int n) {
@@ -87,8 +93,12 @@ struct Harness {
     for (int i = 0; i < limit && step(); ++i) {
     }
   }
-  // The recorded batch of step number `step` (1-based) that fed `slot`, or null.
-  const RecordedBatch& batch(int64_t step) const { return model->batches[size_t(step - 1)]; }
+  // The recorded batch of step number `step` (1-based); empty for a step that ran no forward.
+  const RecordedBatch& batch(int64_t step) const {
+    static const RecordedBatch kNone;
+    const int64_t i = batch_of_step.at(size_t(step - 1));
+    return i < 0 ? kNone : model->batches[size_t(i)];
+  }
 };
 
 // Random prompts use ids 8.. ; ids below 8 mark prompts whose chunks a test looks for.

@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "model/config.h"
+#include "model/registry.h"
 
 namespace recur {
 namespace {
@@ -153,6 +154,30 @@ json qwen3_5_nested(bool moe) {
   c["vision_end_token_id"] = 248054;
   c["vision_config"] = {{"depth", 1}, {"hidden_size", 32}};
   return c;
+}
+
+// --layers cuts a config to its first layers; the layer lists keep only those that remain, in the
+// flat and the nested form, so the cut config still parses.
+TEST(Config, CutLayersTrimsTheLayerLists) {
+  json j = base_config();
+  j["layer_types"] = {"linear_attention", "full_attention", "linear_attention", "full_attention",
+                      "linear_attention"};
+  j["mlp_only_layers"] = {0, 3, 4};
+  for (bool nested : {false, true}) {
+    json cfg = nested ? json{{"model_type", "qwen3_5"}, {"text_config", j}} : j;
+    if (nested) cfg["text_config"]["model_type"] = "qwen3_5_text";
+    json cut = cut_layers(cfg, 2);
+    const json& text = nested ? cut["text_config"] : cut;
+    EXPECT_EQ(text["num_hidden_layers"], 2) << nested;
+    EXPECT_EQ(text["layer_types"].size(), 2u) << nested;
+    EXPECT_EQ(text["mlp_only_layers"], json({0})) << nested;
+    if (!nested) {
+      auto c = QwenHybridConfig::from_json(cut, json::object());
+      ASSERT_TRUE(c.ok()) << c.error().to_string();
+      EXPECT_FALSE(c->layer_is_moe(0));
+      EXPECT_TRUE(c->layer_is_moe(1));
+    }
+  }
 }
 
 TEST(Config, Qwen3_5NestedAndFlatParseAlike) {
