@@ -130,10 +130,23 @@ TEST_F(CudaMoe, ExpertsMatchReferenceOnEveryPath) {
   struct Case {
     int64_t n, E, k, d, ff;
   };
-  const Case cases[] = {{1, 7, 3, 24, 13},     {3, 7, 3, 24, 13},     {8, 7, 3, 24, 13},
-                        {9, 7, 3, 24, 13},     {70, 7, 3, 24, 13},    {1, 32, 8, 64, 32},
-                        {5, 32, 8, 64, 32},    {100, 32, 8, 64, 32},  {200, 16, 4, 64, 40},
-                        {1, 64, 10, 512, 256}, {2, 64, 10, 512, 256}, {100, 64, 10, 512, 256}};
+  const Case cases[] = {{1, 7, 3, 24, 13},
+                        {3, 7, 3, 24, 13},
+                        {8, 7, 3, 24, 13},
+                        {9, 7, 3, 24, 13},
+                        {70, 7, 3, 24, 13},
+                        {1, 32, 8, 64, 32},
+                        {5, 32, 8, 64, 32},
+                        {100, 32, 8, 64, 32},
+                        {200, 16, 4, 64, 40},
+                        {1, 64, 10, 512, 256},
+                        {2, 64, 10, 512, 256},
+                        {100, 64, 10, 512, 256},
+                        // decode batches, few rows per expert (tiles of 2 and 4 rows), with 16-byte
+                        // rows whose count is not a multiple of a block's
+                        {12, 64, 4, 512, 256},
+                        {16, 64, 8, 512, 256},
+                        {16, 64, 8, 264, 136}};
   for (DType dt : {DType::BF16, DType::F32, DType::F16}) {
     for (const Case& c : cases) {
       Experts ex = make_experts(ops(), c.E, c.d, c.ff, dt, rng);

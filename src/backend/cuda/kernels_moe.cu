@@ -212,7 +212,8 @@ __global__ void __launch_bounds__(kGemvThreads) moe_gemv_warp_kernel(MoeGemmArgs
   static_assert(PL == 0 || (NT == 1 && kDual), "in-kernel routing is gate/up's, one token");
   constexpr int E = Chunk<W>::kElems, RW = kWarpRows<kDual>;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t orow0 = (int64_t(blockIdx.x) * (kGemvThreads / 32) + warp) * RW;
+  constexpr int64_t kGroupRows = (kGemvThreads / 32) * RW;
+  const int64_t orow0 = int64_t(blockIdx.x) * a.row_groups * kGroupRows + int64_t(warp) * RW;
   const int64_t n_chunks = a.k / E;
   __shared__ RouteFilterShared<(PL > 0 ? PL : 1)> route_shared;
   // One token's down rows (a.ids_early): the tile's expert is read and the first kPre chunks
@@ -290,42 +291,47 @@ __global__ void __launch_bounds__(kGemvThreads) moe_gemv_warp_kernel(MoeGemmArgs
       }
     }
   }
-  const int rows = int(min64(RW, a.m - orow0));
   const float* xr[NT];
   moe_tile_rows<NT>(a, row0, nt, xr);
-  const W* wr[RW];
-  const W* wr2[RW];
+#pragma unroll 1
+  for (int g = 0; g < a.row_groups; ++g) {
+    const int64_t orow = orow0 + g * kGroupRows;
+    if (orow >= a.m) break;
+    const int rows = int(min64(RW, a.m - orow));
+    const W* wr[RW];
+    const W* wr2[RW];
 #pragma unroll
-  for (int r = 0; r < RW; ++r) {
-    const int64_t off = (orow0 + (r < rows ? r : 0)) * a.k;
-    wr[r] = static_cast<const W*>(a.w[e]) + off;
-    wr2[r] = kDual ? static_cast<const W*>(a.w2[e]) + off : nullptr;
-  }
-  float acc[RW][NT] = {}, acc2[RW][NT] = {};
-  int64_t c0 = lane;
-  if constexpr (kPre > 0) {
-    if (pre_e >= 0) {  // the preloaded chunks first, in the loop's order (the same sums)
-#pragma unroll
-      for (int p = 0; p < kPre; ++p) {
-        const int64_t c = lane + int64_t(p) * 32;
-        if (c < n_chunks) fma_chunk_raw<W, RW, NT>(pre[p], xr, c, acc);
-      }
-      c0 = lane + int64_t(kPre) * 32;
+    for (int r = 0; r < RW; ++r) {
+      const int64_t off = (orow + (r < rows ? r : 0)) * a.k;
+      wr[r] = static_cast<const W*>(a.w[e]) + off;
+      wr2[r] = kDual ? static_cast<const W*>(a.w2[e]) + off : nullptr;
     }
-  }
-  // For one token, four chunks of each row in flight per lane (gate/up rows of 2048 bf16 take
-  // 8 chunks per lane: two round trips rather than four).
+    float acc[RW][NT] = {}, acc2[RW][NT] = {};
+    int64_t c0 = lane;
+    if constexpr (kPre > 0) {
+      if (pre_e >= 0 && g == 0) {  // the preloaded chunks first, in the loop's order
+#pragma unroll
+        for (int p = 0; p < kPre; ++p) {
+          const int64_t c = lane + int64_t(p) * 32;
+          if (c < n_chunks) fma_chunk_raw<W, RW, NT>(pre[p], xr, c, acc);
+        }
+        c0 = lane + int64_t(kPre) * 32;
+      }
+    }
+    // For one token, four chunks of each row in flight per lane (gate/up rows of 2048 bf16
+    // take 8 chunks per lane: two round trips rather than four).
 #pragma unroll(NT == 1 ? 4 : 2)
-  for (int64_t c = c0; c < n_chunks; c += 32) {
-    fma_chunk<W, RW, NT, kDual>(wr, wr2, xr, c, acc, acc2);
-  }
+    for (int64_t c = c0; c < n_chunks; c += 32) {
+      fma_chunk<W, RW, NT, kDual>(wr, wr2, xr, c, acc, acc2);
+    }
 #pragma unroll
-  for (int r = 0; r < RW; ++r) {
+    for (int r = 0; r < RW; ++r) {
 #pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      float v = warp_sum(acc[r][t]);
-      if constexpr (kDual) v = silu(v) * warp_sum(acc2[r][t]);
-      if (lane == 0 && r < rows && t < nt) a.out[int64_t(row0 + t) * a.ldo + orow0 + r] = v;
+      for (int t = 0; t < NT; ++t) {
+        float v = warp_sum(acc[r][t]);
+        if constexpr (kDual) v = silu(v) * warp_sum(acc2[r][t]);
+        if (lane == 0 && r < rows && t < nt) a.out[int64_t(row0 + t) * a.ldo + orow + r] = v;
+      }
     }
   }
 }
@@ -382,8 +388,8 @@ void launch_moe_gemv(const MoeGemmArgs& a, bool vec, unsigned max_tiles, cudaStr
 // they divide a tile's blocks.
 template <typename W, int NT, bool kDual, int PL = 0>
 void launch_moe_gemv_warp(const MoeGemmArgs& a, unsigned max_tiles, cudaStream_t stream) {
-  constexpr int64_t kRowsPerBlock = kWarpRows<kDual> * (kGemvThreads / 32);
-  const dim3 grid(unsigned((a.m + kRowsPerBlock - 1) / kRowsPerBlock), max_tiles);
+  const int64_t rows_per_block = kWarpRows<kDual> * (kGemvThreads / 32) * a.row_groups;
+  const dim3 grid(unsigned((a.m + rows_per_block - 1) / rows_per_block), max_tiles);
   MoeGemmArgs b = a;
   while (b.route.cluster > 1 && grid.x % unsigned(b.route.cluster) != 0) b.route.cluster /= 2;
   launch_kernel_clusters(moe_gemv_warp_kernel<W, NT, kDual, PL>, grid, kGemvThreads, 0, stream,
@@ -403,9 +409,27 @@ void launch_moe_gemv_routed(const MoeGemmArgs& a, int PL, unsigned tiles, cudaSt
   }
 }
 
+// Row groups per warp-kernel block for tiles of nt > 1 rows (decode batches), measured on the
+// Qwen3.5-35B-A3B decode (H200, bench/results/h200-session11-*): down blocks that stream about
+// 64 KiB each (4 groups of 16 rows of 512 bf16) took the 64-sequence step from 33.5 to 31.2 ms,
+// and two groups of gate/up rows for tiles of 4 rows to 30.6 ms. One-token tiles keep one group
+// (two made the batch-1 step 3% slower).
 template <typename W, bool kDual>
-void launch_moe_gemv_nt(const MoeGemmArgs& a, int nt, bool vec, unsigned max_tiles,
+int warp_row_groups(const MoeGemmArgs& a, int nt) {
+  if (nt <= 1) return 1;
+  if constexpr (kDual) {
+    return nt == 4 ? 2 : 1;
+  } else {
+    const int64_t group_bytes = kWarpRows<false> * (kGemvThreads / 32) * a.k * int64_t(sizeof(W));
+    return int(std::clamp<int64_t>((64 << 10) / std::max<int64_t>(group_bytes, 1), 1, 8));
+  }
+}
+
+template <typename W, bool kDual>
+void launch_moe_gemv_nt(const MoeGemmArgs& a_in, int nt, bool vec, unsigned max_tiles,
                         cudaStream_t stream) {
+  MoeGemmArgs a = a_in;
+  a.row_groups = warp_row_groups<W, kDual>(a, nt);
   if (vec && nt <= 4) {  // eight rows of two matrices would cost the warp kernel registers
     if (nt == 1) {
       launch_moe_gemv_warp<W, 1, kDual>(a, max_tiles, stream);

@@ -52,6 +52,9 @@ struct MoeGemmArgs {
   // Gate/up only: direct tiles 0..route.k-1 routed in the kernel (direct_ids null), the
   // shared one last.
   MoeInKernelRoute route;
+  // The warp kernel: each block covers this many consecutive groups of its 4 warps' rows, one
+  // after another (fewer, longer-lived blocks where a tile's rows are short).
+  int row_groups = 1;
 };
 
 // The (expert, first row, row count) of tile `tile`, or false when the tile is past the
