@@ -8,8 +8,6 @@
 // oversubscribed machine tokens per CPU-second is the steadier figure to compare builds by.
 #include <fmt/format.h>
 
-#include <sys/resource.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -24,18 +22,14 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_ops.h"
+#include "bench_util.h"
 #include "engine/engine.h"
 
 using namespace recur;
 
 namespace {
 
-double cpu_seconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
-         1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
-}
+using bench::cpu_seconds;
 
 struct Run {
   double seconds = 0;

@@ -8,8 +8,6 @@
 // long prompt's prefilled tokens pass one of the --at depths.
 #include <fmt/format.h>
 
-#include <sys/resource.h>
-
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -22,6 +20,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "bench_util.h"
 #include "engine/engine.h"
 
 using namespace recur;
@@ -29,12 +28,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double cpu_seconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
-         1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
-}
+using bench::cpu_seconds;
 
 std::string loadavg() {
   std::ifstream f("/proc/loadavg");

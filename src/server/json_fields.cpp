@@ -55,7 +55,20 @@ ApiError from_error(const Error& e, std::string param) {
 
 namespace {
 
-// Depth of brackets outside strings; the parser and the template engine recurse on nesting.
+std::string type_name(const ojson& v) {
+  if (v.is_number_integer()) return "integer";
+  if (v.is_number_float()) return "number";
+  return v.type_name();
+}
+
+ApiError wrong_type(std::string_view where, std::string_view key, const char* want,
+                    const ojson& v) {
+  return bad_request(fmt::format("{}{}", where, key),
+                     fmt::format("'{}{}' must be {}, got {}", where, key, want, type_name(v)));
+}
+
+}  // namespace
+
 bool depth_within(std::string_view s, int limit) {
   int depth = 0;
   bool in_string = false;
@@ -77,20 +90,6 @@ bool depth_within(std::string_view s, int limit) {
   }
   return true;
 }
-
-std::string type_name(const ojson& v) {
-  if (v.is_number_integer()) return "integer";
-  if (v.is_number_float()) return "number";
-  return v.type_name();
-}
-
-ApiError wrong_type(std::string_view where, std::string_view key, const char* want,
-                    const ojson& v) {
-  return bad_request(fmt::format("{}{}", where, key),
-                     fmt::format("'{}{}' must be {}, got {}", where, key, want, type_name(v)));
-}
-
-}  // namespace
 
 ApiResult<ojson> parse_body(std::string_view body) {
   if (body.empty()) return bad_request("", "the request body is empty; send a JSON object");

@@ -16,6 +16,10 @@ using ojson = nlohmann::ordered_json;
 
 inline constexpr int kMaxJsonDepth = 64;
 
+// Whether JSON text nests brackets (outside strings) at most `limit` deep: the parser, the
+// serializer and the template engine recurse on nesting, so deeper text is refused before them.
+bool depth_within(std::string_view s, int limit);
+
 // Parses a request body: valid UTF-8 JSON, nested at most kMaxJsonDepth deep, an object.
 ApiResult<ojson> parse_body(std::string_view body);
 

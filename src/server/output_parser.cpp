@@ -59,30 +59,8 @@ size_t resume_at(size_t size, size_t len, size_t from) {
   return std::max(from, size >= len ? size - len + 1 : size_t(0));
 }
 
-// Bracket depth outside strings: serializing, templating and the Anthropic input recurse on it.
-bool depth_within(std::string_view s, int limit) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < s.size(); ++i) {
-    const char c = s[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > limit) return false;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return true;
-}
-
-// Model-written JSON, or nothing when it is not JSON (or nested too deep to handle).
+// Model-written JSON, or nothing when it is not JSON (or nested too deep to handle:
+// serializing, templating and the Anthropic input recurse on it).
 std::optional<ojson> parse_json(std::string_view s) {
   if (s.empty() || !depth_within(s, kMaxJsonDepth)) return std::nullopt;
   ojson j = ojson::parse(s, nullptr, false);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -36,7 +37,7 @@ struct ServingContext {
   const Tokenizer* tokenizer = nullptr;                // null: token-id prompts only
   const ChatTemplate* chat_template = nullptr;         // null: no chat endpoints
   ToolCallFormat tool_format = ToolCallFormat::kJson;  // from the chat template, at start
-  std::string chat_template_error;  // why a template the directory has did not load
+  std::string chat_template_error;    // why a template the directory has did not load
   bool allow_unknown_fields = false;  // else a top-level field not known is a 400
 };
 
@@ -93,6 +94,15 @@ ApiResult<bool> parse_sampling(const ojson& body, const ServingContext& ctx, Par
 ApiResult<bool> render_chat(const ojson& messages, const ojson* tools, const ojson* kwargs,
                             const std::string& tool_choice, const ServingContext& ctx,
                             ParsedRequest* req);
+// A tool_choice mode ("none", "auto", "required", "named:NAME") against the request's tools
+// (chat's shape; null when absent): a call asked for needs tools, a named one must be there.
+ApiResult<bool> check_tool_choice(const std::string& mode, const ojson* tools);
+// Another API's function tool at `where` in chat's shape ({"type": "function", "function":
+// {name, description, parameters}}): its JSON schema under schema_key, an object ({} if absent).
+ApiResult<ojson> chat_function_tool(const ojson& tool, const std::string& where,
+                                    const std::string& name,
+                                    const std::optional<std::string>& description,
+                                    const char* schema_key);
 // Prompt length and max_tokens against the context.
 ApiResult<bool> check_lengths(const ServingContext& ctx, ParsedRequest* req);
 

@@ -118,15 +118,8 @@ ApiResult<ojson> convert_tools(const ojson& tools) {
                          fmt::format("'{}.name' must be a non-empty string", where));
     }
     RECUR_API_ASSIGN(auto desc, get_string(t, "description", where + "."));
-    const ojson* schema = field(t, "input_schema");
-    if (schema && !schema->is_object()) {
-      return bad_request(where + ".input_schema",
-                         fmt::format("'{}.input_schema' must be an object", where));
-    }
-    ojson fn = {{"name", *name}};
-    if (desc) fn["description"] = *desc;
-    fn["parameters"] = schema ? *schema : ojson::object();
-    out.push_back({{"type", "function"}, {"function", std::move(fn)}});
+    RECUR_API_ASSIGN(ojson fn, chat_function_tool(t, where, *name, desc, "input_schema"));
+    out.push_back(std::move(fn));
   }
   return out;
 }

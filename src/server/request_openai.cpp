@@ -220,14 +220,7 @@ ApiResult<std::string> parse_tool_choice(const ojson& body, const ojson* tools) 
                        "'tool_choice' must be none, auto, required or "
                        "{\"type\": \"function\", \"function\": {\"name\": ...}}");
   }
-  if (mode != "none" && mode != "auto" && !have_tools) {
-    return bad_request("tool_choice", "'tool_choice' asks for a tool call but 'tools' is empty");
-  }
-  if (mode.rfind("named:", 0) == 0 && !has_tool(*tools, mode.substr(6))) {
-    return bad_request("tool_choice", fmt::format("'tool_choice' names \"{}\", which is not in "
-                                                  "'tools'",
-                                                  mode.substr(6)));
-  }
+  RECUR_API_CHECK(check_tool_choice(mode, tools));
   return mode;
 }
 
@@ -250,18 +243,23 @@ size_t distance(std::string_view a, std::string_view b) {
 // A template that fails to render is the model directory's fault, not the request's; only
 // raise_exception() (the template's own words, for the caller) and malformed request values
 // are the client's. The tokenizer layer names its own failures "chat template ...".
+// A 500 for a chat template that the model directory got wrong.
+ApiError chat_template_error(std::string message) {
+  ApiError e;
+  e.status = 500;
+  e.type = "server_error";
+  e.code = "chat_template_error";
+  e.message = std::move(message);
+  return e;
+}
+
 ApiError template_failure(const Error& e, const ServingContext& ctx) {
   if (e.message.rfind("chat template", 0) != 0) return from_error(e, "messages");
-  ApiError out;
-  out.status = 500;
-  out.type = "server_error";
-  out.code = "chat_template_error";
-  out.message = fmt::format(
+  return chat_template_error(fmt::format(
       "the chat template of the model directory served as '{}' failed to render this request; "
       "this is a fault of the model directory (its tokenizer_config.json or "
       "chat_template.jinja), not of the request: {}",
-      ctx.model_name, e.message);
-  return out;
+      ctx.model_name, e.message));
 }
 
 ApiResult<int> parse_max_tokens(const ojson& body, const char* key, ParsedRequest* req) {
@@ -299,6 +297,33 @@ const std::initializer_list<std::string_view> kIgnoredFields = {
     "user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"};
 
 }  // namespace
+
+ApiResult<bool> check_tool_choice(const std::string& mode, const ojson* tools) {
+  if (mode != "none" && mode != "auto" && (!tools || tools->empty())) {
+    return bad_request("tool_choice", "'tool_choice' asks for a tool call but 'tools' is empty");
+  }
+  if (mode.rfind("named:", 0) == 0 && !has_tool(*tools, mode.substr(6))) {
+    return bad_request(
+        "tool_choice",
+        fmt::format("'tool_choice' names \"{}\", which is not in 'tools'", mode.substr(6)));
+  }
+  return true;
+}
+
+ApiResult<ojson> chat_function_tool(const ojson& tool, const std::string& where,
+                                    const std::string& name,
+                                    const std::optional<std::string>& description,
+                                    const char* schema_key) {
+  const ojson* schema = field(tool, schema_key);
+  if (schema && !schema->is_object()) {
+    return bad_request(fmt::format("{}.{}", where, schema_key),
+                       fmt::format("'{}.{}' must be an object", where, schema_key));
+  }
+  ojson fn = {{"name", name}};
+  if (description) fn["description"] = *description;
+  fn["parameters"] = schema ? *schema : ojson::object();
+  return ojson{{"type", "function"}, {"function", std::move(fn)}};
+}
 
 const std::initializer_list<std::string_view> kSamplingFields = {"temperature",
                                                                  "top_p",
@@ -450,16 +475,11 @@ ApiResult<bool> render_chat(const ojson& messages, const ojson* tools, const ojs
                             const std::string& tool_choice, const ServingContext& ctx,
                             ParsedRequest* req) {
   if (!ctx.chat_template && !ctx.chat_template_error.empty()) {
-    ApiError e;
-    e.status = 500;
-    e.type = "server_error";
-    e.code = "chat_template_error";
-    e.message = fmt::format(
+    return chat_template_error(fmt::format(
         "the chat template of the model directory served as '{}' could not be loaded, so chat "
         "requests cannot be rendered; this is a fault of the model directory, not of the "
         "request: {}",
-        ctx.model_name, ctx.chat_template_error);
-    return e;
+        ctx.model_name, ctx.chat_template_error));
   }
   if (!ctx.chat_template || !ctx.tokenizer) {
     return bad_request("messages",

@@ -182,24 +182,10 @@ ApiResult<ojson> convert_tools(const ojson& tools) {
     }
     RECUR_API_ASSIGN(auto desc, get_string(t, "description", where + "."));
     RECUR_API_CHECK(get_bool(t, "strict", where + "."));
-    const ojson* params = field(t, "parameters");
-    if (params && !params->is_object()) {
-      return bad_request(where + ".parameters",
-                         fmt::format("'{}.parameters' must be an object", where));
-    }
-    ojson fn = {{"name", name}};
-    if (desc) fn["description"] = *desc;
-    fn["parameters"] = params ? *params : ojson::object();
-    out.push_back({{"type", "function"}, {"function", std::move(fn)}});
+    RECUR_API_ASSIGN(ojson fn, chat_function_tool(t, where, name, desc, "parameters"));
+    out.push_back(std::move(fn));
   }
   return out;
-}
-
-bool has_tool(const ojson& tools, const std::string& name) {
-  for (const auto& t : tools) {
-    if (t["function"]["name"] == name) return true;
-  }
-  return false;
 }
 
 ApiResult<std::string> tool_choice(const ojson& body, const ojson& tools) {
@@ -218,14 +204,7 @@ ApiResult<std::string> tool_choice(const ojson& body, const ojson& tools) {
                        "'tool_choice' must be none, auto, required or {\"type\": \"function\", "
                        "\"name\": ...}");
   }
-  if (mode != "none" && mode != "auto" && !have_tools) {
-    return bad_request("tool_choice", "'tool_choice' asks for a tool call but 'tools' is empty");
-  }
-  if (mode.rfind("named:", 0) == 0 && !has_tool(tools, mode.substr(6))) {
-    return bad_request(
-        "tool_choice",
-        fmt::format("'tool_choice' names \"{}\", which is not in 'tools'", mode.substr(6)));
-  }
+  RECUR_API_CHECK(check_tool_choice(mode, &tools));
   if (!have_tools) mode = "none";
   return mode;
 }

@@ -1,13 +1,12 @@
 // The gated delta rule on the GPU, with its decay per head (Gated DeltaNet) and per key channel
 // (Kimi Delta Attention), in both forms (recurrent: token by token; chunked: 64-token chunks)
-// and fused with the gated norm, against host_ref::gated_delta_rule (double) on ragged batches
+// and fused with the gated norm, against ref::gated_delta_rule (double) on ragged batches
 // whose segments straddle the chunk, with initial states, states carried across calls, and
 // decays strong enough that e^G underflows within a chunk. f32 arithmetic: outputs ≤ 2e-5
 // relative to their scale, states ≤ 2e-5 (as the CPU kernels); with the norm ≤ 1e-4.
 #include <cstring>
 
 #include "backend/cpu/reference.h"
-#include "cuda/cuda_reference.h"
 #include "cuda/cuda_test_util.h"
 
 namespace recur {
@@ -44,7 +43,7 @@ DeltaErrors delta_errors(CudaOps& ops, const DeltaInputs& in, const Layout& lay,
       DType::U8, {int64_t(ops.gated_delta_rule_scratch_bytes(int(in.q.t.shape[2]), int(dv))) + 1});
   DeviceTensor scratch(ops, scratch_h);
   ops.gated_delta_rule(dq.t, dk.t, dv_.t, dg.t, db.t, dstate.t, lay.l, dout.t, scratch.t, form);
-  host_ref::gated_delta_rule(in.q.t, in.k.t, in.v.t, in.g.t, in.beta.t, s_ref.t, lay.l, ref.t);
+  ref::gated_delta_rule(in.q.t, in.k.t, in.v.t, in.g.t, in.beta.t, s_ref.t, lay.l, ref.t);
   HostTensor got = dout.download(ops, out), s_got = dstate.download(ops, state0);
   const double scale = std::max(1.0, max_abs(ref.f(), ref.numel()));
   return {max_abs_diff(got.f(), ref.f(), ref.numel()) / scale,
@@ -130,7 +129,7 @@ TEST_F(CudaDeltaRule, StrongDecaysStayFinite) {
   const std::vector<int> lens = {1, 64, 150};
   Layout lay(lens, std::vector<int>(lens.size(), 0), 16, rng);
   for (bool per_channel : {false, true}) {
-    DeltaInputs in(lay.l.n_tokens, hk, hv, dk, dv, rng, per_channel, 60.0f);
+    DeltaInputs in(lay.l.n_tokens, hk, hv, dk, dv, rng, per_channel, DecayStrength::kUnderflow);
     HostTensor state0(DType::F32, {int64_t(lens.size()), hv, dk, dv});
     fill_random(state0, rng, 0.5f);
     for (DeltaRuleForm f :
@@ -171,7 +170,7 @@ TEST_F(CudaDeltaRule, StateCarriesAcrossCallsAndBatchesSplit) {
       done += piece;
     }
     Layout whole({len}, {0}, 16, rng);
-    host_ref::gated_delta_rule(in.q.t, in.k.t, in.v.t, in.g.t, in.beta.t, s_ref.t, whole.l, ref.t);
+    ref::gated_delta_rule(in.q.t, in.k.t, in.v.t, in.g.t, in.beta.t, s_ref.t, whole.l, ref.t);
     const double scale = std::max(1.0, max_abs(ref.f(), ref.numel()));
     const double eo = max_abs_diff(host(dout, out).f(), ref.f(), out.numel()) / scale;
     const double es = max_abs_diff(host(dstate, state0).f(), s_ref.f(), s_ref.numel());
@@ -261,9 +260,8 @@ TEST_F(CudaDeltaRule, WithTheGatedNormEqualsTheDefault) {
           EXPECT_TRUE(same_bits(got_norm[0], got_norm[1])) << what;
           EXPECT_TRUE(same_bits(got_state[0], got_state[1])) << what;
           HostTensor s_ref = state, o_ref = out, n_ref = out;
-          host_ref::gated_delta_rule(in.q.t, in.k.t, in.v.t, in.g.t, in.beta.t, s_ref.t, lay.l,
-                                     o_ref.t);
-          host_ref::rms_norm_gated(o_ref.t, gate.t, w.t, 1e-6f, act, n_ref.t);
+          ref::gated_delta_rule(in.q.t, in.k.t, in.v.t, in.g.t, in.beta.t, s_ref.t, lay.l, o_ref.t);
+          ref::rms_norm_gated(o_ref.t, gate.t, w.t, 1e-6f, act, n_ref.t);
           const double scale = std::max(1.0, max_abs(n_ref.f(), n_ref.numel()));
           const double err = max_abs_diff(got_norm[0].f(), n_ref.f(), out.numel()) / scale;
           record_error(std::string("delta rule + gated norm ") + (silu ? "silu " : "sigmoid ") +

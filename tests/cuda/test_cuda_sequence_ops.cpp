@@ -6,7 +6,6 @@
 #include <cstring>
 
 #include "backend/cpu/reference.h"
-#include "cuda/cuda_reference.h"
 #include "cuda/cuda_test_util.h"
 
 namespace recur {
@@ -89,23 +88,11 @@ struct GdnInputCase {
     r.conv_out = out, r.g = gt, r.beta = bt;
     return r;
   }
-  // The stage from the references, in place on this case's outputs and state: conv, the two L2
-  // norms (q scaled) and the gates.
+  // The stage from the references, in place on this case's outputs and state.
   void reference(const SeqLayout& layout) {
-    const int64_t key_dim = hk * dk;
-    ref::conv1d_causal_silu(mixed_big.t.slice_cols(4, 4 + C), conv_w.t, state.t, layout,
-                            conv_out.t);
-    for (int64_t t = 0; t < n; ++t) {
-      for (int64_t h = 0; h < hk; ++h) {
-        for (int64_t part = 0; part < 2; ++part) {
-          Tensor row = Tensor::contiguous(conv_out.f() + t * C + part * key_dim + h * dk,
-                                          DType::F32, {1, dk});
-          ref::l2_norm(row, 1e-6f, part == 0 ? 1.0f / std::sqrt(float(dk)) : 1.0f);
-        }
-      }
-    }
-    ref::gdn_gates(ba.t.slice_cols(hv, 2 * hv), ba.t.slice_cols(0, hv), a_log.t, dt_bias.t, g.t,
-                   beta.t);
+    reference_gdn_inputs(
+        args(mixed_big.t, ba.t, conv_w.t, a_log.t, dt_bias.t, state.t, conv_out.t, g.t, beta.t),
+        layout);
   }
 };
 
@@ -163,52 +150,6 @@ TEST_F(CudaSequence, GdnInputsDecodeEqualsTheDefault) {
     }
   }
 }
-
-// One attention layer's input stage (Ops::attention_inputs) on random data over a ragged
-// layout's positions and blocks: q, k, v as projected (v heads of dv channels), the norms, the
-// caches.
-struct AttentionInputCase {
-  int64_t n, heads, kv, hd, dv;
-  int rot;
-  HostTensor q, k, v, q_norm, k_norm, kc, vc;
-  AttentionInputCase(const SeqLayout& l, int n_blocks, int64_t heads_, int64_t kv_, int64_t hd_,
-                     int64_t dv_, int rot_, DType norm_t, std::mt19937& rng)
-      : n(l.n_tokens),
-        heads(heads_),
-        kv(kv_),
-        hd(hd_),
-        dv(dv_),
-        rot(rot_),
-        q(DType::F32, {n, heads * hd}),
-        k(DType::F32, {n, kv * hd}),
-        v(DType::F32, {n, kv * dv}),
-        q_norm(norm_t, {hd}),
-        k_norm(norm_t, {hd}),
-        kc(DType::F32, {n_blocks, kv, hd, l.block_size}),
-        vc(DType::F32, {n_blocks, kv, l.block_size, dv}) {
-    for (HostTensor* t : {&q, &k, &v, &kc, &vc}) fill_random(*t, rng);
-    fill_random(q_norm, rng, 0.2f);
-    fill_random(k_norm, rng, 0.2f);
-  }
-  AttentionInputArgs args() const {
-    AttentionInputArgs a;
-    a.heads = int(heads), a.kv_heads = int(kv), a.head_dim = int(hd), a.rot_dim = rot;
-    a.rope_theta = 1e7, a.norm_offset = 1.0f, a.eps = 1e-6f;
-    a.q = q.t, a.k = k.t, a.v = v.t, a.q_norm = q_norm.t, a.k_norm = k_norm.t;
-    a.k_cache = kc.t, a.v_cache = vc.t;
-    return a;
-  }
-  // The stage from the references, in place on this case: the norms, the rotations and the
-  // cache writes.
-  void reference(const SeqLayout& l) {
-    const Tensor q3 = q.t.reshaped({n, heads, hd}), k3 = k.t.reshaped({n, kv, hd});
-    ref::rms_norm(q3, q_norm.t, 1.0f, 1e-6f, q3);
-    ref::rms_norm(k3, k_norm.t, 1.0f, 1e-6f, k3);
-    ref::rope(q3, l.positions, rot, 1e7);
-    ref::rope(k3, l.positions, rot, 1e7);
-    host_ref::kv_cache_write(k3, v.t.reshaped({n, kv, dv}), kc.t, vc.t, l);
-  }
-};
 
 // The fused attention input stage equals the ops.cpp default (rms_norm, rope, kv_cache_write
 // on the GPU) bit for bit, and the references to the rope tolerance: the Qwen3-Next shape (16
@@ -373,7 +314,7 @@ TEST_F(CudaSequence, PagedAttentionMatchesReferenceOnRaggedBatchesWithHistory) {
     HostTensor kc_ref = kc, vc_ref = vc;
     ops().begin_forward(lay.l, {}, {});
     ops().kv_cache_write(dk.t, dv_.t, dkc.t, dvc.t, lay.l);
-    host_ref::kv_cache_write(k.t, v.t, kc_ref.t, vc_ref.t, lay.l);
+    ref::kv_cache_write(k.t, v.t, kc_ref.t, vc_ref.t, lay.l);
     const std::string what = "group=" + std::to_string(c.group) + " hd=" + std::to_string(hd) +
                              " dv=" + std::to_string(dv) + " first=" + std::to_string(c.first[0]);
     ASSERT_TRUE(same_bits(host(dkc, kc), kc_ref)) << what;
@@ -382,7 +323,7 @@ TEST_F(CudaSequence, PagedAttentionMatchesReferenceOnRaggedBatchesWithHistory) {
     DeviceTensor dout = poisoned(out);
     const float scale = 1.0f / std::sqrt(float(hd));
     ops().paged_attention(dq.t, dkc.t, dvc.t, lay.l, scale, dout.t);
-    host_ref::paged_attention(q.t, kc_ref.t, vc_ref.t, lay.l, scale, ref.t);
+    ref::paged_attention(q.t, kc_ref.t, vc_ref.t, lay.l, scale, ref.t);
     const double err = max_abs_diff(host(dout, out).f(), ref.f(), out.numel());
     record_error(dv == hd ? "paged_attention" : "paged_attention dv != hd", err);
     EXPECT_LE(err, 2e-5) << what;

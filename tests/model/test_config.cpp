@@ -214,25 +214,16 @@ TEST(Config, Qwen3_5NestedAndFlatParseAlike) {
       EXPECT_EQ(a.intermediate_size, 128);
     }
     // Everything the text model is made of is the same in both styles.
-    auto same = [](const QwenHybridConfig& x, const QwenHybridConfig& y) {
-      return std::tie(x.family, x.hidden_size, x.num_layers, x.vocab_size, x.rms_norm_eps,
-                      x.tie_word_embeddings, x.max_position_embeddings, x.num_heads, x.num_kv_heads,
-                      x.head_dim, x.rope_theta, x.partial_rotary_factor, x.linear_num_key_heads,
-                      x.linear_num_value_heads, x.linear_key_head_dim, x.linear_value_head_dim,
-                      x.linear_conv_kernel, x.intermediate_size, x.num_experts,
-                      x.num_experts_per_tok, x.moe_intermediate_size,
-                      x.shared_expert_intermediate_size, x.norm_topk_prob, x.layer_types,
-                      x.eos_token_ids) ==
-             std::tie(y.family, y.hidden_size, y.num_layers, y.vocab_size, y.rms_norm_eps,
-                      y.tie_word_embeddings, y.max_position_embeddings, y.num_heads, y.num_kv_heads,
-                      y.head_dim, y.rope_theta, y.partial_rotary_factor, y.linear_num_key_heads,
-                      y.linear_num_value_heads, y.linear_key_head_dim, y.linear_value_head_dim,
-                      y.linear_conv_kernel, y.intermediate_size, y.num_experts,
-                      y.num_experts_per_tok, y.moe_intermediate_size,
-                      y.shared_expert_intermediate_size, y.norm_topk_prob, y.layer_types,
-                      y.eos_token_ids);
+    auto text_model = [](const QwenHybridConfig& c) {
+      return std::tie(
+          c.family, c.hidden_size, c.num_layers, c.vocab_size, c.rms_norm_eps,
+          c.tie_word_embeddings, c.max_position_embeddings, c.num_heads, c.num_kv_heads, c.head_dim,
+          c.rope_theta, c.partial_rotary_factor, c.linear_num_key_heads, c.linear_num_value_heads,
+          c.linear_key_head_dim, c.linear_value_head_dim, c.linear_conv_kernel, c.intermediate_size,
+          c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size,
+          c.shared_expert_intermediate_size, c.norm_topk_prob, c.layer_types, c.eos_token_ids);
     };
-    EXPECT_TRUE(same(a, b)) << (moe ? "qwen3_5_moe" : "qwen3_5");
+    EXPECT_TRUE(text_model(a) == text_model(b)) << (moe ? "qwen3_5_moe" : "qwen3_5");
     EXPECT_EQ(a.eos_token_ids, (std::vector<int32_t>{5, 6}));
     // Only the wrapper names the vision placeholders.
     EXPECT_EQ(a.vision_token_ids, (std::vector<int32_t>{248056, 248057, 248053, 248054}));

@@ -374,6 +374,23 @@ recur::Result<std::unique_ptr<recur::Model>> load(const RandomCheckpoint& ck, re
   return recur::load_model(dir.path(), ops, opt);
 }
 
+// Expects loading to fail with an error that names `culprit`.
+void expect_named_error(const RandomCheckpoint& ck, const std::string& culprit) {
+  recur::CpuOps ops(2);
+  auto m = load(ck, ops);
+  ASSERT_FALSE(m.ok()) << culprit;
+  std::printf("  %s\n", m.error().to_string().c_str());
+  EXPECT_NE(m.error().message.find(culprit), std::string::npos) << m.error().to_string();
+}
+
+// Gives a stored tensor another shape (its values all 0.25).
+void set_shape(StoredTensor& t, const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  t.shape = shape;
+  t.values.assign(size_t(n), 0.25);
+}
+
 TEST(UnseenShapesLoad, ValidCheckpointLoadsAndMtpTensorsAreIgnored) {
   recur::CpuOps ops(2);
   RandomCheckpoint ck = make_random_checkpoint(small_spec(), 7);
@@ -389,21 +406,16 @@ TEST(UnseenShapesLoad, ValidCheckpointLoadsAndMtpTensorsAreIgnored) {
 }
 
 TEST(UnseenShapesLoad, MissingTensorIsNamed) {
-  recur::CpuOps ops(2);
   for (const char* name :
        {"model.layers.1.linear_attn.A_log", "model.layers.3.self_attn.q_norm.weight",
         "model.layers.2.mlp.experts.1.down_proj.weight", "lm_head.weight", "model.norm.weight"}) {
     RandomCheckpoint ck = make_random_checkpoint(small_spec(), 7);
     ASSERT_EQ(ck.tensors.erase(name), 1u) << name;
-    auto m = load(ck, ops);
-    ASSERT_FALSE(m.ok()) << name;
-    std::printf("  %s\n", m.error().to_string().c_str());
-    EXPECT_NE(m.error().message.find(name), std::string::npos) << m.error().to_string();
+    expect_named_error(ck, name);
   }
 }
 
 TEST(UnseenShapesLoad, WrongShapeIsNamed) {
-  recur::CpuOps ops(2);
   struct Case {
     const char* name;
     std::vector<int64_t> shape;
@@ -413,37 +425,22 @@ TEST(UnseenShapesLoad, WrongShapeIsNamed) {
                         Case{"model.layers.1.linear_attn.in_proj_qkvz.weight", {16, 48}},
                         Case{"model.embed_tokens.weight", {51, 16}}}) {
     RandomCheckpoint ck = make_random_checkpoint(small_spec(), 7);
-    StoredTensor& t = ck.tensors.at(c.name);
-    int64_t n = 1;
-    for (int64_t d : c.shape) n *= d;
-    t.shape = c.shape;
-    t.values.assign(size_t(n), 0.25);
-    auto m = load(ck, ops);
-    ASSERT_FALSE(m.ok()) << c.name;
-    std::printf("  %s\n", m.error().to_string().c_str());
-    EXPECT_NE(m.error().message.find(c.name), std::string::npos) << m.error().to_string();
+    set_shape(ck.tensors.at(c.name), c.shape);
+    expect_named_error(ck, c.name);
   }
 }
 
 TEST(UnseenShapesLoad, UnexpectedTensorIsNamed) {
-  recur::CpuOps ops(2);
   RandomCheckpoint ck = make_random_checkpoint(small_spec(), 7);
   const std::string extra = "model.layers.0.linear_attn.extra_bias";
   ck.tensors[extra] = {{4}, StoreType::kF32, std::vector<double>(4, 0.0)};
-  auto m = load(ck, ops);
-  ASSERT_FALSE(m.ok());
-  std::printf("  %s\n", m.error().to_string().c_str());
-  EXPECT_NE(m.error().message.find(extra), std::string::npos) << m.error().to_string();
+  expect_named_error(ck, extra);
 }
 
 TEST(UnseenShapesLoad, UnknownModelTypeIsNamed) {
-  recur::CpuOps ops(2);
   RandomCheckpoint ck = make_random_checkpoint(small_spec(), 7);
   ck.config["model_type"] = "qwen9_hyper";
-  auto m = load(ck, ops);
-  ASSERT_FALSE(m.ok());
-  std::printf("  %s\n", m.error().to_string().c_str());
-  EXPECT_NE(m.error().message.find("qwen9_hyper"), std::string::npos) << m.error().to_string();
+  expect_named_error(ck, "qwen9_hyper");
 }
 
 // ---- loading Qwen3.5 checkpoints ----
@@ -455,15 +452,6 @@ RandomModelSpec small_qwen3_5_spec(Family family, bool nested, bool fused) {
   s.intermediate = 24, s.moe_intermediate = 8, s.shared_intermediate = 12;
   if (family == Family::kQwen3_5) s.experts = 0;
   return s;
-}
-
-// Expects loading to fail with an error that names `culprit`.
-void expect_named_error(const RandomCheckpoint& ck, const std::string& culprit) {
-  recur::CpuOps ops(2);
-  auto m = load(ck, ops);
-  ASSERT_FALSE(m.ok()) << culprit;
-  std::printf("  %s\n", m.error().to_string().c_str());
-  EXPECT_NE(m.error().message.find(culprit), std::string::npos) << m.error().to_string();
 }
 
 TEST(UnseenShapesLoad, Qwen3_5SkipsVisionAndMtpAndReportsThem) {
@@ -550,11 +538,7 @@ TEST(UnseenShapesLoad, Qwen3_5WrongShapeIsNamed) {
         Case{dense, L + "2.linear_attn.in_proj_b.weight", {1, 16}},
         Case{dense, L + "3.self_attn.q_proj.weight", {16, 16}}}) {
     RandomCheckpoint ck = make_random_checkpoint(c.spec, 7);
-    StoredTensor& t = ck.tensors.at(c.name);
-    int64_t n = 1;
-    for (int64_t d : c.shape) n *= d;
-    t.shape = c.shape;
-    t.values.assign(size_t(n), 0.25);
+    set_shape(ck.tensors.at(c.name), c.shape);
     expect_named_error(ck, c.name);
   }
 }

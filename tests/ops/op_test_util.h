@@ -1,21 +1,24 @@
-// Helpers for comparing kernels with their scalar references on random data.
+// Helpers for comparing kernels with their scalar references on random data, on any backend:
+// host tensors of any dtype, error measures, ragged batch layouts, and the inputs and
+// references of the delta rule, the attention and Gated DeltaNet input stages and shared-expert
+// MoE. Host-only (the CUDA tests add device copies in cuda/cuda_test_util.h).
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
-#include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/reference.h"
 #include "core/tensor.h"
 #include "ops/ops.h"
 
 namespace recur::testing {
 
-// Owned host storage for a tensor of any dtype.
+// Owned host storage for a tensor of any dtype (zeroed, with slack past the end).
 struct HostTensor {
   std::vector<uint8_t> bytes;
   Tensor t;
@@ -73,6 +76,22 @@ inline double max_abs(const float* a, int64_t n) {
   return d;
 }
 
+// max |a − b| / max(floor, max |b|): error relative to the reference's scale.
+inline double rel_err(const float* a, const float* b, int64_t n, double floor = 1.0) {
+  return max_abs_diff(a, b, n) / std::max(floor, max_abs(b, n));
+}
+
+inline int64_t count_nonfinite(const float* a, int64_t n) {
+  int64_t c = 0;
+  for (int64_t i = 0; i < n; ++i) c += !std::isfinite(a[i]);
+  return c;
+}
+
+inline bool same_bits(const HostTensor& a, const HostTensor& b) {
+  return a.bytes.size() == b.bytes.size() &&
+         std::memcmp(a.t.data, b.t.data, size_t(a.numel()) * dtype_size(a.t.dtype)) == 0;
+}
+
 // Host-side layout of a ragged batch: one slot per sequence, block tables shuffled.
 struct Layout {
   std::vector<int32_t> seq_start{0}, slot, positions, block_start{0}, block_ids;
@@ -104,14 +123,16 @@ struct Layout {
 
 // How DeltaInputs draws the log-decays g.
 enum class DecayStrength {
-  kMixed,   // in [-2, 0], mostly mild
-  kStrong,  // a quarter of the heads (per head) or key channels (per key) at -5 to -20 per
-            // token, so that a 64-token chunk's sum is far below -80; the rest as kMixed,
-            // with some exactly 0 (no decay)
+  kMixed,      // in [-2, 0], mostly mild
+  kStrong,     // a quarter of the heads (per head) or key channels (per key) at -5 to -20 per
+               // token, so that a 64-token chunk's sum is far below -80; the rest as kMixed,
+               // with some exactly 0 (no decay)
+  kUnderflow,  // as kMixed, but every tenth decay -60 (e^g underflows in f32)
 };
 
-// Delta-rule inputs as the model makes them: l2-normalised q (scaled) and k, log-decays g
-// (per head [n, hv] or per key channel [n, hv, dk]), beta.
+// Delta-rule inputs as the model makes them: l2-normalised q (scaled) and k (by the scalar
+// reference, so that no kernel under test makes its own inputs), log-decays g (per head
+// [n, hv] or per key channel [n, hv, dk]), beta in (0, 1).
 struct DeltaInputs {
   HostTensor q, k, v, g, beta;
   DeltaInputs(int64_t n, int64_t hk, int64_t hv, int64_t dk, int64_t dv, std::mt19937& rng,
@@ -124,9 +145,8 @@ struct DeltaInputs {
     fill_random(q, rng);
     fill_random(k, rng);
     fill_random(v, rng);
-    CpuOps ops(1);
-    ops.l2_norm(q.t, 1e-6f, 1.0f / std::sqrt(float(dk)));
-    ops.l2_norm(k.t, 1e-6f, 1.0f);
+    ref::l2_norm(q.t, 1e-6f, 1.0f / std::sqrt(float(dk)));
+    ref::l2_norm(k.t, 1e-6f, 1.0f);
     std::uniform_real_distribution<float> gd(-2.0f, 0.0f), bd(0.0f, 1.0f), strong(-20.0f, -5.0f);
     const int64_t channels = per_key ? hv * dk : hv;  // decays per token
     std::vector<int> kind(size_t(channels), 0);       // 0 mixed, 1 strong, 2 none
@@ -138,6 +158,7 @@ struct DeltaInputs {
       switch (kind[size_t(i % channels)]) {
         case 0:
           g.f()[i] = -gd(rng) * gd(rng) * 0.5f;  // log-decays in [-2, 0]: mostly mild, some strong
+          if (strength == DecayStrength::kUnderflow && i % 10 == 3) g.f()[i] = -60.0f;
           break;
         case 1:
           g.f()[i] = strong(rng);
@@ -220,6 +241,25 @@ inline void reference_moe_shared(const Tensor& x, std::span<const ExpertWeights>
   }
 }
 
+// Ops::gdn_inputs from the scalar references of its parts, on host tensors, in place on a's
+// outputs and conv state: the conv, the L2 norms of every q and k head (q scaled), the gates.
+// a.conv_out contiguous [n, C].
+inline void reference_gdn_inputs(const GdnInputArgs& a, const SeqLayout& layout) {
+  const int64_t n = a.mixed.shape[0], C = a.mixed.shape[1], dk = a.dk;
+  const int64_t key_dim = int64_t(a.key_heads) * dk;
+  ref::conv1d_causal_silu(a.mixed, a.conv_weight, a.conv_state, layout, a.conv_out);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t h = 0; h < a.key_heads; ++h) {
+      for (int64_t part = 0; part < 2; ++part) {
+        Tensor row = Tensor::contiguous(a.conv_out.ptr<float>() + t * C + part * key_dim + h * dk,
+                                        DType::F32, {1, dk});
+        ref::l2_norm(row, a.l2_eps, part == 0 ? a.q_scale : 1.0f);
+      }
+    }
+  }
+  ref::gdn_gates(a.a, a.b, a.a_log, a.dt_bias, a.g, a.beta);
+}
+
 // One Gated DeltaNet layer's input stage (Ops::gdn_inputs) on random data: the operands, the
 // outputs, and the reference built from the scalar references of its parts. mixed, a and b are
 // column views of one projection output [n, C + 2·hv + 3], as a model's fused projection gives
@@ -263,22 +303,8 @@ struct GdnInputCase {
     r.conv_out = conv_out.t, r.g = g.t, r.beta = beta.t;
     return r;
   }
-  // The stage from the references, in place on this case's outputs and state: conv, the L2
-  // norms of every q and k head, and the gates.
-  void reference(const SeqLayout& layout) {
-    const int64_t key_dim = hk * dk;
-    ref::conv1d_causal_silu(mixed(), conv_w.t, state.t, layout, conv_out.t);
-    for (int64_t t = 0; t < n; ++t) {
-      for (int64_t h = 0; h < hk; ++h) {
-        for (int64_t part = 0; part < 2; ++part) {
-          Tensor row = Tensor::contiguous(conv_out.f() + t * C + part * key_dim + h * dk,
-                                          DType::F32, {1, dk});
-          ref::l2_norm(row, 1e-6f, part == 0 ? 1.0f / std::sqrt(float(dk)) : 1.0f);
-        }
-      }
-    }
-    ref::gdn_gates(a(), b(), a_log.t, dt_bias.t, g.t, beta.t);
-  }
+  // The stage from the references, in place on this case's outputs and state.
+  void reference(const SeqLayout& layout) { reference_gdn_inputs(args(), layout); }
 };
 
 }  // namespace recur::testing

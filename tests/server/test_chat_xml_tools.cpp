@@ -3,6 +3,7 @@
 // calls in it, and parses back exactly the calls the template writes.
 #include <gtest/gtest.h>
 
+#include "request_test_util.h"
 #include "server/output_parser.h"
 #include "server/request.h"
 
@@ -10,31 +11,12 @@ namespace recur::server {
 namespace {
 
 const std::string kXmlModel = std::string(RECUR_SOURCE_DIR) + "/tests/data/qwen3_5-chat-tiny";
-const std::string kJsonModel = std::string(RECUR_SOURCE_DIR) + "/models/qwen3next-tiny-realvocab";
-
-struct Fixture {
-  Tokenizer tok;
-  ChatTemplate tmpl;
-};
-
-const Fixture& fx() {
-  static const Fixture* f = [] {
-    auto tok = Tokenizer::load(kXmlModel);
-    auto tmpl = ChatTemplate::load(kXmlModel);
-    if (!tok.ok() || !tmpl.ok()) std::abort();
-    return new Fixture{std::move(*tok), std::move(*tmpl)};
-  }();
-  return *f;
+const ChatFixture& fx() {
+  return chat_fixture(kXmlModel);
 }
 
 ServingContext ctx() {
-  ServingContext c;
-  c.model_name = "tiny";
-  c.vocab_size = 151936;
-  c.max_context = 4096;
-  c.eos_token_ids = {151645, 151643};
-  c.tokenizer = &fx().tok;
-  c.chat_template = &fx().tmpl;
+  ServingContext c = tiny_context(fx());
   c.tool_format = detect_tool_call_format(fx().tmpl.source());
   return c;
 }
@@ -52,7 +34,7 @@ std::string render(const ojson& request) {
 
 TEST(ChatXmlTools, FormatIsReadOffTheTemplate) {
   EXPECT_EQ(detect_tool_call_format(fx().tmpl.source()), ToolCallFormat::kXml);
-  auto json_template = ChatTemplate::load(kJsonModel);
+  auto json_template = ChatTemplate::load(kRealVocabModel);
   ASSERT_TRUE(json_template.ok());
   EXPECT_EQ(detect_tool_call_format(json_template->source()), ToolCallFormat::kJson);
 }

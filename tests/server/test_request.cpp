@@ -3,45 +3,23 @@
 // Anthropic translation. Uses the shipped model's real tokenizer and chat template.
 #include <gtest/gtest.h>
 
+#include "request_test_util.h"
 #include "server/request.h"
 
 namespace recur::server {
 namespace {
 
-const std::string kModel = std::string(RECUR_SOURCE_DIR) + "/models/qwen3next-tiny-realvocab";
-
-struct Fixture {
-  Tokenizer tok;
-  ChatTemplate tmpl;
-};
-
-const Fixture& fx() {
-  static const Fixture* f = [] {
-    auto tok = Tokenizer::load(kModel);
-    auto tmpl = ChatTemplate::load(kModel);
-    if (!tok.ok() || !tmpl.ok()) std::abort();
-    return new Fixture{std::move(*tok), std::move(*tmpl)};
-  }();
-  return *f;
+const ChatFixture& fx() {
+  return chat_fixture(kRealVocabModel);
 }
 
 ServingContext ctx(int max_context = 4096) {
-  ServingContext c;
-  c.model_name = "tiny";
-  c.vocab_size = 151936;
-  c.max_context = max_context;
+  ServingContext c = tiny_context(fx(), max_context);
   c.generation.do_sample = true;
   c.generation.temperature = 0.7f;
   c.generation.top_k = 20;
   c.generation.top_p = 0.8f;
-  c.eos_token_ids = {151645, 151643};
-  c.tokenizer = &fx().tok;
-  c.chat_template = &fx().tmpl;
   return c;
-}
-
-ojson J(const char* s) {
-  return ojson::parse(s);
 }
 
 // The status and param of a rejected request.

@@ -4,41 +4,18 @@
 // requests they must equal. Uses the shipped model's real tokenizer and chat template.
 #include <gtest/gtest.h>
 
+#include "request_test_util.h"
 #include "server/request.h"
 
 namespace recur::server {
 namespace {
 
-const std::string kModel = std::string(RECUR_SOURCE_DIR) + "/models/qwen3next-tiny-realvocab";
-
-struct Fixture {
-  Tokenizer tok;
-  ChatTemplate tmpl;
-};
-
-const Fixture& fx() {
-  static const Fixture* f = [] {
-    auto tok = Tokenizer::load(kModel);
-    auto tmpl = ChatTemplate::load(kModel);
-    if (!tok.ok() || !tmpl.ok()) std::abort();
-    return new Fixture{std::move(*tok), std::move(*tmpl)};
-  }();
-  return *f;
+const ChatFixture& fx() {
+  return chat_fixture(kRealVocabModel);
 }
 
 ServingContext ctx() {
-  ServingContext c;
-  c.model_name = "tiny";
-  c.vocab_size = 151936;
-  c.max_context = 4096;
-  c.eos_token_ids = {151645, 151643};
-  c.tokenizer = &fx().tok;
-  c.chat_template = &fx().tmpl;
-  return c;
-}
-
-ojson J(const char* s) {
-  return ojson::parse(s);
+  return tiny_context(fx());
 }
 
 TEST(Strict, UnknownTopLevelFieldsAreRefusedByName) {
@@ -108,6 +85,7 @@ TEST(Strict, ATemplateThatFailsIsTheModelDirectorysFault) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().status, 500);
   EXPECT_EQ(r.error().type, "server_error");
+  EXPECT_EQ(r.error().code, "chat_template_error");
   EXPECT_NE(r.error().message.find("fault of the model directory"), std::string::npos)
       << r.error().message;
 
@@ -126,6 +104,7 @@ TEST(Strict, ATemplateThatFailsIsTheModelDirectorysFault) {
   r = parse_chat_request(body, c);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().status, 500);
+  EXPECT_EQ(r.error().code, "chat_template_error");
   EXPECT_NE(r.error().message.find("the filter 'x'"), std::string::npos);
   c.chat_template_error.clear();  // no template at all: use /v1/completions (400)
   EXPECT_EQ(parse_chat_request(body, c).error().status, 400);
@@ -194,6 +173,80 @@ TEST(Responses, InputItemsRenderAsTheEquivalentChat) {
     auto r = parse_responses_request(J(bad), c);
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_EQ(r.error().status, 400) << bad;
+  }
+}
+
+// A function tool in each API's shape (description and schema included) renders as the chat
+// tool; a schema that is not an object, and a tool_choice its tools cannot satisfy, are 400s
+// naming the field, alike in chat and Responses.
+TEST(Tools, EveryApisFunctionToolIsTheChatTool) {
+  const ServingContext c = ctx();
+  const char* messages = R"("messages": [{"role": "user", "content": "Weather?"}])";
+  auto chat = parse_chat_request(J(fmt::format(R"({{"max_tokens": 5, {}, "tools": [
+      {{"type": "function", "function": {{"name": "get_weather",
+        "description": "Weather for a city", "parameters": {{"type": "object"}}}}}}]}})",
+                                               messages)
+                                       .c_str()),
+                                 c);
+  ASSERT_TRUE(chat.ok()) << chat.error().message;
+  EXPECT_NE(fx().tok.decode(chat->prompts[0]).find("Weather for a city"), std::string::npos);
+  auto resp = parse_responses_request(J(R"({"max_output_tokens": 5, "input": "Weather?",
+      "tools": [{"type": "function", "name": "get_weather", "description": "Weather for a city",
+                 "parameters": {"type": "object"}}]})"),
+                                      c);
+  ASSERT_TRUE(resp.ok()) << resp.error().message;
+  EXPECT_EQ(resp->prompts[0], chat->prompts[0]);
+  auto anthropic = parse_messages_request(
+      J(fmt::format(R"({{"max_tokens": 5, {}, "tools": [{{"name": "get_weather",
+        "description": "Weather for a city", "input_schema": {{"type": "object"}}}}]}})",
+                    messages)
+            .c_str()),
+      c);
+  ASSERT_TRUE(anthropic.ok()) << anthropic.error().message;
+  EXPECT_NE(fx().tok.decode(anthropic->prompts[0]).find("Weather for a city"), std::string::npos);
+
+  auto resp_bad = parse_responses_request(
+      J(R"({"input": "x", "tools": [{"type": "function", "name": "f", "parameters": 3}]})"), c);
+  ASSERT_FALSE(resp_bad.ok());
+  EXPECT_EQ(resp_bad.error().param, "tools[0].parameters");
+  EXPECT_EQ(resp_bad.error().message, "'tools[0].parameters' must be an object");
+  auto anthropic_bad =
+      parse_messages_request(J(R"({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+            "tools": [{"name": "f", "input_schema": []}]})"),
+                             c);
+  ASSERT_FALSE(anthropic_bad.ok());
+  EXPECT_EQ(anthropic_bad.error().param, "tools[0].input_schema");
+  EXPECT_EQ(anthropic_bad.error().message, "'tools[0].input_schema' must be an object");
+
+  struct Bad {
+    const char* chat_choice;
+    const char* responses_choice;
+    const char* message;
+  };
+  for (const Bad& b : {Bad{R"({"type": "function", "function": {"name": "nope"}})",
+                           R"({"type": "function", "name": "nope"})",
+                           "'tool_choice' names \"nope\", which is not in 'tools'"},
+                       Bad{R"("required")", R"("required")",
+                           "'tool_choice' asks for a tool call but 'tools' is empty"}}) {
+    const bool with_tools = std::string_view(b.message).find("nope") != std::string_view::npos;
+    const std::string chat_tools =
+        with_tools ? R"(, "tools": [{"type": "function", "function": {"name": "f"}}])" : "";
+    const std::string resp_tools =
+        with_tools ? R"(, "tools": [{"type": "function", "name": "f"}])" : "";
+    auto r = parse_chat_request(
+        J(fmt::format(R"({{{}{}, "tool_choice": {}}})", messages, chat_tools, b.chat_choice)
+              .c_str()),
+        c);
+    ASSERT_FALSE(r.ok()) << b.message;
+    EXPECT_EQ(r.error().param, "tool_choice");
+    EXPECT_EQ(r.error().message, b.message);
+    r = parse_responses_request(
+        J(fmt::format(R"({{"input": "x"{}, "tool_choice": {}}})", resp_tools, b.responses_choice)
+              .c_str()),
+        c);
+    ASSERT_FALSE(r.ok()) << b.message;
+    EXPECT_EQ(r.error().param, "tool_choice");
+    EXPECT_EQ(r.error().message, b.message);
   }
 }
 
