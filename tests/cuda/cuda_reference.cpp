@@ -52,10 +52,4 @@ void moe_route(const Tensor& logits, const MoeRouting& routing, Tensor ids, Tens
   }
 }
 
-void moe_experts_shared(const Tensor& x, std::span<const ExpertWeights> experts, const Tensor& ids,
-                        const Tensor& weights, const ExpertWeights& shared, const Tensor& score,
-                        Tensor out) {
-  reference_moe_shared(x, experts, ids, weights, shared, score, out);
-}
-
 }  // namespace recur::testing::host_ref

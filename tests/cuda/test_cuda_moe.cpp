@@ -256,8 +256,7 @@ TEST_F(CudaMoe, SharedExpertMatchesReference) {
           got[path] = host(dout, out);
           ASSERT_EQ(count_nonfinite(got[path].f(), out.numel()), 0);
         }
-        host_ref::moe_experts_shared(x.t, ex.h, hids.t, hw.t, sh.h[0], gated ? score.t : Tensor{},
-                                     ref.t);
+        reference_moe_shared(x.t, ex.h, hids.t, hw.t, sh.h[0], gated ? score.t : Tensor{}, ref.t);
         const std::string what = std::string(dtype_name(dt)) + (gated ? " gated" : " ungated") +
                                  " n=" + std::to_string(c.n) + " E=" + std::to_string(c.E);
         const double err = rel_err(got[0].f(), ref.f(), out.numel());
@@ -372,8 +371,8 @@ TEST_F(CudaMoe, RoutingInsideExpertsMatchesRouteThenExperts) {
       for (int64_t e = 0; e < c.n * d; ++e) {  // the residual took the output
         ASSERT_EQ(got_res[0].f()[e], res.f()[e] + got[0].f()[e]) << what << " at " << e;
       }
-      host_ref::moe_experts_shared(x.t, ex.h, ids_ref.t, w_ref.t, sh.h[0],
-                                   c.gated ? score.t : Tensor{}, ref.t);
+      reference_moe_shared(x.t, ex.h, ids_ref.t, w_ref.t, sh.h[0], c.gated ? score.t : Tensor{},
+                           ref.t);
       EXPECT_LE(rel_err(got[0].f(), ref.f(), out.numel()), 1e-5) << what;
     }
   }

@@ -571,11 +571,13 @@ void CudaOps::Impl::start_forward(const SeqLayout& l, int n_logits, const void* 
 }
 
 namespace {
-// A graph node (null when it is not a kernel) with its launch parameters and demangled name.
+// A graph node (null when it is not one of our kernels) with its launch parameters and
+// demangled name.
 struct GraphKernel {
   cudaGraphNode_t node = nullptr;
   cudaKernelNodeParams params{};
   std::string name;
+  bool library = false;  // a kernel of a library's module (cuBLAS): node null, never stamps
 };
 
 // Every node of graph in cudaGraphGetNodes' order (capture order, for a captured stream).
@@ -590,8 +592,16 @@ std::vector<GraphKernel> graph_kernels(cudaGraph_t graph) {
     RECUR_CUDA_CHECK(cudaGraphNodeGetType(nodes[i], &type));
     if (type != cudaGraphNodeTypeKernel) continue;
     GraphKernel& k = out[i];
+    // The runtime cannot describe a kernel of a module it did not load (cuBLAS's GEMMs in
+    // graphs of several tokens).
+    const cudaError_t got = cudaGraphKernelNodeGetParams(nodes[i], &k.params);
+    if (got == cudaErrorInvalidDeviceFunction) {
+      (void)cudaGetLastError();
+      k.library = true;
+      continue;
+    }
+    RECUR_CUDA_CHECK(got);
     k.node = nodes[i];
-    RECUR_CUDA_CHECK(cudaGraphKernelNodeGetParams(k.node, &k.params));
     const char* raw = nullptr;
     if (cudaFuncGetName(&raw, k.params.func) != cudaSuccess || !raw) raw = "?";
     int status = 0;
@@ -625,7 +635,7 @@ void CudaOps::Impl::end_forward() {
   trace_graphs += "graph " + std::to_string(g.n_tokens) + "\n";
   for (const GraphKernel& k : graph_kernels(graph)) {
     if (!k.node) {
-      trace_graphs += "node (not a kernel)\n";
+      trace_graphs += k.library ? "node (library kernel)\n" : "node (not a kernel)\n";
       continue;
     }
     const dim3 gd = k.params.gridDim, bd = k.params.blockDim;
