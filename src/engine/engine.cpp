@@ -311,6 +311,8 @@ void Engine::take_incoming() {
       waiting_.push_back(std::move(s));
     }
     incoming_.clear();
+    // Published with the move, so wait_idle never sees an empty inbox beside a stale idle gauge.
+    stats_.waiting = int(waiting_.size());
     cancels.swap(cancels_);
     std::swap(all, cancel_all_);
   }

@@ -6,9 +6,11 @@
 // cannot hold yet, no heap allocation in steady steps; and the scheduling arithmetic itself.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <map>
 #include <numeric>
 #include <random>
+#include <thread>
 
 #include "alloc_counter.h"
 #include "backend/backend.h"
@@ -364,6 +366,29 @@ TEST(Scheduler, CancellationMidPrefillFreesSlotBlocksAndReservation) {
   expect_chain(h.out[next], "after the cancelled prompt");
   EXPECT_EQ(h.engine->stats().kv_blocks_used, 0);
   EXPECT_TRUE(h.model->violations.empty()) << h.model->violations.front();
+}
+
+// wait_idle returns only once every submitted request has finished, also while the engine
+// thread has taken a request in but not yet published its gauges (its first step still runs).
+TEST(Scheduler, WaitIdleWaitsForARequestTakenInMidStep) {
+  EngineConfig cfg = small_config(2, 256);
+  Harness h(cfg, 20000.0);  // 20 µs per attended position: the 100-token prompt's step ~100 ms
+  std::atomic<bool> finished{false};
+  Request r;
+  r.prompt = prompt_of(100, 3);
+  r.max_tokens = 1;
+  r.sampling.temperature = 0;
+  r.stop.ignore_eos = true;
+  h.engine->start();
+  ASSERT_TRUE(h.engine
+                  ->submit(std::move(r),
+                           [&](const Event& ev) {
+                             if (ev.kind == Event::Kind::kFinish) finished = true;
+                           })
+                  .ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the thread takes it in
+  ASSERT_TRUE(h.engine->wait_idle(std::chrono::seconds(30)));
+  EXPECT_TRUE(finished) << "wait_idle returned while the request was in its first step";
 }
 
 // A prompt too large for the free cache blocks does not hold up short requests behind it;
