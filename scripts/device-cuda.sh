@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over a build made here with `cmake --preset cuda`: the CUDA op tests,
-# verify on the six reference models, the engine invariants on CUDA (the 20,000-token
-# flat-counter test included), the benchmark of the published 80B configuration cut to 6
-# layers, transformers' baseline in the same session, and one long completion whose buffer
+# verify on the six reference models, the unseen-shape forwards and the engine invariants on
+# CUDA (the 20,000-token flat-counter test included), the benchmark of the published 80B
+# configuration cut to 6 layers, transformers' baseline in the same session, and one long completion whose buffer
 # counters must stay flat. Exits 1 when any check fails (CUDA verify at tolerance 1e-3: the
 # errors measured are about 2e-4).
 # Usage (device): scripts/device-cuda.sh OUTDIR [quick]
 #   RECUR_BIN       folder holding recur (default build-cuda)
 #   RECUR_TESTS     path of the test binaries under it (default tests/; bench_engine in bench/)
-#   RECUR_BINS_TAR  a .tar.xz of recur, test_cuda, test_engine, bench_engine to unpack and use
+#   RECUR_BINS_TAR  a .tar.xz of recur, test_cuda, test_model, test_engine, bench_engine to unpack
+#                   and use
 #   RECUR_SRC_LINK  the source folder the tests were built in (they read models from it): a
 #                   link to this checkout is made there when it does not exist
 #   RECUR_LONG      tokens of the long completion (default 60000: the 48-layer model's context
@@ -47,6 +48,9 @@ for m in qwen3next-tiny qwen3next-seed-48L qwen3next-tiny-realvocab qwen3_5-tiny
   tail -1 "$out/verify_$m.txt"
 done
 if [ "$mode" = quick ]; then exit $fail; fi
+RECUR_TEST_DEVICE=cuda timeout 120 ${t}test_model --gtest_filter='UnseenShapes.*' \
+  > "$out/test_unseen_shapes_cuda_full.txt" 2>&1 || failed "unseen shapes"
+grep -E "max\|dlogit\||PASSED|FAILED" "$out/test_unseen_shapes_cuda_full.txt" | tail -30
 RECUR_TEST_DEVICE=cuda timeout 300 ${t}test_engine --gtest_filter='*Engine*' \
   > "$out/test_engine_cuda_full.txt" 2>&1 || failed test_engine
 tail -15 "$out/test_engine_cuda_full.txt" > "$out/test_engine_cuda.txt"

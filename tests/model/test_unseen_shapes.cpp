@@ -4,15 +4,17 @@
 // embeddings, every config.json style, nested and flat Qwen3.5 checkpoints, fused and per-expert
 // experts, F32/BF16/F16 storage), checked against an independent double-precision
 // implementation (itself checked against transformers in test_naive_oracle.cpp) on random
-// checkpoints.
+// checkpoints. RECUR_TEST_DEVICE=cuda runs the forwards on the CUDA backend (device machine).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "backend/cpu/cpu_ops.h"
 #include "model/naive_qwen_hybrid.h"
 #include "model/random_checkpoint.h"
@@ -50,20 +52,29 @@ double max_diff(const Logits& a, const Logits& b, size_t rows) {
   return m;
 }
 
+// The backend the forwards run on: RECUR_TEST_DEVICE (cuda on the device machine), else the CPU.
+std::unique_ptr<recur::Ops> test_backend() {
+  const char* d = std::getenv("RECUR_TEST_DEVICE");
+  auto ops = recur::create_backend(d ? d : "cpu", 2);
+  if (!ops.ok()) throw std::runtime_error(ops.error().to_string());
+  return std::move(ops).value();
+}
+
 // A recur model on random weights, fed by slot and position like the engine would.
 class Recur {
  public:
-  explicit Recur(const std::string& dir) {
+  explicit Recur(const std::string& dir) : ops_(test_backend()) {
     recur::LoadOptions opt;
     opt.max_batch_tokens = 256;
     opt.state = {kSlots, kSlots * kBlocksPerSlot, kBlockSize};
-    auto m = recur::load_model(dir, ops_, opt);
+    auto m = recur::load_model(dir, *ops_, opt);
     if (!m.ok()) throw std::runtime_error(m.error().to_string());
     model_ = std::move(m).value();
     vocab_ = model_->info().vocab_size;
-    auto buf = ops_.allocator().allocate(size_t(256) * size_t(vocab_) * 4, "test logits");
+    auto buf = ops_->allocator().allocate(size_t(256) * size_t(vocab_) * 4, "test logits");
     if (!buf.ok()) throw std::runtime_error(buf.error().to_string());
     logits_ = std::move(buf).value();
+    host_logits_.resize(size_t(256) * size_t(vocab_));
   }
 
   recur::Model& model() { return *model_; }
@@ -94,7 +105,8 @@ class Recur {
     recur::Tensor out = recur::view(logits_, recur::DType::F32, {rows, vocab_});
     recur::Status st = model_->forward(batch, out);
     if (!st.ok()) throw std::runtime_error(st.error().to_string());
-    const float* f = logits_.as<float>();
+    ops_->copy_to_host(out, host_logits_.data());
+    const float* f = host_logits_.data();
     std::vector<Logits> res;
     int r = 0;
     for (const Part& p : parts) {
@@ -124,9 +136,10 @@ class Recur {
   }
 
  private:
-  recur::CpuOps ops_{2};  // declared first: the model keeps a reference to it
+  std::unique_ptr<recur::Ops> ops_;  // declared first: the model keeps a reference to it
   std::unique_ptr<recur::Model> model_;
-  recur::Buffer logits_;
+  recur::Buffer logits_;            // [256, vocab] on the backend
+  std::vector<float> host_logits_;  // [256, vocab]
   int vocab_ = 0;
 };
 
