@@ -2,9 +2,9 @@
 # Runs on the GPU machine over a build made here with `cmake --preset cuda`: the CUDA op tests,
 # verify on the six reference models, the unseen-shape forwards and the engine invariants on
 # CUDA (the 20,000-token flat-counter test included), the benchmark of the published 80B
-# configuration cut to 6 layers, transformers' baseline in the same session, and one long completion whose buffer
-# counters must stay flat. Exits 1 when any check fails (CUDA verify at tolerance 1e-3: the
-# errors measured are about 2e-4).
+# configuration cut to 6 layers, transformers' baseline in the same session, and one long
+# completion whose buffer counters must stay flat. Exits 1 when any check fails (CUDA verify
+# at tolerance 1e-3: the errors measured are about 2e-4).
 # Usage (device): scripts/device-cuda.sh OUTDIR [quick]
 #   RECUR_BIN       folder holding recur (default build-cuda)
 #   RECUR_TESTS     path of the test binaries under it (default tests/; bench_engine in bench/)
