@@ -200,9 +200,10 @@ __device__ __forceinline__ int routed_expert(const MoeGemmArgs& a, int tile,
 
 // The GEMV core for 16-byte aligned rows, a warp per few output rows: the lanes stride each
 // row in 16-byte chunks and sum by shuffles, so a block (4 warps) streams 16 rows of one
-// expert (8 of each of gate and up when kDual, SwiGLU applied) with no block barrier. The
-// block-wide kernel above leaves threads idle on short rows (d_ff = 512: 64 chunks) and its
-// small blocks cost more to schedule than they stream. grid (⌈m/(4·RW)⌉, max_tiles).
+// expert (8 of each of gate and up when kDual, SwiGLU applied) per row group with no block
+// barrier. The block-wide kernel above leaves threads idle on short rows (d_ff = 512: 64
+// chunks) and its small blocks cost more to schedule than they stream.
+// grid (⌈m/(4·RW·row_groups)⌉, max_tiles).
 template <bool kDual>
 constexpr int kWarpRows = kDual ? 2 : 4;
 // PL > 0 (gate/up of one token, a.route set): the kernel routes the token itself after its
