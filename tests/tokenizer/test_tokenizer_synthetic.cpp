@@ -186,6 +186,39 @@ TEST(TokenizerSynthetic, OnigurumaTranslation) {
   EXPECT_FALSE(translate_oniguruma_pattern(R"([a-z&&[^c]])").ok());
 }
 
+// The pieces of `text` under an Oniguruma pattern, as the Split pre-tokenizer cuts them.
+std::vector<std::string> pieces(const std::string& pattern, const std::string& text) {
+  auto re = Regex::compile_oniguruma(pattern);
+  EXPECT_TRUE(re.ok()) << re.error().to_string();
+  std::vector<Regex::Match> m;
+  EXPECT_TRUE(re->find_all(text, m).ok());
+  std::vector<std::string> out;
+  for (const Regex::Match& x : m) out.push_back(text.substr(x.start, x.end - x.start));
+  return out;
+}
+
+// Qwen3.5's tokenizer.json splits with Qwen3's pattern plus combining marks (\p{M}) in words
+// and out of punctuation runs: Thai vowel signs stay inside their word there, and split it under
+// Qwen3's pattern.
+TEST(TokenizerSynthetic, Qwen3_5SplitKeepsCombiningMarksInWords) {
+  const std::string qwen3 = R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|)"
+                            R"( ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  const std::string qwen3_5 =
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}|)"
+      R"( ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  const std::string thai = "\u0e2a\u0e27\u0e31\u0e2a\u0e14\u0e35 \u0e04\u0e23\u0e31\u0e1a";
+  EXPECT_EQ(pieces(qwen3_5, thai), (std::vector<std::string>{"\u0e2a\u0e27\u0e31\u0e2a\u0e14\u0e35",
+                                                             " \u0e04\u0e23\u0e31\u0e1a"}));
+  EXPECT_EQ(pieces(qwen3, thai),
+            (std::vector<std::string>{"\u0e2a\u0e27", "\u0e31\u0e2a\u0e14", "\u0e35",
+                                      " \u0e04\u0e23", "\u0e31\u0e1a"}));
+  // Text without marks splits alike under both, digits one by one.
+  const std::string plain = "It's 2026, isn't it?\n";
+  EXPECT_EQ(pieces(qwen3_5, plain), pieces(qwen3, plain));
+  EXPECT_EQ(pieces(qwen3_5, plain), (std::vector<std::string>{"It", "'s", " ", "2", "0", "2", "6",
+                                                              ",", " isn", "'t", " it", "?\n"}));
+}
+
 void expect_error(json j, ErrorCode code, const std::string& mention) {
   Result<Tokenizer> r = Tokenizer::from_json_text(j.dump(), "tiny");
   ASSERT_FALSE(r.ok()) << mention;
