@@ -23,17 +23,14 @@ namespace recur::cuda {
 [[noreturn]] void fatal(const char* what);
 
 // The backend's debugging and measurement switches, read from the environment once, by
-// CudaOps::create (README.md lists them). None changes results except DISABLE_KERNELS.
+// CudaOps::create (README.md lists them). None changes results.
 struct CudaOptions {
-  bool graphs = true;    // RECUR_CUDA_GRAPHS=0: decode forwards run eagerly, without graphs
-  bool pdl = true;       // RECUR_CUDA_PDL=0: plain stream order, no programmatic launch
   bool sync = false;     // RECUR_CUDA_SYNC=1: wait for and check every launch (no graphs)
   bool profile = false;  // RECUR_CUDA_PROFILE=1: device time per op, printed at exit (no graphs)
-  // RECUR_CUDA_DISABLE_KERNELS="name;name": decode-graph kernels whose names contain one
-  // become no-ops (measurement only: results are meaningless).
-  std::string disable_kernels;
   // RECUR_CUDA_TRACE_OUT=FILE: where a RECUR_CUDA_TRACE build writes its stamps at exit.
   std::string trace_out;
+  // Decode forwards replay CUDA graphs unless a launch-by-launch switch is on.
+  bool graphs() const { return !sync && !profile; }
   static CudaOptions from_environment();
 };
 
@@ -227,7 +224,6 @@ struct CudaOps::Impl {
   void* grow(Buffer& b, size_t bytes, const char* what);  // outside forwards only (ad hoc)
   const void* const* expert_table(std::span<const ExpertWeights> experts);
   void launched(const char* what);  // checks the launch (and synchronises when debugging)
-  void disable_graph_kernels(cudaGraph_t graph, cudaGraphExec_t exec, const char* patterns);
 
  private:
   const Mirrored* mirrored_entry(const int32_t* host, int64_t count) const;  // or null
@@ -371,23 +367,15 @@ __device__ __forceinline__ void grid_dependency_sync() {
   allow_dependents();
 }
 
-// CudaOptions::pdl of the CudaOps created last (launches are free functions; the option is
-// process-wide in practice, as it comes from the environment).
-bool pdl_enabled();
-void set_pdl_enabled(bool on);
-
 // kernel<<<grid, block, smem, stream>>>(args...) with PDL allowed (see grid_dependency_sync),
 // in clusters of cluster_x blocks along x when that is above 1 (grid.x a multiple of it).
 template <typename... KArgs, typename... Args>
 void launch_kernel_clusters(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
                             cudaStream_t stream, unsigned cluster_x, Args&&... args) {
   cudaLaunchAttribute attr[2];
-  unsigned n_attrs = 0;
-  if (pdl_enabled()) {
-    attr[n_attrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n_attrs].val.programmaticStreamSerializationAllowed = 1;
-    ++n_attrs;
-  }
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  unsigned n_attrs = 1;
   if (cluster_x > 1) {
     attr[n_attrs].id = cudaLaunchAttributeClusterDimension;
     attr[n_attrs].val.clusterDim.x = cluster_x;

@@ -33,11 +33,6 @@ void fatal(const char* what) {
 }
 
 namespace {
-// Off only when the variable is set to 0.
-bool env_on(const char* name) {
-  const char* v = std::getenv(name);
-  return !(v && v[0] == '0');
-}
 // On only when the variable is set to 1.
 bool env_one(const char* name) {
   const char* v = std::getenv(name);
@@ -47,25 +42,14 @@ std::string env_string(const char* name) {
   const char* v = std::getenv(name);
   return v ? std::string(v) : std::string();
 }
-bool g_pdl = true;
 }  // namespace
 
 CudaOptions CudaOptions::from_environment() {
   CudaOptions o;
-  o.graphs = env_on("RECUR_CUDA_GRAPHS");
-  o.pdl = env_on("RECUR_CUDA_PDL");
   o.sync = env_one("RECUR_CUDA_SYNC");
   o.profile = env_one("RECUR_CUDA_PROFILE");
-  o.disable_kernels = env_string("RECUR_CUDA_DISABLE_KERNELS");
   o.trace_out = env_string("RECUR_CUDA_TRACE_OUT");
   return o;
-}
-
-bool pdl_enabled() {
-  return g_pdl;
-}
-void set_pdl_enabled(bool on) {
-  g_pdl = on;
 }
 
 Rows rows_of(const Tensor& t) {
@@ -239,8 +223,6 @@ Result<std::unique_ptr<CudaOps>> CudaOps::create(int device) {
   s.sm_count = prop.multiProcessorCount;
   s.max_smem_optin = prop.sharedMemPerBlockOptin;
   s.options = cuda::CudaOptions::from_environment();
-  s.options.graphs = s.options.graphs && !s.options.sync && !s.options.profile;
-  cuda::set_pdl_enabled(s.options.pdl);
   // A blocking stream: it also orders against work callers put on the legacy default stream
   // (plain cudaMemcpy/cudaMemset of buffers they then hand to the ops).
   RECUR_CUDA_CHECK(cudaStreamCreate(&s.stream));
@@ -501,7 +483,7 @@ void CudaOps::Impl::start_forward(const SeqLayout& l, int n_logits, const void* 
           cudaMemcpyAsync(mirror.data(), pinned, elems * 4, cudaMemcpyHostToDevice, st));
     }
   };
-  bool decode = options.graphs && output && limits.max_context > 0 && l.n_tokens > 0 &&
+  bool decode = options.graphs() && output && limits.max_context > 0 && l.n_tokens > 0 &&
                 l.n_tokens == l.n_seqs && l.positions && l.slot && l.block_start &&
                 l.block_size > 0;
   // Every sequence brings exactly one token (a shape such as lengths 0 and 2 would make other
@@ -570,6 +552,7 @@ void CudaOps::Impl::start_forward(const SeqLayout& l, int n_logits, const void* 
   }
 }
 
+#ifdef RECUR_CUDA_TRACE
 namespace {
 // A graph node (null when it is not one of our kernels) with its launch parameters and
 // demangled name.
@@ -612,6 +595,7 @@ std::vector<GraphKernel> graph_kernels(cudaGraph_t graph) {
   return out;
 }
 }  // namespace
+#endif
 
 void CudaOps::Impl::end_forward() {
   if (mode == Mode::kEager) return;
@@ -628,9 +612,6 @@ void CudaOps::Impl::end_forward() {
   RECUR_CUBLAS_CHECK(cublasSetStream(cublas, stream));
   RECUR_CUBLAS_CHECK(cublasSetWorkspace(cublas, cublas_workspace.data(), cublas_workspace.bytes()));
   RECUR_CUDA_CHECK(cudaGraphInstantiate(&g.exec, graph, 0));
-  if (!options.disable_kernels.empty()) {
-    disable_graph_kernels(graph, g.exec, options.disable_kernels.c_str());
-  }
 #ifdef RECUR_CUDA_TRACE
   trace_graphs += "graph " + std::to_string(g.n_tokens) + "\n";
   for (const GraphKernel& k : graph_kernels(graph)) {
@@ -648,36 +629,6 @@ void CudaOps::Impl::end_forward() {
   mode = Mode::kEager;
   current_graph = -1;
   RECUR_CUDA_CHECK(cudaGraphLaunch(g.exec, main_stream));
-}
-
-// Measurement only (RECUR_CUDA_DISABLE_KERNELS="pattern;pattern"): the decode graph's kernels
-// whose demangled names contain a pattern become no-ops, so a step's time without them shows
-// what they cost inside the graph (their outputs are then stale: results are meaningless).
-void CudaOps::Impl::disable_graph_kernels(cudaGraph_t graph, cudaGraphExec_t exec,
-                                          const char* patterns) {
-  std::vector<std::string> pats;
-  for (const char* p = patterns; *p;) {
-    const char* e = std::strchr(p, ';');
-    const size_t len = e ? size_t(e - p) : std::strlen(p);
-    if (len > 0) pats.emplace_back(p, len);
-    p += len + (e ? 1 : 0);
-  }
-  int n_kernels = 0, n_off = 0;
-  for (const GraphKernel& k : graph_kernels(graph)) {
-    if (!k.node) continue;
-    ++n_kernels;
-    const std::string& name = k.name;
-    bool off = false;
-    for (const std::string& p : pats) off = off || name.find(p) != std::string::npos;
-    if (off) {
-      RECUR_CUDA_CHECK(cudaGraphNodeSetEnabled(exec, k.node, 0));
-      ++n_off;
-    }
-    std::fprintf(stderr, "recur: decode graph kernel %s%s\n", off ? "(disabled) " : "",
-                 name.substr(0, 120).c_str());
-  }
-  std::fprintf(stderr, "recur: RECUR_CUDA_DISABLE_KERNELS: %d of %d kernels disabled\n", n_off,
-               n_kernels);
 }
 
 const CudaOps::Impl::Mirrored* CudaOps::Impl::mirrored_entry(const int32_t* host,
