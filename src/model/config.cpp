@@ -64,8 +64,8 @@ Status config_eos(const json& j, const char* file, std::vector<int32_t>* out) {
 }
 
 bool QwenHybridConfig::layer_is_moe(int layer) const {
+  // Qwen3.5-MoE: every layer (its parse leaves decoder_sparse_step 1, no mlp_only_layers).
   if (num_experts <= 0) return false;
-  if (family == QwenFamily::kQwen3_5Moe) return true;
   const bool mlp_only =
       std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end();
   return !mlp_only && (layer + 1) % decoder_sparse_step == 0;
@@ -200,11 +200,6 @@ Result<QwenHybridConfig> QwenHybridConfig::from_json(const json& outer, const js
   c.max_position_embeddings = 262144;
   RECUR_RETURN_IF_ERROR(
       config_int(j, "max_position_embeddings", &c.max_position_embeddings, false, 1));
-  for (const json* src : {&outer, &j}) {
-    for (const char* key : {"torch_dtype", "dtype"}) {
-      if (src->contains(key) && (*src)[key].is_string()) c.dtype = (*src)[key].get<std::string>();
-    }
-  }
 
   RECUR_RETURN_IF_ERROR(config_int(j, "num_attention_heads", &c.num_heads, true, 1, 1024));
   c.num_kv_heads = c.num_heads;

@@ -30,7 +30,6 @@ struct QwenHybridConfig {
   float rms_norm_eps = 1e-6f;
   bool tie_word_embeddings = false;
   int max_position_embeddings = 0;
-  std::string dtype;  // torch_dtype / dtype as written; weights are used as stored
 
   // Gated attention
   int num_heads = 0;

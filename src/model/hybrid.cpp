@@ -232,12 +232,8 @@ Status HybridModel::forward(const Batch& batch, Tensor logits) {
 
   // The residual stream h: each layer's mixer and feed-forward add their outputs to it (their
   // last projection accumulates into h), and each norm reads it whole into x.
-  if (spec_.layers.empty()) {
-    ops_.embedding(tokens, n, spec_.embed_tokens, h);
-  } else {
-    ops_.embedding_rms_norm(tokens, n, spec_.embed_tokens, h, spec_.layers.front().input_norm, off,
-                            eps, x);
-  }
+  ops_.embedding_rms_norm(tokens, n, spec_.embed_tokens, h, spec_.layers.front().input_norm, off,
+                          eps, x);
   for (size_t i = 0; i < spec_.layers.size(); ++i) {
     const DecoderLayer& L = spec_.layers[i];
     if (i > 0) ops_.rms_norm(h, L.input_norm, off, eps, x);

@@ -36,13 +36,7 @@ Status load_experts(const QwenHybridConfig& c, const std::string& p, WeightLoade
   const int64_t E = c.num_experts, I = c.moe_intermediate_size, H = c.hidden_size;
   m->experts.resize(size_t(E));
   const std::string gate_up = p + "experts.gate_up_proj", down = p + "experts.down_proj";
-  if (!w.has(gate_up)) {
-    for (int64_t e = 0; e < E; ++e) {
-      RECUR_RETURN_IF_ERROR(load_swiglu(w, p + "experts." + std::to_string(e) + ".", I, H,
-                                        WeightUse::kExpert, &m->experts[size_t(e)]));
-    }
-    return Status();
-  }
+  if (!w.has(gate_up)) return load_experts_per_tensor(c, p, w, m);
   const std::vector<int64_t> gate_up_shape = {E, 2 * I, H}, down_shape = {E, H, I};
   for (int64_t e = 0; e < E; ++e) {
     ExpertWeights& x = m->experts[size_t(e)];

@@ -3,11 +3,10 @@
 // SwiGLU), each behind a zero-centred RMSNorm and a residual; final norm; LM head. What is its
 // own is the checkpoint layout: the Gated DeltaNet projections come interleaved by key head and
 // the attention's query by head with its gate, re-packed here into the blocks' layout.
-#include <cmath>
 
+#include "model/qwen3_next.h"
 #include "model/blocks.h"
 #include "model/config.h"
-#include "model/qwen3_next.h"
 #include "model/qwen_common.h"
 
 namespace recur {
@@ -43,18 +42,6 @@ Status load_gdn_projections(const QwenHybridConfig& c, const std::string& p, Wei
   return Status();
 }
 
-// One tensor per expert.
-Status load_experts(const QwenHybridConfig& c, const std::string& p, WeightLoader& w,
-                    SparseMoe* m) {
-  m->experts.resize(size_t(c.num_experts));
-  for (int e = 0; e < c.num_experts; ++e) {
-    RECUR_RETURN_IF_ERROR(load_swiglu(w, p + "experts." + std::to_string(e) + ".",
-                                      c.moe_intermediate_size, c.hidden_size, WeightUse::kExpert,
-                                      &m->experts[size_t(e)]));
-  }
-  return Status();
-}
-
 }  // namespace
 
 Result<HybridSpec> build_qwen3_next(const nlohmann::json& config, const nlohmann::json& gen,
@@ -68,7 +55,7 @@ Result<HybridSpec> build_qwen3_next(const nlohmann::json& config, const nlohmann
   for (int i = 0; i < c.num_layers; ++i) {
     DecoderLayer L;
     RECUR_RETURN_IF_ERROR(load_qwen_layer(c, i, "model.layers." + std::to_string(i) + ".", w,
-                                          {load_gdn_projections, load_experts}, &L));
+                                          {load_gdn_projections, load_experts_per_tensor}, &L));
     spec.layers.push_back(std::move(L));
   }
   // Multi-token-prediction weights are not used for plain decoding.

@@ -87,13 +87,24 @@ Status load_swiglu(WeightLoader& w, const std::string& p, int64_t ff, int64_t hi
   return Status();
 }
 
+Status load_experts_per_tensor(const QwenHybridConfig& c, const std::string& p, WeightLoader& w,
+                               SparseMoe* m) {
+  m->experts.resize(size_t(c.num_experts));
+  for (int e = 0; e < c.num_experts; ++e) {
+    RECUR_RETURN_IF_ERROR(load_swiglu(w, p + "experts." + std::to_string(e) + ".",
+                                      c.moe_intermediate_size, c.hidden_size, WeightUse::kExpert,
+                                      &m->experts[size_t(e)]));
+  }
+  return Status();
+}
+
 Status load_router_and_shared(const QwenHybridConfig& c, const std::string& p, WeightLoader& w,
                               SparseMoe* m) {
   const int64_t H = c.hidden_size;
-  // softmax over the experts, top k; Qwen3.5 always renormalises the k weights.
+  // softmax over the experts, top k (the config keeps Qwen3.5's renormalisation on).
   m->routing.score = MoeRouting::Score::kSoftmax;
   m->routing.k = c.num_experts_per_tok;
-  m->routing.renormalize = c.family == QwenFamily::kQwen3Next ? c.norm_topk_prob : true;
+  m->routing.renormalize = c.norm_topk_prob;
   RECUR_ASSIGN_OR_RETURN(m->router,
                          w.load(p + "gate.weight", {c.num_experts, H}, WeightUse::kMatrix));
   if (c.shared_expert_intermediate_size > 0) {

@@ -34,6 +34,10 @@ Status load_gated_deltanet_rest(const QwenHybridConfig& c, const std::string& p,
 Status load_swiglu(WeightLoader& w, const std::string& p, int64_t ff, int64_t hidden, WeightUse use,
                    ExpertWeights* e);
 
+// The routed experts as one tensor per expert (experts.N.gate_proj, ...) under `p`.
+Status load_experts_per_tensor(const QwenHybridConfig& c, const std::string& p, WeightLoader& w,
+                               SparseMoe* m);
+
 // The router (`gate`), its routing rule, and the σ-gated shared expert when the config has one.
 Status load_router_and_shared(const QwenHybridConfig& c, const std::string& p, WeightLoader& w,
                               SparseMoe* m);

@@ -1,7 +1,6 @@
 #include "model/weights.h"
 
 #include <cmath>
-#include <cstring>
 
 namespace recur {
 
@@ -28,11 +27,6 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += fmt::format("{}{}", i ? ", " : "", shape[i]);
   return s + "]";
-}
-
-bool ends_with(const std::string& s, const char* suffix) {
-  const size_t n = std::strlen(suffix);
-  return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
 }
 
 }  // namespace
@@ -112,14 +106,14 @@ namespace {
 // conditioned as a trained one.
 std::pair<float, float> random_range(const std::string& name, const std::vector<int64_t>& shape,
                                      int n_layers) {
-  if (ends_with(name, "linear_attn.norm.weight")) return {0.9f, 1.1f};
-  if (ends_with(name, "norm.weight") || ends_with(name, "layernorm.weight")) return {-0.1f, 0.1f};
-  if (ends_with(name, "A_log")) return {0.0f, 2.77f};
-  if (ends_with(name, "dt_bias")) return {0.5f, 1.5f};
-  if (ends_with(name, "embed_tokens.weight")) return {-1.7f, 1.7f};
+  if (name.ends_with("linear_attn.norm.weight")) return {0.9f, 1.1f};
+  if (name.ends_with("norm.weight") || name.ends_with("layernorm.weight")) return {-0.1f, 0.1f};
+  if (name.ends_with("A_log")) return {0.0f, 2.77f};
+  if (name.ends_with("dt_bias")) return {0.5f, 1.5f};
+  if (name.ends_with("embed_tokens.weight")) return {-1.7f, 1.7f};
   float a = std::sqrt(3.0f / float(shape.back()));
-  if (ends_with(name, "o_proj.weight") || ends_with(name, "out_proj.weight") ||
-      ends_with(name, "down_proj.weight") || ends_with(name, "experts.down_proj")) {
+  if (name.ends_with("o_proj.weight") || name.ends_with("out_proj.weight") ||
+      name.ends_with("down_proj.weight") || name.ends_with("experts.down_proj")) {
     a /= std::sqrt(2.0f * float(n_layers));
   }
   return {-a, a};

@@ -510,7 +510,10 @@ ApiResult<bool> render_chat(const ojson& messages, const ojson* tools, const ojs
   }
   out.parse_tools = use_tools;
   out.tool_format = ctx.tool_format;
-  if (use_tools) out.tools = std::make_shared<const ojson>(*tools);
+  // The schemas type XML calls' arguments; JSON calls carry their own types.
+  if (use_tools && ctx.tool_format == ToolCallFormat::kXml) {
+    out.tools = std::make_shared<const ojson>(*tools);
+  }
   if (tool_choice == "required" || tool_choice.rfind("named:", 0) == 0) {
     // Without constrained decoding, a forced call is a forced prefix of the assistant turn.
     if (out.start_in_reasoning) out.forced_prefix = "\n</think>\n\n";
@@ -518,10 +521,10 @@ ApiResult<bool> render_chat(const ojson& messages, const ojson* tools, const ojs
         tool_choice == "required" ? std::string_view() : std::string_view(tool_choice).substr(6);
     const size_t call_at = text->size() + out.forced_prefix.size();
     out.forced_prefix += forced_call_prefix(ctx.tool_format, name);
-    // The function name (from tool_choice) is request text too: everything after the call's
-    // opening line, which holds no control token of the template's.
+    // The function name (from tool_choice) is request text too: everything after the prefix
+    // a call without a name has, which holds no control token of the template's.
     if (!name.empty() && ctx.chat_template->options().request_special_tokens_as_text) {
-      prompt->literal.emplace_back(call_at + std::string_view("<tool_call>\n").size(),
+      prompt->literal.emplace_back(call_at + forced_call_prefix(ctx.tool_format, {}).size(),
                                    text->size() + out.forced_prefix.size());
     }
   }

@@ -171,11 +171,6 @@ bool AddedVocabulary::Literal::overlaps(size_t begin, size_t end) const {
 }
 
 void AddedVocabulary::split(std::string_view text, bool normalized_tokens,
-                            std::vector<Segment>& out) const {
-  split(text, normalized_tokens, out, Literal{});
-}
-
-void AddedVocabulary::split(std::string_view text, bool normalized_tokens,
                             std::vector<Segment>& out, const Literal& literal) const {
   const Matcher& matcher = normalized_tokens ? normalized_ : raw_;
   size_t start_offset = 0;  // end of what has been emitted

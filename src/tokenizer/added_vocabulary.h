@@ -53,7 +53,6 @@ class AddedVocabulary {
   // skipped as Hugging Face skips it for split_special_tokens: the search resumes after it.
   void split(std::string_view text, bool normalized_tokens, std::vector<Segment>& out,
              const Literal& literal) const;
-  void split(std::string_view text, bool normalized_tokens, std::vector<Segment>& out) const;
 
   bool has_normalized_tokens() const { return !normalized_.empty(); }
 

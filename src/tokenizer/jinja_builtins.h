@@ -52,7 +52,6 @@ std::string python_upper(std::string_view s);
 std::string python_lower(std::string_view s);
 std::string python_capitalize(std::string_view s);
 std::string python_title(std::string_view s);
-std::vector<std::string> python_splitlines(std::string_view s);
 std::vector<std::pair<size_t, size_t>> python_splitlines_ranges(std::string_view s);  // bytes
 
 // ---- jinja_filters.cpp ----

@@ -32,9 +32,6 @@ class MarkedText {
   // MarkupSafe's escape() of the string `s`, byte by byte, keeping each byte's mark.
   void append_html_escaped(const Value& s);
 
-  size_t size() const { return text_.size(); }
-  const std::string& text() const { return text_; }
-  const UserSpans& spans() const { return spans_; }
   Value take(bool markup = false);
   std::string take_text() { return std::move(text_); }
   UserSpans take_spans() { return std::move(spans_); }

@@ -65,7 +65,7 @@ List split(const Value& self, const Value* sep_value, int64_t maxsplit, bool fro
         words.insert(words.begin(), {0, end});
       }
     }
-    for (auto [b, e] : words) parts.push_back(as_string(substring(self, at[b], at[e])));
+    for (auto [b, e] : words) parts.push_back(substring(self, at[b], at[e], false));
     return parts;
   }
   if (!sep_value->is_string()) {
@@ -95,7 +95,7 @@ List split(const Value& self, const Value* sep_value, int64_t maxsplit, bool fro
     pieces.emplace_back(0, end);
     std::reverse(pieces.begin(), pieces.end());
   }
-  for (auto [b, e] : pieces) parts.push_back(as_string(substring(self, b, e)));
+  for (auto [b, e] : pieces) parts.push_back(substring(self, b, e, false));
   return parts;
 }
 
@@ -288,7 +288,7 @@ Value string_method(const Value& self, const std::string& name, const CallArgs& 
     BoundArgs a(args, name, {"keepends"});
     if (a.has(0) && truthy(*a.get(0))) fail(ErrorCode::kUnsupported, "splitlines(keepends=True)");
     List out;
-    for (auto [b, e] : python_splitlines_ranges(s)) out.push_back(as_string(substring(self, b, e)));
+    for (auto [b, e] : python_splitlines_ranges(s)) out.push_back(substring(self, b, e, false));
     return Value::list(std::move(out));
   }
   if (name != "isspace" && name != "isdigit" && name != "isalpha" && name != "isalnum" &&
@@ -417,12 +417,6 @@ std::string python_title(std::string_view s) {
     }
   }
   return out;
-}
-
-std::vector<std::string> python_splitlines(std::string_view s) {
-  std::vector<std::string> lines;
-  for (auto [b, e] : python_splitlines_ranges(s)) lines.emplace_back(s.substr(b, e - b));
-  return lines;
 }
 
 std::vector<std::pair<size_t, size_t>> python_splitlines_ranges(std::string_view s) {
