@@ -92,7 +92,7 @@ TEST_F(CudaBasic, ArgmaxRowsEqualsTheHostRule) {
 // (one launch for GEMV token counts, one matmul per weight beyond), and the reference.
 TEST_F(CudaBasic, MatmulGroupEqualsOneMatmulPerWeight) {
   for (DType wt : {DType::BF16, DType::F32}) {
-    for (int64_t n : {1, 2, 5, 8, 12}) {
+    for (int64_t n : {1, 2, 5, 8, 12, 40}) {
       for (int64_t k : {64, 264}) {
         // The second set has more rows than one wave of 4-row blocks holds (8 rows per block
         // for one or two tokens on an H200's 132 SMs): the same sums in either case.
@@ -191,31 +191,89 @@ TEST_F(CudaBasic, OneTokenGemvEqualsItsRowInABatch) {
   }
 }
 
-// GEMV (n ≤ 8), f32 SGEMM and bf16/f16 tensor cores (n > 8), every dtype, odd sizes.
-TEST_F(CudaBasic, MatmulMatchesReferenceForEveryPathAndDtype) {
-  for (DType wt : {DType::F32, DType::BF16, DType::F16}) {
-    for (int64_t n : {1, 2, 3, 5, 8, 9, 33, 70}) {
-      for (int64_t k : {31, 32, 33, 256}) {
-        for (int64_t m : {1, 17, 33, 100}) {
-          HostTensor x(DType::F32, {n, k}), w(wt, {m, k}), out(DType::F32, {n, m});
-          fill_random(x, rng);
-          fill_random(w, rng, 0.2f);
-          auto dw = ops().adopt_weight(w.t);
-          ASSERT_TRUE(dw.ok());
-          DeviceTensor dx = dev(x), dout = poisoned(out);
-          ops().matmul(dx.t, dw.value(), dout.t, false);
-          HostTensor got = host(dout, out), ref = out;
-          ref::matmul(x.t, w.t, ref.t);
-          ASSERT_EQ(count_nonfinite(got.f(), n * m), 0);
-          const bool lowp = n > CudaOps::kGemvMaxTokens && wt != DType::F32;
-          const double err = rel_err(got.f(), ref.f(), n * m);
-          const std::string path = n <= CudaOps::kGemvMaxTokens ? "gemv"
-                                   : lowp                       ? "tensor cores"
-                                                                : "sgemm";
-          record_error(std::string("matmul ") + path + " " + dtype_name(wt), err);
-          ASSERT_LE(err, 1e-5) << dtype_name(wt) << " n=" << n << " k=" << k << " m=" << m;
+// Decode batches of more than kGemvMaxTokens tokens on small weights (gates, the router) run the
+// GEMV kernel in token groups: each token's row equals, bit for bit, the token alone, for
+// matmul and matmul_group, wherever the token falls in its group.
+TEST_F(CudaBasic, DecodeBatchGemvRowsEqualEachTokenAlone) {
+  const int64_t n = 64;
+  for (DType wt : {DType::BF16, DType::F32}) {
+    for (int64_t k : {64, 2048}) {
+      const std::vector<int64_t> ms = {1, 32, 96};
+      HostTensor x(DType::F32, {n, k});
+      fill_random(x, rng);
+      DeviceTensor dx = dev(x);
+      std::vector<HostTensor> w, outs;
+      std::vector<Tensor> dws, dgroup_t;
+      std::vector<DeviceTensor> dgroup;
+      for (int64_t m : ms) {
+        w.push_back(HostTensor(wt, {m, k}));
+        fill_random(w.back(), rng, 0.2f);
+        dws.push_back(ops().adopt_weight(w.back().t).value());
+        ASSERT_TRUE(ops().matmul_takes_gemv(n, dws.back())) << "m=" << m << " k=" << k;
+        outs.push_back(HostTensor(DType::F32, {n, m}));
+        dgroup.push_back(poisoned(outs.back()));
+        dgroup_t.push_back(dgroup.back().t);
+      }
+      ops().matmul_group(dx.t, dws, dgroup_t);
+      for (size_t i = 0; i < ms.size(); ++i) {
+        const int64_t m = ms[i];
+        DeviceTensor dbatch = poisoned(outs[i]);
+        ops().matmul(dx.t, dws[i], dbatch.t, false);
+        const HostTensor batch = host(dbatch, outs[i]), group = host(dgroup[i], outs[i]);
+        HostTensor ref = outs[i];
+        ref::matmul(x.t, w[i].t, ref.t);
+        ASSERT_EQ(count_nonfinite(batch.f(), n * m), 0);
+        EXPECT_LE(rel_err(batch.f(), ref.f(), n * m), 1e-5) << dtype_name(wt) << " m=" << m;
+        EXPECT_EQ(std::memcmp(batch.f(), group.f(), size_t(n * m) * 4), 0)
+            << "group " << dtype_name(wt) << " k=" << k << " m=" << m;
+        for (int64_t t : {0, 7, 8, 9, 33, 63}) {
+          HostTensor one(DType::F32, {1, m});
+          DeviceTensor d1 = poisoned(one);
+          ops().matmul(dx.t.slice_rows(t, t + 1), dws[i], d1.t, false);
+          const HostTensor g1 = host(d1, one);
+          EXPECT_EQ(std::memcmp(g1.f(), batch.f() + t * m, size_t(m) * 4), 0)
+              << dtype_name(wt) << " k=" << k << " m=" << m << " token " << t;
         }
       }
+    }
+  }
+}
+
+// GEMV (n ≤ 8, and small weights beyond in token groups), f32 SGEMM and bf16/f16 tensor cores
+// (n > 8 on larger weights), every dtype, odd sizes.
+TEST_F(CudaBasic, MatmulMatchesReferenceForEveryPathAndDtype) {
+  struct Shape {
+    int64_t n, k, m;
+  };
+  std::vector<Shape> shapes;
+  for (int64_t n : {1, 2, 3, 5, 8, 9, 33, 70}) {
+    for (int64_t k : {31, 32, 33, 256}) {
+      for (int64_t m : {1, 17, 33, 100}) shapes.push_back({n, k, m});
+    }
+  }
+  // Weights too large for GEMV token groups at these token counts.
+  shapes.push_back({9, 260, 16411});
+  shapes.push_back({70, 260, 4099});
+  for (DType wt : {DType::F32, DType::BF16, DType::F16}) {
+    for (const Shape& sh : shapes) {
+      const int64_t n = sh.n, k = sh.k, m = sh.m;
+      HostTensor x(DType::F32, {n, k}), w(wt, {m, k}), out(DType::F32, {n, m});
+      fill_random(x, rng);
+      fill_random(w, rng, 0.2f);
+      auto dw = ops().adopt_weight(w.t);
+      ASSERT_TRUE(dw.ok());
+      DeviceTensor dx = dev(x), dout = poisoned(out);
+      ops().matmul(dx.t, dw.value(), dout.t, false);
+      HostTensor got = host(dout, out), ref = out;
+      ref::matmul(x.t, w.t, ref.t);
+      ASSERT_EQ(count_nonfinite(got.f(), n * m), 0);
+      const bool gemv = ops().matmul_takes_gemv(n, dw.value());
+      const double err = rel_err(got.f(), ref.f(), n * m);
+      const std::string path = gemv               ? (n <= 8 ? "gemv" : "gemv token groups")
+                               : wt != DType::F32 ? "tensor cores"
+                                                  : "sgemm";
+      record_error(std::string("matmul ") + path + " " + dtype_name(wt), err);
+      ASSERT_LE(err, 1e-5) << dtype_name(wt) << " n=" << n << " k=" << k << " m=" << m;
     }
   }
 }

@@ -124,8 +124,12 @@ class CudaOps final : public Ops {
                                 Tensor residual) override;
 
   // Largest token count for which matmul and the MoE experts use the bandwidth-bound GEMV
-  // kernels (f32 arithmetic); above it they use bf16/f16 tensor cores (see kernels_matmul.cu).
+  // kernels (f32 arithmetic); above it they use bf16/f16 tensor cores (see kernels_matmul.cu),
+  // except matmuls on weights small enough for GEMV token groups (matmul_takes_gemv).
   static constexpr int kGemvMaxTokens = 8;
+  // Whether matmul of n tokens on weight w runs the GEMV kernel (in groups of kGemvMaxTokens
+  // tokens beyond that many), rather than cuBLAS.
+  static bool matmul_takes_gemv(int64_t n, const Tensor& w);
 
   struct Impl;  // CUDA-side state; defined in cuda_internal.cuh
 

@@ -9,6 +9,7 @@
 // F16's narrower exponent range makes its split close rather than exact for tiny activations,
 // and activations overflow beyond 65504, a limit f16 checkpoints already impose on themselves.
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <string>
 
@@ -52,13 +53,27 @@ __device__ __forceinline__ void gemv_rows(const W* __restrict__ w, int64_t m, in
 template <int NT, bool kVec>
 constexpr int kGemvPre = (kVec && NT == 1) ? 2 : 0;
 
-// One block per 4 weight rows; x [nt ≤ NT, k] rows ldx apart; out [nt, m] rows ldo apart.
-// kPre > 0 (one token, 16-byte rows): the block's first kPre chunks per row are loaded before
-// the PDL wait (4: whole rows of 4,096 bf16, as out_proj and o_proj have).
+// Token group blockIdx.y of x [n, k] (rows ldx apart): its first token and count (≤ NT).
+// More than NT tokens run as groups of NT that each stream the rows again (from L2, where
+// the caller keeps the re-reads small): a token's result is the same in any group.
+template <int NT>
+__device__ __forceinline__ int token_group(const float*& x, int64_t ldx, float*& out, int64_t ldo,
+                                           int n) {
+  const int t0 = int(blockIdx.y) * NT;
+  x += int64_t(t0) * ldx;
+  out += int64_t(t0) * ldo;
+  return min(NT, n - t0);
+}
+
+// One block per 4 weight rows of one token group; x [n, k] rows ldx apart; out [n, m] rows ldo
+// apart; grid (⌈m/4⌉, ⌈n/NT⌉). kPre > 0 (one token, 16-byte rows): the block's first kPre
+// chunks per row are loaded before the PDL wait (4: whole rows of 4,096 bf16, as out_proj and
+// o_proj have).
 template <typename W, int NT, bool kVec, int kPre>
 __global__ void __launch_bounds__(kGemvThreads)
     matmul_gemv_kernel(const W* __restrict__ w, int64_t m, int64_t k, const float* x, int64_t ldx,
-                       int nt, float* out, int64_t ldo, bool accumulate) {
+                       int n, float* out, int64_t ldo, bool accumulate) {
+  const int nt = token_group<NT>(x, ldx, out, ldo, n);
   const int64_t row0 = int64_t(blockIdx.x) * 4;
   if constexpr (kPre > 0) {
     uint4 pre[kPre][4];
@@ -81,23 +96,25 @@ struct GemvGroup {
   int count;
 };
 
-// x [nt ≤ NT, k] rows ldx apart; R rows per block; grid (first_block[count]).
+// x [n, k] rows ldx apart; R rows per block; grid (first_block[count], ⌈n/NT⌉).
 template <typename W, int NT, int R, bool kVec>
 __global__ void __launch_bounds__(kGemvThreads)
-    matmul_gemv_group_kernel(GemvGroup<W> g, int64_t k, const float* x, int64_t ldx, int nt) {
+    matmul_gemv_group_kernel(GemvGroup<W> g, int64_t k, const float* x, int64_t ldx, int n) {
   int i = 0;
   while (i + 1 < g.count && int(blockIdx.x) >= g.first_block[i + 1]) ++i;
+  const int t0 = int(blockIdx.y) * NT, nt = min(NT, n - t0);
+  x += int64_t(t0) * ldx;
+  float* out = g.out[i] + int64_t(t0) * g.ldo[i];
   const int64_t row0 = int64_t(int(blockIdx.x) - g.first_block[i]) * R;
   constexpr int kPre = kGemvPre<NT, kVec>;
   if constexpr (kPre > 0) {
     uint4 pre[kPre][R];
     gemv_preload<W, R, kPre>(g.w[i] + row0 * k, k, int(min64(R, g.m[i] - row0)), pre);
     grid_dependency_sync();
-    gemv_rows<W, NT, R, kVec, kPre>(g.w[i], g.m[i], k, x, ldx, nt, g.out[i], g.ldo[i], false, row0,
-                                    pre);
+    gemv_rows<W, NT, R, kVec, kPre>(g.w[i], g.m[i], k, x, ldx, nt, out, g.ldo[i], false, row0, pre);
   } else {
     grid_dependency_sync();
-    gemv_rows<W, NT, R, kVec>(g.w[i], g.m[i], k, x, ldx, nt, g.out[i], g.ldo[i], false, row0);
+    gemv_rows<W, NT, R, kVec>(g.w[i], g.m[i], k, x, ldx, nt, out, g.ldo[i], false, row0);
   }
 }
 
@@ -151,7 +168,7 @@ void launch_gemv(const Tensor& x, const Tensor& w, Tensor out, bool accumulate, 
   const int64_t m = w.shape[0], k = w.shape[1];
   constexpr int E = Chunk<W>::kElems;
   const bool vec = k % E == 0 && aligned16(w.data) && aligned16(x.data) && x.stride[0] % 4 == 0;
-  const unsigned blocks = unsigned((m + 3) / 4);
+  const dim3 blocks(unsigned((m + 3) / 4), unsigned((n + NT - 1) / NT));
   auto go = [&](auto kernel) {
     launch_kernel(kernel, blocks, kGemvThreads, 0, stream, w.ptr<W>(), m, k, x.ptr<float>(),
                   x.stride[0], n, out.ptr<float>(), out.stride[0], accumulate);
@@ -184,12 +201,34 @@ void launch_gemv_group(const Tensor& x, std::span<const Tensor> ws, std::span<co
     g.ldo[i] = outs[i].stride[0];
     g.first_block[i + 1] = g.first_block[i] + int((g.m[i] + R - 1) / R);
   }
-  const unsigned blocks = unsigned(g.first_block[g.count]);
+  const dim3 blocks(unsigned(g.first_block[g.count]), unsigned((n + NT - 1) / NT));
   launch_kernel(matmul_gemv_group_kernel<W, NT, R, true>, blocks, kGemvThreads, 0, stream, g, k,
                 x.ptr<float>(), x.stride[0], n);
 }
 
+// Whether x [n, k] · w^T for weights of `weight_bytes` in all takes the GEMV kernel: up to
+// kGemvMaxTokens tokens always; more (decode batches) in token groups of kGemvMaxTokens while
+// the groups' re-reads of the weights (from L2) stay within 8 MiB. Few-row weights (gates, the
+// router) cost the three-term cuBLAS path three launches for little work; larger ones are
+// faster there. Measured on the 35B-A3B decode (H200, bench/results/h200-session12-*): 16 and
+// 64 sequences 12.48 -> 11.46 and 25.75 -> 25.27 ms a step with 8 MiB; 16 MiB took 64 sequences
+// to 26.39 ms, 4 MiB left 16 at 11.65.
+constexpr int64_t kGemvTokenGroupBytes = int64_t(8) << 20;
+bool takes_gemv(int64_t n, int64_t weight_bytes) {
+  if (n <= CudaOps::kGemvMaxTokens) return true;
+  const int64_t groups = (n + CudaOps::kGemvMaxTokens - 1) / CudaOps::kGemvMaxTokens;
+  return weight_bytes * groups <= kGemvTokenGroupBytes;
+}
+
+int64_t weight_bytes(const Tensor& w) {
+  return w.numel() * int64_t(dtype_size(w.dtype));
+}
+
 }  // namespace
+
+bool CudaOps::matmul_takes_gemv(int64_t n, const Tensor& w) {
+  return takes_gemv(n, weight_bytes(w));
+}
 
 void CudaOps::matmul_group(const Tensor& x, std::span<const Tensor> ws,
                            std::span<const Tensor> outs) {
@@ -197,37 +236,49 @@ void CudaOps::matmul_group(const Tensor& x, std::span<const Tensor> ws,
   RECUR_CHECK(ws.size() == outs.size() && ws.size() <= kMaxMatmulGroup);
   RECUR_CHECK(x.ndim == 2 && x.dtype == DType::F32 && x.stride[1] == 1);
   const int64_t n = x.shape[0], k = x.shape[1];
-  bool one_launch = n >= 1 && n <= kGemvMaxTokens && ws.size() > 1;
+  Impl& s = *impl_;
+  // The weights the GEMV kernel takes go in one launch (all of them for up to kGemvMaxTokens
+  // tokens; the first few small ones that fit for decode batches), the others one matmul each.
+  std::array<Tensor, kMaxMatmulGroup> gw, go;
+  size_t grouped = 0;
+  int64_t group_bytes = 0;
+  const int64_t chunk = 16 / int64_t(dtype_size(ws.empty() ? DType::F32 : ws[0].dtype));
+  // The 16-byte path only, as matmul takes for each such weight alone (same arithmetic).
+  const bool vec_x = n >= 1 && k % chunk == 0 && aligned16(x.data) && x.stride[0] % 4 == 0;
   for (size_t i = 0; i < ws.size(); ++i) {
     const Tensor &w = ws[i], &o = outs[i];
     RECUR_CHECK(w.ndim == 2 && o.ndim == 2 && w.is_contiguous() && w.shape[1] == k);
     RECUR_CHECK(o.dtype == DType::F32 && o.stride[1] == 1 && o.shape[0] == n &&
                 o.shape[1] == w.shape[0]);
-    one_launch = one_launch && w.dtype == ws[0].dtype && w.shape[0] > 0 && aligned16(w.data);
+    const bool joins = vec_x && w.dtype == ws[0].dtype && w.shape[0] > 0 && aligned16(w.data) &&
+                       takes_gemv(n, group_bytes + weight_bytes(w));
+    if (joins) {
+      gw[grouped] = w, go[grouped] = o, ++grouped;
+      group_bytes += weight_bytes(w);
+    } else {
+      matmul(x, w, o);
+    }
   }
-  // The 16-byte path only, as matmul takes for each such weight alone (same arithmetic).
-  const int64_t chunk = 16 / int64_t(dtype_size(ws.empty() ? DType::F32 : ws[0].dtype));
-  one_launch = one_launch && k % chunk == 0 && aligned16(x.data) && x.stride[0] % 4 == 0;
-  if (!one_launch) {  // prompts (cuBLAS per weight), or nothing to group
-    for (size_t i = 0; i < ws.size(); ++i) matmul(x, ws[i], outs[i]);
+  if (grouped == 0 || (grouped == 1 && ws.size() == 1)) {  // nothing to group
+    if (grouped == 1) matmul(x, gw[0], go[0]);
     return;
   }
-  Impl& s = *impl_;
+  std::span<const Tensor> gws(gw.data(), grouped), gouts(go.data(), grouped);
   dispatch_weight(ws[0].dtype, [&](auto tag) {
     using W = decltype(tag);
     if (n == 1) {
-      launch_gemv_group<W, 1>(x, ws, outs, int(n), s.stream);
+      launch_gemv_group<W, 1>(x, gws, gouts, int(n), s.stream);
     } else if (n == 2) {
-      launch_gemv_group<W, 2>(x, ws, outs, int(n), s.stream);
+      launch_gemv_group<W, 2>(x, gws, gouts, int(n), s.stream);
     } else if (n <= 4) {
-      launch_gemv_group<W, 4>(x, ws, outs, int(n), s.stream);
+      launch_gemv_group<W, 4>(x, gws, gouts, int(n), s.stream);
     } else {
-      launch_gemv_group<W, 8>(x, ws, outs, int(n), s.stream);
+      launch_gemv_group<W, 8>(x, gws, gouts, int(n), s.stream);
     }
   });
   if (s.options.profile) {
     std::string label = "matmul group gemv";
-    for (const Tensor& w : ws) label.append(" ").append(std::to_string(w.shape[0]));
+    for (const Tensor& w : gws) label.append(" ").append(std::to_string(w.shape[0]));
     label.append(" x").append(std::to_string(k));
     s.launched(label.c_str());
   } else {
@@ -244,7 +295,7 @@ void CudaOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumula
   RECUR_CHECK(w.shape[1] == k && out.shape[0] == n && out.shape[1] == m);
   if (n == 0 || m == 0) return;
   Impl& s = *impl_;
-  if (n <= kGemvMaxTokens) {
+  if (takes_gemv(n, weight_bytes(w))) {
     dispatch_weight(w.dtype, [&](auto tag) {
       using W = decltype(tag);
       if (n == 1) {

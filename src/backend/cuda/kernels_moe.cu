@@ -198,14 +198,70 @@ __device__ __forceinline__ int routed_expert(const MoeGemmArgs& a, int tile,
   return e;
 }
 
+template <bool kDual>
+constexpr int kWarpRows = kDual ? 2 : 4;
+// The warp kernel's arithmetic: this warp's RW rows (from orow0) of each of the block's row
+// groups, for the nt ≤ NT tokens of the tile at row0, expert e. pre (kPre > 0 and preloaded):
+// the first group's first kPre chunks per row, loaded before the PDL wait.
+template <typename W, int NT, bool kDual, int kPre>
+__device__ __forceinline__ void moe_warp_rows(
+    const MoeGemmArgs& a, int e, int row0, int nt, int64_t orow0,
+    const uint4 (&pre)[kPre > 0 ? kPre : 1][kWarpRows<kDual>], bool preloaded) {
+  constexpr int E = Chunk<W>::kElems, RW = kWarpRows<kDual>;
+  constexpr int64_t kGroupRows = (kGemvThreads / 32) * RW;
+  const int lane = threadIdx.x % 32;
+  const int64_t n_chunks = a.k / E;
+  const float* xr[NT];
+  moe_tile_rows<NT>(a, row0, nt, xr);
+#pragma unroll 1
+  for (int g = 0; g < a.row_groups; ++g) {
+    const int64_t orow = orow0 + g * kGroupRows;
+    if (orow >= a.m) break;
+    const int rows = int(min64(RW, a.m - orow));
+    const W* wr[RW];
+    const W* wr2[RW];
+#pragma unroll
+    for (int r = 0; r < RW; ++r) {
+      const int64_t off = (orow + (r < rows ? r : 0)) * a.k;
+      wr[r] = static_cast<const W*>(a.w[e]) + off;
+      wr2[r] = kDual ? static_cast<const W*>(a.w2[e]) + off : nullptr;
+    }
+    float acc[RW][NT] = {}, acc2[RW][NT] = {};
+    int64_t c0 = lane;
+    if constexpr (kPre > 0) {
+      if (preloaded && g == 0) {  // the preloaded chunks first, in the loop's order
+#pragma unroll
+        for (int p = 0; p < kPre; ++p) {
+          const int64_t c = lane + int64_t(p) * 32;
+          if (c < n_chunks) fma_chunk_raw<W, RW, NT>(pre[p], xr, c, acc);
+        }
+        c0 = lane + int64_t(kPre) * 32;
+      }
+    }
+    // For one token, four chunks of each row in flight per lane (gate/up rows of 2048 bf16
+    // take 8 chunks per lane: two round trips rather than four).
+#pragma unroll(NT == 1 ? 4 : 2)
+    for (int64_t c = c0; c < n_chunks; c += 32) {
+      fma_chunk<W, RW, NT, kDual>(wr, wr2, xr, c, acc, acc2);
+    }
+#pragma unroll
+    for (int r = 0; r < RW; ++r) {
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        float v = warp_sum(acc[r][t]);
+        if constexpr (kDual) v = silu(v) * warp_sum(acc2[r][t]);
+        if (lane == 0 && r < rows && t < nt) a.out[int64_t(row0 + t) * a.ldo + orow + r] = v;
+      }
+    }
+  }
+}
+
 // The GEMV core for 16-byte aligned rows, a warp per few output rows: the lanes stride each
 // row in 16-byte chunks and sum by shuffles, so a block (4 warps) streams 16 rows of one
 // expert (8 of each of gate and up when kDual, SwiGLU applied) per row group with no block
 // barrier. The block-wide kernel above leaves threads idle on short rows (d_ff = 512: 64
 // chunks) and its small blocks cost more to schedule than they stream.
 // grid (⌈m/(4·RW·row_groups)⌉, max_tiles).
-template <bool kDual>
-constexpr int kWarpRows = kDual ? 2 : 4;
 // PL > 0 (gate/up of one token, a.route set): the kernel routes the token itself after its
 // wait (routed_expert) and lets the down launch start only after the ids are stored.
 template <typename W, int NT, bool kDual, int PL = 0>
@@ -292,49 +348,23 @@ __global__ void __launch_bounds__(kGemvThreads) moe_gemv_warp_kernel(MoeGemmArgs
       }
     }
   }
-  const float* xr[NT];
-  moe_tile_rows<NT>(a, row0, nt, xr);
-#pragma unroll 1
-  for (int g = 0; g < a.row_groups; ++g) {
-    const int64_t orow = orow0 + g * kGroupRows;
-    if (orow >= a.m) break;
-    const int rows = int(min64(RW, a.m - orow));
-    const W* wr[RW];
-    const W* wr2[RW];
-#pragma unroll
-    for (int r = 0; r < RW; ++r) {
-      const int64_t off = (orow + (r < rows ? r : 0)) * a.k;
-      wr[r] = static_cast<const W*>(a.w[e]) + off;
-      wr2[r] = kDual ? static_cast<const W*>(a.w2[e]) + off : nullptr;
+  if constexpr (NT > 1) {
+    // A decode batch's tiles mostly hold fewer rows than NT (64 sequences average two tokens
+    // per expert): each takes the loop of its row count, with the same sums (a row's result
+    // does not depend on NT) and a fraction of the FMAs and activation loads. The 35B-A3B's
+    // 64-sequence step went from 28.6 to 25.8 ms (H200, bench/results/h200-session12-*).
+    if (nt == 1) {
+      moe_warp_rows<W, 1, kDual, 0>(a, e, row0, nt, orow0, pre, false);
+      return;
     }
-    float acc[RW][NT] = {}, acc2[RW][NT] = {};
-    int64_t c0 = lane;
-    if constexpr (kPre > 0) {
-      if (pre_e >= 0 && g == 0) {  // the preloaded chunks first, in the loop's order
-#pragma unroll
-        for (int p = 0; p < kPre; ++p) {
-          const int64_t c = lane + int64_t(p) * 32;
-          if (c < n_chunks) fma_chunk_raw<W, RW, NT>(pre[p], xr, c, acc);
-        }
-        c0 = lane + int64_t(kPre) * 32;
-      }
-    }
-    // For one token, four chunks of each row in flight per lane (gate/up rows of 2048 bf16
-    // take 8 chunks per lane: two round trips rather than four).
-#pragma unroll(NT == 1 ? 4 : 2)
-    for (int64_t c = c0; c < n_chunks; c += 32) {
-      fma_chunk<W, RW, NT, kDual>(wr, wr2, xr, c, acc, acc2);
-    }
-#pragma unroll
-    for (int r = 0; r < RW; ++r) {
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        float v = warp_sum(acc[r][t]);
-        if constexpr (kDual) v = silu(v) * warp_sum(acc2[r][t]);
-        if (lane == 0 && r < rows && t < nt) a.out[int64_t(row0 + t) * a.ldo + orow + r] = v;
+    if constexpr (NT == 4) {
+      if (nt == 2) {
+        moe_warp_rows<W, 2, kDual, 0>(a, e, row0, nt, orow0, pre, false);
+        return;
       }
     }
   }
+  moe_warp_rows<W, NT, kDual, kPre>(a, e, row0, nt, orow0, pre, pre_e >= 0);
 }
 
 // out[t, :] = Σ_j weights[t, j] · ys[row_of[t·k + j], :] (row_of null: the identity); grid
