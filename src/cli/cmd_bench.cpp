@@ -108,11 +108,11 @@ int run_bench(const BenchOptions& o) {
   const size_t copy_bytes = ops.device() == Device::kCpu ? (size_t(256) << 20) : (size_t(2) << 30);
   const double copy_bw = ops.measure_copy_bandwidth(copy_bytes);
 
-  // Each sequence its own prompt, so sequences decoding greedily pick their own tokens (and
-  // route to their own experts) rather than one sequence's picks b times.
-  auto prompt_of = [&](int s) {
-    std::vector<int32_t> p(static_cast<size_t>(o.prompt_len));
-    for (int i = 0; i < o.prompt_len; ++i) {
+  // Sequence s's prompt of len tokens. Each sequence its own, so sequences decoding greedily pick
+  // their own tokens (and route to their own experts) rather than one sequence's picks b times.
+  auto prompt_of = [&](int s, int len) {
+    std::vector<int32_t> p(static_cast<size_t>(len));
+    for (int i = 0; i < len; ++i) {
       p[size_t(i)] = int32_t((int64_t(i) * 7919 + 13 + int64_t(s) * 104729) % V);
     }
     return p;
@@ -132,11 +132,11 @@ int run_bench(const BenchOptions& o) {
 
   // Prefill: one sequence of each length in one forward; a warm-up, then the median of three.
   std::vector<int32_t> prefill_table(static_cast<size_t>(prefill_blocks));
-  for (int i = 0; i < prefill_blocks; ++i) prefill_table[size_t(i)] = max_batch * blocks_per_seq + i;
+  for (int i = 0; i < prefill_blocks; ++i)
+    prefill_table[size_t(i)] = max_batch * blocks_per_seq + i;
   json prefill = json::array();
   for (int len : prefill_lens) {
-    std::vector<int32_t> p(static_cast<size_t>(len));
-    for (int i = 0; i < len; ++i) p[size_t(i)] = int32_t((int64_t(i) * 7919 + 13) % V);
+    const std::vector<int32_t> p = prompt_of(0, len);
     std::vector<double> times;
     for (int rep = 0; rep < 4; ++rep) {
       m.reset_slot(0);
@@ -169,7 +169,7 @@ int run_bench(const BenchOptions& o) {
     }
     for (int s = 0; s < b; ++s) {
       batch.clear();
-      batch.add_sequence(s, 0, prompt_of(s), tables[size_t(s)], Batch::Logits::kNone);
+      batch.add_sequence(s, 0, prompt_of(s, o.prompt_len), tables[size_t(s)], Batch::Logits::kNone);
       check(m.forward(batch, logits));
     }
     ops.synchronize();

@@ -7,35 +7,58 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
+#include <utility>
 
 namespace recur {
 
+namespace {
+
+// A descriptor open on a regular file and the size fstat gave it: the one checked way in, for
+// the mapping and the text reader alike.
+class RegularFile {
+ public:
+  static Result<RegularFile> open(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      return make_error(errno == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIo,
+                        "cannot open {}: {}", path, std::strerror(errno));
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      return make_error(ErrorCode::kIo, "{} is not a regular file", path);
+    }
+    return RegularFile(fd, size_t(st.st_size));
+  }
+  RegularFile(RegularFile&& o) noexcept : fd_(std::exchange(o.fd_, -1)), size_(o.size_) {}
+  RegularFile& operator=(RegularFile&&) = delete;
+  ~RegularFile() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  int fd() const { return fd_; }
+  size_t size() const { return size_; }
+
+ private:
+  RegularFile(int fd, size_t size) : fd_(fd), size_(size) {}
+  int fd_;
+  size_t size_;
+};
+
+}  // namespace
+
 Result<MappedFile> MappedFile::open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return make_error(errno == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIo, "cannot open {}: {}",
-                      path, std::strerror(errno));
-  }
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return make_error(ErrorCode::kIo, "{} is not a regular file", path);
-  }
+  RECUR_ASSIGN_OR_RETURN(RegularFile file, RegularFile::open(path));
   MappedFile f;
   f.path_ = path;
-  f.size_ = size_t(st.st_size);
+  f.size_ = file.size();
   if (f.size_ > 0) {
-    void* p = mmap(nullptr, f.size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    void* p = mmap(nullptr, f.size_, PROT_READ, MAP_PRIVATE, file.fd(), 0);
     if (p == MAP_FAILED) {
-      int err = errno;
-      ::close(fd);
-      return make_error(ErrorCode::kIo, "cannot map {}: {}", path, std::strerror(err));
+      return make_error(ErrorCode::kIo, "cannot map {}: {}", path, std::strerror(errno));
     }
     f.data_ = static_cast<const uint8_t*>(p);
   }
-  ::close(fd);
   return f;
 }
 
@@ -57,22 +80,28 @@ MappedFile::~MappedFile() {
 
 Result<std::string> read_text_file(const std::string& path, size_t max_bytes) {
   // Checked before reading: a directory or a huge file gives an error, not an endless read.
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) {
-    return make_error(errno == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIo, "cannot open {}: {}",
-                      path, std::strerror(errno));
-  }
-  if (!S_ISREG(st.st_mode)) return make_error(ErrorCode::kIo, "{} is not a regular file", path);
-  if (uint64_t(st.st_size) > max_bytes) {
+  RECUR_ASSIGN_OR_RETURN(RegularFile file, RegularFile::open(path));
+  if (file.size() > max_bytes) {
     return make_error(ErrorCode::kOutOfResources, "{} has {} bytes; text files over {} are refused",
-                      path, st.st_size, max_bytes);
+                      path, file.size(), max_bytes);
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return make_error(ErrorCode::kNotFound, "cannot open {}", path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return make_error(ErrorCode::kIo, "cannot read {}", path);
-  return ss.str();
+  // No further than the size checked: of a file that grows meanwhile, that many bytes.
+  std::string text(file.size(), '\0');
+  size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = ::read(file.fd(), text.data() + got, text.size() - got);
+    if (n > 0) {
+      got += size_t(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0) {
+      return make_error(ErrorCode::kIo, "cannot read {}: {}", path, std::strerror(errno));
+    } else {
+      break;  // shrunk meanwhile: what is there
+    }
+  }
+  text.resize(got);
+  return text;
 }
 
 }  // namespace recur

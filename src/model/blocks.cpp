@@ -130,7 +130,7 @@ void SparseMoe::plan(ModelPlan& plan) {
   const int64_t ff = experts.front().gate.shape[0];
   s.experts = std::max(s.experts, E);
   s.experts_per_token = std::max(s.experts_per_token, k);
-  if (has_shared) s.ff = std::max(s.ff, shared.gate.shape[0]);
+  if (has_shared()) s.ff = std::max(s.ff, shared.gate.shape[0]);
   // One more expert per token than routed: a backend may run the shared expert with them.
   s.moe_scratch_bytes = std::max<int64_t>(
       s.moe_scratch_bytes, int64_t(plan.ops().moe_experts_scratch_bytes(
@@ -147,7 +147,7 @@ void SparseMoe::forward(const LayerIo& io) const {
   Tensor ids = s.expert_ids.slice_rows(0, n).slice_cols(0, k);
   Tensor weights = s.expert_weights.slice_rows(0, n).slice_cols(0, k);
   Tensor out = s.ffn_out.slice_rows(0, n);
-  if (!has_shared) {
+  if (!has_shared()) {
     ops.matmul(io.x, router, logits);
     ops.moe_route(logits, routing, ids, weights);
     ops.moe_experts(io.x, experts, ids, weights, out, s.moe);

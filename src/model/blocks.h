@@ -78,9 +78,10 @@ class SparseMoe final : public FeedForward {
   MoeRouting routing;
   Tensor router;                       // [E, hidden]
   std::vector<ExpertWeights> experts;  // E × {[ff, hidden], [ff, hidden], [hidden, ff]}
-  bool has_shared = false;
-  ExpertWeights shared;  // [sff, hidden], [sff, hidden], [hidden, sff]
+  ExpertWeights shared;  // [sff, hidden], [sff, hidden], [hidden, sff], or empty: none
   Tensor shared_gate;    // [1, hidden], or empty: the shared expert is ungated
+
+  bool has_shared() const { return !shared.gate.empty(); }
 
   void plan(ModelPlan& plan) override;
   void forward(const LayerIo& io) const override;

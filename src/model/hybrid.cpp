@@ -15,12 +15,6 @@ int ModelPlan::attention_cache(int64_t kv_heads, int64_t hd, int64_t dv) {
   return int(caches.size()) - 1;
 }
 
-std::string text_weights_prefix(const WeightLoader& weights, bool nested_default) {
-  if (weights.has("model.language_model.embed_tokens.weight")) return "model.language_model.";
-  if (weights.has("model.embed_tokens.weight")) return "model.";
-  return nested_default ? "model.language_model." : "model.";
-}
-
 namespace {
 
 class HybridModel final : public Model {

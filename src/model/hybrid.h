@@ -143,10 +143,6 @@ struct HybridSpec {
   std::vector<std::pair<std::string, std::string>> skipped_prefixes;
 };
 
-// The checkpoint name prefix of the text model's weights: "model.language_model." (multimodal
-// releases) or "model." (text-only), whichever the checkpoint holds.
-std::string text_weights_prefix(const WeightLoader& weights, bool nested_default);
-
 // Builds the model: sizes the pools and scratch from the plan and `options`, announces the forward
 // limits to the backend. The model keeps the loader's buffers and the checkpoint (mapped weights).
 Result<std::unique_ptr<Model>> build_hybrid_model(HybridSpec spec, WeightLoader& weights,

@@ -13,6 +13,15 @@ namespace recur {
 
 namespace {
 
+// The checkpoint name prefix of the text model's weights: "model.language_model." (multimodal
+// releases) or "model." (text-only fine-tunes), whichever the checkpoint holds; holding neither
+// embedding, the form the config's nesting suggests.
+std::string text_weights_prefix(const WeightLoader& weights, bool nested_default) {
+  if (weights.has("model.language_model.embed_tokens.weight")) return "model.language_model.";
+  if (weights.has("model.embed_tokens.weight")) return "model.";
+  return nested_default ? "model.language_model." : "model.";
+}
+
 Status load_gdn_projections(const QwenHybridConfig& c, const std::string& p, WeightLoader& w,
                             GatedDeltaNet* g) {
   const int64_t H = c.hidden_size, hv = c.linear_num_value_heads;

@@ -108,7 +108,6 @@ Status load_router_and_shared(const QwenHybridConfig& c, const std::string& p, W
   RECUR_ASSIGN_OR_RETURN(m->router,
                          w.load(p + "gate.weight", {c.num_experts, H}, WeightUse::kMatrix));
   if (c.shared_expert_intermediate_size > 0) {
-    m->has_shared = true;
     RECUR_RETURN_IF_ERROR(load_swiglu(w, p + "shared_expert.", c.shared_expert_intermediate_size, H,
                                       WeightUse::kMatrix, &m->shared));
     RECUR_ASSIGN_OR_RETURN(m->shared_gate,

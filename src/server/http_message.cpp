@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "server/ascii.h"
+
 namespace recur::server::http {
 
 namespace {
@@ -74,17 +76,6 @@ ParseError error(int status, std::string message) {
 }
 
 }  // namespace
-
-bool iequals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    char x = a[i], y = b[i];
-    if (x >= 'A' && x <= 'Z') x = char(x + 32);
-    if (y >= 'A' && y <= 'Z') y = char(y + 32);
-    if (x != y) return false;
-  }
-  return true;
-}
 
 const std::string* Request::header(std::string_view lower_name) const {
   for (const Header& h : headers) {

@@ -102,6 +102,4 @@ std::string serialize_head(const Response& res, bool keep_alive,
 // Percent-decoding of a path segment; nullopt when an escape is malformed.
 std::optional<std::string> percent_decode(std::string_view s);
 
-bool iequals(std::string_view a, std::string_view b);
-
 }  // namespace recur::server::http

@@ -64,6 +64,23 @@ struct Conn {
   bool dead = false;
 };
 
+enum class SendResult { kAll, kWouldBlock, kFailed };
+
+// Sends out[sent..) without blocking, as far as the socket takes it, advancing `sent`.
+SendResult send_some(int fd, std::string_view out, size_t& sent) {
+  while (sent < out.size()) {
+    const ssize_t n = ::send(fd, out.data() + sent, out.size() - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) {
+      sent += size_t(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return SendResult::kWouldBlock;
+    return SendResult::kFailed;  // reset or broken pipe
+  }
+  return SendResult::kAll;
+}
+
 }  // namespace
 
 struct HttpServer::Impl {
@@ -158,23 +175,14 @@ bool HttpExchange::send(http::Response res) {
   if (!keep) keep_alive_ = false;
   std::string out = http::serialize_head(res, keep, res.body.size());
   if (req_->method != "HEAD") out += res.body;
-  size_t at = 0;
-  while (at < out.size()) {
-    const ssize_t n = ::send(fd_, out.data() + at, out.size() - at, MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (n > 0) {
-      at += size_t(n);
-    } else if (n < 0 && errno == EINTR) {
-      continue;
-    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      unsent_ = std::move(out);
-      unsent_at_ = at;
-      return true;
-    } else {
-      failed_ = true;
-      return false;
-    }
+  size_t sent = 0;
+  const SendResult r = send_some(fd_, out, sent);
+  if (r == SendResult::kWouldBlock) {
+    unsent_ = std::move(out);
+    unsent_at_ = sent;
   }
-  return true;
+  if (r == SendResult::kFailed) failed_ = true;
+  return r != SendResult::kFailed;
 }
 
 bool HttpExchange::begin_chunked(http::Response head) {
@@ -552,17 +560,9 @@ void HttpServer::Impl::fail(Conn& c, int status, std::string message) {
 }
 
 void HttpServer::Impl::flush_out(Conn& c) {
-  while (c.out_sent < c.out.size()) {
-    const ssize_t n = ::send(c.fd, c.out.data() + c.out_sent, c.out.size() - c.out_sent,
-                             MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (n > 0) {
-      c.out_sent += size_t(n);
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return watch(c, EPOLLOUT);
-    return close_conn(c);
-  }
+  const SendResult r = send_some(c.fd, c.out, c.out_sent);
+  if (r == SendResult::kWouldBlock) return watch(c, EPOLLOUT);
+  if (r == SendResult::kFailed) return close_conn(c);
   std::string().swap(c.out);
   c.out_sent = 0;
   ++c.requests;

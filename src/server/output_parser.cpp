@@ -4,6 +4,8 @@
 #include <cmath>
 #include <optional>
 
+#include "server/ascii.h"
+
 namespace recur::server {
 
 namespace {
@@ -43,15 +45,6 @@ size_t skip_space(std::string_view s, size_t pos) {
 
 bool starts_at(std::string_view s, size_t pos, std::string_view prefix) {
   return s.substr(std::min(pos, s.size()), prefix.size()) == prefix;
-}
-
-bool iequals(std::string_view a, std::string_view lower) {
-  if (a.size() != lower.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const char c = (a[i] >= 'A' && a[i] <= 'Z') ? char(a[i] - 'A' + 'a') : a[i];
-    if (c != lower[i]) return false;
-  }
-  return true;
 }
 
 // A search for a marker of `len` bytes that failed on `size` bytes resumes here next time.

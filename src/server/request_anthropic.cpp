@@ -189,20 +189,18 @@ ApiResult<ParsedRequest> parse_messages(const ojson& body, const ServingContext&
     }
     const std::string t = type->get<std::string>();
     if (t == "auto" || t == "none") {
-      choice = have_tools ? t : "none";
-    } else if (t == "any" || t == "tool") {
-      if (!have_tools) return bad_request("tool_choice", "'tool_choice' needs 'tools'");
+      choice = t;
+    } else if (t == "any") {
       choice = "required";
-      if (t == "tool") {
-        RECUR_API_ASSIGN(auto name, get_string(*tc, "name", "tool_choice."));
-        bool known = false;
-        for (const auto& x : tools) known = known || (name && x["function"]["name"] == *name);
-        if (!known) return bad_request("tool_choice.name", "'tool_choice.name' is not in 'tools'");
-        choice = "named:" + *name;
-      }
+    } else if (t == "tool") {
+      RECUR_API_ASSIGN(auto name, get_string(*tc, "name", "tool_choice."));
+      if (!name) return bad_request("tool_choice.name", "'tool_choice.name' is required");
+      choice = "named:" + *name;
     } else {
       return bad_request("tool_choice.type", "'tool_choice.type' must be auto, any, tool or none");
     }
+    RECUR_API_CHECK(check_tool_choice(choice, &tools));
+    if (!have_tools) choice = "none";
     RECUR_API_ASSIGN(auto no_parallel, get_bool(*tc, "disable_parallel_tool_use", "tool_choice."));
     req.output.parallel_tool_calls = !no_parallel.value_or(false);
   }

@@ -249,6 +249,19 @@ TEST(MappedFile, ReadTextFileRefusesDirectoriesAndOversizedFiles) {
   EXPECT_EQ(missing.error().code, ErrorCode::kNotFound);
 }
 
+// A /proc file is a regular file whose size reads 0 though it holds text: like a file that grew
+// after its size was checked, it is read no further than that size.
+TEST(MappedFile, ReadTextFileReadsNoFurtherThanTheSizeItChecked) {
+  const fs::path status = "/proc/self/status";
+  std::error_code ec;
+  if (!fs::is_regular_file(status, ec) || fs::file_size(status, ec) != 0) {
+    GTEST_SKIP() << "no /proc/self/status of size 0 here";
+  }
+  auto text = read_text_file(status.string());
+  ASSERT_TRUE(text.ok()) << text.error().to_string();
+  EXPECT_EQ(*text, "");
+}
+
 TEST(Checkpoint, ReportsMissingFilesAndBrokenJson) {
   TempDir dir;
   auto no_config = Checkpoint::open(dir.str());

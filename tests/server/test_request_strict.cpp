@@ -178,7 +178,7 @@ TEST(Responses, InputItemsRenderAsTheEquivalentChat) {
 
 // A function tool in each API's shape (description and schema included) renders as the chat
 // tool; a schema that is not an object, and a tool_choice its tools cannot satisfy, are 400s
-// naming the field, alike in chat and Responses.
+// naming the field, alike in chat, Responses and Messages.
 TEST(Tools, EveryApisFunctionToolIsTheChatTool) {
   const ServingContext c = ctx();
   const char* messages = R"("messages": [{"role": "user", "content": "Weather?"}])";
@@ -221,18 +221,21 @@ TEST(Tools, EveryApisFunctionToolIsTheChatTool) {
   struct Bad {
     const char* chat_choice;
     const char* responses_choice;
+    const char* messages_choice;
     const char* message;
   };
-  for (const Bad& b : {Bad{R"({"type": "function", "function": {"name": "nope"}})",
-                           R"({"type": "function", "name": "nope"})",
-                           "'tool_choice' names \"nope\", which is not in 'tools'"},
-                       Bad{R"("required")", R"("required")",
-                           "'tool_choice' asks for a tool call but 'tools' is empty"}}) {
+  for (const Bad& b :
+       {Bad{R"({"type": "function", "function": {"name": "nope"}})",
+            R"({"type": "function", "name": "nope"})", R"({"type": "tool", "name": "nope"})",
+            "'tool_choice' names \"nope\", which is not in 'tools'"},
+        Bad{R"("required")", R"("required")", R"({"type": "any"})",
+            "'tool_choice' asks for a tool call but 'tools' is empty"}}) {
     const bool with_tools = std::string_view(b.message).find("nope") != std::string_view::npos;
     const std::string chat_tools =
         with_tools ? R"(, "tools": [{"type": "function", "function": {"name": "f"}}])" : "";
     const std::string resp_tools =
         with_tools ? R"(, "tools": [{"type": "function", "name": "f"}])" : "";
+    const std::string messages_tools = with_tools ? R"(, "tools": [{"name": "f"}])" : "";
     auto r = parse_chat_request(
         J(fmt::format(R"({{{}{}, "tool_choice": {}}})", messages, chat_tools, b.chat_choice)
               .c_str()),
@@ -244,6 +247,13 @@ TEST(Tools, EveryApisFunctionToolIsTheChatTool) {
         J(fmt::format(R"({{"input": "x"{}, "tool_choice": {}}})", resp_tools, b.responses_choice)
               .c_str()),
         c);
+    ASSERT_FALSE(r.ok()) << b.message;
+    EXPECT_EQ(r.error().param, "tool_choice");
+    EXPECT_EQ(r.error().message, b.message);
+    r = parse_messages_request(J(fmt::format(R"({{"max_tokens": 5, {}{}, "tool_choice": {}}})",
+                                             messages, messages_tools, b.messages_choice)
+                                     .c_str()),
+                               c);
     ASSERT_FALSE(r.ok()) << b.message;
     EXPECT_EQ(r.error().param, "tool_choice");
     EXPECT_EQ(r.error().message, b.message);
