@@ -343,7 +343,11 @@ describe('without an API key', () => {
     const events = text.slice(end + 4);
     assert.match(events, /^data: \{/, events.slice(0, 80));
     assert.ok(events.endsWith('data: [DONE]\n\n'), events.slice(-80));
-    assert.equal((events.match(/^data: \{/gm) ?? []).length >= 3, true, events);
+    // Every line an SSE data line (chunk framing would put size lines between them); how many
+    // events the three tokens took depends on how fast the writer drained the engine's steps.
+    const lines = events.split('\n').filter((l) => l.length > 0);
+    assert.ok(lines.every((l) => l.startsWith('data: ')), events);
+    assert.ok(lines.length >= 2, events);
   });
 });
 
