@@ -61,6 +61,7 @@ struct Event {
   std::string_view message;                    // kFinish: why, for errors and limits
   int prompt_tokens = 0;                       // kFinish
   int generated_tokens = 0;                    // kFinish
+  int cached_tokens = 0;                       // kFinish: prompt tokens the prefix cache gave
 };
 // Runs on the engine thread: must be quick and must not call back into the engine.
 using EventSink = std::function<void(const Event&)>;
@@ -102,6 +103,16 @@ struct EngineConfig {
   // the device, is queued before this step's picks are read. 1 on, 0 off, -1 on for device
   // backends (on the CPU, where the forward runs on the caller's thread, it gains nothing).
   int pipeline_decode = -1;
+  // The prefix cache (engine/prefix_cache.h): a prompt starts from the longest prefix whose
+  // attention blocks and recurrent-state snapshot an earlier prompt left, and prefills only
+  // the rest. prefix_cache_bytes is memory added for it: snapshot slots, each with the blocks
+  // of one snapshot interval, which join the attention cache (running sequences take them
+  // back when they need them; unreferenced entries go least recently used first). 0: off.
+  int64_t prefix_cache_bytes = 0;
+  int prefix_snapshots = 0;  // snapshot slots; 0: from prefix_cache_bytes
+  // Prompts are snapshotted every this many tokens (rounded up to whole blocks; chunks stop
+  // there) and at their last block boundary, the point the next turn of a chat shares.
+  int snapshot_interval = 2048;
 };
 
 struct EngineStats {
@@ -117,6 +128,13 @@ struct EngineStats {
   int kv_blocks_used = 0, kv_blocks_total = 0;
   int slots_used = 0, slots_total = 0;
   int64_t requests_finished = 0;
+  // The prefix cache: requests looked up, their prompt tokens, the tokens they found cached;
+  // entries (blocks) and snapshots held, snapshot slots, state bytes per snapshot; entries
+  // and snapshots evicted.
+  int64_t prefix_queries = 0, prefix_query_tokens = 0, prefix_hit_tokens = 0;
+  int prefix_blocks = 0, prefix_snapshots = 0, prefix_snapshots_total = 0;
+  int64_t prefix_snapshot_bytes = 0;  // one snapshot's
+  int64_t prefix_evictions = 0, prefix_snapshot_evictions = 0;
   AllocStats alloc;  // the backend's allocator
 };
 
@@ -182,13 +200,26 @@ class Engine {
   int admittable_blocks() const;  // free blocks no admitted prompt still counts on
   void share_prompt_budget(int budget, int64_t decode_positions);
   void release_blocks(Sequence& seq);
-  void notify_step_listener();  // when this step delivered events
+  int32_t take_block();  // a free block, evicting the prefix cache's oldest when none is
+  // The prefix cache's part (engine_prefix.cpp).
+  // The longest cached prefix of the prompt, into chain_, and its snapshot (-1: none);
+  // *pinned: the chain's entries that using it takes from the evictable ones.
+  int32_t match_prefix(const Sequence& seq, int* pinned);
+  // The admitted sequence's state: chain_'s blocks and the snapshot restored into its slot
+  // (or a zeroed slot when snapshot < 0).
+  void start_sequence(Sequence& seq, int32_t snapshot);
+  int next_cache_stop(const Sequence& seq) const;  // where the current prompt chunk must end
+  void cache_prompt_progress(Sequence& seq);       // after a forward fed it prompt tokens
+  void notify_step_listener();                     // when this step delivered events
 
   EngineConfig config_;
   std::unique_ptr<Model> model_;
   const Tokenizer* tokenizer_ = nullptr;
   Ops* ops_ = nullptr;
   std::unique_ptr<class IdPool> slots_, blocks_;
+  std::unique_ptr<class PrefixCache> cache_;  // null: off
+  uint64_t cache_seed_ = 0;                   // the model's identity, seeding block hashes
+  std::vector<int32_t> chain_;                // admission's match, reused
   Buffer logits_buf_;
   Tensor logits_;                   // [max rows, vocab] in the backend's memory
   std::vector<float> host_logits_;  // for backends whose memory the host cannot read

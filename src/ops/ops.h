@@ -38,7 +38,7 @@ struct ExpertWeights {
 // Operands of Ops::attention_inputs, one attention layer's input stage after its projections.
 struct AttentionInputArgs {
   int heads = 0, kv_heads = 0, head_dim = 0;  // head_dim: of queries and keys
-  int rot_dim = 0;  // rotary channels at the start of each head
+  int rot_dim = 0;                            // rotary channels at the start of each head
   double rope_theta = 0;
   float norm_offset = 0.0f;  // added to the q and k norm weights (1 when zero-centred)
   float eps = 1e-6f;
@@ -126,6 +126,10 @@ class Ops {
   virtual void copy_to_host_start(const Tensor& src, void* dst) { copy_to_host(src, dst); }
   virtual void copy_to_host_finish() {}
   virtual void fill_zero(Tensor t) = 0;  // t contiguous
+  // dst = src, both contiguous with the same dtype and element count, in this backend's
+  // memory (recurrent-state snapshots of the prefix cache). The default copies directly on the
+  // CPU and through host memory elsewhere; device backends override it with a device copy.
+  virtual void copy(const Tensor& src, Tensor dst);
   // ids[r] = the index of row r's largest value (ties to the lower index; NaN ranks as -inf):
   // the greedy choice, so a device backend returns n ids instead of n rows of logits.
   //   x [n, V] f32 rows; ids [n] I32. The default reads host memory.
