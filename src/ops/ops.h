@@ -38,7 +38,7 @@ struct ExpertWeights {
 // Operands of Ops::attention_inputs, one attention layer's input stage after its projections.
 struct AttentionInputArgs {
   int heads = 0, kv_heads = 0, head_dim = 0;  // head_dim: of queries and keys
-  int rot_dim = 0;                            // rotary channels at the start of each head
+  int rot_dim = 0;  // rotary channels at the start of each head
   double rope_theta = 0;
   float norm_offset = 0.0f;  // added to the q and k norm weights (1 when zero-centred)
   float eps = 1e-6f;
