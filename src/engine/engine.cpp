@@ -363,6 +363,10 @@ void Engine::admit() {
     int pinned = 0;
     const int32_t snapshot = cache_ ? match_prefix(seq, &pinned) : -1;
     const int cached = int(chain_.size());
+    if (cache_ && !overdue(seq) && wait_for_shared_prefix(seq)) {
+      ++i;
+      continue;
+    }
     if (need - cached > admittable_blocks() - pinned) {
       if (overdue(seq)) break;
       ++i;

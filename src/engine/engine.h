@@ -208,6 +208,9 @@ class Engine {
   // The admitted sequence's state: chain_'s blocks and the snapshot restored into its slot
   // (or a zeroed slot when snapshot < 0).
   void start_sequence(Sequence& seq, int32_t snapshot);
+  // True when a running sequence is prefilling more of the prompt's start than the cache
+  // holds: the request then waits for its snapshot instead of computing the same tokens.
+  bool wait_for_shared_prefix(const Sequence& seq);
   int next_cache_stop(const Sequence& seq) const;  // where the current prompt chunk must end
   void cache_prompt_progress(Sequence& seq);       // after a forward fed it prompt tokens
   void notify_step_listener();                     // when this step delivered events

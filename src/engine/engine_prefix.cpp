@@ -42,10 +42,33 @@ void Engine::start_sequence(Sequence& seq, int32_t snapshot) {
   stats_.prefix_hit_tokens += seq.cached_tokens;
 }
 
+bool Engine::wait_for_shared_prefix(const Sequence& seq) {
+  const int bs = config_.block_size;
+  const int hit = int(chain_.size()) * bs;
+  // Where the request could start from (its last token is always fed).
+  const int usable = (int(seq.req.prompt.size()) - 1) / bs * bs;
+  for (auto& rp : running_) {
+    Sequence& r = *rp;
+    if (r.finished || !r.prefilling()) continue;
+    // The blocks both prompts start with (equal hash chains: a collision only delays).
+    const size_t n = std::min(seq.block_hashes.size(), r.block_hashes.size());
+    size_t common = 0;
+    while (common < n && seq.block_hashes[common] == r.block_hashes[common]) ++common;
+    const int point = std::min(int(common) * bs, usable);
+    if (point <= hit || r.prompt_done >= point) continue;
+    // The nearest point any waiting request asked for comes first; the others ask again
+    // once it is passed.
+    if (r.share_stop <= r.n_past || point < r.share_stop) r.share_stop = point;
+    return true;
+  }
+  return false;
+}
+
 int Engine::next_cache_stop(const Sequence& seq) const {
   const int length = int(seq.req.prompt.size());
   const int interval = config_.snapshot_interval;
   int stop = (seq.n_past / interval + 1) * interval;
+  if (seq.share_stop > seq.n_past) stop = std::min(stop, seq.share_stop);
   const int last_boundary = length / config_.block_size * config_.block_size;
   if (last_boundary > seq.n_past) stop = std::min(stop, last_boundary);
   return std::min(stop, length);
@@ -69,9 +92,10 @@ void Engine::cache_prompt_progress(Sequence& seq) {
     }
     seq.entries.push_back(id);
   }
-  // A snapshot where the chunk stopped for one: every interval, and the prompt's last block
-  // boundary.
-  const bool stop = seq.n_past % config_.snapshot_interval == 0 || seq.n_past == length / bs * bs;
+  // A snapshot where the chunk stopped for one: every interval, the prompt's last block
+  // boundary, and where a waiting request asked for one.
+  const bool stop = seq.n_past % config_.snapshot_interval == 0 || seq.n_past == length / bs * bs ||
+                    seq.n_past == seq.share_stop;
   if (seq.n_past % bs != 0 || !stop || seq.entries.empty()) return;
   const int32_t snapshot = cache_->add_snapshot(seq.entries.back());
   if (snapshot >= 0) model_->save_snapshot(seq.slot, snapshot);

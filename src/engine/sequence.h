@@ -30,6 +30,9 @@ struct Engine::Sequence {
   std::vector<uint64_t> block_hashes;
   std::vector<int32_t> entries;
   int cached_tokens = 0;
+  // A prompt position where a waiting request sharing this prompt's start asked for a
+  // snapshot (chunks stop there too); stale once n_past has passed it.
+  int share_stop = 0;
   int32_t next_token = -1;  // sampled, not yet fed
   std::vector<int32_t> generated;
   SampledToken sampled;

@@ -252,22 +252,41 @@ TEST(PrefixCacheEngine, ANextTurnStartsFromTheLastBlockBoundaryOfThePreviousProm
   h.expect_idle();
 }
 
-TEST(PrefixCacheEngine, ConcurrentRequestsForOnePrefixShareItsBlocks) {
-  EngineConfig cfg = fake_config();
-  FakeHarness h(cfg);
-  const std::vector<int32_t> shared = random_tokens(96, 64, 4);
-  std::vector<FakeRun> runs(4);
-  for (size_t i = 0; i < runs.size(); ++i) {
-    auto p = concat(shared, random_tokens(5 + int(i), 64, 10 + uint32_t(i)));
-    ASSERT_TRUE(h.engine->submit(fake_request(p, 6), collect(&runs[i])).ok());
+// Requests arriving together with one prefix: the first prefills it, the others wait for its
+// snapshot and prefill only their own ends. With aging_steps 1 they stop waiting after a step
+// and prefill side by side instead, each reading the blocks another published first.
+TEST(PrefixCacheEngine, ConcurrentRequestsForOnePrefixComputeItOnce) {
+  for (const int aging : {1000, 1}) {
+    EngineConfig cfg = fake_config();
+    cfg.aging_steps = aging;
+    FakeHarness h(cfg);
+    const std::vector<int32_t> shared = random_tokens(96, 64, 4);
+    std::vector<FakeRun> runs(4);
+    int total = 0;
+    for (size_t i = 0; i < runs.size(); ++i) {
+      auto p = concat(shared, random_tokens(5 + int(i), 64, 10 + uint32_t(i)));
+      total += int(p.size());
+      ASSERT_TRUE(h.engine->submit(fake_request(p, 6), collect(&runs[i])).ok());
+    }
+    h.engine->run_until_idle();
+    for (const FakeRun& r : runs) EXPECT_TRUE(r.done && r.reason == FinishReason::kLength);
+    const EngineStats st = h.engine->stats();
+    if (aging == 1000) {
+      for (size_t i = 1; i < runs.size(); ++i) EXPECT_EQ(runs[i].cached, 96) << i;
+      EXPECT_EQ(st.prompt_tokens, total - 3 * 96) << "the shared tokens were computed once";
+    } else {
+      EXPECT_GT(st.prompt_tokens, total - 3 * 96) << "side by side";
+    }
+    // The six shared blocks are held once, whoever computed them.
+    EXPECT_EQ(st.prefix_blocks, 6);
+    h.expect_idle();
   }
-  h.engine->run_until_idle();
-  for (const FakeRun& r : runs) EXPECT_TRUE(r.done && r.reason == FinishReason::kLength);
-  // Prefilled side by side, their six shared blocks were made once and read by all four: the
-  // copies were given back as each sequence found the block another had published.
-  const EngineStats st = h.engine->stats();
-  EXPECT_EQ(st.prefix_blocks, 6);
-  h.expect_idle();
+}
+
+TEST(PrefixCacheEngine, TheNextRequestWithAPrefixFindsIt) {
+  FakeHarness h(fake_config());
+  const std::vector<int32_t> shared = random_tokens(96, 64, 4);
+  EXPECT_EQ(h.run(fake_request(concat(shared, {4, 5, 6, 7}), 2)).cached, 0);
   // And the next request with the prefix finds it.
   EXPECT_EQ(h.run(fake_request(concat(shared, {1, 2, 3}), 2)).cached, 96);
   h.expect_idle();
@@ -312,12 +331,12 @@ TEST(PrefixCacheEngine, CancellingThePrefillingOwnerOfASharedPrefixLeavesItUsabl
   h.engine->step();
   h.engine->step();
   ASSERT_TRUE(h.engine->submit(fake_request(concat(shared, {9}), 4), collect(&second)).ok());
-  h.engine->step();
-  h.engine->cancel(id);  // while both are prefilling the prefix
+  h.engine->step();  // the second waits for the first to reach the end of their prefix
+  h.engine->cancel(id);
   h.engine->run_until_idle();
   EXPECT_EQ(first.reason, FinishReason::kCancelled);
   EXPECT_EQ(second.reason, FinishReason::kLength);
-  EXPECT_EQ(second.cached, 64) << "what the first had snapshotted when the second came";
+  EXPECT_EQ(second.cached, 96) << "what the first had snapshotted when it was cancelled";
   h.expect_idle();
   EXPECT_EQ(h.run(fake_request(concat(shared, {1, 2}), 2)).cached, 160);
   h.expect_idle();
@@ -439,8 +458,9 @@ TEST_P(PrefixCacheOnModel, HitsGiveTheOutputsOfAFullPrefill) {
   expect_idle(*e, live);
 }
 
-// Requests racing for one prefix: admitted together, they prefill it side by side and share
-// its blocks as each is published; one admitted later starts from their snapshots.
+// Requests racing for one prefix, one arriving while it is prefilled: they wait for its
+// snapshot (aging_steps 1000) or, no longer waiting after a step, prefill it side by side and
+// read the blocks each other published (aging_steps 1).
 TEST_P(PrefixCacheOnModel, ConcurrentRequestsForOnePrefixGiveTheirOwnOutputs) {
   const std::vector<int32_t> shared = random_tokens(70, 256, 4);
   std::vector<Request> reqs;
@@ -448,17 +468,31 @@ TEST_P(PrefixCacheOnModel, ConcurrentRequestsForOnePrefixGiveTheirOwnOutputs) {
     reqs.push_back(model_request(concat(shared, random_tokens(3 + int(i) * 9, 256, 20 + i)), 6));
   }
   const std::vector<ModelRun> want = alone(reqs);
-  auto e = engine(true, 3);
-  const int64_t live = e->stats().alloc.live_buffers;
-  std::vector<ModelRun> got(reqs.size());
-  for (size_t i = 0; i < 3; ++i) ASSERT_TRUE(e->submit(reqs[i], collect(&got[i])).ok());
-  for (int s = 0; s < 3; ++s) e->step();
-  ASSERT_TRUE(e->submit(reqs[3], collect(&got[3])).ok());
-  e->run_until_idle();
-  for (size_t i = 0; i < reqs.size(); ++i)
-    expect_same(got[i], want[i], "request " + std::to_string(i));
-  EXPECT_GT(got[3].cached, 0);
-  expect_idle(*e, live);
+  for (const int aging : {1000, 1}) {
+    EngineConfig cfg;
+    cfg.max_batch = 3;
+    cfg.max_batch_tokens = 64;
+    cfg.kv_blocks = 64;
+    cfg.prefix_snapshots = 8;
+    cfg.snapshot_interval = 32;
+    cfg.aging_steps = aging;
+    auto created = Engine::create(model_, *ops_, cfg, nullptr);
+    ASSERT_TRUE(created.ok());
+    Engine& e = **created;
+    const int64_t live = e.stats().alloc.live_buffers;
+    std::vector<ModelRun> got(reqs.size());
+    for (size_t i = 0; i < 3; ++i) ASSERT_TRUE(e.submit(reqs[i], collect(&got[i])).ok());
+    for (int s = 0; s < 3; ++s) e.step();
+    ASSERT_TRUE(e.submit(reqs[3], collect(&got[3])).ok());
+    e.run_until_idle();
+    const std::string what = "aging " + std::to_string(aging) + " request ";
+    for (size_t i = 0; i < reqs.size(); ++i) expect_same(got[i], want[i], what + std::to_string(i));
+    EXPECT_GT(got[3].cached, 0);
+    if (aging == 1000) {
+      EXPECT_EQ(got[1].cached, 64) << "waited for the first one's snapshot at the prefix's end";
+    }
+    expect_idle(e, live);
+  }
 }
 
 // The sequence prefilling a prefix is cancelled while another reads the blocks it published:
@@ -477,11 +511,11 @@ TEST_P(PrefixCacheOnModel, CancellationWhileAPrefixIsPrefilled) {
   e->step();  // 0..32
   e->step();  // 32..64
   ASSERT_TRUE(e->submit(reqs[0], collect(&reader)).ok());
-  e->step();
+  e->step();  // the reader waits for the prefix: 64..96
   e->cancel(id);
   e->run_until_idle();
   EXPECT_EQ(cancelled.reason, FinishReason::kCancelled);
-  EXPECT_EQ(reader.cached, 64);
+  EXPECT_EQ(reader.cached, 96);
   expect_same(reader, want[0], "the reader");
   ASSERT_TRUE(e->submit(reqs[1], collect(&later)).ok());
   e->run_until_idle();

@@ -185,6 +185,38 @@ describe('Anthropic', () => {
   });
 });
 
+describe('prefix cache', () => {
+  const metric = (text, name) => Number(text.match(new RegExp(`^${name} (\\S+)$`, 'm'))[1]);
+
+  test('the next turn of a chat reports the prompt tokens it reused, in usage and /metrics', async () => {
+    const first = [
+      { role: 'system', content: 'You answer in one short sentence. '.repeat(6) },
+      { role: 'user', content: 'Name three rivers.' },
+    ];
+    const r1 = await (await postJson(`${server.url}/v1/chat/completions`,
+                                     { messages: first, max_tokens: 4 })).json();
+    const p1 = r1.usage.prompt_tokens;
+    assert.equal(r1.usage.prompt_tokens_details.cached_tokens, 0);
+    const second = [...first, { role: 'assistant', content: 'The Nile, the Rhine, the Po.' },
+                    { role: 'user', content: 'And three lakes?' }];
+    const r2 = await (await postJson(`${server.url}/v1/chat/completions`,
+                                     { messages: second, max_tokens: 4 })).json();
+    // The first prompt's snapshot at its last 16-token block boundary.
+    assert.equal(r2.usage.prompt_tokens_details.cached_tokens, Math.floor(p1 / 16) * 16);
+    // Anthropic's usage counts them apart from input_tokens.
+    const m = await (await postJson(`${server.url}/v1/messages`,
+                                    { model: MODEL_NAME, messages: second.slice(1), system: first[0].content,
+                                      max_tokens: 2 })).json();
+    assert.ok(m.usage.cache_read_input_tokens >= r2.usage.prompt_tokens_details.cached_tokens);
+    assert.equal(m.usage.input_tokens + m.usage.cache_read_input_tokens, r2.usage.prompt_tokens);
+    const text = await (await fetch(`${server.url}/metrics`)).text();
+    assert.ok(metric(text, 'recur_prefix_cache_hit_tokens_total') >=
+              r2.usage.prompt_tokens_details.cached_tokens + m.usage.cache_read_input_tokens);
+    assert.ok(metric(text, 'recur_prefix_cache_snapshots') > 0);
+    assert.ok(metric(text, 'recur_prefix_cache_queries_total') >= 3);
+  });
+});
+
 describe('Responses API (official SDK)', () => {
   const input = 'What is the weather in Paris?';
 
