@@ -11,6 +11,7 @@
 #include "engine/engine.h"
 #include "engine/prefix_cache.h"
 #include "fake_model.h"
+#include "model/registry.h"
 
 namespace recur {
 namespace {
@@ -433,6 +434,79 @@ INSTANTIATE_TEST_SUITE_P(Models, PrefixCacheOnModel,
                            for (char& c : n) c = std::isalnum(uint8_t(c)) ? c : '_';
                            return n;
                          });
+
+// The model alone: a snapshot taken after 48 tokens, restored into a slot whose block table
+// starts with the blocks another sequence wrote, gives exactly the logits of the same two
+// chunks fed from a zeroed slot. (Chunk boundaries themselves move logits by up to ~3e-4 on
+// qwen3next-tiny, as verify's chunked mode allows: the reference is cut where the cache cuts.)
+TEST_P(PrefixCacheOnModel, ARestoredSnapshotOverSharedBlocksGivesTheLogitsOfThePrefill) {
+  LoadOptions opt;
+  opt.max_batch_tokens = 80;
+  opt.max_logit_rows = 80;
+  opt.state.n_slots = 2;
+  opt.state.n_blocks = 16;
+  opt.state.n_snapshots = 1;
+  auto loaded = load_model(model_, *ops_, opt);
+  ASSERT_TRUE(loaded.ok()) << loaded.error().to_string();
+  Model& m = **loaded;
+  const int vocab = m.info().vocab_size;
+  auto buf = ops_->allocator().allocate(size_t(80) * size_t(vocab) * 4, "logits");
+  ASSERT_TRUE(buf.ok());
+  const Tensor logits = view(*buf, DType::F32, {80, vocab});
+  const std::vector<int32_t> prompt = random_tokens(80, vocab, 9);
+  const std::span<const int32_t> all(prompt);
+  auto run = [&](int slot, int first, int n, std::vector<int32_t> blocks, Batch::Logits want) {
+    Batch b;
+    b.add_sequence(slot, first, all.subspan(size_t(first), size_t(n)), blocks, want);
+    ASSERT_TRUE(m.forward(b, logits).ok());
+  };
+  // Without the cache: slot 1, blocks 5..9.
+  m.reset_slot(1);
+  run(1, 0, 48, {5, 6, 7}, Batch::Logits::kNone);
+  run(1, 48, 32, {5, 6, 7, 8, 9}, Batch::Logits::kAll);
+  const float* l = logits.ptr<float>();
+  const std::vector<float> want(l, l + 32 * size_t(vocab));
+  // The cached prefix: slot 0 writes blocks 0..2 and is snapshotted after token 48, then
+  // takes another prompt's tokens (its state is overwritten) before the restore.
+  m.reset_slot(0);
+  run(0, 0, 48, {0, 1, 2}, Batch::Logits::kNone);
+  m.save_snapshot(0, 0);
+  m.reset_slot(0);
+  run(0, 0, 20, {3, 4}, Batch::Logits::kNone);
+  m.restore_snapshot(0, 0);
+  run(0, 48, 32, {0, 1, 2, 10, 11}, Batch::Logits::kAll);
+  double worst = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    worst = std::max(worst, double(std::fabs(want[i] - l[i])));
+  }
+  EXPECT_EQ(worst, 0.0) << "the snapshot holds the state bit for bit";
+}
+
+// The budget buys snapshots, each with the blocks of one interval, added to the attention
+// cache; bad values are errors, not aborts.
+TEST_P(PrefixCacheOnModel, TheBudgetSizesSnapshotsAndBlocks) {
+  EngineConfig cfg;
+  cfg.kv_blocks = 32;
+  cfg.snapshot_interval = 64;
+  cfg.prefix_cache_bytes = 0;
+  auto off = Engine::create(model_, *ops_, cfg, nullptr);
+  ASSERT_TRUE(off.ok());
+  const ModelInfo& info = (*off)->model_info();
+  EXPECT_EQ((*off)->stats().prefix_snapshots_total, 0);
+  const int64_t per_interval = info.state_bytes_per_slot + 4 * info.cache_bytes_per_block;
+  cfg.prefix_cache_bytes = 3 * per_interval + info.cache_bytes_per_block;
+  auto on = Engine::create(model_, *ops_, cfg, nullptr);
+  ASSERT_TRUE(on.ok());
+  const EngineStats st = (*on)->stats();
+  EXPECT_EQ(st.prefix_snapshots_total, 3);
+  EXPECT_EQ(st.kv_blocks_total, 32 + 3 * 4 + 1);
+  EXPECT_EQ(st.prefix_snapshot_bytes, info.state_bytes_per_slot);
+  cfg.prefix_cache_bytes = -1;
+  EXPECT_FALSE(Engine::create(model_, *ops_, cfg, nullptr).ok());
+  cfg.prefix_cache_bytes = 0;
+  cfg.snapshot_interval = 0;
+  EXPECT_FALSE(Engine::create(model_, *ops_, cfg, nullptr).ok());
+}
 
 // A chat's next turn (the end-of-prompt snapshot), a prompt sharing part of it (a snapshot
 // inside the prompt, at a block boundary) and the next turn again (its own end-of-prompt
