@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <cctype>
+#include <numeric>
 #include <random>
 
+#include "alloc_counter.h"
 #include "backend/backend.h"
 #include "engine/engine.h"
 #include "engine/prefix_cache.h"
@@ -340,6 +342,37 @@ TEST(PrefixCacheEngine, CancellingThePrefillingOwnerOfASharedPrefixLeavesItUsabl
   EXPECT_EQ(second.cached, 96) << "what the first had snapshotted when it was cancelled";
   h.expect_idle();
   EXPECT_EQ(h.run(fake_request(concat(shared, {1, 2}), 2)).cached, 160);
+  h.expect_idle();
+}
+
+// Publishing blocks, taking snapshots, waiting for a shared prefix and restoring allocate
+// nothing on the heap: admission makes two allocations per request (its block table and its
+// list of cache entries, reserved for their whole life).
+TEST(PrefixCacheEngine, StepsAllocateNothingButTwoTablesPerAdmission) {
+  FakeHarness h(fake_config());
+  h.model->record = false;
+  const std::vector<int32_t> shared = random_tokens(200, 64, 8);
+  int64_t events = 0;
+  auto submit = [&](std::vector<int32_t> prompt) {
+    ASSERT_TRUE(
+        h.engine->submit(fake_request(std::move(prompt), 30), [&events](const Event&) { ++events; })
+            .ok());
+  };
+  submit(concat(shared, {1}));
+  h.engine->step();
+  h.engine->step();  // vectors reach their capacity
+  submit(concat(shared, {2, 3}));
+  std::vector<int64_t> allocs;
+  for (int i = 0; i < 40; ++i) {
+    testing::start_counting_allocs();
+    h.engine->step();
+    allocs.push_back(testing::stop_counting_allocs());
+  }
+  EXPECT_EQ(std::accumulate(allocs.begin(), allocs.end(), int64_t(0)), 2)
+      << "the second admission's";
+  EXPECT_EQ(h.engine->stats().prefix_hit_tokens, 192);
+  EXPECT_GT(events, 40);
+  h.engine->run_until_idle();
   h.expect_idle();
 }
 
