@@ -116,11 +116,13 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> model,
   if (sc.n_snapshots > 0) {
     e->cache_ = std::make_unique<PrefixCache>(bs, e->config_.kv_blocks, sc.n_snapshots);
     e->chain_.reserve(size_t(e->config_.kv_blocks));
-    // Blocks hashed for one model only: its identity seeds every chain.
-    uint64_t seed = std::hash<std::string>{}(info.architecture);
+    // Blocks hashed for one model only: its identity seeds every chain (FNV-1a, the same in
+    // every build).
+    uint64_t seed = 0xcbf29ce484222325ull;
+    for (char c : info.architecture) seed = (seed ^ uint8_t(c)) * 0x100000001b3ull;
     for (int64_t v : {int64_t(info.vocab_size), info.weight_bytes, info.state_bytes_per_slot,
                       info.kv_bytes_per_token, int64_t(bs)}) {
-      seed = seed * 0x100000001b3ull ^ uint64_t(v);
+      seed = (seed ^ uint64_t(v)) * 0x100000001b3ull;
     }
     e->cache_seed_ = seed;
     e->stats_.prefix_snapshots_total = sc.n_snapshots;
