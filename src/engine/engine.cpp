@@ -127,6 +127,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> model,
     e->cache_seed_ = seed;
     e->stats_.prefix_snapshots_total = sc.n_snapshots;
     e->stats_.prefix_snapshot_bytes = info.state_bytes_per_slot;
+    if (!config.prefix_cache_file.empty()) e->load_prefix_cache();
   }
   RECUR_ASSIGN_OR_RETURN(
       e->logits_buf_,
@@ -164,9 +165,14 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> model,
 }
 
 Engine::~Engine() {
+  shut_down();
+}
+
+void Engine::shut_down() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     stop_ = true;
+    accepting_ = false;
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();

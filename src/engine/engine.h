@@ -113,6 +113,10 @@ struct EngineConfig {
   // Prompts are snapshotted every this many tokens (rounded up to whole blocks; chunks stop
   // there) and at their last block boundary, the point the next turn of a chat shares.
   int snapshot_interval = 2048;
+  // The prefix cache's file (engine_persist.cpp): read at start-up when it was written for
+  // this model (its weights' fingerprint, block size and format version) and is whole;
+  // written by save_prefix_cache(). Empty: none.
+  std::string prefix_cache_file;
 };
 
 struct EngineStats {
@@ -180,6 +184,11 @@ class Engine {
   EngineStats stats() const;
   const ModelInfo& model_info() const { return model_->info(); }
   const EngineConfig& config() const { return config_; }
+  // What start-up made of config().prefix_cache_file: what it loaded, or why it ignored it.
+  const std::vector<std::string>& notes() const { return notes_; }
+  // Stops the engine as its destruction does (its thread joined, requests in flight
+  // cancelled, new ones refused), then writes the prefix cache to config().prefix_cache_file.
+  Status save_prefix_cache();
   Model& model() { return *model_; }
 
   struct Sequence;
@@ -214,6 +223,8 @@ class Engine {
   int next_cache_stop(const Sequence& seq) const;  // where the current prompt chunk must end
   void cache_prompt_progress(Sequence& seq);       // after a forward fed it prompt tokens
   void notify_step_listener();                     // when this step delivered events
+  void shut_down();                                // the destructor's work; idempotent
+  void load_prefix_cache();                        // at creation, from the config's file
 
   EngineConfig config_;
   std::unique_ptr<Model> model_;
@@ -223,6 +234,7 @@ class Engine {
   std::unique_ptr<class PrefixCache> cache_;  // null: off
   uint64_t cache_seed_ = 0;                   // the model's identity, seeding block hashes
   std::vector<int32_t> chain_;                // admission's match, reused
+  std::vector<std::string> notes_;            // about the prefix cache's file
   Buffer logits_buf_;
   Tensor logits_;                   // [max rows, vocab] in the backend's memory
   std::vector<float> host_logits_;  // for backends whose memory the host cannot read

@@ -17,16 +17,31 @@ inline uint64_t mix(uint64_t h, uint64_t v) {  // splitmix64 of the pair
 
 }  // namespace
 
+uint64_t prefix_block_hash(uint64_t previous, std::span<const int32_t> block) {
+  uint64_t h = previous;
+  for (int32_t t : block) h = mix(h, uint64_t(uint32_t(t)));
+  return h;
+}
+
 void prefix_block_hashes(std::span<const int32_t> prompt, int block_size, uint64_t seed,
                          std::vector<uint64_t>* hashes) {
   uint64_t h = seed;
   const size_t full = prompt.size() / size_t(block_size);
   for (size_t j = 0; j < full; ++j) {
-    for (size_t i = j * size_t(block_size); i < (j + 1) * size_t(block_size); ++i) {
-      h = mix(h, uint64_t(uint32_t(prompt[i])));
-    }
+    h = prefix_block_hash(h, prompt.subspan(j * size_t(block_size), size_t(block_size)));
     hashes->push_back(h);
   }
+}
+
+std::vector<int32_t> PrefixCache::entries_parents_first() const {
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    if (entries_[i].block >= 0) ids.push_back(int32_t(i));
+  }
+  std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) {
+    return entries_[size_t(a)].depth < entries_[size_t(b)].depth;
+  });
+  return ids;
 }
 
 PrefixCache::PrefixCache(int block_size, int max_entries, int n_snapshots)
@@ -154,6 +169,7 @@ int32_t PrefixCache::publish(int32_t parent, uint64_t hash, std::span<const int3
     Entry& p = entries_[size_t(parent)];
     if (evictable(p)) unlink_evictable(parent);
     ++p.children;
+    e.depth = p.depth + 1;
   }
   table_insert(id);
   ++live_entries_;

@@ -13,6 +13,9 @@
 
 namespace recur {
 
+// The hash of a block of tokens after the block whose hash is `previous` (the model's seed
+// for a prompt's first block).
+uint64_t prefix_block_hash(uint64_t previous, std::span<const int32_t> block);
 // The hash chain of a prompt's full blocks: hashes[j] covers tokens [0, (j + 1)·block_size).
 // Appends to *hashes (which the caller sizes).
 void prefix_block_hashes(std::span<const int32_t> prompt, int block_size, uint64_t seed,
@@ -41,6 +44,13 @@ class PrefixCache {
   void acquire(int32_t entry);  // one more sequence reads the entry's block
   void release(int32_t entry);  // one fewer; unreferenced entries stay until evicted
   int32_t block(int32_t entry) const { return entries_[size_t(entry)].block; }
+  int32_t parent(int32_t entry) const { return entries_[size_t(entry)].parent; }
+  uint64_t hash(int32_t entry) const { return entries_[size_t(entry)].hash; }
+  std::span<const int32_t> tokens(int32_t entry) const {
+    return std::span(tokens_).subspan(size_t(entry) * size_t(block_size_), size_t(block_size_));
+  }
+  // Every entry, each after its parent (for saving the cache; allocates).
+  std::vector<int32_t> entries_parents_first() const;
   int32_t snapshot(int32_t entry) const { return entries_[size_t(entry)].snapshot; }
   int refs(int32_t entry) const { return entries_[size_t(entry)].refs; }
   // A snapshot was restored from: it becomes the most recently used.
@@ -73,6 +83,7 @@ class PrefixCache {
     int32_t snapshot = -1;
     int32_t refs = 0;                        // sequences reading the block
     int32_t children = 0;                    // entries extending this one
+    int32_t depth = 0;                       // blocks before this one
     int32_t prev = -1, next = -1;            // list of evictable entries, oldest first
     int32_t snap_prev = -1, snap_next = -1;  // list of entries with snapshots, oldest first
   };

@@ -1,6 +1,7 @@
 #include "model/hybrid.h"
 
 #include <algorithm>
+#include <type_traits>
 
 namespace recur {
 
@@ -43,6 +44,10 @@ class HybridModel final : public Model {
   void reset_slot(int slot) override;
   void save_snapshot(int slot, int snapshot) override;
   void restore_snapshot(int snapshot, int slot) override;
+  Status read_block(int block, std::span<uint8_t> out) override;
+  Status write_block(int block, std::span<const uint8_t> in) override;
+  Status read_snapshot(int snapshot, std::span<uint8_t> out) override;
+  Status write_snapshot(int snapshot, std::span<const uint8_t> in) override;
   Status forward(const Batch& batch, Tensor logits) override;
 
  private:
@@ -223,6 +228,58 @@ void HybridModel::restore_snapshot(int snapshot, int slot) {
   }
 }
 
+namespace {
+
+// Row `row` of every tensor of `lists`, back to back, to or from host memory at `host`
+// (`bytes` long: the rows' total).
+template <typename Bytes>
+Status copy_rows(Ops& ops, std::initializer_list<const std::vector<Tensor>*> lists, int row,
+                 int rows, Bytes* host, size_t bytes) {
+  if (row < 0 || row >= rows) {
+    return make_error(ErrorCode::kInvalidArgument, "row {} outside [0, {})", row, rows);
+  }
+  size_t at = 0;
+  for (const std::vector<Tensor>* list : lists) {
+    for (const Tensor& t : *list) {
+      const Tensor r = t.slice_rows(row, row + 1);
+      const size_t n = size_t(r.numel()) * dtype_size(r.dtype);
+      if (at + n > bytes) break;
+      if constexpr (std::is_const_v<Bytes>) {
+        ops.copy_from_host(r, host + at);
+      } else {
+        ops.copy_to_host(r, host + at);
+      }
+      at += n;
+    }
+  }
+  if (at != bytes) {
+    return make_error(ErrorCode::kInvalidArgument, "{} bytes given for a copy of {}", bytes, at);
+  }
+  return Status();
+}
+
+}  // namespace
+
+Status HybridModel::read_block(int block, std::span<uint8_t> out) {
+  return copy_rows(ops_, {&state_.k_cache, &state_.v_cache}, block, opt_.state.n_blocks, out.data(),
+                   out.size());
+}
+
+Status HybridModel::write_block(int block, std::span<const uint8_t> in) {
+  return copy_rows(ops_, {&state_.k_cache, &state_.v_cache}, block, opt_.state.n_blocks, in.data(),
+                   in.size());
+}
+
+Status HybridModel::read_snapshot(int snapshot, std::span<uint8_t> out) {
+  return copy_rows(ops_, {&state_.conv_snapshots, &state_.delta_snapshots}, snapshot,
+                   opt_.state.n_snapshots, out.data(), out.size());
+}
+
+Status HybridModel::write_snapshot(int snapshot, std::span<const uint8_t> in) {
+  return copy_rows(ops_, {&state_.conv_snapshots, &state_.delta_snapshots}, snapshot,
+                   opt_.state.n_snapshots, in.data(), in.size());
+}
+
 Status HybridModel::validate(const Batch& batch, const Tensor& logits) const {
   const int n = batch.n_tokens();
   if (n > opt_.max_batch_tokens) {
@@ -390,6 +447,7 @@ Result<std::unique_ptr<Model>> build_hybrid_model(HybridSpec spec, WeightLoader&
       }
     }
   }
+  if (checkpoint) info.fingerprint = checkpoint->fingerprint();
   auto model = std::make_unique<HybridModel>(std::move(spec), ops, opt);
   model->mutable_info() = std::move(info);
   RECUR_RETURN_IF_ERROR(model->allocate(plan));
