@@ -2,7 +2,8 @@
 // field (unless --allow-unknown-fields), out-of-range numbers say so, a broken chat template
 // is a 5xx blaming the model directory, CORS (--allowed-origins), Anthropic's count_tokens and
 // model list, and the OpenAI Responses API through the official SDK's responses.create and
-// responses.stream (text and function tools, streaming and not).
+// responses.stream (text and function tools, streaming and not), and the prefix cache's reused
+// tokens in usage and /metrics, within one server's life and across a restart.
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import os from 'node:os';
@@ -214,6 +215,34 @@ describe('prefix cache', () => {
               r2.usage.prompt_tokens_details.cached_tokens + m.usage.cache_read_input_tokens);
     assert.ok(metric(text, 'recur_prefix_cache_snapshots') > 0);
     assert.ok(metric(text, 'recur_prefix_cache_queries_total') >= 3);
+  });
+});
+
+describe('prefix cache across restarts', () => {
+  test('--prefix-cache-dir: the next turn after a restart reuses the previous server\'s prompt', async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'recur-prefix-'));
+    try {
+      const first = [{ role: 'user', content: 'Tell me about the rivers of Europe. '.repeat(4) }];
+      let s = await startServer(['--prefix-cache-dir', dir, ...SMALL]);
+      const r1 = await (await postJson(`${s.url}/v1/chat/completions`,
+                                       { messages: first, max_tokens: 2 })).json();
+      assert.deepEqual(await s.stop(), { code: 0, signal: null }, s.output());
+      assert.match(s.output(), /prefix cache written to/);
+      s = await startServer(['--prefix-cache-dir', dir, ...SMALL]);
+      try {
+        assert.match(s.output(), /prefix cache: \d+ blocks and \d+ snapshots from/);
+        const second = [...first, { role: 'assistant', content: 'The Danube.' },
+                        { role: 'user', content: 'And lakes?' }];
+        const r2 = await (await postJson(`${s.url}/v1/chat/completions`,
+                                         { messages: second, max_tokens: 2 })).json();
+        assert.equal(r2.usage.prompt_tokens_details.cached_tokens,
+                     Math.floor(r1.usage.prompt_tokens / 16) * 16);
+      } finally {
+        assert.deepEqual(await s.stop(), { code: 0, signal: null }, s.output());
+      }
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
   });
 });
 
