@@ -108,6 +108,8 @@ struct EngineConfig {
   // the rest. prefix_cache_bytes is memory added for it: snapshot slots, each with the blocks
   // of one snapshot interval, which join the attention cache (running sequences take them
   // back when they need them; unreferenced entries go least recently used first). 0: off.
+  // A request whose prompt starts like one being prefilled waits (up to aging_steps) for that
+  // prefix's snapshot instead of computing it again beside it.
   int64_t prefix_cache_bytes = 0;
   int prefix_snapshots = 0;  // snapshot slots; 0: from prefix_cache_bytes
   // Prompts are snapshotted every this many tokens (rounded up to whole blocks; chunks stop
