@@ -133,6 +133,8 @@ json stats_json(const EngineStats& s) {
       {"state_slots_used", s.slots_used},
       {"state_slots_total", s.slots_total},
       {"steps", s.steps},
+      {"prefix_cache_hit_tokens", s.prefix_hit_tokens},
+      {"prefix_cache_snapshots", s.prefix_snapshots},
       {"peak_rss_bytes", int64_t(ru.ru_maxrss) * 1024}};
 }
 

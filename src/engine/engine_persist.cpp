@@ -163,7 +163,7 @@ void Engine::load_prefix_cache() {
     return ignore("damaged or cut short (its checksum or its contents do not add up)");
   }
   notes_.push_back(
-      fmt::format("prefix cache: {} blocks and {} snapshots from {}", loaded, snapshots, path));
+      fmt::format("prefix cache: read {} (blocks: {}, snapshots: {})", path, loaded, snapshots));
   std::lock_guard<std::mutex> lk(mu_);
   publish_gauges();
 }

@@ -117,7 +117,7 @@ TEST_F(PrefixCacheFile, ARestartedEngineFindsWhatTheLastOneSaved) {
     save_turn1(model);
     auto e = engine(model, true);
     ASSERT_EQ(e->notes().size(), 1u);
-    EXPECT_NE(e->notes()[0].find("4 blocks and 2 snapshots"), std::string::npos) << e->notes()[0];
+    EXPECT_NE(e->notes()[0].find("(blocks: 4, snapshots: 2)"), std::string::npos) << e->notes()[0];
     const Outcome got = run(*e, turn2_);
     EXPECT_EQ(got.cached, 64) << model;
     EXPECT_EQ(got.ids, want.ids) << model;
