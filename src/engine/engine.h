@@ -220,7 +220,8 @@ class Engine {
   // (or a zeroed slot when snapshot < 0).
   void start_sequence(Sequence& seq, int32_t snapshot);
   // True when a running sequence is prefilling more of the prompt's start than the cache
-  // holds: the request then waits for its snapshot instead of computing the same tokens.
+  // holds: the request then waits for its snapshot (which that sequence is asked to take
+  // where the two prompts part) instead of computing the same tokens.
   bool wait_for_shared_prefix(const Sequence& seq);
   int next_cache_stop(const Sequence& seq) const;  // where the current prompt chunk must end
   void cache_prompt_progress(Sequence& seq);       // after a forward fed it prompt tokens
