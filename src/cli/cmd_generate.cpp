@@ -32,6 +32,7 @@ struct GenerateOptions {
   bool stats = false;
   int64_t stats_every = 0;
   bool text = false;
+  std::string prompt_cache;  // the prefix cache's file: read first, written at the end
 };
 
 Result<std::vector<int32_t>> parse_ids(const std::string& s) {
@@ -132,6 +133,8 @@ json stats_json(const EngineStats& s) {
       {"state_slots_used", s.slots_used},
       {"state_slots_total", s.slots_total},
       {"steps", s.steps},
+      {"prefix_cache_hit_tokens", s.prefix_hit_tokens},
+      {"prefix_cache_snapshots", s.prefix_snapshots},
       {"peak_rss_bytes", int64_t(ru.ru_maxrss) * 1024}};
 }
 
@@ -161,9 +164,12 @@ int run_generate(const GenerateOptions& o) {
   auto ops_r = create_backend(o.engine);
   if (!ops_r.ok()) return fail(ops_r.error());
   Ops& ops = **ops_r;
-  auto engine = Engine::create(model, ops, engine_config(o.engine), tokenizer.get());
+  EngineConfig config = engine_config(o.engine);
+  config.prefix_cache_file = o.prompt_cache;
+  auto engine = Engine::create(model, ops, config, tokenizer.get());
   if (!engine.ok()) return fail(engine.error());
   Engine& eng = **engine;
+  for (const std::string& note : eng.notes()) fmt::print(stderr, "{}\n", note);
 
   // The engine ends a completion when the context is full, whatever --max-tokens says: say so
   // now rather than let the output look cut short.
@@ -254,6 +260,11 @@ int run_generate(const GenerateOptions& o) {
   }
   std::fflush(stdout);
   if (o.stats) fmt::print(stderr, "{}\n", stats_json(eng.stats()).dump());
+  if (!o.prompt_cache.empty()) {
+    const Status saved = eng.save_prefix_cache();
+    if (!saved.ok()) return fail(saved.error());
+    fmt::print(stderr, "prefix cache written to {}\n", o.prompt_cache);
+  }
   return any_error ? 1 : 0;
 }
 
@@ -268,6 +279,9 @@ void register_generate(CLI::App& app) {
   cmd->add_option(
       "--prompts", o->prompts_file,
       "JSON lines, each {\"ids\": [...]} or {\"prompt\": \"...\"}, optional max_tokens");
+  cmd->add_option("--prompt-cache", o->prompt_cache,
+                  "prefix-cache file: prompts starting like those of an earlier run with the same "
+                  "file reuse their state; written at the end");
   cmd->add_option("--max-tokens", o->max_tokens, "tokens to generate per prompt")
       ->check(CLI::Range(1, 1 << 30));
   cmd->add_option("--temperature", o->temperature, "0: greedy (default: generation_config.json)");

@@ -35,6 +35,7 @@ struct ServeOptions {
   bool special_tokens_in_requests = false;  // transformers' behaviour: request text may hold
                                             // control tokens
   int shutdown_grace_s = 30;
+  std::string prefix_cache_dir;  // the prefix cache's file lives there across restarts
 
   ServeOptions() { engine.max_batch = 32; }
 };
@@ -77,7 +78,18 @@ int run_serve(const ServeOptions& o) {
     fmt::print(stderr, "warning: {} has no tokenizer.json: token-id prompts only\n", model);
   }
 
-  auto created = Engine::create(model, **ops, engine_config(o.engine), tokenizer.get());
+  EngineConfig config = engine_config(o.engine);
+  if (!o.prefix_cache_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(o.prefix_cache_dir, ec);
+    if (ec) {
+      return fail(Error{ErrorCode::kIo, fmt::format("--prefix-cache-dir {}: {}", o.prefix_cache_dir,
+                                                    ec.message())});
+    }
+    config.prefix_cache_file =
+        (std::filesystem::path(o.prefix_cache_dir) / "prefix-cache.bin").string();
+  }
+  auto created = Engine::create(model, **ops, config, tokenizer.get());
   if (!created.ok()) return fail(created.error());
   Engine& engine = **created;
   engine.start();
@@ -90,6 +102,7 @@ int run_serve(const ServeOptions& o) {
       double(info.weight_bytes) / (1 << 20), info.vocab_size, engine.config().max_context,
       engine.config().max_batch, engine.config().kv_blocks);
   for (const std::string& note : info.notes) fmt::print("note: {}\n", note);
+  for (const std::string& note : engine.notes()) fmt::print("{}\n", note);
 
   server::ServerOptions so;
   so.host = o.host;
@@ -141,6 +154,14 @@ int run_serve(const ServeOptions& o) {
   srv.shutdown();
   signal_thread.join();
   if (!st.ok()) return fail(st.error());
+  if (!config.prefix_cache_file.empty()) {
+    const Status saved = engine.save_prefix_cache();
+    if (saved.ok()) {
+      fmt::print("prefix cache written to {}\n", config.prefix_cache_file);
+    } else {
+      fmt::print(stderr, "warning: prefix cache not written: {}\n", saved.error().to_string());
+    }
+  }
   fmt::print("stopped\n");
   std::fflush(stdout);
   return 0;
@@ -187,6 +208,8 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--shutdown-grace", o->shutdown_grace_s,
                   "seconds in-flight requests may run after SIGTERM before they are cancelled")
       ->check(CLI::Range(0, 86400));
+  cmd->add_option("--prefix-cache-dir", o->prefix_cache_dir,
+                  "directory where the prefix cache is written at shutdown and read at start-up");
   cmd->callback([o] {
     int rc = run_serve(*o);
     if (rc != 0) exit_with(rc);

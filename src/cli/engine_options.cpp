@@ -21,6 +21,13 @@ void add_engine_options(CLI::App* cmd, EngineOptions* o, const std::string& seed
       ->check(CLI::Range(0, 1 << 30));
   cmd->add_option("--kv-cache-mb", o->kv_cache_mb, "attention-cache budget in MiB")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
+  cmd->add_option("--prefix-cache-mb", o->prefix_cache_mb,
+                  "prefix-cache memory in MiB (recurrent-state snapshots and attention blocks "
+                  "kept for prompts that start alike), 0: off")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
+  cmd->add_option("--snapshot-interval", o->snapshot_interval,
+                  "prompt tokens between prefix-cache snapshots inside a long prompt")
+      ->check(CLI::Range(1, 1 << 30));
   cmd->add_option("--seed", o->seed, seed_help);
   cmd->add_option("--pipeline-decode", o->pipeline_decode,
                   "greedy steps queued one ahead of reading their picks: 1 on, 0 off, -1 on "
@@ -40,6 +47,8 @@ EngineConfig engine_config(const EngineOptions& o) {
   cfg.max_batch_tokens = std::max(o.max_batch_tokens, o.max_batch);
   cfg.max_context = o.max_context;
   cfg.kv_cache_bytes = o.kv_cache_mb << 20;
+  cfg.prefix_cache_bytes = o.prefix_cache_mb << 20;
+  cfg.snapshot_interval = o.snapshot_interval;
   if (o.seed) cfg.seed = *o.seed;
   cfg.pipeline_decode = o.pipeline_decode;
   return cfg;

@@ -21,12 +21,15 @@ struct EngineOptions {
   int max_batch_tokens = 512;
   int max_context = 0;  // 0: the model's
   int64_t kv_cache_mb = 1024;
+  int64_t prefix_cache_mb = 1024;  // EngineConfig::prefix_cache_bytes; 0: off
+  int snapshot_interval = 2048;    // EngineConfig::snapshot_interval
   std::optional<uint64_t> seed;
   int pipeline_decode = -1;  // EngineConfig::pipeline_decode
 };
 
 // Registers --model, --device, --threads, --max-batch, --max-batch-tokens, --max-context,
-// --kv-cache-mb, --seed (described by seed_help) and --pipeline-decode on cmd, writing into *o;
+// --kv-cache-mb, --prefix-cache-mb, --snapshot-interval, --seed (described by seed_help) and
+// --pipeline-decode on cmd, writing into *o;
 // the defaults are what *o holds.
 void add_engine_options(CLI::App* cmd, EngineOptions* o, const std::string& seed_help);
 

@@ -5,7 +5,8 @@
 #include <random>
 
 #include "engine/pools.h"
-#include "engine/text_stream.h"
+#include "engine/prefix_cache.h"
+#include "engine/sequence.h"
 
 namespace recur {
 
@@ -33,37 +34,6 @@ SamplingParams default_sampling(const GenerationDefaults& gd) {
   return sp;
 }
 
-struct Engine::Sequence {
-  uint64_t id = 0;
-  Request req;
-  EventSink sink;
-  Sampler sampler;
-  std::unique_ptr<TextStream> text;
-  int32_t slot = -1;
-  std::vector<int32_t> blocks;  // attention-cache block table
-  int n_past = 0;               // tokens whose effect is in the state
-  int prompt_done = 0;          // prompt tokens prefilled
-  int fed = 0;                  // tokens fed in the current step
-  int grant = 0;                // prompt tokens granted this step
-  int reserve = 0;              // cache blocks reserved at admission for prompt + first token
-  int64_t queued_step = 0;      // the engine step it joined the queue at
-  int32_t next_token = -1;      // sampled, not yet fed
-  std::vector<int32_t> generated;
-  SampledToken sampled;
-  bool finished = false;
-  bool stopped_by_string = false;
-  FinishReason reason = FinishReason::kStop;
-  std::string message;
-
-  Sequence(Request r, EventSink s, int vocab, uint64_t seed)
-      : req(std::move(r)), sink(std::move(s)), sampler(req.sampling, vocab, seed) {
-    sampler.set_prompt(req.prompt);
-    generated.reserve(size_t(std::min(req.max_tokens, 4096)));
-    message.reserve(64);  // the reasons finish() gives fit: no allocation at the end
-  }
-  bool prefilling() const { return prompt_done < int(req.prompt.size()); }
-};
-
 namespace {
 
 Status check_config(const EngineConfig& config) {
@@ -76,6 +46,13 @@ Status check_config(const EngineConfig& config) {
     return make_error(ErrorCode::kInvalidArgument,
                       "aging_steps must be >= 1 and step_time_target_ms >= 0 (got {} and {})",
                       config.aging_steps, config.step_time_target_ms);
+  }
+  if (config.prefix_cache_bytes < 0 || config.prefix_snapshots < 0 ||
+      config.snapshot_interval < 1) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "prefix_cache_bytes and prefix_snapshots must be >= 0 and "
+                      "snapshot_interval >= 1 (got {}, {} and {})",
+                      config.prefix_cache_bytes, config.prefix_snapshots, config.snapshot_interval);
   }
   return Status();
 }
@@ -91,6 +68,9 @@ LoadOptions Engine::load_options(const EngineConfig& config) {
   opt.state.block_size = config.block_size;
   opt.kv_cache_budget_bytes = config.kv_cache_bytes;
   opt.max_context = config.max_context;
+  opt.prefix_cache_budget_bytes = config.prefix_cache_bytes;
+  opt.state.n_snapshots = config.prefix_snapshots;
+  opt.snapshot_interval = config.snapshot_interval;
   return opt;
 }
 
@@ -131,6 +111,24 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> model,
   e->config_.kv_blocks = sc.n_blocks;
   e->slots_ = std::make_unique<IdPool>(config.max_batch);
   e->blocks_ = std::make_unique<IdPool>(e->config_.kv_blocks);
+  const int bs = config.block_size;
+  e->config_.snapshot_interval = (config.snapshot_interval + bs - 1) / bs * bs;
+  if (sc.n_snapshots > 0) {
+    e->cache_ = std::make_unique<PrefixCache>(bs, e->config_.kv_blocks, sc.n_snapshots);
+    e->chain_.reserve(size_t(e->config_.kv_blocks));
+    // Blocks hashed for one model only: its identity seeds every chain (FNV-1a, the same in
+    // every build).
+    uint64_t seed = 0xcbf29ce484222325ull;
+    for (char c : info.architecture) seed = (seed ^ uint8_t(c)) * 0x100000001b3ull;
+    for (int64_t v : {int64_t(info.vocab_size), info.weight_bytes, info.state_bytes_per_slot,
+                      info.kv_bytes_per_token, int64_t(bs)}) {
+      seed = (seed ^ uint64_t(v)) * 0x100000001b3ull;
+    }
+    e->cache_seed_ = seed;
+    e->stats_.prefix_snapshots_total = sc.n_snapshots;
+    e->stats_.prefix_snapshot_bytes = info.state_bytes_per_slot;
+    if (!config.prefix_cache_file.empty()) e->load_prefix_cache();
+  }
   RECUR_ASSIGN_OR_RETURN(
       e->logits_buf_,
       ops.allocator().allocate(size_t(config.max_batch) * size_t(info.vocab_size) * 4, "logits"));
@@ -167,9 +165,14 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> model,
 }
 
 Engine::~Engine() {
+  shut_down();
+}
+
+void Engine::shut_down() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     stop_ = true;
+    accepting_ = false;
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
@@ -237,6 +240,10 @@ Result<uint64_t> Engine::submit(Request req, EventSink sink) {
     seed = z ^ (z >> 31);
   }
   auto seq = std::make_unique<Sequence>(std::move(req), std::move(sink), info.vocab_size, seed);
+  if (cache_) {  // hashed here, on the submitting thread, once
+    seq->block_hashes.reserve(seq->req.prompt.size() / size_t(config_.block_size));
+    prefix_block_hashes(seq->req.prompt, config_.block_size, cache_seed_, &seq->block_hashes);
+  }
   if (tokenizer_) {
     seq->text = std::make_unique<TextStream>(*tokenizer_, seq->req.stop.stop_strings,
                                              seq->req.skip_special_tokens);
@@ -335,7 +342,8 @@ int Engine::blocks_for_prompt(const Sequence& seq) const {
 }
 
 int Engine::admittable_blocks() const {
-  return blocks_->available() - reserved_blocks_;
+  // The prefix cache's unreferenced blocks are free for the taking.
+  return blocks_->available() - reserved_blocks_ + (cache_ ? cache_->unreferenced() : 0);
 }
 
 void Engine::admit() {
@@ -360,7 +368,14 @@ void Engine::admit() {
     // admitted later cuts it short. One that must wait is passed by requests that fit, until
     // it is overdue; then nothing passes it and blocks come free for it as others finish.
     const int need = blocks_for_prompt(seq);
-    if (need > admittable_blocks()) {
+    int pinned = 0;
+    const int32_t snapshot = cache_ ? match_prefix(seq, &pinned) : -1;
+    const int cached = int(chain_.size());
+    if (cache_ && !overdue(seq) && wait_for_shared_prefix(seq)) {
+      ++i;
+      continue;
+    }
+    if (need - cached > admittable_blocks() - pinned) {
       if (overdue(seq)) break;
       ++i;
       continue;
@@ -368,14 +383,14 @@ void Engine::admit() {
     const int32_t slot = slots_->acquire();
     if (slot < 0) break;
     seq.slot = slot;
-    seq.reserve = need;
+    seq.reserve = need;  // the table's length, the cached blocks included
     // The table's whole life at once (bounded by the cache): this allocation, one per
     // request, is the only one its steps make.
     const int64_t life =
         (int64_t(seq.req.prompt.size()) + seq.req.max_tokens) / config_.block_size + 1;
     seq.blocks.reserve(size_t(std::min<int64_t>(life, config_.kv_blocks)));
-    reserved_blocks_ += need;
-    model_->reset_slot(slot);
+    reserved_blocks_ += need - cached;
+    start_sequence(seq, snapshot);
     running_.push_back(std::move(waiting_[i]));
     waiting_.erase(waiting_.begin() + std::ptrdiff_t(i));
   }
@@ -386,7 +401,7 @@ bool Engine::ensure_blocks(Sequence& seq, int last_position) {
   while (seq.blocks.size() < needed) {
     const bool reserved = int(seq.blocks.size()) < seq.reserve;
     if (!reserved && admittable_blocks() <= 0) return false;  // the rest is promised
-    const int32_t b = blocks_->acquire();
+    const int32_t b = take_block();
     if (b < 0) return false;
     seq.blocks.push_back(b);
     if (reserved) --reserved_blocks_;
@@ -397,8 +412,29 @@ bool Engine::ensure_blocks(Sequence& seq, int last_position) {
 void Engine::release_blocks(Sequence& seq) {
   reserved_blocks_ -= std::max(0, seq.reserve - int(seq.blocks.size()));
   seq.reserve = 0;
-  for (int32_t b : seq.blocks) blocks_->release(b);
+  // Last first: an entry is released after the entries that extend it, so it is never older
+  // than they are for eviction.
+  for (size_t j = seq.blocks.size(); j-- > 0;) {
+    if (j < seq.entries.size()) {
+      cache_->release(seq.entries[j]);
+    } else {
+      blocks_->release(seq.blocks[j]);
+    }
+  }
   seq.blocks.clear();
+  seq.entries.clear();
+}
+
+int32_t Engine::take_block() {
+  int32_t b = blocks_->acquire();
+  if (b < 0 && cache_) {
+    const int32_t freed = cache_->evict_block();
+    if (freed >= 0) {
+      blocks_->release(freed);
+      b = blocks_->acquire();
+    }
+  }
+  return b;
 }
 
 void Engine::share_prompt_budget(int budget, int64_t decode_positions) {
@@ -471,7 +507,8 @@ bool Engine::build_batch() {
     Sequence& s = *sp;
     if (s.finished || !s.prefilling() || s.grant == 0) continue;
     const int remaining = int(s.req.prompt.size()) - s.prompt_done;
-    const int chunk = s.grant;
+    // With the prefix cache, chunks end where snapshots are taken.
+    const int chunk = cache_ ? std::min(s.grant, next_cache_stop(s) - s.n_past) : s.grant;
     if (!ensure_blocks(s, s.n_past + chunk - 1)) {  // reserved at admission: not expected
       finish(s, FinishReason::kLength, "the attention cache is full");
       continue;
@@ -528,7 +565,8 @@ bool Engine::step() {
     } else {
       for (auto& s : running_) {
         if (s->fed == 0 || s->finished) continue;
-        if (s->prefilling()) {
+        const bool prefill = s->prefilling();
+        if (prefill) {
           s->prompt_done += s->fed;
           prompt_tokens += s->fed;
         } else {
@@ -536,6 +574,8 @@ bool Engine::step() {
           decode_tokens += 1;
         }
         s->n_past += s->fed;
+        // Before the sampling, which may queue the next step's forward over the state.
+        if (prefill && cache_) cache_prompt_progress(*s);
       }
       sample_and_emit();
       if (prompt_tokens > 0) {
@@ -708,6 +748,7 @@ void Engine::release_finished() {
     ev.text = text_buf_;
     ev.prompt_tokens = int(s.req.prompt.size());
     ev.generated_tokens = int(s.generated.size());
+    ev.cached_tokens = s.cached_tokens;
     s.sink(ev);
     ++events_this_step_;
     if (s.slot >= 0) slots_->release(s.slot);
@@ -733,8 +774,15 @@ void Engine::release_finished() {
 void Engine::publish_gauges() {
   stats_.running = int(running_.size());
   stats_.waiting = int(waiting_.size());
-  stats_.kv_blocks_used = blocks_->used();
+  // Blocks in use by sequences; the prefix cache's unreferenced ones are counted apart.
+  stats_.kv_blocks_used = blocks_->used() - (cache_ ? cache_->unreferenced() : 0);
   stats_.slots_used = slots_->used();
+  if (cache_) {
+    stats_.prefix_blocks = cache_->entries();
+    stats_.prefix_snapshots = cache_->snapshots();
+    stats_.prefix_evictions = cache_->evictions();
+    stats_.prefix_snapshot_evictions = cache_->snapshot_evictions();
+  }
 }
 
 EngineStats Engine::stats() const {

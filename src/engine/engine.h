@@ -61,6 +61,7 @@ struct Event {
   std::string_view message;                    // kFinish: why, for errors and limits
   int prompt_tokens = 0;                       // kFinish
   int generated_tokens = 0;                    // kFinish
+  int cached_tokens = 0;                       // kFinish: prompt tokens the prefix cache gave
 };
 // Runs on the engine thread: must be quick and must not call back into the engine.
 using EventSink = std::function<void(const Event&)>;
@@ -102,6 +103,22 @@ struct EngineConfig {
   // the device, is queued before this step's picks are read. 1 on, 0 off, -1 on for device
   // backends (on the CPU, where the forward runs on the caller's thread, it gains nothing).
   int pipeline_decode = -1;
+  // The prefix cache (engine/prefix_cache.h): a prompt starts from the longest prefix whose
+  // attention blocks and recurrent-state snapshot an earlier prompt left, and prefills only
+  // the rest. prefix_cache_bytes is memory added for it: snapshot slots, each with the blocks
+  // of one snapshot interval, which join the attention cache (running sequences take them
+  // back when they need them; unreferenced entries go least recently used first). 0: off.
+  // A request whose prompt starts like one being prefilled waits (up to aging_steps) for that
+  // prefix's snapshot instead of computing it again beside it.
+  int64_t prefix_cache_bytes = 0;
+  int prefix_snapshots = 0;  // snapshot slots; 0: from prefix_cache_bytes
+  // Prompts are snapshotted every this many tokens (rounded up to whole blocks; chunks stop
+  // there) and at their last block boundary, the point the next turn of a chat shares.
+  int snapshot_interval = 2048;
+  // The prefix cache's file (engine_persist.cpp): read at start-up when it was written for
+  // this model (its weights' fingerprint, block size and format version) and is whole;
+  // written by save_prefix_cache(). Empty: none.
+  std::string prefix_cache_file;
 };
 
 struct EngineStats {
@@ -117,6 +134,13 @@ struct EngineStats {
   int kv_blocks_used = 0, kv_blocks_total = 0;
   int slots_used = 0, slots_total = 0;
   int64_t requests_finished = 0;
+  // The prefix cache: requests looked up, their prompt tokens, the tokens they found cached;
+  // entries (blocks) and snapshots held, snapshot slots, state bytes per snapshot; entries
+  // and snapshots evicted.
+  int64_t prefix_queries = 0, prefix_query_tokens = 0, prefix_hit_tokens = 0;
+  int prefix_blocks = 0, prefix_snapshots = 0, prefix_snapshots_total = 0;
+  int64_t prefix_snapshot_bytes = 0;  // one snapshot's
+  int64_t prefix_evictions = 0, prefix_snapshot_evictions = 0;
   AllocStats alloc;  // the backend's allocator
 };
 
@@ -162,6 +186,11 @@ class Engine {
   EngineStats stats() const;
   const ModelInfo& model_info() const { return model_->info(); }
   const EngineConfig& config() const { return config_; }
+  // What start-up made of config().prefix_cache_file: what it loaded, or why it ignored it.
+  const std::vector<std::string>& notes() const { return notes_; }
+  // Stops the engine as its destruction does (its thread joined, requests in flight
+  // cancelled, new ones refused), then writes the prefix cache to config().prefix_cache_file.
+  Status save_prefix_cache();
   Model& model() { return *model_; }
 
   struct Sequence;
@@ -182,13 +211,33 @@ class Engine {
   int admittable_blocks() const;  // free blocks no admitted prompt still counts on
   void share_prompt_budget(int budget, int64_t decode_positions);
   void release_blocks(Sequence& seq);
-  void notify_step_listener();  // when this step delivered events
+  int32_t take_block();  // a free block, evicting the prefix cache's oldest when none is
+  // The prefix cache's part (engine_prefix.cpp).
+  // The longest cached prefix of the prompt, into chain_, and its snapshot (-1: none);
+  // *pinned: the chain's entries that using it takes from the evictable ones.
+  int32_t match_prefix(const Sequence& seq, int* pinned);
+  // The admitted sequence's state: chain_'s blocks and the snapshot restored into its slot
+  // (or a zeroed slot when snapshot < 0).
+  void start_sequence(Sequence& seq, int32_t snapshot);
+  // True when a running sequence is prefilling more of the prompt's start than the cache
+  // holds: the request then waits for its snapshot (which that sequence is asked to take
+  // where the two prompts part) instead of computing the same tokens.
+  bool wait_for_shared_prefix(const Sequence& seq);
+  int next_cache_stop(const Sequence& seq) const;  // where the current prompt chunk must end
+  void cache_prompt_progress(Sequence& seq);       // after a forward fed it prompt tokens
+  void notify_step_listener();                     // when this step delivered events
+  void shut_down();                                // the destructor's work; idempotent
+  void load_prefix_cache();                        // at creation, from the config's file
 
   EngineConfig config_;
   std::unique_ptr<Model> model_;
   const Tokenizer* tokenizer_ = nullptr;
   Ops* ops_ = nullptr;
   std::unique_ptr<class IdPool> slots_, blocks_;
+  std::unique_ptr<class PrefixCache> cache_;  // null: off
+  uint64_t cache_seed_ = 0;                   // the model's identity, seeding block hashes
+  std::vector<int32_t> chain_;                // admission's match, reused
+  std::vector<std::string> notes_;            // about the prefix cache's file
   Buffer logits_buf_;
   Tensor logits_;                   // [max rows, vocab] in the backend's memory
   std::vector<float> host_logits_;  // for backends whose memory the host cannot read

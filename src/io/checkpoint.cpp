@@ -131,6 +131,13 @@ std::vector<std::string> Checkpoint::unused(const std::vector<std::string>& igno
   return out;
 }
 
+uint64_t Checkpoint::fingerprint() const {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+  for (char c : config_.dump()) h = (h ^ uint8_t(c)) * 0x100000001b3ull;
+  for (const auto& f : files_) h = (h ^ f->fingerprint()) * 0x100000001b3ull;
+  return h;
+}
+
 size_t Checkpoint::mapped_bytes() const {
   size_t n = 0;
   for (auto& f : files_) {

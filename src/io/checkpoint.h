@@ -29,6 +29,9 @@ class Checkpoint {
   std::vector<std::string> unused(const std::vector<std::string>& ignored_prefixes) const;
   // Bytes of all mapped weight files.
   size_t mapped_bytes() const;
+  // The checkpoint's identity: a hash of config.json and of every weight file's fingerprint
+  // (what the prefix cache's files are kept for).
+  uint64_t fingerprint() const;
 
  private:
   std::string dir_;

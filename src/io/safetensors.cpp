@@ -168,4 +168,19 @@ Result<Tensor> SafetensorsFile::tensor(const std::string& name) const {
   return t;
 }
 
+uint64_t SafetensorsFile::fingerprint() const {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+  auto add = [&](const uint8_t* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  };
+  const size_t size = file_.size();
+  add(reinterpret_cast<const uint8_t*>(&size), sizeof(size));
+  constexpr size_t kSamples = 256, kBytes = 16;  // a page read per sample at most
+  if (size >= kBytes) {
+    for (size_t i = 0; i < kSamples; ++i)
+      add(file_.data() + (size - kBytes) / (kSamples - 1) * i, kBytes);
+  }
+  return h;
+}
+
 }  // namespace recur

@@ -32,6 +32,9 @@ class SafetensorsFile {
   bool contains(const std::string& name) const { return entries_.count(name) != 0; }
   // A view of the named tensor as stored (dtype and shape from the header).
   Result<Tensor> tensor(const std::string& name) const;
+  // A hash of the file's size and of bytes sampled evenly over it (header and weights): two
+  // checkpoints of one shape with other weights differ in it.
+  uint64_t fingerprint() const;
 
  private:
   MappedFile file_;

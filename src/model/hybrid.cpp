@@ -1,6 +1,7 @@
 #include "model/hybrid.h"
 
 #include <algorithm>
+#include <type_traits>
 
 namespace recur {
 
@@ -35,6 +36,12 @@ class HybridModel final : public Model {
   const StateConfig& state_config() const override { return opt_.state; }
   Ops& ops() override { return ops_; }
   void reset_slot(int slot) override;
+  void save_snapshot(int slot, int snapshot) override;
+  void restore_snapshot(int snapshot, int slot) override;
+  Status read_block(int block, std::span<uint8_t> out) override;
+  Status write_block(int block, std::span<const uint8_t> in) override;
+  Status read_snapshot(int snapshot, std::span<uint8_t> out) override;
+  Status write_snapshot(int snapshot, std::span<const uint8_t> in) override;
   Status forward(const Batch& batch, Tensor logits) override;
 
  private:
@@ -115,11 +122,32 @@ Status HybridModel::allocate(const ModelPlan& plan) {
   const int64_t bs = sc.block_size;
   int64_t per_block = 0;
   for (const ModelPlan::Cache& c : plan.caches) per_block += bs * c.kv_heads * (c.hd + c.dv) * 4;
+  int64_t state_bytes = 0;
+  for (const ModelPlan::Recurrent& r : plan.recurrent) {
+    state_bytes += (r.conv_rows * r.conv_channels + r.heads * r.dk * r.dv) * 4;
+  }
   if (sc.n_blocks <= 0) {
     const int64_t needed = int64_t(sc.n_slots) * ((opt_.max_context + bs - 1) / bs);
     sc.n_blocks = int(std::clamp<int64_t>(
         per_block ? std::min(needed, opt_.kv_cache_budget_bytes / per_block) : 1, 1,
         int64_t(1) << 30));
+  }
+  // The prefix cache's budget: snapshots, each with the blocks of one snapshot interval (what
+  // a long prompt caches per snapshot), and the blocks the snapshots leave. Its blocks join
+  // the attention cache, so running sequences may take them back whenever they need them.
+  const int64_t budget = opt_.prefix_cache_budget_bytes;
+  if (budget > 0 || sc.n_snapshots > 0) {
+    const int64_t interval_blocks = (std::max(opt_.snapshot_interval, 1) + bs - 1) / bs;
+    const int64_t per_interval = std::max<int64_t>(state_bytes + per_block * interval_blocks, 1);
+    int64_t snapshots = sc.n_snapshots > 0 ? sc.n_snapshots : budget / per_interval;
+    if (snapshots == 0 && state_bytes <= budget) snapshots = 1;
+    const int64_t left = std::max<int64_t>(0, budget - snapshots * state_bytes);
+    const int64_t extra = std::min<int64_t>(per_block ? left / per_block : 0,
+                                            (int64_t(1) << 30) - int64_t(sc.n_blocks));
+    sc.n_blocks += int(extra);
+    info_.prefix_cache_blocks = int(extra);
+    // A snapshot is useful only with its blocks: never more snapshots than blocks.
+    sc.n_snapshots = int(std::min<int64_t>(snapshots, sc.n_blocks));
   }
   // Sequences of one forward hold distinct slots and distinct blocks.
   ForwardLimits limits;
@@ -145,8 +173,15 @@ Status HybridModel::allocate(const ModelPlan& plan) {
         add_state(state_.conv, {sc.n_slots, r.conv_rows, r.conv_channels}, "conv state", true));
     RECUR_RETURN_IF_ERROR(
         add_state(state_.delta, {sc.n_slots, r.heads, r.dk, r.dv}, "delta state", true));
-    info_.state_bytes_per_slot += (r.conv_rows * r.conv_channels + r.heads * r.dk * r.dv) * 4;
+    if (sc.n_snapshots > 0) {  // written before they are read: not cleared
+      RECUR_RETURN_IF_ERROR(add_state(state_.conv_snapshots,
+                                      {sc.n_snapshots, r.conv_rows, r.conv_channels},
+                                      "conv snapshots", false));
+      RECUR_RETURN_IF_ERROR(add_state(state_.delta_snapshots, {sc.n_snapshots, r.heads, r.dk, r.dv},
+                                      "delta snapshots", false));
+    }
   }
+  info_.state_bytes_per_slot = state_bytes;
   for (const ModelPlan::Cache& c : plan.caches) {
     RECUR_RETURN_IF_ERROR(
         add_state(state_.k_cache, {sc.n_blocks, c.kv_heads, c.hd, bs}, "k cache", false));
@@ -163,6 +198,80 @@ void HybridModel::reset_slot(int slot) {
     ops_.fill_zero(state_.conv[i].slice_rows(slot, slot + 1));
     ops_.fill_zero(state_.delta[i].slice_rows(slot, slot + 1));
   }
+}
+
+void HybridModel::save_snapshot(int slot, int snapshot) {
+  RECUR_CHECK(slot >= 0 && slot < opt_.state.n_slots && snapshot >= 0 &&
+              snapshot < opt_.state.n_snapshots);
+  for (size_t i = 0; i < state_.conv.size(); ++i) {
+    ops_.copy(state_.conv[i].slice_rows(slot, slot + 1),
+              state_.conv_snapshots[i].slice_rows(snapshot, snapshot + 1));
+    ops_.copy(state_.delta[i].slice_rows(slot, slot + 1),
+              state_.delta_snapshots[i].slice_rows(snapshot, snapshot + 1));
+  }
+}
+
+void HybridModel::restore_snapshot(int snapshot, int slot) {
+  RECUR_CHECK(slot >= 0 && slot < opt_.state.n_slots && snapshot >= 0 &&
+              snapshot < opt_.state.n_snapshots);
+  for (size_t i = 0; i < state_.conv.size(); ++i) {
+    ops_.copy(state_.conv_snapshots[i].slice_rows(snapshot, snapshot + 1),
+              state_.conv[i].slice_rows(slot, slot + 1));
+    ops_.copy(state_.delta_snapshots[i].slice_rows(snapshot, snapshot + 1),
+              state_.delta[i].slice_rows(slot, slot + 1));
+  }
+}
+
+namespace {
+
+// Row `row` of every tensor of `lists`, back to back, to or from host memory at `host`
+// (`bytes` long: the rows' total).
+template <typename Bytes>
+Status copy_rows(Ops& ops, std::initializer_list<const std::vector<Tensor>*> lists, int row,
+                 int rows, Bytes* host, size_t bytes) {
+  if (row < 0 || row >= rows) {
+    return make_error(ErrorCode::kInvalidArgument, "row {} outside [0, {})", row, rows);
+  }
+  size_t at = 0;
+  for (const std::vector<Tensor>* list : lists) {
+    for (const Tensor& t : *list) {
+      const Tensor r = t.slice_rows(row, row + 1);
+      const size_t n = size_t(r.numel()) * dtype_size(r.dtype);
+      if (at + n > bytes) break;
+      if constexpr (std::is_const_v<Bytes>) {
+        ops.copy_from_host(r, host + at);
+      } else {
+        ops.copy_to_host(r, host + at);
+      }
+      at += n;
+    }
+  }
+  if (at != bytes) {
+    return make_error(ErrorCode::kInvalidArgument, "{} bytes given for a copy of {}", bytes, at);
+  }
+  return Status();
+}
+
+}  // namespace
+
+Status HybridModel::read_block(int block, std::span<uint8_t> out) {
+  return copy_rows(ops_, {&state_.k_cache, &state_.v_cache}, block, opt_.state.n_blocks, out.data(),
+                   out.size());
+}
+
+Status HybridModel::write_block(int block, std::span<const uint8_t> in) {
+  return copy_rows(ops_, {&state_.k_cache, &state_.v_cache}, block, opt_.state.n_blocks, in.data(),
+                   in.size());
+}
+
+Status HybridModel::read_snapshot(int snapshot, std::span<uint8_t> out) {
+  return copy_rows(ops_, {&state_.conv_snapshots, &state_.delta_snapshots}, snapshot,
+                   opt_.state.n_snapshots, out.data(), out.size());
+}
+
+Status HybridModel::write_snapshot(int snapshot, std::span<const uint8_t> in) {
+  return copy_rows(ops_, {&state_.conv_snapshots, &state_.delta_snapshots}, snapshot,
+                   opt_.state.n_snapshots, in.data(), in.size());
 }
 
 Status HybridModel::validate(const Batch& batch, const Tensor& logits) const {
@@ -337,6 +446,7 @@ Result<std::unique_ptr<Model>> build_hybrid_model(HybridSpec spec, WeightLoader&
       }
     }
   }
+  if (checkpoint) info.fingerprint = checkpoint->fingerprint();
   auto model = std::make_unique<HybridModel>(std::move(spec), ops, opt);
   model->mutable_info() = std::move(info);
   RECUR_RETURN_IF_ERROR(model->allocate(plan));

@@ -24,6 +24,8 @@ struct StatePools {
   std::vector<Tensor> delta;    // per recurrent layer: [slots, H, dk, dv] f32
   std::vector<Tensor> k_cache;  // per attention layer: [blocks, kv_heads, hd, block_size] f32
   std::vector<Tensor> v_cache;  // per attention layer: [blocks, kv_heads, block_size, dv] f32
+  std::vector<Tensor> conv_snapshots;   // per recurrent layer: [snapshots, K-1, C] f32
+  std::vector<Tensor> delta_snapshots;  // per recurrent layer: [snapshots, H, dk, dv] f32
 };
 
 // The largest scratch any block of the model needs, declared at load (columns per token).

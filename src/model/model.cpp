@@ -46,4 +46,23 @@ SeqLayout Batch::layout(int block_size) const {
   return l;
 }
 
+namespace {
+Status no_state_io() {
+  return make_error(ErrorCode::kUnsupported, "this model cannot copy its cache to the host");
+}
+}  // namespace
+
+Status Model::read_block(int, std::span<uint8_t>) {
+  return no_state_io();
+}
+Status Model::write_block(int, std::span<const uint8_t>) {
+  return no_state_io();
+}
+Status Model::read_snapshot(int, std::span<uint8_t>) {
+  return no_state_io();
+}
+Status Model::write_snapshot(int, std::span<const uint8_t>) {
+  return no_state_io();
+}
+
 }  // namespace recur

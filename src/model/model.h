@@ -41,6 +41,9 @@ struct StateConfig {
   int n_slots = 1;      // sequences that can hold recurrent state at once
   int n_blocks = 64;    // attention-cache blocks shared by all sequences
   int block_size = 16;  // tokens per block
+  // Snapshot slots, each holding one sequence's whole recurrent state (the prefix cache's
+  // copies at token boundaries); 0: none, and no prefix cache.
+  int n_snapshots = 0;
 };
 
 // Sampling defaults from generation_config.json (greedy unless it sets do_sample).
@@ -70,6 +73,8 @@ struct ModelInfo {
   int64_t attention_layers = 0, attention_dim = 0;  // for the attention FLOPs (heads · head_dim)
   int64_t state_bytes_per_slot = 0;                 // recurrent state of one sequence, all layers
   int64_t cache_bytes_per_block = 0;                // one attention-cache block, all layers
+  int prefix_cache_blocks = 0;  // attention-cache blocks the prefix-cache budget added
+  uint64_t fingerprint = 0;     // the weights' identity (Checkpoint::fingerprint); 0: unknown
   // Input ids the model cannot take yet (Qwen3.5's image and video placeholders), and why: a
   // prompt holding one is refused with that reason.
   std::vector<int32_t> refused_token_ids;
@@ -86,6 +91,17 @@ class Model {
   virtual const StateConfig& state_config() const = 0;
   // Zeroes the recurrent state of a slot before a new sequence uses it.
   virtual void reset_slot(int slot) = 0;
+  // Copies the whole recurrent state of `slot` into snapshot slot `snapshot`, and back. Queued
+  // in order with forwards, so a save after a forward holds the state that forward left.
+  virtual void save_snapshot(int slot, int snapshot) {}
+  virtual void restore_snapshot(int snapshot, int slot) {}
+  // One attention-cache block (every attention layer's keys and values:
+  // info().cache_bytes_per_block bytes) or one snapshot (info().state_bytes_per_slot bytes)
+  // to or from host memory, for the prefix cache's files.
+  virtual Status read_block(int block, std::span<uint8_t> out);
+  virtual Status write_block(int block, std::span<const uint8_t> in);
+  virtual Status read_snapshot(int snapshot, std::span<uint8_t> out);
+  virtual Status write_snapshot(int snapshot, std::span<const uint8_t> in);
   // logits [batch.logit_rows.size(), vocab] f32, in the backend's memory.
   virtual Status forward(const Batch& batch, Tensor logits) = 0;
   virtual Ops& ops() = 0;

@@ -14,6 +14,11 @@ struct LoadOptions {
   int max_logit_rows = 0;      // 0: same as max_batch_tokens
   StateConfig state;           // state.n_blocks 0: sized from the budget below
   int64_t kv_cache_budget_bytes = int64_t(1) << 30;
+  // The prefix cache's memory (0: none): state.n_snapshots snapshot slots (0: from this budget)
+  // and attention-cache blocks added to state.n_blocks, split so that each snapshot comes with
+  // the blocks of snapshot_interval tokens.
+  int64_t prefix_cache_budget_bytes = 0;
+  int snapshot_interval = 2048;
   int max_context = 0;  // 0: the model's max_position_embeddings
 };
 

@@ -13,6 +13,19 @@ void Ops::copy_from_host(Tensor dst, const void* src) {
   std::memcpy(dst.data, src, size_t(dst.numel()) * dtype_size(dst.dtype));
 }
 
+void Ops::copy(const Tensor& src, Tensor dst) {
+  RECUR_CHECK(src.is_contiguous() && dst.is_contiguous() && src.dtype == dst.dtype &&
+              src.numel() == dst.numel());
+  const size_t bytes = size_t(src.numel()) * dtype_size(src.dtype);
+  if (device() == Device::kCpu) {
+    std::memmove(dst.data, src.data, bytes);
+    return;
+  }
+  std::vector<uint8_t> host(bytes);
+  copy_to_host(src, host.data());
+  copy_from_host(dst, host.data());
+}
+
 void Ops::argmax_rows(const Tensor& x, Tensor ids) {
   RECUR_CHECK(x.ndim == 2 && x.dtype == DType::F32 && x.stride[1] == 1);
   RECUR_CHECK(ids.dtype == DType::I32 && ids.numel() == x.shape[0] && ids.is_contiguous());

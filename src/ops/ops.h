@@ -135,6 +135,10 @@ class Ops {
   virtual void copy_to_host_start(const Tensor& src, void* dst) { copy_to_host(src, dst); }
   virtual void copy_to_host_finish() {}
   virtual void fill_zero(Tensor t) = 0;  // t contiguous
+  // dst = src, both contiguous with the same dtype and element count, in this backend's
+  // memory (recurrent-state snapshots of the prefix cache). The default copies directly on the
+  // CPU and through host memory elsewhere; device backends override it with a device copy.
+  virtual void copy(const Tensor& src, Tensor dst);
   // ids[r] = the index of row r's largest value (ties to the lower index; NaN ranks as -inf):
   // the greedy choice, so a device backend returns n ids instead of n rows of logits.
   //   x [n, V] f32 rows; ids [n] I32. The default reads host memory.

@@ -24,7 +24,19 @@ ojson bytes_of(const std::string& s) {
 
 ojson usage_json(const Generation& gen) {
   const int p = gen.prompt_tokens(), c = gen.completion_tokens();
-  return {{"prompt_tokens", p}, {"completion_tokens", c}, {"total_tokens", p + c}};
+  return {{"prompt_tokens", p},
+          {"completion_tokens", c},
+          {"total_tokens", p + c},
+          {"prompt_tokens_details", {{"cached_tokens", gen.cached_tokens()}}}};
+}
+
+// Anthropic counts cached prompt tokens apart: input_tokens + cache_read_input_tokens is the
+// whole prompt.
+ojson anthropic_usage(const Generation& gen, int output_tokens) {
+  const int cached = gen.cached_tokens();
+  return {{"input_tokens", gen.prompt_tokens() - cached},
+          {"cache_read_input_tokens", cached},
+          {"output_tokens", output_tokens}};
 }
 
 ojson tool_call_json(const ToolCall& call, int index, bool with_index) {
@@ -401,7 +413,7 @@ ojson anthropic_response(const Generation& gen) {
           {"content", std::move(content)},
           {"stop_reason", reason},
           {"stop_sequence", sequence},
-          {"usage", {{"input_tokens", gen.prompt_tokens()}, {"output_tokens", c.generated}}}};
+          {"usage", anthropic_usage(gen, c.generated)}};
 }
 
 AnthropicStream::AnthropicStream(const Generation& gen) : gen_(gen) {}
@@ -479,7 +491,7 @@ void AnthropicStream::updates(const std::vector<ChoiceUpdate>& updates, std::str
       out += sse_event("message_delta",
                        {{"type", "message_delta"},
                         {"delta", {{"stop_reason", reason}, {"stop_sequence", sequence}}},
-                        {"usage", {{"output_tokens", c.generated}}}});
+                        {"usage", anthropic_usage(gen_, c.generated)}});
       out += sse_event("message_stop", {{"type", "message_stop"}});
     }
   }

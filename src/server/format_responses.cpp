@@ -66,7 +66,7 @@ ojson ResponsesStream::response(std::string_view status, bool final) const {
   if (final) {
     const int p = gen_.prompt_tokens(), n = gen_.completion_tokens();
     r["usage"] = {{"input_tokens", p},
-                  {"input_tokens_details", {{"cached_tokens", 0}}},
+                  {"input_tokens_details", {{"cached_tokens", gen_.cached_tokens()}}},
                   {"output_tokens", n},
                   {"output_tokens_details", {{"reasoning_tokens", 0}}},
                   {"total_tokens", p + n}};

@@ -142,6 +142,7 @@ ApiResult<bool> Generation::start() {
           e.reason = ev.reason;
           e.message.assign(ev.message);
           e.generated_tokens = ev.generated_tokens;
+          e.cached_tokens = ev.cached_tokens;
           // Counted here, not by the HTTP thread, which is gone when its client went away.
           if (metrics) {
             metrics->request_finished(finish_label(ev.reason));
@@ -194,6 +195,7 @@ void Generation::on_finish(ChoiceState& c, QueuedEvent& e) {
   c.reason = e.reason;
   c.message = std::move(e.message);
   c.generated = std::max(c.generated, e.generated_tokens);
+  c.cached = e.cached_tokens;
   if (c.reason == FinishReason::kStop && !c.ids.empty()) {
     const int32_t last = c.ids.back();
     const auto& stops = req_.engine.stop.stop_token_ids;
@@ -284,6 +286,18 @@ void Generation::recycle(std::vector<ChoiceUpdate>* updates) {
 int Generation::prompt_tokens() const {
   int n = 0;
   for (const auto& p : req_.prompts) n += int(p.size());
+  return n;
+}
+
+int Generation::cached_tokens() const {
+  int n = 0;
+  for (size_t p = 0; p < req_.prompts.size(); ++p) {
+    int most = 0;
+    for (const auto& c : choices_) {
+      if (c.prompt_index == int(p)) most = std::max(most, c.cached);
+    }
+    n += most;
+  }
   return n;
 }
 

@@ -37,6 +37,7 @@ struct QueuedEvent {
   FinishReason reason = FinishReason::kStop;
   std::string message;
   int generated_tokens = 0;
+  int cached_tokens = 0;  // prompt tokens the engine's prefix cache gave
   Clock::time_point time;
 };
 
@@ -90,6 +91,7 @@ struct ChoiceState {
   std::string stop_string;            // the stop string that ended it, if one did
   std::optional<int32_t> stop_token;  // a stop_token_ids entry that ended it
   int generated = 0;
+  int cached = 0;  // prompt tokens read from the prefix cache
   Clock::time_point first_token, last_token;
 };
 
@@ -124,6 +126,8 @@ class Generation {
   const std::vector<ChoiceState>& choices() const { return choices_; }
   int prompt_tokens() const;
   int completion_tokens() const;
+  // Prompt tokens the prefix cache gave: per prompt, the most any of its choices found.
+  int cached_tokens() const;
   const std::string& id() const { return id_; }
   int64_t created() const { return created_; }
   // "stop" | "length" | "tool_calls" | "abort" | "error".

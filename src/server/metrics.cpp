@@ -179,6 +179,29 @@ std::string Metrics::render(const EngineStats& s) const {
   scalar(&out, "recur_state_slots_used", "gauge", "Recurrent-state slots in use.", s.slots_used);
   scalar(&out, "recur_state_slots_total", "gauge", "Recurrent-state slots in the pool.",
          s.slots_total);
+  scalar(&out, "recur_prefix_cache_queries_total", "counter",
+         "Requests that looked their prompt up in the prefix cache.", double(s.prefix_queries));
+  scalar(&out, "recur_prefix_cache_query_tokens_total", "counter",
+         "Prompt tokens of the requests looked up in the prefix cache.",
+         double(s.prefix_query_tokens));
+  scalar(&out, "recur_prefix_cache_hit_tokens_total", "counter",
+         "Prompt tokens read from the prefix cache instead of prefilled.",
+         double(s.prefix_hit_tokens));
+  scalar(&out, "recur_prefix_cache_blocks", "gauge",
+         "Attention-cache blocks the prefix cache holds (shared or kept for reuse).",
+         s.prefix_blocks);
+  scalar(&out, "recur_prefix_cache_snapshots", "gauge", "Recurrent-state snapshots held.",
+         s.prefix_snapshots);
+  scalar(&out, "recur_prefix_cache_snapshots_total", "gauge", "Snapshot slots in the pool.",
+         s.prefix_snapshots_total);
+  scalar(&out, "recur_prefix_cache_snapshot_bytes", "gauge", "Bytes of the snapshots held.",
+         double(s.prefix_snapshot_bytes) * s.prefix_snapshots);
+  scalar(&out, "recur_prefix_cache_evictions_total", "counter",
+         "Prefix-cache blocks evicted (with their snapshots) for running sequences.",
+         double(s.prefix_evictions));
+  scalar(&out, "recur_prefix_cache_snapshot_evictions_total", "counter",
+         "Snapshots replaced by newer ones when the pool was full.",
+         double(s.prefix_snapshot_evictions));
   scalar(&out, "recur_live_buffers", "gauge", "Backend buffer objects allocated and not freed.",
          double(s.alloc.live_buffers));
   scalar(&out, "recur_live_bytes", "gauge", "Bytes of live backend buffers.",

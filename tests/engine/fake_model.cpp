@@ -27,6 +27,24 @@ FakeModel::FakeModel(Ops& ops, const LoadOptions& opt, int max_position,
   max_logit_rows_ = opt.max_logit_rows > 0 ? opt.max_logit_rows : opt.max_batch_tokens;
   slot_pos_.assign(size_t(state_.n_slots), -1);
   seen_slot_.assign(size_t(state_.n_slots), 0);
+  snapshot_pos_.assign(size_t(state_.n_snapshots), -1);
+}
+
+void FakeModel::save_snapshot(int slot, int snapshot) {
+  if (slot < 0 || slot >= state_.n_slots || snapshot < 0 || snapshot >= state_.n_snapshots) {
+    violate(fmt::format("save of slot {} into snapshot {}", slot, snapshot));
+    return;
+  }
+  snapshot_pos_[size_t(snapshot)] = slot_pos_[size_t(slot)];
+}
+
+void FakeModel::restore_snapshot(int snapshot, int slot) {
+  if (slot < 0 || slot >= state_.n_slots || snapshot < 0 || snapshot >= state_.n_snapshots ||
+      snapshot_pos_[size_t(snapshot)] < 0) {
+    violate(fmt::format("restore of snapshot {} into slot {}", snapshot, slot));
+    return;
+  }
+  slot_pos_[size_t(slot)] = snapshot_pos_[size_t(snapshot)];
 }
 
 void FakeModel::reset_slot(int slot) {

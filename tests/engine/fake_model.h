@@ -46,6 +46,9 @@ class FakeModel : public Model {
   int max_logit_rows() const override { return max_logit_rows_; }
   const StateConfig& state_config() const override { return state_; }
   void reset_slot(int slot) override;
+  // A snapshot holds the position its slot had: a restored slot must continue from there.
+  void save_snapshot(int slot, int snapshot) override;
+  void restore_snapshot(int snapshot, int slot) override;
   Status forward(const Batch& batch, Tensor logits) override;
   Ops& ops() override { return ops_; }
 
@@ -65,6 +68,7 @@ class FakeModel : public Model {
   double delay_ns_per_position_ = 0;
   std::vector<int32_t> slot_pos_;   // [n_slots]: next position each slot's state expects; -1 unset
   std::vector<uint8_t> seen_slot_;  // [n_slots] scratch: a slot fed twice in one batch
+  std::vector<int32_t> snapshot_pos_;  // [n_snapshots]: the position each snapshot holds
 };
 
 }  // namespace recur::testing

@@ -21,6 +21,20 @@ class BasicOps : public ::testing::Test {
   std::mt19937 rng{1234};
 };
 
+// copy (the prefix cache's snapshots): rows of a state pool into another pool's row and back,
+// byte for byte, leaving the neighbouring rows alone.
+TEST_F(BasicOps, CopyMovesOneRowOfAPoolExactly) {
+  HostTensor pool(DType::F32, {3, 5, 33}), snapshots(DType::F32, {2, 5, 33});
+  fill_random(pool, rng);
+  fill_random(snapshots, rng);
+  const HostTensor before = snapshots;
+  ops.copy(pool.t.slice_rows(1, 2), snapshots.t.slice_rows(0, 1));
+  EXPECT_EQ(std::memcmp(snapshots.f(), pool.f() + 5 * 33, 5 * 33 * 4), 0);
+  EXPECT_EQ(std::memcmp(snapshots.f() + 5 * 33, before.f() + 5 * 33, 5 * 33 * 4), 0);
+  ops.copy(snapshots.t.slice_rows(1, 2), pool.t.slice_rows(2, 3));
+  EXPECT_EQ(std::memcmp(pool.f() + 2 * 5 * 33, before.f() + 5 * 33, 5 * 33 * 4), 0);
+}
+
 TEST_F(BasicOps, MatmulMatchesReferenceForEveryWeightDtypeAndOddSizes) {
   for (DType wt : {DType::F32, DType::BF16, DType::F16}) {
     for (int64_t n : {1, 3, 4, 5, 33, 70}) {

@@ -2,7 +2,8 @@
 // field (unless --allow-unknown-fields), out-of-range numbers say so, a broken chat template
 // is a 5xx blaming the model directory, CORS (--allowed-origins), Anthropic's count_tokens and
 // model list, and the OpenAI Responses API through the official SDK's responses.create and
-// responses.stream (text and function tools, streaming and not).
+// responses.stream (text and function tools, streaming and not), and the prefix cache's reused
+// tokens in usage and /metrics, within one server's life and across a restart.
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import os from 'node:os';
@@ -161,7 +162,9 @@ describe('Anthropic', () => {
     const { input_tokens: n } = await c.json();
     const m = await postJson(`${server.url}/v1/messages`, { ...body, max_tokens: 1 });
     assert.equal(m.status, 200);
-    assert.equal((await m.json()).usage.input_tokens, n);
+    // Anthropic counts the tokens the prefix cache gave apart from input_tokens.
+    const { usage } = await m.json();
+    assert.equal(usage.input_tokens + usage.cache_read_input_tokens, n);
     assert.ok(n > 20);
   });
 
@@ -180,6 +183,66 @@ describe('Anthropic', () => {
     assert.equal((await missing.json()).type, 'error');
     const openai = await (await fetch(`${server.url}/v1/models`)).json();
     assert.equal(openai.object, 'list');
+  });
+});
+
+describe('prefix cache', () => {
+  const metric = (text, name) => Number(text.match(new RegExp(`^${name} (\\S+)$`, 'm'))[1]);
+
+  test('the next turn of a chat reports the prompt tokens it reused, in usage and /metrics', async () => {
+    const first = [
+      { role: 'system', content: 'You answer in one short sentence. '.repeat(6) },
+      { role: 'user', content: 'Name three rivers.' },
+    ];
+    const r1 = await (await postJson(`${server.url}/v1/chat/completions`,
+                                     { messages: first, max_tokens: 4 })).json();
+    const p1 = r1.usage.prompt_tokens;
+    assert.equal(r1.usage.prompt_tokens_details.cached_tokens, 0);
+    const second = [...first, { role: 'assistant', content: 'The Nile, the Rhine, the Po.' },
+                    { role: 'user', content: 'And three lakes?' }];
+    const r2 = await (await postJson(`${server.url}/v1/chat/completions`,
+                                     { messages: second, max_tokens: 4 })).json();
+    // The first prompt's snapshot at its last 16-token block boundary.
+    assert.equal(r2.usage.prompt_tokens_details.cached_tokens, Math.floor(p1 / 16) * 16);
+    // Anthropic's usage counts them apart from input_tokens.
+    const m = await (await postJson(`${server.url}/v1/messages`,
+                                    { model: MODEL_NAME, messages: second.slice(1), system: first[0].content,
+                                      max_tokens: 2 })).json();
+    assert.ok(m.usage.cache_read_input_tokens >= r2.usage.prompt_tokens_details.cached_tokens);
+    assert.equal(m.usage.input_tokens + m.usage.cache_read_input_tokens, r2.usage.prompt_tokens);
+    const text = await (await fetch(`${server.url}/metrics`)).text();
+    assert.ok(metric(text, 'recur_prefix_cache_hit_tokens_total') >=
+              r2.usage.prompt_tokens_details.cached_tokens + m.usage.cache_read_input_tokens);
+    assert.ok(metric(text, 'recur_prefix_cache_snapshots') > 0);
+    assert.ok(metric(text, 'recur_prefix_cache_queries_total') >= 3);
+  });
+});
+
+describe('prefix cache across restarts', () => {
+  test('--prefix-cache-dir: the next turn after a restart reuses the previous server\'s prompt', async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'recur-prefix-'));
+    try {
+      const first = [{ role: 'user', content: 'Tell me about the rivers of Europe. '.repeat(4) }];
+      let s = await startServer(['--prefix-cache-dir', dir, ...SMALL]);
+      const r1 = await (await postJson(`${s.url}/v1/chat/completions`,
+                                       { messages: first, max_tokens: 2 })).json();
+      assert.deepEqual(await s.stop(), { code: 0, signal: null }, s.output());
+      assert.match(s.output(), /prefix cache written to/);
+      s = await startServer(['--prefix-cache-dir', dir, ...SMALL]);
+      try {
+        assert.match(s.output(), /prefix cache: read .* \(blocks: [1-9]\d*, snapshots: [1-9]\d*\)/);
+        const second = [...first, { role: 'assistant', content: 'The Danube.' },
+                        { role: 'user', content: 'And lakes?' }];
+        const r2 = await (await postJson(`${s.url}/v1/chat/completions`,
+                                         { messages: second, max_tokens: 2 })).json();
+        assert.equal(r2.usage.prompt_tokens_details.cached_tokens,
+                     Math.floor(r1.usage.prompt_tokens / 16) * 16);
+      } finally {
+        assert.deepEqual(await s.stop(), { code: 0, signal: null }, s.output());
+      }
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
   });
 });
 

@@ -52,6 +52,15 @@ TEST(Metrics, RenderCarriesEngineGaugesAndCounters) {
   s.generated_tokens = 77;
   s.steps = 40;
   s.pipelined_steps = 31;
+  s.prefix_queries = 5;
+  s.prefix_query_tokens = 900;
+  s.prefix_hit_tokens = 640;
+  s.prefix_blocks = 50;
+  s.prefix_snapshots = 4;
+  s.prefix_snapshots_total = 16;
+  s.prefix_snapshot_bytes = 1000;
+  s.prefix_evictions = 6;
+  s.prefix_snapshot_evictions = 2;
   const std::string text = m.render(s);
   EXPECT_EQ(value_of(text, R"(recur_http_requests_total{route="/v1/completions",code="200"})"),
             "2");
@@ -70,6 +79,15 @@ TEST(Metrics, RenderCarriesEngineGaugesAndCounters) {
   EXPECT_EQ(value_of(text, "recur_engine_steps_total"), "40");
   EXPECT_EQ(value_of(text, "recur_engine_pipelined_steps_total"), "31");
   EXPECT_EQ(value_of(text, "recur_time_to_first_token_seconds_count"), "1");
+  EXPECT_EQ(value_of(text, "recur_prefix_cache_queries_total"), "5");
+  EXPECT_EQ(value_of(text, "recur_prefix_cache_query_tokens_total"), "900");
+  EXPECT_EQ(value_of(text, "recur_prefix_cache_hit_tokens_total"), "640");
+  EXPECT_EQ(value_of(text, "recur_prefix_cache_blocks"), "50");
+  EXPECT_EQ(value_of(text, "recur_prefix_cache_snapshots"), "4");
+  EXPECT_EQ(value_of(text, "recur_prefix_cache_snapshots_total"), "16");
+  EXPECT_EQ(value_of(text, "recur_prefix_cache_snapshot_bytes"), "4000");
+  EXPECT_EQ(value_of(text, "recur_prefix_cache_evictions_total"), "6");
+  EXPECT_EQ(value_of(text, "recur_prefix_cache_snapshot_evictions_total"), "2");
   EXPECT_EQ(text.back(), '\n');
 }
 

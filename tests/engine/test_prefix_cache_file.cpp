@@ -1,0 +1,170 @@
+// The prefix cache's file: an engine started after another saved its cache finds the prompts
+// that one computed, with the outputs of a full prefill; a file written for other weights, a
+// damaged or cut one, or one that is not a prefix-cache file is ignored with a note saying why.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "backend/backend.h"
+#include "engine/engine.h"
+
+namespace recur {
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kRoot = RECUR_SOURCE_DIR;
+
+std::vector<int32_t> random_tokens(int len, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> p(static_cast<size_t>(len));
+  for (auto& t : p) t = int32_t(rng() % 256u);
+  return p;
+}
+
+struct Outcome {
+  std::vector<int32_t> ids;
+  std::vector<float> logprobs;  // of each chosen token
+  int cached = -1;
+  bool done = false;
+};
+
+class PrefixCacheFile : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto o = create_backend("cpu", 2);
+    ASSERT_TRUE(o.ok());
+    ops_ = std::move(*o);
+    dir_ = fs::temp_directory_path() /
+           fmt::format("recur-prefix-{}-{}", getpid(),
+                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+    file_ = (dir_ / "prefix-cache.bin").string();
+    turn1_ = random_tokens(75, 1);
+    turn2_ = turn1_;
+    for (int32_t t : random_tokens(40, 2)) turn2_.push_back(t);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::unique_ptr<Engine> engine(const std::string& model, bool cache) {
+    EngineConfig cfg;
+    cfg.max_batch = 2;
+    cfg.max_batch_tokens = 64;
+    cfg.kv_blocks = 64;
+    cfg.prefix_snapshots = cache ? 8 : 0;
+    cfg.snapshot_interval = 32;
+    if (cache) cfg.prefix_cache_file = file_;
+    auto e = Engine::create(kRoot + "/models/" + model, *ops_, cfg, nullptr);
+    EXPECT_TRUE(e.ok()) << e.error().to_string();
+    return e.ok() ? std::move(*e) : nullptr;
+  }
+  static Outcome run(Engine& e, const std::vector<int32_t>& prompt) {
+    Request r;
+    r.prompt = prompt;
+    r.max_tokens = 6;
+    r.sampling.temperature = 0;
+    r.sampling.logprobs = 0;
+    r.stop.ignore_eos = true;
+    Outcome out;
+    EXPECT_TRUE(e.submit(r, [&out](const Event& ev) {
+                   if (ev.kind == Event::Kind::kToken) {
+                     out.ids.push_back(ev.token);
+                     out.logprobs.push_back(ev.logprob);
+                   } else {
+                     out.cached = ev.cached_tokens;
+                     out.done = true;
+                   }
+                 }).ok());
+    e.run_until_idle();
+    return out;
+  }
+  // Saves turn 1's prefix with `model`.
+  void save_turn1(const std::string& model) {
+    auto e = engine(model, true);
+    ASSERT_EQ(e->notes().size(), 1u);
+    EXPECT_NE(e->notes()[0].find("no file"), std::string::npos) << e->notes()[0];
+    EXPECT_EQ(run(*e, turn1_).cached, 0);
+    const Status st = e->save_prefix_cache();
+    ASSERT_TRUE(st.ok()) << st.error().to_string();
+  }
+  // An engine that ignored the file: a note says why, nothing is cached, every block is free.
+  void expect_ignored(const std::string& model, const std::string& why) {
+    auto e = engine(model, true);
+    ASSERT_EQ(e->notes().size(), 1u);
+    EXPECT_NE(e->notes()[0].find("ignored: " + why), std::string::npos) << e->notes()[0];
+    const EngineStats st = e->stats();
+    EXPECT_EQ(st.prefix_blocks, 0);
+    EXPECT_EQ(st.prefix_snapshots, 0);
+    EXPECT_EQ(run(*e, turn2_).cached, 0);
+  }
+
+  std::unique_ptr<Ops> ops_;
+  fs::path dir_;
+  std::string file_;
+  std::vector<int32_t> turn1_, turn2_;
+};
+
+TEST_F(PrefixCacheFile, ARestartedEngineFindsWhatTheLastOneSaved) {
+  for (const char* model : {"qwen3next-tiny", "qwen3_5-moe-tiny"}) {
+    fs::remove(file_);
+    Outcome want;
+    {
+      auto plain = engine(model, false);
+      want = run(*plain, turn2_);
+    }
+    save_turn1(model);
+    auto e = engine(model, true);
+    ASSERT_EQ(e->notes().size(), 1u);
+    EXPECT_NE(e->notes()[0].find("(blocks: 4, snapshots: 2)"), std::string::npos) << e->notes()[0];
+    const Outcome got = run(*e, turn2_);
+    EXPECT_EQ(got.cached, 64) << model;
+    EXPECT_EQ(got.ids, want.ids) << model;
+    ASSERT_EQ(got.logprobs.size(), want.logprobs.size());
+    for (size_t i = 0; i < got.logprobs.size(); ++i) {
+      EXPECT_NEAR(got.logprobs[i], want.logprobs[i], 1e-4) << model << " token " << i;
+    }
+    EXPECT_EQ(e->stats().kv_blocks_used, 0);
+  }
+}
+
+TEST_F(PrefixCacheFile, AFileForOtherWeightsIsIgnored) {
+  save_turn1("qwen3_5-tiny");
+  expect_ignored("qwen3next-tiny", "written for other weights");
+}
+
+TEST_F(PrefixCacheFile, ADamagedCutOrForeignFileIsIgnored) {
+  save_turn1("qwen3next-tiny");
+  std::string bytes;
+  {
+    std::ifstream f(file_, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  ASSERT_GT(bytes.size(), 1000u);
+  auto write = [&](const std::string& b) {
+    std::ofstream f(file_, std::ios::binary | std::ios::trunc);
+    f.write(b.data(), std::streamsize(b.size()));
+  };
+  std::string damaged = bytes;
+  damaged[damaged.size() / 2] ^= 0x10;  // one bit of a block's keys
+  write(damaged);
+  expect_ignored("qwen3next-tiny", "damaged");
+  write(bytes.substr(0, bytes.size() - 100));
+  expect_ignored("qwen3next-tiny", "damaged");
+  write(bytes.substr(0, 20));
+  expect_ignored("qwen3next-tiny", "cut short");
+  write("{\"not\": \"a cache\"}");
+  expect_ignored("qwen3next-tiny", "not a prefix-cache file");
+  std::string other_version = bytes;
+  other_version[8] = 9;
+  write(other_version);
+  expect_ignored("qwen3next-tiny", "format version 9");
+  // The intact file still loads.
+  write(bytes);
+  auto e = engine("qwen3next-tiny", true);
+  EXPECT_EQ(run(*e, turn2_).cached, 64);
+}
+
+}  // namespace
+}  // namespace recur
