@@ -170,8 +170,7 @@ void SparseMoe::forward(const LayerIo& io) const {
     const Tensor ws[] = {router, shared_gate}, outs[] = {logits, sh.score};
     ops.matmul_group(io.x, ws, outs);
   }
-  ops.moe_route_experts_shared(logits, routing, io.x, experts, ids, weights, sh, out, s.moe, io.h,
-                               io.next_norm);
+  ops.moe_route_experts_shared(logits, routing, io.x, experts, ids, weights, sh, out, s.moe, io.h);
 }
 
 void SparseMoe::describe(ModelInfo& info) const {

@@ -86,7 +86,6 @@ class SparseMoe final : public FeedForward {
   void plan(ModelPlan& plan) override;
   void forward(const LayerIo& io) const override;
   void describe(ModelInfo& info) const override;
-  bool takes_next_norm() const override { return has_shared(); }
 };
 
 }  // namespace recur

@@ -331,22 +331,17 @@ Status HybridModel::forward(const Batch& batch, Tensor logits) {
   const int32_t* tokens = batch.device_tokens ? batch.device_tokens : batch.tokens.data();
   const float eps = spec_.rms_norm_eps, off = spec_.norm_offset;
   Tensor h = h_.slice_rows(0, n), x = x_.slice_rows(0, n);
-  LayerIo io{ops_, sl, n, h, x, scratch_, state_, {}};
+  const LayerIo io{ops_, sl, n, h, x, scratch_, state_};
 
   // The residual stream h: each layer's mixer and feed-forward add their outputs to it (their
-  // last projection accumulates into h), and each norm reads it whole into x. A feed-forward
-  // may run the next layer's input norm as the end of its update of h.
+  // last projection accumulates into h), and each norm reads it whole into x.
   ops_.embedding_rms_norm(tokens, n, spec_.embed_tokens, h, spec_.layers.front().input_norm, off,
                           eps, x);
-  bool normed = true;  // x holds layer i's normed input
   for (size_t i = 0; i < spec_.layers.size(); ++i) {
     const DecoderLayer& L = spec_.layers[i];
-    if (!normed) ops_.rms_norm(h, L.input_norm, off, eps, x);
+    if (i > 0) ops_.rms_norm(h, L.input_norm, off, eps, x);
     L.mixer->forward(io);
     ops_.rms_norm(h, L.post_norm, off, eps, x);
-    normed = i + 1 < spec_.layers.size() && L.ffn->takes_next_norm();
-    io.next_norm =
-        normed ? ThenRmsNorm{spec_.layers[i + 1].input_norm, off, eps, x} : ThenRmsNorm{};
     L.ffn->forward(io);
   }
   // Only the rows whose logits are wanted go through the final norm and the LM head.

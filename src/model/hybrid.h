@@ -67,9 +67,6 @@ struct LayerIo {
   Tensor x;  // [n, hidden]: the block's normed input
   const Scratch& s;
   const StatePools& state;
-  // The next layer's input norm, into x, for a feed-forward that takes_next_norm() (empty w:
-  // the model runs it itself).
-  ThenRmsNorm next_norm;
 };
 
 // What blocks declare at load, before anything is allocated.
@@ -119,8 +116,6 @@ class FeedForward {
   virtual void plan(ModelPlan& plan) = 0;
   virtual void forward(const LayerIo& io) const = 0;  // io.h += the feed-forward of io.x
   virtual void describe(ModelInfo& info) const {}
-  // Whether forward runs io.next_norm after its update of io.h (then the model does not).
-  virtual bool takes_next_norm() const { return false; }
 };
 
 struct DecoderLayer {

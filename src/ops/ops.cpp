@@ -127,17 +127,13 @@ void Ops::moe_experts_shared(const Tensor& x, std::span<const ExpertWeights> exp
   }
 }
 
-void Ops::moe_route_experts_shared(const Tensor& logits, const MoeRouting& routing, const Tensor& x,
-                                   std::span<const ExpertWeights> experts, Tensor ids,
-                                   Tensor weights, const SharedExpertArgs& shared, Tensor out,
-                                   Tensor scratch, Tensor residual, const ThenRmsNorm& then_norm) {
-  RECUR_CHECK(!then_norm.w.data || residual.data);
+void Ops::moe_route_experts_shared(const Tensor& logits, const MoeRouting& routing,
+                                   const Tensor& x, std::span<const ExpertWeights> experts,
+                                   Tensor ids, Tensor weights, const SharedExpertArgs& shared,
+                                   Tensor out, Tensor scratch, Tensor residual) {
   moe_route(logits, routing, ids, weights);
   moe_experts_shared(x, experts, ids, weights, shared, out, scratch);
   if (residual.data) add(residual, out);
-  if (then_norm.w.data) {
-    rms_norm(residual, then_norm.w, then_norm.weight_offset, then_norm.eps, then_norm.out);
-  }
 }
 
 void Ops::paged_attention_gated(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,

@@ -38,7 +38,7 @@ struct ExpertWeights {
 // Operands of Ops::attention_inputs, one attention layer's input stage after its projections.
 struct AttentionInputArgs {
   int heads = 0, kv_heads = 0, head_dim = 0;  // head_dim: of queries and keys
-  int rot_dim = 0;                            // rotary channels at the start of each head
+  int rot_dim = 0;  // rotary channels at the start of each head
   double rope_theta = 0;
   float norm_offset = 0.0f;  // added to the q and k norm weights (1 when zero-centred)
   float eps = 1e-6f;
@@ -56,15 +56,6 @@ struct SharedExpertArgs {
   Tensor score;             // [n, 1], or empty: ungated
   Tensor gate, up, hidden;  // [n, ff] scratch
   Tensor out;               // [n, d] scratch
-};
-
-// An RMS norm an op runs on the residual it updated, when w has data: out = rms_norm(residual,
-// w, weight_offset, eps), the next layer's normed input (a backend may compute it while the
-// row is still on chip).
-struct ThenRmsNorm {
-  Tensor w;  // [d], or empty: none
-  float weight_offset = 0.0f, eps = 1e-6f;
-  Tensor out;  // [n, d]
 };
 
 // How a router's logits [n, E] choose k experts per token and weigh them.
@@ -284,14 +275,12 @@ class Ops {
                                   const SharedExpertArgs& shared, Tensor out, Tensor scratch);
   // moe_route(logits, routing, ids, weights), moe_experts_shared with those ids and weights,
   // then add(residual, out) when residual has data (the residual stream [n, d] the layer's
-  // output joins; not out itself), then rms_norm(residual, ...) into then_norm.out when
-  // then_norm.w has data (which needs residual; then_norm.out may be x): which the default
-  // calls; a backend may fuse them (ids, weights and out are written either way).
+  // output joins; not out itself): which the default calls; a backend may fuse them (ids,
+  // weights and out are written either way).
   virtual void moe_route_experts_shared(const Tensor& logits, const MoeRouting& routing,
                                         const Tensor& x, std::span<const ExpertWeights> experts,
                                         Tensor ids, Tensor weights, const SharedExpertArgs& shared,
-                                        Tensor out, Tensor scratch, Tensor residual,
-                                        const ThenRmsNorm& then_norm);
+                                        Tensor out, Tensor scratch, Tensor residual);
 };
 
 }  // namespace recur

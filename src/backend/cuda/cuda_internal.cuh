@@ -29,9 +29,6 @@ struct CudaOptions {
   bool profile = false;  // RECUR_CUDA_PROFILE=1: device time per op, printed at exit (no graphs)
   // RECUR_CUDA_TRACE_OUT=FILE: where a RECUR_CUDA_TRACE build writes its stamps at exit.
   std::string trace_out;
-  // RECUR_CUDA_MOE_NORM=0 (experiment, session 12): the next layer's input norm as its own
-  // launch after a decode token's MoE combine, not in the combine's block.
-  bool moe_norm_in_combine = true;
   // Decode forwards replay CUDA graphs unless a launch-by-launch switch is on.
   bool graphs() const { return !sync && !profile; }
   static CudaOptions from_environment();

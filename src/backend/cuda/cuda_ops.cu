@@ -49,7 +49,6 @@ CudaOptions CudaOptions::from_environment() {
   o.sync = env_one("RECUR_CUDA_SYNC");
   o.profile = env_one("RECUR_CUDA_PROFILE");
   o.trace_out = env_string("RECUR_CUDA_TRACE_OUT");
-  if (const char* v = std::getenv("RECUR_CUDA_MOE_NORM")) o.moe_norm_in_combine = v[0] != '0';
   return o;
 }
 

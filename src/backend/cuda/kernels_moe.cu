@@ -18,7 +18,6 @@
 #include "backend/cuda/gemv.cuh"
 #include "backend/cuda/moe.cuh"
 #include "backend/cuda/moe_route.cuh"
-#include "backend/cuda/rms_norm_row.cuh"
 
 namespace recur {
 
@@ -368,34 +367,8 @@ __global__ void __launch_bounds__(kGemvThreads) moe_gemv_warp_kernel(MoeGemmArgs
   moe_warp_rows<W, NT, kDual, kPre>(a, e, row0, nt, orow0, pre, pre_e >= 0);
 }
 
-// Σ_j weights[t, j] · ys[row_of[t·k + j], c] (row_of null: the identity): column c of token
-// t's combined experts, eight pairs' loads in flight at a time, summed in pair order as one at
-// a time.
-__device__ __forceinline__ float combine_column(const float* ys, const int32_t* row_of,
-                                                const float* weights, int64_t ld_w, int k,
-                                                int64_t d, int t, int64_t c) {
-  float o = 0.0f;
-  int j = 0;
-  for (; j + 8 <= k; j += 8) {
-    float wv[8], yv[8];
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      const int row = row_of ? row_of[t * k + j + u] : t * k + j + u;
-      wv[u] = weights[int64_t(t) * ld_w + j + u];
-      yv[u] = ys[int64_t(row) * d + c];
-    }
-#pragma unroll
-    for (int u = 0; u < 8; ++u) o += wv[u] * yv[u];
-  }
-  for (; j < k; ++j) {
-    const int row = row_of ? row_of[t * k + j] : t * k + j;
-    o += weights[int64_t(t) * ld_w + j] * ys[int64_t(row) * d + c];
-  }
-  return o;
-}
-
-// out[t, :] = the combined experts of token t (combine_column); grid (tokens, column blocks), a
-// thread per column (a single block per token is latency-bound).
+// out[t, :] = Σ_j weights[t, j] · ys[row_of[t·k + j], :] (row_of null: the identity); grid
+// (tokens, column blocks), a thread per column (a single block per token is latency-bound).
 // With shared_y (one token): then out[0, :] += σ(score[0]) · shared_y, as add_scaled_sigmoid,
 // or += shared_y when score is null (an ungated shared expert), as add.
 // With residual [tokens, d] (rows ld_res apart): then residual += out, as add.
@@ -407,37 +380,28 @@ __global__ void moe_combine_kernel(const float* ys, const int32_t* row_of, const
   const int t = blockIdx.x;
   for (int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; c < d;
        c += int64_t(gridDim.y) * blockDim.x) {
-    float o = combine_column(ys, row_of, weights, ld_w, k, d, t, c);
+    // Eight pairs' loads in flight at a time; the sum in pair order as one at a time.
+    float o = 0.0f;
+    int j = 0;
+    for (; j + 8 <= k; j += 8) {
+      float wv[8], yv[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int row = row_of ? row_of[t * k + j + u] : t * k + j + u;
+        wv[u] = weights[int64_t(t) * ld_w + j + u];
+        yv[u] = ys[int64_t(row) * d + c];
+      }
+#pragma unroll
+      for (int u = 0; u < 8; ++u) o += wv[u] * yv[u];
+    }
+    for (; j < k; ++j) {
+      const int row = row_of ? row_of[t * k + j] : t * k + j;
+      o += weights[int64_t(t) * ld_w + j] * ys[int64_t(row) * d + c];
+    }
     if (shared_y) o += score ? sigmoid(score[0]) * shared_y[c] : shared_y[c];
     out[int64_t(t) * ldo + c] = o;
     if (residual) residual[int64_t(t) * ld_res + c] += o;
   }
-}
-
-// moe_combine_kernel for one token with its shared expert and residual [1, d ≥
-// kBlockNormMinWidth], in one block whose threads take the columns the block norm gives them,
-// then that norm of the updated residual into normed: the bits of the combine and rms_norm
-// launches, without the norm's launch and its wait for the combine (about 4 µs a decode layer).
-template <typename WN>
-__global__ void __launch_bounds__(kBlockNormThreads)
-    moe_combine_norm_kernel(const float* ys, const float* weights, int k, int64_t d, float* out,
-                            const float* shared_y, const float* score, Rows residual, Rows normed,
-                            const WN* norm_w, float offset, float eps) {
-  const NormWeights<kBlockNormPer> wpre =
-      load_norm_weights<kBlockNormPer>(norm_w, d, threadIdx.x, kBlockNormThreads);
-  grid_dependency_sync();
-  float* res = residual.row(0);
-  for (int64_t c = threadIdx.x; c < d; c += kBlockNormThreads) {
-    float o = combine_column(ys, nullptr, weights, k, k, d, 0, c);
-    o += score ? sigmoid(score[0]) * shared_y[c] : shared_y[c];
-    out[c] = o;
-    res[c] += o;
-  }
-  // rms_norm_row reads back only this thread's columns: no barrier before it.
-  __shared__ float red[kBlockNormThreads / 32];
-  rms_norm_row<kBlockNormPer, WN, NormGate::kNone>(
-      residual, residual, normed, norm_w, offset, eps, 0, threadIdx.x, kBlockNormThreads,
-      [&](float ss) { return block_sum(ss, red); }, wpre);
 }
 
 template <typename W, int NT, bool kDual>
@@ -575,12 +539,11 @@ bool routes_in_kernels(const Tensor& logits, const MoeRouting& routing, const Te
 // moe_experts; with `shared` (one token only), the shared expert runs as one more pair of the
 // token: its gate/up and down rows join the routed experts' launches and the combine adds it.
 // With `route` (one token, routes_in_kernels), the expert kernels route it themselves. With
-// residual data: then residual += out, by the combine; with then_norm (residual set, a row of
-// at least kBlockNormMinWidth) also the norm of the residual, by the combine's block.
+// residual data: then residual += out, by the combine.
 void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWeights> experts,
                      const Tensor& ids, const Tensor& weights, Tensor out, Tensor scratch,
                      const SharedExpertArgs* shared, const MoeInKernelRoute* route = nullptr,
-                     Tensor residual = {}, const ThenRmsNorm* then_norm = nullptr) {
+                     Tensor residual = {}) {
   const int64_t n = x.shape[0], d = x.row_size(), k = ids.shape[1];
   const int64_t E = int64_t(experts.size());
   RECUR_CHECK(E >= 1 && E <= 4096 && x.dtype == DType::F32 && out.row_size() == d);
@@ -683,20 +646,6 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
       s.launched("moe_experts (down)");
     });
   }
-  if (then_norm) {
-    RECUR_CHECK(direct && shared && residual.data && d >= kBlockNormMinWidth);
-    const Rows rs = rows_of(residual), ns = rows_of(then_norm->out);
-    RECUR_CHECK(then_norm->w.numel() == d && ns.n_rows == 1 && ns.d == d);
-    const float* score = shared->score.empty() ? nullptr : shared->score.ptr<float>();
-    dispatch_weight(then_norm->w.dtype, [&](auto tag) {
-      using WN = decltype(tag);
-      launch_kernel(moe_combine_norm_kernel<WN>, 1, kBlockNormThreads, 0, s.stream, m.ys,
-                    weights.ptr<float>(), int(k), d, out.ptr<float>(), m.ys + k * d, score, rs, ns,
-                    then_norm->w.ptr<WN>(), then_norm->weight_offset, then_norm->eps);
-    });
-    s.launched("moe_experts (combine, then rms_norm)");
-    return;
-  }
   const dim3 combine_grid(unsigned(n), unsigned(std::min<int64_t>((d + 255) / 256, 64)));
   launch_kernel(moe_combine_kernel, combine_grid, 256, 0, s.stream, m.ys,
                 direct ? nullptr : m.row_of, weights.ptr<float>(), weights.stride[0], int(k), d,
@@ -730,38 +679,27 @@ void CudaOps::moe_experts_shared(const Tensor& x, std::span<const ExpertWeights>
 void CudaOps::moe_route_experts_shared(const Tensor& logits, const MoeRouting& routing,
                                        const Tensor& x, std::span<const ExpertWeights> experts,
                                        Tensor ids, Tensor weights, const SharedExpertArgs& shared,
-                                       Tensor out, Tensor scratch, Tensor residual,
-                                       const ThenRmsNorm& then_norm) {
+                                       Tensor out, Tensor scratch, Tensor residual) {
   if (impl_->replaying()) return;  // the decode graph does this op's work
   if (!shared_rides_along(x, experts, ids.shape[1], shared, scratch)) {
     Ops::moe_route_experts_shared(logits, routing, x, experts, ids, weights, shared, out, scratch,
-                                  residual, then_norm);
+                                  residual);
     return;
   }
   // One token: routed by gate/up itself where it can, else by the routing kernel; the shared
-  // expert rides along; the combine adds the result to the residual and, for rows the block
-  // norm takes, normalises it.
+  // expert rides along; the combine adds the result to the residual.
   const int k = routing.k;
   RECUR_CHECK(ids.dtype == DType::I32 && ids.shape[1] == k && weights.shape[1] == k);
   RECUR_CHECK(!residual.data || residual.data != out.data);
-  RECUR_CHECK(!then_norm.w.data || residual.data);
-  const bool norm_in_combine =
-      then_norm.w.data && impl_->options.moe_norm_in_combine && x.row_size() >= kBlockNormMinWidth;
-  const ThenRmsNorm* fused_norm = norm_in_combine ? &then_norm : nullptr;
   if (!routes_in_kernels(logits, routing, x, experts, shared)) {
     moe_route(logits, routing, ids, weights);
-    run_moe_experts(*impl_, x, experts, ids, weights, out, scratch, &shared, nullptr, residual,
-                    fused_norm);
-  } else {
-    MoeInKernelRoute route;
-    route.logits = logits.ptr<float>(), route.k = k, route.scoring = route_scoring(routing);
-    route.ids = ids.ptr<int32_t>(), route.weights = weights.ptr<float>();
-    run_moe_experts(*impl_, x, experts, ids, weights, out, scratch, &shared, &route, residual,
-                    fused_norm);
+    run_moe_experts(*impl_, x, experts, ids, weights, out, scratch, &shared, nullptr, residual);
+    return;
   }
-  if (then_norm.w.data && !norm_in_combine) {
-    rms_norm(residual, then_norm.w, then_norm.weight_offset, then_norm.eps, then_norm.out);
-  }
+  MoeInKernelRoute route;
+  route.logits = logits.ptr<float>(), route.k = k, route.scoring = route_scoring(routing);
+  route.ids = ids.ptr<int32_t>(), route.weights = weights.ptr<float>();
+  run_moe_experts(*impl_, x, experts, ids, weights, out, scratch, &shared, &route, residual);
 }
 
 }  // namespace recur

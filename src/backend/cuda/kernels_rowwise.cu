@@ -13,7 +13,6 @@ using namespace cuda;
 namespace {
 
 constexpr int kThreads = 256;
-static_assert(kThreads == kBlockNormThreads, "the block norm kernels launch kThreads");
 
 // out[n, d] = f32(table[ids[i], :]);  table [vocab, d] as stored
 template <typename W>
@@ -35,6 +34,11 @@ __global__ void gather_rows_kernel(const float* x, int64_t ldx, const int32_t* r
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) out[i * ldo + j] = src[j];
 }
 
+// Rows at least this wide get a block each: one warp walking a 2048-wide row is bound by
+// load latency (about 10 µs for a single decode token). The choice depends on d alone, so a
+// token's result never depends on how many rows share the launch.
+constexpr int64_t kBlockNormMinWidth = 1024;
+
 // One warp per row of x [rows, d < kBlockNormMinWidth]; gate [rows, d] when kGate is set.
 template <typename W, NormGate kGate>
 __global__ void rms_norm_kernel(Rows x, Rows gate, Rows out, const W* w, float offset, float eps) {
@@ -45,9 +49,22 @@ __global__ void rms_norm_kernel(Rows x, Rows gate, Rows out, const W* w, float o
                                        [](float ss) { return warp_sum(ss); });
 }
 
+// The sum of ss over a block of kThreads: the warps' partial sums added in a fixed order.
+// red: kThreads / 32 floats of shared memory.
+__device__ __forceinline__ float block_sum(float ss, float* red) {
+  ss = warp_sum(ss);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
+  __syncthreads();
+  float total = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kThreads / 32; ++i) total += red[i];
+  return total;
+}
+
 // One block of kThreads per row of x [rows, d >= kBlockNormMinWidth]; the warps' partial sums
 // of squares are added in a fixed order. The weights load before the PDL wait: after it, they
 // would queue behind the next kernel's early weight loads (a large GEMV), as x must.
+constexpr int kBlockNormPer = 8;
 template <typename W, NormGate kGate>
 __global__ void __launch_bounds__(kThreads)
     rms_norm_block_kernel(Rows x, Rows gate, Rows out, const W* w, float offset, float eps) {
