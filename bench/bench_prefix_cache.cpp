@@ -11,10 +11,16 @@
 //   bench_prefix_cache [--threads 1] [--turns 20] [--turn-tokens 300] [--reply-tokens 32]
 //                      [--agents 32] [--system-tokens 8000] [--question-tokens 200]
 //                      [--interval 2048] [--parts chat,agent] [--model DIR]
+//                      [--config FILE [--layers N]] [--device cpu|cuda]
+//                      [--kv-cache-mb 1024] [--prefix-cache-mb 1024]
+// --config: a published configuration with random bf16 weights (cut to --layers) instead of
+// the model in --model, whose tokenizer and chat template still make the prompts (its ids
+// fit larger vocabularies; replies decode to nothing past its own).
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -24,6 +30,8 @@
 #include "backend/backend.h"
 #include "bench_util.h"
 #include "engine/engine.h"
+#include "io/checkpoint.h"
+#include "model/registry.h"
 #include "tokenizer/chat_template.h"
 
 using namespace recur;
@@ -44,6 +52,9 @@ struct Options {
   int interval = 2048;
   std::vector<std::string> parts = {"chat", "agent"};
   std::string model = std::string(RECUR_SOURCE_DIR) + "/models/qwen3next-tiny-realvocab";
+  std::string config, device = "cpu";
+  int layers = 0;
+  int kv_cache_mb = 1024, prefix_cache_mb = 1024;
 };
 
 struct Outcome {
@@ -113,9 +124,20 @@ std::unique_ptr<Engine> make_engine(Ops& ops, const Options& o, const Tokenizer&
   cfg.max_batch = max_batch;
   cfg.max_batch_tokens = 512;
   cfg.seed = 1;
-  cfg.prefix_cache_bytes = cache ? int64_t(1) << 30 : 0;
+  cfg.kv_cache_bytes = int64_t(o.kv_cache_mb) << 20;
+  cfg.prefix_cache_bytes = cache ? int64_t(o.prefix_cache_mb) << 20 : 0;
   cfg.snapshot_interval = o.interval;
-  auto e = Engine::create(o.model, ops, cfg, &tok);
+  if (o.config.empty()) {
+    auto e = Engine::create(o.model, ops, cfg, &tok);
+    if (!e.ok()) die("engine: " + e.error().to_string());
+    return std::move(*e);
+  }
+  auto json = read_json_file(o.config);
+  if (!json.ok()) die(json.error().to_string());
+  auto model =
+      load_random_model(cut_layers(*json, o.layers), ops, Engine::load_options(cfg), DType::BF16);
+  if (!model.ok()) die("model: " + model.error().to_string());
+  auto e = Engine::create(std::move(*model), cfg, &tok);
   if (!e.ok()) die("engine: " + e.error().to_string());
   return std::move(*e);
 }
@@ -246,6 +268,7 @@ std::vector<std::string> split(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each line out at once, also when cut short
   Options o;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
@@ -257,6 +280,9 @@ int main(int argc, char** argv) {
                   : k == "--system-tokens"   ? &o.system_tokens
                   : k == "--question-tokens" ? &o.question_tokens
                   : k == "--interval"        ? &o.interval
+                  : k == "--layers"          ? &o.layers
+                  : k == "--kv-cache-mb"     ? &o.kv_cache_mb
+                  : k == "--prefix-cache-mb" ? &o.prefix_cache_mb
                                              : nullptr;
     if (number) {
       *number = std::atoi(v.c_str());
@@ -264,11 +290,15 @@ int main(int argc, char** argv) {
       o.parts = split(v);
     } else if (k == "--model") {
       o.model = v;
+    } else if (k == "--config") {
+      o.config = v;
+    } else if (k == "--device") {
+      o.device = v;
     } else {
       die("unknown option " + k);
     }
   }
-  auto ops = create_backend("cpu", o.threads);
+  auto ops = create_backend(o.device, o.threads);
   auto tok = Tokenizer::load(o.model);
   auto tmpl = ChatTemplate::load(o.model);
   if (!ops.ok() || !tok.ok() || !tmpl.ok()) {
@@ -276,8 +306,13 @@ int main(int argc, char** argv) {
     return 1;
   }
   const Chat chat{*tok, *tmpl};
-  fmt::print("model: {}\ndevice: cpu, {} thread(s); snapshot interval {}\n", o.model, o.threads,
-             o.interval);
+  if (o.config.empty()) {
+    fmt::print("model: {}\n", o.model);
+  } else {
+    fmt::print("model: {} with random bf16 weights{}; prompts from {}'s tokenizer\n", o.config,
+               o.layers > 0 ? fmt::format(", {} layers", o.layers) : "", o.model);
+  }
+  fmt::print("device: {}, {} thread(s); snapshot interval {}\n", o.device, o.threads, o.interval);
   nlohmann::json result;
   for (const std::string& part : o.parts) {
     for (bool cache : {false, true}) {

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over a build made here with `cmake --preset cuda`: the CUDA op tests,
-# verify on the six reference models, the unseen-shape forwards and the engine invariants on
-# CUDA (the 20,000-token flat-counter test included), the benchmark of the published 80B
-# configuration cut to 6 layers, transformers' baseline in the same session, and one long
-# completion whose buffer counters must stay flat. Exits 1 when any check fails (CUDA verify
-# at tolerance 1e-3: the errors measured are about 2e-4).
+# verify on the six reference models, the unseen-shape forwards, the engine invariants on CUDA
+# (the 20,000-token flat-counter test included) and the prefix cache on the tiny models, the
+# benchmark of the published 80B configuration cut to 6 layers, transformers' baseline in the
+# same session, the prefix cache's chat and agent benchmark on the 35B-A3B configuration, and
+# one long completion whose buffer counters must stay flat. Exits 1 when any check fails (CUDA
+# verify at tolerance 1e-3: the errors measured are about 2e-4).
 # Usage (device): scripts/device-cuda.sh OUTDIR [quick]
 #   RECUR_BIN       folder holding recur (default build-cuda)
 #   RECUR_TESTS     path of the test binaries under it (default tests/; bench_engine in bench/)
-#   RECUR_BINS_TAR  a .tar.xz of recur, test_cuda, test_model, test_engine, bench_engine to unpack
+#   RECUR_BINS_TAR  a .tar.xz of recur, test_cuda, test_model, test_engine, bench_engine and
+#                   bench_prefix_cache to unpack
 #                   and use
 #   RECUR_SRC_LINK  the source folder the tests were built in (they read models from it): a
 #                   link to this checkout is made there when it does not exist
@@ -51,7 +53,7 @@ if [ "$mode" = quick ]; then exit $fail; fi
 RECUR_TEST_DEVICE=cuda timeout 120 ${t}test_model --gtest_filter='UnseenShapes.*' \
   > "$out/test_unseen_shapes_cuda_full.txt" 2>&1 || failed "unseen shapes"
 grep -E "max\|dlogit\||PASSED|FAILED" "$out/test_unseen_shapes_cuda_full.txt" | tail -30
-RECUR_TEST_DEVICE=cuda timeout 300 ${t}test_engine --gtest_filter='*Engine*' \
+RECUR_TEST_DEVICE=cuda timeout 300 ${t}test_engine --gtest_filter='*Engine*:*PrefixCacheOnModel*' \
   > "$out/test_engine_cuda_full.txt" 2>&1 || failed test_engine
 tail -15 "$out/test_engine_cuda_full.txt" > "$out/test_engine_cuda.txt"
 grep -E "OK|PASSED|FAILED" "$out/test_engine_cuda.txt"
@@ -64,6 +66,11 @@ PYTHONUNBUFFERED=1 timeout 200 python3 bench/hf_gpu_baseline.py \
   --config configs/qwen3-next-80b-a3b-instruct.json --layers 6 > "$out/bench_hf_full.txt" 2>&1 ||
   echo "transformers baseline did not run (see $out/bench_hf_full.txt)"
 tail -5 "$out/bench_hf_full.txt" | tee "$out/bench_hf.json"
+# The prefix cache's chat and agent patterns on a published configuration (random weights).
+timeout 400 ${be}bench_prefix_cache --config configs/qwen3_5-35b-a3b.json --device cuda \
+  --kv-cache-mb 16384 --prefix-cache-mb 4096 > "$out/bench_prefix_cache.txt" 2>&1 ||
+  failed "bench_prefix_cache"
+grep -E '^\[agent|^\[chat, (no cache|cache)\] +(1|2|20) ' "$out/bench_prefix_cache.txt"
 timeout 300 ${be}bench_engine --device cuda --long "${RECUR_LONG:-60000}" \
   > "$out/bench_engine_long_full.txt" 2>&1 || failed "bench_engine long"
 tail -14 "$out/bench_engine_long_full.txt" | tee "$out/bench_engine_long.txt"

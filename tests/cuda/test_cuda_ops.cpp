@@ -57,6 +57,23 @@ TEST_F(CudaBasic, AdoptWeightKeepsDtypeAndCopyToHostRoundTrips) {
   EXPECT_EQ(max_abs(zh.f(), z.numel()), 0.0);
 }
 
+// copy on the device (the prefix cache's snapshots): one row of a pool into another pool's row
+// and back, byte for byte, the neighbouring rows untouched.
+TEST_F(CudaBasic, CopyMovesOneRowOfAPoolOnTheDevice) {
+  HostTensor pool(DType::F32, {3, 5, 33}), snapshots(DType::F32, {2, 5, 33});
+  fill_random(pool, rng);
+  fill_random(snapshots, rng);
+  DeviceTensor dpool = dev(pool), dsnap = dev(snapshots);
+  ops().copy(dpool.t.slice_rows(1, 2), dsnap.t.slice_rows(0, 1));
+  ops().copy(dsnap.t.slice_rows(1, 2), dpool.t.slice_rows(2, 3));
+  const HostTensor s = host(dsnap, snapshots), p = host(dpool, pool);
+  const size_t row = 5 * 33;
+  EXPECT_EQ(std::memcmp(s.f(), pool.f() + row, row * 4), 0);
+  EXPECT_EQ(std::memcmp(s.f() + row, snapshots.f() + row, row * 4), 0);
+  EXPECT_EQ(std::memcmp(p.f() + 2 * row, snapshots.f() + row, row * 4), 0);
+  EXPECT_EQ(std::memcmp(p.f(), pool.f(), 2 * row * 4), 0);
+}
+
 // argmax_rows on the device picks what the host rule (Ops' default) picks: rows of a real
 // vocabulary, longer ones (blocks taking several spans) and short ones, with the maximum tied,
 // NaN, and rows with nothing above -inf; each shape twice (the split kernel's per-row counts

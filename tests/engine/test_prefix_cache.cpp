@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cctype>
+#include <cstdlib>
 #include <numeric>
 #include <random>
 
@@ -425,7 +426,8 @@ void expect_same(const ModelRun& a, const ModelRun& b, const std::string& what) 
 class PrefixCacheOnModel : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    auto o = create_backend("cpu", 2);
+    const char* device = std::getenv("RECUR_TEST_DEVICE");  // cuda on the device machine
+    auto o = create_backend(device ? device : "cpu", 2);
     ASSERT_TRUE(o.ok());
     ops_ = std::move(*o);
     model_ = kRoot + "/models/" + GetParam();

@@ -379,6 +379,15 @@ void CudaOps::fill_zero(Tensor t) {
       cudaMemsetAsync(t.data, 0, size_t(t.numel()) * dtype_size(t.dtype), impl_->stream));
 }
 
+// In order with the forwards (a snapshot saved after a forward holds the state it left).
+void CudaOps::copy(const Tensor& src, Tensor dst) {
+  RECUR_CHECK(src.is_contiguous() && dst.is_contiguous() && src.dtype == dst.dtype &&
+              src.numel() == dst.numel());
+  impl_->end_forward();
+  RECUR_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, size_t(src.numel()) * dtype_size(src.dtype),
+                                   cudaMemcpyDeviceToDevice, impl_->stream));
+}
+
 void CudaOps::synchronize() {
   impl_->end_forward();
   RECUR_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
