@@ -1,7 +1,8 @@
 // out[n, m] = x[n, k] · w[m, k]^T (or out += that), w in its stored dtype.
 //
 // Up to kGemvMaxTokens tokens (decode): the GEMV kernel of gemv.cuh, f32 arithmetic, reading
-// each weight byte once at close to memory bandwidth. Larger n (prompts): cuBLAS. F32 weights
+// each weight byte once at close to memory bandwidth; decode batches on small weights, the same
+// kernel in token groups (takes_gemv). Larger n (prompts) and weights: cuBLAS. F32 weights
 // use plain f32 SGEMM. BF16/F16 weights use tensor cores on activations split exactly into
 // three 16-bit terms (cuBLAS has no f32 × bf16 product), one GEMM over the stacked terms and
 // an f32 sum: the GEMV kernel's arithmetic up to summation order, at three times the
