@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <type_traits>
+#include <utility>
 
 namespace recur {
 
@@ -46,6 +47,9 @@ class HybridModel final : public Model {
 
  private:
   Status validate(const Batch& batch, const Tensor& logits) const;
+  // Every recurrent layer's conv and delta-rule rows of `slot` into snapshot `snapshot`
+  // (to_snapshot), or back.
+  void copy_slot_state(int slot, int snapshot, bool to_snapshot);
 
   HybridSpec spec_;
   Ops& ops_;
@@ -200,26 +204,31 @@ void HybridModel::reset_slot(int slot) {
   }
 }
 
-void HybridModel::save_snapshot(int slot, int snapshot) {
+void HybridModel::copy_slot_state(int slot, int snapshot, bool to_snapshot) {
   RECUR_CHECK(slot >= 0 && slot < opt_.state.n_slots && snapshot >= 0 &&
               snapshot < opt_.state.n_snapshots);
   for (size_t i = 0; i < state_.conv.size(); ++i) {
-    ops_.copy(state_.conv[i].slice_rows(slot, slot + 1),
-              state_.conv_snapshots[i].slice_rows(snapshot, snapshot + 1));
-    ops_.copy(state_.delta[i].slice_rows(slot, slot + 1),
-              state_.delta_snapshots[i].slice_rows(snapshot, snapshot + 1));
+    const std::pair<Tensor, Tensor> rows[] = {
+        {state_.conv[i].slice_rows(slot, slot + 1),
+         state_.conv_snapshots[i].slice_rows(snapshot, snapshot + 1)},
+        {state_.delta[i].slice_rows(slot, slot + 1),
+         state_.delta_snapshots[i].slice_rows(snapshot, snapshot + 1)}};
+    for (const auto& [live, kept] : rows) {
+      if (to_snapshot) {
+        ops_.copy(live, kept);
+      } else {
+        ops_.copy(kept, live);
+      }
+    }
   }
 }
 
+void HybridModel::save_snapshot(int slot, int snapshot) {
+  copy_slot_state(slot, snapshot, true);
+}
+
 void HybridModel::restore_snapshot(int snapshot, int slot) {
-  RECUR_CHECK(slot >= 0 && slot < opt_.state.n_slots && snapshot >= 0 &&
-              snapshot < opt_.state.n_snapshots);
-  for (size_t i = 0; i < state_.conv.size(); ++i) {
-    ops_.copy(state_.conv_snapshots[i].slice_rows(snapshot, snapshot + 1),
-              state_.conv[i].slice_rows(slot, slot + 1));
-    ops_.copy(state_.delta_snapshots[i].slice_rows(snapshot, snapshot + 1),
-              state_.delta[i].slice_rows(slot, slot + 1));
-  }
+  copy_slot_state(slot, snapshot, false);
 }
 
 namespace {
