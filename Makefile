@@ -22,4 +22,4 @@ clean:
 	rm -rf build build-*
 
 format:
-	@find src tests bench -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' | xargs clang-format -i
+	@find src tests bench python/src -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' | xargs clang-format -i
