@@ -3,7 +3,7 @@ JOBS ?= $(shell nproc)
 PRESET ?= release
 MODEL ?= models/qwen3next-tiny-realvocab
 
-.PHONY: deps build test run clean format
+.PHONY: deps build test run clean format python
 
 deps:
 	@scripts/install-deps.sh
@@ -14,6 +14,11 @@ build: deps
 
 test: build
 	@ctest --preset $(PRESET) -j $(JOBS)
+
+# The Python package with its module (python/recur/), ready for `pip install ./python`.
+python: build
+	@cp build/python/_recur*.so python/recur/
+	@echo "python/recur is ready: pip install --no-build-isolation ./python"
 
 run: build
 	@scripts/run-main.sh $(MODEL)

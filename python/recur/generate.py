@@ -8,10 +8,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
-try:  # installed: the module inside the package
-    from . import _recur
-except ImportError:  # from the build folder: build/python on PYTHONPATH beside python/
+try:  # from the build folder (build/python on PYTHONPATH), which is never stale
     import _recur
+except ImportError:  # installed: the copy inside the package (`make python`)
+    from . import _recur
 from .sample_utils import GREEDY, Sampler
 
 _ENGINE_OPTIONS = ("threads", "max_batch", "max_batch_tokens", "max_context", "kv_cache_mb",
