@@ -166,7 +166,8 @@ def stream_generate(model: Model, tokenizer: Optional[TokenizerWrapper], prompt,
         first = start
         while True:
             while not q:
-                model._step()
+                if not model._step() and not q:
+                    raise RuntimeError("the engine went idle without finishing the request")
             ev = q.popleft()
             _, finish, token, logprob, text, reason, message = ev[:7]
             text = text.decode("utf-8", errors="replace")
@@ -266,7 +267,7 @@ class BatchGenerator:
             raise TypeError("insert takes a list of prompts, each a list of token ids")
         prompts = [_token_list(p) for p in prompts]
         if max_tokens is None or isinstance(max_tokens, int):
-            max_tokens = [max_tokens or self.max_tokens] * len(prompts)
+            max_tokens = [self.max_tokens if max_tokens is None else max_tokens] * len(prompts)
         if len(max_tokens) != len(prompts):
             raise ValueError("insert: one max_tokens per prompt")
         uids = []
@@ -313,9 +314,14 @@ class BatchGenerator:
         """One engine step's responses (none while the prompts are being prefilled)."""
         if self._closed:
             raise RuntimeError("BatchGenerator is closed")
-        if self._uids:
-            self.model._step()
-        return self._collect()
+        if not self._uids:
+            return []
+        busy = self.model._step()
+        out = self._collect()
+        if not busy and not out and self._uids:
+            raise RuntimeError("the engine went idle without finishing requests "
+                               f"{sorted(self._uids)}")
+        return out
 
     def next_generated(self) -> List[Response]:
         """Steps until tokens come; an empty list once nothing is left in flight."""

@@ -16,7 +16,7 @@ def test_batch_generate_equals_one_at_a_time(realvocab):
 def test_batch_generator_insert_next_remove(tiny):
     model, _ = tiny
     gen = recur.BatchGenerator(model, max_tokens=12)
-    uids = gen.insert([[1, 2, 3], [4, 5, 6, 7], [8]], max_tokens=[12, 12, 5])
+    uids = gen.insert([[1, 2, 3], [4, 5, 6, 7], [8]], max_tokens=[12, 40, 5])
     assert len(set(uids)) == 3
     counts = {u: 0 for u in uids}
     finished = {}
@@ -37,6 +37,8 @@ def test_batch_generator_insert_next_remove(tiny):
     assert counts[uids[0]] == 12 and finished[uids[0]] == "length"
     assert counts[uids[2]] == 5 and finished[uids[2]] == "length"
     assert 3 <= counts[uids[1]] < 12 and uids[1] not in finished
+    # Removed in the engine too, not only in the generator: nothing runs on after the others.
+    assert model.stats()["running"] == 0
     s = gen.stats()
     assert s.generation_tokens >= 20 and s.live_buffers > 0 and s.allocs_total > 0
     gen.close()

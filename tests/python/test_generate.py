@@ -99,6 +99,12 @@ def test_bad_input(realvocab, tiny):
         recur.generate(model, tok, [10**9], max_tokens=2)
     with pytest.raises(ValueError):
         recur.generate(model, tok, [], max_tokens=2)
+    with pytest.raises(ValueError, match="max_tokens"):
+        recur.generate(model, tok, [1, 2], max_tokens=0)
+    with pytest.raises(ValueError, match="max_tokens"):
+        recur.BatchGenerator(model).insert([[1, 2]], max_tokens=0)
+    with pytest.raises(TypeError):
+        recur.BatchGenerator(model).insert("not a list of prompts")
     with pytest.raises(FileNotFoundError, match="no-such-model"):
         recur.load(os.path.join(MODELS, "no-such-model"))
     with pytest.raises(TypeError, match="unknown engine option"):
