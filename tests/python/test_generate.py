@@ -116,3 +116,17 @@ def test_bad_input(realvocab, tiny):
         recur.generate(tiny_model, tiny_tok, "text needs a tokenizer", max_tokens=2)
     # The engine is still usable after every refusal.
     assert len(list(recur.stream_generate(tiny_model, tiny_tok, [1, 2], max_tokens=2))) == 2
+
+
+def test_generate_verbose_and_counters(realvocab, capsys):
+    model, tok = realvocab
+    before = model.stats()
+    text = recur.generate(model, tok, [1, 2, 3, 4], max_tokens=5, verbose=True)
+    printed = capsys.readouterr().out
+    assert printed.startswith(text) and "prompt: 4 tokens" in printed
+    assert "generation: 5 tokens" in printed
+    after = model.stats()
+    assert after["generated_tokens"] == before["generated_tokens"] + 5
+    assert after["prompt_tokens"] == before["prompt_tokens"] + 4
+    assert after["live_buffers"] > 0 and after["allocs_total"] >= after["live_buffers"]
+    assert after["live_bytes"] > 0
