@@ -130,3 +130,22 @@ def test_generate_verbose_and_counters(realvocab, capsys):
     assert after["prompt_tokens"] == before["prompt_tokens"] + 4
     assert after["live_buffers"] > 0 and after["allocs_total"] >= after["live_buffers"]
     assert after["live_bytes"] > 0
+
+
+def test_generate_from_threads(realvocab):
+    # The engine steps on whichever thread asks, one at a time, GIL released: concurrent calls
+    # share its batch and each gets its own completion.
+    import threading
+    model, tok = realvocab
+    ref = recur.generate(model, tok, [1, 2, 3], max_tokens=30)
+    results = [None] * 4
+
+    def run(i):
+        results[i] = recur.generate(model, tok, [1, 2, 3], max_tokens=30)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [ref] * 4
