@@ -3,7 +3,7 @@ JOBS ?= $(shell nproc)
 PRESET ?= release
 MODEL ?= models/qwen3next-tiny-realvocab
 
-.PHONY: deps build test run clean format
+.PHONY: deps build test run clean format python
 
 deps:
 	@scripts/install-deps.sh
@@ -15,6 +15,11 @@ build: deps
 test: build
 	@ctest --preset $(PRESET) -j $(JOBS)
 
+# The Python package with its module (python/recur/), ready for `pip install ./python`.
+python: build
+	@cp build/python/_recur*.so python/recur/
+	@echo "python/recur is ready: pip install --no-build-isolation ./python"
+
 run: build
 	@scripts/run-main.sh $(MODEL)
 
@@ -22,4 +27,4 @@ clean:
 	rm -rf build build-*
 
 format:
-	@find src tests bench -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' | xargs clang-format -i
+	@find src tests bench python/src -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' | xargs clang-format -i

@@ -1,0 +1,84 @@
+// The engine as the Python binding drives it: requests submitted from Python, steps run on the
+// caller's thread (with the GIL released by the binding), and every request's events collected
+// in one list that Python takes after each step. Nothing here touches Python objects, so the
+// engine's sinks never need the GIL.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace recur::py {
+
+struct SessionOptions {
+  std::string device = "cpu";
+  int threads = 0;
+  int max_batch = 8;
+  int max_batch_tokens = 512;
+  int max_context = 0;
+  int64_t kv_cache_mb = 1024;
+  int64_t prefix_cache_mb = 0;  // off unless asked: a script's prompts rarely share prefixes
+  int snapshot_interval = 2048;
+  std::optional<uint64_t> seed;
+  int pipeline_decode = -1;
+};
+
+// One engine event, owned (the engine's views live only during the sink call).
+struct PyEvent {
+  uint64_t uid = 0;
+  bool finish = false;
+  int32_t token = -1;
+  float logprob = 0;
+  std::string text;
+  std::string finish_reason;  // finish: "stop", "length", "cancelled", "error"
+  std::string message;
+  int prompt_tokens = 0;
+  int generated_tokens = 0;
+};
+
+struct PySampling {
+  std::optional<float> temperature, top_p, min_p;
+  std::optional<int> top_k;
+  std::optional<uint64_t> seed;
+};
+
+class Session {
+ public:
+  static Result<std::unique_ptr<Session>> open(const std::string& model_dir,
+                                               const SessionOptions& options);
+  ~Session();
+
+  Result<uint64_t> submit(std::vector<int32_t> prompt, int max_tokens, const PySampling& sampling,
+                          const std::vector<int32_t>& stop_tokens, bool ignore_eos);
+  void cancel(uint64_t uid);
+  // One engine step on this thread; false when nothing is queued or running.
+  bool step();
+  std::vector<PyEvent> take_events();
+  EngineStats stats() const { return engine_->stats(); }
+
+  const ModelInfo& info() const { return engine_->model_info(); }
+  const Tokenizer* tokenizer() const { return tokenizer_.get(); }
+  const ChatTemplate* chat_template() const { return template_ ? &*template_ : nullptr; }
+  const std::string& template_error() const { return template_error_; }
+  int max_context() const { return engine_->config().max_context; }
+
+ private:
+  Session() = default;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::optional<ChatTemplate> template_;
+  std::string template_error_;  // why there is no template, for apply_chat_template's error
+  std::unique_ptr<Ops> ops_;
+  std::unique_ptr<Engine> engine_;  // after ops_ and tokenizer_: destroyed before them
+  std::mutex step_mu_;              // step() from two Python threads runs one at a time
+  std::mutex events_mu_;
+  std::vector<PyEvent> events_;
+};
+
+}  // namespace recur::py
