@@ -47,7 +47,11 @@ PYBIND11_MODULE(_recur, m) {
   using recur::py::SessionOptions;
 
   pyb::class_<SessionOptions>(m, "SessionOptions")
-      .def(pyb::init<>())
+      .def(pyb::init([] {
+        SessionOptions o;
+        o.prefix_cache_mb = 0;  // off unless asked: a script's prompts rarely share prefixes
+        return o;
+      }))
       .def_readwrite("device", &SessionOptions::device)
       .def_readwrite("threads", &SessionOptions::threads)
       .def_readwrite("max_batch", &SessionOptions::max_batch)

@@ -25,15 +25,7 @@ Result<std::unique_ptr<Session>> Session::open(const std::string& model_dir,
     }
   }
   RECUR_ASSIGN_OR_RETURN(s->ops_, create_backend(o.device, o.threads));
-  EngineConfig config;
-  config.max_batch = o.max_batch;
-  config.max_batch_tokens = std::max(o.max_batch_tokens, o.max_batch);
-  config.max_context = o.max_context;
-  config.kv_cache_bytes = o.kv_cache_mb << 20;
-  config.prefix_cache_bytes = o.prefix_cache_mb << 20;
-  config.snapshot_interval = o.snapshot_interval;
-  config.seed = o.seed.value_or(0);
-  config.pipeline_decode = o.pipeline_decode;
+  const EngineConfig config = cli::engine_config(o);
   RECUR_ASSIGN_OR_RETURN(s->engine_,
                          Engine::create(model_dir, *s->ops_, config, s->tokenizer_.get()));
   return s;

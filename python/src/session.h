@@ -11,24 +11,16 @@
 #include <string>
 #include <vector>
 
+#include "cli/engine_options.h"
 #include "engine/engine.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace recur::py {
 
-struct SessionOptions {
-  std::string device = "cpu";
-  int threads = 0;
-  int max_batch = 8;
-  int max_batch_tokens = 512;
-  int max_context = 0;
-  int64_t kv_cache_mb = 1024;
-  int64_t prefix_cache_mb = 0;  // off unless asked: a script's prompts rarely share prefixes
-  int snapshot_interval = 2048;
-  std::optional<uint64_t> seed;
-  int pipeline_decode = -1;
-};
+// `recur serve`'s engine flags, mapped to the engine's configuration the same way
+// (cli::engine_config); the binding turns the prefix cache off by default.
+using SessionOptions = cli::EngineOptions;
 
 // One engine event, owned (the engine's views live only during the sink call).
 struct PyEvent {
