@@ -2,8 +2,12 @@
 // and attention over it) against the scalar references on ragged batches, with initial states
 // and histories; the fused input stages also against the ops.cpp defaults they replace, bit
 // for bit. All f32 arithmetic: conv ≤ 1e-5, rope 2e-5, attention ≤ 2e-5. The delta rule is in
-// test_cuda_delta_rule.cpp.
+// test_cuda_delta_rule.cpp. Last, the profile (RECUR_CUDA_PROFILE) over two of these ops.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "backend/cpu/reference.h"
 #include "cuda/cuda_test_util.h"
@@ -265,7 +269,7 @@ TEST_F(CudaSequence, ConvMatchesReferenceAndCarriesStateAcrossCalls) {
 // chunk continuing a prompt; group sizes 1, 2, 3, 4, 8 (Qwen3-Next's) and 16 (the tiled
 // fallback); head dims 20, 64, 128 and 256 (multiples of 32 at few tokens: the decode kernel);
 // value heads of other sizes than the key heads in every kernel (the decode kernel with more
-// key than value channels and the reverse, with splits; the warp kernel; the tiled one); with
+// key than value channels and the reverse, with splits; the tiled one; the tensor-core one); with
 // and without the output gate (then bit for bit paged_attention then mul_sigmoid).
 TEST_F(CudaSequence, PagedAttentionMatchesReferenceOnRaggedBatchesWithHistory) {
   struct Case {
@@ -296,7 +300,17 @@ TEST_F(CudaSequence, PagedAttentionMatchesReferenceOnRaggedBatchesWithHistory) {
                         {2, 64, 128, 16, {1, 1, 1}, {3000, 31, 0}},
                         {4, 192, 128, 16, {70, 1}, {0, 600}},
                         {4, 40, 24, 16, {1, 33, 17}, {70, 0, 16}},
-                        {16, 64, 160, 16, {1, 3}, {300, 40}}};
+                        {16, 64, 160, 16, {1, 3}, {300, 40}},
+                        // Prompts past the decode kernel's 64 tokens: the tensor-core kernel
+                        // (tiles of 64 / group tokens, 32 keys), fresh and continuing a cached
+                        // prefix, groups that do not divide its 64 rows, value heads of other
+                        // sizes, a decode token with a long history in the same forward.
+                        {1, 64, 64, 16, {300, 5, 80}, {0, 700, 40}},
+                        {3, 128, 128, 32, {100, 1}, {37, 2000}},
+                        {8, 256, 256, 16, {200}, {1000}},
+                        {8, 192, 128, 16, {100, 33}, {0, 50}},
+                        {2, 128, 64, 16, {130}, {0}},
+                        {16, 64, 160, 16, {90}, {10}}};
   for (const Case& c : cases) {
     const int64_t kv = 2, heads = kv * c.group, hd = c.hd, dv = c.dv;
     Layout lay(c.lens, c.first, c.block_size, rng);
@@ -341,3 +355,64 @@ TEST_F(CudaSequence, PagedAttentionMatchesReferenceOnRaggedBatchesWithHistory) {
 
 }  // namespace
 }  // namespace recur
+
+namespace recur::testing {
+namespace {
+
+// The row of `label` in the profile table: its TFLOP/s column (-1 when the row or the column is
+// missing).
+double profile_tflops(const std::string& table, const std::string& label) {
+  size_t at = table.find(label);
+  if (at == std::string::npos) return -1;
+  at += label.size();
+  const std::string line = table.substr(at, table.find('\n', at) - at);
+  double ms = 0, each = 0, tflops = -1, gbs = -1;
+  long long count = 0;
+  if (std::sscanf(line.c_str(), "%lf %lld %lf %lf %lf", &ms, &count, &each, &tflops, &gbs) != 5) {
+    return -1;
+  }
+  return ms > 0 && count > 0 && gbs > 0 ? tflops : -1;
+}
+
+// RECUR_CUDA_PROFILE=1 (issue 22): per-op device time with each op's FLOP/s and bytes/s,
+// printed when the ops go away. It once aborted with cudaErrorNotReady after a copy started
+// beside queued work; the copy here does the same.
+TEST(CudaProfile, PrintsEachOpsTimeAndRates) {
+  setenv("RECUR_CUDA_PROFILE", "1", 1);
+  auto created = CudaOps::create(0);
+  unsetenv("RECUR_CUDA_PROFILE");
+  if (!created.ok()) GTEST_SKIP() << "no usable CUDA device";
+  std::mt19937 rng(7);
+  ::testing::internal::CaptureStderr();
+  {
+    std::unique_ptr<CudaOps> ops = std::move(created.value());
+    const int64_t group = 8, kv = 2, hd = 128, heads = group * kv;
+    Layout lay({300}, {0}, 16, rng);
+    const int64_t n = lay.l.n_tokens, k = 1024, m = 4096;
+    HostTensor x(DType::F32, {n, k}), w(DType::BF16, {m, k}), y(DType::F32, {n, m});
+    HostTensor q(DType::F32, {n, heads, hd}), kc(DType::F32, {lay.n_blocks(), kv, hd, 16}),
+        vc(DType::F32, {lay.n_blocks(), kv, 16, hd}), out(DType::F32, {n, heads, hd});
+    for (HostTensor* t : {&x, &q, &kc, &vc}) fill_random(*t, rng);
+    fill_random(w, rng, 0.05f);
+    auto dw = ops->adopt_weight(w.t);
+    ASSERT_TRUE(dw.ok());
+    ASSERT_FALSE(ops->matmul_takes_gemv(n, dw.value()));
+    DeviceTensor dx(*ops, x), dy(*ops, y), dq(*ops, q), dkc(*ops, kc), dvc(*ops, vc),
+        dout(*ops, out);
+    ops->matmul(dx.t, dw.value(), dy.t, false);  // cuBLAS's first call sets itself up
+    ops->begin_forward(lay.l, {}, {});
+    ops->matmul(dx.t, dw.value(), dy.t, false);
+    ops->paged_attention(dq.t, dkc.t, dvc.t, lay.l, 1.0f / std::sqrt(float(hd)), dout.t);
+    std::vector<float> row(static_cast<size_t>(m));
+    ops->copy_to_host_start(dy.t.slice_rows(0, 1), row.data());
+    ops->copy_to_host_finish();
+    ops->synchronize();
+  }
+  const std::string table = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(table.find("TFLOP/s"), std::string::npos) << table;
+  EXPECT_GT(profile_tflops(table, "prompt n=300 matmul 3-term 4096x1024"), 0.0) << table;
+  EXPECT_GT(profile_tflops(table, "prompt n=300 paged_attention (tensor cores)"), 0.0) << table;
+}
+
+}  // namespace
+}  // namespace recur::testing

@@ -189,10 +189,22 @@ struct CudaOps::Impl {
   // options.profile (graphs off): an event after every launch; device time per op label and
   // forward shape, summed at each wait for the stream and printed to stderr at exit.
   std::vector<cudaEvent_t> prof_events;
-  std::vector<std::string> prof_labels;  // label of the interval ending at event i
+  std::vector<std::string> prof_labels;              // label of the interval ending at event i
+  std::vector<std::pair<double, double>> prof_work;  // its flops and bytes (0: not counted)
   size_t prof_used = 0;
   std::string prof_prefix;
-  std::map<std::string, std::pair<double, int64_t>> prof_totals;  // ms, count
+  double next_flops = 0, next_bytes = 0;  // the work of the op launched next
+  struct ProfTotal {
+    double ms = 0;
+    int64_t count = 0;
+    double flops = 0, bytes = 0;
+  };
+  std::map<std::string, ProfTotal> prof_totals;
+  // The arithmetic and memory traffic of the op about to be launched, for the profile's rates.
+  void work(double flops, double bytes) {
+    next_flops = flops;
+    next_bytes = bytes;
+  }
   void profile_mark(const char* what);
   void profile_collect();  // after the stream was synchronised
 

@@ -167,14 +167,19 @@ CudaOps::Impl::~Impl() {
   if (options.profile) {
     profile_collect();
     std::vector<std::pair<double, std::string>> rows;
-    for (auto& [label, v] : prof_totals) rows.push_back({v.first, label});
+    for (auto& [label, v] : prof_totals) rows.push_back({v.ms, label});
     std::sort(rows.rbegin(), rows.rend());
-    std::fprintf(stderr, "%-56s %12s %10s %12s\n", "op (forward shape)", "total ms", "count",
-                 "us each");
+    std::fprintf(stderr, "%-56s %12s %10s %12s %9s %9s\n", "op (forward shape)", "total ms",
+                 "count", "us each", "TFLOP/s", "GB/s");
     for (auto& [ms, label] : rows) {
-      const auto& v = prof_totals[label];
-      std::fprintf(stderr, "%-56s %12.3f %10lld %12.2f\n", label.c_str(), ms,
-                   static_cast<long long>(v.second), 1e3 * ms / double(v.second));
+      const ProfTotal& v = prof_totals[label];
+      const double s = std::max(ms, 1e-9) * 1e-3;
+      std::fprintf(stderr, "%-56s %12.3f %10lld %12.2f", label.c_str(), ms,
+                   static_cast<long long>(v.count), 1e3 * ms / double(v.count));
+      if (v.flops > 0 || v.bytes > 0) {
+        std::fprintf(stderr, " %9.2f %9.1f", v.flops / s * 1e-12, v.bytes / s * 1e-9);
+      }
+      std::fprintf(stderr, "\n");
     }
   }
   for (cudaEvent_t e : prof_events) cudaEventDestroy(e);
@@ -464,8 +469,10 @@ void CudaOps::Impl::profile_mark(const char* what) {
     RECUR_CUDA_CHECK(cudaEventCreate(&e));
     prof_events.push_back(e);
     prof_labels.emplace_back();
+    prof_work.emplace_back();
   }
   prof_labels[prof_used] = what ? prof_prefix + what : std::string();
+  prof_work[prof_used] = {next_flops, next_bytes};
   RECUR_CUDA_CHECK(cudaEventRecord(prof_events[prof_used], stream));
   ++prof_used;
 }
@@ -477,9 +484,11 @@ void CudaOps::Impl::profile_collect() {
     if (prof_labels[i].empty()) continue;  // a new forward's start: nothing ends here
     float ms = 0.0f;
     RECUR_CUDA_CHECK(cudaEventElapsedTime(&ms, prof_events[i - 1], prof_events[i]));
-    auto& v = prof_totals[prof_labels[i]];
-    v.first += ms;
-    v.second += 1;
+    ProfTotal& v = prof_totals[prof_labels[i]];
+    v.ms += ms;
+    v.count += 1;
+    v.flops += prof_work[i].first;
+    v.bytes += prof_work[i].second;
   }
   prof_used = 0;
 }
@@ -753,6 +762,7 @@ void CudaOps::Impl::launched(const char* what) {
   if (e == cudaSuccess && options.sync && mode == Mode::kEager) e = cudaStreamSynchronize(stream);
   if (e != cudaSuccess) cuda::cuda_failed(what, e, __FILE__, __LINE__);
   if (options.profile && mode == Mode::kEager && prof_used > 0) profile_mark(what);
+  next_flops = next_bytes = 0;
 }
 
 }  // namespace recur

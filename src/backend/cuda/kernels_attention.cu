@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "backend/cuda/attention_mma.cuh"
 #include "backend/cuda/cuda_internal.cuh"
 
 namespace recur {
@@ -755,6 +756,7 @@ void run_paged_attention(CudaOps::Impl& s, const Tensor& q, const Tensor& k_cach
   // walks its chunks one dependent step at a time and wants 16. Splits go no further than one
   // chunk of 32 (decode) or one per warp (warp kernel) and the buffer of partial results.
   const bool decode = n <= kDecodeMaxTokens && decode_kernel_fits(group, int(hd), int(dv));
+  if (!decode && paged_attention_mma(s, q, k_cache, v_cache, layout, scale, out, gate)) return;
   const int64_t base_blocks = int64_t(n) * kv_heads;
   const int64_t per_sm = decode ? 4 : 16, min_split = decode ? 32 : kMinSplitPositions;
   const int64_t want = std::max<int64_t>(1, (per_sm * s.sm_count + base_blocks - 1) / base_blocks);
@@ -787,6 +789,11 @@ void run_paged_attention(CudaOps::Impl& s, const Tensor& q, const Tensor& k_cach
     a.part_ml = p + slots * size_t(dv);
   }
   const dim3 grid{unsigned(n), unsigned(kv_heads), unsigned(n_splits)};
+  if (s.options.profile) {  // each (token, kv head) reads its context once
+    double ctx = 0;
+    for (int t = 0; t < n; ++t) ctx += layout.positions[t] + 1;
+    s.work(attention_flops(layout, heads, hd, dv), ctx * double(kv_heads) * double(hd + dv) * 4);
+  }
   if (decode) {
     if (dv == hd) {
       launch_attention_decode<false>(a, grid, s.stream);

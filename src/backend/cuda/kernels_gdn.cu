@@ -682,6 +682,14 @@ void CudaOps::gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v
       launch_chunked<false>(a, layout, records, bytes, s.max_smem_optin, s.stream);
     }
   };
+  if (s.options.profile) {
+    // The rule's own arithmetic per token and value head (decay, k·S, update, q·S: 7·dk·dv);
+    // bytes: q, k, v, g, β and the output per token, each sequence's state read and written.
+    const double n = double(q.shape[0]);
+    s.work(7.0 * n * double(hv * dk * dv),
+           4.0 * (n * double(2 * hk * dk + 2 * hv * dv + (per_channel ? hv * dk : hv) + hv) +
+                  2.0 * layout.n_seqs * double(hv * dk * dv)));
+  }
   if (form == DeltaRuleForm::kRecurrent) {
     recurrent();
   } else if (form == DeltaRuleForm::kChunked) {

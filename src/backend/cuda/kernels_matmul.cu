@@ -278,6 +278,10 @@ void CudaOps::matmul_group(const Tensor& x, std::span<const Tensor> ws,
     }
   });
   if (s.options.profile) {
+    int64_t rows = 0;
+    for (const Tensor& w : gws) rows += w.shape[0];
+    s.work(2.0 * double(n) * double(rows) * double(k),
+           double(group_bytes) + 4.0 * double(n) * double(k + rows));
     std::string label = "matmul group gemv";
     for (const Tensor& w : gws) label.append(" ").append(std::to_string(w.shape[0]));
     label.append(" x").append(std::to_string(k));
@@ -310,6 +314,8 @@ void CudaOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumula
       }
     });
     if (s.options.profile) {
+      s.work(2.0 * double(n) * double(m) * double(k),
+             double(weight_bytes(w)) + 4.0 * double(n) * double(k + m));
       std::string label = "matmul gemv ";
       label.append(std::to_string(m)).append("x").append(std::to_string(k));
       s.launched(label.c_str());
@@ -358,6 +364,9 @@ void CudaOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumula
     launch_kernel(sum3_kernel, sblocks, 256, 0, s.stream, terms, nr, m, outr, out.stride[0],
                   accumulate);
     if (s.options.profile) {  // the interval includes cuBLAS's product
+      // The rate counts the product's own flops, not the three terms' (3x those).
+      s.work(2.0 * double(nr) * double(m) * double(k),
+             double(weight_bytes(w)) + 4.0 * double(nr) * double(k + m));
       std::string label = "matmul 3-term ";
       label.append(std::to_string(m)).append("x").append(std::to_string(k));
       s.launched(label.c_str());

@@ -619,9 +619,21 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
   down.x = m.hs, down.ldx = d_ff, down.x_row = nullptr;
   down.out = m.ys, down.ldo = d;
 
+  // For the profile: the pairs' products, and the weights of at most min(E, pairs) experts.
+  const double all_pairs = double(n * slots), wb = double(dtype_size(wdt));
+  const double touched = double(std::min<int64_t>(E, pairs) + (shared ? 1 : 0));
+  auto work = [&](bool gate_up) {
+    if (!s.options.profile) return;
+    const double mats = gate_up ? 2.0 : 1.0;
+    s.work(2.0 * mats * all_pairs * double(d * d_ff),
+           mats * touched * double(d * d_ff) * wb +
+               4.0 * all_pairs * double(gate_up ? d + 2 * d_ff : d_ff + d));
+  };
   if (tensor_cores) {
+    work(true);
     launch_moe_wmma(up, wdt, true, unsigned(max_tiles), s.stream);
     s.launched("moe_experts (gate/up, tensor cores)");
+    work(false);
     launch_moe_wmma(down, wdt, false, unsigned(max_tiles), s.stream);
     s.launched("moe_experts (down, tensor cores)");
   } else {
@@ -634,14 +646,18 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
         RECUR_CHECK(aligned && x_vec && d % E16 == 0 && d_ff % E16 == 0);
         const int PL = int(E / kRouteThreads);
         up.route.cluster = kRouteCluster;
+        work(true);
         launch_moe_gemv_routed<W>(up, PL, tiles, s.stream);
         s.launched("moe_experts (routing, gate/up)");
+        work(false);
         launch_moe_gemv_warp<W, 1, false>(down, tiles, s.stream);
         s.launched("moe_experts (down)");
         return;
       }
+      work(true);
       launch_moe_gemv_nt<W, true>(up, tm, aligned && x_vec && d % E16 == 0, tiles, s.stream);
       s.launched("moe_experts (gate/up)");
+      work(false);
       launch_moe_gemv_nt<W, false>(down, tm, aligned && d_ff % E16 == 0, tiles, s.stream);
       s.launched("moe_experts (down)");
     });

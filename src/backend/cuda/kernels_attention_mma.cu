@@ -1,0 +1,451 @@
+// Prompt attention on tensor cores: the online softmax of flash attention 2 over tiles of the
+// paged cache, with mma.sync (f32 accumulation).
+//
+// A block takes kRows query rows of one sequence and one kv head, a row being (token, query
+// head of the group), so every key and value tile loaded serves the whole group. Its four warps
+// own 16 rows each and walk the key positions in tiles of kKeys, causal per row; the next tile
+// is copied in (cp.async) while the current one is used.
+//
+// The cache is f32 and the results must stay within f32's error (2e-5 of the scalar reference,
+// as the other kernels), so the products run on TF32 halves, x = hi + lo (about 20 bits), as
+// hi·hi + hi·lo + lo·hi: three tensor-core products per term, still far above the CUDA-core
+// kernels' rate.
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cuda/attention_mma.cuh"
+#include "backend/cuda/cuda_internal.cuh"
+
+namespace recur {
+namespace cuda {
+
+namespace {
+
+struct MmaAttnArgs {
+  const float* q;  // [n, heads, hd]
+  int64_t q_s0, q_s1;
+  const float* kc;  // [blocks, kv_heads, hd, bs]
+  int64_t kc_s0, kc_s1, kc_s2;
+  const float* vc;  // [blocks, kv_heads, bs, dv]
+  int64_t vc_s0, vc_s1, vc_s2;
+  float* out;  // [n, heads, dv]
+  int64_t o_s0, o_s1;
+  const float* gate;  // [n, heads·dv] rows g_s0 apart, or null: out = attention · σ(gate)
+  int64_t g_s0;
+  const int32_t *seq_start, *positions, *block_start, *block_ids;  // device copies of the layout
+  int n_seqs, group, hd, dv, bs;
+  float scale;
+};
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kRows = 16 * kWarps;  // query rows per block
+constexpr int kKeys = 32;           // key positions per tile
+// Row strides (floats) that put a fragment's 32 loads in 32 banks: Qs rows hd + 4 (≡ 4 mod 32
+// for hd a multiple of 32... and of 16: 4·g + c spreads either way), Ks rows kKeys + 8 and Vs
+// rows a multiple of 32 plus 8 (8·c + g).
+constexpr int kQPad = 4;
+constexpr int kKeyStride = kKeys + 8;
+__host__ __device__ constexpr int value_stride(int dv) {
+  return (dv + 31) / 32 * 32 + 8;
+}
+
+// x → TF32 hi (x truncated to TF32's 10 mantissa bits) and lo = x − hi, exact in f32, of which
+// the tensor core reads the top 10 bits: about 2^-20 relative error in all, in two
+// instructions (cvt.rna.tf32 costs several, and splitting dominated the kernel's issue slots).
+__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
+  hi = __float_as_uint(x) & 0xffffe000u;
+  lo = __float_as_uint(x - __uint_as_float(hi));
+}
+
+// c [16 × 8] += a [16 × 8] · b [8 × 8], TF32 (a row-major, b column-major fragments).
+__device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// A shared-memory load kept in program order with the (volatile) products.
+__device__ __forceinline__ float lds_ordered(const float* p) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];\n"
+               : "=f"(v)
+               : "r"(static_cast<unsigned>(__cvta_generic_to_shared(p))));
+  return v;
+}
+
+// c[u] += a · b[u] for N independent accumulators to f32's accuracy: the three products of
+// the split operands, each pass over all N before the next (a warp issues in order, and an
+// accumulator's next product waits for its last: interleaving hides that latency).
+template <int N>
+__device__ __forceinline__ void mma_split_n(float (&c)[N][4], const uint32_t (&ah)[4],
+                                            const uint32_t (&al)[4], const float (&b0)[N],
+                                            const float (&b1)[N], int n_valid) {
+  uint32_t bh[N][2], bl[N][2];
+#pragma unroll
+  for (int u = 0; u < N; ++u) {
+    split_tf32(b0[u], bh[u][0], bl[u][0]);
+    split_tf32(b1[u], bh[u][1], bl[u][1]);
+  }
+#pragma unroll
+  for (int u = 0; u < N; ++u) {
+    if (u < n_valid) mma_tf32(c[u], al, bh[u][0], bh[u][1]);
+  }
+#pragma unroll
+  for (int u = 0; u < N; ++u) {
+    if (u < n_valid) mma_tf32(c[u], ah, bl[u][0], bl[u][1]);
+  }
+#pragma unroll
+  for (int u = 0; u < N; ++u) {
+    if (u < n_valid) mma_tf32(c[u], ah, bh[u][0], bh[u][1]);
+  }
+}
+
+// 16 bytes global → shared, asynchronously; zeros when !valid (nothing is read then).
+__device__ __forceinline__ void copy16(float* dst, const float* src, bool valid) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void copy_commit() {
+  asm volatile("cp.async.commit_group;\n");
+}
+__device__ __forceinline__ void copy_wait_all_but_one() {
+  asm volatile("cp.async.wait_group 1;\n");
+}
+
+// Shared memory (f32): Qs [kRows][hd + 4]; two stages of Ks [hd][kKeyStride] (keys as the
+// cache holds them, positions along a row) and Vs [kKeys][value_stride(dv)], whose rows are
+// the keys in the order the first product's fragments leave them (see key_row).
+size_t mma_smem_bytes(int hd, int dv) {
+  return sizeof(float) * (size_t(kRows) * size_t(hd + kQPad) +
+                          2 * (size_t(hd) * kKeyStride + size_t(kKeys) * value_stride(dv)));
+}
+
+// The Vs row of key p of a tile: within each 8 keys, the even ones first. A thread's score
+// fragment holds keys 2c and 2c + 1 of each 8, which the second product's a operand wants
+// as its columns c and c + 4; reordering the values' rows to match spares the shuffles.
+__device__ __forceinline__ int key_row(int p) {
+  const int q = p % 8;
+  return p - q + (q % 2 == 0 ? q / 2 : q / 2 + 4);
+}
+
+struct TileCopy {
+  float* Ks;  // [hd][kKeyStride]
+  float* Vs;  // [kKeys][vs]
+};
+
+// Starts the copies of keys and values k0 .. k0 + kKeys − 1 (zeros past max_pos).
+__device__ __forceinline__ void start_tile(const MmaAttnArgs& a, const int32_t* table, int kvh,
+                                           int k0, int max_pos, TileCopy t) {
+  const int hd = a.hd, dv = a.dv, vs = value_stride(dv);
+  // Keys: chunks of 4 positions (one cache block: bs is a multiple of 4) of one channel.
+#pragma unroll 2
+  for (int e = threadIdx.x; e < hd * (kKeys / 4); e += kThreads) {
+    const int d = e / (kKeys / 4), p = 4 * (e % (kKeys / 4)), kp = k0 + p;
+    const bool valid = kp <= max_pos;
+    const float* src = a.kc;
+    if (valid) {
+      src += int64_t(table[kp / a.bs]) * a.kc_s0 + kvh * a.kc_s1 + d * a.kc_s2 + kp % a.bs;
+    }
+    copy16(t.Ks + d * kKeyStride + p, src, valid);
+  }
+  // Values: chunks of 4 channels of one position.
+#pragma unroll 2
+  for (int e = threadIdx.x; e < kKeys * (dv / 4); e += kThreads) {
+    const int p = e / (dv / 4), d = 4 * (e % (dv / 4)), kp = k0 + p;
+    const bool valid = kp <= max_pos;
+    const float* src = a.vc;
+    if (valid) {
+      src += int64_t(table[kp / a.bs]) * a.vc_s0 + kvh * a.vc_s1 + int64_t(kp % a.bs) * a.vc_s2 + d;
+    }
+    copy16(t.Vs + key_row(p) * vs + d, src, valid);
+  }
+}
+
+// grid (query tiles, kv_heads), kThreads. DV_MAX ≥ dv bounds the accumulator's registers:
+// acc[j] holds value channels [8j, 8j + 8) of the thread's rows g and g + 8 (g = lane / 4).
+template <int DV_MAX>
+__global__ void __launch_bounds__(kThreads) attention_mma_kernel(MmaAttnArgs a) {
+  grid_dependency_sync();
+  extern __shared__ __align__(16) float smem[];
+  const int hd = a.hd, dv = a.dv, group = a.group, hdq = hd + kQPad, vs = value_stride(dv);
+  float* Qs = smem;
+  TileCopy even, odd;  // the stages of even and odd tiles
+  even.Ks = Qs + kRows * hdq;
+  even.Vs = even.Ks + hd * kKeyStride;
+  odd.Ks = even.Vs + kKeys * vs;
+  odd.Vs = odd.Ks + hd * kKeyStride;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4, c = lane % 4;  // fragment row and column
+
+  // The tiles of sequence s follow those of sequence s − 1.
+  const int tokens_per_tile = kRows / group;
+  int tile = int(blockIdx.x), s = 0, t0 = 0, t_end = 0;
+  for (; s < a.n_seqs; ++s) {
+    const int len = a.seq_start[s + 1] - a.seq_start[s];
+    const int n_tiles = (len + tokens_per_tile - 1) / tokens_per_tile;
+    if (tile < n_tiles) {
+      t0 = a.seq_start[s] + tile * tokens_per_tile;
+      t_end = min(a.seq_start[s + 1], t0 + tokens_per_tile);
+      break;
+    }
+    tile -= n_tiles;
+  }
+  if (s == a.n_seqs) return;
+  const int kvh = int(blockIdx.y), n_rows = (t_end - t0) * group;
+  const int32_t* table = a.block_ids + a.block_start[s];
+  const int m0 = warp * 16;
+  // The last key any row of the warp, or of the block, attends to.
+  int warp_max_pos = -1, max_pos = -1;
+  for (int t = t0; t < t_end; ++t) {
+    const int pos = a.positions[t];
+    max_pos = max(max_pos, pos);
+    if ((t - t0 + 1) * group > m0 && (t - t0) * group < m0 + 16) {
+      warp_max_pos = max(warp_max_pos, pos);
+    }
+  }
+  start_tile(a, table, kvh, 0, max_pos, even);
+  copy_commit();
+
+  // Queries, scaled so that scores come out in log2 units (exp2 below).
+  const float q_scale = a.scale * 1.4426950408889634f;
+  for (int e = tid; e < kRows * hd; e += kThreads) {
+    const int r = e / hd, d = e % hd;
+    Qs[r * hdq + d] = r < n_rows ? a.q[int64_t(t0 + r / group) * a.q_s0 +
+                                       int64_t(kvh * group + r % group) * a.q_s1 + d] *
+                                       q_scale
+                                 : 0.0f;
+  }
+  // Positions of the thread's two rows (-1: no row; it stays masked and is not stored).
+  int row_pos[2];
+  for (int i = 0; i < 2; ++i) {
+    const int r = m0 + g + 8 * i;
+    row_pos[i] = r < n_rows ? a.positions[t0 + r / group] : -1;
+  }
+
+  float acc[DV_MAX / 8][4];
+#pragma unroll
+  for (int j = 0; j < DV_MAX / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+  for (int k0 = 0, it = 0; k0 <= max_pos; k0 += kKeys, ++it) {
+    const TileCopy cur = it % 2 ? odd : even;
+    // The next tile goes into the other stage, whose readers finished last iteration.
+    if (k0 + kKeys <= max_pos) start_tile(a, table, kvh, k0 + kKeys, max_pos, it % 2 ? even : odd);
+    copy_commit();
+    copy_wait_all_but_one();   // this thread's copies of the current tile have landed
+    __syncthreads();           // and everyone's (and the queries)
+    if (k0 <= warp_max_pos) {  // else every key of the tile is past the warp's rows
+      // Scores S [16 rows × kKeys] of the warp: n-tile j holds keys [8j, 8j + 8).
+      float sc[kKeys / 8][4];
+#pragma unroll
+      for (int j = 0; j < kKeys / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+#pragma unroll 1
+      for (int kk = 0; kk < hd; kk += 8) {
+        uint32_t ah[4], al[4];
+        const float* q0 = Qs + (m0 + g) * hdq + kk + c;
+        split_tf32(q0[0], ah[0], al[0]);
+        split_tf32(q0[8 * hdq], ah[1], al[1]);
+        split_tf32(q0[4], ah[2], al[2]);
+        split_tf32(q0[8 * hdq + 4], ah[3], al[3]);
+        const float* k = cur.Ks + (kk + c) * kKeyStride + g;
+        float b0[kKeys / 8], b1[kKeys / 8];
+#pragma unroll
+        for (int j = 0; j < kKeys / 8; ++j) b0[j] = k[8 * j], b1[j] = k[4 * kKeyStride + 8 * j];
+        mma_split_n<kKeys / 8>(sc, ah, al, b0, b1, kKeys / 8);
+      }
+      // Causal mask and the online softmax of the thread's rows g (i = 0) and g + 8 (i = 1);
+      // a row's values are spread over the 4 lanes of its quad.
+      float corr[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < kKeys / 8; ++j) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int key = k0 + 8 * j + 2 * c + h;
+            float& v = sc[j][2 * i + h];
+            if (key > row_pos[i]) v = -INFINITY;
+            mx = fmaxf(mx, v);
+          }
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m[i], mx);
+        // A row with nothing unmasked yet keeps weight 0 everywhere (m_new = -inf).
+        corr[i] = m_new == -INFINITY ? 1.0f : exp2f(m[i] - m_new);
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kKeys / 8; ++j) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            float& v = sc[j][2 * i + h];
+            v = m_new == -INFINITY ? 0.0f : exp2f(v - m_new);
+            sum += v;
+          }
+        }
+        l[i] = l[i] * corr[i] + sum;
+        m[i] = m_new;
+      }
+#pragma unroll
+      for (int j = 0; j < DV_MAX / 8; ++j) {
+        acc[j][0] *= corr[0], acc[j][1] *= corr[0];
+        acc[j][2] *= corr[1], acc[j][3] *= corr[1];
+      }
+      // acc += P · V over each 8 keys: the score fragment (keys 2c, 2c + 1 of rows g, g + 8)
+      // is the a operand as it lies, against the reordered value rows. Values are read
+      // kBatch channel groups at a time, in order with the products (lds_ordered): left free,
+      // the compiler hoists them all and spills the accumulators.
+#pragma unroll
+      for (int j = 0; j < kKeys / 8; ++j) {
+        uint32_t ph[4], pl[4];
+        split_tf32(sc[j][0], ph[0], pl[0]);
+        split_tf32(sc[j][2], ph[1], pl[1]);
+        split_tf32(sc[j][1], ph[2], pl[2]);
+        split_tf32(sc[j][3], ph[3], pl[3]);
+        const float* v = cur.Vs + (8 * j + c) * vs + g;
+        constexpr int kBatch = 8;
+#pragma unroll
+        for (int n0 = 0; n0 < DV_MAX / 8; n0 += kBatch) {
+          if (8 * n0 < dv) {
+            float b0[kBatch], b1[kBatch];
+#pragma unroll
+            for (int u = 0; u < kBatch; ++u) {
+              const bool in = 8 * (n0 + u) < dv;  // past dv lies the next row, or nothing
+              b0[u] = in ? lds_ordered(v + 8 * (n0 + u)) : 0.0f;
+              b1[u] = in ? lds_ordered(v + 4 * vs + 8 * (n0 + u)) : 0.0f;
+            }
+            mma_split_n<kBatch>(*reinterpret_cast<float(*)[kBatch][4]>(&acc[n0]), ph, pl, b0, b1,
+                                (dv - 8 * n0) / 8);
+          }
+        }
+      }
+    }
+    __syncthreads();  // the stage is free for the copy two tiles ahead
+  }
+  // Each row's denominator is the sum of its quad's partial sums.
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = m0 + g + 8 * i;
+    if (r >= n_rows) continue;
+    const int t = t0 + r / group, h = kvh * group + r % group;
+    float* out = a.out + int64_t(t) * a.o_s0 + int64_t(h) * a.o_s1;
+    const float* gate = a.gate ? a.gate + int64_t(t) * a.g_s0 + int64_t(h) * dv : nullptr;
+    const float inv = 1.0f / l[i];
+#pragma unroll
+    for (int j = 0; j < DV_MAX / 8; ++j) {
+      if (8 * j < dv) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int d = 8 * j + 2 * c + hh;
+          float v = acc[j][2 * i + hh] * inv;
+          if (gate) v *= sigmoid(gate[d]);
+          out[d] = v;
+        }
+      }
+    }
+  }
+}
+
+template <int DV_MAX>
+void launch_dv(const MmaAttnArgs& a, dim3 grid, size_t smem, cudaStream_t stream) {
+  static size_t opted_in = 48 << 10;
+  if (smem > opted_in) {
+    RECUR_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<DV_MAX>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    opted_in = smem;
+  }
+  launch_kernel(attention_mma_kernel<DV_MAX>, grid, kThreads, smem, stream, a);
+}
+
+bool attention_mma_fits(int group, int hd, int dv, int block_size, size_t max_smem) {
+  return hd % 16 == 0 && dv % 8 == 0 && hd > 0 && dv > 0 && hd <= 256 && dv <= 256 &&
+         block_size % 4 == 0 && group >= 1 && group <= kRows && mma_smem_bytes(hd, dv) <= max_smem;
+}
+
+void launch_attention_mma(const MmaAttnArgs& a, const SeqLayout& layout, int kv_heads,
+                          cudaStream_t stream, double* cache_bytes) {
+  const int tokens_per_tile = kRows / a.group;
+  int64_t n_tiles = 0;
+  for (int s = 0; s < layout.n_seqs; ++s) {
+    n_tiles += (layout.seq_len(s) + tokens_per_tile - 1) / tokens_per_tile;
+  }
+  if (cache_bytes) {  // a tile reads keys and values up to its last position
+    double positions = 0;
+    for (int s = 0; s < layout.n_seqs; ++s) {
+      for (int t = layout.seq_start[s]; t < layout.seq_start[s + 1]; t += tokens_per_tile) {
+        const int last = std::min(layout.seq_start[s + 1], t + tokens_per_tile) - 1;
+        positions += layout.positions[last] + 1;
+      }
+    }
+    *cache_bytes = positions * double(kv_heads) * double(a.hd + a.dv) * 4;
+  }
+  if (n_tiles == 0) return;
+  const dim3 grid{unsigned(n_tiles), unsigned(kv_heads)};
+  const size_t smem = mma_smem_bytes(a.hd, a.dv);
+  if (a.dv <= 64) {
+    launch_dv<64>(a, grid, smem, stream);
+  } else if (a.dv <= 128) {
+    launch_dv<128>(a, grid, smem, stream);
+  } else {
+    launch_dv<256>(a, grid, smem, stream);
+  }
+}
+
+}  // namespace
+
+double attention_flops(const SeqLayout& layout, int64_t heads, int64_t hd, int64_t dv) {
+  double ctx = 0;
+  for (int t = 0; t < layout.n_tokens; ++t) ctx += layout.positions[t] + 1;
+  return 2.0 * ctx * double(heads) * double(hd + dv);
+}
+
+bool paged_attention_mma(CudaOps::Impl& s, const Tensor& q, const Tensor& k_cache,
+                         const Tensor& v_cache, const SeqLayout& layout, float scale, Tensor out,
+                         const Tensor* gate) {
+  const int64_t n = q.shape[0], heads = q.shape[1], hd = q.shape[2];
+  const int64_t kv_heads = k_cache.shape[1], dv = v_cache.shape[3];
+  const int group = int(heads / kv_heads);
+  auto copies16 = [](const Tensor& t) {  // the kernel copies 16 bytes at a time
+    return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && t.stride[0] % 4 == 0 &&
+           t.stride[1] % 4 == 0 && t.stride[2] % 4 == 0;
+  };
+  if (!copies16(k_cache) || !copies16(v_cache) ||
+      !attention_mma_fits(group, int(hd), int(dv), layout.block_size, s.max_smem_optin)) {
+    return false;
+  }
+  const DevLayout dl = s.layout(layout, true);
+  MmaAttnArgs m{};
+  m.q = q.ptr<float>(), m.q_s0 = q.stride[0], m.q_s1 = q.stride[1];
+  m.kc = k_cache.ptr<float>();
+  m.kc_s0 = k_cache.stride[0], m.kc_s1 = k_cache.stride[1], m.kc_s2 = k_cache.stride[2];
+  m.vc = v_cache.ptr<float>();
+  m.vc_s0 = v_cache.stride[0], m.vc_s1 = v_cache.stride[1], m.vc_s2 = v_cache.stride[2];
+  m.out = out.ptr<float>(), m.o_s0 = out.stride[0], m.o_s1 = out.stride[1];
+  if (gate) {
+    RECUR_CHECK(gate->ndim == 2 && gate->shape[0] == n && gate->shape[1] == heads * dv &&
+                gate->stride[1] == 1 && gate->dtype == DType::F32);
+    m.gate = gate->ptr<float>(), m.g_s0 = gate->stride[0];
+  }
+  m.seq_start = dl.seq_start, m.positions = dl.positions;
+  m.block_start = dl.block_start, m.block_ids = dl.block_ids;
+  m.n_seqs = layout.n_seqs, m.group = group, m.hd = int(hd), m.dv = int(dv);
+  m.bs = layout.block_size, m.scale = scale;
+  if (s.options.profile) s.work(attention_flops(layout, heads, hd, dv), 0);
+  launch_attention_mma(m, layout, int(kv_heads), s.stream,
+                       s.options.profile ? &s.next_bytes : nullptr);
+  s.launched("paged_attention (tensor cores)");
+  return true;
+}
+
+}  // namespace cuda
+}  // namespace recur
