@@ -99,6 +99,8 @@ class ClassTranslator {
       std::string op;
       if (nested.empty()) {
         op = "[" + flat + "]";
+      } else if (flat.empty() && nested.size() == 1) {
+        op = nested[0];
       } else {
         op = "(?:";
         if (!flat.empty()) op += "[" + flat + "]|";
