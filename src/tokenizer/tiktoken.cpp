@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "tokenizer/pretokenizer.h"
+#include "tokenizer/utf8_util.h"
 
 namespace recur {
 
@@ -29,6 +30,16 @@ constexpr std::string_view kKimiPattern =
 // Kimi reserves 256 + 2 special-token ids after the ranks; those its config does not name are
 // <|reserved_token_ID|>.
 constexpr int kKimiReservedSpecialTokens = 258;
+// Kimi's encode: 400,000-character chunks, runs cut at 25,000 characters (tiktoken's regex
+// is slow on longer runs).
+constexpr ChunkLimits kKimiChunks = {400'000, 25'000};
+
+// Python's str.isspace: bidirectional class WS, B or S, or category Zs.
+bool python_isspace(int32_t cp) {
+  return (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85 || cp == 0xA0 ||
+         cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 ||
+         cp == 0x202F || cp == 0x205F || cp == 0x3000;
+}
 
 // Rust's Unicode \w (UTS #18 word characters).
 constexpr std::string_view kWordClassBody = R"(\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\p{Join_Control})";
@@ -222,6 +233,43 @@ class ClassTranslator {
 
 }  // namespace
 
+Status for_each_chunk(std::string_view text, const ChunkLimits& limits,
+                      FunctionRef<Status(std::string_view)> fn) {
+  if (limits.chars == 0 && limits.run == 0) return text.empty() ? Status() : fn(text);
+  const auto* p = reinterpret_cast<const uint8_t*>(text.data());
+  size_t slice_start = 0;  // the chunk being built
+  size_t chars = 0;        // characters since the last `chars` cut
+  size_t run = 0;          // length of the current run of one kind
+  bool run_space = false;
+  auto cut = [&](size_t at) -> Status {
+    const std::string_view chunk = text.substr(slice_start, at - slice_start);
+    slice_start = at;
+    return chunk.empty() ? Status() : fn(chunk);
+  };
+  for (size_t i = 0; i < text.size();) {
+    if (limits.chars > 0 && chars == limits.chars) {
+      RECUR_RETURN_IF_ERROR(cut(i));
+      chars = 0;
+    }
+    const Utf8Step step = utf8_step(p + i, text.size() - i);
+    const bool space = python_isspace(decode_utf8_char(p + i, step.length));
+    if (chars == 0) {
+      run_space = space;  // each chunk starts a run
+      run = 0;
+    }
+    if (space != run_space) {
+      run = 1;
+      run_space = space;
+    } else if (++run > limits.run && limits.run > 0) {
+      RECUR_RETURN_IF_ERROR(cut(i));
+      run = 1;
+    }
+    ++chars;
+    i += step.length;
+  }
+  return cut(text.size());
+}
+
 Result<std::vector<RankedToken>> parse_tiktoken_ranks(std::string_view text,
                                                       std::string_view origin) {
   std::vector<RankedToken> tokens;
@@ -383,6 +431,7 @@ Result<TiktokenConfig> read_tiktoken_config(const json& config, size_t base_toke
                       "tokenization_kimi.TikTokenTokenizer)",
                       origin);
   }
+  if (kimi) out.chunks = kKimiChunks;
 
   out.added_tokens = json::array();
   std::unordered_set<int64_t> listed;

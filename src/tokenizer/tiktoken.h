@@ -11,6 +11,7 @@
 
 #include "core/status.h"
 #include "tokenizer/bpe.h"
+#include "tokenizer/pretokenizer.h"
 
 namespace recur {
 
@@ -30,10 +31,22 @@ Result<std::string> translate_tiktoken_pattern(std::string_view pattern);
 // in auto_map, or tokenizer_class TikTokenTokenizer).
 bool names_kimi_tokenizer(const nlohmann::json& config);
 
+// Kimi's tokenizer hands tiktoken its text in chunks: every `chars` characters, each cut again
+// where a run of white space (Python's str.isspace) or of other characters would pass `run`
+// characters. Zero: no such cut.
+struct ChunkLimits {
+  size_t chars = 0;
+  size_t run = 0;
+};
+// Calls `fn` on each chunk of `text` (valid UTF-8), in order; empty chunks are skipped.
+Status for_each_chunk(std::string_view text, const ChunkLimits& limits,
+                      FunctionRef<Status(std::string_view)> fn);
+
 // What tokenizer_config.json adds to the ranks.
 struct TiktokenConfig {
   std::string pattern;          // Rust regex syntax
   nlohmann::json added_tokens;  // tokenizer.json's "added_tokens" form, for AddedVocabulary
+  ChunkLimits chunks;           // the tokenizer class's
 };
 
 // The pre-tokenizer pattern is "pat_str" when the config has one, else that of the tokenizer

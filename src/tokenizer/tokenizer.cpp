@@ -29,6 +29,7 @@ struct Tokenizer::Impl {
   BpeModel model;
   AddedVocabulary added;
   TokenIdMap added_ids;  // content -> id of added tokens, which take precedence over the model
+  ChunkLimits chunks;    // tiktoken (Kimi): runs of text are pre-tokenized in chunks
 
   // Per id, for decoding. An id no token uses has present == 0.
   std::vector<std::string> id_bytes;
@@ -197,6 +198,7 @@ Result<Tokenizer> Tokenizer::from_tiktoken(std::string_view ranks_text,
     auto impl =
         std::make_shared<Impl>(std::move(normalizer), PreTokenizer::matches_of(std::move(*regex)),
                                std::move(model), std::move(added));
+    impl->chunks = tc.chunks;
     RECUR_RETURN_IF_ERROR(index_ids(*impl, origin));
     return Tokenizer(std::move(impl));
   } catch (const json::exception& e) {
@@ -289,9 +291,12 @@ Result<std::vector<int32_t>> Tokenizer::encode(
         ids.push_back(seg.id);
         continue;
       }
-      arena.clear();
-      RECUR_RETURN_IF_ERROR(im.pre_tokenizer.split(
-          seg.text, arena, [&](std::string_view piece) { im.model.encode_piece(piece, ids); }));
+      RECUR_RETURN_IF_ERROR(
+          for_each_chunk(seg.text, im.chunks, [&](std::string_view chunk) -> Status {
+            arena.clear();
+            return im.pre_tokenizer.split(
+                chunk, arena, [&](std::string_view piece) { im.model.encode_piece(piece, ids); });
+          }));
     }
   }
   return ids;

@@ -145,6 +145,37 @@ TEST(Tiktoken, KimiDirectoryLoadsWithItsClassPatternAndReservedTokens) {
   EXPECT_EQ(t->decode(*round), text);
 }
 
+TEST(Tiktoken, KimiCutsLongRunsAndLongTextsAsItsTokenizerDoes) {
+  const std::string kimi_class =
+      R"({"auto_map": {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", null]}})";
+  Tokenizer t = load(ranks_text({"ab"}), kimi_class);
+  // A run of 25,000 letters is whole; one of 25,001 is cut before its last letter.
+  std::vector<int32_t> want(24998, 'a');
+  want.push_back(256);
+  EXPECT_EQ(ids(t, std::string(24999, 'a') + "b"), want);
+  want.assign(25000, 'a');
+  want.push_back('b');
+  EXPECT_EQ(ids(t, std::string(25000, 'a') + "b"), want);
+  // Text is encoded 400,000 characters at a time: here the cut falls inside the last "aab".
+  std::string text = "xx";
+  for (int k = 0; k < 100000; ++k) text += "aab ";
+  const std::vector<int32_t> got = ids(t, text);
+  ASSERT_GE(got.size(), 5u);
+  EXPECT_EQ(std::vector<int32_t>(got.end() - 5, got.end()),
+            (std::vector<int32_t>{' ', 'a', 'a', 'b', ' '}));
+  EXPECT_EQ(std::vector<int32_t>(got.begin(), got.begin() + 7),
+            (std::vector<int32_t>{'x', 'x', 'a', 256, ' ', 'a', 256}));
+  // Characters, not bytes: 399,999 two-byte letters and then "ab" cut between a and b.
+  std::string wide;
+  for (int k = 0; k < 399999; ++k) wide += "\xC3\xA9";  // é
+  const std::vector<int32_t> w = ids(t, wide + "ab");
+  ASSERT_GE(w.size(), 2u);
+  EXPECT_EQ(std::vector<int32_t>(w.end() - 2, w.end()), (std::vector<int32_t>{'a', 'b'}));
+  // Without Kimi's class there is no cut.
+  Tokenizer plain = load(ranks_text({"ab"}));
+  EXPECT_EQ(ids(plain, std::string(25000, 'a') + "b").back(), 256);
+}
+
 TEST(Tiktoken, RustPatternsBecomePcre2WithTheSameMeaning) {
   auto tr = [](std::string_view p) {
     auto r = translate_tiktoken_pattern(p);
