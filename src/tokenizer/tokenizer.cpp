@@ -194,7 +194,7 @@ Result<Tokenizer> Tokenizer::from_tiktoken(std::string_view ranks_text,
     RECUR_ASSIGN_OR_RETURN(BpeModel model,
                            BpeModel::from_ranks(ranks, ranks_origin, options.word_cache));
     RECUR_ASSIGN_OR_RETURN(AddedVocabulary added,
-                           AddedVocabulary::from_json(tc.added_tokens, normalizer));
+                           AddedVocabulary::from_json(tc.added_tokens, normalizer, config_origin));
     auto impl =
         std::make_shared<Impl>(std::move(normalizer), PreTokenizer::matches_of(std::move(*regex)),
                                std::move(model), std::move(added));

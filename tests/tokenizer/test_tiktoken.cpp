@@ -248,7 +248,8 @@ TEST(Tiktoken, CorruptFilesGetClearErrors) {
       {"added token flag not a bool", good,
        R"({"pat_str": "a", "added_tokens_decoder": {"256": {"content": "<x>"},
            "300": {"content": "<y>", "special": "yes"}}})",
-       ErrorCode::kCorrupt, "is not a bool"},
+       ErrorCode::kCorrupt,
+       "test/tokenizer_config.json: added token field \"special\" is not a bool"},
   };
   for (const BadFiles& c : cases) {
     auto t = Tokenizer::from_tiktoken(c.ranks, c.config, "test");
