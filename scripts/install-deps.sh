@@ -22,7 +22,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 server_tests="$root/tests/server"
-if [ ! -f "$server_tests/node_modules/openai/package.json" ]; then
+if [ ! -f "$server_tests/node_modules/openai/package.json" ] ||
+  [ ! -f "$server_tests/node_modules/tiktoken/package.json" ]; then
   echo "installing the server tests' npm packages (npm ci in tests/server)"
   (cd "$server_tests" && npm ci --no-audit --no-fund --loglevel=error)
 fi

@@ -34,7 +34,8 @@ T unwrap(recur::Result<T> r) {
 const recur::Tokenizer& need_tokenizer(const recur::py::Session& s) {
   if (!s.tokenizer()) {
     throw pyb::value_error(
-        "this model directory has no tokenizer.json: give prompts as token lists");
+        "this model directory has no tokenizer.json or tiktoken.model: give prompts as token "
+        "lists");
   }
   return *s.tokenizer();
 }

@@ -14,7 +14,7 @@ Result<std::unique_ptr<Session>> Session::open(const std::string& model_dir,
   }
   std::unique_ptr<Session> s(new Session());
   // The shipped seed models have no tokenizer: they run from token lists alone.
-  if (std::filesystem::exists(std::filesystem::path(model_dir) / "tokenizer.json")) {
+  if (Tokenizer::found_in(model_dir)) {
     RECUR_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(model_dir));
     s->tokenizer_ = std::make_unique<Tokenizer>(std::move(tok));
     auto tmpl = ChatTemplate::load(model_dir);

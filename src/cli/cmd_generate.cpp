@@ -63,8 +63,9 @@ Result<std::vector<Input>> read_inputs(const GenerateOptions& o, const Tokenizer
   auto encode = [&](const std::string& text,
                     const std::string& where) -> Result<std::vector<int32_t>> {
     if (!tok) {
-      return make_error(ErrorCode::kInvalidArgument,
-                        "{}: text prompts need tokenizer.json in the model directory", where);
+      return make_error(
+          ErrorCode::kInvalidArgument,
+          "{}: text prompts need tokenizer.json or tiktoken.model in the model directory", where);
     }
     return tok->encode(text);
   };
@@ -153,7 +154,7 @@ int run_generate(const GenerateOptions& o) {
   };
   std::unique_ptr<Tokenizer> tokenizer;
   const std::string& model = o.engine.model;
-  if (std::filesystem::exists(std::filesystem::path(model) / "tokenizer.json")) {
+  if (Tokenizer::found_in(model)) {
     auto t = Tokenizer::load(model);
     if (!t.ok()) return fail(t.error());
     tokenizer = std::make_unique<Tokenizer>(std::move(*t));
@@ -274,7 +275,7 @@ void register_generate(CLI::App& app) {
   auto* cmd = app.add_subcommand("generate", "Generate from prompts through the batching engine");
   auto o = std::make_shared<GenerateOptions>();
   add_engine_options(cmd, &o->engine, "seed for reproducible sampling");
-  cmd->add_option("--prompt", o->prompt, "prompt text (needs tokenizer.json)");
+  cmd->add_option("--prompt", o->prompt, "prompt text (needs tokenizer.json or tiktoken.model)");
   cmd->add_option("--prompt-ids", o->prompt_ids, "prompt as comma-separated token ids");
   cmd->add_option(
       "--prompts", o->prompts_file,

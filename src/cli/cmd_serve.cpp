@@ -61,7 +61,7 @@ int run_serve(const ServeOptions& o) {
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<ChatTemplate> chat_template;
   std::string chat_template_error;  // a template that is there but broken
-  if (std::filesystem::exists(std::filesystem::path(model) / "tokenizer.json")) {
+  if (Tokenizer::found_in(model)) {
     auto t = Tokenizer::load(model);
     if (!t.ok()) return fail(t.error());
     tokenizer = std::make_unique<Tokenizer>(std::move(*t));
@@ -75,7 +75,9 @@ int run_serve(const ServeOptions& o) {
       if (ct.error().code != ErrorCode::kNotFound) chat_template_error = ct.error().to_string();
     }
   } else {
-    fmt::print(stderr, "warning: {} has no tokenizer.json: token-id prompts only\n", model);
+    fmt::print(stderr,
+               "warning: {} has no tokenizer.json or tiktoken.model: token-id prompts only\n",
+               model);
   }
 
   EngineConfig config = engine_config(o.engine);

@@ -104,7 +104,9 @@ void register_tokenize(CLI::App& app) {
       "tokenize",
       "Encode the \"text\" field (or the chat request) of each JSON line; print {\"ids\": [...]} "
       "per line");
-  cmd->add_option("--model", opts->model_dir, "Model directory holding tokenizer.json")->required();
+  cmd->add_option("--model", opts->model_dir,
+                  "Model directory holding tokenizer.json or tiktoken.model")
+      ->required();
   cmd->add_option("--jsonl", opts->jsonl, "Input file of JSON lines ('-' for stdin)")->required();
   auto special = std::make_shared<bool>(false);
   cmd->add_flag("--special-tokens-in-requests", *special,

@@ -19,6 +19,29 @@ constexpr std::string_view kFunctionClose = "</function>";
 constexpr std::string_view kParamOpen = "<parameter=";
 constexpr std::string_view kParamClose = "</parameter>";
 constexpr size_t kMaxXmlName = 256;  // a longer <function=…> or <parameter=…> name is not one
+// Kimi: a section of calls, each with the model's own id (functions.NAME:INDEX) and JSON.
+constexpr std::string_view kSectionOpen = "<|tool_calls_section_begin|>";
+constexpr std::string_view kSectionClose = "<|tool_calls_section_end|>";
+constexpr std::string_view kKimiCallOpen = "<|tool_call_begin|>";
+constexpr std::string_view kKimiArgsOpen = "<|tool_call_argument_begin|>";
+constexpr std::string_view kKimiCallClose = "<|tool_call_end|>";
+constexpr size_t kMaxKimiId = 512;  // a longer id is not one
+
+// What opens and closes the block of calls, and what the block must start with to be one.
+struct CallMarkers {
+  std::string_view open, close, first;
+};
+CallMarkers call_markers(ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::kXml:
+      return {kCallOpen, kCallClose, kFunctionOpen};
+    case ToolCallFormat::kKimi:
+      return {kSectionOpen, kSectionClose, kKimiCallOpen};
+    case ToolCallFormat::kJson:
+      break;
+  }
+  return {kCallOpen, kCallClose, "{"};
+}
 
 // Length of the longest suffix of `s` that is a proper prefix of `marker`.
 size_t partial_suffix(std::string_view s, std::string_view marker) {
@@ -120,6 +143,21 @@ unsigned schema_types(const ojson& schema, int depth) {
   return bits;
 }
 
+// The function of a Kimi call id: NAME in functions.NAME:INDEX (the prefix may be missing).
+std::optional<std::string_view> kimi_function_name(std::string_view id) {
+  const size_t colon = id.rfind(':');
+  if (colon == std::string_view::npos || colon + 1 == id.size() || id.size() > kMaxKimiId ||
+      id.find_first_not_of("0123456789", colon + 1) != std::string_view::npos) {
+    return std::nullopt;
+  }
+  std::string_view name = id.substr(0, colon);
+  if (name.starts_with("functions.")) name.remove_prefix(10);
+  if (name.empty() || name.find_first_of(" \t\r\n<>") != std::string_view::npos) {
+    return std::nullopt;
+  }
+  return name;
+}
+
 }  // namespace
 
 ojson typed_argument(std::string_view value, const ojson* schema) {
@@ -173,12 +211,13 @@ void OutputParser::emit_text(Segment::Kind kind, std::string_view text, std::vec
   out->push_back(std::move(s));
 }
 
-void OutputParser::emit_call(std::string name, std::string arguments, std::vector<Segment>* out) {
+void OutputParser::emit_call(std::string name, std::string arguments, std::vector<Segment>* out,
+                             std::string id) {
   after_call_ = true;
   if (calls_ > 0 && !options_.parallel_tool_calls) return;
   Segment s;
   s.kind = Segment::Kind::kToolCall;
-  s.call.id = random_id(id_prefix_);
+  s.call.id = id.empty() ? random_id(id_prefix_) : std::move(id);
   s.call.name = std::move(name);
   s.call.arguments = std::move(arguments);
   ++calls_;
@@ -273,16 +312,55 @@ bool OutputParser::handle_xml(std::string_view b, bool terminated, std::vector<S
   return true;
 }
 
+// <|tool_call_begin|>ID<|tool_call_argument_begin|>{json}<|tool_call_end|>, one or more times;
+// whitespace between them. A call counts only once its <|tool_call_end|> is in. The model's id
+// is kept: the chat template writes it back (and its result's "## Return of ID") next turn.
+bool OutputParser::handle_kimi(std::string_view b, std::vector<Segment>* out) {
+  struct Call {
+    std::string id, name, arguments;
+  };
+  std::vector<Call> calls;
+  for (size_t pos = skip_space(b, 0); pos < b.size(); pos = skip_space(b, pos)) {
+    if (!starts_at(b, pos, kKimiCallOpen)) return false;
+    const size_t id_at = pos + kKimiCallOpen.size();
+    const size_t args_at = b.find(kKimiArgsOpen, id_at);
+    if (args_at == std::string_view::npos) return false;
+    const std::string_view id = trim(b.substr(id_at, args_at - id_at));
+    const auto name = kimi_function_name(id);
+    if (!name) return false;
+    const size_t body = args_at + kKimiArgsOpen.size();
+    const size_t end = b.find(kKimiCallClose, body);
+    if (end == std::string_view::npos) return false;
+    std::optional<ojson> args = parse_json(trim(b.substr(body, end - body)));
+    if (!args || !args->is_object()) return false;
+    calls.push_back({std::string(id), std::string(*name), dump(*args)});
+    pos = end + kKimiCallClose.size();
+  }
+  if (calls.empty()) return false;
+  for (Call& c : calls) emit_call(std::move(c.name), std::move(c.arguments), out, std::move(c.id));
+  return true;
+}
+
 void OutputParser::handle_block(std::string_view block, bool terminated,
                                 std::vector<Segment>* out) {
-  const bool call = options_.tool_format == ToolCallFormat::kXml
-                        ? handle_xml(block, terminated, out)
-                        : handle_json(block, out);
+  bool call = false;
+  switch (options_.tool_format) {
+    case ToolCallFormat::kXml:
+      call = handle_xml(block, terminated, out);
+      break;
+    case ToolCallFormat::kKimi:
+      call = handle_kimi(block, out);
+      break;
+    case ToolCallFormat::kJson:
+      call = handle_json(block, out);
+      break;
+  }
   if (call) return;
   // Not a call after all: the model's text goes out as it was, where it was written.
-  std::string raw(kCallOpen);
+  const CallMarkers m = call_markers(options_.tool_format);
+  std::string raw(m.open);
   raw.append(block);
-  if (terminated) raw.append(kCallClose);
+  if (terminated) raw.append(m.close);
   emit_text(call_in_think_ ? Segment::Kind::kReasoning : Segment::Kind::kContent, raw, out);
 }
 
@@ -323,6 +401,7 @@ size_t OutputParser::xml_call_end(bool final) {
 }
 
 void OutputParser::process(bool final, std::vector<Segment>* out) {
+  const CallMarkers m = call_markers(options_.tool_format);
   for (;;) {
     switch (state_) {
       case State::kThinkStart: {
@@ -358,11 +437,11 @@ void OutputParser::process(bool final, std::vector<Segment>* out) {
           strip_newlines_ = false;
         }
         const size_t end = buf_.find(kThinkClose);
-        const size_t open = options_.parse_tools ? buf_.find(kCallOpen) : std::string::npos;
+        const size_t open = options_.parse_tools ? buf_.find(m.open) : std::string::npos;
         if (open < end) {
           // A call written while thinking is still a call.
           emit_text(Segment::Kind::kReasoning, std::string_view(buf_).substr(0, open), out);
-          buf_.erase(0, open + kCallOpen.size());
+          buf_.erase(0, open + m.open.size());
           state_ = State::kToolCall;
           call_in_think_ = true;
           continue;
@@ -379,7 +458,7 @@ void OutputParser::process(bool final, std::vector<Segment>* out) {
         size_t hold = 0;
         if (!final) {
           hold = partial_suffix(buf_, kThinkClose);
-          if (options_.parse_tools) hold = std::max(hold, partial_suffix(buf_, kCallOpen));
+          if (options_.parse_tools) hold = std::max(hold, partial_suffix(buf_, m.open));
         }
         while (hold < buf_.size() && buf_[buf_.size() - hold - 1] == '\n') ++hold;
         emit_text(Segment::Kind::kReasoning, std::string_view(buf_).substr(0, buf_.size() - hold),
@@ -401,16 +480,16 @@ void OutputParser::process(bool final, std::vector<Segment>* out) {
           buf_.clear();
           return;
         }
-        const size_t open = buf_.find(kCallOpen);
+        const size_t open = buf_.find(m.open);
         if (open != std::string::npos) {
           std::string_view before(buf_.data(), open);
           emit_text(Segment::Kind::kContent, before, out);
-          buf_.erase(0, open + kCallOpen.size());
+          buf_.erase(0, open + m.open.size());
           state_ = State::kToolCall;
           call_in_think_ = false;
           continue;
         }
-        const size_t hold = final ? 0 : partial_suffix(buf_, kCallOpen);
+        const size_t hold = final ? 0 : partial_suffix(buf_, m.open);
         std::string_view text = std::string_view(buf_).substr(0, buf_.size() - hold);
         if (!text.empty()) after_call_ = false;
         emit_text(Segment::Kind::kContent, text, out);
@@ -420,10 +499,9 @@ void OutputParser::process(bool final, std::vector<Segment>* out) {
       case State::kToolCall: {
         const State after = call_in_think_ ? State::kReasoning : State::kContent;
         if (!call_started_) {
-          // A call opens with "{" or "<function=": else the tag was text, and the text goes
-          // on at once (not held until a </tool_call> that may never come).
-          const std::string_view opener =
-              options_.tool_format == ToolCallFormat::kXml ? kFunctionOpen : "{";
+          // A call opens with "{", "<function=" or "<|tool_call_begin|>": else the tag was
+          // text, and the text goes on at once (not held until a close that may never come).
+          const std::string_view opener = m.first;
           const size_t p = buf_.find_first_not_of(" \t\r\n");
           const std::string_view rest =
               p == std::string::npos ? std::string_view() : std::string_view(buf_).substr(p);
@@ -433,7 +511,7 @@ void OutputParser::process(bool final, std::vector<Segment>* out) {
           if (!rest.starts_with(opener)) {
             emit_text(
                 after == State::kReasoning ? Segment::Kind::kReasoning : Segment::Kind::kContent,
-                kCallOpen, out);
+                m.open, out);
             state_ = after;
             continue;
           }
@@ -443,12 +521,12 @@ void OutputParser::process(bool final, std::vector<Segment>* out) {
         if (options_.tool_format == ToolCallFormat::kXml) {
           close = xml_call_end(final);
         } else {
-          close = buf_.find(kCallClose, scan_);
-          if (close == std::string::npos) scan_ = resume_at(buf_.size(), kCallClose.size(), 0);
+          close = buf_.find(m.close, scan_);
+          if (close == std::string::npos) scan_ = resume_at(buf_.size(), m.close.size(), 0);
         }
         if (close != std::string::npos) {
           handle_block(std::string_view(buf_).substr(0, close), true, out);
-          buf_.erase(0, close + kCallClose.size());
+          buf_.erase(0, close + m.close.size());
           state_ = after;
           scan_ = 0;
           in_value_ = false;
@@ -469,6 +547,10 @@ void OutputParser::process(bool final, std::vector<Segment>* out) {
 }
 
 ToolCallFormat detect_tool_call_format(std::string_view chat_template) {
+  if (chat_template.find(kSectionOpen) != std::string_view::npos &&
+      chat_template.find(kKimiCallOpen) != std::string_view::npos) {
+    return ToolCallFormat::kKimi;
+  }
   // Both tags: <function=…> alone also appears in other forms (Llama's <function=NAME>{json}).
   const bool xml = chat_template.find(kFunctionOpen) != std::string_view::npos &&
                    chat_template.find(kParamOpen) != std::string_view::npos;
@@ -476,6 +558,12 @@ ToolCallFormat detect_tool_call_format(std::string_view chat_template) {
 }
 
 std::string forced_call_prefix(ToolCallFormat format, std::string_view name) {
+  if (format == ToolCallFormat::kKimi) {
+    // The model writes the call's index (and, when no name is given, its function).
+    std::string prefix = std::string(kSectionOpen) + std::string(kKimiCallOpen) + "functions.";
+    if (!name.empty()) prefix += std::string(name) + ":";
+    return prefix;
+  }
   std::string prefix(kCallOpen);
   prefix += '\n';
   if (format == ToolCallFormat::kXml) {

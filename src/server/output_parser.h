@@ -1,8 +1,11 @@
-// Splits generated text, as it streams, into reasoning (Qwen3 <think>…</think>), content, and
-// tool calls, in the form the model's chat template asks for: Hermes/Qwen3 JSON
-// (<tool_call>{"name": …, "arguments": …}</tool_call>) or Qwen3.5 XML
+// Splits generated text, as it streams, into reasoning (<think>…</think>), content, and tool
+// calls, in the form the model's chat template asks for: Hermes/Qwen3 JSON
+// (<tool_call>{"name": …, "arguments": …}</tool_call>), Qwen3.5 XML
 // (<tool_call><function=NAME><parameter=ARG>VALUE</parameter></function></tool_call>, whose
-// values are typed from the tool's JSON schema). Text that may still turn out to begin a marker
+// values are typed from the tool's JSON schema) or Kimi's section
+// (<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:INDEX
+// <|tool_call_argument_begin|>{json}<|tool_call_end|>…<|tool_calls_section_end|>, the call
+// keeping the model's id). Text that may still turn out to begin a marker
 // is held back until it cannot, so a streamed split always equals the split of the whole text.
 // Calls written inside <think> are calls too; a malformed call is returned as the text it was.
 #pragma once
@@ -45,12 +48,15 @@ class OutputParser {
   enum class State { kThinkStart, kReasoning, kContent, kToolCall };
   void process(bool final, std::vector<Segment>* out);
   void emit_text(Segment::Kind kind, std::string_view text, std::vector<Segment>* out);
-  void emit_call(std::string name, std::string arguments, std::vector<Segment>* out);
+  // `id` empty: a new one with id_prefix_.
+  void emit_call(std::string name, std::string arguments, std::vector<Segment>* out,
+                 std::string id = {});
   // Where the current XML call ends in buf_: npos while it may still go on.
   size_t xml_call_end(bool final);
   void handle_block(std::string_view block, bool terminated, std::vector<Segment>* out);
   bool handle_json(std::string_view block, std::vector<Segment>* out);
   bool handle_xml(std::string_view block, bool terminated, std::vector<Segment>* out);
+  bool handle_kimi(std::string_view block, std::vector<Segment>* out);
   const ojson* parameter_schema(std::string_view tool, std::string_view parameter) const;
 
   OutputOptions options_;
@@ -66,7 +72,8 @@ class OutputParser {
   int calls_ = 0;
 };
 
-// kXml when the chat template writes or asks for <function=NAME> calls, else kJson.
+// kKimi when the chat template writes Kimi's call sections, kXml when it writes or asks for
+// <function=NAME> calls, else kJson.
 ToolCallFormat detect_tool_call_format(std::string_view chat_template);
 
 // What the assistant turn starts with to force a call (tool_choice "required": `name` empty,

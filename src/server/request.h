@@ -25,6 +25,7 @@ enum class Endpoint { kChat, kCompletions, kMessages, kResponses };
 enum class ToolCallFormat {
   kJson,  // Hermes / Qwen3: <tool_call>{"name": …, "arguments": {…}}</tool_call>
   kXml,   // Qwen3.5 / Qwen3-Coder: <tool_call><function=NAME><parameter=ARG>…
+  kKimi,  // Kimi: <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:0…
 };
 
 // What a request is validated against.
@@ -45,7 +46,7 @@ struct ServingContext {
 struct OutputOptions {
   bool parse_reasoning = false;     // <think>…</think>
   bool start_in_reasoning = false;  // the prompt left <think> open
-  bool parse_tools = false;         // <tool_call>…</tool_call>
+  bool parse_tools = false;         // <tool_call>…</tool_call> (Kimi: its call section)
   ToolCallFormat tool_format = ToolCallFormat::kJson;
   std::shared_ptr<const ojson> tools;  // the request's tools (OpenAI shape): XML argument types
   bool parallel_tool_calls = true;     // false: only the first call is reported

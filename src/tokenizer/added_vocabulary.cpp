@@ -35,10 +35,10 @@ size_t leading_space_length(std::string_view text) {
   return i;
 }
 
-Result<bool> json_flag(const json& j, const char* name, bool fallback) {
+Result<bool> json_flag(const json& j, const char* name, bool fallback, std::string_view origin) {
   if (!j.contains(name)) return fallback;
   if (!j[name].is_boolean()) {
-    return make_error(ErrorCode::kCorrupt, "tokenizer.json: added token field \"{}\" is not a bool",
+    return make_error(ErrorCode::kCorrupt, "{}: added token field \"{}\" is not a bool", origin,
                       name);
   }
   return j[name].get<bool>();
@@ -95,37 +95,38 @@ bool AddedVocabulary::Matcher::find(std::string_view text, size_t from, Hit& hit
 }
 
 Result<AddedVocabulary> AddedVocabulary::from_json(const json& added_tokens,
-                                                   const Normalizer& normalizer) {
+                                                   const Normalizer& normalizer,
+                                                   std::string_view origin) {
   AddedVocabulary v;
   RECUR_ASSIGN_OR_RETURN(v.word_char_,
                          Regex::compile(R"([\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\p{Join_Control}])"));
   if (added_tokens.is_null()) return v;
   if (!added_tokens.is_array()) {
-    return make_error(ErrorCode::kCorrupt, "tokenizer.json: added_tokens is not an array");
+    return make_error(ErrorCode::kCorrupt, "{}: added_tokens is not an array", origin);
   }
   for (const json& j : added_tokens) {
     if (!j.is_object() || !j.contains("id") || !j["id"].is_number_integer() ||
         !j.contains("content") || !j["content"].is_string()) {
       return make_error(ErrorCode::kCorrupt,
-                        "tokenizer.json: added token without integer id and string content");
+                        "{}: added token without integer id and string content", origin);
     }
     AddedToken t;
     t.content = j["content"].get<std::string>();
     int64_t id = j["id"].get<int64_t>();
     if (id < 0 || id > INT32_MAX) {
-      return make_error(ErrorCode::kCorrupt, "tokenizer.json: added token \"{}\" has id {}",
-                        t.content, id);
+      return make_error(ErrorCode::kCorrupt, "{}: added token \"{}\" has id {}", origin, t.content,
+                        id);
     }
     if (find_invalid_utf8(t.content)) {
-      return make_error(ErrorCode::kCorrupt, "tokenizer.json: added token {} is not UTF-8", id);
+      return make_error(ErrorCode::kCorrupt, "{}: added token {} is not UTF-8", origin, id);
     }
     t.id = static_cast<int32_t>(id);
-    RECUR_ASSIGN_OR_RETURN(t.special, json_flag(j, "special", false));
-    RECUR_ASSIGN_OR_RETURN(t.lstrip, json_flag(j, "lstrip", false));
-    RECUR_ASSIGN_OR_RETURN(t.rstrip, json_flag(j, "rstrip", false));
-    RECUR_ASSIGN_OR_RETURN(t.single_word, json_flag(j, "single_word", false));
+    RECUR_ASSIGN_OR_RETURN(t.special, json_flag(j, "special", false, origin));
+    RECUR_ASSIGN_OR_RETURN(t.lstrip, json_flag(j, "lstrip", false, origin));
+    RECUR_ASSIGN_OR_RETURN(t.rstrip, json_flag(j, "rstrip", false, origin));
+    RECUR_ASSIGN_OR_RETURN(t.single_word, json_flag(j, "single_word", false, origin));
     // Hugging Face's default: special tokens are matched raw, others after normalization.
-    RECUR_ASSIGN_OR_RETURN(t.normalized, json_flag(j, "normalized", !t.special));
+    RECUR_ASSIGN_OR_RETURN(t.normalized, json_flag(j, "normalized", !t.special, origin));
     v.tokens_.push_back(std::move(t));
   }
   for (size_t i = 0; i < v.tokens_.size(); ++i) {

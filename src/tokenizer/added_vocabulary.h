@@ -29,8 +29,10 @@ struct AddedToken {
 
 class AddedVocabulary {
  public:
+  // `origin` names the file in errors.
   static Result<AddedVocabulary> from_json(const nlohmann::json& added_tokens,
-                                           const Normalizer& normalizer);
+                                           const Normalizer& normalizer,
+                                           std::string_view origin = "tokenizer.json");
 
   const std::vector<AddedToken>& tokens() const { return tokens_; }
 

@@ -18,7 +18,12 @@ Status MergeTable::build(const std::vector<Merge>& merges) {
   slots_.assign(capacity, kEmpty);
   mask_ = capacity - 1;
   shift_ = 64 - __builtin_ctzll(capacity);
-  merged_by_rank_.assign(merges.size(), -1);
+  int32_t max_rank = -1;
+  for (const Merge& m : merges) max_rank = std::max(max_rank, m.rank);
+  if (max_rank >= (1 << kRankBits) - 1) {
+    return make_error(ErrorCode::kUnsupported, "BPE with merge ranks >= 2^{}", kRankBits);
+  }
+  merged_by_rank_.assign(size_t(max_rank + 1), -1);
   for (const Merge& m : merges) {
     // The all-ones key is reserved for empty slots.
     if (m.left >= (1 << kIdBits) - 1 || m.right >= (1 << kIdBits) - 1 ||
@@ -201,6 +206,59 @@ Result<BpeModel> BpeModel::from_json(const json& m, bool byte_level_input, bool 
   return b;
 }
 
+Result<BpeModel> BpeModel::from_ranks(const std::vector<RankedToken>& tokens,
+                                      std::string_view origin, bool use_cache) {
+  BpeModel b;
+  b.byte_level_input_ = true;
+  b.ignore_merges_ = true;  // tiktoken looks a whole piece up before merging
+  int64_t max_id = -1;
+  for (const RankedToken& t : tokens) max_id = std::max<int64_t>(max_id, t.rank);
+  RECUR_RETURN_IF_ERROR(
+      check_id_range(max_id, static_cast<int64_t>(tokens.size()), origin, "tiktoken rank"));
+  b.id_to_token_.resize(static_cast<size_t>(max_id + 1));
+  b.vocab_.reserve(tokens.size());
+  b.raw_vocab_.reserve(tokens.size());
+  for (const RankedToken& t : tokens) {
+    if (t.bytes.empty()) {
+      return make_error(ErrorCode::kCorrupt, "{}: rank {} is an empty token", origin, t.rank);
+    }
+    std::string mapped;
+    for (char c : t.bytes) append_utf8(mapped, byte_to_unicode(static_cast<uint8_t>(c)));
+    b.vocab_.emplace(mapped, t.rank);
+    b.id_to_token_[t.rank] = std::move(mapped);
+    b.raw_vocab_.emplace(t.bytes, t.rank);
+  }
+  for (int byte = 0; byte < 256; ++byte) {
+    const char ch = static_cast<char>(byte);
+    auto it = b.raw_vocab_.find(std::string_view(&ch, 1));
+    if (it == b.raw_vocab_.end()) {
+      return make_error(ErrorCode::kCorrupt,
+                        "{}: byte 0x{:02X} is not a token; a tiktoken vocabulary has every single "
+                        "byte",
+                        origin, byte);
+    }
+    b.byte_symbol_[byte] = it->second;
+  }
+  b.byte_symbols_complete_ = true;
+  // Merging the pair (a, b) makes the token a + b, at that token's rank: every split of every
+  // token into two tokens is a merge.
+  std::vector<MergeTable::Merge> merges;
+  merges.reserve(tokens.size() * 2);
+  for (const RankedToken& t : tokens) {
+    const std::string_view bytes = t.bytes;
+    for (size_t k = 1; k < bytes.size(); ++k) {
+      auto l = b.raw_vocab_.find(bytes.substr(0, k));
+      if (l == b.raw_vocab_.end()) continue;
+      auto r = b.raw_vocab_.find(bytes.substr(k));
+      if (r == b.raw_vocab_.end()) continue;
+      merges.push_back({l->second, r->second, t.rank, t.rank});
+    }
+  }
+  RECUR_RETURN_IF_ERROR(b.merges_.build(merges));
+  if (use_cache) b.cache_ = std::make_unique<WordCache>();
+  return b;
+}
+
 std::optional<int32_t> BpeModel::token_to_id(std::string_view token) const {
   auto it = vocab_.find(token);
   if (it == vocab_.end()) return std::nullopt;
@@ -348,7 +406,12 @@ void BpeModel::encode_piece(std::string_view piece, std::vector<int32_t>& out) c
     out.push_back(byte_symbol_[static_cast<uint8_t>(piece[0])]);
     return;
   }
-  if (ignore_merges_) {
+  if (ignore_merges_ && !raw_vocab_.empty()) {
+    if (auto it = raw_vocab_.find(piece); it != raw_vocab_.end()) {
+      out.push_back(it->second);
+      return;
+    }
+  } else if (ignore_merges_) {
     std::string mapped;
     if (byte_level_input_) {
       for (char c : piece) append_utf8(mapped, byte_to_unicode(static_cast<uint8_t>(c)));

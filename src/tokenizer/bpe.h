@@ -56,6 +56,12 @@ class MergeTable {
 
 class WordCache;
 
+// One token of a tiktoken vocabulary: its bytes and its rank, which is also its id.
+struct RankedToken {
+  std::string bytes;
+  int32_t rank;
+};
+
 // Tables indexed by token id are as long as the largest id, so a tokenizer.json may leave only
 // this many ids below it unused (real vocabularies are dense; one id of 2^31 - 1 would cost
 // gigabytes). `distinct_ids`: how many ids are in use; `origin` and `what` name them in errors.
@@ -68,6 +74,11 @@ class BpeModel {
   // `byte_level_input`: pieces arrive as raw bytes that ByteLevel maps to one symbol each.
   static Result<BpeModel> from_json(const nlohmann::json& model, bool byte_level_input,
                                     bool use_cache);
+  // A tiktoken vocabulary: a piece that is a token is that token; else, from its bytes, the
+  // adjacent pair whose concatenation has the lowest rank merges first (leftmost on ties).
+  // Every single byte must be a token. Tokens are spelled ByteLevel-mapped, as above.
+  static Result<BpeModel> from_ranks(const std::vector<RankedToken>& tokens,
+                                     std::string_view origin, bool use_cache);
   BpeModel(BpeModel&&) noexcept;
   BpeModel& operator=(BpeModel&&) noexcept;
   ~BpeModel();
@@ -93,6 +104,7 @@ class BpeModel {
   void merge(std::vector<int32_t>& symbols) const;
 
   TokenIdMap vocab_;
+  TokenIdMap raw_vocab_;  // tiktoken: raw bytes -> id, for whole-piece lookups
   std::vector<std::string> id_to_token_;
   MergeTable merges_;
   bool byte_level_input_ = false;

@@ -1,11 +1,13 @@
 #include "tokenizer/chat_template.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <optional>
 
 #include "io/mapped_file.h"
 #include "tokenizer/jinja_eval.h"
 #include "tokenizer/jinja_marked.h"
+#include "tokenizer/tiktoken.h"
 
 namespace recur {
 
@@ -48,6 +50,27 @@ using jinja::Dict;
 using jinja::List;
 using jinja::Value;
 
+// What a tokenizer class adds to rendering around the template itself.
+struct ClassRules {
+  bool sort_tool_keys = false;  // Kimi: tools reach the template with keys sorted, recursively
+  bool add_generation_prompt = false;  // its default when the request does not say
+};
+
+nlohmann::ordered_json sorted_keys(const nlohmann::ordered_json& j) {
+  if (j.is_array()) {
+    nlohmann::ordered_json out = nlohmann::ordered_json::array();
+    for (const auto& x : j) out.push_back(sorted_keys(x));
+    return out;
+  }
+  if (!j.is_object()) return j;
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : j.items()) keys.push_back(k);
+  std::sort(keys.begin(), keys.end());  // bytewise: code point order, as Python sorts str
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  for (const std::string& k : keys) out[k] = sorted_keys(j[k]);
+  return out;
+}
+
 // Every string of the request is marked as request data (jinja_marked.h), so the rendered
 // prompt can tell the template's markup from the same text written in a message.
 Result<Value> content_value(const nlohmann::ordered_json& content, bool takes_parts, size_t index) {
@@ -74,7 +97,8 @@ Result<Value> content_value(const nlohmann::ordered_json& content, bool takes_pa
 }
 
 Result<Dict> render_globals(const nlohmann::ordered_json& request, bool takes_parts,
-                            const std::string& bos, const std::string& eos) {
+                            const std::string& bos, const std::string& eos,
+                            const ClassRules& rules) {
   if (!request.is_object()) {
     return make_error(ErrorCode::kInvalidArgument, "chat request must be a JSON object");
   }
@@ -107,14 +131,18 @@ Result<Dict> render_globals(const nlohmann::ordered_json& request, bool takes_pa
   globals.set("messages", Value::list(std::move(messages)));
 
   auto tools_it = request.find("tools");
-  globals.set("tools",
-              tools_it == request.end() ? Value::none() : jinja::value_from_request(*tools_it));
+  if (tools_it == request.end()) {
+    globals.set("tools", Value::none());
+  } else {
+    globals.set("tools", jinja::value_from_request(rules.sort_tool_keys ? sorted_keys(*tools_it)
+                                                                        : *tools_it));
+  }
   auto documents_it = request.find("documents");
   globals.set("documents", documents_it == request.end()
                                ? Value::none()
                                : jinja::value_from_request(*documents_it));
 
-  bool add_generation_prompt = false;
+  bool add_generation_prompt = rules.add_generation_prompt;
   auto agp_it = request.find("add_generation_prompt");
   if (agp_it != request.end() && !agp_it->is_null()) {
     if (!agp_it->is_boolean()) {
@@ -149,6 +177,7 @@ struct ChatTemplate::Impl {
   std::string bos_token;
   std::string eos_token;
   ChatTemplateOptions options;
+  ClassRules rules;
 };
 
 Result<ChatTemplate> ChatTemplate::from_string(std::string source, std::string bos_token,
@@ -186,6 +215,9 @@ Result<ChatTemplate> ChatTemplate::load(const std::string& model_dir,
   impl->options = options;
   RECUR_ASSIGN_OR_RETURN(impl->bos_token, token_text(config, "bos_token"));
   RECUR_ASSIGN_OR_RETURN(impl->eos_token, token_text(config, "eos_token"));
+  // Kimi's tokenizer sorts the tools' keys before rendering, and adds the generation prompt
+  // unless told not to (its apply_chat_template).
+  if (names_kimi_tokenizer(config)) impl->rules = {true, true};
 
   if (has_jinja) {
     RECUR_ASSIGN_OR_RETURN(std::string source, read_text_file(jinja_path));
@@ -244,8 +276,9 @@ Result<RenderedPrompt> ChatTemplate::render_prompt(const nlohmann::ordered_json&
       request.is_object() && request.contains("tools") && !request["tools"].is_null();
   const NamedTemplate& chosen = has_tools && impl_->tool_use ? *impl_->tool_use : impl_->main;
   try {
-    RECUR_ASSIGN_OR_RETURN(Dict globals, render_globals(request, chosen.takes_content_parts,
-                                                        impl_->bos_token, impl_->eos_token));
+    RECUR_ASSIGN_OR_RETURN(Dict globals,
+                           render_globals(request, chosen.takes_content_parts, impl_->bos_token,
+                                          impl_->eos_token, impl_->rules));
     RECUR_ASSIGN_OR_RETURN(jinja::Rendered rendered, chosen.compiled.render_marked(globals));
     RenderedPrompt prompt;
     prompt.text = std::move(rendered.text);

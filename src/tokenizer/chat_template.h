@@ -33,7 +33,9 @@ class ChatTemplate {
   // Reads chat_template from model_dir/tokenizer_config.json (a string, or a list of named
   // templates: "default", plus "tool_use" which transformers picks when tools are given), or
   // model_dir/chat_template.jinja, which wins when present. bos_token / eos_token come from
-  // tokenizer_config.json (a string or an {"content": ...} object).
+  // tokenizer_config.json (a string or an {"content": ...} object). A config naming Kimi's
+  // tokenizer class gets what its apply_chat_template adds: tools with keys sorted
+  // (recursively), and add_generation_prompt true unless the request says otherwise.
   static Result<ChatTemplate> load(const std::string& model_dir,
                                    const ChatTemplateOptions& options = {});
   // An empty token leaves that variable undefined, as transformers does for a None token.

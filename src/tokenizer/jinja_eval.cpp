@@ -420,6 +420,7 @@ class Renderer {
   }
 };
 
+// e is `name`, `x.name`, `x['name']` or `x.get('name')`.
 bool expr_names(const Expr* e, std::string_view name) {
   if (!e) return false;
   switch (e->kind) {
@@ -431,17 +432,36 @@ bool expr_names(const Expr* e, std::string_view name) {
       return key && key->kind == Expr::Kind::kLiteral && key->literal.is_string() &&
              key->literal.str() == name;
     }
+    case Expr::Kind::kCall: {
+      const Expr* callee = e->children.empty() ? nullptr : e->children[0].get();
+      return callee && callee->kind == Expr::Kind::kGetAttr && callee->name == "get" &&
+             !e->args.empty() && e->args[0]->kind == Expr::Kind::kLiteral &&
+             e->args[0]->literal.is_string() && e->args[0]->literal.str() == name;
+    }
     default:
       return false;
   }
 }
 
-bool body_loops_over(const Body& body, std::string_view name) {
+// Whether a for loop iterates over `name`, directly or through a variable set from it
+// ({% set c = msg.get('content') %}{% for part in c %}), in template order.
+bool body_loops_over(const Body& body, std::string_view name, std::vector<std::string>& aliases) {
+  auto loops_over = [&](const Expr* e) {
+    if (expr_names(e, name)) return true;
+    return e && e->kind == Expr::Kind::kName &&
+           std::find(aliases.begin(), aliases.end(), e->name) != aliases.end();
+  };
   for (const StmtPtr& s : body) {
-    if (s->kind == Stmt::Kind::kFor && expr_names(s->expr.get(), name)) return true;
-    if (body_loops_over(s->body, name) || body_loops_over(s->else_body, name)) return true;
+    if (s->kind == Stmt::Kind::kSet && s->target.names.size() == 1 && s->target.attribute.empty() &&
+        expr_names(s->expr.get(), name)) {
+      aliases.push_back(s->target.names[0]);
+    }
+    if (s->kind == Stmt::Kind::kFor && loops_over(s->expr.get())) return true;
+    if (body_loops_over(s->body, name, aliases) || body_loops_over(s->else_body, name, aliases)) {
+      return true;
+    }
     for (const auto& [cond, b] : s->branches) {
-      if (body_loops_over(b, name)) return true;
+      if (body_loops_over(b, name, aliases)) return true;
     }
   }
   return false;
@@ -507,7 +527,8 @@ Result<Rendered> Template::render_marked(const Dict& globals) const {
 }
 
 bool Template::has_loop_over(std::string_view name) const {
-  return body_loops_over(parsed_->body, name);
+  std::vector<std::string> aliases;
+  return body_loops_over(parsed_->body, name, aliases);
 }
 
 }  // namespace recur::jinja

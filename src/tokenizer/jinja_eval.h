@@ -30,7 +30,8 @@ class Template {
   // value_from_request, carried through every string operation (jinja_marked.h).
   Result<Rendered> render_marked(const Dict& globals) const;
 
-  // Whether some {% for %} iterates a variable, attribute or key called `name`.
+  // Whether some {% for %} iterates a variable, attribute or key called `name` (or .get of it),
+  // directly or through a variable {% set %} from one.
   bool has_loop_over(std::string_view name) const;
 
  private:

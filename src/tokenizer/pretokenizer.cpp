@@ -217,6 +217,17 @@ Result<PreTokenizer> PreTokenizer::from_json(const json& j) {
   return p;
 }
 
+PreTokenizer PreTokenizer::matches_of(Regex regex) {
+  PreTokenizer p;
+  Step step;
+  step.regex = std::move(regex);
+  step.behavior = Behavior::kRemoved;  // inverted: what is removed is what does not match
+  step.invert = true;
+  p.steps_.push_back(std::move(step));
+  p.byte_level_ = true;
+  return p;
+}
+
 Status PreTokenizer::append_steps(const json& j) {
   if (j.is_null()) return {};
   if (!j.is_object() || !j.contains("type") || !j["type"].is_string()) {
@@ -312,6 +323,11 @@ Status PreTokenizer::apply(const Step& step, std::string_view text, std::deque<s
     }));
     if (prev != text.size()) out(text.substr(prev));
     return {};
+  }
+  if (step.behavior == Behavior::kRemoved && step.invert) {  // matches only (tiktoken): streamed
+    return step.regex.for_each_match(text, [&](size_t start, size_t end) {
+      if (end != start) out(text.substr(start, end - start));
+    });
   }
   std::vector<Regex::Match> matches;
   RECUR_RETURN_IF_ERROR(step.regex.find_all(text, matches));

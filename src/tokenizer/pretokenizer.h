@@ -66,6 +66,9 @@ class PreTokenizer {
 
   // Accepts null, Split, ByteLevel and Sequence; a ByteLevel step must come last.
   static Result<PreTokenizer> from_json(const nlohmann::json& j);
+  // tiktoken's split: the pieces are the matches of `regex`, in order (text that no match
+  // covers is dropped, as tiktoken drops it); the model sees them byte-level.
+  static PreTokenizer matches_of(Regex regex);
 
   // Calls `on_piece` for each piece of `text`, in order, as soon as it is found; pieces are
   // views of `text` or of strings kept in `arena`. Empty pieces are dropped.

@@ -10,6 +10,7 @@
 #include "tokenizer/bpe.h"
 #include "tokenizer/normalizer.h"
 #include "tokenizer/pretokenizer.h"
+#include "tokenizer/tiktoken.h"
 #include "tokenizer/utf8_util.h"
 
 namespace recur {
@@ -28,6 +29,7 @@ struct Tokenizer::Impl {
   BpeModel model;
   AddedVocabulary added;
   TokenIdMap added_ids;  // content -> id of added tokens, which take precedence over the model
+  ChunkLimits chunks;    // tiktoken (Kimi): runs of text are pre-tokenized in chunks
 
   // Per id, for decoding. An id no token uses has present == 0.
   std::vector<std::string> id_bytes;
@@ -88,17 +90,120 @@ std::string byte_level_decode(std::string_view token) {
 
 }  // namespace
 
+Status Tokenizer::index_ids(Impl& im, const std::string& origin) {
+  // Per-id tables are sized by the largest id: checked against the ids in use first.
+  int64_t max_id = int64_t(im.model.vocab_size()) - 1;
+  int64_t distinct = im.model.token_count();
+  std::unordered_map<int32_t, const AddedToken*> added_by_id;
+  for (const AddedToken& t : im.added.tokens()) {
+    auto [it, inserted] = added_by_id.emplace(t.id, &t);
+    if (!inserted && it->second->content != t.content) {
+      return make_error(ErrorCode::kCorrupt, "{}: added tokens \"{}\" and \"{}\" both have id {}",
+                        origin, it->second->content, t.content, t.id);
+    }
+    if (inserted && im.model.id_to_token(t.id).empty()) ++distinct;
+    max_id = std::max<int64_t>(max_id, t.id);
+  }
+  RECUR_RETURN_IF_ERROR(check_id_range(max_id, distinct, origin, "vocab and added-token"));
+  const int32_t size = static_cast<int32_t>(max_id + 1);
+  im.id_bytes.resize(size);
+  im.present.assign(size, 0);
+  im.special.assign(size, 0);
+  im.added_index.assign(size, -1);
+  const auto& added_tokens = im.added.tokens();
+  for (size_t i = 0; i < added_tokens.size(); ++i) {
+    const AddedToken& t = added_tokens[i];
+    im.added_ids.emplace(t.content, t.id);  // the first of duplicate contents wins
+    im.added_index[t.id] = static_cast<int32_t>(i);
+  }
+  for (int32_t id = 0; id < size; ++id) {
+    std::string_view token = im.token_of(id);
+    if (im.added_index[id] < 0 && token.empty()) continue;
+    im.present[id] = 1;
+    im.id_bytes[id] = byte_level_decode(token);
+  }
+  // Special-ness follows the token's content, as Hugging Face checks it when decoding: a
+  // model token spelled like a special token is special too.
+  for (const AddedToken& t : added_tokens) {
+    if (!t.special) continue;
+    if (im.id_to_token_is(t.id, t.content)) im.special[t.id] = 1;
+    std::optional<int32_t> model_id = im.model.token_to_id(t.content);
+    if (model_id && im.id_to_token_is(*model_id, t.content)) im.special[*model_id] = 1;
+  }
+  return {};
+}
+
 Result<Tokenizer> Tokenizer::load(const std::string& model_dir) {
   return load(model_dir, TokenizerOptions{});
 }
 
+bool Tokenizer::found_in(const std::string& model_dir) {
+  const std::filesystem::path dir(model_dir);
+  return std::filesystem::exists(dir / "tokenizer.json") ||
+         std::filesystem::exists(dir / "tiktoken.model");
+}
+
 Result<Tokenizer> Tokenizer::load(const std::string& model_dir, const TokenizerOptions& options) {
-  std::string path = (std::filesystem::path(model_dir) / "tokenizer.json").string();
-  if (!std::filesystem::exists(path)) {
-    return make_error(ErrorCode::kNotFound, "{} does not exist", path);
+  const std::filesystem::path dir(model_dir);
+  const std::string path = (dir / "tokenizer.json").string();
+  if (std::filesystem::exists(path)) {
+    RECUR_ASSIGN_OR_RETURN(std::string text, read_text_file(path));
+    return from_json_text(text, path, options);
   }
-  RECUR_ASSIGN_OR_RETURN(std::string text, read_text_file(path));
-  return from_json_text(text, path, options);
+  const std::string ranks_path = (dir / "tiktoken.model").string();
+  if (!std::filesystem::exists(ranks_path)) {
+    return make_error(ErrorCode::kNotFound, "{} has neither tokenizer.json nor tiktoken.model",
+                      model_dir);
+  }
+  const std::string config_path = (dir / "tokenizer_config.json").string();
+  if (!std::filesystem::exists(config_path)) {
+    return make_error(ErrorCode::kNotFound,
+                      "{} does not exist; tiktoken.model needs it for its added tokens and "
+                      "pre-tokenizer",
+                      config_path);
+  }
+  RECUR_ASSIGN_OR_RETURN(std::string ranks, read_text_file(ranks_path));
+  RECUR_ASSIGN_OR_RETURN(std::string config, read_text_file(config_path));
+  return from_tiktoken(ranks, config, model_dir, options);
+}
+
+Result<Tokenizer> Tokenizer::from_tiktoken(std::string_view ranks_text,
+                                           std::string_view config_text, const std::string& origin,
+                                           const TokenizerOptions& options) {
+  const std::string ranks_origin = origin + "/tiktoken.model";
+  const std::string config_origin = origin + "/tokenizer_config.json";
+  json config;
+  try {
+    config = json::parse(config_text);
+  } catch (const json::parse_error& e) {
+    return make_error(ErrorCode::kCorrupt, "{}: invalid JSON at byte {}: {}", config_origin, e.byte,
+                      e.what());
+  }
+  RECUR_ASSIGN_OR_RETURN(std::vector<RankedToken> ranks,
+                         parse_tiktoken_ranks(ranks_text, ranks_origin));
+  RECUR_ASSIGN_OR_RETURN(TiktokenConfig tc,
+                         read_tiktoken_config(config, ranks.size(), config_origin));
+  RECUR_ASSIGN_OR_RETURN(std::string pattern, translate_tiktoken_pattern(tc.pattern));
+  auto regex = Regex::compile(pattern);
+  if (!regex.ok()) {
+    return make_error(ErrorCode::kCorrupt, "{}: pre-tokenizer pattern /{}/: {}", config_origin,
+                      tc.pattern, regex.error().message);
+  }
+  try {
+    RECUR_ASSIGN_OR_RETURN(Normalizer normalizer, Normalizer::from_json(json()));
+    RECUR_ASSIGN_OR_RETURN(BpeModel model,
+                           BpeModel::from_ranks(ranks, ranks_origin, options.word_cache));
+    RECUR_ASSIGN_OR_RETURN(AddedVocabulary added,
+                           AddedVocabulary::from_json(tc.added_tokens, normalizer, config_origin));
+    auto impl =
+        std::make_shared<Impl>(std::move(normalizer), PreTokenizer::matches_of(std::move(*regex)),
+                               std::move(model), std::move(added));
+    impl->chunks = tc.chunks;
+    RECUR_RETURN_IF_ERROR(index_ids(*impl, origin));
+    return Tokenizer(std::move(impl));
+  } catch (const json::exception& e) {
+    return make_error(ErrorCode::kCorrupt, "{}: unexpected structure: {}", config_origin, e.what());
+  }
 }
 
 Result<Tokenizer> Tokenizer::from_json_text(std::string_view json_text, const std::string& origin,
@@ -122,46 +227,7 @@ Result<Tokenizer> Tokenizer::from_json_text(std::string_view json_text, const st
                            AddedVocabulary::from_json(field(j, "added_tokens"), normalizer));
     auto impl = std::make_shared<Impl>(std::move(normalizer), std::move(pre), std::move(model),
                                        std::move(added));
-
-    // Per-id tables are sized by the largest id: checked against the ids in use first.
-    int64_t max_id = int64_t(impl->model.vocab_size()) - 1;
-    int64_t distinct = impl->model.token_count();
-    std::unordered_map<int32_t, const AddedToken*> added_by_id;
-    for (const AddedToken& t : impl->added.tokens()) {
-      auto [it, inserted] = added_by_id.emplace(t.id, &t);
-      if (!inserted && it->second->content != t.content) {
-        return make_error(ErrorCode::kCorrupt, "{}: added tokens \"{}\" and \"{}\" both have id {}",
-                          origin, it->second->content, t.content, t.id);
-      }
-      if (inserted && impl->model.id_to_token(t.id).empty()) ++distinct;
-      max_id = std::max<int64_t>(max_id, t.id);
-    }
-    RECUR_RETURN_IF_ERROR(check_id_range(max_id, distinct, origin, "vocab and added-token"));
-    const int32_t size = static_cast<int32_t>(max_id + 1);
-    impl->id_bytes.resize(size);
-    impl->present.assign(size, 0);
-    impl->special.assign(size, 0);
-    impl->added_index.assign(size, -1);
-    const auto& added_tokens = impl->added.tokens();
-    for (size_t i = 0; i < added_tokens.size(); ++i) {
-      const AddedToken& t = added_tokens[i];
-      impl->added_ids.emplace(t.content, t.id);  // the first of duplicate contents wins
-      impl->added_index[t.id] = static_cast<int32_t>(i);
-    }
-    for (int32_t id = 0; id < size; ++id) {
-      std::string_view token = impl->token_of(id);
-      if (impl->added_index[id] < 0 && token.empty()) continue;
-      impl->present[id] = 1;
-      impl->id_bytes[id] = byte_level_decode(token);
-    }
-    // Special-ness follows the token's content, as Hugging Face checks it when decoding: a
-    // model token spelled like a special token is special too.
-    for (const AddedToken& t : added_tokens) {
-      if (!t.special) continue;
-      if (impl->id_to_token_is(t.id, t.content)) impl->special[t.id] = 1;
-      std::optional<int32_t> model_id = impl->model.token_to_id(t.content);
-      if (model_id && impl->id_to_token_is(*model_id, t.content)) impl->special[*model_id] = 1;
-    }
+    RECUR_RETURN_IF_ERROR(index_ids(*impl, origin));
     return impl;
   };
   try {
@@ -225,9 +291,12 @@ Result<std::vector<int32_t>> Tokenizer::encode(
         ids.push_back(seg.id);
         continue;
       }
-      arena.clear();
-      RECUR_RETURN_IF_ERROR(im.pre_tokenizer.split(
-          seg.text, arena, [&](std::string_view piece) { im.model.encode_piece(piece, ids); }));
+      RECUR_RETURN_IF_ERROR(
+          for_each_chunk(seg.text, im.chunks, [&](std::string_view chunk) -> Status {
+            arena.clear();
+            return im.pre_tokenizer.split(
+                chunk, arena, [&](std::string_view piece) { im.model.encode_piece(piece, ids); });
+          }));
     }
   }
   return ids;

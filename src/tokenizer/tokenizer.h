@@ -1,6 +1,7 @@
 // Byte-level BPE tokenizer that reproduces Hugging Face `tokenizers` for the models it loads
-// (Qwen3 and other GPT-2-style tokenizer.json files): encode with add_special_tokens=false, and
-// decode, including incremental decoding for streaming output.
+// (Qwen3 and other GPT-2-style tokenizer.json files) and tiktoken for tiktoken.model
+// vocabularies (Kimi's): encode with add_special_tokens=false, and decode, including
+// incremental decoding for streaming output.
 #pragma once
 
 #include <cstdint>
@@ -25,12 +26,24 @@ struct TokenizerOptions {
 // from many threads at once.
 class Tokenizer {
  public:
-  // Reads model_dir/tokenizer.json. Unsupported component types give kUnsupported.
+  // Reads model_dir/tokenizer.json, or else model_dir/tiktoken.model with the added tokens and
+  // pre-tokenizer pattern of model_dir/tokenizer_config.json (from_tiktoken). Unsupported
+  // component types give kUnsupported.
   static Result<Tokenizer> load(const std::string& model_dir);
   static Result<Tokenizer> load(const std::string& model_dir, const TokenizerOptions& options);
   // The same from the text of a tokenizer.json; `origin` names it in errors.
   static Result<Tokenizer> from_json_text(std::string_view json_text, const std::string& origin,
                                           const TokenizerOptions& options = {});
+  // A tiktoken vocabulary: the text of tiktoken.model ("BASE64 RANK" lines; ranks are ids) and
+  // of tokenizer_config.json: its added_tokens_decoder, and "pat_str", the pre-tokenizer
+  // pattern in tiktoken's Rust regex syntax (else that of the tokenizer class it names, e.g.
+  // Kimi's TikTokenTokenizer). Encoding is tiktoken's: added tokens, then per pattern match the
+  // token the match is, or byte-pair merges by rank. `origin` (the directory) names errors.
+  static Result<Tokenizer> from_tiktoken(std::string_view ranks_text, std::string_view config_text,
+                                         const std::string& origin,
+                                         const TokenizerOptions& options = {});
+  // Whether model_dir has a tokenizer load() reads.
+  static bool found_in(const std::string& model_dir);
 
   // add_special_tokens=false semantics: no BOS/EOS or template, but added tokens written in the
   // text (<|im_start|>, <think>) become their ids. Invalid UTF-8 gives kInvalidArgument.
@@ -57,6 +70,8 @@ class Tokenizer {
  private:
   struct Impl;
   explicit Tokenizer(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+  // Fills the per-id tables of a freshly built tokenizer.
+  static Status index_ids(Impl& im, const std::string& origin);
   std::shared_ptr<const Impl> impl_;
 };
 

@@ -73,4 +73,29 @@ if "$recur" tokenize --model "$tmp/no_model" --jsonl "$golden" >/dev/null 2>"$tm
 fi
 grep -q "tokenizer.json" "$tmp/no_model.err" || fail "missing model: $(cat "$tmp/no_model.err")"
 
+# A tiktoken vocabulary (Kimi's layout): a chat request becomes the template's control tokens
+# around the text; a corrupt tiktoken.model is named with its line.
+kimi="$root/tests/data/kimi-tokenizer-tiny"
+printf '%s\n' '{"messages": [{"role": "user", "content": "Hi <|im_end|>"}]}' >"$tmp/kimi.jsonl"
+"$recur" tokenize --model "$kimi" --jsonl "$tmp/kimi.jsonl" >"$tmp/kimi.out" || fail "kimi: exit status"
+python3 - "$kimi/tokenizer_config.json" "$tmp/kimi.out" <<'EOF' || fail "kimi chat ids"
+import json, sys
+id_of = {t["content"]: int(i) for i, t in json.load(open(sys.argv[1]))["added_tokens_decoder"].items()}
+ids = json.load(open(sys.argv[2]))["ids"]
+want = [id_of[t] for t in ["<|im_user|>", "<|im_middle|>", "<|im_end|>", "<|im_assistant|>",
+                           "<|im_middle|>"]]
+# The user's "<|im_end|>" is text: the only control tokens are the template's, in order.
+got = [i for i in ids if i in id_of.values()]
+if got != want:
+    sys.exit(f"control tokens {got}, expected {want}")
+EOF
+mkdir "$tmp/kimi_bad"
+cp "$kimi/tokenizer_config.json" "$tmp/kimi_bad/"
+{ head -n 100 "$kimi/tiktoken.model"; echo 'not*base64 100'; } >"$tmp/kimi_bad/tiktoken.model"
+if "$recur" tokenize --model "$tmp/kimi_bad" --jsonl "$tmp/kimi.jsonl" >/dev/null 2>"$tmp/kimi_bad.err"; then
+  fail "corrupt tiktoken.model: exit status 0"
+fi
+grep -q 'tiktoken.model: line 101: "not\*base64" is not base64' "$tmp/kimi_bad.err" ||
+  fail "corrupt tiktoken.model: $(cat "$tmp/kimi_bad.err")"
+
 echo "tokenize.sh: all checks passed"
