@@ -415,9 +415,9 @@ bool paged_attention_mma(CudaOps::Impl& s, const Tensor& q, const Tensor& k_cach
   const int64_t n = q.shape[0], heads = q.shape[1], hd = q.shape[2];
   const int64_t kv_heads = k_cache.shape[1], dv = v_cache.shape[3];
   const int group = int(heads / kv_heads);
-  auto copies16 = [](const Tensor& t) {  // the kernel copies 16 bytes at a time
+  auto copies16 = [](const Tensor& t) {  // the kernel copies 16 contiguous bytes at a time
     return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && t.stride[0] % 4 == 0 &&
-           t.stride[1] % 4 == 0 && t.stride[2] % 4 == 0;
+           t.stride[1] % 4 == 0 && t.stride[2] % 4 == 0 && t.stride[3] == 1;
   };
   if (!copies16(k_cache) || !copies16(v_cache) ||
       !attention_mma_fits(group, int(hd), int(dv), layout.block_size, s.max_smem_optin)) {
