@@ -88,7 +88,7 @@ Result<std::unique_ptr<Model>> load_random_model(const nlohmann::json& config, O
   if (text.contains("num_hidden_layers") && text["num_hidden_layers"].is_number_integer()) {
     layers = std::max(1, text["num_hidden_layers"].get<int>());
   }
-  RandomWeights weights(ops, dtype, seed, layers);
+  RandomWeights weights(ops, dtype, seed, layers, options.quantize);
   nlohmann::json c = config;
   if (!c.contains("model_type")) c["model_type"] = arch->model_type;
   RECUR_ASSIGN_OR_RETURN(HybridSpec spec, arch->build(c, nlohmann::json::object(), weights));

@@ -59,6 +59,44 @@ std::optional<DType> quantized_dtype(Quantize q, const std::string& name, int64_
   return q == Quantize::kQ4 && !lm_head ? DType::Q4_32 : DType::Q8_32;
 }
 
+// host [m, k] (F32/BF16/F16, contiguous) quantized to `dtype` and handed to the backend.
+Result<Tensor> quantize_matmul(Ops& ops, const Tensor& host, DType dtype,
+                               std::vector<Buffer>* owned) {
+  if (dtype != DType::F8_E4M3) return ops.quantize_matmul_weight(host, dtype, owned);
+  // Block-FP8 made here, the same for every backend: 128×128 blocks scaled so that each
+  // block's largest magnitude becomes 448, e4m3's largest.
+  constexpr int kBlock = 128;
+  const int64_t m = host.shape[0], k = host.shape[1];
+  const int64_t mb = (m + kBlock - 1) / kBlock, kb = (k + kBlock - 1) / kBlock;
+  RECUR_ASSIGN_OR_RETURN(Buffer bytes, cpu_allocator().allocate(size_t(m * k), "fp8 weight"));
+  RECUR_ASSIGN_OR_RETURN(Buffer scales,
+                         cpu_allocator().allocate(size_t(mb * kb) * 4, "fp8 weight scales"));
+  auto* q8 = static_cast<uint8_t*>(bytes.data());
+  auto* sc = static_cast<float*>(scales.data());
+  for (int64_t bi = 0; bi < mb; ++bi) {
+    for (int64_t bj = 0; bj < kb; ++bj) {
+      const int64_t r1 = std::min(m, (bi + 1) * kBlock), c1 = std::min(k, (bj + 1) * kBlock);
+      float amax = 0.0f;
+      for (int64_t r = bi * kBlock; r < r1; ++r) {
+        for (int64_t c = bj * kBlock; c < c1; ++c)
+          amax = std::max(amax, std::fabs(widen(host, r * k + c)));
+      }
+      const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+      sc[bi * kb + bj] = scale;
+      for (int64_t r = bi * kBlock; r < r1; ++r) {
+        for (int64_t c = bj * kBlock; c < c1; ++c)
+          q8[r * k + c] = f32_to_f8_e4m3(widen(host, r * k + c) / scale);
+      }
+    }
+  }
+  const Tensor w = Tensor::contiguous(bytes.data(), DType::F8_E4M3, {m, k});
+  const Tensor s = Tensor::contiguous(scales.data(), DType::F32, {mb, kb});
+  RECUR_ASSIGN_OR_RETURN(Tensor adopted, ops.adopt_block_fp8_weight(w, s, kBlock, kBlock, owned));
+  if (adopted.data == bytes.data()) owned->push_back(std::move(bytes));
+  owned->push_back(std::move(scales));  // a backend may keep pointing at them
+  return adopted;
+}
+
 }  // namespace
 
 const char* quantize_name(Quantize q) {
@@ -141,40 +179,7 @@ Result<Tensor> CheckpointWeights::adopt(const Tensor& host, WeightUse use,
   const std::optional<DType> q =
       host.ndim == 2 ? quantized_dtype(quantize_, name, host.shape[1]) : std::nullopt;
   if (!q) return ops_.adopt_matmul_weight(host, &owned_);
-  if (*q != DType::F8_E4M3) return ops_.quantize_matmul_weight(host, *q, &owned_);
-  // Block-FP8 made here, the same for every backend: 128×128 blocks scaled so that each
-  // block's largest magnitude becomes 448, e4m3's largest.
-  constexpr int kBlock = 128;
-  const int64_t m = host.shape[0], k = host.shape[1];
-  const int64_t mb = (m + kBlock - 1) / kBlock, kb = (k + kBlock - 1) / kBlock;
-  RECUR_ASSIGN_OR_RETURN(Buffer bytes, cpu_allocator().allocate(size_t(m * k), "fp8 weight"));
-  RECUR_ASSIGN_OR_RETURN(Buffer scales,
-                         cpu_allocator().allocate(size_t(mb * kb) * 4, "fp8 weight scales"));
-  auto* q8 = static_cast<uint8_t*>(bytes.data());
-  auto* sc = static_cast<float*>(scales.data());
-  for (int64_t bi = 0; bi < mb; ++bi) {
-    for (int64_t bj = 0; bj < kb; ++bj) {
-      const int64_t r1 = std::min(m, (bi + 1) * kBlock), c1 = std::min(k, (bj + 1) * kBlock);
-      float amax = 0.0f;
-      for (int64_t r = bi * kBlock; r < r1; ++r) {
-        for (int64_t c = bj * kBlock; c < c1; ++c)
-          amax = std::max(amax, std::fabs(widen(host, r * k + c)));
-      }
-      const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
-      sc[bi * kb + bj] = scale;
-      for (int64_t r = bi * kBlock; r < r1; ++r) {
-        for (int64_t c = bj * kBlock; c < c1; ++c)
-          q8[r * k + c] = f32_to_f8_e4m3(widen(host, r * k + c) / scale);
-      }
-    }
-  }
-  const Tensor w = Tensor::contiguous(bytes.data(), DType::F8_E4M3, {m, k});
-  const Tensor s = Tensor::contiguous(scales.data(), DType::F32, {mb, kb});
-  RECUR_ASSIGN_OR_RETURN(Tensor adopted,
-                         ops_.adopt_block_fp8_weight(w, s, kBlock, kBlock, &owned_));
-  if (adopted.data == bytes.data()) owned_.push_back(std::move(bytes));
-  owned_.push_back(std::move(scales));  // a backend may keep pointing at them
-  return adopted;
+  return quantize_matmul(ops_, host, *q, &owned_);
 }
 
 Result<Tensor> CheckpointWeights::load_rows(std::span<const RowPiece> pieces,
@@ -342,6 +347,25 @@ Result<Tensor> RandomWeights::load_rows(std::span<const RowPiece> pieces,
   // 1-D parameters stay f32, as checkpoints often keep them.
   const DType dt = shape.size() == 1 ? DType::F32 : dtype_;
   const std::string& name = pieces.front().name;
+  const std::optional<DType> q =
+      (use == WeightUse::kMatrix || use == WeightUse::kExpert) && shape.size() == 2
+          ? quantized_dtype(quantize_, name, shape[1])
+          : std::nullopt;
+  if (q) {  // made on the host in `dt`, then quantized as a checkpoint's would be
+    if (ops_.device() != Device::kCpu) {
+      return make_error(ErrorCode::kUnsupported, "--quantize {} runs on the CPU only",
+                        quantize_name(quantize_));
+    }
+    RECUR_ASSIGN_OR_RETURN(Buffer host,
+                           cpu_allocator().allocate(size_t(n) * dtype_size(dt), name.c_str()));
+    Tensor t = Tensor::contiguous(host.data(), dt, {n});
+    const auto [lo, hi] = random_range(name, shape, n_layers_);
+    ops_.fill_random_uniform(t, seed_ + 0x1000 * ++index_, lo, hi);
+    RECUR_ASSIGN_OR_RETURN(Tensor adopted,
+                           quantize_matmul(ops_, with_shape(t, shape), *q, &owned_));
+    count(adopted, use);
+    return adopted;
+  }
   RECUR_ASSIGN_OR_RETURN(Buffer buf,
                          ops_.allocator().allocate(size_t(n) * dtype_size(dt), name.c_str()));
   Tensor t = Tensor::contiguous(buf.data(), dt, {n}, buf.device());

@@ -99,8 +99,9 @@ class CheckpointWeights final : public WeightLoader {
 // deep random network stays finite (benchmarks of published configurations).
 class RandomWeights final : public WeightLoader {
  public:
-  RandomWeights(Ops& ops, DType matrix_dtype, uint64_t seed, int n_layers)
-      : ops_(ops), dtype_(matrix_dtype), seed_(seed), n_layers_(n_layers) {}
+  RandomWeights(Ops& ops, DType matrix_dtype, uint64_t seed, int n_layers,
+                Quantize quantize = Quantize::kNone)
+      : ops_(ops), dtype_(matrix_dtype), seed_(seed), n_layers_(n_layers), quantize_(quantize) {}
   Result<Tensor> load_rows(std::span<const RowPiece> pieces, const std::vector<int64_t>& shape,
                            WeightUse use) override;
   bool has(const std::string& name) const override { return false; }
@@ -110,6 +111,7 @@ class RandomWeights final : public WeightLoader {
   DType dtype_;
   uint64_t seed_;
   int n_layers_;
+  Quantize quantize_;
   uint64_t index_ = 0;
 };
 
