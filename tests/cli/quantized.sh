@@ -74,6 +74,25 @@ expect_error no-config "tensor 'model.layers.0.linear_attn.in_proj_qkvz.weight' 
 expect_error scale-dtype "tensor '${w}_scale_inv' has dtype F8_E4M3" \
   "$(broken scaledtype "h['${w}_scale_inv']['dtype'] = 'F8_E4M3'; body['${w}_scale_inv'] = body['${w}_scale_inv'][:4]")"
 
+# Scales in bf16 (as Qwen3.5's FP8 releases store them) read exactly as f32 ones: two copies
+# whose f32 scales are rounded to bf16, one keeping them f32 and one storing them bf16, give the
+# same logits (verify prints the same errors).
+round_bf16="
+import struct
+for k in [k for k in h if k.endswith('_scale_inv')]:
+    vals = struct.unpack(f'<{len(body[k]) // 4}f', body[k])
+    hi = [struct.unpack('<I', struct.pack('<f', v))[0] for v in vals]
+    hi = [(x + 0x7fff + ((x >> 16) & 1)) >> 16 for x in hi]
+    if STORE_BF16:
+        h[k]['dtype'] = 'BF16'; body[k] = bytearray(struct.pack(f'<{len(hi)}H', *hi))
+    else:
+        body[k] = bytearray(struct.pack(f'<{len(hi)}I', *[x << 16 for x in hi]))"
+as_f32=$("$recur" verify --model "$(broken scales-f32 "STORE_BF16 = False" "$round_bf16")" --golden "$golden" --report)
+as_bf16=$("$recur" verify --model "$(broken scales-bf16 "STORE_BF16 = True" "$round_bf16")" --golden "$golden" --report)
+[ "$as_f32" = "$as_bf16" ] || { echo "bf16 scales differ from the same scales in f32:"; diff <(echo "$as_f32") <(echo "$as_bf16"); exit 1; }
+[ "$as_f32" != "$("$recur" verify --model "$fp8" --golden "$golden" --report)" ] ||
+  { echo "rounding the scales to bf16 changed nothing: the comparison proves nothing"; exit 1; }
+
 # --quantize on a bf16 reference: figures (max error, KL, top-1), exit 0; a format name that
 # does not exist is refused.
 for q in fp8 int8 q4; do
