@@ -10,7 +10,7 @@ golden="$root/tests/data/golden/qwen3next-fp8-tiny/golden.safetensors"
 out=$("$recur" verify --model "$fp8" --golden "$golden")
 echo "$out" | tail -1 | sed "s/^/qwen3next-fp8-tiny: /"
 for mode in whole chunks17 token decode; do
-  echo "$out" | grep -q " $mode " || { echo "mode $mode missing"; exit 1; }
+  grep -q " $mode " <<<"$out" || { echo "mode $mode missing"; exit 1; }
 done
 echo "$out" | tail -1 | grep -q "^max_abs_err=.* tolerance=1.0e-03 PASS$" || { echo "$out"; exit 1; }
 # The weights are held as fp8 (1 byte each, scales aside), not widened: under half of bf16's.
