@@ -9,10 +9,13 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include "backend/backend.h"
 #include "cli/commands.h"
+#include "cli/engine_options.h"
+#include "core/threads.h"
 #include "io/checkpoint.h"
 #include "model/registry.h"
 
@@ -27,11 +30,49 @@ struct BenchOptions {
   std::string config, model, device = "cpu", batches = "1,16,64", dtype = "bf16";
   std::string prefill_lens;  // empty: prompt_len
   bool random_weights = false;
+  Quantize quantize = Quantize::kNone;
   int layers = 0, prompt_len = 2048, gen_len = 64, threads = 0, block_size = 16;
 };
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// The host's read bandwidth in bytes/s with `threads` threads, each summing its share of a
+// `bytes` buffer (best of several passes after the first touch): the bound of a CPU decode
+// step, which reads its weights once. Decode fractions are of this.
+double measure_read_bandwidth(int threads, size_t bytes) {
+  const size_t n = bytes / sizeof(float);
+  std::unique_ptr<float[]> buf(new float[n]);
+  for (size_t i = 0; i < n; ++i) buf[i] = float(i & 1023);  // touch every page
+  std::vector<float> sums(size_t(threads) * 16);
+  double best = 0;
+  for (int rep = 0; rep < 6; ++rep) {
+    const auto t0 = Clock::now();
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        const size_t b = n * size_t(t) / size_t(threads), e = n * size_t(t + 1) / size_t(threads);
+        // Eight independent sums of 16 lanes each, so the adds never wait on each other.
+        float acc[8][16] = {};
+        size_t i = b;
+        for (; i + 128 <= e; i += 128) {
+          for (int j = 0; j < 8; ++j) {
+#pragma omp simd
+            for (int l = 0; l < 16; ++l) acc[j][l] += buf[i + 16 * size_t(j) + size_t(l)];
+          }
+        }
+        float total = 0;
+        for (; i < e; ++i) total += buf[i];
+        for (auto& a : acc)
+          for (float v : a) total += v;
+        sums[size_t(t) * 16] = total;  // one cache line apart
+      });
+    }
+    for (auto& th : pool) th.join();
+    best = std::max(best, double(bytes) / seconds_since(t0));
+  }
+  return best;
 }
 
 int run_bench(const BenchOptions& o) {
@@ -62,7 +103,7 @@ int run_bench(const BenchOptions& o) {
   const int max_prefill = *std::max_element(prefill_lens.begin(), prefill_lens.end());
   if (o.gen_len < 4) return fail("--gen-len must be at least 4 (untimed warm-up steps)");
   const int max_batch = *std::max_element(batches.begin(), batches.end());
-  auto ops_r = create_backend(o.device, o.threads);
+  auto ops_r = recur::create_backend(o.device, o.threads);
   if (!ops_r.ok()) return fail(ops_r.error().to_string());
   Ops& ops = **ops_r;
 
@@ -87,10 +128,12 @@ int run_bench(const BenchOptions& o) {
     if (!cfg.ok()) return fail(cfg.error().to_string());
     config = cut_layers(*cfg, o.layers);
     const DType dt = o.dtype == "f32" ? DType::F32 : o.dtype == "f16" ? DType::F16 : DType::BF16;
+    opt.quantize = o.quantize;
     model_r = load_random_model(config, ops, opt, dt);
   } else {
     if (o.model.empty()) return fail("give --model DIR, or --config FILE --random-weights");
     if (o.layers > 0) return fail("--layers applies to --random-weights");
+    opt.quantize = o.quantize;
     model_r = load_model(o.model, ops, opt);
   }
   if (!model_r.ok()) return fail(model_r.error().to_string());
@@ -107,6 +150,10 @@ int run_bench(const BenchOptions& o) {
   // The ceiling: device copy bandwidth, measured now.
   const size_t copy_bytes = ops.device() == Device::kCpu ? (size_t(256) << 20) : (size_t(2) << 30);
   const double copy_bw = ops.measure_copy_bandwidth(copy_bytes);
+  // On the CPU, also the read bandwidth at the decode's thread count (a decode step reads).
+  const int read_threads = o.threads > 0 ? o.threads : default_thread_count();
+  const double read_bw =
+      ops.device() == Device::kCpu ? measure_read_bandwidth(read_threads, size_t(512) << 20) : 0.0;
 
   // Sequence s's prompt of len tokens. Each sequence its own, so sequences decoding greedily pick
   // their own tokens (and route to their own experts) rather than one sequence's picks b times.
@@ -248,6 +295,7 @@ int run_bench(const BenchOptions& o) {
                    {"distinct_ids_per_step", distinct_sum / o.gen_len},
                    {"achieved_bandwidth_gb_s", pbw / 1e9},
                    {"fraction_of_copy_bandwidth", pbw / copy_bw}};
+      if (read_bw > 0) pipelined["fraction_of_read_bandwidth"] = pbw / read_bw;
     }
     decode.push_back({{"batch", b},
                       {"tok_s", b / step_s},
@@ -257,6 +305,7 @@ int run_bench(const BenchOptions& o) {
                       {"achieved_bandwidth_gb_s", bw / 1e9},
                       {"fraction_of_copy_bandwidth", bw / copy_bw},
                       {"greedy_pipelined", pipelined}});
+    if (read_bw > 0) decode.back()["fraction_of_read_bandwidth"] = bw / read_bw;
   }
   json out = {
       {"device", o.device},
@@ -264,9 +313,12 @@ int run_bench(const BenchOptions& o) {
       {"random_weights", o.random_weights},
       {"layers", o.layers},
       {"weight_dtype", o.random_weights ? o.dtype : "as stored"},
+      {"quantize", quantize_name(o.quantize)},
       {"weight_bytes", info.weight_bytes},
       {"load_seconds", load_s},
       {"copy_bandwidth_gb_s", copy_bw / 1e9},
+      {"read_bandwidth_gb_s", read_bw / 1e9},
+      {"read_bandwidth_threads", read_threads},
       {"architecture", info.architecture},
       {"prompt_len", o.prompt_len},
       {"gen_len", o.gen_len},
@@ -301,6 +353,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--gen-len", o->gen_len, "decode steps per batch size");
   cmd->add_option("--dtype", o->dtype, "random weights' dtype: bf16, f16, f32");
   cmd->add_option("--threads", o->threads, "CPU threads (default: all)");
+  add_quantize_option(cmd, &o->quantize);
   cmd->callback([o] {
     int rc = run_bench(*o);
     if (rc != 0) exit_with(rc);

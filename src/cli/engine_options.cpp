@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 
 #include "backend/backend.h"
 
@@ -33,6 +34,19 @@ void add_engine_options(CLI::App* cmd, EngineOptions* o, const std::string& seed
                   "greedy steps queued one ahead of reading their picks: 1 on, 0 off, -1 on "
                   "for GPUs (default)")
       ->check(CLI::Range(-1, 1));
+  add_quantize_option(cmd, &o->quantize);
+}
+
+void add_quantize_option(CLI::App* cmd, Quantize* q) {
+  const std::map<std::string, Quantize> names = {{"none", Quantize::kNone},
+                                                 {"fp8", Quantize::kFp8},
+                                                 {"int8", Quantize::kInt8},
+                                                 {"q4", Quantize::kQ4}};
+  cmd->add_option("--quantize", *q,
+                  "quantize a bf16/f32 checkpoint's matmul weights at load: fp8 (128x128 "
+                  "blocks, as the FP8 releases), int8 or q4 (groups of 32, f16 scales; CPU); "
+                  "norms, embeddings, routers and small gates stay as stored")
+      ->transform(CLI::CheckedTransformer(names, CLI::ignore_case));
 }
 
 Result<std::unique_ptr<Ops>> create_backend(const EngineOptions& o) {
@@ -51,6 +65,7 @@ EngineConfig engine_config(const EngineOptions& o) {
   cfg.snapshot_interval = o.snapshot_interval;
   if (o.seed) cfg.seed = *o.seed;
   cfg.pipeline_decode = o.pipeline_decode;
+  cfg.quantize = o.quantize;
   return cfg;
 }
 

@@ -25,11 +25,16 @@ struct EngineOptions {
   int snapshot_interval = 2048;    // EngineConfig::snapshot_interval
   std::optional<uint64_t> seed;
   int pipeline_decode = -1;  // EngineConfig::pipeline_decode
+  // --quantize: matmul weights of a bf16/f32 checkpoint converted at load (EngineConfig::quantize)
+  Quantize quantize = Quantize::kNone;
 };
 
+// Registers --quantize none|fp8|int8|q4 on cmd, writing into *q.
+void add_quantize_option(CLI::App* cmd, Quantize* q);
+
 // Registers --model, --device, --threads, --max-batch, --max-batch-tokens, --max-context,
-// --kv-cache-mb, --prefix-cache-mb, --snapshot-interval, --seed (described by seed_help) and
-// --pipeline-decode on cmd, writing into *o;
+// --kv-cache-mb, --prefix-cache-mb, --snapshot-interval, --seed (described by seed_help),
+// --pipeline-decode and --quantize on cmd, writing into *o;
 // the defaults are what *o holds.
 void add_engine_options(CLI::App* cmd, EngineOptions* o, const std::string& seed_help);
 

@@ -1,5 +1,8 @@
 #include "core/dtype.h"
 
+#include <algorithm>
+#include <cmath>
+
 namespace recur {
 
 size_t dtype_size(DType t) {
@@ -8,8 +11,15 @@ size_t dtype_size(DType t) {
     case DType::F32: case DType::I32: return 4;
     case DType::BF16: case DType::F16: return 2;
     case DType::I8: case DType::U8: case DType::BOOL: return 1;
+    case DType::F8_E4M3: case DType::Q8_32: case DType::Q4_32: return 1;
   }
   return 0;
+}
+
+int64_t weight_bytes(DType t, int64_t numel) {
+  if (t == DType::Q8_32) return numel / 32 * 34 + numel % 32;
+  if (t == DType::Q4_32) return numel / 32 * 18 + (numel % 32 + 1) / 2;
+  return numel * int64_t(dtype_size(t));
 }
 
 const char* dtype_name(DType t) {
@@ -23,6 +33,9 @@ const char* dtype_name(DType t) {
     case DType::I8: return "I8";
     case DType::U8: return "U8";
     case DType::BOOL: return "BOOL";
+    case DType::F8_E4M3: return "F8_E4M3";
+    case DType::Q8_32: return "Q8_32";
+    case DType::Q4_32: return "Q4_32";
   }
   return "?";
 }
@@ -37,6 +50,7 @@ std::optional<DType> dtype_from_safetensors(std::string_view s) {
   if (s == "I8") return DType::I8;
   if (s == "U8") return DType::U8;
   if (s == "BOOL") return DType::BOOL;
+  if (s == "F8_E4M3") return DType::F8_E4M3;
   return std::nullopt;
 }
 
@@ -84,6 +98,30 @@ uint16_t f32_to_f16(float f) {
   if (rounded & 0x800000) { rounded = 0; ++exp; }
   if (exp >= 31) return uint16_t(sign | 0x7c00);
   return uint16_t(sign | uint32_t(exp) << 10 | (rounded >> 13));
+}
+
+uint8_t f32_to_f8_e4m3(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint8_t sign = uint8_t((x >> 24) & 0x80);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return uint8_t(sign | 0x7f);
+  const float a = std::fabs(f);
+  // Saturates: from 464 (half-way past 448, the largest) on, rounding would leave the range.
+  if (a >= 464.0f) return uint8_t(sign | 0x7e);
+  // The nearest of the 127 finite magnitudes, ties to even: step by the spacing at a's binade.
+  int e;
+  std::frexp(a, &e);                             // a = m·2^e, m in [0.5, 1)
+  const int exp_field = std::max(e - 1 + 7, 1);  // subnormals share the spacing of exp 1
+  const float spacing = std::ldexp(1.0f, exp_field - 7 - 3);
+  const float q = std::nearbyint(a / spacing);  // current rounding mode: to nearest even
+  const float r = q * spacing;
+  if (r == 0.0f) return sign;
+  int re;
+  std::frexp(r, &re);
+  const int field = re - 1 + 7;
+  if (field <= 0) return uint8_t(sign | uint8_t(r / std::ldexp(1.0f, -9)));  // subnormal
+  const uint32_t mant = uint32_t(std::ldexp(r, -(field - 7)) * 8.0f) - 8;
+  return uint8_t(sign | uint8_t(field << 3) | uint8_t(mant));
 }
 
 }  // namespace recur

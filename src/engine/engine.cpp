@@ -71,6 +71,7 @@ LoadOptions Engine::load_options(const EngineConfig& config) {
   opt.prefix_cache_budget_bytes = config.prefix_cache_bytes;
   opt.state.n_snapshots = config.prefix_snapshots;
   opt.snapshot_interval = config.snapshot_interval;
+  opt.quantize = config.quantize;
   return opt;
 }
 

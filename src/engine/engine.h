@@ -103,6 +103,8 @@ struct EngineConfig {
   // the device, is queued before this step's picks are read. 1 on, 0 off, -1 on for device
   // backends (on the CPU, where the forward runs on the caller's thread, it gains nothing).
   int pipeline_decode = -1;
+  // Matmul weights of F32/BF16/F16 checkpoints quantized at load (LoadOptions::quantize).
+  Quantize quantize = Quantize::kNone;
   // The prefix cache (engine/prefix_cache.h): a prompt starts from the longest prefix whose
   // attention blocks and recurrent-state snapshot an earlier prompt left, and prefills only
   // the rest. prefix_cache_bytes is memory added for it: snapshot slots, each with the blocks

@@ -95,7 +95,8 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
   return c;
 }
 
-Result<Tensor> Checkpoint::get(const std::string& name, const std::vector<int64_t>& shape) {
+Result<Tensor> Checkpoint::get(const std::string& name, const std::vector<int64_t>& shape,
+                               bool allow_fp8) {
   auto it = where_.find(name);
   if (it == where_.end()) {
     return make_error(ErrorCode::kNotFound, "{}: missing tensor '{}'", dir_, name);
@@ -111,10 +112,11 @@ Result<Tensor> Checkpoint::get(const std::string& name, const std::vector<int64_
     return make_error(ErrorCode::kCorrupt, "{}: tensor '{}' has shape {}, expected {}", f.path(),
                       name, t.shape_string(), want);
   }
-  if (t.dtype != DType::F32 && t.dtype != DType::BF16 && t.dtype != DType::F16) {
-    return make_error(ErrorCode::kUnsupported,
-                      "{}: tensor '{}' has dtype {}; weights must be F32, BF16 or F16", f.path(),
-                      name, dtype_name(t.dtype));
+  if (t.dtype != DType::F32 && t.dtype != DType::BF16 && t.dtype != DType::F16 &&
+      !(allow_fp8 && t.dtype == DType::F8_E4M3)) {
+    return make_error(
+        ErrorCode::kUnsupported, "{}: tensor '{}' has dtype {}; weights must be F32, BF16 or F16{}",
+        f.path(), name, dtype_name(t.dtype), allow_fp8 ? " (or F8_E4M3 as matmul weights)" : "");
   }
   used_.insert(name);
   return t;

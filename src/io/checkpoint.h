@@ -24,7 +24,9 @@ class Checkpoint {
 
   bool has(const std::string& name) const { return where_.count(name) != 0; }
   // The named tensor, checked against the expected shape; errors name the file and tensor.
-  Result<Tensor> get(const std::string& name, const std::vector<int64_t>& shape);
+  // Weights are F32, BF16 or F16, and F8_E4M3 too when allow_fp8 (block-FP8 checkpoints).
+  Result<Tensor> get(const std::string& name, const std::vector<int64_t>& shape,
+                     bool allow_fp8 = false);
   // Tensors never fetched by get(), except those under an ignored prefix (e.g. "mtp.").
   std::vector<std::string> unused(const std::vector<std::string>& ignored_prefixes) const;
   // Bytes of all mapped weight files.

@@ -178,8 +178,9 @@ void SparseMoe::describe(ModelInfo& info) const {
   ++info.moe_layers;
   info.n_experts = int(experts.size());
   info.experts_per_token = routing.k;
-  info.expert_weight_bytes =
-      (e.gate.numel() + e.up.numel() + e.down.numel()) * int64_t(dtype_size(e.gate.dtype));
+  info.expert_weight_bytes = weight_bytes(e.gate.dtype, e.gate.numel()) +
+                             weight_bytes(e.up.dtype, e.up.numel()) +
+                             weight_bytes(e.down.dtype, e.down.numel());
   info.active_params_per_token +=
       int64_t(routing.k) * (e.gate.numel() + e.up.numel() + e.down.numel());
 }

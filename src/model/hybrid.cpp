@@ -422,8 +422,7 @@ Result<std::unique_ptr<Model>> build_hybrid_model(HybridSpec spec, WeightLoader&
   info.dense_weight_bytes = tally.dense_bytes;
   info.active_params_per_token = tally.dense_matrix_params;
   if (spec.tied_lm_head) {  // the tied table is read as the LM head every step
-    info.dense_weight_bytes +=
-        spec.embed_tokens.numel() * int64_t(dtype_size(spec.embed_tokens.dtype));
+    info.dense_weight_bytes += weight_bytes(spec.embed_tokens.dtype, spec.embed_tokens.numel());
     info.active_params_per_token += spec.embed_tokens.numel();
   }
   for (const DecoderLayer& L : spec.layers) {

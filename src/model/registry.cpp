@@ -67,7 +67,8 @@ Result<std::unique_ptr<Model>> load_model(const std::string& dir, Ops& ops,
   RECUR_ASSIGN_OR_RETURN(const Architecture* arch, find_architecture(ckpt->config(), dir + "/"));
   nlohmann::json config = ckpt->config();
   if (!config.contains("model_type")) config["model_type"] = arch->model_type;
-  CheckpointWeights weights(*ckpt, ops);
+  RECUR_ASSIGN_OR_RETURN(const Fp8BlockConfig fp8, read_quantization_config(config, dir));
+  CheckpointWeights weights(*ckpt, ops, fp8, options.quantize);
   RECUR_ASSIGN_OR_RETURN(HybridSpec spec, arch->build(config, ckpt->generation_config(), weights));
   const nlohmann::json gen = ckpt->generation_config();
   return build_hybrid_model(std::move(spec), weights, std::move(ckpt), gen, ops, options);
@@ -87,7 +88,7 @@ Result<std::unique_ptr<Model>> load_random_model(const nlohmann::json& config, O
   if (text.contains("num_hidden_layers") && text["num_hidden_layers"].is_number_integer()) {
     layers = std::max(1, text["num_hidden_layers"].get<int>());
   }
-  RandomWeights weights(ops, dtype, seed, layers);
+  RandomWeights weights(ops, dtype, seed, layers, options.quantize);
   nlohmann::json c = config;
   if (!c.contains("model_type")) c["model_type"] = arch->model_type;
   RECUR_ASSIGN_OR_RETURN(HybridSpec spec, arch->build(c, nlohmann::json::object(), weights));

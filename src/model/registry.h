@@ -6,6 +6,7 @@
 #include <string>
 
 #include "model/model.h"
+#include "model/weights.h"
 
 namespace recur {
 
@@ -20,6 +21,8 @@ struct LoadOptions {
   int64_t prefix_cache_budget_bytes = 0;
   int snapshot_interval = 2048;
   int max_context = 0;  // 0: the model's max_position_embeddings
+  // Matmul weights of F32/BF16/F16 checkpoints quantized at load (see Quantize in weights.h).
+  Quantize quantize = Quantize::kNone;
 };
 
 // Opens a model directory and loads whatever architecture its config names.

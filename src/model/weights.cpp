@@ -1,6 +1,7 @@
 #include "model/weights.h"
 
 #include <cmath>
+#include <numeric>
 
 namespace recur {
 
@@ -29,7 +30,134 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
+float widen(const Tensor& t, int64_t i) {
+  switch (t.dtype) {
+    case DType::F32:
+      return t.ptr<float>()[i];
+    case DType::BF16:
+      return bf16_to_f32(t.ptr<uint16_t>()[i]);
+    case DType::F16:
+      return f16_to_f32(t.ptr<uint16_t>()[i]);
+    default:
+      return std::nanf("");
+  }
+}
+
+// Which matmul weights --quantize converts, and to what: the projections and experts; the LM
+// head in 8 bits (int8 also under q4; kept as stored under fp8, as the FP8 releases keep it);
+// not the routers, the shared-expert gate or the Gated DeltaNet's b / a projections (a few
+// rows each, and the FP8 releases keep them too). Q8_32 / Q4_32 need k a multiple of 32.
+std::optional<DType> quantized_dtype(Quantize q, const std::string& name, int64_t k) {
+  if (q == Quantize::kNone) return std::nullopt;
+  for (const char* kept : {"mlp.gate.weight", "shared_expert_gate.weight", "in_proj_ba.weight",
+                           "in_proj_b.weight", "in_proj_a.weight"}) {
+    if (name.ends_with(kept)) return std::nullopt;
+  }
+  const bool lm_head = name == "lm_head.weight";
+  if (q == Quantize::kFp8) return lm_head ? std::nullopt : std::optional(DType::F8_E4M3);
+  if (k % 32 != 0) return std::nullopt;
+  return q == Quantize::kQ4 && !lm_head ? DType::Q4_32 : DType::Q8_32;
+}
+
+// host [m, k] (F32/BF16/F16, contiguous) quantized to `dtype` and handed to the backend.
+Result<Tensor> quantize_matmul(Ops& ops, const Tensor& host, DType dtype,
+                               std::vector<Buffer>* owned) {
+  if (dtype != DType::F8_E4M3) return ops.quantize_matmul_weight(host, dtype, owned);
+  // Block-FP8 made here, the same for every backend: 128×128 blocks scaled so that each
+  // block's largest magnitude becomes 448, e4m3's largest.
+  constexpr int kBlock = 128;
+  const int64_t m = host.shape[0], k = host.shape[1];
+  const int64_t mb = (m + kBlock - 1) / kBlock, kb = (k + kBlock - 1) / kBlock;
+  RECUR_ASSIGN_OR_RETURN(Buffer bytes, cpu_allocator().allocate(size_t(m * k), "fp8 weight"));
+  RECUR_ASSIGN_OR_RETURN(Buffer scales,
+                         cpu_allocator().allocate(size_t(mb * kb) * 4, "fp8 weight scales"));
+  auto* q8 = static_cast<uint8_t*>(bytes.data());
+  auto* sc = static_cast<float*>(scales.data());
+  for (int64_t bi = 0; bi < mb; ++bi) {
+    for (int64_t bj = 0; bj < kb; ++bj) {
+      const int64_t r1 = std::min(m, (bi + 1) * kBlock), c1 = std::min(k, (bj + 1) * kBlock);
+      float amax = 0.0f;
+      for (int64_t r = bi * kBlock; r < r1; ++r) {
+        for (int64_t c = bj * kBlock; c < c1; ++c)
+          amax = std::max(amax, std::fabs(widen(host, r * k + c)));
+      }
+      const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+      sc[bi * kb + bj] = scale;
+      for (int64_t r = bi * kBlock; r < r1; ++r) {
+        for (int64_t c = bj * kBlock; c < c1; ++c)
+          q8[r * k + c] = f32_to_f8_e4m3(widen(host, r * k + c) / scale);
+      }
+    }
+  }
+  const Tensor w = Tensor::contiguous(bytes.data(), DType::F8_E4M3, {m, k});
+  const Tensor s = Tensor::contiguous(scales.data(), DType::F32, {mb, kb});
+  RECUR_ASSIGN_OR_RETURN(Tensor adopted, ops.adopt_block_fp8_weight(w, s, kBlock, kBlock, owned));
+  if (adopted.data == bytes.data()) owned->push_back(std::move(bytes));
+  owned->push_back(std::move(scales));  // a backend may keep pointing at them
+  return adopted;
+}
+
 }  // namespace
+
+const char* quantize_name(Quantize q) {
+  switch (q) {
+    case Quantize::kNone:
+      return "none";
+    case Quantize::kFp8:
+      return "fp8";
+    case Quantize::kInt8:
+      return "int8";
+    case Quantize::kQ4:
+      return "q4";
+  }
+  return "?";
+}
+
+Result<Fp8BlockConfig> read_quantization_config(const nlohmann::json& config,
+                                                const std::string& dir) {
+  const nlohmann::json* q = nullptr;
+  if (config.contains("quantization_config")) {
+    q = &config["quantization_config"];
+  } else if (config.contains("text_config") && config["text_config"].is_object() &&
+             config["text_config"].contains("quantization_config")) {
+    q = &config["text_config"]["quantization_config"];
+  }
+  Fp8BlockConfig out;
+  if (q == nullptr || q->is_null()) return out;
+  const std::string where = dir + "/config.json: quantization_config";
+  if (!q->is_object()) return make_error(ErrorCode::kCorrupt, "{} is not an object", where);
+  const std::string method =
+      q->contains("quant_method") && (*q)["quant_method"].is_string() ? (*q)["quant_method"] : "";
+  if (method != "fp8") {
+    return make_error(
+        ErrorCode::kUnsupported,
+        "{}: quant_method '{}' is not supported (supported: fp8, block-FP8 e4m3)", where,
+        method.empty() ? (*q).value("quant_method", nlohmann::json()).dump() : method);
+  }
+  if (q->contains("fmt") && !((*q)["fmt"].is_string() && (*q)["fmt"] == "e4m3")) {
+    return make_error(ErrorCode::kUnsupported, "{}: fmt {} is not supported (supported: e4m3)",
+                      where, (*q)["fmt"].dump());
+  }
+  if (q->contains("activation_scheme") &&
+      !((*q)["activation_scheme"].is_string() && (*q)["activation_scheme"] == "dynamic")) {
+    return make_error(ErrorCode::kUnsupported,
+                      "{}: activation_scheme {} is not supported (supported: dynamic)", where,
+                      (*q)["activation_scheme"].dump());
+  }
+  const nlohmann::json& bs = q->value("weight_block_size", nlohmann::json());
+  if (!bs.is_array() || bs.size() != 2 || !bs[0].is_number_integer() ||
+      !bs[1].is_number_integer() || bs[0].get<int64_t>() < 1 || bs[1].get<int64_t>() < 1 ||
+      bs[0].get<int64_t>() > 65536 || bs[1].get<int64_t>() > 65536) {
+    return make_error(ErrorCode::kUnsupported,
+                      "{}: weight_block_size {} is not two positive integers (per-tensor FP8 "
+                      "scales are not supported)",
+                      where, bs.dump());
+  }
+  out.present = true;
+  out.block_rows = bs[0].get<int>();
+  out.block_cols = bs[1].get<int>();
+  return out;
+}
 
 Result<Tensor> WeightLoader::load(const std::string& name, const std::vector<int64_t>& shape,
                                   WeightUse use) {
@@ -39,17 +167,19 @@ Result<Tensor> WeightLoader::load(const std::string& name, const std::vector<int
 }
 
 void WeightLoader::count(const Tensor& t, WeightUse use) {
-  const int64_t bytes = t.numel() * int64_t(dtype_size(t.dtype));
+  const int64_t bytes = weight_bytes(t.dtype, t.numel());
   tally_.bytes += bytes;
   if (use == WeightUse::kMatrix || use == WeightUse::kVector) tally_.dense_bytes += bytes;
   if (use == WeightUse::kMatrix) tally_.dense_matrix_params += t.numel();
 }
 
-Result<Tensor> CheckpointWeights::adopt(const Tensor& host, WeightUse use) {
-  if (use == WeightUse::kMatrix || use == WeightUse::kExpert) {
-    return ops_.adopt_matmul_weight(host, &owned_);
-  }
-  return ops_.adopt_weight(host);
+Result<Tensor> CheckpointWeights::adopt(const Tensor& host, WeightUse use,
+                                        const std::string& name) {
+  if (use != WeightUse::kMatrix && use != WeightUse::kExpert) return ops_.adopt_weight(host);
+  const std::optional<DType> q =
+      host.ndim == 2 ? quantized_dtype(quantize_, name, host.shape[1]) : std::nullopt;
+  if (!q) return ops_.adopt_matmul_weight(host, &owned_);
+  return quantize_matmul(ops_, host, *q, &owned_);
 }
 
 Result<Tensor> CheckpointWeights::load_rows(std::span<const RowPiece> pieces,
@@ -59,7 +189,14 @@ Result<Tensor> CheckpointWeights::load_rows(std::span<const RowPiece> pieces,
   std::vector<Tensor> views;
   int64_t rows = 0;
   for (const RowPiece& p : pieces) {
-    RECUR_ASSIGN_OR_RETURN(Tensor t, ckpt_.get(p.name, p.stored_shape));
+    RECUR_ASSIGN_OR_RETURN(Tensor t, ckpt_.get(p.name, p.stored_shape, /*allow_fp8=*/true));
+    if (t.dtype == DType::F8_E4M3 && use != WeightUse::kMatrix && use != WeightUse::kExpert) {
+      return make_error(ErrorCode::kUnsupported,
+                        "{}: tensor '{}' is F8_E4M3, but it is {}: only matmul weights may be "
+                        "block-FP8 (F32, BF16 or F16 here)",
+                        ckpt_.dir(), p.name,
+                        use == WeightUse::kEmbedding ? "the embedding table" : "a vector weight");
+    }
     const int64_t stored_cols = p.stored_shape.size() > 1 ? p.stored_shape.back() : t.numel();
     const int64_t stored_rows = t.numel() / std::max<int64_t>(stored_cols, 1);
     RECUR_CHECK(stored_cols == cols && p.first >= 0 && p.first + p.count <= stored_rows);
@@ -94,10 +231,94 @@ Result<Tensor> CheckpointWeights::load_rows(std::span<const RowPiece> pieces,
     }
     host = with_shape(Tensor::contiguous(repacked.data(), views[0].dtype, {rows * cols}), shape);
   }
-  RECUR_ASSIGN_OR_RETURN(Tensor adopted, adopt(host, use));
+  Tensor adopted;
+  if (host.dtype == DType::F8_E4M3) {
+    RECUR_ASSIGN_OR_RETURN(adopted, load_fp8(pieces, views, host, use));
+  } else {
+    RECUR_ASSIGN_OR_RETURN(adopted, adopt(host, use, pieces[0].name));
+  }
   // A backend that used the host copy in place needs it for as long as the model lives.
   if (repacked.data() && adopted.data == host.data) owned_.push_back(std::move(repacked));
   count(adopted, use);
+  return adopted;
+}
+
+Result<Tensor> CheckpointWeights::load_fp8(std::span<const RowPiece> pieces,
+                                           std::span<const Tensor> views, const Tensor& host,
+                                           WeightUse use) {
+  const std::string& dir = ckpt_.dir();
+  if (!fp8_.present) {
+    return make_error(ErrorCode::kCorrupt,
+                      "{}: tensor '{}' is F8_E4M3, but config.json has no block-FP8 "
+                      "quantization_config (quant_method fp8, weight_block_size)",
+                      dir, pieces[0].name);
+  }
+  if (host.ndim != 2) {
+    return make_error(ErrorCode::kUnsupported, "{}: F8_E4M3 tensor '{}' is not a matrix", dir,
+                      pieces[0].name);
+  }
+  // The two NaN codes (S.1111.111) are no weight: a corrupt file, named here rather than
+  // left to turn every logit NaN (the vector kernels do not decode them).
+  for (size_t i = 0; i < views.size(); ++i) {
+    const auto* b = views[i].ptr<uint8_t>();
+    const int64_t n = views[i].numel(), cols = views[i].shape[1];
+    for (int64_t j = 0; j < n; ++j) {
+      if ((b[j] & 0x7f) == 0x7f) {
+        return make_error(ErrorCode::kCorrupt,
+                          "{}: F8_E4M3 tensor '{}' holds NaN at row {}, column {}", dir,
+                          pieces[i].name, pieces[i].first + j / cols, j % cols);
+      }
+    }
+  }
+  const int64_t br = fp8_.block_rows, bc = fp8_.block_cols;
+  const int64_t m = host.shape[0], k = host.shape[1], kb = (k + bc - 1) / bc;
+  // Each piece's scales, [E·ceil(R / br), kb] over a stored [E, R, k] (E = 1 for a matrix).
+  struct PieceScales {
+    Tensor scales;
+    int64_t rows_per_expert, blocks_per_expert, out_start;
+  };
+  std::vector<PieceScales> ps;
+  int64_t out_block = br;  // rows per scale row of the result: divides every piece boundary
+  int64_t out = 0;
+  for (const RowPiece& p : pieces) {
+    const std::string scale_name = p.name + "_scale_inv";
+    const int64_t R = p.stored_shape.size() > 1 ? p.stored_shape[p.stored_shape.size() - 2] : 1;
+    std::vector<int64_t> want(p.stored_shape.begin(), p.stored_shape.end());
+    if (want.size() < 2) want.insert(want.begin(), 1);
+    want[want.size() - 2] = (R + br - 1) / br;
+    want.back() = kb;
+    if (!ckpt_.has(scale_name)) {
+      return make_error(ErrorCode::kCorrupt,
+                        "{}: F8_E4M3 tensor '{}' has no block scales: tensor '{}' is missing", dir,
+                        p.name, scale_name);
+    }
+    RECUR_ASSIGN_OR_RETURN(Tensor s, ckpt_.get(scale_name, want));
+    ps.push_back({s, R, (R + br - 1) / br, out});
+    out_block = std::gcd(out_block, out);
+    out_block = std::gcd(out_block, p.first % R);
+    if (p.first % R + p.count > R) out_block = std::gcd(out_block, R);
+    out += p.count;
+  }
+  const int64_t mb = (m + out_block - 1) / out_block;
+  RECUR_ASSIGN_OR_RETURN(Buffer scales,
+                         cpu_allocator().allocate(size_t(mb * kb) * 4, "fp8 weight scales"));
+  auto* sc = static_cast<float*>(scales.data());
+  size_t pi = 0;
+  for (int64_t b = 0; b < mb; ++b) {
+    const int64_t q = b * out_block;  // first result row of the block
+    while (pi + 1 < pieces.size() && ps[pi + 1].out_start <= q) ++pi;
+    const PieceScales& p = ps[pi];
+    const int64_t r = pieces[pi].first + (q - p.out_start);  // stored row, flattened
+    const int64_t srow =
+        (r / p.rows_per_expert) * p.blocks_per_expert + (r % p.rows_per_expert) / br;
+    for (int64_t j = 0; j < kb; ++j) sc[b * kb + j] = widen(p.scales, srow * kb + j);
+  }
+  const Tensor s = Tensor::contiguous(scales.data(), DType::F32, {mb, kb});
+  RECUR_ASSIGN_OR_RETURN(Tensor adopted,
+                         ops_.adopt_block_fp8_weight(host, s, int(out_block), int(bc), &owned_));
+  owned_.push_back(std::move(scales));  // a backend may keep pointing at them
+  tally_.bytes += mb * kb * 4;
+  if (use == WeightUse::kMatrix) tally_.dense_bytes += mb * kb * 4;
   return adopted;
 }
 
@@ -126,6 +347,25 @@ Result<Tensor> RandomWeights::load_rows(std::span<const RowPiece> pieces,
   // 1-D parameters stay f32, as checkpoints often keep them.
   const DType dt = shape.size() == 1 ? DType::F32 : dtype_;
   const std::string& name = pieces.front().name;
+  const std::optional<DType> q =
+      (use == WeightUse::kMatrix || use == WeightUse::kExpert) && shape.size() == 2
+          ? quantized_dtype(quantize_, name, shape[1])
+          : std::nullopt;
+  if (q) {  // made on the host in `dt`, then quantized as a checkpoint's would be
+    if (ops_.device() != Device::kCpu) {
+      return make_error(ErrorCode::kUnsupported, "--quantize {} runs on the CPU only",
+                        quantize_name(quantize_));
+    }
+    RECUR_ASSIGN_OR_RETURN(Buffer host,
+                           cpu_allocator().allocate(size_t(n) * dtype_size(dt), name.c_str()));
+    Tensor t = Tensor::contiguous(host.data(), dt, {n});
+    const auto [lo, hi] = random_range(name, shape, n_layers_);
+    ops_.fill_random_uniform(t, seed_ + 0x1000 * ++index_, lo, hi);
+    RECUR_ASSIGN_OR_RETURN(Tensor adopted,
+                           quantize_matmul(ops_, with_shape(t, shape), *q, &owned_));
+    count(adopted, use);
+    return adopted;
+  }
   RECUR_ASSIGN_OR_RETURN(Buffer buf,
                          ops_.allocator().allocate(size_t(n) * dtype_size(dt), name.c_str()));
   Tensor t = Tensor::contiguous(buf.data(), dt, {n}, buf.device());

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <vector>
@@ -32,6 +33,20 @@ struct RowPiece {
   std::vector<int64_t> stored_shape;  // the tensor's full shape in the file (checked)
   int64_t first = 0, count = 0;
 };
+
+// Weights quantized at load (--quantize): matmul weights of F32/BF16/F16 checkpoints become
+// block-FP8 (128×128 blocks, as the FP8 releases), or Q8_32 / Q4_32 (groups of 32, f16 scales).
+enum class Quantize { kNone, kFp8, kInt8, kQ4 };
+const char* quantize_name(Quantize q);  // "none", "fp8", "int8", "q4"
+
+// A checkpoint's quantization_config: only block-FP8 (quant_method fp8, fmt e4m3) is taken.
+struct Fp8BlockConfig {
+  bool present = false;
+  int block_rows = 128, block_cols = 128;  // weight_block_size
+};
+// Reads config.json's (or its text_config's) quantization_config; errors name the field.
+Result<Fp8BlockConfig> read_quantization_config(const nlohmann::json& config,
+                                                const std::string& dir);
 
 struct WeightTally {
   int64_t bytes = 0;        // every weight as stored
@@ -62,23 +77,31 @@ class WeightLoader {
 // Weights from a Hugging Face checkpoint, mapped; the backend adopts each one.
 class CheckpointWeights final : public WeightLoader {
  public:
-  CheckpointWeights(Checkpoint& checkpoint, Ops& ops) : ckpt_(checkpoint), ops_(ops) {}
+  CheckpointWeights(Checkpoint& checkpoint, Ops& ops, Fp8BlockConfig fp8 = {},
+                    Quantize quantize = Quantize::kNone)
+      : ckpt_(checkpoint), ops_(ops), fp8_(fp8), quantize_(quantize) {}
   Result<Tensor> load_rows(std::span<const RowPiece> pieces, const std::vector<int64_t>& shape,
                            WeightUse use) override;
   bool has(const std::string& name) const override { return ckpt_.has(name); }
 
  private:
-  Result<Tensor> adopt(const Tensor& host, WeightUse use);
+  Result<Tensor> adopt(const Tensor& host, WeightUse use, const std::string& name);
+  // F8_E4M3 pieces with their `<name>_scale_inv` block scales, re-packed like any weight.
+  Result<Tensor> load_fp8(std::span<const RowPiece> pieces, std::span<const Tensor> views,
+                          const Tensor& host, WeightUse use);
   Checkpoint& ckpt_;
   Ops& ops_;
+  Fp8BlockConfig fp8_;
+  Quantize quantize_;
 };
 
 // Random weights made in the backend's memory, in the requested layout, with ranges by role so a
 // deep random network stays finite (benchmarks of published configurations).
 class RandomWeights final : public WeightLoader {
  public:
-  RandomWeights(Ops& ops, DType matrix_dtype, uint64_t seed, int n_layers)
-      : ops_(ops), dtype_(matrix_dtype), seed_(seed), n_layers_(n_layers) {}
+  RandomWeights(Ops& ops, DType matrix_dtype, uint64_t seed, int n_layers,
+                Quantize quantize = Quantize::kNone)
+      : ops_(ops), dtype_(matrix_dtype), seed_(seed), n_layers_(n_layers), quantize_(quantize) {}
   Result<Tensor> load_rows(std::span<const RowPiece> pieces, const std::vector<int64_t>& shape,
                            WeightUse use) override;
   bool has(const std::string& name) const override { return false; }
@@ -88,6 +111,7 @@ class RandomWeights final : public WeightLoader {
   DType dtype_;
   uint64_t seed_;
   int n_layers_;
+  Quantize quantize_;
   uint64_t index_ = 0;
 };
 

@@ -8,6 +8,21 @@
 
 namespace recur {
 
+Result<Tensor> Ops::adopt_block_fp8_weight(const Tensor& w, const Tensor& scales, int block_rows,
+                                           int block_cols, std::vector<Buffer>* owned) {
+  return make_error(ErrorCode::kUnsupported,
+                    "this backend ({}) does not run block-FP8 (F8_E4M3) weights yet; load the "
+                    "checkpoint with --device cpu",
+                    device() == Device::kCpu ? "cpu" : "cuda");
+}
+
+Result<Tensor> Ops::quantize_matmul_weight(const Tensor& host, DType dtype,
+                                           std::vector<Buffer>* owned) {
+  return make_error(ErrorCode::kUnsupported,
+                    "this backend ({}) does not run {} weights (--quantize); use --device cpu",
+                    device() == Device::kCpu ? "cpu" : "cuda", dtype_name(dtype));
+}
+
 void Ops::copy_from_host(Tensor dst, const void* src) {
   RECUR_CHECK(dst.is_contiguous());
   std::memcpy(dst.data, src, size_t(dst.numel()) * dtype_size(dst.dtype));
@@ -127,10 +142,10 @@ void Ops::moe_experts_shared(const Tensor& x, std::span<const ExpertWeights> exp
   }
 }
 
-void Ops::moe_route_experts_shared(const Tensor& logits, const MoeRouting& routing,
-                                   const Tensor& x, std::span<const ExpertWeights> experts,
-                                   Tensor ids, Tensor weights, const SharedExpertArgs& shared,
-                                   Tensor out, Tensor scratch, Tensor residual) {
+void Ops::moe_route_experts_shared(const Tensor& logits, const MoeRouting& routing, const Tensor& x,
+                                   std::span<const ExpertWeights> experts, Tensor ids,
+                                   Tensor weights, const SharedExpertArgs& shared, Tensor out,
+                                   Tensor scratch, Tensor residual) {
   moe_route(logits, routing, ids, weights);
   moe_experts_shared(x, experts, ids, weights, shared, out, scratch);
   if (residual.data) add(residual, out);

@@ -38,7 +38,7 @@ struct ExpertWeights {
 // Operands of Ops::attention_inputs, one attention layer's input stage after its projections.
 struct AttentionInputArgs {
   int heads = 0, kv_heads = 0, head_dim = 0;  // head_dim: of queries and keys
-  int rot_dim = 0;  // rotary channels at the start of each head
+  int rot_dim = 0;                            // rotary channels at the start of each head
   double rope_theta = 0;
   float norm_offset = 0.0f;  // added to the q and k norm weights (1 when zero-centred)
   float eps = 1e-6f;
@@ -117,6 +117,19 @@ class Ops {
   virtual Result<Tensor> adopt_matmul_weight(const Tensor& host, std::vector<Buffer>* owned) {
     return adopt_weight(host);
   }
+  // A block-FP8 matmul weight: w [m, k] F8_E4M3 stands for w[r, c] · scales[r / block_rows,
+  // c / block_cols] (scales [ceil(m / block_rows), ceil(k / block_cols)] F32; edge blocks
+  // partial). A backend that takes it returns a weight for matmul that keeps the fp8 bytes and
+  // the scales (in a layout of its own, buffers to `owned`) and dequantizes inside its dot
+  // products. The default refuses it with an error.
+  virtual Result<Tensor> adopt_block_fp8_weight(const Tensor& w, const Tensor& scales,
+                                                int block_rows, int block_cols,
+                                                std::vector<Buffer>* owned);
+  // A matmul weight [m, k] (F32, BF16 or F16, contiguous) quantized at load to `dtype`: Q8_32
+  // or Q4_32 (groups of 32 along k, an f16 scale each). The backend's own layout; the default
+  // refuses it with an error.
+  virtual Result<Tensor> quantize_matmul_weight(const Tensor& host, DType dtype,
+                                                std::vector<Buffer>* owned);
   virtual void copy_to_host(const Tensor& src, void* dst) = 0;  // src contiguous
   // copy_to_host in two halves, so work queued between them (the next step) runs meanwhile:
   // start orders the copy after the work queued so far; finish waits for it and fills dst.

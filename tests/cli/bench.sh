@@ -29,6 +29,18 @@ out=$("$recur" bench --model "$root/models/qwen3next-tiny-realvocab" --batch 1,3
 check "$out" 1,3
 out=$("$recur" bench --config "$root/models/qwen3next-tiny/config.json" --random-weights --layers 2 --batch 2 --prompt-len 8 --gen-len 5 --threads 2)
 check "$out" 2
+# --quantize: random weights quantized as a checkpoint's would be; the CPU's read bandwidth and
+# each decode's fraction of it; the weights take fewer bytes than bf16's.
+q4=$("$recur" bench --config "$root/models/qwen3next-tiny/config.json" --random-weights --layers 2 --batch 2 --prompt-len 8 --gen-len 5 --threads 2 --quantize q4)
+check "$q4" 2
+python3 - "$out" "$q4" <<'PY'
+import json, sys
+bf16, q4 = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+assert q4["quantize"] == "q4" and bf16["quantize"] == "none", (q4["quantize"], bf16["quantize"])
+assert q4["read_bandwidth_gb_s"] > 0 and q4["read_bandwidth_threads"] == 2, q4
+assert all(d["fraction_of_read_bandwidth"] > 0 for d in q4["decode"]), q4["decode"]
+assert q4["weight_bytes"] < bf16["weight_bytes"], (q4["weight_bytes"], bf16["weight_bytes"])
+PY
 if "$recur" bench --model "$root/models/qwen3next-tiny" --gen-len 3 2>/dev/null; then
   echo "bench accepted --gen-len 3 (fewer steps than its warm-up)"; exit 1
 fi

@@ -41,6 +41,11 @@ class CpuOps final : public Ops {
   // A k-major copy [k, ld] (ld = m rounded up to 16, zero padded), as the view with strides
   // {1, ld}: the layout of the register-tiled matmul kernel.
   Result<Tensor> adopt_matmul_weight(const Tensor& host, std::vector<Buffer>* owned) override;
+  // Block-FP8 and --quantize weights, re-laid out as kernels_quant.h describes.
+  Result<Tensor> adopt_block_fp8_weight(const Tensor& w, const Tensor& scales, int block_rows,
+                                        int block_cols, std::vector<Buffer>* owned) override;
+  Result<Tensor> quantize_matmul_weight(const Tensor& host, DType dtype,
+                                        std::vector<Buffer>* owned) override;
   void copy_to_host(const Tensor& src, void* dst) override;
   void fill_zero(Tensor t) override;
   int n_threads() const { return pool_.size(); }
@@ -86,6 +91,8 @@ class CpuOps final : public Ops {
                                    int d_ff) const override;
 
  private:
+  // matmul with a weight of kernels_quant.h's layouts.
+  void quant_matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulate);
   ThreadPool pool_;
   // cos/sin of the last rope call, [token][kRopeCacheHalf]; pages are touched only as used.
   // Taken with try_lock: a concurrent caller computes its own angles instead.

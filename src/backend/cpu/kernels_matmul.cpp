@@ -8,6 +8,7 @@
 // on batch composition.
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/kernels_quant.h"
 
 #include <algorithm>
 #include <cstring>
@@ -369,11 +370,57 @@ Result<Tensor> CpuOps::adopt_matmul_weight(const Tensor& host, std::vector<Buffe
   return t;
 }
 
+Result<Tensor> CpuOps::adopt_block_fp8_weight(const Tensor& w, const Tensor& scales, int block_rows,
+                                              int block_cols, std::vector<Buffer>* owned) {
+  Buffer buf;
+  RECUR_ASSIGN_OR_RETURN(Tensor t, pack_fp8(allocator(), w, scales, block_rows, block_cols, &buf));
+  owned->push_back(std::move(buf));
+  return t;
+}
+
+Result<Tensor> CpuOps::quantize_matmul_weight(const Tensor& host, DType dtype,
+                                              std::vector<Buffer>* owned) {
+  if (host.ndim != 2 || !host.is_contiguous() || host.shape[1] % 32 != 0 ||
+      (dtype != DType::Q8_32 && dtype != DType::Q4_32)) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "quantize_matmul_weight: {} needs a contiguous matrix with columns a "
+                      "multiple of 32, not {}",
+                      dtype_name(dtype), host.shape_string());
+  }
+  Buffer buf;
+  RECUR_ASSIGN_OR_RETURN(Tensor t, pack_q(allocator(), host, dtype, &buf));
+  owned->push_back(std::move(buf));
+  return t;
+}
+
+void CpuOps::quant_matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulate) {
+  const int64_t n = x.shape[0], k = w.shape[1], m = w.shape[0];
+  // Per calling thread, grown to the largest batch seen (then steady: no allocation).
+  // (The pool's threads see it through this pointer: a thread_local named in the lambda would
+  // be their own.)
+  thread_local QuantizedActivations activations;
+  QuantizedActivations* xq = &activations;
+  const bool integer = w.dtype != DType::F8_E4M3;
+  if (integer) quantize_activations(x.ptr<float>(), x.stride[0], n, k, xq);
+  const QuantIsa isa = best_quant_isa();
+  const int64_t vectors = (m + 15) / 16;
+  const int64_t min_vectors = std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, k * n));
+  pool_.parallel_for(vectors, min_vectors, [&](int64_t v0, int64_t v1) {
+    quant_matmul_columns(isa, w, x.ptr<float>(), x.stride[0], integer ? xq : nullptr, n,
+                         out.ptr<float>(), out.stride[0], v0 * 16, std::min(m, v1 * 16),
+                         accumulate);
+  });
+}
+
 void CpuOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulate) {
   const int64_t n = x.shape[0], k = w.shape[1], m = w.shape[0];
   RECUR_CHECK(x.row_size() == k && out.shape[0] == n && out.row_size() == m);
   RECUR_CHECK(x.stride[x.ndim - 1] == 1 && out.stride[out.ndim - 1] == 1);
   if (n == 0) return;
+  if (is_quantized(w.dtype)) {
+    quant_matmul(x, w, out, accumulate);
+    return;
+  }
   if (w.ndim == 2 && w.stride[0] == 1 && w.stride[1] >= m && w.stride[1] % 16 == 0) {
     const int64_t ld = w.stride[1];
     const int64_t vectors = (m + 15) / 16;
