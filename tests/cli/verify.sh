@@ -10,7 +10,7 @@ for m in qwen3next-tiny qwen3next-seed-48L qwen3next-tiny-realvocab qwen3_5-tiny
   out=$("$recur" verify --model "$root/models/$m" --golden "$root/tests/data/golden/$m/golden.safetensors")
   echo "$out" | tail -1 | sed "s/^/$m: /"
   for mode in whole chunks17 token decode; do
-    echo "$out" | grep -q " $mode " || { echo "$m: mode $mode missing"; exit 1; }
+    grep -q " $mode " <<<"$out" || { echo "$m: mode $mode missing"; exit 1; }
   done
 done
 if "$recur" verify --model "$root/models/qwen3next-tiny" \
