@@ -119,6 +119,9 @@ Status HybridModel::allocate(const ModelPlan& plan) {
     }
   }
   RECUR_RETURN_IF_ERROR(add(&s.ffn_out, f32, {T, H}, "feed-forward out"));
+  if (n.low_rank > 0) {
+    RECUR_RETURN_IF_ERROR(add(&s.low_rank, f32, {T, n.low_rank}, "low-rank projections"));
+  }
 
   // Without an explicit block count, the cache takes the budget, but never more than every slot
   // filled to the context length needs.

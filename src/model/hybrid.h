@@ -37,7 +37,8 @@ struct ScratchNeeds {
   int64_t delta_scratch_bytes = 0;
   int64_t attn_q = 0, attn_k = 0, attn_v = 0, attn_out = 0;  // heads·hd, kv·hd, kv·dv, heads·dv
   int64_t experts = 0, experts_per_token = 0, moe_scratch_bytes = 0;
-  int64_t ff = 0;  // dense and shared-expert hidden size
+  int64_t ff = 0;        // dense and shared-expert hidden size
+  int64_t low_rank = 0;  // low-rank projections' inner width (Kimi Delta Attention's gates)
 };
 
 // Activations of up to max_batch_tokens tokens, shared by every layer (f32 unless noted).
@@ -56,6 +57,7 @@ struct Scratch {
   Tensor shared_score;                // [T, 1]
   Tensor ffn_out, shared_out;         // [T, hidden]
   Tensor moe;                         // U8 [moe_scratch_bytes]
+  Tensor low_rank;                    // [T, low_rank]
 };
 
 // What a block sees in one forward.

@@ -48,6 +48,9 @@ class WeightLoader {
   // tensor, or a contiguous slice of one, is used in place).
   virtual Result<Tensor> load_rows(std::span<const RowPiece> pieces,
                                    const std::vector<int64_t>& shape, WeightUse use) = 0;
+  // The transpose of one piece's rows [count, cols]: a weight [cols, count] (re-packed at load;
+  // latent attention folds one matrix into the query this way).
+  virtual Result<Tensor> load_transposed(const RowPiece& piece, WeightUse use) = 0;
   virtual bool has(const std::string& name) const = 0;
   const WeightTally& tally() const { return tally_; }
   // Buffers of weights the loader made (re-packed or random); the model keeps them.
@@ -65,6 +68,7 @@ class CheckpointWeights final : public WeightLoader {
   CheckpointWeights(Checkpoint& checkpoint, Ops& ops) : ckpt_(checkpoint), ops_(ops) {}
   Result<Tensor> load_rows(std::span<const RowPiece> pieces, const std::vector<int64_t>& shape,
                            WeightUse use) override;
+  Result<Tensor> load_transposed(const RowPiece& piece, WeightUse use) override;
   bool has(const std::string& name) const override { return ckpt_.has(name); }
 
  private:
@@ -81,9 +85,13 @@ class RandomWeights final : public WeightLoader {
       : ops_(ops), dtype_(matrix_dtype), seed_(seed), n_layers_(n_layers) {}
   Result<Tensor> load_rows(std::span<const RowPiece> pieces, const std::vector<int64_t>& shape,
                            WeightUse use) override;
+  Result<Tensor> load_transposed(const RowPiece& piece, WeightUse use) override;
   bool has(const std::string& name) const override { return false; }
+  // Where the random norm weights centre: 0 for norms that scale by (1 + w), 1 for plain w.
+  void set_norm_center(float center) { norm_center_ = center; }
 
  private:
+  float norm_center_ = 0.0f;
   Ops& ops_;
   DType dtype_;
   uint64_t seed_;
