@@ -24,6 +24,8 @@ struct StatePools {
   std::vector<Tensor> delta;    // per recurrent layer: [slots, H, dk, dv] f32
   std::vector<Tensor> k_cache;  // per attention layer: [blocks, kv_heads, hd, block_size] f32
   std::vector<Tensor> v_cache;  // per attention layer: [blocks, kv_heads, block_size, dv] f32
+                                //   (a view of k_cache's first dv channels for a latent cache)
+  std::vector<Tensor> block_tensors;    // the caches that hold memory: what a block's bytes are
   std::vector<Tensor> conv_snapshots;   // per recurrent layer: [snapshots, K-1, C] f32
   std::vector<Tensor> delta_snapshots;  // per recurrent layer: [snapshots, H, dk, dv] f32
 };
@@ -81,8 +83,9 @@ class ModelPlan {
   int recurrent_state(int64_t conv_rows, int64_t conv_channels, int64_t heads, int64_t dk,
                       int64_t dv);
   // A paged attention cache with kv_heads heads of key size hd and value size dv. Returns its
-  // index in StatePools::k_cache / v_cache.
-  int attention_cache(int64_t kv_heads, int64_t hd, int64_t dv);
+  // index in StatePools::k_cache / v_cache. values_in_keys: the values are the keys' first dv
+  // channels (latent attention caches its latent once), v_cache is a view of k_cache.
+  int attention_cache(int64_t kv_heads, int64_t hd, int64_t dv, bool values_in_keys = false);
   ScratchNeeds& scratch() { return scratch_; }
   const ScratchNeeds& scratch() const { return scratch_; }
   Ops& ops() const { return ops_; }  // for the scratch sizes its ops need
@@ -94,6 +97,8 @@ class ModelPlan {
   };
   struct Cache {
     int64_t kv_heads, hd, dv;
+    bool values_in_keys;
+    int64_t floats_per_token() const { return kv_heads * (hd + (values_in_keys ? 0 : dv)); }
   };
   std::vector<Recurrent> recurrent;
   std::vector<Cache> caches;

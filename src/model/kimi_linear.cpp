@@ -277,8 +277,8 @@ class KimiDeltaAttention final : public TokenMixer {
 // ---- latent attention without rotary (KimiMLAAttention) ----
 
 // Per token the cache holds only the normed latent c (kv_lora_rank) and the key part shared by
-// all heads (k_pe), as one key of r + dr channels; c again as the value. The attention runs in
-// the latent space (the absorbed form): each head's query absorbs kv_b_proj's key half,
+// all heads (k_pe), as one key of r + dr channels whose first r are also the value. The attention
+// runs in the latent space (the absorbed form): each head's query absorbs kv_b_proj's key half,
 // q_lat[h] = (W_uk[h]ᵀ q_nope[h] | q_pe[h]), so that q·k = q_lat[h]·(c | k_pe); the latent
 // output absorbs the value half, o[h] = W_uv[h] · o_lat[h]. Every head reads one latent cache.
 class LatentAttention final : public TokenMixer {
@@ -296,7 +296,7 @@ class LatentAttention final : public TokenMixer {
   int64_t key_dim() const { return int64_t(rank) + rope_dim; }
 
   void plan(ModelPlan& plan) override {
-    cache_ = plan.attention_cache(1, key_dim(), rank);
+    cache_ = plan.attention_cache(1, key_dim(), rank, /*values_in_keys=*/true);
     ScratchNeeds& s = plan.scratch();
     s.attn_q = std::max(s.attn_q, heads * key_dim());               // q_lat
     s.attn_k = std::max(s.attn_k, key_dim());                       // c | k_pe

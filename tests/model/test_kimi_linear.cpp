@@ -150,8 +150,8 @@ TEST(KimiLinear, OtherShapesDecodeAsTheyPrefill) {
   EXPECT_LE(prompt_vs_steps(b, 19), 1e-4);
 }
 
-// The attention layers cache per token the normed latent and the shared key part (as the key,
-// r + dr floats, and the latent again as the value, r floats), not heads · (dn + dr + dv).
+// The attention layers cache per token the normed latent and the shared key part once (the key,
+// r + dr floats, whose first r are the value), not heads · (dn + dr + dv).
 TEST(KimiLinear, CacheHoldsTheLatentNotExpandedKeysAndValues) {
   const json c = tiny_config();
   auto ops = test_backend();
@@ -160,7 +160,7 @@ TEST(KimiLinear, CacheHoldsTheLatentNotExpandedKeysAndValues) {
   const int64_t r = c["kv_lora_rank"], dr = c["qk_rope_head_dim"], dn = c["qk_nope_head_dim"];
   const int64_t dv = c["v_head_dim"], heads = c["num_attention_heads"];
   const int64_t layers = int64_t(c["linear_attn_config"]["full_attn_layers"].size());
-  EXPECT_EQ((*m)->info().kv_bytes_per_token, layers * (2 * r + dr) * 4);
+  EXPECT_EQ((*m)->info().kv_bytes_per_token, layers * (r + dr) * 4);
   EXPECT_LT((*m)->info().kv_bytes_per_token, layers * heads * (dn + dr + dv) * 4);
   EXPECT_EQ((*m)->info().attention_layers, layers);
 }

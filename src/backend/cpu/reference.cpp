@@ -174,8 +174,8 @@ float& k_at(const Tensor& c, const SeqLayout& l, int s, int64_t pos, int64_t h, 
 }
 float& v_at(const Tensor& c, const SeqLayout& l, int s, int64_t pos, int64_t h, int64_t j) {
   const int32_t block = l.block_ids[l.block_start[s] + pos / l.block_size];
-  return c
-      .ptr<float>()[block * c.stride[0] + h * c.stride[1] + (pos % l.block_size) * c.stride[2] + j];
+  return c.ptr<float>()[block * c.stride[0] + h * c.stride[1] + (pos % l.block_size) * c.stride[2] +
+                        j * c.stride[3]];
 }
 }  // namespace
 
