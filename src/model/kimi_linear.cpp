@@ -309,8 +309,10 @@ class LatentAttention final : public TokenMixer {
     const int64_t kd = key_dim();
     Ops& ops = io.ops;
     const Scratch& s = io.s;
+    // The attention scratch, by shape: [n, heads·dn], [n, r + dr] (c | k_pe),
+    // [n, heads·(r + dr)] (per head its latent query | q_pe), [n, heads·r], [n, heads·dv].
     Tensor q_nope = s.gate.slice_rows(0, n).slice_cols(0, int64_t(heads) * nope_dim);
-    Tensor latent = s.k.slice_rows(0, n).slice_cols(0, kd);  // [n, r + dr]: c | k_pe
+    Tensor latent = s.k.slice_rows(0, n).slice_cols(0, kd);
     Tensor q_lat = s.q.slice_rows(0, n).slice_cols(0, heads * kd);
     Tensor o_lat = s.v.slice_rows(0, n).slice_cols(0, int64_t(heads) * rank);
     Tensor out = s.attn_out.slice_rows(0, n).slice_cols(0, int64_t(heads) * v_dim);
@@ -330,9 +332,10 @@ class LatentAttention final : public TokenMixer {
     }
     const Tensor& kc = io.state.k_cache[size_t(cache_)];
     const Tensor& vc = io.state.v_cache[size_t(cache_)];
+    // The value view is the key's first r channels: writing it rewrites the same numbers.
     ops.kv_cache_write(latent.col_heads(0, 1, kd), latent.col_heads(0, 1, rank), kc, vc, io.layout);
-    // Heads in groups of at most kMaxAttentionGroupDims / (r + dr) per call (all of them in
-    // one for the published shapes up to 14 heads of 576).
+    // Heads in groups of at most kMaxAttentionGroupDims / (r + dr) per call (14 of r + dr =
+    // 576: the published 48B's 32 heads take three calls, each reading the latent cache).
     const float scale = 1.0f / std::sqrt(float(nope_dim + rope_dim));
     const int per_call = int(std::max<int64_t>(1, Ops::kMaxAttentionGroupDims / kd));
     for (int h0 = 0; h0 < heads; h0 += per_call) {
