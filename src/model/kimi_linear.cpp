@@ -443,8 +443,9 @@ Status load_moe(const KimiLinearConfig& c, const std::string& p, WeightLoader& w
   m->routing.scale = float(c.routed_scaling_factor);
   m->routing.n_group = c.n_group, m->routing.topk_group = c.topk_group;
   RECUR_ASSIGN_OR_RETURN(m->router, w.load(p + "gate.weight", {E, H}, WeightUse::kMatrix));
+  // The selection bias in f32, as routing reads it, whatever the checkpoint stores.
   RECUR_ASSIGN_OR_RETURN(m->routing.selection_bias,
-                         w.load(p + "gate.e_score_correction_bias", {E}, WeightUse::kVector));
+                         w.load_vector_f32(p + "gate.e_score_correction_bias", E));
   m->experts.resize(size_t(E));
   for (int64_t e = 0; e < E; ++e) {
     const std::string x = p + "experts." + std::to_string(e) + ".";

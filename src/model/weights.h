@@ -51,6 +51,9 @@ class WeightLoader {
   // The transpose of one piece's rows [count, cols]: a weight [cols, count] (re-packed at load;
   // latent attention folds one matrix into the query this way).
   virtual Result<Tensor> load_transposed(const RowPiece& piece, WeightUse use) = 0;
+  // A vector parameter in f32 whatever its stored dtype (F32, BF16 or F16): for ops that read
+  // one in f32 (a router's selection bias).
+  virtual Result<Tensor> load_vector_f32(const std::string& name, int64_t size) = 0;
   virtual bool has(const std::string& name) const = 0;
   const WeightTally& tally() const { return tally_; }
   // Buffers of weights the loader made (re-packed or random); the model keeps them.
@@ -69,6 +72,7 @@ class CheckpointWeights final : public WeightLoader {
   Result<Tensor> load_rows(std::span<const RowPiece> pieces, const std::vector<int64_t>& shape,
                            WeightUse use) override;
   Result<Tensor> load_transposed(const RowPiece& piece, WeightUse use) override;
+  Result<Tensor> load_vector_f32(const std::string& name, int64_t size) override;
   bool has(const std::string& name) const override { return ckpt_.has(name); }
 
  private:
@@ -86,6 +90,9 @@ class RandomWeights final : public WeightLoader {
   Result<Tensor> load_rows(std::span<const RowPiece> pieces, const std::vector<int64_t>& shape,
                            WeightUse use) override;
   Result<Tensor> load_transposed(const RowPiece& piece, WeightUse use) override;
+  Result<Tensor> load_vector_f32(const std::string& name, int64_t size) override {
+    return load(name, {size}, WeightUse::kVector);  // 1-D random weights are f32
+  }
   bool has(const std::string& name) const override { return false; }
   // Where the random norm weights centre: 0 for norms that scale by (1 + w), 1 for plain w.
   void set_norm_center(float center) { norm_center_ = center; }
