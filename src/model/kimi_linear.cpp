@@ -353,6 +353,7 @@ class LatentAttention final : public TokenMixer {
   void describe(ModelInfo& info) const override {
     ++info.attention_layers;
     info.attention_dim = int64_t(heads) * key_dim();
+    info.expanded_kv_bytes_per_token += int64_t(heads) * (nope_dim + rope_dim + v_dim) * 4;
   }
 
  private:

@@ -169,7 +169,7 @@ TEST(KimiLinear, CacheHoldsTheLatentNotExpandedKeysAndValues) {
   const int64_t dv = c["v_head_dim"], heads = c["num_attention_heads"];
   const int64_t layers = int64_t(c["linear_attn_config"]["full_attn_layers"].size());
   EXPECT_EQ((*m)->info().kv_bytes_per_token, layers * (r + dr) * 4);
-  EXPECT_LT((*m)->info().kv_bytes_per_token, layers * heads * (dn + dr + dv) * 4);
+  EXPECT_EQ((*m)->info().expanded_kv_bytes_per_token, layers * heads * (dn + dr + dv) * 4);
   EXPECT_EQ((*m)->info().attention_layers, layers);
 }
 
