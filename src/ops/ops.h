@@ -245,8 +245,10 @@ class Ops {
   // ---- attention over a paged cache ----
   // Cache layouts: k_cache [n_blocks, kv_heads, hd, block_size] (keys transposed within a
   // block, so a block's scores are plain vector FMAs), v_cache [n_blocks, kv_heads, block_size,
-  // dv]; the value head size dv may differ from the key head size hd. Writes each token's
-  // k [n, kv_heads, hd] and v [n, kv_heads, dv] at its position.
+  // dv]; the value head size dv may differ from the key head size hd. v_cache may also be a
+  // view of k_cache's first dv channels (channels block_size apart: a latent cache, whose
+  // values are its keys' first channels). Writes each token's k [n, kv_heads, hd] and
+  // v [n, kv_heads, dv] at its position.
   virtual void kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, Tensor v_cache,
                               const SeqLayout& layout) = 0;
   // Causal attention: token t of a sequence attends to its cache positions 0..positions[t].
