@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over a build made here with `cmake --preset cuda`: the CUDA op tests,
-# verify on the six reference models, the unseen-shape forwards, the engine invariants on CUDA
+# verify on the seven reference models, the unseen-shape forwards, the engine invariants on CUDA
 # (the 20,000-token flat-counter test included) and the prefix cache on the tiny models, the
 # benchmark of the published 80B configuration cut to 6 layers, transformers' baseline in the
 # same session, the prefix cache's chat and agent benchmark on the 35B-A3B configuration, and
@@ -43,14 +43,14 @@ timeout 300 ${t}test_cuda --gtest_filter=-*Bench* > "$out/test_cuda_full.txt" 2>
 tail -60 "$out/test_cuda_full.txt" > "$out/test_cuda.txt"
 grep -E "PASSED|FAILED" "$out/test_cuda.txt"
 for m in qwen3next-tiny qwen3next-seed-48L qwen3next-tiny-realvocab qwen3_5-tiny qwen3_5-seed-48L \
-    qwen3_5-moe-tiny; do
+    qwen3_5-moe-tiny kimi-linear-tiny; do
   timeout 60 $b/recur verify --device cuda --tolerance 1e-3 --model models/$m \
     --golden tests/data/golden/$m/golden.safetensors > "$out/verify_$m.txt" 2>&1 ||
     failed "verify $m"
   tail -1 "$out/verify_$m.txt"
 done
 if [ "$mode" = quick ]; then exit $fail; fi
-RECUR_TEST_DEVICE=cuda timeout 120 ${t}test_model --gtest_filter='UnseenShapes.*' \
+RECUR_TEST_DEVICE=cuda timeout 120 ${t}test_model --gtest_filter='UnseenShapes.*:KimiLinear.*' \
   > "$out/test_unseen_shapes_cuda_full.txt" 2>&1 || failed "unseen shapes"
 grep -E "max\|dlogit\||PASSED|FAILED" "$out/test_unseen_shapes_cuda_full.txt" | tail -30
 RECUR_TEST_DEVICE=cuda timeout 300 ${t}test_engine --gtest_filter='*Engine*:*PrefixCacheOnModel*' \

@@ -315,6 +315,11 @@ int run_bench(const BenchOptions& o) {
       {"weight_dtype", o.random_weights ? o.dtype : "as stored"},
       {"quantize", quantize_name(o.quantize)},
       {"weight_bytes", info.weight_bytes},
+      {"kv_bytes_per_token", info.kv_bytes_per_token},
+      // Tokens per GB of this cache over keys and values expanded per head (latent attention).
+      {"kv_cache_saving", info.kv_bytes_per_token ? double(info.expanded_kv_bytes_per_token) /
+                                                        double(info.kv_bytes_per_token)
+                                                  : 1.0},
       {"load_seconds", load_s},
       {"copy_bandwidth_gb_s", copy_bw / 1e9},
       {"read_bandwidth_gb_s", read_bw / 1e9},

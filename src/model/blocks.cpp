@@ -101,6 +101,7 @@ void GatedAttention::forward(const LayerIo& io) const {
 void GatedAttention::describe(ModelInfo& info) const {
   ++info.attention_layers;
   info.attention_dim = int64_t(heads) * head_dim;
+  info.expanded_kv_bytes_per_token += int64_t(kv_heads) * 2 * head_dim * 4;
 }
 
 // ---- feed-forward ----

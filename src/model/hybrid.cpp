@@ -12,8 +12,9 @@ int ModelPlan::recurrent_state(int64_t conv_rows, int64_t conv_channels, int64_t
   return int(recurrent.size()) - 1;
 }
 
-int ModelPlan::attention_cache(int64_t kv_heads, int64_t hd, int64_t dv) {
-  caches.push_back({kv_heads, hd, dv});
+int ModelPlan::attention_cache(int64_t kv_heads, int64_t hd, int64_t dv, bool values_in_keys) {
+  RECUR_CHECK(!values_in_keys || dv <= hd);
+  caches.push_back({kv_heads, hd, dv, values_in_keys});
   return int(caches.size()) - 1;
 }
 
@@ -119,13 +120,16 @@ Status HybridModel::allocate(const ModelPlan& plan) {
     }
   }
   RECUR_RETURN_IF_ERROR(add(&s.ffn_out, f32, {T, H}, "feed-forward out"));
+  if (n.low_rank > 0) {
+    RECUR_RETURN_IF_ERROR(add(&s.low_rank, f32, {T, n.low_rank}, "low-rank projections"));
+  }
 
   // Without an explicit block count, the cache takes the budget, but never more than every slot
   // filled to the context length needs.
   StateConfig& sc = opt_.state;
   const int64_t bs = sc.block_size;
   int64_t per_block = 0;
-  for (const ModelPlan::Cache& c : plan.caches) per_block += bs * c.kv_heads * (c.hd + c.dv) * 4;
+  for (const ModelPlan::Cache& c : plan.caches) per_block += bs * c.floats_per_token() * 4;
   int64_t state_bytes = 0;
   for (const ModelPlan::Recurrent& r : plan.recurrent) {
     state_bytes += (r.conv_rows * r.conv_channels + r.heads * r.dk * r.dv) * 4;
@@ -189,9 +193,18 @@ Status HybridModel::allocate(const ModelPlan& plan) {
   for (const ModelPlan::Cache& c : plan.caches) {
     RECUR_RETURN_IF_ERROR(
         add_state(state_.k_cache, {sc.n_blocks, c.kv_heads, c.hd, bs}, "k cache", false));
-    RECUR_RETURN_IF_ERROR(
-        add_state(state_.v_cache, {sc.n_blocks, c.kv_heads, bs, c.dv}, "v cache", false));
-    info_.kv_bytes_per_token += c.kv_heads * (c.hd + c.dv) * 4;
+    state_.block_tensors.push_back(state_.k_cache.back());
+    if (c.values_in_keys) {  // [blocks, kv_heads, bs, dv]: positions contiguous, channels bs apart
+      Tensor v = state_.k_cache.back();
+      v.shape[2] = bs, v.shape[3] = c.dv;
+      v.stride[2] = 1, v.stride[3] = bs;
+      state_.v_cache.push_back(v);
+    } else {
+      RECUR_RETURN_IF_ERROR(
+          add_state(state_.v_cache, {sc.n_blocks, c.kv_heads, bs, c.dv}, "v cache", false));
+      state_.block_tensors.push_back(state_.v_cache.back());
+    }
+    info_.kv_bytes_per_token += c.floats_per_token() * 4;
   }
   info_.cache_bytes_per_block = per_block;
   return Status();
@@ -264,13 +277,12 @@ Status copy_rows(Ops& ops, std::initializer_list<const std::vector<Tensor>*> lis
 }  // namespace
 
 Status HybridModel::read_block(int block, std::span<uint8_t> out) {
-  return copy_rows(ops_, {&state_.k_cache, &state_.v_cache}, block, opt_.state.n_blocks, out.data(),
+  return copy_rows(ops_, {&state_.block_tensors}, block, opt_.state.n_blocks, out.data(),
                    out.size());
 }
 
 Status HybridModel::write_block(int block, std::span<const uint8_t> in) {
-  return copy_rows(ops_, {&state_.k_cache, &state_.v_cache}, block, opt_.state.n_blocks, in.data(),
-                   in.size());
+  return copy_rows(ops_, {&state_.block_tensors}, block, opt_.state.n_blocks, in.data(), in.size());
 }
 
 Status HybridModel::read_snapshot(int snapshot, std::span<uint8_t> out) {

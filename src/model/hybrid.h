@@ -24,6 +24,8 @@ struct StatePools {
   std::vector<Tensor> delta;    // per recurrent layer: [slots, H, dk, dv] f32
   std::vector<Tensor> k_cache;  // per attention layer: [blocks, kv_heads, hd, block_size] f32
   std::vector<Tensor> v_cache;  // per attention layer: [blocks, kv_heads, block_size, dv] f32
+                                //   (a view of k_cache's first dv channels for a latent cache)
+  std::vector<Tensor> block_tensors;    // the caches that hold memory: what a block's bytes are
   std::vector<Tensor> conv_snapshots;   // per recurrent layer: [snapshots, K-1, C] f32
   std::vector<Tensor> delta_snapshots;  // per recurrent layer: [snapshots, H, dk, dv] f32
 };
@@ -37,7 +39,8 @@ struct ScratchNeeds {
   int64_t delta_scratch_bytes = 0;
   int64_t attn_q = 0, attn_k = 0, attn_v = 0, attn_out = 0;  // heads·hd, kv·hd, kv·dv, heads·dv
   int64_t experts = 0, experts_per_token = 0, moe_scratch_bytes = 0;
-  int64_t ff = 0;  // dense and shared-expert hidden size
+  int64_t ff = 0;        // dense and shared-expert hidden size
+  int64_t low_rank = 0;  // low-rank projections' inner width (Kimi Delta Attention's gates)
 };
 
 // Activations of up to max_batch_tokens tokens, shared by every layer (f32 unless noted).
@@ -56,6 +59,7 @@ struct Scratch {
   Tensor shared_score;                // [T, 1]
   Tensor ffn_out, shared_out;         // [T, hidden]
   Tensor moe;                         // U8 [moe_scratch_bytes]
+  Tensor low_rank;                    // [T, low_rank]
 };
 
 // What a block sees in one forward.
@@ -79,8 +83,9 @@ class ModelPlan {
   int recurrent_state(int64_t conv_rows, int64_t conv_channels, int64_t heads, int64_t dk,
                       int64_t dv);
   // A paged attention cache with kv_heads heads of key size hd and value size dv. Returns its
-  // index in StatePools::k_cache / v_cache.
-  int attention_cache(int64_t kv_heads, int64_t hd, int64_t dv);
+  // index in StatePools::k_cache / v_cache. values_in_keys: the values are the keys' first dv
+  // channels (latent attention caches its latent once), v_cache is a view of k_cache.
+  int attention_cache(int64_t kv_heads, int64_t hd, int64_t dv, bool values_in_keys = false);
   ScratchNeeds& scratch() { return scratch_; }
   const ScratchNeeds& scratch() const { return scratch_; }
   Ops& ops() const { return ops_; }  // for the scratch sizes its ops need
@@ -92,6 +97,8 @@ class ModelPlan {
   };
   struct Cache {
     int64_t kv_heads, hd, dv;
+    bool values_in_keys;
+    int64_t floats_per_token() const { return kv_heads * (hd + (values_in_keys ? 0 : dv)); }
   };
   std::vector<Recurrent> recurrent;
   std::vector<Cache> caches;

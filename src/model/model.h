@@ -68,8 +68,11 @@ struct ModelInfo {
   int64_t dense_weight_bytes = 0;
   int64_t expert_weight_bytes = 0;  // one routed expert of one layer
   int moe_layers = 0, n_experts = 0, experts_per_token = 0;
-  int64_t active_params_per_token = 0;              // multiply-adds per token in the projections
-  int64_t kv_bytes_per_token = 0;                   // attention cache, all layers
+  int64_t active_params_per_token = 0;  // multiply-adds per token in the projections
+  int64_t kv_bytes_per_token = 0;       // attention cache, all layers
+  // What the same layers' keys and values expanded per head would take (latent attention
+  // caches a latent instead): the cache's saving, for benchmarks.
+  int64_t expanded_kv_bytes_per_token = 0;
   int64_t attention_layers = 0, attention_dim = 0;  // for the attention FLOPs (heads · head_dim)
   int64_t state_bytes_per_slot = 0;                 // recurrent state of one sequence, all layers
   int64_t cache_bytes_per_block = 0;                // one attention-cache block, all layers

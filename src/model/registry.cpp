@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "model/kimi_linear.h"
 #include "model/qwen3_next.h"
 
 namespace recur {
@@ -17,6 +18,7 @@ struct Architecture {
   const char* model_type;
   const char* class_name;  // as `architectures` lists it
   Builder build;
+  float norm_center = 0.0f;  // where trained norm weights sit: 0 for (1 + w), 1 for plain w
 };
 
 constexpr Architecture kArchitectures[] = {
@@ -25,6 +27,7 @@ constexpr Architecture kArchitectures[] = {
     {"qwen3_5_text", "Qwen3_5ForCausalLM", build_qwen3_5},
     {"qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", build_qwen3_5},
     {"qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", build_qwen3_5},
+    {"kimi_linear", "KimiLinearForCausalLM", build_kimi_linear, 1.0f},
 };
 
 std::string supported_list() {
@@ -89,6 +92,7 @@ Result<std::unique_ptr<Model>> load_random_model(const nlohmann::json& config, O
     layers = std::max(1, text["num_hidden_layers"].get<int>());
   }
   RandomWeights weights(ops, dtype, seed, layers, options.quantize);
+  weights.set_norm_center(arch->norm_center);
   nlohmann::json c = config;
   if (!c.contains("model_type")) c["model_type"] = arch->model_type;
   RECUR_ASSIGN_OR_RETURN(HybridSpec spec, arch->build(c, nlohmann::json::object(), weights));
@@ -107,13 +111,21 @@ nlohmann::json cut_layers(nlohmann::json config, int layers) {
         int(text["layer_types"].size()) > layers) {
       text["layer_types"].erase(text["layer_types"].begin() + layers, text["layer_types"].end());
     }
-    // Layer lists keep only the layers that remain.
-    if (text.contains("mlp_only_layers") && text["mlp_only_layers"].is_array()) {
+    // Layer lists keep only the layers that remain (Kimi's count from 1).
+    auto keep_layers = [&](nlohmann::json& list, int64_t end) {
+      if (!list.is_array()) return;
       nlohmann::json kept = nlohmann::json::array();
-      for (const auto& v : text["mlp_only_layers"]) {
-        if (!v.is_number_integer() || v.get<int64_t>() < layers) kept.push_back(v);
+      for (const auto& v : list) {
+        if (!v.is_number_integer() || v.get<int64_t>() < end) kept.push_back(v);
       }
-      text["mlp_only_layers"] = std::move(kept);
+      list = std::move(kept);
+    };
+    if (text.contains("mlp_only_layers")) keep_layers(text["mlp_only_layers"], layers);
+    if (text.contains("linear_attn_config") && text["linear_attn_config"].is_object()) {
+      for (const char* key : {"kda_layers", "full_attn_layers"}) {
+        nlohmann::json& lac = text["linear_attn_config"];
+        if (lac.contains(key)) keep_layers(lac[key], int64_t(layers) + 1);
+      }
     }
   }
   return config;

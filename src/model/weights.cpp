@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <numeric>
+#include <cstring>
 
 namespace recur {
 
@@ -319,6 +320,47 @@ Result<Tensor> CheckpointWeights::load_fp8(std::span<const RowPiece> pieces,
   owned_.push_back(std::move(scales));  // a backend may keep pointing at them
   tally_.bytes += mb * kb * 4;
   if (use == WeightUse::kMatrix) tally_.dense_bytes += mb * kb * 4;
+
+Result<Tensor> CheckpointWeights::load_transposed(const RowPiece& piece, WeightUse use) {
+  RECUR_ASSIGN_OR_RETURN(Tensor t, ckpt_.get(piece.name, piece.stored_shape));
+  const int64_t cols = piece.stored_shape.size() > 1 ? piece.stored_shape.back() : t.numel();
+  const int64_t stored_rows = t.numel() / std::max<int64_t>(cols, 1);
+  RECUR_CHECK(piece.first >= 0 && piece.first + piece.count <= stored_rows);
+  const int64_t rows = piece.count;
+  const size_t es = dtype_size(t.dtype);
+  RECUR_ASSIGN_OR_RETURN(Buffer buf,
+                         cpu_allocator().allocate(size_t(rows * cols) * es, "transposed weight"));
+  const char* src = static_cast<const char*>(t.data) + size_t(piece.first * cols) * es;
+  char* dst = static_cast<char*>(buf.data());
+  for (int64_t r = 0; r < rows; ++r) {  // element (r, c) to (c, r), whatever its dtype
+    for (int64_t c = 0; c < cols; ++c) {
+      std::memcpy(dst + size_t(c * rows + r) * es, src + size_t(r * cols + c) * es, es);
+    }
+  }
+  const Tensor host = Tensor::contiguous(buf.data(), t.dtype, {cols, rows});
+  RECUR_ASSIGN_OR_RETURN(Tensor adopted, adopt(host, use));
+  if (adopted.data == host.data) owned_.push_back(std::move(buf));
+  count(adopted, use);
+  return adopted;
+}
+
+Result<Tensor> CheckpointWeights::load_vector_f32(const std::string& name, int64_t size) {
+  RECUR_ASSIGN_OR_RETURN(Tensor t, ckpt_.get(name, {size}));
+  if (t.dtype == DType::F32) return load(name, {size}, WeightUse::kVector);
+  if (t.dtype != DType::BF16 && t.dtype != DType::F16) {
+    return make_error(ErrorCode::kCorrupt, "{}: tensor '{}' is {}, expected a float type",
+                      ckpt_.dir(), name, dtype_name(t.dtype));
+  }
+  RECUR_ASSIGN_OR_RETURN(Buffer buf, cpu_allocator().allocate(size_t(size) * 4, name.c_str()));
+  float* out = static_cast<float*>(buf.data());
+  const uint16_t* in = static_cast<const uint16_t*>(t.data);
+  for (int64_t i = 0; i < size; ++i) {
+    out[i] = t.dtype == DType::BF16 ? bf16_to_f32(in[i]) : f16_to_f32(in[i]);
+  }
+  const Tensor host = Tensor::contiguous(buf.data(), DType::F32, {size});
+  RECUR_ASSIGN_OR_RETURN(Tensor adopted, adopt(host, WeightUse::kVector));
+  if (adopted.data == host.data) owned_.push_back(std::move(buf));
+  count(adopted, WeightUse::kVector);
   return adopted;
 }
 
@@ -326,9 +368,11 @@ namespace {
 // Uniform ranges by role, so that a deep random network stays finite and roughly as well
 // conditioned as a trained one.
 std::pair<float, float> random_range(const std::string& name, const std::vector<int64_t>& shape,
-                                     int n_layers) {
+                                     int n_layers, float norm_center) {
   if (name.ends_with("linear_attn.norm.weight")) return {0.9f, 1.1f};
-  if (name.ends_with("norm.weight") || name.ends_with("layernorm.weight")) return {-0.1f, 0.1f};
+  if (name.ends_with("norm.weight") || name.ends_with("layernorm.weight")) {
+    return {norm_center - 0.1f, norm_center + 0.1f};
+  }
   if (name.ends_with("A_log")) return {0.0f, 2.77f};
   if (name.ends_with("dt_bias")) return {0.5f, 1.5f};
   if (name.ends_with("embed_tokens.weight")) return {-1.7f, 1.7f};
@@ -369,12 +413,21 @@ Result<Tensor> RandomWeights::load_rows(std::span<const RowPiece> pieces,
   RECUR_ASSIGN_OR_RETURN(Buffer buf,
                          ops_.allocator().allocate(size_t(n) * dtype_size(dt), name.c_str()));
   Tensor t = Tensor::contiguous(buf.data(), dt, {n}, buf.device());
-  const auto [lo, hi] = random_range(name, shape, n_layers_);
+  const auto [lo, hi] = random_range(name, shape, n_layers_, norm_center_);
   ops_.fill_random_uniform(t, seed_ + 0x1000 * ++index_, lo, hi);
   t = with_shape(t, shape);
   owned_.push_back(std::move(buf));
   count(t, use);
   return t;
+}
+
+}  // namespace recur
+
+namespace recur {
+
+Result<Tensor> RandomWeights::load_transposed(const RowPiece& piece, WeightUse use) {
+  const int64_t cols = piece.stored_shape.empty() ? 1 : piece.stored_shape.back();
+  return load_rows({&piece, 1}, {cols, piece.count}, use);
 }
 
 }  // namespace recur

@@ -63,6 +63,12 @@ class WeightLoader {
   // tensor, or a contiguous slice of one, is used in place).
   virtual Result<Tensor> load_rows(std::span<const RowPiece> pieces,
                                    const std::vector<int64_t>& shape, WeightUse use) = 0;
+  // The transpose of one piece's rows [count, cols]: a weight [cols, count] (re-packed at load;
+  // latent attention folds one matrix into the query this way).
+  virtual Result<Tensor> load_transposed(const RowPiece& piece, WeightUse use) = 0;
+  // A vector parameter in f32 whatever its stored dtype (F32, BF16 or F16): for ops that read
+  // one in f32 (a router's selection bias).
+  virtual Result<Tensor> load_vector_f32(const std::string& name, int64_t size) = 0;
   virtual bool has(const std::string& name) const = 0;
   const WeightTally& tally() const { return tally_; }
   // Buffers of weights the loader made (re-packed or random); the model keeps them.
@@ -82,6 +88,8 @@ class CheckpointWeights final : public WeightLoader {
       : ckpt_(checkpoint), ops_(ops), fp8_(fp8), quantize_(quantize) {}
   Result<Tensor> load_rows(std::span<const RowPiece> pieces, const std::vector<int64_t>& shape,
                            WeightUse use) override;
+  Result<Tensor> load_transposed(const RowPiece& piece, WeightUse use) override;
+  Result<Tensor> load_vector_f32(const std::string& name, int64_t size) override;
   bool has(const std::string& name) const override { return ckpt_.has(name); }
 
  private:
@@ -104,9 +112,16 @@ class RandomWeights final : public WeightLoader {
       : ops_(ops), dtype_(matrix_dtype), seed_(seed), n_layers_(n_layers), quantize_(quantize) {}
   Result<Tensor> load_rows(std::span<const RowPiece> pieces, const std::vector<int64_t>& shape,
                            WeightUse use) override;
+  Result<Tensor> load_transposed(const RowPiece& piece, WeightUse use) override;
+  Result<Tensor> load_vector_f32(const std::string& name, int64_t size) override {
+    return load(name, {size}, WeightUse::kVector);  // 1-D random weights are f32
+  }
   bool has(const std::string& name) const override { return false; }
+  // Where the random norm weights centre: 0 for norms that scale by (1 + w), 1 for plain w.
+  void set_norm_center(float center) { norm_center_ = center; }
 
  private:
+  float norm_center_ = 0.0f;
   Ops& ops_;
   DType dtype_;
   uint64_t seed_;

@@ -67,6 +67,11 @@ struct MoeRouting {
                                   //   never to weigh them
   bool renormalize = true;        // the k chosen scores divided by their sum
   float scale = 1.0f;             // factor on every weight, after renormalisation
+  // Group-limited choice (DeepSeek-V3, Kimi): the E experts form n_group equal groups, a
+  // group's score is the sum of its two highest choosing values (score + bias), and the k are
+  // chosen only among the experts of the topk_group best groups (ties to the lower index).
+  int n_group = 1, topk_group = 1;
+  bool grouped() const { return n_group > 1 && topk_group < n_group; }
 };
 
 // The activation of a gated norm's gate: silu (Gated DeltaNet) or sigmoid (Kimi Delta
@@ -219,8 +224,9 @@ class Ops {
   // (mixed into conv_out), l2_norm of q and k in conv_out, and gdn_gates (a, b into g, beta),
   // which the default calls in that order; a backend may fuse them.
   virtual void gdn_inputs(const GdnInputArgs& args, const SeqLayout& layout);
-  // g = -exp(a_log) · softplus(a + dt_bias), beta = σ(b).  a, b, g, beta [n, Hv]; a_log, dt_bias
-  // [Hv]
+  // g = -exp(a_log) · softplus(a + dt_bias), beta = σ(b). The decay is per head (a, g [n, Hv],
+  // dt_bias [Hv]; Gated DeltaNet) or per key channel (a, g [n, Hv·dk], dt_bias [Hv·dk], channel
+  // j of head j / dk; Kimi Delta Attention). b, beta [n, Hv]; a_log [Hv]. g may be a itself.
   virtual void gdn_gates(const Tensor& a, const Tensor& b, const Tensor& a_log,
                          const Tensor& dt_bias, Tensor g, Tensor beta) = 0;
   // The gated delta rule per sequence and value head h (key head h / (Hv/Hk)), from and into
@@ -252,13 +258,16 @@ class Ops {
   // ---- attention over a paged cache ----
   // Cache layouts: k_cache [n_blocks, kv_heads, hd, block_size] (keys transposed within a
   // block, so a block's scores are plain vector FMAs), v_cache [n_blocks, kv_heads, block_size,
-  // dv]; the value head size dv may differ from the key head size hd. Writes each token's
-  // k [n, kv_heads, hd] and v [n, kv_heads, dv] at its position.
+  // dv]; the value head size dv may differ from the key head size hd. v_cache may also be a
+  // view of k_cache's first dv channels (channels block_size apart: a latent cache, whose
+  // values are its keys' first channels). Writes each token's k [n, kv_heads, hd] and
+  // v [n, kv_heads, dv] at its position.
   virtual void kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, Tensor v_cache,
                               const SeqLayout& layout) = 0;
   // Causal attention: token t of a sequence attends to its cache positions 0..positions[t].
   // q [n, heads, hd], out [n, heads, dv]; heads a multiple of kv_heads (grouped-query
-  // attention).
+  // attention), with (heads / kv_heads) · max(hd, dv) ≤ kMaxAttentionGroupDims.
+  static constexpr int kMaxAttentionGroupDims = 8192;
   virtual void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                const SeqLayout& layout, float scale, Tensor out) = 0;
   // paged_attention into out, then mul_sigmoid(out, gate) (gated attention's output gate):

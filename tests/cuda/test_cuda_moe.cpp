@@ -104,6 +104,38 @@ TEST_F(CudaMoe, RoutingMatchesReferenceForEveryOption) {
   }
 }
 
+// Group-limited routing (MoeRouting::grouped): the same picks and weights as the reference,
+// with and without a selection bias, ties included.
+TEST_F(CudaMoe, GroupedRoutingMatchesReference) {
+  struct Case {
+    int64_t n, E;
+    int n_group, topk_group, k;
+  };
+  for (const Case c : {Case{9, 12, 4, 2, 3}, Case{7, 256, 8, 4, 8}, Case{5, 15, 5, 1, 2},
+                       Case{3, 4096, 64, 8, 16}}) {
+    for (const auto& r : routings(ops(), c.E, c.k, rng)) {
+      r->host.n_group = r->device.n_group = c.n_group;
+      r->host.topk_group = r->device.topk_group = c.topk_group;
+      HostTensor logits(DType::F32, {c.n, c.E});
+      fill_random(logits, rng, 2.0f);
+      logits.f()[1] = logits.f()[3];
+      for (int64_t e = 0; e < c.E; ++e) logits.f()[(c.n - 1) * c.E + e] = 0.25f;
+      HostTensor ids(DType::I32, {c.n, c.k}), w(DType::F32, {c.n, c.k}), ids_ref = ids, w_ref = w;
+      DeviceTensor dl = dev(logits), dids = poisoned(ids), dw = poisoned(w);
+      ops().moe_route(dl.t, r->device, dids.t, dw.t);
+      host_ref::moe_route(logits.t, r->host, ids_ref.t, w_ref.t);
+      HostTensor gi = host(dids, ids), gw = host(dw, w);
+      for (int64_t i = 0; i < c.n * c.k; ++i) {
+        ASSERT_EQ(gi.t.ptr<int32_t>()[i], ids_ref.t.ptr<int32_t>()[i])
+            << r->name << " E=" << c.E << " groups " << c.n_group << " i=" << i;
+      }
+      const double err = max_abs_diff(gw.f(), w_ref.f(), c.n * c.k);
+      record_error("moe_route grouped weights " + r->name, err);
+      EXPECT_LE(err, 1e-6) << r->name << " E=" << c.E;
+    }
+  }
+}
+
 struct Experts {
   std::vector<HostTensor> host;
   std::vector<ExpertWeights> h, d;

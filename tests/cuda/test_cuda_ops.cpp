@@ -500,6 +500,28 @@ TEST_F(CudaBasic, ElementwiseAndGatesMatchTheirDefinitions) {
     record_error("gdn_gates", err);
     EXPECT_LE(err, 1e-6);
   }
+  // One decay per key channel (Kimi Delta Attention): a, g [n, hv·dk]; odd head counts and dk.
+  for (int64_t heads : {1, 3}) {
+    for (int64_t dk : {5, 16}) {
+      HostTensor a(DType::F32, {n, heads * dk}), g = a, b(DType::F32, {n, heads}), beta = b;
+      HostTensor a_log(DType::F32, {heads}), dt_bias(DType::F32, {heads * dk});
+      fill_random(a, rng, 2.0f);
+      fill_random(b, rng, 2.0f);
+      fill_random(a_log, rng, 0.5f);
+      fill_random(dt_bias, rng);
+      auto dal = ops().adopt_weight(a_log.t);
+      auto ddt = ops().adopt_weight(dt_bias.t);
+      ASSERT_TRUE(dal.ok() && ddt.ok());
+      DeviceTensor da = dev(a), db = dev(b), dbeta = poisoned(beta);
+      ops().gdn_gates(da.t, db.t, dal.value(), ddt.value(), da.t, dbeta.t);  // g in place of a
+      HostTensor rg = g, rbeta = beta;
+      ref::gdn_gates(a.t, b.t, a_log.t, dt_bias.t, rg.t, rbeta.t);
+      err = std::max(rel_err(host(da, g).f(), rg.f(), g.numel()),
+                     rel_err(host(dbeta, beta).f(), rbeta.f(), beta.numel()));
+      record_error("gdn_gates per channel", err);
+      EXPECT_LE(err, 1e-6) << "heads=" << heads << " dk=" << dk;
+    }
+  }
 }
 
 // Index arrays through both routes: the begin_forward mirror and the per-op upload.

@@ -353,6 +353,57 @@ TEST_F(CudaSequence, PagedAttentionMatchesReferenceOnRaggedBatchesWithHistory) {
   }
 }
 
+// A latent cache (Kimi's latent attention): one kv head whose values are the keys' first dv
+// channels, v_cache a view of k_cache (channels block_size apart). The write through the view
+// lands in the keys; attention (the tiled kernel) equals the reference, at the tiny model's
+// shape and at Kimi-Linear-48B's (r + dr = 576, r = 512, 14 heads per call), with long
+// histories (splits) and prompts, odd block sizes.
+TEST_F(CudaSequence, PagedAttentionReadsValuesFromTheKeyCache) {
+  struct Case {
+    int64_t group, hd, dv;
+    int block_size;
+    std::vector<int> lens, first;
+  };
+  const Case cases[] = {{4, 24, 16, 16, {1, 33, 17}, {70, 0, 16}},
+                        {5, 24, 16, 5, {1, 2, 9}, {100, 3, 0}},
+                        {14, 576, 512, 16, {1, 1}, {3000, 70}},
+                        {4, 576, 512, 16, {40, 1}, {0, 600}}};
+  for (const Case& c : cases) {
+    const int64_t heads = c.group, hd = c.hd, dv = c.dv;
+    const int bs = c.block_size;
+    Layout lay(c.lens, c.first, bs, rng);
+    const int64_t n = lay.l.n_tokens;
+    HostTensor kc(DType::F32, {lay.n_blocks(), 1, hd, bs});
+    fill_random(kc, rng);
+    auto values_of = [&](Tensor keys) {
+      keys.shape[2] = bs, keys.shape[3] = dv;
+      keys.stride[2] = 1, keys.stride[3] = bs;
+      return keys;
+    };
+    HostTensor k(DType::F32, {n, hd}), q(DType::F32, {n, heads, hd});
+    fill_random(k, rng);
+    fill_random(q, rng);
+    DeviceTensor dkc = dev(kc), dk = dev(k), dq = dev(q);
+    HostTensor kc_ref = kc;
+    ops().begin_forward(lay.l, {}, {});
+    ops().kv_cache_write(dk.t.col_heads(0, 1, hd), dk.t.col_heads(0, 1, dv), dkc.t,
+                         values_of(dkc.t), lay.l);
+    ref::kv_cache_write(k.t.col_heads(0, 1, hd), k.t.col_heads(0, 1, dv), kc_ref.t,
+                        values_of(kc_ref.t), lay.l);
+    const std::string what = "group=" + std::to_string(c.group) + " hd=" + std::to_string(hd) +
+                             " bs=" + std::to_string(bs) + " first=" + std::to_string(c.first[0]);
+    ASSERT_TRUE(same_bits(host(dkc, kc), kc_ref)) << what;
+    HostTensor out(DType::F32, {n, heads, dv}), ref = out;
+    DeviceTensor dout = poisoned(out);
+    const float scale = 1.0f / std::sqrt(float(hd));
+    ops().paged_attention(dq.t, dkc.t, values_of(dkc.t), lay.l, scale, dout.t);
+    ref::paged_attention(q.t, kc_ref.t, values_of(kc_ref.t), lay.l, scale, ref.t);
+    const double err = max_abs_diff(host(dout, out).f(), ref.f(), out.numel());
+    record_error("paged_attention values in keys", err);
+    EXPECT_LE(err, 2e-5) << what;
+  }
+}
+
 }  // namespace
 }  // namespace recur
 

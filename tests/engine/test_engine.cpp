@@ -127,7 +127,8 @@ void expect_same(const Result1& a, const Result1& b, double tol, const std::stri
 // The scheduler invariants on every architecture's small reference model (vocabulary 256).
 class EngineOnModel : public ::testing::TestWithParam<std::string> {};
 INSTANTIATE_TEST_SUITE_P(Models, EngineOnModel,
-                         ::testing::Values("qwen3next-tiny", "qwen3_5-tiny", "qwen3_5-moe-tiny"),
+                         ::testing::Values("qwen3next-tiny", "qwen3_5-tiny", "qwen3_5-moe-tiny",
+                                           "kimi-linear-tiny"),
                          [](const auto& info) { return name_of(info.param); });
 // The original report's 48-layer shape, as Qwen3-Next and as Qwen3.5.
 class EngineOn48Layers : public ::testing::TestWithParam<std::string> {};

@@ -463,7 +463,8 @@ class PrefixCacheOnModel : public ::testing::TestWithParam<std::string> {
   std::string model_;
 };
 INSTANTIATE_TEST_SUITE_P(Models, PrefixCacheOnModel,
-                         ::testing::Values("qwen3next-tiny", "qwen3_5-tiny", "qwen3_5-moe-tiny"),
+                         ::testing::Values("qwen3next-tiny", "qwen3_5-tiny", "qwen3_5-moe-tiny",
+                                           "kimi-linear-tiny"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& c : n) c = std::isalnum(uint8_t(c)) ? c : '_';

@@ -107,7 +107,7 @@ class PrefixCacheFile : public ::testing::Test {
 };
 
 TEST_F(PrefixCacheFile, ARestartedEngineFindsWhatTheLastOneSaved) {
-  for (const char* model : {"qwen3next-tiny", "qwen3_5-moe-tiny"}) {
+  for (const char* model : {"qwen3next-tiny", "qwen3_5-moe-tiny", "kimi-linear-tiny"}) {
     fs::remove(file_);
     Outcome want;
     {

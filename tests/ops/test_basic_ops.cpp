@@ -259,6 +259,44 @@ TEST_F(BasicOps, GdnGatesMatchReference) {
   }
 }
 
+// Kimi Delta Attention's gates: one decay per key channel (a, g [n, Hv·dk], dt_bias [Hv·dk],
+// a_log [Hv] per head), beta per head; odd head counts and channel counts around the vectors.
+TEST_F(BasicOps, GdnGatesPerKeyChannelMatchReference) {
+  for (int64_t hv : {1, 3}) {
+    for (int64_t dk : {5, 16, 33}) {
+      const int64_t n = 7, c = hv * dk;
+      HostTensor a(DType::F32, {n, c}), b(DType::F32, {n, hv}), a_log(DType::F32, {hv}),
+          dt_bias(DType::BF16, {c});
+      fill_random(a, rng, 12.0f);
+      fill_random(b, rng, 6.0f);
+      fill_random(a_log, rng, 1.0f);
+      fill_random(dt_bias, rng, 1.0f);
+      HostTensor g(DType::F32, {n, c}), beta(DType::F32, {n, hv}), g_ref = g, beta_ref = beta;
+      ops.gdn_gates(a.t, b.t, a_log.t, dt_bias.t, g.t, beta.t);
+      ref::gdn_gates(a.t, b.t, a_log.t, dt_bias.t, g_ref.t, beta_ref.t);
+      for (int64_t i = 0; i < n * c; ++i) {
+        const int64_t t = i / c, j = i % c;
+        const double x = double(a.f()[i]) + bf16_to_f32(dt_bias.t.ptr<uint16_t>()[j]);
+        const double tol = (4e-7 + 1.2e-7 * std::fabs(x)) * std::fabs(g_ref.f()[i]);
+        ASSERT_LE(std::fabs(g.f()[i] - g_ref.f()[i]), tol) << "hv=" << hv << " dk=" << dk;
+        // Channel j of head j / dk decays by that head's a_log: the double definition.
+        const double sp = x > 20 ? x : std::log1p(std::exp(x));
+        ASSERT_NEAR(g_ref.f()[i], -std::exp(double(a_log.f()[j / dk])) * sp,
+                    1e-6 * std::fabs(g_ref.f()[i]) + 1e-30)
+            << "t=" << t;
+      }
+      for (int64_t i = 0; i < n * hv; ++i) {
+        ASSERT_NEAR(beta.f()[i], beta_ref.f()[i], 1e-7);
+        ASSERT_NEAR(beta_ref.f()[i], 1 / (1 + std::exp(-double(b.f()[i]))), 1e-7);
+      }
+      // g written in place of a: the same values.
+      HostTensor in_place = a;
+      ops.gdn_gates(in_place.t, b.t, a_log.t, dt_bias.t, in_place.t, beta.t);
+      ASSERT_EQ(std::memcmp(in_place.f(), g.f(), size_t(n * c) * 4), 0);
+    }
+  }
+}
+
 TEST_F(BasicOps, EmbeddingAndGatherRows) {
   HostTensor table(DType::BF16, {11, 7}), out(DType::F32, {3, 7});
   fill_random(table, rng);

@@ -1,5 +1,6 @@
 // Mixture of experts against the scalar references: routing (every MoeRouting option, ties, a
 // selection bias), the routed experts, and the shared-expert defaults, gated and ungated.
+#include <algorithm>
 #include <cstring>
 #include <deque>
 
@@ -156,6 +157,70 @@ TEST_F(MoeOps, RouteBiasChoosesButDoesNotWeigh) {
       }
     }
   }
+}
+
+// Group-limited routing (DeepSeek-V3 / Kimi): the kernel equals the reference, and every chosen
+// expert lies in one of the topk_group groups whose two best values (score + bias) sum highest,
+// computed here from the reference's own ungrouped scores.
+TEST_F(MoeOps, GroupedRouteChoosesOnlyInTheBestGroups) {
+  struct Case {
+    int64_t E;
+    int n_group, topk_group, k;
+  };
+  for (const Case c : {Case{12, 4, 2, 3}, Case{64, 8, 3, 8}, Case{15, 5, 1, 2}, Case{8, 1, 1, 2},
+                       Case{16, 4, 4, 4}}) {
+    const int64_t n = 11;
+    HostTensor logits(DType::F32, {n, c.E}), bias(DType::F32, {c.E});
+    fill_random(logits, rng, 2.0f);
+    fill_random(bias, rng, 0.3f);
+    for (int64_t e = 0; e < c.E; ++e) logits.f()[(n - 1) * c.E + e] = 0.25f;  // all tie
+    for (bool biased : {false, true}) {
+      MoeRouting r;
+      r.score = MoeRouting::Score::kSigmoid, r.k = c.k, r.scale = 2.446f;
+      r.n_group = c.n_group, r.topk_group = c.topk_group;
+      if (biased) r.selection_bias = bias.t;
+      const std::string what = describe(r) + " groups " + std::to_string(c.n_group) + "/" +
+                               std::to_string(c.topk_group) + " E=" + std::to_string(c.E);
+      const RouteResult got = route(&ops, logits, r), want = route(nullptr, logits, r);
+      expect_same_routes(got, want, r.scale, what);
+      // Every expert's score, from the reference routing all E without groups or renormalising.
+      MoeRouting all = r;
+      all.k = int(c.E), all.n_group = 1, all.renormalize = false, all.scale = 1.0f;
+      const RouteResult every = route(nullptr, logits, all);
+      const int64_t size = c.E / c.n_group;
+      for (int64_t t = 0; t < n; ++t) {
+        std::vector<double> value(size_t(c.E));
+        for (int64_t j = 0; j < c.E; ++j) {
+          const int32_t e = every.ids.t.ptr<int32_t>()[t * c.E + j];
+          value[size_t(e)] = every.weights.f()[t * c.E + j] + (biased ? bias.f()[e] : 0.0f);
+        }
+        std::vector<double> group(size_t(c.n_group));
+        for (int g = 0; g < c.n_group; ++g) {
+          std::vector<double> v(value.begin() + g * size, value.begin() + (g + 1) * size);
+          std::sort(v.rbegin(), v.rend());
+          group[size_t(g)] = v[0] + (size > 1 ? v[1] : 0.0);
+        }
+        for (int j = 0; j < c.k; ++j) {
+          const int32_t e = got.ids.t.ptr<int32_t>()[t * c.k + j];
+          // Groups strictly better than e's group: fewer than topk_group of them.
+          int better = 0;
+          for (int g = 0; g < c.n_group; ++g) better += group[size_t(g)] > group[size_t(e / size)];
+          ASSERT_LT(better, c.topk_group) << what << " t=" << t << " expert " << e;
+        }
+      }
+    }
+  }
+  // A case where grouping changes the choice: group 0 holds the single best expert, group 1
+  // the better pair; with one group kept, only group 1's experts are chosen.
+  HostTensor logits(DType::F32, {1, 4});
+  const float row[] = {5.0f, -5.0f, 2.0f, 2.0f};
+  std::memcpy(logits.f(), row, sizeof(row));
+  MoeRouting r;
+  r.score = MoeRouting::Score::kSigmoid, r.k = 2, r.n_group = 2, r.topk_group = 1;
+  const RouteResult got = route(&ops, logits, r);
+  EXPECT_EQ(got.ids.t.ptr<int32_t>()[0], 2);
+  EXPECT_EQ(got.ids.t.ptr<int32_t>()[1], 3);
+  expect_same_routes(got, route(nullptr, logits, r), 1.0f, "grouped pair");
 }
 
 // E experts of [ff, d] gate and up and [d, ff] down, in BF16; storage kept in `store`.

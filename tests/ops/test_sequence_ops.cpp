@@ -159,6 +159,53 @@ TEST_F(SequenceOps, PagedAttentionMatchesReferenceOnRaggedBatchesWithHistory) {
   }
 }
 
+// A latent cache (Kimi's latent attention): one kv head whose values are the first dv channels
+// of the keys, v_cache a view of k_cache. Writes through the view land in the keys; attention
+// equals the reference, and the reference over the view equals it over a copied value cache.
+// Several query heads per kv head, odd block sizes, contexts long enough to be split.
+TEST_F(SequenceOps, PagedAttentionReadsValuesFromTheKeyCache) {
+  for (int64_t group : {1, 4, 5}) {
+    for (int block_size : {16, 5}) {
+      const int64_t heads = group, hd = 24, dv = 16;
+      const std::vector<int> lens = {1, 33, 17, 2}, first = {70, 0, 16, 1500};
+      Layout lay(lens, first, block_size, rng);
+      const int64_t n = lay.l.n_tokens;
+      HostTensor kc(DType::F32, {lay.n_blocks(), 1, hd, block_size});
+      fill_random(kc, rng);
+      auto values_of = [&](HostTensor& keys) {
+        Tensor v = keys.t;
+        v.shape[2] = block_size, v.shape[3] = dv;
+        v.stride[2] = 1, v.stride[3] = block_size;
+        return v;
+      };
+      HostTensor k(DType::F32, {n, hd}), q(DType::F32, {n, heads, hd});
+      fill_random(k, rng);
+      fill_random(q, rng);
+      HostTensor kc_ref = kc;
+      ops.kv_cache_write(k.t.col_heads(0, 1, hd), k.t.col_heads(0, 1, dv), kc.t, values_of(kc),
+                         lay.l);
+      ref::kv_cache_write(k.t.col_heads(0, 1, hd), k.t.col_heads(0, 1, dv), kc_ref.t,
+                          values_of(kc_ref), lay.l);
+      ASSERT_EQ(max_abs_diff(kc.f(), kc_ref.f(), kc.numel()), 0.0);
+      // The values as their own cache [blocks, 1, bs, dv].
+      HostTensor vc(DType::F32, {lay.n_blocks(), 1, block_size, dv});
+      for (int64_t b = 0; b < lay.n_blocks(); ++b)
+        for (int64_t p = 0; p < block_size; ++p)
+          for (int64_t d = 0; d < dv; ++d)
+            vc.f()[(b * block_size + p) * dv + d] = kc.f()[(b * hd + d) * block_size + p];
+      HostTensor out(DType::F32, {n, heads, dv}), ref_out = out, copy_out = out;
+      fill_random(out, rng);  // must be overwritten
+      const float scale = 1.0f / std::sqrt(float(hd));
+      ops.paged_attention(q.t, kc.t, values_of(kc), lay.l, scale, out.t);
+      ref::paged_attention(q.t, kc.t, values_of(kc), lay.l, scale, ref_out.t);
+      ref::paged_attention(q.t, kc.t, vc.t, lay.l, scale, copy_out.t);
+      ASSERT_EQ(max_abs_diff(ref_out.f(), copy_out.f(), out.numel()), 0.0);
+      EXPECT_LE(max_abs_diff(out.f(), ref_out.f(), out.numel()), 2e-5)
+          << "group=" << group << " block_size=" << block_size;
+    }
+  }
+}
+
 // Contexts long enough to be split into parts (kAttentionPartPositions each, up to
 // kAttentionMaxParts), odd block sizes and head dims; results must match the reference and be
 // bit-identical whatever the thread count and whatever else is in the batch.

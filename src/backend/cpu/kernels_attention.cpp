@@ -35,9 +35,10 @@ struct CacheView {
   const float* k;          // k_cache + kv head offset
   const float* v;          // v_cache + kv head offset
   int64_t k_block, k_dim;  // k strides: per block, per channel (positions are contiguous)
-  int64_t v_block, v_row;  // v strides: per block, per position (channels are contiguous)
-  const int32_t* blocks;   // block table of the sequence
-  int64_t bs, hd, dv;      // block size, key and value head sizes
+  int64_t v_block, v_row;  // v strides: per block, per position
+  int64_t v_dim;          // v stride per channel: 1, or the key cache's (values are keys' channels)
+  const int32_t* blocks;  // block table of the sequence
+  int64_t bs, hd, dv;     // block size, key and value head sizes
 };
 
 // Partial softmax state of G query heads over a range of positions, in scratch memory laid
@@ -160,7 +161,7 @@ inline void prefetch_lines(const float* p, int64_t floats) {
 inline void prefetch_block(const CacheView& c, int64_t bi) {
   const int64_t block = c.blocks[bi];
   prefetch_lines(c.k + block * c.k_block, c.k_dim * c.hd);
-  prefetch_lines(c.v + block * c.v_block, c.v_row * c.bs);
+  if (c.v_dim == 1) prefetch_lines(c.v + block * c.v_block, c.v_row * c.bs);
 }
 
 // Scores of the chunk's pieces for all G heads: sc[g·kChunk + o + j].
@@ -239,6 +240,30 @@ void chunk_values(const float* p, int64_t G, int64_t dv, const float* const* pie
 #endif
 }
 
+// chunk_values for values read across channels (a view of the key cache, positions
+// contiguous, channels v_dim apart: latent attention): per channel, a dot product over the
+// chunk's positions.
+void chunk_values_across(const float* p, int64_t G, int64_t dv, const float* const* piece_v,
+                         const int64_t* piece_len, int n_pieces, int64_t v_dim, float* acc,
+                         const float* corr) {
+  for (int64_t g = 0; g < G; ++g) {
+    float* a = acc + g * dv;
+    const float* pg = p + g * kChunk;
+    for (int64_t d = 0; d < dv; ++d) {
+      float sum = a[d] * corr[g];
+      int64_t o = 0;
+      for (int pc = 0; pc < n_pieces; ++pc) {
+        const float* v = piece_v[pc] + d * v_dim;
+        float part = 0.0f;
+        for (int64_t j = 0; j < piece_len[pc]; ++j) part += pg[o + j] * v[j];
+        sum += part;
+        o += piece_len[pc];
+      }
+      a[d] = sum;
+    }
+  }
+}
+
 // Positions [p0, p1) of one task into `st` (starting empty). q [G, c.hd] is already scaled.
 void attend_part(const CacheView& c, const float* q, int64_t G, int64_t p0, int64_t p1,
                  PartialState st) {
@@ -282,7 +307,11 @@ void attend_part(const CacheView& c, const float* q, int64_t G, int64_t p0, int6
       st.mx[g] = mx;
       st.den[g] = st.den[g] * corr[g] + exp_shifted_sum(s, L, mx);
     }
-    chunk_values(sc, G, dv, piece_v, piece_len, n_pieces, c.v_row, st.acc, corr);
+    if (c.v_dim == 1) {
+      chunk_values(sc, G, dv, piece_v, piece_len, n_pieces, c.v_row, st.acc, corr);
+    } else {
+      chunk_values_across(sc, G, dv, piece_v, piece_len, n_pieces, c.v_dim, st.acc, corr);
+    }
   }
 }
 
@@ -350,7 +379,8 @@ void CpuOps::kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, Te
         float* vc = v_cache.ptr<float>() + block * v_cache.stride[0] + h * v_cache.stride[1] +
                     off * v_cache.stride[2];
         const float* vr = v.ptr<float>() + t * v.stride[0] + h * v.stride[1];
-        for (int64_t j = 0; j < dv; ++j) vc[j] = vr[j];
+        const int64_t vd = v_cache.stride[3];  // 1, or the key cache's channel stride
+        for (int64_t j = 0; j < dv; ++j) vc[j * vd] = vr[j];
       }
     }
   }
@@ -385,6 +415,7 @@ void CpuOps::paged_attention(const Tensor& q, const Tensor& k_cache, const Tenso
                      k_cache.stride[2],
                      v_cache.stride[0],
                      v_cache.stride[2],
+                     v_cache.stride[3],
                      layout.block_ids + layout.block_start[seq_of(t)],
                      layout.block_size,
                      hd,

@@ -12,6 +12,43 @@ namespace recur {
 
 using namespace cpu;
 
+namespace {
+
+constexpr int kMaxRouteGroups = 256;
+
+// Group-limited choice: the values of experts outside the topk_group best groups (a group
+// scores the sum of its two highest values) become -inf.  choose [E], in place.
+void mask_groups(const MoeRouting& routing, int64_t E, float* choose) {
+  const int n_group = routing.n_group;
+  const int64_t size = E / n_group;
+  double group_score[kMaxRouteGroups];
+  for (int g = 0; g < n_group; ++g) {
+    float first = -INFINITY, second = -INFINITY;
+    for (int64_t e = g * size; e < (g + 1) * size; ++e) {
+      if (choose[e] > first) {
+        second = first, first = choose[e];
+      } else if (choose[e] > second) {
+        second = choose[e];
+      }
+    }
+    group_score[g] = double(first) + (size > 1 ? double(second) : 0.0);
+  }
+  bool kept[kMaxRouteGroups] = {};
+  for (int j = 0; j < routing.topk_group;
+       ++j) {  // the best group not yet kept, lower index on ties
+    int best = -1;
+    for (int g = 0; g < n_group; ++g) {
+      if (!kept[g] && (best < 0 || group_score[g] > group_score[best])) best = g;
+    }
+    kept[best] = true;
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    if (!kept[e / size]) choose[e] = -INFINITY;
+  }
+}
+
+}  // namespace
+
 void CpuOps::moe_route(const Tensor& logits, const MoeRouting& routing, Tensor ids,
                        Tensor weights) {
   const int64_t n = logits.shape[0], E = logits.shape[1];
@@ -25,6 +62,9 @@ void CpuOps::moe_route(const Tensor& logits, const MoeRouting& routing, Tensor i
   float bias[kMaxRouteExperts];
   for (int64_t e = 0; e < E; ++e) bias[e] = biased ? weight_at(routing.selection_bias, e) : 0.0f;
   const bool softmax = routing.score == MoeRouting::Score::kSoftmax;
+  const bool grouped = routing.grouped();
+  RECUR_CHECK(!grouped || (E % routing.n_group == 0 && routing.n_group <= kMaxRouteGroups &&
+                           routing.topk_group >= 1));
   for (int64_t t = 0; t < n; ++t) {
     const float* l = logits.row<float>(t);
     // Scores in double, held in f32 (as the reference holds them, so that equal scores tie
@@ -45,10 +85,11 @@ void CpuOps::moe_route(const Tensor& logits, const MoeRouting& routing, Tensor i
     }
     const float* choose = score;
     float biased_score[kMaxRouteExperts];
-    if (biased) {
+    if (biased || grouped) {
       for (int64_t e = 0; e < E; ++e) biased_score[e] = score[e] + bias[e];
       choose = biased_score;
     }
+    if (grouped) mask_groups(routing, E, biased_score);
     // Top-k by insertion; an expert goes after those that choose at least as high, so ties
     // go to the lower expert index.
     int32_t top[kMaxRouteTopK];

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 #include <vector>
 
@@ -76,11 +77,14 @@ void l2_norm(Tensor x, float eps, float scale) {
 
 void gdn_gates(const Tensor& a, const Tensor& b, const Tensor& a_log, const Tensor& dt_bias,
                Tensor g, Tensor beta) {
+  const int64_t per_head = a.shape[1] / b.shape[1];  // 1, or dk for a per-channel decay
   for (int64_t t = 0; t < a.shape[0]; ++t) {
-    for (int64_t h = 0; h < a.shape[1]; ++h) {
-      const double x = double(a.row<float>(t)[h]) + weight_at(dt_bias, h);
+    for (int64_t j = 0; j < a.shape[1]; ++j) {
+      const double x = double(a.row<float>(t)[j]) + weight_at(dt_bias, j);
       const double softplus = x > 20.0 ? x : std::log1p(std::exp(x));
-      g.row<float>(t)[h] = float(-std::exp(double(weight_at(a_log, h))) * softplus);
+      g.row<float>(t)[j] = float(-std::exp(double(weight_at(a_log, j / per_head))) * softplus);
+    }
+    for (int64_t h = 0; h < b.shape[1]; ++h) {
       beta.row<float>(t)[h] = float(sigmoid(b.row<float>(t)[h]));
     }
   }
@@ -170,8 +174,8 @@ float& k_at(const Tensor& c, const SeqLayout& l, int s, int64_t pos, int64_t h, 
 }
 float& v_at(const Tensor& c, const SeqLayout& l, int s, int64_t pos, int64_t h, int64_t j) {
   const int32_t block = l.block_ids[l.block_start[s] + pos / l.block_size];
-  return c
-      .ptr<float>()[block * c.stride[0] + h * c.stride[1] + (pos % l.block_size) * c.stride[2] + j];
+  return c.ptr<float>()[block * c.stride[0] + h * c.stride[1] + (pos % l.block_size) * c.stride[2] +
+                        j * c.stride[3]];
 }
 }  // namespace
 
@@ -234,6 +238,25 @@ void moe_route(const Tensor& logits, const MoeRouting& routing, Tensor ids, Tens
     }
     for (int64_t e = 0; e < E; ++e) {
       choose[size_t(e)] = score[size_t(e)] + (biased ? weight_at(routing.selection_bias, e) : 0.0f);
+    }
+    if (routing.grouped()) {  // experts outside the topk_group best groups cannot be chosen
+      const int64_t size = E / routing.n_group;
+      std::vector<double> group_score(size_t(routing.n_group));
+      for (int64_t g = 0; g < routing.n_group; ++g) {
+        std::vector<float> v(choose.begin() + g * size, choose.begin() + (g + 1) * size);
+        std::sort(v.begin(), v.end(), std::greater<float>());
+        group_score[size_t(g)] = double(v[0]) + (size > 1 ? double(v[1]) : 0.0);
+      }
+      std::vector<int> groups(size_t(routing.n_group));
+      std::iota(groups.begin(), groups.end(), 0);
+      std::stable_sort(groups.begin(), groups.end(), [&](int a, int b) {
+        return group_score[size_t(a)] > group_score[size_t(b)];
+      });
+      std::vector<bool> kept_group(size_t(routing.n_group), false);
+      for (int j = 0; j < routing.topk_group; ++j) kept_group[size_t(groups[size_t(j)])] = true;
+      for (int64_t e = 0; e < E; ++e) {
+        if (!kept_group[size_t(e / size)]) choose[size_t(e)] = -INFINITY;
+      }
     }
     std::vector<int> order(static_cast<size_t>(E));
     std::iota(order.begin(), order.end(), 0);

@@ -44,7 +44,8 @@ struct AttnArgs {
   int64_t kc_s0, kc_s1, kc_s2;
   const float* vc;  // [blocks, kv_heads, bs, dv]
   int64_t vc_s0, vc_s1, vc_s2;
-  float* out;  // [n, heads, dv]
+  int64_t vc_sd;  // value channel stride: 1, or the key cache's when values are keys' channels
+  float* out;     // [n, heads, dv]
   int64_t o_s0, o_s1;
   const float* gate;  // [n, heads·dv] rows g_s0 apart, or null: out = attention · σ(gate)
   int64_t g_s0;
@@ -60,8 +61,8 @@ struct AttnArgs {
 __global__ void kv_cache_write_kernel(const float* k, int64_t k_s0, int64_t k_s1, const float* v,
                                       int64_t v_s0, int64_t v_s1, float* kc, int64_t kc_s0,
                                       int64_t kc_s1, int64_t kc_s2, float* vc, int64_t vc_s0,
-                                      int64_t vc_s1, int64_t vc_s2, int hd, int dv, int bs,
-                                      const int32_t* seq_start, int n_seqs,
+                                      int64_t vc_s1, int64_t vc_s2, int64_t vc_sd, int hd, int dv,
+                                      int bs, const int32_t* seq_start, int n_seqs,
                                       const int32_t* positions, const int32_t* block_start,
                                       const int32_t* block_ids) {
   grid_dependency_sync();
@@ -74,7 +75,7 @@ __global__ void kv_cache_write_kernel(const float* k, int64_t k_s0, int64_t k_s1
   const float* ks = k + int64_t(t) * k_s0 + h * k_s1;
   const float* vs = v + int64_t(t) * v_s0 + h * v_s1;
   for (int j = threadIdx.x; j < hd; j += blockDim.x) kd[j * kc_s2] = ks[j];
-  for (int j = threadIdx.x; j < dv; j += blockDim.x) vd[j] = vs[j];
+  for (int j = threadIdx.x; j < dv; j += blockDim.x) vd[j * vc_sd] = vs[j];
 }
 
 // Positions per context split of a token with n_ctx positions: the splits are cut from each
@@ -148,7 +149,7 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(AttnArgs 
     }
     for (int e = tid; e < len * dv; e += kAttnThreads) {
       const int pp = e / dv, d = e % dv;
-      Vs[pp * dv + d] = vb[pp * a.vc_s2 + d];
+      Vs[pp * dv + d] = vb[pp * a.vc_s2 + d * a.vc_sd];
     }
     __syncthreads();
     for (int e = tid; e < group * len; e += kAttnThreads) {
@@ -709,8 +710,7 @@ void CudaOps::kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, T
   RECUR_CHECK(k_cache.shape[1] == kv_heads && k_cache.shape[2] == hd &&
               k_cache.shape[3] == layout.block_size && v_cache.shape[1] == kv_heads &&
               v_cache.shape[2] == layout.block_size && v_cache.shape[3] == dv);
-  RECUR_CHECK(k.stride[2] == 1 && v.stride[2] == 1 && k_cache.stride[3] == 1 &&
-              v_cache.stride[3] == 1);
+  RECUR_CHECK(k.stride[2] == 1 && v.stride[2] == 1 && k_cache.stride[3] == 1);
   for (int s = 0; s < layout.n_seqs; ++s) {
     RECUR_CHECK(layout.seq_len(s) == 0 ||
                 (layout.positions[layout.seq_start[s + 1] - 1] / layout.block_size) <
@@ -724,8 +724,8 @@ void CudaOps::kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, T
                 k.stride[0], k.stride[1], v.ptr<float>(), v.stride[0], v.stride[1],
                 k_cache.ptr<float>(), k_cache.stride[0], k_cache.stride[1], k_cache.stride[2],
                 v_cache.ptr<float>(), v_cache.stride[0], v_cache.stride[1], v_cache.stride[2],
-                int(hd), int(dv), layout.block_size, dl.seq_start, layout.n_seqs, dl.positions,
-                dl.block_start, dl.block_ids);
+                v_cache.stride[3], int(hd), int(dv), layout.block_size, dl.seq_start, layout.n_seqs,
+                dl.positions, dl.block_start, dl.block_ids);
   s.launched("kv_cache_write");
 }
 
@@ -738,8 +738,9 @@ void run_paged_attention(CudaOps::Impl& s, const Tensor& q, const Tensor& k_cach
   const int64_t heads = q.shape[1], hd = q.shape[2], kv_heads = k_cache.shape[1];
   const int64_t dv = v_cache.shape[3];
   RECUR_CHECK(heads % kv_heads == 0 && q.stride[2] == 1 && out.stride[2] == 1);
-  RECUR_CHECK(k_cache.stride[3] == 1 && v_cache.stride[3] == 1 && k_cache.shape[2] == hd &&
-              v_cache.shape[1] == kv_heads);
+  RECUR_CHECK(k_cache.stride[3] == 1 && k_cache.shape[2] == hd && v_cache.shape[1] == kv_heads);
+  // Values read across the key cache's channels (latent attention) take the tiled kernel.
+  const bool strided_values = v_cache.stride[3] != 1;
   RECUR_CHECK(out.ndim == 3 && out.shape[0] == q.shape[0] && out.shape[1] == heads &&
               out.shape[2] == dv);
   const int n = layout.n_tokens;
@@ -755,7 +756,8 @@ void run_paged_attention(CudaOps::Impl& s, const Tensor& q, const Tensor& k_cach
   // threads with a whole chunk's loads in flight, so 4 blocks per SM suffice; the warp kernel
   // walks its chunks one dependent step at a time and wants 16. Splits go no further than one
   // chunk of 32 (decode) or one per warp (warp kernel) and the buffer of partial results.
-  const bool decode = n <= kDecodeMaxTokens && decode_kernel_fits(group, int(hd), int(dv));
+  const bool decode =
+      !strided_values && n <= kDecodeMaxTokens && decode_kernel_fits(group, int(hd), int(dv));
   if (!decode && paged_attention_mma(s, q, k_cache, v_cache, layout, scale, out, gate)) return;
   const int64_t base_blocks = int64_t(n) * kv_heads;
   const int64_t per_sm = decode ? 4 : 16, min_split = decode ? 32 : kMinSplitPositions;
@@ -772,6 +774,7 @@ void run_paged_attention(CudaOps::Impl& s, const Tensor& q, const Tensor& k_cach
   a.kc_s0 = k_cache.stride[0], a.kc_s1 = k_cache.stride[1], a.kc_s2 = k_cache.stride[2];
   a.vc = v_cache.ptr<float>();
   a.vc_s0 = v_cache.stride[0], a.vc_s1 = v_cache.stride[1], a.vc_s2 = v_cache.stride[2];
+  a.vc_sd = v_cache.stride[3];
   a.out = out.ptr<float>(), a.o_s0 = out.stride[0], a.o_s1 = out.stride[1];
   a.seq_start = dl.seq_start, a.positions = dl.positions;
   a.block_start = dl.block_start, a.block_ids = dl.block_ids;
@@ -801,7 +804,7 @@ void run_paged_attention(CudaOps::Impl& s, const Tensor& q, const Tensor& k_cach
       launch_attention_decode<true>(a, grid, s.stream);
     }
     s.launched("paged_attention (decode)");
-  } else if (launch_attention_warps(a, grid, s.stream)) {
+  } else if (!strided_values && launch_attention_warps(a, grid, s.stream)) {
     s.launched("paged_attention");
   } else {
     launch_attention_tiled(a, grid, s.max_smem_optin, s.stream);

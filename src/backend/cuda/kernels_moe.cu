@@ -519,7 +519,8 @@ bool shared_rides_along(const Tensor& x, std::span<const ExpertWeights> experts,
 }
 
 // Whether gate/up can route one token whose shared expert rides along (shared_rides_along,
-// checked by the caller): no selection bias (route_filter_block chooses by logit), its logits
+// checked by the caller): no selection bias nor groups (route_filter_block chooses by logit
+// over all experts), its logits
 // [1, E] contiguous with E = kRouteThreads·PL (PL 1, 2 or 4) and k ≤ 32, and 16-byte rows for
 // the warp GEMV kernel.
 bool routes_in_kernels(const Tensor& logits, const MoeRouting& routing, const Tensor& x,
@@ -528,8 +529,8 @@ bool routes_in_kernels(const Tensor& logits, const MoeRouting& routing, const Te
   const int k = routing.k;
   const ExpertWeights& e0 = experts.front();
   const int64_t elems16 = 16 / int64_t(dtype_size(e0.gate.dtype));
-  return routing.selection_bias.empty() && logits.shape[0] == 1 && logits.stride[1] == 1 &&
-         int64_t(experts.size()) == E &&
+  return routing.selection_bias.empty() && !routing.grouped() && logits.shape[0] == 1 &&
+         logits.stride[1] == 1 && int64_t(experts.size()) == E &&
          (E == kRouteThreads || E == 2 * kRouteThreads || E == 4 * kRouteThreads) && k >= 1 &&
          k <= 32 && experts_aligned(experts, &shared) &&
          (reinterpret_cast<uintptr_t>(x.data) & 15) == 0 && x.stride[0] % 4 == 0 &&

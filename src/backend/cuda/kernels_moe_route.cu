@@ -219,6 +219,89 @@ __global__ void __launch_bounds__(kRouteThreads)
                   weights + int64_t(t) * ld_w);
 }
 
+// Group-limited routing (MoeRouting::grouped), one block per token: the threads form each
+// expert's choosing value (its f32 score plus the bias) in shared memory, then thread 0 keeps
+// the topk_group best groups and picks the k as the CPU does (value desc, index asc). Serial
+// in the picks: published group-limited routers (Kimi, DeepSeek-V3) route once per token and
+// layer, a few thousand steps on one thread.
+__global__ void __launch_bounds__(kRouteThreads)
+    moe_route_grouped_kernel(const float* logits, int64_t ld, int E, int k, int n_group,
+                             int topk_group, RouteScoring sc, int32_t* ids, int64_t ld_ids,
+                             float* weights, int64_t ld_w) {
+  grid_dependency_sync();
+  extern __shared__ float choose[];  // [E]
+  __shared__ float red_max[kRouteThreads / 32];
+  __shared__ double red_sum[kRouteThreads / 32];
+  const int t = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const float* l = logits + int64_t(t) * ld;
+  float mx = -INFINITY;
+  for (int e = tid; e < E; e += kRouteThreads) mx = fmaxf(mx, l[e]);
+  mx = warp_max(mx);
+  if (lane == 0) red_max[warp] = mx;
+  __syncthreads();
+  mx = red_max[0];
+  for (int w = 1; w < kRouteThreads / 32; ++w) mx = fmaxf(mx, red_max[w]);
+  double sum = 0.0;
+  if (!sc.sigmoid) {
+    for (int e = tid; e < E; e += kRouteThreads) sum += exp(double(l[e] - mx));
+  }
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (lane == 0) red_sum[warp] = sum;
+  __syncthreads();
+  sum = red_sum[0];
+  for (int w = 1; w < kRouteThreads / 32; ++w) sum += red_sum[w];
+  for (int e = tid; e < E; e += kRouteThreads) {
+    choose[e] = float(route_score(sc, l[e], mx, sum)) + (sc.bias ? sc.bias[e] : 0.0f);
+  }
+  __syncthreads();
+  if (tid != 0) return;
+  const int size = E / n_group;
+  unsigned long long kept = 0;  // bit g: group g may be chosen (n_group ≤ 64)
+  for (int j = 0; j < topk_group; ++j) {
+    int best = -1;
+    double best_score = -INFINITY;
+    for (int g = 0; g < n_group; ++g) {
+      if (kept >> g & 1) continue;
+      float first = -INFINITY, second = -INFINITY;
+      for (int e = g * size; e < (g + 1) * size; ++e) {
+        const float v = choose[e];
+        if (v > first) {
+          second = first, first = v;
+        } else if (v > second) {
+          second = v;
+        }
+      }
+      const double score = double(first) + (size > 1 ? double(second) : 0.0);
+      if (best < 0 || score > best_score) best = g, best_score = score;
+    }
+    kept |= 1ull << best;
+  }
+  int32_t* id_row = ids + int64_t(t) * ld_ids;
+  float* w_row = weights + int64_t(t) * ld_w;
+  float prev_v = INFINITY;
+  int prev_i = -1;
+  double total = 0.0;
+  for (int j = 0; j < k; ++j) {  // the next expert after the previous pick in (value, index)
+    float best_v = -INFINITY;
+    int best_i = -1;
+    for (int e = 0; e < E; ++e) {
+      if (!(kept >> (e / size) & 1)) continue;
+      const float v = choose[e];
+      const bool after = v < prev_v || (v == prev_v && e > prev_i);
+      if (after && (best_i < 0 || v > best_v)) best_v = v, best_i = e;
+    }
+    prev_v = best_v, prev_i = best_i;
+    id_row[j] = best_i;
+    const float score = float(route_score(sc, l[best_i], mx, sum));
+    w_row[j] = score;
+    total += double(score);
+  }
+  for (int j = 0; j < k; ++j) {
+    const float wf = sc.renormalize ? float(double(w_row[j]) / total) : w_row[j];
+    w_row[j] = wf * sc.scale;
+  }
+}
+
 }  // namespace
 
 void CudaOps::moe_route(const Tensor& logits, const MoeRouting& routing, Tensor ids,
@@ -249,7 +332,14 @@ void CudaOps::moe_route(const Tensor& logits, const MoeRouting& routing, Tensor 
   };
   // The block kernels choose by logit: a selection bias takes the warp kernel.
   const bool block = k <= 32 && !sc.bias;
-  if (block && E == kRouteThreads) {
+  if (routing.grouped()) {
+    RECUR_CHECK(E % routing.n_group == 0 && routing.n_group <= 64 && routing.topk_group >= 1 &&
+                int64_t(routing.topk_group) * (E / routing.n_group) >= k);
+    launch_kernel(moe_route_grouped_kernel, unsigned(n), kRouteThreads, size_t(E) * 4, s.stream,
+                  logits.ptr<float>(), logits.stride[0], int(E), k, routing.n_group,
+                  routing.topk_group, sc, ids.ptr<int32_t>(), ids.stride[0], weights.ptr<float>(),
+                  weights.stride[0]);
+  } else if (block && E == kRouteThreads) {
     launch_block(moe_route_filter_kernel<1>);
   } else if (block && E == 2 * kRouteThreads) {
     launch_block(moe_route_filter_kernel<2>);

@@ -330,17 +330,20 @@ __global__ void elementwise_kernel(Rows a, Rows b, Rows c, const float* s, int64
   }
 }
 
-// g = -exp(a_log) · softplus(a + dt_bias), beta = σ(b);  a, b, g, beta [n, Hv]
+// g = -exp(a_log) · softplus(a + dt_bias), beta = σ(b);  a, g [n, channels] with dt_bias
+// [channels] (channels = Hv·per_head: one decay per head, or per key channel); b, beta [n, Hv];
+// a_log [Hv]. One thread per channel; the head's first channel also writes beta.
 template <typename W>
 __global__ void gdn_gates_kernel(const float* a, int64_t lda, const float* b, int64_t ldb,
                                  const W* a_log, const W* dt_bias, float* g, int64_t ldg,
-                                 float* beta, int64_t ldbeta, int64_t n, int64_t hv) {
+                                 float* beta, int64_t ldbeta, int64_t n, int64_t channels,
+                                 int64_t per_head) {
   grid_dependency_sync();
   const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (e >= n * hv) return;
-  const int64_t t = e / hv, h = e % hv;
-  g[t * ldg + h] = -expf(to_f32(a_log[h])) * softplus(a[t * lda + h] + to_f32(dt_bias[h]));
-  beta[t * ldbeta + h] = sigmoid(b[t * ldb + h]);
+  if (e >= n * channels) return;
+  const int64_t t = e / channels, j = e % channels, h = j / per_head;
+  g[t * ldg + j] = -expf(to_f32(a_log[h])) * softplus(a[t * lda + j] + to_f32(dt_bias[j]));
+  if (j % per_head == 0) beta[t * ldbeta + h] = sigmoid(b[t * ldb + h]);
 }
 
 unsigned elementwise_blocks(int64_t total, int sms) {
@@ -568,17 +571,18 @@ void CudaOps::add_scaled_sigmoid(Tensor x, const Tensor& y, const Tensor& sc) {
 void CudaOps::gdn_gates(const Tensor& a, const Tensor& b, const Tensor& a_log,
                         const Tensor& dt_bias, Tensor g, Tensor beta) {
   if (impl_->replaying()) return;  // the decode graph does this op's work
-  const int64_t n = a.shape[0], hv = a.shape[1];
-  RECUR_CHECK(a_log.numel() == hv && dt_bias.numel() == hv && a_log.dtype == dt_bias.dtype);
+  const int64_t n = a.shape[0], hv = b.shape[1], channels = a.shape[1];
+  RECUR_CHECK(hv > 0 && channels % hv == 0 && g.shape[1] == channels && beta.shape[1] == hv);
+  RECUR_CHECK(a_log.numel() == hv && dt_bias.numel() == channels && a_log.dtype == dt_bias.dtype);
   RECUR_CHECK(a.stride[1] == 1 && b.stride[1] == 1 && g.stride[1] == 1 && beta.stride[1] == 1);
-  if (n * hv == 0) return;
+  if (n * channels == 0) return;
   Impl& s = *impl_;
   dispatch_weight(a_log.dtype, [&](auto tag) {
     using W = decltype(tag);
-    launch_kernel(gdn_gates_kernel<W>, blocks_for(n * hv, kThreads), kThreads, 0, s.stream,
+    launch_kernel(gdn_gates_kernel<W>, blocks_for(n * channels, kThreads), kThreads, 0, s.stream,
                   a.ptr<float>(), a.stride[0], b.ptr<float>(), b.stride[0], a_log.ptr<W>(),
                   dt_bias.ptr<W>(), g.ptr<float>(), g.stride[0], beta.ptr<float>(), beta.stride[0],
-                  n, hv);
+                  n, channels, channels / hv);
   });
   s.launched("gdn_gates");
 }
