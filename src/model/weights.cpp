@@ -320,6 +320,8 @@ Result<Tensor> CheckpointWeights::load_fp8(std::span<const RowPiece> pieces,
   owned_.push_back(std::move(scales));  // a backend may keep pointing at them
   tally_.bytes += mb * kb * 4;
   if (use == WeightUse::kMatrix) tally_.dense_bytes += mb * kb * 4;
+  return adopted;
+}
 
 Result<Tensor> CheckpointWeights::load_transposed(const RowPiece& piece, WeightUse use) {
   RECUR_ASSIGN_OR_RETURN(Tensor t, ckpt_.get(piece.name, piece.stored_shape));
@@ -338,7 +340,7 @@ Result<Tensor> CheckpointWeights::load_transposed(const RowPiece& piece, WeightU
     }
   }
   const Tensor host = Tensor::contiguous(buf.data(), t.dtype, {cols, rows});
-  RECUR_ASSIGN_OR_RETURN(Tensor adopted, adopt(host, use));
+  RECUR_ASSIGN_OR_RETURN(Tensor adopted, adopt(host, use, piece.name));
   if (adopted.data == host.data) owned_.push_back(std::move(buf));
   count(adopted, use);
   return adopted;
@@ -358,7 +360,7 @@ Result<Tensor> CheckpointWeights::load_vector_f32(const std::string& name, int64
     out[i] = t.dtype == DType::BF16 ? bf16_to_f32(in[i]) : f16_to_f32(in[i]);
   }
   const Tensor host = Tensor::contiguous(buf.data(), DType::F32, {size});
-  RECUR_ASSIGN_OR_RETURN(Tensor adopted, adopt(host, WeightUse::kVector));
+  RECUR_ASSIGN_OR_RETURN(Tensor adopted, adopt(host, WeightUse::kVector, name));
   if (adopted.data == host.data) owned_.push_back(std::move(buf));
   count(adopted, WeightUse::kVector);
   return adopted;
@@ -403,7 +405,7 @@ Result<Tensor> RandomWeights::load_rows(std::span<const RowPiece> pieces,
     RECUR_ASSIGN_OR_RETURN(Buffer host,
                            cpu_allocator().allocate(size_t(n) * dtype_size(dt), name.c_str()));
     Tensor t = Tensor::contiguous(host.data(), dt, {n});
-    const auto [lo, hi] = random_range(name, shape, n_layers_);
+    const auto [lo, hi] = random_range(name, shape, n_layers_, norm_center_);
     ops_.fill_random_uniform(t, seed_ + 0x1000 * ++index_, lo, hi);
     RECUR_ASSIGN_OR_RETURN(Tensor adopted,
                            quantize_matmul(ops_, with_shape(t, shape), *q, &owned_));
