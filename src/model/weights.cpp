@@ -1,8 +1,8 @@
 #include "model/weights.h"
 
 #include <cmath>
-#include <numeric>
 #include <cstring>
+#include <numeric>
 
 namespace recur {
 
