@@ -43,7 +43,7 @@ timeout 300 ${t}test_cuda --gtest_filter=-*Bench* > "$out/test_cuda_full.txt" 2>
 tail -60 "$out/test_cuda_full.txt" > "$out/test_cuda.txt"
 grep -E "PASSED|FAILED" "$out/test_cuda.txt"
 for m in qwen3next-tiny qwen3next-seed-48L qwen3next-tiny-realvocab qwen3_5-tiny qwen3_5-seed-48L \
-    qwen3_5-moe-tiny kimi-linear-tiny; do
+    qwen3_5-moe-tiny kimi-linear-tiny kimi-linear-var kimi-linear-bf16; do
   timeout 60 $b/recur verify --device cuda --tolerance 1e-3 --model models/$m \
     --golden tests/data/golden/$m/golden.safetensors > "$out/verify_$m.txt" 2>&1 ||
     failed "verify $m"

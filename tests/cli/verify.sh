@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# recur verify passes every mode on the seven reference models shipped in the repo (Qwen3-Next,
-# Qwen3.5 and Kimi-Linear), and fails
+# recur verify passes every mode on the nine reference models shipped in the repo (Qwen3-Next,
+# Qwen3.5 and Kimi-Linear; kimi-linear-var and kimi-linear-bf16 are shapes no other test uses,
+# made by scripts/make_kimi_references.py), and fails
 # (non-zero) when the tolerance is impossibly tight, when any logit, ours or the reference's,
 # is NaN or infinite, and when the reference names ids outside the vocabulary.
 set -euo pipefail
 recur="$1"; root="$2"
 for m in qwen3next-tiny qwen3next-seed-48L qwen3next-tiny-realvocab qwen3_5-tiny qwen3_5-seed-48L \
-    qwen3_5-moe-tiny kimi-linear-tiny; do
+    qwen3_5-moe-tiny kimi-linear-tiny kimi-linear-var kimi-linear-bf16; do
   out=$("$recur" verify --model "$root/models/$m" --golden "$root/tests/data/golden/$m/golden.safetensors")
   echo "$out" | tail -1 | sed "s/^/$m: /"
   for mode in whole chunks17 token decode; do
