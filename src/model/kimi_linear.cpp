@@ -388,10 +388,10 @@ Status load_kda(const KimiLinearConfig& c, const std::string& p, WeightLoader& w
                             {p + "k_conv1d.weight", conv_shape, 0, D},
                             {p + "v_conv1d.weight", conv_shape, 0, D}};
   RECUR_ASSIGN_OR_RETURN(a->conv1d, w.load_rows(convs, {3 * D, 1, K}, WeightUse::kVector));
-  // A_log [1, 1, H, 1]: one value per head.
-  const RowPiece a_log{p + "A_log", {1, 1, heads, 1}, 0, heads};
-  RECUR_ASSIGN_OR_RETURN(a->a_log, w.load_rows({&a_log, 1}, {heads, 1}, WeightUse::kVector));
-  RECUR_ASSIGN_OR_RETURN(a->dt_bias, w.load(p + "dt_bias", {D}, WeightUse::kVector));
+  // A_log [1, 1, H, 1]: one value per head. Both in f32, whatever the checkpoint stores: the
+  // gates read them as one type.
+  RECUR_ASSIGN_OR_RETURN(a->a_log, w.load_vector_f32(p + "A_log", heads, {1, 1, heads, 1}));
+  RECUR_ASSIGN_OR_RETURN(a->dt_bias, w.load_vector_f32(p + "dt_bias", D, {}));
   RECUR_ASSIGN_OR_RETURN(a->o_norm, w.load(p + "o_norm.weight", {d}, WeightUse::kVector));
   return Status();
 }
@@ -446,7 +446,7 @@ Status load_moe(const KimiLinearConfig& c, const std::string& p, WeightLoader& w
   RECUR_ASSIGN_OR_RETURN(m->router, w.load(p + "gate.weight", {E, H}, WeightUse::kMatrix));
   // The selection bias in f32, as routing reads it, whatever the checkpoint stores.
   RECUR_ASSIGN_OR_RETURN(m->routing.selection_bias,
-                         w.load_vector_f32(p + "gate.e_score_correction_bias", E));
+                         w.load_vector_f32(p + "gate.e_score_correction_bias", E, {}));
   m->experts.resize(size_t(E));
   for (int64_t e = 0; e < E; ++e) {
     const std::string x = p + "experts." + std::to_string(e) + ".";

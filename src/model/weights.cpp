@@ -346,18 +346,24 @@ Result<Tensor> CheckpointWeights::load_transposed(const RowPiece& piece, WeightU
   return adopted;
 }
 
-Result<Tensor> CheckpointWeights::load_vector_f32(const std::string& name, int64_t size) {
-  RECUR_ASSIGN_OR_RETURN(Tensor t, ckpt_.get(name, {size}));
-  if (t.dtype == DType::F32) return load(name, {size}, WeightUse::kVector);
-  if (t.dtype != DType::BF16 && t.dtype != DType::F16) {
+Result<Tensor> CheckpointWeights::load_vector_f32(const std::string& name, int64_t size,
+                                                  std::vector<int64_t> stored_shape) {
+  if (stored_shape.empty()) stored_shape = {size};
+  RECUR_CHECK(numel_of(stored_shape) == size);
+  RECUR_ASSIGN_OR_RETURN(Tensor t, ckpt_.get(name, stored_shape));
+  if (t.dtype != DType::F32 && t.dtype != DType::BF16 && t.dtype != DType::F16) {
     return make_error(ErrorCode::kCorrupt, "{}: tensor '{}' is {}, expected a float type",
                       ckpt_.dir(), name, dtype_name(t.dtype));
   }
   RECUR_ASSIGN_OR_RETURN(Buffer buf, cpu_allocator().allocate(size_t(size) * 4, name.c_str()));
   float* out = static_cast<float*>(buf.data());
-  const uint16_t* in = static_cast<const uint16_t*>(t.data);
-  for (int64_t i = 0; i < size; ++i) {
-    out[i] = t.dtype == DType::BF16 ? bf16_to_f32(in[i]) : f16_to_f32(in[i]);
+  if (t.dtype == DType::F32) {
+    std::memcpy(out, t.data, size_t(size) * 4);
+  } else {
+    const uint16_t* in = static_cast<const uint16_t*>(t.data);
+    for (int64_t i = 0; i < size; ++i) {
+      out[i] = t.dtype == DType::BF16 ? bf16_to_f32(in[i]) : f16_to_f32(in[i]);
+    }
   }
   const Tensor host = Tensor::contiguous(buf.data(), DType::F32, {size});
   RECUR_ASSIGN_OR_RETURN(Tensor adopted, adopt(host, WeightUse::kVector, name));

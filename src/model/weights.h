@@ -66,9 +66,11 @@ class WeightLoader {
   // The transpose of one piece's rows [count, cols]: a weight [cols, count] (re-packed at load;
   // latent attention folds one matrix into the query this way).
   virtual Result<Tensor> load_transposed(const RowPiece& piece, WeightUse use) = 0;
-  // A vector parameter in f32 whatever its stored dtype (F32, BF16 or F16): for ops that read
-  // one in f32 (a router's selection bias).
-  virtual Result<Tensor> load_vector_f32(const std::string& name, int64_t size) = 0;
+  // A vector parameter of `size` values in f32 whatever its stored dtype (F32, BF16 or F16) and
+  // shape (stored_shape, of that many elements; {size} when empty): for ops that read one in
+  // f32 (a router's selection bias, Kimi's A_log and dt_bias).
+  virtual Result<Tensor> load_vector_f32(const std::string& name, int64_t size,
+                                         std::vector<int64_t> stored_shape) = 0;
   virtual bool has(const std::string& name) const = 0;
   const WeightTally& tally() const { return tally_; }
   // Buffers of weights the loader made (re-packed or random); the model keeps them.
@@ -89,7 +91,8 @@ class CheckpointWeights final : public WeightLoader {
   Result<Tensor> load_rows(std::span<const RowPiece> pieces, const std::vector<int64_t>& shape,
                            WeightUse use) override;
   Result<Tensor> load_transposed(const RowPiece& piece, WeightUse use) override;
-  Result<Tensor> load_vector_f32(const std::string& name, int64_t size) override;
+  Result<Tensor> load_vector_f32(const std::string& name, int64_t size,
+                                 std::vector<int64_t> stored_shape) override;
   bool has(const std::string& name) const override { return ckpt_.has(name); }
 
  private:
@@ -113,7 +116,8 @@ class RandomWeights final : public WeightLoader {
   Result<Tensor> load_rows(std::span<const RowPiece> pieces, const std::vector<int64_t>& shape,
                            WeightUse use) override;
   Result<Tensor> load_transposed(const RowPiece& piece, WeightUse use) override;
-  Result<Tensor> load_vector_f32(const std::string& name, int64_t size) override {
+  Result<Tensor> load_vector_f32(const std::string& name, int64_t size,
+                                 std::vector<int64_t>) override {
     return load(name, {size}, WeightUse::kVector);  // 1-D random weights are f32
   }
   bool has(const std::string& name) const override { return false; }

@@ -46,7 +46,7 @@ __global__ void moe_route_kernel(const float* logits, int64_t ld, int n, int E, 
   for_each([&](int, float v) { mx = fmaxf(mx, v); });
   mx = warp_max(mx);
   double sum = 0.0;
-  for_each([&](int, float v) { sum += exp(double(v - mx)); });
+  for_each([&](int, float v) { sum += exp(double(v) - double(mx)); });
   for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
   // With a selection bias the registers hold the keys from here on (the logits stay in memory).
   if constexpr (PL > 0) {
@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(kRouteThreads)
   double sum = 0.0;
 #pragma unroll
   for (int i = 0; i < PL; ++i) {
-    if (tid + kRouteThreads * i < E) sum += exp(double(reg[i] - mx));
+    if (tid + kRouteThreads * i < E) sum += exp(double(reg[i]) - double(mx));
   }
   for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
   if (lane == 0) red_sum[warp] = sum;  // read after the selection rounds' barriers
@@ -243,7 +243,7 @@ __global__ void __launch_bounds__(kRouteThreads)
   for (int w = 1; w < kRouteThreads / 32; ++w) mx = fmaxf(mx, red_max[w]);
   double sum = 0.0;
   if (!sc.sigmoid) {
-    for (int e = tid; e < E; e += kRouteThreads) sum += exp(double(l[e] - mx));
+    for (int e = tid; e < E; e += kRouteThreads) sum += exp(double(l[e]) - double(mx));
   }
   for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
   if (lane == 0) red_sum[warp] = sum;

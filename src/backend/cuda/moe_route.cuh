@@ -29,7 +29,7 @@ inline RouteScoring route_scoring(const MoeRouting& r) {
 // Σ exp(l − mx)).
 __device__ __forceinline__ double route_score(const RouteScoring& sc, float v, float mx,
                                               double sum) {
-  return sc.sigmoid ? 1.0 / (1.0 + exp(-double(v))) : exp(double(v - mx)) / sum;
+  return sc.sigmoid ? 1.0 / (1.0 + exp(-double(v))) : exp(double(v) - double(mx)) / sum;
 }
 
 // The key an expert is chosen by: its logit (the scores' order) without a selection bias,
@@ -159,7 +159,7 @@ __device__ __forceinline__ void route_filter_block(const float* l, int k, RouteF
     for (int w = 1; w < kWarps; ++w) mx = fmaxf(mx, s.red_max[w]);
     double sum = 0.0;
 #pragma unroll
-    for (int i = 0; i < PL; ++i) sum += exp(double(reg[i] - mx));
+    for (int i = 0; i < PL; ++i) sum += exp(double(reg[i]) - double(mx));
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     if (lane == 0) s.red_sum[warp] = sum;
   }
