@@ -297,12 +297,11 @@ void CpuOps::add_scaled_sigmoid(Tensor x, const Tensor& y, const Tensor& s) {
   }
 }
 
-namespace {
-
-// gdn_gates with one decay per key channel (Kimi Delta Attention): a, g [n, Hv·dk], dt_bias
-// [Hv·dk], a_log [Hv]; b, beta [n, Hv]. The same arithmetic per element as the per-head form.
-void gdn_gates_per_channel(const Tensor& a, const Tensor& b, const Tensor& a_log,
-                           const Tensor& dt_bias, Tensor g, Tensor beta) {
+// a, g [n, channels]; b, beta [n, Hv]; a_log [Hv]; dt_bias [channels]. channels = Hv: a decay
+// per head (Gated DeltaNet); channels = Hv·dk: one per key channel (Kimi Delta Attention), each
+// channel with its head's a_log. The same arithmetic per element either way.
+void CpuOps::gdn_gates(const Tensor& a, const Tensor& b, const Tensor& a_log, const Tensor& dt_bias,
+                       Tensor g, Tensor beta) {
   constexpr int64_t kMaxChannels = 8192;
   const int64_t n = a.shape[0], hv = b.shape[1], channels = a.shape[1];
   RECUR_CHECK(hv > 0 && channels % hv == 0 && channels <= kMaxChannels && a_log.numel() == hv &&
@@ -314,48 +313,10 @@ void gdn_gates_per_channel(const Tensor& a, const Tensor& b, const Tensor& a_log
     neg_a[j] = -std::exp(weight_at(a_log, j / dk));
     bias[j] = weight_at(dt_bias, j);
   }
-  for (int64_t t = 0; t < n; ++t) {
-    const float* ar = a.row<float>(t);
-    const float* br = b.row<float>(t);
-    float* gr = g.row<float>(t);
-    float* betar = beta.row<float>(t);
 #if defined(__AVX512F__)
-    for (int64_t j = 0; j < channels; j += 16) {
-      const __mmask16 m = tail_mask(channels - j);
-      const __m512 x = _mm512_add_ps(_mm512_maskz_loadu_ps(m, ar + j), _mm512_load_ps(bias + j));
-      _mm512_mask_storeu_ps(gr + j, m, _mm512_mul_ps(_mm512_load_ps(neg_a + j), softplus16(x)));
-    }
-    for (int64_t h = 0; h < hv; h += 16) {
-      const __mmask16 m = tail_mask(hv - h);
-      _mm512_mask_storeu_ps(betar + h, m, sigmoid16(_mm512_maskz_loadu_ps(m, br + h)));
-    }
-#else
-    for (int64_t j = 0; j < channels; ++j) gr[j] = neg_a[j] * softplus(ar[j] + bias[j]);
-    for (int64_t h = 0; h < hv; ++h) betar[h] = sigmoid(br[h]);
-#endif
-  }
-}
-
-}  // namespace
-
-void CpuOps::gdn_gates(const Tensor& a, const Tensor& b, const Tensor& a_log, const Tensor& dt_bias,
-                       Tensor g, Tensor beta) {
-  if (a.shape[1] != b.shape[1]) {
-    gdn_gates_per_channel(a, b, a_log, dt_bias, g, beta);
-    return;
-  }
-  const int64_t n = a.shape[0], hv = a.shape[1];
-  RECUR_CHECK(hv <= 1024);
-  // Per head, once per call: -exp(a_log) and dt_bias.
-  alignas(64) float neg_a[1024], bias[1024];
-  for (int64_t h = 0; h < hv; ++h) {
-    neg_a[h] = -std::exp(weight_at(a_log, h));
-    bias[h] = weight_at(dt_bias, h);
-  }
-#if defined(__AVX512F__)
-  // Few heads (16 a multiple of hv) and packed rows: all n·hv gates as one flat array, 16 at a
-  // time, with the per-head constants tiled across the lanes (the same lane-wise arithmetic).
-  if (16 % hv == 0 && a.stride[0] == hv && b.stride[0] == hv && g.stride[0] == hv &&
+  // Few heads (16 a multiple of hv), a decay per head and packed rows: all n·hv gates as one
+  // flat array, 16 at a time, with the per-head constants tiled across the lanes.
+  if (dk == 1 && 16 % hv == 0 && a.stride[0] == hv && b.stride[0] == hv && g.stride[0] == hv &&
       beta.stride[0] == hv) {
     alignas(64) float neg_a16[16], bias16[16];
     for (int i = 0; i < 16; ++i) {
@@ -383,17 +344,18 @@ void CpuOps::gdn_gates(const Tensor& a, const Tensor& b, const Tensor& a_log, co
     float* gr = g.row<float>(t);
     float* betar = beta.row<float>(t);
 #if defined(__AVX512F__)
+    for (int64_t j = 0; j < channels; j += 16) {
+      const __mmask16 m = tail_mask(channels - j);
+      const __m512 x = _mm512_add_ps(_mm512_maskz_loadu_ps(m, ar + j), _mm512_load_ps(bias + j));
+      _mm512_mask_storeu_ps(gr + j, m, _mm512_mul_ps(_mm512_load_ps(neg_a + j), softplus16(x)));
+    }
     for (int64_t h = 0; h < hv; h += 16) {
       const __mmask16 m = tail_mask(hv - h);
-      const __m512 x = _mm512_add_ps(_mm512_maskz_loadu_ps(m, ar + h), _mm512_load_ps(bias + h));
-      _mm512_mask_storeu_ps(gr + h, m, _mm512_mul_ps(_mm512_load_ps(neg_a + h), softplus16(x)));
       _mm512_mask_storeu_ps(betar + h, m, sigmoid16(_mm512_maskz_loadu_ps(m, br + h)));
     }
 #else
-    for (int64_t h = 0; h < hv; ++h) {
-      gr[h] = neg_a[h] * softplus(ar[h] + bias[h]);
-      betar[h] = sigmoid(br[h]);
-    }
+    for (int64_t j = 0; j < channels; ++j) gr[j] = neg_a[j] * softplus(ar[j] + bias[j]);
+    for (int64_t h = 0; h < hv; ++h) betar[h] = sigmoid(br[h]);
 #endif
   }
 }
