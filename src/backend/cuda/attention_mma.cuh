@@ -1,5 +1,6 @@
-// Prompt attention over the paged cache on tensor cores (kernels_attention_mma.cu); the
-// dispatch in kernels_attention.cu sends forwards too long for the decode kernel here.
+// The operands of attention over the paged cache (kernels_attention.cu), and its tensor-core
+// prompt kernel (kernels_attention_mma.cu), to which the dispatch sends forwards too long for
+// the decode kernel.
 #pragma once
 
 #include <cstdint>
@@ -10,14 +11,32 @@
 namespace recur {
 namespace cuda {
 
-// paged_attention (times σ(gate) when gate is set, gate [n, heads·dv]) of every token of the
-// layout on tensor cores, when the kernel takes these heads (hd a multiple of 16, dv of 8, both
-// ≤ 256, a query group of at most 64 heads) and caches (blocks of a multiple of 4 positions,
-// 16-byte aligned with strides in multiples of 4 elements); false, having done nothing,
-// otherwise.
-bool paged_attention_mma(CudaOps::Impl& s, const Tensor& q, const Tensor& k_cache,
-                         const Tensor& v_cache, const SeqLayout& layout, float scale, Tensor out,
-                         const Tensor* gate);
+struct AttnArgs {
+  const float* q;  // [n, heads, hd]
+  int64_t q_s0, q_s1;
+  const float* kc;  // [blocks, kv_heads, hd, bs]
+  int64_t kc_s0, kc_s1, kc_s2;
+  const float* vc;  // [blocks, kv_heads, bs, dv]
+  int64_t vc_s0, vc_s1, vc_s2;
+  int64_t vc_sd;  // value channel stride: 1, or the key cache's when values are keys' channels
+  float* out;     // [n, heads, dv]
+  int64_t o_s0, o_s1;
+  const float* gate;  // [n, heads·dv] rows g_s0 apart, or null: out = attention · σ(gate)
+  int64_t g_s0;
+  float* part_o;   // [n, heads, n_splits, dv] unnormalised sums (n_splits > 1)
+  float* part_ml;  // [n, heads, n_splits, 2] running max and denominator
+  const int32_t *seq_start, *positions, *block_start, *block_ids;
+  int n_seqs, heads, group, hd, dv, bs, n_splits;
+  float scale;
+};
+
+// paged_attention of every token of the layout, as `a` describes it (its split fields unused),
+// on tensor cores, when the kernel takes these heads (hd a multiple of 16, dv of 8, both ≤ 256,
+// a query group of at most 64 heads) and caches (blocks of a multiple of 4 positions, 16-byte
+// aligned with strides in multiples of 4 elements, channels contiguous); false, having done
+// nothing, otherwise.
+bool paged_attention_mma(CudaOps::Impl& s, const AttnArgs& a, const Tensor& k_cache,
+                         const Tensor& v_cache, const SeqLayout& layout, int kv_heads);
 
 // Multiply-adds of causal attention over the layout's tokens (scores and values, 2 flops
 // each), for the profile.

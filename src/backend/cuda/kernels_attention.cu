@@ -37,25 +37,6 @@ constexpr int kMinSplitPositions = 32 * kAttnWarps;
 constexpr int kDecodeMaxHd = 512;
 constexpr int kDecodeMaxTokens = 64;
 
-struct AttnArgs {
-  const float* q;  // [n, heads, hd]
-  int64_t q_s0, q_s1;
-  const float* kc;  // [blocks, kv_heads, hd, bs]
-  int64_t kc_s0, kc_s1, kc_s2;
-  const float* vc;  // [blocks, kv_heads, bs, dv]
-  int64_t vc_s0, vc_s1, vc_s2;
-  int64_t vc_sd;  // value channel stride: 1, or the key cache's when values are keys' channels
-  float* out;     // [n, heads, dv]
-  int64_t o_s0, o_s1;
-  const float* gate;  // [n, heads·dv] rows g_s0 apart, or null: out = attention · σ(gate)
-  int64_t g_s0;
-  float* part_o;   // [n, heads, n_splits, dv] unnormalised sums (n_splits > 1)
-  float* part_ml;  // [n, heads, n_splits, 2] running max and denominator
-  const int32_t *seq_start, *positions, *block_start, *block_ids;
-  int n_seqs, heads, group, hd, dv, bs, n_splits;
-  float scale;
-};
-
 // k [n, kv_heads, hd], v [n, kv_heads, dv] → the caches at each token's position; grid
 // (n, kv_heads)
 __global__ void kv_cache_write_kernel(const float* k, int64_t k_s0, int64_t k_s1, const float* v,
@@ -93,6 +74,9 @@ __device__ __forceinline__ void mark_empty_split(const AttnArgs& a, int t, int k
     a.part_ml[slot * 2 + 1] = 0.0f;
   }
 }
+
+// Defined with the warp kernel below (the tiled kernel's template finds it by name).
+__device__ __forceinline__ void store_out(const AttnArgs& a, int t, int h, int d, float v, int dv);
 
 size_t attn_smem_bytes(int group, int hd, int dv) {
   return sizeof(float) * (size_t(group) * hd + size_t(kTileP) * (hd + dv) + size_t(group) * kTileP +
@@ -758,15 +742,6 @@ void run_paged_attention(CudaOps::Impl& s, const Tensor& q, const Tensor& k_cach
   // chunk of 32 (decode) or one per warp (warp kernel) and the buffer of partial results.
   const bool decode =
       !strided_values && n <= kDecodeMaxTokens && decode_kernel_fits(group, int(hd), int(dv));
-  if (!decode && paged_attention_mma(s, q, k_cache, v_cache, layout, scale, out, gate)) return;
-  const int64_t base_blocks = int64_t(n) * kv_heads;
-  const int64_t per_sm = decode ? 4 : 16, min_split = decode ? 32 : kMinSplitPositions;
-  const int64_t want = std::max<int64_t>(1, (per_sm * s.sm_count + base_blocks - 1) / base_blocks);
-  const int64_t fits = int64_t(s.attn_partial.bytes() /
-                               (size_t(n) * size_t(heads) * (size_t(dv) + 2) * sizeof(float)));
-  const int n_splits = int(
-      std::max<int64_t>(1, std::min({want, (int64_t(max_ctx) + min_split - 1) / min_split, fits})));
-
   const DevLayout dl = s.layout(layout, true);
   AttnArgs a{};
   a.q = q.ptr<float>(), a.q_s0 = q.stride[0], a.q_s1 = q.stride[1];
@@ -779,12 +754,22 @@ void run_paged_attention(CudaOps::Impl& s, const Tensor& q, const Tensor& k_cach
   a.seq_start = dl.seq_start, a.positions = dl.positions;
   a.block_start = dl.block_start, a.block_ids = dl.block_ids;
   a.n_seqs = layout.n_seqs, a.heads = int(heads), a.group = group, a.hd = int(hd);
-  a.dv = int(dv), a.bs = layout.block_size, a.n_splits = n_splits, a.scale = scale;
+  a.dv = int(dv), a.bs = layout.block_size, a.scale = scale;
   if (gate) {
     RECUR_CHECK(gate->ndim == 2 && gate->shape[0] == n && gate->shape[1] == heads * dv &&
                 gate->stride[1] == 1 && gate->dtype == DType::F32);
     a.gate = gate->ptr<float>(), a.g_s0 = gate->stride[0];
   }
+  if (!decode && paged_attention_mma(s, a, k_cache, v_cache, layout, int(kv_heads))) return;
+  const int64_t base_blocks = int64_t(n) * kv_heads;
+  const int64_t per_sm = decode ? 4 : 16, min_split = decode ? 32 : kMinSplitPositions;
+  const int64_t want = std::max<int64_t>(1, (per_sm * s.sm_count + base_blocks - 1) / base_blocks);
+  const int64_t fits = int64_t(s.attn_partial.bytes() /
+                               (size_t(n) * size_t(heads) * (size_t(dv) + 2) * sizeof(float)));
+  const int n_splits = int(
+      std::max<int64_t>(1, std::min({want, (int64_t(max_ctx) + min_split - 1) / min_split, fits})));
+  a.n_splits = n_splits;
+
   if (n_splits > 1) {
     const size_t slots = size_t(n) * size_t(heads) * size_t(n_splits);
     float* p = static_cast<float*>(s.attn_partial.data());

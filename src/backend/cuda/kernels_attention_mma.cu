@@ -21,22 +21,6 @@ namespace cuda {
 
 namespace {
 
-struct MmaAttnArgs {
-  const float* q;  // [n, heads, hd]
-  int64_t q_s0, q_s1;
-  const float* kc;  // [blocks, kv_heads, hd, bs]
-  int64_t kc_s0, kc_s1, kc_s2;
-  const float* vc;  // [blocks, kv_heads, bs, dv]
-  int64_t vc_s0, vc_s1, vc_s2;
-  float* out;  // [n, heads, dv]
-  int64_t o_s0, o_s1;
-  const float* gate;  // [n, heads·dv] rows g_s0 apart, or null: out = attention · σ(gate)
-  int64_t g_s0;
-  const int32_t *seq_start, *positions, *block_start, *block_ids;  // device copies of the layout
-  int n_seqs, group, hd, dv, bs;
-  float scale;
-};
-
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kRows = 16 * kWarps;  // query rows per block
@@ -138,8 +122,8 @@ struct TileCopy {
 };
 
 // Starts the copies of keys and values k0 .. k0 + kKeys − 1 (zeros past max_pos).
-__device__ __forceinline__ void start_tile(const MmaAttnArgs& a, const int32_t* table, int kvh,
-                                           int k0, int max_pos, TileCopy t) {
+__device__ __forceinline__ void start_tile(const AttnArgs& a, const int32_t* table, int kvh, int k0,
+                                           int max_pos, TileCopy t) {
   const int hd = a.hd, dv = a.dv, vs = value_stride(dv);
   // Keys: chunks of 4 positions (one cache block: bs is a multiple of 4) of one channel.
 #pragma unroll 2
@@ -168,7 +152,7 @@ __device__ __forceinline__ void start_tile(const MmaAttnArgs& a, const int32_t* 
 // grid (query tiles, kv_heads), kThreads. DV_MAX ≥ dv bounds the accumulator's registers:
 // acc[j] holds value channels [8j, 8j + 8) of the thread's rows g and g + 8 (g = lane / 4).
 template <int DV_MAX>
-__global__ void __launch_bounds__(kThreads) attention_mma_kernel(MmaAttnArgs a) {
+__global__ void __launch_bounds__(kThreads) attention_mma_kernel(AttnArgs a) {
   grid_dependency_sync();
   extern __shared__ __align__(16) float smem[];
   const int hd = a.hd, dv = a.dv, group = a.group, hdq = hd + kQPad, vs = value_stride(dv);
@@ -357,7 +341,7 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(MmaAttnArgs a) 
 }
 
 template <int DV_MAX>
-void launch_dv(const MmaAttnArgs& a, dim3 grid, size_t smem, cudaStream_t stream) {
+void launch_dv(const AttnArgs& a, dim3 grid, size_t smem, cudaStream_t stream) {
   static size_t opted_in = 48 << 10;
   if (smem > opted_in) {
     RECUR_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<DV_MAX>,
@@ -372,7 +356,7 @@ bool attention_mma_fits(int group, int hd, int dv, int block_size, size_t max_sm
          block_size % 4 == 0 && group >= 1 && group <= kRows && mma_smem_bytes(hd, dv) <= max_smem;
 }
 
-void launch_attention_mma(const MmaAttnArgs& a, const SeqLayout& layout, int kv_heads,
+void launch_attention_mma(const AttnArgs& a, const SeqLayout& layout, int kv_heads,
                           cudaStream_t stream, double* cache_bytes) {
   const int tokens_per_tile = kRows / a.group;
   int64_t n_tiles = 0;
@@ -409,40 +393,18 @@ double attention_flops(const SeqLayout& layout, int64_t heads, int64_t hd, int64
   return 2.0 * ctx * double(heads) * double(hd + dv);
 }
 
-bool paged_attention_mma(CudaOps::Impl& s, const Tensor& q, const Tensor& k_cache,
-                         const Tensor& v_cache, const SeqLayout& layout, float scale, Tensor out,
-                         const Tensor* gate) {
-  const int64_t n = q.shape[0], heads = q.shape[1], hd = q.shape[2];
-  const int64_t kv_heads = k_cache.shape[1], dv = v_cache.shape[3];
-  const int group = int(heads / kv_heads);
+bool paged_attention_mma(CudaOps::Impl& s, const AttnArgs& a, const Tensor& k_cache,
+                         const Tensor& v_cache, const SeqLayout& layout, int kv_heads) {
   auto copies16 = [](const Tensor& t) {  // the kernel copies 16 contiguous bytes at a time
     return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && t.stride[0] % 4 == 0 &&
            t.stride[1] % 4 == 0 && t.stride[2] % 4 == 0 && t.stride[3] == 1;
   };
   if (!copies16(k_cache) || !copies16(v_cache) ||
-      !attention_mma_fits(group, int(hd), int(dv), layout.block_size, s.max_smem_optin)) {
+      !attention_mma_fits(a.group, a.hd, a.dv, a.bs, s.max_smem_optin)) {
     return false;
   }
-  const DevLayout dl = s.layout(layout, true);
-  MmaAttnArgs m{};
-  m.q = q.ptr<float>(), m.q_s0 = q.stride[0], m.q_s1 = q.stride[1];
-  m.kc = k_cache.ptr<float>();
-  m.kc_s0 = k_cache.stride[0], m.kc_s1 = k_cache.stride[1], m.kc_s2 = k_cache.stride[2];
-  m.vc = v_cache.ptr<float>();
-  m.vc_s0 = v_cache.stride[0], m.vc_s1 = v_cache.stride[1], m.vc_s2 = v_cache.stride[2];
-  m.out = out.ptr<float>(), m.o_s0 = out.stride[0], m.o_s1 = out.stride[1];
-  if (gate) {
-    RECUR_CHECK(gate->ndim == 2 && gate->shape[0] == n && gate->shape[1] == heads * dv &&
-                gate->stride[1] == 1 && gate->dtype == DType::F32);
-    m.gate = gate->ptr<float>(), m.g_s0 = gate->stride[0];
-  }
-  m.seq_start = dl.seq_start, m.positions = dl.positions;
-  m.block_start = dl.block_start, m.block_ids = dl.block_ids;
-  m.n_seqs = layout.n_seqs, m.group = group, m.hd = int(hd), m.dv = int(dv);
-  m.bs = layout.block_size, m.scale = scale;
-  if (s.options.profile) s.work(attention_flops(layout, heads, hd, dv), 0);
-  launch_attention_mma(m, layout, int(kv_heads), s.stream,
-                       s.options.profile ? &s.next_bytes : nullptr);
+  if (s.options.profile) s.work(attention_flops(layout, a.heads, a.hd, a.dv), 0);
+  launch_attention_mma(a, layout, kv_heads, s.stream, s.options.profile ? &s.next_bytes : nullptr);
   s.launched("paged_attention (tensor cores)");
   return true;
 }
