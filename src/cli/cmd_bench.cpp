@@ -32,6 +32,7 @@ struct BenchOptions {
   bool random_weights = false;
   Quantize quantize = Quantize::kNone;
   int layers = 0, prompt_len = 2048, gen_len = 64, threads = 0, block_size = 16;
+  int prefill_chunk = 0;  // tokens per prefill forward (0: each prompt in one forward)
 };
 
 double seconds_since(Clock::time_point t0) {
@@ -107,8 +108,12 @@ int run_bench(const BenchOptions& o) {
   if (!ops_r.ok()) return fail(ops_r.error().to_string());
   Ops& ops = **ops_r;
 
+  if (o.prefill_chunk < 0) return fail("--prefill-chunk must be >= 0");
+  // A forward's scratch grows with its tokens: a model that fills most of the device prefills
+  // long prompts in chunks, as the engine does.
+  const int chunk = o.prefill_chunk > 0 ? o.prefill_chunk : std::max(o.prompt_len, max_prefill);
   LoadOptions opt;
-  opt.max_batch_tokens = std::max({o.prompt_len, max_prefill, max_batch});
+  opt.max_batch_tokens = std::max(chunk, max_batch);
   opt.max_logit_rows = max_batch;
   opt.state.n_slots = max_batch;
   opt.state.block_size = o.block_size;
@@ -177,7 +182,21 @@ int run_bench(const BenchOptions& o) {
     }
   };
 
-  // Prefill: one sequence of each length in one forward; a warm-up, then the median of three.
+  // Sequence slot's prompt in forwards of at most `chunk` tokens (positions continue).
+  auto prefill_chunked = [&](int slot, const std::vector<int32_t>& p,
+                             const std::vector<int32_t>& table, Batch::Logits last) {
+    const int len = int(p.size());
+    for (int pos = 0; pos < len; pos += chunk) {
+      const int n = std::min(chunk, len - pos);
+      batch.clear();
+      batch.add_sequence(slot, pos, std::span<const int32_t>(p.data() + pos, size_t(n)), table,
+                         pos + n == len ? last : Batch::Logits::kNone);
+      check(m.forward(batch, logits));
+    }
+  };
+
+  // Prefill: one sequence of each length (in forwards of `chunk` tokens); a warm-up, then the
+  // median of three.
   std::vector<int32_t> prefill_table(static_cast<size_t>(prefill_blocks));
   for (int i = 0; i < prefill_blocks; ++i)
     prefill_table[size_t(i)] = max_batch * blocks_per_seq + i;
@@ -187,11 +206,9 @@ int run_bench(const BenchOptions& o) {
     std::vector<double> times;
     for (int rep = 0; rep < 4; ++rep) {
       m.reset_slot(0);
-      batch.clear();
-      batch.add_sequence(0, 0, p, prefill_table, Batch::Logits::kLast);
       ops.synchronize();
       const auto t0 = Clock::now();
-      check(m.forward(batch, logits));
+      prefill_chunked(0, p, prefill_table, Batch::Logits::kLast);
       ops.synchronize();
       if (rep > 0) times.push_back(seconds_since(t0));
     }
@@ -215,9 +232,7 @@ int run_bench(const BenchOptions& o) {
       tables.push_back(blocks_of(s));
     }
     for (int s = 0; s < b; ++s) {
-      batch.clear();
-      batch.add_sequence(s, 0, prompt_of(s, o.prompt_len), tables[size_t(s)], Batch::Logits::kNone);
-      check(m.forward(batch, logits));
+      prefill_chunked(s, prompt_of(s, o.prompt_len), tables[size_t(s)], Batch::Logits::kNone);
     }
     ops.synchronize();
     std::vector<int32_t> tok(1);
@@ -326,6 +341,7 @@ int run_bench(const BenchOptions& o) {
       {"read_bandwidth_threads", read_threads},
       {"architecture", info.architecture},
       {"prompt_len", o.prompt_len},
+      {"prefill_chunk", chunk},
       {"gen_len", o.gen_len},
       {"prefill_tok_s", prefill[0]["tok_s"]},
       {"prefill_tflop_s", prefill[0]["tflop_s"]},
@@ -356,6 +372,8 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--prefill-lens", o->prefill_lens,
                   "prefill lengths to time, comma-separated (default: --prompt-len)");
   cmd->add_option("--gen-len", o->gen_len, "decode steps per batch size");
+  cmd->add_option("--prefill-chunk", o->prefill_chunk,
+                  "tokens per prefill forward (default 0: each prompt in one forward)");
   cmd->add_option("--dtype", o->dtype, "random weights' dtype: bf16, f16, f32");
   cmd->add_option("--threads", o->threads, "CPU threads (default: all)");
   add_quantize_option(cmd, &o->quantize);

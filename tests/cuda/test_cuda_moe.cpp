@@ -104,8 +104,9 @@ TEST_F(CudaMoe, RoutingMatchesReferenceForEveryOption) {
   }
 }
 
-// Group-limited routing (MoeRouting::grouped): the same picks and weights as the reference,
-// with and without a selection bias, ties included.
+// Group-limited routing (MoeRouting::grouped): the same picks and weights as the scalar
+// reference of the op (ref::moe_route, which limits the choice to the best groups; host_ref
+// knows no groups), with and without a selection bias, ties included.
 TEST_F(CudaMoe, GroupedRoutingMatchesReference) {
   struct Case {
     int64_t n, E;
@@ -123,7 +124,7 @@ TEST_F(CudaMoe, GroupedRoutingMatchesReference) {
       HostTensor ids(DType::I32, {c.n, c.k}), w(DType::F32, {c.n, c.k}), ids_ref = ids, w_ref = w;
       DeviceTensor dl = dev(logits), dids = poisoned(ids), dw = poisoned(w);
       ops().moe_route(dl.t, r->device, dids.t, dw.t);
-      host_ref::moe_route(logits.t, r->host, ids_ref.t, w_ref.t);
+      ref::moe_route(logits.t, r->host, ids_ref.t, w_ref.t);
       HostTensor gi = host(dids, ids), gw = host(dw, w);
       for (int64_t i = 0; i < c.n * c.k; ++i) {
         ASSERT_EQ(gi.t.ptr<int32_t>()[i], ids_ref.t.ptr<int32_t>()[i])
