@@ -10,6 +10,7 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/mma_tf32.cuh"
 #include "backend/cuda/rms_norm_row.cuh"
 
 namespace recur {
@@ -395,39 +396,46 @@ __global__ void __launch_bounds__(kChunkThreads)
   }
 }
 
-// Shared-memory carve-up of the state kernel for key dim dk and a tile of dvt value columns.
+// Shared-memory carve-up of the state kernel for key dim dk (padded to a multiple of 16 with
+// zeros: key_pad) and a tile of dvt value columns (a multiple of 8). Row strides put each
+// tensor-core fragment's 32 loads in 32 banks: tiles read as a row-major a operand have rows ≡ 4
+// (mod 32) floats apart, tiles read as b or as a transposed a operand ≡ 8 (see mma_tf32.cuh for the
+// fragments).
 struct ChunkSmem {
-  float* S;        // [dk][dvt] state tile
-  float *Q, *K;    // [64][dk+1]: per key channel already decayed (the record's Qd, Kd)
-  float* Wk;       // [64][dk+1]
-  float *V, *Vn;   // [64][dvt+1] values, new values
-  float* O;        // [64][dvt+1] inter-chunk outputs
-  float *QK, *Tb;  // [64][65]
-  float *eg, *dl;  // [64]
-  float* gl;       // [dk] per key channel: the chunk's decay of each state row
-  __host__ __device__ static size_t bytes(int dk, int dvt, bool per_channel) {
-    return sizeof(float) * (size_t(dk) * dvt + 3 * kChunk * (dk + 1) + 3 * kChunk * (dvt + 1) +
-                            2 * kChunk * kChunkPad + 2 * kChunk + (per_channel ? dk : 0));
+  float* S;        // [dk][dvt + 8] state tile
+  float *Q, *Wk;   // [64][dk + 4]: queries (per key channel decayed: the record's Qd), Wk
+  float* K;        // [64][dk + 8]: keys decayed to the chunk's end, k_j·e^(G_last − G_j)
+  float *V, *Vn;   // [64][dvt + 8] values, new values
+  float *QK, *Tb;  // [64][68], zero above the diagonal
+  float* eg;       // [64]
+  float* gl;       // [dk]: the chunk's decay of each state row
+  __host__ __device__ static int lds(int dvt) { return dvt + 8; }
+  __host__ __device__ static int key_pad(int dk) { return (dk + 15) / 16 * 16; }
+  __host__ __device__ static size_t bytes(int dk_in, int dvt, bool per_channel) {
+    const int dk = key_pad(dk_in);
+    return sizeof(float) *
+           (size_t(dk) * lds(dvt) + 2 * kChunk * size_t(dk + 4) + kChunk * size_t(dk + 8) +
+            2 * kChunk * size_t(lds(dvt)) + 2 * kChunk * 68 + kChunk + dk);
   }
-  __device__ ChunkSmem(void* p, int dk, int dvt) {
+  __device__ ChunkSmem(void* p, int dk, int dvt) {  // dk: key_pad's
     float* f = static_cast<float*>(p);
-    S = f, f += dk * dvt;
-    Q = f, f += kChunk * (dk + 1);
-    K = f, f += kChunk * (dk + 1);
-    Wk = f, f += kChunk * (dk + 1);
-    V = f, f += kChunk * (dvt + 1);
-    Vn = f, f += kChunk * (dvt + 1);
-    O = f, f += kChunk * (dvt + 1);
-    QK = f, f += kChunk * kChunkPad;
-    Tb = f, f += kChunk * kChunkPad;
+    S = f, f += dk * lds(dvt);
+    Q = f, f += kChunk * (dk + 4);
+    Wk = f, f += kChunk * (dk + 4);
+    K = f, f += kChunk * (dk + 8);
+    V = f, f += kChunk * lds(dvt);
+    Vn = f, f += kChunk * lds(dvt);
+    QK = f, f += kChunk * 68;
+    Tb = f, f += kChunk * 68;
     eg = f, f += kChunk;
-    dl = f, f += kChunk;
     gl = f;
   }
 };
 
-// The state's walk over chunks [rec.c0, rec.c0 + rec.n_chunks) of each sequence. grid
-// (⌈dv/dvt⌉, Hv, n_seq_group), kChunkThreads threads; three barriers per chunk.
+// The state's walk over chunks [rec.c0, rec.c0 + rec.n_chunks) of each sequence, its products
+// on tensor cores to f32's accuracy (mma_tf32.cuh). grid (⌈dv/dvt⌉, Hv, n_seq_group),
+// kChunkThreads threads (16 warps); three barriers per chunk. Rows past the chunk's length are
+// staged as zeros, so every product runs over whole 64-row tiles.
 template <bool kPerChannel>
 __global__ void __launch_bounds__(kChunkThreads)
     delta_chunk_state_kernel(DeltaArgs a, ChunkRecords rec, int dvt) {
@@ -438,13 +446,18 @@ __global__ void __launch_bounds__(kChunkThreads)
   const int ncols = min(dvt, a.dv - j0);
   const int64_t base = a.seq_start[s], len = a.seq_start[s + 1] - base;
   if (skip_seq(a.mode, len) || int64_t(rec.c0) * kChunk >= len) return;
-  const int kh = h / a.group, dk = a.dk;
-  const int ldq = dk + 1, ldv = dvt + 1, lda = kChunkPad;
-  ChunkSmem m(smem_raw, dk, dvt);
+  const int kh = h / a.group, dk = a.dk, dkp = ChunkSmem::key_pad(dk);
+  const int ldq = dkp + 4, ldk = dkp + 8, ldv = ChunkSmem::lds(dvt), lda = kChunkPad;
+  ChunkSmem m(smem_raw, dkp, dvt);
+  const int warp = tid / 32, g = (tid % 32) / 4, t = tid % 4;
+  // Output tiles of 16 rows × 8 columns: [64 × dvt] has 4·(dvt/8), one per warp (warps past
+  // them idle in those phases); the state [dk × dvt] has (dk/16)·(dvt/8), strided over warps.
+  const int col_tiles = dvt / 8, out_tiles = 4 * col_tiles, state_tiles = dkp / 16 * col_tiles;
+  const int orow = warp / col_tiles * 16, ocol = warp % col_tiles * 8;
   float* Sg = a.state + (int64_t(a.slot[s]) * a.hv + h) * dk * a.dv;
-  for (int e = tid; e < dk * dvt; e += kChunkThreads) {
+  for (int e = tid; e < dkp * dvt; e += kChunkThreads) {
     const int i = e / dvt, jj = e % dvt;
-    m.S[e] = jj < ncols ? Sg[int64_t(i) * a.dv + j0 + jj] : 0.0f;
+    m.S[i * ldv + jj] = i < dk && jj < ncols ? Sg[int64_t(i) * a.dv + j0 + jj] : 0.0f;
   }
   const int c_end = int(min64(rec.c0 + rec.n_chunks, (len + kChunk - 1) / kChunk));
   for (int c = rec.c0; c < c_end; ++c) {
@@ -457,76 +470,91 @@ __global__ void __launch_bounds__(kChunkThreads)
     const float* rQd = rTb + kChunk * lda + 2 * kChunk;
     const float* rKd = rQd + kChunk * dk;
     const float* rgl = rKd + kChunk * dk;
-    for (int e = tid; e < L * dk; e += kChunkThreads) {
-      const int i = e / dk, mm = e % dk;
-      if constexpr (kPerChannel) {
-        m.Q[i * ldq + mm] = rQd[i * dk + mm];
-        m.K[i * ldq + mm] = rKd[i * dk + mm];
-      } else {
-        m.Q[i * ldq + mm] = a.q[(t0 + i) * a.q_s0 + kh * a.q_s1 + mm];
-        m.K[i * ldq + mm] = a.k[(t0 + i) * a.k_s0 + kh * a.k_s1 + mm];
+    const float* rdl = rTb + kChunk * lda + kChunk;  // per head: e^(G_last − G_j)
+    for (int e = tid; e < kChunk * dkp; e += kChunkThreads) {
+      const int i = e / dkp, mm = e % dkp;
+      float q = 0.0f, k = 0.0f, w = 0.0f;
+      if (i < L && mm < dk) {
+        if constexpr (kPerChannel) {
+          q = rQd[i * dk + mm], k = rKd[i * dk + mm];
+        } else {
+          q = a.q[(t0 + i) * a.q_s0 + kh * a.q_s1 + mm];
+          k = a.k[(t0 + i) * a.k_s0 + kh * a.k_s1 + mm] * rdl[i];
+        }
+        w = rWk[i * dk + mm];
       }
-      m.Wk[i * ldq + mm] = rWk[i * dk + mm];
+      m.Q[i * ldq + mm] = q, m.K[i * ldk + mm] = k, m.Wk[i * ldq + mm] = w;
     }
-    for (int e = tid; e < L * dvt; e += kChunkThreads) {
+    for (int e = tid; e < kChunk * dvt; e += kChunkThreads) {
       const int i = e / dvt, jj = e % dvt;
-      m.V[i * ldv + jj] = jj < ncols ? a.v[(t0 + i) * a.v_s0 + h * a.v_s1 + j0 + jj] : 0.0f;
+      m.V[i * ldv + jj] =
+          i < L && jj < ncols ? a.v[(t0 + i) * a.v_s0 + h * a.v_s1 + j0 + jj] : 0.0f;
     }
-    for (int e = tid; e < L * lda; e += kChunkThreads) {
-      m.QK[e] = rQK[e];
-      m.Tb[e] = rTb[e];
+    for (int e = tid; e < kChunk * kChunk; e += kChunkThreads) {
+      const int i = e / kChunk, jx = e % kChunk;
+      const bool in = i < L && jx <= i;
+      m.QK[i * 68 + jx] = in ? rQK[i * lda + jx] : 0.0f;
+      m.Tb[i * 68 + jx] = in ? rTb[i * lda + jx] : 0.0f;
     }
     if constexpr (kPerChannel) {
-      for (int mm = tid; mm < dk; mm += kChunkThreads) m.gl[mm] = rgl[mm];
-    } else if (tid < L) {
-      m.eg[tid] = rTb[kChunk * lda + tid];
-      m.dl[tid] = rTb[kChunk * lda + kChunk + tid];
+      for (int mm = tid; mm < dkp; mm += kChunkThreads) m.gl[mm] = mm < dk ? rgl[mm] : 0.0f;
+    } else if (tid < kChunk) {
+      m.eg[tid] = tid < L ? rTb[kChunk * lda + tid] : 0.0f;
     }
     __syncthreads();
-    // The inter-chunk outputs e^G q S0, and Vnew = T(βV) − Wk S0.
-    for (int e = tid; e < L * dvt; e += kChunkThreads) {
-      const int i = e / dvt, jj = e % dvt;
-      float o = 0.0f;
-      if constexpr (kPerChannel) {
-        for (int mm = 0; mm < dk; ++mm) o += m.Q[i * ldq + mm] * m.S[mm * dvt + jj];
-      } else {
-        for (int mm = 0; mm < dk; ++mm) o += (m.Q[i * ldq + mm] * m.eg[i]) * m.S[mm * dvt + jj];
+    // The inter-chunk outputs e^G q S0 (kept in registers), and Vnew = T(βV) − Wk S0.
+    float o[4] = {0, 0, 0, 0};
+    if (warp < out_tiles) {
+      float tv[4] = {0, 0, 0, 0}, ws[4] = {0, 0, 0, 0};
+      for (int k0 = 0; k0 < dkp; k0 += 8) {
+        const SplitB sb = load_split_b(m.S, ldv, k0, ocol, g, t);
+        mma_split(o, load_split_a(m.Q, ldq, orow, k0, g, t), sb);
+        mma_split(ws, load_split_a(m.Wk, ldq, orow, k0, g, t), sb);
       }
-      m.O[i * ldv + jj] = o;
-      float vn = 0.0f;
-      for (int jx = 0; jx <= i; ++jx) vn += m.Tb[i * lda + jx] * m.V[jx * ldv + jj];
-      for (int mm = 0; mm < dk; ++mm) vn -= m.Wk[i * ldq + mm] * m.S[mm * dvt + jj];
-      m.Vn[i * ldv + jj] = vn;
+      for (int k0 = 0; k0 < kChunk; k0 += 8) {
+        mma_split(tv, load_split_a(m.Tb, 68, orow, k0, g, t),
+                  load_split_b(m.V, ldv, k0, ocol, g, t));
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int i = orow + g + (u / 2) * 8, jj = ocol + 2 * t + u % 2;
+        if constexpr (!kPerChannel) o[u] *= m.eg[i];
+        m.Vn[i * ldv + jj] = tv[u] - ws[u];
+      }
     }
     __syncthreads();
     // Outputs, and the state carried to the next chunk.
-    for (int e = tid; e < L * dvt; e += kChunkThreads) {
-      const int i = e / dvt, jj = e % dvt;
-      float o = m.O[i * ldv + jj];
-      for (int jx = 0; jx <= i; ++jx) o += m.QK[i * lda + jx] * m.Vn[jx * ldv + jj];
-      if (jj < ncols) a.out[(t0 + i) * a.o_s0 + h * a.o_s1 + j0 + jj] = o;
-    }
-    if constexpr (kPerChannel) {
-      for (int e = tid; e < dk * dvt; e += kChunkThreads) {
-        const int mm = e / dvt, jj = e % dvt;
-        float sv = m.S[e] * m.gl[mm];
-        for (int jx = 0; jx < L; ++jx) sv += m.K[jx * ldq + mm] * m.Vn[jx * ldv + jj];
-        m.S[e] = sv;
+    if (warp < out_tiles) {
+      for (int k0 = 0; k0 < kChunk; k0 += 8) {
+        mma_split(o, load_split_a(m.QK, 68, orow, k0, g, t),
+                  load_split_b(m.Vn, ldv, k0, ocol, g, t));
       }
-    } else {
-      const float decay_all = m.eg[L - 1];
-      for (int e = tid; e < dk * dvt; e += kChunkThreads) {
-        const int mm = e / dvt, jj = e % dvt;
-        float sv = m.S[e] * decay_all;
-        for (int jx = 0; jx < L; ++jx) sv += (m.K[jx * ldq + mm] * m.dl[jx]) * m.Vn[jx * ldv + jj];
-        m.S[e] = sv;
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int i = orow + g + (u / 2) * 8, jj = ocol + 2 * t + u % 2;
+        if (i < L && jj < ncols) a.out[(t0 + i) * a.o_s0 + h * a.o_s1 + j0 + jj] = o[u];
+      }
+    }
+    const float decay_all = kPerChannel ? 0.0f : m.eg[L - 1];
+    for (int tile = warp; tile < state_tiles; tile += kChunkThreads / 32) {
+      const int srow = tile / col_tiles * 16, scol = tile % col_tiles * 8;
+      float su[4] = {0, 0, 0, 0};
+      for (int k0 = 0; k0 < kChunk; k0 += 8) {
+        mma_split(su, load_split_a_t(m.K, ldk, srow, k0, g, t),
+                  load_split_b(m.Vn, ldv, k0, scol, g, t));
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int mm = srow + g + (u / 2) * 8, jj = scol + 2 * t + u % 2;
+        float& sv = m.S[mm * ldv + jj];
+        sv = sv * (kPerChannel ? m.gl[mm] : decay_all) + su[u];
       }
     }
     __syncthreads();
   }
   for (int e = tid; e < dk * dvt; e += kChunkThreads) {
     const int i = e / dvt, jj = e % dvt;
-    if (jj < ncols) Sg[int64_t(i) * a.dv + j0 + jj] = m.S[e];
+    if (jj < ncols) Sg[int64_t(i) * a.dv + j0 + jj] = m.S[i * ldv + jj];  // rows i < dk
   }
 }
 
@@ -553,7 +581,7 @@ void launch_recurrent(const DeltaArgs& a, int n_seqs, cudaStream_t stream) {
 // fits in max_smem bytes of shared memory.
 int chunk_columns(int dk, bool per_channel, size_t max_smem) {
   int dvt = 32;
-  while (dvt > 4 && ChunkSmem::bytes(dk, dvt, per_channel) > max_smem) dvt /= 2;
+  while (dvt > 8 && ChunkSmem::bytes(dk, dvt, per_channel) > max_smem) dvt /= 2;
   if (ChunkSmem::bytes(dk, dvt, per_channel) > max_smem) return 0;
   return chunk_keys_smem(dk, per_channel) <= max_smem ? dvt : 0;
 }
@@ -567,8 +595,8 @@ void launch_chunked(const DeltaArgs& a, const SeqLayout& layout, void* scratch,
   if (dvt == 0) fatal("gated_delta_rule: key head dim too large for the chunked kernel");
   const size_t state_smem = ChunkSmem::bytes(a.dk, dvt, kPerChannel);
   const size_t keys_smem = chunk_keys_smem(a.dk, kPerChannel);
-  dvt = std::min(dvt, a.dv);
-  static size_t opted_in = 0;  // one per instantiation
+  dvt = std::min(dvt, (a.dv + 7) / 8 * 8);  // tiles of 8 columns
+  static size_t opted_in = 0;               // one per instantiation
   if (opted_in < max_smem) {
     RECUR_CUDA_CHECK(cudaFuncSetAttribute(delta_chunk_state_kernel<kPerChannel>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
