@@ -231,12 +231,16 @@ struct ChunkRecords {
 };
 
 // grid (n_chunks, Hv, n_seq_group), kChunkThreads. Shared: T [64][64] double, Q, K
-// [64][dk+1], A [64][65], G, beta, eg [64]; per key channel also the cumulative decays
-// [64][dk+1].
+// [64][ld] (per key channel ld = dk + 1; per head dk padded to 16 with zeros, + 4, for the
+// tensor-core fragments), A [64][65] (per head after the solve: T·β·e^G as [64][68]), G, beta,
+// eg [64]; per key channel also the cumulative decays [64][dk+1].
+__host__ __device__ inline int chunk_keys_ld(int dk, bool per_channel) {
+  return per_channel ? dk + 1 : (dk + 15) / 16 * 16 + 4;
+}
 __host__ __device__ inline size_t chunk_keys_smem(int dk, bool per_channel) {
+  const size_t ld = size_t(chunk_keys_ld(dk, per_channel));
   return sizeof(double) * kChunk * kChunk +
-         sizeof(float) *
-             ((per_channel ? 3 : 2) * size_t(kChunk) * (dk + 1) + kChunk * kChunkPad + 3 * kChunk);
+         sizeof(float) * ((per_channel ? 3 : 2) * size_t(kChunk) * ld + kChunk * 68 + 3 * kChunk);
 }
 
 template <bool kPerChannel>
@@ -247,12 +251,14 @@ __global__ void __launch_bounds__(kChunkThreads)
   const int c = rec.c0 + blockIdx.x, h = blockIdx.y, s = rec.s0 + blockIdx.z, tid = threadIdx.x;
   const int64_t base = a.seq_start[s], len = a.seq_start[s + 1] - base;
   if (skip_seq(a.mode, len) || int64_t(c) * kChunk >= len) return;
-  const int kh = h / a.group, dk = a.dk, ldq = dk + 1, lda = kChunkPad;
+  const int kh = h / a.group, dk = a.dk, ldq = chunk_keys_ld(dk, kPerChannel), lda = kChunkPad;
+  const int dkp = (dk + 15) / 16 * 16;  // per head: the fragments' key channels
+  const int warp = tid / 32, g = (tid % 32) / 4, t = tid % 4;
   double* T = reinterpret_cast<double*>(smem_raw);
   float* Q = reinterpret_cast<float*>(T + kChunk * kChunk);
   float* K = Q + kChunk * ldq;
   float* A = K + kChunk * ldq;
-  float* G = A + kChunk * lda;
+  float* G = A + kChunk * 68;
   float* beta = G + kChunk;
   float* eg = beta + kChunk;
   float* GC = eg + kChunk;  // [64][dk+1] per key channel
@@ -267,10 +273,19 @@ __global__ void __launch_bounds__(kChunkThreads)
   float* r_gl = r_kd + kChunk * dk;  // [dk]
   const int L = int(min64(kChunk, len - int64_t(c) * kChunk));
   const int64_t t0 = base + int64_t(c) * kChunk;
-  for (int e = tid; e < L * dk; e += kChunkThreads) {
-    const int i = e / dk, mm = e % dk;
-    Q[i * ldq + mm] = a.q[(t0 + i) * a.q_s0 + kh * a.q_s1 + mm];
-    K[i * ldq + mm] = a.k[(t0 + i) * a.k_s0 + kh * a.k_s1 + mm];
+  if constexpr (kPerChannel) {
+    for (int e = tid; e < L * dk; e += kChunkThreads) {
+      const int i = e / dk, mm = e % dk;
+      Q[i * ldq + mm] = a.q[(t0 + i) * a.q_s0 + kh * a.q_s1 + mm];
+      K[i * ldq + mm] = a.k[(t0 + i) * a.k_s0 + kh * a.k_s1 + mm];
+    }
+  } else {  // whole 64-row tiles, zeros past the chunk and past dk
+    for (int e = tid; e < kChunk * dkp; e += kChunkThreads) {
+      const int i = e / dkp, mm = e % dkp;
+      const bool in = i < L && mm < dk;
+      Q[i * ldq + mm] = in ? a.q[(t0 + i) * a.q_s0 + kh * a.q_s1 + mm] : 0.0f;
+      K[i * ldq + mm] = in ? a.k[(t0 + i) * a.k_s0 + kh * a.k_s1 + mm] : 0.0f;
+    }
   }
   if constexpr (kPerChannel) {
     // Sequential per channel, as on the CPU, so the cumulative decays round the same way.
@@ -297,32 +312,43 @@ __global__ void __launch_bounds__(kChunkThreads)
     }
   }
   __syncthreads();
-  // A (strictly lower) and the decayed q·k products.
-  for (int p = tid; p < L * (L + 1) / 2; p += kChunkThreads) {
+  // A (strictly lower) and the decayed q·k products: per head on tensor cores (16 × 8 tiles
+  // of k_i·k_j and q_i·k_j, two per warp), per key channel with the decays inside the sums.
+  if constexpr (!kPerChannel) {
+    for (int tile = warp; tile < 32; tile += kChunkThreads / 32) {
+      const int r0 = tile / 8 * 16, c0 = tile % 8 * 8;
+      if (c0 > r0 + 15 || r0 >= L) continue;  // above the diagonal, or past the chunk
+      float kk[4] = {0, 0, 0, 0}, qk[4] = {0, 0, 0, 0};
+      for (int k0 = 0; k0 < dkp; k0 += 8) {
+        // b[k = channel][n = key j] = K[j][channel]: K's rows read as b's columns.
+        const SplitB b = load_split_b_t(K, ldq, k0, c0, g, t);
+        mma_split(kk, load_split_a(K, ldq, r0, k0, g, t), b);
+        mma_split(qk, load_split_a(Q, ldq, r0, k0, g, t), b);
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int i = r0 + g + (u / 2) * 8, jx = c0 + 2 * t + u % 2;
+        if (i >= L || jx > i) continue;
+        const float decay = expf(G[i] - G[jx]);
+        if (jx < i) A[i * lda + jx] = beta[i] * decay * kk[u];
+        QK[i * lda + jx] = decay * qk[u];
+      }
+    }
+  }
+  for (int p = tid; kPerChannel && p < L * (L + 1) / 2; p += kChunkThreads) {
     // p enumerates the lower triangle row by row: p = i(i+1)/2 + jx, jx ≤ i.
     int i = int((sqrtf(8.0f * float(p) + 1.0f) - 1.0f) * 0.5f);
     while (i * (i + 1) / 2 > p) --i;
     while ((i + 1) * (i + 2) / 2 <= p) ++i;
     const int jx = p - i * (i + 1) / 2;
     float dkk = 0.0f, dqk = 0.0f;
-    if constexpr (kPerChannel) {
-      for (int mm = 0; mm < dk; ++mm) {
-        const float kj = K[jx * ldq + mm] * expf(GC[i * ldq + mm] - GC[jx * ldq + mm]);
-        dkk += K[i * ldq + mm] * kj;
-        dqk += Q[i * ldq + mm] * kj;
-      }
-      if (jx < i) A[i * lda + jx] = beta[i] * dkk;
-      QK[i * lda + jx] = dqk;
-    } else {
-      const float decay = expf(G[i] - G[jx]);
-      for (int mm = 0; mm < dk; ++mm) {
-        const float kj = K[jx * ldq + mm];
-        dkk += K[i * ldq + mm] * kj;
-        dqk += Q[i * ldq + mm] * kj;
-      }
-      if (jx < i) A[i * lda + jx] = beta[i] * decay * dkk;
-      QK[i * lda + jx] = decay * dqk;
+    for (int mm = 0; mm < dk; ++mm) {
+      const float kj = K[jx * ldq + mm] * expf(GC[i * ldq + mm] - GC[jx * ldq + mm]);
+      dkk += K[i * ldq + mm] * kj;
+      dqk += Q[i * ldq + mm] * kj;
     }
+    if (jx < i) A[i * lda + jx] = beta[i] * dkk;
+    QK[i * lda + jx] = dqk;
   }
   __syncthreads();
   if constexpr (kPerChannel) {
@@ -376,17 +402,36 @@ __global__ void __launch_bounds__(kChunkThreads)
     }
   }
   __syncthreads();
-  // Wk = T(β e^G K); Tb = T·β for U = T(βV), rounded as the products below use them.
-  for (int e = tid; e < L * dk; e += kChunkThreads) {
+  // Wk = T(β e^G K); Tb = T·β for U = T(βV), rounded as the products below use them. Per
+  // head on tensor cores: T·β·e^G rounded to f32 into A's space (read no more), then 16 × 8
+  // tiles of Wk, four per warp.
+  if constexpr (!kPerChannel) {
+    float* tbe = A;  // [64][68], zero above the diagonal and past the chunk
+    for (int e = tid; e < kChunk * kChunk; e += kChunkThreads) {
+      const int i = e / kChunk, jx = e % kChunk;
+      tbe[i * 68 + jx] = i < L && jx <= i ? float(T[i * kChunk + jx]) * beta[jx] * eg[jx] : 0.0f;
+    }
+    __syncthreads();
+    const int col_tiles = dkp / 8;
+    for (int tile = warp; tile < 4 * col_tiles; tile += kChunkThreads / 32) {
+      const int r0 = tile / col_tiles * 16, c0 = tile % col_tiles * 8;
+      if (r0 >= L) continue;
+      float w[4] = {0, 0, 0, 0};
+      for (int k0 = 0; k0 < min(r0 + 16, kChunk); k0 += 8) {  // T is lower triangular
+        mma_split(w, load_split_a(tbe, 68, r0, k0, g, t), load_split_b(K, ldq, k0, c0, g, t));
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int i = r0 + g + (u / 2) * 8, mm = c0 + 2 * t + u % 2;
+        if (i < L && mm < dk) Wk[i * dk + mm] = w[u];
+      }
+    }
+  }
+  for (int e = tid; kPerChannel && e < L * dk; e += kChunkThreads) {
     const int i = e / dk, mm = e % dk;
     float w = 0.0f;
     for (int jx = 0; jx <= i; ++jx) {
-      if constexpr (kPerChannel) {
-        w += float(T[i * kChunk + jx]) * beta[jx] * K[jx * ldq + mm];  // K holds k∘e^G
-      } else {
-        const float tk = float(T[i * kChunk + jx]) * beta[jx] * eg[jx];
-        w += tk * K[jx * ldq + mm];
-      }
+      w += float(T[i * kChunk + jx]) * beta[jx] * K[jx * ldq + mm];  // K holds k∘e^G
     }
     Wk[i * dk + mm] = w;
   }

@@ -61,6 +61,15 @@ __device__ __forceinline__ SplitB load_split_b(const float* B, int ld, int k0, i
   return f;
 }
 
+// b from a tile stored transposed, B[k][c] = Bt[c][k] (rows of Bt ld floats apart).
+__device__ __forceinline__ SplitB load_split_b_t(const float* Bt, int ld, int k0, int c0, int g,
+                                                 int t) {
+  SplitB f;
+  split_tf32(Bt[(c0 + g) * ld + k0 + t], f.hi[0], f.lo[0]);
+  split_tf32(Bt[(c0 + g) * ld + k0 + t + 4], f.hi[1], f.lo[1]);
+  return f;
+}
+
 // c += a · b to f32's accuracy (three products).
 __device__ __forceinline__ void mma_split(float (&c)[4], const SplitA& a, const SplitB& b) {
   mma_tf32(c, a.lo, b.hi[0], b.hi[1]);
