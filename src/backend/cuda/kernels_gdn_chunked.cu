@@ -1,0 +1,488 @@
+// The gated delta rule's chunked WY/UT form on the GPU, for prompts: chunks of 64 tokens, the
+// same algebra as delta_rule_chunked in backend/cpu/kernels_gdn.cpp, including the (I + A)^-1
+// solve in double; the products on tensor cores to f32's accuracy where the decay is per head
+// (mma_tf32.cuh). The key-side matrices of every chunk are computed in parallel, then the
+// chunks are walked in order with the state, value columns split across blocks.
+#include <algorithm>
+
+#include "backend/cuda/delta_rule.cuh"
+#include "backend/cuda/mma_tf32.cuh"
+
+namespace recur::cuda {
+
+namespace {
+
+constexpr int kChunk = 64;
+constexpr int kChunkThreads = 512;  // 16 warps: the phases are latency-bound at one block per SM
+constexpr int kChunkPad = kChunk + 1;
+
+// The chunked form runs in two kernels. Everything that depends only on a chunk's keys,
+// queries, gates and betas (not on the state) is computed for all chunks and heads at once by
+// delta_chunk_keys_kernel into a record per (sequence, chunk, head); delta_chunk_state_kernel
+// then walks each sequence's chunks in order, carrying the state. Within a chunk (G the
+// cumulative log-decay, S0 the state before it): A[i][j] = β_i e^(G_i−G_j) k_i·k_j (j < i),
+// T = (I + A)^-1, Wk = T(β e^G K), U = T(βV), Vnew = U − Wk S0,
+// out_i = e^(G_i) q_i S0 + Σ_{j≤i} e^(G_i−G_j) (q_i·k_j) Vnew_j,
+// S = e^(G_last) S0 + Σ_j e^(G_last−G_j) k_j ⊗ Vnew_j.
+// Per key channel, G_i is a vector [dk] and every decay acts channel-wise inside the products:
+// A[i][j] = β_i Σ_c k_i[c] k_j[c] e^(G_i[c]−G_j[c]), QK likewise with q_i, Wk = T(β k∘e^G),
+// out_i = (q_i∘e^(G_i)) S0 + ..., S = diag(e^(G_last)) S0 + Σ_j (k_j∘e^(G_last−G_j)) ⊗ Vnew_j:
+// every exponent is a non-positive difference (G falls within a chunk), so strong decays
+// underflow to 0 instead of overflowing.
+// The record, floats: Wk [64][dk], QK [64][65] (the decayed q_i·k_j), Tb [64][65] (T·β, by
+// column), eg [64] (e^G_i), dl [64] (e^(G_last−G_i)); per key channel then Qd [64][dk]
+// (q∘e^G), Kd [64][dk] (k∘e^(G_last−G)), gl [dk] (e^G_last), and eg, dl unused.
+__host__ __device__ inline int64_t chunk_record_floats(int dk, bool per_channel) {
+  const int64_t per_head = int64_t(kChunk) * dk + 2 * kChunk * kChunkPad + 2 * kChunk;
+  return (per_head + (per_channel ? 2 * int64_t(kChunk) * dk + dk : 0) + 3) / 4 * 4;
+}
+
+// Records of chunks [c0, c0 + n_chunks) of sequences [s0, s0 + n_seq_group), each head.
+struct ChunkRecords {
+  float* base;
+  int c0, n_chunks, s0, n_seq_group;
+  bool per_channel;
+  __device__ float* at(int s, int c, int h, int hv, int dk) const {
+    const int64_t idx = (int64_t(s - s0) * n_chunks + (c - c0)) * hv + h;
+    return base + idx * chunk_record_floats(dk, per_channel);
+  }
+};
+
+// grid (n_chunks, Hv, n_seq_group), kChunkThreads. Shared: T [64][64] double, Q, K
+// [64][ld] (per key channel ld = dk + 1; per head dk padded to 16 with zeros, + 4, for the
+// tensor-core fragments), A [64][65] (per head after the solve: T·β·e^G as [64][68]), G, beta,
+// eg [64]; per key channel also the cumulative decays [64][dk+1].
+__host__ __device__ inline int chunk_keys_ld(int dk, bool per_channel) {
+  return per_channel ? dk + 1 : (dk + 15) / 16 * 16 + 4;
+}
+__host__ __device__ inline size_t chunk_keys_smem(int dk, bool per_channel) {
+  const size_t ld = size_t(chunk_keys_ld(dk, per_channel));
+  return sizeof(double) * kChunk * kChunk +
+         sizeof(float) * ((per_channel ? 3 : 2) * size_t(kChunk) * ld + kChunk * 68 + 3 * kChunk);
+}
+
+template <bool kPerChannel>
+__global__ void __launch_bounds__(kChunkThreads)
+    delta_chunk_keys_kernel(DeltaArgs a, ChunkRecords rec) {
+  grid_dependency_sync();
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int c = rec.c0 + blockIdx.x, h = blockIdx.y, s = rec.s0 + blockIdx.z, tid = threadIdx.x;
+  const int64_t base = a.seq_start[s], len = a.seq_start[s + 1] - base;
+  if (skip_seq(a.mode, len) || int64_t(c) * kChunk >= len) return;
+  const int kh = h / a.group, dk = a.dk, ldq = chunk_keys_ld(dk, kPerChannel), lda = kChunkPad;
+  const int dkp = (dk + 15) / 16 * 16;  // per head: the fragments' key channels
+  const int warp = tid / 32, g = (tid % 32) / 4, t = tid % 4;
+  double* T = reinterpret_cast<double*>(smem_raw);
+  float* Q = reinterpret_cast<float*>(T + kChunk * kChunk);
+  float* K = Q + kChunk * ldq;
+  float* A = K + kChunk * ldq;
+  float* G = A + kChunk * 68;
+  float* beta = G + kChunk;
+  float* eg = beta + kChunk;
+  float* GC = eg + kChunk;  // [64][dk+1] per key channel
+  float* r = rec.at(s, c, h, a.hv, dk);
+  float* Wk = r;                    // [64][dk]
+  float* QK = Wk + kChunk * dk;     // [64][65]
+  float* Tb = QK + kChunk * lda;    // [64][65]
+  float* r_eg = Tb + kChunk * lda;  // [64]
+  float* r_dl = r_eg + kChunk;      // [64]
+  float* r_qd = r_dl + kChunk;      // [64][dk] per key channel
+  float* r_kd = r_qd + kChunk * dk;
+  float* r_gl = r_kd + kChunk * dk;  // [dk]
+  const int L = int(min64(kChunk, len - int64_t(c) * kChunk));
+  const int64_t t0 = base + int64_t(c) * kChunk;
+  if constexpr (kPerChannel) {
+    for (int e = tid; e < L * dk; e += kChunkThreads) {
+      const int i = e / dk, mm = e % dk;
+      Q[i * ldq + mm] = a.q[(t0 + i) * a.q_s0 + kh * a.q_s1 + mm];
+      K[i * ldq + mm] = a.k[(t0 + i) * a.k_s0 + kh * a.k_s1 + mm];
+    }
+  } else {  // whole 64-row tiles, zeros past the chunk and past dk
+    for (int e = tid; e < kChunk * dkp; e += kChunkThreads) {
+      const int i = e / dkp, mm = e % dkp;
+      const bool in = i < L && mm < dk;
+      Q[i * ldq + mm] = in ? a.q[(t0 + i) * a.q_s0 + kh * a.q_s1 + mm] : 0.0f;
+      K[i * ldq + mm] = in ? a.k[(t0 + i) * a.k_s0 + kh * a.k_s1 + mm] : 0.0f;
+    }
+  }
+  if constexpr (kPerChannel) {
+    // Sequential per channel, as on the CPU, so the cumulative decays round the same way.
+    for (int mm = tid; mm < dk; mm += kChunkThreads) {
+      float cum = 0.0f;
+      for (int i = 0; i < L; ++i) {
+        cum += a.g[(t0 + i) * a.g_s0 + h * a.g_s1 + mm];
+        GC[i * ldq + mm] = cum;
+      }
+    }
+    if (tid < L) beta[tid] = a.beta[(t0 + tid) * a.beta_s0 + h];
+  } else if (tid == 0) {
+    // Sequential, as on the CPU, so the cumulative decays round the same way.
+    float cum = 0.0f;
+    for (int i = 0; i < L; ++i) {
+      cum += a.g[(t0 + i) * a.g_s0 + h];
+      G[i] = cum;
+      beta[i] = a.beta[(t0 + i) * a.beta_s0 + h];
+      eg[i] = expf(cum);
+    }
+    for (int i = 0; i < L; ++i) {
+      r_eg[i] = eg[i];
+      r_dl[i] = expf(G[L - 1] - G[i]);
+    }
+  }
+  __syncthreads();
+  // A (strictly lower) and the decayed q·k products: per head on tensor cores (16 × 8 tiles
+  // of k_i·k_j and q_i·k_j, two per warp), per key channel with the decays inside the sums.
+  if constexpr (!kPerChannel) {
+    for (int tile = warp; tile < 32; tile += kChunkThreads / 32) {
+      const int r0 = tile / 8 * 16, c0 = tile % 8 * 8;
+      if (c0 > r0 + 15 || r0 >= L) continue;  // above the diagonal, or past the chunk
+      float kk[4] = {0, 0, 0, 0}, qk[4] = {0, 0, 0, 0};
+      for (int k0 = 0; k0 < dkp; k0 += 8) {
+        // b[k = channel][n = key j] = K[j][channel]: K's rows read as b's columns.
+        const SplitB b = load_split_b_t(K, ldq, k0, c0, g, t);
+        mma_split(kk, load_split_a(K, ldq, r0, k0, g, t), b);
+        mma_split(qk, load_split_a(Q, ldq, r0, k0, g, t), b);
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int i = r0 + g + (u / 2) * 8, jx = c0 + 2 * t + u % 2;
+        if (i >= L || jx > i) continue;
+        const float decay = expf(G[i] - G[jx]);
+        if (jx < i) A[i * lda + jx] = beta[i] * decay * kk[u];
+        QK[i * lda + jx] = decay * qk[u];
+      }
+    }
+  }
+  for (int p = tid; kPerChannel && p < L * (L + 1) / 2; p += kChunkThreads) {
+    // p enumerates the lower triangle row by row: p = i(i+1)/2 + jx, jx ≤ i.
+    int i = int((sqrtf(8.0f * float(p) + 1.0f) - 1.0f) * 0.5f);
+    while (i * (i + 1) / 2 > p) --i;
+    while ((i + 1) * (i + 2) / 2 <= p) ++i;
+    const int jx = p - i * (i + 1) / 2;
+    float dkk = 0.0f, dqk = 0.0f;
+    for (int mm = 0; mm < dk; ++mm) {
+      const float kj = K[jx * ldq + mm] * expf(GC[i * ldq + mm] - GC[jx * ldq + mm]);
+      dkk += K[i * ldq + mm] * kj;
+      dqk += Q[i * ldq + mm] * kj;
+    }
+    if (jx < i) A[i * lda + jx] = beta[i] * dkk;
+    QK[i * lda + jx] = dqk;
+  }
+  __syncthreads();
+  if constexpr (kPerChannel) {
+    // The decayed queries and keys of the record; K becomes k∘e^G for Wk below (A and QK,
+    // which read K, are done).
+    for (int e = tid; e < L * dk; e += kChunkThreads) {
+      const int i = e / dk, mm = e % dk;
+      const float gi = GC[i * ldq + mm];
+      const float eg_i = expf(gi);
+      r_qd[i * dk + mm] = Q[i * ldq + mm] * eg_i;
+      r_kd[i * dk + mm] = K[i * ldq + mm] * expf(GC[(L - 1) * ldq + mm] - gi);
+      K[i * ldq + mm] *= eg_i;
+    }
+    for (int mm = tid; mm < dk; mm += kChunkThreads) r_gl[mm] = expf(GC[(L - 1) * ldq + mm]);
+  }
+  // T = (I + A)^-1 by forward substitution in double (the solve amplifies rounding when many
+  // keys of a chunk are nearly parallel). Columns are independent: a warp solves kSolveCols
+  // of them together, x = T[:, col] held by the lanes (rows lane and lane + 32), each row's
+  // sum x_i = -Σ_{mm<i} A[i][mm] x_mm split across the lanes. No block barrier inside.
+  {
+    static_assert(kChunk == 64 && kChunkThreads % 32 == 0);
+    constexpr int kWarps = kChunkThreads / 32, kSolveCols = kChunk / kWarps;
+    const int warp = tid / 32, lane = tid % 32;
+    double x0[kSolveCols], x1[kSolveCols];
+#pragma unroll
+    for (int q = 0; q < kSolveCols; ++q) {
+      const int col = warp + q * kWarps;
+      x0[q] = lane == col ? 1.0 : 0.0;
+      x1[q] = lane + 32 == col ? 1.0 : 0.0;
+    }
+    for (int i = 1; i < L; ++i) {
+      // Only A's strictly lower part of row i was written.
+      const double a0 = lane < i ? double(A[i * lda + lane]) : 0.0;
+      const double a1 = lane + 32 < i ? double(A[i * lda + lane + 32]) : 0.0;
+#pragma unroll
+      for (int q = 0; q < kSolveCols; ++q) {
+        double p = a0 * x0[q] + a1 * x1[q];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) p += __shfl_xor_sync(0xffffffffu, p, o);
+        if (i > warp + q * kWarps) {  // rows above the diagonal stay 0, the diagonal 1
+          if (lane == i) x0[q] = -p;
+          if (lane + 32 == i) x1[q] = -p;
+        }
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < kSolveCols; ++q) {
+      const int col = warp + q * kWarps;
+      if (lane < L) T[lane * kChunk + col] = x0[q];
+      if (lane + 32 < L) T[(lane + 32) * kChunk + col] = x1[q];
+    }
+  }
+  __syncthreads();
+  // Wk = T(β e^G K); Tb = T·β for U = T(βV), rounded as the products below use them. Per
+  // head on tensor cores: T·β·e^G rounded to f32 into A's space (read no more), then 16 × 8
+  // tiles of Wk, four per warp.
+  if constexpr (!kPerChannel) {
+    float* tbe = A;  // [64][68], zero above the diagonal and past the chunk
+    for (int e = tid; e < kChunk * kChunk; e += kChunkThreads) {
+      const int i = e / kChunk, jx = e % kChunk;
+      tbe[i * 68 + jx] = i < L && jx <= i ? float(T[i * kChunk + jx]) * beta[jx] * eg[jx] : 0.0f;
+    }
+    __syncthreads();
+    const int col_tiles = dkp / 8;
+    for (int tile = warp; tile < 4 * col_tiles; tile += kChunkThreads / 32) {
+      const int r0 = tile / col_tiles * 16, c0 = tile % col_tiles * 8;
+      if (r0 >= L) continue;
+      float w[4] = {0, 0, 0, 0};
+      for (int k0 = 0; k0 < min(r0 + 16, kChunk); k0 += 8) {  // T is lower triangular
+        mma_split(w, load_split_a(tbe, 68, r0, k0, g, t), load_split_b(K, ldq, k0, c0, g, t));
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int i = r0 + g + (u / 2) * 8, mm = c0 + 2 * t + u % 2;
+        if (i < L && mm < dk) Wk[i * dk + mm] = w[u];
+      }
+    }
+  }
+  for (int e = tid; kPerChannel && e < L * dk; e += kChunkThreads) {
+    const int i = e / dk, mm = e % dk;
+    float w = 0.0f;
+    for (int jx = 0; jx <= i; ++jx) {
+      w += float(T[i * kChunk + jx]) * beta[jx] * K[jx * ldq + mm];  // K holds k∘e^G
+    }
+    Wk[i * dk + mm] = w;
+  }
+  for (int e = tid; e < L * L; e += kChunkThreads) {
+    const int i = e / L, jx = e % L;
+    if (jx <= i) Tb[i * lda + jx] = float(T[i * kChunk + jx]) * beta[jx];
+  }
+}
+
+// Shared-memory carve-up of the state kernel for key dim dk (padded to a multiple of 16 with
+// zeros: key_pad) and a tile of dvt value columns (a multiple of 8). Row strides put each
+// tensor-core fragment's 32 loads in 32 banks: tiles read as a row-major a operand have rows ≡ 4
+// (mod 32) floats apart, tiles read as b or as a transposed a operand ≡ 8 (see mma_tf32.cuh for the
+// fragments).
+struct ChunkSmem {
+  float* S;        // [dk][dvt + 8] state tile
+  float *Q, *Wk;   // [64][dk + 4]: queries (per key channel decayed: the record's Qd), Wk
+  float* K;        // [64][dk + 8]: keys decayed to the chunk's end, k_j·e^(G_last − G_j)
+  float *V, *Vn;   // [64][dvt + 8] values, new values
+  float *QK, *Tb;  // [64][68], zero above the diagonal
+  float* eg;       // [64]
+  float* gl;       // [dk]: the chunk's decay of each state row
+  __host__ __device__ static int lds(int dvt) { return dvt + 8; }
+  __host__ __device__ static int key_pad(int dk) { return (dk + 15) / 16 * 16; }
+  __host__ __device__ static size_t bytes(int dk_in, int dvt, bool per_channel) {
+    const int dk = key_pad(dk_in);
+    return sizeof(float) *
+           (size_t(dk) * lds(dvt) + 2 * kChunk * size_t(dk + 4) + kChunk * size_t(dk + 8) +
+            2 * kChunk * size_t(lds(dvt)) + 2 * kChunk * 68 + kChunk + dk);
+  }
+  __device__ ChunkSmem(void* p, int dk, int dvt) {  // dk: key_pad's
+    float* f = static_cast<float*>(p);
+    S = f, f += dk * lds(dvt);
+    Q = f, f += kChunk * (dk + 4);
+    Wk = f, f += kChunk * (dk + 4);
+    K = f, f += kChunk * (dk + 8);
+    V = f, f += kChunk * lds(dvt);
+    Vn = f, f += kChunk * lds(dvt);
+    QK = f, f += kChunk * 68;
+    Tb = f, f += kChunk * 68;
+    eg = f, f += kChunk;
+    gl = f;
+  }
+};
+
+// The state's walk over chunks [rec.c0, rec.c0 + rec.n_chunks) of each sequence, its products
+// on tensor cores to f32's accuracy (mma_tf32.cuh). grid (⌈dv/dvt⌉, Hv, n_seq_group),
+// kChunkThreads threads (16 warps); three barriers per chunk. Rows past the chunk's length are
+// staged as zeros, so every product runs over whole 64-row tiles.
+template <bool kPerChannel>
+__global__ void __launch_bounds__(kChunkThreads)
+    delta_chunk_state_kernel(DeltaArgs a, ChunkRecords rec, int dvt) {
+  grid_dependency_sync();
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int s = rec.s0 + blockIdx.z, h = blockIdx.y, tid = threadIdx.x;
+  const int j0 = blockIdx.x * dvt;
+  const int ncols = min(dvt, a.dv - j0);
+  const int64_t base = a.seq_start[s], len = a.seq_start[s + 1] - base;
+  if (skip_seq(a.mode, len) || int64_t(rec.c0) * kChunk >= len) return;
+  const int kh = h / a.group, dk = a.dk, dkp = ChunkSmem::key_pad(dk);
+  const int ldq = dkp + 4, ldk = dkp + 8, ldv = ChunkSmem::lds(dvt), lda = kChunkPad;
+  ChunkSmem m(smem_raw, dkp, dvt);
+  const int warp = tid / 32, g = (tid % 32) / 4, t = tid % 4;
+  // Output tiles of 16 rows × 8 columns: [64 × dvt] has 4·(dvt/8), one per warp (warps past
+  // them idle in those phases); the state [dk × dvt] has (dk/16)·(dvt/8), strided over warps.
+  const int col_tiles = dvt / 8, out_tiles = 4 * col_tiles, state_tiles = dkp / 16 * col_tiles;
+  const int orow = warp / col_tiles * 16, ocol = warp % col_tiles * 8;
+  float* Sg = a.state + (int64_t(a.slot[s]) * a.hv + h) * dk * a.dv;
+  for (int e = tid; e < dkp * dvt; e += kChunkThreads) {
+    const int i = e / dvt, jj = e % dvt;
+    m.S[i * ldv + jj] = i < dk && jj < ncols ? Sg[int64_t(i) * a.dv + j0 + jj] : 0.0f;
+  }
+  const int c_end = int(min64(rec.c0 + rec.n_chunks, (len + kChunk - 1) / kChunk));
+  for (int c = rec.c0; c < c_end; ++c) {
+    const int L = int(min64(kChunk, len - int64_t(c) * kChunk));
+    const int64_t t0 = base + int64_t(c) * kChunk;
+    const float* r = rec.at(s, c, h, a.hv, dk);
+    const float* rWk = r;
+    const float* rQK = rWk + kChunk * dk;
+    const float* rTb = rQK + kChunk * lda;
+    const float* rQd = rTb + kChunk * lda + 2 * kChunk;
+    const float* rKd = rQd + kChunk * dk;
+    const float* rgl = rKd + kChunk * dk;
+    const float* rdl = rTb + kChunk * lda + kChunk;  // per head: e^(G_last − G_j)
+    for (int e = tid; e < kChunk * dkp; e += kChunkThreads) {
+      const int i = e / dkp, mm = e % dkp;
+      float q = 0.0f, k = 0.0f, w = 0.0f;
+      if (i < L && mm < dk) {
+        if constexpr (kPerChannel) {
+          q = rQd[i * dk + mm], k = rKd[i * dk + mm];
+        } else {
+          q = a.q[(t0 + i) * a.q_s0 + kh * a.q_s1 + mm];
+          k = a.k[(t0 + i) * a.k_s0 + kh * a.k_s1 + mm] * rdl[i];
+        }
+        w = rWk[i * dk + mm];
+      }
+      m.Q[i * ldq + mm] = q, m.K[i * ldk + mm] = k, m.Wk[i * ldq + mm] = w;
+    }
+    for (int e = tid; e < kChunk * dvt; e += kChunkThreads) {
+      const int i = e / dvt, jj = e % dvt;
+      m.V[i * ldv + jj] =
+          i < L && jj < ncols ? a.v[(t0 + i) * a.v_s0 + h * a.v_s1 + j0 + jj] : 0.0f;
+    }
+    for (int e = tid; e < kChunk * kChunk; e += kChunkThreads) {
+      const int i = e / kChunk, jx = e % kChunk;
+      const bool in = i < L && jx <= i;
+      m.QK[i * 68 + jx] = in ? rQK[i * lda + jx] : 0.0f;
+      m.Tb[i * 68 + jx] = in ? rTb[i * lda + jx] : 0.0f;
+    }
+    if constexpr (kPerChannel) {
+      for (int mm = tid; mm < dkp; mm += kChunkThreads) m.gl[mm] = mm < dk ? rgl[mm] : 0.0f;
+    } else if (tid < kChunk) {
+      m.eg[tid] = tid < L ? rTb[kChunk * lda + tid] : 0.0f;
+    }
+    __syncthreads();
+    // The inter-chunk outputs e^G q S0 (kept in registers), and Vnew = T(βV) − Wk S0.
+    float o[4] = {0, 0, 0, 0};
+    if (warp < out_tiles) {
+      float tv[4] = {0, 0, 0, 0}, ws[4] = {0, 0, 0, 0};
+      for (int k0 = 0; k0 < dkp; k0 += 8) {
+        const SplitB sb = load_split_b(m.S, ldv, k0, ocol, g, t);
+        mma_split(o, load_split_a(m.Q, ldq, orow, k0, g, t), sb);
+        mma_split(ws, load_split_a(m.Wk, ldq, orow, k0, g, t), sb);
+      }
+      for (int k0 = 0; k0 < kChunk; k0 += 8) {
+        mma_split(tv, load_split_a(m.Tb, 68, orow, k0, g, t),
+                  load_split_b(m.V, ldv, k0, ocol, g, t));
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int i = orow + g + (u / 2) * 8, jj = ocol + 2 * t + u % 2;
+        if constexpr (!kPerChannel) o[u] *= m.eg[i];
+        m.Vn[i * ldv + jj] = tv[u] - ws[u];
+      }
+    }
+    __syncthreads();
+    // Outputs, and the state carried to the next chunk.
+    if (warp < out_tiles) {
+      for (int k0 = 0; k0 < kChunk; k0 += 8) {
+        mma_split(o, load_split_a(m.QK, 68, orow, k0, g, t),
+                  load_split_b(m.Vn, ldv, k0, ocol, g, t));
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int i = orow + g + (u / 2) * 8, jj = ocol + 2 * t + u % 2;
+        if (i < L && jj < ncols) a.out[(t0 + i) * a.o_s0 + h * a.o_s1 + j0 + jj] = o[u];
+      }
+    }
+    const float decay_all = kPerChannel ? 0.0f : m.eg[L - 1];
+    for (int tile = warp; tile < state_tiles; tile += kChunkThreads / 32) {
+      const int srow = tile / col_tiles * 16, scol = tile % col_tiles * 8;
+      float su[4] = {0, 0, 0, 0};
+      for (int k0 = 0; k0 < kChunk; k0 += 8) {
+        mma_split(su, load_split_a_t(m.K, ldk, srow, k0, g, t),
+                  load_split_b(m.Vn, ldv, k0, scol, g, t));
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int mm = srow + g + (u / 2) * 8, jj = scol + 2 * t + u % 2;
+        float& sv = m.S[mm * ldv + jj];
+        sv = sv * (kPerChannel ? m.gl[mm] : decay_all) + su[u];
+      }
+    }
+    __syncthreads();
+  }
+  for (int e = tid; e < dk * dvt; e += kChunkThreads) {
+    const int i = e / dvt, jj = e % dvt;
+    if (jj < ncols) Sg[int64_t(i) * a.dv + j0 + jj] = m.S[i * ldv + jj];  // rows i < dk
+  }
+}
+
+}  // namespace
+
+// The state kernel's tile of value columns for key dim dk, or 0 when neither chunked kernel
+// fits in max_smem bytes of shared memory.
+int chunk_columns(int dk, bool per_channel, size_t max_smem) {
+  int dvt = 32;
+  while (dvt > 8 && ChunkSmem::bytes(dk, dvt, per_channel) > max_smem) dvt /= 2;
+  if (ChunkSmem::bytes(dk, dvt, per_channel) > max_smem) return 0;
+  return chunk_keys_smem(dk, per_channel) <= max_smem ? dvt : 0;
+}
+
+// Chunk records go through `scratch` in pieces: as many sequences and chunks at a time as it
+// holds (host lengths say how many chunks each sequence has).
+template <bool kPerChannel>
+void launch_chunked(const DeltaArgs& a, const SeqLayout& layout, void* scratch,
+                    size_t scratch_bytes, size_t max_smem, cudaStream_t stream) {
+  int dvt = chunk_columns(a.dk, kPerChannel, max_smem);
+  if (dvt == 0) fatal("gated_delta_rule: key head dim too large for the chunked kernel");
+  const size_t state_smem = ChunkSmem::bytes(a.dk, dvt, kPerChannel);
+  const size_t keys_smem = chunk_keys_smem(a.dk, kPerChannel);
+  dvt = std::min(dvt, (a.dv + 7) / 8 * 8);  // tiles of 8 columns
+  static size_t opted_in = 0;               // one per instantiation
+  if (opted_in < max_smem) {
+    RECUR_CUDA_CHECK(cudaFuncSetAttribute(delta_chunk_state_kernel<kPerChannel>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          int(max_smem)));
+    RECUR_CUDA_CHECK(cudaFuncSetAttribute(delta_chunk_keys_kernel<kPerChannel>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          int(max_smem)));
+    opted_in = max_smem;
+  }
+  int max_chunks = 0;
+  for (int i = 0; i < layout.n_seqs; ++i) {
+    const int len = layout.seq_len(i);
+    if ((a.mode == kSingleTokenSeqs && len != 1) || (a.mode == kMultiTokenSeqs && len <= 1))
+      continue;
+    max_chunks = std::max(max_chunks, (len + kChunk - 1) / kChunk);
+  }
+  if (max_chunks == 0) return;
+  const size_t per_head_chunk =
+      size_t(chunk_record_floats(a.dk, kPerChannel)) * sizeof(float) * size_t(a.hv);
+  const int64_t fit = int64_t(scratch_bytes / per_head_chunk);
+  if (fit < 1) fatal("gated_delta_rule: scratch too small for one chunk's records");
+  const int group = int(std::min<int64_t>(layout.n_seqs, fit));
+  const int piece = int(std::max<int64_t>(1, std::min<int64_t>(max_chunks, fit / group)));
+  for (int s0 = 0; s0 < layout.n_seqs; s0 += group) {
+    const int ns = std::min(group, layout.n_seqs - s0);
+    for (int c0 = 0; c0 < max_chunks; c0 += piece) {
+      const ChunkRecords rec{static_cast<float*>(scratch), c0, piece, s0, ns, kPerChannel};
+      launch_kernel(delta_chunk_keys_kernel<kPerChannel>,
+                    dim3(unsigned(piece), unsigned(a.hv), unsigned(ns)), kChunkThreads, keys_smem,
+                    stream, a, rec);
+      const dim3 grid(unsigned((a.dv + dvt - 1) / dvt), unsigned(a.hv), unsigned(ns));
+      launch_kernel(delta_chunk_state_kernel<kPerChannel>, grid, kChunkThreads, state_smem, stream,
+                    a, rec, dvt);
+    }
+  }
+}
+
+template void launch_chunked<false>(const DeltaArgs&, const SeqLayout&, void*, size_t, size_t,
+                                    cudaStream_t);
+template void launch_chunked<true>(const DeltaArgs&, const SeqLayout&, void*, size_t, size_t,
+                                   cudaStream_t);
+
+}  // namespace recur::cuda
