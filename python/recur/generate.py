@@ -486,7 +486,9 @@ def batch_generate(model: Model, tokenizer: Optional[TokenizerWrapper], prompts,
                     if return_logprobs:
                         logprobs[r.uid].append(float(r.logprobs[r.token]))
         toks = [tokens[u] for u in uids]
-        texts = [tokenizer.decode(t) for t in toks] if tokenizer is not None else []
+        # A model directory without a tokenizer has token ids only (return_token_ids).
+        decodes = tokenizer is not None and model._session.has_tokenizer
+        texts = [tokenizer.decode(t) for t in toks] if decodes else []
         stats = gen.stats()
         if verbose:
             print(f"[batch_generate] Finished processing {finished}/{len(uids)}")

@@ -5,12 +5,13 @@ def test_batch_generate_equals_one_at_a_time(realvocab):
     model, tok = realvocab
     prompts = [tok.encode("Hello"), tok.encode("A longer prompt about the weather in Paris"),
                [1, 2, 3, 4, 5], tok.encode("x")]
-    batched = recur.batch_generate(model, tok, prompts, max_tokens=10)
+    batched = recur.batch_generate(model, tok, prompts, max_tokens=10, return_token_ids=True)
     single = [recur.generate(model, tok, p, max_tokens=10) for p in prompts]
     assert batched.texts == single
     assert batched.stats.generation_tokens > 0
-    assert [tok.decode(t) for t in batched.tokens] == single
-    assert all(1 <= len(t) <= 10 for t in batched.tokens)
+    assert [tok.decode(t) for t in batched.token_ids] == single
+    assert all(1 <= len(t) <= 10 for t in batched.token_ids)
+    assert batched.logprobs is None and batched.caches is None
 
 
 def test_batch_generator_insert_next_remove(tiny):
@@ -67,6 +68,16 @@ def test_batch_generator_stop_tokens_and_late_insert(tiny):
     assert got[a] == toks[:2] and reasons[a] == "stop"
     assert len(got[b]) == 2 and reasons[b] == "length"
     gen.close()
+    # Stop tokens as newer mlx-lm gives them, sequences of ids: one id, or several in a row.
+    for stops, n in (([[toks[2]]], 3), ([[toks[1], toks[2]]], 3), ([[toks[2], toks[1]]], 4)):
+        g = recur.BatchGenerator(model, max_tokens=4, stop_tokens=stops)
+        g.insert([[9, 9, 9]])
+        out = []
+        while r := g.next_generated():
+            out += r
+        g.close()
+        assert [x.token for x in out] == toks[:n], stops
+        assert out[-1].finish_reason == ("stop" if n < 4 else "length"), stops
 
 
 def test_live_buffers_flat(tiny):
