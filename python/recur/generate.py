@@ -3,6 +3,8 @@
 handed to the queue of the request they belong to, so generators sharing a model do not mix."""
 
 import json
+import operator
+import os
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -119,27 +121,40 @@ class TokenizerWrapper:
         return self._session.render_chat(json.dumps(request), tokenize)
 
 
-def load(path: str, device: str = "cpu", **engine_options):
-    """(model, tokenizer) for a Hugging Face model directory. engine_options: threads,
-    max_batch, max_batch_tokens, max_context, kv_cache_mb, prefix_cache_mb, snapshot_interval,
-    seed, pipeline_decode (as `recur serve`'s flags)."""
+def load(path: str, device: str = "cpu", return_config: bool = False, **engine_options):
+    """(model, tokenizer) for a Hugging Face model directory, and its config.json's contents
+    with return_config=True (as mlx-lm). engine_options: threads, max_batch, max_batch_tokens,
+    max_context, kv_cache_mb, prefix_cache_mb, snapshot_interval, seed, pipeline_decode (as
+    `recur serve`'s flags). Of mlx-lm's own options, lazy and trust_remote_code change nothing
+    here; tokenizer_config, model_config, adapter_path and revision are refused when set."""
     opts = _recur.SessionOptions()
     opts.device = device
     for name, value in engine_options.items():
+        if name in ("lazy", "trust_remote_code"):
+            continue
+        if name in ("tokenizer_config", "model_config", "adapter_path", "revision"):
+            if value:
+                raise ValueError(f"load: {name} is not supported by recur")
+            continue
         if name not in _ENGINE_OPTIONS:
             raise TypeError(f"load: unknown engine option {name!r}")
         setattr(opts, name, value)
     session = _recur.Session(str(path), opts)
-    return Model(session, str(path)), TokenizerWrapper(session)
+    model, tokenizer = Model(session, str(path)), TokenizerWrapper(session)
+    if not return_config:
+        return model, tokenizer
+    with open(os.path.join(str(path), "config.json")) as f:
+        return model, tokenizer, json.load(f)
 
 
 def _token_list(ids) -> List[int]:
     if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
         raise TypeError(f"expected a list of token ids, got {type(ids).__name__}")
-    out = list(ids)
-    for t in out:
-        if isinstance(t, bool) or not isinstance(t, int):
+    out = []
+    for t in ids:
+        if isinstance(t, bool) or not hasattr(t, "__index__"):  # ints, numpy's integers
             raise TypeError(f"token ids must be ints, got {type(t).__name__}")
+        out.append(operator.index(t))
     return out
 
 
@@ -325,20 +340,30 @@ class BatchGenerator:
         self._uids: List[int] = []
         self._closed = False
 
-    def insert(self, prompts, max_tokens: Union[int, Sequence[int], None] = None) -> List[int]:
+    def insert(self, prompts, max_tokens: Union[int, Sequence[int], None] = None,
+               caches=None, samplers: Optional[Sequence[Optional[Sampler]]] = None,
+               **kwargs) -> List[int]:
+        """Queues prompts (lists of token ids); their uids, in order. max_tokens and samplers:
+        one for all or one per prompt (None: the generator's)."""
         if self._closed:
             raise RuntimeError("BatchGenerator is closed")
+        if caches is not None:
+            raise ValueError("insert: prompt caches are not supported by recur")
+        for name, value in kwargs.items():  # mlx-lm's all_tokens, stop_matchers, ...
+            if value is not None and value != []:
+                raise ValueError(f"insert: {name} is not supported by recur")
         if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__iter__"):
             raise TypeError("insert takes a list of prompts, each a list of token ids")
         prompts = [_token_list(p) for p in prompts]
         if max_tokens is None or isinstance(max_tokens, int):
             max_tokens = [self.max_tokens if max_tokens is None else max_tokens] * len(prompts)
-        if len(max_tokens) != len(prompts):
-            raise ValueError("insert: one max_tokens per prompt")
+        samplers = [None] * len(prompts) if samplers is None else list(samplers)
+        if len(max_tokens) != len(prompts) or len(samplers) != len(prompts):
+            raise ValueError("insert: one max_tokens and one sampler per prompt")
         uids = []
         try:
-            for p, m in zip(prompts, max_tokens):
-                uids.append(self.model._submit(p, m, self.sampler, self.stop_tokens,
+            for p, m, smp in zip(prompts, max_tokens, samplers):
+                uids.append(self.model._submit(p, m, smp or self.sampler, self.stop_tokens,
                                                ignore_eos=True,
                                                stop_sequences=self.stop_sequences,
                                                logprobs=self.return_logprobs))
@@ -349,7 +374,9 @@ class BatchGenerator:
         self._uids.extend(uids)
         return uids
 
-    def remove(self, uids: Iterable[int]):
+    def remove(self, uids: Iterable[int], return_prompt_caches: bool = False):
+        if return_prompt_caches:
+            raise ValueError("remove: prompt caches are not supported by recur")
         for u in uids:
             if u in self._uids:
                 self._uids.remove(u)
