@@ -188,8 +188,13 @@ _UNSUPPORTED_OPTIONS = ("draft_model", "logits_processors", "prompt_cache", "max
 
 def _refuse_unsupported(where: str, options: Dict[str, Any]):
     for name in _UNSUPPORTED_OPTIONS:
-        if options.get(name) is not None and options.get(name) != []:
+        if not _unset(options.get(name)):
             raise ValueError(f"{where}: {name} is not supported by recur")
+
+
+def _unset(value) -> bool:
+    """None or an empty list: how mlx-lm's callers leave an option out."""
+    return value is None or (isinstance(value, (list, tuple)) and len(value) == 0)
 
 
 @dataclass
@@ -350,7 +355,7 @@ class BatchGenerator:
         if caches is not None:
             raise ValueError("insert: prompt caches are not supported by recur")
         for name, value in kwargs.items():  # mlx-lm's all_tokens, stop_matchers, ...
-            if value is not None and value != []:
+            if not _unset(value):
                 raise ValueError(f"insert: {name} is not supported by recur")
         if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__iter__"):
             raise TypeError("insert takes a list of prompts, each a list of token ids")

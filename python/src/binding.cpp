@@ -80,8 +80,13 @@ PYBIND11_MODULE(_recur, m) {
              std::optional<float> min_p, std::optional<int> top_k, std::optional<uint64_t> seed,
              std::vector<int32_t> stop_tokens, std::vector<std::vector<int32_t>> stop_sequences,
              bool ignore_eos, int logprobs, bool vocab_logprobs) {
-            recur::py::PySampling sp{temperature, top_p,    min_p,         top_k,
-                                     seed,        logprobs, vocab_logprobs};
+            const recur::py::PySampling sp{.temperature = temperature,
+                                           .top_p = top_p,
+                                           .min_p = min_p,
+                                           .top_k = top_k,
+                                           .seed = seed,
+                                           .logprobs = logprobs,
+                                           .vocab_logprobs = vocab_logprobs};
             recur::StopConditions stop;
             stop.ignore_eos = ignore_eos;
             stop.stop_token_ids = std::move(stop_tokens);

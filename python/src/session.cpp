@@ -25,7 +25,8 @@ Result<std::unique_ptr<Session>> Session::open(const std::string& model_dir,
     }
   }
   RECUR_ASSIGN_OR_RETURN(s->ops_, create_backend(o.device, o.threads));
-  const EngineConfig config = cli::engine_config(o);
+  EngineConfig config = cli::engine_config(o);
+  config.vocab_logprobs = true;  // mlx-lm's responses carry them
   RECUR_ASSIGN_OR_RETURN(s->engine_,
                          Engine::create(model_dir, *s->ops_, config, s->tokenizer_.get()));
   return s;

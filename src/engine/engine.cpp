@@ -137,7 +137,9 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> model,
   if (ops.device() != Device::kCpu) {
     e->host_logits_.resize(size_t(config.max_batch) * size_t(info.vocab_size));
   }
-  e->vocab_logprobs_.resize(size_t(config.max_batch) * size_t(info.vocab_size));
+  if (config.vocab_logprobs) {
+    e->vocab_logprobs_.resize(size_t(config.max_batch) * size_t(info.vocab_size));
+  }
   e->pipeline_ =
       config.pipeline_decode > 0 || (config.pipeline_decode < 0 && ops.device() != Device::kCpu);
   if (ops.device() != Device::kCpu || e->pipeline_) {
@@ -218,6 +220,11 @@ Result<uint64_t> Engine::submit(Request req, EventSink sink) {
                       req.max_tokens);
   }
   RECUR_RETURN_IF_ERROR(req.sampling.validate(info.vocab_size));
+  if (req.sampling.vocab_logprobs && !config_.vocab_logprobs) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "the vocabulary's log-probabilities (vocab_logprobs) are off in this engine "
+                      "(EngineConfig::vocab_logprobs)");
+  }
   for (auto& s : req.stop.stop_sequences) {
     if (s.empty()) return make_error(ErrorCode::kInvalidArgument, "a stop sequence is empty");
   }

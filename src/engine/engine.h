@@ -105,6 +105,9 @@ struct EngineConfig {
   // the device, is queued before this step's picks are read. 1 on, 0 off, -1 on for device
   // backends (on the CPU, where the forward runs on the caller's thread, it gains nothing).
   int pipeline_decode = -1;
+  // Host rows for SamplingParams::vocab_logprobs ([max_batch, vocab] floats), made at creation;
+  // without them requests asking for the vector are refused. The Python package turns it on.
+  bool vocab_logprobs = false;
   // Matmul weights of F32/BF16/F16 checkpoints quantized at load (LoadOptions::quantize).
   Quantize quantize = Quantize::kNone;
   // The prefix cache (engine/prefix_cache.h): a prompt starts from the longest prefix whose
@@ -248,8 +251,8 @@ class Engine {
   Buffer logits_buf_;
   Tensor logits_;                   // [max rows, vocab] in the backend's memory
   std::vector<float> host_logits_;  // for backends whose memory the host cannot read
-  // Rows of SamplingParams::vocab_logprobs, one per logits row: [max rows, vocab] when the
-  // engine was created, filled by fill_vocab_logprobs for the rows that asked.
+  // Rows of SamplingParams::vocab_logprobs, one per logits row: [max rows, vocab] when
+  // EngineConfig::vocab_logprobs, filled by fill_vocab_logprobs for the rows that asked.
   std::vector<float> vocab_logprobs_;
   // Greedy steps on those backends, and pipelined ones: ids chosen by the backend ([max rows]
   // I32) and their host copy.

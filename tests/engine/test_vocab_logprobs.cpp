@@ -30,6 +30,7 @@ std::unique_ptr<Ops> test_ops() {
 }
 
 std::unique_ptr<Engine> make_engine(Ops& ops, EngineConfig cfg) {
+  cfg.vocab_logprobs = true;
   auto e = Engine::create(kTiny, ops, cfg, nullptr);
   EXPECT_TRUE(e.ok()) << e.error().to_string();
   return e.ok() ? std::move(*e) : nullptr;
@@ -208,6 +209,16 @@ TEST(VocabLogprobs, NoAllocationPerTokenAndFlatBufferCounters) {
   EXPECT_EQ(tokens, 2 * 1020);
   EXPECT_EQ(without, 0);
   e->run_until_idle();
+}
+
+TEST(VocabLogprobs, RefusedWhenTheEngineHasNoRowsForThem) {
+  auto ops = test_ops();
+  auto e = Engine::create(kTiny, *ops, EngineConfig{}, nullptr);
+  ASSERT_TRUE(e.ok());
+  auto refused = (*e)->submit(request({1, 2, 3}, 4, true), [](const Event&) {});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message.find("vocab_logprobs"), std::string::npos);
+  EXPECT_TRUE((*e)->submit(request({1, 2, 3}, 4, false), [](const Event&) {}).ok());
 }
 
 }  // namespace
