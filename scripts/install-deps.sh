@@ -6,7 +6,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 packages=(build-essential cmake ninja-build pkg-config
   nlohmann-json3-dev libpcre2-dev libutf8proc-dev libcli11-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev libhwy-dev
-  python3-dev pybind11-dev python3-pytest python3-pip)
+  python3-dev pybind11-dev python3-pytest python3-pip python3-numpy)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -33,11 +33,18 @@ class Sampler:
 
 
 def make_sampler(temp: float = 0.0, top_p: float = 0.0, min_p: float = 0.0,
-                 min_tokens_to_keep: int = 1, top_k: int = 0, seed: Optional[int] = None,
+                 min_tokens_to_keep: int = 1, top_k: int = 0, xtc_probability: float = 0.0,
+                 xtc_threshold: float = 0.0, xtc_special_tokens=(), seed: Optional[int] = None,
                  **unsupported):
-    """temp 0 is greedy; top_p 0 or 1, min_p 0 and top_k 0 are off (as in mlx-lm)."""
+    """temp 0 is greedy; top_p 0 or 1, min_p 0 and top_k 0 are off (as in mlx-lm). XTC is
+    refused when it would act (xtc_probability > 0), as is a min_p that must keep more than
+    one token, rather than silently sampling otherwise than asked."""
+    if xtc_probability > 0:
+        raise ValueError("make_sampler: XTC sampling is not supported by recur")
+    if min_p > 0 and min_tokens_to_keep > 1:
+        raise ValueError("make_sampler: min_tokens_to_keep > 1 is not supported by recur")
     for name, value in unsupported.items():
-        if value:  # mlx-lm's XTC and friends: refuse rather than silently ignore them
+        if value:
             raise ValueError(f"make_sampler: {name} is not supported by recur")
     return Sampler(temp=temp, top_p=top_p, min_p=min_p, top_k=top_k, seed=seed)
 

@@ -78,26 +78,52 @@ PYBIND11_MODULE(_recur, m) {
           [](Session& s, std::vector<int32_t> prompt, int max_tokens,
              std::optional<float> temperature, std::optional<float> top_p,
              std::optional<float> min_p, std::optional<int> top_k, std::optional<uint64_t> seed,
-             std::vector<int32_t> stop_tokens, bool ignore_eos) {
-            recur::py::PySampling sp{temperature, top_p, min_p, top_k, seed};
-            return unwrap(s.submit(std::move(prompt), max_tokens, sp, stop_tokens, ignore_eos));
+             std::vector<int32_t> stop_tokens, std::vector<std::vector<int32_t>> stop_sequences,
+             bool ignore_eos, int logprobs, bool vocab_logprobs) {
+            const recur::py::PySampling sp{.temperature = temperature,
+                                           .top_p = top_p,
+                                           .min_p = min_p,
+                                           .top_k = top_k,
+                                           .seed = seed,
+                                           .logprobs = logprobs,
+                                           .vocab_logprobs = vocab_logprobs};
+            recur::StopConditions stop;
+            stop.ignore_eos = ignore_eos;
+            stop.stop_token_ids = std::move(stop_tokens);
+            stop.stop_sequences = std::move(stop_sequences);
+            return unwrap(s.submit(std::move(prompt), max_tokens, sp, std::move(stop)));
           },
           pyb::arg("prompt"), pyb::arg("max_tokens"), pyb::arg("temperature") = pyb::none(),
           pyb::arg("top_p") = pyb::none(), pyb::arg("min_p") = pyb::none(),
           pyb::arg("top_k") = pyb::none(), pyb::arg("seed") = pyb::none(),
-          pyb::arg("stop_tokens") = std::vector<int32_t>{}, pyb::arg("ignore_eos") = false)
+          pyb::arg("stop_tokens") = std::vector<int32_t>{},
+          pyb::arg("stop_sequences") = std::vector<std::vector<int32_t>>{},
+          pyb::arg("ignore_eos") = false, pyb::arg("logprobs") = -1,
+          pyb::arg("vocab_logprobs") = false)
       .def("cancel", &Session::cancel)
       .def("step", &Session::step, pyb::call_guard<pyb::gil_scoped_release>())
       .def(
           "take_events",
           [](Session& s) {
-            // Tuples, not objects: the Python side dispatches them by uid at once.
+            // Tuples, not objects: the Python side dispatches them by uid at once. The
+            // vocabulary's log-probabilities come as a bytearray of float32 (None when not
+            // asked for), which numpy or a memoryview reads in place.
+            std::vector<recur::py::PyEvent> events = s.take_events();
             pyb::list out;
-            for (const recur::py::PyEvent& e : s.take_events()) {
+            for (const recur::py::PyEvent& e : events) {
               pyb::bytes text(e.text);
+              pyb::object row = pyb::none();
+              if (!e.vocab_logprobs.empty()) {
+                PyObject* b = PyByteArray_FromStringAndSize(
+                    reinterpret_cast<const char*>(e.vocab_logprobs.data()),
+                    pyb::ssize_t(e.vocab_logprobs.size() * sizeof(float)));
+                if (!b) throw pyb::error_already_set();
+                row = pyb::reinterpret_steal<pyb::object>(b);
+              }
               out.append(pyb::make_tuple(e.uid, e.finish, e.token, e.logprob, text, e.finish_reason,
-                                         e.message, e.prompt_tokens, e.generated_tokens));
+                                         e.message, e.prompt_tokens, e.generated_tokens, row));
             }
+            s.give_back_rows(events);
             return out;
           })
       .def("stats",
@@ -126,6 +152,8 @@ PYBIND11_MODULE(_recur, m) {
       .def_property_readonly("architecture", [](const Session& s) { return s.info().architecture; })
       .def_property_readonly("max_context", &Session::max_context)
       .def_property_readonly("has_tokenizer", [](const Session& s) { return !!s.tokenizer(); })
+      .def_property_readonly("has_chat_template",
+                             [](const Session& s) { return !!s.chat_template(); })
       .def("encode", [](const Session& s,
                         const std::string& text) { return unwrap(need_tokenizer(s).encode(text)); })
       .def(

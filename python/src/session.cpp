@@ -25,7 +25,8 @@ Result<std::unique_ptr<Session>> Session::open(const std::string& model_dir,
     }
   }
   RECUR_ASSIGN_OR_RETURN(s->ops_, create_backend(o.device, o.threads));
-  const EngineConfig config = cli::engine_config(o);
+  EngineConfig config = cli::engine_config(o);
+  config.vocab_logprobs = true;  // mlx-lm's responses carry them
   RECUR_ASSIGN_OR_RETURN(s->engine_,
                          Engine::create(model_dir, *s->ops_, config, s->tokenizer_.get()));
   return s;
@@ -34,8 +35,7 @@ Result<std::unique_ptr<Session>> Session::open(const std::string& model_dir,
 Session::~Session() = default;
 
 Result<uint64_t> Session::submit(std::vector<int32_t> prompt, int max_tokens,
-                                 const PySampling& sampling,
-                                 const std::vector<int32_t>& stop_tokens, bool ignore_eos) {
+                                 const PySampling& sampling, StopConditions stop) {
   Request req;
   req.prompt = std::move(prompt);
   req.max_tokens = max_tokens;
@@ -45,9 +45,9 @@ Result<uint64_t> Session::submit(std::vector<int32_t> prompt, int max_tokens,
   if (sampling.min_p) req.sampling.min_p = *sampling.min_p;
   if (sampling.top_k) req.sampling.top_k = *sampling.top_k;
   if (sampling.seed) req.sampling.seed = *sampling.seed;
-  req.sampling.logprobs = 0;  // the chosen token's, for GenerationResponse.logprobs
-  req.stop.stop_token_ids = stop_tokens;
-  req.stop.ignore_eos = ignore_eos;
+  req.sampling.logprobs = sampling.logprobs;
+  req.sampling.vocab_logprobs = sampling.vocab_logprobs;  // GenerationResponse.logprobs
+  req.stop = std::move(stop);
   // Text is decoded with special tokens, as mlx-lm's detokenizer gives them.
   req.skip_special_tokens = false;
   return engine_->submit(std::move(req), [this](const Event& ev) {
@@ -64,6 +64,13 @@ Result<uint64_t> Session::submit(std::vector<int32_t> prompt, int max_tokens,
       e.generated_tokens = ev.generated_tokens;
     }
     std::lock_guard<std::mutex> lk(events_mu_);
+    if (!ev.vocab_logprobs.empty()) {
+      if (!spare_rows_.empty()) {
+        e.vocab_logprobs = std::move(spare_rows_.back());
+        spare_rows_.pop_back();
+      }
+      e.vocab_logprobs.assign(ev.vocab_logprobs.begin(), ev.vocab_logprobs.end());
+    }
     events_.push_back(std::move(e));
   });
 }
@@ -80,6 +87,13 @@ bool Session::step() {
 std::vector<PyEvent> Session::take_events() {
   std::lock_guard<std::mutex> lk(events_mu_);
   return std::exchange(events_, {});
+}
+
+void Session::give_back_rows(std::vector<PyEvent>& events) {
+  std::lock_guard<std::mutex> lk(events_mu_);
+  for (PyEvent& e : events) {
+    if (e.vocab_logprobs.capacity() > 0) spare_rows_.push_back(std::move(e.vocab_logprobs));
+  }
 }
 
 }  // namespace recur::py

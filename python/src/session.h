@@ -33,12 +33,17 @@ struct PyEvent {
   std::string message;
   int prompt_tokens = 0;
   int generated_tokens = 0;
+  // The whole vocabulary's log-probabilities, when asked for ([vocab]; empty otherwise). A row
+  // from the session's spares, given back by give_back_rows once Python has its copy.
+  std::vector<float> vocab_logprobs;
 };
 
 struct PySampling {
   std::optional<float> temperature, top_p, min_p;
   std::optional<int> top_k;
   std::optional<uint64_t> seed;
+  int logprobs = -1;            // SamplingParams::logprobs
+  bool vocab_logprobs = false;  // SamplingParams::vocab_logprobs
 };
 
 class Session {
@@ -48,11 +53,14 @@ class Session {
   ~Session();
 
   Result<uint64_t> submit(std::vector<int32_t> prompt, int max_tokens, const PySampling& sampling,
-                          const std::vector<int32_t>& stop_tokens, bool ignore_eos);
+                          StopConditions stop);
   void cancel(uint64_t uid);
   // One engine step on this thread; false when nothing is queued or running.
   bool step();
   std::vector<PyEvent> take_events();
+  // Takes the events' vocab_logprobs rows back for later events (each keeps its capacity, so
+  // steady decoding allocates none).
+  void give_back_rows(std::vector<PyEvent>& events);
   EngineStats stats() const { return engine_->stats(); }
 
   const ModelInfo& info() const { return engine_->model_info(); }
@@ -71,6 +79,7 @@ class Session {
   std::mutex step_mu_;              // step() from two Python threads runs one at a time
   std::mutex events_mu_;
   std::vector<PyEvent> events_;
+  std::vector<std::vector<float>> spare_rows_;  // under events_mu_
 };
 
 }  // namespace recur::py

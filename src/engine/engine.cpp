@@ -137,6 +137,9 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> model,
   if (ops.device() != Device::kCpu) {
     e->host_logits_.resize(size_t(config.max_batch) * size_t(info.vocab_size));
   }
+  if (config.vocab_logprobs) {
+    e->vocab_logprobs_.resize(size_t(config.max_batch) * size_t(info.vocab_size));
+  }
   e->pipeline_ =
       config.pipeline_decode > 0 || (config.pipeline_decode < 0 && ops.device() != Device::kCpu);
   if (ops.device() != Device::kCpu || e->pipeline_) {
@@ -217,6 +220,11 @@ Result<uint64_t> Engine::submit(Request req, EventSink sink) {
                       req.max_tokens);
   }
   RECUR_RETURN_IF_ERROR(req.sampling.validate(info.vocab_size));
+  if (req.sampling.vocab_logprobs && !config_.vocab_logprobs) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "the vocabulary's log-probabilities (vocab_logprobs) are off in this engine "
+                      "(EngineConfig::vocab_logprobs)");
+  }
   for (auto& s : req.stop.stop_sequences) {
     if (s.empty()) return make_error(ErrorCode::kInvalidArgument, "a stop sequence is empty");
   }
@@ -637,11 +645,16 @@ void Engine::sample_and_emit() {
     const Tensor ids = view(ids_buf_, DType::I32, {n_rows});
     ops_->argmax_rows(logits_.slice_rows(0, n_rows), ids);
     ops_->copy_to_host_start(ids, host_ids_.data());
+    // Before the next step's forward, which writes the logits.
+    fill_vocab_logprobs(host_logits_.empty() ? rows : nullptr);
     if (pipeline_) maybe_prelaunch();
     ops_->copy_to_host_finish();
-  } else if (!host_logits_.empty()) {
-    ops_->copy_to_host(logits_.slice_rows(0, n_rows), host_logits_.data());
-    rows = host_logits_.data();
+  } else {
+    if (!host_logits_.empty()) {
+      ops_->copy_to_host(logits_.slice_rows(0, n_rows), host_logits_.data());
+      rows = host_logits_.data();
+    }
+    fill_vocab_logprobs(rows);  // before the sampling adjusts the rows in place
   }
   const std::vector<int32_t>& eos = model_->info().eos_token_ids;
   int64_t sampled = 0;
@@ -649,9 +662,11 @@ void Engine::sample_and_emit() {
     if (!logit_seqs_[r]) continue;
     Sequence& s = *logit_seqs_[r];
     if (s.finished) continue;
+    const float* vocab_logprobs =
+        s.req.sampling.vocab_logprobs ? vocab_logprobs_.data() + r * size_t(V) : nullptr;
     if (device_argmax) {
       s.sampled.id = host_ids_[r];
-      s.sampled.logprob = 0;
+      s.sampled.logprob = vocab_logprobs ? vocab_logprobs[s.sampled.id] : 0;
       s.sampled.top.clear();
     } else {
       s.sampler.sample(const_cast<float*>(rows) + r * size_t(V), &s.sampled);
@@ -669,6 +684,7 @@ void Engine::sample_and_emit() {
     ev.token = tok;
     ev.logprob = s.sampled.logprob;
     ev.top_logprobs = s.sampled.top;
+    if (vocab_logprobs) ev.vocab_logprobs = std::span(vocab_logprobs, size_t(V));
     ev.text = text_buf_;
     s.sink(ev);
     ++events_this_step_;
@@ -693,6 +709,31 @@ void Engine::sample_and_emit() {
   }
   std::lock_guard<std::mutex> lk(mu_);
   stats_.generated_tokens += sampled;
+}
+
+void Engine::fill_vocab_logprobs(const float* host_rows) {
+  const int V = model_->info().vocab_size;
+  const auto wants = [&](const Sequence* s) {
+    return s && !s->finished && s->req.sampling.vocab_logprobs;
+  };
+  int64_t first = -1, last = -1;
+  for (size_t r = 0; r < logit_seqs_.size(); ++r) {
+    if (!wants(logit_seqs_[r])) continue;
+    if (first < 0) first = int64_t(r);
+    last = int64_t(r);
+  }
+  if (first < 0) return;
+  if (!host_rows) {
+    // One copy for the step: the rows from the first that asked to the last.
+    ops_->copy_to_host(logits_.slice_rows(first, last + 1),
+                       host_logits_.data() + size_t(first) * size_t(V));
+    host_rows = host_logits_.data();
+  }
+  for (int64_t r = first; r <= last; ++r) {
+    if (!wants(logit_seqs_[size_t(r)])) continue;
+    log_softmax(host_rows + size_t(r) * size_t(V), V,
+                vocab_logprobs_.data() + size_t(r) * size_t(V));
+  }
 }
 
 void Engine::finish(Sequence& seq, FinishReason reason, std::string_view message) {

@@ -62,6 +62,8 @@ struct Event {
   int prompt_tokens = 0;                       // kFinish
   int generated_tokens = 0;                    // kFinish
   int cached_tokens = 0;                       // kFinish: prompt tokens the prefix cache gave
+  // kToken, when SamplingParams::vocab_logprobs: log_softmax of the step's raw logits [vocab].
+  std::span<const float> vocab_logprobs;
 };
 // Runs on the engine thread: must be quick and must not call back into the engine.
 using EventSink = std::function<void(const Event&)>;
@@ -103,6 +105,9 @@ struct EngineConfig {
   // the device, is queued before this step's picks are read. 1 on, 0 off, -1 on for device
   // backends (on the CPU, where the forward runs on the caller's thread, it gains nothing).
   int pipeline_decode = -1;
+  // Host rows for SamplingParams::vocab_logprobs ([max_batch, vocab] floats), made at creation;
+  // without them requests asking for the vector are refused. The Python package turns it on.
+  bool vocab_logprobs = false;
   // Matmul weights of F32/BF16/F16 checkpoints quantized at load (LoadOptions::quantize).
   Quantize quantize = Quantize::kNone;
   // The prefix cache (engine/prefix_cache.h): a prompt starts from the longest prefix whose
@@ -206,6 +211,9 @@ class Engine {
   void finish(Sequence& seq, FinishReason reason, std::string_view message);
   void release_finished();
   void sample_and_emit();
+  // vocab_logprobs_'s rows for this step's sequences that asked for them, from the logits rows
+  // on the host (host_rows, [rows, vocab]) or, when null, from the backend's, copied once.
+  void fill_vocab_logprobs(const float* host_rows);
   void maybe_prelaunch();  // the next step's forward, when this step's picks feed it as they are
   void publish_gauges();   // running, waiting, blocks and slots in use; caller holds mu_
   bool ensure_blocks(Sequence& seq, int last_position);
@@ -243,6 +251,9 @@ class Engine {
   Buffer logits_buf_;
   Tensor logits_;                   // [max rows, vocab] in the backend's memory
   std::vector<float> host_logits_;  // for backends whose memory the host cannot read
+  // Rows of SamplingParams::vocab_logprobs, one per logits row: [max rows, vocab] when
+  // EngineConfig::vocab_logprobs, filled by fill_vocab_logprobs for the rows that asked.
+  std::vector<float> vocab_logprobs_;
   // Greedy steps on those backends, and pipelined ones: ids chosen by the backend ([max rows]
   // I32) and their host copy.
   Buffer ids_buf_;

@@ -180,6 +180,12 @@ size_t nucleus(Cand* c, size_t n, double need, double* hist) {
 
 }  // namespace
 
+void log_softmax(const float* logits, int n, float* out) {
+  const float m = max_of(logits, n);
+  const double lse = m + std::log(sum_exp(logits, n, m, 1.0f));
+  for (int i = 0; i < n; ++i) out[i] = float(logits[i] - lse);
+}
+
 Status SamplingParams::validate(int vocab_size) const {
   constexpr ErrorCode kBad = ErrorCode::kInvalidArgument;
   if (vocab_size <= 0) return make_error(kBad, "vocab_size must be positive, got {}", vocab_size);

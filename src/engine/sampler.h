@@ -27,6 +27,9 @@ struct SamplingParams {
   std::vector<std::pair<int32_t, float>> logit_bias;  // [-100, 100], added to the raw logits first
   std::optional<uint64_t> seed;  // reproducible sampling, whatever else is in the batch
   int logprobs = -1;  // -1: none; 0: the chosen token's logprob; n>0: also the top-n (n <= 20)
+  // Also the log-probabilities of the whole vocabulary (Event::vocab_logprobs): log_softmax of
+  // the raw logits, as mlx-lm's responses carry them. Costs a row copy and a pass per token.
+  bool vocab_logprobs = false;
 
   Status validate(int vocab_size) const;
 };
@@ -43,6 +46,10 @@ struct SampledToken {
   // kMaxTopLogprobs once, so a SampledToken reused across steps never reallocates.
   std::vector<TokenLogprob> top;
 };
+
+// out[i] = logits[i] - logsumexp(logits) over n values (NaNs aside), summed as sample() sums
+// for the chosen token's logprob, so that out[id] equals SampledToken::logprob.
+void log_softmax(const float* logits, int n, float* out);  // logits, out: [n]
 
 class Sampler {
  public:

@@ -1,3 +1,5 @@
+import pytest
+
 import recur
 
 
@@ -5,12 +7,13 @@ def test_batch_generate_equals_one_at_a_time(realvocab):
     model, tok = realvocab
     prompts = [tok.encode("Hello"), tok.encode("A longer prompt about the weather in Paris"),
                [1, 2, 3, 4, 5], tok.encode("x")]
-    batched = recur.batch_generate(model, tok, prompts, max_tokens=10)
+    batched = recur.batch_generate(model, tok, prompts, max_tokens=10, return_token_ids=True)
     single = [recur.generate(model, tok, p, max_tokens=10) for p in prompts]
     assert batched.texts == single
     assert batched.stats.generation_tokens > 0
-    assert [tok.decode(t) for t in batched.tokens] == single
-    assert all(1 <= len(t) <= 10 for t in batched.tokens)
+    assert [tok.decode(t) for t in batched.token_ids] == single
+    assert all(1 <= len(t) <= 10 for t in batched.token_ids)
+    assert batched.logprobs is None and batched.caches is None
 
 
 def test_batch_generator_insert_next_remove(tiny):
@@ -67,6 +70,16 @@ def test_batch_generator_stop_tokens_and_late_insert(tiny):
     assert got[a] == toks[:2] and reasons[a] == "stop"
     assert len(got[b]) == 2 and reasons[b] == "length"
     gen.close()
+    # Stop tokens as newer mlx-lm gives them, sequences of ids: one id, or several in a row.
+    for stops, n in (([[toks[2]]], 3), ([[toks[1], toks[2]]], 3), ([[toks[2], toks[1]]], 4)):
+        g = recur.BatchGenerator(model, max_tokens=4, stop_tokens=stops)
+        g.insert([[9, 9, 9]])
+        out = []
+        while r := g.next_generated():
+            out += r
+        g.close()
+        assert [x.token for x in out] == toks[:n], stops
+        assert out[-1].finish_reason == ("stop" if n < 4 else "length"), stops
 
 
 def test_live_buffers_flat(tiny):
@@ -80,3 +93,44 @@ def test_live_buffers_flat(tiny):
             at[n] = (gen.stats().live_buffers, gen.stats().live_bytes)
     assert at[100] == at[400]
     gen.close()
+
+
+def test_insert_per_prompt_samplers_and_numpy_prompts(tiny):
+    import numpy as np
+    from recur.sample_utils import make_sampler
+    model, _ = tiny
+    hot = make_sampler(temp=1.5, seed=4)
+
+    def run(prompts, **kw):
+        g = recur.BatchGenerator(model, max_tokens=8)
+        uids = g.insert(prompts, **kw)
+        got = {u: [] for u in uids}
+        while r := g.next_generated():
+            for x in r:
+                got[x.uid].append(x.token)
+        g.close()
+        return [got[u] for u in uids]
+
+    greedy = run([[1, 2, 3], [4, 5]])
+    mixed = run([np.array([1, 2, 3]), [4, 5]], samplers=[hot, None])
+    assert mixed[1] == greedy[1]
+    assert mixed[0] == run([[1, 2, 3]], samplers=[hot])[0] != greedy[0]
+    gen = recur.BatchGenerator(model)
+    with pytest.raises(ValueError, match="one max_tokens and one sampler"):
+        gen.insert([[1], [2]], samplers=[hot])
+    with pytest.raises(ValueError, match="stop_matchers"):
+        gen.insert([[1]], stop_matchers=[object()])
+    with pytest.raises(ValueError, match="prompt caches"):
+        gen.insert([[1]], caches=[[]])
+    gen.close()
+
+
+def test_load_return_config_and_mlx_lm_options():
+    import os
+    from conftest import MODELS
+    path = os.path.join(MODELS, "qwen3next-tiny")
+    model, tok, config = recur.load(path, kv_cache_mb=8, lazy=True, tokenizer_config={},
+                                    return_config=True)
+    assert config["vocab_size"] == 256 and tok.vocab_size == 256
+    with pytest.raises(ValueError, match="adapter_path"):
+        recur.load(path, adapter_path="adapters")

@@ -51,7 +51,8 @@ def test_stream_generate_responses(realvocab):
     assert out[-1].finish_reason == "length"
     assert out[0].prompt_tps > 0 and out[-1].generation_tps > 0
     assert out[-1].peak_memory > 0
-    assert all(isinstance(r.token, int) and r.logprobs <= 0 for r in out)
+    assert all(isinstance(r.token, int) and r.logprobs[r.token] <= 0 for r in out)
+    assert all(r.from_draft is False for r in out)
     text = recur.generate(model, tok, prompt, max_tokens=6)
     assert "".join(r.text for r in out) == text
     assert tok.decode([r.token for r in out]) == text
@@ -121,10 +122,11 @@ def test_bad_input(realvocab, tiny):
 def test_generate_verbose_and_counters(realvocab, capsys):
     model, tok = realvocab
     before = model.stats()
-    text = recur.generate(model, tok, [1, 2, 3, 4], max_tokens=5, verbose=True)
+    text = recur.generate(model, tok, [1, 2, 3, 4], True, max_tokens=5)  # verbose, as mlx-lm
     printed = capsys.readouterr().out
-    assert printed.startswith(text) and "prompt: 4 tokens" in printed
-    assert "generation: 5 tokens" in printed
+    assert printed.startswith("=" * 10 + "\n" + text + "\n" + "=" * 10)
+    assert "Prompt: 4 tokens, " in printed and "Generation: 5 tokens, " in printed
+    assert "Peak memory: " in printed
     after = model.stats()
     assert after["generated_tokens"] == before["generated_tokens"] + 5
     assert after["prompt_tokens"] == before["prompt_tokens"] + 4
@@ -149,3 +151,35 @@ def test_generate_from_threads(realvocab):
     for t in threads:
         t.join()
     assert results == [ref] * 4
+
+
+def test_mlx_lm_call_shapes(realvocab, tiny):
+    # Calls as mlx-lm scripts make them: its main()'s make_sampler, options of its own machinery
+    # accepted, options that would change the result refused with their name.
+    model, tok = realvocab
+    s = make_sampler(0.0, 0.0, 0.0, 1, top_k=0, xtc_probability=0.0, xtc_threshold=0.0,
+                     xtc_special_tokens=tok.encode("\n") + list(tok.eos_token_ids))
+    text = recur.generate(model, tok, [1, 2, 3], max_tokens=4, sampler=s, prefill_step_size=512,
+                          kv_group_size=64, quantized_kv_start=0)
+    assert text == recur.generate(model, tok, [1, 2, 3], max_tokens=4)
+    with pytest.raises(ValueError, match="XTC"):
+        make_sampler(temp=0.7, xtc_probability=0.5, xtc_threshold=0.1)
+    with pytest.raises(ValueError, match="min_tokens_to_keep"):
+        make_sampler(temp=0.7, min_p=0.1, min_tokens_to_keep=3)
+    for name in ("draft_model", "logits_processors", "prompt_cache", "max_kv_size", "kv_bits"):
+        with pytest.raises(ValueError, match=name):
+            recur.generate(model, tok, [1, 2], max_tokens=2, **{name: [object()]})
+        with pytest.raises(ValueError, match=name):
+            recur.BatchGenerator(model, **{name: 1})
+    with pytest.raises(ValueError, match="prompt caches"):
+        recur.batch_generate(model, tok, [[1, 2]], prompt_caches=[[]])
+    calls = []
+    recur.generate(model, tok, [1, 2, 3], max_tokens=2,
+                   prompt_progress_callback=lambda done, total: calls.append((done, total)))
+    assert calls == [(0, 3), (3, 3)]
+    assert tok.has_chat_template and not tiny[1].has_chat_template
+    messages = [{"role": "user", "content": "Hi"}]
+    with pytest.raises(ValueError, match="continue_final_message"):
+        tok.apply_chat_template(messages, continue_final_message=True)
+    assert tok.apply_chat_template(messages, continue_final_message=False, tokenize=False) == \
+        tok.apply_chat_template(messages, tokenize=False)
