@@ -43,11 +43,18 @@ timeout 300 ${t}test_cuda --gtest_filter=-*Bench* > "$out/test_cuda_full.txt" 2>
 tail -60 "$out/test_cuda_full.txt" > "$out/test_cuda.txt"
 grep -E "PASSED|FAILED" "$out/test_cuda.txt"
 for m in qwen3next-tiny qwen3next-seed-48L qwen3next-tiny-realvocab qwen3_5-tiny qwen3_5-seed-48L \
-    qwen3_5-moe-tiny kimi-linear-tiny kimi-linear-var kimi-linear-bf16; do
+    qwen3_5-moe-tiny kimi-linear-tiny kimi-linear-var kimi-linear-bf16 qwen3next-fp8-tiny; do
   timeout 60 $b/recur verify --device cuda --tolerance 1e-3 --model models/$m \
     --golden tests/data/golden/$m/golden.safetensors > "$out/verify_$m.txt" 2>&1 ||
     failed "verify $m"
   tail -1 "$out/verify_$m.txt"
+done
+# --quantize fp8 (quantized on the device) on bf16 models: KL divergence and top-1 agreement.
+for m in qwen3next-tiny qwen3_5-moe-tiny; do
+  timeout 60 $b/recur verify --device cuda --quantize fp8 --report --model models/$m \
+    --golden tests/data/golden/$m/golden.safetensors > "$out/verify_fp8_$m.txt" 2>&1 ||
+    failed "verify --quantize fp8 $m"
+  tail -3 "$out/verify_fp8_$m.txt"
 done
 if [ "$mode" = quick ]; then exit $fail; fi
 RECUR_TEST_DEVICE=cuda timeout 120 ${t}test_model --gtest_filter='UnseenShapes.*:KimiLinear.*' \

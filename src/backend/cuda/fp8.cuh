@@ -124,6 +124,19 @@ __device__ __forceinline__ void fp8_partial(const Fp8Matrix& w, int64_t row0, in
   }
 }
 
+// Fetches the first max_bytes of each of `rows` rows of fp8 bytes (q: the first row, k bytes
+// apart) into L2, the lanes 128 bytes apart. Issued before a kernel's PDL wait (weights never
+// depend on the kernel before it), so the loads after the wait find them there.
+__device__ __forceinline__ void fp8_prefetch_rows(const uint8_t* q, int64_t k, int rows, int lane,
+                                                  int lanes, int64_t max_bytes) {
+  const int64_t n = k < max_bytes ? k : max_bytes;
+  for (int r = 0; r < rows; ++r) {
+    for (int64_t off = int64_t(lane) * 128; off < n; off += int64_t(lanes) * 128) {
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(q + r * k + off));
+    }
+  }
+}
+
 // Whether fp8_partial's 16-byte path fits a weight of k columns and bc columns per scale.
 __host__ __device__ __forceinline__ bool fp8_vec_shape(int64_t k, int bc) {
   return k % 16 == 0 && bc % 16 == 0;

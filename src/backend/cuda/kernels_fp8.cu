@@ -63,6 +63,8 @@ struct Fp8GemvGroup {
   int first_block[Ops::kMaxMatmulGroup + 1];
   int count;
 };
+// Bytes of each row a GEMV warp fetches into L2 before its PDL wait (whole rows of 4,096).
+constexpr int64_t kFp8PrefetchBytes = 4096;
 constexpr int kDenseWarpRows = 2;                                    // output rows per warp
 constexpr int kDenseBlockRows = kDenseWarpRows * kGemvThreads / 32;  // per block
 
@@ -78,10 +80,11 @@ __global__ void __launch_bounds__(kGemvThreads)
   const int64_t row0 =
       int64_t(int(blockIdx.x) - g.first_block[i]) * kDenseBlockRows + warp * kDenseWarpRows;
   const int t0 = int(blockIdx.y) * NT, nt = min(NT, n - t0);
-  grid_dependency_sync();
   const Fp8Matrix& w = g.w[i];
-  if (row0 >= w.m) return;  // nothing below waits for the block
   const int rows = int(min64(kDenseWarpRows, w.m - row0));
+  if (rows > 0) fp8_prefetch_rows(w.q + row0 * w.k, w.k, rows, lane, 32, kFp8PrefetchBytes);
+  grid_dependency_sync();
+  if (rows <= 0) return;  // nothing below waits for the block
   const float* xr[NT];
 #pragma unroll
   for (int t = 0; t < NT; ++t) xr[t] = x + int64_t(t0 + (t < nt ? t : 0)) * ldx;
@@ -145,10 +148,24 @@ void add_to_group(Fp8GemvGroup& g, const Tensor& w, const Tensor& out,
 // The MoE experts' fp8 GEMV (launch_moe_fp8_gemv): a warp per RW rows of the tile's expert.
 template <int NT, bool kDual, bool kVec>
 __global__ void __launch_bounds__(kGemvThreads) moe_fp8_gemv_kernel(MoeGemmArgs a) {
-  grid_dependency_sync();
   constexpr int RW = kDual ? 2 : 4;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t orow = int64_t(blockIdx.x) * (kGemvThreads / 32) * RW + int64_t(warp) * RW;
+  // One token: rows whose expert is known before the wait go to L2 meanwhile: the shared
+  // expert's, and down's (the ids were stored before gate/up ran; a stale id costs only the
+  // prefetch).
+  const bool shared_tile = a.direct_shared >= 0 && int(blockIdx.y) == a.direct_k - 1;
+  int pre_e;
+  if (orow < a.m && (a.ids_early || shared_tile) && moe_direct_expert(a, blockIdx.y, pre_e)) {
+    const int rows = int(min64(RW, a.m - orow));
+    for (const void* const* t : {a.w, kDual ? a.w2 : nullptr}) {
+      if (t) {
+        fp8_prefetch_rows(static_cast<const uint8_t*>(t[pre_e]) + orow * a.k, a.k, rows, lane, 32,
+                          kFp8PrefetchBytes);
+      }
+    }
+  }
+  grid_dependency_sync();
   if (orow >= a.m) return;  // warp-uniform, and nothing below waits for the block
   int e, row0, nt;
   if (!moe_tile(a, blockIdx.y, e, row0, nt)) return;
