@@ -158,11 +158,11 @@ __global__ void __launch_bounds__(kGemvThreads) moe_fp8_gemv_kernel(MoeGemmArgs 
   int pre_e;
   if (orow < a.m && (a.ids_early || shared_tile) && moe_direct_expert(a, blockIdx.y, pre_e)) {
     const int rows = int(min64(RW, a.m - orow));
-    for (const void* const* t : {a.w, kDual ? a.w2 : nullptr}) {
-      if (t) {
-        fp8_prefetch_rows(static_cast<const uint8_t*>(t[pre_e]) + orow * a.k, a.k, rows, lane, 32,
-                          kFp8PrefetchBytes);
-      }
+    fp8_prefetch_rows(static_cast<const uint8_t*>(a.w[pre_e]) + orow * a.k, a.k, rows, lane, 32,
+                      kFp8PrefetchBytes);
+    if constexpr (kDual) {
+      fp8_prefetch_rows(static_cast<const uint8_t*>(a.w2[pre_e]) + orow * a.k, a.k, rows, lane, 32,
+                        kFp8PrefetchBytes);
     }
   }
   grid_dependency_sync();
