@@ -68,6 +68,11 @@ timeout 120 $b/recur bench --config configs/qwen3-next-80b-a3b-instruct.json --r
   --device cuda --batch 1,16,64 --prompt-len 2048 --gen-len 64 > "$out/bench_recur.json" 2>&1 ||
   failed "recur bench"
 grep -E '"(copy_bandwidth_gb_s|prefill_tok_s|prefill_tflop_s|batch|tok_s|fraction_of_copy_bandwidth)"' "$out/bench_recur.json"
+# The same in block-FP8 (--quantize fp8: random weights quantized on the device).
+timeout 150 $b/recur bench --config configs/qwen3-next-80b-a3b-instruct.json --random-weights --layers 6 \
+  --quantize fp8 --device cuda --batch 1,16,64 --prompt-len 2048 --gen-len 64 \
+  > "$out/bench_recur_fp8.json" 2>&1 || failed "recur bench fp8"
+grep -E '"(prefill_tok_s|batch|tok_s|fraction_of_copy_bandwidth)"' "$out/bench_recur_fp8.json"
 # transformers' baseline is a measurement, not a check: its failure is reported only.
 PYTHONUNBUFFERED=1 timeout 200 python3 bench/hf_gpu_baseline.py \
   --config configs/qwen3-next-80b-a3b-instruct.json --layers 6 > "$out/bench_hf_full.txt" 2>&1 ||
