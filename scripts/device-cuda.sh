@@ -43,11 +43,18 @@ timeout 300 ${t}test_cuda --gtest_filter=-*Bench* > "$out/test_cuda_full.txt" 2>
 tail -60 "$out/test_cuda_full.txt" > "$out/test_cuda.txt"
 grep -E "PASSED|FAILED" "$out/test_cuda.txt"
 for m in qwen3next-tiny qwen3next-seed-48L qwen3next-tiny-realvocab qwen3_5-tiny qwen3_5-seed-48L \
-    qwen3_5-moe-tiny kimi-linear-tiny kimi-linear-var kimi-linear-bf16; do
+    qwen3_5-moe-tiny kimi-linear-tiny kimi-linear-var kimi-linear-bf16 qwen3next-fp8-tiny; do
   timeout 60 $b/recur verify --device cuda --tolerance 1e-3 --model models/$m \
     --golden tests/data/golden/$m/golden.safetensors > "$out/verify_$m.txt" 2>&1 ||
     failed "verify $m"
   tail -1 "$out/verify_$m.txt"
+done
+# --quantize fp8 (quantized on the device) on bf16 models: KL divergence and top-1 agreement.
+for m in qwen3next-tiny qwen3_5-moe-tiny; do
+  timeout 60 $b/recur verify --device cuda --quantize fp8 --report --model models/$m \
+    --golden tests/data/golden/$m/golden.safetensors > "$out/verify_fp8_$m.txt" 2>&1 ||
+    failed "verify --quantize fp8 $m"
+  tail -3 "$out/verify_fp8_$m.txt"
 done
 if [ "$mode" = quick ]; then exit $fail; fi
 RECUR_TEST_DEVICE=cuda timeout 120 ${t}test_model --gtest_filter='UnseenShapes.*:KimiLinear.*' \
@@ -61,6 +68,11 @@ timeout 120 $b/recur bench --config configs/qwen3-next-80b-a3b-instruct.json --r
   --device cuda --batch 1,16,64 --prompt-len 2048 --gen-len 64 > "$out/bench_recur.json" 2>&1 ||
   failed "recur bench"
 grep -E '"(copy_bandwidth_gb_s|prefill_tok_s|prefill_tflop_s|batch|tok_s|fraction_of_copy_bandwidth)"' "$out/bench_recur.json"
+# The same in block-FP8 (--quantize fp8: random weights quantized on the device).
+timeout 150 $b/recur bench --config configs/qwen3-next-80b-a3b-instruct.json --random-weights --layers 6 \
+  --quantize fp8 --device cuda --batch 1,16,64 --prompt-len 2048 --gen-len 64 \
+  > "$out/bench_recur_fp8.json" 2>&1 || failed "recur bench fp8"
+grep -E '"(prefill_tok_s|batch|tok_s|fraction_of_copy_bandwidth)"' "$out/bench_recur_fp8.json"
 # transformers' baseline is a measurement, not a check: its failure is reported only.
 PYTHONUNBUFFERED=1 timeout 200 python3 bench/hf_gpu_baseline.py \
   --config configs/qwen3-next-80b-a3b-instruct.json --layers 6 > "$out/bench_hf_full.txt" 2>&1 ||

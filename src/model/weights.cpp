@@ -60,10 +60,13 @@ std::optional<DType> quantized_dtype(Quantize q, const std::string& name, int64_
   return q == Quantize::kQ4 && !lm_head ? DType::Q4_32 : DType::Q8_32;
 }
 
-// host [m, k] (F32/BF16/F16, contiguous) quantized to `dtype` and handed to the backend.
+// host [m, k] (F32/BF16/F16, contiguous) quantized to `dtype` and handed to the backend. A
+// device backend quantizes to fp8 itself (the same 128×128 blocks and values).
 Result<Tensor> quantize_matmul(Ops& ops, const Tensor& host, DType dtype,
                                std::vector<Buffer>* owned) {
-  if (dtype != DType::F8_E4M3) return ops.quantize_matmul_weight(host, dtype, owned);
+  if (dtype != DType::F8_E4M3 || ops.device() != Device::kCpu) {
+    return ops.quantize_matmul_weight(host, dtype, owned);
+  }
   // Block-FP8 made here, the same for every backend: 128×128 blocks scaled so that each
   // block's largest magnitude becomes 448, e4m3's largest.
   constexpr int kBlock = 128;
@@ -403,11 +406,27 @@ Result<Tensor> RandomWeights::load_rows(std::span<const RowPiece> pieces,
       (use == WeightUse::kMatrix || use == WeightUse::kExpert) && shape.size() == 2
           ? quantized_dtype(quantize_, name, shape[1])
           : std::nullopt;
-  if (q) {  // made on the host in `dt`, then quantized as a checkpoint's would be
-    if (ops_.device() != Device::kCpu) {
+  if (q && ops_.device() != Device::kCpu) {
+    // fp8 on a device backend: made in the backend's memory in `dt`, one tensor at a time in a
+    // staging buffer kept for the next, and quantized there (the model never exists in `dt`).
+    if (*q != DType::F8_E4M3) {
       return make_error(ErrorCode::kUnsupported, "--quantize {} runs on the CPU only",
                         quantize_name(quantize_));
     }
+    const size_t bytes = size_t(n) * dtype_size(dt);
+    if (staging_.bytes() < bytes) {
+      staging_.reset();
+      RECUR_ASSIGN_OR_RETURN(staging_, ops_.allocator().allocate(bytes, "weight staging"));
+    }
+    Tensor t = Tensor::contiguous(staging_.data(), dt, {n}, staging_.device());
+    const auto [lo, hi] = random_range(name, shape, n_layers_, norm_center_);
+    ops_.fill_random_uniform(t, seed_ + 0x1000 * ++index_, lo, hi);
+    RECUR_ASSIGN_OR_RETURN(Tensor adopted,
+                           quantize_matmul(ops_, with_shape(t, shape), *q, &owned_));
+    count(adopted, use);
+    return adopted;
+  }
+  if (q) {  // made on the host in `dt`, then quantized as a checkpoint's would be
     RECUR_ASSIGN_OR_RETURN(Buffer host,
                            cpu_allocator().allocate(size_t(n) * dtype_size(dt), name.c_str()));
     Tensor t = Tensor::contiguous(host.data(), dt, {n});

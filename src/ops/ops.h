@@ -131,8 +131,9 @@ class Ops {
                                                 int block_rows, int block_cols,
                                                 std::vector<Buffer>* owned);
   // A matmul weight [m, k] (F32, BF16 or F16, contiguous) quantized at load to `dtype`: Q8_32
-  // or Q4_32 (groups of 32 along k, an f16 scale each). The backend's own layout; the default
-  // refuses it with an error.
+  // or Q4_32 (groups of 32 along k, an f16 scale each), or on a device backend F8_E4M3 (128×128
+  // blocks, scale amax / 448, as adopt_block_fp8_weight's; the weight in host or this backend's
+  // memory). The backend's own layout; the default refuses it with an error.
   virtual Result<Tensor> quantize_matmul_weight(const Tensor& host, DType dtype,
                                                 std::vector<Buffer>* owned);
   virtual void copy_to_host(const Tensor& src, void* dst) = 0;  // src contiguous

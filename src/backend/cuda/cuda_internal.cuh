@@ -11,6 +11,7 @@
 #include <map>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -112,6 +113,12 @@ struct CudaOps::Impl {
   // Weight slabs: adopt_weight sub-allocates, 256-byte aligned; large weights get their own.
   std::vector<Buffer> slabs, weight_buffers;
   size_t slab_used = 0;
+  // Block sizes of every block-FP8 weight this backend made (cuda/fp8.cuh has the layout),
+  // by the weight's data pointer.
+  struct Fp8Blocks {
+    int rows = 0, cols = 0;
+  };
+  std::unordered_map<const void*, Fp8Blocks> fp8_blocks;
 
   // The batch mirror: host arrays packed into pinned memory, one async copy to `mirror`.
   struct Mirrored {
@@ -235,6 +242,12 @@ struct CudaOps::Impl {
   DevLayout layout(const SeqLayout& l, bool with_blocks);
   void* grow(Buffer& b, size_t bytes, const char* what);  // outside forwards only (ad hoc)
   const void* const* expert_table(std::span<const ExpertWeights> experts);
+  // `bytes` of device memory for a weight that lives as long as this backend, 256-byte aligned:
+  // carved from a slab, or its own buffer when large.
+  Result<void*> weight_memory(size_t bytes);
+  // The block sizes of a block-FP8 weight made by adopt_block_fp8_weight or
+  // quantize_matmul_weight; fatal for any other F8_E4M3 tensor.
+  Fp8Blocks fp8_blocks_of(const Tensor& w) const;
   void launched(const char* what);  // checks the launch (and synchronises when debugging)
 
  private:

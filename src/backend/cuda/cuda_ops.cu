@@ -313,22 +313,7 @@ Result<Tensor> CudaOps::adopt_weight(const Tensor& host) {
   }
   Impl& s = *impl_;
   const size_t bytes = size_t(host.numel()) * dtype_size(host.dtype);
-  void* dst = nullptr;
-  if (bytes > kSlabBytes / 4) {
-    RECUR_ASSIGN_OR_RETURN(Buffer b, s.alloc.allocate(bytes, "weight"));
-    dst = b.data();
-    s.weight_buffers.push_back(std::move(b));
-  } else {
-    const size_t off = (s.slab_used + kWeightAlign - 1) / kWeightAlign * kWeightAlign;
-    if (s.slabs.empty() || off + bytes > s.slabs.back().bytes()) {
-      RECUR_ASSIGN_OR_RETURN(Buffer b, s.alloc.allocate(kSlabBytes, "weight slab"));
-      s.slabs.push_back(std::move(b));
-      s.slab_used = 0;
-    }
-    const size_t at = (s.slab_used + kWeightAlign - 1) / kWeightAlign * kWeightAlign;
-    dst = static_cast<char*>(s.slabs.back().data()) + at;
-    s.slab_used = at + bytes;
-  }
+  RECUR_ASSIGN_OR_RETURN(void* dst, s.weight_memory(bytes));
   // Ordered on our stream, then waited for: the host tensor may be a mapping that goes away.
   RECUR_CUDA_CHECK(cudaMemcpyAsync(dst, host.data, bytes, cudaMemcpyHostToDevice, s.stream));
   RECUR_CUDA_CHECK(cudaStreamSynchronize(s.stream));
@@ -724,6 +709,24 @@ void* CudaOps::Impl::grow(Buffer& b, size_t bytes, const char* what) {
     b = std::move(r.value());
   }
   return b.data();
+}
+
+Result<void*> CudaOps::Impl::weight_memory(size_t bytes) {
+  if (bytes > kSlabBytes / 4) {
+    RECUR_ASSIGN_OR_RETURN(Buffer b, alloc.allocate(bytes, "weight"));
+    void* dst = b.data();
+    weight_buffers.push_back(std::move(b));
+    return dst;
+  }
+  const size_t off = (slab_used + kWeightAlign - 1) / kWeightAlign * kWeightAlign;
+  if (slabs.empty() || off + bytes > slabs.back().bytes()) {
+    RECUR_ASSIGN_OR_RETURN(Buffer b, alloc.allocate(kSlabBytes, "weight slab"));
+    slabs.push_back(std::move(b));
+    slab_used = 0;
+  }
+  const size_t at = (slab_used + kWeightAlign - 1) / kWeightAlign * kWeightAlign;
+  slab_used = at + bytes;
+  return static_cast<char*>(slabs.back().data()) + at;
 }
 
 const void* const* CudaOps::Impl::expert_table(std::span<const ExpertWeights> experts) {

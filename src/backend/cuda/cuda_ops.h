@@ -27,6 +27,14 @@ class CudaOps final : public Ops {
   // large slabs owned by this object, so tens of thousands of expert matrices cost a few
   // allocations.
   Result<Tensor> adopt_weight(const Tensor& host) override;
+  // Block-FP8 weights stay fp8 on the device with their block scales (any block sizes; layout in
+  // cuda/fp8.cuh); matmul, matmul_group and the MoE experts read them directly.
+  Result<Tensor> adopt_block_fp8_weight(const Tensor& w, const Tensor& scales, int block_rows,
+                                        int block_cols, std::vector<Buffer>* owned) override;
+  // F8_E4M3 only (128×128 blocks, as the CPU's --quantize fp8), quantized by a kernel from a
+  // weight in host or device memory; other dtypes are refused as by the default.
+  Result<Tensor> quantize_matmul_weight(const Tensor& host, DType dtype,
+                                        std::vector<Buffer>* owned) override;
   // Sizes the batch mirror for the limits; the other scratch is fixed at start-up. With
   // limits given, decode forwards (one token per sequence) run as CUDA graphs.
   Status reserve(const ForwardLimits& limits) override;

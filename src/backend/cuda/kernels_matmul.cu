@@ -1,4 +1,5 @@
-// out[n, m] = x[n, k] · w[m, k]^T (or out += that), w in its stored dtype.
+// out[n, m] = x[n, k] · w[m, k]^T (or out += that), w in its stored dtype (block-FP8 weights:
+// kernels_fp8.cu).
 //
 // Up to kGemvMaxTokens tokens (decode): the GEMV kernel of gemv.cuh, f32 arithmetic, reading
 // each weight byte once at close to memory bandwidth; decode batches on small weights, the same
@@ -15,6 +16,7 @@
 #include <string>
 
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/fp8.cuh"
 #include "backend/cuda/gemv.cuh"
 
 namespace recur {
@@ -238,6 +240,20 @@ void CudaOps::matmul_group(const Tensor& x, std::span<const Tensor> ws,
   RECUR_CHECK(x.ndim == 2 && x.dtype == DType::F32 && x.stride[1] == 1);
   const int64_t n = x.shape[0], k = x.shape[1];
   Impl& s = *impl_;
+  if (!ws.empty() && ws[0].dtype == DType::F8_E4M3) {
+    // Block-FP8: all in one GEMV launch when they all take it, else one matmul each.
+    int64_t total = 0;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      RECUR_CHECK(ws[i].ndim == 2 && ws[i].shape[1] == k && outs[i].ndim == 2 &&
+                  outs[i].dtype == DType::F32 && outs[i].stride[1] == 1 && outs[i].shape[0] == n &&
+                  outs[i].shape[1] == ws[i].shape[0]);
+      total += weight_bytes(ws[i]);
+    }
+    if (n == 0 || ws.size() == 1 || !takes_gemv(n, total) || !fp8_matmul_group(s, x, ws, outs)) {
+      for (size_t i = 0; i < ws.size(); ++i) matmul(x, ws[i], outs[i]);
+    }
+    return;
+  }
   // The weights the GEMV kernel takes go in one launch (all of them for up to kGemvMaxTokens
   // tokens; the first few small ones that fit for decode batches), the others one matmul each.
   std::array<Tensor, kMaxMatmulGroup> gw, go;
@@ -300,6 +316,10 @@ void CudaOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumula
   RECUR_CHECK(w.shape[1] == k && out.shape[0] == n && out.shape[1] == m);
   if (n == 0 || m == 0) return;
   Impl& s = *impl_;
+  if (w.dtype == DType::F8_E4M3) {
+    fp8_matmul(s, x, w, out, accumulate, takes_gemv(n, weight_bytes(w)));
+    return;
+  }
   if (takes_gemv(n, weight_bytes(w))) {
     dispatch_weight(w.dtype, [&](auto tag) {
       using W = decltype(tag);

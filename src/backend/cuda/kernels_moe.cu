@@ -7,6 +7,8 @@
 //   more tokens, BF16/F16 experts: tensor-core tiles (moe_wmma.cu) on activations split
 //     exactly into three 16-bit terms (f32-class results, like the cuBLAS matmul path);
 //   more tokens, F32 experts: the GEMV core over tiles of 8 rows.
+// F8_E4M3 experts take the fp8 GEMV core (kernels_fp8.cu) in place of the GEMV core, and the
+// tensor-core tiles where their block sizes suit them (else the fp8 GEMV over tiles of 8 rows).
 // Gate and up run fused with SwiGLU; a final pass sums each token's k expert outputs in its
 // own routing order (deterministic, no atomics).
 #include <cooperative_groups.h>
@@ -15,6 +17,7 @@
 #include <cstdlib>
 
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/fp8.cuh"
 #include "backend/cuda/gemv.cuh"
 #include "backend/cuda/moe.cuh"
 #include "backend/cuda/moe_route.cuh"
@@ -529,8 +532,8 @@ bool routes_in_kernels(const Tensor& logits, const MoeRouting& routing, const Te
   const int k = routing.k;
   const ExpertWeights& e0 = experts.front();
   const int64_t elems16 = 16 / int64_t(dtype_size(e0.gate.dtype));
-  return routing.selection_bias.empty() && !routing.grouped() && logits.shape[0] == 1 &&
-         logits.stride[1] == 1 && int64_t(experts.size()) == E &&
+  return e0.gate.dtype != DType::F8_E4M3 && routing.selection_bias.empty() && !routing.grouped() &&
+         logits.shape[0] == 1 && logits.stride[1] == 1 && int64_t(experts.size()) == E &&
          (E == kRouteThreads || E == 2 * kRouteThreads || E == 4 * kRouteThreads) && k >= 1 &&
          k <= 32 && experts_aligned(experts, &shared) &&
          (reinterpret_cast<uintptr_t>(x.data) & 15) == 0 && x.stride[0] % 4 == 0 &&
@@ -581,7 +584,24 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
   // for tensor cores, 8 for f32 experts.
   const bool small = n <= CudaOps::kGemvMaxTokens;
   const bool few_per_expert = !small && pairs <= 4 * E;
-  const bool tensor_cores = !small && !few_per_expert && wdt != DType::F32;
+  const bool fp8 = wdt == DType::F8_E4M3;
+  // F8_E4M3 experts: the block sizes of gate/up and of down (each list loaded alike).
+  CudaOps::Impl::Fp8Blocks fp8_up, fp8_down;
+  if (fp8) {
+    fp8_up = s.fp8_blocks_of(experts[0].gate), fp8_down = s.fp8_blocks_of(experts[0].down);
+    const CudaOps::Impl::Fp8Blocks b = s.fp8_blocks_of(experts[0].up);
+    RECUR_CHECK(b.rows == fp8_up.rows && b.cols == fp8_up.cols);
+    if (shared) {
+      for (const Tensor* t : {&shared->w.gate, &shared->w.up, &shared->w.down}) {
+        const CudaOps::Impl::Fp8Blocks sb = s.fp8_blocks_of(*t);
+        const CudaOps::Impl::Fp8Blocks& want = t == &shared->w.down ? fp8_down : fp8_up;
+        RECUR_CHECK(sb.rows == want.rows && sb.cols == want.cols);
+      }
+    }
+  }
+  const bool tensor_cores = !small && !few_per_expert && wdt != DType::F32 &&
+                            (!fp8 || (fp8_wmma_blocks(fp8_up.rows, fp8_up.cols) &&
+                                      fp8_wmma_blocks(fp8_down.rows, fp8_down.cols)));
   const int tm = small            ? (n == 1 ? 1 : 2)
                  : few_per_expert ? (pairs <= E ? 2 : 4)
                  : tensor_cores   ? kWmmaTileRows
@@ -619,6 +639,10 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
   down.ids_early = direct;  // launched right after gate/up below
   down.x = m.hs, down.ldx = d_ff, down.x_row = nullptr;
   down.out = m.ys, down.ldo = d;
+  if (fp8) {
+    up.fp8_block_rows = fp8_up.rows, up.fp8_block_cols = fp8_up.cols;
+    down.fp8_block_rows = fp8_down.rows, down.fp8_block_cols = fp8_down.cols;
+  }
 
   // For the profile: the pairs' products, and the weights of at most min(E, pairs) experts.
   const double all_pairs = double(n * slots), wb = double(dtype_size(wdt));
@@ -637,6 +661,16 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
     work(false);
     launch_moe_wmma(down, wdt, false, unsigned(max_tiles), s.stream);
     s.launched("moe_experts (down, tensor cores)");
+  } else if (fp8) {
+    RECUR_CHECK(!route);  // routes_in_kernels refuses fp8 experts
+    const bool x_vec = (reinterpret_cast<uintptr_t>(x.data) & 15) == 0 && x.stride[0] % 4 == 0;
+    const unsigned tiles = unsigned(max_tiles + (shared ? 1 : 0));
+    work(true);
+    launch_moe_fp8_gemv(up, true, tm, aligned && x_vec, tiles, s.stream);
+    s.launched("moe_experts (fp8 gate/up)");
+    work(false);
+    launch_moe_fp8_gemv(down, false, tm, aligned && d_ff % 4 == 0, tiles, s.stream);
+    s.launched("moe_experts (fp8 down)");
   } else {
     dispatch_weight(wdt, [&](auto tag) {
       using W = decltype(tag);

@@ -55,6 +55,13 @@ struct MoeGemmArgs {
   // The warp kernel: each block covers this many consecutive groups of its 4 warps' rows, one
   // after another (fewer, longer-lived blocks where a tile's rows are short).
   int row_groups = 1;
+  // F8_E4M3 weights (fp8.cuh's layout): the rows and columns per block scale of w and w2.
+  int fp8_block_rows = 0, fp8_block_cols = 0;
+  // Tensor cores only: a plain matmul rather than experts (dense_w set, [m, k]): tile t is rows
+  // [64t, 64t + 64) of the dense_rows rows of x, written (or added, when accumulate) to out.
+  const void* dense_w = nullptr;
+  int64_t dense_rows = 0;
+  bool accumulate = false;
 };
 
 // The (expert, first row, row count) of tile `tile`, or false when the tile is past the
@@ -103,8 +110,16 @@ __device__ __forceinline__ void moe_tile_rows(const MoeGemmArgs& a, int row0, in
 
 // Tensor-core grouped GEMM (moe_wmma.cu): 64×64 output tiles, bf16 (or f16) operands with f32
 // accumulation; the activations are split exactly into three terms of the weights' type.
+// F8_E4M3 weights (fp8_wmma_blocks) are widened to bf16 exactly, each k block's products
+// scaled once.
 constexpr int kWmmaTileRows = 64;
 void launch_moe_wmma(const MoeGemmArgs& a, DType wdtype, bool dual, unsigned max_tiles,
                      cudaStream_t stream);
+
+// The GEMV core for F8_E4M3 experts (kernels_fp8.cu): tiles of ≤ nt rows (1, 2, 4 or 8), a warp
+// per 4 output rows (2 of each of gate and up when dual, SwiGLU applied); grid
+// (⌈m/(4·rows per warp)⌉, max_tiles). vec: fp8_partial's 16-byte path (16-byte aligned x rows).
+void launch_moe_fp8_gemv(const MoeGemmArgs& a, bool dual, int nt, bool vec, unsigned max_tiles,
+                         cudaStream_t stream);
 
 }  // namespace recur::cuda
