@@ -60,7 +60,7 @@ if [ "$mode" = quick ]; then exit $fail; fi
 RECUR_TEST_DEVICE=cuda timeout 120 ${t}test_model --gtest_filter='UnseenShapes.*:KimiLinear.*' \
   > "$out/test_unseen_shapes_cuda_full.txt" 2>&1 || failed "unseen shapes"
 grep -E "max\|dlogit\||PASSED|FAILED" "$out/test_unseen_shapes_cuda_full.txt" | tail -30
-RECUR_TEST_DEVICE=cuda timeout 300 ${t}test_engine --gtest_filter='*Engine*:*PrefixCacheOnModel*' \
+RECUR_TEST_DEVICE=cuda timeout 420 ${t}test_engine --gtest_filter='*Engine*:*PrefixCacheOnModel*' \
   > "$out/test_engine_cuda_full.txt" 2>&1 || failed test_engine
 tail -15 "$out/test_engine_cuda_full.txt" > "$out/test_engine_cuda.txt"
 grep -E "OK|PASSED|FAILED" "$out/test_engine_cuda.txt"

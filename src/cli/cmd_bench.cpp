@@ -339,7 +339,11 @@ int run_bench(const BenchOptions& o) {
       {"quantize", quantize_name(o.quantize)},
       {"weight_bytes", info.weight_bytes},
       {"kv_bytes_per_token", info.kv_bytes_per_token},
-      // Tokens per GB of this cache over keys and values expanded per head (latent attention).
+      // Tokens per GB (1e9 bytes) of this attention cache, of one holding keys and values
+      // expanded per head (what latent attention's latent saves), and their ratio.
+      {"kv_tokens_per_gb", info.kv_bytes_per_token ? 1e9 / double(info.kv_bytes_per_token) : 0.0},
+      {"expanded_kv_tokens_per_gb",
+       info.expanded_kv_bytes_per_token ? 1e9 / double(info.expanded_kv_bytes_per_token) : 0.0},
       {"kv_cache_saving", info.kv_bytes_per_token ? double(info.expanded_kv_bytes_per_token) /
                                                         double(info.kv_bytes_per_token)
                                                   : 1.0},

@@ -276,6 +276,18 @@ class KimiDeltaAttention final : public TokenMixer {
 
 // ---- latent attention without rotary (KimiMLAAttention) ----
 
+// Columns of t [n, cols] (unit column stride) as [n, heads, d], head h starting at column
+// col + h·head_stride (0: every head the same columns).
+Tensor strided_heads(const Tensor& t, int64_t col, int64_t heads, int64_t head_stride, int64_t d) {
+  RECUR_CHECK(t.ndim == 2 && t.stride[1] == 1 && col + (heads - 1) * head_stride + d <= t.shape[1]);
+  Tensor v = t;
+  v.data = t.ptr<float>() + col;
+  v.ndim = 3;
+  v.shape[1] = heads, v.shape[2] = d;
+  v.stride[1] = head_stride, v.stride[2] = 1;
+  return v;
+}
+
 // Per token the cache holds only the normed latent c (kv_lora_rank) and the key part shared by
 // all heads (k_pe), as one key of r + dr channels whose first r are also the value. The attention
 // runs in the latent space (the absorbed form): each head's query absorbs kv_b_proj's key half,
@@ -284,14 +296,14 @@ class KimiDeltaAttention final : public TokenMixer {
 class LatentAttention final : public TokenMixer {
  public:
   int heads = 0, rank = 0, nope_dim = 0, rope_dim = 0, v_dim = 0;
-  float latent_eps = 1e-6f;       // kv_a_layernorm is built with its class default eps
-  Tensor q_nope_proj;             // [heads·dn, hidden]: q_proj's non-positional rows
-  std::vector<Tensor> q_pe_proj;  // heads × [dr, hidden]
-  Tensor kv_a_proj;               // [r + dr, hidden]: c | k_pe
-  Tensor kv_a_norm;               // [r]
-  std::vector<Tensor> k_absorb;   // heads × [r, dn]: W_uk[h]ᵀ
-  std::vector<Tensor> v_absorb;   // heads × [dv, r]: W_uv[h]
-  Tensor o_proj;                  // [hidden, heads·dv]
+  float latent_eps = 1e-6f;  // kv_a_layernorm is built with its class default eps
+  Tensor q_nope_proj;        // [heads·dn, hidden]: q_proj's non-positional rows
+  Tensor q_pe_proj;          // [heads, dr, hidden]: its positional rows (when dr > 0)
+  Tensor kv_a_proj;          // [r + dr, hidden]: c | k_pe
+  Tensor kv_a_norm;          // [r]
+  Tensor k_absorb;           // [heads, r, dn]: W_uk[h]ᵀ
+  Tensor v_absorb;           // [heads, dv, r]: W_uv[h]
+  Tensor o_proj;             // [hidden, heads·dv]
 
   int64_t key_dim() const { return int64_t(rank) + rope_dim; }
 
@@ -322,13 +334,13 @@ class LatentAttention final : public TokenMixer {
     }
     Tensor c = latent.slice_cols(0, rank);
     ops.rms_norm(c, kv_a_norm, 0.0f, latent_eps, c);
-    for (int h = 0; h < heads; ++h) {
-      const int64_t at = h * kd;
-      ops.matmul(q_nope.slice_cols(h * nope_dim, (h + 1) * nope_dim), k_absorb[size_t(h)],
-                 q_lat.slice_cols(at, at + rank));
-      if (rope_dim > 0) {
-        ops.matmul(io.x, q_pe_proj[size_t(h)], q_lat.slice_cols(at + rank, at + kd));
-      }
+    // Per head, into q_lat's (r | dr) channels: W_uk[h]ᵀ q_nope[h], and q_pe[h] from x (read by
+    // every head: head stride 0).
+    ops.matmul_heads(q_nope.col_heads(0, heads, nope_dim), k_absorb,
+                     strided_heads(q_lat, 0, heads, kd, rank));
+    if (rope_dim > 0) {
+      ops.matmul_heads(strided_heads(io.x, 0, heads, 0, io.x.shape[1]), q_pe_proj,
+                       strided_heads(q_lat, rank, heads, kd, rope_dim));
     }
     const Tensor& kc = io.state.k_cache[size_t(cache_)];
     const Tensor& vc = io.state.v_cache[size_t(cache_)];
@@ -343,10 +355,7 @@ class LatentAttention final : public TokenMixer {
       ops.paged_attention(q_lat.col_heads(h0 * kd, h1 - h0, kd), kc, vc, io.layout, scale,
                           o_lat.col_heads(int64_t(h0) * rank, h1 - h0, rank));
     }
-    for (int h = 0; h < heads; ++h) {
-      ops.matmul(o_lat.slice_cols(h * rank, (h + 1) * rank), v_absorb[size_t(h)],
-                 out.slice_cols(h * v_dim, (h + 1) * v_dim));
-    }
+    ops.matmul_heads(o_lat.col_heads(0, heads, rank), v_absorb, out.col_heads(0, heads, v_dim));
     ops.matmul(out, o_proj, io.h, /*accumulate=*/true);  // h += the mixer's output
   }
 
@@ -412,19 +421,18 @@ Status load_mla(const KimiLinearConfig& c, const std::string& p, WeightLoader& w
   // and dv value rows (absorbed into the output).
   const std::string kv_b = p + "kv_b_proj.weight";
   const std::vector<int64_t> kv_b_shape = {heads * (dn + dv), r};
+  // Each as one [heads, rows, cols] weight for matmul_heads.
+  std::vector<RowPiece> pe, uk, uv;
   for (int64_t h = 0; h < heads; ++h) {
-    if (dr > 0) {
-      const RowPiece pe{q, q_shape, h * (dn + dr) + dn, dr};
-      RECUR_ASSIGN_OR_RETURN(Tensor t, w.load_rows({&pe, 1}, {dr, H}, WeightUse::kMatrix));
-      a->q_pe_proj.push_back(t);
-    }
-    RECUR_ASSIGN_OR_RETURN(
-        Tensor uk, w.load_transposed({kv_b, kv_b_shape, h * (dn + dv), dn}, WeightUse::kMatrix));
-    a->k_absorb.push_back(uk);
-    const RowPiece uv{kv_b, kv_b_shape, h * (dn + dv) + dn, dv};
-    RECUR_ASSIGN_OR_RETURN(Tensor v, w.load_rows({&uv, 1}, {dv, r}, WeightUse::kMatrix));
-    a->v_absorb.push_back(v);
+    pe.push_back({q, q_shape, h * (dn + dr) + dn, dr});
+    uk.push_back({kv_b, kv_b_shape, h * (dn + dv), dn});
+    uv.push_back({kv_b, kv_b_shape, h * (dn + dv) + dn, dv});
   }
+  if (dr > 0) {
+    RECUR_ASSIGN_OR_RETURN(a->q_pe_proj, w.load_rows(pe, {heads, dr, H}, WeightUse::kHeads));
+  }
+  RECUR_ASSIGN_OR_RETURN(a->k_absorb, w.load_transposed(uk, {heads, r, dn}, WeightUse::kHeads));
+  RECUR_ASSIGN_OR_RETURN(a->v_absorb, w.load_rows(uv, {heads, dv, r}, WeightUse::kHeads));
   RECUR_ASSIGN_OR_RETURN(a->kv_a_proj,
                          w.load(p + "kv_a_proj_with_mqa.weight", {r + dr, H}, WeightUse::kMatrix));
   RECUR_ASSIGN_OR_RETURN(a->kv_a_norm,

@@ -173,8 +173,9 @@ Result<Tensor> WeightLoader::load(const std::string& name, const std::vector<int
 void WeightLoader::count(const Tensor& t, WeightUse use) {
   const int64_t bytes = weight_bytes(t.dtype, t.numel());
   tally_.bytes += bytes;
-  if (use == WeightUse::kMatrix || use == WeightUse::kVector) tally_.dense_bytes += bytes;
-  if (use == WeightUse::kMatrix) tally_.dense_matrix_params += t.numel();
+  const bool matrix = use == WeightUse::kMatrix || use == WeightUse::kHeads;
+  if (matrix || use == WeightUse::kVector) tally_.dense_bytes += bytes;
+  if (matrix) tally_.dense_matrix_params += t.numel();
 }
 
 Result<Tensor> CheckpointWeights::adopt(const Tensor& host, WeightUse use,
@@ -199,7 +200,9 @@ Result<Tensor> CheckpointWeights::load_rows(std::span<const RowPiece> pieces,
                         "{}: tensor '{}' is F8_E4M3, but it is {}: only matmul weights may be "
                         "block-FP8 (F32, BF16 or F16 here)",
                         ckpt_.dir(), p.name,
-                        use == WeightUse::kEmbedding ? "the embedding table" : "a vector weight");
+                        use == WeightUse::kEmbedding ? "the embedding table"
+                        : use == WeightUse::kHeads   ? "a per-head weight (matmul_heads)"
+                                                     : "a vector weight");
     }
     const int64_t stored_cols = p.stored_shape.size() > 1 ? p.stored_shape.back() : t.numel();
     const int64_t stored_rows = t.numel() / std::max<int64_t>(stored_cols, 1);
@@ -326,24 +329,46 @@ Result<Tensor> CheckpointWeights::load_fp8(std::span<const RowPiece> pieces,
   return adopted;
 }
 
-Result<Tensor> CheckpointWeights::load_transposed(const RowPiece& piece, WeightUse use) {
-  RECUR_ASSIGN_OR_RETURN(Tensor t, ckpt_.get(piece.name, piece.stored_shape));
-  const int64_t cols = piece.stored_shape.size() > 1 ? piece.stored_shape.back() : t.numel();
-  const int64_t stored_rows = t.numel() / std::max<int64_t>(cols, 1);
-  RECUR_CHECK(piece.first >= 0 && piece.first + piece.count <= stored_rows);
-  const int64_t rows = piece.count;
-  const size_t es = dtype_size(t.dtype);
-  RECUR_ASSIGN_OR_RETURN(Buffer buf,
-                         cpu_allocator().allocate(size_t(rows * cols) * es, "transposed weight"));
-  const char* src = static_cast<const char*>(t.data) + size_t(piece.first * cols) * es;
-  char* dst = static_cast<char*>(buf.data());
-  for (int64_t r = 0; r < rows; ++r) {  // element (r, c) to (c, r), whatever its dtype
-    for (int64_t c = 0; c < cols; ++c) {
-      std::memcpy(dst + size_t(c * rows + r) * es, src + size_t(r * cols + c) * es, es);
+Result<Tensor> CheckpointWeights::load_transposed(std::span<const RowPiece> pieces,
+                                                  const std::vector<int64_t>& shape,
+                                                  WeightUse use) {
+  RECUR_CHECK(!pieces.empty());
+  std::vector<Tensor> stored;
+  int64_t total = 0;
+  for (const RowPiece& p : pieces) {
+    RECUR_ASSIGN_OR_RETURN(Tensor t, ckpt_.get(p.name, p.stored_shape));
+    const int64_t cols = p.stored_shape.size() > 1 ? p.stored_shape.back() : t.numel();
+    RECUR_CHECK(p.first >= 0 && p.first + p.count <= t.numel() / std::max<int64_t>(cols, 1));
+    if (!stored.empty() && t.dtype != stored[0].dtype) {
+      return make_error(ErrorCode::kCorrupt,
+                        "{}: tensors '{}' and '{}' form one weight but are {} and {}", ckpt_.dir(),
+                        pieces[0].name, p.name, dtype_name(stored[0].dtype), dtype_name(t.dtype));
     }
+    stored.push_back(t);
+    total += p.count * cols;
   }
-  const Tensor host = Tensor::contiguous(buf.data(), t.dtype, {cols, rows});
-  RECUR_ASSIGN_OR_RETURN(Tensor adopted, adopt(host, use, piece.name));
+  if (total != numel_of(shape)) {
+    return make_error(ErrorCode::kInternal, "weight '{}': pieces give {} values, expected {}",
+                      pieces[0].name, total, shape_text(shape));
+  }
+  const size_t es = dtype_size(stored[0].dtype);
+  RECUR_ASSIGN_OR_RETURN(Buffer buf,
+                         cpu_allocator().allocate(size_t(total) * es, "transposed weight"));
+  char* dst = static_cast<char*>(buf.data());
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const RowPiece& p = pieces[i];
+    const int64_t cols = p.stored_shape.size() > 1 ? p.stored_shape.back() : stored[i].numel();
+    const int64_t rows = p.count;
+    const char* src = static_cast<const char*>(stored[i].data) + size_t(p.first * cols) * es;
+    for (int64_t r = 0; r < rows; ++r) {  // element (r, c) to (c, r), whatever its dtype
+      for (int64_t c = 0; c < cols; ++c) {
+        std::memcpy(dst + size_t(c * rows + r) * es, src + size_t(r * cols + c) * es, es);
+      }
+    }
+    dst += size_t(rows * cols) * es;
+  }
+  const Tensor host = with_shape(Tensor::contiguous(buf.data(), stored[0].dtype, {total}), shape);
+  RECUR_ASSIGN_OR_RETURN(Tensor adopted, adopt(host, use, pieces[0].name));
   if (adopted.data == host.data) owned_.push_back(std::move(buf));
   count(adopted, use);
   return adopted;
@@ -452,9 +477,9 @@ Result<Tensor> RandomWeights::load_rows(std::span<const RowPiece> pieces,
 
 namespace recur {
 
-Result<Tensor> RandomWeights::load_transposed(const RowPiece& piece, WeightUse use) {
-  const int64_t cols = piece.stored_shape.empty() ? 1 : piece.stored_shape.back();
-  return load_rows({&piece, 1}, {cols, piece.count}, use);
+Result<Tensor> RandomWeights::load_transposed(std::span<const RowPiece> pieces,
+                                              const std::vector<int64_t>& shape, WeightUse use) {
+  return load_rows(pieces, shape, use);  // random values: any layout is as good
 }
 
 }  // namespace recur

@@ -24,6 +24,7 @@ enum class WeightUse {
   kVector,     // norms, biases, conv taps, gate parameters
   kEmbedding,  // the token table (rows gathered, not multiplied)
   kExpert,     // a routed expert's matrix (read only for the tokens routed to it)
+  kHeads,      // matmul_heads' w [H, m, k]: as stored (no backend layout, not quantized)
 };
 
 // Rows [first, first + count) of a stored tensor viewed as 2-D (all dims but the last flattened):
@@ -63,9 +64,11 @@ class WeightLoader {
   // tensor, or a contiguous slice of one, is used in place).
   virtual Result<Tensor> load_rows(std::span<const RowPiece> pieces,
                                    const std::vector<int64_t>& shape, WeightUse use) = 0;
-  // The transpose of one piece's rows [count, cols]: a weight [cols, count] (re-packed at load;
-  // latent attention folds one matrix into the query this way).
-  virtual Result<Tensor> load_transposed(const RowPiece& piece, WeightUse use) = 0;
+  // The transposes of the pieces' rows [count, cols], in order: a weight of `shape` (numel the
+  // pieces' total) re-packed at load, e.g. [P, cols, count] for P pieces of one count (latent
+  // attention folds one matrix per head into the query this way).
+  virtual Result<Tensor> load_transposed(std::span<const RowPiece> pieces,
+                                         const std::vector<int64_t>& shape, WeightUse use) = 0;
   // A vector parameter of `size` values in f32 whatever its stored dtype (F32, BF16 or F16) and
   // shape (stored_shape, of that many elements; {size} when empty): for ops that read one in
   // f32 (a router's selection bias, Kimi's A_log and dt_bias).
@@ -90,7 +93,8 @@ class CheckpointWeights final : public WeightLoader {
       : ckpt_(checkpoint), ops_(ops), fp8_(fp8), quantize_(quantize) {}
   Result<Tensor> load_rows(std::span<const RowPiece> pieces, const std::vector<int64_t>& shape,
                            WeightUse use) override;
-  Result<Tensor> load_transposed(const RowPiece& piece, WeightUse use) override;
+  Result<Tensor> load_transposed(std::span<const RowPiece> pieces,
+                                 const std::vector<int64_t>& shape, WeightUse use) override;
   Result<Tensor> load_vector_f32(const std::string& name, int64_t size,
                                  std::vector<int64_t> stored_shape) override;
   bool has(const std::string& name) const override { return ckpt_.has(name); }
@@ -115,7 +119,8 @@ class RandomWeights final : public WeightLoader {
       : ops_(ops), dtype_(matrix_dtype), seed_(seed), n_layers_(n_layers), quantize_(quantize) {}
   Result<Tensor> load_rows(std::span<const RowPiece> pieces, const std::vector<int64_t>& shape,
                            WeightUse use) override;
-  Result<Tensor> load_transposed(const RowPiece& piece, WeightUse use) override;
+  Result<Tensor> load_transposed(std::span<const RowPiece> pieces,
+                                 const std::vector<int64_t>& shape, WeightUse use) override;
   Result<Tensor> load_vector_f32(const std::string& name, int64_t size,
                                  std::vector<int64_t>) override {
     return load(name, {size}, WeightUse::kVector);  // 1-D random weights are f32

@@ -106,6 +106,26 @@ void Ops::matmul_group(const Tensor& x, std::span<const Tensor> ws, std::span<co
   for (size_t i = 0; i < ws.size(); ++i) matmul(x, ws[i], outs[i]);
 }
 
+void Ops::matmul_heads(const Tensor& x, const Tensor& w, Tensor out) {
+  RECUR_CHECK(x.ndim == 3 && w.ndim == 3 && out.ndim == 3 && w.is_contiguous());
+  const int64_t n = x.shape[0], H = w.shape[0], m = w.shape[1], k = w.shape[2];
+  RECUR_CHECK(x.shape[1] == H && x.shape[2] == k && x.stride[2] == 1);
+  RECUR_CHECK(out.shape[0] == n && out.shape[1] == H && out.shape[2] == m && out.stride[2] == 1);
+  // Head h of t [n, H, d] as a view [n, d].
+  auto head = [](const Tensor& t, int64_t h) {
+    Tensor v = t;
+    v.data = t.ptr<float>() + h * t.stride[1];
+    v.ndim = 2, v.shape[1] = t.shape[2], v.stride[1] = 1, v.shape[2] = 0, v.stride[2] = 0;
+    return v;
+  };
+  const size_t es = dtype_size(w.dtype);
+  for (int64_t h = 0; h < H; ++h) {
+    const Tensor wh = Tensor::contiguous(static_cast<char*>(w.data) + size_t(h * m * k) * es,
+                                         w.dtype, {m, k}, w.device);  // [m, k]
+    matmul(head(x, h), wh, head(out, h));
+  }
+}
+
 void Ops::gdn_inputs(const GdnInputArgs& g, const SeqLayout& layout) {
   const int64_t key_dim = int64_t(g.key_heads) * g.dk;
   RECUR_CHECK(g.key_heads > 0 && g.value_heads % g.key_heads == 0 &&

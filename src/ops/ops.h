@@ -196,6 +196,13 @@ class Ops {
   static constexpr size_t kMaxMatmulGroup = 4;
   virtual void matmul_group(const Tensor& x, std::span<const Tensor> ws,
                             std::span<const Tensor> outs);
+  // out[t, h, :] = x[t, h, :] · w[h]^T for every head h: one independent product per head
+  // (latent attention's absorbed projections), exactly the results of one matmul per head on
+  // views (the default does that); a backend may run them as one launch.
+  //   x [n, H, k]: any row and head strides (head stride 0: every head reads the same input),
+  //   channels contiguous; w [H, m, k] contiguous, as adopt_weight gives it (F32, BF16 or F16);
+  //   out [n, H, m]: any row and head strides, channels contiguous
+  virtual void matmul_heads(const Tensor& x, const Tensor& w, Tensor out);
   // Rows of x [..., d]: out = x · rsqrt(mean(x²) + eps) · (w + weight_offset); w [d].
   virtual void rms_norm(const Tensor& x, const Tensor& w, float weight_offset, float eps,
                         Tensor out) = 0;

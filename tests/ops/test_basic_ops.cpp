@@ -133,6 +133,55 @@ TEST_F(BasicOps, MatmulAccumulatesAndHonoursRowStrides) {
   }
 }
 
+// Columns of t [n, cols] as [n, heads, d], head h at column col + h·head_stride.
+Tensor strided_heads(const Tensor& t, int64_t col, int64_t heads, int64_t head_stride, int64_t d) {
+  Tensor v = t;
+  v.data = t.ptr<float>() + col;
+  v.ndim = 3;
+  v.shape[1] = heads, v.shape[2] = d;
+  v.stride[1] = head_stride, v.stride[2] = 1;
+  return v;
+}
+
+// matmul_heads on odd shapes, every weight dtype, inputs with gaps between heads or one input
+// shared by all heads (head stride 0), outputs with gaps: the scalar reference per head, the
+// gaps untouched.
+TEST_F(BasicOps, MatmulHeadsMatchesReferenceOnStridedHeads) {
+  struct Shape {
+    int64_t n, H, m, k, x_gap, out_gap;  // x_gap -1: one input for every head
+  };
+  const Shape shapes[] = {{1, 3, 17, 33, 0, 0},  {5, 2, 9, 40, 5, 3},   {33, 5, 4, 31, -1, 1},
+                          {1, 7, 64, 24, -1, 8}, {8, 4, 33, 128, 0, 0}, {70, 3, 20, 16, 4, 2}};
+  for (DType wt : {DType::F32, DType::BF16, DType::F16}) {
+    for (const Shape& sh : shapes) {
+      const int64_t n = sh.n, H = sh.H, m = sh.m, k = sh.k;
+      const int64_t xs = sh.x_gap < 0 ? 0 : k + sh.x_gap, os = m + sh.out_gap;
+      HostTensor xbuf(DType::F32, {n, 2 + (H - 1) * xs + k}), w(wt, {H, m, k});
+      HostTensor obuf(DType::F32, {n, 1 + H * os}), ref(DType::F32, {n, H, m});
+      fill_random(xbuf, rng);
+      fill_random(w, rng, 0.2f);
+      fill_random(obuf, rng);
+      const HostTensor before = obuf;
+      const Tensor x = strided_heads(xbuf.t, 2, H, xs, k);
+      ops.matmul_heads(x, w.t, strided_heads(obuf.t, 1, H, os, m));
+      ref::matmul_heads(x, w.t, ref.t);
+      const int64_t cols = 1 + H * os;
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t c = 0; c < cols; ++c) {
+          const float got = obuf.f()[t * cols + c];
+          const int64_t h = (c - 1) / os, j = (c - 1) % os;
+          if (c >= 1 && j < m) {
+            ASSERT_NEAR(got, ref.f()[(t * H + h) * m + j], 1e-4)
+                << dtype_name(wt) << " n=" << n << " H=" << H << " m=" << m << " k=" << k;
+          } else {
+            ASSERT_EQ(got, before.f()[t * cols + c]) << "column outside the heads was written";
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_F(BasicOps, RmsNormVariantsAndL2NormMatchReference) {
   for (DType wt : {DType::BF16, DType::F32})
     for (int64_t d : {15, 16, 33}) {

@@ -38,6 +38,21 @@ void matmul(const Tensor& x, const Tensor& w, Tensor out) {
   }
 }
 
+void matmul_heads(const Tensor& x, const Tensor& w, Tensor out) {
+  const int64_t n = x.shape[0], H = w.shape[0], m = w.shape[1], k = w.shape[2];
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t h = 0; h < H; ++h) {
+      const float* xh = x.ptr<float>() + t * x.stride[0] + h * x.stride[1];
+      float* oh = out.ptr<float>() + t * out.stride[0] + h * out.stride[1];
+      for (int64_t j = 0; j < m; ++j) {
+        double acc = 0;
+        for (int64_t i = 0; i < k; ++i) acc += double(xh[i]) * weight_at(w, (h * m + j) * k + i);
+        oh[j] = float(acc);
+      }
+    }
+  }
+}
+
 void rms_norm(const Tensor& x, const Tensor& w, float weight_offset, float eps, Tensor out) {
   RowView xs(x), os(out);
   for (int64_t r = 0; r < xs.n_rows; ++r) {

@@ -9,6 +9,8 @@
 namespace recur::ref {
 
 void matmul(const Tensor& x, const Tensor& w, Tensor out);
+// As Ops::matmul_heads: x [n, H, k], w [H, m, k], out [n, H, m], any row and head strides.
+void matmul_heads(const Tensor& x, const Tensor& w, Tensor out);
 void rms_norm(const Tensor& x, const Tensor& w, float weight_offset, float eps, Tensor out);
 void rms_norm_gated(const Tensor& x, const Tensor& gate, const Tensor& w, float eps,
                     GateActivation act, Tensor out);

@@ -66,6 +66,9 @@ class CudaOps final : public Ops {
   // Up to kGemvMaxTokens tokens: one GEMV launch over all the weights' rows.
   void matmul_group(const Tensor& x, std::span<const Tensor> ws,
                     std::span<const Tensor> outs) override;
+  // Token counts that take matmul's GEMV path: one launch over all heads
+  // (kernels_matmul_heads.cu); more: one matmul per head.
+  void matmul_heads(const Tensor& x, const Tensor& w, Tensor out) override;
   void rms_norm(const Tensor& x, const Tensor& w, float weight_offset, float eps,
                 Tensor out) override;
   void rms_norm_gated(const Tensor& x, const Tensor& gate, const Tensor& w, float eps,
