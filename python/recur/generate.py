@@ -15,7 +15,8 @@ except ImportError:  # installed: the copy inside the package (`make python`)
 from .sample_utils import GREEDY, Sampler
 
 _ENGINE_OPTIONS = ("threads", "max_batch", "max_batch_tokens", "max_context", "kv_cache_mb",
-                   "prefix_cache_mb", "snapshot_interval", "seed", "pipeline_decode")
+                   "prefix_cache_mb", "snapshot_interval", "seed", "pipeline_decode",
+                   "kv_cache_dtype")
 
 
 class Model:
@@ -104,7 +105,7 @@ class TokenizerWrapper:
 def load(path: str, device: str = "cpu", **engine_options):
     """(model, tokenizer) for a Hugging Face model directory. engine_options: threads,
     max_batch, max_batch_tokens, max_context, kv_cache_mb, prefix_cache_mb, snapshot_interval,
-    seed, pipeline_decode (as `recur serve`'s flags)."""
+    seed, pipeline_decode, kv_cache_dtype ("f32", "bf16" or "fp8") (as `recur serve`'s flags)."""
     opts = _recur.SessionOptions()
     opts.device = device
     for name, value in engine_options.items():

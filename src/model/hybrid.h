@@ -98,6 +98,7 @@ class ModelPlan {
   struct Cache {
     int64_t kv_heads, hd, dv;
     bool values_in_keys;
+    // elements of one token's keys and values (in the cache's type)
     int64_t floats_per_token() const { return kv_heads * (hd + (values_in_keys ? 0 : dv)); }
   };
   std::vector<Recurrent> recurrent;

@@ -53,6 +53,9 @@ inline void fill_random(HostTensor& h, std::mt19937& rng, float scale = 1.0f, fl
       case DType::F16:
         h.t.ptr<uint16_t>()[i] = f32_to_f16(v);
         break;
+      case DType::F8_E4M3:
+        h.t.ptr<uint8_t>()[i] = f32_to_f8_e4m3(v);
+        break;
       default:
         FAIL() << "fill_random: unsupported dtype";
     }

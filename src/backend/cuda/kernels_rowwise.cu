@@ -473,15 +473,16 @@ void CudaOps::attention_inputs(const AttentionInputArgs& in, const SeqLayout& la
   if (impl_->replaying()) return;  // the decode graph does this op's work
   const int64_t n = in.q.shape[0], hd = in.head_dim, heads = in.heads, kv = in.kv_heads;
   const int64_t dv = kv > 0 ? in.v.shape[1] / kv : 0;
-  // One kernel where its rows are warp-per-row norms (as rms_norm would run them) and the
-  // layouts are plain; else the ops.
+  // One kernel where its rows are warp-per-row norms (as rms_norm would run them), the
+  // layouts are plain and the cache is f32; else the ops.
   bool fused = n > 0 && kv > 0 && dv > 0 && hd < kBlockNormMinWidth && in.rot_dim % 2 == 0 &&
                in.rot_dim <= hd && in.q_norm.dtype == in.k_norm.dtype && in.q_norm.numel() == hd &&
                in.k_norm.numel() == hd && in.k_cache.ndim == 4 && in.v_cache.ndim == 4 &&
                in.k_cache.shape[1] == kv && in.k_cache.shape[2] == hd &&
                in.k_cache.shape[3] == layout.block_size && in.v_cache.shape[1] == kv &&
                in.v_cache.shape[2] == layout.block_size && in.v_cache.shape[3] == dv &&
-               in.k_cache.stride[3] == 1 && in.v_cache.stride[3] == 1;
+               in.k_cache.stride[3] == 1 && in.v_cache.stride[3] == 1 &&
+               in.k_cache.dtype == DType::F32 && in.v_cache.dtype == DType::F32;
   for (const Tensor* t : {&in.q, &in.k, &in.v}) {
     fused = fused && t->ndim == 2 && t->stride[1] == 1 && t->shape[0] == n;
   }
