@@ -3,6 +3,7 @@
 // cache, on ragged batches (decode tokens with history, fresh prompts, prompts continuing a
 // cached prefix), grouped-query heads of odd sizes, the latent (strided-value) view, and the
 // published Kimi-Linear's latent group (32 heads of 576/512) in one call.
+#include <cstdio>
 #include <cstring>
 
 #include "backend/cpu/cpu_ops.h"
@@ -103,10 +104,15 @@ TEST_P(AttentionCache, RoundingErrorAgainstTheF32Cache) {
   const float scale = 1.0f / std::sqrt(float(hd));
   ops.paged_attention(q.t, kc.t, vc.t, lay.l, scale, out.t);
   ops.paged_attention(q.t, kc32.t, vc32.t, lay.l, scale, out32.t);
+  // bf16 keeps 8 significant bits (relative error ≤ 2^-9), e4m3 4 (≤ 2^-4): outputs of
+  // unit-scale random heads move by about that much.
   const double err = max_abs_diff(out.f(), out32.f(), out.numel());
-  const double bound = dt == DType::F32 ? 0.0 : dt == DType::BF16 ? 1e-2 : 8e-2;
+  const double bound = dt == DType::F32 ? 0.0 : dt == DType::BF16 ? 1e-2 : 2e-1;
   EXPECT_LE(err, bound) << dtype_name(dt);
-  if (dt != DType::F32) EXPECT_GT(err, 0.0);
+  if (dt != DType::F32) {
+    EXPECT_GT(err, 0.0) << "the cache did not round";
+  }
+  std::printf("%s cache: max |attention − f32 cache's| = %.3g\n", dtype_name(dt), err);
 }
 
 // k_cache [blocks, 1, hd, bs] whose first dv channels, viewed [blocks, 1, bs, dv] with channels
