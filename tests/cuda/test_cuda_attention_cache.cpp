@@ -4,7 +4,8 @@
 // head dims 64 to 256, dv ≠ hd, splits and their merge), the warp kernel (head dims not
 // multiples of 32), the tiled kernel (groups too large for the warp kernel), the tensor-core
 // prompt kernel (fresh prompts and prompts continuing a cached prefix), and the latent
-// (strided-value) view up to the published Kimi-Linear's 32 heads of 576/512 in one call.
+// (strided-value) view up to the published Kimi-Linear's 32 heads of 576/512 in one call; the
+// fused attention input stage writes each type as the default does.
 #include <cmath>
 #include <string>
 #include <vector>
@@ -132,6 +133,48 @@ TEST_P(CudaAttentionCache, LatentViewMatchesReferenceUpToKimiGroup) {
     const double err = max_abs_diff(host(dout, out).f(), ref.f(), out.numel());
     record_error(std::string("paged_attention latent cache ") + dtype_name(dt), err);
     EXPECT_LE(err, 2e-5) << what;
+  }
+}
+
+// The fused attention input stage writes a narrow cache as the ops.cpp default (rms_norm, rope,
+// kv_cache_write) does, bit for bit: the Qwen3-Next shape at decode, a ragged prompt batch, and
+// value heads of other sizes than the key heads.
+TEST_P(CudaAttentionCache, FusedAttentionInputsEqualTheDefault) {
+  const DType dt = GetParam();
+  struct Dims {
+    int64_t heads, kv, hd, dv;
+    int rot;
+    std::vector<int> lens, first;
+  };
+  const Dims cases[] = {{16, 2, 256, 256, 64, {1, 1, 1}, {2050, 0, 31}},
+                        {4, 2, 40, 40, 20, {3, 1, 5}, {0, 17, 40}},
+                        {8, 2, 192, 128, 64, {5, 1}, {0, 77}},
+                        {4, 1, 64, 320, 64, {1, 3}, {9, 20}}};
+  for (const Dims& d : cases) {
+    Layout lay(d.lens, d.first, 16, rng);
+    AttentionInputCase c(lay.l, lay.n_blocks(), d.heads, d.kv, d.hd, d.dv, d.rot, DType::BF16,
+                         rng, dt);
+    const Tensor dqn = weight(c.q_norm), dkn = weight(c.k_norm);
+    struct Run {
+      DeviceTensor q, k, v, kc, vc;
+    };
+    Run runs[2];
+    for (Run& r : runs)
+      r.q = dev(c.q), r.k = dev(c.k), r.v = dev(c.v), r.kc = dev(c.kc), r.vc = dev(c.vc);
+    auto args = [&](Run& r) {
+      AttentionInputArgs a = c.args();
+      a.q_norm = dqn, a.k_norm = dkn;
+      a.q = r.q.t, a.k = r.k.t, a.v = r.v.t, a.k_cache = r.kc.t, a.v_cache = r.vc.t;
+      return a;
+    };
+    ops().begin_forward(lay.l, {}, {});
+    ops().attention_inputs(args(runs[0]), lay.l);
+    ops().Ops::attention_inputs(args(runs[1]), lay.l);
+    const std::string what = std::string(dtype_name(dt)) + " hd=" + std::to_string(d.hd) +
+                             " dv=" + std::to_string(d.dv);
+    EXPECT_TRUE(same_bits(host(runs[0].kc, c.kc), host(runs[1].kc, c.kc))) << "k cache " << what;
+    EXPECT_TRUE(same_bits(host(runs[0].vc, c.vc), host(runs[1].vc, c.vc))) << "v cache " << what;
+    EXPECT_TRUE(same_bits(host(runs[0].k, c.k), host(runs[1].k, c.k))) << "k " << what;
   }
 }
 
