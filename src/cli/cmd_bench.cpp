@@ -107,6 +107,9 @@ int run_bench(const BenchOptions& o) {
   if (!o.decode_contexts.empty() && !parse_list(o.decode_contexts, &decode_contexts)) {
     return fail("--decode-contexts: positive integers, comma-separated");
   }
+  for (int c : decode_contexts) {
+    if (c <= o.gen_len) return fail("--decode-contexts: each context must exceed --gen-len");
+  }
   const int max_decode_context =
       decode_contexts.empty() ? 0
                               : *std::max_element(decode_contexts.begin(), decode_contexts.end());
@@ -126,8 +129,8 @@ int run_bench(const BenchOptions& o) {
   const int decode_context = o.prompt_len + 2 * o.gen_len + 1;
   const int blocks_per_seq = decode_context / o.block_size + 1;
   const int prefill_blocks = max_prefill / o.block_size + 1;
-  // Decode at a given context: one sequence's blocks up to the longest context and its steps.
-  const int long_context = decode_contexts.empty() ? 0 : max_decode_context + o.gen_len + 1;
+  // Decode at a given context: one sequence's blocks up to the longest context.
+  const int long_context = max_decode_context;
   const int long_blocks = decode_contexts.empty() ? 0 : long_context / o.block_size + 1;
   opt.state.n_blocks = max_batch * blocks_per_seq + prefill_blocks + long_blocks;
   opt.max_context = std::max({decode_context, max_prefill, long_context});
@@ -320,9 +323,10 @@ int run_bench(const BenchOptions& o) {
                       {"greedy_pipelined", pipelined}});
     if (read_bw > 0) decode.back()["fraction_of_read_bandwidth"] = bw / read_bw;
   }
-  // Batch-1 decode at each --decode-contexts length C: steps at positions C, C + 1, ... of a
+  // Batch-1 decode at each --decode-contexts length C: the gen_len steps that end at position
+  // C − 1 (the last attends to C positions, so C may be the model's whole context), of a
   // sequence whose earlier positions were never prefilled (the cache's contents do not change
-  // the work: every step reads all C positions); two untimed steps first (graph capture).
+  // the work: every step reads all its positions); two untimed steps first (graph capture).
   json long_decode = json::array();
   if (!decode_contexts.empty()) {
     std::vector<int32_t> table(static_cast<size_t>(long_blocks));
@@ -330,6 +334,7 @@ int run_bench(const BenchOptions& o) {
       table[size_t(i)] = max_batch * blocks_per_seq + prefill_blocks + i;
     std::vector<int32_t> tok(1);
     for (int ctx : decode_contexts) {
+      const int first = ctx - o.gen_len;
       m.reset_slot(0);
       auto step = [&](int pos) {
         batch.clear();
@@ -338,12 +343,14 @@ int run_bench(const BenchOptions& o) {
         check(m.forward(batch, logits));
         ops.synchronize();
       };
-      step(ctx);
-      step(ctx + 1);
+      step(first);
+      step(first + 1);
       const auto t0 = Clock::now();
-      for (int g = 2; g < o.gen_len; ++g) step(ctx + g);
+      for (int g = 2; g < o.gen_len; ++g) step(first + g);
       const double step_s = seconds_since(t0) / (o.gen_len - 2);
-      const double cache_bytes = double(ctx) * double(info.kv_bytes_per_token);
+      // Positions read per timed step, on average.
+      const double cache_bytes =
+          (first + (o.gen_len + 1) / 2.0 + 1) * double(info.kv_bytes_per_token);
       long_decode.push_back({{"context", ctx},
                              {"tok_s", 1.0 / step_s},
                              {"step_ms", step_s * 1e3},

@@ -107,7 +107,7 @@ TEST_P(AttentionCache, RoundingErrorAgainstTheF32Cache) {
   // bf16 keeps 8 significant bits (relative error ≤ 2^-9), e4m3 4 (≤ 2^-4): outputs of
   // unit-scale random heads move by about that much.
   const double err = max_abs_diff(out.f(), out32.f(), out.numel());
-  const double bound = dt == DType::F32 ? 0.0 : dt == DType::BF16 ? 1e-2 : 2e-1;
+  const double bound = dt == DType::F32 ? 0.0 : dt == DType::BF16 ? 3e-2 : 4e-1;
   EXPECT_LE(err, bound) << dtype_name(dt);
   if (dt != DType::F32) {
     EXPECT_GT(err, 0.0) << "the cache did not round";

@@ -149,3 +149,14 @@ def test_generate_from_threads(realvocab):
     for t in threads:
         t.join()
     assert results == [ref] * 4
+
+
+def test_kv_cache_dtype_option():
+    # An engine with its attention cache in bf16 or fp8 generates; a type the binding does not
+    # know is refused by name.
+    path = os.path.join(MODELS, "qwen3next-tiny")
+    for t in ("bf16", "fp8"):
+        model, tok = recur.load(path, kv_cache_mb=8, kv_cache_dtype=t)
+        assert len(list(recur.stream_generate(model, tok, [1, 2], max_tokens=2))) == 2
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        recur.load(path, kv_cache_dtype="int4")
