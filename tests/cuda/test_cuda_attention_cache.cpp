@@ -152,8 +152,8 @@ TEST_P(CudaAttentionCache, FusedAttentionInputsEqualTheDefault) {
                         {4, 1, 64, 320, 64, {1, 3}, {9, 20}}};
   for (const Dims& d : cases) {
     Layout lay(d.lens, d.first, 16, rng);
-    AttentionInputCase c(lay.l, lay.n_blocks(), d.heads, d.kv, d.hd, d.dv, d.rot, DType::BF16,
-                         rng, dt);
+    AttentionInputCase c(lay.l, lay.n_blocks(), d.heads, d.kv, d.hd, d.dv, d.rot, DType::BF16, rng,
+                         dt);
     const Tensor dqn = weight(c.q_norm), dkn = weight(c.k_norm);
     struct Run {
       DeviceTensor q, k, v, kc, vc;
@@ -170,8 +170,8 @@ TEST_P(CudaAttentionCache, FusedAttentionInputsEqualTheDefault) {
     ops().begin_forward(lay.l, {}, {});
     ops().attention_inputs(args(runs[0]), lay.l);
     ops().Ops::attention_inputs(args(runs[1]), lay.l);
-    const std::string what = std::string(dtype_name(dt)) + " hd=" + std::to_string(d.hd) +
-                             " dv=" + std::to_string(d.dv);
+    const std::string what =
+        std::string(dtype_name(dt)) + " hd=" + std::to_string(d.hd) + " dv=" + std::to_string(d.dv);
     EXPECT_TRUE(same_bits(host(runs[0].kc, c.kc), host(runs[1].kc, c.kc))) << "k cache " << what;
     EXPECT_TRUE(same_bits(host(runs[0].vc, c.vc), host(runs[1].vc, c.vc))) << "v cache " << what;
     EXPECT_TRUE(same_bits(host(runs[0].k, c.k), host(runs[1].k, c.k))) << "k " << what;
