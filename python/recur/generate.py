@@ -22,7 +22,8 @@ except ImportError:  # else memoryviews of float32: indexable, len() is the voca
     _np = None
 
 _ENGINE_OPTIONS = ("threads", "max_batch", "max_batch_tokens", "max_context", "kv_cache_mb",
-                   "prefix_cache_mb", "snapshot_interval", "seed", "pipeline_decode")
+                   "prefix_cache_mb", "snapshot_interval", "seed", "pipeline_decode",
+                   "kv_cache_dtype")
 
 
 class Model:
@@ -124,8 +125,8 @@ class TokenizerWrapper:
 def load(path: str, device: str = "cpu", return_config: bool = False, **engine_options):
     """(model, tokenizer) for a Hugging Face model directory, and its config.json's contents
     with return_config=True (as mlx-lm). engine_options: threads, max_batch, max_batch_tokens,
-    max_context, kv_cache_mb, prefix_cache_mb, snapshot_interval, seed, pipeline_decode (as
-    `recur serve`'s flags). Of mlx-lm's own options, lazy and trust_remote_code change nothing
+    max_context, kv_cache_mb, kv_cache_dtype ("f32", "bf16" or "fp8"), prefix_cache_mb,
+    snapshot_interval, seed, pipeline_decode (as `recur serve`'s flags). Of mlx-lm's own options, lazy and trust_remote_code change nothing
     here; tokenizer_config, model_config, adapter_path and revision are refused when set."""
     opts = _recur.SessionOptions()
     opts.device = device

@@ -62,7 +62,26 @@ PYBIND11_MODULE(_recur, m) {
       .def_readwrite("prefix_cache_mb", &SessionOptions::prefix_cache_mb)
       .def_readwrite("snapshot_interval", &SessionOptions::snapshot_interval)
       .def_readwrite("seed", &SessionOptions::seed)
-      .def_readwrite("pipeline_decode", &SessionOptions::pipeline_decode);
+      .def_readwrite("pipeline_decode", &SessionOptions::pipeline_decode)
+      // The attention cache's element type, as --kv-cache-dtype spells it.
+      .def_property(
+          "kv_cache_dtype",
+          [](const SessionOptions& o) {
+            return std::string(o.kv_cache_dtype == recur::DType::BF16      ? "bf16"
+                               : o.kv_cache_dtype == recur::DType::F8_E4M3 ? "fp8"
+                                                                           : "f32");
+          },
+          [](SessionOptions& o, const std::string& name) {
+            if (name == "f32") {
+              o.kv_cache_dtype = recur::DType::F32;
+            } else if (name == "bf16") {
+              o.kv_cache_dtype = recur::DType::BF16;
+            } else if (name == "fp8") {
+              o.kv_cache_dtype = recur::DType::F8_E4M3;
+            } else {
+              throw pyb::value_error("kv_cache_dtype: f32, bf16 or fp8, not '" + name + "'");
+            }
+          });
 
   pyb::class_<Session>(m, "Session")
       .def(pyb::init([](const std::string& dir, const SessionOptions& o) {

@@ -28,9 +28,11 @@ using Clock = std::chrono::steady_clock;
 
 struct BenchOptions {
   std::string config, model, device = "cpu", batches = "1,16,64", dtype = "bf16";
-  std::string prefill_lens;  // empty: prompt_len
+  std::string prefill_lens;     // empty: prompt_len
+  std::string decode_contexts;  // batch-1 decode at these contexts; empty: none
   bool random_weights = false;
   Quantize quantize = Quantize::kNone;
+  DType kv_cache_dtype = DType::F32;
   int layers = 0, prompt_len = 2048, gen_len = 64, threads = 0, block_size = 16;
   int prefill_chunk = 0;  // tokens per prefill forward (0: each prompt in one forward)
 };
@@ -102,6 +104,16 @@ int run_bench(const BenchOptions& o) {
     return fail("--prefill-lens: positive integers, comma-separated");
   }
   const int max_prefill = *std::max_element(prefill_lens.begin(), prefill_lens.end());
+  std::vector<int> decode_contexts;
+  if (!o.decode_contexts.empty() && !parse_list(o.decode_contexts, &decode_contexts)) {
+    return fail("--decode-contexts: positive integers, comma-separated");
+  }
+  for (int c : decode_contexts) {
+    if (c <= o.gen_len) return fail("--decode-contexts: each context must exceed --gen-len");
+  }
+  const int max_decode_context =
+      decode_contexts.empty() ? 0
+                              : *std::max_element(decode_contexts.begin(), decode_contexts.end());
   if (o.gen_len < 4) return fail("--gen-len must be at least 4 (untimed warm-up steps)");
   const int max_batch = *std::max_element(batches.begin(), batches.end());
   auto ops_r = recur::create_backend(o.device, o.threads);
@@ -122,8 +134,12 @@ int run_bench(const BenchOptions& o) {
   const int decode_context = o.prompt_len + 2 * o.gen_len + 1;
   const int blocks_per_seq = decode_context / o.block_size + 1;
   const int prefill_blocks = max_prefill / o.block_size + 1;
-  opt.state.n_blocks = max_batch * blocks_per_seq + prefill_blocks;
-  opt.max_context = std::max(decode_context, max_prefill);
+  // Decode at a given context: one sequence's blocks up to the longest context.
+  const int long_context = max_decode_context;
+  const int long_blocks = decode_contexts.empty() ? 0 : long_context / o.block_size + 1;
+  opt.state.n_blocks = max_batch * blocks_per_seq + prefill_blocks + long_blocks;
+  opt.max_context = std::max({decode_context, max_prefill, long_context});
+  opt.kv_cache_dtype = o.kv_cache_dtype;
   const auto t_load = Clock::now();
   Result<std::unique_ptr<Model>> model_r = make_error(ErrorCode::kInvalidArgument, "no model");
   json config;
@@ -330,6 +346,46 @@ int run_bench(const BenchOptions& o) {
                       {"greedy_pipelined", pipelined}});
     if (read_bw > 0) decode.back()["fraction_of_read_bandwidth"] = bw / read_bw;
   }
+  // Batch-1 decode at each --decode-contexts length C: the gen_len steps that end at position
+  // C − 1 (the last attends to C positions, so C may be the model's whole context), of a
+  // sequence whose earlier positions were never prefilled (the cache's contents do not change
+  // the work: every step reads all its positions); two untimed steps first (graph capture).
+  json long_decode = json::array();
+  if (!decode_contexts.empty()) {
+    std::vector<int32_t> table(static_cast<size_t>(long_blocks));
+    for (int i = 0; i < long_blocks; ++i)
+      table[size_t(i)] = max_batch * blocks_per_seq + prefill_blocks + i;
+    std::vector<int32_t> tok(1);
+    for (int ctx : decode_contexts) {
+      const int first = ctx - o.gen_len;
+      m.reset_slot(0);
+      auto step = [&](int pos) {
+        batch.clear();
+        tok[0] = int32_t((pos * 31) % V);
+        batch.add_sequence(0, pos, tok, table, Batch::Logits::kLast);
+        check(m.forward(batch, logits));
+        ops.synchronize();
+      };
+      step(first);
+      step(first + 1);
+      const auto t0 = Clock::now();
+      for (int g = 2; g < o.gen_len; ++g) step(first + g);
+      const double step_s = seconds_since(t0) / (o.gen_len - 2);
+      // Positions read per timed step, on average.
+      const double cache_bytes =
+          (first + (o.gen_len + 1) / 2.0 + 1) * double(info.kv_bytes_per_token);
+      long_decode.push_back({{"context", ctx},
+                             {"tok_s", 1.0 / step_s},
+                             {"step_ms", step_s * 1e3},
+                             {"attention_cache_bytes_read", cache_bytes},
+                             {"attention_cache_gb_s", cache_bytes / step_s / 1e9}});
+    }
+  }
+  // The longest single context the memory left after loading (and this benchmark's own
+  // buffers) would hold in the attention cache.
+  const int64_t free_bytes = ops.free_memory_bytes();
+  const int64_t max_context_fits =
+      info.kv_bytes_per_token > 0 ? free_bytes / info.kv_bytes_per_token : 0;
   json out = {
       {"device", o.device},
       {"config", o.random_weights ? o.config : o.model},
@@ -338,12 +394,15 @@ int run_bench(const BenchOptions& o) {
       {"weight_dtype", o.random_weights ? o.dtype : "as stored"},
       {"quantize", quantize_name(o.quantize)},
       {"weight_bytes", info.weight_bytes},
+      {"kv_cache_dtype", dtype_name(o.kv_cache_dtype)},
       {"kv_bytes_per_token", info.kv_bytes_per_token},
       // Tokens per GB (1e9 bytes) of this attention cache, of one holding keys and values
       // expanded per head (what latent attention's latent saves), and their ratio.
       {"kv_tokens_per_gb", info.kv_bytes_per_token ? 1e9 / double(info.kv_bytes_per_token) : 0.0},
       {"expanded_kv_tokens_per_gb",
        info.expanded_kv_bytes_per_token ? 1e9 / double(info.expanded_kv_bytes_per_token) : 0.0},
+      {"free_memory_bytes", free_bytes},
+      {"max_context_in_free_memory", max_context_fits},
       {"kv_cache_saving", info.kv_bytes_per_token ? double(info.expanded_kv_bytes_per_token) /
                                                         double(info.kv_bytes_per_token)
                                                   : 1.0},
@@ -359,6 +418,7 @@ int run_bench(const BenchOptions& o) {
       {"prefill_tflop_s", prefill[0]["tflop_s"]},
       {"prefill", prefill},
       {"decode", decode},
+      {"decode_at_context", long_decode},
       {"note",
        "decode: fixed token ids, the host waits for each step before queuing the next, no "
        "sampling; decode.greedy_pipelined: the engine's greedy decode (argmax on the device, ids "
@@ -386,9 +446,13 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--gen-len", o->gen_len, "decode steps per batch size");
   cmd->add_option("--prefill-chunk", o->prefill_chunk,
                   "tokens per prefill forward (default 0: each prompt in one forward)");
+  cmd->add_option("--decode-contexts", o->decode_contexts,
+                  "batch-1 decode timed at these contexts, comma-separated (e.g. "
+                  "2048,32768,131072,262144)");
   cmd->add_option("--dtype", o->dtype, "random weights' dtype: bf16, f16, f32");
   cmd->add_option("--threads", o->threads, "CPU threads (default: all)");
   add_quantize_option(cmd, &o->quantize);
+  add_kv_cache_dtype_option(cmd, &o->kv_cache_dtype);
   cmd->callback([o] {
     int rc = run_bench(*o);
     if (rc != 0) exit_with(rc);

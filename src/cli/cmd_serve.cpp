@@ -103,6 +103,11 @@ int run_serve(const ServeOptions& o) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
       double(info.weight_bytes) / (1 << 20), info.vocab_size, engine.config().max_context,
       engine.config().max_batch, engine.config().kv_blocks);
+  // What the attention cache holds: a context of every block (one sequence alone).
+  fmt::print("attention cache: {}, {} bytes per token, {} tokens in all ({} blocks of {})\n",
+             dtype_name(config.kv_cache_dtype), info.kv_bytes_per_token,
+             int64_t(engine.config().kv_blocks) * engine.config().block_size,
+             engine.config().kv_blocks, engine.config().block_size);
   for (const std::string& note : info.notes) fmt::print("note: {}\n", note);
   for (const std::string& note : engine.notes()) fmt::print("{}\n", note);
 

@@ -185,7 +185,8 @@ struct Runner {
 };
 
 int run_verify(const std::string& model_dir, const std::string& golden_path, double tolerance,
-               int threads, const std::string& device, Quantize quantize, bool report) {
+               int threads, const std::string& device, Quantize quantize, DType kv_cache_dtype,
+               bool report) {
   auto golden = SafetensorsFile::open(golden_path);
   if (!golden.ok()) {
     fmt::print(stderr, "error: {}\n", golden.error().to_string());
@@ -245,6 +246,7 @@ int run_verify(const std::string& model_dir, const std::string& golden_path, dou
   opt.state.block_size = 16;
   opt.state.n_blocks = int(max_total / 16 + 1);
   opt.quantize = quantize;
+  opt.kv_cache_dtype = kv_cache_dtype;
   auto model = load_model(model_dir, ops, opt);
   if (!model.ok()) {
     fmt::print(stderr, "error: {}\n", model.error().to_string());
@@ -255,6 +257,8 @@ int run_verify(const std::string& model_dir, const std::string& golden_path, dou
   fmt::print(
       "weights: {:.2f} MiB at load{}\n", double(m.info().weight_bytes) / (1 << 20),
       quantize == Quantize::kNone ? "" : fmt::format(" (--quantize {})", quantize_name(quantize)));
+  fmt::print("attention cache: {}, {} bytes per token\n", dtype_name(kv_cache_dtype),
+             m.info().kv_bytes_per_token);
   for (size_t pi = 0; pi < refs.size(); ++pi) {
     Status st = check_reference(refs[pi], V, fmt::format("p{}.", pi));
     if (!st.ok()) {
@@ -315,7 +319,8 @@ int run_verify(const std::string& model_dir, const std::string& golden_path, dou
   }
   if (report) {
     // Figures, not a verdict: fails only on a value that is not finite (or a missing key).
-    fmt::print("report: max_abs_err={:.6e} {}{}\n", overall.err, overall.report(),
+    fmt::print("report: max_abs_err={:.6e} {} kv_cache={}{}\n", overall.err, overall.report(),
+               dtype_name(kv_cache_dtype),
                overall.problem.empty() ? "" : "  FAIL: " + overall.problem);
     return missing || !overall.problem.empty() ? 1 : 0;
   }
@@ -343,12 +348,15 @@ void register_verify(CLI::App& app) {
   cmd->add_option("--threads", *threads, "CPU threads (default: all)");
   auto quantize = std::make_shared<Quantize>(Quantize::kNone);
   add_quantize_option(cmd, quantize.get());
+  auto kv_cache_dtype = std::make_shared<DType>(DType::F32);
+  add_kv_cache_dtype_option(cmd, kv_cache_dtype.get());
   auto report = std::make_shared<bool>(false);
   cmd->add_flag("--report", *report,
                 "print max error, KL divergence and top-1 agreement per mode and overall "
-                "instead of a verdict (for quantized weights)");
+                "instead of a verdict (for quantized weights or attention caches)");
   cmd->callback([=] {
-    int rc = run_verify(*model, *golden, *tolerance, *threads, *device, *quantize, *report);
+    int rc = run_verify(*model, *golden, *tolerance, *threads, *device, *quantize, *kv_cache_dtype,
+                        *report);
     if (rc != 0) exit_with(rc);
   });
 }

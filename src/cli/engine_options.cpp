@@ -35,6 +35,16 @@ void add_engine_options(CLI::App* cmd, EngineOptions* o, const std::string& seed
                   "for GPUs (default)")
       ->check(CLI::Range(-1, 1));
   add_quantize_option(cmd, &o->quantize);
+  add_kv_cache_dtype_option(cmd, &o->kv_cache_dtype);
+}
+
+void add_kv_cache_dtype_option(CLI::App* cmd, DType* t) {
+  const std::map<std::string, DType> names = {
+      {"f32", DType::F32}, {"bf16", DType::BF16}, {"fp8", DType::F8_E4M3}};
+  cmd->add_option("--kv-cache-dtype", *t,
+                  "element type of the attention cache: f32 (default), bf16 (half the memory) "
+                  "or fp8 (e4m3, a quarter)")
+      ->transform(CLI::CheckedTransformer(names, CLI::ignore_case));
 }
 
 void add_quantize_option(CLI::App* cmd, Quantize* q) {
@@ -66,6 +76,7 @@ EngineConfig engine_config(const EngineOptions& o) {
   if (o.seed) cfg.seed = *o.seed;
   cfg.pipeline_decode = o.pipeline_decode;
   cfg.quantize = o.quantize;
+  cfg.kv_cache_dtype = o.kv_cache_dtype;
   return cfg;
 }
 

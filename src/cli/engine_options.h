@@ -27,14 +27,18 @@ struct EngineOptions {
   int pipeline_decode = -1;  // EngineConfig::pipeline_decode
   // --quantize: matmul weights of a bf16/f32 checkpoint converted at load (EngineConfig::quantize)
   Quantize quantize = Quantize::kNone;
+  DType kv_cache_dtype = DType::F32;  // --kv-cache-dtype (EngineConfig::kv_cache_dtype)
 };
 
 // Registers --quantize none|fp8|int8|q4 on cmd, writing into *q.
 void add_quantize_option(CLI::App* cmd, Quantize* q);
 
+// Registers --kv-cache-dtype f32|bf16|fp8 on cmd, writing into *t.
+void add_kv_cache_dtype_option(CLI::App* cmd, DType* t);
+
 // Registers --model, --device, --threads, --max-batch, --max-batch-tokens, --max-context,
 // --kv-cache-mb, --prefix-cache-mb, --snapshot-interval, --seed (described by seed_help),
-// --pipeline-decode and --quantize on cmd, writing into *o;
+// --pipeline-decode, --quantize and --kv-cache-dtype on cmd, writing into *o;
 // the defaults are what *o holds.
 void add_engine_options(CLI::App* cmd, EngineOptions* o, const std::string& seed_help);
 

@@ -72,6 +72,7 @@ LoadOptions Engine::load_options(const EngineConfig& config) {
   opt.state.n_snapshots = config.prefix_snapshots;
   opt.snapshot_interval = config.snapshot_interval;
   opt.quantize = config.quantize;
+  opt.kv_cache_dtype = config.kv_cache_dtype;
   return opt;
 }
 

@@ -110,6 +110,7 @@ struct EngineConfig {
   bool vocab_logprobs = false;
   // Matmul weights of F32/BF16/F16 checkpoints quantized at load (LoadOptions::quantize).
   Quantize quantize = Quantize::kNone;
+  DType kv_cache_dtype = DType::F32;  // LoadOptions::kv_cache_dtype
   // The prefix cache (engine/prefix_cache.h): a prompt starts from the longest prefix whose
   // attention blocks and recurrent-state snapshot an earlier prompt left, and prefills only
   // the rest. prefix_cache_bytes is memory added for it: snapshot slots, each with the blocks

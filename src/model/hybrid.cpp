@@ -128,8 +128,15 @@ Status HybridModel::allocate(const ModelPlan& plan) {
   // filled to the context length needs.
   StateConfig& sc = opt_.state;
   const int64_t bs = sc.block_size;
+  const DType kv_dtype = opt_.kv_cache_dtype;
+  if (kv_dtype != DType::F32 && kv_dtype != DType::BF16 && kv_dtype != DType::F8_E4M3) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "attention cache of {}: only F32, BF16 and F8_E4M3 are supported",
+                      dtype_name(kv_dtype));
+  }
+  const int64_t kv_elem = int64_t(dtype_size(kv_dtype));
   int64_t per_block = 0;
-  for (const ModelPlan::Cache& c : plan.caches) per_block += bs * c.floats_per_token() * 4;
+  for (const ModelPlan::Cache& c : plan.caches) per_block += bs * c.floats_per_token() * kv_elem;
   int64_t state_bytes = 0;
   for (const ModelPlan::Recurrent& r : plan.recurrent) {
     state_bytes += (r.conv_rows * r.conv_channels + r.heads * r.dk * r.dv) * 4;
@@ -169,9 +176,9 @@ Status HybridModel::allocate(const ModelPlan& plan) {
   // Recurrent state starts at zero; the cache needs no clearing (positions are written before
   // they are read), so its pages stay untouched until used.
   auto add_state = [&](std::vector<Tensor>& list, std::initializer_list<int64_t> shape,
-                       const char* what, bool zero) -> Status {
+                       const char* what, bool zero, DType dt = DType::F32) -> Status {
     Tensor t;
-    RECUR_RETURN_IF_ERROR(add_tensor(A, state_.buffers, &t, f32, shape, what));
+    RECUR_RETURN_IF_ERROR(add_tensor(A, state_.buffers, &t, dt, shape, what));
     if (zero) ops_.fill_zero(t);
     list.push_back(t);
     return Status();
@@ -192,7 +199,7 @@ Status HybridModel::allocate(const ModelPlan& plan) {
   info_.state_bytes_per_slot = state_bytes;
   for (const ModelPlan::Cache& c : plan.caches) {
     RECUR_RETURN_IF_ERROR(
-        add_state(state_.k_cache, {sc.n_blocks, c.kv_heads, c.hd, bs}, "k cache", false));
+        add_state(state_.k_cache, {sc.n_blocks, c.kv_heads, c.hd, bs}, "k cache", false, kv_dtype));
     state_.block_tensors.push_back(state_.k_cache.back());
     if (c.values_in_keys) {  // [blocks, kv_heads, bs, dv]: positions contiguous, channels bs apart
       Tensor v = state_.k_cache.back();
@@ -200,11 +207,11 @@ Status HybridModel::allocate(const ModelPlan& plan) {
       v.stride[2] = 1, v.stride[3] = bs;
       state_.v_cache.push_back(v);
     } else {
-      RECUR_RETURN_IF_ERROR(
-          add_state(state_.v_cache, {sc.n_blocks, c.kv_heads, bs, c.dv}, "v cache", false));
+      RECUR_RETURN_IF_ERROR(add_state(state_.v_cache, {sc.n_blocks, c.kv_heads, bs, c.dv},
+                                      "v cache", false, kv_dtype));
       state_.block_tensors.push_back(state_.v_cache.back());
     }
-    info_.kv_bytes_per_token += c.floats_per_token() * 4;
+    info_.kv_bytes_per_token += c.floats_per_token() * kv_elem;
   }
   info_.cache_bytes_per_block = per_block;
   return Status();

@@ -20,10 +20,11 @@ namespace recur {
 // Recurrent state per slot and the paged attention cache, allocated once.
 struct StatePools {
   std::vector<Buffer> buffers;
-  std::vector<Tensor> conv;     // per recurrent layer: [slots, K-1, C] f32
-  std::vector<Tensor> delta;    // per recurrent layer: [slots, H, dk, dv] f32
-  std::vector<Tensor> k_cache;  // per attention layer: [blocks, kv_heads, hd, block_size] f32
-  std::vector<Tensor> v_cache;  // per attention layer: [blocks, kv_heads, block_size, dv] f32
+  std::vector<Tensor> conv;   // per recurrent layer: [slots, K-1, C] f32
+  std::vector<Tensor> delta;  // per recurrent layer: [slots, H, dk, dv] f32
+  // Attention caches, of LoadOptions::kv_cache_dtype (F32, BF16 or F8_E4M3).
+  std::vector<Tensor> k_cache;  // per attention layer: [blocks, kv_heads, hd, block_size]
+  std::vector<Tensor> v_cache;  // per attention layer: [blocks, kv_heads, block_size, dv]
                                 //   (a view of k_cache's first dv channels for a latent cache)
   std::vector<Tensor> block_tensors;    // the caches that hold memory: what a block's bytes are
   std::vector<Tensor> conv_snapshots;   // per recurrent layer: [snapshots, K-1, C] f32
@@ -98,6 +99,7 @@ class ModelPlan {
   struct Cache {
     int64_t kv_heads, hd, dv;
     bool values_in_keys;
+    // elements of one token's keys and values (in the cache's type)
     int64_t floats_per_token() const { return kv_heads * (hd + (values_in_keys ? 0 : dv)); }
   };
   std::vector<Recurrent> recurrent;

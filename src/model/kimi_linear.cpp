@@ -346,8 +346,8 @@ class LatentAttention final : public TokenMixer {
     const Tensor& vc = io.state.v_cache[size_t(cache_)];
     // The value view is the key's first r channels: writing it rewrites the same numbers.
     ops.kv_cache_write(latent.col_heads(0, 1, kd), latent.col_heads(0, 1, rank), kc, vc, io.layout);
-    // Heads in groups of at most kMaxAttentionGroupDims / (r + dr) per call (14 of r + dr =
-    // 576: the published 48B's 32 heads take three calls, each reading the latent cache).
+    // Heads in groups of at most kMaxAttentionGroupDims / (r + dr) per call: the published
+    // 48B's 32 heads of r + dr = 576 take one call, reading the latent cache once.
     const float scale = 1.0f / std::sqrt(float(nope_dim + rope_dim));
     const int per_call = int(std::max<int64_t>(1, Ops::kMaxAttentionGroupDims / kd));
     for (int h0 = 0; h0 < heads; h0 += per_call) {

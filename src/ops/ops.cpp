@@ -1,6 +1,8 @@
 // Default implementations shared by backends whose memory the host can address.
 #include "ops/ops.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstring>
 #include <limits>
@@ -192,6 +194,10 @@ void Ops::gated_delta_rule_norm(const Tensor& q, const Tensor& k, const Tensor& 
                                 Tensor normed) {
   gated_delta_rule(q, k, v, g, beta, state, layout, out, scratch);
   rms_norm_gated(out, gate, norm_w, eps, act, normed);
+}
+
+int64_t Ops::free_memory_bytes() {
+  return int64_t(sysconf(_SC_AVPHYS_PAGES)) * int64_t(sysconf(_SC_PAGESIZE));
 }
 
 double Ops::measure_copy_bandwidth(size_t bytes) {

@@ -162,6 +162,9 @@ class Ops {
   // Device-to-device copy bandwidth in bytes/s (bytes read plus written), measured now over
   // `bytes`-sized buffers: the ceiling that benchmarks report against.
   virtual double measure_copy_bandwidth(size_t bytes);
+  // Memory this backend could still allocate, in bytes (the host's available memory by
+  // default): what benchmarks divide by a cache's bytes per token for the longest context.
+  virtual int64_t free_memory_bytes();
 
   // Sizes the backend's scratch for forwards within `limits` (once, at model load).
   virtual Status reserve(const ForwardLimits& limits) { return Status(); }
@@ -269,13 +272,17 @@ class Ops {
   // dv]; the value head size dv may differ from the key head size hd. v_cache may also be a
   // view of k_cache's first dv channels (channels block_size apart: a latent cache, whose
   // values are its keys' first channels). Writes each token's k [n, kv_heads, hd] and
-  // v [n, kv_heads, dv] at its position.
+  // v [n, kv_heads, dv] at its position. The caches' element type is F32, BF16 or F8_E4M3
+  // (both caches alike): the write rounds to it (to nearest even; e4m3 saturates at ±448)
+  // and attention reads it as stored.
   virtual void kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, Tensor v_cache,
                               const SeqLayout& layout) = 0;
   // Causal attention: token t of a sequence attends to its cache positions 0..positions[t].
   // q [n, heads, hd], out [n, heads, dv]; heads a multiple of kv_heads (grouped-query
-  // attention), with (heads / kv_heads) · max(hd, dv) ≤ kMaxAttentionGroupDims.
-  static constexpr int kMaxAttentionGroupDims = 8192;
+  // attention), with (heads / kv_heads) · max(hd, dv) ≤ kMaxAttentionGroupDims: 32 heads of
+  // 576, the published Kimi-Linear's latent attention, whose heads all share one cached latent
+  // and so take one call, reading it once.
+  static constexpr int kMaxAttentionGroupDims = 32 * 576;
   virtual void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                const SeqLayout& layout, float scale, Tensor out) = 0;
   // paged_attention into out, then mul_sigmoid(out, gate) (gated attention's output gate):

@@ -53,6 +53,9 @@ inline void fill_random(HostTensor& h, std::mt19937& rng, float scale = 1.0f, fl
       case DType::F16:
         h.t.ptr<uint16_t>()[i] = f32_to_f16(v);
         break;
+      case DType::F8_E4M3:
+        h.t.ptr<uint8_t>()[i] = f32_to_f8_e4m3(v);
+        break;
       default:
         FAIL() << "fill_random: unsupported dtype";
     }
@@ -178,8 +181,10 @@ struct AttentionInputCase {
   int64_t n, heads, kv, hd, dv;
   int rot;
   HostTensor q, k, v, q_norm, k_norm, kc, vc;
+  // cache_t: the caches' element type (F32, BF16 or F8_E4M3).
   AttentionInputCase(const SeqLayout& l, int n_blocks, int64_t heads_, int64_t kv_, int64_t hd_,
-                     int64_t dv_, int rot_, DType norm_t, std::mt19937& rng)
+                     int64_t dv_, int rot_, DType norm_t, std::mt19937& rng,
+                     DType cache_t = DType::F32)
       : n(l.n_tokens),
         heads(heads_),
         kv(kv_),
@@ -191,8 +196,8 @@ struct AttentionInputCase {
         v(DType::F32, {n, kv * dv}),
         q_norm(norm_t, {hd}),
         k_norm(norm_t, {hd}),
-        kc(DType::F32, {n_blocks, kv, hd, l.block_size}),
-        vc(DType::F32, {n_blocks, kv, l.block_size, dv}) {
+        kc(cache_t, {n_blocks, kv, hd, l.block_size}),
+        vc(cache_t, {n_blocks, kv, l.block_size, dv}) {
     for (HostTensor* t : {&q, &k, &v, &kc, &vc}) fill_random(*t, rng);
     fill_random(q_norm, rng, 0.2f);
     fill_random(k_norm, rng, 0.2f);

@@ -23,7 +23,7 @@ class CpuOps final : public Ops {
   static constexpr int kMaxGroup = 64;  // query heads per kv head
   // Query heads per kv head × head size, for the key head size and for the value head size
   // alike (queries and partial sums live in buffers of this many floats).
-  static constexpr int kMaxGroupDims = 8192;
+  static constexpr int kMaxGroupDims = Ops::kMaxAttentionGroupDims;
   static int attention_parts(int64_t n_ctx);
 
   Device device() const override { return Device::kCpu; }

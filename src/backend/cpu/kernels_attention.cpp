@@ -7,13 +7,18 @@
 // processed together, reading each block once. When a batch has fewer tasks than threads (one
 // long sequence), the parts of a task run on different threads (split-context decoding); the
 // arithmetic is the same either way, so results depend neither on the batch nor on threads.
+// A BF16 or F8_E4M3 cache is widened to f32 a chunk at a time (keys [hd][chunk], values
+// [chunk][dv]) in a per-thread buffer, which the f32 loops then read as they read an f32 cache.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/vector_math.h"
+#include "core/dtype.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -30,10 +35,13 @@ constexpr int kMaxGroup = CpuOps::kMaxGroup;
 constexpr int kMaxGroupDims = CpuOps::kMaxGroupDims;
 constexpr int kChunk = 256;  // positions scored per online-softmax update
 
-// One task's fixed view of the cache: its sequence's block table and its kv head.
+// One task's fixed view of the cache: its sequence's block table and its kv head. k and v
+// point at elements of `dtype` (F32, BF16 or F8_E4M3); strides count elements.
 struct CacheView {
-  const float* k;          // k_cache + kv head offset
-  const float* v;          // v_cache + kv head offset
+  const void* k;  // k_cache + kv head offset
+  const void* v;  // v_cache + kv head offset
+  DType dtype;
+  int64_t elem;            // bytes per element
   int64_t k_block, k_dim;  // k strides: per block, per channel (positions are contiguous)
   int64_t v_block, v_row;  // v strides: per block, per position
   int64_t v_dim;          // v stride per channel: 1, or the key cache's (values are keys' channels)
@@ -153,15 +161,45 @@ inline float max_of(const float* x, int64_t n) {
 // values of the block kPrefetchBlocks ahead while it scores the current one.
 constexpr int64_t kPrefetchBlocks = 4;
 
-inline void prefetch_lines(const float* p, int64_t floats) {
-  for (int64_t i = 0; i < floats; i += 16) prefetch_line(p + i);
+inline void prefetch_lines(const void* p, int64_t bytes) {
+  for (int64_t i = 0; i < bytes; i += 64) prefetch_line(static_cast<const char*>(p) + i);
+}
+
+// Element i of a cache view's array, as bytes.
+inline const char* elem_at(const void* base, int64_t i, int64_t elem) {
+  return static_cast<const char*>(base) + i * elem;
 }
 
 // Keys and values of the task's head in the block at index `bi` of the sequence's table.
 inline void prefetch_block(const CacheView& c, int64_t bi) {
   const int64_t block = c.blocks[bi];
-  prefetch_lines(c.k + block * c.k_block, c.k_dim * c.hd);
-  if (c.v_dim == 1) prefetch_lines(c.v + block * c.v_block, c.v_row * c.bs);
+  prefetch_lines(elem_at(c.k, block * c.k_block, c.elem), c.k_dim * c.hd * c.elem);
+  if (c.v_dim == 1)
+    prefetch_lines(elem_at(c.v, block * c.v_block, c.elem), c.v_row * c.bs * c.elem);
+}
+
+// The f32 value of each F8_E4M3 code.
+struct Fp8Table {
+  float v[256];
+  Fp8Table() {
+    for (int i = 0; i < 256; ++i) v[i] = f8_e4m3_to_f32(uint8_t(i));
+  }
+};
+const Fp8Table& fp8_table() {
+  static const Fp8Table t;
+  return t;
+}
+
+// dst[j] = src[j] widened to f32 for j < n; src of `dtype` (BF16 or F8_E4M3).
+inline void widen(const char* src, DType dtype, int64_t n, float* dst) {
+  if (dtype == DType::BF16) {
+    const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
+    for (int64_t j = 0; j < n; ++j) dst[j] = bf16_to_f32(s[j]);
+  } else {
+    const float* lut = fp8_table().v;
+    const uint8_t* s = reinterpret_cast<const uint8_t*>(src);
+    for (int64_t j = 0; j < n; ++j) dst[j] = lut[s[j]];
+  }
 }
 
 // Scores of the chunk's pieces for all G heads: sc[g·kChunk + o + j].
@@ -281,6 +319,16 @@ void attend_part(const CacheView& c, const float* q, int64_t G, int64_t p0, int6
   }
   float corr[kMaxGroup];
   const int64_t chunk = std::max<int64_t>(1, kChunk / c.bs) * c.bs;
+  // A narrow cache's chunk widened to f32: keys [hd][kChunk], values [kChunk][dv] (a latent
+  // cache's values are the widened keys' first channels). Grown once per thread.
+  const bool widened = c.dtype != DType::F32;
+  thread_local std::vector<float> wide;
+  if (widened && wide.size() < size_t((hd + dv) * kChunk)) wide.resize(size_t((hd + dv) * kChunk));
+  float* wide_k = wide.data();
+  float* wide_v = wide.data() + hd * kChunk;
+  const int64_t k_dim = widened ? kChunk : c.k_dim;
+  const int64_t v_row = widened ? dv : c.v_row;
+  const int64_t v_dim = widened && c.v_dim != 1 ? kChunk : c.v_dim;
   for (int64_t c0 = p0; c0 < p1; c0 += chunk) {
     const int64_t c1 = std::min(p1, c0 + chunk);
     int n_pieces = 0;
@@ -288,13 +336,29 @@ void attend_part(const CacheView& c, const float* q, int64_t G, int64_t p0, int6
       const int64_t block = c.blocks[pos / c.bs], off = pos % c.bs;
       const int64_t len = std::min(c1 - pos, c.bs - off);
       piece_block[n_pieces] = pos / c.bs;
-      piece_k[n_pieces] = c.k + block * c.k_block + off;
-      piece_v[n_pieces] = c.v + block * c.v_block + off * c.v_row;
+      if (!widened) {
+        piece_k[n_pieces] = static_cast<const float*>(c.k) + block * c.k_block + off;
+        piece_v[n_pieces] = static_cast<const float*>(c.v) + block * c.v_block + off * c.v_row;
+      } else {
+        const int64_t o = pos - c0;
+        const char* kb = elem_at(c.k, block * c.k_block + off, c.elem);
+        for (int64_t d = 0; d < hd; ++d)
+          widen(kb + d * c.k_dim * c.elem, c.dtype, len, wide_k + d * kChunk + o);
+        piece_k[n_pieces] = wide_k + o;
+        if (c.v_dim == 1) {
+          const char* vb = elem_at(c.v, block * c.v_block + off * c.v_row, c.elem);
+          for (int64_t j = 0; j < len; ++j)
+            widen(vb + j * c.v_row * c.elem, c.dtype, dv, wide_v + (o + j) * dv);
+          piece_v[n_pieces] = wide_v + o * dv;
+        } else {
+          piece_v[n_pieces] = wide_k + o;  // channel d at wide_k[d·kChunk + position]
+        }
+      }
       piece_len[n_pieces++] = len;
       pos += len;
     }
     const int64_t L = c1 - c0;
-    chunk_scores(q, G, hd, piece_k, piece_len, n_pieces, c.k_dim, sc, c, piece_block, last_block);
+    chunk_scores(q, G, hd, piece_k, piece_len, n_pieces, k_dim, sc, c, piece_block, last_block);
     for (int64_t g = 0; g < G; ++g) {
       float* s = sc + g * kChunk;
 #if defined(__AVX512F__)
@@ -307,10 +371,10 @@ void attend_part(const CacheView& c, const float* q, int64_t G, int64_t p0, int6
       st.mx[g] = mx;
       st.den[g] = st.den[g] * corr[g] + exp_shifted_sum(s, L, mx);
     }
-    if (c.v_dim == 1) {
-      chunk_values(sc, G, dv, piece_v, piece_len, n_pieces, c.v_row, st.acc, corr);
+    if (v_dim == 1) {
+      chunk_values(sc, G, dv, piece_v, piece_len, n_pieces, v_row, st.acc, corr);
     } else {
-      chunk_values_across(sc, G, dv, piece_v, piece_len, n_pieces, c.v_dim, st.acc, corr);
+      chunk_values_across(sc, G, dv, piece_v, piece_len, n_pieces, v_dim, st.acc, corr);
     }
   }
 }
@@ -357,10 +421,52 @@ int CpuOps::attention_parts(int64_t n_ctx) {
   return int(std::clamp<int64_t>(n_ctx / kAttentionPartPositions, 1, kAttentionMaxParts));
 }
 
+namespace {
+
+// dst[j·stride] = src[j] for j < n, rounded to the cache's element type T (float, or the bits
+// of BF16 or F8_E4M3, each rounded to nearest even).
+template <typename T>
+void store_row(const float* src, int64_t n, T* dst, int64_t stride) {
+  for (int64_t j = 0; j < n; ++j) {
+    if constexpr (std::is_same_v<T, float>) {
+      dst[j * stride] = src[j];
+    } else if constexpr (std::is_same_v<T, uint16_t>) {
+      dst[j * stride] = f32_to_bf16(src[j]);
+    } else {
+      dst[j * stride] = f32_to_f8_e4m3(src[j]);
+    }
+  }
+}
+
+template <typename T>
+void write_cache(const Tensor& k, const Tensor& v, Tensor k_cache, Tensor v_cache,
+                 const SeqLayout& layout) {
+  const int64_t kv_heads = k.shape[1], hd = k.shape[2], dv = v.shape[2];
+  for (int s = 0; s < layout.n_seqs; ++s) {
+    for (int64_t t = layout.seq_start[s]; t < layout.seq_start[s + 1]; ++t) {
+      const int64_t pos = layout.positions[t], off = pos % layout.block_size;
+      const int32_t block = layout.block_ids[layout.block_start[s] + pos / layout.block_size];
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        const float* kr = k.ptr<float>() + t * k.stride[0] + h * k.stride[1];
+        T* kc =
+            static_cast<T*>(k_cache.data) + block * k_cache.stride[0] + h * k_cache.stride[1] + off;
+        store_row(kr, hd, kc, k_cache.stride[2]);
+        T* vc = static_cast<T*>(v_cache.data) + block * v_cache.stride[0] + h * v_cache.stride[1] +
+                off * v_cache.stride[2];
+        const float* vr = v.ptr<float>() + t * v.stride[0] + h * v.stride[1];
+        store_row(vr, dv, vc, v_cache.stride[3]);  // stride 1, or the key cache's channels'
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void CpuOps::kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, Tensor v_cache,
                             const SeqLayout& layout) {
   const int64_t kv_heads = k.shape[1], hd = k.shape[2], dv = v.shape[2];
   RECUR_CHECK(v.shape[1] == kv_heads && k.stride[2] == 1 && v.stride[2] == 1);
+  RECUR_CHECK(k_cache.dtype == v_cache.dtype);
   RECUR_CHECK(k_cache.shape[1] == kv_heads && k_cache.shape[2] == hd &&
               k_cache.shape[3] == layout.block_size && v_cache.shape[1] == kv_heads &&
               v_cache.shape[2] == layout.block_size && v_cache.shape[3] == dv);
@@ -368,21 +474,19 @@ void CpuOps::kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, Te
     RECUR_CHECK(layout.seq_len(s) == 0 ||
                 (layout.positions[layout.seq_start[s + 1] - 1] / layout.block_size) <
                     layout.block_start[s + 1] - layout.block_start[s]);
-    for (int64_t t = layout.seq_start[s]; t < layout.seq_start[s + 1]; ++t) {
-      const int64_t pos = layout.positions[t], off = pos % layout.block_size;
-      const int32_t block = layout.block_ids[layout.block_start[s] + pos / layout.block_size];
-      for (int64_t h = 0; h < kv_heads; ++h) {
-        const float* kr = k.ptr<float>() + t * k.stride[0] + h * k.stride[1];
-        float* kc = k_cache.ptr<float>() + block * k_cache.stride[0] + h * k_cache.stride[1] + off;
-        for (int64_t j = 0; j < hd; ++j) kc[j * k_cache.stride[2]] = kr[j];
-        // A row of a few vectors: an inline loop, not a memcpy call.
-        float* vc = v_cache.ptr<float>() + block * v_cache.stride[0] + h * v_cache.stride[1] +
-                    off * v_cache.stride[2];
-        const float* vr = v.ptr<float>() + t * v.stride[0] + h * v.stride[1];
-        const int64_t vd = v_cache.stride[3];  // 1, or the key cache's channel stride
-        for (int64_t j = 0; j < dv; ++j) vc[j * vd] = vr[j];
-      }
-    }
+  }
+  switch (k_cache.dtype) {
+    case DType::F32:
+      write_cache<float>(k, v, k_cache, v_cache, layout);
+      break;
+    case DType::BF16:
+      write_cache<uint16_t>(k, v, k_cache, v_cache, layout);
+      break;
+    case DType::F8_E4M3:
+      write_cache<uint8_t>(k, v, k_cache, v_cache, layout);
+      break;
+    default:
+      RECUR_CHECK(false && "attention cache of F32, BF16 or F8_E4M3");
   }
 }
 
@@ -395,6 +499,10 @@ void CpuOps::paged_attention(const Tensor& q, const Tensor& k_cache, const Tenso
   RECUR_CHECK(k_cache.shape[2] == hd && v_cache.shape[1] == kv_heads && out.shape[1] == heads &&
               out.shape[2] == dv);
   RECUR_CHECK(layout.block_size <= kMaxBlock && q.stride[2] == 1 && out.stride[2] == 1);
+  RECUR_CHECK(k_cache.dtype == v_cache.dtype &&
+              (k_cache.dtype == DType::F32 || k_cache.dtype == DType::BF16 ||
+               k_cache.dtype == DType::F8_E4M3));
+  const int64_t elem = int64_t(dtype_size(k_cache.dtype));
   const int64_t part_floats = G * dv + 2 * G;
   const int64_t n_tasks = int64_t(layout.n_tokens) * kv_heads;
   int64_t max_ctx = 0;
@@ -409,8 +517,10 @@ void CpuOps::paged_attention(const Tensor& q, const Tensor& k_cache, const Tenso
         (layout.seq_start + 1));
   };
   auto view_of = [&](int64_t t, int64_t kvh) {
-    return CacheView{k_cache.ptr<float>() + kvh * k_cache.stride[1],
-                     v_cache.ptr<float>() + kvh * v_cache.stride[1],
+    return CacheView{elem_at(k_cache.data, kvh * k_cache.stride[1], elem),
+                     elem_at(v_cache.data, kvh * v_cache.stride[1], elem),
+                     k_cache.dtype,
+                     elem,
                      k_cache.stride[0],
                      k_cache.stride[2],
                      v_cache.stride[0],

@@ -181,28 +181,66 @@ void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const T
 }
 
 namespace {
-// k_cache [blocks, kv_heads, hd, block_size]; v_cache [blocks, kv_heads, block_size, dv]
-float& k_at(const Tensor& c, const SeqLayout& l, int s, int64_t pos, int64_t h, int64_t j) {
+// Offsets of elements of k_cache [blocks, kv_heads, hd, block_size] and v_cache [blocks,
+// kv_heads, block_size, dv]; the caches hold F32, BF16 or F8_E4M3.
+int64_t k_off(const Tensor& c, const SeqLayout& l, int s, int64_t pos, int64_t h, int64_t j) {
   const int32_t block = l.block_ids[l.block_start[s] + pos / l.block_size];
-  return c
-      .ptr<float>()[block * c.stride[0] + h * c.stride[1] + j * c.stride[2] + pos % l.block_size];
+  return block * c.stride[0] + h * c.stride[1] + j * c.stride[2] + pos % l.block_size;
 }
-float& v_at(const Tensor& c, const SeqLayout& l, int s, int64_t pos, int64_t h, int64_t j) {
+int64_t v_off(const Tensor& c, const SeqLayout& l, int s, int64_t pos, int64_t h, int64_t j) {
   const int32_t block = l.block_ids[l.block_start[s] + pos / l.block_size];
-  return c.ptr<float>()[block * c.stride[0] + h * c.stride[1] + (pos % l.block_size) * c.stride[2] +
-                        j * c.stride[3]];
+  return block * c.stride[0] + h * c.stride[1] + (pos % l.block_size) * c.stride[2] +
+         j * c.stride[3];
+}
+float cache_load(const Tensor& c, int64_t i) {
+  switch (c.dtype) {
+    case DType::F32:
+      return c.ptr<float>()[i];
+    case DType::BF16:
+      return bf16_to_f32(c.ptr<uint16_t>()[i]);
+    case DType::F8_E4M3:
+      return f8_e4m3_to_f32(c.ptr<uint8_t>()[i]);
+    default:
+      RECUR_CHECK(false && "attention cache of F32, BF16 or F8_E4M3");
+      return 0.0f;
+  }
+}
+void cache_store(const Tensor& c, int64_t i, float x) {
+  switch (c.dtype) {
+    case DType::F32:
+      c.ptr<float>()[i] = x;
+      break;
+    case DType::BF16:
+      c.ptr<uint16_t>()[i] = f32_to_bf16(x);
+      break;
+    case DType::F8_E4M3:
+      c.ptr<uint8_t>()[i] = f32_to_f8_e4m3(x);
+      break;
+    default:
+      RECUR_CHECK(false && "attention cache of F32, BF16 or F8_E4M3");
+  }
+}
+float k_at(const Tensor& c, const SeqLayout& l, int s, int64_t pos, int64_t h, int64_t j) {
+  return cache_load(c, k_off(c, l, s, pos, h, j));
+}
+float v_at(const Tensor& c, const SeqLayout& l, int s, int64_t pos, int64_t h, int64_t j) {
+  return cache_load(c, v_off(c, l, s, pos, h, j));
 }
 }  // namespace
 
+// The caches' element type rounds what is stored (as Ops::kv_cache_write says) and is read back
+// exactly.
 void kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, Tensor v_cache,
                     const SeqLayout& layout) {
   for (int s = 0; s < layout.n_seqs; ++s)
     for (int64_t t = layout.seq_start[s]; t < layout.seq_start[s + 1]; ++t)
       for (int64_t h = 0; h < k.shape[1]; ++h) {
         for (int64_t j = 0; j < k.shape[2]; ++j)
-          k_at(k_cache, layout, s, layout.positions[t], h, j) = at3(k, t, h, j);
+          cache_store(k_cache, k_off(k_cache, layout, s, layout.positions[t], h, j),
+                      at3(k, t, h, j));
         for (int64_t j = 0; j < v.shape[2]; ++j)
-          v_at(v_cache, layout, s, layout.positions[t], h, j) = at3(v, t, h, j);
+          cache_store(v_cache, v_off(v_cache, layout, s, layout.positions[t], h, j),
+                      at3(v, t, h, j));
       }
 }
 

@@ -1,9 +1,13 @@
-// The operands of attention over the paged cache (kernels_attention.cu), and its tensor-core
-// prompt kernel (kernels_attention_mma.cu), to which the dispatch sends forwards too long for
-// the decode kernel.
+// The operands of attention over the paged cache (kernels_attention.cu), its decode kernel
+// (kernels_attention_decode.cu) and its tensor-core prompt kernel (kernels_attention_mma.cu),
+// to which the dispatch sends forwards too long for the decode kernel; the cache's element
+// types and the result stores they share.
 #pragma once
 
+#include <cuda_fp8.h>
+
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/cuda_internal.cuh"
 #include "ops/ops.h"
@@ -14,9 +18,10 @@ namespace cuda {
 struct AttnArgs {
   const float* q;  // [n, heads, hd]
   int64_t q_s0, q_s1;
-  const float* kc;  // [blocks, kv_heads, hd, bs]
+  // The caches hold elements of a cache type (cache_to_f32); strides count elements.
+  const void* kc;  // [blocks, kv_heads, hd, bs]
   int64_t kc_s0, kc_s1, kc_s2;
-  const float* vc;  // [blocks, kv_heads, bs, dv]
+  const void* vc;  // [blocks, kv_heads, bs, dv]
   int64_t vc_s0, vc_s1, vc_s2;
   int64_t vc_sd;  // value channel stride: 1, or the key cache's when values are keys' channels
   float* out;     // [n, heads, dv]
@@ -30,11 +35,94 @@ struct AttnArgs {
   float scale;
 };
 
+// Cache element types: float (F32), the bits of BF16 (uint16_t) and of F8_E4M3 (uint8_t).
+__device__ __forceinline__ float cache_to_f32(float x) {
+  return x;
+}
+__device__ __forceinline__ float cache_to_f32(uint16_t x) {
+  return __uint_as_float(uint32_t(x) << 16);
+}
+__device__ __forceinline__ float cache_to_f32(uint8_t x) {
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t(x), __NV_E4M3)));
+}
+// x rounded to the cache type, to nearest even (e4m3 saturating at ±448), as the CPU rounds.
+template <typename T>
+__device__ __forceinline__ T cache_from_f32(float x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else if constexpr (std::is_same_v<T, uint16_t>) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+  } else {
+    return T(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
+  }
+}
+// A cache element as f32, through L2 only when l2 (it may have been written by the kernel
+// before, still running under programmatic launch: see paged_attention_decode_kernel).
+template <typename T>
+__device__ __forceinline__ float load_cache(const T* p, bool l2 = false) {
+  return cache_to_f32(l2 ? __ldcg(p) : *p);
+}
+
+// fn(T{}) for the cache element type of `dt` (F32, BF16 or F8_E4M3).
+template <typename Fn>
+void dispatch_cache(DType dt, Fn&& fn) {
+  switch (dt) {
+    case DType::F32:
+      fn(float{});
+      break;
+    case DType::BF16:
+      fn(uint16_t{});
+      break;
+    case DType::F8_E4M3:
+      fn(uint8_t{});
+      break;
+    default:
+      fatal("attention cache dtype must be F32, BF16 or F8_E4M3");
+  }
+}
+
+// An empty split's partial result: no weight in the merge, which then skips its sums.
+__device__ __forceinline__ void mark_empty_split(const AttnArgs& a, int t, int kvh, int sp) {
+  for (int g = threadIdx.x; g < a.group; g += blockDim.x) {
+    const int64_t slot = (int64_t(t) * a.heads + kvh * a.group + g) * a.n_splits + sp;
+    a.part_ml[slot * 2] = -INFINITY;
+    a.part_ml[slot * 2 + 1] = 0.0f;
+  }
+}
+
+// The final output of (token t, head h, value channel d): v, times σ(gate) when gated (the
+// product mul_sigmoid makes). dv: a.dv, passed by the caller (which may know it equals hd).
+__device__ __forceinline__ void store_out(const AttnArgs& a, int t, int h, int d, float v, int dv) {
+  if (a.gate) v *= sigmoid(a.gate[int64_t(t) * a.g_s0 + int64_t(h) * dv + d]);
+  a.out[int64_t(t) * a.o_s0 + int64_t(h) * a.o_s1 + d] = v;
+}
+
+// Writes a (token, head) result: the normalised output, or the split's partial sums.
+__device__ __forceinline__ void store_result(const AttnArgs& a, int t, int h, int sp, int d,
+                                             float o, float m, float l, int dv) {
+  if (a.n_splits == 1) {
+    store_out(a, t, h, d, o / l, dv);
+  } else {
+    const int64_t slot = (int64_t(t) * a.heads + h) * a.n_splits + sp;
+    a.part_o[slot * dv + d] = o;
+    if (d == 0) {
+      a.part_ml[slot * 2] = m;
+      a.part_ml[slot * 2 + 1] = l;
+    }
+  }
+}
+
+// The decode kernel (kernels_attention_decode.cu): forwards of at most kDecodeMaxTokens tokens
+// whose heads it takes (decode_kernel_fits); grid (n_tokens, kv_heads, n_splits).
+constexpr int kDecodeMaxTokens = 64;
+bool decode_kernel_fits(int group, int hd, int dv);
+void launch_attention_decode(const AttnArgs& a, DType cache, dim3 grid, cudaStream_t stream);
+
 // paged_attention of every token of the layout, as `a` describes it (its split fields unused),
 // on tensor cores, when the kernel takes these heads (hd a multiple of 16, dv of 8, both ≤ 256,
 // a query group of at most 64 heads) and caches (blocks of a multiple of 4 positions, 16-byte
 // aligned with strides in multiples of 4 elements, channels contiguous); false, having done
-// nothing, otherwise.
+// nothing, otherwise. The caches hold F32, BF16 or F8_E4M3 (k_cache's dtype).
 bool paged_attention_mma(CudaOps::Impl& s, const AttnArgs& a, const Tensor& k_cache,
                          const Tensor& v_cache, const SeqLayout& layout, int kv_heads);
 

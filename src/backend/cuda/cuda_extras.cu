@@ -196,6 +196,12 @@ void CudaOps::fill_random_uniform(Tensor t, uint64_t seed, float lo, float hi) {
   RECUR_CUDA_CHECK(cudaGetLastError());
 }
 
+int64_t CudaOps::free_memory_bytes() {
+  size_t free = 0, total = 0;
+  RECUR_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return int64_t(free);
+}
+
 double CudaOps::measure_copy_bandwidth(size_t bytes) {
   impl_->end_forward();
   void *a = nullptr, *b = nullptr;

@@ -57,6 +57,7 @@ class CudaOps final : public Ops {
   // Generated on the device with the same counter-based values as the CPU default.
   void fill_random_uniform(Tensor t, uint64_t seed, float lo, float hi) override;
   double measure_copy_bandwidth(size_t bytes) override;  // cudaMemcpy device to device
+  int64_t free_memory_bytes() override;                  // cudaMemGetInfo
 
   void embedding(const int32_t* ids, int n, const Tensor& table, Tensor out) override;
   void embedding_rms_norm(const int32_t* ids, int n, const Tensor& table, Tensor out,

@@ -12,7 +12,8 @@
 // for the warp kernel's registers (group · ⌈hd/32⌉ > 64) use a block-wide tiled kernel.
 // Forwards of few tokens (decode) take a third kernel where both head dims are multiples of 32:
 // a thread per channel, every load of a 32-position chunk in flight at once, splits of whole
-// chunks (see paged_attention_decode_kernel).
+// chunks (kernels_attention_decode.cu). The caches hold F32, BF16 or F8_E4M3 (every kernel is
+// compiled for each, T, and widens what it loads to f32).
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -32,16 +33,13 @@ constexpr int kTileP = 32;  // positions per tile: one per lane in the softmax
 // A split holds at least a chunk of 32 positions for each of the block's warps: shorter
 // splits leave warps idle and give the merge more partial results to combine.
 constexpr int kMinSplitPositions = 32 * kAttnWarps;
-// The decode kernel's block is one thread per channel (of the wider head); it serves forwards
-// of at most kDecodeMaxTokens tokens.
-constexpr int kDecodeMaxHd = 512;
-constexpr int kDecodeMaxTokens = 64;
 
-// k [n, kv_heads, hd], v [n, kv_heads, dv] → the caches at each token's position; grid
-// (n, kv_heads)
+// k [n, kv_heads, hd], v [n, kv_heads, dv] → the caches (elements T) at each token's position;
+// grid (n, kv_heads)
+template <typename T>
 __global__ void kv_cache_write_kernel(const float* k, int64_t k_s0, int64_t k_s1, const float* v,
-                                      int64_t v_s0, int64_t v_s1, float* kc, int64_t kc_s0,
-                                      int64_t kc_s1, int64_t kc_s2, float* vc, int64_t vc_s0,
+                                      int64_t v_s0, int64_t v_s1, T* kc, int64_t kc_s0,
+                                      int64_t kc_s1, int64_t kc_s2, T* vc, int64_t vc_s0,
                                       int64_t vc_s1, int64_t vc_s2, int64_t vc_sd, int hd, int dv,
                                       int bs, const int32_t* seq_start, int n_seqs,
                                       const int32_t* positions, const int32_t* block_start,
@@ -51,12 +49,12 @@ __global__ void kv_cache_write_kernel(const float* k, int64_t k_s0, int64_t k_s1
   const int s = seq_of_token(seq_start, n_seqs, t);
   const int pos = positions[t];
   const int64_t block = block_ids[block_start[s] + pos / bs], off = pos % bs;
-  float* kd = kc + block * kc_s0 + h * kc_s1 + off;
-  float* vd = vc + block * vc_s0 + h * vc_s1 + off * vc_s2;
+  T* kd = kc + block * kc_s0 + h * kc_s1 + off;
+  T* vd = vc + block * vc_s0 + h * vc_s1 + off * vc_s2;
   const float* ks = k + int64_t(t) * k_s0 + h * k_s1;
   const float* vs = v + int64_t(t) * v_s0 + h * v_s1;
-  for (int j = threadIdx.x; j < hd; j += blockDim.x) kd[j * kc_s2] = ks[j];
-  for (int j = threadIdx.x; j < dv; j += blockDim.x) vd[j * vc_sd] = vs[j];
+  for (int j = threadIdx.x; j < hd; j += blockDim.x) kd[j * kc_s2] = cache_from_f32<T>(ks[j]);
+  for (int j = threadIdx.x; j < dv; j += blockDim.x) vd[j * vc_sd] = cache_from_f32<T>(vs[j]);
 }
 
 // Positions per context split of a token with n_ctx positions: the splits are cut from each
@@ -66,18 +64,6 @@ __device__ __forceinline__ int split_length(int n_ctx, int n_splits) {
   return max((n_ctx + n_splits - 1) / n_splits, kMinSplitPositions);
 }
 
-// An empty split's partial result: no weight in the merge, which then skips its sums.
-__device__ __forceinline__ void mark_empty_split(const AttnArgs& a, int t, int kvh, int sp) {
-  for (int g = threadIdx.x; g < a.group; g += blockDim.x) {
-    const int64_t slot = (int64_t(t) * a.heads + kvh * a.group + g) * a.n_splits + sp;
-    a.part_ml[slot * 2] = -INFINITY;
-    a.part_ml[slot * 2 + 1] = 0.0f;
-  }
-}
-
-// Defined with the warp kernel below (the tiled kernel's template finds it by name).
-__device__ __forceinline__ void store_out(const AttnArgs& a, int t, int h, int d, float v, int dv);
-
 size_t attn_smem_bytes(int group, int hd, int dv) {
   return sizeof(float) * (size_t(group) * hd + size_t(kTileP) * (hd + dv) + size_t(group) * kTileP +
                           3 * size_t(group));
@@ -85,12 +71,15 @@ size_t attn_smem_bytes(int group, int hd, int dv) {
 
 // The tiled kernel, for groups too large for the warp kernel: the block walks the split in
 // tiles of ≤ 32 positions within one cache block (scores, softmax and values each a block-wide
-// step). grid (n_tokens, kv_heads, n_splits). Thread outputs: e = tid + i·kAttnThreads over
-// the group's [group, dv] accumulator (MAXO of them per thread).
-template <int MAXO>
-__global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(AttnArgs a) {
+// step). grid (n_tokens, kv_heads, n_splits), NT threads. Thread outputs: e = tid + i·NT over
+// the group's [group, dv] accumulator (MAXO of them per thread). Groups of the widest heads
+// (32 latent heads of 576) take 512 threads, so that MAXO stays within the registers.
+template <int MAXO, int NT, typename T>
+__global__ void __launch_bounds__(NT) paged_attention_kernel(AttnArgs a) {
   grid_dependency_sync();
   extern __shared__ float sm[];
+  const T* kc = static_cast<const T*>(a.kc);
+  const T* vc = static_cast<const T*>(a.vc);
   const int group = a.group, hd = a.hd, dv = a.dv;
   float* Qs = sm;                       // [group][hd]
   float* Ks = Qs + group * hd;          // [hd][kTileP]
@@ -109,7 +98,7 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(AttnArgs 
     mark_empty_split(a, t, kvh, sp);
     return;
   }
-  for (int e = tid; e < group * hd; e += kAttnThreads) {
+  for (int e = tid; e < group * hd; e += NT) {
     const int g = e / hd, d = e % hd;
     Qs[e] = a.q[int64_t(t) * a.q_s0 + int64_t(kvh * group + g) * a.q_s1 + d];
   }
@@ -125,18 +114,18 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(AttnArgs 
     const int off = p % a.bs;
     const int len = min(min(kTileP, a.bs - off), p_end - p);
     const int64_t block = a.block_ids[a.block_start[seq] + p / a.bs];
-    const float* kb = a.kc + block * a.kc_s0 + kvh * a.kc_s1 + off;
-    const float* vb = a.vc + block * a.vc_s0 + kvh * a.vc_s1 + off * a.vc_s2;
-    for (int e = tid; e < hd * len; e += kAttnThreads) {
+    const T* kb = kc + block * a.kc_s0 + kvh * a.kc_s1 + off;
+    const T* vb = vc + block * a.vc_s0 + kvh * a.vc_s1 + off * a.vc_s2;
+    for (int e = tid; e < hd * len; e += NT) {
       const int d = e / len, pp = e % len;
-      Ks[d * kTileP + pp] = kb[d * a.kc_s2 + pp];
+      Ks[d * kTileP + pp] = load_cache(kb + d * a.kc_s2 + pp);
     }
-    for (int e = tid; e < len * dv; e += kAttnThreads) {
+    for (int e = tid; e < len * dv; e += NT) {
       const int pp = e / dv, d = e % dv;
-      Vs[pp * dv + d] = vb[pp * a.vc_s2 + d * a.vc_sd];
+      Vs[pp * dv + d] = load_cache(vb + pp * a.vc_s2 + d * a.vc_sd);
     }
     __syncthreads();
-    for (int e = tid; e < group * len; e += kAttnThreads) {
+    for (int e = tid; e < group * len; e += NT) {
       const int g = e / len, pp = e % len;
       float sc = 0.0f;
       for (int d = 0; d < hd; ++d) sc += Qs[g * hd + d] * Ks[d * kTileP + pp];
@@ -144,7 +133,7 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(AttnArgs 
     }
     __syncthreads();
     // Online softmax, a warp per query head, a lane per position.
-    for (int g = warp; g < group; g += kAttnThreads / 32) {
+    for (int g = warp; g < group; g += NT / 32) {
       const float sc = lane < len ? P[g * kTileP + lane] : -INFINITY;
       const float m_old = row_max[g];
       const float m_new = fmaxf(m_old, warp_max(sc));
@@ -161,7 +150,7 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(AttnArgs 
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < MAXO; ++i) {
-      const int e = tid + i * kAttnThreads;
+      const int e = tid + i * NT;
       if (e < group * dv) {
         const int g = e / dv, d = e % dv;
         float v = acc[i] * corr[g];
@@ -174,7 +163,7 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(AttnArgs 
   }
 #pragma unroll
   for (int i = 0; i < MAXO; ++i) {
-    const int e = tid + i * kAttnThreads;
+    const int e = tid + i * NT;
     if (e < group * dv) {
       const int g = e / dv, d = e % dv, h = kvh * group + g;
       if (a.n_splits == 1) {
@@ -196,37 +185,17 @@ size_t warp_attn_smem_bytes(int group, int hd, int dv) {
          (size_t(group) * (hd + size_t(dv) * kAttnWarps) + 2 * kAttnWarps * size_t(group));
 }
 
-// The final output of (token t, head h, value channel d): v, times σ(gate) when gated (the
-// product mul_sigmoid makes). dv: a.dv, passed by the caller (which may know it equals hd).
-__device__ __forceinline__ void store_out(const AttnArgs& a, int t, int h, int d, float v, int dv) {
-  if (a.gate) v *= sigmoid(a.gate[int64_t(t) * a.g_s0 + int64_t(h) * dv + d]);
-  a.out[int64_t(t) * a.o_s0 + int64_t(h) * a.o_s1 + d] = v;
-}
-
-// Writes a (token, head) result: the normalised output, or the split's partial sums.
-__device__ __forceinline__ void store_result(const AttnArgs& a, int t, int h, int sp, int d,
-                                             float o, float m, float l, int dv) {
-  if (a.n_splits == 1) {
-    store_out(a, t, h, d, o / l, dv);
-  } else {
-    const int64_t slot = (int64_t(t) * a.heads + h) * a.n_splits + sp;
-    a.part_o[slot * dv + d] = o;
-    if (d == 0) {
-      a.part_ml[slot * 2] = m;
-      a.part_ml[slot * 2 + 1] = l;
-    }
-  }
-}
-
 // grid (n_tokens, kv_heads, n_splits), kAttnThreads. Warp w takes the 32-position chunks
 // w, w + kAttnWarps, ... of the split. Scores: lane = position, s[g] = q_g · k_p over the
 // channels; values: lane owns value channels lane + 32·i (i < DPL), acc[g][i] += p_g(j) · v_j.
 // group ≤ GMAX, dv ≤ 32·DPL. kSplitDims: dv ≠ hd (hd = dv compiles as a kernel of one head
 // size, whose registers it was tuned for).
-template <int GMAX, int DPL, bool kSplitDims>
+template <int GMAX, int DPL, bool kSplitDims, typename T>
 __global__ void __launch_bounds__(kAttnThreads) paged_attention_warps_kernel(AttnArgs a) {
   grid_dependency_sync();
   extern __shared__ float sm[];
+  const T* kc = static_cast<const T*>(a.kc);
+  const T* vc = static_cast<const T*>(a.vc);
   const int group = a.group, hd = a.hd, dv = kSplitDims ? a.dv : hd;
   float* Qs = sm;                                   // [group][hd]
   float* part = Qs + group * hd;                    // [warps][group][dv]
@@ -260,8 +229,8 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_warps_kernel(Att
     const bool valid = p < p_end;
     const int pc = valid ? p : c0;  // invalid lanes read a valid position and discard it
     const int64_t block = table[pc / a.bs];
-    const float* kcol = a.kc + block * a.kc_s0 + kvh * a.kc_s1 + pc % a.bs;
-    const float* vrow = a.vc + block * a.vc_s0 + kvh * a.vc_s1 + (pc % a.bs) * a.vc_s2;
+    const T* kcol = kc + block * a.kc_s0 + kvh * a.kc_s1 + pc % a.bs;
+    const T* vrow = vc + block * a.vc_s0 + kvh * a.vc_s1 + (pc % a.bs) * a.vc_s2;
     float s[GMAX];
 #pragma unroll
     for (int g = 0; g < GMAX; ++g) s[g] = 0.0f;
@@ -273,7 +242,7 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_warps_kernel(Att
       for (; d + 4 <= hd; d += 4) {
         float kv[4];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) kv[u] = kcol[(d + u) * a.kc_s2];
+        for (int u = 0; u < 4; ++u) kv[u] = load_cache(kcol + (d + u) * a.kc_s2);
 #pragma unroll
         for (int g = 0; g < GMAX; ++g) {
           if (g < group) {
@@ -284,7 +253,7 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_warps_kernel(Att
       }
     }
     for (; d < hd; ++d) {
-      const float kv = kcol[d * a.kc_s2];
+      const float kv = load_cache(kcol + d * a.kc_s2);
 #pragma unroll
       for (int g = 0; g < GMAX; ++g) {
         if (g < group) s[g] += Qs[g * hd + d] * kv;
@@ -309,12 +278,12 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_warps_kernel(Att
     const unsigned long long vaddr = reinterpret_cast<unsigned long long>(vrow);
 #pragma unroll 8
     for (int j = 0; j < n_valid; ++j) {
-      const float* vj = reinterpret_cast<const float*>(__shfl_sync(0xffffffffu, vaddr, j));
+      const T* vj = reinterpret_cast<const T*>(__shfl_sync(0xffffffffu, vaddr, j));
       float v[DPL];
 #pragma unroll
       for (int i = 0; i < DPL; ++i) {
         const int dd = lane + 32 * i;
-        v[i] = dd < dv ? vj[dd] : 0.0f;
+        v[i] = dd < dv ? load_cache(vj + dd) : 0.0f;
       }
 #pragma unroll
       for (int g = 0; g < GMAX; ++g) {
@@ -360,210 +329,30 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_warps_kernel(Att
   }
 }
 
-// Decode kernel for few tokens (hd and dv multiples of 32, ≤ kDecodeMaxHd): a block of
-// max(hd, dv) threads per (token, kv head, context split), warp w owning key channels
-// [32w, 32w + 32) and thread i value channel i. Per chunk of 32 positions each lane issues its
-// 32 key loads (lane = position, the warp's channels) and 32 value loads (lane = channel, the
-// chunk's positions) before using any, so a chunk costs about one memory round trip; the warps'
-// partial scores add up in shared memory, one warp per query head runs the online softmax, and
-// every thread then accumulates its own channel of the values. kSplitDims: dv ≠ hd, so some
-// warps hold no key channels or some threads no value channel (hd = dv compiles without the
-// checks). Shared memory: Qs [group][hd], S [hd/32][group][32], P [group][32], corr [group],
-// ml [group][2].
-template <int GMAX, bool kSplitDims>
-__global__ void __launch_bounds__(kDecodeMaxHd) paged_attention_decode_kernel(AttnArgs a) {
-  extern __shared__ float sm[];
-  const int group = a.group, hd = a.hd, nw = hd / 32;
-  const int n_threads = kSplitDims ? int(blockDim.x) : hd, n_warps = n_threads / 32;
-  float* Qs = sm;
-  float* S = Qs + group * hd;
-  float* P = S + nw * group * 32;
-  float* corr = P + group * 32;
-  float* ml = corr + group;
-  const int t = blockIdx.x, kvh = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x;
-  const int lane = tid % 32, warp = tid / 32;
-  const bool key_warp = !kSplitDims || warp < nw;       // owns key channels
-  const bool value_thread = !kSplitDims || tid < a.dv;  // owns a value channel
-  const int seq = seq_of_token(a.seq_start, a.n_seqs, t);
-  const int n_ctx = a.positions[t] + 1;
-  const int split_len = (n_ctx + a.n_splits - 1) / a.n_splits;
-  const int split_chunks = (split_len + 31) / 32;
-  const int p_begin = sp * split_chunks * 32, p_end = min(n_ctx, p_begin + split_chunks * 32);
-  const int32_t* table = a.block_ids + a.block_start[seq];
-  // One chunk's keys (lane = position, the warp's 32 channels) and values (lane = channel,
-  // the chunk's positions); positions past the split repeat position c0 (weight 0 later).
-  float kv[32], vv[32];
-  auto load_chunk = [&](int c0, bool l2) {
-    const int p = c0 + lane;
-    const int pc = p < p_end ? p : c0;  // invalid lanes read a valid position and discard it
-    const int64_t block = table[pc / a.bs];
-    const float* kcol =
-        a.kc + block * a.kc_s0 + kvh * a.kc_s1 + int64_t(warp * 32) * a.kc_s2 + pc % a.bs;
-    const float* vrow = a.vc + block * a.vc_s0 + kvh * a.vc_s1 + (pc % a.bs) * a.vc_s2;
-    const unsigned long long vaddr = reinterpret_cast<unsigned long long>(vrow);
-    if (key_warp) {
-#pragma unroll
-      for (int i = 0; i < 32; ++i) kv[i] = l2 ? __ldcg(kcol + i * a.kc_s2) : kcol[i * a.kc_s2];
-    }
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      const int src = c0 + j < p_end ? j : 0;
-      const float* vp = reinterpret_cast<const float*>(__shfl_sync(0xffffffffu, vaddr, src)) + tid;
-      if (value_thread) vv[j] = l2 ? __ldcg(vp) : *vp;
-    }
-  };
-  // Positions before the sequence's first token of this forward (its positions ascend) were
-  // written by earlier forwards, so a first chunk that holds only those is loaded, through L2,
-  // before waiting for the kernel before (which writes the new positions); the batch mirror it
-  // reads is uploaded before the forward's kernels. Only for the widest groups: for smaller
-  // ones the chunk's 64 registers held across the wait made the kernel spill.
-  const int first_new = a.positions[a.seq_start[seq]];
-  const bool preloaded = GMAX >= 8 && p_begin < n_ctx && min(p_end, p_begin + 32) <= first_new;
-  if (preloaded) {
-    load_chunk(p_begin, true);
-  } else if (p_begin < n_ctx) {
-    // Else ask L2 for the first chunk's key rows (thread = channel; positions c0 and c0 + 16
-    // cover blocks of ≥ 16) and value rows (dv/32 lines per position): a hint, so it cannot
-    // read anything stale.
-    if (!kSplitDims || tid < hd) {
-      for (int q = 0; q < 32; q += 16) {
-        const int p = min(p_begin + q, p_end - 1);
-        const float* k = a.kc + int64_t(table[p / a.bs]) * a.kc_s0 + kvh * a.kc_s1 +
-                         int64_t(tid) * a.kc_s2 + p % a.bs;
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(k));
-      }
-    }
-    if (value_thread) {
-      const int lines = (kSplitDims ? a.dv : hd) / 32, p = min(p_begin + tid / lines, p_end - 1);
-      const float* v = a.vc + int64_t(table[p / a.bs]) * a.vc_s0 + kvh * a.vc_s1 +
-                       int64_t(p % a.bs) * a.vc_s2 + (tid % lines) * 32;
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(v));
-    }
-  }
-  grid_dependency_sync();
-  if (p_begin >= n_ctx) {
-    mark_empty_split(a, t, kvh, sp);
-    return;
-  }
-  for (int e = tid; e < group * hd; e += n_threads) {
-    const int g = e / hd, d = e % hd;
-    Qs[e] = a.q[int64_t(t) * a.q_s0 + int64_t(kvh * group + g) * a.q_s1 + d];
-  }
-  if (tid < group) ml[tid * 2] = -INFINITY, ml[tid * 2 + 1] = 0.0f;
-  float acc[GMAX];
-#pragma unroll
-  for (int g = 0; g < GMAX; ++g) acc[g] = 0.0f;
-  for (int c0 = p_begin; c0 < p_end; c0 += 32) {
-    const bool valid = c0 + lane < p_end;
-    if (c0 != p_begin || !preloaded) load_chunk(c0, false);
-    __syncthreads();  // Qs and ml written (first chunk); the last chunk's P and corr read
-#pragma unroll
-    for (int g = 0; g < GMAX; ++g) {
-      if (g < group && key_warp) {
-        const float* qg = Qs + g * hd + warp * 32;
-        float s = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 32; i += 4) {
-          const float4 q4 = *reinterpret_cast<const float4*>(qg + i);
-          s += q4.x * kv[i] + q4.y * kv[i + 1] + q4.z * kv[i + 2] + q4.w * kv[i + 3];
-        }
-        S[(warp * group + g) * 32 + lane] = s;
-      }
-    }
-    __syncthreads();
-    for (int g = warp; g < group; g += n_warps) {
-      float s = 0.0f;
-      for (int w = 0; w < nw; ++w) s += S[(w * group + g) * 32 + lane];
-      const float sc = valid ? s * a.scale : -INFINITY;
-      const float m_old = ml[g * 2];
-      const float m_new = fmaxf(m_old, warp_max(sc));
-      const float c = expf(m_old - m_new);  // 0 on the first chunk
-      const float e = valid ? expf(sc - m_new) : 0.0f;
-      const float sum = warp_sum(e);
-      P[g * 32 + lane] = e;
-      __syncwarp();
-      if (lane == 0) {
-        corr[g] = c;
-        ml[g * 2] = m_new;
-        ml[g * 2 + 1] = ml[g * 2 + 1] * c + sum;
-      }
-    }
-    __syncthreads();
-#pragma unroll
-    for (int g = 0; g < GMAX; ++g) {
-      if (g < group) {
-        float o = acc[g] * corr[g];
-#pragma unroll
-        for (int j = 0; j < 32; j += 4) {
-          const float4 p4 = *reinterpret_cast<const float4*>(P + g * 32 + j);
-          o += p4.x * vv[j] + p4.y * vv[j + 1] + p4.z * vv[j + 2] + p4.w * vv[j + 3];
-        }
-        acc[g] = o;
-      }
-    }
-  }
-  __syncthreads();
-  if (!value_thread) return;
-#pragma unroll
-  for (int g = 0; g < GMAX; ++g) {
-    if (g < group) {
-      store_result(a, t, kvh * group + g, sp, tid, acc[g], ml[g * 2], ml[g * 2 + 1],
-                   kSplitDims ? a.dv : hd);
-    }
-  }
-}
-
-size_t decode_attn_smem_bytes(int group, int hd) {
-  return sizeof(float) * (size_t(group) * hd + size_t(hd / 32) * group * 32 + 33 * size_t(group) +
-                          2 * size_t(group));
-}
-
-// Whether the decode kernel takes heads of these sizes.
-bool decode_kernel_fits(int group, int hd, int dv) {
-  return hd % 32 == 0 && dv % 32 == 0 && hd <= kDecodeMaxHd && dv <= kDecodeMaxHd && group <= 8 &&
-         decode_attn_smem_bytes(group, hd) <= (48 << 10);
-}
-
-template <bool kSplitDims>
-void launch_attention_decode(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
-  const size_t smem = decode_attn_smem_bytes(a.group, a.hd);
-  const unsigned threads = unsigned(std::max(a.hd, a.dv));
-  auto launch = [&](auto kernel) { launch_kernel(kernel, grid, threads, smem, stream, a); };
-  if (a.group <= 1) {
-    launch(paged_attention_decode_kernel<1, kSplitDims>);
-  } else if (a.group <= 2) {
-    launch(paged_attention_decode_kernel<2, kSplitDims>);
-  } else if (a.group <= 4) {
-    launch(paged_attention_decode_kernel<4, kSplitDims>);
-  } else {
-    launch(paged_attention_decode_kernel<8, kSplitDims>);
-  }
-}
-
-template <int GMAX, int DPL>
+template <int GMAX, int DPL, typename T>
 void launch_warps(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
   const size_t smem = warp_attn_smem_bytes(a.group, a.hd, a.dv);
   if (a.dv == a.hd) {
-    launch_kernel(paged_attention_warps_kernel<GMAX, DPL, false>, grid, kAttnThreads, smem, stream,
-                  a);
+    launch_kernel(paged_attention_warps_kernel<GMAX, DPL, false, T>, grid, kAttnThreads, smem,
+                  stream, a);
   } else {
-    launch_kernel(paged_attention_warps_kernel<GMAX, DPL, true>, grid, kAttnThreads, smem, stream,
-                  a);
+    launch_kernel(paged_attention_warps_kernel<GMAX, DPL, true, T>, grid, kAttnThreads, smem,
+                  stream, a);
   }
 }
 
-template <int DPL>
+template <int DPL, typename T>
 bool launch_warps_dpl(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
   if (a.group <= 1) {
-    launch_warps<1, DPL>(a, grid, stream);
+    launch_warps<1, DPL, T>(a, grid, stream);
   } else if (a.group <= 2) {
-    launch_warps<2, DPL>(a, grid, stream);
+    launch_warps<2, DPL, T>(a, grid, stream);
   } else if (a.group <= 4) {
-    launch_warps<4, DPL>(a, grid, stream);
+    launch_warps<4, DPL, T>(a, grid, stream);
   } else if (a.group <= 8) {
-    launch_warps<8, DPL>(a, grid, stream);
+    launch_warps<8, DPL, T>(a, grid, stream);
   } else if (a.group <= 16 && DPL <= 4) {
-    launch_warps<16, (DPL <= 4 ? DPL : 4)>(a, grid, stream);
+    launch_warps<16, (DPL <= 4 ? DPL : 4), T>(a, grid, stream);
   } else {
     return false;
   }
@@ -571,12 +360,13 @@ bool launch_warps_dpl(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
 }
 
 // The warp kernel when its registers allow (group · ⌈dv/32⌉ ≤ 64); false otherwise.
+template <typename T>
 bool launch_attention_warps(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
   const int dpl = (a.dv + 31) / 32;
-  if (dpl <= 1) return launch_warps_dpl<1>(a, grid, stream);
-  if (dpl <= 2) return launch_warps_dpl<2>(a, grid, stream);
-  if (dpl <= 4) return launch_warps_dpl<4>(a, grid, stream);
-  if (dpl <= 8) return launch_warps_dpl<8>(a, grid, stream);
+  if (dpl <= 1) return launch_warps_dpl<1, T>(a, grid, stream);
+  if (dpl <= 2) return launch_warps_dpl<2, T>(a, grid, stream);
+  if (dpl <= 4) return launch_warps_dpl<4, T>(a, grid, stream);
+  if (dpl <= 8) return launch_warps_dpl<8, T>(a, grid, stream);
   return false;
 }
 
@@ -656,31 +446,39 @@ __global__ void __launch_bounds__(kCombineThreads) attention_combine_kernel(Attn
   }
 }
 
-template <int MAXO>
+template <int MAXO, int NT, typename T>
 void launch_attention(const AttnArgs& a, dim3 grid, size_t smem, size_t max_smem,
                       cudaStream_t stream) {
   static size_t opted_in = 48 << 10;
   if (smem > opted_in) {
     if (smem > max_smem) fatal("paged_attention: query group × head dim too large");
-    RECUR_CUDA_CHECK(cudaFuncSetAttribute(
-        paged_attention_kernel<MAXO>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(max_smem)));
+    RECUR_CUDA_CHECK(cudaFuncSetAttribute(paged_attention_kernel<MAXO, NT, T>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          int(max_smem)));
     opted_in = max_smem;
   }
-  launch_kernel(paged_attention_kernel<MAXO>, grid, kAttnThreads, smem, stream, a);
+  launch_kernel(paged_attention_kernel<MAXO, NT, T>, grid, NT, smem, stream, a);
 }
 
+template <typename T>
 void launch_attention_tiled(const AttnArgs& a, dim3 grid, size_t max_smem, cudaStream_t stream) {
   const size_t smem = attn_smem_bytes(a.group, a.hd, a.dv);
-  const int64_t per_thread = (int64_t(a.group) * a.dv + kAttnThreads - 1) / kAttnThreads;
+  const int64_t outputs = int64_t(a.group) * a.dv;
+  const int64_t per_thread = (outputs + kAttnThreads - 1) / kAttnThreads;
   if (per_thread <= 1) {
-    launch_attention<1>(a, grid, smem, max_smem, stream);
+    launch_attention<1, kAttnThreads, T>(a, grid, smem, max_smem, stream);
   } else if (per_thread <= 4) {
-    launch_attention<4>(a, grid, smem, max_smem, stream);
+    launch_attention<4, kAttnThreads, T>(a, grid, smem, max_smem, stream);
   } else if (per_thread <= 16) {
-    launch_attention<16>(a, grid, smem, max_smem, stream);
+    launch_attention<16, kAttnThreads, T>(a, grid, smem, max_smem, stream);
+  } else if (per_thread <= 64) {
+    launch_attention<64, kAttnThreads, T>(a, grid, smem, max_smem, stream);
   } else {
-    RECUR_CHECK(per_thread <= 64);  // group · hd ≤ 8192, as on the CPU
-    launch_attention<64>(a, grid, smem, max_smem, stream);
+    // Up to Ops::kMaxAttentionGroupDims outputs (32 latent heads of 512 values) on 512 threads.
+    constexpr int kWide = 512;
+    RECUR_CHECK(outputs <= Ops::kMaxAttentionGroupDims);
+    launch_attention<(Ops::kMaxAttentionGroupDims + kWide - 1) / kWide, kWide, T>(a, grid, smem,
+                                                                                  max_smem, stream);
   }
 }
 
@@ -695,6 +493,7 @@ void CudaOps::kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, T
               k_cache.shape[3] == layout.block_size && v_cache.shape[1] == kv_heads &&
               v_cache.shape[2] == layout.block_size && v_cache.shape[3] == dv);
   RECUR_CHECK(k.stride[2] == 1 && v.stride[2] == 1 && k_cache.stride[3] == 1);
+  RECUR_CHECK(k_cache.dtype == v_cache.dtype);
   for (int s = 0; s < layout.n_seqs; ++s) {
     RECUR_CHECK(layout.seq_len(s) == 0 ||
                 (layout.positions[layout.seq_start[s + 1] - 1] / layout.block_size) <
@@ -703,17 +502,25 @@ void CudaOps::kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, T
   if (layout.n_tokens == 0) return;
   Impl& s = *impl_;
   const DevLayout dl = s.layout(layout, true);
-  launch_kernel(kv_cache_write_kernel, dim3(unsigned(layout.n_tokens), unsigned(kv_heads)),
-                unsigned(std::min<int64_t>(std::max(hd, dv), 256)), 0, s.stream, k.ptr<float>(),
-                k.stride[0], k.stride[1], v.ptr<float>(), v.stride[0], v.stride[1],
-                k_cache.ptr<float>(), k_cache.stride[0], k_cache.stride[1], k_cache.stride[2],
-                v_cache.ptr<float>(), v_cache.stride[0], v_cache.stride[1], v_cache.stride[2],
-                v_cache.stride[3], int(hd), int(dv), layout.block_size, dl.seq_start, layout.n_seqs,
-                dl.positions, dl.block_start, dl.block_ids);
+  dispatch_cache(k_cache.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    launch_kernel(kv_cache_write_kernel<T>, dim3(unsigned(layout.n_tokens), unsigned(kv_heads)),
+                  unsigned(std::min<int64_t>(std::max(hd, dv), 256)), 0, s.stream, k.ptr<float>(),
+                  k.stride[0], k.stride[1], v.ptr<float>(), v.stride[0], v.stride[1],
+                  k_cache.ptr<T>(), k_cache.stride[0], k_cache.stride[1], k_cache.stride[2],
+                  v_cache.ptr<T>(), v_cache.stride[0], v_cache.stride[1], v_cache.stride[2],
+                  v_cache.stride[3], int(hd), int(dv), layout.block_size, dl.seq_start,
+                  layout.n_seqs, dl.positions, dl.block_start, dl.block_ids);
+  });
   s.launched("kv_cache_write");
 }
 
 namespace {
+
+// Whether a query group of these head sizes is within Ops::kMaxAttentionGroupDims.
+bool group_dims_fit(int64_t group, int64_t hd, int64_t dv) {
+  return group * std::max(hd, dv) <= Ops::kMaxAttentionGroupDims;
+}
 
 // paged_attention, its output times σ(gate) when gate is set (gate [n, heads·dv]).
 void run_paged_attention(CudaOps::Impl& s, const Tensor& q, const Tensor& k_cache,
@@ -723,6 +530,8 @@ void run_paged_attention(CudaOps::Impl& s, const Tensor& q, const Tensor& k_cach
   const int64_t dv = v_cache.shape[3];
   RECUR_CHECK(heads % kv_heads == 0 && q.stride[2] == 1 && out.stride[2] == 1);
   RECUR_CHECK(k_cache.stride[3] == 1 && k_cache.shape[2] == hd && v_cache.shape[1] == kv_heads);
+  RECUR_CHECK(k_cache.dtype == v_cache.dtype);
+  RECUR_CHECK(group_dims_fit(heads / kv_heads, hd, dv));
   // Values read across the key cache's channels (latent attention) take the tiled kernel.
   const bool strided_values = v_cache.stride[3] != 1;
   RECUR_CHECK(out.ndim == 3 && out.shape[0] == q.shape[0] && out.shape[1] == heads &&
@@ -745,9 +554,9 @@ void run_paged_attention(CudaOps::Impl& s, const Tensor& q, const Tensor& k_cach
   const DevLayout dl = s.layout(layout, true);
   AttnArgs a{};
   a.q = q.ptr<float>(), a.q_s0 = q.stride[0], a.q_s1 = q.stride[1];
-  a.kc = k_cache.ptr<float>();
+  a.kc = k_cache.data;
   a.kc_s0 = k_cache.stride[0], a.kc_s1 = k_cache.stride[1], a.kc_s2 = k_cache.stride[2];
-  a.vc = v_cache.ptr<float>();
+  a.vc = v_cache.data;
   a.vc_s0 = v_cache.stride[0], a.vc_s1 = v_cache.stride[1], a.vc_s2 = v_cache.stride[2];
   a.vc_sd = v_cache.stride[3];
   a.out = out.ptr<float>(), a.o_s0 = out.stride[0], a.o_s1 = out.stride[1];
@@ -780,20 +589,22 @@ void run_paged_attention(CudaOps::Impl& s, const Tensor& q, const Tensor& k_cach
   if (s.options.profile) {  // each (token, kv head) reads its context once
     double ctx = 0;
     for (int t = 0; t < n; ++t) ctx += layout.positions[t] + 1;
-    s.work(attention_flops(layout, heads, hd, dv), ctx * double(kv_heads) * double(hd + dv) * 4);
+    s.work(attention_flops(layout, heads, hd, dv),
+           ctx * double(kv_heads) * double(hd + dv) * double(dtype_size(k_cache.dtype)));
   }
   if (decode) {
-    if (dv == hd) {
-      launch_attention_decode<false>(a, grid, s.stream);
-    } else {
-      launch_attention_decode<true>(a, grid, s.stream);
-    }
+    launch_attention_decode(a, k_cache.dtype, grid, s.stream);
     s.launched("paged_attention (decode)");
-  } else if (!strided_values && launch_attention_warps(a, grid, s.stream)) {
-    s.launched("paged_attention");
   } else {
-    launch_attention_tiled(a, grid, s.max_smem_optin, s.stream);
-    s.launched("paged_attention (tiled)");
+    dispatch_cache(k_cache.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      if (!strided_values && launch_attention_warps<T>(a, grid, s.stream)) {
+        s.launched("paged_attention");
+      } else {
+        launch_attention_tiled<T>(a, grid, s.max_smem_optin, s.stream);
+        s.launched("paged_attention (tiled)");
+      }
+    });
   }
   if (n_splits > 1) {
     launch_kernel(attention_combine_kernel,

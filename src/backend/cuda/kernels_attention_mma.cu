@@ -6,7 +6,10 @@
 // own 16 rows each and walk the key positions in tiles of kKeys, causal per row; the next tile
 // is copied in (cp.async) while the current one is used.
 //
-// The cache is f32 and the results must stay within f32's error (2e-5 of the scalar reference,
+// A BF16 or F8_E4M3 cache is widened to f32 as its tiles are copied in (plain loads of 4
+// elements, not cp.async), so the products below see the same f32 tiles either way.
+//
+// The tiles are f32 and the results must stay within f32's error (2e-5 of the scalar reference,
 // as the other kernels), so the products run on TF32 halves, x = hi + lo (about 20 bits), as
 // hi·hi + hi·lo + lo·hi: three tensor-core products per term, still far above the CUDA-core
 // kernels' rate.
@@ -121,37 +124,63 @@ struct TileCopy {
   float* Vs;  // [kKeys][vs]
 };
 
+// 4 consecutive cache elements (4-element aligned) → 4 floats in shared memory: a cp.async of
+// 16 bytes for f32; else one load of 8 (BF16) or 4 (F8_E4M3) bytes, widened and stored now.
+template <typename T>
+__device__ __forceinline__ void copy4(float* dst, const T* src, bool valid) {
+  if constexpr (std::is_same_v<T, float>) {
+    copy16(dst, src, valid);
+  } else {
+    float4 f = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (valid) {
+      if constexpr (std::is_same_v<T, uint16_t>) {
+        const uint2 u = *reinterpret_cast<const uint2*>(src);
+        f = make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                        __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+      } else {
+        const uint32_t u = *reinterpret_cast<const uint32_t*>(src);
+        f = make_float4(cache_to_f32(uint8_t(u)), cache_to_f32(uint8_t(u >> 8)),
+                        cache_to_f32(uint8_t(u >> 16)), cache_to_f32(uint8_t(u >> 24)));
+      }
+    }
+    *reinterpret_cast<float4*>(dst) = f;
+  }
+}
+
 // Starts the copies of keys and values k0 .. k0 + kKeys − 1 (zeros past max_pos).
+template <typename T>
 __device__ __forceinline__ void start_tile(const AttnArgs& a, const int32_t* table, int kvh, int k0,
                                            int max_pos, TileCopy t) {
   const int hd = a.hd, dv = a.dv, vs = value_stride(dv);
+  const T* kc = static_cast<const T*>(a.kc);
+  const T* vc = static_cast<const T*>(a.vc);
   // Keys: chunks of 4 positions (one cache block: bs is a multiple of 4) of one channel.
 #pragma unroll 2
   for (int e = threadIdx.x; e < hd * (kKeys / 4); e += kThreads) {
     const int d = e / (kKeys / 4), p = 4 * (e % (kKeys / 4)), kp = k0 + p;
     const bool valid = kp <= max_pos;
-    const float* src = a.kc;
+    const T* src = kc;
     if (valid) {
       src += int64_t(table[kp / a.bs]) * a.kc_s0 + kvh * a.kc_s1 + d * a.kc_s2 + kp % a.bs;
     }
-    copy16(t.Ks + d * kKeyStride + p, src, valid);
+    copy4(t.Ks + d * kKeyStride + p, src, valid);
   }
   // Values: chunks of 4 channels of one position.
 #pragma unroll 2
   for (int e = threadIdx.x; e < kKeys * (dv / 4); e += kThreads) {
     const int p = e / (dv / 4), d = 4 * (e % (dv / 4)), kp = k0 + p;
     const bool valid = kp <= max_pos;
-    const float* src = a.vc;
+    const T* src = vc;
     if (valid) {
       src += int64_t(table[kp / a.bs]) * a.vc_s0 + kvh * a.vc_s1 + int64_t(kp % a.bs) * a.vc_s2 + d;
     }
-    copy16(t.Vs + key_row(p) * vs + d, src, valid);
+    copy4(t.Vs + key_row(p) * vs + d, src, valid);
   }
 }
 
 // grid (query tiles, kv_heads), kThreads. DV_MAX ≥ dv bounds the accumulator's registers:
 // acc[j] holds value channels [8j, 8j + 8) of the thread's rows g and g + 8 (g = lane / 4).
-template <int DV_MAX>
+template <int DV_MAX, typename T>
 __global__ void __launch_bounds__(kThreads) attention_mma_kernel(AttnArgs a) {
   grid_dependency_sync();
   extern __shared__ __align__(16) float smem[];
@@ -191,7 +220,7 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(AttnArgs a) {
       warp_max_pos = max(warp_max_pos, pos);
     }
   }
-  start_tile(a, table, kvh, 0, max_pos, even);
+  start_tile<T>(a, table, kvh, 0, max_pos, even);
   copy_commit();
 
   // Queries, scaled so that scores come out in log2 units (exp2 below).
@@ -218,7 +247,9 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(AttnArgs a) {
   for (int k0 = 0, it = 0; k0 <= max_pos; k0 += kKeys, ++it) {
     const TileCopy cur = it % 2 ? odd : even;
     // The next tile goes into the other stage, whose readers finished last iteration.
-    if (k0 + kKeys <= max_pos) start_tile(a, table, kvh, k0 + kKeys, max_pos, it % 2 ? even : odd);
+    if (k0 + kKeys <= max_pos) {
+      start_tile<T>(a, table, kvh, k0 + kKeys, max_pos, it % 2 ? even : odd);
+    }
     copy_commit();
     copy_wait_all_but_one();   // this thread's copies of the current tile have landed
     __syncthreads();           // and everyone's (and the queries)
@@ -340,15 +371,15 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(AttnArgs a) {
   }
 }
 
-template <int DV_MAX>
+template <int DV_MAX, typename T>
 void launch_dv(const AttnArgs& a, dim3 grid, size_t smem, cudaStream_t stream) {
   static size_t opted_in = 48 << 10;
   if (smem > opted_in) {
-    RECUR_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<DV_MAX>,
+    RECUR_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<DV_MAX, T>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     opted_in = smem;
   }
-  launch_kernel(attention_mma_kernel<DV_MAX>, grid, kThreads, smem, stream, a);
+  launch_kernel(attention_mma_kernel<DV_MAX, T>, grid, kThreads, smem, stream, a);
 }
 
 bool attention_mma_fits(int group, int hd, int dv, int block_size, size_t max_smem) {
@@ -356,7 +387,7 @@ bool attention_mma_fits(int group, int hd, int dv, int block_size, size_t max_sm
          block_size % 4 == 0 && group >= 1 && group <= kRows && mma_smem_bytes(hd, dv) <= max_smem;
 }
 
-void launch_attention_mma(const AttnArgs& a, const SeqLayout& layout, int kv_heads,
+void launch_attention_mma(const AttnArgs& a, DType cache, const SeqLayout& layout, int kv_heads,
                           cudaStream_t stream, double* cache_bytes) {
   const int tokens_per_tile = kRows / a.group;
   int64_t n_tiles = 0;
@@ -371,18 +402,21 @@ void launch_attention_mma(const AttnArgs& a, const SeqLayout& layout, int kv_hea
         positions += layout.positions[last] + 1;
       }
     }
-    *cache_bytes = positions * double(kv_heads) * double(a.hd + a.dv) * 4;
+    *cache_bytes = positions * double(kv_heads) * double(a.hd + a.dv) * double(dtype_size(cache));
   }
   if (n_tiles == 0) return;
   const dim3 grid{unsigned(n_tiles), unsigned(kv_heads)};
   const size_t smem = mma_smem_bytes(a.hd, a.dv);
-  if (a.dv <= 64) {
-    launch_dv<64>(a, grid, smem, stream);
-  } else if (a.dv <= 128) {
-    launch_dv<128>(a, grid, smem, stream);
-  } else {
-    launch_dv<256>(a, grid, smem, stream);
-  }
+  dispatch_cache(cache, [&](auto tag) {
+    using T = decltype(tag);
+    if (a.dv <= 64) {
+      launch_dv<64, T>(a, grid, smem, stream);
+    } else if (a.dv <= 128) {
+      launch_dv<128, T>(a, grid, smem, stream);
+    } else {
+      launch_dv<256, T>(a, grid, smem, stream);
+    }
+  });
 }
 
 }  // namespace
@@ -395,16 +429,17 @@ double attention_flops(const SeqLayout& layout, int64_t heads, int64_t hd, int64
 
 bool paged_attention_mma(CudaOps::Impl& s, const AttnArgs& a, const Tensor& k_cache,
                          const Tensor& v_cache, const SeqLayout& layout, int kv_heads) {
-  auto copies16 = [](const Tensor& t) {  // the kernel copies 16 contiguous bytes at a time
-    return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && t.stride[0] % 4 == 0 &&
-           t.stride[1] % 4 == 0 && t.stride[2] % 4 == 0 && t.stride[3] == 1;
+  auto copies4 = [](const Tensor& t) {  // the kernel copies 4 aligned elements at a time
+    return reinterpret_cast<uintptr_t>(t.data) % (4 * dtype_size(t.dtype)) == 0 &&
+           t.stride[0] % 4 == 0 && t.stride[1] % 4 == 0 && t.stride[2] % 4 == 0 && t.stride[3] == 1;
   };
-  if (!copies16(k_cache) || !copies16(v_cache) ||
+  if (!copies4(k_cache) || !copies4(v_cache) ||
       !attention_mma_fits(a.group, a.hd, a.dv, a.bs, s.max_smem_optin)) {
     return false;
   }
   if (s.options.profile) s.work(attention_flops(layout, a.heads, a.hd, a.dv), 0);
-  launch_attention_mma(a, layout, kv_heads, s.stream, s.options.profile ? &s.next_bytes : nullptr);
+  launch_attention_mma(a, k_cache.dtype, layout, kv_heads, s.stream,
+                       s.options.profile ? &s.next_bytes : nullptr);
   s.launched("paged_attention (tensor cores)");
   return true;
 }

@@ -3,6 +3,7 @@
 // mirrors the CPU kernel in cpu_ops.cpp (same formulas, f32 arithmetic, expf rather than fast exp).
 #include <algorithm>
 
+#include "backend/cuda/attention_mma.cuh"
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/rms_norm_row.cuh"
 
@@ -205,7 +206,7 @@ struct AttnInputArgs {
   float offset, eps;
   int heads, kv, hd, dv, rot_dim;
   double theta;
-  float *kc, *vc;  // the caches, kv_cache_write_kernel's layouts
+  void *kc, *vc;  // the caches, kv_cache_write_kernel's layouts (elements of a cache type)
   int64_t kc_s0, kc_s1, kc_s2, vc_s0, vc_s1, vc_s2;
   int bs, n_seqs;
   const int32_t *seq_start, *positions, *block_start, *block_ids;
@@ -215,8 +216,8 @@ struct AttnInputArgs {
 // rms_norm_row as rms_norm_kernel computes it, in place, then the rotation as rope_kernel does
 // it on the normalised row; a k head then goes into the cache with its v head. The results
 // equal rms_norm + rope + kv_cache_write bit for bit. grid (n_tokens, heads + kv_heads), 32
-// threads.
-template <typename W>
+// threads. T: the caches' element type (rounded to as kv_cache_write rounds).
+template <typename W, typename T>
 __global__ void __launch_bounds__(32) attention_inputs_kernel(AttnInputArgs a) {
   // The angles and the cache slot depend only on the batch's index arrays, uploaded before the
   // forward's kernels: they are computed before the wait for the kernel before.
@@ -230,14 +231,14 @@ __global__ void __launch_bounds__(32) attention_inputs_kernel(AttnInputArgs a) {
     cs[half + i] = float(sin(angle));
   }
   const bool is_q = row < a.heads;
-  float *kd = nullptr, *vd = nullptr;
+  T *kd = nullptr, *vd = nullptr;
   if (!is_q) {
     const int h = row - a.heads;
     const int s = seq_of_token(a.seq_start, a.n_seqs, int(t));
     const int p = a.positions[t];
     const int64_t block = a.block_ids[a.block_start[s] + p / a.bs], off = p % a.bs;
-    kd = a.kc + block * a.kc_s0 + h * a.kc_s1 + off;
-    vd = a.vc + block * a.vc_s0 + h * a.vc_s1 + off * a.vc_s2;
+    kd = static_cast<T*>(a.kc) + block * a.kc_s0 + h * a.kc_s1 + off;
+    vd = static_cast<T*>(a.vc) + block * a.vc_s0 + h * a.vc_s1 + off * a.vc_s2;
   }
   const W* w = static_cast<const W*>(is_q ? a.q_norm : a.k_norm);
   const auto wpre = load_norm_weights<kWarpNormPer>(w, hd, lane, 32);
@@ -269,7 +270,7 @@ __global__ void __launch_bounds__(32) attention_inputs_kernel(AttnInputArgs a) {
 #pragma unroll
         for (int i = 0; i < kPer; ++i) {
           const int j = lane + 32 * i;
-          if (j < hd) kd[j * a.kc_s2] = o[i];
+          if (j < hd) kd[j * a.kc_s2] = cache_from_f32<T>(o[i]);
         }
       }
     };
@@ -281,9 +282,9 @@ __global__ void __launch_bounds__(32) attention_inputs_kernel(AttnInputArgs a) {
 #pragma unroll
       for (int i = 0; i < kPer; ++i) {
         const int j = lane + 32 * i;
-        if (j < a.dv) vd[j] = v_row.v[i];
+        if (j < a.dv) vd[j] = cache_from_f32<T>(v_row.v[i]);
       }
-      for (int j = lane + 32 * kPer; j < a.dv; j += 32) vd[j] = v_src[j];
+      for (int j = lane + 32 * kPer; j < a.dv; j += 32) vd[j] = cache_from_f32<T>(v_src[j]);
     }
     return;
   }
@@ -299,8 +300,8 @@ __global__ void __launch_bounds__(32) attention_inputs_kernel(AttnInputArgs a) {
   }
   if (!is_q) {
     __syncwarp();
-    for (int j = lane; j < hd; j += 32) kd[j * a.kc_s2] = xr[j];
-    for (int j = lane; j < a.dv; j += 32) vd[j] = v_src[j];
+    for (int j = lane; j < hd; j += 32) kd[j * a.kc_s2] = cache_from_f32<T>(xr[j]);
+    for (int j = lane; j < a.dv; j += 32) vd[j] = cache_from_f32<T>(v_src[j]);
   }
 }
 
@@ -481,7 +482,8 @@ void CudaOps::attention_inputs(const AttentionInputArgs& in, const SeqLayout& la
                in.k_cache.shape[1] == kv && in.k_cache.shape[2] == hd &&
                in.k_cache.shape[3] == layout.block_size && in.v_cache.shape[1] == kv &&
                in.v_cache.shape[2] == layout.block_size && in.v_cache.shape[3] == dv &&
-               in.k_cache.stride[3] == 1 && in.v_cache.stride[3] == 1;
+               in.k_cache.stride[3] == 1 && in.v_cache.stride[3] == 1 &&
+               in.k_cache.dtype == in.v_cache.dtype;
   for (const Tensor* t : {&in.q, &in.k, &in.v}) {
     fused = fused && t->ndim == 2 && t->stride[1] == 1 && t->shape[0] == n;
   }
@@ -506,16 +508,19 @@ void CudaOps::attention_inputs(const AttentionInputArgs& in, const SeqLayout& la
   a.offset = in.norm_offset, a.eps = in.eps;
   a.heads = int(heads), a.kv = int(kv), a.hd = int(hd), a.dv = int(dv), a.rot_dim = in.rot_dim;
   a.theta = in.rope_theta;
-  a.kc = in.k_cache.ptr<float>(), a.vc = in.v_cache.ptr<float>();
+  a.kc = in.k_cache.data, a.vc = in.v_cache.data;
   a.kc_s0 = in.k_cache.stride[0], a.kc_s1 = in.k_cache.stride[1], a.kc_s2 = in.k_cache.stride[2];
   a.vc_s0 = in.v_cache.stride[0], a.vc_s1 = in.v_cache.stride[1], a.vc_s2 = in.v_cache.stride[2];
   a.bs = layout.block_size, a.n_seqs = layout.n_seqs;
   a.seq_start = dl.seq_start, a.positions = dl.positions;
   a.block_start = dl.block_start, a.block_ids = dl.block_ids;
-  dispatch_weight(in.q_norm.dtype, [&](auto tag) {
-    using W = decltype(tag);
-    launch_kernel(attention_inputs_kernel<W>, dim3(unsigned(n), unsigned(heads + kv)), 32,
-                  size_t(std::max(in.rot_dim, 2)) * sizeof(float), s.stream, a);
+  dispatch_weight(in.q_norm.dtype, [&](auto wtag) {
+    using W = decltype(wtag);
+    dispatch_cache(in.k_cache.dtype, [&](auto ctag) {
+      using T = decltype(ctag);
+      launch_kernel(attention_inputs_kernel<W, T>, dim3(unsigned(n), unsigned(heads + kv)), 32,
+                    size_t(std::max(in.rot_dim, 2)) * sizeof(float), s.stream, a);
+    });
   });
   s.launched("attention_inputs");
 }

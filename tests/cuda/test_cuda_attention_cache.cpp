@@ -1,0 +1,182 @@
+// Attention over caches of each element type (F32, BF16, F8_E4M3) on the GPU: cache writes
+// equal the CPU reference's bytes (the same rounding), and attention equals the scalar
+// reference reading the same rounded cache, through every kernel: decode (group sizes 1 to 8,
+// head dims 64 to 256, dv ≠ hd, splits and their merge), the warp kernel (head dims not
+// multiples of 32), the tiled kernel (groups too large for the warp kernel), the tensor-core
+// prompt kernel (fresh prompts and prompts continuing a cached prefix), and the latent
+// (strided-value) view up to the published Kimi-Linear's 32 heads of 576/512 in one call; the
+// fused attention input stage writes each type as the default does.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/reference.h"
+#include "cuda/cuda_test_util.h"
+
+namespace recur {
+namespace {
+
+using namespace testing;
+
+class CudaAttentionCache : public CudaTest, public ::testing::WithParamInterface<DType> {};
+
+INSTANTIATE_TEST_SUITE_P(Types, CudaAttentionCache,
+                         ::testing::Values(DType::F32, DType::BF16, DType::F8_E4M3),
+                         [](const ::testing::TestParamInfo<DType>& i) {
+                           return std::string(dtype_name(i.param));
+                         });
+
+struct Case {
+  int64_t group, hd, dv;
+  int block_size;
+  std::vector<int> lens, first;
+};
+
+TEST_P(CudaAttentionCache, EveryKernelMatchesReferenceOverTheSameCache) {
+  const DType dt = GetParam();
+  const Case cases[] = {
+      // Decode kernel: group sizes, head dims, dv ≠ hd both ways, long histories (splits).
+      {1, 64, 64, 16, {1, 1, 1}, {5000, 31, 0}},
+      {2, 64, 64, 32, {1, 1, 1}, {3000, 31, 0}},
+      {4, 128, 128, 16, {1, 2, 1}, {1000, 3, 63}},
+      {8, 128, 128, 16, {5, 1}, {100, 40}},
+      {8, 256, 256, 16, {1}, {6000}},
+      {8, 192, 128, 16, {1, 1}, {4000, 70}},
+      {2, 64, 128, 16, {1, 1, 1}, {3000, 31, 0}},
+      // Warp kernel (hd 20, 40), odd groups, a prompt continuing a cached prefix.
+      {3, 20, 20, 16, {1, 33, 17}, {70, 0, 16}},
+      {5, 40, 24, 16, {1, 33, 17}, {70, 0, 21}},
+      // Tiled kernel: a group too large for the warp kernel.
+      {16, 64, 160, 16, {1, 3}, {300, 40}},
+      // Tensor-core prompt kernel: fresh prompts, continuations, groups not dividing 64.
+      {1, 64, 64, 16, {300, 5, 80}, {0, 700, 40}},
+      {3, 128, 128, 32, {100, 1}, {37, 2000}},
+      {8, 192, 128, 16, {100, 33}, {0, 50}},
+      {2, 128, 64, 16, {130}, {0}},
+  };
+  for (const Case& c : cases) {
+    const int64_t kv = 2, heads = kv * c.group, hd = c.hd, dv = c.dv;
+    Layout lay(c.lens, c.first, c.block_size, rng);
+    const int64_t n = lay.l.n_tokens;
+    HostTensor kc(dt, {lay.n_blocks(), kv, hd, c.block_size}),
+        vc(dt, {lay.n_blocks(), kv, c.block_size, dv});
+    fill_random(kc, rng);  // the history written by earlier forwards
+    fill_random(vc, rng);
+    HostTensor k(DType::F32, {n, kv, hd}), v(DType::F32, {n, kv, dv}),
+        q(DType::F32, {n, heads, hd});
+    fill_random(k, rng);
+    fill_random(v, rng, 3.0f);
+    fill_random(q, rng);
+    DeviceTensor dkc = dev(kc), dvc = dev(vc), dk = dev(k), dv_ = dev(v), dq = dev(q);
+    HostTensor kc_ref = kc, vc_ref = vc;
+    ops().begin_forward(lay.l, {}, {});
+    ops().kv_cache_write(dk.t, dv_.t, dkc.t, dvc.t, lay.l);
+    ref::kv_cache_write(k.t, v.t, kc_ref.t, vc_ref.t, lay.l);
+    const std::string what = std::string(dtype_name(dt)) + " group=" + std::to_string(c.group) +
+                             " hd=" + std::to_string(hd) + " dv=" + std::to_string(dv) +
+                             " n=" + std::to_string(n) + " first=" + std::to_string(c.first[0]);
+    ASSERT_TRUE(same_bits(host(dkc, kc), kc_ref)) << what;
+    ASSERT_TRUE(same_bits(host(dvc, vc), vc_ref)) << what;
+    HostTensor out(DType::F32, {n, heads, dv}), ref = out;
+    DeviceTensor dout = poisoned(out);
+    const float scale = 1.0f / std::sqrt(float(hd));
+    ops().paged_attention(dq.t, dkc.t, dvc.t, lay.l, scale, dout.t);
+    ref::paged_attention(q.t, kc_ref.t, vc_ref.t, lay.l, scale, ref.t);
+    const double err = max_abs_diff(host(dout, out).f(), ref.f(), out.numel());
+    record_error(std::string("paged_attention cache ") + dtype_name(dt), err);
+    EXPECT_LE(err, 2e-5) << what;
+  }
+}
+
+// The latent cache in each type: values are the keys' first dv channels (v_cache a view of
+// k_cache, channels block_size apart), written through the view; attention equals the
+// reference, up to the published Kimi-Linear's 32 heads of 576 (values 512) in one call, at
+// decode (long histories: splits) and for prompts.
+TEST_P(CudaAttentionCache, LatentViewMatchesReferenceUpToKimiGroup) {
+  const DType dt = GetParam();
+  const Case cases[] = {{4, 24, 16, 16, {1, 33, 17}, {70, 0, 16}},
+                        {5, 24, 16, 5, {1, 2, 9}, {100, 3, 0}},
+                        {32, 576, 512, 16, {1, 1}, {3000, 70}},
+                        {32, 576, 512, 16, {40, 1}, {0, 600}},
+                        {32, 576, 512, 16, {1, 3, 1}, {9000, 20, 1}}};
+  ASSERT_LE(32 * 576, Ops::kMaxAttentionGroupDims);
+  for (const Case& c : cases) {
+    const int64_t heads = c.group, hd = c.hd, dv = c.dv;
+    const int bs = c.block_size;
+    Layout lay(c.lens, c.first, bs, rng);
+    const int64_t n = lay.l.n_tokens;
+    HostTensor kc(dt, {lay.n_blocks(), 1, hd, bs});
+    fill_random(kc, rng);
+    auto values_of = [&](Tensor keys) {
+      keys.shape[2] = bs, keys.shape[3] = dv;
+      keys.stride[2] = 1, keys.stride[3] = bs;
+      return keys;
+    };
+    HostTensor k(DType::F32, {n, hd}), q(DType::F32, {n, heads, hd});
+    fill_random(k, rng);
+    fill_random(q, rng, 0.3f);
+    DeviceTensor dkc = dev(kc), dk = dev(k), dq = dev(q);
+    HostTensor kc_ref = kc;
+    ops().begin_forward(lay.l, {}, {});
+    ops().kv_cache_write(dk.t.col_heads(0, 1, hd), dk.t.col_heads(0, 1, dv), dkc.t,
+                         values_of(dkc.t), lay.l);
+    ref::kv_cache_write(k.t.col_heads(0, 1, hd), k.t.col_heads(0, 1, dv), kc_ref.t,
+                        values_of(kc_ref.t), lay.l);
+    const std::string what = std::string(dtype_name(dt)) + " group=" + std::to_string(c.group) +
+                             " hd=" + std::to_string(hd) + " first=" + std::to_string(c.first[0]);
+    ASSERT_TRUE(same_bits(host(dkc, kc), kc_ref)) << what;
+    HostTensor out(DType::F32, {n, heads, dv}), ref = out;
+    DeviceTensor dout = poisoned(out);
+    const float scale = 1.0f / std::sqrt(float(hd));
+    ops().paged_attention(dq.t, dkc.t, values_of(dkc.t), lay.l, scale, dout.t);
+    ref::paged_attention(q.t, kc_ref.t, values_of(kc_ref.t), lay.l, scale, ref.t);
+    const double err = max_abs_diff(host(dout, out).f(), ref.f(), out.numel());
+    record_error(std::string("paged_attention latent cache ") + dtype_name(dt), err);
+    EXPECT_LE(err, 2e-5) << what;
+  }
+}
+
+// The fused attention input stage writes a narrow cache as the ops.cpp default (rms_norm, rope,
+// kv_cache_write) does, bit for bit: the Qwen3-Next shape at decode, a ragged prompt batch, and
+// value heads of other sizes than the key heads.
+TEST_P(CudaAttentionCache, FusedAttentionInputsEqualTheDefault) {
+  const DType dt = GetParam();
+  struct Dims {
+    int64_t heads, kv, hd, dv;
+    int rot;
+    std::vector<int> lens, first;
+  };
+  const Dims cases[] = {{16, 2, 256, 256, 64, {1, 1, 1}, {2050, 0, 31}},
+                        {4, 2, 40, 40, 20, {3, 1, 5}, {0, 17, 40}},
+                        {8, 2, 192, 128, 64, {5, 1}, {0, 77}},
+                        {4, 1, 64, 320, 64, {1, 3}, {9, 20}}};
+  for (const Dims& d : cases) {
+    Layout lay(d.lens, d.first, 16, rng);
+    AttentionInputCase c(lay.l, lay.n_blocks(), d.heads, d.kv, d.hd, d.dv, d.rot, DType::BF16, rng,
+                         dt);
+    const Tensor dqn = weight(c.q_norm), dkn = weight(c.k_norm);
+    struct Run {
+      DeviceTensor q, k, v, kc, vc;
+    };
+    Run runs[2];
+    for (Run& r : runs)
+      r.q = dev(c.q), r.k = dev(c.k), r.v = dev(c.v), r.kc = dev(c.kc), r.vc = dev(c.vc);
+    auto args = [&](Run& r) {
+      AttentionInputArgs a = c.args();
+      a.q_norm = dqn, a.k_norm = dkn;
+      a.q = r.q.t, a.k = r.k.t, a.v = r.v.t, a.k_cache = r.kc.t, a.v_cache = r.vc.t;
+      return a;
+    };
+    ops().begin_forward(lay.l, {}, {});
+    ops().attention_inputs(args(runs[0]), lay.l);
+    ops().Ops::attention_inputs(args(runs[1]), lay.l);
+    const std::string what =
+        std::string(dtype_name(dt)) + " hd=" + std::to_string(d.hd) + " dv=" + std::to_string(d.dv);
+    EXPECT_TRUE(same_bits(host(runs[0].kc, c.kc), host(runs[1].kc, c.kc))) << "k cache " << what;
+    EXPECT_TRUE(same_bits(host(runs[0].vc, c.vc), host(runs[1].vc, c.vc))) << "v cache " << what;
+    EXPECT_TRUE(same_bits(host(runs[0].k, c.k), host(runs[1].k, c.k))) << "k " << what;
+  }
+}
+
+}  // namespace
+}  // namespace recur
