@@ -18,6 +18,7 @@
 
 #include "backend/cuda/attention_mma.cuh"
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/mma_tf32.cuh"
 
 namespace recur {
 namespace cuda {
@@ -35,23 +36,6 @@ constexpr int kQPad = 4;
 constexpr int kKeyStride = kKeys + 8;
 __host__ __device__ constexpr int value_stride(int dv) {
   return (dv + 31) / 32 * 32 + 8;
-}
-
-// x → TF32 hi (x truncated to TF32's 10 mantissa bits) and lo = x − hi, exact in f32, of which
-// the tensor core reads the top 10 bits: about 2^-20 relative error in all, in two
-// instructions (cvt.rna.tf32 costs several, and splitting dominated the kernel's issue slots).
-__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
-  hi = __float_as_uint(x) & 0xffffe000u;
-  lo = __float_as_uint(x - __uint_as_float(hi));
-}
-
-// c [16 × 8] += a [16 × 8] · b [8 × 8], TF32 (a row-major, b column-major fragments).
-__device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // A shared-memory load kept in program order with the (volatile) products.

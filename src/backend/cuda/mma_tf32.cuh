@@ -10,6 +10,8 @@
 
 namespace recur::cuda {
 
+// Two instructions: cvt.rna.tf32 costs several, and splitting can dominate a kernel's issue
+// slots.
 __device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
   hi = __float_as_uint(x) & 0xffffe000u;
   lo = __float_as_uint(x - __uint_as_float(hi));
