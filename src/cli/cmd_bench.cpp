@@ -2,10 +2,12 @@
 // memory-bandwidth limit measured in the same run. Works from a model directory or from a
 // published config with random weights (--random-weights), cut to --layers.
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -36,6 +38,14 @@ struct BenchOptions {
   int layers = 0, prompt_len = 2048, gen_len = 64, threads = 0, block_size = 16;
   int prefill_chunk = 0;  // tokens per prefill forward (0: each prompt in one forward)
 };
+
+// This process's resident bytes (Linux /proc/self/statm; 0 elsewhere).
+size_t resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  size_t pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return resident * size_t(sysconf(_SC_PAGESIZE));
+}
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -160,6 +170,7 @@ int run_bench(const BenchOptions& o) {
   if (!model_r.ok()) return fail(model_r.error().to_string());
   Model& m = **model_r;
   const double load_s = seconds_since(t_load);
+  const size_t resident_after_load = resident_bytes();
   const ModelInfo& info = m.info();
   const int V = info.vocab_size;
   auto logits_buf = ops.allocator().allocate(size_t(max_batch) * size_t(V) * 4, "logits");
@@ -407,6 +418,7 @@ int run_bench(const BenchOptions& o) {
                                                         double(info.kv_bytes_per_token)
                                                   : 1.0},
       {"load_seconds", load_s},
+      {"resident_bytes_after_load", resident_after_load},
       {"copy_bandwidth_gb_s", copy_bw / 1e9},
       {"read_bandwidth_gb_s", read_bw / 1e9},
       {"read_bandwidth_threads", read_threads},

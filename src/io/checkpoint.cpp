@@ -140,6 +140,15 @@ uint64_t Checkpoint::fingerprint() const {
   return h;
 }
 
+void Checkpoint::release(const Tensor& view) const {
+  for (const auto& f : files_) {
+    if (f->file().contains(view.data)) {
+      f->file().release(view.data, weight_bytes(view.dtype, view.numel()));
+      return;
+    }
+  }
+}
+
 size_t Checkpoint::mapped_bytes() const {
   size_t n = 0;
   for (auto& f : files_) {

@@ -31,6 +31,9 @@ class Checkpoint {
   std::vector<std::string> unused(const std::vector<std::string>& ignored_prefixes) const;
   // Bytes of all mapped weight files.
   size_t mapped_bytes() const;
+  // Drops the pages of a view get() gave (or a slice of one) from this process's resident
+  // memory, once a backend holds its own copy; the view stays readable (MappedFile::release).
+  void release(const Tensor& view) const;
   // The checkpoint's identity: a hash of config.json and of every weight file's fingerprint
   // (what the prefix cache's files are kept for).
   uint64_t fingerprint() const;

@@ -5,7 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 
@@ -72,6 +74,16 @@ MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
     o.size_ = 0;
   }
   return *this;
+}
+
+void MappedFile::release(const void* p, size_t bytes) const {
+  if (!contains(p)) return;
+  const size_t page = size_t(sysconf(_SC_PAGESIZE));
+  const uintptr_t base = reinterpret_cast<uintptr_t>(data_);
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t hi = std::min(lo + bytes, base + size_);
+  const uintptr_t first = (lo + page - 1) / page * page, last = hi / page * page;
+  if (first < last) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
 MappedFile::~MappedFile() {

@@ -22,6 +22,13 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  bool contains(const void* p) const {
+    return data_ && p >= data_ && static_cast<const uint8_t*>(p) < data_ + size_;
+  }
+  // Drops this process's pages wholly inside [p, p + bytes) (clipped to the mapping): bytes a
+  // backend has copied elsewhere stop counting as resident. Still readable: the pages are
+  // clean, and a later read maps them again from the file.
+  void release(const void* p, size_t bytes) const;
 
  private:
   std::string path_;

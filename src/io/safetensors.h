@@ -35,6 +35,7 @@ class SafetensorsFile {
   // A hash of the file's size and of bytes sampled evenly over it (header and weights): two
   // checkpoints of one shape with other weights differ in it.
   uint64_t fingerprint() const;
+  const MappedFile& file() const { return file_; }
 
  private:
   MappedFile file_;

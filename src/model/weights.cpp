@@ -246,6 +246,11 @@ Result<Tensor> CheckpointWeights::load_rows(std::span<const RowPiece> pieces,
   }
   // A backend that used the host copy in place needs it for as long as the model lives.
   if (repacked.data() && adopted.data == host.data) owned_.push_back(std::move(repacked));
+  // Otherwise the mapped bytes were copied (re-laid out, quantized, or sent to a device): they
+  // stop counting as resident instead of doubling the model's memory.
+  if (adopted.data != host.data) {
+    for (const Tensor& v : views) ckpt_.release(v);
+  }
   count(adopted, use);
   return adopted;
 }

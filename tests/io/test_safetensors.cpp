@@ -2,6 +2,9 @@
 // clear error naming the file and tensor, never a crash or a read past the mapping.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -260,6 +263,35 @@ TEST(MappedFile, ReadTextFileReadsNoFurtherThanTheSizeItChecked) {
   auto text = read_text_file(status.string());
   ASSERT_TRUE(text.ok()) << text.error().to_string();
   EXPECT_EQ(*text, "");
+}
+
+// This process's resident bytes (/proc/self/statm), for the release test.
+size_t resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  size_t pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return resident * size_t(sysconf(_SC_PAGESIZE));
+}
+
+// Released pages stop counting as resident and read back the same bytes; a range past the
+// mapping or outside it is clipped or ignored.
+TEST(MappedFile, ReleasedPagesLeaveResidentMemoryAndStayReadable) {
+  TempDir dir;
+  constexpr size_t kBytes = size_t(64) << 20;
+  std::string bytes(kBytes, '\0');
+  for (size_t i = 0; i < kBytes; i += 4096) bytes[i] = char(i / 4096 * 7 + 1);
+  auto f = MappedFile::open(dir.write("big.bin", bytes));
+  ASSERT_TRUE(f.ok()) << f.error().to_string();
+  uint64_t sum = 0;
+  for (size_t i = 0; i < kBytes; i += 4096) sum += uint8_t(f->data()[i]);  // every page in
+  const size_t before = resident_bytes();
+  f->release(f->data() + 100, kBytes * 2);  // clipped to the mapping; the first page stays
+  f->release(bytes.data(), kBytes);         // not in the mapping: nothing
+  const size_t after = resident_bytes();
+  EXPECT_GE(before - std::min(before, after), kBytes / 2) << before << " -> " << after;
+  uint64_t again = 0;
+  for (size_t i = 0; i < kBytes; i += 4096) again += uint8_t(f->data()[i]);
+  EXPECT_EQ(again, sum);
 }
 
 TEST(Checkpoint, ReportsMissingFilesAndBrokenJson) {
