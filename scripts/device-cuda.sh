@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over a build made here with `cmake --preset cuda`: the CUDA op tests,
-# verify on the seven reference models, the unseen-shape forwards, the engine invariants on CUDA
+# verify on the ten reference models, the unseen-shape forwards, the engine invariants on CUDA
 # (the 20,000-token flat-counter test included) and the prefix cache on the tiny models, the
 # benchmark of the published 80B configuration cut to 6 layers, transformers' baseline in the
 # same session, the prefix cache's chat and agent benchmark on the 35B-A3B configuration, and
