@@ -436,10 +436,10 @@ Result<Tensor> RandomWeights::load_rows(std::span<const RowPiece> pieces,
       (use == WeightUse::kMatrix || use == WeightUse::kExpert) && shape.size() == 2
           ? quantized_dtype(quantize_, name, shape[1])
           : std::nullopt;
-  if (q && ops_.device() != Device::kCpu) {
-    // fp8 on a device backend: made in the backend's memory in `dt`, one tensor at a time in a
-    // staging buffer kept for the next, and quantized there (the model never exists in `dt`).
-    if (*q != DType::F8_E4M3) {
+  if (q) {
+    // Made in the backend's memory in `dt`, one tensor at a time in a staging buffer kept for
+    // the next, then quantized as a checkpoint's would be (the model never exists in `dt`).
+    if (ops_.device() != Device::kCpu && *q != DType::F8_E4M3) {
       return make_error(ErrorCode::kUnsupported, "--quantize {} runs on the CPU only",
                         quantize_name(quantize_));
     }
@@ -449,17 +449,6 @@ Result<Tensor> RandomWeights::load_rows(std::span<const RowPiece> pieces,
       RECUR_ASSIGN_OR_RETURN(staging_, ops_.allocator().allocate(bytes, "weight staging"));
     }
     Tensor t = Tensor::contiguous(staging_.data(), dt, {n}, staging_.device());
-    const auto [lo, hi] = random_range(name, shape, n_layers_, norm_center_);
-    ops_.fill_random_uniform(t, seed_ + 0x1000 * ++index_, lo, hi);
-    RECUR_ASSIGN_OR_RETURN(Tensor adopted,
-                           quantize_matmul(ops_, with_shape(t, shape), *q, &owned_));
-    count(adopted, use);
-    return adopted;
-  }
-  if (q) {  // made on the host in `dt`, then quantized as a checkpoint's would be
-    RECUR_ASSIGN_OR_RETURN(Buffer host,
-                           cpu_allocator().allocate(size_t(n) * dtype_size(dt), name.c_str()));
-    Tensor t = Tensor::contiguous(host.data(), dt, {n});
     const auto [lo, hi] = random_range(name, shape, n_layers_, norm_center_);
     ops_.fill_random_uniform(t, seed_ + 0x1000 * ++index_, lo, hi);
     RECUR_ASSIGN_OR_RETURN(Tensor adopted,

@@ -137,7 +137,7 @@ class RandomWeights final : public WeightLoader {
   int n_layers_;
   Quantize quantize_;
   uint64_t index_ = 0;
-  Buffer staging_;  // --quantize on a device backend: the tensor being made, before quantizing
+  Buffer staging_;  // --quantize: the tensor being made, before quantizing
 };
 
 }  // namespace recur

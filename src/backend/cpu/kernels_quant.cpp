@@ -127,6 +127,22 @@ RECUR_AVX512 inline __m512 fp8x16(const uint8_t* p) {
   return _mm512_cvtph_ps(h);
 }
 
+// out[t, 16v ..] (+)= acc[t][v] for a tile of NT tokens (rows os apart) × NV blocks of 16
+// columns, the last block masked by `last`.
+template <int NV, int NT>
+RECUR_AVX512 inline void store_tile_avx512(const __m512 (&acc)[NT][NV], float* out, int64_t os,
+                                           __mmask16 last, bool accumulate) {
+  for (int t = 0; t < NT; ++t) {
+    for (int v = 0; v < NV; ++v) {
+      const __mmask16 m = v == NV - 1 ? last : __mmask16(0xffff);
+      float* o = out + t * os + 16 * v;
+      __m512 r = acc[t][v];
+      if (accumulate) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(m, o));
+      _mm512_mask_storeu_ps(o, m, r);
+    }
+  }
+}
+
 template <int NV, int NT>
 RECUR_AVX512 void fp8_tile_avx512(const uint8_t* w, const float* sc, const QuantHeader& h,
                                   const float* x, int64_t xs, float* out, int64_t os,
@@ -153,15 +169,7 @@ RECUR_AVX512 void fp8_tile_avx512(const uint8_t* w, const float* sc, const Quant
       for (int t = 0; t < NT; ++t) acc[t][v] = _mm512_fmadd_ps(part[t][v], sv, acc[t][v]);
     }
   }
-  for (int t = 0; t < NT; ++t) {
-    for (int v = 0; v < NV; ++v) {
-      const __mmask16 m = v == NV - 1 ? last : __mmask16(0xffff);
-      float* o = out + t * os + 16 * v;
-      __m512 r = acc[t][v];
-      if (accumulate) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(m, o));
-      _mm512_mask_storeu_ps(o, m, r);
-    }
-  }
+  store_tile_avx512<NV, NT>(acc, out, os, last, accumulate);
 }
 
 template <int NV>
@@ -272,15 +280,7 @@ RECUR_AVX512 void q_tile_avx512(const uint8_t* w, int64_t cb_bytes, const QuantH
       }
     }
   }
-  for (int t = 0; t < NT; ++t) {
-    for (int v = 0; v < NV; ++v) {
-      const __mmask16 m = v == NV - 1 ? last : __mmask16(0xffff);
-      float* o = out + t * os + 16 * v;
-      __m512 r = acc[t][v];
-      if (accumulate) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(m, o));
-      _mm512_mask_storeu_ps(o, m, r);
-    }
-  }
+  store_tile_avx512<NV, NT>(acc, out, os, last, accumulate);
 }
 
 template <int NV, bool Q4>
