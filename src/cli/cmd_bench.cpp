@@ -150,6 +150,10 @@ int run_bench(const BenchOptions& o) {
   opt.state.n_blocks = max_batch * blocks_per_seq + prefill_blocks + long_blocks;
   opt.max_context = std::max({decode_context, max_prefill, long_context});
   opt.kv_cache_dtype = o.kv_cache_dtype;
+  // The ceiling: device copy bandwidth, measured before the model takes the memory its buffers
+  // need (a model that fills the device leaves no 4 GiB for them).
+  const size_t copy_bytes = ops.device() == Device::kCpu ? (size_t(256) << 20) : (size_t(2) << 30);
+  const double copy_bw = ops.measure_copy_bandwidth(copy_bytes);
   const auto t_load = Clock::now();
   Result<std::unique_ptr<Model>> model_r = make_error(ErrorCode::kInvalidArgument, "no model");
   json config;
@@ -179,9 +183,6 @@ int run_bench(const BenchOptions& o) {
   auto ids_buf = ops.allocator().allocate(size_t(max_batch) * 4, "greedy ids");
   if (!ids_buf.ok()) return fail(ids_buf.error().to_string());
 
-  // The ceiling: device copy bandwidth, measured now.
-  const size_t copy_bytes = ops.device() == Device::kCpu ? (size_t(256) << 20) : (size_t(2) << 30);
-  const double copy_bw = ops.measure_copy_bandwidth(copy_bytes);
   // On the CPU, also the read bandwidth at the decode's thread count (a decode step reads).
   const int read_threads = o.threads > 0 ? o.threads : default_thread_count();
   const double read_bw =

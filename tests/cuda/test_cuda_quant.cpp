@@ -6,6 +6,7 @@
 // weights): f32-class, ≤ 2e-5 relative. --quantize fp8 on the device gives the CPU's bytes and
 // scales. Int8 / q4 weights are refused with an error that says so.
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -224,6 +225,76 @@ TEST_F(CudaQuant, BlockFp8MoeExpertsMatchReference) {
     err = rel_err(got.f(), ref.f(), out.numel());
     record_error("fp8 moe_experts_shared", err);
     EXPECT_LE(err, 2e-5) << "shared n=" << c.n << " E=" << c.E;
+  }
+}
+
+// One token routed inside the fp8 expert kernels (moe_route_experts_shared: 256 or 512 experts)
+// gives moe_route then moe_experts_shared bit for bit, and the reference on the dequantized
+// weights (routed experts plus σ(score) times the shared one).
+TEST_F(CudaQuant, BlockFp8RoutingInsideExpertsMatchesRouteThenExperts) {
+  const int64_t d = 256, ff = 128;
+  for (const auto& [E, k] : {std::pair<int64_t, int64_t>{512, 10}, {256, 8}}) {
+    std::vector<Buffer> owned;
+    std::vector<Fp8Weight> ws;
+    std::vector<ExpertWeights> hx, dx_experts;
+    for (int64_t e = 0; e <= E; ++e) {  // the last one is the shared expert
+      ws.push_back(random_fp8(ops(), rng, ff, d, 128, 128, &owned));
+      ws.push_back(random_fp8(ops(), rng, ff, d, 128, 128, &owned));
+      ws.push_back(random_fp8(ops(), rng, d, ff, 128, 128, &owned));
+      const size_t b = size_t(3 * e);
+      hx.push_back({ws[b].dequant.t, ws[b + 1].dequant.t, ws[b + 2].dequant.t});
+      dx_experts.push_back({ws[b].d, ws[b + 1].d, ws[b + 2].d});
+    }
+    const std::span<const ExpertWeights> routed_d(dx_experts.data(), size_t(E));
+    HostTensor logits(DType::F32, {1, E}), x(DType::F32, {1, d}), score(DType::F32, {1, 1});
+    fill_random(logits, rng, 2.0f);
+    fill_random(x, rng, 0.5f);
+    fill_random(score, rng);
+    HostTensor ids(DType::I32, {1, k}), w(DType::F32, {1, k}), out(DType::F32, {1, d});
+    HostTensor g(DType::F32, {1, ff}), y = out;
+    DeviceTensor dl = dev(logits), dx = dev(x), dscore = dev(score);
+    HostTensor scratch_h(
+        DType::U8,
+        {int64_t(ops().moe_experts_scratch_bytes(1, int(k) + 1, int(E) + 1, int(d), int(ff)))});
+    MoeRouting routing;
+    routing.k = int(k);
+    HostTensor got[2] = {out, out}, got_ids[2] = {ids, ids};
+    for (int path = 0; path < 2; ++path) {  // the fused op, then route and experts
+      DeviceTensor dg = poisoned(g), du = poisoned(g), dh = poisoned(g), dy = poisoned(y);
+      DeviceTensor dout = poisoned(out), scratch = poisoned(scratch_h), dids = poisoned(ids),
+                   dw = poisoned(w);
+      SharedExpertArgs shared;
+      shared.w = dx_experts.back();
+      shared.score = dscore.t, shared.gate = dg.t, shared.up = du.t, shared.hidden = dh.t;
+      shared.out = dy.t;
+      if (path == 0) {
+        ops().moe_route_experts_shared(dl.t, routing, dx.t, routed_d, dids.t, dw.t, shared, dout.t,
+                                       scratch.t, Tensor{});
+      } else {
+        ops().moe_route(dl.t, routing, dids.t, dw.t);
+        ops().moe_experts_shared(dx.t, routed_d, dids.t, dw.t, shared, dout.t, scratch.t);
+      }
+      got[path] = host(dout, out), got_ids[path] = host(dids, ids);
+      if (path == 1) w = host(dw, w);
+    }
+    const std::string what = "E=" + std::to_string(E) + " k=" + std::to_string(k);
+    EXPECT_EQ(std::memcmp(got_ids[0].t.data, got_ids[1].t.data, size_t(k) * 4), 0) << what;
+    EXPECT_EQ(std::memcmp(got[0].t.data, got[1].t.data, size_t(d) * 4), 0) << what;
+    HostTensor ref = out, g_ref = g, u_ref = g, h_ref = g, y_ref = y;
+    ref::moe_experts(x.t, std::span<const ExpertWeights>(hx.data(), size_t(E)), got_ids[1].t, w.t,
+                     ref.t);
+    ref::matmul(x.t, hx.back().gate, g_ref.t);
+    ref::matmul(x.t, hx.back().up, u_ref.t);
+    for (int64_t i = 0; i < ff; ++i) {
+      const double gv = g_ref.f()[i];
+      h_ref.f()[i] = float(gv / (1.0 + std::exp(-gv)) * double(u_ref.f()[i]));
+    }
+    ref::matmul(h_ref.t, hx.back().down, y_ref.t);
+    const double sg = 1.0 / (1.0 + std::exp(-double(score.f()[0])));
+    for (int64_t j = 0; j < d; ++j) ref.f()[j] += float(sg * double(y_ref.f()[j]));
+    const double err = rel_err(got[0].f(), ref.f(), d);
+    record_error("fp8 moe_route_experts_shared", err);
+    EXPECT_LE(err, 2e-5) << what;
   }
 }
 

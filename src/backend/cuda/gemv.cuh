@@ -3,14 +3,79 @@
 // w [m, k] (stored dtype) for up to NT f32 activation rows. Each weight row is streamed once
 // with 16-byte loads that bypass L1 (they are used once); the activation rows are small and
 // re-read from L1 for every weight row. Arithmetic is f32; results match the CPU's f32 kernels
-// to rounding.
+// to rounding. Block-FP8 weights (Fp8E4M3) take the same core: each widened 16-byte chunk is
+// multiplied by its block's scale before its products.
 #pragma once
+
+#include <cuda_fp8.h>
+
+#include <type_traits>
 
 #include "backend/cuda/cuda_internal.cuh"
 
 namespace recur::cuda {
 
 constexpr int kGemvThreads = 128;
+
+// A block-FP8 weight element as the GEMV core's weight type: one e4m3 byte. Layout of such a
+// weight (F8_E4M3, as released or made by --quantize fp8): one piece of device memory holds the
+// bytes row-major [m, k], then, from fp8_scales_offset(m, k), the f32 block scales
+// [ceil(m / br), ceil(k / bc)]: w[r][c] = fp8[r][c] · scales[r / br][c / bc] (edge blocks
+// partial). The backend keeps each weight's block sizes (Impl::fp8_blocks).
+struct Fp8E4M3 {
+  uint8_t bits;
+};
+template <typename W>
+constexpr bool kBlockFp8 = std::is_same_v<W, Fp8E4M3>;
+
+// Bytes from a block-FP8 weight's data to its scales.
+__host__ __device__ __forceinline__ int64_t fp8_scales_offset(int64_t m, int64_t k) {
+  return (m * k + 15) / 16 * 16;
+}
+
+// One e4m3 byte to f32, exactly (the NaN codes give NaN).
+__device__ __forceinline__ float fp8_to_f32(uint8_t b) {
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t(b), __NV_E4M3)));
+}
+// Four e4m3 bytes (the low byte first) to f32, exactly.
+__device__ __forceinline__ void widen_fp8x4(uint32_t bits, float* out) {
+  const float2 lo = __half22float2(
+      __half2(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(bits & 0xffffu), __NV_E4M3)));
+  const float2 hi = __half22float2(
+      __half2(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(bits >> 16), __NV_E4M3)));
+  out[0] = lo.x, out[1] = lo.y, out[2] = hi.x, out[3] = hi.y;
+}
+
+// The block scales of a GEMV's R weight rows: none but for block-FP8, where row r's scales
+// start at row[r] and each spans bc columns.
+template <typename W, int R>
+struct RowScales {
+  __device__ __forceinline__ float of(int, int64_t) const { return 1.0f; }
+};
+template <int R>
+struct RowScales<Fp8E4M3, R> {
+  const float* row[R];
+  int bc;
+  __device__ __forceinline__ float of(int r, int64_t col) const {
+    return __ldg(row[r] + int(col) / bc);
+  }
+};
+// The scales of rows row0 .. row0 + R - 1 (rows ≥ `rows` clamped to row0, as the GEMV's weight
+// rows are) of the weight at w [m, k] in br × bc blocks; nothing for other weight types.
+template <typename W, int R>
+__device__ __forceinline__ RowScales<W, R> row_scales(const void* w, int64_t m, int64_t k, int br,
+                                                      int bc, int64_t row0, int rows) {
+  RowScales<W, R> s;
+  if constexpr (kBlockFp8<W>) {
+    const float* scales =
+        reinterpret_cast<const float*>(static_cast<const uint8_t*>(w) + fp8_scales_offset(m, k));
+    const int64_t kb = (k + bc - 1) / bc;
+#pragma unroll
+    for (int r = 0; r < R; ++r) s.row[r] = scales + ((row0 + (r < rows ? r : 0)) / br) * kb;
+    s.bc = bc;
+  }
+  return s;
+}
 
 // 16 bytes of weights, widened to f32: 4 floats or 8 bf16/f16 values.
 template <typename W>
@@ -43,6 +108,20 @@ __device__ __forceinline__ void widen(uint32_t bits, float* out, __half) {
   const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&bits));
   out[0] = f.x;
   out[1] = f.y;
+}
+
+// dispatch_weight with block-FP8 (Fp8E4M3): the GEMV core's weight types.
+template <typename Fn>
+void dispatch_gemv_weight(DType dt, Fn&& fn) {
+  if (dt == DType::F8_E4M3) {
+    fn(Fp8E4M3{});
+  } else {
+    dispatch_weight(dt, fn);
+  }
+}
+
+__device__ __forceinline__ void widen(uint32_t bits, float* out, Fp8E4M3) {
+  widen_fp8x4(bits, out);
 }
 
 template <typename W>
@@ -88,10 +167,22 @@ __device__ __forceinline__ void fma_loaded(const Chunk<W> (&wc)[R],
   }
 }
 
-// fma_loaded of chunk c loaded from the rows wr (and wr2 when kDual): the inner step of every
-// GEMV over bf16/f16/f32 rows.
+// A widened chunk c of block-FP8 row r times its block's scale (nothing for other types).
+template <typename W, int R>
+__device__ __forceinline__ void scale_chunk(Chunk<W>& wc, const RowScales<W, R>& sc, int r,
+                                            int64_t c) {
+  if constexpr (kBlockFp8<W>) {
+    const float s = sc.of(r, c * Chunk<W>::kElems);
+#pragma unroll
+    for (int q = 0; q < Chunk<W>::kElems; ++q) wc.v[q] *= s;
+  }
+}
+
+// fma_loaded of chunk c loaded from the rows wr (and wr2 when kDual; sc, sc2 their block
+// scales): the inner step of every GEMV over 16-byte rows.
 template <typename W, int R, int NT, bool kDual>
 __device__ __forceinline__ void fma_chunk(const W* const (&wr)[R], const W* const (&wr2)[R],
+                                          const RowScales<W, R>& sc, const RowScales<W, R>& sc2,
                                           const float* const (&xr)[NT], int64_t c,
                                           float (&acc)[R][NT], float (&acc2)[R][NT]) {
   constexpr int E = Chunk<W>::kElems;
@@ -101,16 +192,25 @@ __device__ __forceinline__ void fma_chunk(const W* const (&wr)[R], const W* cons
     wc[r] = load_chunk(wr[r] + c * E);
     if constexpr (kDual) wc2[r] = load_chunk(wr2[r] + c * E);
   }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    scale_chunk(wc[r], sc, r, c);
+    if constexpr (kDual) scale_chunk(wc2[r], sc2, r, c);
+  }
   fma_loaded<W, R, NT, kDual>(wc, wc2, xr, c, acc, acc2);
 }
 
 // fma_loaded of chunk c of R rows already loaded (raw[r]), no second weight.
 template <typename W, int R, int NT>
-__device__ __forceinline__ void fma_chunk_raw(const uint4 (&raw)[R], const float* const (&xr)[NT],
-                                              int64_t c, float (&acc)[R][NT]) {
+__device__ __forceinline__ void fma_chunk_raw(const uint4 (&raw)[R], const RowScales<W, R>& sc,
+                                              const float* const (&xr)[NT], int64_t c,
+                                              float (&acc)[R][NT]) {
   Chunk<W> wc[R], unused[1];
 #pragma unroll
-  for (int r = 0; r < R; ++r) wc[r] = widen_chunk<W>(raw[r]);
+  for (int r = 0; r < R; ++r) {
+    wc[r] = widen_chunk<W>(raw[r]);
+    scale_chunk(wc[r], sc, r, c);
+  }
   fma_loaded<W, R, NT, false>(wc, unused, xr, c, acc, acc);
 }
 
@@ -136,11 +236,14 @@ __device__ __forceinline__ void gemv_preload(const W* w, int64_t k, int rows,
 // Per-thread partial dot products: acc[r][t] += Σ w[r][i]·x[t][i] over this thread's share of
 // k (and acc2 with w2 when kDual). w, w2 point at the block's first row; rows ≥ `rows` and
 // activation rows ≥ the caller's count were clamped to valid memory and are discarded.
-// kVec: k is a multiple of the chunk, weights and x rows are 16-byte aligned.
+// kVec: k is a multiple of the chunk, weights and x rows are 16-byte aligned (and for block-FP8
+// a chunk lies within one column block: bc a multiple of 16).
 // kPre > 0 with pre set (kVec, no w2): the first kPre chunks per row come from gemv_preload,
 // used in the loop's order (the same sums).
+// sc, sc2: the block scales of w's and w2's rows (row_scales).
 template <typename W, int NT, int R, bool kDual, bool kVec, int kPre = 0>
 __device__ __forceinline__ void gemv_partial(const W* w, const W* w2, int64_t k, int rows,
+                                             const RowScales<W, R>& sc, const RowScales<W, R>& sc2,
                                              const float* const (&xr)[NT], float (&acc)[R][NT],
                                              float (&acc2)[R][NT],
                                              const uint4 (*pre)[R] = nullptr) {
@@ -164,22 +267,27 @@ __device__ __forceinline__ void gemv_partial(const W* w, const W* w2, int64_t k,
 #pragma unroll
         for (int p = 0; p < kPre; ++p) {
           const int64_t c = threadIdx.x + int64_t(p) * kGemvThreads;
-          if (c < n_chunks) fma_chunk_raw<W, R, NT>(pre[p], xr, c, acc);
+          if (c < n_chunks) fma_chunk_raw<W, R, NT>(pre[p], sc, xr, c, acc);
         }
         c0 = threadIdx.x + int64_t(kPre) * kGemvThreads;
       }
     }
 #pragma unroll(kUnroll)
     for (int64_t c = c0; c < n_chunks; c += kGemvThreads) {
-      fma_chunk<W, R, NT, kDual>(wr, wr2, xr, c, acc, acc2);
+      fma_chunk<W, R, NT, kDual>(wr, wr2, sc, sc2, xr, c, acc, acc2);
     }
   } else {
     for (int64_t i = threadIdx.x; i < k; i += kGemvThreads) {
       float wv[R], wv2[R];
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        wv[r] = to_f32(wr[r][i]);
-        wv2[r] = kDual ? to_f32(wr2[r][i]) : 0.0f;
+        if constexpr (kBlockFp8<W>) {
+          wv[r] = fp8_to_f32(wr[r][i].bits) * sc.of(r, i);
+          wv2[r] = kDual ? fp8_to_f32(wr2[r][i].bits) * sc2.of(r, i) : 0.0f;
+        } else {
+          wv[r] = to_f32(wr[r][i]);
+          wv2[r] = kDual ? to_f32(wr2[r][i]) : 0.0f;
+        }
       }
 #pragma unroll
       for (int t = 0; t < NT; ++t) {

@@ -55,180 +55,7 @@ __global__ void __launch_bounds__(kQuantThreads)
   }
 }
 
-// Several weights sharing x: weight g takes blocks first_block[g] .. first_block[g + 1) - 1.
-struct Fp8GemvGroup {
-  Fp8Matrix w[Ops::kMaxMatmulGroup];
-  float* out[Ops::kMaxMatmulGroup];  // [n, m_g], ldo_g apart
-  int64_t ldo[Ops::kMaxMatmulGroup];
-  int first_block[Ops::kMaxMatmulGroup + 1];
-  int count;
-};
-// Bytes of each row a GEMV warp fetches into L2 before its PDL wait (whole rows of 4,096).
-constexpr int64_t kFp8PrefetchBytes = 4096;
-constexpr int kDenseWarpRows = 2;                                    // output rows per warp
-constexpr int kDenseBlockRows = kDenseWarpRows * kGemvThreads / 32;  // per block
-
-// out rows of token group blockIdx.y (NT tokens of x [n, k], rows ldx apart) for kDenseBlockRows
-// weight rows per block; grid (first_block[count], ⌈n/NT⌉). A row's sums do not depend on the
-// group, so a weight gives the same results alone or with others.
-template <int NT, bool kVec>
-__global__ void __launch_bounds__(kGemvThreads)
-    fp8_gemv_kernel(Fp8GemvGroup g, const float* x, int64_t ldx, int n, bool accumulate) {
-  int i = 0;
-  while (i + 1 < g.count && int(blockIdx.x) >= g.first_block[i + 1]) ++i;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t row0 =
-      int64_t(int(blockIdx.x) - g.first_block[i]) * kDenseBlockRows + warp * kDenseWarpRows;
-  const int t0 = int(blockIdx.y) * NT, nt = min(NT, n - t0);
-  const Fp8Matrix& w = g.w[i];
-  const int rows = int(min64(kDenseWarpRows, w.m - row0));
-  if (rows > 0) fp8_prefetch_rows(w.q + row0 * w.k, w.k, rows, lane, 32, kFp8PrefetchBytes);
-  grid_dependency_sync();
-  if (rows <= 0) return;  // nothing below waits for the block
-  const float* xr[NT];
-#pragma unroll
-  for (int t = 0; t < NT; ++t) xr[t] = x + int64_t(t0 + (t < nt ? t : 0)) * ldx;
-  float acc[kDenseWarpRows][NT] = {};
-  fp8_partial<NT, kDenseWarpRows, kVec>(w, row0, rows, xr, lane, 32, acc);
-  float* out = g.out[i] + int64_t(t0) * g.ldo[i] + row0;
-#pragma unroll
-  for (int r = 0; r < kDenseWarpRows; ++r) {
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      const float v = warp_sum(acc[r][t]);
-      if (lane == 0 && r < rows && t < nt) {
-        float* o = out + int64_t(t) * g.ldo[i] + r;
-        *o = accumulate ? *o + v : v;
-      }
-    }
-  }
-}
-
-template <int NT>
-void launch_fp8_gemv_nt(const Fp8GemvGroup& g, bool vec, const Tensor& x, int n, bool accumulate,
-                        cudaStream_t stream) {
-  const dim3 grid(unsigned(g.first_block[g.count]), unsigned((n + NT - 1) / NT));
-  if (vec) {
-    launch_kernel(fp8_gemv_kernel<NT, true>, grid, kGemvThreads, 0, stream, g, x.ptr<float>(),
-                  x.stride[0], n, accumulate);
-  } else {
-    launch_kernel(fp8_gemv_kernel<NT, false>, grid, kGemvThreads, 0, stream, g, x.ptr<float>(),
-                  x.stride[0], n, accumulate);
-  }
-}
-
-void launch_fp8_gemv(const Fp8GemvGroup& g, bool vec, const Tensor& x, int n, bool accumulate,
-                     cudaStream_t stream) {
-  if (n == 1) {
-    launch_fp8_gemv_nt<1>(g, vec, x, n, accumulate, stream);
-  } else if (n == 2) {
-    launch_fp8_gemv_nt<2>(g, vec, x, n, accumulate, stream);
-  } else if (n <= 4) {
-    launch_fp8_gemv_nt<4>(g, vec, x, n, accumulate, stream);
-  } else {
-    launch_fp8_gemv_nt<8>(g, vec, x, n, accumulate, stream);
-  }
-}
-
-bool x_vec(const Tensor& x) {
-  return (reinterpret_cast<uintptr_t>(x.data) & 15) == 0 && x.stride[0] % 4 == 0;
-}
-
-// Appends weight w (and its output) to group g.
-void add_to_group(Fp8GemvGroup& g, const Tensor& w, const Tensor& out,
-                  const CudaOps::Impl::Fp8Blocks& b) {
-  const int i = g.count++;
-  g.w[i] = fp8_matrix(w.data, w.shape[0], w.shape[1], b.rows, b.cols);
-  g.out[i] = out.ptr<float>();
-  g.ldo[i] = out.stride[0];
-  g.first_block[i + 1] =
-      g.first_block[i] + int((w.shape[0] + kDenseBlockRows - 1) / kDenseBlockRows);
-}
-
-// The MoE experts' fp8 GEMV (launch_moe_fp8_gemv): a warp per RW rows of the tile's expert.
-template <int NT, bool kDual, bool kVec>
-__global__ void __launch_bounds__(kGemvThreads) moe_fp8_gemv_kernel(MoeGemmArgs a) {
-  constexpr int RW = kDual ? 2 : 4;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t orow = int64_t(blockIdx.x) * (kGemvThreads / 32) * RW + int64_t(warp) * RW;
-  // One token: rows whose expert is known before the wait go to L2 meanwhile: the shared
-  // expert's, and down's (the ids were stored before gate/up ran; a stale id costs only the
-  // prefetch).
-  const bool shared_tile = a.direct_shared >= 0 && int(blockIdx.y) == a.direct_k - 1;
-  int pre_e;
-  if (orow < a.m && (a.ids_early || shared_tile) && moe_direct_expert(a, blockIdx.y, pre_e)) {
-    const int rows = int(min64(RW, a.m - orow));
-    fp8_prefetch_rows(static_cast<const uint8_t*>(a.w[pre_e]) + orow * a.k, a.k, rows, lane, 32,
-                      kFp8PrefetchBytes);
-    if constexpr (kDual) {
-      fp8_prefetch_rows(static_cast<const uint8_t*>(a.w2[pre_e]) + orow * a.k, a.k, rows, lane, 32,
-                        kFp8PrefetchBytes);
-    }
-  }
-  grid_dependency_sync();
-  if (orow >= a.m) return;  // warp-uniform, and nothing below waits for the block
-  int e, row0, nt;
-  if (!moe_tile(a, blockIdx.y, e, row0, nt)) return;
-  const int rows = int(min64(RW, a.m - orow));
-  const float* xr[NT];
-  moe_tile_rows<NT>(a, row0, nt, xr);
-  float acc[RW][NT] = {}, acc2[RW][NT] = {};
-  const int br = a.fp8_block_rows, bc = a.fp8_block_cols;
-  fp8_partial<NT, RW, kVec>(fp8_matrix(a.w[e], a.m, a.k, br, bc), orow, rows, xr, lane, 32, acc);
-  if constexpr (kDual) {
-    fp8_partial<NT, RW, kVec>(fp8_matrix(a.w2[e], a.m, a.k, br, bc), orow, rows, xr, lane, 32,
-                              acc2);
-  }
-#pragma unroll
-  for (int r = 0; r < RW; ++r) {
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      float v = warp_sum(acc[r][t]);
-      if constexpr (kDual) v = silu(v) * warp_sum(acc2[r][t]);
-      if (lane == 0 && r < rows && t < nt) a.out[int64_t(row0 + t) * a.ldo + orow + r] = v;
-    }
-  }
-}
-
-template <int NT, bool kDual>
-void launch_moe_fp8_nt(const MoeGemmArgs& a, bool vec, unsigned max_tiles, cudaStream_t stream) {
-  constexpr int64_t kBlockRows = (kGemvThreads / 32) * (kDual ? 2 : 4);
-  const dim3 grid(unsigned((a.m + kBlockRows - 1) / kBlockRows), max_tiles);
-  if (vec) {
-    launch_kernel(moe_fp8_gemv_kernel<NT, kDual, true>, grid, kGemvThreads, 0, stream, a);
-  } else {
-    launch_kernel(moe_fp8_gemv_kernel<NT, kDual, false>, grid, kGemvThreads, 0, stream, a);
-  }
-}
-
-template <bool kDual>
-void launch_moe_fp8_dual(const MoeGemmArgs& a, int nt, bool vec, unsigned max_tiles,
-                         cudaStream_t stream) {
-  if (nt == 1) {
-    launch_moe_fp8_nt<1, kDual>(a, vec, max_tiles, stream);
-  } else if (nt == 2) {
-    launch_moe_fp8_nt<2, kDual>(a, vec, max_tiles, stream);
-  } else if (nt <= 4) {
-    launch_moe_fp8_nt<4, kDual>(a, vec, max_tiles, stream);
-  } else {
-    RECUR_CHECK(nt <= 8);
-    launch_moe_fp8_nt<8, kDual>(a, vec, max_tiles, stream);
-  }
-}
-
 }  // namespace
-
-namespace cuda {
-void launch_moe_fp8_gemv(const MoeGemmArgs& a, bool dual, int nt, bool vec, unsigned max_tiles,
-                         cudaStream_t stream) {
-  const bool v = vec && fp8_vec_shape(a.k, a.fp8_block_cols);
-  if (dual) {
-    launch_moe_fp8_dual<true>(a, nt, v, max_tiles, stream);
-  } else {
-    launch_moe_fp8_dual<false>(a, nt, v, max_tiles, stream);
-  }
-}
-}  // namespace cuda
 
 CudaOps::Impl::Fp8Blocks CudaOps::Impl::fp8_blocks_of(const Tensor& w) const {
   const auto it = fp8_blocks.find(w.data);
@@ -320,62 +147,27 @@ Result<Tensor> CudaOps::quantize_matmul_weight(const Tensor& w, DType dtype,
   return Tensor::contiguous(dst, DType::F8_E4M3, {m, k}, Device::kCuda);
 }
 
-void fp8_matmul(CudaOps::Impl& s, const Tensor& x, const Tensor& w, Tensor out, bool accumulate,
-                bool gemv) {
+void fp8_matmul_tensor_cores(CudaOps::Impl& s, const Tensor& x, const Tensor& w, Tensor out,
+                             bool accumulate) {
   const CudaOps::Impl::Fp8Blocks b = s.fp8_blocks_of(w);
+  RECUR_CHECK(fp8_wmma_blocks(b.rows, b.cols));
   const int64_t n = x.shape[0], m = w.shape[0], k = w.shape[1];
-  if (!gemv && fp8_wmma_blocks(b.rows, b.cols)) {
-    MoeGemmArgs a{};
-    a.dense_w = w.data, a.dense_rows = n, a.accumulate = accumulate;
-    a.m = m, a.k = k, a.x = x.ptr<float>(), a.ldx = x.stride[0];
-    a.out = out.ptr<float>(), a.ldo = out.stride[0];
-    a.w_aligned = true;  // weight_memory is 256-byte aligned
-    a.fp8_block_rows = b.rows, a.fp8_block_cols = b.cols;
-    if (s.options.profile) {
-      s.work(2.0 * double(n) * double(m) * double(k),
-             double(m * k) + 4.0 * double(n) * double(k + m));
-    }
-    launch_moe_wmma(a, DType::F8_E4M3, false, unsigned((n + kWmmaTileRows - 1) / kWmmaTileRows),
-                    s.stream);
-    s.launched(
-        s.options.profile
-            ? ("matmul fp8 tensor cores " + std::to_string(m) + "x" + std::to_string(k)).c_str()
-            : "matmul (fp8, tensor cores)");
-    return;
-  }
-  Fp8GemvGroup g{};
-  add_to_group(g, w, out, b);
+  MoeGemmArgs a{};
+  a.dense_w = w.data, a.dense_rows = n, a.accumulate = accumulate;
+  a.m = m, a.k = k, a.x = x.ptr<float>(), a.ldx = x.stride[0];
+  a.out = out.ptr<float>(), a.ldo = out.stride[0];
+  a.w_aligned = true;  // weight_memory is 256-byte aligned
+  a.fp8_block_rows = b.rows, a.fp8_block_cols = b.cols;
   if (s.options.profile) {
     s.work(2.0 * double(n) * double(m) * double(k),
            double(m * k) + 4.0 * double(n) * double(k + m));
   }
-  launch_fp8_gemv(g, x_vec(x) && fp8_vec_shape(k, b.cols), x, int(n), accumulate, s.stream);
-  s.launched(s.options.profile
-                 ? ("matmul fp8 gemv " + std::to_string(m) + "x" + std::to_string(k)).c_str()
-                 : "matmul (fp8 gemv)");
-}
-
-bool fp8_matmul_group(CudaOps::Impl& s, const Tensor& x, std::span<const Tensor> ws,
-                      std::span<const Tensor> outs) {
-  const int64_t n = x.shape[0], k = x.shape[1];
-  Fp8GemvGroup g{};
-  bool vec = false;
-  double bytes = 0, rows = 0;
-  for (size_t i = 0; i < ws.size(); ++i) {
-    if (ws[i].dtype != DType::F8_E4M3 || ws[i].shape[0] == 0) return false;
-    const CudaOps::Impl::Fp8Blocks b = s.fp8_blocks_of(ws[i]);
-    const bool v = x_vec(x) && fp8_vec_shape(k, b.cols);
-    if (i > 0 && v != vec) return false;  // one path for all: each row as matmul computes it
-    vec = v;
-    add_to_group(g, ws[i], outs[i], b);
-    bytes += double(ws[i].numel());
-    rows += double(ws[i].shape[0]);
-  }
-  if (s.options.profile)
-    s.work(2.0 * double(n) * rows * double(k), bytes + 4.0 * double(n) * (double(k) + rows));
-  launch_fp8_gemv(g, vec, x, int(n), false, s.stream);
-  s.launched("matmul group (fp8 gemv)");
-  return true;
+  launch_moe_wmma(a, DType::F8_E4M3, false, unsigned((n + kWmmaTileRows - 1) / kWmmaTileRows),
+                  s.stream);
+  s.launched(
+      s.options.profile
+          ? ("matmul fp8 tensor cores " + std::to_string(m) + "x" + std::to_string(k)).c_str()
+          : "matmul (fp8, tensor cores)");
 }
 
 }  // namespace recur

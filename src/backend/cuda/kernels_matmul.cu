@@ -30,9 +30,10 @@ namespace {
 // R (each thread's share of k and the reduction order are fixed), so a weight gives the same
 // results alone or in a group.
 // pre: the block's first kPre chunks per row from gemv_preload, or null.
+// br × bc: a block-FP8 weight's block sizes (unused for other types).
 template <typename W, int NT, int R, bool kVec, int kPre = 0>
-__device__ __forceinline__ void gemv_rows(const W* __restrict__ w, int64_t m, int64_t k,
-                                          const float* x, int64_t ldx, int nt, float* out,
+__device__ __forceinline__ void gemv_rows(const W* __restrict__ w, int64_t m, int64_t k, int br,
+                                          int bc, const float* x, int64_t ldx, int nt, float* out,
                                           int64_t ldo, bool accumulate, int64_t row0,
                                           const uint4 (*pre)[R] = nullptr) {
   __shared__ float red[R * NT * (kGemvThreads / 32)];
@@ -41,7 +42,9 @@ __device__ __forceinline__ void gemv_rows(const W* __restrict__ w, int64_t m, in
 #pragma unroll
   for (int t = 0; t < NT; ++t) xr[t] = x + int64_t(t < nt ? t : 0) * ldx;
   float acc[R][NT] = {}, unused[R][NT];
-  gemv_partial<W, NT, R, false, kVec, kPre>(w + row0 * k, nullptr, k, rows, xr, acc, unused, pre);
+  const RowScales<W, R> sc = row_scales<W, R>(w, m, k, br, bc, row0, rows);
+  gemv_partial<W, NT, R, false, kVec, kPre>(w + row0 * k, nullptr, k, rows, sc, sc, xr, acc, unused,
+                                            pre);
   gemv_reduce<NT, R, false>(acc, unused, red);
   if (threadIdx.x < R * NT) {
     const int r = threadIdx.x / NT, t = threadIdx.x % NT;
@@ -74,18 +77,19 @@ __device__ __forceinline__ int token_group(const float*& x, int64_t ldx, float*&
 // o_proj have).
 template <typename W, int NT, bool kVec, int kPre>
 __global__ void __launch_bounds__(kGemvThreads)
-    matmul_gemv_kernel(const W* __restrict__ w, int64_t m, int64_t k, const float* x, int64_t ldx,
-                       int n, float* out, int64_t ldo, bool accumulate) {
+    matmul_gemv_kernel(const W* __restrict__ w, int64_t m, int64_t k, int br, int bc,
+                       const float* x, int64_t ldx, int n, float* out, int64_t ldo,
+                       bool accumulate) {
   const int nt = token_group<NT>(x, ldx, out, ldo, n);
   const int64_t row0 = int64_t(blockIdx.x) * 4;
   if constexpr (kPre > 0) {
     uint4 pre[kPre][4];
     gemv_preload<W, 4, kPre>(w + row0 * k, k, int(min64(4, m - row0)), pre);
     grid_dependency_sync();
-    gemv_rows<W, NT, 4, kVec, kPre>(w, m, k, x, ldx, nt, out, ldo, accumulate, row0, pre);
+    gemv_rows<W, NT, 4, kVec, kPre>(w, m, k, br, bc, x, ldx, nt, out, ldo, accumulate, row0, pre);
   } else {
     grid_dependency_sync();
-    gemv_rows<W, NT, 4, kVec>(w, m, k, x, ldx, nt, out, ldo, accumulate, row0);
+    gemv_rows<W, NT, 4, kVec>(w, m, k, br, bc, x, ldx, nt, out, ldo, accumulate, row0);
   }
 }
 
@@ -95,6 +99,7 @@ struct GemvGroup {
   const W* w[Ops::kMaxMatmulGroup];  // [m_g, k] each
   float* out[Ops::kMaxMatmulGroup];  // [nt, m_g], ldo_g apart
   int64_t m[Ops::kMaxMatmulGroup], ldo[Ops::kMaxMatmulGroup];
+  int br[Ops::kMaxMatmulGroup], bc[Ops::kMaxMatmulGroup];  // block-FP8 block sizes
   int first_block[Ops::kMaxMatmulGroup + 1];
   int count;
 };
@@ -114,10 +119,12 @@ __global__ void __launch_bounds__(kGemvThreads)
     uint4 pre[kPre][R];
     gemv_preload<W, R, kPre>(g.w[i] + row0 * k, k, int(min64(R, g.m[i] - row0)), pre);
     grid_dependency_sync();
-    gemv_rows<W, NT, R, kVec, kPre>(g.w[i], g.m[i], k, x, ldx, nt, out, g.ldo[i], false, row0, pre);
+    gemv_rows<W, NT, R, kVec, kPre>(g.w[i], g.m[i], k, g.br[i], g.bc[i], x, ldx, nt, out, g.ldo[i],
+                                    false, row0, pre);
   } else {
     grid_dependency_sync();
-    gemv_rows<W, NT, R, kVec>(g.w[i], g.m[i], k, x, ldx, nt, out, g.ldo[i], false, row0);
+    gemv_rows<W, NT, R, kVec>(g.w[i], g.m[i], k, g.br[i], g.bc[i], x, ldx, nt, out, g.ldo[i], false,
+                              row0);
   }
 }
 
@@ -165,16 +172,29 @@ bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
 }
 
+using Fp8Blocks = CudaOps::Impl::Fp8Blocks;
+
+// Whether a weight of k columns (block-FP8: in blocks b) takes the GEMV core's 16-byte path
+// with x.
+template <typename W>
+bool gemv_vec(const Tensor& x, const void* w, int64_t k, Fp8Blocks b) {
+  constexpr int E = Chunk<W>::kElems;
+  return k % E == 0 && aligned16(w) && aligned16(x.data) && x.stride[0] % 4 == 0 &&
+         (!kBlockFp8<W> || b.cols % E == 0);
+}
+
+// b: a block-FP8 weight's block sizes (unused for other types).
 template <typename W, int NT>
-void launch_gemv(const Tensor& x, const Tensor& w, Tensor out, bool accumulate, int n,
+void launch_gemv(const Tensor& x, const Tensor& w, Tensor out, bool accumulate, int n, Fp8Blocks b,
                  cudaStream_t stream) {
   const int64_t m = w.shape[0], k = w.shape[1];
   constexpr int E = Chunk<W>::kElems;
-  const bool vec = k % E == 0 && aligned16(w.data) && aligned16(x.data) && x.stride[0] % 4 == 0;
+  const bool vec = gemv_vec<W>(x, w.data, k, b);
   const dim3 blocks(unsigned((m + 3) / 4), unsigned((n + NT - 1) / NT));
   auto go = [&](auto kernel) {
-    launch_kernel(kernel, blocks, kGemvThreads, 0, stream, w.ptr<W>(), m, k, x.ptr<float>(),
-                  x.stride[0], n, out.ptr<float>(), out.stride[0], accumulate);
+    launch_kernel(kernel, blocks, kGemvThreads, 0, stream, static_cast<const W*>(w.data), m, k,
+                  b.rows, b.cols, x.ptr<float>(), x.stride[0], n, out.ptr<float>(), out.stride[0],
+                  accumulate);
   };
   if (!vec) {
     go(matmul_gemv_kernel<W, NT, false, 0>);
@@ -190,23 +210,39 @@ void launch_gemv(const Tensor& x, const Tensor& w, Tensor out, bool accumulate, 
 // Four rows per block. (Eight for one or two tokens on large groups, once chosen to keep the
 // grid within one wave, measured 3-4 µs slower per decode step of the 80B configuration:
 // smaller blocks keep more of them resident, loading their weights before their wait.)
+// blocks[i]: weight i's block-FP8 block sizes (unused for other types).
 template <typename W, int NT>
 void launch_gemv_group(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> outs,
-                       int n, cudaStream_t stream) {
+                       const Fp8Blocks* blocks, int n, cudaStream_t stream) {
   constexpr int R = 4;
   const int64_t k = x.shape[1];
   GemvGroup<W> g{};
   g.count = int(ws.size());
   for (int i = 0; i < g.count; ++i) {
-    g.w[i] = ws[i].ptr<W>();
+    g.w[i] = static_cast<const W*>(ws[i].data);
     g.out[i] = outs[i].ptr<float>();
     g.m[i] = ws[i].shape[0];
     g.ldo[i] = outs[i].stride[0];
+    g.br[i] = blocks[i].rows, g.bc[i] = blocks[i].cols;
     g.first_block[i + 1] = g.first_block[i] + int((g.m[i] + R - 1) / R);
   }
-  const dim3 blocks(unsigned(g.first_block[g.count]), unsigned((n + NT - 1) / NT));
-  launch_kernel(matmul_gemv_group_kernel<W, NT, R, true>, blocks, kGemvThreads, 0, stream, g, k,
+  const dim3 grid(unsigned(g.first_block[g.count]), unsigned((n + NT - 1) / NT));
+  launch_kernel(matmul_gemv_group_kernel<W, NT, R, true>, grid, kGemvThreads, 0, stream, g, k,
                 x.ptr<float>(), x.stride[0], n);
+}
+
+// The GEMV launch for n tokens in token groups of 1, 2, 4 or 8.
+template <typename Fn>
+void by_token_group(int64_t n, Fn&& fn) {
+  if (n == 1) {
+    fn(std::integral_constant<int, 1>{});
+  } else if (n == 2) {
+    fn(std::integral_constant<int, 2>{});
+  } else if (n <= 4) {
+    fn(std::integral_constant<int, 4>{});
+  } else {
+    fn(std::integral_constant<int, 8>{});
+  }
 }
 
 // Whether x [n, k] · w^T for weights of `weight_bytes` in all takes the GEMV kernel: up to
@@ -227,6 +263,24 @@ int64_t weight_bytes(const Tensor& w) {
   return w.numel() * int64_t(dtype_size(w.dtype));
 }
 
+// Experiment (session 15): block-FP8 weights take the GEMV kernel in token groups up to this
+// many tokens (RECUR_FP8_GEMV_MAX_TOKENS; default kGemvMaxTokens), tensor cores above.
+int64_t fp8_gemv_max_tokens() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("RECUR_FP8_GEMV_MAX_TOKENS");
+    return e ? std::atoll(e) : int64_t(CudaOps::kGemvMaxTokens);
+  }();
+  return v;
+}
+
+// Whether matmul takes the GEMV kernel for w (block-FP8: in blocks b) alone.
+bool gemv_alone(int64_t n, const Tensor& w, Fp8Blocks b) {
+  if (w.dtype == DType::F8_E4M3) {
+    return !fp8_wmma_blocks(b.rows, b.cols) || n <= fp8_gemv_max_tokens();
+  }
+  return takes_gemv(n, weight_bytes(w));
+}
+
 }  // namespace
 
 bool CudaOps::matmul_takes_gemv(int64_t n, const Tensor& w) {
@@ -240,70 +294,66 @@ void CudaOps::matmul_group(const Tensor& x, std::span<const Tensor> ws,
   RECUR_CHECK(x.ndim == 2 && x.dtype == DType::F32 && x.stride[1] == 1);
   const int64_t n = x.shape[0], k = x.shape[1];
   Impl& s = *impl_;
-  if (!ws.empty() && ws[0].dtype == DType::F8_E4M3) {
-    // Block-FP8: all in one GEMV launch when they all take it, else one matmul each.
-    int64_t total = 0;
-    for (size_t i = 0; i < ws.size(); ++i) {
-      RECUR_CHECK(ws[i].ndim == 2 && ws[i].shape[1] == k && outs[i].ndim == 2 &&
-                  outs[i].dtype == DType::F32 && outs[i].stride[1] == 1 && outs[i].shape[0] == n &&
-                  outs[i].shape[1] == ws[i].shape[0]);
-      total += weight_bytes(ws[i]);
-    }
-    if (n == 0 || ws.size() == 1 || !takes_gemv(n, total) || !fp8_matmul_group(s, x, ws, outs)) {
-      for (size_t i = 0; i < ws.size(); ++i) matmul(x, ws[i], outs[i]);
-    }
-    return;
-  }
-  // The weights the GEMV kernel takes go in one launch (all of them for up to kGemvMaxTokens
-  // tokens; the first few small ones that fit for decode batches), the others one matmul each.
-  std::array<Tensor, kMaxMatmulGroup> gw, go;
-  size_t grouped = 0;
-  int64_t group_bytes = 0;
-  const int64_t chunk = 16 / int64_t(dtype_size(ws.empty() ? DType::F32 : ws[0].dtype));
-  // The 16-byte path only, as matmul takes for each such weight alone (same arithmetic).
-  const bool vec_x = n >= 1 && k % chunk == 0 && aligned16(x.data) && x.stride[0] % 4 == 0;
   for (size_t i = 0; i < ws.size(); ++i) {
     const Tensor &w = ws[i], &o = outs[i];
     RECUR_CHECK(w.ndim == 2 && o.ndim == 2 && w.is_contiguous() && w.shape[1] == k);
     RECUR_CHECK(o.dtype == DType::F32 && o.stride[1] == 1 && o.shape[0] == n &&
                 o.shape[1] == w.shape[0]);
-    const bool joins = vec_x && w.dtype == ws[0].dtype && w.shape[0] > 0 && aligned16(w.data) &&
-                       takes_gemv(n, group_bytes + weight_bytes(w));
-    if (joins) {
-      gw[grouped] = w, go[grouped] = o, ++grouped;
-      group_bytes += weight_bytes(w);
-    } else {
-      matmul(x, w, o);
-    }
   }
-  if (grouped == 0 || (grouped == 1 && ws.size() == 1)) {  // nothing to group
-    if (grouped == 1) matmul(x, gw[0], go[0]);
-    return;
-  }
-  std::span<const Tensor> gws(gw.data(), grouped), gouts(go.data(), grouped);
-  dispatch_weight(ws[0].dtype, [&](auto tag) {
-    using W = decltype(tag);
-    if (n == 1) {
-      launch_gemv_group<W, 1>(x, gws, gouts, int(n), s.stream);
-    } else if (n == 2) {
-      launch_gemv_group<W, 2>(x, gws, gouts, int(n), s.stream);
-    } else if (n <= 4) {
-      launch_gemv_group<W, 4>(x, gws, gouts, int(n), s.stream);
-    } else {
-      launch_gemv_group<W, 8>(x, gws, gouts, int(n), s.stream);
+  // Per weight type, in order of first appearance (a block-FP8 layer keeps its small gates in
+  // bf16): the weights the GEMV kernel takes go in one launch (all of them for up to
+  // kGemvMaxTokens tokens; the first few small ones that fit for decode batches), the others
+  // one matmul each.
+  std::array<bool, kMaxMatmulGroup> done{};
+  for (size_t first = 0; first < ws.size(); ++first) {
+    if (done[first]) continue;
+    const DType dt = ws[first].dtype;
+    std::array<Tensor, kMaxMatmulGroup> gw, go;
+    std::array<Fp8Blocks, kMaxMatmulGroup> gb{};
+    size_t grouped = 0;
+    int64_t group_bytes = 0;
+    for (size_t i = first; i < ws.size(); ++i) {
+      const Tensor &w = ws[i], &o = outs[i];
+      if (w.dtype != dt) continue;
+      done[i] = true;
+      const Fp8Blocks b = dt == DType::F8_E4M3 ? s.fp8_blocks_of(w) : Fp8Blocks{};
+      bool vec = false;
+      dispatch_gemv_weight(
+          dt, [&](auto tag) { vec = n >= 1 && gemv_vec<decltype(tag)>(x, w.data, k, b); });
+      // The 16-byte path only, as matmul takes for each such weight alone (same arithmetic).
+      const bool gemv =
+          dt == DType::F8_E4M3 ? gemv_alone(n, w, b) : takes_gemv(n, group_bytes + weight_bytes(w));
+      if (vec && w.shape[0] > 0 && gemv) {
+        gw[grouped] = w, go[grouped] = o, gb[grouped] = b, ++grouped;
+        group_bytes += weight_bytes(w);
+      } else {
+        matmul(x, w, o);
+      }
     }
-  });
-  if (s.options.profile) {
-    int64_t rows = 0;
-    for (const Tensor& w : gws) rows += w.shape[0];
-    s.work(2.0 * double(n) * double(rows) * double(k),
-           double(group_bytes) + 4.0 * double(n) * double(k + rows));
-    std::string label = "matmul group gemv";
-    for (const Tensor& w : gws) label.append(" ").append(std::to_string(w.shape[0]));
-    label.append(" x").append(std::to_string(k));
-    s.launched(label.c_str());
-  } else {
-    s.launched("matmul group (gemv)");
+    if (grouped == 0) continue;
+    if (grouped == 1) {  // nothing to group
+      matmul(x, gw[0], go[0]);
+      continue;
+    }
+    std::span<const Tensor> gws(gw.data(), grouped), gouts(go.data(), grouped);
+    dispatch_gemv_weight(dt, [&](auto tag) {
+      using W = decltype(tag);
+      by_token_group(n, [&](auto nt) {
+        launch_gemv_group<W, decltype(nt)::value>(x, gws, gouts, gb.data(), int(n), s.stream);
+      });
+    });
+    if (s.options.profile) {
+      int64_t rows = 0;
+      for (const Tensor& w : gws) rows += w.shape[0];
+      s.work(2.0 * double(n) * double(rows) * double(k),
+             double(group_bytes) + 4.0 * double(n) * double(k + rows));
+      std::string label = dt == DType::F8_E4M3 ? "matmul group fp8 gemv" : "matmul group gemv";
+      for (const Tensor& w : gws) label.append(" ").append(std::to_string(w.shape[0]));
+      label.append(" x").append(std::to_string(k));
+      s.launched(label.c_str());
+    } else {
+      s.launched("matmul group (gemv)");
+    }
   }
 }
 
@@ -316,27 +366,25 @@ void CudaOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumula
   RECUR_CHECK(w.shape[1] == k && out.shape[0] == n && out.shape[1] == m);
   if (n == 0 || m == 0) return;
   Impl& s = *impl_;
-  if (w.dtype == DType::F8_E4M3) {
-    fp8_matmul(s, x, w, out, accumulate, takes_gemv(n, weight_bytes(w)));
+  const Fp8Blocks b = w.dtype == DType::F8_E4M3 ? s.fp8_blocks_of(w) : Fp8Blocks{};
+  // Block-FP8 prompts on tensor cores where the block sizes suit their tiles (else the GEMV
+  // kernel in token groups).
+  const bool gemv = gemv_alone(n, w, b);
+  if (w.dtype == DType::F8_E4M3 && !gemv) {
+    fp8_matmul_tensor_cores(s, x, w, out, accumulate);
     return;
   }
-  if (takes_gemv(n, weight_bytes(w))) {
-    dispatch_weight(w.dtype, [&](auto tag) {
+  if (gemv) {
+    dispatch_gemv_weight(w.dtype, [&](auto tag) {
       using W = decltype(tag);
-      if (n == 1) {
-        launch_gemv<W, 1>(x, w, out, accumulate, int(n), s.stream);
-      } else if (n == 2) {
-        launch_gemv<W, 2>(x, w, out, accumulate, int(n), s.stream);
-      } else if (n <= 4) {
-        launch_gemv<W, 4>(x, w, out, accumulate, int(n), s.stream);
-      } else {
-        launch_gemv<W, 8>(x, w, out, accumulate, int(n), s.stream);
-      }
+      by_token_group(n, [&](auto nt) {
+        launch_gemv<W, decltype(nt)::value>(x, w, out, accumulate, int(n), b, s.stream);
+      });
     });
     if (s.options.profile) {
       s.work(2.0 * double(n) * double(m) * double(k),
              double(weight_bytes(w)) + 4.0 * double(n) * double(k + m));
-      std::string label = "matmul gemv ";
+      std::string label = w.dtype == DType::F8_E4M3 ? "matmul fp8 gemv " : "matmul gemv ";
       label.append(std::to_string(m)).append("x").append(std::to_string(k));
       s.launched(label.c_str());
     } else {

@@ -7,8 +7,8 @@
 //   more tokens, BF16/F16 experts: tensor-core tiles (moe_wmma.cu) on activations split
 //     exactly into three 16-bit terms (f32-class results, like the cuBLAS matmul path);
 //   more tokens, F32 experts: the GEMV core over tiles of 8 rows.
-// F8_E4M3 experts take the fp8 GEMV core (kernels_fp8.cu) in place of the GEMV core, and the
-// tensor-core tiles where their block sizes suit them (else the fp8 GEMV over tiles of 8 rows).
+// F8_E4M3 experts take the same GEMV core over their bytes and block scales, and the
+// tensor-core tiles where their block sizes suit them (else the GEMV core over tiles of 8 rows).
 // Gate and up run fused with SwiGLU; a final pass sums each token's k expert outputs in its
 // own routing order (deterministic, no atomics).
 #include <cooperative_groups.h>
@@ -146,8 +146,11 @@ __global__ void __launch_bounds__(kGemvThreads) moe_gemv_kernel(MoeGemmArgs a) {
   moe_tile_rows<NT>(a, row0, nt, xr);
   const W* w = static_cast<const W*>(a.w[e]) + orow0 * a.k;
   const W* w2 = kDual ? static_cast<const W*>(a.w2[e]) + orow0 * a.k : nullptr;
+  const int br = a.fp8_block_rows, bc = a.fp8_block_cols;
+  const RowScales<W, R> sc = row_scales<W, R>(a.w[e], a.m, a.k, br, bc, orow0, rows);
+  const RowScales<W, R> sc2 = kDual ? row_scales<W, R>(a.w2[e], a.m, a.k, br, bc, orow0, rows) : sc;
   float acc[R][NT] = {}, acc2[R][NT] = {};
-  gemv_partial<W, NT, R, kDual, kVec>(w, w2, a.k, rows, xr, acc, acc2);
+  gemv_partial<W, NT, R, kDual, kVec>(w, w2, a.k, rows, sc, sc2, xr, acc, acc2);
   gemv_reduce<NT, R, kDual>(acc, acc2, red);
   if (threadIdx.x < R * NT) {
     const int r = threadIdx.x / NT, t = threadIdx.x % NT;
@@ -229,6 +232,10 @@ __device__ __forceinline__ void moe_warp_rows(
       wr[r] = static_cast<const W*>(a.w[e]) + off;
       wr2[r] = kDual ? static_cast<const W*>(a.w2[e]) + off : nullptr;
     }
+    const int br = a.fp8_block_rows, bc = a.fp8_block_cols;
+    const RowScales<W, RW> sc = row_scales<W, RW>(a.w[e], a.m, a.k, br, bc, orow, rows);
+    const RowScales<W, RW> sc2 =
+        kDual ? row_scales<W, RW>(a.w2[e], a.m, a.k, br, bc, orow, rows) : sc;
     float acc[RW][NT] = {}, acc2[RW][NT] = {};
     int64_t c0 = lane;
     if constexpr (kPre > 0) {
@@ -236,7 +243,7 @@ __device__ __forceinline__ void moe_warp_rows(
 #pragma unroll
         for (int p = 0; p < kPre; ++p) {
           const int64_t c = lane + int64_t(p) * 32;
-          if (c < n_chunks) fma_chunk_raw<W, RW, NT>(pre[p], xr, c, acc);
+          if (c < n_chunks) fma_chunk_raw<W, RW, NT>(pre[p], sc, xr, c, acc);
         }
         c0 = lane + int64_t(kPre) * 32;
       }
@@ -245,7 +252,7 @@ __device__ __forceinline__ void moe_warp_rows(
     // take 8 chunks per lane: two round trips rather than four).
 #pragma unroll(NT == 1 ? 4 : 2)
     for (int64_t c = c0; c < n_chunks; c += 32) {
-      fma_chunk<W, RW, NT, kDual>(wr, wr2, xr, c, acc, acc2);
+      fma_chunk<W, RW, NT, kDual>(wr, wr2, sc, sc2, xr, c, acc, acc2);
     }
 #pragma unroll
     for (int r = 0; r < RW; ++r) {
@@ -526,14 +533,18 @@ bool shared_rides_along(const Tensor& x, std::span<const ExpertWeights> experts,
 // over all experts), its logits
 // [1, E] contiguous with E = kRouteThreads·PL (PL 1, 2 or 4) and k ≤ 32, and 16-byte rows for
 // the warp GEMV kernel.
-bool routes_in_kernels(const Tensor& logits, const MoeRouting& routing, const Tensor& x,
-                       std::span<const ExpertWeights> experts, const SharedExpertArgs& shared) {
+bool routes_in_kernels(const CudaOps::Impl& s, const Tensor& logits, const MoeRouting& routing,
+                       const Tensor& x, std::span<const ExpertWeights> experts,
+                       const SharedExpertArgs& shared) {
   const int64_t E = logits.shape[1], d = x.row_size();
   const int k = routing.k;
   const ExpertWeights& e0 = experts.front();
   const int64_t elems16 = 16 / int64_t(dtype_size(e0.gate.dtype));
-  return e0.gate.dtype != DType::F8_E4M3 && routing.selection_bias.empty() && !routing.grouped() &&
-         logits.shape[0] == 1 && logits.stride[1] == 1 && int64_t(experts.size()) == E &&
+  const bool fp8_vec =
+      e0.gate.dtype != DType::F8_E4M3 || (s.fp8_blocks_of(e0.gate).cols % elems16 == 0 &&
+                                          s.fp8_blocks_of(e0.down).cols % elems16 == 0);
+  return fp8_vec && routing.selection_bias.empty() && !routing.grouped() && logits.shape[0] == 1 &&
+         logits.stride[1] == 1 && int64_t(experts.size()) == E &&
          (E == kRouteThreads || E == 2 * kRouteThreads || E == 4 * kRouteThreads) && k >= 1 &&
          k <= 32 && experts_aligned(experts, &shared) &&
          (reinterpret_cast<uintptr_t>(x.data) & 15) == 0 && x.stride[0] % 4 == 0 &&
@@ -661,21 +672,14 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
     work(false);
     launch_moe_wmma(down, wdt, false, unsigned(max_tiles), s.stream);
     s.launched("moe_experts (down, tensor cores)");
-  } else if (fp8) {
-    RECUR_CHECK(!route);  // routes_in_kernels refuses fp8 experts
-    const bool x_vec = (reinterpret_cast<uintptr_t>(x.data) & 15) == 0 && x.stride[0] % 4 == 0;
-    const unsigned tiles = unsigned(max_tiles + (shared ? 1 : 0));
-    work(true);
-    launch_moe_fp8_gemv(up, true, tm, aligned && x_vec, tiles, s.stream);
-    s.launched("moe_experts (fp8 gate/up)");
-    work(false);
-    launch_moe_fp8_gemv(down, false, tm, aligned && d_ff % 4 == 0, tiles, s.stream);
-    s.launched("moe_experts (fp8 down)");
   } else {
-    dispatch_weight(wdt, [&](auto tag) {
+    dispatch_gemv_weight(wdt, [&](auto tag) {
       using W = decltype(tag);
       constexpr int64_t E16 = Chunk<W>::kElems;
-      const bool x_vec = (reinterpret_cast<uintptr_t>(x.data) & 15) == 0 && x.stride[0] % 4 == 0;
+      // Block-FP8: 16-byte chunks within one column block of scales.
+      const bool blocks_vec = !fp8 || (fp8_up.cols % E16 == 0 && fp8_down.cols % E16 == 0);
+      const bool x_vec =
+          (reinterpret_cast<uintptr_t>(x.data) & 15) == 0 && x.stride[0] % 4 == 0 && blocks_vec;
       const unsigned tiles = unsigned(max_tiles + (shared ? 1 : 0));
       if (route) {
         RECUR_CHECK(aligned && x_vec && d % E16 == 0 && d_ff % E16 == 0);
@@ -693,7 +697,8 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
       launch_moe_gemv_nt<W, true>(up, tm, aligned && x_vec && d % E16 == 0, tiles, s.stream);
       s.launched("moe_experts (gate/up)");
       work(false);
-      launch_moe_gemv_nt<W, false>(down, tm, aligned && d_ff % E16 == 0, tiles, s.stream);
+      launch_moe_gemv_nt<W, false>(down, tm, aligned && blocks_vec && d_ff % E16 == 0, tiles,
+                                   s.stream);
       s.launched("moe_experts (down)");
     });
   }
@@ -742,7 +747,7 @@ void CudaOps::moe_route_experts_shared(const Tensor& logits, const MoeRouting& r
   const int k = routing.k;
   RECUR_CHECK(ids.dtype == DType::I32 && ids.shape[1] == k && weights.shape[1] == k);
   RECUR_CHECK(!residual.data || residual.data != out.data);
-  if (!routes_in_kernels(logits, routing, x, experts, shared)) {
+  if (!routes_in_kernels(*impl_, logits, routing, x, experts, shared)) {
     moe_route(logits, routing, ids, weights);
     run_moe_experts(*impl_, x, experts, ids, weights, out, scratch, &shared, nullptr, residual);
     return;

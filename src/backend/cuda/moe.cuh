@@ -116,10 +116,4 @@ constexpr int kWmmaTileRows = 64;
 void launch_moe_wmma(const MoeGemmArgs& a, DType wdtype, bool dual, unsigned max_tiles,
                      cudaStream_t stream);
 
-// The GEMV core for F8_E4M3 experts (kernels_fp8.cu): tiles of ≤ nt rows (1, 2, 4 or 8), a warp
-// per 4 output rows (2 of each of gate and up when dual, SwiGLU applied); grid
-// (⌈m/(4·rows per warp)⌉, max_tiles). vec: fp8_partial's 16-byte path (16-byte aligned x rows).
-void launch_moe_fp8_gemv(const MoeGemmArgs& a, bool dual, int nt, bool vec, unsigned max_tiles,
-                         cudaStream_t stream);
-
 }  // namespace recur::cuda
