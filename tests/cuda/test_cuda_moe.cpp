@@ -175,6 +175,11 @@ TEST_F(CudaMoe, ExpertsMatchReferenceOnEveryPath) {
                         {1, 64, 10, 512, 256},
                         {2, 64, 10, 512, 256},
                         {100, 64, 10, 512, 256},
+                        // prompts on tensor cores: one expert per token (x's split terms outgrow
+                        // the expert outputs' scratch they share); full 64-row tiles, k and the
+                        // output columns not multiples of a stage or a tile
+                        {100, 8, 1, 64, 32},
+                        {300, 16, 4, 136, 200},
                         // decode batches, few rows per expert (tiles of 2 and 4 rows), with 16-byte
                         // rows whose count is not a multiple of a block's
                         {12, 64, 4, 512, 256},

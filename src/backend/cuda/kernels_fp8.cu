@@ -4,8 +4,9 @@
 //     warp-per-rows GEMV over the fp8 bytes and their scales, f32 arithmetic, no dequantized
 //     copy; groups of weights sharing x in one launch.
 //   Prompts: the tensor-core tiles of moe_wmma.cu, weights widened to bf16 in shared memory,
-//     activations split into three bf16 terms (f32-class results); where the block sizes do not
-//     suit those tiles, the GEMV kernel over token groups.
+//     activations split into three bf16 terms (f32-class results; split once into the
+//     start-up scratch act_lowp where k suits the pipelined tiles); where the block sizes do
+//     not suit those tiles, the GEMV kernel over token groups.
 // The MoE experts' fp8 GEMV core is here too (kernels_moe.cu picks it).
 #include <algorithm>
 #include <string>
@@ -158,16 +159,36 @@ void fp8_matmul_tensor_cores(CudaOps::Impl& s, const Tensor& x, const Tensor& w,
   a.out = out.ptr<float>(), a.ldo = out.stride[0];
   a.w_aligned = true;  // weight_memory is 256-byte aligned
   a.fp8_block_rows = b.rows, a.fp8_block_cols = b.cols;
-  if (s.options.profile) {
-    s.work(2.0 * double(n) * double(m) * double(k),
-           double(m * k) + 4.0 * double(n) * double(k + m));
+  // The tiles over `rows` rows of x: launched, with their work for the profile.
+  auto tiles = [&](const MoeGemmArgs& t, int64_t rows) {
+    if (s.options.profile) {
+      s.work(2.0 * double(rows) * double(m) * double(k),
+             double(m * k) + 4.0 * double(rows) * double(k + m));
+    }
+    launch_moe_wmma(t, DType::F8_E4M3, false, unsigned((rows + kWmmaTileRows - 1) / kWmmaTileRows),
+                    s.stream);
+    s.launched(
+        s.options.profile
+            ? ("matmul fp8 tensor cores " + std::to_string(m) + "x" + std::to_string(k)).c_str()
+            : "matmul (fp8, tensor cores)");
+  };
+  if (!moe_wmma_pipelined(DType::F8_E4M3, k, a.w_aligned)) {
+    tiles(a, n);
+    return;
   }
-  launch_moe_wmma(a, DType::F8_E4M3, false, unsigned((n + kWmmaTileRows - 1) / kWmmaTileRows),
-                  s.stream);
-  s.launched(
-      s.options.profile
-          ? ("matmul fp8 tensor cores " + std::to_string(m) + "x" + std::to_string(k)).c_str()
-          : "matmul (fp8, tensor cores)");
+  // The pipelined tiles on x split once into the start-up scratch, in pieces of rows that fit.
+  const int64_t piece = int64_t(s.act_lowp.bytes() / wmma_terms_bytes(1, k));
+  RECUR_CHECK(piece >= 1);
+  for (int64_t r0 = 0; r0 < n; r0 += piece) {
+    const int64_t nr = std::min(piece, n - r0);
+    const float* xr = x.ptr<float>() + r0 * x.stride[0];
+    launch_wmma_split(xr, x.stride[0], nr, k, DType::F8_E4M3, s.act_lowp.data(), s.stream);
+    s.launched("matmul (activation split)");
+    MoeGemmArgs p = a;
+    p.x_terms = s.act_lowp.data(), p.ldxt = k, p.x_terms_plane = nr * k;
+    p.dense_rows = nr, p.out = a.out + r0 * a.ldo;
+    tiles(p, nr);
+  }
 }
 
 }  // namespace recur

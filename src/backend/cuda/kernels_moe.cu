@@ -30,10 +30,16 @@ namespace {
 
 constexpr int kSortThreads = 1024;
 
-// Carve-up of the experts' scratch for n tokens (the same offsets for sizing and use).
+// Carve-up of the experts' scratch for n tokens (the same offsets for sizing and use). Prompts
+// (more than kGemvMaxTokens tokens) may take the pipelined tensor-core tiles, whose split
+// activations share regions with f32 buffers not live at the same time: x's terms with ys
+// (written by down, after gate/up read them), the SwiGLU outputs' terms with hs (f32 on the
+// other paths).
 struct MoeScratch {
   float* hs;                                     // [pairs, d_ff] SwiGLU outputs
+  void* hs_terms;                                // [3, pairs, d_ff] 16-bit terms of them
   float* ys;                                     // [pairs, d] expert outputs
+  void* x_terms;                                 // [3, n, d] 16-bit terms of x
   int32_t* token_of;                             // [pairs] token of each sorted row
   int32_t* row_of;                               // [pairs] sorted row of pair (t, j)
   int32_t *tile_expert, *tile_row0, *tile_rows;  // [pairs]
@@ -47,8 +53,13 @@ struct MoeScratch {
       p += (size_t(count) * elem + 255) / 256 * 256;
       return r;
     };
-    hs = reinterpret_cast<float*>(take(pairs * d_ff, 4));
-    ys = reinterpret_cast<float*>(take(pairs * d, 4));
+    const bool prompt = n > CudaOps::kGemvMaxTokens;
+    hs = reinterpret_cast<float*>(
+        take(1, std::max(size_t(pairs * d_ff) * 4, prompt ? wmma_terms_bytes(pairs, d_ff) : 0)));
+    hs_terms = hs;
+    ys = reinterpret_cast<float*>(
+        take(1, std::max(size_t(pairs * d) * 4, prompt ? wmma_terms_bytes(n, d) : 0)));
+    x_terms = ys;
     token_of = reinterpret_cast<int32_t*>(take(pairs, 4));
     row_of = reinterpret_cast<int32_t*>(take(pairs, 4));
     tile_expert = reinterpret_cast<int32_t*>(take(pairs, 4));
@@ -666,6 +677,15 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
                4.0 * all_pairs * double(gate_up ? d + 2 * d_ff : d_ff + d));
   };
   if (tensor_cores) {
+    // The pipelined tiles read x split once (rather than by each of gate/up's column blocks);
+    // gate/up stores the SwiGLU outputs split for down.
+    if (moe_wmma_pipelined(wdt, d, aligned) && moe_wmma_pipelined(wdt, d_ff, aligned)) {
+      launch_wmma_split(x.ptr<float>(), x.stride[0], n, d, wdt, m.x_terms, s.stream);
+      s.launched("moe_experts (activation split)");
+      up.x_terms = m.x_terms, up.ldxt = d, up.x_terms_plane = n * d;
+      up.out_terms = m.hs_terms, up.out_terms_plane = pairs * d_ff;
+      down.x_terms = m.hs_terms, down.ldxt = d_ff, down.x_terms_plane = pairs * d_ff;
+    }
     work(true);
     launch_moe_wmma(up, wdt, true, unsigned(max_tiles), s.stream);
     s.launched("moe_experts (gate/up, tensor cores)");

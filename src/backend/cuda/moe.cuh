@@ -62,6 +62,16 @@ struct MoeGemmArgs {
   const void* dense_w = nullptr;
   int64_t dense_rows = 0;
   bool accumulate = false;
+  // Tensor cores, pipelined (moe_wmma_pipelined): the activations as their three 16-bit terms
+  // (lo, mid, hi; launch_wmma_split) [3, rows of x, ldxt], x_terms_plane elements apart, read
+  // in place of x (through x_row as x would be).
+  const void* x_terms = nullptr;
+  int64_t ldxt = 0, x_terms_plane = 0;
+  // Gate/up on the pipelined tiles: the SwiGLU outputs stored as their three terms
+  // [3, pairs, m] (m a multiple of 8), out_terms_plane elements apart, in place of out: down's
+  // x_terms.
+  void* out_terms = nullptr;
+  int64_t out_terms_plane = 0;
 };
 
 // The (expert, first row, row count) of tile `tile`, or false when the tile is past the
@@ -113,6 +123,18 @@ __device__ __forceinline__ void moe_tile_rows(const MoeGemmArgs& a, int row0, in
 // F8_E4M3 weights (fp8_wmma_blocks) are widened to bf16 exactly, each k block's products
 // scaled once.
 constexpr int kWmmaTileRows = 64;
+// Whether the pipelined tiles take weights of wdtype with rows of k (16-byte copies of both
+// operands; w_aligned: every weight starts 16-byte aligned). Else the fallback tiles, which
+// split f32 activations per block.
+bool moe_wmma_pipelined(DType wdtype, int64_t k, bool w_aligned);
+// Bytes of the three 16-bit terms of rows × k activations.
+inline size_t wmma_terms_bytes(int64_t rows, int64_t k) {
+  return size_t(3 * 2 * rows * k);
+}
+// x [rows, k] f32 (rows ldx apart; k a multiple of 8) → terms [3, rows, k] (lo, mid, hi;
+// 16-byte aligned) of the 16-bit type the tiles multiply weights of wdtype in.
+void launch_wmma_split(const float* x, int64_t ldx, int64_t rows, int64_t k, DType wdtype,
+                       void* terms, cudaStream_t stream);
 void launch_moe_wmma(const MoeGemmArgs& a, DType wdtype, bool dual, unsigned max_tiles,
                      cudaStream_t stream);
 

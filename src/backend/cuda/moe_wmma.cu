@@ -1,12 +1,19 @@
 // The MoE experts' grouped GEMM on tensor cores, for prompts (more than kGemvMaxTokens tokens).
 // A block computes a 64×64 tile of out for one expert's rows: 4 warps of 2×2 WMMA 16×16×16
-// fragments, K staged 32 at a time through shared memory, the next stage's global loads issued
-// before the current stage's MMAs. f32 activations are split into three terms of the weights'
-// type (bf16 or f16) as they are staged (hi + mid + lo = x exactly for bf16), each multiplied
+// fragments, K staged 32 at a time through shared memory. f32 activations are split into three
+// terms of the weights' type (bf16 or f16; hi + mid + lo = x exactly for bf16), each multiplied
 // with the weights into the same f32 accumulators, smallest first: f32-class results, as the
 // GEMV core gives for few tokens. The fused gate/up variant applies SwiGLU to the two
 // accumulators element by element (same fragment layout) before storing.
+//   Pipelined kernel (moe_wmma_pipelined): the activations come split once per matmul
+//     (split_terms_kernel, or gate/up's epilogue writing the hidden as terms for down), so
+//     every stage is 16-byte cp.async copies, kStages stages in flight; fp8 weights are copied
+//     raw and widened in shared memory.
+//   Fallback (odd k, unaligned weights): each block splits f32 rows while staging, one stage of
+//     global loads held in registers ahead of the MMAs.
 #include <mma.h>
+
+#include <algorithm>
 
 #include "backend/cuda/fp8.cuh"
 #include "backend/cuda/moe.cuh"
@@ -22,7 +29,8 @@ constexpr int kCols = kTK / 2;  // columns of a staged row per thread
 constexpr int kLd = kTK + 8;    // staged rows padded by 16 bytes against bank conflicts
 constexpr int kLdc = kTN + 4;   // f32 epilogue rows
 constexpr int kThreads = 128;
-constexpr int kTerms = 3;  // activation terms: lo, mid, hi
+constexpr int kTerms = 3;   // activation terms: lo, mid, hi
+constexpr int kStages = 4;  // pipelined kernel: stages in the shared-memory ring
 
 template <typename T>
 __device__ __forceinline__ T from_f32(float v);
@@ -50,7 +58,224 @@ __device__ __forceinline__ uint4 fp8x8_to_bf16(uint32_t lo, uint32_t hi) {
   return r;
 }
 
-// grid (⌈m/64⌉, max_tiles); blocks past the device's tile count exit at once.
+// v = t[2] + t[1] + t[0] (hi, mid, lo), each the nearest T to what the larger ones leave.
+template <typename T>
+__device__ __forceinline__ void split3(float v, T (&t)[kTerms]) {
+#pragma unroll
+  for (int term = kTerms - 1; term >= 0; --term) {
+    t[term] = from_f32<T>(v);
+    v -= to_f32(t[term]);
+  }
+}
+
+// 16 bytes global → shared, asynchronously; zeros when !valid (nothing is read then).
+__device__ __forceinline__ void copy16_async(void* dst, const void* src, bool valid) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void copy_commit() {
+  asm volatile("cp.async.commit_group;\n");
+}
+template <int kPending>
+__device__ __forceinline__ void copy_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// x [rows, k] (rows ldx apart) → terms [3, rows, k]: lo, mid, hi (split3), 8 columns a thread.
+template <typename T>
+__global__ void split_terms_kernel(const float* x, int64_t ldx, int64_t rows, int64_t k, bool vec,
+                                   T* terms) {
+  grid_dependency_sync();
+  const int64_t groups = k / 8, plane = rows * k;
+  for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < rows * groups;
+       g += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = g / groups, c = (g % groups) * 8;
+    const float* src = x + r * ldx + c;
+    float v[8];
+    if (vec) {
+      const float4 f0 = *reinterpret_cast<const float4*>(src);
+      const float4 f1 = *reinterpret_cast<const float4*>(src + 4);
+      v[0] = f0.x, v[1] = f0.y, v[2] = f0.z, v[3] = f0.w;
+      v[4] = f1.x, v[5] = f1.y, v[6] = f1.z, v[7] = f1.w;
+    } else {
+#pragma unroll
+      for (int q = 0; q < 8; ++q) v[q] = src[q];
+    }
+    uint4 pk[kTerms];
+    T* pt = reinterpret_cast<T*>(pk);
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      T t[kTerms];
+      split3(v[q], t);
+#pragma unroll
+      for (int term = 0; term < kTerms; ++term) pt[term * 8 + q] = t[term];
+    }
+#pragma unroll
+    for (int term = 0; term < kTerms; ++term) {
+      *reinterpret_cast<uint4*>(terms + term * plane + r * k + c) = pk[term];
+    }
+  }
+}
+
+using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+// A warp's accumulators: acc (acc2: the up weights when kDual); blk, blk2 (kFp8): the current
+// k block's products, before its scale.
+template <bool kDual, bool kFp8>
+struct WarpAccs {
+  Acc acc[2][2], acc2[kDual ? 2 : 1][2], blk[kFp8 ? 2 : 1][2], blk2[kFp8 && kDual ? 2 : 1][2];
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        wmma::fill_fragment(acc[i][j], 0.0f);
+        if constexpr (kDual) wmma::fill_fragment(acc2[i][j], 0.0f);
+        if constexpr (kFp8) {
+          wmma::fill_fragment(blk[i][j], 0.0f);
+          if constexpr (kDual) wmma::fill_fragment(blk2[i][j], 0.0f);
+        }
+      }
+    }
+  }
+};
+
+// One staged k slice of kTK: A terms [3][kTM·kLd] (rows of the tile's activations), B and B2
+// [kTN·kLd] (rows of the weights: B's columns), this warp's 32×32 of the products.
+template <typename T, bool kDual, bool kFp8>
+__device__ __forceinline__ void mma_stage(const T* As, const T* Bs, const T* B2s, int wm, int wn,
+                                          WarpAccs<kDual, kFp8>& f) {
+#pragma unroll
+  for (int kk = 0; kk < kTK; kk += 16) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa[2];
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb[2], fb2[kDual ? 2 : 1];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      // B element (k, n) is W[n][k]: the staged rows are B's columns.
+      wmma::load_matrix_sync(fb[j], Bs + (wn * 32 + j * 16) * kLd + kk, kLd);
+      if constexpr (kDual) wmma::load_matrix_sync(fb2[j], B2s + (wn * 32 + j * 16) * kLd + kk, kLd);
+    }
+#pragma unroll
+    for (int term = 0; term < kTerms; ++term) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        wmma::load_matrix_sync(fa[i], As + term * kTM * kLd + (wm * 32 + i * 16) * kLd + kk, kLd);
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          if constexpr (kFp8) {
+            wmma::mma_sync(f.blk[i][j], fa[i], fb[j], f.blk[i][j]);
+            if constexpr (kDual) wmma::mma_sync(f.blk2[i][j], fa[i], fb2[j], f.blk2[i][j]);
+          } else {
+            wmma::mma_sync(f.acc[i][j], fa[i], fb[j], f.acc[i][j]);
+            if constexpr (kDual) wmma::mma_sync(f.acc2[i][j], fa[i], fb2[j], f.acc2[i][j]);
+          }
+        }
+      }
+    }
+  }
+}
+
+// kFp8, after the stage at k0: when the k block ends with it (bc is a multiple of kTK), its
+// products, scaled, join the totals (one scale for every element, so the fragments' layout
+// does not matter). srow, srow2: the tile's row of block scales of each weight.
+template <bool kDual>
+__device__ __forceinline__ void fold_block(const MoeGemmArgs& a, int64_t k0, const float* srow,
+                                           const float* srow2, WarpAccs<kDual, true>& f) {
+  if ((k0 + kTK) % a.fp8_block_cols != 0 && k0 + kTK < a.k) return;
+  const int64_t b = k0 / a.fp8_block_cols;
+  const float sc = __ldg(srow + b), sc2 = kDual ? __ldg(srow2 + b) : 0.0f;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int q = 0; q < f.acc[i][j].num_elements; ++q) {
+        f.acc[i][j].x[q] = fmaf(sc, f.blk[i][j].x[q], f.acc[i][j].x[q]);
+        if constexpr (kDual) f.acc2[i][j].x[q] = fmaf(sc2, f.blk2[i][j].x[q], f.acc2[i][j].x[q]);
+      }
+      wmma::fill_fragment(f.blk[i][j], 0.0f);
+      if constexpr (kDual) wmma::fill_fragment(f.blk2[i][j], 0.0f);
+    }
+  }
+}
+
+// The tile's results (SwiGLU of the pair when kDual) through Cs [kTM·kLdc] to out, or, when
+// a.out_terms is set, as their three terms (m a multiple of 8: whole 16-byte groups).
+template <typename T, bool kDual, bool kFp8>
+__device__ __forceinline__ void store_tile(const MoeGemmArgs& a, WarpAccs<kDual, kFp8>& f,
+                                           float* Cs, int row0, int rows, int64_t n0, int wm,
+                                           int wn) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      if constexpr (kDual) {
+        for (int q = 0; q < f.acc[i][j].num_elements; ++q) {
+          f.acc[i][j].x[q] = silu(f.acc[i][j].x[q]) * f.acc2[i][j].x[q];
+        }
+      }
+      wmma::store_matrix_sync(Cs + (wm * 32 + i * 16) * kLdc + wn * 32 + j * 16, f.acc[i][j], kLdc,
+                              wmma::mem_row_major);
+    }
+  }
+  __syncthreads();
+  if (a.out_terms) {
+    T* ot = static_cast<T*>(a.out_terms);
+    for (int idx = threadIdx.x; idx < kTM * kTN / 8; idx += kThreads) {
+      const int r = idx / (kTN / 8), c = (idx % (kTN / 8)) * 8;
+      if (r >= rows || n0 + c >= a.m) continue;
+      uint4 pk[kTerms];
+      T* pt = reinterpret_cast<T*>(pk);
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        T t[kTerms];
+        split3(Cs[r * kLdc + c + q], t);
+#pragma unroll
+        for (int term = 0; term < kTerms; ++term) pt[term * 8 + q] = t[term];
+      }
+      T* o = ot + int64_t(row0 + r) * a.m + n0 + c;
+#pragma unroll
+      for (int term = 0; term < kTerms; ++term) {
+        *reinterpret_cast<uint4*>(o + term * a.out_terms_plane) = pk[term];
+      }
+    }
+    return;
+  }
+  for (int idx = threadIdx.x; idx < kTM * kTN; idx += kThreads) {
+    const int r = idx / kTN, c = idx % kTN;
+    if (r < rows && n0 + c < a.m) {
+      float* o = a.out + int64_t(row0 + r) * a.ldo + n0 + c;
+      *o = a.accumulate ? *o + Cs[r * kLdc + c] : Cs[r * kLdc + c];
+    }
+  }
+}
+
+// The tile of block (blockIdx.x, blockIdx.y): false for a surplus block.
+__device__ __forceinline__ bool wmma_tile(const MoeGemmArgs& a, int& e, int& row0, int& rows) {
+  const int tile = blockIdx.y;
+  e = 0;
+  if (a.dense_w) {
+    row0 = tile * kTM;
+    rows = int(min64(kTM, a.dense_rows - row0));
+    return rows > 0;
+  }
+  if (tile >= *a.n_tiles) return false;
+  e = a.tile_expert[tile], row0 = a.tile_row0[tile], rows = a.tile_rows[tile];
+  return true;
+}
+
+// kFp8: the tile's row of block scales of weights w (fp8.cuh's layout).
+__device__ __forceinline__ const float* scale_row(const MoeGemmArgs& a, const void* w, int64_t n0) {
+  const Fp8Matrix f = fp8_matrix(w, a.m, a.k, a.fp8_block_rows, a.fp8_block_cols);
+  return f.scales + (n0 / f.br) * f.kb;
+}
+
+// The fallback tiles: grid (⌈m/64⌉, max_tiles); blocks past the device's tile count exit at
+// once. Each block splits its activation rows while staging them, the next stage's global loads
+// held in registers during the current stage's MMAs.
 // kFp8 (T bf16): the weights are F8_E4M3 (fp8.cuh), staged widened to bf16; each k block's
 // products go to their own accumulators, added to the totals times the block's scale (one
 // scale for the whole tile: fp8_wmma_blocks).
@@ -59,30 +284,17 @@ __global__ void __launch_bounds__(kThreads) moe_wmma_kernel(MoeGemmArgs a, bool 
   static_assert(!kFp8 || std::is_same_v<T, __nv_bfloat16>, "fp8 weights are widened to bf16");
   using WT = std::conditional_t<kFp8, uint8_t, T>;  // the weights' stored type
   grid_dependency_sync();
-  const int tile = blockIdx.y;
-  int e = 0, row0, rows;
-  if (a.dense_w) {
-    row0 = tile * kTM;
-    rows = int(min64(kTM, a.dense_rows - row0));
-    if (rows <= 0) return;
-  } else {
-    if (tile >= *a.n_tiles) return;
-    e = a.tile_expert[tile], row0 = a.tile_row0[tile], rows = a.tile_rows[tile];
-  }
+  int e, row0, rows;
+  if (!wmma_tile(a, e, row0, rows)) return;
   const int64_t n0 = int64_t(blockIdx.x) * kTN, K = a.k;
   const void* w_data = a.dense_w ? a.dense_w : a.w[e];
   const WT* W = static_cast<const WT*>(w_data);
   const WT* W2 = kDual ? static_cast<const WT*>(a.w2[e]) : nullptr;
-  // kFp8: the tile's row of block scales, of each weight.
   const float* srow = nullptr;
   const float* srow2 = nullptr;
   if constexpr (kFp8) {
-    const Fp8Matrix f = fp8_matrix(w_data, a.m, K, a.fp8_block_rows, a.fp8_block_cols);
-    srow = f.scales + (n0 / f.br) * f.kb;
-    if constexpr (kDual) {
-      const Fp8Matrix f2 = fp8_matrix(W2, a.m, K, a.fp8_block_rows, a.fp8_block_cols);
-      srow2 = f2.scales + (n0 / f2.br) * f2.kb;
-    }
+    srow = scale_row(a, w_data, n0);
+    if constexpr (kDual) srow2 = scale_row(a, W2, n0);
   }
   __shared__ __align__(32) T As[kTerms][kTM * kLd];  // lo, mid, hi
   __shared__ __align__(32) T Bs[kTN * kLd];
@@ -154,22 +366,8 @@ __global__ void __launch_bounds__(kThreads) moe_wmma_kernel(MoeGemmArgs a, bool 
     }
   };
 
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2], acc2[kDual ? 2 : 1][2];
-  // kFp8: the current k block's products, before its scale.
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> blk[kFp8 ? 2 : 1][2],
-      blk2[kFp8 && kDual ? 2 : 1][2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      wmma::fill_fragment(acc[i][j], 0.0f);
-      if constexpr (kDual) wmma::fill_fragment(acc2[i][j], 0.0f);
-      if constexpr (kFp8) {
-        wmma::fill_fragment(blk[i][j], 0.0f);
-        if constexpr (kDual) wmma::fill_fragment(blk2[i][j], 0.0f);
-      }
-    }
-  }
+  WarpAccs<kDual, kFp8> f;
+  f.zero();
   load(0);
   for (int64_t k0 = 0; k0 < K; k0 += kTK) {
     __syncthreads();  // the previous stage's MMAs are done with the shared tiles
@@ -180,13 +378,10 @@ __global__ void __launch_bounds__(kThreads) moe_wmma_kernel(MoeGemmArgs a, bool 
       T* pt = reinterpret_cast<T*>(pk);
 #pragma unroll
       for (int q = 0; q < kCols; ++q) {
-        float v = av[q];
+        T t[kTerms];
+        split3(av[q], t);
 #pragma unroll
-        for (int term = kTerms - 1; term >= 0; --term) {
-          const T h = from_f32<T>(v);
-          pt[term * kCols + q] = h;
-          v -= to_f32(h);
-        }
+        for (int term = 0; term < kTerms; ++term) pt[term * kCols + q] = t[term];
       }
 #pragma unroll
       for (int w = 0; w < kCols / 8; ++w) {
@@ -200,89 +395,207 @@ __global__ void __launch_bounds__(kThreads) moe_wmma_kernel(MoeGemmArgs a, bool 
     }
     __syncthreads();
     if (k0 + kTK < K) load(k0 + kTK);
+    mma_stage<T, kDual, kFp8>(&As[0][0], Bs, B2s, wm, wn, f);
+    if constexpr (kFp8) fold_block<kDual>(a, k0, srow, srow2, f);
+  }
+  store_tile<T, kDual, kFp8>(a, f, Cs, row0, rows, n0, wm, wn);
+}
+
+// Shared memory of the pipelined tiles, in bytes: kStages stages, each of A's terms
+// [3][kTM·kLd] and B (and B2) [kTN·kLd] 16-bit, or raw fp8 [kTN·kTK] bytes; then (kFp8) the
+// current stage's B (B2) widened to bf16 [kTN·kLd]. The epilogue's Cs reuses the ring.
+template <bool kDual, bool kFp8>
+struct PipeSmem {
+  static constexpr int kA = kTerms * kTM * kLd * 2;
+  static constexpr int kB = kFp8 ? kTN * kTK : kTN * kLd * 2;
+  static constexpr int kStage = kA + (kDual ? 2 : 1) * kB;
+  static constexpr int kWide = kFp8 ? (kDual ? 2 : 1) * kTN * kLd * 2 : 0;
+  static constexpr int kRing = kStages * kStage + kWide;
+  static constexpr int kCs = kTM * kLdc * int(sizeof(float));
+  static constexpr int kBytes = kRing > kCs ? kRing : kCs;
+  static_assert(kA % 128 == 0 && kB % 128 == 0, "stages keep WMMA's 32-byte alignment");
+};
+
+// The pipelined tiles (moe_wmma_pipelined, a.x_terms set): grid as the fallback's. Stage kt's
+// copies are issued kStages - 1 stages ahead of its MMAs; copies past the tile's rows, the
+// weights' rows or k are zeros (k is a multiple of the 16-byte copies).
+template <typename T, bool kDual, bool kFp8>
+__global__ void __launch_bounds__(kThreads) moe_wmma_pipelined_kernel(MoeGemmArgs a) {
+  static_assert(!kFp8 || std::is_same_v<T, __nv_bfloat16>, "fp8 weights are widened to bf16");
+  using L = PipeSmem<kDual, kFp8>;
+  using WT = std::conditional_t<kFp8, uint8_t, T>;  // the weights' stored type
+  grid_dependency_sync();
+  int e, row0, rows;
+  if (!wmma_tile(a, e, row0, rows)) return;
+  const int64_t n0 = int64_t(blockIdx.x) * kTN, K = a.k;
+  const void* w_data = a.dense_w ? a.dense_w : a.w[e];
+  const WT* W = static_cast<const WT*>(w_data);
+  const WT* W2 = kDual ? static_cast<const WT*>(a.w2[e]) : nullptr;
+  const float* srow = nullptr;
+  const float* srow2 = nullptr;
+  if constexpr (kFp8) {
+    srow = scale_row(a, w_data, n0);
+    if constexpr (kDual) srow2 = scale_row(a, W2, n0);
+  }
+  extern __shared__ __align__(128) unsigned char smem[];  // PipeSmem
+  const int tid = threadIdx.x, warp = tid / 32, wm = warp / 2, wn = warp % 2;
+
+  // Copy roles: rows cr and cr + 32 of A's terms and of 16-bit B, 8 columns from cc; raw fp8
+  // B: row tid / 2, 16 columns from (tid % 2) · 16.
+  const int cr = tid / 4, cc = (tid % 4) * 8;
+  const T* xt = static_cast<const T*>(a.x_terms);
+  const T* arow[2];
+  const WT* brow[2];
+  const WT* brow2[2];
 #pragma unroll
-    for (int kk = 0; kk < kTK; kk += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa[2];
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb[2], fb2[kDual ? 2 : 1];
+  for (int h = 0; h < 2; ++h) {
+    const int r = cr + 32 * h;
+    arow[h] = nullptr;
+    if (r < rows) {
+      const int64_t xr = a.x_row ? a.x_row[row0 + r] : row0 + r;
+      arow[h] = xt + xr * a.ldxt;
+    }
+    const int64_t wr = n0 + (kFp8 ? tid / 2 : r);
+    const bool ok = wr < a.m && (!kFp8 || h == 0);
+    brow[h] = ok ? W + wr * K : nullptr;
+    brow2[h] = (kDual && ok) ? W2 + wr * K : nullptr;
+  }
+  auto issue = [&](int kt) {
+    unsigned char* st = smem + (kt % kStages) * L::kStage;
+    T* As = reinterpret_cast<T*>(st);
+    const int64_t k0 = int64_t(kt) * kTK;
+    const bool k_in = k0 + cc < K;
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        // B element (k, n) is W[n][k]: the staged rows are B's columns.
-        wmma::load_matrix_sync(fb[j], Bs + (wn * 32 + j * 16) * kLd + kk, kLd);
-        if constexpr (kDual)
-          wmma::load_matrix_sync(fb2[j], B2s + (wn * 32 + j * 16) * kLd + kk, kLd);
-      }
+    for (int h = 0; h < 2; ++h) {
+      const bool ok = arow[h] && k_in;
 #pragma unroll
       for (int term = 0; term < kTerms; ++term) {
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          wmma::load_matrix_sync(fa[i], As[term] + (wm * 32 + i * 16) * kLd + kk, kLd);
-        }
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            if constexpr (kFp8) {
-              wmma::mma_sync(blk[i][j], fa[i], fb[j], blk[i][j]);
-              if constexpr (kDual) wmma::mma_sync(blk2[i][j], fa[i], fb2[j], blk2[i][j]);
-            } else {
-              wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
-              if constexpr (kDual) wmma::mma_sync(acc2[i][j], fa[i], fb2[j], acc2[i][j]);
-            }
-          }
-        }
+        copy16_async(As + term * kTM * kLd + (cr + 32 * h) * kLd + cc,
+                     ok ? arow[h] + term * a.x_terms_plane + k0 + cc : xt, ok);
       }
     }
+    unsigned char* bs = st + L::kA;
     if constexpr (kFp8) {
-      // The k block ends with this stage (bc is a multiple of kTK): its products, scaled, join
-      // the totals (one scale for every element, so the fragments' layout does not matter).
-      if ((k0 + kTK) % a.fp8_block_cols == 0 || k0 + kTK >= K) {
-        const int64_t b = k0 / a.fp8_block_cols;
-        const float sc = __ldg(srow + b), sc2 = kDual ? __ldg(srow2 + b) : 0.0f;
+      const int64_t c = k0 + (tid % 2) * 16;
+      const bool ok = brow[0] && c < K;
+      const int off = (tid / 2) * kTK + (tid % 2) * 16;
+      copy16_async(bs + off, ok ? brow[0] + c : W, ok);
+      if constexpr (kDual) copy16_async(bs + L::kB + off, ok ? brow2[0] + c : W, ok);
+    } else {
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-#pragma unroll
-            for (int q = 0; q < acc[i][j].num_elements; ++q) {
-              acc[i][j].x[q] = fmaf(sc, blk[i][j].x[q], acc[i][j].x[q]);
-              if constexpr (kDual) acc2[i][j].x[q] = fmaf(sc2, blk2[i][j].x[q], acc2[i][j].x[q]);
-            }
-            wmma::fill_fragment(blk[i][j], 0.0f);
-            if constexpr (kDual) wmma::fill_fragment(blk2[i][j], 0.0f);
-          }
+      for (int h = 0; h < 2; ++h) {
+        const bool ok = brow[h] && k_in;
+        const int off = (cr + 32 * h) * kLd + cc;
+        copy16_async(reinterpret_cast<T*>(bs) + off, ok ? brow[h] + k0 + cc : W, ok);
+        if constexpr (kDual) {
+          copy16_async(reinterpret_cast<T*>(bs + L::kB) + off, ok ? brow2[h] + k0 + cc : W, ok);
         }
       }
     }
+  };
+
+  WarpAccs<kDual, kFp8> f;
+  f.zero();
+  const int nk = int((K + kTK - 1) / kTK);
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < nk) issue(s);
+    copy_commit();  // empty groups too: the waits below count kStages - 1 groups ahead
   }
+  for (int kt = 0; kt < nk; ++kt) {
+    copy_wait<kStages - 2>();
+    // Stage kt has landed for every thread, and every warp is done with stage kt - 1, whose
+    // slot the copies below refill (and, kFp8, with the widened weights).
+    __syncthreads();
+    if (kt + kStages - 1 < nk) issue(kt + kStages - 1);
+    copy_commit();
+    const unsigned char* st = smem + (kt % kStages) * L::kStage;
+    const T* Bs = reinterpret_cast<const T*>(st + L::kA);
+    const T* B2s = reinterpret_cast<const T*>(st + L::kA + L::kB);
+    if constexpr (kFp8) {
+      T* wide = reinterpret_cast<T*>(smem + kStages * L::kStage);
+      const int r = tid / 2, c = (tid % 2) * 16;
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      if constexpr (kDual) {
-        for (int q = 0; q < acc[i][j].num_elements; ++q) {
-          acc[i][j].x[q] = silu(acc[i][j].x[q]) * acc2[i][j].x[q];
-        }
+      for (int w = 0; w < (kDual ? 2 : 1); ++w) {
+        const uint4 q = *reinterpret_cast<const uint4*>(st + L::kA + w * L::kB + r * kTK + c);
+        T* o = wide + w * kTN * kLd + r * kLd + c;
+        *reinterpret_cast<uint4*>(o) = fp8x8_to_bf16(q.x, q.y);
+        *reinterpret_cast<uint4*>(o + 8) = fp8x8_to_bf16(q.z, q.w);
       }
-      wmma::store_matrix_sync(Cs + (wm * 32 + i * 16) * kLdc + wn * 32 + j * 16, acc[i][j], kLdc,
-                              wmma::mem_row_major);
+      __syncthreads();
+      Bs = wide, B2s = wide + kTN * kLd;
     }
+    mma_stage<T, kDual, kFp8>(reinterpret_cast<const T*>(st), Bs, B2s, wm, wn, f);
+    if constexpr (kFp8) fold_block<kDual>(a, int64_t(kt) * kTK, srow, srow2, f);
   }
-  __syncthreads();
-  for (int idx = tid; idx < kTM * kTN; idx += kThreads) {
-    const int r = idx / kTN, c = idx % kTN;
-    if (r < rows && n0 + c < a.m) {
-      float* o = a.out + int64_t(row0 + r) * a.ldo + n0 + c;
-      *o = a.accumulate ? *o + Cs[r * kLdc + c] : Cs[r * kLdc + c];
-    }
-  }
+  copy_wait<0>();
+  __syncthreads();  // Cs reuses the ring
+  store_tile<T, kDual, kFp8>(a, f, reinterpret_cast<float*>(smem), row0, rows, n0, wm, wn);
+}
+
+template <typename T, bool kDual, bool kFp8>
+void launch_pipelined(const MoeGemmArgs& a, dim3 grid, cudaStream_t stream) {
+  constexpr int bytes = PipeSmem<kDual, kFp8>::kBytes;
+  RECUR_CUDA_CHECK(cudaFuncSetAttribute(moe_wmma_pipelined_kernel<T, kDual, kFp8>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  launch_kernel(moe_wmma_pipelined_kernel<T, kDual, kFp8>, grid, kThreads, size_t(bytes), stream,
+                a);
 }
 
 }  // namespace
 
+bool moe_wmma_pipelined(DType wdtype, int64_t k, bool w_aligned) {
+  // A weight row's 16-byte copies never straddle k: 8 16-bit or 16 fp8 elements.
+  return w_aligned && k % (wdtype == DType::F8_E4M3 ? 16 : 8) == 0;
+}
+
+void launch_wmma_split(const float* x, int64_t ldx, int64_t rows, int64_t k, DType wdtype,
+                       void* terms, cudaStream_t stream) {
+  RECUR_CHECK(k % 8 == 0);
+  const bool vec = ldx % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0;
+  const unsigned blocks = unsigned(std::min<int64_t>(blocks_for(rows * (k / 8), 256), 1 << 16));
+  if (blocks == 0) return;
+  if (wdtype == DType::F16) {
+    launch_kernel(split_terms_kernel<__half>, blocks, 256, 0, stream, x, ldx, rows, k, vec,
+                  static_cast<__half*>(terms));
+  } else {
+    RECUR_CHECK(wdtype == DType::BF16 || wdtype == DType::F8_E4M3);
+    launch_kernel(split_terms_kernel<__nv_bfloat16>, blocks, 256, 0, stream, x, ldx, rows, k, vec,
+                  static_cast<__nv_bfloat16*>(terms));
+  }
+}
+
 void launch_moe_wmma(const MoeGemmArgs& a, DType wdtype, bool dual, unsigned max_tiles,
                      cudaStream_t stream) {
-  const bool vec_a = a.k % 4 == 0 && a.ldx % 4 == 0 && (reinterpret_cast<uintptr_t>(a.x) & 15) == 0;
   const dim3 grid(unsigned((a.m + kTN - 1) / kTN), max_tiles);
+  if (a.x_terms) {
+    RECUR_CHECK(moe_wmma_pipelined(wdtype, a.k, a.w_aligned));
+    RECUR_CHECK(!a.out_terms || (dual && a.m % 8 == 0));
+    if (wdtype == DType::F8_E4M3) {
+      RECUR_CHECK(fp8_wmma_blocks(a.fp8_block_rows, a.fp8_block_cols));
+      if (dual) {
+        launch_pipelined<__nv_bfloat16, true, true>(a, grid, stream);
+      } else {
+        launch_pipelined<__nv_bfloat16, false, true>(a, grid, stream);
+      }
+    } else if (wdtype == DType::BF16) {
+      if (dual) {
+        launch_pipelined<__nv_bfloat16, true, false>(a, grid, stream);
+      } else {
+        launch_pipelined<__nv_bfloat16, false, false>(a, grid, stream);
+      }
+    } else {
+      RECUR_CHECK(wdtype == DType::F16);
+      if (dual) {
+        launch_pipelined<__half, true, false>(a, grid, stream);
+      } else {
+        launch_pipelined<__half, false, false>(a, grid, stream);
+      }
+    }
+    return;
+  }
+  RECUR_CHECK(!a.out_terms);
+  const bool vec_a = a.k % 4 == 0 && a.ldx % 4 == 0 && (reinterpret_cast<uintptr_t>(a.x) & 15) == 0;
   if (wdtype == DType::F8_E4M3) {
     RECUR_CHECK(fp8_wmma_blocks(a.fp8_block_rows, a.fp8_block_cols));
     const bool vec_b = a.k % 16 == 0 && a.w_aligned;
