@@ -118,7 +118,7 @@ __device__ __forceinline__ void moe_tile_rows(const MoeGemmArgs& a, int row0, in
   }
 }
 
-// Tensor-core grouped GEMM (moe_wmma.cu): 64×64 output tiles, bf16 (or f16) operands with f32
+// Tensor-core grouped GEMM (moe_wmma.cu): tiles of 64 rows, bf16 (or f16) operands with f32
 // accumulation; the activations are split exactly into three terms of the weights' type.
 // F8_E4M3 weights (fp8_wmma_blocks) are widened to bf16 exactly, each k block's products
 // scaled once.

@@ -1,16 +1,18 @@
-// The MoE experts' grouped GEMM on tensor cores, for prompts (more than kGemvMaxTokens tokens).
-// A block computes a 64×64 tile of out for one expert's rows: 4 warps of 2×2 WMMA 16×16×16
-// fragments, K staged 32 at a time through shared memory. f32 activations are split into three
-// terms of the weights' type (bf16 or f16; hi + mid + lo = x exactly for bf16), each multiplied
-// with the weights into the same f32 accumulators, smallest first: f32-class results, as the
-// GEMV core gives for few tokens. The fused gate/up variant applies SwiGLU to the two
-// accumulators element by element (same fragment layout) before storing.
-//   Pipelined kernel (moe_wmma_pipelined): the activations come split once per matmul
-//     (split_terms_kernel, or gate/up's epilogue writing the hidden as terms for down), so
-//     every stage is 16-byte cp.async copies, kStages stages in flight; fp8 weights are copied
-//     raw and widened in shared memory.
-//   Fallback (odd k, unaligned weights): each block splits f32 rows while staging, one stage of
-//     global loads held in registers ahead of the MMAs.
+// The MoE experts' grouped GEMM on tensor cores, for prompts (more than kGemvMaxTokens tokens),
+// and block-FP8 dense matmuls (dense_w). A block computes a tile of out for one expert's rows:
+// 4 warps of WMMA 16×16×16 fragments, K staged 32 at a time through shared memory. f32
+// activations are split into three terms of the weights' type (bf16 or f16; hi + mid + lo = x
+// exactly for bf16), each multiplied with the weights into the same f32 accumulators, smallest
+// first: f32-class results, as the GEMV core gives for few tokens. The fused gate/up variant
+// applies SwiGLU to the two accumulators element by element (same fragment layout) before
+// storing.
+//   Pipelined tiles (moe_wmma_pipelined): the activations come split once per matmul
+//     (split_terms_kernel, or gate/up's epilogue storing the hidden as terms for down), so a
+//     stage is 16-byte cp.async copies, kStages - 1 stages in flight ahead of the MMAs; fp8
+//     weights are copied raw and widened in shared memory. 64×64 tiles of gate and up, 64×128
+//     tiles of one weight (each staged activation used for twice the columns).
+//   Fallback tiles (k not a multiple of the copies, unaligned weights): 64×64, each block
+//     splits f32 rows while staging, one stage of global loads held in registers.
 #include <mma.h>
 
 #include <algorithm>
@@ -202,37 +204,43 @@ __device__ __forceinline__ void fold_block(const MoeGemmArgs& a, int64_t k0, con
   }
 }
 
-// The tile's results (SwiGLU of the pair when kDual) through Cs [kTM·kLdc] to out, or, when
-// a.out_terms is set, as their three terms (m a multiple of 8: whole 16-byte groups).
-template <typename T, bool kDual, bool kFp8>
-__device__ __forceinline__ void store_tile(const MoeGemmArgs& a, WarpAccs<kDual, kFp8>& f,
+// The tile's results through Cs [kTM · (its columns + 4)] to out, or, when a.out_terms is
+// set, as their three terms (m a multiple of 8: whole 16-byte groups). kPair: f holds two
+// sets of accumulators, kSwiGLU: out = silu(acc) · acc2 (kTN columns); else acc and acc2 are
+// columns [0, kTN) and [kTN, 2·kTN) of one tile.
+template <typename T, bool kPair, bool kSwiGLU, bool kFp8>
+__device__ __forceinline__ void store_tile(const MoeGemmArgs& a, WarpAccs<kPair, kFp8>& f,
                                            float* Cs, int row0, int rows, int64_t n0, int wm,
                                            int wn) {
+  static_assert(kPair || !kSwiGLU, "SwiGLU takes the pair");
+  constexpr int kW = kPair && !kSwiGLU ? 2 * kTN : kTN, ldc = kW + 4;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      if constexpr (kDual) {
+      float* c = Cs + (wm * 32 + i * 16) * ldc + wn * 32 + j * 16;
+      if constexpr (kSwiGLU) {
         for (int q = 0; q < f.acc[i][j].num_elements; ++q) {
           f.acc[i][j].x[q] = silu(f.acc[i][j].x[q]) * f.acc2[i][j].x[q];
         }
+      } else if constexpr (kPair) {
+        wmma::store_matrix_sync(c + kTN, f.acc2[i][j], ldc, wmma::mem_row_major);
       }
-      wmma::store_matrix_sync(Cs + (wm * 32 + i * 16) * kLdc + wn * 32 + j * 16, f.acc[i][j], kLdc,
-                              wmma::mem_row_major);
+      wmma::store_matrix_sync(c, f.acc[i][j], ldc, wmma::mem_row_major);
     }
   }
   __syncthreads();
   if (a.out_terms) {
     T* ot = static_cast<T*>(a.out_terms);
-    for (int idx = threadIdx.x; idx < kTM * kTN / 8; idx += kThreads) {
-      const int r = idx / (kTN / 8), c = (idx % (kTN / 8)) * 8;
+    for (int idx = threadIdx.x; idx < kTM * kW / 8; idx += kThreads) {
+      const int r = idx / (kW / 8), c = (idx % (kW / 8)) * 8;
       if (r >= rows || n0 + c >= a.m) continue;
       uint4 pk[kTerms];
       T* pt = reinterpret_cast<T*>(pk);
 #pragma unroll
       for (int q = 0; q < 8; ++q) {
         T t[kTerms];
-        split3(Cs[r * kLdc + c + q], t);
+        split3(Cs[r * ldc + c + q], t);
 #pragma unroll
         for (int term = 0; term < kTerms; ++term) pt[term * 8 + q] = t[term];
       }
@@ -244,11 +252,11 @@ __device__ __forceinline__ void store_tile(const MoeGemmArgs& a, WarpAccs<kDual,
     }
     return;
   }
-  for (int idx = threadIdx.x; idx < kTM * kTN; idx += kThreads) {
-    const int r = idx / kTN, c = idx % kTN;
+  for (int idx = threadIdx.x; idx < kTM * kW; idx += kThreads) {
+    const int r = idx / kW, c = idx % kW;
     if (r < rows && n0 + c < a.m) {
       float* o = a.out + int64_t(row0 + r) * a.ldo + n0 + c;
-      *o = a.accumulate ? *o + Cs[r * kLdc + c] : Cs[r * kLdc + c];
+      *o = a.accumulate ? *o + Cs[r * ldc + c] : Cs[r * ldc + c];
     }
   }
 }
@@ -398,44 +406,50 @@ __global__ void __launch_bounds__(kThreads) moe_wmma_kernel(MoeGemmArgs a, bool 
     mma_stage<T, kDual, kFp8>(&As[0][0], Bs, B2s, wm, wn, f);
     if constexpr (kFp8) fold_block<kDual>(a, k0, srow, srow2, f);
   }
-  store_tile<T, kDual, kFp8>(a, f, Cs, row0, rows, n0, wm, wn);
+  store_tile<T, kDual, kDual, kFp8>(a, f, Cs, row0, rows, n0, wm, wn);
 }
 
 // Shared memory of the pipelined tiles, in bytes: kStages stages, each of A's terms
-// [3][kTM·kLd] and B (and B2) [kTN·kLd] 16-bit, or raw fp8 [kTN·kTK] bytes; then (kFp8) the
-// current stage's B (B2) widened to bf16 [kTN·kLd]. The epilogue's Cs reuses the ring.
-template <bool kDual, bool kFp8>
+// [3][kTM·kLd] and two slabs of B [kTN·kLd] 16-bit, or raw fp8 [kTN·kTK] bytes; then (kFp8)
+// the current stage's slabs widened to bf16 [kTN·kLd]. The epilogue's Cs [kTM·(2·kTN + 4)]
+// f32 reuses the ring.
+template <bool kFp8>
 struct PipeSmem {
   static constexpr int kA = kTerms * kTM * kLd * 2;
   static constexpr int kB = kFp8 ? kTN * kTK : kTN * kLd * 2;
-  static constexpr int kStage = kA + (kDual ? 2 : 1) * kB;
-  static constexpr int kWide = kFp8 ? (kDual ? 2 : 1) * kTN * kLd * 2 : 0;
+  static constexpr int kStage = kA + 2 * kB;
+  static constexpr int kWide = kFp8 ? 2 * kTN * kLd * 2 : 0;
   static constexpr int kRing = kStages * kStage + kWide;
-  static constexpr int kCs = kTM * kLdc * int(sizeof(float));
+  static constexpr int kCs = kTM * (2 * kTN + 4) * int(sizeof(float));
   static constexpr int kBytes = kRing > kCs ? kRing : kCs;
   static_assert(kA % 128 == 0 && kB % 128 == 0, "stages keep WMMA's 32-byte alignment");
 };
 
-// The pipelined tiles (moe_wmma_pipelined, a.x_terms set): grid as the fallback's. Stage kt's
-// copies are issued kStages - 1 stages ahead of its MMAs; copies past the tile's rows, the
-// weights' rows or k are zeros (k is a multiple of the 16-byte copies).
+// The pipelined tiles (moe_wmma_pipelined, a.x_terms set): grid (⌈m/64⌉ when kDual, else
+// ⌈m/128⌉, max_tiles). Two slabs of weight rows per block: gate's and up's rows [n0, n0 + 64)
+// (kDual), else rows [n0, n0 + 64) and [n0 + 64, n0 + 128) of the one weight, a 64×128 tile
+// (each activation term staged once for 128 columns). Stage kt's copies are issued
+// kStages - 1 stages ahead of its MMAs; copies past the tile's rows, the weights' rows or k
+// are zeros (k is a multiple of the 16-byte copies).
 template <typename T, bool kDual, bool kFp8>
 __global__ void __launch_bounds__(kThreads) moe_wmma_pipelined_kernel(MoeGemmArgs a) {
   static_assert(!kFp8 || std::is_same_v<T, __nv_bfloat16>, "fp8 weights are widened to bf16");
-  using L = PipeSmem<kDual, kFp8>;
+  using L = PipeSmem<kFp8>;
   using WT = std::conditional_t<kFp8, uint8_t, T>;  // the weights' stored type
   grid_dependency_sync();
   int e, row0, rows;
   if (!wmma_tile(a, e, row0, rows)) return;
-  const int64_t n0 = int64_t(blockIdx.x) * kTN, K = a.k;
+  const int64_t n0 = int64_t(blockIdx.x) * (kDual ? kTN : 2 * kTN), K = a.k;
+  const int64_t n1 = kDual ? n0 : n0 + kTN;  // the second slab's first row
   const void* w_data = a.dense_w ? a.dense_w : a.w[e];
   const WT* W = static_cast<const WT*>(w_data);
-  const WT* W2 = kDual ? static_cast<const WT*>(a.w2[e]) : nullptr;
+  const WT* W2 = kDual ? static_cast<const WT*>(a.w2[e]) : W;
   const float* srow = nullptr;
   const float* srow2 = nullptr;
   if constexpr (kFp8) {
     srow = scale_row(a, w_data, n0);
-    if constexpr (kDual) srow2 = scale_row(a, W2, n0);
+    // A second slab past m has zero products; its scales are any valid row's.
+    srow2 = n1 < a.m ? scale_row(a, W2, n1) : srow;
   }
   extern __shared__ __align__(128) unsigned char smem[];  // PipeSmem
   const int tid = threadIdx.x, warp = tid / 32, wm = warp / 2, wn = warp % 2;
@@ -455,10 +469,10 @@ __global__ void __launch_bounds__(kThreads) moe_wmma_pipelined_kernel(MoeGemmArg
       const int64_t xr = a.x_row ? a.x_row[row0 + r] : row0 + r;
       arow[h] = xt + xr * a.ldxt;
     }
-    const int64_t wr = n0 + (kFp8 ? tid / 2 : r);
-    const bool ok = wr < a.m && (!kFp8 || h == 0);
-    brow[h] = ok ? W + wr * K : nullptr;
-    brow2[h] = (kDual && ok) ? W2 + wr * K : nullptr;
+    const int wr = kFp8 ? tid / 2 : r;  // row within a slab
+    const bool used = !kFp8 || h == 0;
+    brow[h] = used && n0 + wr < a.m ? W + (n0 + wr) * K : nullptr;
+    brow2[h] = used && n1 + wr < a.m ? W2 + (n1 + wr) * K : nullptr;
   }
   auto issue = [&](int kt) {
     unsigned char* st = smem + (kt % kStages) * L::kStage;
@@ -477,24 +491,22 @@ __global__ void __launch_bounds__(kThreads) moe_wmma_pipelined_kernel(MoeGemmArg
     unsigned char* bs = st + L::kA;
     if constexpr (kFp8) {
       const int64_t c = k0 + (tid % 2) * 16;
-      const bool ok = brow[0] && c < K;
+      const bool ok = brow[0] && c < K, ok2 = brow2[0] && c < K;
       const int off = (tid / 2) * kTK + (tid % 2) * 16;
       copy16_async(bs + off, ok ? brow[0] + c : W, ok);
-      if constexpr (kDual) copy16_async(bs + L::kB + off, ok ? brow2[0] + c : W, ok);
+      copy16_async(bs + L::kB + off, ok2 ? brow2[0] + c : W, ok2);
     } else {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const bool ok = brow[h] && k_in;
+        const bool ok = brow[h] && k_in, ok2 = brow2[h] && k_in;
         const int off = (cr + 32 * h) * kLd + cc;
         copy16_async(reinterpret_cast<T*>(bs) + off, ok ? brow[h] + k0 + cc : W, ok);
-        if constexpr (kDual) {
-          copy16_async(reinterpret_cast<T*>(bs + L::kB) + off, ok ? brow2[h] + k0 + cc : W, ok);
-        }
+        copy16_async(reinterpret_cast<T*>(bs + L::kB) + off, ok2 ? brow2[h] + k0 + cc : W, ok2);
       }
     }
   };
 
-  WarpAccs<kDual, kFp8> f;
+  WarpAccs<true, kFp8> f;  // the two slabs' products
   f.zero();
   const int nk = int((K + kTK - 1) / kTK);
 #pragma unroll
@@ -516,7 +528,7 @@ __global__ void __launch_bounds__(kThreads) moe_wmma_pipelined_kernel(MoeGemmArg
       T* wide = reinterpret_cast<T*>(smem + kStages * L::kStage);
       const int r = tid / 2, c = (tid % 2) * 16;
 #pragma unroll
-      for (int w = 0; w < (kDual ? 2 : 1); ++w) {
+      for (int w = 0; w < 2; ++w) {
         const uint4 q = *reinterpret_cast<const uint4*>(st + L::kA + w * L::kB + r * kTK + c);
         T* o = wide + w * kTN * kLd + r * kLd + c;
         *reinterpret_cast<uint4*>(o) = fp8x8_to_bf16(q.x, q.y);
@@ -525,17 +537,19 @@ __global__ void __launch_bounds__(kThreads) moe_wmma_pipelined_kernel(MoeGemmArg
       __syncthreads();
       Bs = wide, B2s = wide + kTN * kLd;
     }
-    mma_stage<T, kDual, kFp8>(reinterpret_cast<const T*>(st), Bs, B2s, wm, wn, f);
-    if constexpr (kFp8) fold_block<kDual>(a, int64_t(kt) * kTK, srow, srow2, f);
+    mma_stage<T, true, kFp8>(reinterpret_cast<const T*>(st), Bs, B2s, wm, wn, f);
+    if constexpr (kFp8) fold_block<true>(a, int64_t(kt) * kTK, srow, srow2, f);
   }
   copy_wait<0>();
   __syncthreads();  // Cs reuses the ring
-  store_tile<T, kDual, kFp8>(a, f, reinterpret_cast<float*>(smem), row0, rows, n0, wm, wn);
+  store_tile<T, true, kDual, kFp8>(a, f, reinterpret_cast<float*>(smem), row0, rows, n0, wm, wn);
 }
 
 template <typename T, bool kDual, bool kFp8>
-void launch_pipelined(const MoeGemmArgs& a, dim3 grid, cudaStream_t stream) {
-  constexpr int bytes = PipeSmem<kDual, kFp8>::kBytes;
+void launch_pipelined(const MoeGemmArgs& a, unsigned max_tiles, cudaStream_t stream) {
+  constexpr int bytes = PipeSmem<kFp8>::kBytes;
+  const int64_t cols = kDual ? kTN : 2 * kTN;  // per block
+  const dim3 grid(unsigned((a.m + cols - 1) / cols), max_tiles);
   RECUR_CUDA_CHECK(cudaFuncSetAttribute(moe_wmma_pipelined_kernel<T, kDual, kFp8>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   launch_kernel(moe_wmma_pipelined_kernel<T, kDual, kFp8>, grid, kThreads, size_t(bytes), stream,
@@ -567,34 +581,34 @@ void launch_wmma_split(const float* x, int64_t ldx, int64_t rows, int64_t k, DTy
 
 void launch_moe_wmma(const MoeGemmArgs& a, DType wdtype, bool dual, unsigned max_tiles,
                      cudaStream_t stream) {
-  const dim3 grid(unsigned((a.m + kTN - 1) / kTN), max_tiles);
   if (a.x_terms) {
     RECUR_CHECK(moe_wmma_pipelined(wdtype, a.k, a.w_aligned));
     RECUR_CHECK(!a.out_terms || (dual && a.m % 8 == 0));
     if (wdtype == DType::F8_E4M3) {
       RECUR_CHECK(fp8_wmma_blocks(a.fp8_block_rows, a.fp8_block_cols));
       if (dual) {
-        launch_pipelined<__nv_bfloat16, true, true>(a, grid, stream);
+        launch_pipelined<__nv_bfloat16, true, true>(a, max_tiles, stream);
       } else {
-        launch_pipelined<__nv_bfloat16, false, true>(a, grid, stream);
+        launch_pipelined<__nv_bfloat16, false, true>(a, max_tiles, stream);
       }
     } else if (wdtype == DType::BF16) {
       if (dual) {
-        launch_pipelined<__nv_bfloat16, true, false>(a, grid, stream);
+        launch_pipelined<__nv_bfloat16, true, false>(a, max_tiles, stream);
       } else {
-        launch_pipelined<__nv_bfloat16, false, false>(a, grid, stream);
+        launch_pipelined<__nv_bfloat16, false, false>(a, max_tiles, stream);
       }
     } else {
       RECUR_CHECK(wdtype == DType::F16);
       if (dual) {
-        launch_pipelined<__half, true, false>(a, grid, stream);
+        launch_pipelined<__half, true, false>(a, max_tiles, stream);
       } else {
-        launch_pipelined<__half, false, false>(a, grid, stream);
+        launch_pipelined<__half, false, false>(a, max_tiles, stream);
       }
     }
     return;
   }
   RECUR_CHECK(!a.out_terms);
+  const dim3 grid(unsigned((a.m + kTN - 1) / kTN), max_tiles);
   const bool vec_a = a.k % 4 == 0 && a.ldx % 4 == 0 && (reinterpret_cast<uintptr_t>(a.x) & 15) == 0;
   if (wdtype == DType::F8_E4M3) {
     RECUR_CHECK(fp8_wmma_blocks(a.fp8_block_rows, a.fp8_block_cols));
