@@ -1,6 +1,6 @@
 // Attention over caches of each element type (F32, BF16, F8_E4M3) on the GPU: cache writes
 // equal the CPU reference's bytes (the same rounding), and attention equals the scalar
-// reference reading the same rounded cache, through every kernel: decode (group sizes 1 to 8,
+// reference reading the same rounded cache, through every kernel: decode (group sizes 1 to 16,
 // head dims 64 to 256, dv ≠ hd, splits and their merge), the warp kernel (head dims not
 // multiples of 32), the tiled kernel (groups too large for the warp kernel), the tensor-core
 // prompt kernel (fresh prompts and prompts continuing a cached prefix), and the latent
@@ -44,11 +44,13 @@ TEST_P(CudaAttentionCache, EveryKernelMatchesReferenceOverTheSameCache) {
       {8, 256, 256, 16, {1}, {6000}},
       {8, 192, 128, 16, {1, 1}, {4000, 70}},
       {2, 64, 128, 16, {1, 1, 1}, {3000, 31, 0}},
+      {16, 256, 256, 16, {1}, {6000}},  // Qwen3.5-122B-A10B's heads
+      {12, 128, 64, 16, {1, 1}, {900, 40}},
       // Warp kernel (hd 20, 40), odd groups, a prompt continuing a cached prefix.
       {3, 20, 20, 16, {1, 33, 17}, {70, 0, 16}},
       {5, 40, 24, 16, {1, 33, 17}, {70, 0, 21}},
       // Tiled kernel: a group too large for the warp kernel.
-      {16, 64, 160, 16, {1, 3}, {300, 40}},
+      {24, 64, 160, 16, {1, 3}, {300, 40}},
       // Tensor-core prompt kernel: fresh prompts, continuations, groups not dividing 64.
       {1, 64, 64, 16, {300, 5, 80}, {0, 700, 40}},
       {3, 128, 128, 32, {100, 1}, {37, 2000}},

@@ -250,6 +250,8 @@ TEST_F(CudaQuant, BlockFp8RoutingInsideExpertsMatchesRouteThenExperts) {
       ws.push_back(random_fp8(ops(), rng, ff, d, 128, 128, &owned));
       ws.push_back(random_fp8(ops(), rng, ff, d, 128, 128, &owned));
       ws.push_back(random_fp8(ops(), rng, d, ff, 128, 128, &owned));
+    }
+    for (int64_t e = 0; e <= E; ++e) {  // views once ws stops moving
       const size_t b = size_t(3 * e);
       hx.push_back({ws[b].dequant.t, ws[b + 1].dequant.t, ws[b + 2].dequant.t});
       dx_experts.push_back({ws[b].d, ws[b + 1].d, ws[b + 2].d});
@@ -301,6 +303,7 @@ TEST_F(CudaQuant, BlockFp8RoutingInsideExpertsMatchesRouteThenExperts) {
     ref::matmul(h_ref.t, hx.back().down, y_ref.t);
     const double sg = 1.0 / (1.0 + std::exp(-double(score.f()[0])));
     for (int64_t j = 0; j < d; ++j) ref.f()[j] += float(sg * double(y_ref.f()[j]));
+    ASSERT_EQ(count_nonfinite(got[0].f(), d), 0) << what;
     const double err = rel_err(got[0].f(), ref.f(), d);
     record_error("fp8 moe_route_experts_shared", err);
     EXPECT_LE(err, 2e-5) << what;

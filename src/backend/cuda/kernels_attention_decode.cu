@@ -176,9 +176,10 @@ size_t decode_attn_smem_bytes(int group, int hd) {
 
 }  // namespace
 
-// Whether the decode kernel takes heads of these sizes.
+// Whether the decode kernel takes heads of these sizes (groups of up to 16 query heads a kv
+// head; larger ones take the prompt kernels, which hold no context split for one token).
 bool decode_kernel_fits(int group, int hd, int dv) {
-  return hd % 32 == 0 && dv % 32 == 0 && hd <= kDecodeMaxHd && dv <= kDecodeMaxHd && group <= 8 &&
+  return hd % 32 == 0 && dv % 32 == 0 && hd <= kDecodeMaxHd && dv <= kDecodeMaxHd && group <= 16 &&
          decode_attn_smem_bytes(group, hd) <= (48 << 10);
 }
 
@@ -193,8 +194,10 @@ void launch_decode(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
     launch(paged_attention_decode_kernel<2, kSplitDims, T>);
   } else if (a.group <= 4) {
     launch(paged_attention_decode_kernel<4, kSplitDims, T>);
-  } else {
+  } else if (a.group <= 8) {
     launch(paged_attention_decode_kernel<8, kSplitDims, T>);
+  } else {  // Qwen3.5-122B-A10B: 32 query heads over 2 kv heads
+    launch(paged_attention_decode_kernel<16, kSplitDims, T>);
   }
 }
 

@@ -74,19 +74,6 @@ __device__ __forceinline__ void mma_split_n(float (&c)[N][4], const uint32_t (&a
   }
 }
 
-// 16 bytes global → shared, asynchronously; zeros when !valid (nothing is read then).
-__device__ __forceinline__ void copy16(float* dst, const float* src, bool valid) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void copy_commit() {
-  asm volatile("cp.async.commit_group;\n");
-}
-__device__ __forceinline__ void copy_wait_all_but_one() {
-  asm volatile("cp.async.wait_group 1;\n");
-}
-
 // Shared memory (f32): Qs [kRows][hd + 4]; two stages of Ks [hd][kKeyStride] (keys as the
 // cache holds them, positions along a row) and Vs [kKeys][value_stride(dv)], whose rows are
 // the keys in the order the first product's fragments leave them (see key_row).
@@ -113,7 +100,7 @@ struct TileCopy {
 template <typename T>
 __device__ __forceinline__ void copy4(float* dst, const T* src, bool valid) {
   if constexpr (std::is_same_v<T, float>) {
-    copy16(dst, src, valid);
+    copy16_async(dst, src, valid);
   } else {
     float4 f = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (valid) {
@@ -235,7 +222,7 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(AttnArgs a) {
       start_tile<T>(a, table, kvh, k0 + kKeys, max_pos, it % 2 ? even : odd);
     }
     copy_commit();
-    copy_wait_all_but_one();   // this thread's copies of the current tile have landed
+    copy_wait<1>();            // this thread's copies of the current tile have landed
     __syncthreads();           // and everyone's (and the queries)
     if (k0 <= warp_max_pos) {  // else every key of the tile is past the warp's rows
       // Scores S [16 rows × kKeys] of the warp: n-tile j holds keys [8j, 8j + 8).

@@ -70,20 +70,6 @@ __device__ __forceinline__ void split3(float v, T (&t)[kTerms]) {
   }
 }
 
-// 16 bytes global → shared, asynchronously; zeros when !valid (nothing is read then).
-__device__ __forceinline__ void copy16_async(void* dst, const void* src, bool valid) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void copy_commit() {
-  asm volatile("cp.async.commit_group;\n");
-}
-template <int kPending>
-__device__ __forceinline__ void copy_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
-
 // x [rows, k] (rows ldx apart) → terms [3, rows, k]: lo, mid, hi (split3), 8 columns a thread.
 template <typename T>
 __global__ void split_terms_kernel(const float* x, int64_t ldx, int64_t rows, int64_t k, bool vec,
