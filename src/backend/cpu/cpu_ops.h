@@ -38,8 +38,10 @@ class CpuOps final : public Ops {
   static void set_prefault_large_buffers(bool on);
   static bool prefault_large_buffers();
   Result<Tensor> adopt_weight(const Tensor& host) override { return host; }
-  // A k-major copy [k, ld] (ld = m rounded up to 16, zero padded), as the view with strides
-  // {1, ld}: the layout of the register-tiled matmul kernel.
+  // A k-major copy (ld = m rounded up to 16, zero padded) in panels of 64 columns,
+  // [ceil(ld / 64)][k][64] (the last panel ld mod 64 wide when that is not 0), as the view with
+  // strides {1, ld}, which mark the layout (they address elements only when ld <= 64): the
+  // layout of the register-tiled matmul kernel, each panel a stream read in order.
   Result<Tensor> adopt_matmul_weight(const Tensor& host, std::vector<Buffer>* owned) override;
   // Block-FP8 and --quantize weights, re-laid out as kernels_quant.h describes.
   Result<Tensor> adopt_block_fp8_weight(const Tensor& w, const Tensor& scales, int block_rows,

@@ -1,7 +1,8 @@
 // out[n, m] = x[n, k] · w[m, k]^T with w in its stored dtype, in one of two layouts:
-//  - k-major (w.stride = {1, ld}, from adopt_matmul_weight): output columns are vector lanes;
-//    a register tile of up to 4 vectors × 6 tokens broadcasts x[t][i] against row i of w, so
-//    each weight load serves many tokens and no horizontal sums are needed;
+//  - k-major in panels of 64 columns (w.stride = {1, ld}, from adopt_matmul_weight): output
+//    columns are vector lanes; a register tile of up to 4 vectors × 6 tokens broadcasts x[t][i]
+//    against row i of a panel, so each weight load serves many tokens and no horizontal sums
+//    are needed;
 //  - row-major (w.stride = {k, 1}): dot products over k in tiles of 4 rows × 4 tokens.
 // Threads split the output columns, so each weight byte is read by one core. Every output is
 // a fixed sequence of operations over i whatever its place in a tile, so results do not depend
@@ -24,6 +25,10 @@ using namespace cpu;
 namespace {
 
 constexpr int64_t kTokenTile = 64;  // x rows kept hot in cache while sweeping the weight rows
+// Columns per panel of a k-major weight: a panel's rows are consecutive in memory, so a thread
+// streams its columns' weights in order (one stream per panel) instead of reading 128 bytes
+// per row of a [k, ld] matrix, a page apart for wide weights.
+constexpr int64_t kPanelCols = 64;
 
 // Cache lines to ask for one at a time from inside a compute loop: [next, end).
 struct LineStream {
@@ -290,43 +295,46 @@ void kmajor_tokens(const W* w, int64_t ld, int64_t k, const float* x, int64_t x_
 }
 #endif
 
-// Columns [c0, c1) of a k-major weight (c0 a multiple of 16) for all n tokens.
+// Columns [c0, c1) of a k-major weight in panels (c0 a multiple of 16) for all n tokens.
+//   w: panels of kPanelCols columns, [ceil(ld / kPanelCols)][k][width] (width kPanelCols but
+//   for the last panel, which holds ld mod kPanelCols columns when that is not 0)
 template <typename W>
 void kmajor_block(const float* x, int64_t x_stride, const W* w, int64_t ld, int64_t k, float* out,
                   int64_t out_stride, int64_t n, int64_t c0, int64_t c1, bool accumulate,
                   LineStream* stream) {
 #if defined(__AVX512F__)
-  // Rows asked for in advance. Many tokens: about 8 KB of this column block ahead of the loads
-  // (at batch 32 a step's weights and cache exceed L3, so weights come from DRAM, and 2 KB
-  // left the first tile stalled on its weight loads). A few tokens: 2 KB, since the weights
-  // stay in L3 and a tile that short cannot hide a larger up-front burst.
-  const int64_t row_bytes = std::min<int64_t>(c1 - c0, 64) * int64_t(sizeof(W));
-  const int64_t ahead = std::clamp<int64_t>((n > 8 ? 8192 : 2048) / row_bytes, 2, 64);
   for (int64_t c = c0; c < c1;) {
-    const int64_t vectors = (c1 - c + 15) / 16;
-    const int64_t cols = std::min<int64_t>(c1 - c, 64);
+    const int64_t panel = c / kPanelCols * kPanelCols;
+    const int64_t width = std::min(kPanelCols, ld - panel);
+    const int64_t cols = std::min(c1, panel + kPanelCols) - c;  // this panel's share
+    const int64_t vectors = (cols + 15) / 16;
     const __mmask16 last = cols % 16 ? __mmask16((1u << (cols % 16)) - 1) : __mmask16(0xffff);
-    const W* wc = w + c;
+    const W* wc = w + panel * k + (c - panel);  // rows `width` apart
     float* oc = out + c;
+    // Rows asked for in advance. Many tokens: about 8 KB of this panel ahead of the loads (at
+    // batch 32 a step's weights and cache exceed L3, so weights come from DRAM, and 2 KB left
+    // the first tile stalled on its weight loads). A few tokens: 2 KB, since a tile that short
+    // cannot hide a larger up-front burst.
+    const int64_t row_bytes = width * int64_t(sizeof(W));
+    const int64_t ahead = std::clamp<int64_t>((n > 8 ? 8192 : 2048) / row_bytes, 2, 64);
     for (int64_t i = 0; i < std::min(k, ahead); ++i) {
-      for (int64_t v = 0; v < std::min<int64_t>(vectors, 4); ++v)
-        prefetch_line(wc + i * ld + 16 * v);
+      for (int64_t v = 0; v < vectors; ++v) prefetch_line(wc + i * width + 16 * v);
     }
-    switch (std::min<int64_t>(vectors, 4)) {
+    switch (vectors) {
       case 4:
-        kmajor_tokens<4, 6>(wc, ld, k, x, x_stride, n, oc, out_stride, last, accumulate, ahead,
+        kmajor_tokens<4, 6>(wc, width, k, x, x_stride, n, oc, out_stride, last, accumulate, ahead,
                             stream);
         break;
       case 3:
-        kmajor_tokens<3, 8>(wc, ld, k, x, x_stride, n, oc, out_stride, last, accumulate, ahead,
+        kmajor_tokens<3, 8>(wc, width, k, x, x_stride, n, oc, out_stride, last, accumulate, ahead,
                             stream);
         break;
       case 2:
-        kmajor_tokens<2, 12>(wc, ld, k, x, x_stride, n, oc, out_stride, last, accumulate, ahead,
+        kmajor_tokens<2, 12>(wc, width, k, x, x_stride, n, oc, out_stride, last, accumulate, ahead,
                              stream);
         break;
       default:
-        kmajor_tokens<1, 16>(wc, ld, k, x, x_stride, n, oc, out_stride, last, accumulate, ahead,
+        kmajor_tokens<1, 16>(wc, width, k, x, x_stride, n, oc, out_stride, last, accumulate, ahead,
                              stream);
         break;
     }
@@ -335,8 +343,11 @@ void kmajor_block(const float* x, int64_t x_stride, const W* w, int64_t ld, int6
 #else
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t c = c0; c < c1; ++c) {
+      const int64_t panel = c / kPanelCols * kPanelCols;
+      const int64_t width = std::min(kPanelCols, ld - panel);
       float acc = 0.0f;
-      for (int64_t i = 0; i < k; ++i) acc += to_f32(w[i * ld + c]) * x[t * x_stride + i];
+      for (int64_t i = 0; i < k; ++i)
+        acc += to_f32(w[panel * k + i * width + c - panel]) * x[t * x_stride + i];
       float* o = out + t * out_stride + c;
       *o = accumulate ? *o + acc : acc;
     }
@@ -358,9 +369,14 @@ Result<Tensor> CpuOps::adopt_matmul_weight(const Tensor& host, std::vector<Buffe
   auto* dst = static_cast<uint8_t*>(buf.data());
   const auto* src = static_cast<const uint8_t*>(host.data);
   std::memset(dst, 0, size_t(k * ld) * es);
-  for (int64_t r = 0; r < m; ++r) {
-    for (int64_t i = 0; i < k; ++i)
-      std::memcpy(dst + (i * ld + r) * es, src + (r * k + i) * es, es);
+  // Panel by panel, each written in order while its rows (a few hundred KB) stay in cache.
+  for (int64_t panel = 0; panel < ld; panel += kPanelCols) {
+    const int64_t width = std::min(kPanelCols, ld - panel), rows = std::min(m - panel, width);
+    uint8_t* p = dst + size_t(panel * k) * es;
+    for (int64_t i = 0; i < k; ++i) {
+      for (int64_t r = 0; r < rows; ++r)
+        std::memcpy(p + size_t(i * width + r) * es, src + size_t((panel + r) * k + i) * es, es);
+    }
   }
   Tensor t = host;
   t.data = buf.data();
@@ -423,8 +439,12 @@ void CpuOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulat
   }
   if (w.ndim == 2 && w.stride[0] == 1 && w.stride[1] >= m && w.stride[1] % 16 == 0) {
     const int64_t ld = w.stride[1];
-    const int64_t vectors = (m + 15) / 16;
-    const int64_t min_vectors = std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, k * n));
+    // Threads split whole panels when there are enough for all, so each streams its own;
+    // otherwise vectors of 16 columns.
+    const int64_t unit = (ld + kPanelCols - 1) / kPanelCols >= pool_.size() ? kPanelCols : 16;
+    const int64_t units = (m + unit - 1) / unit;
+    const int64_t min_units =
+        std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, k * n * (unit / 16)));
     const int64_t bytes = k * ld * int64_t(dtype_size(w.dtype));
     NextWeight* prev = last_weight_.load(std::memory_order_relaxed);
     if (prev != nullptr) {  // learn: after prev's weight came this one
@@ -444,18 +464,18 @@ void CpuOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulat
     const char* next = static_cast<const char*>(self.next.load(std::memory_order_relaxed));
     const int64_t next_bytes =
         next == nullptr ? 0 : self.next_bytes.load(std::memory_order_relaxed);
-    const bool one_part = pool_.parts_for(vectors, min_vectors) <= 1;
+    const bool one_part = pool_.parts_for(units, min_units) <= 1;
     int64_t streamed = 0;  // bytes the tiles asked for, from the start (one part only)
     dispatch_weight(w.dtype, [&](auto tag) {
       using W = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
-      pool_.parallel_for_indexed(vectors, min_vectors, [&](int64_t v0, int64_t v1, int) {
+      pool_.parallel_for_indexed(units, min_units, [&](int64_t u0, int64_t u1, int) {
         LineStream stream;
         if (next != nullptr && one_part) {
           stream.next = next;
           stream.end = next + next_bytes;
         }
         kmajor_block<W>(x.ptr<float>(), x.stride[0], w.ptr<W>(), ld, k, out.ptr<float>(),
-                        out.stride[0], n, v0 * 16, std::min(m, v1 * 16), accumulate, &stream);
+                        out.stride[0], n, u0 * unit, std::min(m, u1 * unit), accumulate, &stream);
         if (one_part && stream.next != nullptr) streamed = stream.next - next;
       });
     });
