@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -62,7 +63,10 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable cv_;
-  uint64_t generation_ = 0;
+  static constexpr std::chrono::microseconds kSpinBeforeSleep{200};
+  // Moves (under mu_) when a job is posted; workers spin on it before sleeping on cv_.
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> sleepers_{0};  // workers waiting on cv_ (or about to)
   bool stop_ = false;
   // The job being run; written under mu_ before generation_ moves.
   Trampoline job_fn_ = nullptr;

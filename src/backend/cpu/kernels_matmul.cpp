@@ -428,6 +428,104 @@ void CpuOps::quant_matmul(const Tensor& x, const Tensor& w, Tensor out, bool acc
   });
 }
 
+namespace {
+
+// matmul's k-major test: the layout of adopt_matmul_weight.
+bool is_kmajor(const Tensor& w) {
+  return w.ndim == 2 && w.stride[0] == 1 && w.stride[1] >= w.shape[0] && w.stride[1] % 16 == 0;
+}
+
+// Columns [c0, c1) (c0 a multiple of 16) of a pass job's product; xq: its input quantized
+// (integer formats).
+void job_columns(const CpuOps::MatmulJob& job, const QuantizedActivations* xq, QuantIsa isa,
+                 int64_t c0, int64_t c1) {
+  const int64_t n = job.x.shape[0], k = job.w.shape[1];
+  if (is_quantized(job.w.dtype)) {
+    quant_matmul_columns(isa, job.w, job.x.ptr<float>(), job.x.stride[0], xq, n,
+                         job.out.ptr<float>(), job.out.stride[0], c0, c1, job.accumulate);
+    return;
+  }
+  dispatch_weight(job.w.dtype, [&](auto tag) {
+    using W = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
+    LineStream none;
+    kmajor_block<W>(job.x.ptr<float>(), job.x.stride[0], job.w.ptr<W>(), job.w.stride[1], k,
+                    job.out.ptr<float>(), job.out.stride[0], n, c0, c1, job.accumulate, &none);
+  });
+}
+
+}  // namespace
+
+void CpuOps::matmul_pass(std::span<const MatmulJob> jobs) {
+  RECUR_CHECK(jobs.size() <= size_t(kMaxPassJobs));
+  for (const MatmulJob& job : jobs) {
+    if (!is_quantized(job.w.dtype) && !is_kmajor(job.w)) {  // row-major: no column split here
+      for (const MatmulJob& j : jobs) matmul(j.x, j.w, j.out, j.accumulate);
+      return;
+    }
+  }
+  // The integer formats read their input quantized per token: once per distinct input. Per
+  // calling thread, each grown to the largest input seen (then steady: no allocation).
+  thread_local std::vector<QuantizedActivations> activations(kMaxPassJobs);
+  const QuantizedActivations* xq[kMaxPassJobs] = {};
+  const void* quantized_from[kMaxPassJobs];
+  int n_quantized = 0;
+  // Work in units of a panel's columns, costed by weight bytes read and products computed
+  // alike (a unit's cost ∝ k · (tokens + 1)); unit u of job i starts at start[i] + u·cost[i].
+  int64_t start[kMaxPassJobs], cost[kMaxPassJobs], units[kMaxPassJobs];
+  int64_t total = 0, macs = 0;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const MatmulJob& job = jobs[i];
+    const int64_t n = job.x.shape[0], k = job.w.shape[1], m = job.w.shape[0];
+    RECUR_CHECK(job.x.row_size() == k && job.out.shape[0] == n && job.out.row_size() == m);
+    RECUR_CHECK(job.x.stride[job.x.ndim - 1] == 1 && job.out.stride[job.out.ndim - 1] == 1);
+    units[i] = n == 0 ? 0 : (m + kPanelCols - 1) / kPanelCols;
+    cost[i] = kPanelCols * k * (n + 1);
+    start[i] = total;
+    total += units[i] * cost[i];
+    macs += n * m * k;
+    if (units[i] == 0 || !is_quantized(job.w.dtype) || job.w.dtype == DType::F8_E4M3) continue;
+    for (int q = 0; q < n_quantized && xq[i] == nullptr; ++q) {
+      const QuantizedActivations& a = activations[size_t(q)];
+      if (quantized_from[q] == job.x.data && a.n == n && a.k == k) xq[i] = &a;
+    }
+    if (xq[i] == nullptr) {
+      QuantizedActivations& a = activations[size_t(n_quantized)];
+      quantize_activations(job.x.ptr<float>(), job.x.stride[0], n, k, &a);
+      quantized_from[n_quantized++] = job.x.data;
+      xq[i] = &a;
+    }
+  }
+  if (total == 0) return;
+  // Enough products per part that a split pays for handing it over (a few microseconds).
+  const int64_t parts = std::clamp<int64_t>(macs / (1 << 16), 1, pool_.size());
+  const QuantIsa isa = best_quant_isa();
+  pool_.parallel_for_indexed(parts, 1, [&](int64_t p0, int64_t p1, int) {
+    for (int64_t p = p0; p < p1; ++p) {
+      // Part p: the units that start in [lo, hi) of the total cost.
+      const int64_t lo = total * p / parts, hi = total * (p + 1) / parts;
+      for (size_t i = 0; i < jobs.size(); ++i) {
+        if (units[i] == 0) continue;
+        const int64_t u0 =
+            std::min(units[i], (std::max<int64_t>(0, lo - start[i]) + cost[i] - 1) / cost[i]);
+        const int64_t u1 =
+            std::min(units[i], (std::max<int64_t>(0, hi - start[i]) + cost[i] - 1) / cost[i]);
+        if (u0 < u1) {
+          job_columns(jobs[i], xq[i], isa, u0 * kPanelCols,
+                      std::min(jobs[i].w.shape[0], u1 * kPanelCols));
+        }
+      }
+    }
+  });
+}
+
+void CpuOps::matmul_group(const Tensor& x, std::span<const Tensor> ws,
+                          std::span<const Tensor> outs) {
+  RECUR_CHECK(ws.size() == outs.size() && ws.size() <= kMaxMatmulGroup);
+  MatmulJob jobs[kMaxMatmulGroup];
+  for (size_t i = 0; i < ws.size(); ++i) jobs[i] = {x, ws[i], outs[i], false};
+  matmul_pass(std::span<const MatmulJob>(jobs, ws.size()));
+}
+
 void CpuOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulate) {
   const int64_t n = x.shape[0], k = w.shape[1], m = w.shape[0];
   RECUR_CHECK(x.row_size() == k && out.shape[0] == n && out.row_size() == m);
@@ -437,7 +535,7 @@ void CpuOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulat
     quant_matmul(x, w, out, accumulate);
     return;
   }
-  if (w.ndim == 2 && w.stride[0] == 1 && w.stride[1] >= m && w.stride[1] % 16 == 0) {
+  if (is_kmajor(w)) {
     const int64_t ld = w.stride[1];
     // Threads split whole panels when there are enough for all, so each streams its own;
     // otherwise vectors of 16 columns.
