@@ -2,6 +2,7 @@
 // parallel_for neither allocates nor creates threads, and runs inline when the work is small.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -46,6 +47,18 @@ class ThreadPool {
     run(
         n, parts, [](void* ctx, int64_t b, int64_t e, int p) { (*static_cast<F*>(ctx))(b, e, p); },
         &fn);
+  }
+
+  // Calls fn(c) once for each c in [0, n_chunks) on up to max_parts threads, each taking the
+  // next chunk as it finishes one: a thread the system delays, or one slowed by its sibling's
+  // memory traffic, does less of the work instead of holding the others at the join.
+  template <typename Fn>
+  void parallel_chunks(int64_t n_chunks, int max_parts, Fn&& fn) {
+    if (n_chunks <= 0) return;
+    std::atomic<int64_t> next{0};
+    parallel_for_indexed(std::min<int64_t>(n_chunks, max_parts), 1, [&](int64_t, int64_t, int) {
+      for (int64_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < n_chunks;) fn(c);
+    });
   }
 
   // As parallel_for_indexed, for bodies fn(begin, end) that need no scratch.

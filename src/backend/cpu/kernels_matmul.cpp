@@ -29,6 +29,8 @@ constexpr int64_t kTokenTile = 64;  // x rows kept hot in cache while sweeping t
 // streams its columns' weights in order (one stream per panel) instead of reading 128 bytes
 // per row of a [k, ld] matrix, a page apart for wide weights.
 constexpr int64_t kPanelCols = 64;
+// Chunks per thread of a split matmul, taken dynamically (ThreadPool::parallel_chunks).
+constexpr int64_t kChunksPerThread = 8;
 
 // Cache lines to ask for one at a time from inside a compute loop: [next, end).
 struct LineStream {
@@ -410,22 +412,8 @@ Result<Tensor> CpuOps::quantize_matmul_weight(const Tensor& host, DType dtype,
 }
 
 void CpuOps::quant_matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulate) {
-  const int64_t n = x.shape[0], k = w.shape[1], m = w.shape[0];
-  // Per calling thread, grown to the largest batch seen (then steady: no allocation).
-  // (The pool's threads see it through this pointer: a thread_local named in the lambda would
-  // be their own.)
-  thread_local QuantizedActivations activations;
-  QuantizedActivations* xq = &activations;
-  const bool integer = w.dtype != DType::F8_E4M3;
-  if (integer) quantize_activations(x.ptr<float>(), x.stride[0], n, k, xq);
-  const QuantIsa isa = best_quant_isa();
-  const int64_t vectors = (m + 15) / 16;
-  const int64_t min_vectors = std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, k * n));
-  pool_.parallel_for(vectors, min_vectors, [&](int64_t v0, int64_t v1) {
-    quant_matmul_columns(isa, w, x.ptr<float>(), x.stride[0], integer ? xq : nullptr, n,
-                         out.ptr<float>(), out.stride[0], v0 * 16, std::min(m, v1 * 16),
-                         accumulate);
-  });
+  const MatmulJob job{x, w, out, accumulate};
+  matmul_pass(std::span<const MatmulJob>(&job, 1));
 }
 
 namespace {
@@ -472,7 +460,7 @@ void CpuOps::matmul_pass(std::span<const MatmulJob> jobs) {
   // Work in units of a panel's columns, costed by weight bytes read and products computed
   // alike (a unit's cost ∝ k · (tokens + 1)); unit u of job i starts at start[i] + u·cost[i].
   int64_t start[kMaxPassJobs], cost[kMaxPassJobs], units[kMaxPassJobs];
-  int64_t total = 0, macs = 0;
+  int64_t total = 0, macs = 0, all_units = 0;
   for (size_t i = 0; i < jobs.size(); ++i) {
     const MatmulJob& job = jobs[i];
     const int64_t n = job.x.shape[0], k = job.w.shape[1], m = job.w.shape[0];
@@ -482,6 +470,7 @@ void CpuOps::matmul_pass(std::span<const MatmulJob> jobs) {
     cost[i] = kPanelCols * k * (n + 1);
     start[i] = total;
     total += units[i] * cost[i];
+    all_units += units[i];
     macs += n * m * k;
     if (units[i] == 0 || !is_quantized(job.w.dtype) || job.w.dtype == DType::F8_E4M3) continue;
     for (int q = 0; q < n_quantized && xq[i] == nullptr; ++q) {
@@ -496,26 +485,27 @@ void CpuOps::matmul_pass(std::span<const MatmulJob> jobs) {
     }
   }
   if (total == 0) return;
-  // Enough products per part that a split pays for handing it over (a few microseconds).
-  const int64_t parts = std::clamp<int64_t>(macs / (1 << 16), 1, pool_.size());
+  // Enough products per thread that a split pays for handing it over (a few microseconds);
+  // several chunks of the total cost per thread, taken as threads come free.
+  const int parts = int(std::clamp<int64_t>(macs / (1 << 16), 1, pool_.size()));
+  const int64_t chunks = parts == 1 ? 1 : std::min(all_units, parts * kChunksPerThread);
   const QuantIsa isa = best_quant_isa();
-  pool_.parallel_for_indexed(parts, 1, [&](int64_t p0, int64_t p1, int) {
-    for (int64_t p = p0; p < p1; ++p) {
-      // Part p: the units that start in [lo, hi) of the total cost.
-      const int64_t lo = total * p / parts, hi = total * (p + 1) / parts;
-      for (size_t i = 0; i < jobs.size(); ++i) {
-        if (units[i] == 0) continue;
-        const int64_t u0 =
-            std::min(units[i], (std::max<int64_t>(0, lo - start[i]) + cost[i] - 1) / cost[i]);
-        const int64_t u1 =
-            std::min(units[i], (std::max<int64_t>(0, hi - start[i]) + cost[i] - 1) / cost[i]);
-        if (u0 < u1) {
-          job_columns(jobs[i], xq[i], isa, u0 * kPanelCols,
-                      std::min(jobs[i].w.shape[0], u1 * kPanelCols));
-        }
+  auto run_chunk = [&](int64_t chunk) {
+    // The units that start in [lo, hi) of the total cost.
+    const int64_t lo = total * chunk / chunks, hi = total * (chunk + 1) / chunks;
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      if (units[i] == 0) continue;
+      const int64_t u0 =
+          std::min(units[i], (std::max<int64_t>(0, lo - start[i]) + cost[i] - 1) / cost[i]);
+      const int64_t u1 =
+          std::min(units[i], (std::max<int64_t>(0, hi - start[i]) + cost[i] - 1) / cost[i]);
+      if (u0 < u1) {
+        job_columns(jobs[i], xq[i], isa, u0 * kPanelCols,
+                    std::min(jobs[i].w.shape[0], u1 * kPanelCols));
       }
     }
-  });
+  };
+  pool_.parallel_chunks(chunks, parts, run_chunk);
 }
 
 void CpuOps::matmul_group(const Tensor& x, std::span<const Tensor> ws,
@@ -562,19 +552,23 @@ void CpuOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulat
     const char* next = static_cast<const char*>(self.next.load(std::memory_order_relaxed));
     const int64_t next_bytes =
         next == nullptr ? 0 : self.next_bytes.load(std::memory_order_relaxed);
-    const bool one_part = pool_.parts_for(units, min_units) <= 1;
+    const int parts = pool_.parts_for(units, min_units);
     int64_t streamed = 0;  // bytes the tiles asked for, from the start (one part only)
     dispatch_weight(w.dtype, [&](auto tag) {
       using W = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
-      pool_.parallel_for_indexed(units, min_units, [&](int64_t u0, int64_t u1, int) {
-        LineStream stream;
-        if (next != nullptr && one_part) {
-          stream.next = next;
-          stream.end = next + next_bytes;
-        }
+      if (parts <= 1) {
+        LineStream stream{next, next + next_bytes};
         kmajor_block<W>(x.ptr<float>(), x.stride[0], w.ptr<W>(), ld, k, out.ptr<float>(),
-                        out.stride[0], n, u0 * unit, std::min(m, u1 * unit), accumulate, &stream);
-        if (one_part && stream.next != nullptr) streamed = stream.next - next;
+                        out.stride[0], n, 0, m, accumulate, &stream);
+        if (next != nullptr) streamed = stream.next - next;
+        return;
+      }
+      const int64_t chunks = std::min(units, parts * kChunksPerThread);
+      pool_.parallel_chunks(chunks, parts, [&](int64_t c) {
+        LineStream none;
+        kmajor_block<W>(x.ptr<float>(), x.stride[0], w.ptr<W>(), ld, k, out.ptr<float>(),
+                        out.stride[0], n, units * c / chunks * unit,
+                        std::min(m, units * (c + 1) / chunks * unit), accumulate, &none);
       });
     });
     if (next != nullptr) {
