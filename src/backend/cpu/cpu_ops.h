@@ -111,7 +111,7 @@ class CpuOps final : public Ops {
 
  private:
   // The routed experts into out, and the shared one's output into shared->out (not added):
-  // two matmul passes, every gate and up, then every down.
+  // two matmul passes, every gate and up, then every down.  x, out [n, d]; ids, weights [n, k].
   void moe_experts_pass(const Tensor& x, std::span<const ExpertWeights> experts, const Tensor& ids,
                         const Tensor& weights, const SharedExpertArgs* shared, Tensor out,
                         Tensor scratch);
