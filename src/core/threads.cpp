@@ -1,6 +1,11 @@
 #include "core/threads.h"
 
+#include <chrono>
 #include <cstdlib>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace recur {
 
@@ -12,7 +17,7 @@ ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     stop_ = true;
-    ++generation_;
+    generation_.store(generation_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
   }
   cv_.notify_all();
   for (auto& t : workers_) t.join();
@@ -31,9 +36,9 @@ void ThreadPool::run(int64_t n, int parts, Trampoline t, void* ctx) {
     job_n_ = n;
     job_parts_ = parts;
     pending_.store(parts - 1, std::memory_order_relaxed);
-    ++generation_;
+    generation_.store(generation_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
   }
-  cv_.notify_all();
+  if (sleepers_.load(std::memory_order_acquire) > 0) cv_.notify_all();
   int64_t b, e;
   part_range(n, parts, 0, &b, &e);
   t(ctx, b, e, 0);
@@ -47,14 +52,27 @@ void ThreadPool::run(int64_t n, int parts, Trampoline t, void* ctx) {
 void ThreadPool::worker(int index) {
   uint64_t seen = 0;
   for (;;) {
+    // A decode step runs hundreds of parallel loops a few microseconds apart: wait for the next
+    // one awake for a while, since waking a sleeping thread costs more than most loops' work.
+    const auto spin_until = std::chrono::steady_clock::now() + kSpinBeforeSleep;
+    for (int i = 1; generation_.load(std::memory_order_acquire) == seen; ++i) {
+#if defined(__x86_64__)
+      _mm_pause();
+#endif
+      if (i % 256 == 0 && std::chrono::steady_clock::now() > spin_until) break;
+    }
     Trampoline fn;
     void* ctx;
     int64_t n;
     int parts;
     {
       std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return generation_ != seen; });
-      seen = generation_;
+      if (generation_.load(std::memory_order_relaxed) == seen) {
+        sleepers_.fetch_add(1, std::memory_order_acq_rel);
+        cv_.wait(lk, [&] { return generation_.load(std::memory_order_relaxed) != seen; });
+        sleepers_.fetch_sub(1, std::memory_order_acq_rel);
+      }
+      seen = generation_.load(std::memory_order_relaxed);
       if (stop_) return;
       fn = job_fn_;
       ctx = job_ctx_;

@@ -2,7 +2,9 @@
 // parallel_for neither allocates nor creates threads, and runs inline when the work is small.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -47,6 +49,18 @@ class ThreadPool {
         &fn);
   }
 
+  // Calls fn(c) once for each c in [0, n_chunks) on up to max_parts threads, each taking the
+  // next chunk as it finishes one: a thread the system delays, or one slowed by its sibling's
+  // memory traffic, does less of the work instead of holding the others at the join.
+  template <typename Fn>
+  void parallel_chunks(int64_t n_chunks, int max_parts, Fn&& fn) {
+    if (n_chunks <= 0) return;
+    std::atomic<int64_t> next{0};
+    parallel_for_indexed(std::min<int64_t>(n_chunks, max_parts), 1, [&](int64_t, int64_t, int) {
+      for (int64_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < n_chunks;) fn(c);
+    });
+  }
+
   // As parallel_for_indexed, for bodies fn(begin, end) that need no scratch.
   template <typename Fn>
   void parallel_for(int64_t n, int64_t min_per_thread, Fn&& fn) {
@@ -62,7 +76,10 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable cv_;
-  uint64_t generation_ = 0;
+  static constexpr std::chrono::microseconds kSpinBeforeSleep{200};
+  // Moves (under mu_) when a job is posted; workers spin on it before sleeping on cv_.
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> sleepers_{0};  // workers waiting on cv_ (or about to)
   bool stop_ = false;
   // The job being run; written under mu_ before generation_ moves.
   Trampoline job_fn_ = nullptr;

@@ -462,7 +462,12 @@ Result<Tensor> RandomWeights::load_rows(std::span<const RowPiece> pieces,
   const auto [lo, hi] = random_range(name, shape, n_layers_, norm_center_);
   ops_.fill_random_uniform(t, seed_ + 0x1000 * ++index_, lo, hi);
   t = with_shape(t, shape);
-  owned_.push_back(std::move(buf));
+  // Matmul weights in the backend's matmul layout, as a checkpoint's are (the CPU's k-major
+  // copy; the row-major tensor is then dropped).
+  if ((use == WeightUse::kMatrix || use == WeightUse::kExpert) && shape.size() == 2) {
+    RECUR_ASSIGN_OR_RETURN(t, ops_.adopt_matmul_weight(t, &owned_));
+  }
+  if (t.data == buf.data()) owned_.push_back(std::move(buf));
   count(t, use);
   return t;
 }

@@ -2,7 +2,11 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <mutex>
 #include <numeric>
+#include <set>
+#include <thread>
 #include <vector>
 
 #include "core/allocator.h"
@@ -70,6 +74,39 @@ TEST(ThreadPool, CoversTheRangeExactlyOnceWithDistinctParts) {
   int calls = 0;
   pool.parallel_for(10, 100, [&](int64_t b, int64_t e) { calls += int(e - b); });
   EXPECT_EQ(calls, 10);
+}
+
+// Chunks taken dynamically: each exactly once, on at most max_parts threads, and a thread that
+// stalls leaves its share to the others; loops posted back to back (workers still spinning, or
+// asleep after a pause) all complete.
+TEST(ThreadPool, ParallelChunksRunsEveryChunkOnce) {
+  ThreadPool pool(3);
+  for (int rep = 0; rep < 200; ++rep) {
+    for (int max_parts : {1, 2, 3}) {
+      const int64_t n = rep % 7 == 0 ? 1 : 40 + rep % 5;
+      std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+      std::mutex mu;
+      std::set<std::thread::id> threads;
+      pool.parallel_chunks(n, max_parts, [&](int64_t c) {
+        hits[size_t(c)]++;
+        std::lock_guard<std::mutex> lk(mu);
+        threads.insert(std::this_thread::get_id());
+      });
+      for (auto& h : hits) ASSERT_EQ(h.load(), 1);
+      EXPECT_LE(int(threads.size()), max_parts);
+    }
+    if (rep == 100) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  // One chunk that blocks until every other chunk is done: the other threads take them all.
+  std::atomic<int> done{0};
+  pool.parallel_chunks(30, 3, [&](int64_t c) {
+    if (c == 0) {
+      while (done.load() < 29) std::this_thread::yield();
+    } else {
+      done++;
+    }
+  });
+  EXPECT_EQ(done.load(), 29);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // Row-wise, elementwise and matmul kernels against the scalar references at awkward sizes.
 #include <cstring>
+#include <deque>
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -105,6 +106,62 @@ TEST_F(BasicOps, KMajorMatmulMatchesReferenceAndIsBatchInvariant) {
       } else {
         EXPECT_EQ(got, old) << "column outside the view was written";
       }
+    }
+  }
+}
+
+// matmul_pass: jobs of every matmul weight layout (k-major F32/BF16/F16, Q8_32, Q4_32), some
+// sharing an input, some accumulating, some empty, in passes big enough to split across the
+// threads mid-job; each job's result must be bit-identical to its own matmul.
+TEST_F(BasicOps, MatmulPassEqualsOneMatmulPerJob) {
+  struct Shape {
+    int64_t m, k, n;
+    bool accumulate;
+  };
+  const Shape shapes[] = {{300, 256, 3, false}, {1, 256, 3, true},   {17, 64, 1, false},
+                          {200, 96, 7, true},   {64, 256, 3, false}, {130, 32, 0, false}};
+  for (DType wt : {DType::F32, DType::BF16, DType::F16, DType::Q8_32, DType::Q4_32}) {
+    std::vector<Buffer> owned;
+    std::deque<HostTensor> store;
+    std::vector<CpuOps::MatmulJob> jobs;
+    std::vector<HostTensor*> expected;
+    HostTensor* last_x = nullptr;
+    for (size_t j = 0; j < std::size(shapes); ++j) {
+      const Shape& s = shapes[j];
+      HostTensor& w = store.emplace_back(DType::BF16, std::initializer_list<int64_t>{s.m, s.k});
+      fill_random(w, rng, 0.2f);
+      HostTensor& wf = store.emplace_back(wt == DType::F32 || wt == DType::F16 ? wt : DType::BF16,
+                                          std::initializer_list<int64_t>{s.m, s.k});
+      for (int64_t i = 0; i < s.m * s.k; ++i) {
+        const float v = bf16_to_f32(w.t.ptr<uint16_t>()[i]);
+        if (wt == DType::F32) wf.f()[i] = v;
+        if (wt == DType::F16) wf.t.ptr<uint16_t>()[i] = f32_to_f16(v);
+        if (wf.t.dtype == DType::BF16) wf.t.ptr<uint16_t>()[i] = w.t.ptr<uint16_t>()[i];
+      }
+      auto packed = wt == DType::Q8_32 || wt == DType::Q4_32
+                        ? ops.quantize_matmul_weight(wf.t, wt, &owned)
+                        : ops.adopt_matmul_weight(wf.t, &owned);
+      ASSERT_TRUE(packed.ok());
+      // Jobs 0 and 1 share their input (one quantization for both).
+      if (j != 1) {
+        last_x = &store.emplace_back(
+            DType::F32, std::initializer_list<int64_t>{std::max<int64_t>(s.n, 1), s.k});
+        fill_random(*last_x, rng);
+      }
+      HostTensor& x = *last_x;
+      HostTensor& out = store.emplace_back(
+          DType::F32, std::initializer_list<int64_t>{std::max<int64_t>(s.n, 1), s.m});
+      fill_random(out, rng);
+      HostTensor& want = store.emplace_back(out);
+      ops.matmul(x.t.slice_rows(0, s.n), *packed, want.t.slice_rows(0, s.n), s.accumulate);
+      jobs.push_back({x.t.slice_rows(0, s.n), *packed, out.t.slice_rows(0, s.n), s.accumulate});
+      expected.push_back(&want);
+    }
+    ops.matmul_pass(jobs);
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      const int64_t count = std::max<int64_t>(shapes[j].n, 1) * shapes[j].m;
+      ASSERT_EQ(std::memcmp(jobs[j].out.data, expected[j]->f(), size_t(count) * 4), 0)
+          << dtype_name(wt) << " job " << j;
     }
   }
 }

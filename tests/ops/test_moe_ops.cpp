@@ -279,6 +279,60 @@ TEST_F(MoeOps, ExpertsAndSharedExpertMatchReference) {
   EXPECT_GT(max_abs_diff(out.f(), gated_out.f(), n * d), 1e-3) << "the gate must matter";
 }
 
+// Experts and the shared expert in the backend's matmul layout (as a model loads them), big
+// enough that each pass splits across the threads: against the references on the weights as
+// stored, for one token (decode) and several.
+TEST_F(MoeOps, ExpertsInMatmulLayoutMatchReference) {
+  const int64_t d = 256, E = 7, k = 3, ff = 160;
+  std::deque<HostTensor> store;
+  std::vector<ExpertWeights> experts = make_experts(E, d, ff, store, rng);
+  std::vector<ExpertWeights> shared_w = make_experts(1, d, ff, store, rng);
+  std::vector<Buffer> owned;
+  auto adopt = [&](std::vector<ExpertWeights> ws) {
+    for (ExpertWeights& w : ws) {
+      for (Tensor* t : {&w.gate, &w.up, &w.down}) {
+        auto packed = ops.adopt_matmul_weight(*t, &owned);
+        EXPECT_TRUE(packed.ok());
+        *t = *packed;
+      }
+    }
+    return ws;
+  };
+  const std::vector<ExpertWeights> packed = adopt(experts), packed_shared = adopt(shared_w);
+  // Outputs reach ~100 here: float rounding is relative to that.
+  auto largest = [](const HostTensor& t) {
+    float m = 0;
+    for (int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(t.f()[i]));
+    return double(m);
+  };
+  for (int64_t n : {1, 9}) {
+    HostTensor logits(DType::F32, {n, E});
+    fill_random(logits, rng, 2.0f);
+    MoeRouting r;
+    r.k = int(k);
+    const RouteResult routes = route(&ops, logits, r);
+    HostTensor x(DType::F32, {n, d}), out(DType::F32, {n, d}), ref_out = out;
+    HostTensor score(DType::F32, {n, 1}), g(DType::F32, {n, ff}), u = g, h = g, y = x;
+    fill_random(x, rng);
+    fill_random(score, rng, 2.0f);
+    HostTensor scratch(
+        DType::U8,
+        {int64_t(ops.moe_experts_scratch_bytes(int(n), int(k) + 1, int(E) + 1, int(d), int(ff)))});
+    ops.moe_experts(x.t, packed, routes.ids.t, routes.weights.t, out.t, scratch.t);
+    ref::moe_experts(x.t, experts, routes.ids.t, routes.weights.t, ref_out.t);
+    EXPECT_LE(max_abs_diff(out.f(), ref_out.f(), n * d), 1e-6 * largest(ref_out)) << "n=" << n;
+    SharedExpertArgs shared;
+    shared.w = packed_shared[0];
+    shared.score = score.t;
+    shared.gate = g.t, shared.up = u.t, shared.hidden = h.t, shared.out = y.t;
+    ops.moe_experts_shared(x.t, packed, routes.ids.t, routes.weights.t, shared, out.t, scratch.t);
+    testing::reference_moe_shared(x.t, experts, routes.ids.t, routes.weights.t, shared_w[0],
+                                  score.t, ref_out.t);
+    EXPECT_LE(max_abs_diff(out.f(), ref_out.f(), n * d), 1e-6 * largest(ref_out))
+        << "shared, n=" << n;
+  }
+}
+
 // The fused default moe_route_experts_shared: moe_route with the routing given, the shared
 // default, then the residual add; ids, weights and out written either way.
 TEST_F(MoeOps, RouteExpertsSharedDefaultComposesItsParts) {

@@ -38,8 +38,10 @@ class CpuOps final : public Ops {
   static void set_prefault_large_buffers(bool on);
   static bool prefault_large_buffers();
   Result<Tensor> adopt_weight(const Tensor& host) override { return host; }
-  // A k-major copy [k, ld] (ld = m rounded up to 16, zero padded), as the view with strides
-  // {1, ld}: the layout of the register-tiled matmul kernel.
+  // A k-major copy (ld = m rounded up to 16, zero padded) in panels of 64 columns,
+  // [ceil(ld / 64)][k][64] (the last panel ld mod 64 wide when that is not 0), as the view with
+  // strides {1, ld}, which mark the layout (they address elements only when ld <= 64): the
+  // layout of the register-tiled matmul kernel, each panel a stream read in order.
   Result<Tensor> adopt_matmul_weight(const Tensor& host, std::vector<Buffer>* owned) override;
   // Block-FP8 and --quantize weights, re-laid out as kernels_quant.h describes.
   Result<Tensor> adopt_block_fp8_weight(const Tensor& w, const Tensor& scales, int block_rows,
@@ -53,6 +55,20 @@ class CpuOps final : public Ops {
   void embedding(const int32_t* ids, int n, const Tensor& table, Tensor out) override;
   void gather_rows(const Tensor& x, const int32_t* rows, int n, Tensor out) override;
   void matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulate = false) override;
+  // One parallel pass (matmul_pass) over the group.
+  void matmul_group(const Tensor& x, std::span<const Tensor> ws,
+                    std::span<const Tensor> outs) override;
+  // One product of a matmul pass: out[n, m] (+)= x[n, k] · w[m, k]^T, as matmul's arguments.
+  struct MatmulJob {
+    Tensor x, w, out;  // [n, k], [m, k], [n, m]
+    bool accumulate = false;
+  };
+  static constexpr int kMaxPassJobs = 64;
+  // Up to kMaxPassJobs matmuls as one parallel loop: the threads split all the jobs' column
+  // panels by work, so each weight byte is read once, by one thread, and small products do
+  // not leave a thread waiting at a barrier of their own. Each job's results are exactly
+  // matmul()'s. Jobs with row-major weights run as one matmul each.
+  void matmul_pass(std::span<const MatmulJob> jobs);
   void rms_norm(const Tensor& x, const Tensor& w, float weight_offset, float eps,
                 Tensor out) override;
   void rms_norm_gated(const Tensor& x, const Tensor& gate, const Tensor& w, float eps,
@@ -87,10 +103,18 @@ class CpuOps final : public Ops {
                  Tensor weights) override;
   void moe_experts(const Tensor& x, std::span<const ExpertWeights> experts, const Tensor& ids,
                    const Tensor& weights, Tensor out, Tensor scratch) override;
+  void moe_experts_shared(const Tensor& x, std::span<const ExpertWeights> experts,
+                          const Tensor& ids, const Tensor& weights, const SharedExpertArgs& shared,
+                          Tensor out, Tensor scratch) override;
   size_t moe_experts_scratch_bytes(int n_tokens, int k, int n_experts, int d,
                                    int d_ff) const override;
 
  private:
+  // The routed experts into out, and the shared one's output into shared->out (not added):
+  // two matmul passes, every gate and up, then every down.  x, out [n, d]; ids, weights [n, k].
+  void moe_experts_pass(const Tensor& x, std::span<const ExpertWeights> experts, const Tensor& ids,
+                        const Tensor& weights, const SharedExpertArgs* shared, Tensor out,
+                        Tensor scratch);
   // matmul with a weight of kernels_quant.h's layouts.
   void quant_matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulate);
   ThreadPool pool_;

@@ -1,7 +1,8 @@
 // out[n, m] = x[n, k] · w[m, k]^T with w in its stored dtype, in one of two layouts:
-//  - k-major (w.stride = {1, ld}, from adopt_matmul_weight): output columns are vector lanes;
-//    a register tile of up to 4 vectors × 6 tokens broadcasts x[t][i] against row i of w, so
-//    each weight load serves many tokens and no horizontal sums are needed;
+//  - k-major in panels of 64 columns (w.stride = {1, ld}, from adopt_matmul_weight): output
+//    columns are vector lanes; a register tile of up to 4 vectors × 6 tokens broadcasts x[t][i]
+//    against row i of a panel, so each weight load serves many tokens and no horizontal sums
+//    are needed;
 //  - row-major (w.stride = {k, 1}): dot products over k in tiles of 4 rows × 4 tokens.
 // Threads split the output columns, so each weight byte is read by one core. Every output is
 // a fixed sequence of operations over i whatever its place in a tile, so results do not depend
@@ -24,6 +25,12 @@ using namespace cpu;
 namespace {
 
 constexpr int64_t kTokenTile = 64;  // x rows kept hot in cache while sweeping the weight rows
+// Columns per panel of a k-major weight: a panel's rows are consecutive in memory, so a thread
+// streams its columns' weights in order (one stream per panel) instead of reading 128 bytes
+// per row of a [k, ld] matrix, a page apart for wide weights.
+constexpr int64_t kPanelCols = 64;
+// Chunks per thread of a split matmul, taken dynamically (ThreadPool::parallel_chunks).
+constexpr int64_t kChunksPerThread = 8;
 
 // Cache lines to ask for one at a time from inside a compute loop: [next, end).
 struct LineStream {
@@ -290,43 +297,46 @@ void kmajor_tokens(const W* w, int64_t ld, int64_t k, const float* x, int64_t x_
 }
 #endif
 
-// Columns [c0, c1) of a k-major weight (c0 a multiple of 16) for all n tokens.
+// Columns [c0, c1) of a k-major weight in panels (c0 a multiple of 16) for all n tokens.
+//   w: panels of kPanelCols columns, [ceil(ld / kPanelCols)][k][width] (width kPanelCols but
+//   for the last panel, which holds ld mod kPanelCols columns when that is not 0)
 template <typename W>
 void kmajor_block(const float* x, int64_t x_stride, const W* w, int64_t ld, int64_t k, float* out,
                   int64_t out_stride, int64_t n, int64_t c0, int64_t c1, bool accumulate,
                   LineStream* stream) {
 #if defined(__AVX512F__)
-  // Rows asked for in advance. Many tokens: about 8 KB of this column block ahead of the loads
-  // (at batch 32 a step's weights and cache exceed L3, so weights come from DRAM, and 2 KB
-  // left the first tile stalled on its weight loads). A few tokens: 2 KB, since the weights
-  // stay in L3 and a tile that short cannot hide a larger up-front burst.
-  const int64_t row_bytes = std::min<int64_t>(c1 - c0, 64) * int64_t(sizeof(W));
-  const int64_t ahead = std::clamp<int64_t>((n > 8 ? 8192 : 2048) / row_bytes, 2, 64);
   for (int64_t c = c0; c < c1;) {
-    const int64_t vectors = (c1 - c + 15) / 16;
-    const int64_t cols = std::min<int64_t>(c1 - c, 64);
+    const int64_t panel = c / kPanelCols * kPanelCols;
+    const int64_t width = std::min(kPanelCols, ld - panel);
+    const int64_t cols = std::min(c1, panel + kPanelCols) - c;  // this panel's share
+    const int64_t vectors = (cols + 15) / 16;
     const __mmask16 last = cols % 16 ? __mmask16((1u << (cols % 16)) - 1) : __mmask16(0xffff);
-    const W* wc = w + c;
+    const W* wc = w + panel * k + (c - panel);  // rows `width` apart
     float* oc = out + c;
+    // Rows asked for in advance. Many tokens: about 8 KB of this panel ahead of the loads (at
+    // batch 32 a step's weights and cache exceed L3, so weights come from DRAM, and 2 KB left
+    // the first tile stalled on its weight loads). A few tokens: 2 KB, since a tile that short
+    // cannot hide a larger up-front burst.
+    const int64_t row_bytes = width * int64_t(sizeof(W));
+    const int64_t ahead = std::clamp<int64_t>((n > 8 ? 8192 : 2048) / row_bytes, 2, 64);
     for (int64_t i = 0; i < std::min(k, ahead); ++i) {
-      for (int64_t v = 0; v < std::min<int64_t>(vectors, 4); ++v)
-        prefetch_line(wc + i * ld + 16 * v);
+      for (int64_t v = 0; v < vectors; ++v) prefetch_line(wc + i * width + 16 * v);
     }
-    switch (std::min<int64_t>(vectors, 4)) {
+    switch (vectors) {
       case 4:
-        kmajor_tokens<4, 6>(wc, ld, k, x, x_stride, n, oc, out_stride, last, accumulate, ahead,
+        kmajor_tokens<4, 6>(wc, width, k, x, x_stride, n, oc, out_stride, last, accumulate, ahead,
                             stream);
         break;
       case 3:
-        kmajor_tokens<3, 8>(wc, ld, k, x, x_stride, n, oc, out_stride, last, accumulate, ahead,
+        kmajor_tokens<3, 8>(wc, width, k, x, x_stride, n, oc, out_stride, last, accumulate, ahead,
                             stream);
         break;
       case 2:
-        kmajor_tokens<2, 12>(wc, ld, k, x, x_stride, n, oc, out_stride, last, accumulate, ahead,
+        kmajor_tokens<2, 12>(wc, width, k, x, x_stride, n, oc, out_stride, last, accumulate, ahead,
                              stream);
         break;
       default:
-        kmajor_tokens<1, 16>(wc, ld, k, x, x_stride, n, oc, out_stride, last, accumulate, ahead,
+        kmajor_tokens<1, 16>(wc, width, k, x, x_stride, n, oc, out_stride, last, accumulate, ahead,
                              stream);
         break;
     }
@@ -335,8 +345,11 @@ void kmajor_block(const float* x, int64_t x_stride, const W* w, int64_t ld, int6
 #else
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t c = c0; c < c1; ++c) {
+      const int64_t panel = c / kPanelCols * kPanelCols;
+      const int64_t width = std::min(kPanelCols, ld - panel);
       float acc = 0.0f;
-      for (int64_t i = 0; i < k; ++i) acc += to_f32(w[i * ld + c]) * x[t * x_stride + i];
+      for (int64_t i = 0; i < k; ++i)
+        acc += to_f32(w[panel * k + i * width + c - panel]) * x[t * x_stride + i];
       float* o = out + t * out_stride + c;
       *o = accumulate ? *o + acc : acc;
     }
@@ -358,9 +371,14 @@ Result<Tensor> CpuOps::adopt_matmul_weight(const Tensor& host, std::vector<Buffe
   auto* dst = static_cast<uint8_t*>(buf.data());
   const auto* src = static_cast<const uint8_t*>(host.data);
   std::memset(dst, 0, size_t(k * ld) * es);
-  for (int64_t r = 0; r < m; ++r) {
-    for (int64_t i = 0; i < k; ++i)
-      std::memcpy(dst + (i * ld + r) * es, src + (r * k + i) * es, es);
+  // Panel by panel, each written in order while its rows (a few hundred KB) stay in cache.
+  for (int64_t panel = 0; panel < ld; panel += kPanelCols) {
+    const int64_t width = std::min(kPanelCols, ld - panel), rows = std::min(m - panel, width);
+    uint8_t* p = dst + size_t(panel * k) * es;
+    for (int64_t i = 0; i < k; ++i) {
+      for (int64_t r = 0; r < rows; ++r)
+        std::memcpy(p + size_t(i * width + r) * es, src + size_t((panel + r) * k + i) * es, es);
+    }
   }
   Tensor t = host;
   t.data = buf.data();
@@ -394,22 +412,108 @@ Result<Tensor> CpuOps::quantize_matmul_weight(const Tensor& host, DType dtype,
 }
 
 void CpuOps::quant_matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulate) {
-  const int64_t n = x.shape[0], k = w.shape[1], m = w.shape[0];
-  // Per calling thread, grown to the largest batch seen (then steady: no allocation).
-  // (The pool's threads see it through this pointer: a thread_local named in the lambda would
-  // be their own.)
-  thread_local QuantizedActivations activations;
-  QuantizedActivations* xq = &activations;
-  const bool integer = w.dtype != DType::F8_E4M3;
-  if (integer) quantize_activations(x.ptr<float>(), x.stride[0], n, k, xq);
-  const QuantIsa isa = best_quant_isa();
-  const int64_t vectors = (m + 15) / 16;
-  const int64_t min_vectors = std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, k * n));
-  pool_.parallel_for(vectors, min_vectors, [&](int64_t v0, int64_t v1) {
-    quant_matmul_columns(isa, w, x.ptr<float>(), x.stride[0], integer ? xq : nullptr, n,
-                         out.ptr<float>(), out.stride[0], v0 * 16, std::min(m, v1 * 16),
-                         accumulate);
+  const MatmulJob job{x, w, out, accumulate};
+  matmul_pass(std::span<const MatmulJob>(&job, 1));
+}
+
+namespace {
+
+// matmul's k-major test: the layout of adopt_matmul_weight.
+bool is_kmajor(const Tensor& w) {
+  return w.ndim == 2 && w.stride[0] == 1 && w.stride[1] >= w.shape[0] && w.stride[1] % 16 == 0;
+}
+
+// Columns [c0, c1) (c0 a multiple of 16) of a pass job's product; xq: its input quantized
+// (integer formats).
+void job_columns(const CpuOps::MatmulJob& job, const QuantizedActivations* xq, QuantIsa isa,
+                 int64_t c0, int64_t c1) {
+  const int64_t n = job.x.shape[0], k = job.w.shape[1];
+  if (is_quantized(job.w.dtype)) {
+    quant_matmul_columns(isa, job.w, job.x.ptr<float>(), job.x.stride[0], xq, n,
+                         job.out.ptr<float>(), job.out.stride[0], c0, c1, job.accumulate);
+    return;
+  }
+  dispatch_weight(job.w.dtype, [&](auto tag) {
+    using W = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
+    LineStream none;
+    kmajor_block<W>(job.x.ptr<float>(), job.x.stride[0], job.w.ptr<W>(), job.w.stride[1], k,
+                    job.out.ptr<float>(), job.out.stride[0], n, c0, c1, job.accumulate, &none);
   });
+}
+
+}  // namespace
+
+void CpuOps::matmul_pass(std::span<const MatmulJob> jobs) {
+  RECUR_CHECK(jobs.size() <= size_t(kMaxPassJobs));
+  for (const MatmulJob& job : jobs) {
+    if (!is_quantized(job.w.dtype) && !is_kmajor(job.w)) {  // row-major: no column split here
+      for (const MatmulJob& j : jobs) matmul(j.x, j.w, j.out, j.accumulate);
+      return;
+    }
+  }
+  // The integer formats read their input quantized per token: once per distinct input. Per
+  // calling thread, each grown to the largest input seen (then steady: no allocation).
+  thread_local std::vector<QuantizedActivations> activations(kMaxPassJobs);
+  const QuantizedActivations* xq[kMaxPassJobs] = {};
+  const void* quantized_from[kMaxPassJobs];
+  int n_quantized = 0;
+  // Work in units of a panel's columns, costed by weight bytes read and products computed
+  // alike (a unit's cost ∝ k · (tokens + 1)); unit u of job i starts at start[i] + u·cost[i].
+  int64_t start[kMaxPassJobs], cost[kMaxPassJobs], units[kMaxPassJobs];
+  int64_t total = 0, macs = 0, all_units = 0;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const MatmulJob& job = jobs[i];
+    const int64_t n = job.x.shape[0], k = job.w.shape[1], m = job.w.shape[0];
+    RECUR_CHECK(job.x.row_size() == k && job.out.shape[0] == n && job.out.row_size() == m);
+    RECUR_CHECK(job.x.stride[job.x.ndim - 1] == 1 && job.out.stride[job.out.ndim - 1] == 1);
+    units[i] = n == 0 ? 0 : (m + kPanelCols - 1) / kPanelCols;
+    cost[i] = kPanelCols * k * (n + 1);
+    start[i] = total;
+    total += units[i] * cost[i];
+    all_units += units[i];
+    macs += n * m * k;
+    if (units[i] == 0 || !is_quantized(job.w.dtype) || job.w.dtype == DType::F8_E4M3) continue;
+    for (int q = 0; q < n_quantized && xq[i] == nullptr; ++q) {
+      const QuantizedActivations& a = activations[size_t(q)];
+      if (quantized_from[q] == job.x.data && a.n == n && a.k == k) xq[i] = &a;
+    }
+    if (xq[i] == nullptr) {
+      QuantizedActivations& a = activations[size_t(n_quantized)];
+      quantize_activations(job.x.ptr<float>(), job.x.stride[0], n, k, &a);
+      quantized_from[n_quantized++] = job.x.data;
+      xq[i] = &a;
+    }
+  }
+  if (total == 0) return;
+  // Enough products per thread that a split pays for handing it over (a few microseconds);
+  // several chunks of the total cost per thread, taken as threads come free.
+  const int parts = int(std::clamp<int64_t>(macs / (1 << 16), 1, pool_.size()));
+  const int64_t chunks = parts == 1 ? 1 : std::min(all_units, parts * kChunksPerThread);
+  const QuantIsa isa = best_quant_isa();
+  auto run_chunk = [&](int64_t chunk) {
+    // The units that start in [lo, hi) of the total cost.
+    const int64_t lo = total * chunk / chunks, hi = total * (chunk + 1) / chunks;
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      if (units[i] == 0) continue;
+      const int64_t u0 =
+          std::min(units[i], (std::max<int64_t>(0, lo - start[i]) + cost[i] - 1) / cost[i]);
+      const int64_t u1 =
+          std::min(units[i], (std::max<int64_t>(0, hi - start[i]) + cost[i] - 1) / cost[i]);
+      if (u0 < u1) {
+        job_columns(jobs[i], xq[i], isa, u0 * kPanelCols,
+                    std::min(jobs[i].w.shape[0], u1 * kPanelCols));
+      }
+    }
+  };
+  pool_.parallel_chunks(chunks, parts, run_chunk);
+}
+
+void CpuOps::matmul_group(const Tensor& x, std::span<const Tensor> ws,
+                          std::span<const Tensor> outs) {
+  RECUR_CHECK(ws.size() == outs.size() && ws.size() <= kMaxMatmulGroup);
+  MatmulJob jobs[kMaxMatmulGroup];
+  for (size_t i = 0; i < ws.size(); ++i) jobs[i] = {x, ws[i], outs[i], false};
+  matmul_pass(std::span<const MatmulJob>(jobs, ws.size()));
 }
 
 void CpuOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulate) {
@@ -421,10 +525,14 @@ void CpuOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulat
     quant_matmul(x, w, out, accumulate);
     return;
   }
-  if (w.ndim == 2 && w.stride[0] == 1 && w.stride[1] >= m && w.stride[1] % 16 == 0) {
+  if (is_kmajor(w)) {
     const int64_t ld = w.stride[1];
-    const int64_t vectors = (m + 15) / 16;
-    const int64_t min_vectors = std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, k * n));
+    // Threads split whole panels when there are enough for all, so each streams its own;
+    // otherwise vectors of 16 columns.
+    const int64_t unit = (ld + kPanelCols - 1) / kPanelCols >= pool_.size() ? kPanelCols : 16;
+    const int64_t units = (m + unit - 1) / unit;
+    const int64_t min_units =
+        std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, k * n * (unit / 16)));
     const int64_t bytes = k * ld * int64_t(dtype_size(w.dtype));
     NextWeight* prev = last_weight_.load(std::memory_order_relaxed);
     if (prev != nullptr) {  // learn: after prev's weight came this one
@@ -444,19 +552,23 @@ void CpuOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulat
     const char* next = static_cast<const char*>(self.next.load(std::memory_order_relaxed));
     const int64_t next_bytes =
         next == nullptr ? 0 : self.next_bytes.load(std::memory_order_relaxed);
-    const bool one_part = pool_.parts_for(vectors, min_vectors) <= 1;
+    const int parts = pool_.parts_for(units, min_units);
     int64_t streamed = 0;  // bytes the tiles asked for, from the start (one part only)
     dispatch_weight(w.dtype, [&](auto tag) {
       using W = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
-      pool_.parallel_for_indexed(vectors, min_vectors, [&](int64_t v0, int64_t v1, int) {
-        LineStream stream;
-        if (next != nullptr && one_part) {
-          stream.next = next;
-          stream.end = next + next_bytes;
-        }
+      if (parts <= 1) {
+        LineStream stream{next, next + next_bytes};
         kmajor_block<W>(x.ptr<float>(), x.stride[0], w.ptr<W>(), ld, k, out.ptr<float>(),
-                        out.stride[0], n, v0 * 16, std::min(m, v1 * 16), accumulate, &stream);
-        if (one_part && stream.next != nullptr) streamed = stream.next - next;
+                        out.stride[0], n, 0, m, accumulate, &stream);
+        if (next != nullptr) streamed = stream.next - next;
+        return;
+      }
+      const int64_t chunks = std::min(units, parts * kChunksPerThread);
+      pool_.parallel_chunks(chunks, parts, [&](int64_t c) {
+        LineStream none;
+        kmajor_block<W>(x.ptr<float>(), x.stride[0], w.ptr<W>(), ld, k, out.ptr<float>(),
+                        out.stride[0], n, units * c / chunks * unit,
+                        std::min(m, units * (c + 1) / chunks * unit), accumulate, &none);
       });
     });
     if (next != nullptr) {

@@ -123,6 +123,23 @@ size_t CpuOps::moe_experts_scratch_bytes(int n_tokens, int k, int n_experts, int
 
 void CpuOps::moe_experts(const Tensor& x, std::span<const ExpertWeights> experts, const Tensor& ids,
                          const Tensor& weights, Tensor out, Tensor scratch) {
+  moe_experts_pass(x, experts, ids, weights, nullptr, out, scratch);
+}
+
+void CpuOps::moe_experts_shared(const Tensor& x, std::span<const ExpertWeights> experts,
+                                const Tensor& ids, const Tensor& weights,
+                                const SharedExpertArgs& shared, Tensor out, Tensor scratch) {
+  moe_experts_pass(x, experts, ids, weights, &shared, out, scratch);
+  if (shared.score.empty()) {
+    add(out, shared.out);
+  } else {
+    add_scaled_sigmoid(out, shared.out, shared.score);
+  }
+}
+
+void CpuOps::moe_experts_pass(const Tensor& x, std::span<const ExpertWeights> experts,
+                              const Tensor& ids, const Tensor& weights,
+                              const SharedExpertArgs* shared, Tensor out, Tensor scratch) {
   const int64_t n = x.shape[0], d = x.row_size(), k = ids.shape[1];
   const int64_t E = int64_t(experts.size());
   const int64_t d_ff = experts[0].gate.shape[0];
@@ -162,19 +179,46 @@ void CpuOps::moe_experts(const Tensor& x, std::span<const ExpertWeights> experts
   for (int64_t e = E; e > 0; --e) offset[e] = offset[e - 1];
   offset[0] = 0;
 
+  // Two passes, each over every chosen expert (and the shared one) at once: gate and up, then
+  // down; jobs go in batches of up to kMaxPassJobs.
+  MatmulJob jobs[kMaxPassJobs];
+  int n_jobs = 0;
+  auto queue = [&](const Tensor& in, const Tensor& w, const Tensor& result) {
+    if (n_jobs == kMaxPassJobs) {
+      matmul_pass(std::span<const MatmulJob>(jobs, size_t(n_jobs)));
+      n_jobs = 0;
+    }
+    jobs[n_jobs++] = {in, w, result, false};
+  };
+  auto flush = [&] {
+    matmul_pass(std::span<const MatmulJob>(jobs, size_t(n_jobs)));
+    n_jobs = 0;
+  };
+  auto rows = [](float* base, int64_t first, int64_t count, int64_t width) {
+    return Tensor::contiguous(base + first * width, DType::F32, {count, width});
+  };
+  if (shared != nullptr) {
+    queue(x, shared->w.gate, shared->gate);
+    queue(x, shared->w.up, shared->up);
+  }
   for (int64_t e = 0; e < E; ++e) {
     const int64_t b = offset[e], m = offset[e + 1] - b;
     if (m == 0) continue;
-    const Tensor xe = Tensor::contiguous(xs + b * d, DType::F32, {m, d});
-    const Tensor ge = Tensor::contiguous(gs + b * d_ff, DType::F32, {m, d_ff});
-    const Tensor ue = Tensor::contiguous(us + b * d_ff, DType::F32, {m, d_ff});
-    const Tensor he = Tensor::contiguous(hs + b * d_ff, DType::F32, {m, d_ff});
-    const Tensor ye = Tensor::contiguous(ys + b * d, DType::F32, {m, d});
-    matmul(xe, experts[size_t(e)].gate, ge, false);
-    matmul(xe, experts[size_t(e)].up, ue, false);
-    swiglu(ge, ue, he);
-    matmul(he, experts[size_t(e)].down, ye, false);
+    queue(rows(xs, b, m, d), experts[size_t(e)].gate, rows(gs, b, m, d_ff));
+    queue(rows(xs, b, m, d), experts[size_t(e)].up, rows(us, b, m, d_ff));
   }
+  flush();
+  swiglu(rows(gs, 0, pairs, d_ff), rows(us, 0, pairs, d_ff), rows(hs, 0, pairs, d_ff));
+  if (shared != nullptr) {
+    swiglu(shared->gate, shared->up, shared->hidden);
+    queue(shared->hidden, shared->w.down, shared->out);
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t b = offset[e], m = offset[e + 1] - b;
+    if (m == 0) continue;
+    queue(rows(hs, b, m, d_ff), experts[size_t(e)].down, rows(ys, b, m, d));
+  }
+  flush();
   for (int64_t t = 0; t < n; ++t) std::fill(out.row<float>(t), out.row<float>(t) + d, 0.0f);
   for (int64_t i = 0; i < pairs; ++i) {
     float* o = out.row<float>(token_of[i]);
