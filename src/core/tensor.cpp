@@ -66,11 +66,15 @@ Tensor Tensor::slice_cols(int64_t begin, int64_t end) const {
 }
 
 Tensor Tensor::col_heads(int64_t col, int64_t heads, int64_t d) const {
-  RECUR_CHECK(stride[1] == 1);
-  Tensor t = slice_cols(col, col + heads * d);
+  return col_heads(col, heads, d, d);
+}
+
+Tensor Tensor::col_heads(int64_t col, int64_t heads, int64_t d, int64_t head_stride) const {
+  RECUR_CHECK(stride[1] == 1 && heads >= 1 && head_stride >= 0);
+  Tensor t = slice_cols(col, col + (heads - 1) * head_stride + d);
   t.ndim = 3;
   t.shape[1] = heads, t.shape[2] = d;
-  t.stride[1] = d, t.stride[2] = 1;
+  t.stride[1] = head_stride, t.stride[2] = 1;
   return t;
 }
 

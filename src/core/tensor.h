@@ -49,6 +49,8 @@ struct Tensor {
   Tensor slice_cols(int64_t begin, int64_t end) const;  // last dimension of a 2-D view
   // Columns [col, col + heads·d) of a 2-D view with unit column stride, as [rows, heads, d].
   Tensor col_heads(int64_t col, int64_t heads, int64_t d) const;
+  // As col_heads with head h at column col + h·head_stride (0: every head the same columns).
+  Tensor col_heads(int64_t col, int64_t heads, int64_t d, int64_t head_stride) const;
   Tensor reshaped(std::initializer_list<int64_t> shape) const;  // contiguous views only
 
   std::string shape_string() const;  // "[3, 4]"

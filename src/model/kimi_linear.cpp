@@ -276,18 +276,6 @@ class KimiDeltaAttention final : public TokenMixer {
 
 // ---- latent attention without rotary (KimiMLAAttention) ----
 
-// Columns of t [n, cols] (unit column stride) as [n, heads, d], head h starting at column
-// col + h·head_stride (0: every head the same columns).
-Tensor strided_heads(const Tensor& t, int64_t col, int64_t heads, int64_t head_stride, int64_t d) {
-  RECUR_CHECK(t.ndim == 2 && t.stride[1] == 1 && col + (heads - 1) * head_stride + d <= t.shape[1]);
-  Tensor v = t;
-  v.data = t.ptr<float>() + col;
-  v.ndim = 3;
-  v.shape[1] = heads, v.shape[2] = d;
-  v.stride[1] = head_stride, v.stride[2] = 1;
-  return v;
-}
-
 // Per token the cache holds only the normed latent c (kv_lora_rank) and the key part shared by
 // all heads (k_pe), as one key of r + dr channels whose first r are also the value. The attention
 // runs in the latent space (the absorbed form): each head's query absorbs kv_b_proj's key half,
@@ -337,10 +325,10 @@ class LatentAttention final : public TokenMixer {
     // Per head, into q_lat's (r | dr) channels: W_uk[h]ᵀ q_nope[h], and q_pe[h] from x (read by
     // every head: head stride 0).
     ops.matmul_heads(q_nope.col_heads(0, heads, nope_dim), k_absorb,
-                     strided_heads(q_lat, 0, heads, kd, rank));
+                     q_lat.col_heads(0, heads, rank, kd));
     if (rope_dim > 0) {
-      ops.matmul_heads(strided_heads(io.x, 0, heads, 0, io.x.shape[1]), q_pe_proj,
-                       strided_heads(q_lat, rank, heads, kd, rope_dim));
+      ops.matmul_heads(io.x.col_heads(0, heads, io.x.shape[1], 0), q_pe_proj,
+                       q_lat.col_heads(rank, heads, rope_dim, kd));
     }
     const Tensor& kc = io.state.k_cache[size_t(cache_)];
     const Tensor& vc = io.state.v_cache[size_t(cache_)];

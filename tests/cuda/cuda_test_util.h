@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -101,6 +102,28 @@ class CudaTest : public ::testing::Test {
   }
   HostTensor host(const DeviceTensor& d, const HostTensor& like) { return d.download(*ops_, like); }
   Tensor weight(const HostTensor& h) { return ops_->adopt_weight(h.t).value(); }
+  // Case c's attention input stage on device copies of its tensors, twice: [0] by the fused
+  // attention_inputs, [1] by the default's ops (Ops::attention_inputs).
+  struct AttentionInputRun {
+    DeviceTensor q, k, v, kc, vc;
+  };
+  std::array<AttentionInputRun, 2> fused_and_default_attention_inputs(const AttentionInputCase& c,
+                                                                      const SeqLayout& l) {
+    const Tensor dqn = weight(c.q_norm), dkn = weight(c.k_norm);
+    std::array<AttentionInputRun, 2> runs;
+    for (AttentionInputRun& r : runs)
+      r.q = dev(c.q), r.k = dev(c.k), r.v = dev(c.v), r.kc = dev(c.kc), r.vc = dev(c.vc);
+    auto args = [&](AttentionInputRun& r) {
+      AttentionInputArgs a = c.args();
+      a.q_norm = dqn, a.k_norm = dkn;
+      a.q = r.q.t, a.k = r.k.t, a.v = r.v.t, a.k_cache = r.kc.t, a.v_cache = r.vc.t;
+      return a;
+    };
+    ops_->begin_forward(l, {}, {});
+    ops_->attention_inputs(args(runs[0]), l);
+    ops_->Ops::attention_inputs(args(runs[1]), l);
+    return runs;
+  }
   CudaOps* ops_ = nullptr;
   std::mt19937 rng{2024};
 };

@@ -14,16 +14,6 @@ using namespace testing;
 
 class CudaMatmulHeads : public CudaTest {};
 
-// Columns of t [n, cols] as [n, heads, d], head h at column col + h·head_stride.
-Tensor strided_heads(const Tensor& t, int64_t col, int64_t heads, int64_t head_stride, int64_t d) {
-  Tensor v = t;
-  v.data = t.ptr<float>() + col;
-  v.ndim = 3;
-  v.shape[1] = heads, v.shape[2] = d;
-  v.stride[1] = head_stride, v.stride[2] = 1;
-  return v;
-}
-
 struct Shape {
   int64_t n, H, m, k, x_gap, out_gap;  // x_gap -1: one input for every head
 };
@@ -55,11 +45,11 @@ TEST_F(CudaMatmulHeads, EqualsReferenceAndOneMatmulPerHead) {
       fill_random(obuf, rng);
       const Tensor dw = weight(w);
       DeviceTensor dx = dev(xbuf), dout = dev(obuf), ddef = dev(obuf);
-      const Tensor x = strided_heads(dx.t, 2, H, xs, k);
-      ops().matmul_heads(x, dw, strided_heads(dout.t, 1, H, os, m));
-      ops().Ops::matmul_heads(x, dw, strided_heads(ddef.t, 1, H, os, m));
+      const Tensor x = dx.t.col_heads(2, H, k, xs);
+      ops().matmul_heads(x, dw, dout.t.col_heads(1, H, m, os));
+      ops().Ops::matmul_heads(x, dw, ddef.t.col_heads(1, H, m, os));
       const HostTensor got = host(dout, obuf), def = host(ddef, obuf);
-      ref::matmul_heads(strided_heads(xbuf.t, 2, H, xs, k), w.t, ref.t);
+      ref::matmul_heads(xbuf.t.col_heads(2, H, k, xs), w.t, ref.t);
       // The heads' outputs, gathered [n, H, m]; the gaps must hold what they held.
       HostTensor g(DType::F32, {n, H, m}), d(DType::F32, {n, H, m});
       for (int64_t t = 0; t < n; ++t) {

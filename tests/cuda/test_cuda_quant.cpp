@@ -217,20 +217,7 @@ TEST_F(CudaQuant, BlockFp8MoeExpertsMatchReference) {
     dout.poison();
     ops().moe_experts_shared(dx.t, routed_d, dids.t, dw.t, shared, dout.t, scratch.t);
     got = host(dout, out);
-    HostTensor g_ref = gate, u_ref = gate, h_ref = gate, y_ref = sh_out;
-    ref::matmul(x.t, hx.back().gate, g_ref.t);
-    ref::matmul(x.t, hx.back().up, u_ref.t);
-    for (int64_t i = 0; i < h_ref.numel(); ++i) {
-      const double g = g_ref.f()[i];
-      h_ref.f()[i] = float(g / (1.0 + std::exp(-g)) * double(u_ref.f()[i]));
-    }
-    ref::matmul(h_ref.t, hx.back().down, y_ref.t);
-    for (int64_t t = 0; t < c.n; ++t) {
-      const double s = 1.0 / (1.0 + std::exp(-double(score.f()[t])));
-      for (int64_t j = 0; j < c.d; ++j) {
-        ref.f()[t * c.d + j] += float(s * double(y_ref.f()[t * c.d + j]));
-      }
-    }
+    reference_moe_shared(x.t, routed_h, hids.t, hw.t, hx.back(), score.t, ref.t);
     err = rel_err(got.f(), ref.f(), out.numel());
     record_error("fp8 moe_experts_shared", err);
     EXPECT_LE(err, 2e-5) << "shared n=" << c.n << " E=" << c.E;
@@ -291,18 +278,9 @@ TEST_F(CudaQuant, BlockFp8RoutingInsideExpertsMatchesRouteThenExperts) {
     const std::string what = "E=" + std::to_string(E) + " k=" + std::to_string(k);
     EXPECT_EQ(std::memcmp(got_ids[0].t.data, got_ids[1].t.data, size_t(k) * 4), 0) << what;
     EXPECT_EQ(std::memcmp(got[0].t.data, got[1].t.data, size_t(d) * 4), 0) << what;
-    HostTensor ref = out, g_ref = g, u_ref = g, h_ref = g, y_ref = y;
-    ref::moe_experts(x.t, std::span<const ExpertWeights>(hx.data(), size_t(E)), got_ids[1].t, w.t,
-                     ref.t);
-    ref::matmul(x.t, hx.back().gate, g_ref.t);
-    ref::matmul(x.t, hx.back().up, u_ref.t);
-    for (int64_t i = 0; i < ff; ++i) {
-      const double gv = g_ref.f()[i];
-      h_ref.f()[i] = float(gv / (1.0 + std::exp(-gv)) * double(u_ref.f()[i]));
-    }
-    ref::matmul(h_ref.t, hx.back().down, y_ref.t);
-    const double sg = 1.0 / (1.0 + std::exp(-double(score.f()[0])));
-    for (int64_t j = 0; j < d; ++j) ref.f()[j] += float(sg * double(y_ref.f()[j]));
+    HostTensor ref = out;
+    reference_moe_shared(x.t, std::span<const ExpertWeights>(hx.data(), size_t(E)), got_ids[1].t,
+                         w.t, hx.back(), score.t, ref.t);
     ASSERT_EQ(count_nonfinite(got[0].f(), d), 0) << what;
     const double err = rel_err(got[0].f(), ref.f(), d);
     record_error("fp8 moe_route_experts_shared", err);

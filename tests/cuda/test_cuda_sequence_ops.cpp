@@ -179,22 +179,7 @@ TEST_F(CudaSequence, AttentionInputsEqualTheDefault) {
     Layout lay(cs.lens, cs.first, 16, rng);
     AttentionInputCase c(lay.l, lay.n_blocks(), cs.heads, cs.kv, cs.hd, cs.dv, cs.rot, cs.norm_t,
                          rng);
-    const Tensor dqn = weight(c.q_norm), dkn = weight(c.k_norm);
-    struct Run {
-      DeviceTensor q, k, v, kc, vc;
-    };
-    Run runs[2];
-    for (Run& r : runs)
-      r.q = dev(c.q), r.k = dev(c.k), r.v = dev(c.v), r.kc = dev(c.kc), r.vc = dev(c.vc);
-    auto args = [&](Run& r) {
-      AttentionInputArgs a = c.args();
-      a.q_norm = dqn, a.k_norm = dkn;
-      a.q = r.q.t, a.k = r.k.t, a.v = r.v.t, a.k_cache = r.kc.t, a.v_cache = r.vc.t;
-      return a;
-    };
-    ops().begin_forward(lay.l, {}, {});
-    ops().attention_inputs(args(runs[0]), lay.l);
-    ops().Ops::attention_inputs(args(runs[1]), lay.l);
+    const auto runs = fused_and_default_attention_inputs(c, lay.l);
     AttentionInputCase ref = c;
     ref.reference(lay.l);
     const HostTensor* refs[4] = {&ref.q, &ref.k, &ref.kc, &ref.vc};

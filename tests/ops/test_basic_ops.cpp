@@ -190,16 +190,6 @@ TEST_F(BasicOps, MatmulAccumulatesAndHonoursRowStrides) {
   }
 }
 
-// Columns of t [n, cols] as [n, heads, d], head h at column col + h·head_stride.
-Tensor strided_heads(const Tensor& t, int64_t col, int64_t heads, int64_t head_stride, int64_t d) {
-  Tensor v = t;
-  v.data = t.ptr<float>() + col;
-  v.ndim = 3;
-  v.shape[1] = heads, v.shape[2] = d;
-  v.stride[1] = head_stride, v.stride[2] = 1;
-  return v;
-}
-
 // matmul_heads on odd shapes, every weight dtype, inputs with gaps between heads or one input
 // shared by all heads (head stride 0), outputs with gaps: the scalar reference per head, the
 // gaps untouched.
@@ -219,8 +209,8 @@ TEST_F(BasicOps, MatmulHeadsMatchesReferenceOnStridedHeads) {
       fill_random(w, rng, 0.2f);
       fill_random(obuf, rng);
       const HostTensor before = obuf;
-      const Tensor x = strided_heads(xbuf.t, 2, H, xs, k);
-      ops.matmul_heads(x, w.t, strided_heads(obuf.t, 1, H, os, m));
+      const Tensor x = xbuf.t.col_heads(2, H, k, xs);
+      ops.matmul_heads(x, w.t, obuf.t.col_heads(1, H, m, os));
       ref::matmul_heads(x, w.t, ref.t);
       const int64_t cols = 1 + H * os;
       for (int64_t t = 0; t < n; ++t) {

@@ -145,7 +145,7 @@ __global__ void __launch_bounds__(kChunkThreads)
       }
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
-        const int i = r0 + g + (u / 2) * 8, jx = c0 + 2 * t + u % 2;
+        const int i = r0 + mma_c_row(g, u), jx = c0 + mma_c_col(t, u);
         if (i >= L || jx > i) continue;
         const float decay = expf(G[i] - G[jx]);
         if (jx < i) A[i * lda + jx] = beta[i] * decay * kk[u];
@@ -240,7 +240,7 @@ __global__ void __launch_bounds__(kChunkThreads)
       }
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
-        const int i = r0 + g + (u / 2) * 8, mm = c0 + 2 * t + u % 2;
+        const int i = r0 + mma_c_row(g, u), mm = c0 + mma_c_col(t, u);
         if (i < L && mm < dk) Wk[i * dk + mm] = w[u];
       }
     }
@@ -380,7 +380,7 @@ __global__ void __launch_bounds__(kChunkThreads)
       }
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
-        const int i = orow + g + (u / 2) * 8, jj = ocol + 2 * t + u % 2;
+        const int i = orow + mma_c_row(g, u), jj = ocol + mma_c_col(t, u);
         if constexpr (!kPerChannel) o[u] *= m.eg[i];
         m.Vn[i * ldv + jj] = tv[u] - ws[u];
       }
@@ -394,7 +394,7 @@ __global__ void __launch_bounds__(kChunkThreads)
       }
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
-        const int i = orow + g + (u / 2) * 8, jj = ocol + 2 * t + u % 2;
+        const int i = orow + mma_c_row(g, u), jj = ocol + mma_c_col(t, u);
         if (i < L && jj < ncols) a.out[(t0 + i) * a.o_s0 + h * a.o_s1 + j0 + jj] = o[u];
       }
     }
@@ -408,7 +408,7 @@ __global__ void __launch_bounds__(kChunkThreads)
       }
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
-        const int mm = srow + g + (u / 2) * 8, jj = scol + 2 * t + u % 2;
+        const int mm = srow + mma_c_row(g, u), jj = scol + mma_c_col(t, u);
         float& sv = m.S[mm * ldv + jj];
         sv = sv * (kPerChannel ? m.gl[mm] : decay_all) + su[u];
       }

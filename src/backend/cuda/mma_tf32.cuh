@@ -34,25 +34,34 @@ struct SplitB {
   uint32_t hi[2], lo[2];
 };
 
-// a from a row-major tile A[r][k] (rows ld floats apart) at rows r0.., columns k0..
+// Element u (0..3) of a 16 × 8 accumulator fragment (mma_split's c): its row and column within
+// the tile, for the lane of groupID g and threadID_in_group t.
+__device__ __forceinline__ int mma_c_row(int g, int u) {
+  return g + (u / 2) * 8;
+}
+__device__ __forceinline__ int mma_c_col(int t, int u) {
+  return 2 * t + u % 2;
+}
+
+// a from a tile whose element A[r][k] is at A[r·rs + k·cs], at rows r0.., columns k0..
+__device__ __forceinline__ SplitA load_split_a_strided(const float* A, int rs, int cs, int r0,
+                                                       int k0, int g, int t) {
+  SplitA f;
+  split_tf32(A[(r0 + g) * rs + (k0 + t) * cs], f.hi[0], f.lo[0]);
+  split_tf32(A[(r0 + g + 8) * rs + (k0 + t) * cs], f.hi[1], f.lo[1]);
+  split_tf32(A[(r0 + g) * rs + (k0 + t + 4) * cs], f.hi[2], f.lo[2]);
+  split_tf32(A[(r0 + g + 8) * rs + (k0 + t + 4) * cs], f.hi[3], f.lo[3]);
+  return f;
+}
+// a from a row-major tile A[r][k] (rows ld floats apart).
 __device__ __forceinline__ SplitA load_split_a(const float* A, int ld, int r0, int k0, int g,
                                                int t) {
-  SplitA f;
-  split_tf32(A[(r0 + g) * ld + k0 + t], f.hi[0], f.lo[0]);
-  split_tf32(A[(r0 + g + 8) * ld + k0 + t], f.hi[1], f.lo[1]);
-  split_tf32(A[(r0 + g) * ld + k0 + t + 4], f.hi[2], f.lo[2]);
-  split_tf32(A[(r0 + g + 8) * ld + k0 + t + 4], f.hi[3], f.lo[3]);
-  return f;
+  return load_split_a_strided(A, ld, 1, r0, k0, g, t);
 }
 // a from a tile stored transposed, A[r][k] = At[k][r] (rows of At ld floats apart).
 __device__ __forceinline__ SplitA load_split_a_t(const float* At, int ld, int r0, int k0, int g,
                                                  int t) {
-  SplitA f;
-  split_tf32(At[(k0 + t) * ld + r0 + g], f.hi[0], f.lo[0]);
-  split_tf32(At[(k0 + t) * ld + r0 + g + 8], f.hi[1], f.lo[1]);
-  split_tf32(At[(k0 + t + 4) * ld + r0 + g], f.hi[2], f.lo[2]);
-  split_tf32(At[(k0 + t + 4) * ld + r0 + g + 8], f.hi[3], f.lo[3]);
-  return f;
+  return load_split_a_strided(At, 1, ld, r0, k0, g, t);
 }
 // b from a row-major tile B[k][c] (rows ld floats apart) at rows k0.., columns c0..
 __device__ __forceinline__ SplitB load_split_b(const float* B, int ld, int k0, int c0, int g,
