@@ -57,7 +57,7 @@ struct RowScales<Fp8E4M3, R> {
   const float* row[R];
   int bc;
   __device__ __forceinline__ float of(int r, int64_t col) const {
-    return __ldg(row[r] + int(col) / bc);
+    return __ldg(row[r] + uint32_t(col) / uint32_t(bc));
   }
 };
 // The scales of rows row0 .. row0 + R - 1 (rows ≥ `rows` clamped to row0, as the GEMV's weight
@@ -69,20 +69,21 @@ __device__ __forceinline__ RowScales<W, R> row_scales(const void* w, int64_t m, 
   if constexpr (kBlockFp8<W>) {
     const float* scales =
         reinterpret_cast<const float*>(static_cast<const uint8_t*>(w) + fp8_scales_offset(m, k));
-    const int64_t kb = (k + bc - 1) / bc;
+    // 32-bit arithmetic (rows and column blocks fit): a 64-bit division per row costs a
+    // subroutine and, in kernels holding preloaded weights, registers.
+    const uint32_t kb = (uint32_t(k) + uint32_t(bc) - 1) / uint32_t(bc);
 #pragma unroll
-    for (int r = 0; r < R; ++r) s.row[r] = scales + ((row0 + (r < rows ? r : 0)) / br) * kb;
+    for (int r = 0; r < R; ++r) {
+      s.row[r] = scales + ((uint32_t(row0) + uint32_t(r < rows ? r : 0)) / uint32_t(br)) * kb;
+    }
     s.bc = bc;
   }
   return s;
 }
 
-// 16 bytes of weights, widened to f32: 4 floats or 8 bf16/f16 values.
+// Elements of a weight type in a 16-byte chunk: 4 f32, 8 bf16/f16, 16 block-FP8.
 template <typename W>
-struct Chunk {
-  static constexpr int kElems = 16 / int(sizeof(W));
-  float v[kElems];
-};
+constexpr int kChunkElems = 16 / int(sizeof(W));
 
 // Weights are read once a step and never again before the step's other weights: they go to L2
 // marked first to evict, so they displace each other rather than the activations, state and
@@ -124,10 +125,17 @@ __device__ __forceinline__ void widen(uint32_t bits, float* out, Fp8E4M3) {
   widen_fp8x4(bits, out);
 }
 
+// 16 bytes of weights widened to f32 (kChunkElems<W> values).
+template <typename W>
+struct Chunk {
+  static constexpr int kElems = kChunkElems<W>;
+  float v[kElems];
+};
+
 template <typename W>
 __device__ __forceinline__ Chunk<W> widen_chunk(uint4 raw) {
   Chunk<W> c;
-  constexpr int kPer = Chunk<W>::kElems / 4;  // elements per 32-bit word
+  constexpr int kPer = kChunkElems<W> / 4;  // elements per 32-bit word
   widen(raw.x, c.v + 0 * kPer, W{});
   widen(raw.y, c.v + 1 * kPer, W{});
   widen(raw.z, c.v + 2 * kPer, W{});
@@ -140,14 +148,14 @@ __device__ __forceinline__ Chunk<W> load_chunk(const W* p) {
   return widen_chunk<W>(load_streaming(p));
 }
 
-// acc[r][t] += the loaded chunk c of weight row r (wc[r], and wc2[r] into acc2 when kDual)
+// acc[r][t] += the widened chunk c of weight row r (wc[r], and wc2[r] into acc2 when kDual)
 // times the same chunk of activation row t.
 template <typename W, int R, int NT, bool kDual>
-__device__ __forceinline__ void fma_loaded(const Chunk<W> (&wc)[R],
-                                           const Chunk<W> (&wc2)[kDual ? R : 1],
-                                           const float* const (&xr)[NT], int64_t c,
-                                           float (&acc)[R][NT], float (&acc2)[R][NT]) {
-  constexpr int E = Chunk<W>::kElems;
+__device__ __forceinline__ void fma_widened(const Chunk<W> (&wc)[R],
+                                            const Chunk<W> (&wc2)[kDual ? R : 1],
+                                            const float* const (&xr)[NT], int64_t c,
+                                            float (&acc)[R][NT], float (&acc2)[R][NT]) {
+  constexpr int E = kChunkElems<W>;
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
     float xv[E];
@@ -167,51 +175,103 @@ __device__ __forceinline__ void fma_loaded(const Chunk<W> (&wc)[R],
   }
 }
 
-// A widened chunk c of block-FP8 row r times its block's scale (nothing for other types).
-template <typename W, int R>
-__device__ __forceinline__ void scale_chunk(Chunk<W>& wc, const RowScales<W, R>& sc, int r,
-                                            int64_t c) {
-  if constexpr (kBlockFp8<W>) {
-    const float s = sc.of(r, c * Chunk<W>::kElems);
+// Word j of a raw 16-byte chunk.
+__device__ __forceinline__ uint32_t chunk_word(const uint4& raw, int j) {
+  return j == 0 ? raw.x : j == 1 ? raw.y : j == 2 ? raw.z : raw.w;
+}
+
+// fma_widened for block-FP8 chunks kept raw (wc[r], wc2[r]) with their blocks' scales s[r],
+// s2[r]: each is widened a 32-bit word at a time next to its products (sixteen values widened
+// at once per row hold four times their bytes in registers: the down projection took 255),
+// and, lying within one column block, sums its 16 products first and takes the scale once.
+template <int R, int NT, bool kDual>
+__device__ __forceinline__ void fma_fp8(const uint4 (&wc)[R], const uint4 (&wc2)[kDual ? R : 1],
+                                        const float (&s)[R], const float (&s2)[R],
+                                        const float* const (&xr)[NT], int64_t c,
+                                        float (&acc)[R][NT], float (&acc2)[R][NT]) {
+  constexpr int E = kChunkElems<Fp8E4M3>;
 #pragma unroll
-    for (int q = 0; q < Chunk<W>::kElems; ++q) wc.v[q] *= s;
+  for (int t = 0; t < NT; ++t) {
+    float xv[E];
+#pragma unroll
+    for (int q = 0; q < E; q += 4) {
+      const float4 f = __ldg(reinterpret_cast<const float4*>(xr[t] + c * E + q));
+      xv[q] = f.x, xv[q + 1] = f.y, xv[q + 2] = f.z, xv[q + 3] = f.w;
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float p = 0.0f, p2 = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float w[4], w2[4];
+        widen_fp8x4(chunk_word(wc[r], j), w);
+        if constexpr (kDual) widen_fp8x4(chunk_word(wc2[r], j), w2);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          p = fmaf(w[q], xv[j * 4 + q], p);
+          if constexpr (kDual) p2 = fmaf(w2[q], xv[j * 4 + q], p2);
+        }
+      }
+      acc[r][t] = fmaf(p, s[r], acc[r][t]);
+      if constexpr (kDual) acc2[r][t] = fmaf(p2, s2[r], acc2[r][t]);
+    }
   }
 }
 
-// fma_loaded of chunk c loaded from the rows wr (and wr2 when kDual; sc, sc2 their block
+// The block scales of chunk c of block-FP8 rows.
+template <int R>
+__device__ __forceinline__ void chunk_scales(const RowScales<Fp8E4M3, R>& sc, int64_t c,
+                                             float (&s)[R]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r) s[r] = sc.of(r, c * kChunkElems<Fp8E4M3>);
+}
+
+// The product of chunk c loaded from the rows wr (and wr2 when kDual; sc, sc2 their block
 // scales): the inner step of every GEMV over 16-byte rows.
 template <typename W, int R, int NT, bool kDual>
 __device__ __forceinline__ void fma_chunk(const W* const (&wr)[R], const W* const (&wr2)[R],
                                           const RowScales<W, R>& sc, const RowScales<W, R>& sc2,
                                           const float* const (&xr)[NT], int64_t c,
                                           float (&acc)[R][NT], float (&acc2)[R][NT]) {
-  constexpr int E = Chunk<W>::kElems;
-  Chunk<W> wc[R], wc2[kDual ? R : 1];
+  constexpr int E = kChunkElems<W>;
+  if constexpr (kBlockFp8<W>) {
+    uint4 wc[R], wc2[kDual ? R : 1];
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    wc[r] = load_chunk(wr[r] + c * E);
-    if constexpr (kDual) wc2[r] = load_chunk(wr2[r] + c * E);
-  }
+    for (int r = 0; r < R; ++r) {
+      wc[r] = load_streaming(wr[r] + c * E);
+      if constexpr (kDual) wc2[r] = load_streaming(wr2[r] + c * E);
+    }
+    float s[R], s2[R];
+    chunk_scales(sc, c, s);
+    if constexpr (kDual) chunk_scales(sc2, c, s2);
+    fma_fp8<R, NT, kDual>(wc, wc2, s, s2, xr, c, acc, acc2);
+  } else {
+    Chunk<W> wc[R], wc2[kDual ? R : 1];
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    scale_chunk(wc[r], sc, r, c);
-    if constexpr (kDual) scale_chunk(wc2[r], sc2, r, c);
+    for (int r = 0; r < R; ++r) {
+      wc[r] = load_chunk(wr[r] + c * E);
+      if constexpr (kDual) wc2[r] = load_chunk(wr2[r] + c * E);
+    }
+    fma_widened<W, R, NT, kDual>(wc, wc2, xr, c, acc, acc2);
   }
-  fma_loaded<W, R, NT, kDual>(wc, wc2, xr, c, acc, acc2);
 }
 
-// fma_loaded of chunk c of R rows already loaded (raw[r]), no second weight.
+// fma_chunk of chunk c of R rows already loaded (raw[r]), no second weight.
 template <typename W, int R, int NT>
 __device__ __forceinline__ void fma_chunk_raw(const uint4 (&raw)[R], const RowScales<W, R>& sc,
                                               const float* const (&xr)[NT], int64_t c,
                                               float (&acc)[R][NT]) {
-  Chunk<W> wc[R], unused[1];
+  if constexpr (kBlockFp8<W>) {
+    const uint4 unused[1] = {};
+    float s[R];
+    chunk_scales(sc, c, s);
+    fma_fp8<R, NT, false>(raw, unused, s, s, xr, c, acc, acc);
+  } else {
+    Chunk<W> wc[R], unused[1];
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    wc[r] = widen_chunk<W>(raw[r]);
-    scale_chunk(wc[r], sc, r, c);
+    for (int r = 0; r < R; ++r) wc[r] = widen_chunk<W>(raw[r]);
+    fma_widened<W, R, NT, false>(wc, unused, xr, c, acc, acc);
   }
-  fma_loaded<W, R, NT, false>(wc, unused, xr, c, acc, acc);
 }
 
 // The first kPre chunks this thread streams of each of a block's R rows (w: the block's first
@@ -221,7 +281,7 @@ __device__ __forceinline__ void fma_chunk_raw(const uint4 (&raw)[R], const RowSc
 template <typename W, int R, int kPre>
 __device__ __forceinline__ void gemv_preload(const W* w, int64_t k, int rows,
                                              uint4 (&pre)[kPre][R]) {
-  constexpr int E = Chunk<W>::kElems;
+  constexpr int E = kChunkElems<W>;
   const int64_t n_chunks = k / E;
 #pragma unroll
   for (int p = 0; p < kPre; ++p) {
@@ -255,7 +315,7 @@ __device__ __forceinline__ void gemv_partial(const W* w, const W* w2, int64_t k,
     wr2[r] = kDual ? w2 + (r < rows ? r : 0) * k : nullptr;
   }
   if constexpr (kVec) {
-    constexpr int E = Chunk<W>::kElems;
+    constexpr int E = kChunkElems<W>;
     const int64_t n_chunks = k / E;
     // Four chunks of each row in flight per thread for one token on a few rows (long rows
     // otherwise take several dependent round trips), two where registers allow; with many

@@ -54,9 +54,16 @@ __device__ __forceinline__ void gemv_rows(const W* __restrict__ w, int64_t m, in
   }
 }
 
-// One token, 16-byte rows: chunks per row that a GEMV block loads before its PDL wait.
-template <int NT, bool kVec>
-constexpr int kGemvPre = (kVec && NT == 1) ? 2 : 0;
+// Weight rows per GEMV block: eight of one-byte (block-FP8) weights, so a block streams as
+// many bytes as four rows of bf16 (80B-A3B FP8 decode, H200, with the chunks widened lazily:
+// 16 sequences 18.96 -> 15.80 ms a step; with eight rows for one token only, 17.26).
+template <typename W>
+constexpr int kGemvRows = sizeof(W) == 1 ? 8 : 4;
+
+// One token, 16-byte rows: chunks per row that a GEMV block of R rows loads before its PDL
+// wait (eight loads per thread).
+template <int NT, bool kVec, int R>
+constexpr int kGemvPre = (kVec && NT == 1) ? 8 / R : 0;
 
 // Token group blockIdx.y of x [n, k] (rows ldx apart): its first token and count (≤ NT).
 // More than NT tokens run as groups of NT that each stream the rows again (from L2, where
@@ -70,25 +77,26 @@ __device__ __forceinline__ int token_group(const float*& x, int64_t ldx, float*&
   return min(NT, n - t0);
 }
 
-// One block per 4 weight rows of one token group; x [n, k] rows ldx apart; out [n, m] rows ldo
-// apart; grid (⌈m/4⌉, ⌈n/NT⌉). kPre > 0 (one token, 16-byte rows): the block's first kPre
-// chunks per row are loaded before the PDL wait (4: whole rows of 4,096 bf16, as out_proj and
-// o_proj have).
+// One block per R = kGemvRows<W> weight rows of one token group; x [n, k] rows ldx apart;
+// out [n, m] rows ldo apart; grid (⌈m/R⌉, ⌈n/NT⌉). kPre > 0 (one token, 16-byte rows): the block's
+// first kPre chunks per row are loaded before the PDL wait (4: whole rows of 4,096 bf16, as
+// out_proj and o_proj have).
 template <typename W, int NT, bool kVec, int kPre>
 __global__ void __launch_bounds__(kGemvThreads)
     matmul_gemv_kernel(const W* __restrict__ w, int64_t m, int64_t k, int br, int bc,
                        const float* x, int64_t ldx, int n, float* out, int64_t ldo,
                        bool accumulate) {
+  constexpr int R = kGemvRows<W>;
   const int nt = token_group<NT>(x, ldx, out, ldo, n);
-  const int64_t row0 = int64_t(blockIdx.x) * 4;
+  const int64_t row0 = int64_t(blockIdx.x) * R;
   if constexpr (kPre > 0) {
-    uint4 pre[kPre][4];
-    gemv_preload<W, 4, kPre>(w + row0 * k, k, int(min64(4, m - row0)), pre);
+    uint4 pre[kPre][R];
+    gemv_preload<W, R, kPre>(w + row0 * k, k, int(min64(R, m - row0)), pre);
     grid_dependency_sync();
-    gemv_rows<W, NT, 4, kVec, kPre>(w, m, k, br, bc, x, ldx, nt, out, ldo, accumulate, row0, pre);
+    gemv_rows<W, NT, R, kVec, kPre>(w, m, k, br, bc, x, ldx, nt, out, ldo, accumulate, row0, pre);
   } else {
     grid_dependency_sync();
-    gemv_rows<W, NT, 4, kVec>(w, m, k, br, bc, x, ldx, nt, out, ldo, accumulate, row0);
+    gemv_rows<W, NT, R, kVec>(w, m, k, br, bc, x, ldx, nt, out, ldo, accumulate, row0);
   }
 }
 
@@ -113,7 +121,7 @@ __global__ void __launch_bounds__(kGemvThreads)
   x += int64_t(t0) * ldx;
   float* out = g.out[i] + int64_t(t0) * g.ldo[i];
   const int64_t row0 = int64_t(int(blockIdx.x) - g.first_block[i]) * R;
-  constexpr int kPre = kGemvPre<NT, kVec>;
+  constexpr int kPre = kGemvPre<NT, kVec, R>;
   if constexpr (kPre > 0) {
     uint4 pre[kPre][R];
     gemv_preload<W, R, kPre>(g.w[i] + row0 * k, k, int(min64(R, g.m[i] - row0)), pre);
@@ -177,7 +185,7 @@ using Fp8Blocks = CudaOps::Impl::Fp8Blocks;
 // with x.
 template <typename W>
 bool gemv_vec(const Tensor& x, const void* w, int64_t k, Fp8Blocks b) {
-  constexpr int E = Chunk<W>::kElems;
+  constexpr int E = kChunkElems<W>;
   return k % E == 0 && aligned16(w) && aligned16(x.data) && x.stride[0] % 4 == 0 &&
          (!kBlockFp8<W> || b.cols % E == 0);
 }
@@ -187,9 +195,10 @@ template <typename W, int NT>
 void launch_gemv(const Tensor& x, const Tensor& w, Tensor out, bool accumulate, int n, Fp8Blocks b,
                  cudaStream_t stream) {
   const int64_t m = w.shape[0], k = w.shape[1];
-  constexpr int E = Chunk<W>::kElems;
+  constexpr int E = kChunkElems<W>;
   const bool vec = gemv_vec<W>(x, w.data, k, b);
-  const dim3 blocks(unsigned((m + 3) / 4), unsigned((n + NT - 1) / NT));
+  constexpr int R = kGemvRows<W>;
+  const dim3 blocks(unsigned((m + R - 1) / R), unsigned((n + NT - 1) / NT));
   auto go = [&](auto kernel) {
     launch_kernel(kernel, blocks, kGemvThreads, 0, stream, static_cast<const W*>(w.data), m, k,
                   b.rows, b.cols, x.ptr<float>(), x.stride[0], n, out.ptr<float>(), out.stride[0],
@@ -197,12 +206,12 @@ void launch_gemv(const Tensor& x, const Tensor& w, Tensor out, bool accumulate, 
   };
   if (!vec) {
     go(matmul_gemv_kernel<W, NT, false, 0>);
-  } else if (kGemvPre<NT, true> == 0) {
+  } else if (kGemvPre<NT, true, R> == 0) {
     go(matmul_gemv_kernel<W, NT, true, 0>);
   } else if (k / E >= 4 * kGemvThreads) {
-    go(matmul_gemv_kernel<W, NT, true, 2 * kGemvPre<NT, true>>);
+    go(matmul_gemv_kernel<W, NT, true, 2 * kGemvPre<NT, true, R>>);
   } else {
-    go(matmul_gemv_kernel<W, NT, true, kGemvPre<NT, true>>);
+    go(matmul_gemv_kernel<W, NT, true, kGemvPre<NT, true, R>>);
   }
 }
 
@@ -213,7 +222,7 @@ void launch_gemv(const Tensor& x, const Tensor& w, Tensor out, bool accumulate, 
 template <typename W, int NT>
 void launch_gemv_group(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> outs,
                        const Fp8Blocks* blocks, int n, cudaStream_t stream) {
-  constexpr int R = 4;
+  constexpr int R = kGemvRows<W>;
   const int64_t k = x.shape[1];
   GemvGroup<W> g{};
   g.count = int(ws.size());

@@ -215,16 +215,22 @@ __device__ __forceinline__ int routed_expert(const MoeGemmArgs& a, int tile,
   return e;
 }
 
-template <bool kDual>
-constexpr int kWarpRows = kDual ? 2 : 4;
+// Rows per warp: down's rows of one-byte (block-FP8) weights go eight to a warp, so a warp
+// streams as many bytes as four bf16 rows (d_ff = 512 in FP8 is a single chunk per lane; ncu of
+// the 80B-A3B's batch-1 down, H200: 19.1 -> 8.4 µs with the chunks widened lazily).
+template <typename W, bool kDual>
+constexpr int kWarpRows = kDual            ? 2
+                          : sizeof(W) == 1 ? 8
+                                           : 4;
 // The warp kernel's arithmetic: this warp's RW rows (from orow0) of each of the block's row
 // groups, for the nt ≤ NT tokens of the tile at row0, expert e. pre (kPre > 0 and preloaded):
 // the first group's first kPre chunks per row, loaded before the PDL wait.
-template <typename W, int NT, bool kDual, int kPre>
-__device__ __forceinline__ void moe_warp_rows(
-    const MoeGemmArgs& a, int e, int row0, int nt, int64_t orow0,
-    const uint4 (&pre)[kPre > 0 ? kPre : 1][kWarpRows<kDual>], bool preloaded) {
-  constexpr int E = Chunk<W>::kElems, RW = kWarpRows<kDual>;
+template <typename W, int NT, int RW, bool kDual, int kPre>
+__device__ __forceinline__ void moe_warp_rows(const MoeGemmArgs& a, int e, int row0, int nt,
+                                              int64_t orow0,
+                                              const uint4 (&pre)[kPre > 0 ? kPre : 1][RW],
+                                              bool preloaded) {
+  constexpr int E = kChunkElems<W>;
   constexpr int64_t kGroupRows = (kGemvThreads / 32) * RW;
   const int lane = threadIdx.x % 32;
   const int64_t n_chunks = a.k / E;
@@ -259,9 +265,11 @@ __device__ __forceinline__ void moe_warp_rows(
         c0 = lane + int64_t(kPre) * 32;
       }
     }
-    // For one token, four chunks of each row in flight per lane (gate/up rows of 2048 bf16
-    // take 8 chunks per lane: two round trips rather than four).
-#pragma unroll(NT == 1 ? 4 : 2)
+    // For one token, sixteen 16-byte chunks in flight per lane (gate/up rows of 2048 bf16
+    // take 8 chunks per lane: two round trips rather than four); more would only cost
+    // registers, and so resident warps.
+    constexpr int kUnroll = NT == 1 ? 16 / (RW * (kDual ? 2 : 1)) : 2;
+#pragma unroll(kUnroll)
     for (int64_t c = c0; c < n_chunks; c += 32) {
       fma_chunk<W, RW, NT, kDual>(wr, wr2, sc, sc2, xr, c, acc, acc2);
     }
@@ -278,9 +286,9 @@ __device__ __forceinline__ void moe_warp_rows(
 }
 
 // The GEMV core for 16-byte aligned rows, a warp per few output rows: the lanes stride each
-// row in 16-byte chunks and sum by shuffles, so a block (4 warps) streams 16 rows of one
-// expert (8 of each of gate and up when kDual, SwiGLU applied) per row group with no block
-// barrier. The block-wide kernel above leaves threads idle on short rows (d_ff = 512: 64
+// row in 16-byte chunks and sum by shuffles, so a block (4 warps) streams 16 rows (32 of block-FP8
+// down) of one expert (8 of each of gate and up when kDual, SwiGLU applied) per row group with no
+// block barrier. The block-wide kernel above leaves threads idle on short rows (d_ff = 512: 64
 // chunks) and its small blocks cost more to schedule than they stream.
 // grid (⌈m/(4·RW·row_groups)⌉, max_tiles).
 // PL > 0 (gate/up of one token, a.route set): the kernel routes the token itself after its
@@ -288,7 +296,7 @@ __device__ __forceinline__ void moe_warp_rows(
 template <typename W, int NT, bool kDual, int PL = 0>
 __global__ void __launch_bounds__(kGemvThreads) moe_gemv_warp_kernel(MoeGemmArgs a) {
   static_assert(PL == 0 || (NT == 1 && kDual), "in-kernel routing is gate/up's, one token");
-  constexpr int E = Chunk<W>::kElems, RW = kWarpRows<kDual>;
+  constexpr int E = kChunkElems<W>, RW = kWarpRows<W, kDual>;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   constexpr int64_t kGroupRows = (kGemvThreads / 32) * RW;
   const int64_t orow0 = int64_t(blockIdx.x) * a.row_groups * kGroupRows + int64_t(warp) * RW;
@@ -299,7 +307,9 @@ __global__ void __launch_bounds__(kGemvThreads) moe_gemv_warp_kernel(MoeGemmArgs
   // the wait, which guarantees it (gate/up routing the token stores the ids and fences before
   // letting this launch start, which in practice makes them visible, but PDL promises
   // visibility only at the wait): on a difference the preloaded chunks are loaded again.
-  constexpr int kPre = (NT == 1 && !kDual) ? 2 : 0;
+  // Not for block-FP8's eight rows: holding their chunks across the wait took the kernel to
+  // 255 registers (80B-A3B batch-1 down 12.1 µs against 8.4 without, the step 2.75 -> 2.66 ms).
+  constexpr int kPre = (NT == 1 && !kDual && RW == 4) ? 2 : 0;
   uint4 pre[kPre > 0 ? kPre : 1][RW];
   // This warp's first kPre chunks of each of its rows of expert e into pre.
   auto preload = [&](int e) {
@@ -375,17 +385,17 @@ __global__ void __launch_bounds__(kGemvThreads) moe_gemv_warp_kernel(MoeGemmArgs
     // does not depend on NT) and a fraction of the FMAs and activation loads. The 35B-A3B's
     // 64-sequence step went from 28.6 to 25.8 ms (H200, bench/results/h200-session12-*).
     if (nt == 1) {
-      moe_warp_rows<W, 1, kDual, 0>(a, e, row0, nt, orow0, pre, false);
+      moe_warp_rows<W, 1, RW, kDual, 0>(a, e, row0, nt, orow0, pre, false);
       return;
     }
     if constexpr (NT == 4) {
       if (nt == 2) {
-        moe_warp_rows<W, 2, kDual, 0>(a, e, row0, nt, orow0, pre, false);
+        moe_warp_rows<W, 2, RW, kDual, 0>(a, e, row0, nt, orow0, pre, false);
         return;
       }
     }
   }
-  moe_warp_rows<W, NT, kDual, kPre>(a, e, row0, nt, orow0, pre, pre_e >= 0);
+  moe_warp_rows<W, NT, RW, kDual, kPre>(a, e, row0, nt, orow0, pre, pre_e >= 0);
 }
 
 // out[t, :] = Σ_j weights[t, j] · ys[row_of[t·k + j], :] (row_of null: the identity); grid
@@ -440,7 +450,7 @@ void launch_moe_gemv(const MoeGemmArgs& a, bool vec, unsigned max_tiles, cudaStr
 // they divide a tile's blocks.
 template <typename W, int NT, bool kDual, int PL = 0>
 void launch_moe_gemv_warp(const MoeGemmArgs& a, unsigned max_tiles, cudaStream_t stream) {
-  const int64_t rows_per_block = kWarpRows<kDual> * (kGemvThreads / 32) * a.row_groups;
+  const int64_t rows_per_block = kWarpRows<W, kDual> * (kGemvThreads / 32) * a.row_groups;
   const dim3 grid(unsigned((a.m + rows_per_block - 1) / rows_per_block), max_tiles);
   MoeGemmArgs b = a;
   while (b.route.cluster > 1 && grid.x % unsigned(b.route.cluster) != 0) b.route.cluster /= 2;
@@ -472,7 +482,8 @@ int warp_row_groups(const MoeGemmArgs& a, int nt) {
   if constexpr (kDual) {
     return nt == 4 ? 2 : 1;
   } else {
-    const int64_t group_bytes = kWarpRows<false> * (kGemvThreads / 32) * a.k * int64_t(sizeof(W));
+    const int64_t group_bytes =
+        kWarpRows<W, false> * (kGemvThreads / 32) * a.k * int64_t(sizeof(W));
     return int(std::clamp<int64_t>((64 << 10) / std::max<int64_t>(group_bytes, 1), 1, 8));
   }
 }
@@ -695,7 +706,7 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
   } else {
     dispatch_gemv_weight(wdt, [&](auto tag) {
       using W = decltype(tag);
-      constexpr int64_t E16 = Chunk<W>::kElems;
+      constexpr int64_t E16 = kChunkElems<W>;
       // Block-FP8: 16-byte chunks within one column block of scales.
       const bool blocks_vec = !fp8 || (fp8_up.cols % E16 == 0 && fp8_down.cols % E16 == 0);
       const bool x_vec =
