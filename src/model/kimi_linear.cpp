@@ -490,6 +490,12 @@ Status load_layer(const KimiLinearConfig& c, int i, const std::string& p, Weight
 }  // namespace
 
 Result<HybridSpec> build_kimi_linear(const json& config, const json& gen, WeightLoader& w) {
+  if (w.shard().world > 1) {
+    return make_error(ErrorCode::kUnsupported,
+                      "tensor parallelism over {} ranks: kimi_linear is not split across ranks "
+                      "yet (qwen3_next, qwen3_5 and qwen3_5_moe are)",
+                      w.shard().world);
+  }
   RECUR_ASSIGN_OR_RETURN(KimiLinearConfig c, KimiLinearConfig::from_json(config, gen));
   const int64_t H = c.hidden_size;
   HybridSpec spec;

@@ -25,6 +25,10 @@ Status load_layer_norms(const QwenHybridConfig& c, const std::string& p, WeightL
 Status load_gated_attention(const QwenHybridConfig& c, const std::string& p, WeightLoader& w,
                             GatedAttention* a);
 
+// The Gated DeltaNet's value heads of a tensor-parallel rank (w.shard()) and the key heads
+// they read (all of them at world 1).
+Result<HeadShard> gated_deltanet_heads(const QwenHybridConfig& c, const Shard& s);
+
 // The Gated DeltaNet's sizes and its weights after the input projections: conv1d, dt_bias,
 // A_log (f32 in released checkpoints: used as stored), the gated norm and out_proj.
 Status load_gated_deltanet_rest(const QwenHybridConfig& c, const std::string& p, WeightLoader& w,

@@ -206,9 +206,12 @@ Result<Tensor> CheckpointWeights::load_rows(std::span<const RowPiece> pieces,
     }
     const int64_t stored_cols = p.stored_shape.size() > 1 ? p.stored_shape.back() : t.numel();
     const int64_t stored_rows = t.numel() / std::max<int64_t>(stored_cols, 1);
-    RECUR_CHECK(stored_cols == cols && p.first >= 0 && p.first + p.count <= stored_rows);
+    const int64_t col_count = p.col_count > 0 ? p.col_count : stored_cols;
+    RECUR_CHECK(col_count == cols && p.col_first >= 0 && p.col_first + col_count <= stored_cols &&
+                p.first >= 0 && p.first + p.count <= stored_rows);
     Tensor flat = t.reshaped({stored_rows, stored_cols});
-    views.push_back(flat.slice_rows(p.first, p.first + p.count));
+    views.push_back(
+        flat.slice_rows(p.first, p.first + p.count).slice_cols(p.col_first, p.col_first + cols));
     rows += p.count;
   }
   if (rows * cols != numel_of(shape)) {
@@ -225,7 +228,8 @@ Result<Tensor> CheckpointWeights::load_rows(std::span<const RowPiece> pieces,
   }
   Tensor host;
   Buffer repacked;
-  if (views.size() == 1) {  // used in place: a whole tensor or a contiguous slice of one
+  const bool in_place = views.size() == 1 && views[0].is_contiguous();
+  if (in_place) {  // a whole tensor or a contiguous slice of one
     host = with_shape(views[0], shape);
   } else {
     const size_t es = dtype_size(views[0].dtype), row_bytes = size_t(cols) * es;
@@ -233,8 +237,15 @@ Result<Tensor> CheckpointWeights::load_rows(std::span<const RowPiece> pieces,
                            cpu_allocator().allocate(size_t(rows) * row_bytes, "re-packed weight"));
     char* dst = static_cast<char*>(repacked.data());
     for (const Tensor& v : views) {
-      std::memcpy(dst, v.data, size_t(v.shape[0]) * row_bytes);
-      dst += size_t(v.shape[0]) * row_bytes;
+      if (v.is_contiguous()) {
+        std::memcpy(dst, v.data, size_t(v.shape[0]) * row_bytes);
+        dst += size_t(v.shape[0]) * row_bytes;
+        continue;
+      }
+      for (int64_t r = 0; r < v.shape[0]; ++r, dst += row_bytes) {  // a column slice, by row
+        std::memcpy(dst, static_cast<const char*>(v.data) + size_t(r * v.stride[0]) * es,
+                    row_bytes);
+      }
     }
     host = with_shape(Tensor::contiguous(repacked.data(), views[0].dtype, {rows * cols}), shape);
   }
@@ -249,7 +260,9 @@ Result<Tensor> CheckpointWeights::load_rows(std::span<const RowPiece> pieces,
   // Otherwise the mapped bytes were copied (re-laid out, quantized, or sent to a device): they
   // stop counting as resident instead of doubling the model's memory.
   if (adopted.data != host.data) {
-    for (const Tensor& v : views) ckpt_.release(v);
+    for (const Tensor& v : views) {
+      if (v.is_contiguous()) ckpt_.release(v);  // a column slice shares its pages with others
+    }
   }
   count(adopted, use);
   return adopted;
@@ -272,13 +285,15 @@ Result<Tensor> CheckpointWeights::load_fp8(std::span<const RowPiece> pieces,
   // The two NaN codes (S.1111.111) are no weight: a corrupt file, named here rather than
   // left to turn every logit NaN (the vector kernels do not decode them).
   for (size_t i = 0; i < views.size(); ++i) {
-    const auto* b = views[i].ptr<uint8_t>();
-    const int64_t n = views[i].numel(), cols = views[i].shape[1];
-    for (int64_t j = 0; j < n; ++j) {
-      if ((b[j] & 0x7f) == 0x7f) {
-        return make_error(ErrorCode::kCorrupt,
-                          "{}: F8_E4M3 tensor '{}' holds NaN at row {}, column {}", dir,
-                          pieces[i].name, pieces[i].first + j / cols, j % cols);
+    const int64_t rows = views[i].shape[0], cols = views[i].shape[1];
+    for (int64_t r = 0; r < rows; ++r) {
+      const auto* b = views[i].ptr<uint8_t>() + r * views[i].stride[0];
+      for (int64_t j = 0; j < cols; ++j) {
+        if ((b[j] & 0x7f) == 0x7f) {
+          return make_error(ErrorCode::kCorrupt,
+                            "{}: F8_E4M3 tensor '{}' holds NaN at row {}, column {}", dir,
+                            pieces[i].name, pieces[i].first + r, pieces[i].col_first + j);
+        }
       }
     }
   }
@@ -288,6 +303,7 @@ Result<Tensor> CheckpointWeights::load_fp8(std::span<const RowPiece> pieces,
   struct PieceScales {
     Tensor scales;
     int64_t rows_per_expert, blocks_per_expert, out_start;
+    int64_t stored_kb, first_col_block;  // scale columns of the stored tensor; the slice's first
   };
   std::vector<PieceScales> ps;
   int64_t out_block = br;  // rows per scale row of the result: divides every piece boundary
@@ -295,17 +311,25 @@ Result<Tensor> CheckpointWeights::load_fp8(std::span<const RowPiece> pieces,
   for (const RowPiece& p : pieces) {
     const std::string scale_name = p.name + "_scale_inv";
     const int64_t R = p.stored_shape.size() > 1 ? p.stored_shape[p.stored_shape.size() - 2] : 1;
+    // A column slice (a tensor-parallel rank's) keeps whole scale blocks.
+    const int64_t stored_k = p.stored_shape.back(), stored_kb = (stored_k + bc - 1) / bc;
+    if (p.col_first % bc != 0 || (k % bc != 0 && p.col_first + k != stored_k)) {
+      return make_error(ErrorCode::kUnsupported,
+                        "{}: columns [{}, {}) of F8_E4M3 tensor '{}' cut its {}-column scale "
+                        "blocks (tensor parallelism splits block-FP8 weights on whole blocks)",
+                        dir, p.col_first, p.col_first + k, p.name, bc);
+    }
     std::vector<int64_t> want(p.stored_shape.begin(), p.stored_shape.end());
     if (want.size() < 2) want.insert(want.begin(), 1);
     want[want.size() - 2] = (R + br - 1) / br;
-    want.back() = kb;
+    want.back() = stored_kb;
     if (!ckpt_.has(scale_name)) {
       return make_error(ErrorCode::kCorrupt,
                         "{}: F8_E4M3 tensor '{}' has no block scales: tensor '{}' is missing", dir,
                         p.name, scale_name);
     }
     RECUR_ASSIGN_OR_RETURN(Tensor s, ckpt_.get(scale_name, want));
-    ps.push_back({s, R, (R + br - 1) / br, out});
+    ps.push_back({s, R, (R + br - 1) / br, out, stored_kb, p.col_first / bc});
     out_block = std::gcd(out_block, out);
     out_block = std::gcd(out_block, p.first % R);
     if (p.first % R + p.count > R) out_block = std::gcd(out_block, R);
@@ -323,7 +347,9 @@ Result<Tensor> CheckpointWeights::load_fp8(std::span<const RowPiece> pieces,
     const int64_t r = pieces[pi].first + (q - p.out_start);  // stored row, flattened
     const int64_t srow =
         (r / p.rows_per_expert) * p.blocks_per_expert + (r % p.rows_per_expert) / br;
-    for (int64_t j = 0; j < kb; ++j) sc[b * kb + j] = widen(p.scales, srow * kb + j);
+    for (int64_t j = 0; j < kb; ++j) {
+      sc[b * kb + j] = widen(p.scales, srow * p.stored_kb + p.first_col_block + j);
+    }
   }
   const Tensor s = Tensor::contiguous(scales.data(), DType::F32, {mb, kb});
   RECUR_ASSIGN_OR_RETURN(Tensor adopted,

@@ -13,6 +13,7 @@
 
 #include "core/tensor.h"
 #include "io/checkpoint.h"
+#include "model/shard.h"
 #include "ops/ops.h"
 
 namespace recur {
@@ -33,6 +34,9 @@ struct RowPiece {
   std::string name;
   std::vector<int64_t> stored_shape;  // the tensor's full shape in the file (checked)
   int64_t first = 0, count = 0;
+  // Only columns [col_first, col_first + col_count) of those rows (a tensor-parallel rank's
+  // slice of a projection's input columns, or of a 1-D vector: its one row); 0: all columns.
+  int64_t col_first = 0, col_count = 0;
 };
 
 // Weights quantized at load (--quantize): matmul weights of F32/BF16/F16 checkpoints become
@@ -76,6 +80,9 @@ class WeightLoader {
                                          std::vector<int64_t> stored_shape) = 0;
   virtual bool has(const std::string& name) const = 0;
   const WeightTally& tally() const { return tally_; }
+  // Which part of the model the weights are for (tensor parallelism; model/shard.h).
+  const Shard& shard() const { return shard_; }
+  void set_shard(Shard shard) { shard_ = shard; }
   // Buffers of weights the loader made (re-packed or random); the model keeps them.
   std::vector<Buffer>& owned() { return owned_; }
 
@@ -83,6 +90,7 @@ class WeightLoader {
   void count(const Tensor& t, WeightUse use);
   std::vector<Buffer> owned_;
   WeightTally tally_;
+  Shard shard_;
 };
 
 // Weights from a Hugging Face checkpoint, mapped; the backend adopts each one.
