@@ -298,12 +298,16 @@ Result<Tensor> CheckpointWeights::load_fp8(std::span<const RowPiece> pieces,
     }
   }
   const int64_t br = fp8_.block_rows, bc = fp8_.block_cols;
-  const int64_t m = host.shape[0], k = host.shape[1], kb = (k + bc - 1) / bc;
+  // Columns per scale of the result: the stored blocks', or finer when a column slice (a
+  // tensor-parallel rank's) starts inside one, so that no block of the result straddles two.
+  int64_t out_cols = bc;
+  for (const RowPiece& p : pieces) out_cols = std::gcd(out_cols, p.col_first);
+  const int64_t m = host.shape[0], k = host.shape[1], kb = (k + out_cols - 1) / out_cols;
   // Each piece's scales, [E·ceil(R / br), kb] over a stored [E, R, k] (E = 1 for a matrix).
   struct PieceScales {
     Tensor scales;
     int64_t rows_per_expert, blocks_per_expert, out_start;
-    int64_t stored_kb, first_col_block;  // scale columns of the stored tensor; the slice's first
+    int64_t stored_kb;  // scale columns of the stored tensor
   };
   std::vector<PieceScales> ps;
   int64_t out_block = br;  // rows per scale row of the result: divides every piece boundary
@@ -311,14 +315,7 @@ Result<Tensor> CheckpointWeights::load_fp8(std::span<const RowPiece> pieces,
   for (const RowPiece& p : pieces) {
     const std::string scale_name = p.name + "_scale_inv";
     const int64_t R = p.stored_shape.size() > 1 ? p.stored_shape[p.stored_shape.size() - 2] : 1;
-    // A column slice (a tensor-parallel rank's) keeps whole scale blocks.
-    const int64_t stored_k = p.stored_shape.back(), stored_kb = (stored_k + bc - 1) / bc;
-    if (p.col_first % bc != 0 || (k % bc != 0 && p.col_first + k != stored_k)) {
-      return make_error(ErrorCode::kUnsupported,
-                        "{}: columns [{}, {}) of F8_E4M3 tensor '{}' cut its {}-column scale "
-                        "blocks (tensor parallelism splits block-FP8 weights on whole blocks)",
-                        dir, p.col_first, p.col_first + k, p.name, bc);
-    }
+    const int64_t stored_kb = (p.stored_shape.back() + bc - 1) / bc;
     std::vector<int64_t> want(p.stored_shape.begin(), p.stored_shape.end());
     if (want.size() < 2) want.insert(want.begin(), 1);
     want[want.size() - 2] = (R + br - 1) / br;
@@ -329,7 +326,7 @@ Result<Tensor> CheckpointWeights::load_fp8(std::span<const RowPiece> pieces,
                         p.name, scale_name);
     }
     RECUR_ASSIGN_OR_RETURN(Tensor s, ckpt_.get(scale_name, want));
-    ps.push_back({s, R, (R + br - 1) / br, out, stored_kb, p.col_first / bc});
+    ps.push_back({s, R, (R + br - 1) / br, out, stored_kb});
     out_block = std::gcd(out_block, out);
     out_block = std::gcd(out_block, p.first % R);
     if (p.first % R + p.count > R) out_block = std::gcd(out_block, R);
@@ -348,12 +345,13 @@ Result<Tensor> CheckpointWeights::load_fp8(std::span<const RowPiece> pieces,
     const int64_t srow =
         (r / p.rows_per_expert) * p.blocks_per_expert + (r % p.rows_per_expert) / br;
     for (int64_t j = 0; j < kb; ++j) {
-      sc[b * kb + j] = widen(p.scales, srow * p.stored_kb + p.first_col_block + j);
+      const int64_t scol = (pieces[pi].col_first + j * out_cols) / bc;  // stored scale column
+      sc[b * kb + j] = widen(p.scales, srow * p.stored_kb + scol);
     }
   }
   const Tensor s = Tensor::contiguous(scales.data(), DType::F32, {mb, kb});
-  RECUR_ASSIGN_OR_RETURN(Tensor adopted,
-                         ops_.adopt_block_fp8_weight(host, s, int(out_block), int(bc), &owned_));
+  RECUR_ASSIGN_OR_RETURN(
+      Tensor adopted, ops_.adopt_block_fp8_weight(host, s, int(out_block), int(out_cols), &owned_));
   owned_.push_back(std::move(scales));  // a backend may keep pointing at them
   tally_.bytes += mb * kb * 4;
   if (use == WeightUse::kMatrix) tally_.dense_bytes += mb * kb * 4;

@@ -153,7 +153,10 @@ INSTANTIATE_TEST_SUITE_P(
                       ReferenceCase{"qwen3next-tiny-realvocab", 2},
                       ReferenceCase{"qwen3_5-tiny", 2}, ReferenceCase{"qwen3_5-tiny", 4},
                       ReferenceCase{"qwen3_5-seed-48L", 2}, ReferenceCase{"qwen3_5-moe-tiny", 2},
-                      ReferenceCase{"qwen3_5-moe-tiny", 4}),
+                      ReferenceCase{"qwen3_5-moe-tiny", 4},
+                      // block-FP8: a rank's columns start inside a 128-column scale block
+                      ReferenceCase{"qwen3next-fp8-tiny", 2},
+                      ReferenceCase{"qwen3next-fp8-tiny", 4}),
     [](const ::testing::TestParamInfo<ReferenceCase>& info) {
       std::string name = std::string(info.param.model) + "_" + std::to_string(info.param.world);
       for (char& c : name) {
