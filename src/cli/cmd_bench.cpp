@@ -408,6 +408,8 @@ int run_bench(const BenchOptions& o) {
       {"layers", o.layers},
       {"weight_dtype", o.random_weights ? o.dtype : "as stored"},
       {"quantize", quantize_name(o.quantize)},
+      // Ranks splitting the model; weight, cache and state figures are all ranks' together.
+      {"tensor_parallel", o.tensor_parallel},
       {"weight_bytes", info.weight_bytes},
       {"kv_cache_dtype", dtype_name(o.kv_cache_dtype)},
       {"kv_bytes_per_token", info.kv_bytes_per_token},
