@@ -17,20 +17,25 @@ Status begin_qwen_spec(const QwenHybridConfig& c, const std::string& prefix, Wei
   RECUR_ASSIGN_OR_RETURN(spec->embed_tokens, w.load(prefix + "embed_tokens.weight",
                                                     {c.vocab_size, H}, WeightUse::kEmbedding));
   RECUR_ASSIGN_OR_RETURN(spec->final_norm, w.load(prefix + "norm.weight", {H}, WeightUse::kVector));
-  spec->tied_lm_head = c.tie_word_embeddings;
+  return load_lm_head(w, c.vocab_size, H, c.tie_word_embeddings, spec);
+}
+
+Status load_lm_head(WeightLoader& w, int64_t vocab, int64_t hidden, bool tied, HybridSpec* spec) {
+  spec->tied_lm_head = tied;
   // Tensor parallel: the embedding is whole on every rank; the LM head is split by vocabulary
   // rows when they divide evenly (the ranks' logits then gathered), whole otherwise.
   const Shard& shard = w.shard();
-  spec->vocab_split = shard.world > 1 && c.vocab_size % shard.world == 0;
-  const int64_t v0 = spec->vocab_split ? c.vocab_size / shard.world * shard.rank : 0;
-  const int64_t vn = spec->vocab_split ? c.vocab_size / shard.world : c.vocab_size;
-  if (c.tie_word_embeddings) {
+  spec->vocab_split = shard.world > 1 && vocab % shard.world == 0;
+  const int64_t v0 = spec->vocab_split ? vocab / shard.world * shard.rank : 0;
+  const int64_t vn = spec->vocab_split ? vocab / shard.world : vocab;
+  if (tied) {
     spec->lm_head = spec->embed_tokens.slice_rows(v0, v0 + vn);
     // transformers ties over a stored lm_head.weight; so does this.
     spec->skipped_prefixes.push_back({"lm_head.weight", "the LM head (tied to the embedding)"});
   } else {
-    const RowPiece rows{"lm_head.weight", {c.vocab_size, H}, v0, vn};
-    RECUR_ASSIGN_OR_RETURN(spec->lm_head, w.load_rows({&rows, 1}, {vn, H}, WeightUse::kMatrix));
+    const RowPiece rows{"lm_head.weight", {vocab, hidden}, v0, vn};
+    RECUR_ASSIGN_OR_RETURN(spec->lm_head,
+                           w.load_rows({&rows, 1}, {vn, hidden}, WeightUse::kMatrix));
   }
   return Status();
 }

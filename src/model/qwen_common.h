@@ -16,6 +16,10 @@ namespace recur {
 Status begin_qwen_spec(const QwenHybridConfig& c, const std::string& prefix, WeightLoader& w,
                        HybridSpec* spec);
 
+// The LM head (lm_head.weight [vocab, hidden], or spec->embed_tokens when tied); of a
+// tensor-parallel rank (w.shard()), its vocabulary rows when they divide evenly.
+Status load_lm_head(WeightLoader& w, int64_t vocab, int64_t hidden, bool tied, HybridSpec* spec);
+
 // input_layernorm and post_attention_layernorm of the layer at `p` ("...layers.N.").
 Status load_layer_norms(const QwenHybridConfig& c, const std::string& p, WeightLoader& w,
                         DecoderLayer* L);

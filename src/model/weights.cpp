@@ -404,25 +404,28 @@ Result<Tensor> CheckpointWeights::load_transposed(std::span<const RowPiece> piec
 }
 
 Result<Tensor> CheckpointWeights::load_vector_f32(const std::string& name, int64_t size,
-                                                  std::vector<int64_t> stored_shape) {
+                                                  std::vector<int64_t> stored_shape, int64_t first,
+                                                  int64_t n) {
   if (stored_shape.empty()) stored_shape = {size};
   RECUR_CHECK(numel_of(stored_shape) == size);
+  if (n <= 0) first = 0, n = size;
+  RECUR_CHECK(first >= 0 && first + n <= size);
   RECUR_ASSIGN_OR_RETURN(Tensor t, ckpt_.get(name, stored_shape));
   if (t.dtype != DType::F32 && t.dtype != DType::BF16 && t.dtype != DType::F16) {
     return make_error(ErrorCode::kCorrupt, "{}: tensor '{}' is {}, expected a float type",
                       ckpt_.dir(), name, dtype_name(t.dtype));
   }
-  RECUR_ASSIGN_OR_RETURN(Buffer buf, cpu_allocator().allocate(size_t(size) * 4, name.c_str()));
+  RECUR_ASSIGN_OR_RETURN(Buffer buf, cpu_allocator().allocate(size_t(n) * 4, name.c_str()));
   float* out = static_cast<float*>(buf.data());
   if (t.dtype == DType::F32) {
-    std::memcpy(out, t.data, size_t(size) * 4);
+    std::memcpy(out, t.ptr<float>() + first, size_t(n) * 4);
   } else {
-    const uint16_t* in = static_cast<const uint16_t*>(t.data);
-    for (int64_t i = 0; i < size; ++i) {
+    const uint16_t* in = static_cast<const uint16_t*>(t.data) + first;
+    for (int64_t i = 0; i < n; ++i) {
       out[i] = t.dtype == DType::BF16 ? bf16_to_f32(in[i]) : f16_to_f32(in[i]);
     }
   }
-  const Tensor host = Tensor::contiguous(buf.data(), DType::F32, {size});
+  const Tensor host = Tensor::contiguous(buf.data(), DType::F32, {n});
   RECUR_ASSIGN_OR_RETURN(Tensor adopted, adopt(host, WeightUse::kVector, name));
   if (adopted.data == host.data) owned_.push_back(std::move(buf));
   count(adopted, WeightUse::kVector);

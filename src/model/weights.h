@@ -75,9 +75,11 @@ class WeightLoader {
                                          const std::vector<int64_t>& shape, WeightUse use) = 0;
   // A vector parameter of `size` values in f32 whatever its stored dtype (F32, BF16 or F16) and
   // shape (stored_shape, of that many elements; {size} when empty): for ops that read one in
-  // f32 (a router's selection bias, Kimi's A_log and dt_bias).
+  // f32 (a router's selection bias, Kimi's A_log and dt_bias). Only its values [first, first +
+  // count) when count > 0 (a tensor-parallel rank's heads).
   virtual Result<Tensor> load_vector_f32(const std::string& name, int64_t size,
-                                         std::vector<int64_t> stored_shape) = 0;
+                                         std::vector<int64_t> stored_shape, int64_t first = 0,
+                                         int64_t count = 0) = 0;
   virtual bool has(const std::string& name) const = 0;
   const WeightTally& tally() const { return tally_; }
   // Which part of the model the weights are for (tensor parallelism; model/shard.h).
@@ -104,7 +106,8 @@ class CheckpointWeights final : public WeightLoader {
   Result<Tensor> load_transposed(std::span<const RowPiece> pieces,
                                  const std::vector<int64_t>& shape, WeightUse use) override;
   Result<Tensor> load_vector_f32(const std::string& name, int64_t size,
-                                 std::vector<int64_t> stored_shape) override;
+                                 std::vector<int64_t> stored_shape, int64_t first = 0,
+                                 int64_t count = 0) override;
   bool has(const std::string& name) const override { return ckpt_.has(name); }
 
  private:
@@ -129,9 +132,9 @@ class RandomWeights final : public WeightLoader {
                            WeightUse use) override;
   Result<Tensor> load_transposed(std::span<const RowPiece> pieces,
                                  const std::vector<int64_t>& shape, WeightUse use) override;
-  Result<Tensor> load_vector_f32(const std::string& name, int64_t size,
-                                 std::vector<int64_t>) override {
-    return load(name, {size}, WeightUse::kVector);  // 1-D random weights are f32
+  Result<Tensor> load_vector_f32(const std::string& name, int64_t size, std::vector<int64_t>,
+                                 int64_t first = 0, int64_t count = 0) override {
+    return load(name, {count > 0 ? count : size}, WeightUse::kVector);  // 1-D random: f32
   }
   bool has(const std::string& name) const override { return false; }
   // Where the random norm weights centre: 0 for norms that scale by (1 + w), 1 for plain w.

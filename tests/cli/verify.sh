@@ -37,11 +37,11 @@ for m in qwen3next-seed-48L qwen3_5-seed-48L kimi-linear-tiny; do
   "$recur" verify --model "$root/models/$m" --golden "$golden" --kv-cache-dtype fp8 --report | tail -1 |
     grep -q "kv_cache=F8_E4M3$" || { echo "$m: no fp8 report line"; exit 1; }
 done
-# Tensor parallelism (in-process ranks on the CPU): every Qwen reference passes at the default
-# 1e-3 over 2 ranks, and over 4 where its heads split that far; heads that do not split and
-# Kimi-Linear are refused with an error (exit 2) that says why.
+# Tensor parallelism (in-process ranks on the CPU): the references pass at the default 1e-3
+# over 2 ranks, and over 4 where their heads split that far; heads that do not split are
+# refused with an error (exit 2) that says why.
 for t in qwen3next-tiny:4 qwen3next-seed-48L:2 qwen3next-tiny-realvocab:2 qwen3_5-tiny:4 \
-    qwen3_5-seed-48L:2 qwen3_5-moe-tiny:4 qwen3next-fp8-tiny:4; do
+    qwen3_5-seed-48L:2 qwen3_5-moe-tiny:4 qwen3next-fp8-tiny:4 kimi-linear-tiny:2; do
   IFS=: read -r m most <<<"$t"
   for n in 2 4; do
     [ "$n" -gt "$most" ] && continue
@@ -52,7 +52,7 @@ for t in qwen3next-tiny:4 qwen3next-seed-48L:2 qwen3next-tiny-realvocab:2 qwen3_
   done
 done
 for t in "qwen3next-seed-48L:4:2 value heads, which do not divide among 4 ranks" \
-    "kimi-linear-tiny:2:kimi_linear is not split across ranks"; do
+    "kimi-linear-var:2:Kimi Delta Attention has 3 heads, which do not divide among 2 ranks"; do
   IFS=: read -r m n why <<<"$t"
   rc=0
   out=$("$recur" verify --model "$root/models/$m" --golden "$root/tests/data/golden/$m/golden.safetensors" \

@@ -117,7 +117,8 @@ TEST_P(TensorParallelEngine, GeneratesTheWholeModelsTokens) {
 INSTANTIATE_TEST_SUITE_P(Models, TensorParallelEngine,
                          ::testing::Values(std::pair<const char*, int>{"qwen3next-tiny", 2},
                                            std::pair<const char*, int>{"qwen3next-tiny", 4},
-                                           std::pair<const char*, int>{"qwen3_5-moe-tiny", 2}),
+                                           std::pair<const char*, int>{"qwen3_5-moe-tiny", 2},
+                                           std::pair<const char*, int>{"kimi-linear-tiny", 2}),
                          [](const auto& info) {
                            std::string n = std::string(info.param.first) + "_" +
                                            std::to_string(info.param.second);

@@ -1,8 +1,8 @@
 // Tensor parallelism on the CPU: N in-process ranks give the logits of the whole model (within
-// f32 rounding of the split sums) on every Qwen reference model and on random checkpoints with
-// the splits those lack (key heads shared by ranks, feed-forward columns that do not divide
-// evenly, a vocabulary that does not divide, tied embeddings, fused experts); heads that cannot
-// be split are refused with an error naming the count and the ranks.
+// f32 rounding of the split sums) on every reference model whose heads split, and on random
+// checkpoints with the splits those lack (key heads shared by ranks, feed-forward columns that
+// do not divide evenly, a vocabulary that does not divide, tied embeddings, fused experts);
+// heads that cannot be split are refused with an error naming the count and the ranks.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -156,7 +156,9 @@ INSTANTIATE_TEST_SUITE_P(
                       ReferenceCase{"qwen3_5-moe-tiny", 4},
                       // block-FP8: a rank's columns start inside a 128-column scale block
                       ReferenceCase{"qwen3next-fp8-tiny", 2},
-                      ReferenceCase{"qwen3next-fp8-tiny", 4}),
+                      ReferenceCase{"qwen3next-fp8-tiny", 4},
+                      // latent attention: every rank computes and caches the whole latent
+                      ReferenceCase{"kimi-linear-tiny", 2}, ReferenceCase{"kimi-seed-48L", 2}),
     [](const ::testing::TestParamInfo<ReferenceCase>& info) {
       std::string name = std::string(info.param.model) + "_" + std::to_string(info.param.world);
       for (char& c : name) {
@@ -219,7 +221,10 @@ TEST(TensorParallel, HeadsThatDoNotSplitAreRefused) {
   TempDir dir;
   write_checkpoint(dir.path(), make_random_checkpoint(s, 5));
   expect_refused(dir.path(), 2, {"over 2 ranks", "the attention has 3 kv heads"});
-  expect_refused(kRoot + "/models/kimi-linear-tiny", 2, {"kimi_linear is not split"});
+  expect_refused(kRoot + "/models/kimi-linear-var", 2,
+                 {"over 2 ranks", "Kimi Delta Attention has 3 heads", "do not divide"});
+  expect_refused(kRoot + "/models/kimi-linear-tiny", 4,
+                 {"over 4 ranks", "Kimi Delta Attention has 2 heads", "do not divide"});
 }
 
 }  // namespace
