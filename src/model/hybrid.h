@@ -69,7 +69,8 @@ struct LayerIo {
   Ops& ops;
   const SeqLayout& layout;
   int n;     // tokens of the batch
-  Tensor h;  // [n, hidden]: the residual stream; each block adds its output to it
+  Tensor h;  // [n, hidden]: the residual stream; each block adds its output to it (a
+             //   tensor-parallel rank's block adds its part, and the model sums the parts)
   Tensor x;  // [n, hidden]: the block's normed input
   const Scratch& s;
   const StatePools& state;
