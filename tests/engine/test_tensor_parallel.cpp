@@ -6,8 +6,10 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <numeric>
 #include <random>
 
+#include "alloc_counter.h"
 #include "backend/cpu/cpu_ops.h"
 #include "engine/engine.h"
 
@@ -154,6 +156,44 @@ TEST(TensorParallelEngineFile, ARestartedSplitEngineFindsWhatTheLastOneSaved) {
   ASSERT_TRUE(other.engine);
   EXPECT_EQ(other.run({all[1][0]})[0].cached, 0);
   fs::remove_all(dir);
+}
+
+// A split forward allocates nothing: the ranks' threads, the collectives and the gathered
+// logits all use what loading made (decode steps of two sequences after a warm-up).
+TEST(TensorParallelModel, DecodeStepsAllocateNothing) {
+  CpuOps ops(1);
+  LoadOptions opt;
+  opt.max_batch_tokens = 64;
+  opt.state = {2, 16, 16};
+  opt.tensor_parallel = 2;
+  opt.rank_backend = [](int) -> Result<std::unique_ptr<Ops>> {
+    return std::unique_ptr<Ops>(new CpuOps(1));
+  };
+  auto m = load_model(kRoot + "/models/qwen3_5-moe-tiny", ops, opt);
+  ASSERT_TRUE(m.ok()) << m.error().to_string();
+  Model& model = **m;
+  auto buf = ops.allocator().allocate(size_t(64) * 256 * 4, "logits");
+  ASSERT_TRUE(buf.ok());
+  const Tensor logits = view(*buf, DType::F32, {64, 256});
+  const std::vector<int32_t> prompt = random_tokens(20, 5), blocks0 = {0, 2, 4},
+                             blocks1 = {1, 3, 5};
+  Batch batch;
+  batch.add_sequence(0, 0, prompt, blocks0, Batch::Logits::kLast);
+  batch.add_sequence(1, 0, prompt, blocks1, Batch::Logits::kLast);
+  ASSERT_TRUE(model.forward(batch, logits).ok());
+  std::vector<int64_t> allocs;
+  for (int pos = 20; pos < 40; ++pos) {
+    const int32_t t[] = {int32_t(pos % 256)};
+    testing::start_counting_allocs();
+    batch.clear();
+    batch.add_sequence(0, pos, t, blocks0, Batch::Logits::kLast);
+    batch.add_sequence(1, pos, t, blocks1, Batch::Logits::kLast);
+    const Status st = model.forward(batch, logits);
+    allocs.push_back(testing::stop_counting_allocs());
+    ASSERT_TRUE(st.ok()) << st.error().to_string();
+  }
+  EXPECT_EQ(std::accumulate(allocs.begin() + 2, allocs.end(), int64_t(0)), 0)
+      << "heap allocations in 18 split decode steps";
 }
 
 }  // namespace
