@@ -37,6 +37,7 @@ struct BenchOptions {
   DType kv_cache_dtype = DType::F32;
   int layers = 0, prompt_len = 2048, gen_len = 64, threads = 0, block_size = 16;
   int prefill_chunk = 0;  // tokens per prefill forward (0: each prompt in one forward)
+  int tensor_parallel = 1;
 };
 
 // This process's resident bytes (Linux /proc/self/statm; 0 elsewhere).
@@ -126,7 +127,7 @@ int run_bench(const BenchOptions& o) {
                               : *std::max_element(decode_contexts.begin(), decode_contexts.end());
   if (o.gen_len < 4) return fail("--gen-len must be at least 4 (untimed warm-up steps)");
   const int max_batch = *std::max_element(batches.begin(), batches.end());
-  auto ops_r = recur::create_backend(o.device, o.threads);
+  auto ops_r = create_rank_backend(o.device, o.threads, o.tensor_parallel);
   if (!ops_r.ok()) return fail(ops_r.error().to_string());
   Ops& ops = **ops_r;
 
@@ -150,6 +151,8 @@ int run_bench(const BenchOptions& o) {
   opt.state.n_blocks = max_batch * blocks_per_seq + prefill_blocks + long_blocks;
   opt.max_context = std::max({decode_context, max_prefill, long_context});
   opt.kv_cache_dtype = o.kv_cache_dtype;
+  opt.tensor_parallel = o.tensor_parallel;
+  opt.rank_backend = rank_backend_maker(o.device, o.threads, o.tensor_parallel);
   // The ceiling: device copy bandwidth, measured before the model takes the memory its buffers
   // need (a model that fills the device leaves no 4 GiB for them).
   const size_t copy_bytes = ops.device() == Device::kCpu ? (size_t(256) << 20) : (size_t(2) << 30);
@@ -405,6 +408,8 @@ int run_bench(const BenchOptions& o) {
       {"layers", o.layers},
       {"weight_dtype", o.random_weights ? o.dtype : "as stored"},
       {"quantize", quantize_name(o.quantize)},
+      // Ranks splitting the model; weight, cache and state figures are all ranks' together.
+      {"tensor_parallel", o.tensor_parallel},
       {"weight_bytes", info.weight_bytes},
       {"kv_cache_dtype", dtype_name(o.kv_cache_dtype)},
       {"kv_bytes_per_token", info.kv_bytes_per_token},
@@ -464,6 +469,7 @@ void register_bench(CLI::App& app) {
                   "2048,32768,131072,262144)");
   cmd->add_option("--dtype", o->dtype, "random weights' dtype: bf16, f16, f32");
   cmd->add_option("--threads", o->threads, "CPU threads (default: all)");
+  add_tensor_parallel_option(cmd, &o->tensor_parallel);
   add_quantize_option(cmd, &o->quantize);
   add_kv_cache_dtype_option(cmd, &o->kv_cache_dtype);
   cmd->callback([o] {

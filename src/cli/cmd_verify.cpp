@@ -186,7 +186,7 @@ struct Runner {
 
 int run_verify(const std::string& model_dir, const std::string& golden_path, double tolerance,
                int threads, const std::string& device, Quantize quantize, DType kv_cache_dtype,
-               bool report) {
+               bool report, int tensor_parallel) {
   auto golden = SafetensorsFile::open(golden_path);
   if (!golden.ok()) {
     fmt::print(stderr, "error: {}\n", golden.error().to_string());
@@ -234,7 +234,7 @@ int run_verify(const std::string& model_dir, const std::string& golden_path, dou
     max_prompt = std::max(max_prompt, r.ids.size());
     max_total = std::max(max_total, r.ids.size() + r.gen.size());
   }
-  auto ops_r = recur::create_backend(device, threads);
+  auto ops_r = create_rank_backend(device, threads, tensor_parallel);
   if (!ops_r.ok()) {
     fmt::print(stderr, "error: {}\n", ops_r.error().to_string());
     return 2;
@@ -247,6 +247,8 @@ int run_verify(const std::string& model_dir, const std::string& golden_path, dou
   opt.state.n_blocks = int(max_total / 16 + 1);
   opt.quantize = quantize;
   opt.kv_cache_dtype = kv_cache_dtype;
+  opt.tensor_parallel = tensor_parallel;
+  opt.rank_backend = rank_backend_maker(device, threads, tensor_parallel);
   auto model = load_model(model_dir, ops, opt);
   if (!model.ok()) {
     fmt::print(stderr, "error: {}\n", model.error().to_string());
@@ -350,13 +352,15 @@ void register_verify(CLI::App& app) {
   add_quantize_option(cmd, quantize.get());
   auto kv_cache_dtype = std::make_shared<DType>(DType::F32);
   add_kv_cache_dtype_option(cmd, kv_cache_dtype.get());
+  auto tensor_parallel = std::make_shared<int>(1);
+  add_tensor_parallel_option(cmd, tensor_parallel.get());
   auto report = std::make_shared<bool>(false);
   cmd->add_flag("--report", *report,
                 "print max error, KL divergence and top-1 agreement per mode and overall "
                 "instead of a verdict (for quantized weights or attention caches)");
   cmd->callback([=] {
     int rc = run_verify(*model, *golden, *tolerance, *threads, *device, *quantize, *kv_cache_dtype,
-                        *report);
+                        *report, *tensor_parallel);
     if (rc != 0) exit_with(rc);
   });
 }

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "backend/backend.h"
+#include "core/threads.h"
 
 namespace recur::cli {
 
@@ -36,6 +37,33 @@ void add_engine_options(CLI::App* cmd, EngineOptions* o, const std::string& seed
       ->check(CLI::Range(-1, 1));
   add_quantize_option(cmd, &o->quantize);
   add_kv_cache_dtype_option(cmd, &o->kv_cache_dtype);
+  add_tensor_parallel_option(cmd, &o->tensor_parallel);
+}
+
+void add_tensor_parallel_option(CLI::App* cmd, int* n) {
+  cmd->add_option("--tensor-parallel", *n,
+                  "ranks that split every layer's heads and columns between them (CPU: threads "
+                  "of this process, --threads shared among them)")
+      ->check(CLI::Range(1, 64));
+}
+
+namespace {
+int threads_per_rank(int threads, int ranks) {
+  const int total = threads > 0 ? threads : default_thread_count();
+  return std::max(1, total / std::max(ranks, 1));
+}
+}  // namespace
+
+Result<std::unique_ptr<Ops>> create_rank_backend(const std::string& device, int threads,
+                                                 int ranks) {
+  return recur::create_backend(device, ranks > 1 ? threads_per_rank(threads, ranks) : threads);
+}
+
+std::function<Result<std::unique_ptr<Ops>>(int rank)> rank_backend_maker(const std::string& device,
+                                                                         int threads, int ranks) {
+  if (ranks <= 1) return nullptr;
+  const int per_rank = threads_per_rank(threads, ranks);
+  return [device, per_rank](int) { return recur::create_backend(device, per_rank); };
 }
 
 void add_kv_cache_dtype_option(CLI::App* cmd, DType* t) {
@@ -60,7 +88,7 @@ void add_quantize_option(CLI::App* cmd, Quantize* q) {
 }
 
 Result<std::unique_ptr<Ops>> create_backend(const EngineOptions& o) {
-  auto ops = recur::create_backend(o.device, o.threads);
+  auto ops = create_rank_backend(o.device, o.threads, o.tensor_parallel);
   if (ops.ok() || ops.error().message.find(o.device) != std::string::npos) return ops;
   return Error{ops.error().code, fmt::format("--device {}: {}", o.device, ops.error().message)};
 }
@@ -77,6 +105,8 @@ EngineConfig engine_config(const EngineOptions& o) {
   cfg.pipeline_decode = o.pipeline_decode;
   cfg.quantize = o.quantize;
   cfg.kv_cache_dtype = o.kv_cache_dtype;
+  cfg.tensor_parallel = o.tensor_parallel;
+  cfg.rank_backend = rank_backend_maker(o.device, o.threads, o.tensor_parallel);
   return cfg;
 }
 

@@ -73,6 +73,8 @@ LoadOptions Engine::load_options(const EngineConfig& config) {
   opt.snapshot_interval = config.snapshot_interval;
   opt.quantize = config.quantize;
   opt.kv_cache_dtype = config.kv_cache_dtype;
+  opt.tensor_parallel = config.tensor_parallel;
+  opt.rank_backend = config.rank_backend;
   return opt;
 }
 

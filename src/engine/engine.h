@@ -111,6 +111,9 @@ struct EngineConfig {
   // Matmul weights of F32/BF16/F16 checkpoints quantized at load (LoadOptions::quantize).
   Quantize quantize = Quantize::kNone;
   DType kv_cache_dtype = DType::F32;  // LoadOptions::kv_cache_dtype
+  // Tensor-parallel ranks and the backend of ranks 1.. (LoadOptions::tensor_parallel).
+  int tensor_parallel = 1;
+  std::function<Result<std::unique_ptr<Ops>>(int rank)> rank_backend;
   // The prefix cache (engine/prefix_cache.h): a prompt starts from the longest prefix whose
   // attention blocks and recurrent-state snapshot an earlier prompt left, and prefills only
   // the rest. prefix_cache_bytes is memory added for it: snapshot slots, each with the blocks

@@ -22,8 +22,8 @@ namespace {
 
 class HybridModel final : public Model {
  public:
-  HybridModel(HybridSpec spec, Ops& ops, const LoadOptions& opt)
-      : spec_(std::move(spec)), ops_(ops), opt_(opt) {}
+  HybridModel(HybridSpec spec, Ops& ops, const LoadOptions& opt, Communicator* comm)
+      : spec_(std::move(spec)), ops_(ops), opt_(opt), comm_(comm) {}
 
   Status allocate(const ModelPlan& plan);
   void keep(WeightLoader& weights, std::unique_ptr<Checkpoint> checkpoint) {
@@ -48,6 +48,15 @@ class HybridModel final : public Model {
 
  private:
   Status validate(const Batch& batch, const Tensor& logits) const;
+  // Tensor parallel, around each mixer and feed-forward, whose blocks add this rank's part of
+  // their output to h: ranks but 0 start from h = 0 (after the block's input was normed from
+  // it), so that the all-reduce after the block leaves h + every rank's part on every rank.
+  void begin_partial_sum(Tensor h) {
+    if (comm_ && comm_->rank() != 0) ops_.fill_zero(h);
+  }
+  void end_partial_sum(Tensor h) {
+    if (comm_) comm_->all_reduce_sum(h);
+  }
   // Every recurrent layer's conv and delta-rule rows of `slot` into snapshot `snapshot`
   // (to_snapshot), or back.
   void copy_slot_state(int slot, int snapshot, bool to_snapshot);
@@ -56,7 +65,9 @@ class HybridModel final : public Model {
   Ops& ops_;
   LoadOptions opt_;
   ModelInfo info_;
+  Communicator* comm_;      // tensor parallel: this rank's end of the group; null: whole model
   Tensor h_, x_, final_h_;  // [T, hidden], [T, hidden], [R, hidden]
+  Tensor logits_part_;      // [R, vocab / world]: this rank's logits (vocab_split)
   std::vector<Buffer> buffers_;
   Scratch scratch_;
   StatePools state_;
@@ -87,6 +98,11 @@ Status HybridModel::allocate(const ModelPlan& plan) {
   RECUR_RETURN_IF_ERROR(add_tensor(A, buffers_, &x_, f32, {T, H}, "normed input"));
   RECUR_RETURN_IF_ERROR(
       add_tensor(A, buffers_, &final_h_, f32, {opt_.max_logit_rows, H}, "final rows"));
+  if (spec_.vocab_split) {
+    RECUR_RETURN_IF_ERROR(add_tensor(A, buffers_, &logits_part_, f32,
+                                     {opt_.max_logit_rows, spec_.lm_head.shape[0]},
+                                     "logits of this rank's vocabulary"));
+  }
   if (n.conv_channels > 0) {
     RECUR_RETURN_IF_ERROR(add(&s.conv_in, f32, {T, n.conv_channels}, "conv input"));
     RECUR_RETURN_IF_ERROR(add(&s.conv_out, f32, {T, n.conv_channels}, "conv output"));
@@ -363,14 +379,20 @@ Status HybridModel::forward(const Batch& batch, Tensor logits) {
 
   // The residual stream h: each layer's mixer and feed-forward add their outputs to it (their
   // last projection accumulates into h), and each norm reads it whole into x.
+  // Tensor parallel, each block adds this rank's part of its output, and the ranks' parts
+  // join in one all-reduce per mixer and per feed-forward (begin/end_partial_sum).
   ops_.embedding_rms_norm(tokens, n, spec_.embed_tokens, h, spec_.layers.front().input_norm, off,
                           eps, x);
   for (size_t i = 0; i < spec_.layers.size(); ++i) {
     const DecoderLayer& L = spec_.layers[i];
     if (i > 0) ops_.rms_norm(h, L.input_norm, off, eps, x);
+    begin_partial_sum(h);
     L.mixer->forward(io);
+    end_partial_sum(h);
     ops_.rms_norm(h, L.post_norm, off, eps, x);
+    begin_partial_sum(h);
     L.ffn->forward(io);
+    end_partial_sum(h);
   }
   // Only the rows whose logits are wanted go through the final norm and the LM head.
   const int r = int(batch.logit_rows.size());
@@ -384,7 +406,13 @@ Status HybridModel::forward(const Batch& batch, Tensor logits) {
     ops_.gather_rows(h, batch.logit_rows.data(), r, fh);
     ops_.rms_norm(fh, spec_.final_norm, off, eps, fh);
   }
-  ops_.matmul(fh, spec_.lm_head, logits.slice_rows(0, r));
+  if (spec_.vocab_split) {  // this rank's vocabulary rows, then every rank's
+    const Tensor part = logits_part_.slice_rows(0, r);
+    ops_.matmul(fh, spec_.lm_head, part);
+    comm_->all_gather_cols(part, logits.slice_rows(0, r));
+  } else {
+    ops_.matmul(fh, spec_.lm_head, logits.slice_rows(0, r));
+  }
   return Status();
 }
 
@@ -409,7 +437,7 @@ void read_generation_defaults(const nlohmann::json& gen, GenerationDefaults* g) 
 Result<std::unique_ptr<Model>> build_hybrid_model(HybridSpec spec, WeightLoader& weights,
                                                   std::unique_ptr<Checkpoint> checkpoint,
                                                   const nlohmann::json& generation_config, Ops& ops,
-                                                  const LoadOptions& options) {
+                                                  const LoadOptions& options, Communicator* comm) {
   LoadOptions opt = options;
   if (opt.max_logit_rows <= 0) opt.max_logit_rows = opt.max_batch_tokens;
   if (opt.max_context <= 0 || opt.max_context > spec.max_position) {
@@ -469,7 +497,8 @@ Result<std::unique_ptr<Model>> build_hybrid_model(HybridSpec spec, WeightLoader&
     }
   }
   if (checkpoint) info.fingerprint = checkpoint->fingerprint();
-  auto model = std::make_unique<HybridModel>(std::move(spec), ops, opt);
+  RECUR_CHECK(comm || !spec.vocab_split);
+  auto model = std::make_unique<HybridModel>(std::move(spec), ops, opt, comm);
   model->mutable_info() = std::move(info);
   RECUR_RETURN_IF_ERROR(model->allocate(plan));
   model->keep(weights, std::move(checkpoint));

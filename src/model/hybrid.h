@@ -14,6 +14,7 @@
 #include "model/model.h"
 #include "model/registry.h"
 #include "model/weights.h"
+#include "ops/comm.h"
 
 namespace recur {
 
@@ -68,7 +69,8 @@ struct LayerIo {
   Ops& ops;
   const SeqLayout& layout;
   int n;     // tokens of the batch
-  Tensor h;  // [n, hidden]: the residual stream; each block adds its output to it
+  Tensor h;  // [n, hidden]: the residual stream; each block adds its output to it (a
+             //   tensor-parallel rank's block adds its part, and the model sums the parts)
   Tensor x;  // [n, hidden]: the block's normed input
   const Scratch& s;
   const StatePools& state;
@@ -145,6 +147,9 @@ struct HybridSpec {
   Tensor final_norm;         // [hidden]
   Tensor lm_head;            // [vocab, hidden]; the embedding table when tied
   bool tied_lm_head = false;
+  // Tensor parallel: lm_head is this rank's [vocab / world, hidden] rows, whose logits the
+  // ranks gather (otherwise every rank holds it whole).
+  bool vocab_split = false;
   std::vector<DecoderLayer> layers;
   std::vector<int32_t> eos_token_ids;
   std::vector<int32_t> refused_token_ids;  // inputs the model cannot take yet (images, video)
@@ -156,9 +161,12 @@ struct HybridSpec {
 
 // Builds the model: sizes the pools and scratch from the plan and `options`, announces the forward
 // limits to the backend. The model keeps the loader's buffers and the checkpoint (mapped weights).
+// comm: for one rank of a tensor-parallel model (its weights loaded for comm->rank() of
+// comm->world()), the collectives its forward joins the other ranks' with; null for a whole model.
 Result<std::unique_ptr<Model>> build_hybrid_model(HybridSpec spec, WeightLoader& weights,
                                                   std::unique_ptr<Checkpoint> checkpoint,
                                                   const nlohmann::json& generation_config, Ops& ops,
-                                                  const LoadOptions& options);
+                                                  const LoadOptions& options,
+                                                  Communicator* comm = nullptr);
 
 }  // namespace recur

@@ -363,70 +363,91 @@ Status load_kda(const KimiLinearConfig& c, const std::string& p, WeightLoader& w
                 KimiDeltaAttention* a) {
   const int64_t H = c.hidden_size, heads = c.kda_heads, d = c.kda_head_dim, D = heads * d;
   const int64_t K = c.conv_kernel;
-  a->heads = c.kda_heads, a->head_dim = c.kda_head_dim, a->conv_kernel = c.conv_kernel;
+  // A tensor-parallel rank's heads (each its own key and value head); the gates' low-rank
+  // inputs (f_a, g_a) are whole on every rank.
+  RECUR_ASSIGN_OR_RETURN(
+      const HeadShard part,
+      split_heads(w.shard(), heads, heads, "Kimi Delta Attention", "heads", "heads"));
+  const int64_t h0 = part.heads.first, hn = part.heads.count, Dn = hn * d;
+  a->heads = int(hn), a->head_dim = c.kda_head_dim, a->conv_kernel = c.conv_kernel;
   a->eps = c.rms_norm_eps;
+  // Rows [h0·per_head, +hn·per_head) of a [heads·per_head, cols] matrix.
+  auto head_rows = [&](const char* name, int64_t per_head, int64_t cols, Tensor* out) -> Status {
+    const RowPiece rows{p + name, {heads * per_head, cols}, h0 * per_head, hn * per_head};
+    RECUR_ASSIGN_OR_RETURN(*out,
+                           w.load_rows({&rows, 1}, {hn * per_head, cols}, WeightUse::kMatrix));
+    return Status();
+  };
   auto matrix = [&](const char* name, std::vector<int64_t> shape, Tensor* out) -> Status {
     RECUR_ASSIGN_OR_RETURN(*out, w.load(p + name, shape, WeightUse::kMatrix));
     return Status();
   };
-  RECUR_RETURN_IF_ERROR(matrix("q_proj.weight", {D, H}, &a->q_proj));
-  RECUR_RETURN_IF_ERROR(matrix("k_proj.weight", {D, H}, &a->k_proj));
-  RECUR_RETURN_IF_ERROR(matrix("v_proj.weight", {D, H}, &a->v_proj));
-  RECUR_RETURN_IF_ERROR(matrix("b_proj.weight", {heads, H}, &a->b_proj));
+  RECUR_RETURN_IF_ERROR(head_rows("q_proj.weight", d, H, &a->q_proj));
+  RECUR_RETURN_IF_ERROR(head_rows("k_proj.weight", d, H, &a->k_proj));
+  RECUR_RETURN_IF_ERROR(head_rows("v_proj.weight", d, H, &a->v_proj));
+  RECUR_RETURN_IF_ERROR(head_rows("b_proj.weight", 1, H, &a->b_proj));
   // The low rank of the gates is the head size in the published code.
   RECUR_RETURN_IF_ERROR(matrix("f_a_proj.weight", {d, H}, &a->f_a_proj));
-  RECUR_RETURN_IF_ERROR(matrix("f_b_proj.weight", {D, d}, &a->f_b_proj));
+  RECUR_RETURN_IF_ERROR(head_rows("f_b_proj.weight", d, d, &a->f_b_proj));
   RECUR_RETURN_IF_ERROR(matrix("g_a_proj.weight", {d, H}, &a->g_a_proj));
-  RECUR_RETURN_IF_ERROR(matrix("g_b_proj.weight", {D, d}, &a->g_b_proj));
-  RECUR_RETURN_IF_ERROR(matrix("o_proj.weight", {H, D}, &a->o_proj));
+  RECUR_RETURN_IF_ERROR(head_rows("g_b_proj.weight", d, d, &a->g_b_proj));
+  const RowPiece o{p + "o_proj.weight", {H, D}, 0, H, h0 * d, Dn};
+  RECUR_ASSIGN_OR_RETURN(a->o_proj, w.load_rows({&o, 1}, {H, Dn}, WeightUse::kMatrix));
   // The three convs' taps as one conv over q | k | v.
   const std::vector<int64_t> conv_shape = {D, 1, K};
-  const RowPiece convs[] = {{p + "q_conv1d.weight", conv_shape, 0, D},
-                            {p + "k_conv1d.weight", conv_shape, 0, D},
-                            {p + "v_conv1d.weight", conv_shape, 0, D}};
-  RECUR_ASSIGN_OR_RETURN(a->conv1d, w.load_rows(convs, {3 * D, 1, K}, WeightUse::kVector));
+  const RowPiece convs[] = {{p + "q_conv1d.weight", conv_shape, h0 * d, Dn},
+                            {p + "k_conv1d.weight", conv_shape, h0 * d, Dn},
+                            {p + "v_conv1d.weight", conv_shape, h0 * d, Dn}};
+  RECUR_ASSIGN_OR_RETURN(a->conv1d, w.load_rows(convs, {3 * Dn, 1, K}, WeightUse::kVector));
   // A_log [1, 1, H, 1]: one value per head. Both in f32, whatever the checkpoint stores: the
   // gates read them as one type.
-  RECUR_ASSIGN_OR_RETURN(a->a_log, w.load_vector_f32(p + "A_log", heads, {1, 1, heads, 1}));
-  RECUR_ASSIGN_OR_RETURN(a->dt_bias, w.load_vector_f32(p + "dt_bias", D, {}));
+  RECUR_ASSIGN_OR_RETURN(a->a_log, w.load_vector_f32(p + "A_log", heads, {1, 1, heads, 1}, h0, hn));
+  RECUR_ASSIGN_OR_RETURN(a->dt_bias, w.load_vector_f32(p + "dt_bias", D, {}, h0 * d, Dn));
   RECUR_ASSIGN_OR_RETURN(a->o_norm, w.load(p + "o_norm.weight", {d}, WeightUse::kVector));
   return Status();
 }
 
+// Tensor parallel: split by heads after the latent. Every rank computes and caches the whole
+// latent (c | k_pe: one head's worth, shared by all heads) and holds its heads' query rows,
+// absorbed projections and o_proj columns.
 Status load_mla(const KimiLinearConfig& c, const std::string& p, WeightLoader& w,
                 LatentAttention* a) {
   const int64_t H = c.hidden_size, heads = c.heads, r = c.kv_lora_rank;
   const int64_t dn = c.qk_nope_dim, dr = c.qk_rope_dim, dv = c.v_head_dim;
-  a->heads = c.heads, a->rank = c.kv_lora_rank;
+  RECUR_ASSIGN_OR_RETURN(
+      const HeadShard part,
+      split_heads(w.shard(), heads, heads, "the latent attention", "heads", "heads"));
+  const int64_t h0 = part.heads.first, hn = part.heads.count;
+  a->heads = int(hn), a->rank = c.kv_lora_rank;
   a->nope_dim = c.qk_nope_dim, a->rope_dim = c.qk_rope_dim, a->v_dim = c.v_head_dim;
   // q_proj [heads·(dn + dr), H]: per head dn query rows, then dr rows against k_pe.
   const std::string q = p + "q_proj.weight";
   const std::vector<int64_t> q_shape = {heads * (dn + dr), H};
   std::vector<RowPiece> nope;
-  for (int64_t h = 0; h < heads; ++h) nope.push_back({q, q_shape, h * (dn + dr), dn});
-  RECUR_ASSIGN_OR_RETURN(a->q_nope_proj, w.load_rows(nope, {heads * dn, H}, WeightUse::kMatrix));
+  for (int64_t h = h0; h < h0 + hn; ++h) nope.push_back({q, q_shape, h * (dn + dr), dn});
+  RECUR_ASSIGN_OR_RETURN(a->q_nope_proj, w.load_rows(nope, {hn * dn, H}, WeightUse::kMatrix));
   // kv_b_proj [heads·(dn + dv), r]: per head dn key rows (absorbed into the query, transposed)
   // and dv value rows (absorbed into the output).
   const std::string kv_b = p + "kv_b_proj.weight";
   const std::vector<int64_t> kv_b_shape = {heads * (dn + dv), r};
   // Each as one [heads, rows, cols] weight for matmul_heads.
   std::vector<RowPiece> pe, uk, uv;
-  for (int64_t h = 0; h < heads; ++h) {
+  for (int64_t h = h0; h < h0 + hn; ++h) {
     pe.push_back({q, q_shape, h * (dn + dr) + dn, dr});
     uk.push_back({kv_b, kv_b_shape, h * (dn + dv), dn});
     uv.push_back({kv_b, kv_b_shape, h * (dn + dv) + dn, dv});
   }
   if (dr > 0) {
-    RECUR_ASSIGN_OR_RETURN(a->q_pe_proj, w.load_rows(pe, {heads, dr, H}, WeightUse::kHeads));
+    RECUR_ASSIGN_OR_RETURN(a->q_pe_proj, w.load_rows(pe, {hn, dr, H}, WeightUse::kHeads));
   }
-  RECUR_ASSIGN_OR_RETURN(a->k_absorb, w.load_transposed(uk, {heads, r, dn}, WeightUse::kHeads));
-  RECUR_ASSIGN_OR_RETURN(a->v_absorb, w.load_rows(uv, {heads, dv, r}, WeightUse::kHeads));
+  RECUR_ASSIGN_OR_RETURN(a->k_absorb, w.load_transposed(uk, {hn, r, dn}, WeightUse::kHeads));
+  RECUR_ASSIGN_OR_RETURN(a->v_absorb, w.load_rows(uv, {hn, dv, r}, WeightUse::kHeads));
   RECUR_ASSIGN_OR_RETURN(a->kv_a_proj,
                          w.load(p + "kv_a_proj_with_mqa.weight", {r + dr, H}, WeightUse::kMatrix));
   RECUR_ASSIGN_OR_RETURN(a->kv_a_norm,
                          w.load(p + "kv_a_layernorm.weight", {r}, WeightUse::kVector));
-  RECUR_ASSIGN_OR_RETURN(a->o_proj,
-                         w.load(p + "o_proj.weight", {H, heads * dv}, WeightUse::kMatrix));
+  const RowPiece o{p + "o_proj.weight", {H, heads * dv}, 0, H, h0 * dv, hn * dv};
+  RECUR_ASSIGN_OR_RETURN(a->o_proj, w.load_rows({&o, 1}, {H, hn * dv}, WeightUse::kMatrix));
   return Status();
 }
 
@@ -444,12 +465,17 @@ Status load_moe(const KimiLinearConfig& c, const std::string& p, WeightLoader& w
   RECUR_ASSIGN_OR_RETURN(m->routing.selection_bias,
                          w.load_vector_f32(p + "gate.e_score_correction_bias", E, {}));
   m->experts.resize(size_t(E));
+  // A tensor-parallel rank's columns f of each expert's hidden layer.
+  RECUR_ASSIGN_OR_RETURN(const ShardRange f, column_part(w.shard(), I, "an expert"));
   for (int64_t e = 0; e < E; ++e) {
     const std::string x = p + "experts." + std::to_string(e) + ".";
     ExpertWeights& ew = m->experts[size_t(e)];
-    RECUR_ASSIGN_OR_RETURN(ew.gate, w.load(x + "w1.weight", {I, H}, WeightUse::kExpert));
-    RECUR_ASSIGN_OR_RETURN(ew.up, w.load(x + "w3.weight", {I, H}, WeightUse::kExpert));
-    RECUR_ASSIGN_OR_RETURN(ew.down, w.load(x + "w2.weight", {H, I}, WeightUse::kExpert));
+    const RowPiece gate{x + "w1.weight", {I, H}, f.first, f.count};
+    const RowPiece up{x + "w3.weight", {I, H}, f.first, f.count};
+    const RowPiece down{x + "w2.weight", {H, I}, 0, H, f.first, f.count};
+    RECUR_ASSIGN_OR_RETURN(ew.gate, w.load_rows({&gate, 1}, {f.count, H}, WeightUse::kExpert));
+    RECUR_ASSIGN_OR_RETURN(ew.up, w.load_rows({&up, 1}, {f.count, H}, WeightUse::kExpert));
+    RECUR_ASSIGN_OR_RETURN(ew.down, w.load_rows({&down, 1}, {H, f.count}, WeightUse::kExpert));
   }
   if (c.num_shared_experts > 0) {
     RECUR_RETURN_IF_ERROR(load_swiglu(w, p + "shared_experts.", I * c.num_shared_experts, H,
@@ -503,14 +529,7 @@ Result<HybridSpec> build_kimi_linear(const json& config, const json& gen, Weight
   RECUR_ASSIGN_OR_RETURN(spec.embed_tokens, w.load("model.embed_tokens.weight", {c.vocab_size, H},
                                                    WeightUse::kEmbedding));
   RECUR_ASSIGN_OR_RETURN(spec.final_norm, w.load("model.norm.weight", {H}, WeightUse::kVector));
-  spec.tied_lm_head = c.tie_word_embeddings;
-  if (c.tie_word_embeddings) {
-    spec.lm_head = spec.embed_tokens;
-    spec.skipped_prefixes.push_back({"lm_head.weight", "the LM head (tied to the embedding)"});
-  } else {
-    RECUR_ASSIGN_OR_RETURN(spec.lm_head,
-                           w.load("lm_head.weight", {c.vocab_size, H}, WeightUse::kMatrix));
-  }
+  RECUR_RETURN_IF_ERROR(load_lm_head(w, c.vocab_size, H, c.tie_word_embeddings, &spec));
   for (int i = 0; i < c.num_layers; ++i) {
     DecoderLayer L;
     RECUR_RETURN_IF_ERROR(load_layer(c, i, "model.layers." + std::to_string(i) + ".", w, &L));

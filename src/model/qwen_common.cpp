@@ -17,14 +17,25 @@ Status begin_qwen_spec(const QwenHybridConfig& c, const std::string& prefix, Wei
   RECUR_ASSIGN_OR_RETURN(spec->embed_tokens, w.load(prefix + "embed_tokens.weight",
                                                     {c.vocab_size, H}, WeightUse::kEmbedding));
   RECUR_ASSIGN_OR_RETURN(spec->final_norm, w.load(prefix + "norm.weight", {H}, WeightUse::kVector));
-  spec->tied_lm_head = c.tie_word_embeddings;
-  if (c.tie_word_embeddings) {
-    spec->lm_head = spec->embed_tokens;
+  return load_lm_head(w, c.vocab_size, H, c.tie_word_embeddings, spec);
+}
+
+Status load_lm_head(WeightLoader& w, int64_t vocab, int64_t hidden, bool tied, HybridSpec* spec) {
+  spec->tied_lm_head = tied;
+  // Tensor parallel: the embedding is whole on every rank; the LM head is split by vocabulary
+  // rows when they divide evenly (the ranks' logits then gathered), whole otherwise.
+  const Shard& shard = w.shard();
+  spec->vocab_split = shard.world > 1 && vocab % shard.world == 0;
+  const int64_t v0 = spec->vocab_split ? vocab / shard.world * shard.rank : 0;
+  const int64_t vn = spec->vocab_split ? vocab / shard.world : vocab;
+  if (tied) {
+    spec->lm_head = spec->embed_tokens.slice_rows(v0, v0 + vn);
     // transformers ties over a stored lm_head.weight; so does this.
     spec->skipped_prefixes.push_back({"lm_head.weight", "the LM head (tied to the embedding)"});
   } else {
+    const RowPiece rows{"lm_head.weight", {vocab, hidden}, v0, vn};
     RECUR_ASSIGN_OR_RETURN(spec->lm_head,
-                           w.load("lm_head.weight", {c.vocab_size, H}, WeightUse::kMatrix));
+                           w.load_rows({&rows, 1}, {vn, hidden}, WeightUse::kMatrix));
   }
   return Status();
 }
@@ -42,48 +53,76 @@ Status load_layer_norms(const QwenHybridConfig& c, const std::string& p, WeightL
 Status load_gated_attention(const QwenHybridConfig& c, const std::string& p, WeightLoader& w,
                             GatedAttention* a) {
   const int64_t H = c.hidden_size, heads = c.num_heads, kv = c.num_kv_heads, hd = c.head_dim;
-  a->heads = c.num_heads, a->kv_heads = c.num_kv_heads, a->head_dim = c.head_dim;
+  // A tensor-parallel rank's query heads with the kv heads they read (all of them at world 1).
+  RECUR_ASSIGN_OR_RETURN(const HeadShard part, split_heads(w.shard(), heads, kv, "the attention",
+                                                           "query heads", "kv heads"));
+  const int64_t h0 = part.heads.first, hn = part.heads.count;
+  const int64_t kv0 = part.kv_heads.first, kvn = part.kv_heads.count;
+  a->heads = int(hn), a->kv_heads = int(kvn), a->head_dim = c.head_dim;
   a->rot_dim = c.rotary_dim(), a->rope_theta = c.rope_theta;
   a->norm_offset = 1.0f, a->eps = c.rms_norm_eps;
   const std::string q = p + "q_proj.weight";
   const std::vector<int64_t> q_shape = {heads * 2 * hd, H};
   std::vector<RowPiece> query, gate;
-  for (int64_t h = 0; h < heads; ++h) {
+  for (int64_t h = h0; h < h0 + hn; ++h) {
     query.push_back({q, q_shape, h * 2 * hd, hd});
     gate.push_back({q, q_shape, h * 2 * hd + hd, hd});
   }
-  RECUR_ASSIGN_OR_RETURN(a->q_proj, w.load_rows(query, {heads * hd, H}, WeightUse::kMatrix));
-  RECUR_ASSIGN_OR_RETURN(a->gate_proj, w.load_rows(gate, {heads * hd, H}, WeightUse::kMatrix));
-  RECUR_ASSIGN_OR_RETURN(a->k_proj, w.load(p + "k_proj.weight", {kv * hd, H}, WeightUse::kMatrix));
-  RECUR_ASSIGN_OR_RETURN(a->v_proj, w.load(p + "v_proj.weight", {kv * hd, H}, WeightUse::kMatrix));
-  RECUR_ASSIGN_OR_RETURN(a->o_proj,
-                         w.load(p + "o_proj.weight", {H, heads * hd}, WeightUse::kMatrix));
+  RECUR_ASSIGN_OR_RETURN(a->q_proj, w.load_rows(query, {hn * hd, H}, WeightUse::kMatrix));
+  RECUR_ASSIGN_OR_RETURN(a->gate_proj, w.load_rows(gate, {hn * hd, H}, WeightUse::kMatrix));
+  const RowPiece k{p + "k_proj.weight", {kv * hd, H}, kv0 * hd, kvn * hd};
+  const RowPiece v{p + "v_proj.weight", {kv * hd, H}, kv0 * hd, kvn * hd};
+  const RowPiece o{p + "o_proj.weight", {H, heads * hd}, 0, H, h0 * hd, hn * hd};
+  RECUR_ASSIGN_OR_RETURN(a->k_proj, w.load_rows({&k, 1}, {kvn * hd, H}, WeightUse::kMatrix));
+  RECUR_ASSIGN_OR_RETURN(a->v_proj, w.load_rows({&v, 1}, {kvn * hd, H}, WeightUse::kMatrix));
+  RECUR_ASSIGN_OR_RETURN(a->o_proj, w.load_rows({&o, 1}, {H, hn * hd}, WeightUse::kMatrix));
   RECUR_ASSIGN_OR_RETURN(a->q_norm, w.load(p + "q_norm.weight", {hd}, WeightUse::kVector));
   RECUR_ASSIGN_OR_RETURN(a->k_norm, w.load(p + "k_norm.weight", {hd}, WeightUse::kVector));
   return Status();
 }
 
+Result<HeadShard> gated_deltanet_heads(const QwenHybridConfig& c, const Shard& s) {
+  return split_heads(s, c.linear_num_value_heads, c.linear_num_key_heads, "the Gated DeltaNet",
+                     "value heads", "key heads");
+}
+
 Status load_gated_deltanet_rest(const QwenHybridConfig& c, const std::string& p, WeightLoader& w,
                                 GatedDeltaNet* g) {
-  g->key_heads = c.linear_num_key_heads, g->value_heads = c.linear_num_value_heads;
+  RECUR_ASSIGN_OR_RETURN(const HeadShard part, gated_deltanet_heads(c, w.shard()));
+  g->key_heads = int(part.kv_heads.count), g->value_heads = int(part.heads.count);
   g->dk = c.linear_key_head_dim, g->dv = c.linear_value_head_dim;
   g->conv_kernel = c.linear_conv_kernel, g->eps = c.rms_norm_eps;
-  const int64_t H = c.hidden_size, hv = g->value_heads;
-  RECUR_ASSIGN_OR_RETURN(g->conv1d, w.load(p + "conv1d.weight", {g->conv_dim(), 1, g->conv_kernel},
-                                           WeightUse::kVector));
-  RECUR_ASSIGN_OR_RETURN(g->dt_bias, w.load(p + "dt_bias", {hv}, WeightUse::kVector));
-  RECUR_ASSIGN_OR_RETURN(g->a_log, w.load(p + "A_log", {hv}, WeightUse::kVector));
+  const int64_t H = c.hidden_size, hv = c.linear_num_value_heads, K = c.linear_conv_kernel;
+  const int64_t dk = g->dk, dv = g->dv, key_dim = int64_t(c.linear_num_key_heads) * dk;
+  const int64_t k0 = part.kv_heads.first, v0 = part.heads.first, vn = part.heads.count;
+  // The conv's channels of this rank's q, k and v heads.
+  const std::vector<int64_t> conv_shape = {2 * key_dim + hv * dv, 1, K};
+  const std::string conv = p + "conv1d.weight";
+  const RowPiece channels[] = {{conv, conv_shape, k0 * dk, g->key_dim()},
+                               {conv, conv_shape, key_dim + k0 * dk, g->key_dim()},
+                               {conv, conv_shape, 2 * key_dim + v0 * dv, g->value_dim()}};
+  RECUR_ASSIGN_OR_RETURN(g->conv1d,
+                         w.load_rows(channels, {g->conv_dim(), 1, K}, WeightUse::kVector));
+  const RowPiece dt{p + "dt_bias", {hv}, 0, 1, v0, vn}, a{p + "A_log", {hv}, 0, 1, v0, vn};
+  RECUR_ASSIGN_OR_RETURN(g->dt_bias, w.load_rows({&dt, 1}, {vn}, WeightUse::kVector));
+  RECUR_ASSIGN_OR_RETURN(g->a_log, w.load_rows({&a, 1}, {vn}, WeightUse::kVector));
   RECUR_ASSIGN_OR_RETURN(g->norm, w.load(p + "norm.weight", {g->dv}, WeightUse::kVector));
+  const RowPiece out{p + "out_proj.weight", {H, hv * dv}, 0, H, v0 * dv, vn * dv};
   RECUR_ASSIGN_OR_RETURN(g->out_proj,
-                         w.load(p + "out_proj.weight", {H, g->value_dim()}, WeightUse::kMatrix));
+                         w.load_rows({&out, 1}, {H, g->value_dim()}, WeightUse::kMatrix));
   return Status();
 }
 
 Status load_swiglu(WeightLoader& w, const std::string& p, int64_t ff, int64_t hidden, WeightUse use,
                    ExpertWeights* e) {
-  RECUR_ASSIGN_OR_RETURN(e->gate, w.load(p + "gate_proj.weight", {ff, hidden}, use));
-  RECUR_ASSIGN_OR_RETURN(e->up, w.load(p + "up_proj.weight", {ff, hidden}, use));
-  RECUR_ASSIGN_OR_RETURN(e->down, w.load(p + "down_proj.weight", {hidden, ff}, use));
+  // A tensor-parallel rank's columns of the hidden layer: gate and up rows, down columns.
+  RECUR_ASSIGN_OR_RETURN(const ShardRange f, column_part(w.shard(), ff, "a feed-forward"));
+  const RowPiece gate{p + "gate_proj.weight", {ff, hidden}, f.first, f.count};
+  const RowPiece up{p + "up_proj.weight", {ff, hidden}, f.first, f.count};
+  const RowPiece down{p + "down_proj.weight", {hidden, ff}, 0, hidden, f.first, f.count};
+  RECUR_ASSIGN_OR_RETURN(e->gate, w.load_rows({&gate, 1}, {f.count, hidden}, use));
+  RECUR_ASSIGN_OR_RETURN(e->up, w.load_rows({&up, 1}, {f.count, hidden}, use));
+  RECUR_ASSIGN_OR_RETURN(e->down, w.load_rows({&down, 1}, {hidden, f.count}, use));
   return Status();
 }
 

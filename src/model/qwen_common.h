@@ -16,6 +16,10 @@ namespace recur {
 Status begin_qwen_spec(const QwenHybridConfig& c, const std::string& prefix, WeightLoader& w,
                        HybridSpec* spec);
 
+// The LM head (lm_head.weight [vocab, hidden], or spec->embed_tokens when tied); of a
+// tensor-parallel rank (w.shard()), its vocabulary rows when they divide evenly.
+Status load_lm_head(WeightLoader& w, int64_t vocab, int64_t hidden, bool tied, HybridSpec* spec);
+
 // input_layernorm and post_attention_layernorm of the layer at `p` ("...layers.N.").
 Status load_layer_norms(const QwenHybridConfig& c, const std::string& p, WeightLoader& w,
                         DecoderLayer* L);
@@ -24,6 +28,10 @@ Status load_layer_norms(const QwenHybridConfig& c, const std::string& p, WeightL
 // and gate_proj of all heads. k, v, o projections and the q / k norms as stored.
 Status load_gated_attention(const QwenHybridConfig& c, const std::string& p, WeightLoader& w,
                             GatedAttention* a);
+
+// The Gated DeltaNet's value heads of a tensor-parallel rank (w.shard()) and the key heads
+// they read (all of them at world 1).
+Result<HeadShard> gated_deltanet_heads(const QwenHybridConfig& c, const Shard& s);
 
 // The Gated DeltaNet's sizes and its weights after the input projections: conv1d, dt_bias,
 // A_log (f32 in released checkpoints: used as stored), the gated norm and out_proj.

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "model/kimi_linear.h"
+#include "model/parallel.h"
 #include "model/qwen3_next.h"
 
 namespace recur {
@@ -61,10 +62,10 @@ Result<const Architecture*> find_architecture(const nlohmann::json& config,
                     where, supported_list());
 }
 
-}  // namespace
-
-Result<std::unique_ptr<Model>> load_model(const std::string& dir, Ops& ops,
-                                          const LoadOptions& options) {
+// One whole model, or with comm one tensor-parallel rank's part of it.
+Result<std::unique_ptr<Model>> load_checkpoint_model(const std::string& dir, Ops& ops,
+                                                     const LoadOptions& options,
+                                                     Communicator* comm) {
   RECUR_ASSIGN_OR_RETURN(Checkpoint opened, Checkpoint::open(dir));
   auto ckpt = std::make_unique<Checkpoint>(std::move(opened));
   RECUR_ASSIGN_OR_RETURN(const Architecture* arch, find_architecture(ckpt->config(), dir + "/"));
@@ -72,17 +73,15 @@ Result<std::unique_ptr<Model>> load_model(const std::string& dir, Ops& ops,
   if (!config.contains("model_type")) config["model_type"] = arch->model_type;
   RECUR_ASSIGN_OR_RETURN(const Fp8BlockConfig fp8, read_quantization_config(config, dir));
   CheckpointWeights weights(*ckpt, ops, fp8, options.quantize);
+  if (comm) weights.set_shard({comm->rank(), comm->world()});
   RECUR_ASSIGN_OR_RETURN(HybridSpec spec, arch->build(config, ckpt->generation_config(), weights));
   const nlohmann::json gen = ckpt->generation_config();
-  return build_hybrid_model(std::move(spec), weights, std::move(ckpt), gen, ops, options);
+  return build_hybrid_model(std::move(spec), weights, std::move(ckpt), gen, ops, options, comm);
 }
 
-Result<std::unique_ptr<Model>> load_random_model(const nlohmann::json& config, Ops& ops,
-                                                 const LoadOptions& options, DType dtype,
-                                                 uint64_t seed) {
-  if (dtype != DType::F32 && dtype != DType::BF16 && dtype != DType::F16) {
-    return make_error(ErrorCode::kUnsupported, "random weights: dtype must be F32, BF16 or F16");
-  }
+Result<std::unique_ptr<Model>> load_random_rank(const nlohmann::json& config, Ops& ops,
+                                                const LoadOptions& options, DType dtype,
+                                                uint64_t seed, Communicator* comm) {
   RECUR_ASSIGN_OR_RETURN(const Architecture* arch, find_architecture(config, ""));
   const nlohmann::json& text = config.contains("text_config") && config["text_config"].is_object()
                                    ? config["text_config"]
@@ -93,11 +92,36 @@ Result<std::unique_ptr<Model>> load_random_model(const nlohmann::json& config, O
   }
   RandomWeights weights(ops, dtype, seed, layers, options.quantize);
   weights.set_norm_center(arch->norm_center);
+  if (comm) weights.set_shard({comm->rank(), comm->world()});
   nlohmann::json c = config;
   if (!c.contains("model_type")) c["model_type"] = arch->model_type;
   RECUR_ASSIGN_OR_RETURN(HybridSpec spec, arch->build(c, nlohmann::json::object(), weights));
   return build_hybrid_model(std::move(spec), weights, nullptr, nlohmann::json::object(), ops,
-                            options);
+                            options, comm);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Model>> load_model(const std::string& dir, Ops& ops,
+                                          const LoadOptions& options) {
+  if (options.tensor_parallel == 1) return load_checkpoint_model(dir, ops, options, nullptr);
+  return load_parallel_model(ops, options, [&](Ops& o, const LoadOptions& opt, Communicator& c) {
+    return load_checkpoint_model(dir, o, opt, &c);
+  });
+}
+
+Result<std::unique_ptr<Model>> load_random_model(const nlohmann::json& config, Ops& ops,
+                                                 const LoadOptions& options, DType dtype,
+                                                 uint64_t seed) {
+  if (dtype != DType::F32 && dtype != DType::BF16 && dtype != DType::F16) {
+    return make_error(ErrorCode::kUnsupported, "random weights: dtype must be F32, BF16 or F16");
+  }
+  if (options.tensor_parallel == 1) {
+    return load_random_rank(config, ops, options, dtype, seed, nullptr);
+  }
+  return load_parallel_model(ops, options, [&](Ops& o, const LoadOptions& opt, Communicator& c) {
+    return load_random_rank(config, o, opt, dtype, seed, &c);
+  });
 }
 
 nlohmann::json cut_layers(nlohmann::json config, int layers) {

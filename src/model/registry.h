@@ -1,6 +1,7 @@
 // Loading a model of any supported architecture: the registry picks it from config.json.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -26,6 +27,12 @@ struct LoadOptions {
   // Element type of the attention cache: F32, BF16 or F8_E4M3 (plain e4m3, no scales: keys
   // are normalised per head and values stay far inside its range; see the README).
   DType kv_cache_dtype = DType::F32;
+  // Tensor parallelism (model/parallel.h): ranks that each hold a slice of every layer's heads
+  // and columns and run each forward together; 1: one whole model. The memory budgets above
+  // are the ranks' together. rank_backend makes the backend of ranks 1.. (rank 0 runs on the
+  // Ops given to load_model); the model keeps them.
+  int tensor_parallel = 1;
+  std::function<Result<std::unique_ptr<Ops>>(int rank)> rank_backend;
 };
 
 // Opens a model directory and loads whatever architecture its config names.

@@ -206,9 +206,12 @@ Result<Tensor> CheckpointWeights::load_rows(std::span<const RowPiece> pieces,
     }
     const int64_t stored_cols = p.stored_shape.size() > 1 ? p.stored_shape.back() : t.numel();
     const int64_t stored_rows = t.numel() / std::max<int64_t>(stored_cols, 1);
-    RECUR_CHECK(stored_cols == cols && p.first >= 0 && p.first + p.count <= stored_rows);
+    const int64_t col_count = p.col_count > 0 ? p.col_count : stored_cols;
+    RECUR_CHECK(col_count == cols && p.col_first >= 0 && p.col_first + col_count <= stored_cols &&
+                p.first >= 0 && p.first + p.count <= stored_rows);
     Tensor flat = t.reshaped({stored_rows, stored_cols});
-    views.push_back(flat.slice_rows(p.first, p.first + p.count));
+    views.push_back(
+        flat.slice_rows(p.first, p.first + p.count).slice_cols(p.col_first, p.col_first + cols));
     rows += p.count;
   }
   if (rows * cols != numel_of(shape)) {
@@ -225,7 +228,8 @@ Result<Tensor> CheckpointWeights::load_rows(std::span<const RowPiece> pieces,
   }
   Tensor host;
   Buffer repacked;
-  if (views.size() == 1) {  // used in place: a whole tensor or a contiguous slice of one
+  const bool in_place = views.size() == 1 && views[0].is_contiguous();
+  if (in_place) {  // a whole tensor or a contiguous slice of one
     host = with_shape(views[0], shape);
   } else {
     const size_t es = dtype_size(views[0].dtype), row_bytes = size_t(cols) * es;
@@ -233,8 +237,15 @@ Result<Tensor> CheckpointWeights::load_rows(std::span<const RowPiece> pieces,
                            cpu_allocator().allocate(size_t(rows) * row_bytes, "re-packed weight"));
     char* dst = static_cast<char*>(repacked.data());
     for (const Tensor& v : views) {
-      std::memcpy(dst, v.data, size_t(v.shape[0]) * row_bytes);
-      dst += size_t(v.shape[0]) * row_bytes;
+      if (v.is_contiguous()) {
+        std::memcpy(dst, v.data, size_t(v.shape[0]) * row_bytes);
+        dst += size_t(v.shape[0]) * row_bytes;
+        continue;
+      }
+      for (int64_t r = 0; r < v.shape[0]; ++r, dst += row_bytes) {  // a column slice, by row
+        std::memcpy(dst, static_cast<const char*>(v.data) + size_t(r * v.stride[0]) * es,
+                    row_bytes);
+      }
     }
     host = with_shape(Tensor::contiguous(repacked.data(), views[0].dtype, {rows * cols}), shape);
   }
@@ -249,7 +260,9 @@ Result<Tensor> CheckpointWeights::load_rows(std::span<const RowPiece> pieces,
   // Otherwise the mapped bytes were copied (re-laid out, quantized, or sent to a device): they
   // stop counting as resident instead of doubling the model's memory.
   if (adopted.data != host.data) {
-    for (const Tensor& v : views) ckpt_.release(v);
+    for (const Tensor& v : views) {
+      if (v.is_contiguous()) ckpt_.release(v);  // a column slice shares its pages with others
+    }
   }
   count(adopted, use);
   return adopted;
@@ -272,22 +285,29 @@ Result<Tensor> CheckpointWeights::load_fp8(std::span<const RowPiece> pieces,
   // The two NaN codes (S.1111.111) are no weight: a corrupt file, named here rather than
   // left to turn every logit NaN (the vector kernels do not decode them).
   for (size_t i = 0; i < views.size(); ++i) {
-    const auto* b = views[i].ptr<uint8_t>();
-    const int64_t n = views[i].numel(), cols = views[i].shape[1];
-    for (int64_t j = 0; j < n; ++j) {
-      if ((b[j] & 0x7f) == 0x7f) {
-        return make_error(ErrorCode::kCorrupt,
-                          "{}: F8_E4M3 tensor '{}' holds NaN at row {}, column {}", dir,
-                          pieces[i].name, pieces[i].first + j / cols, j % cols);
+    const int64_t rows = views[i].shape[0], cols = views[i].shape[1];
+    for (int64_t r = 0; r < rows; ++r) {
+      const auto* b = views[i].ptr<uint8_t>() + r * views[i].stride[0];
+      for (int64_t j = 0; j < cols; ++j) {
+        if ((b[j] & 0x7f) == 0x7f) {
+          return make_error(ErrorCode::kCorrupt,
+                            "{}: F8_E4M3 tensor '{}' holds NaN at row {}, column {}", dir,
+                            pieces[i].name, pieces[i].first + r, pieces[i].col_first + j);
+        }
       }
     }
   }
   const int64_t br = fp8_.block_rows, bc = fp8_.block_cols;
-  const int64_t m = host.shape[0], k = host.shape[1], kb = (k + bc - 1) / bc;
+  // Columns per scale of the result: the stored blocks', or finer when a column slice (a
+  // tensor-parallel rank's) starts inside one, so that no block of the result straddles two.
+  int64_t out_cols = bc;
+  for (const RowPiece& p : pieces) out_cols = std::gcd(out_cols, p.col_first);
+  const int64_t m = host.shape[0], k = host.shape[1], kb = (k + out_cols - 1) / out_cols;
   // Each piece's scales, [E·ceil(R / br), kb] over a stored [E, R, k] (E = 1 for a matrix).
   struct PieceScales {
     Tensor scales;
     int64_t rows_per_expert, blocks_per_expert, out_start;
+    int64_t stored_kb;  // scale columns of the stored tensor
   };
   std::vector<PieceScales> ps;
   int64_t out_block = br;  // rows per scale row of the result: divides every piece boundary
@@ -295,17 +315,18 @@ Result<Tensor> CheckpointWeights::load_fp8(std::span<const RowPiece> pieces,
   for (const RowPiece& p : pieces) {
     const std::string scale_name = p.name + "_scale_inv";
     const int64_t R = p.stored_shape.size() > 1 ? p.stored_shape[p.stored_shape.size() - 2] : 1;
+    const int64_t stored_kb = (p.stored_shape.back() + bc - 1) / bc;
     std::vector<int64_t> want(p.stored_shape.begin(), p.stored_shape.end());
     if (want.size() < 2) want.insert(want.begin(), 1);
     want[want.size() - 2] = (R + br - 1) / br;
-    want.back() = kb;
+    want.back() = stored_kb;
     if (!ckpt_.has(scale_name)) {
       return make_error(ErrorCode::kCorrupt,
                         "{}: F8_E4M3 tensor '{}' has no block scales: tensor '{}' is missing", dir,
                         p.name, scale_name);
     }
     RECUR_ASSIGN_OR_RETURN(Tensor s, ckpt_.get(scale_name, want));
-    ps.push_back({s, R, (R + br - 1) / br, out});
+    ps.push_back({s, R, (R + br - 1) / br, out, stored_kb});
     out_block = std::gcd(out_block, out);
     out_block = std::gcd(out_block, p.first % R);
     if (p.first % R + p.count > R) out_block = std::gcd(out_block, R);
@@ -323,11 +344,14 @@ Result<Tensor> CheckpointWeights::load_fp8(std::span<const RowPiece> pieces,
     const int64_t r = pieces[pi].first + (q - p.out_start);  // stored row, flattened
     const int64_t srow =
         (r / p.rows_per_expert) * p.blocks_per_expert + (r % p.rows_per_expert) / br;
-    for (int64_t j = 0; j < kb; ++j) sc[b * kb + j] = widen(p.scales, srow * kb + j);
+    for (int64_t j = 0; j < kb; ++j) {
+      const int64_t scol = (pieces[pi].col_first + j * out_cols) / bc;  // stored scale column
+      sc[b * kb + j] = widen(p.scales, srow * p.stored_kb + scol);
+    }
   }
   const Tensor s = Tensor::contiguous(scales.data(), DType::F32, {mb, kb});
-  RECUR_ASSIGN_OR_RETURN(Tensor adopted,
-                         ops_.adopt_block_fp8_weight(host, s, int(out_block), int(bc), &owned_));
+  RECUR_ASSIGN_OR_RETURN(
+      Tensor adopted, ops_.adopt_block_fp8_weight(host, s, int(out_block), int(out_cols), &owned_));
   owned_.push_back(std::move(scales));  // a backend may keep pointing at them
   tally_.bytes += mb * kb * 4;
   if (use == WeightUse::kMatrix) tally_.dense_bytes += mb * kb * 4;
@@ -380,25 +404,28 @@ Result<Tensor> CheckpointWeights::load_transposed(std::span<const RowPiece> piec
 }
 
 Result<Tensor> CheckpointWeights::load_vector_f32(const std::string& name, int64_t size,
-                                                  std::vector<int64_t> stored_shape) {
+                                                  std::vector<int64_t> stored_shape, int64_t first,
+                                                  int64_t n) {
   if (stored_shape.empty()) stored_shape = {size};
   RECUR_CHECK(numel_of(stored_shape) == size);
+  if (n <= 0) first = 0, n = size;
+  RECUR_CHECK(first >= 0 && first + n <= size);
   RECUR_ASSIGN_OR_RETURN(Tensor t, ckpt_.get(name, stored_shape));
   if (t.dtype != DType::F32 && t.dtype != DType::BF16 && t.dtype != DType::F16) {
     return make_error(ErrorCode::kCorrupt, "{}: tensor '{}' is {}, expected a float type",
                       ckpt_.dir(), name, dtype_name(t.dtype));
   }
-  RECUR_ASSIGN_OR_RETURN(Buffer buf, cpu_allocator().allocate(size_t(size) * 4, name.c_str()));
+  RECUR_ASSIGN_OR_RETURN(Buffer buf, cpu_allocator().allocate(size_t(n) * 4, name.c_str()));
   float* out = static_cast<float*>(buf.data());
   if (t.dtype == DType::F32) {
-    std::memcpy(out, t.data, size_t(size) * 4);
+    std::memcpy(out, t.ptr<float>() + first, size_t(n) * 4);
   } else {
-    const uint16_t* in = static_cast<const uint16_t*>(t.data);
-    for (int64_t i = 0; i < size; ++i) {
+    const uint16_t* in = static_cast<const uint16_t*>(t.data) + first;
+    for (int64_t i = 0; i < n; ++i) {
       out[i] = t.dtype == DType::BF16 ? bf16_to_f32(in[i]) : f16_to_f32(in[i]);
     }
   }
-  const Tensor host = Tensor::contiguous(buf.data(), DType::F32, {size});
+  const Tensor host = Tensor::contiguous(buf.data(), DType::F32, {n});
   RECUR_ASSIGN_OR_RETURN(Tensor adopted, adopt(host, WeightUse::kVector, name));
   if (adopted.data == host.data) owned_.push_back(std::move(buf));
   count(adopted, WeightUse::kVector);

@@ -13,6 +13,7 @@
 
 #include "core/tensor.h"
 #include "io/checkpoint.h"
+#include "model/shard.h"
 #include "ops/ops.h"
 
 namespace recur {
@@ -33,6 +34,9 @@ struct RowPiece {
   std::string name;
   std::vector<int64_t> stored_shape;  // the tensor's full shape in the file (checked)
   int64_t first = 0, count = 0;
+  // Only columns [col_first, col_first + col_count) of those rows (a tensor-parallel rank's
+  // slice of a projection's input columns, or of a 1-D vector: its one row); 0: all columns.
+  int64_t col_first = 0, col_count = 0;
 };
 
 // Weights quantized at load (--quantize): matmul weights of F32/BF16/F16 checkpoints become
@@ -71,11 +75,16 @@ class WeightLoader {
                                          const std::vector<int64_t>& shape, WeightUse use) = 0;
   // A vector parameter of `size` values in f32 whatever its stored dtype (F32, BF16 or F16) and
   // shape (stored_shape, of that many elements; {size} when empty): for ops that read one in
-  // f32 (a router's selection bias, Kimi's A_log and dt_bias).
+  // f32 (a router's selection bias, Kimi's A_log and dt_bias). Only its values [first, first +
+  // count) when count > 0 (a tensor-parallel rank's heads).
   virtual Result<Tensor> load_vector_f32(const std::string& name, int64_t size,
-                                         std::vector<int64_t> stored_shape) = 0;
+                                         std::vector<int64_t> stored_shape, int64_t first = 0,
+                                         int64_t count = 0) = 0;
   virtual bool has(const std::string& name) const = 0;
   const WeightTally& tally() const { return tally_; }
+  // Which part of the model the weights are for (tensor parallelism; model/shard.h).
+  const Shard& shard() const { return shard_; }
+  void set_shard(Shard shard) { shard_ = shard; }
   // Buffers of weights the loader made (re-packed or random); the model keeps them.
   std::vector<Buffer>& owned() { return owned_; }
 
@@ -83,6 +92,7 @@ class WeightLoader {
   void count(const Tensor& t, WeightUse use);
   std::vector<Buffer> owned_;
   WeightTally tally_;
+  Shard shard_;
 };
 
 // Weights from a Hugging Face checkpoint, mapped; the backend adopts each one.
@@ -96,7 +106,8 @@ class CheckpointWeights final : public WeightLoader {
   Result<Tensor> load_transposed(std::span<const RowPiece> pieces,
                                  const std::vector<int64_t>& shape, WeightUse use) override;
   Result<Tensor> load_vector_f32(const std::string& name, int64_t size,
-                                 std::vector<int64_t> stored_shape) override;
+                                 std::vector<int64_t> stored_shape, int64_t first = 0,
+                                 int64_t count = 0) override;
   bool has(const std::string& name) const override { return ckpt_.has(name); }
 
  private:
@@ -121,9 +132,9 @@ class RandomWeights final : public WeightLoader {
                            WeightUse use) override;
   Result<Tensor> load_transposed(std::span<const RowPiece> pieces,
                                  const std::vector<int64_t>& shape, WeightUse use) override;
-  Result<Tensor> load_vector_f32(const std::string& name, int64_t size,
-                                 std::vector<int64_t>) override {
-    return load(name, {size}, WeightUse::kVector);  // 1-D random weights are f32
+  Result<Tensor> load_vector_f32(const std::string& name, int64_t size, std::vector<int64_t>,
+                                 int64_t first = 0, int64_t count = 0) override {
+    return load(name, {count > 0 ? count : size}, WeightUse::kVector);  // 1-D random: f32
   }
   bool has(const std::string& name) const override { return false; }
   // Where the random norm weights centre: 0 for norms that scale by (1 + w), 1 for plain w.

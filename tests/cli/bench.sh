@@ -27,6 +27,14 @@ PY
 }
 out=$("$recur" bench --model "$root/models/qwen3next-tiny-realvocab" --batch 1,3 --prompt-len 24 --gen-len 6 --threads 2)
 check "$out" 1,3
+# Over 2 tensor-parallel ranks, from a directory and from random weights, said in the JSON.
+for src in "--model $root/models/qwen3next-tiny" \
+    "--config $root/models/qwen3_5-moe-tiny/config.json --random-weights"; do
+  # shellcheck disable=SC2086
+  out=$("$recur" bench $src --batch 1,2 --prompt-len 16 --gen-len 5 --threads 2 --tensor-parallel 2)
+  check "$out" 1,2
+  python3 -c 'import json,sys; assert json.loads(sys.argv[1])["tensor_parallel"] == 2' "$out"
+done
 out=$("$recur" bench --config "$root/models/qwen3next-tiny/config.json" --random-weights --layers 2 --batch 2 --prompt-len 8 --gen-len 5 --threads 2)
 check "$out" 2
 # --quantize: random weights quantized as a checkpoint's would be; the CPU's read bandwidth and

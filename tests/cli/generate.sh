@@ -24,6 +24,12 @@ n=$(echo "$gen" | tr ',' '\n' | wc -l)
 err=$(mktemp)
 got=$("$recur" generate --model "$model" --prompt-ids "$prompt" --max-tokens "$n" 2>"$err")
 [ "$got" = "$gen" ] || { echo "generate: got $got, expected $gen"; exit 1; }
+# Over 2 and 4 tensor-parallel ranks (threads of the process): the same continuation.
+for tp in 2 4; do
+  got=$("$recur" generate --model "$model" --prompt-ids "$prompt" --max-tokens "$n" \
+        --tensor-parallel "$tp" --threads "$tp" 2>/dev/null)
+  [ "$got" = "$gen" ] || { echo "generate --tensor-parallel $tp: got $got, expected $gen"; exit 1; }
+done
 # Why it ended is reported beside the ids.
 grep -q "^prompt 0: finish_reason=length (max_tokens reached), $n tokens$" "$err" || {
   echo "generate: no finish reason for --max-tokens:"; cat "$err"; exit 1; }

@@ -37,6 +37,30 @@ for m in qwen3next-seed-48L qwen3_5-seed-48L kimi-linear-tiny; do
   "$recur" verify --model "$root/models/$m" --golden "$golden" --kv-cache-dtype fp8 --report | tail -1 |
     grep -q "kv_cache=F8_E4M3$" || { echo "$m: no fp8 report line"; exit 1; }
 done
+# Tensor parallelism (in-process ranks on the CPU): the references pass at the default 1e-3
+# over 2 ranks, and over 4 where their heads split that far; heads that do not split are
+# refused with an error (exit 2) that says why.
+for t in qwen3next-tiny:4 qwen3next-seed-48L:2 qwen3next-tiny-realvocab:2 qwen3_5-tiny:4 \
+    qwen3_5-seed-48L:2 qwen3_5-moe-tiny:4 qwen3next-fp8-tiny:4 kimi-linear-tiny:2; do
+  IFS=: read -r m most <<<"$t"
+  for n in 2 4; do
+    [ "$n" -gt "$most" ] && continue
+    out=$("$recur" verify --model "$root/models/$m" --golden "$root/tests/data/golden/$m/golden.safetensors" \
+          --tensor-parallel "$n" --threads 2) || { echo "$m --tensor-parallel $n:"; echo "$out"; exit 1; }
+    echo "$out" | tail -1 | grep -q "PASS$" || { echo "$m --tensor-parallel $n: $out"; exit 1; }
+    echo "$out" | tail -1 | sed "s/^/$m --tensor-parallel $n: /"
+  done
+done
+for t in "qwen3next-seed-48L:4:2 value heads, which do not divide among 4 ranks" \
+    "kimi-linear-var:2:Kimi Delta Attention has 3 heads, which do not divide among 2 ranks"; do
+  IFS=: read -r m n why <<<"$t"
+  rc=0
+  out=$("$recur" verify --model "$root/models/$m" --golden "$root/tests/data/golden/$m/golden.safetensors" \
+        --tensor-parallel "$n" 2>&1) || rc=$?
+  [ "$rc" = 2 ] && grep -q "$why" <<<"$out" || {
+    echo "$m --tensor-parallel $n: exit status $rc, expected 2 and '$why':"; echo "$out"; exit 1; }
+done
+
 # A golden file that is not one gives a clear error and a non-zero status.
 if "$recur" verify --model "$root/models/qwen3next-tiny" --golden "$root/models/qwen3next-tiny/config.json" 2>/dev/null; then
   echo "verify accepted a non-safetensors golden file"; exit 1

@@ -16,6 +16,7 @@
 #include <stdexcept>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_ops.h"
 #include "io/checkpoint.h"
 #include "model/random_checkpoint.h"
 #include "model/registry.h"
@@ -555,6 +556,67 @@ TEST(KimiLinear, RandomCheckpointsOfOtherShapesMatchANaiveForward) {
     EXPECT_LE(worst, 1e-3) << "max |logit| " << scale;
     std::printf("  [kimi %s] max|dlogit| vs naive %.3g (max|logit| %.3g)\n",
                 c["qk_rope_head_dim"] == 0 ? "no k_pe" : "k_pe", worst, scale);
+  }
+}
+
+// Tensor parallel ranks (threads of this process) give the whole model's logits on random
+// checkpoints whose heads split four ways: KDA and latent attention with four heads each (the
+// latent computed and cached whole on every rank), with and without the shared key part, two
+// shared experts; 23 prompt tokens in one forward, then decode steps.
+TEST(KimiLinear, TensorParallelRanksGiveTheWholeModelsLogits) {
+  json a = tiny_config();
+  a["linear_attn_config"]["num_heads"] = 4;
+  a["num_shared_experts"] = 2;
+  json b = a;
+  b["qk_rope_head_dim"] = 0;
+  for (const json& c : {a, b}) {
+    recur_test::TempDir dir;
+    recur_test::write_checkpoint(dir.path(), {c, random_kimi_tensors(c, 9)});
+    // Every logit of the forwards, over `world` ranks of one CPU thread each.
+    auto run = [&](int world) {
+      CpuOps ops(1);
+      LoadOptions opt = small_options();
+      opt.tensor_parallel = world;
+      opt.rank_backend = [](int) -> Result<std::unique_ptr<Ops>> {
+        return std::unique_ptr<Ops>(new CpuOps(1));
+      };
+      auto m = load_model(dir.path(), ops, opt);
+      EXPECT_TRUE(m.ok()) << m.error().to_string();
+      std::vector<float> all;
+      if (!m.ok()) return all;
+      const int V = (*m)->info().vocab_size, len = 23;
+      auto buf = ops.allocator().allocate(size_t(len) * V * 4, "test logits");
+      const std::vector<int32_t> blocks = {0, 1, 2, 3, 4, 5, 6, 7};
+      std::vector<int32_t> tokens(static_cast<size_t>(len));
+      for (int i = 0; i < len; ++i) tokens[size_t(i)] = (i * 53 + 7) % 256;
+      for (int pos = 0; pos < len + 3;) {
+        const int n = pos == 0 ? len : 1;
+        const std::vector<int32_t> t(n, (pos * 31 + 3) % 256);
+        Batch batch;
+        batch.add_sequence(0, pos, pos == 0 ? tokens : t, blocks, Batch::Logits::kAll);
+        const Tensor out = view(*buf, DType::F32, {n, V});
+        EXPECT_TRUE((*m)->forward(batch, out).ok());
+        all.resize(all.size() + size_t(n) * V);
+        ops.copy_to_host(out, all.data() + all.size() - size_t(n) * V);
+        pos += n;
+      }
+      return all;
+    };
+    const std::vector<float> whole = run(1);
+    double scale = 0;
+    for (float v : whole) scale = std::max(scale, double(std::fabs(v)));
+    for (int world : {2, 4}) {
+      const std::vector<float> split = run(world);
+      ASSERT_EQ(split.size(), whole.size());
+      double worst = 0;
+      for (size_t i = 0; i < whole.size(); ++i) {
+        worst = std::max(worst, std::fabs(double(split[i]) - double(whole[i])));
+      }
+      std::printf("  [kimi %s] %d ranks: max|dlogit| %.3g (max|logit| %.3g)\n",
+                  c["qk_rope_head_dim"] == 0 ? "no k_pe" : "k_pe", world, worst, scale);
+      // f32 rounding of sums split across ranks (tests/model/test_tensor_parallel.cpp)
+      EXPECT_LE(worst, 1e-4 * std::max(scale, 1.0));
+    }
   }
 }
 

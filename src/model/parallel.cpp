@@ -1,0 +1,231 @@
+#include "model/parallel.h"
+
+#include <algorithm>
+#include <atomic>
+#include <thread>
+#include <vector>
+
+namespace recur {
+
+namespace {
+
+// Threads for ranks 1.. that live as long as the model: run(fn) calls fn(r) for every rank at
+// once, rank 0 on the caller's thread, and returns when all have returned. Nothing is
+// allocated or created per call.
+class RankThreads {
+ public:
+  explicit RankThreads(int world) {
+    for (int r = 1; r < world; ++r) threads_.emplace_back([this, r] { serve(r); });
+  }
+  ~RankThreads() {
+    stop_.store(true, std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);
+    generation_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+  RankThreads(const RankThreads&) = delete;
+  RankThreads& operator=(const RankThreads&) = delete;
+
+  template <typename Fn>
+  void run(Fn& fn) {
+    job_ = [](void* ctx, int rank) { (*static_cast<Fn*>(ctx))(rank); };
+    ctx_ = &fn;
+    pending_.store(int(threads_.size()), std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);  // publishes job_ and ctx_
+    generation_.notify_all();
+    fn(0);
+    for (int p; (p = pending_.load(std::memory_order_acquire)) != 0;) {
+      pending_.wait(p, std::memory_order_acquire);
+    }
+  }
+
+ private:
+  void serve(int rank) {
+    uint32_t seen = 0;
+    for (;;) {
+      generation_.wait(seen, std::memory_order_acquire);  // until a job (or the end) is posted
+      seen = generation_.load(std::memory_order_acquire);
+      if (stop_.load(std::memory_order_relaxed)) return;
+      job_(ctx_, rank);
+      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
+    }
+  }
+
+  void (*job_)(void*, int) = nullptr;
+  void* ctx_ = nullptr;
+  std::atomic<uint32_t> generation_{0};
+  std::atomic<int> pending_{0};
+  std::atomic<bool> stop_{false};
+  std::vector<std::thread> threads_;
+};
+
+class ParallelModel final : public Model {
+ public:
+  ParallelModel(std::unique_ptr<InProcessGroup> group, std::vector<std::unique_ptr<Ops>> rank_ops,
+                std::vector<std::unique_ptr<Model>> ranks)
+      : group_(std::move(group)),
+        rank_ops_(std::move(rank_ops)),
+        ranks_(std::move(ranks)),
+        status_(ranks_.size()),
+        threads_(int(ranks_.size())) {}
+  Status init();
+
+  const ModelInfo& info() const override { return info_; }
+  int max_batch_tokens() const override { return ranks_[0]->max_batch_tokens(); }
+  int max_logit_rows() const override { return ranks_[0]->max_logit_rows(); }
+  const StateConfig& state_config() const override { return ranks_[0]->state_config(); }
+  Ops& ops() override { return ranks_[0]->ops(); }
+  void reset_slot(int slot) override {
+    for (auto& m : ranks_) m->reset_slot(slot);
+  }
+  void save_snapshot(int slot, int snapshot) override {
+    for (auto& m : ranks_) m->save_snapshot(slot, snapshot);
+  }
+  void restore_snapshot(int snapshot, int slot) override {
+    for (auto& m : ranks_) m->restore_snapshot(snapshot, slot);
+  }
+  // A block's or a snapshot's bytes are the ranks' parts back to back, in rank order.
+  Status read_block(int block, std::span<uint8_t> out) override {
+    return each_part(out, &ModelInfo::cache_bytes_per_block,
+                     [&](Model& m, std::span<uint8_t> p) { return m.read_block(block, p); });
+  }
+  Status write_block(int block, std::span<const uint8_t> in) override {
+    return each_part(in, &ModelInfo::cache_bytes_per_block,
+                     [&](Model& m, std::span<const uint8_t> p) { return m.write_block(block, p); });
+  }
+  Status read_snapshot(int snapshot, std::span<uint8_t> out) override {
+    return each_part(out, &ModelInfo::state_bytes_per_slot,
+                     [&](Model& m, std::span<uint8_t> p) { return m.read_snapshot(snapshot, p); });
+  }
+  Status write_snapshot(int snapshot, std::span<const uint8_t> in) override {
+    return each_part(
+        in, &ModelInfo::state_bytes_per_slot,
+        [&](Model& m, std::span<const uint8_t> p) { return m.write_snapshot(snapshot, p); });
+  }
+  Status forward(const Batch& batch, Tensor logits) override;
+
+ private:
+  template <typename Bytes, typename Fn>
+  Status each_part(std::span<Bytes> bytes, int64_t ModelInfo::*per_rank, Fn fn) {
+    size_t at = 0;
+    for (auto& m : ranks_) {
+      const size_t n = size_t(m->info().*per_rank);
+      if (at + n > bytes.size()) break;
+      RECUR_RETURN_IF_ERROR(fn(*m, bytes.subspan(at, n)));
+      at += n;
+    }
+    if (at != bytes.size() || at != size_t(info_.*per_rank)) {
+      return make_error(ErrorCode::kInvalidArgument, "{} bytes given for a copy of {}",
+                        bytes.size(), info_.*per_rank);
+    }
+    return Status();
+  }
+
+  std::unique_ptr<InProcessGroup> group_;
+  std::vector<std::unique_ptr<Ops>> rank_ops_;  // ranks 1..; rank 0 runs on the caller's
+  std::vector<std::unique_ptr<Model>> ranks_;   // [world]
+  std::vector<Buffer> logits_buffers_;
+  std::vector<Tensor> rank_logits_;  // [world]: ranks 1..: [max_logit_rows, vocab] f32
+  std::vector<Status> status_;       // [world]: of the last forward
+  ModelInfo info_;
+  RankThreads threads_;  // last: joined before anything the ranks use goes
+};
+
+Status ParallelModel::init() {
+  const int world = int(ranks_.size());
+  const ModelInfo& first = ranks_[0]->info();
+  const StateConfig& sc = ranks_[0]->state_config();
+  info_ = first;
+  for (int64_t ModelInfo::*sum :
+       {&ModelInfo::weight_bytes, &ModelInfo::dense_weight_bytes, &ModelInfo::expert_weight_bytes,
+        &ModelInfo::active_params_per_token, &ModelInfo::kv_bytes_per_token,
+        &ModelInfo::expanded_kv_bytes_per_token, &ModelInfo::attention_dim,
+        &ModelInfo::state_bytes_per_slot, &ModelInfo::cache_bytes_per_block}) {
+    info_.*sum = 0;
+    for (auto& m : ranks_) info_.*sum += m->info().*sum;
+  }
+  // A prefix-cache file written by one split is no use to another (blocks hold the ranks'
+  // parts back to back).
+  if (info_.fingerprint != 0) info_.fingerprint ^= 0x9e3779b97f4a7c15ull * uint64_t(world);
+  info_.notes.push_back(
+      fmt::format("tensor parallel over {} ranks (threads of this process)", world));
+  rank_logits_.resize(size_t(world));
+  for (int r = 0; r < world; ++r) {
+    const StateConfig& c = ranks_[size_t(r)]->state_config();
+    if (c.n_slots != sc.n_slots || c.n_blocks != sc.n_blocks || c.n_snapshots != sc.n_snapshots ||
+        ranks_[size_t(r)]->info().vocab_size != first.vocab_size) {
+      return make_error(ErrorCode::kInternal, "tensor-parallel rank {} was sized unlike rank 0", r);
+    }
+    if (r == 0) continue;
+    Ops& ops = ranks_[size_t(r)]->ops();
+    const int64_t rows = ranks_[size_t(r)]->max_logit_rows();
+    RECUR_ASSIGN_OR_RETURN(Buffer b, ops.allocator().allocate(size_t(rows * first.vocab_size) * 4,
+                                                              "logits of a rank"));
+    rank_logits_[size_t(r)] = view(b, DType::F32, {rows, first.vocab_size});
+    logits_buffers_.push_back(std::move(b));
+  }
+  return Status();
+}
+
+Status ParallelModel::forward(const Batch& batch, Tensor logits) {
+  // Checked here, not by each rank: a rank that refused a forward the others ran would leave
+  // them waiting at its first collective. The ranks' own checks see the same batch and sizes.
+  if (logits.ndim != 2 || logits.shape[1] != info_.vocab_size ||
+      logits.rows() < int64_t(batch.logit_rows.size())) {
+    return make_error(ErrorCode::kInvalidArgument, "logits {} cannot take {} rows of {}",
+                      logits.shape_string(), batch.logit_rows.size(), info_.vocab_size);
+  }
+  auto run = [&](int r) {
+    const Tensor& mine = rank_logits_[size_t(r)];
+    status_[size_t(r)] = ranks_[size_t(r)]->forward(
+        batch, r == 0 ? logits : mine.slice_rows(0, std::min(logits.rows(), mine.rows())));
+  };
+  threads_.run(run);
+  for (const Status& s : status_) RECUR_RETURN_IF_ERROR(s);
+  return Status();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Model>> load_parallel_model(Ops& ops, const LoadOptions& options,
+                                                   const RankLoader& load_rank) {
+  const int world = options.tensor_parallel;
+  if (world < 1 || world > 64) {
+    return make_error(ErrorCode::kInvalidArgument, "--tensor-parallel {}: expected 1 to 64", world);
+  }
+  if (world > 1 && !options.rank_backend) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "tensor parallelism over {} ranks needs a backend for each rank", world);
+  }
+  auto group = std::make_unique<InProcessGroup>(world);
+  std::vector<std::unique_ptr<Ops>> rank_ops;
+  for (int r = 1; r < world; ++r) {
+    RECUR_ASSIGN_OR_RETURN(std::unique_ptr<Ops> o, options.rank_backend(r));
+    rank_ops.push_back(std::move(o));
+  }
+  for (int r = 0; r < world; ++r) {
+    Ops& o = r == 0 ? ops : *rank_ops[size_t(r) - 1];
+    if (o.device() != Device::kCpu) {
+      return make_error(ErrorCode::kUnsupported,
+                        "tensor parallelism runs its ranks as threads over host memory: the "
+                        "CPU backend only (NCCL ranks on GPUs are not wired yet)");
+    }
+  }
+  LoadOptions per_rank = options;
+  per_rank.tensor_parallel = 1;
+  per_rank.rank_backend = nullptr;
+  per_rank.kv_cache_budget_bytes = std::max<int64_t>(1, options.kv_cache_budget_bytes / world);
+  per_rank.prefix_cache_budget_bytes = options.prefix_cache_budget_bytes / world;
+  std::vector<std::unique_ptr<Model>> ranks;
+  for (int r = 0; r < world; ++r) {
+    Ops& o = r == 0 ? ops : *rank_ops[size_t(r) - 1];
+    RECUR_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, load_rank(o, per_rank, group->rank(r)));
+    ranks.push_back(std::move(m));
+  }
+  auto model =
+      std::make_unique<ParallelModel>(std::move(group), std::move(rank_ops), std::move(ranks));
+  RECUR_RETURN_IF_ERROR(model->init());
+  return std::unique_ptr<Model>(std::move(model));
+}
+
+}  // namespace recur

@@ -1,0 +1,28 @@
+// Tensor parallelism on one host: one Model made of `world` rank models, each holding a slice
+// of every layer (model/shard.h says which: heads with the key heads they read, feed-forward
+// columns, LM-head vocabulary rows; embedding, norms and routers whole) and the recurrent state
+// and attention cache of its own heads. A forward runs every rank at once, each on its own
+// thread and backend; the ranks' partial outputs join in one all-reduce per mixer and per
+// feed-forward (hybrid.cpp), and rank 0's gathered logits are the model's. Ranks here are
+// threads of this process (InProcessGroup), so the ranks' backends must be the CPU's.
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "model/model.h"
+#include "model/registry.h"
+#include "ops/comm.h"
+
+namespace recur {
+
+// Loads one rank's part of the model for comm's rank (options as for that rank alone).
+using RankLoader = std::function<Result<std::unique_ptr<Model>>(
+    Ops& ops, const LoadOptions& options, Communicator& comm)>;
+
+// The model over options.tensor_parallel ranks: rank 0 on `ops`, the others on backends from
+// options.rank_backend; the budgets of `options` are shared evenly between the ranks.
+Result<std::unique_ptr<Model>> load_parallel_model(Ops& ops, const LoadOptions& options,
+                                                   const RankLoader& load_rank);
+
+}  // namespace recur
