@@ -187,6 +187,7 @@ Status HybridModel::allocate(const ModelPlan& plan) {
   limits.max_blocks = sc.n_blocks;
   limits.max_logit_rows = opt_.max_logit_rows;
   limits.max_context = opt_.max_context;
+  limits.max_matmul_rows = int64_t(opt_.max_batch_tokens) * (plan.scratch().experts_per_token + 1);
   RECUR_RETURN_IF_ERROR(ops_.reserve(limits));
 
   // Recurrent state starts at zero; the cache needs no clearing (positions are written before

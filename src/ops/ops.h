@@ -89,7 +89,10 @@ struct ForwardLimits {
   int max_seqs = 0;        // sequences in one forward
   int max_blocks = 0;      // attention-cache blocks in all block tables of one forward
   int max_logit_rows = 0;  // rows gathered for the LM head
-  int max_context = 0;     // positions a sequence may reach
+  // Input rows one pass of matmuls may read together: the tokens, or for mixture-of-experts
+  // layers every routed (token, expert) pair plus the shared expert's tokens (0: max_tokens).
+  int64_t max_matmul_rows = 0;
+  int max_context = 0;  // positions a sequence may reach
 };
 
 // Operands of Ops::gdn_inputs, one Gated DeltaNet layer's input stage after its projections

@@ -167,8 +167,11 @@ TEST_F(QuantOps, IntegerFormatsMatchScalarReferenceOnEveryIsa) {
       for (int64_t n : {1, 3, 4, 9}) {
         HostTensor x(DType::F32, {n, k}), out(DType::F32, {n, m});
         fill_random(x, rng);
-        cpu::QuantizedActivations xq;
-        cpu::quantize_activations(x.f(), k, n, k, &xq);
+        std::vector<int64_t> memory((cpu::quantized_activation_bytes(n, k) + 63) / 8);
+        // 64-byte aligned inside `memory`
+        void* base =
+            reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(memory.data()) + 63) / 64 * 64);
+        const cpu::QuantizedActivations xq = cpu::quantize_activations(x.f(), k, n, k, base);
         // The definition: dequantized weights × dequantized activations, in double.
         const std::vector<double> want = reference(
             x, m, k, [&](int64_t r, int64_t c) { return double(cpu::quant_weight_at(*q, r, c)); });

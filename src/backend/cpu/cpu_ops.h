@@ -27,6 +27,11 @@ class CpuOps final : public Ops {
   static int attention_parts(int64_t n_ctx);
 
   Device device() const override { return Device::kCpu; }
+  // Sizes the quantized-activation arena for the largest matmul pass `limits` allows over the
+  // Q8_32 / Q4_32 weights made so far (quantize_matmul_weight), so forwards allocate nothing.
+  Status reserve(const ForwardLimits& limits) override;
+  // Bytes of that arena (a pass that needs more, as in ops used without reserve, grows it).
+  size_t activation_arena_bytes() const { return activation_arena_.bytes(); }
   // Host memory; buffers of 2 MiB or more (attention cache, state pools) are advised onto
   // transparent huge pages: first touch faults once per 2 MiB, not per 4 KiB, and the
   // attention's scattered 2 KB blocks need fewer TLB entries.
@@ -118,6 +123,10 @@ class CpuOps final : public Ops {
   // matmul with a weight of kernels_quant.h's layouts.
   void quant_matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulate);
   ThreadPool pool_;
+  // The integer formats' inputs of one matmul pass, quantized per token: U8, every distinct
+  // input of the pass back to back (cpu::quantized_activation_bytes each).
+  Buffer activation_arena_;
+  int64_t max_quantized_k_ = 0;  // the widest Q8_32 / Q4_32 weight made (its columns)
   // cos/sin of the last rope call, [token][kRopeCacheHalf]; pages are touched only as used.
   // Taken with try_lock: a concurrent caller computes its own angles instead.
   static constexpr int kRopeCacheTokens = 1024, kRopeCacheHalf = 128;

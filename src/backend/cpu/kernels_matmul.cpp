@@ -408,7 +408,21 @@ Result<Tensor> CpuOps::quantize_matmul_weight(const Tensor& host, DType dtype,
   Buffer buf;
   RECUR_ASSIGN_OR_RETURN(Tensor t, pack_q(allocator(), host, dtype, &buf));
   owned->push_back(std::move(buf));
+  max_quantized_k_ = std::max(max_quantized_k_, host.shape[1]);
   return t;
+}
+
+Status CpuOps::reserve(const ForwardLimits& limits) {
+  if (max_quantized_k_ == 0) return Status();  // no integer weights: nothing is quantized
+  // One pass reads at most every input row of a forward's widest matmuls: all tokens, or for
+  // the experts every routed (token, expert) pair and the shared expert's tokens.
+  const int64_t rows = std::max<int64_t>(limits.max_matmul_rows, limits.max_tokens);
+  // (each distinct input's pieces start 64-byte aligned: up to 3 · 64 bytes more per input)
+  const size_t bytes = quantized_activation_bytes(rows, max_quantized_k_) + 3 * 64 * kMaxPassJobs;
+  if (activation_arena_.bytes() >= bytes) return Status();
+  activation_arena_.reset();
+  RECUR_ASSIGN_OR_RETURN(activation_arena_, allocator().allocate(bytes, "quantized activations"));
+  return Status();
 }
 
 void CpuOps::quant_matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulate) {
@@ -451,12 +465,14 @@ void CpuOps::matmul_pass(std::span<const MatmulJob> jobs) {
       return;
     }
   }
-  // The integer formats read their input quantized per token: once per distinct input. Per
-  // calling thread, each grown to the largest input seen (then steady: no allocation).
-  thread_local std::vector<QuantizedActivations> activations(kMaxPassJobs);
+  // The integer formats read their input quantized per token: once per distinct input, into
+  // the arena reserve() sized (grown here only for callers that did not reserve).
+  QuantizedActivations activations[kMaxPassJobs];
   const QuantizedActivations* xq[kMaxPassJobs] = {};
   const void* quantized_from[kMaxPassJobs];
+  int quantized_job[kMaxPassJobs];  // the first job of each distinct input
   int n_quantized = 0;
+  size_t arena_used = 0;
   // Work in units of a panel's columns, costed by weight bytes read and products computed
   // alike (a unit's cost ∝ k · (tokens + 1)); unit u of job i starts at start[i] + u·cost[i].
   int64_t start[kMaxPassJobs], cost[kMaxPassJobs], units[kMaxPassJobs];
@@ -474,15 +490,30 @@ void CpuOps::matmul_pass(std::span<const MatmulJob> jobs) {
     macs += n * m * k;
     if (units[i] == 0 || !is_quantized(job.w.dtype) || job.w.dtype == DType::F8_E4M3) continue;
     for (int q = 0; q < n_quantized && xq[i] == nullptr; ++q) {
-      const QuantizedActivations& a = activations[size_t(q)];
+      const QuantizedActivations& a = activations[q];
       if (quantized_from[q] == job.x.data && a.n == n && a.k == k) xq[i] = &a;
     }
-    if (xq[i] == nullptr) {
-      QuantizedActivations& a = activations[size_t(n_quantized)];
-      quantize_activations(job.x.ptr<float>(), job.x.stride[0], n, k, &a);
-      quantized_from[n_quantized++] = job.x.data;
-      xq[i] = &a;
+    if (xq[i] == nullptr) {  // a new input: its place in the arena, quantized below
+      activations[n_quantized] = {n, k, nullptr, nullptr, nullptr};
+      quantized_from[n_quantized] = job.x.data;
+      quantized_job[n_quantized] = int(i);
+      arena_used += quantized_activation_bytes(n, k);
+      xq[i] = &activations[n_quantized++];
     }
+  }
+  if (arena_used > activation_arena_.bytes()) {
+    activation_arena_.reset();
+    auto grown = allocator().allocate(arena_used, "quantized activations");
+    RECUR_CHECK(grown.ok());
+    activation_arena_ = std::move(grown).value();
+  }
+  size_t offset = 0;
+  for (int q = 0; q < n_quantized; ++q) {
+    const MatmulJob& job = jobs[size_t(quantized_job[q])];
+    activations[q] =
+        quantize_activations(job.x.ptr<float>(), job.x.stride[0], activations[q].n,
+                             activations[q].k, activation_arena_.as<uint8_t>() + offset);
+    offset += quantized_activation_bytes(activations[q].n, activations[q].k);
   }
   if (total == 0) return;
   // Enough products per thread that a split pays for handing it over (a few microseconds);

@@ -92,7 +92,7 @@ void q_columns_scalar(const Tensor& w, const QuantHeader& h, const QuantizedActi
       float acc = 0.0f;
       for (int64_t g = 0; g < G; ++g) {
         const uint8_t* blk = group_block(w, h, c / 16, g);
-        const int8_t* xg = xq.q.data() + t * h.k + 32 * g;
+        const int8_t* xg = xq.q + t * h.k + 32 * g;
         int32_t dot = 0;
         for (int r = 0; r < 32; ++r) {
           int32_t stored;
@@ -226,7 +226,7 @@ RECUR_AVX512 void q_tile_avx512(const uint8_t* w, int64_t cb_bytes, const QuantH
   for (int t = 0; t < NT; ++t)
     for (int v = 0; v < NV; ++v) acc[t][v] = _mm512_setzero_ps();
   const int8_t* xrow[NT];
-  for (int t = 0; t < NT; ++t) xrow[t] = xq.q.data() + (t0 + t) * h.k;
+  for (int t = 0; t < NT; ++t) xrow[t] = xq.q + (t0 + t) * h.k;
   for (int64_t g = 0; g < G; ++g) {
     __m512i dot[NT][NV];
     for (int t = 0; t < NT; ++t)
@@ -344,7 +344,7 @@ RECUR_AVX2 void q_tile_avx2(const uint8_t* w, const QuantHeader& h, const Quanti
   __m256 acc[NT][2];
   for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
   const int8_t* xrow[NT];
-  for (int t = 0; t < NT; ++t) xrow[t] = xq.q.data() + (t0 + t) * h.k;
+  for (int t = 0; t < NT; ++t) xrow[t] = xq.q + (t0 + t) * h.k;
   for (int64_t g = 0; g < G; ++g) {
     const uint8_t* blk = w + g * kBytes;
     __m256i dot[NT][2];
@@ -493,32 +493,44 @@ Result<Tensor> pack_q(Allocator& alloc, const Tensor& w, DType dtype, Buffer* ou
   return t;
 }
 
-void quantize_activations(const float* x, int64_t x_stride, int64_t n, int64_t k,
-                          QuantizedActivations* out) {
+namespace {
+size_t round64(size_t bytes) {
+  return (bytes + 63) / 64 * 64;
+}
+}  // namespace
+
+size_t quantized_activation_bytes(int64_t n, int64_t k) {
+  const size_t groups = size_t(n * (k / 32));
+  return round64(size_t(n * k)) + 2 * round64(groups * 4);
+}
+
+QuantizedActivations quantize_activations(const float* x, int64_t x_stride, int64_t n, int64_t k,
+                                          void* memory) {
   const int64_t G = k / 32;
-  out->n = n;
-  out->k = k;
-  if (out->q.size() < size_t(n * k)) out->q.resize(size_t(n * k));
-  if (out->scale.size() < size_t(n * G)) {
-    out->scale.resize(size_t(n * G));
-    out->sum.resize(size_t(n * G));
-  }
+  QuantizedActivations a;
+  a.n = n;
+  a.k = k;
+  uint8_t* p = static_cast<uint8_t*>(memory);
+  a.q = reinterpret_cast<int8_t*>(p);
+  a.scale = reinterpret_cast<float*>(p + round64(size_t(n * k)));
+  a.sum = reinterpret_cast<int32_t*>(p + round64(size_t(n * k)) + round64(size_t(n * G) * 4));
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t g = 0; g < G; ++g) {
       const float* xg = x + t * x_stride + 32 * g;
       float amax = 0.0f;
       for (int r = 0; r < 32; ++r) amax = std::max(amax, std::fabs(xg[r]));
       const float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-      int8_t* q = out->q.data() + t * k + 32 * g;
+      int8_t* q = a.q + t * k + 32 * g;
       int32_t sum = 0;
       for (int r = 0; r < 32; ++r) {
         q[r] = int8_t(std::clamp(std::nearbyint(xg[r] * inv), -127.0f, 127.0f));
         sum += q[r];
       }
-      out->scale[size_t(t * G + g)] = d;
-      out->sum[size_t(t * G + g)] = sum;
+      a.scale[t * G + g] = d;
+      a.sum[t * G + g] = sum;
     }
   }
+  return a;
 }
 
 bool quant_isa_supported(QuantIsa isa) {

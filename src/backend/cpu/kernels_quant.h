@@ -49,15 +49,19 @@ Result<Tensor> pack_q(Allocator& alloc, const Tensor& w, DType dtype, Buffer* ou
 
 // Activations quantized for Q8_32 / Q4_32: per token and group of 32, int8 q = round(x / d),
 // d = amax / 127, and the sum of the group's q (the kernels subtract the quants' offset · sum).
+// A view of memory its caller owns (CpuOps: an arena sized at reserve).
 struct QuantizedActivations {
   int64_t n = 0, k = 0;
-  std::vector<int8_t> q;     // [n, k]
-  std::vector<float> scale;  // [n, k / 32]
-  std::vector<int32_t> sum;  // [n, k / 32]
+  int8_t* q = nullptr;     // [n, k]
+  float* scale = nullptr;  // [n, k / 32]
+  int32_t* sum = nullptr;  // [n, k / 32]
 };
-// Grows `out` only when n · k exceeds what it held (no allocation in steady decode).
-void quantize_activations(const float* x, int64_t x_stride, int64_t n, int64_t k,
-                          QuantizedActivations* out);
+// Bytes quantize_activations takes for n rows of k (pieces 64-byte aligned from the start).
+size_t quantized_activation_bytes(int64_t n, int64_t k);
+// x [n, k] (rows x_stride apart, k a multiple of 32) quantized into `memory`
+// (quantized_activation_bytes(n, k) bytes, 64-byte aligned).
+QuantizedActivations quantize_activations(const float* x, int64_t x_stride, int64_t n, int64_t k,
+                                          void* memory);
 
 // Which instruction set runs the quantized dot products; picked at run time.
 enum class QuantIsa { kScalar, kAvx2, kAvx512 };
