@@ -15,18 +15,12 @@
 #include "engine/prefix_cache.h"
 #include "fake_model.h"
 #include "model/registry.h"
+#include "test_tokens.h"
 
 namespace recur {
 namespace {
 
 const std::string kRoot = RECUR_SOURCE_DIR;
-
-std::vector<int32_t> random_tokens(int len, int vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> p(static_cast<size_t>(len));
-  for (auto& t : p) t = int32_t(rng() % uint32_t(vocab));
-  return p;
-}
 
 std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
   a.insert(a.end(), b.begin(), b.end());

@@ -10,19 +10,13 @@
 
 #include "backend/backend.h"
 #include "engine/engine.h"
+#include "test_tokens.h"
 
 namespace recur {
 namespace {
 
 namespace fs = std::filesystem;
 const std::string kRoot = RECUR_SOURCE_DIR;
-
-std::vector<int32_t> random_tokens(int len, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> p(static_cast<size_t>(len));
-  for (auto& t : p) t = int32_t(rng() % 256u);
-  return p;
-}
 
 struct Outcome {
   std::vector<int32_t> ids;
@@ -42,9 +36,9 @@ class PrefixCacheFile : public ::testing::Test {
                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::create_directories(dir_);
     file_ = (dir_ / "prefix-cache.bin").string();
-    turn1_ = random_tokens(75, 1);
+    turn1_ = random_tokens(75, 256, 1);
     turn2_ = turn1_;
-    for (int32_t t : random_tokens(40, 2)) turn2_.push_back(t);
+    for (int32_t t : random_tokens(40, 256, 2)) turn2_.push_back(t);
   }
   void TearDown() override { fs::remove_all(dir_); }
 

@@ -12,19 +12,13 @@
 #include "alloc_counter.h"
 #include "backend/cpu/cpu_ops.h"
 #include "engine/engine.h"
+#include "test_tokens.h"
 
 namespace recur {
 namespace {
 
 namespace fs = std::filesystem;
 const std::string kRoot = RECUR_SOURCE_DIR;
-
-std::vector<int32_t> random_tokens(int len, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> p(static_cast<size_t>(len));
-  for (auto& t : p) t = int32_t(rng() % 256u);
-  return p;
-}
 
 struct Outcome {
   std::vector<int32_t> ids;
@@ -84,15 +78,15 @@ struct TpEngine {
 // Round 1: three prompts of different lengths. Round 2: each continued (a chat's next turn),
 // which starts from round 1's snapshots, beside a new prompt.
 std::vector<std::vector<std::vector<int32_t>>> rounds() {
-  std::vector<std::vector<int32_t>> first = {random_tokens(70, 1), random_tokens(9, 2),
-                                             random_tokens(41, 3)};
+  std::vector<std::vector<int32_t>> first = {random_tokens(70, 256, 1), random_tokens(9, 256, 2),
+                                             random_tokens(41, 256, 3)};
   std::vector<std::vector<int32_t>> second;
   for (size_t i = 0; i < first.size(); ++i) {
     std::vector<int32_t> p = first[i];
-    for (int32_t t : random_tokens(20, uint32_t(10 + i))) p.push_back(t);
+    for (int32_t t : random_tokens(20, 256, uint32_t(10 + i))) p.push_back(t);
     second.push_back(std::move(p));
   }
-  second.push_back(random_tokens(33, 4));
+  second.push_back(random_tokens(33, 256, 4));
   return {first, second};
 }
 
@@ -175,7 +169,7 @@ TEST(TensorParallelModel, DecodeStepsAllocateNothing) {
   auto buf = ops.allocator().allocate(size_t(64) * 256 * 4, "logits");
   ASSERT_TRUE(buf.ok());
   const Tensor logits = view(*buf, DType::F32, {64, 256});
-  const std::vector<int32_t> prompt = random_tokens(20, 5), blocks0 = {0, 2, 4},
+  const std::vector<int32_t> prompt = random_tokens(20, 256, 5), blocks0 = {0, 2, 4},
                              blocks1 = {1, 3, 5};
   Batch batch;
   batch.add_sequence(0, 0, prompt, blocks0, Batch::Logits::kLast);

@@ -506,4 +506,14 @@ TempDir::~TempDir() {
   std::filesystem::remove_all(path_, ec);
 }
 
+std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
+  std::vector<int32_t> t;
+  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (int i = 0; i < n; ++i) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;  // xorshift64
+    t.push_back(int32_t(s % uint64_t(vocab)));
+  }
+  return t;
+}
+
 }  // namespace recur_test

@@ -110,6 +110,9 @@ bool spec_layer_is_moe(const RandomModelSpec& spec, int layer);
 // seed on every platform.
 RandomCheckpoint make_random_checkpoint(const RandomModelSpec& spec, uint64_t seed);
 
+// n token ids in [0, vocab) from a xorshift64 stream: the same for a seed on every platform.
+std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed);
+
 // Writes dir/config.json and dir/model.safetensors; throws std::runtime_error on failure.
 void write_checkpoint(const std::string& dir, const RandomCheckpoint& checkpoint);
 

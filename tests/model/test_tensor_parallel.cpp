@@ -28,16 +28,6 @@ const std::string kRoot = RECUR_SOURCE_DIR;
 constexpr double kRelativeTolerance = 1e-4;
 constexpr int kSlots = 4, kBlockSize = 16, kBlocksPerSlot = 8, kMaxTokens = 64;
 
-std::vector<int32_t> tokens(int n, int vocab, uint64_t seed) {
-  std::vector<int32_t> t;
-  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
-  for (int i = 0; i < n; ++i) {
-    s ^= s << 13, s ^= s >> 7, s ^= s << 17;  // xorshift64
-    t.push_back(int32_t(s % uint64_t(vocab)));
-  }
-  return t;
-}
-
 recur::LoadOptions options(int world) {
   recur::LoadOptions opt;
   opt.max_batch_tokens = kMaxTokens;
@@ -70,8 +60,9 @@ std::vector<float> run_script(recur::Model& m) {
     int slot, pos = 0;
     std::vector<int32_t> toks;
   };
-  std::vector<Seq> seqs = {
-      {0, 0, tokens(60, vocab, 1)}, {2, 0, tokens(40, vocab, 2)}, {1, 0, tokens(50, vocab, 3)}};
+  std::vector<Seq> seqs = {{0, 0, random_tokens(60, vocab, 1)},
+                           {2, 0, random_tokens(40, vocab, 2)},
+                           {1, 0, random_tokens(50, vocab, 3)}};
   auto blocks = [](int slot) {
     std::vector<int32_t> b;
     for (int j = 0; j < kBlocksPerSlot; ++j) b.push_back(j * kSlots + (kSlots - 1 - slot));

@@ -33,16 +33,6 @@ constexpr int kSlots = 4;
 constexpr int kBlockSize = 16;
 constexpr int kBlocksPerSlot = 16;  // 256 positions per sequence
 
-std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
-  std::vector<int32_t> t;
-  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
-  for (int i = 0; i < n; ++i) {
-    s ^= s << 13, s ^= s >> 7, s ^= s << 17;  // xorshift64
-    t.push_back(int32_t(s % uint64_t(vocab)));
-  }
-  return t;
-}
-
 // Largest |a - b| over rows [0, rows) of two logit tables.
 double max_diff(const Logits& a, const Logits& b, size_t rows) {
   double m = 0;

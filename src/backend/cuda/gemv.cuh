@@ -148,6 +148,16 @@ __device__ __forceinline__ Chunk<W> load_chunk(const W* p) {
   return widen_chunk<W>(load_streaming(p));
 }
 
+// Chunk c (E floats) of an activation row x.
+template <int E>
+__device__ __forceinline__ void load_x_chunk(const float* x, int64_t c, float (&xv)[E]) {
+#pragma unroll
+  for (int q = 0; q < E; q += 4) {
+    const float4 f = __ldg(reinterpret_cast<const float4*>(x + c * E + q));
+    xv[q] = f.x, xv[q + 1] = f.y, xv[q + 2] = f.z, xv[q + 3] = f.w;
+  }
+}
+
 // acc[r][t] += the widened chunk c of weight row r (wc[r], and wc2[r] into acc2 when kDual)
 // times the same chunk of activation row t.
 template <typename W, int R, int NT, bool kDual>
@@ -159,11 +169,7 @@ __device__ __forceinline__ void fma_widened(const Chunk<W> (&wc)[R],
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
     float xv[E];
-#pragma unroll
-    for (int q = 0; q < E; q += 4) {
-      const float4 f = __ldg(reinterpret_cast<const float4*>(xr[t] + c * E + q));
-      xv[q] = f.x, xv[q + 1] = f.y, xv[q + 2] = f.z, xv[q + 3] = f.w;
-    }
+    load_x_chunk(xr[t], c, xv);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
 #pragma unroll
@@ -193,11 +199,7 @@ __device__ __forceinline__ void fma_fp8(const uint4 (&wc)[R], const uint4 (&wc2)
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
     float xv[E];
-#pragma unroll
-    for (int q = 0; q < E; q += 4) {
-      const float4 f = __ldg(reinterpret_cast<const float4*>(xr[t] + c * E + q));
-      xv[q] = f.x, xv[q + 1] = f.y, xv[q + 2] = f.z, xv[q + 3] = f.w;
-    }
+    load_x_chunk(xr[t], c, xv);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       float p = 0.0f, p2 = 0.0f;
