@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/weights.h"
 #include "session.h"
 
 namespace pyb = pybind11;
@@ -63,6 +64,21 @@ PYBIND11_MODULE(_recur, m) {
       .def_readwrite("snapshot_interval", &SessionOptions::snapshot_interval)
       .def_readwrite("seed", &SessionOptions::seed)
       .def_readwrite("pipeline_decode", &SessionOptions::pipeline_decode)
+      .def_readwrite("tensor_parallel", &SessionOptions::tensor_parallel)
+      // Matmul weights converted at load, as --quantize spells it.
+      .def_property(
+          "quantize",
+          [](const SessionOptions& o) { return std::string(recur::quantize_name(o.quantize)); },
+          [](SessionOptions& o, const std::string& name) {
+            for (recur::Quantize q : {recur::Quantize::kNone, recur::Quantize::kFp8,
+                                      recur::Quantize::kInt8, recur::Quantize::kQ4}) {
+              if (name == recur::quantize_name(q)) {
+                o.quantize = q;
+                return;
+              }
+            }
+            throw pyb::value_error("quantize: none, fp8, int8 or q4, not '" + name + "'");
+          })
       // The attention cache's element type, as --kv-cache-dtype spells it.
       .def_property(
           "kv_cache_dtype",

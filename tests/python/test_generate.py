@@ -194,3 +194,23 @@ def test_kv_cache_dtype_option():
         assert len(list(recur.stream_generate(model, tok, [1, 2], max_tokens=2))) == 2
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         recur.load(path, kv_cache_dtype="int4")
+
+
+def test_quantize_and_tensor_parallel_options(tiny):
+    """load()'s quantize and tensor_parallel reach the engine: two ranks generate the whole
+    model's greedy tokens, int8 weights load and generate, and bad values are refused."""
+    path = os.path.join(MODELS, "qwen3next-tiny")
+    prompt = [3, 17, 42, 5, 99, 7]
+
+    def greedy(model, tok):
+        return [r.token for r in recur.stream_generate(model, tok, prompt, max_tokens=12)]
+
+    whole = greedy(*tiny)
+    split = recur.load(path, kv_cache_mb=32, tensor_parallel=2)
+    assert greedy(*split) == whole
+    int8 = recur.load(path, kv_cache_mb=32, quantize="int8")
+    assert len(greedy(*int8)) == 12
+    with pytest.raises(ValueError, match="quantize"):
+        recur.load(path, quantize="int3")
+    with pytest.raises(Exception, match="tensor parallel|ranks"):
+        recur.load(path, kv_cache_mb=32, tensor_parallel=3)
