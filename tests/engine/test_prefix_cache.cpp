@@ -13,9 +13,9 @@
 #include "backend/backend.h"
 #include "engine/engine.h"
 #include "engine/prefix_cache.h"
+#include "engine_test_util.h"
 #include "fake_model.h"
 #include "model/registry.h"
-#include "test_tokens.h"
 
 namespace recur {
 namespace {
@@ -157,34 +157,6 @@ TEST(PrefixCache, HashTableStaysConsistentUnderChurn) {
 
 // ---- the engine over a fake model ----
 
-struct FakeRun {
-  std::vector<int32_t> ids;
-  int cached = -1;
-  FinishReason reason = FinishReason::kError;
-  bool done = false;
-};
-
-EventSink collect(FakeRun* r) {
-  return [r](const Event& ev) {
-    if (ev.kind == Event::Kind::kToken) {
-      r->ids.push_back(ev.token);
-    } else {
-      r->cached = ev.cached_tokens;
-      r->reason = ev.reason;
-      r->done = true;
-    }
-  };
-}
-
-Request fake_request(std::vector<int32_t> prompt, int max_tokens) {
-  Request r;
-  r.prompt = std::move(prompt);
-  r.max_tokens = max_tokens;
-  r.sampling.temperature = 0;
-  r.stop.ignore_eos = true;
-  return r;
-}
-
 struct FakeHarness {
   std::unique_ptr<Ops> ops;
   testing::FakeModel* model = nullptr;  // owned by the engine
@@ -199,8 +171,8 @@ struct FakeHarness {
     EXPECT_TRUE(e.ok()) << e.error().to_string();
     engine = std::move(*e);
   }
-  FakeRun run(const Request& r) {
-    FakeRun out;
+  Outcome run(const Request& r) {
+    Outcome out;
     EXPECT_TRUE(engine->submit(r, collect(&out)).ok());
     engine->run_until_idle();
     return out;
@@ -229,17 +201,17 @@ EngineConfig fake_config() {
 TEST(PrefixCacheEngine, ANextTurnStartsFromTheLastBlockBoundaryOfThePreviousPrompt) {
   FakeHarness h(fake_config());
   const std::vector<int32_t> turn1 = random_tokens(75, testing::FakeModel::kVocab, 1);
-  const FakeRun a = h.run(fake_request(turn1, 4));
+  const Outcome a = h.run(greedy_request(turn1, 4));
   EXPECT_EQ(a.cached, 0);
   const size_t before = h.model->batches.size();
-  const FakeRun b = h.run(fake_request(concat(turn1, random_tokens(30, 64, 2)), 4));
+  const Outcome b = h.run(greedy_request(concat(turn1, random_tokens(30, 64, 2)), 4));
   EXPECT_EQ(b.cached, 64) << "the end-of-prompt snapshot, at 75 rounded down to blocks of 16";
   // Its first forward starts where the snapshot was taken (the fake model checks that the
   // restored slot holds that position).
   ASSERT_GT(h.model->batches.size(), before);
   EXPECT_EQ(h.model->batches[before].seqs[0].first_pos, 64);
   // A prompt sharing 40 tokens starts from the interval snapshot at 32.
-  const FakeRun c = h.run(fake_request(
+  const Outcome c = h.run(greedy_request(
       concat(std::vector<int32_t>(turn1.begin(), turn1.begin() + 40), random_tokens(10, 64, 3)),
       4));
   EXPECT_EQ(c.cached, 32);
@@ -259,15 +231,15 @@ TEST(PrefixCacheEngine, ConcurrentRequestsForOnePrefixComputeItOnce) {
     cfg.aging_steps = aging;
     FakeHarness h(cfg);
     const std::vector<int32_t> shared = random_tokens(96, 64, 4);
-    std::vector<FakeRun> runs(4);
+    std::vector<Outcome> runs(4);
     int total = 0;
     for (size_t i = 0; i < runs.size(); ++i) {
       auto p = concat(shared, random_tokens(5 + int(i), 64, 10 + uint32_t(i)));
       total += int(p.size());
-      ASSERT_TRUE(h.engine->submit(fake_request(p, 6), collect(&runs[i])).ok());
+      ASSERT_TRUE(h.engine->submit(greedy_request(p, 6), collect(&runs[i])).ok());
     }
     h.engine->run_until_idle();
-    for (const FakeRun& r : runs) EXPECT_TRUE(r.done && r.reason == FinishReason::kLength);
+    for (const Outcome& r : runs) EXPECT_TRUE(r.done && r.reason == FinishReason::kLength);
     const EngineStats st = h.engine->stats();
     if (aging == 1000) {
       for (size_t i = 1; i < runs.size(); ++i) EXPECT_EQ(runs[i].cached, 96) << i;
@@ -284,9 +256,9 @@ TEST(PrefixCacheEngine, ConcurrentRequestsForOnePrefixComputeItOnce) {
 TEST(PrefixCacheEngine, TheNextRequestWithAPrefixFindsIt) {
   FakeHarness h(fake_config());
   const std::vector<int32_t> shared = random_tokens(96, 64, 4);
-  EXPECT_EQ(h.run(fake_request(concat(shared, {4, 5, 6, 7}), 2)).cached, 0);
+  EXPECT_EQ(h.run(greedy_request(concat(shared, {4, 5, 6, 7}), 2)).cached, 0);
   // And the next request with the prefix finds it.
-  EXPECT_EQ(h.run(fake_request(concat(shared, {1, 2, 3}), 2)).cached, 96);
+  EXPECT_EQ(h.run(greedy_request(concat(shared, {1, 2, 3}), 2)).cached, 96);
   h.expect_idle();
 }
 
@@ -297,16 +269,17 @@ TEST(PrefixCacheEngine, EvictionUnderMemoryPressureKeepsEveryRequestWhole) {
   FakeHarness h(cfg);
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 12; ++i) prompts.push_back(random_tokens(60 + 7 * i, 64, 100 + uint32_t(i)));
-  std::vector<FakeRun> runs(prompts.size() * 2);
+  std::vector<Outcome> runs(prompts.size() * 2);
   for (int pass = 0; pass < 2; ++pass) {
     for (size_t i = 0; i < prompts.size(); ++i) {
       ASSERT_TRUE(
-          h.engine->submit(fake_request(prompts[i], 20), collect(&runs[pass * prompts.size() + i]))
+          h.engine
+              ->submit(greedy_request(prompts[i], 20), collect(&runs[pass * prompts.size() + i]))
               .ok());
     }
     h.engine->run_until_idle();
   }
-  for (const FakeRun& r : runs) {
+  for (const Outcome& r : runs) {
     EXPECT_TRUE(r.done && r.reason == FinishReason::kLength);
     EXPECT_EQ(r.ids.size(), 20u);
   }
@@ -322,13 +295,13 @@ TEST(PrefixCacheEngine, CancellingThePrefillingOwnerOfASharedPrefixLeavesItUsabl
   cfg.max_batch_tokens = 32;
   FakeHarness h(cfg);
   const std::vector<int32_t> shared = random_tokens(160, 64, 5);
-  FakeRun first, second;
-  auto submitted = h.engine->submit(fake_request(shared, 4), collect(&first));
+  Outcome first, second;
+  auto submitted = h.engine->submit(greedy_request(shared, 4), collect(&first));
   ASSERT_TRUE(submitted.ok());
   const uint64_t id = *submitted;
   h.engine->step();
   h.engine->step();
-  ASSERT_TRUE(h.engine->submit(fake_request(concat(shared, {9}), 4), collect(&second)).ok());
+  ASSERT_TRUE(h.engine->submit(greedy_request(concat(shared, {9}), 4), collect(&second)).ok());
   h.engine->step();  // the second waits for the first to reach the end of their prefix
   h.engine->cancel(id);
   h.engine->run_until_idle();
@@ -336,7 +309,7 @@ TEST(PrefixCacheEngine, CancellingThePrefillingOwnerOfASharedPrefixLeavesItUsabl
   EXPECT_EQ(second.reason, FinishReason::kLength);
   EXPECT_EQ(second.cached, 96) << "what the first had snapshotted when it was cancelled";
   h.expect_idle();
-  EXPECT_EQ(h.run(fake_request(concat(shared, {1, 2}), 2)).cached, 160);
+  EXPECT_EQ(h.run(greedy_request(concat(shared, {1, 2}), 2)).cached, 160);
   h.expect_idle();
 }
 
@@ -350,7 +323,8 @@ TEST(PrefixCacheEngine, StepsAllocateNothingButTwoTablesPerAdmission) {
   int64_t events = 0;
   auto submit = [&](std::vector<int32_t> prompt) {
     ASSERT_TRUE(
-        h.engine->submit(fake_request(std::move(prompt), 30), [&events](const Event&) { ++events; })
+        h.engine
+            ->submit(greedy_request(std::move(prompt), 30), [&events](const Event&) { ++events; })
             .ok());
   };
   submit(concat(shared, {1}));
@@ -395,7 +369,7 @@ EventSink collect(ModelRun* r) {
 }
 
 Request model_request(std::vector<int32_t> prompt, int max_tokens) {
-  Request r = fake_request(std::move(prompt), max_tokens);
+  Request r = greedy_request(std::move(prompt), max_tokens);
   r.sampling.logprobs = 5;
   return r;
 }

@@ -10,20 +10,13 @@
 
 #include "backend/backend.h"
 #include "engine/engine.h"
-#include "test_tokens.h"
+#include "engine_test_util.h"
 
 namespace recur {
 namespace {
 
 namespace fs = std::filesystem;
 const std::string kRoot = RECUR_SOURCE_DIR;
-
-struct Outcome {
-  std::vector<int32_t> ids;
-  std::vector<float> logprobs;  // of each chosen token
-  int cached = -1;
-  bool done = false;
-};
 
 class PrefixCacheFile : public ::testing::Test {
  protected:
@@ -55,22 +48,10 @@ class PrefixCacheFile : public ::testing::Test {
     return e.ok() ? std::move(*e) : nullptr;
   }
   static Outcome run(Engine& e, const std::vector<int32_t>& prompt) {
-    Request r;
-    r.prompt = prompt;
-    r.max_tokens = 6;
-    r.sampling.temperature = 0;
+    Request r = greedy_request(prompt, 6);
     r.sampling.logprobs = 0;
-    r.stop.ignore_eos = true;
     Outcome out;
-    EXPECT_TRUE(e.submit(r, [&out](const Event& ev) {
-                   if (ev.kind == Event::Kind::kToken) {
-                     out.ids.push_back(ev.token);
-                     out.logprobs.push_back(ev.logprob);
-                   } else {
-                     out.cached = ev.cached_tokens;
-                     out.done = true;
-                   }
-                 }).ok());
+    EXPECT_TRUE(e.submit(r, collect(&out)).ok());
     e.run_until_idle();
     return out;
   }

@@ -12,19 +12,13 @@
 #include "alloc_counter.h"
 #include "backend/cpu/cpu_ops.h"
 #include "engine/engine.h"
-#include "test_tokens.h"
+#include "engine_test_util.h"
 
 namespace recur {
 namespace {
 
 namespace fs = std::filesystem;
 const std::string kRoot = RECUR_SOURCE_DIR;
-
-struct Outcome {
-  std::vector<int32_t> ids;
-  int cached = -1;
-  bool done = false;
-};
 
 // One engine over `world` ranks (1: the whole model), each rank's backend one CPU thread.
 struct TpEngine {
@@ -52,23 +46,7 @@ struct TpEngine {
   std::vector<Outcome> run(const std::vector<std::vector<int32_t>>& prompts) {
     std::vector<Outcome> out(prompts.size());
     for (size_t i = 0; i < prompts.size(); ++i) {
-      Request r;
-      r.prompt = prompts[i];
-      r.max_tokens = 12;
-      r.sampling.temperature = 0;
-      r.stop.ignore_eos = true;
-      Outcome* o = &out[i];
-      EXPECT_TRUE(engine
-                      ->submit(r,
-                               [o](const Event& ev) {
-                                 if (ev.kind == Event::Kind::kToken) {
-                                   o->ids.push_back(ev.token);
-                                 } else {
-                                   o->cached = ev.cached_tokens;
-                                   o->done = true;
-                                 }
-                               })
-                      .ok());
+      EXPECT_TRUE(engine->submit(greedy_request(prompts[i], 12), collect(&out[i])).ok());
     }
     engine->run_until_idle();
     return out;
