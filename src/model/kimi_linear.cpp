@@ -197,18 +197,18 @@ class KimiDeltaAttention final : public TokenMixer {
   Tensor v_proj;      // [H·d, hidden]
   Tensor b_proj;      // [H, hidden]
   Tensor conv1d;      // [3·H·d, 1, K]: q_conv1d | k_conv1d | v_conv1d
-  Tensor f_a_proj;    // [rf, hidden]
-  Tensor f_b_proj;    // [H·d, rf]
-  Tensor g_a_proj;    // [rg, hidden]
-  Tensor g_b_proj;    // [H·d, rg]
+  Tensor f_a_proj;    // [r, hidden]
+  Tensor g_a_proj;    // [r, hidden]
+  // f_b_proj and g_b_proj stacked, one product of two heads: [2, H·d, r] (the gates' low rank
+  // r is the head size in the published code, so both have it)
+  Tensor fg_b_proj;
   Tensor a_log;       // [H, 1]
   Tensor dt_bias;     // [H·d]
   Tensor o_norm;      // [d]
   Tensor o_proj;      // [hidden, H·d]
 
   int64_t dim() const { return int64_t(heads) * head_dim; }
-  int64_t f_rank() const { return f_a_proj.shape[0]; }
-  int64_t g_rank() const { return g_a_proj.shape[0]; }
+  int64_t rank() const { return f_a_proj.shape[0]; }
 
   void plan(ModelPlan& plan) override {
     state_ = plan.recurrent_state(conv_kernel - 1, 3 * dim(), heads, head_dim, head_dim);
@@ -216,8 +216,8 @@ class KimiDeltaAttention final : public TokenMixer {
     s.conv_channels = std::max(s.conv_channels, 3 * dim());
     s.value_dim = std::max(s.value_dim, dim());
     s.recurrent_heads = std::max<int64_t>(s.recurrent_heads, heads);
-    s.decay_dim = std::max(s.decay_dim, dim());
-    s.low_rank = std::max(s.low_rank, f_rank() + g_rank());
+    s.decay_dim = std::max(s.decay_dim, 2 * dim());  // the decay | the output gate
+    s.low_rank = std::max(s.low_rank, 2 * rank());
     s.delta_scratch_bytes =
         std::max<int64_t>(s.delta_scratch_bytes,
                           int64_t(plan.ops().gated_delta_rule_scratch_bytes(head_dim, head_dim)));
@@ -230,21 +230,20 @@ class KimiDeltaAttention final : public TokenMixer {
     const Scratch& s = io.s;
     Tensor mixed = s.conv_in.slice_rows(0, n).slice_cols(0, 3 * D);  // [n, 3·H·d]: q | k | v
     Tensor b = s.b.slice_rows(0, n).slice_cols(0, heads);            // [n, H]
-    Tensor low = s.low_rank.slice_rows(0, n);
-    Tensor f_low = low.slice_cols(0, f_rank());                    // [n, rf]
-    Tensor g_low = low.slice_cols(f_rank(), f_rank() + g_rank());  // [n, rg]
+    Tensor low = s.low_rank.slice_rows(0, n).slice_cols(0, 2 * rank());  // [n, 2·r]: f | g
     {
       const Tensor ws[] = {q_proj, k_proj, v_proj, b_proj};
       const Tensor outs[] = {mixed.slice_cols(0, D), mixed.slice_cols(D, 2 * D),
                              mixed.slice_cols(2 * D, 3 * D), b};
       ops.matmul_group(io.x, ws, outs);
-      const Tensor low_ws[] = {f_a_proj, g_a_proj}, low_outs[] = {f_low, g_low};
+      const Tensor low_ws[] = {f_a_proj, g_a_proj};
+      const Tensor low_outs[] = {low.slice_cols(0, rank()), low.slice_cols(rank(), 2 * rank())};
       ops.matmul_group(io.x, low_ws, low_outs);
     }
-    Tensor g = s.decay.slice_rows(0, n).slice_cols(0, D);  // [n, H·d]: f, then the decay
-    Tensor gate = s.z.slice_rows(0, n).slice_cols(0, D);   // [n, H·d]: the output gate
-    ops.matmul(f_low, f_b_proj, g);
-    ops.matmul(g_low, g_b_proj, gate);
+    Tensor gates = s.decay.slice_rows(0, n).slice_cols(0, 2 * D);  // [n, 2·H·d]
+    Tensor g = gates.slice_cols(0, D);         // [n, H·d]: f, then the decay
+    Tensor gate = gates.slice_cols(D, 2 * D);  // [n, H·d]: the output gate
+    ops.matmul_heads(low.col_heads(0, 2, rank()), fg_b_proj, gates.col_heads(0, 2, D));
     // Convs with SiLU (one conv over the three: each channel has its own taps), the L2 norms
     // and the gates, the decay written over f.
     Tensor conv = s.conv_out.slice_rows(0, n).slice_cols(0, 3 * D);
@@ -388,9 +387,10 @@ Status load_kda(const KimiLinearConfig& c, const std::string& p, WeightLoader& w
   RECUR_RETURN_IF_ERROR(head_rows("b_proj.weight", 1, H, &a->b_proj));
   // The low rank of the gates is the head size in the published code.
   RECUR_RETURN_IF_ERROR(matrix("f_a_proj.weight", {d, H}, &a->f_a_proj));
-  RECUR_RETURN_IF_ERROR(head_rows("f_b_proj.weight", d, d, &a->f_b_proj));
   RECUR_RETURN_IF_ERROR(matrix("g_a_proj.weight", {d, H}, &a->g_a_proj));
-  RECUR_RETURN_IF_ERROR(head_rows("g_b_proj.weight", d, d, &a->g_b_proj));
+  const RowPiece fg_b[] = {{p + "f_b_proj.weight", {D, d}, h0 * d, Dn},
+                           {p + "g_b_proj.weight", {D, d}, h0 * d, Dn}};
+  RECUR_ASSIGN_OR_RETURN(a->fg_b_proj, w.load_rows(fg_b, {2, Dn, d}, WeightUse::kHeads));
   const RowPiece o{p + "o_proj.weight", {H, D}, 0, H, h0 * d, Dn};
   RECUR_ASSIGN_OR_RETURN(a->o_proj, w.load_rows({&o, 1}, {H, Dn}, WeightUse::kMatrix));
   // The three convs' taps as one conv over q | k | v.

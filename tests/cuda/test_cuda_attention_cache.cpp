@@ -4,7 +4,8 @@
 // head dims 64 to 256, dv ≠ hd, splits and their merge), the warp kernel (head dims not
 // multiples of 32), the tiled kernel (groups too large for the warp kernel), the tensor-core
 // prompt kernel (fresh prompts and prompts continuing a cached prefix), and the latent
-// (strided-value) view up to the published Kimi-Linear's 32 heads of 576/512 in one call; the
+// (strided-value) view up to the published Kimi-Linear's 32 heads of 576/512 in one call
+// (the tiled kernel and the tensor-core latent kernel); the
 // fused attention input stage writes each type as the default does.
 #include <algorithm>
 #include <cmath>
@@ -96,11 +97,18 @@ TEST_P(CudaAttentionCache, EveryKernelMatchesReferenceOverTheSameCache) {
 // The latent cache in each type: values are the keys' first dv channels (v_cache a view of
 // k_cache, channels block_size apart), written through the view; attention equals the
 // reference, up to the published Kimi-Linear's 32 heads of 576 (values 512) in one call, at
-// decode (long histories: splits) and for prompts.
+// decode (long histories: splits) and for prompts, through the tiled kernel and the
+// tensor-core latent kernel.
 TEST_P(CudaAttentionCache, LatentViewMatchesReferenceUpToKimiGroup) {
   const DType dt = GetParam();
-  const Case cases[] = {{4, 24, 16, 16, {1, 33, 17}, {70, 0, 16}},
+  const Case cases[] = {// The tiled kernel (head sizes not multiples of 32, blocks of 5).
+                        {4, 24, 16, 16, {1, 33, 17}, {70, 0, 16}},
                         {5, 24, 16, 5, {1, 2, 9}, {100, 3, 0}},
+                        // The tensor-core kernel: two tokens' rows a block (prompts), half its
+                        // rows idle (decode), a group not dividing 32, blocks of 8.
+                        {16, 64, 32, 16, {37, 5}, {0, 90}},
+                        {16, 64, 32, 16, {1, 1}, {500, 3}},
+                        {20, 128, 64, 8, {7, 1}, {30, 200}},
                         {32, 576, 512, 16, {1, 1}, {3000, 70}},
                         {32, 576, 512, 16, {40, 1}, {0, 600}},
                         {32, 576, 512, 16, {1, 3, 1}, {9000, 20, 1}}};

@@ -32,8 +32,23 @@ struct AttnArgs {
   float* part_ml;  // [n, heads, n_splits, 2] running max and denominator
   const int32_t *seq_start, *positions, *block_start, *block_ids;
   int n_seqs, heads, group, hd, dv, bs, n_splits;
+  // A token's context splits are cut from its own context (so the grid, and a captured graph,
+  // need not know its length): ⌈n_ctx / n_splits⌉ positions rounded up to split_align, at
+  // least split_min; splits past the context are empty.
+  int split_align, split_min;
   float scale;
 };
+
+// Positions per context split of a token with n_ctx positions (AttnArgs::split_align).
+__device__ __forceinline__ int split_span(const AttnArgs& a, int n_ctx) {
+  const int even = (n_ctx + a.n_splits - 1) / a.n_splits;
+  return max((even + a.split_align - 1) / a.split_align * a.split_align, a.split_min);
+}
+// The splits that hold positions of a token with n_ctx positions: the others are empty.
+__device__ __forceinline__ int used_splits(const AttnArgs& a, int n_ctx) {
+  const int span = split_span(a, n_ctx);
+  return min(a.n_splits, (n_ctx + span - 1) / span);
+}
 
 // Cache element types: float (F32), the bits of BF16 (uint16_t) and of F8_E4M3 (uint8_t).
 __device__ __forceinline__ float cache_to_f32(float x) {
@@ -81,6 +96,29 @@ void dispatch_cache(DType dt, Fn&& fn) {
   }
 }
 
+// 4 consecutive cache elements (4-element aligned) → 4 floats in shared memory: a cp.async of
+// 16 bytes for f32; else one load of 8 (BF16) or 4 (F8_E4M3) bytes, widened and stored now.
+template <typename T>
+__device__ __forceinline__ void copy4(float* dst, const T* src, bool valid) {
+  if constexpr (std::is_same_v<T, float>) {
+    copy16_async(dst, src, valid);
+  } else {
+    float4 f = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (valid) {
+      if constexpr (std::is_same_v<T, uint16_t>) {
+        const uint2 u = *reinterpret_cast<const uint2*>(src);
+        f = make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                        __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+      } else {
+        const uint32_t u = *reinterpret_cast<const uint32_t*>(src);
+        f = make_float4(cache_to_f32(uint8_t(u)), cache_to_f32(uint8_t(u >> 8)),
+                        cache_to_f32(uint8_t(u >> 16)), cache_to_f32(uint8_t(u >> 24)));
+      }
+    }
+    *reinterpret_cast<float4*>(dst) = f;
+  }
+}
+
 // An empty split's partial result: no weight in the merge, which then skips its sums.
 __device__ __forceinline__ void mark_empty_split(const AttnArgs& a, int t, int kvh, int sp) {
   for (int g = threadIdx.x; g < a.group; g += blockDim.x) {
@@ -125,6 +163,18 @@ void launch_attention_decode(const AttnArgs& a, DType cache, dim3 grid, cudaStre
 // nothing, otherwise. The caches hold F32, BF16 or F8_E4M3 (k_cache's dtype).
 bool paged_attention_mma(CudaOps::Impl& s, const AttnArgs& a, const Tensor& k_cache,
                          const Tensor& v_cache, const SeqLayout& layout, int kv_heads);
+
+// paged_attention of every token of the layout on tensor cores when the values are the keys'
+// first dv channels (latent attention: v_cache a view of k_cache), for prompts and decode: a
+// block of query rows per key tile, the context split between blocks for few tokens (merged by
+// the combine). False, having done nothing, when the kernel does not take these heads (hd and
+// dv multiples of 64 and 32, dv ≤ min(hd, 512), a query group of at most 32 heads, queries
+// 16-byte aligned) or caches.
+bool latent_attention_mma(CudaOps::Impl& s, AttnArgs a, const Tensor& k_cache,
+                          const Tensor& v_cache, const SeqLayout& layout, int kv_heads);
+
+// Merges the context splits of a's partial results (a.n_splits > 1) into a.out: one launch.
+void launch_attention_combine(CudaOps::Impl& s, const AttnArgs& a, int n_tokens);
 
 // Multiply-adds of causal attention over the layout's tokens (scores and values, 2 flops
 // each), for the profile.

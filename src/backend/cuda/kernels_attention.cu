@@ -57,13 +57,6 @@ __global__ void kv_cache_write_kernel(const float* k, int64_t k_s0, int64_t k_s1
   for (int j = threadIdx.x; j < dv; j += blockDim.x) vd[j * vc_sd] = cache_from_f32<T>(vs[j]);
 }
 
-// Positions per context split of a token with n_ctx positions: the splits are cut from each
-// token's own context (so the grid, and a captured graph, need not know the context length);
-// splits past the context are empty.
-__device__ __forceinline__ int split_length(int n_ctx, int n_splits) {
-  return max((n_ctx + n_splits - 1) / n_splits, kMinSplitPositions);
-}
-
 size_t attn_smem_bytes(int group, int hd, int dv) {
   return sizeof(float) * (size_t(group) * hd + size_t(kTileP) * (hd + dv) + size_t(group) * kTileP +
                           3 * size_t(group));
@@ -92,7 +85,7 @@ __global__ void __launch_bounds__(NT) paged_attention_kernel(AttnArgs a) {
   const int lane = tid % 32, warp = tid / 32;
   const int seq = seq_of_token(a.seq_start, a.n_seqs, t);
   const int n_ctx = a.positions[t] + 1;
-  const int split_len = split_length(n_ctx, a.n_splits);
+  const int split_len = split_span(a, n_ctx);
   const int p_begin = sp * split_len, p_end = min(n_ctx, p_begin + split_len);
   if (p_begin >= n_ctx) {
     mark_empty_split(a, t, kvh, sp);
@@ -204,7 +197,7 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_warps_kernel(Att
   const int lane = tid % 32, warp = tid / 32;
   const int seq = seq_of_token(a.seq_start, a.n_seqs, t);
   const int n_ctx = a.positions[t] + 1;
-  const int split_len = split_length(n_ctx, a.n_splits);
+  const int split_len = split_span(a, n_ctx);
   const int p_begin = sp * split_len, p_end = min(n_ctx, p_begin + split_len);
   if (p_begin >= n_ctx) {
     mark_empty_split(a, t, kvh, sp);
@@ -372,14 +365,17 @@ bool launch_attention_warps(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
 
 constexpr int kCombineThreads = 256;
 constexpr int kCombineWarps = kCombineThreads / 32;
-constexpr int kCombinePer = 16;  // splits per warp held at once: up to 128 in one round trip
+constexpr int kCombinePer = 16;  // splits per warp held at once: 128 in one round trip
+constexpr int kCombineRound = kCombineWarps * kCombinePer;
 
 // Merges the splits of each (token, head): grid (n_tokens, heads, ⌈dv/32⌉), lane = channel.
-// Warp w sums the splits w, w + 8, ..., each weighted by e^(m_s − M); the warps' sums then add
-// up in shared memory. Up to 128 splits, every load (the maxima, each split's statistics and
-// values) is issued before any is used: one round trip to L2 rather than one per few splits.
-// The output gate, written two kernels back (the attention kernel before waits in every block),
-// loads before the wait.
+// Only the splits that hold positions of the token's context are read (a decode graph's split
+// count is set by the longest context it allows). In rounds of 128 splits, every load of a
+// round (the maxima, each split's statistics and values) is issued before any is used: one
+// round trip to L2 per round rather than one per few splits. Warp w sums the round's splits
+// w, w + 8, ..., each weighted by e^(m_s − M) against the running maximum M (the same in every
+// warp); the warps' sums then add up in shared memory. The output gate, written two kernels
+// back (the attention kernel before waits in every block), loads before the wait.
 __global__ void __launch_bounds__(kCombineThreads) attention_combine_kernel(AttnArgs a) {
   __shared__ float red_o[kCombineWarps][32], red_den[kCombineWarps];
   const int t = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
@@ -388,47 +384,38 @@ __global__ void __launch_bounds__(kCombineThreads) attention_combine_kernel(Attn
   const bool gated = a.gate && warp == 0 && d < a.dv;
   const float gate = gated ? __ldcg(a.gate + int64_t(t) * a.g_s0 + int64_t(h) * a.dv + d) : 0.0f;
   grid_dependency_sync();
-  const int n = a.n_splits;
-  const int64_t first = (int64_t(t) * a.heads + h) * n;
+  const int n = used_splits(a, a.positions[t] + 1);
+  const int64_t first = (int64_t(t) * a.heads + h) * a.n_splits;
   const float* ml = a.part_ml + first * 2;
   const float* po = a.part_o + first * a.dv + d;
-  float o = 0.0f, den = 0.0f;
-  if (n <= kCombineWarps * kCombinePer) {
-    float mv[kCombinePer * kCombineWarps / 32], ms[kCombinePer], ls[kCombinePer], ov[kCombinePer];
+  float o = 0.0f, den = 0.0f, m_run = -INFINITY;
+  for (int s0 = 0; s0 < n; s0 += kCombineRound) {
+    float mv[kCombineRound / 32], ms[kCombinePer], ls[kCombinePer], ov[kCombinePer];
 #pragma unroll
-    for (int i = 0; i < kCombinePer * kCombineWarps / 32; ++i) {
-      const int sp = lane + 32 * i;
+    for (int i = 0; i < kCombineRound / 32; ++i) {
+      const int sp = s0 + lane + 32 * i;
       mv[i] = sp < n ? ml[sp * 2] : -INFINITY;
     }
 #pragma unroll
     for (int i = 0; i < kCombinePer; ++i) {
-      const int sp = warp + kCombineWarps * i;
+      const int sp = s0 + warp + kCombineWarps * i;
       ms[i] = sp < n ? ml[sp * 2] : -INFINITY;
       ls[i] = sp < n ? ml[sp * 2 + 1] : 0.0f;
       ov[i] = sp < n && d < a.dv ? po[int64_t(sp) * a.dv] : 0.0f;
     }
     float m = mv[0];
 #pragma unroll
-    for (int i = 1; i < kCombinePer * kCombineWarps / 32; ++i) m = fmaxf(m, mv[i]);
-    m = warp_max(m);
+    for (int i = 1; i < kCombineRound / 32; ++i) m = fmaxf(m, mv[i]);
+    const float m_new = fmaxf(m_run, warp_max(m));
+    if (m_new == -INFINITY) continue;     // only empty splits so far: nothing to weigh
+    const float c = expf(m_run - m_new);  // 0 on the first round with a split
+    o *= c, den *= c, m_run = m_new;
 #pragma unroll
     for (int i = 0; i < kCombinePer; ++i) {
       if (ms[i] == -INFINITY) continue;  // empty split (or none): its sums were never written
-      const float f = expf(ms[i] - m);
+      const float f = expf(ms[i] - m_new);
       den += ls[i] * f;
       o += ov[i] * f;
-    }
-  } else {
-    float m = -INFINITY;
-    for (int sp = lane; sp < n; sp += 32) m = fmaxf(m, ml[sp * 2]);
-    m = warp_max(m);
-#pragma unroll 4
-    for (int sp = warp; sp < n; sp += kCombineWarps) {
-      const float msp = ml[sp * 2];
-      if (msp == -INFINITY) continue;
-      const float f = expf(msp - m);
-      den += ml[sp * 2 + 1] * f;
-      if (d < a.dv) o += po[int64_t(sp) * a.dv] * f;
     }
   }
   red_o[warp][lane] = o;
@@ -483,6 +470,17 @@ void launch_attention_tiled(const AttnArgs& a, dim3 grid, size_t max_smem, cudaS
 }
 
 }  // namespace
+
+namespace cuda {
+
+void launch_attention_combine(CudaOps::Impl& s, const AttnArgs& a, int n_tokens) {
+  launch_kernel(attention_combine_kernel,
+                dim3(unsigned(n_tokens), unsigned(a.heads), unsigned((a.dv + 31) / 32)),
+                kCombineThreads, 0, s.stream, a);
+  s.launched("paged_attention (combine)");
+}
+
+}  // namespace cuda
 
 void CudaOps::kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, Tensor v_cache,
                              const SeqLayout& layout) {
@@ -569,6 +567,9 @@ void run_paged_attention(CudaOps::Impl& s, const Tensor& q, const Tensor& k_cach
                 gate->stride[1] == 1 && gate->dtype == DType::F32);
     a.gate = gate->ptr<float>(), a.g_s0 = gate->stride[0];
   }
+  if (strided_values && latent_attention_mma(s, a, k_cache, v_cache, layout, int(kv_heads))) {
+    return;
+  }
   if (!decode && paged_attention_mma(s, a, k_cache, v_cache, layout, int(kv_heads))) return;
   const int64_t base_blocks = int64_t(n) * kv_heads;
   const int64_t per_sm = decode ? 4 : 16, min_split = decode ? 32 : kMinSplitPositions;
@@ -578,6 +579,8 @@ void run_paged_attention(CudaOps::Impl& s, const Tensor& q, const Tensor& k_cach
   const int n_splits = int(
       std::max<int64_t>(1, std::min({want, (int64_t(max_ctx) + min_split - 1) / min_split, fits})));
   a.n_splits = n_splits;
+  a.split_align = decode ? 32 : 1;  // the decode kernel's splits are whole chunks
+  a.split_min = decode ? 1 : kMinSplitPositions;
 
   if (n_splits > 1) {
     const size_t slots = size_t(n) * size_t(heads) * size_t(n_splits);
@@ -606,12 +609,7 @@ void run_paged_attention(CudaOps::Impl& s, const Tensor& q, const Tensor& k_cach
       }
     });
   }
-  if (n_splits > 1) {
-    launch_kernel(attention_combine_kernel,
-                  dim3(unsigned(n), unsigned(heads), unsigned((dv + 31) / 32)), kCombineThreads, 0,
-                  s.stream, a);
-    s.launched("paged_attention (combine)");
-  }
+  if (n_splits > 1) launch_attention_combine(s, a, n);
 }
 
 }  // namespace

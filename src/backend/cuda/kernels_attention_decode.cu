@@ -42,9 +42,8 @@ __global__ void __launch_bounds__(kDecodeMaxHd) paged_attention_decode_kernel(At
   const bool value_thread = !kSplitDims || tid < a.dv;  // owns a value channel
   const int seq = seq_of_token(a.seq_start, a.n_seqs, t);
   const int n_ctx = a.positions[t] + 1;
-  const int split_len = (n_ctx + a.n_splits - 1) / a.n_splits;
-  const int split_chunks = (split_len + 31) / 32;
-  const int p_begin = sp * split_chunks * 32, p_end = min(n_ctx, p_begin + split_chunks * 32);
+  const int span = split_span(a, n_ctx);  // whole chunks of 32 (split_align)
+  const int p_begin = sp * span, p_end = min(n_ctx, p_begin + span);
   const int32_t* table = a.block_ids + a.block_start[seq];
   // One chunk's keys (lane = position, the warp's 32 channels) and values (lane = channel,
   // the chunk's positions); positions past the split repeat position c0 (weight 0 later).

@@ -95,29 +95,6 @@ struct TileCopy {
   float* Vs;  // [kKeys][vs]
 };
 
-// 4 consecutive cache elements (4-element aligned) → 4 floats in shared memory: a cp.async of
-// 16 bytes for f32; else one load of 8 (BF16) or 4 (F8_E4M3) bytes, widened and stored now.
-template <typename T>
-__device__ __forceinline__ void copy4(float* dst, const T* src, bool valid) {
-  if constexpr (std::is_same_v<T, float>) {
-    copy16_async(dst, src, valid);
-  } else {
-    float4 f = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (valid) {
-      if constexpr (std::is_same_v<T, uint16_t>) {
-        const uint2 u = *reinterpret_cast<const uint2*>(src);
-        f = make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
-                        __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
-      } else {
-        const uint32_t u = *reinterpret_cast<const uint32_t*>(src);
-        f = make_float4(cache_to_f32(uint8_t(u)), cache_to_f32(uint8_t(u >> 8)),
-                        cache_to_f32(uint8_t(u >> 16)), cache_to_f32(uint8_t(u >> 24)));
-      }
-    }
-    *reinterpret_cast<float4*>(dst) = f;
-  }
-}
-
 // Starts the copies of keys and values k0 .. k0 + kKeys − 1 (zeros past max_pos).
 template <typename T>
 __device__ __forceinline__ void start_tile(const AttnArgs& a, const int32_t* table, int kvh, int k0,
