@@ -1,7 +1,8 @@
 // Sequence-wise CUDA ops (conv, the Gated DeltaNet and attention input stages, the paged cache
 // and attention over it) against the scalar references on ragged batches, with initial states
 // and histories; the fused input stages also against the ops.cpp defaults they replace, bit
-// for bit. All f32 arithmetic: conv ≤ 1e-5, rope 2e-5, attention ≤ 2e-5. The delta rule is in
+// for bit (and, through the profile, that the Gated DeltaNet one is one launch at decode).
+// All f32 arithmetic: conv ≤ 1e-5, rope 2e-5, attention ≤ 2e-5. The delta rule is in
 // test_cuda_delta_rule.cpp. Last, the profile (RECUR_CUDA_PROFILE) over two of these ops.
 #include <cmath>
 #include <cstdio>
@@ -49,13 +50,17 @@ TEST_F(CudaSequence, ConvDecodeStepMatchesReference) {
 
 // One Gated DeltaNet layer's input stage (Ops::gdn_inputs) on random data: the projections as
 // the model leaves them (mixed q | k | v before the conv, and a, b as column slices of one
-// [n, 2·Hv] buffer, b first), the conv weights and state, and the outputs.
+// [n, Hv + decays] buffer, b first), the conv weights and state, and the outputs. The decay is
+// per value head (decays = Hv) or per key channel (decays = Hv·dk, Kimi Delta Attention, whose
+// g is written over a: g_in_a).
 struct GdnInputCase {
-  int64_t n, hk, hv, dk, dv, K, C;
-  HostTensor mixed_big, ba, conv_w, a_log, dt_bias, state;
-  HostTensor conv_out, g, beta;
+  int64_t n, hk, hv, dk, dv, K, C, decays;
+  bool g_in_a;
+  HostTensor mixed_big, ba, conv_w, a_log, dt_bias, state;  // ba [n, Hv + decays]: b | a
+  HostTensor conv_out, g, beta;                             // g [n, decays]; unused if g_in_a
   GdnInputCase(int64_t n_, int64_t hk_, int64_t hv_, int64_t dk_, int64_t dv_, int64_t K_,
-               int64_t slots, DType wt, DType gate_t, std::mt19937& rng)
+               int64_t slots, DType wt, DType gate_t, bool per_channel, bool g_in_a_,
+               std::mt19937& rng)
       : n(n_),
         hk(hk_),
         hv(hv_),
@@ -63,14 +68,16 @@ struct GdnInputCase {
         dv(dv_),
         K(K_),
         C(2 * hk_ * dk_ + hv_ * dv_),
+        decays(per_channel ? hv_ * dk_ : hv_),
+        g_in_a(g_in_a_),
         mixed_big(DType::F32, {n, C + 8}),
-        ba(DType::F32, {n, 2 * hv}),
+        ba(DType::F32, {n, hv + decays}),
         conv_w(wt, {C, 1, K}),
         a_log(gate_t, {hv}),
-        dt_bias(gate_t, {hv}),
+        dt_bias(gate_t, {decays}),
         state(DType::F32, {slots, K - 1, C}),
         conv_out(DType::F32, {n, C}),
-        g(DType::F32, {n, hv}),
+        g(DType::F32, {n, decays}),
         beta(DType::F32, {n, hv}) {
     fill_random(mixed_big, rng);
     fill_random(ba, rng);
@@ -87,11 +94,13 @@ struct GdnInputCase {
     r.key_heads = int(hk), r.value_heads = int(hv), r.dk = int(dk), r.dv = int(dv);
     r.l2_eps = 1e-6f, r.q_scale = 1.0f / std::sqrt(float(dk));
     r.mixed = mixed.slice_cols(4, 4 + C);
-    r.b = ba_t.slice_cols(0, hv), r.a = ba_t.slice_cols(hv, 2 * hv);
+    r.b = ba_t.slice_cols(0, hv), r.a = ba_t.slice_cols(hv, hv + decays);
     r.conv_weight = w, r.a_log = al, r.dt_bias = dt, r.conv_state = st;
-    r.conv_out = out, r.g = gt, r.beta = bt;
+    r.conv_out = out, r.g = g_in_a ? r.a : gt, r.beta = bt;
     return r;
   }
+  // The tensor that holds g: ba when g is written over a, else g.
+  const HostTensor& g_holder() const { return g_in_a ? ba : g; }
   // The stage from the references, in place on this case's outputs and state.
   void reference(const SeqLayout& layout) {
     reference_gdn_inputs(
@@ -104,54 +113,123 @@ struct GdnInputCase {
 // conv, L2 norm and gate ops on the GPU) bit for bit, and the references to their tolerances;
 // other layouts take the default itself. Shapes: the model's (Hk 16, Hv 32, dk = dv = 128,
 // K 4), three value heads per key head, and dk 256 (eight channels per lane); weight dtypes
-// mixed; operands as column slices of wider buffers.
+// mixed; operands as column slices of wider buffers. A decay per key channel (Kimi Delta
+// Attention; g_in_a: g written over a, as the model does): Kimi-Linear's shape (32 heads,
+// dk = dv = 128, K 4), odd head counts, dk 64, 128 and 256, K 2 to 4, several key heads of
+// r = 2 or 3 value heads (r·dk 384 and 512: two channels a thread), r·dk over 512 (the
+// default), and a prompt layout (the default). The per-channel g is checked relative to its
+// largest value (the gdn_gates test's measure): its values reach 10 to 20, where 1e-6 is an ulp.
 TEST_F(CudaSequence, GdnInputsDecodeEqualsTheDefault) {
   struct Case {
     int64_t hk, hv, dk, dv, K;
     DType wt, gate_t;
     std::vector<int> lens;
+    bool per_channel = false, g_in_a = false;
   };
   const Case cases[] = {{16, 32, 128, 128, 4, DType::BF16, DType::BF16, {1, 1, 1}},
                         {2, 6, 64, 32, 3, DType::F32, DType::F32, {1, 1}},
                         {1, 1, 256, 64, 2, DType::BF16, DType::F32, {1, 1, 1, 1}},
-                        {2, 6, 64, 32, 3, DType::BF16, DType::F32, {2, 1, 3}}};  // not decode
+                        {2, 6, 64, 32, 3, DType::BF16, DType::F32, {2, 1, 3}},  // not decode
+                        {32, 32, 128, 128, 4, DType::BF16, DType::F32, {1, 1, 1}, true, true},
+                        {3, 3, 64, 64, 3, DType::F32, DType::F32, {1, 1}, true, true},
+                        {5, 5, 128, 128, 4, DType::BF16, DType::BF16, {1, 1, 1, 1, 1}, true},
+                        {2, 6, 128, 32, 3, DType::F32, DType::BF16, {1, 1, 1}, true},
+                        {3, 6, 256, 64, 2, DType::BF16, DType::F32, {1, 1}, true, true},
+                        {1, 5, 128, 32, 4, DType::BF16, DType::F32, {1, 1}, true},  // default
+                        {3, 3, 64, 64, 4, DType::BF16, DType::F32, {2, 1, 3}, true, true}};
   for (const Case& cs : cases) {
     Layout lay(cs.lens, std::vector<int>(cs.lens.size(), 5), 16, rng);
     GdnInputCase c(lay.l.n_tokens, cs.hk, cs.hv, cs.dk, cs.dv, cs.K, int64_t(cs.lens.size()), cs.wt,
-                   cs.gate_t, rng);
+                   cs.gate_t, cs.per_channel, cs.g_in_a, rng);
     const Tensor dw = weight(c.conv_w), dal = weight(c.a_log), ddt = weight(c.dt_bias);
-    DeviceTensor dmixed = dev(c.mixed_big), dba = dev(c.ba);
+    DeviceTensor dmixed = dev(c.mixed_big);
     // Two runs from the same state: the op as the backend runs it, and the default's ops.
     struct Run {
-      DeviceTensor state, conv_out, g, beta;
+      DeviceTensor ba, state, conv_out, g, beta;
     };
     Run runs[2];
     for (Run& r : runs) {
-      r.state = dev(c.state);
+      r.ba = dev(c.ba), r.state = dev(c.state);
       r.conv_out = poisoned(c.conv_out), r.g = poisoned(c.g), r.beta = poisoned(c.beta);
     }
     auto args = [&](Run& r) {
-      return c.args(dmixed.t, dba.t, dw, dal, ddt, r.state.t, r.conv_out.t, r.g.t, r.beta.t);
+      return c.args(dmixed.t, r.ba.t, dw, dal, ddt, r.state.t, r.conv_out.t, r.g.t, r.beta.t);
     };
     ops().begin_forward(lay.l, {}, {});
     ops().gdn_inputs(args(runs[0]), lay.l);
     ops().Ops::gdn_inputs(args(runs[1]), lay.l);
     GdnInputCase ref = c;
     ref.reference(lay.l);
-    const HostTensor* refs[4] = {&ref.conv_out, &ref.g, &ref.beta, &ref.state};
+    const HostTensor* refs[4] = {&ref.conv_out, &ref.g_holder(), &ref.beta, &ref.state};
     const double tol[4] = {1e-5, 1e-6, 1e-6, 0.0};
-    const char* names[4] = {"conv_out", "g", "beta", "state"};
+    const char* names[4] = {"conv_out", cs.per_channel ? "g per key channel" : "g", "beta",
+                            "state"};
+    const std::string what = " hk=" + std::to_string(cs.hk) + " hv=" + std::to_string(cs.hv) +
+                             " dk=" + std::to_string(cs.dk) + " K=" + std::to_string(cs.K);
     for (int i = 0; i < 4; ++i) {
-      const DeviceTensor* d0[4] = {&runs[0].conv_out, &runs[0].g, &runs[0].beta, &runs[0].state};
-      const DeviceTensor* d1[4] = {&runs[1].conv_out, &runs[1].g, &runs[1].beta, &runs[1].state};
-      const HostTensor g0 = host(*d0[i], *refs[i]), g1 = host(*d1[i], *refs[i]);
+      auto outs = [&](Run& r) {
+        const DeviceTensor* d[4] = {&r.conv_out, c.g_in_a ? &r.ba : &r.g, &r.beta, &r.state};
+        return d[i];
+      };
+      const HostTensor g0 = host(*outs(runs[0]), *refs[i]), g1 = host(*outs(runs[1]), *refs[i]);
       const int64_t len = refs[i]->numel();
-      ASSERT_EQ(count_nonfinite(g0.f(), len), 0) << names[i];
-      EXPECT_TRUE(same_bits(g0, g1)) << names[i] << " hk=" << cs.hk << " dk=" << cs.dk;
-      const double err = max_abs_diff(g0.f(), refs[i]->f(), len);
+      ASSERT_EQ(count_nonfinite(g0.f(), len), 0) << names[i] << what;
+      EXPECT_TRUE(same_bits(g0, g1)) << names[i] << what;
+      const double err = i == 1 && cs.per_channel ? rel_err(g0.f(), refs[i]->f(), len)
+                                                  : max_abs_diff(g0.f(), refs[i]->f(), len);
       record_error(std::string("gdn_inputs ") + names[i], err);
-      EXPECT_LE(err, tol[i]) << names[i] << " hk=" << cs.hk << " dk=" << cs.dk;
+      EXPECT_LE(err, tol[i]) << names[i] << what;
     }
+  }
+}
+
+// The count column of `label`'s row in RECUR_CUDA_PROFILE's table (-1 when the row is missing).
+long long profile_count(const std::string& table, const std::string& label) {
+  size_t at = table.find(label);
+  if (at == std::string::npos) return -1;
+  double ms = 0;
+  long long count = -1;
+  if (std::sscanf(table.c_str() + at + label.size(), "%lf %lld", &ms, &count) != 2) return -1;
+  return count;
+}
+
+// At decode, gdn_inputs is one launch for either decay (per head; per key channel, one and two
+// channels a thread) instead of the default's conv, L2 norms and gates, which would also pass
+// the bit-for-bit test above: the profile's table names every launch.
+TEST(CudaGdnInputs, DecodeIsOneLaunch) {
+  setenv("RECUR_CUDA_PROFILE", "1", 1);
+  auto created = CudaOps::create(0);
+  unsetenv("RECUR_CUDA_PROFILE");
+  if (!created.ok()) GTEST_SKIP() << "no usable CUDA device";
+  std::mt19937 rng(11);
+  struct Shape {
+    int64_t hk, hv;
+    bool per_channel;
+  };
+  const Shape shapes[] = {{2, 4, false}, {2, 2, true}, {1, 3, true}};
+  ::testing::internal::CaptureStderr();
+  {
+    std::unique_ptr<CudaOps> ops = std::move(created.value());
+    const std::vector<int> lens = {1, 1, 1};
+    Layout lay(lens, std::vector<int>{5, 9, 0}, 16, rng);
+    for (const Shape& sh : shapes) {
+      GdnInputCase c(lay.l.n_tokens, sh.hk, sh.hv, 128, 128, 4, int64_t(lens.size()), DType::BF16,
+                     DType::F32, sh.per_channel, sh.per_channel, rng);
+      const Tensor dw = ops->adopt_weight(c.conv_w.t).value();
+      const Tensor dal = ops->adopt_weight(c.a_log.t).value();
+      const Tensor ddt = ops->adopt_weight(c.dt_bias.t).value();
+      DeviceTensor dmixed(*ops, c.mixed_big), dba(*ops, c.ba), dstate(*ops, c.state),
+          dout(*ops, c.conv_out), dg(*ops, c.g), dbeta(*ops, c.beta);
+      ops->begin_forward(lay.l, {}, {});
+      ops->gdn_inputs(c.args(dmixed.t, dba.t, dw, dal, ddt, dstate.t, dout.t, dg.t, dbeta.t),
+                      lay.l);
+      ops->synchronize();
+    }
+  }
+  const std::string table = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(profile_count(table, "decode b=3 gdn_inputs (decode)"), 3) << table;
+  for (const char* op : {"conv1d", "l2_norm", "gdn_gates"}) {
+    EXPECT_EQ(table.find(op), std::string::npos) << op << "\n" << table;
   }
 }
 

@@ -99,14 +99,16 @@ __device__ __forceinline__ float weight_f32(const void* p, DType dt, int64_t i) 
   return static_cast<const float*>(p)[i];
 }
 
+// The decay is per value head (a, g [n, Hv], dt_bias [Hv]) or per key channel (a, g [n, Hv·dk],
+// dt_bias [Hv·dk]; channel j of value head j / dk), as the kernel's template flag says.
 struct GdnDecodeArgs {
   const float* mixed;  // [n, C]: q heads | k heads | v heads
-  const float *a, *b;  // [n, Hv]
+  const float *a, *b;  // [n, Hv] or [n, Hv·dk]; [n, Hv]
   int64_t ld_mixed, ld_a, ld_b;
-  const void *conv_w, *a_log, *dt_bias;  // [C, 1, K]; [Hv]; [Hv]
+  const void *conv_w, *a_log, *dt_bias;  // [C, 1, K]; [Hv]; [Hv] or [Hv·dk]
   DType gate_dt;
   float* state;                // [slots, K-1, C]
-  float *conv_out, *g, *beta;  // [n, C]; [n, Hv]; [n, Hv]
+  float *conv_out, *g, *beta;  // [n, C]; [n, Hv] or [n, Hv·dk] (may be a); [n, Hv]
   int64_t ld_out, ld_g, ld_beta;
   int64_t C, key_dim;
   int dk, r, rdv;
@@ -115,8 +117,9 @@ struct GdnDecodeArgs {
 };
 
 constexpr int kGdnInputThreads = 256;
-constexpr int kGdnMaxDkPerLane = 8;   // dk ≤ 256: a head's q or k in one warp's registers
-constexpr int kGdnMaxVPerThread = 2;  // r·dv ≤ 512
+constexpr int kGdnMaxDkPerLane = 8;        // dk ≤ 256: a head's q or k in one warp's registers
+constexpr int kGdnMaxVPerThread = 2;       // r·dv ≤ 512
+constexpr int kGdnMaxDecaysPerThread = 2;  // a decay per key channel: r·dk ≤ 512
 
 // One conv channel's inputs for a one-token step: the state's K-1 values, the weights, x.
 template <int K>
@@ -150,12 +153,14 @@ __device__ __forceinline__ float conv_finish(const GdnDecodeArgs& a, float* st, 
 // head. Warp 0 takes the head's q, warp 1 its k: conv, then the L2 norm with l2_norm_kernel's
 // arithmetic (lane j holds channels j + 32i, summed in that order, then the warp's tree); all
 // threads take the r value heads of the key head (conv); the first r threads take the gates.
-// Every load is issued before any store, so the block costs about one memory round trip. The
-// results equal conv1d_causal_silu + l2_norm + gdn_gates bit for bit.
+// kDecayPerChannel (Kimi Delta Attention): the decay is per key channel of those value heads,
+// r·dk of them, thread tid taking channels tid and tid + 256; beta stays with the first r
+// threads. Every load is issued before any store, so the block costs about one memory round
+// trip. The results equal conv1d_causal_silu + l2_norm + gdn_gates bit for bit.
 // The conv state, conv weights and gate parameters load before the wait for the kernel before
 // (no kernel of the forward writes them before this one; the batch mirror is uploaded before
 // the forward's kernels), the projections after it.
-template <typename W, int K>
+template <typename W, int K, bool kDecayPerChannel>
 __global__ void __launch_bounds__(kGdnInputThreads) gdn_inputs_decode_kernel(GdnDecodeArgs a) {
   const int sq = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
   const int lane = tid % 32, warp = tid / 32;
@@ -178,9 +183,25 @@ __global__ void __launch_bounds__(kGdnInputThreads) gdn_inputs_decode_kernel(Gdn
     const int j = tid + kGdnInputThreads * i;
     if (j < a.rdv) vin[i] = conv_load<W, K>(a, st, v0 + j);
   }
+  // The decay of value head `head` (tid < r); per key channel, that of the block's channels
+  // ch0 + j, j = tid + 256·i < r·dk, each with its value head's a_log (av_c, a_log_c, dt_bias_c).
+  // Separate from the per-head scalars so that the per-head kernel stays as it was.
   float bv = 0.0f, av = 0.0f, a_log = 0.0f, dt_bias = 0.0f;
   const int head = h * a.r + tid;
-  if (tid < a.r) {
+  const int rdk = a.r * a.dk;
+  const int64_t ch0 = int64_t(h) * rdk;
+  float av_c[kGdnMaxDecaysPerThread], a_log_c[kGdnMaxDecaysPerThread],
+      dt_bias_c[kGdnMaxDecaysPerThread];
+  if constexpr (kDecayPerChannel) {
+#pragma unroll
+    for (int i = 0; i < kGdnMaxDecaysPerThread; ++i) {
+      const int j = tid + kGdnInputThreads * i;
+      if (j < rdk) {
+        a_log_c[i] = weight_f32(a.a_log, a.gate_dt, h * a.r + j / a.dk);
+        dt_bias_c[i] = weight_f32(a.dt_bias, a.gate_dt, ch0 + j);
+      }
+    }
+  } else if (tid < a.r) {
     a_log = weight_f32(a.a_log, a.gate_dt, head), dt_bias = weight_f32(a.dt_bias, a.gate_dt, head);
   }
   grid_dependency_sync();
@@ -196,7 +217,16 @@ __global__ void __launch_bounds__(kGdnInputThreads) gdn_inputs_decode_kernel(Gdn
     const int j = tid + kGdnInputThreads * i;
     if (j < a.rdv) vin[i].x = src[v0 + j];
   }
-  if (tid < a.r) bv = a.b[t * a.ld_b + head], av = a.a[t * a.ld_a + head];
+  if constexpr (kDecayPerChannel) {
+    if (tid < a.r) bv = a.b[t * a.ld_b + head];
+#pragma unroll
+    for (int i = 0; i < kGdnMaxDecaysPerThread; ++i) {
+      const int j = tid + kGdnInputThreads * i;
+      if (j < rdk) av_c[i] = a.a[t * a.ld_a + ch0 + j];
+    }
+  } else if (tid < a.r) {
+    bv = a.b[t * a.ld_b + head], av = a.a[t * a.ld_a + head];
+  }
   if (qk) {
     float v[kGdnMaxDkPerLane];
 #pragma unroll
@@ -222,9 +252,32 @@ __global__ void __launch_bounds__(kGdnInputThreads) gdn_inputs_decode_kernel(Gdn
     const int j = tid + kGdnInputThreads * i;
     if (j < a.rdv) out[v0 + j] = conv_finish<K>(a, st, v0 + j, vin[i]);
   }
-  if (tid < a.r) {
+  // g may be a: each element is read above by the thread that writes it here.
+  if constexpr (kDecayPerChannel) {
+#pragma unroll
+    for (int i = 0; i < kGdnMaxDecaysPerThread; ++i) {
+      const int j = tid + kGdnInputThreads * i;
+      if (j < rdk) a.g[t * a.ld_g + ch0 + j] = -expf(a_log_c[i]) * softplus(av_c[i] + dt_bias_c[i]);
+    }
+    if (tid < a.r) a.beta[t * a.ld_beta + head] = sigmoid(bv);
+  } else if (tid < a.r) {
     a.g[t * a.ld_g + head] = -expf(a_log) * softplus(av + dt_bias);
     a.beta[t * a.ld_beta + head] = sigmoid(bv);
+  }
+}
+
+// gdn_inputs_decode_kernel for conv width K (2 to 4).
+template <typename W, bool kDecayPerChannel>
+void launch_gdn_inputs_decode(int K, dim3 grid, cudaStream_t stream, const GdnDecodeArgs& a) {
+  if (K == 2) {
+    launch_kernel(gdn_inputs_decode_kernel<W, 2, kDecayPerChannel>, grid, kGdnInputThreads, 0,
+                  stream, a);
+  } else if (K == 3) {
+    launch_kernel(gdn_inputs_decode_kernel<W, 3, kDecayPerChannel>, grid, kGdnInputThreads, 0,
+                  stream, a);
+  } else {
+    launch_kernel(gdn_inputs_decode_kernel<W, 4, kDecayPerChannel>, grid, kGdnInputThreads, 0,
+                  stream, a);
   }
 }
 
@@ -282,6 +335,9 @@ void CudaOps::gdn_inputs(const GdnInputArgs& in, const SeqLayout& layout) {
   const int r = hv / hk;
   const int64_t key_dim = int64_t(hk) * dk, C = 2 * key_dim + int64_t(hv) * dv;
   const int K = int(in.conv_weight.shape[in.conv_weight.ndim - 1]);
+  // A decay per key channel (Kimi Delta Attention) when a has more columns than value heads.
+  const bool per_channel = in.a.ndim == 2 && in.a.shape[1] != hv;
+  const int64_t decays = per_channel ? int64_t(hv) * dk : hv;  // columns of a and g
   // One kernel when every sequence brings one token and the shapes suit it; else the ops.
   bool fused = layout.n_seqs > 0 && layout.n_tokens == layout.n_seqs && K >= 2 && K <= 4 &&
                r <= kGdnInputThreads && dk <= 32 * kGdnMaxDkPerLane &&
@@ -289,12 +345,13 @@ void CudaOps::gdn_inputs(const GdnInputArgs& in, const SeqLayout& layout) {
                in.conv_weight.is_contiguous() && in.conv_weight.shape[0] == C &&
                in.conv_state.is_contiguous() && in.conv_state.shape[1] == K - 1 &&
                in.conv_state.shape[2] == C && in.a_log.dtype == in.dt_bias.dtype &&
-               in.a_log.numel() == hv && in.dt_bias.numel() == hv;
+               in.a_log.numel() == hv && in.dt_bias.numel() == decays &&
+               (!per_channel || int64_t(r) * dk <= kGdnInputThreads * kGdnMaxDecaysPerThread);
   for (const Tensor* t : {&in.mixed, &in.a, &in.b, &in.conv_out, &in.g, &in.beta}) {
     fused = fused && t->ndim == 2 && t->stride[1] == 1 && t->shape[0] == layout.n_tokens;
   }
-  fused = fused && in.mixed.shape[1] == C && in.conv_out.shape[1] == C && in.a.shape[1] == hv &&
-          in.b.shape[1] == hv && in.g.shape[1] == hv && in.beta.shape[1] == hv;
+  fused = fused && in.mixed.shape[1] == C && in.conv_out.shape[1] == C && in.a.shape[1] == decays &&
+          in.b.shape[1] == hv && in.g.shape[1] == decays && in.beta.shape[1] == hv;
   for (int q = 0; fused && q < layout.n_seqs; ++q) {
     fused = layout.seq_start[q + 1] - layout.seq_start[q] == 1;
   }
@@ -320,12 +377,10 @@ void CudaOps::gdn_inputs(const GdnInputArgs& in, const SeqLayout& layout) {
   const dim3 grid(unsigned(layout.n_seqs), unsigned(hk));
   dispatch_weight(in.conv_weight.dtype, [&](auto tag) {
     using W = decltype(tag);
-    if (K == 2) {
-      launch_kernel(gdn_inputs_decode_kernel<W, 2>, grid, kGdnInputThreads, 0, s.stream, a);
-    } else if (K == 3) {
-      launch_kernel(gdn_inputs_decode_kernel<W, 3>, grid, kGdnInputThreads, 0, s.stream, a);
+    if (per_channel) {
+      launch_gdn_inputs_decode<W, true>(K, grid, s.stream, a);
     } else {
-      launch_kernel(gdn_inputs_decode_kernel<W, 4>, grid, kGdnInputThreads, 0, s.stream, a);
+      launch_gdn_inputs_decode<W, false>(K, grid, s.stream, a);
     }
   });
   s.launched("gdn_inputs (decode)");
