@@ -192,23 +192,20 @@ class KimiDeltaAttention final : public TokenMixer {
  public:
   int heads = 0, head_dim = 0, conv_kernel = 0;
   float eps = 1e-6f;  // of the output norm
-  Tensor q_proj;      // [H·d, hidden]
-  Tensor k_proj;      // [H·d, hidden]
-  Tensor v_proj;      // [H·d, hidden]
+  Tensor qkv_proj;    // [3·H·d, hidden]: q_proj | k_proj | v_proj
   Tensor b_proj;      // [H, hidden]
   Tensor conv1d;      // [3·H·d, 1, K]: q_conv1d | k_conv1d | v_conv1d
-  Tensor f_a_proj;    // [r, hidden]
-  Tensor g_a_proj;    // [r, hidden]
+  Tensor fg_a_proj;   // [2·r, hidden]: f_a_proj | g_a_proj
   // f_b_proj and g_b_proj stacked, one product of two heads: [2, H·d, r] (the gates' low rank
   // r is the head size in the published code, so both have it)
   Tensor fg_b_proj;
-  Tensor a_log;       // [H, 1]
-  Tensor dt_bias;     // [H·d]
-  Tensor o_norm;      // [d]
-  Tensor o_proj;      // [hidden, H·d]
+  Tensor a_log;    // [H, 1]
+  Tensor dt_bias;  // [H·d]
+  Tensor o_norm;   // [d]
+  Tensor o_proj;   // [hidden, H·d]
 
   int64_t dim() const { return int64_t(heads) * head_dim; }
-  int64_t rank() const { return f_a_proj.shape[0]; }
+  int64_t rank() const { return fg_a_proj.shape[0] / 2; }
 
   void plan(ModelPlan& plan) override {
     state_ = plan.recurrent_state(conv_kernel - 1, 3 * dim(), heads, head_dim, head_dim);
@@ -228,21 +225,16 @@ class KimiDeltaAttention final : public TokenMixer {
     const int64_t D = dim();
     Ops& ops = io.ops;
     const Scratch& s = io.s;
-    Tensor mixed = s.conv_in.slice_rows(0, n).slice_cols(0, 3 * D);  // [n, 3·H·d]: q | k | v
-    Tensor b = s.b.slice_rows(0, n).slice_cols(0, heads);            // [n, H]
+    Tensor mixed = s.conv_in.slice_rows(0, n).slice_cols(0, 3 * D);      // [n, 3·H·d]: q | k | v
+    Tensor b = s.b.slice_rows(0, n).slice_cols(0, heads);                // [n, H]
     Tensor low = s.low_rank.slice_rows(0, n).slice_cols(0, 2 * rank());  // [n, 2·r]: f | g
     {
-      const Tensor ws[] = {q_proj, k_proj, v_proj, b_proj};
-      const Tensor outs[] = {mixed.slice_cols(0, D), mixed.slice_cols(D, 2 * D),
-                             mixed.slice_cols(2 * D, 3 * D), b};
+      const Tensor ws[] = {qkv_proj, b_proj, fg_a_proj}, outs[] = {mixed, b, low};
       ops.matmul_group(io.x, ws, outs);
-      const Tensor low_ws[] = {f_a_proj, g_a_proj};
-      const Tensor low_outs[] = {low.slice_cols(0, rank()), low.slice_cols(rank(), 2 * rank())};
-      ops.matmul_group(io.x, low_ws, low_outs);
     }
     Tensor gates = s.decay.slice_rows(0, n).slice_cols(0, 2 * D);  // [n, 2·H·d]
-    Tensor g = gates.slice_cols(0, D);         // [n, H·d]: f, then the decay
-    Tensor gate = gates.slice_cols(D, 2 * D);  // [n, H·d]: the output gate
+    Tensor g = gates.slice_cols(0, D);                             // [n, H·d]: f, then the decay
+    Tensor gate = gates.slice_cols(D, 2 * D);                      // [n, H·d]: the output gate
     ops.matmul_heads(low.col_heads(0, 2, rank()), fg_b_proj, gates.col_heads(0, 2, D));
     // Convs with SiLU (one conv over the three: each channel has its own taps), the L2 norms
     // and the gates, the decay written over f.
@@ -377,17 +369,17 @@ Status load_kda(const KimiLinearConfig& c, const std::string& p, WeightLoader& w
                            w.load_rows({&rows, 1}, {hn * per_head, cols}, WeightUse::kMatrix));
     return Status();
   };
-  auto matrix = [&](const char* name, std::vector<int64_t> shape, Tensor* out) -> Status {
-    RECUR_ASSIGN_OR_RETURN(*out, w.load(p + name, shape, WeightUse::kMatrix));
-    return Status();
-  };
-  RECUR_RETURN_IF_ERROR(head_rows("q_proj.weight", d, H, &a->q_proj));
-  RECUR_RETURN_IF_ERROR(head_rows("k_proj.weight", d, H, &a->k_proj));
-  RECUR_RETURN_IF_ERROR(head_rows("v_proj.weight", d, H, &a->v_proj));
+  // The projections that read x, stacked by rows into three weights of one matmul group.
+  const std::vector<int64_t> qkv_shape = {D, H};
+  const RowPiece qkv[] = {{p + "q_proj.weight", qkv_shape, h0 * d, Dn},
+                          {p + "k_proj.weight", qkv_shape, h0 * d, Dn},
+                          {p + "v_proj.weight", qkv_shape, h0 * d, Dn}};
+  RECUR_ASSIGN_OR_RETURN(a->qkv_proj, w.load_rows(qkv, {3 * Dn, H}, WeightUse::kMatrix));
   RECUR_RETURN_IF_ERROR(head_rows("b_proj.weight", 1, H, &a->b_proj));
   // The low rank of the gates is the head size in the published code.
-  RECUR_RETURN_IF_ERROR(matrix("f_a_proj.weight", {d, H}, &a->f_a_proj));
-  RECUR_RETURN_IF_ERROR(matrix("g_a_proj.weight", {d, H}, &a->g_a_proj));
+  const RowPiece fg_a[] = {{p + "f_a_proj.weight", {d, H}, 0, d},
+                           {p + "g_a_proj.weight", {d, H}, 0, d}};
+  RECUR_ASSIGN_OR_RETURN(a->fg_a_proj, w.load_rows(fg_a, {2 * d, H}, WeightUse::kMatrix));
   const RowPiece fg_b[] = {{p + "f_b_proj.weight", {D, d}, h0 * d, Dn},
                            {p + "g_b_proj.weight", {D, d}, h0 * d, Dn}};
   RECUR_ASSIGN_OR_RETURN(a->fg_b_proj, w.load_rows(fg_b, {2, Dn, d}, WeightUse::kHeads));
