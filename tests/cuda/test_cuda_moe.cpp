@@ -108,12 +108,13 @@ TEST_F(CudaMoe, RoutingMatchesReferenceForEveryOption) {
 // A selection bias on the threshold filter kernels (E 128, 256 or 512, k ≤ 32; Kimi's routing:
 // sigmoid scores, the f32 score plus the bias chooses, the unbiased scores weigh, scaled by
 // 2.446; and softmax with a bias), for several token counts, against the scalar reference. Rows:
-// 0 random; 1 a tie of biased keys across the threshold (equal logits, equal biases); 2 NaN
-// logits (ranked lowest) and a -inf one (sigmoid only: NaN makes the softmax sum NaN); 3 the
-// top keys on one thread (experts e + 128·i); the last (n > 4) all logits equal, the bias
-// alone choosing, its largest value held by three experts. Without the bias the reference
-// picks other experts in every case (so a kernel ignoring it fails), and weighing by the
-// biased keys would fail the weights.
+// 0 random; 1 a tie of biased keys (equal logits, equal biases; with sigmoid scores on top,
+// across the threshold for k = 8); 2 NaN logits (ranked lowest; one where the bias is largest)
+// and a -inf one (sigmoid only: NaN makes the softmax sum NaN); 3 the top keys on one thread
+// (experts e + 128·i); the last (n > 4) all logits equal, the bias alone choosing, its largest
+// value held by two or three experts. Without the bias the reference picks other experts in
+// every case (so a kernel ignoring it fails), and weighing by the biased keys would fail the
+// weights.
 TEST_F(CudaMoe, BiasedRoutingMatchesReference) {
   struct Case {
     int64_t n, E;
@@ -126,7 +127,7 @@ TEST_F(CudaMoe, BiasedRoutingMatchesReference) {
       fill_random(bias, rng, 0.3f);
       float* b = bias.f();
       for (int64_t e = 0; e < c.E; e += 11) b[e] = 0.125f;  // row 1's tied group
-      b[2] = b[7] = *std::max_element(b, b + c.E);          // the last row's tie
+      b[2] = b[7] = *std::max_element(b, b + c.E);          // the last row's tie, row 2's NaN
       DeviceTensor dbias = dev(bias);
       MoeRouting unbiased;
       unbiased.score = sigmoid ? MoeRouting::Score::kSigmoid : MoeRouting::Score::kSoftmax;
@@ -144,7 +145,7 @@ TEST_F(CudaMoe, BiasedRoutingMatchesReference) {
       };
       if (float* l = row(1)) {
         lower(l);
-        for (int64_t e = 0; e < c.E; e += 11) l[e] = 6.0f;  // ⌈E/11⌉ > k equal keys on top
+        for (int64_t e = 0; e < c.E; e += 11) l[e] = 6.0f;  // ⌈E/11⌉ ≥ 12 equal keys
       }
       if (float* l = row(2); l && sigmoid) {
         l[7] = l[c.E / 2 + 1] = l[c.E - 1] = NAN;
