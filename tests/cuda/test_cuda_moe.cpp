@@ -2,6 +2,7 @@
 // option) must match the ids exactly and the weights to 1e-6. Experts: every path (GEMV core,
 // f32 experts, tensor cores on activations split exactly into three 16-bit terms) is
 // f32-class: ≤ 1e-5 relative.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -57,10 +58,10 @@ std::vector<std::unique_ptr<Routing>> routings(CudaOps& ops, int64_t E, int k, s
   return out;
 }
 
-// Every option on every routing kernel: E ≤ 512 with k ≤ 32 takes the block-per-token kernel
-// (1, 2 or 4 logits per thread), or its threshold-filter form where E is 128, 256 or 512; more
-// experts, larger k or a selection bias take the warp-per-token kernel (logits in registers,
-// or from memory for E > 1024).
+// Every option on every routing kernel: E of 128, 256 or 512 with k ≤ 32 takes the threshold
+// filter kernel (with a selection bias or without); other E ≤ 512 with k ≤ 32 and no bias the
+// block-per-token kernel (1, 2 or 4 logits per thread); more experts, larger k or a bias the
+// warp-per-token kernel (logits in registers, or from memory for E > 1024).
 TEST_F(CudaMoe, RoutingMatchesReferenceForEveryOption) {
   struct Case {
     int64_t n, E, k;
@@ -100,6 +101,84 @@ TEST_F(CudaMoe, RoutingMatchesReferenceForEveryOption) {
       const double err = max_abs_diff(gw.f(), w_ref.f(), c.n * c.k);
       record_error("moe_route weights " + r->name, err);
       EXPECT_LE(err, 1e-6) << r->name << " E=" << c.E << " k=" << c.k;
+    }
+  }
+}
+
+// A selection bias on the threshold filter kernels (E 128, 256 or 512, k ≤ 32; Kimi's routing:
+// sigmoid scores, the f32 score plus the bias chooses, the unbiased scores weigh, scaled by
+// 2.446; and softmax with a bias), for several token counts, against the scalar reference. Rows:
+// 0 random; 1 a tie of biased keys (equal logits, equal biases; with sigmoid scores on top,
+// across the threshold for k = 8); 2 NaN logits (ranked lowest; one where the bias is largest)
+// and a -inf one (sigmoid only: NaN makes the softmax sum NaN); 3 the top keys on one thread
+// (experts e + 128·i); the last (n > 4) all logits equal, the bias alone choosing, its largest
+// value held by two or three experts. Without the bias the reference picks other experts in
+// every case (so a kernel ignoring it fails), and weighing by the biased keys would fail the
+// weights.
+TEST_F(CudaMoe, BiasedRoutingMatchesReference) {
+  struct Case {
+    int64_t n, E;
+    int k;
+  };
+  for (const Case c : {Case{1, 128, 8}, Case{2, 256, 8}, Case{5, 512, 8}, Case{17, 128, 8},
+                       Case{33, 256, 8}, Case{64, 512, 8}, Case{6, 512, 32}, Case{6, 128, 32}}) {
+    for (const bool sigmoid : {true, false}) {
+      HostTensor bias(DType::F32, {c.E});
+      fill_random(bias, rng, 0.3f);
+      float* b = bias.f();
+      for (int64_t e = 0; e < c.E; e += 11) b[e] = 0.125f;  // row 1's tied group
+      b[2] = b[7] = *std::max_element(b, b + c.E);          // the last row's tie, row 2's NaN
+      DeviceTensor dbias = dev(bias);
+      MoeRouting unbiased;
+      unbiased.score = sigmoid ? MoeRouting::Score::kSigmoid : MoeRouting::Score::kSoftmax;
+      unbiased.k = c.k, unbiased.scale = sigmoid ? 2.446f : 1.0f;
+      MoeRouting host_r = unbiased, dev_r = unbiased;
+      host_r.selection_bias = bias.t, dev_r.selection_bias = dbias.t;
+
+      HostTensor logits(DType::F32, {c.n, c.E});
+      fill_random(logits, rng, 2.0f);
+      // Row t's logits [E], or null past the rows.
+      auto row = [&](int64_t t) { return t < c.n ? logits.f() + t * c.E : nullptr; };
+      // Everything far below a sigmoid key of 1 (σ(-4) < 0.02), the bias aside.
+      auto lower = [&](float* l) {
+        for (int64_t e = 0; e < c.E; ++e) l[e] = -4.0f - std::fabs(l[e]);
+      };
+      if (float* l = row(1)) {
+        lower(l);
+        for (int64_t e = 0; e < c.E; e += 11) l[e] = 6.0f;  // ⌈E/11⌉ ≥ 12 equal keys
+      }
+      if (float* l = row(2); l && sigmoid) {
+        l[7] = l[c.E / 2 + 1] = l[c.E - 1] = NAN;
+        l[4] = -INFINITY;  // score 0: the bias alone
+      }
+      if (float* l = row(3)) {
+        lower(l);
+        for (int64_t e = 5; e < c.E; e += 128) l[e] = 6.0f - 0.25f * float(e / 128);
+      }
+      if (c.n > 4) {
+        float* l = row(c.n - 1);
+        for (int64_t e = 0; e < c.E; ++e) l[e] = 0.25f;
+      }
+
+      HostTensor ids(DType::I32, {c.n, c.k}), w(DType::F32, {c.n, c.k}), ids_ref = ids, w_ref = w;
+      HostTensor ids_unbiased = ids, w_unbiased = w;
+      DeviceTensor dl = dev(logits), dids = poisoned(ids), dw = poisoned(w);
+      ops().moe_route(dl.t, dev_r, dids.t, dw.t);
+      host_ref::moe_route(logits.t, host_r, ids_ref.t, w_ref.t);
+      host_ref::moe_route(logits.t, unbiased, ids_unbiased.t, w_unbiased.t);
+      const std::string what = std::string(sigmoid ? "sigmoid" : "softmax") +
+                               " n=" + std::to_string(c.n) + " E=" + std::to_string(c.E) +
+                               " k=" + std::to_string(c.k);
+      ASSERT_NE(std::memcmp(ids_ref.t.data, ids_unbiased.t.data, size_t(c.n * c.k) * 4), 0)
+          << what << ": the bias changes no pick";
+      HostTensor gi = host(dids, ids), gw = host(dw, w);
+      for (int64_t i = 0; i < c.n * c.k; ++i) {
+        ASSERT_EQ(gi.t.ptr<int32_t>()[i], ids_ref.t.ptr<int32_t>()[i]) << what << " i=" << i;
+      }
+      const double err = max_abs_diff(gw.f(), w_ref.f(), c.n * c.k);
+      record_error(
+          std::string("moe_route weights biased filter ") + (sigmoid ? "sigmoid" : "softmax"), err);
+      EXPECT_LE(err, 1e-6) << what;
     }
   }
 }
@@ -309,12 +388,15 @@ TEST_F(CudaMoe, SharedExpertMatchesReference) {
   }
 }
 
-// Routing inside the expert kernels (one token; 128, 256 or 512 experts, k ≤ 32, no selection
-// bias) against moe_route, moe_experts_shared and add to the residual: the same ids, and bit
-// for bit the same weights, output and residual (the same formulas and sums). 64 experts, or a
-// selection bias, route by the routing kernel; a second token takes the default's ops. Routing
-// options as routings() lists them (0 Qwen's; 1 raw softmax; 2 scaled sigmoid; 3 sigmoid with a
-// bias); the shared expert gated or not.
+// Routing inside the expert kernels (one token; 128, 256 or 512 experts, k ≤ 32, with a
+// selection bias or without) against moe_route, moe_experts_shared and add to the residual: the
+// same ids, and bit for bit the same weights, output and residual (the same formulas and sums);
+// ids and weights also against the CPU's reference (ref::moe_route), the output against the
+// references' experts. 64 experts route by the routing kernel; a second token takes the
+// default's ops. Routing options as routings() lists them (0 Qwen's; 1 raw softmax; 2 scaled
+// sigmoid; 3 sigmoid with a bias, scaled: Kimi's; 4 sigmoid with a bias, raw; 5 softmax with a
+// bias); the shared expert gated (Qwen) or not (Kimi). With a bias, the reference without it
+// picks other experts: a path ignoring the bias fails.
 TEST_F(CudaMoe, RoutingInsideExpertsMatchesRouteThenExperts) {
   struct Case {
     int64_t n, E, k;
@@ -336,6 +418,14 @@ TEST_F(CudaMoe, RoutingInsideExpertsMatchesRouteThenExperts) {
                         {1, 256, 8, 0, 128, 2, false},
                         {1, 256, 8, 0, 128, 3, false},
                         {1, 512, 10, 1, 128, 3},
+                        {1, 128, 8, 0, 128, 3, false},
+                        {1, 512, 8, 0, 128, 3, false},
+                        {1, 256, 8, 2, 136, 3, false},
+                        {1, 512, 32, 2, 144, 4, false},
+                        {1, 128, 32, 0, 128, 4},
+                        {1, 256, 8, 0, 128, 5},
+                        {1, 512, 8, 3, 136, 5, false},
+                        {1, 64, 10, 0, 128, 3, false},
                         {1, 64, 10, 0},
                         {2, 512, 10, 0},
                         {2, 256, 8, 0, 128, 3, false}};
@@ -398,9 +488,22 @@ TEST_F(CudaMoe, RoutingInsideExpertsMatchesRouteThenExperts) {
           std::string(dtype_name(dt)) + " n=" + std::to_string(c.n) + " E=" + std::to_string(c.E) +
           " k=" + std::to_string(c.k) + " pattern " + std::to_string(c.pattern) +
           " ff=" + std::to_string(ff) + " " + rt.name + (c.gated ? "" : " ungated");
-      HostTensor ids_ref = ids, w_ref = w, ref = out;
+      HostTensor ids_ref = ids, w_ref = w, ref = out, ids_cpu = ids, w_cpu = w;
       host_ref::moe_route(logits.t, rt.host, ids_ref.t, w_ref.t);
       EXPECT_EQ(std::memcmp(got_ids[0].t.data, ids_ref.t.data, size_t(c.n * c.k) * 4), 0) << what;
+      // With a bias both references choose by the f32 score plus the bias (without one the CPU's
+      // chooses by f32 score, which distinct logits may tie).
+      if (!rt.host.selection_bias.empty()) {
+        MoeRouting unbiased = rt.host;
+        unbiased.selection_bias = Tensor{};
+        HostTensor ids_unbiased = ids, w_unbiased = w;
+        host_ref::moe_route(logits.t, unbiased, ids_unbiased.t, w_unbiased.t);
+        ASSERT_NE(std::memcmp(ids_unbiased.t.data, ids_ref.t.data, size_t(c.n * c.k) * 4), 0)
+            << what << ": the bias changes no pick";
+        ref::moe_route(logits.t, rt.host, ids_cpu.t, w_cpu.t);
+        EXPECT_EQ(std::memcmp(got_ids[0].t.data, ids_cpu.t.data, size_t(c.n * c.k) * 4), 0) << what;
+        EXPECT_LE(max_abs_diff(got_w[0].f(), w_cpu.f(), c.n * c.k), 1e-6) << what;
+      }
       EXPECT_EQ(std::memcmp(got_ids[0].t.data, got_ids[1].t.data, size_t(c.n * c.k) * 4), 0)
           << what;
       EXPECT_EQ(std::memcmp(got_w[0].t.data, got_w[1].t.data, size_t(c.n * c.k) * 4), 0) << what;

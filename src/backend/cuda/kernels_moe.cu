@@ -174,14 +174,15 @@ __global__ void __launch_bounds__(kGemvThreads) moe_gemv_kernel(MoeGemmArgs a) {
 }
 
 // The expert of direct tile `tile` when gate/up routes the token itself: pick `tile` of its
-// logits, the shared expert for the last tile, -1 past the tiles. Every thread of the block
-// calls it with the same tile (route_filter_block has block barriers). In clusters (all of one
-// tile), the first block selects and stores the expert into the others' handoff (their
-// barrier_arrive before the PDL wait said they had started). Block (0, 0) also stores the ids
-// and weights (as moe_route; down reads the ids before its wait, the combine the weights),
-// fenced before the barrier that precedes the block's allow_dependents.
+// logits (chosen with the selection bias when kBiased), the shared expert for the last tile, -1
+// past the tiles. Every thread of the block calls it with the same tile (route_filter_block has
+// block barriers). In clusters (all of one tile), the first block selects and stores the expert
+// into the others' handoff (their barrier_arrive before the PDL wait said they had started).
+// Block (0, 0) also stores the ids and weights (as moe_route; down reads the ids before its
+// wait, the combine the weights), fenced before the barrier that precedes the block's
+// allow_dependents.
 static_assert(kGemvThreads == kRouteThreads, "a GEMV block routes as a routing block");
-template <int PL>
+template <int PL, bool kBiased>
 __device__ __forceinline__ int routed_expert(const MoeGemmArgs& a, int tile,
                                              RouteFilterShared<PL>& s, int& handoff) {
   const MoeInKernelRoute& r = a.route;
@@ -193,10 +194,11 @@ __device__ __forceinline__ int routed_expert(const MoeGemmArgs& a, int tile,
     const bool publish = blockIdx.x == 0 && tile == 0;
     float mx = 0.0f;
     double sum = 0.0;
-    route_filter_block<PL>(r.logits, r.k, s, publish && !r.scoring.sigmoid, &mx, &sum);
+    route_filter_block<PL, kBiased>(r.logits, r.k, s, r.scoring, publish, &mx, &sum);
     if (publish) {
       if (threadIdx.x < 32) {
-        store_pick_keys(int(threadIdx.x), r.k, s.pick, mx, sum, r.scoring, r.ids, r.weights);
+        store_pick_keys<kBiased>(int(threadIdx.x), r.k, s.pick, r.logits, mx, sum, r.scoring, r.ids,
+                                 r.weights);
         __threadfence();
       }
       __syncthreads();
@@ -292,10 +294,13 @@ __device__ __forceinline__ void moe_warp_rows(const MoeGemmArgs& a, int e, int r
 // chunks) and its small blocks cost more to schedule than they stream.
 // grid (⌈m/(4·RW·row_groups)⌉, max_tiles).
 // PL > 0 (gate/up of one token, a.route set): the kernel routes the token itself after its
-// wait (routed_expert) and lets the down launch start only after the ids are stored.
-template <typename W, int NT, bool kDual, int PL = 0>
+// wait (routed_expert; kBiasedRoute: a.route.scoring.bias set) and lets the down launch start
+// only after the ids are stored. The biased selection is its own kernel (as a branch it took
+// the bias-free kernels from 68-70 to 72-74 registers).
+template <typename W, int NT, bool kDual, int PL = 0, bool kBiasedRoute = false>
 __global__ void __launch_bounds__(kGemvThreads) moe_gemv_warp_kernel(MoeGemmArgs a) {
   static_assert(PL == 0 || (NT == 1 && kDual), "in-kernel routing is gate/up's, one token");
+  static_assert(PL > 0 || !kBiasedRoute, "a biased route is an in-kernel route");
   constexpr int E = kChunkElems<W>, RW = kWarpRows<W, kDual>;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   constexpr int64_t kGroupRows = (kGemvThreads / 32) * RW;
@@ -357,7 +362,7 @@ __global__ void __launch_bounds__(kGemvThreads) moe_gemv_warp_kernel(MoeGemmArgs
     if (a.route.cluster > 1 && int(blockIdx.y) < a.route.k)
       cooperative_groups::this_cluster().barrier_arrive();
     grid_dependency_wait();
-    pre_e = routed_expert<PL>(a, int(blockIdx.y), route_shared, handoff);
+    pre_e = routed_expert<PL, kBiasedRoute>(a, int(blockIdx.y), route_shared, handoff);
     allow_dependents();
   } else {
     grid_dependency_sync();
@@ -448,26 +453,35 @@ void launch_moe_gemv(const MoeGemmArgs& a, bool vec, unsigned max_tiles, cudaStr
 
 // a.route.cluster > 1 (routing in gate/up): clusters of up to that many blocks, halved until
 // they divide a tile's blocks.
-template <typename W, int NT, bool kDual, int PL = 0>
+template <typename W, int NT, bool kDual, int PL = 0, bool kBiasedRoute = false>
 void launch_moe_gemv_warp(const MoeGemmArgs& a, unsigned max_tiles, cudaStream_t stream) {
   const int64_t rows_per_block = kWarpRows<W, kDual> * (kGemvThreads / 32) * a.row_groups;
   const dim3 grid(unsigned((a.m + rows_per_block - 1) / rows_per_block), max_tiles);
   MoeGemmArgs b = a;
   while (b.route.cluster > 1 && grid.x % unsigned(b.route.cluster) != 0) b.route.cluster /= 2;
-  launch_kernel_clusters(moe_gemv_warp_kernel<W, NT, kDual, PL>, grid, kGemvThreads, 0, stream,
-                         unsigned(b.route.cluster), b);
+  launch_kernel_clusters(moe_gemv_warp_kernel<W, NT, kDual, PL, kBiasedRoute>, grid, kGemvThreads,
+                         0, stream, unsigned(b.route.cluster), b);
 }
 
 // Gate/up of one token routed in the kernel (a.route set): the warp kernel for its expert
-// count kRouteThreads·PL, PL in 1, 2, 4 (routes_in_kernels checked it).
+// count kRouteThreads·PL, PL in 1, 2, 4 (routes_in_kernels checked it), and for its selection
+// bias or none.
 template <typename W>
 void launch_moe_gemv_routed(const MoeGemmArgs& a, int PL, unsigned tiles, cudaStream_t stream) {
-  if (PL == 1) {
-    launch_moe_gemv_warp<W, 1, true, 1>(a, tiles, stream);
-  } else if (PL == 2) {
-    launch_moe_gemv_warp<W, 1, true, 2>(a, tiles, stream);
+  auto launch = [&](auto biased) {  // std::true_type or std::false_type
+    constexpr bool kBiased = decltype(biased)::value;
+    if (PL == 1) {
+      launch_moe_gemv_warp<W, 1, true, 1, kBiased>(a, tiles, stream);
+    } else if (PL == 2) {
+      launch_moe_gemv_warp<W, 1, true, 2, kBiased>(a, tiles, stream);
+    } else {
+      launch_moe_gemv_warp<W, 1, true, 4, kBiased>(a, tiles, stream);
+    }
+  };
+  if (a.route.scoring.bias) {
+    launch(std::true_type{});
   } else {
-    launch_moe_gemv_warp<W, 1, true, 4>(a, tiles, stream);
+    launch(std::false_type{});
   }
 }
 
@@ -551,10 +565,9 @@ bool shared_rides_along(const Tensor& x, std::span<const ExpertWeights> experts,
 }
 
 // Whether gate/up can route one token whose shared expert rides along (shared_rides_along,
-// checked by the caller): no selection bias nor groups (route_filter_block chooses by logit
-// over all experts), its logits
-// [1, E] contiguous with E = kRouteThreads·PL (PL 1, 2 or 4) and k ≤ 32, and 16-byte rows for
-// the warp GEMV kernel.
+// checked by the caller): no groups (route_filter_block chooses over all experts, with a
+// selection bias or without), its logits [1, E] contiguous with E = kRouteThreads·PL (PL 1, 2
+// or 4) and k ≤ 32, and 16-byte rows for the warp GEMV kernel.
 bool routes_in_kernels(const CudaOps::Impl& s, const Tensor& logits, const MoeRouting& routing,
                        const Tensor& x, std::span<const ExpertWeights> experts,
                        const SharedExpertArgs& shared) {
@@ -565,8 +578,8 @@ bool routes_in_kernels(const CudaOps::Impl& s, const Tensor& logits, const MoeRo
   const bool fp8_vec =
       e0.gate.dtype != DType::F8_E4M3 || (s.fp8_blocks_of(e0.gate).cols % elems16 == 0 &&
                                           s.fp8_blocks_of(e0.down).cols % elems16 == 0);
-  return fp8_vec && routing.selection_bias.empty() && !routing.grouped() && logits.shape[0] == 1 &&
-         logits.stride[1] == 1 && int64_t(experts.size()) == E &&
+  return fp8_vec && !routing.grouped() && logits.shape[0] == 1 && logits.stride[1] == 1 &&
+         int64_t(experts.size()) == E &&
          (E == kRouteThreads || E == 2 * kRouteThreads || E == 4 * kRouteThreads) && k >= 1 &&
          k <= 32 && experts_aligned(experts, &shared) &&
          (reinterpret_cast<uintptr_t>(x.data) & 15) == 0 && x.stride[0] % 4 == 0 &&
@@ -778,6 +791,10 @@ void CudaOps::moe_route_experts_shared(const Tensor& logits, const MoeRouting& r
   const int k = routing.k;
   RECUR_CHECK(ids.dtype == DType::I32 && ids.shape[1] == k && weights.shape[1] == k);
   RECUR_CHECK(!residual.data || residual.data != out.data);
+  RECUR_CHECK(routing.selection_bias.empty() ||
+              (routing.selection_bias.dtype == DType::F32 &&
+               routing.selection_bias.numel() == logits.shape[1] &&
+               routing.selection_bias.is_contiguous()));
   if (!routes_in_kernels(*impl_, logits, routing, x, experts, shared)) {
     moe_route(logits, routing, ids, weights);
     run_moe_experts(*impl_, x, experts, ids, weights, out, scratch, &shared, nullptr, residual);

@@ -1,9 +1,11 @@
 // MoE routing kernels (MoeRouting): softmax or sigmoid scores in double, rounded to f32; top-k
 // by (key desc, index asc), the key being the logit (the scores' order) or, with a selection
-// bias, the f32 score plus the bias. A warp per token takes every option; without a bias a
-// block per token takes up to 512 experts and k ≤ 32, by k selection rounds or, for 128, 256
-// or 512 experts, by a threshold filter (moe_route.cuh, which the expert kernels also use when
-// they route one token themselves).
+// bias, the f32 score plus the bias. A warp per token takes every option; a block per token
+// takes 128, 256 or 512 experts and k ≤ 32 by a threshold filter (moe_route.cuh, which the
+// expert kernels also use when they route one token themselves), and without a bias other
+// counts up to 512 by k selection rounds.
+#include <type_traits>
+
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/moe_route.cuh"
 
@@ -201,9 +203,10 @@ __global__ void __launch_bounds__(kRouteThreads)
               weights + int64_t(t) * ld_w);
 }
 
-// The block kernel's choice without its k rounds (route_filter_block), for E ==
-// kRouteThreads·PL exactly, k ≤ 32 and no selection bias: the same picks and weights.
-template <int PL>
+// One block per token of logits [n, E], E == kRouteThreads·PL exactly, k ≤ 32, choosing with
+// a selection bias (kBiased: sc.bias set) or not: the picks and weights of moe_route_kernel
+// without its k rounds (route_filter_block). ids, weights [n, k].
+template <int PL, bool kBiased>
 __global__ void __launch_bounds__(kRouteThreads)
     moe_route_filter_kernel(const float* logits, int64_t ld, int /*n: the grid*/, int /*E*/, int k,
                             RouteScoring sc, int32_t* ids, int64_t ld_ids, float* weights,
@@ -211,12 +214,13 @@ __global__ void __launch_bounds__(kRouteThreads)
   grid_dependency_sync();
   __shared__ RouteFilterShared<PL> s;
   const int t = blockIdx.x;
+  const float* l = logits + int64_t(t) * ld;
   float mx = 0.0f;
   double sum = 0.0;
-  route_filter_block<PL>(logits + int64_t(t) * ld, k, s, !sc.sigmoid, &mx, &sum);
+  route_filter_block<PL, kBiased>(l, k, s, sc, true, &mx, &sum);
   if (threadIdx.x >= 32) return;
-  store_pick_keys(int(threadIdx.x), k, s.pick, mx, sum, sc, ids + int64_t(t) * ld_ids,
-                  weights + int64_t(t) * ld_w);
+  store_pick_keys<kBiased>(int(threadIdx.x), k, s.pick, l, mx, sum, sc, ids + int64_t(t) * ld_ids,
+                           weights + int64_t(t) * ld_w);
 }
 
 // Group-limited routing (MoeRouting::grouped), one block per token: the threads form each
@@ -330,8 +334,21 @@ void CudaOps::moe_route(const Tensor& logits, const MoeRouting& routing, Tensor 
                   logits.stride[0], int(n), int(E), k, sc, ids.ptr<int32_t>(), ids.stride[0],
                   weights.ptr<float>(), weights.stride[0]);
   };
-  // The block kernels choose by logit: a selection bias takes the warp kernel.
+  // The filter kernels choose by either key; the round-based block kernel by logit only.
+  const bool filter =
+      k <= 32 && (E == kRouteThreads || E == 2 * kRouteThreads || E == 4 * kRouteThreads);
   const bool block = k <= 32 && !sc.bias;
+  // The filter kernel for E, with or without the bias (biased: std::true_type or false_type).
+  auto launch_filter = [&](auto biased) {
+    constexpr bool kBiased = decltype(biased)::value;
+    if (E == kRouteThreads) {
+      launch_block(moe_route_filter_kernel<1, kBiased>);
+    } else if (E == 2 * kRouteThreads) {
+      launch_block(moe_route_filter_kernel<2, kBiased>);
+    } else {
+      launch_block(moe_route_filter_kernel<4, kBiased>);
+    }
+  };
   if (routing.grouped()) {
     RECUR_CHECK(E % routing.n_group == 0 && routing.n_group <= 64 && routing.topk_group >= 1 &&
                 int64_t(routing.topk_group) * (E / routing.n_group) >= k);
@@ -339,12 +356,10 @@ void CudaOps::moe_route(const Tensor& logits, const MoeRouting& routing, Tensor 
                   logits.ptr<float>(), logits.stride[0], int(E), k, routing.n_group,
                   routing.topk_group, sc, ids.ptr<int32_t>(), ids.stride[0], weights.ptr<float>(),
                   weights.stride[0]);
-  } else if (block && E == kRouteThreads) {
-    launch_block(moe_route_filter_kernel<1>);
-  } else if (block && E == 2 * kRouteThreads) {
-    launch_block(moe_route_filter_kernel<2>);
-  } else if (block && E == 4 * kRouteThreads) {
-    launch_block(moe_route_filter_kernel<4>);
+  } else if (filter && sc.bias) {
+    launch_filter(std::true_type{});
+  } else if (filter) {
+    launch_filter(std::false_type{});
   } else if (block && E <= kRouteThreads) {
     launch_block(moe_route_block_kernel<1>);
   } else if (block && E <= 2 * kRouteThreads) {

@@ -9,12 +9,13 @@ namespace recur::cuda {
 
 // One token routed by the gate/up kernel itself (moe_route_experts_shared): the first block of
 // each cluster selects the picks from the logits (route_filter_block; E = kRouteThreads·PL,
-// k ≤ 32, no selection bias) for the cluster, so no routing kernel stands between the router
-// and gate/up; one block stores ids and weights as moe_route would, for down and the combine.
+// k ≤ 32, with a selection bias or without) for the cluster, so no routing kernel stands
+// between the router and gate/up; one block stores ids and weights as moe_route would, for
+// down and the combine.
 struct MoeInKernelRoute {
   const float* logits = nullptr;  // [E] or null: the ids come from memory
   int k = 0;
-  RouteScoring scoring;      // bias null
+  RouteScoring scoring;      // bias [E] or null
   int32_t* ids = nullptr;    // [k]
   float* weights = nullptr;  // [k]
   // Gate/up launched in clusters of this many blocks along x (one tile's rows): the cluster's

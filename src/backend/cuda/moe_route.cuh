@@ -48,8 +48,8 @@ __device__ __forceinline__ float from_ordered_bits(unsigned u) {
   return __uint_as_float(u & 0x80000000u ? u & 0x7fffffffu : ~u);
 }
 
-// A routing key orders experts as the picks do (logit desc, index asc): the logit's ordered
-// bits above the inverted index.
+// A routing key orders experts as the picks do (key desc, index asc): route_key's ordered bits
+// (NaN as 0, lowest) above the inverted index. Without a selection bias the key is the logit.
 __device__ __forceinline__ float logit_of_key(unsigned long long key) {
   return from_ordered_bits(unsigned(key >> 32));
 }
@@ -81,13 +81,19 @@ __device__ __forceinline__ void store_picks(int lane, int k, float v, int32_t id
   }
 }
 
-// store_picks for picks given as routing keys of logits (route_filter_block's s.pick, no
-// selection bias): lane j < k stores pick j.
+// store_picks for picks given as routing keys (route_filter_block's s.pick) of row l [E]: lane
+// j < k stores pick j. A bias-free key holds the logit; with a selection bias (kBiased) it holds
+// the biased score, and the pick's logit is read from l again.
+template <bool kBiased>
 __device__ __forceinline__ void store_pick_keys(int lane, int k, const unsigned long long* keys,
-                                                float mx, double sum, const RouteScoring& sc,
-                                                int32_t* id_row, float* w_row) {
+                                                const float* l, float mx, double sum,
+                                                const RouteScoring& sc, int32_t* id_row,
+                                                float* w_row) {
   const unsigned long long key = lane < k ? keys[lane] : 0ull;
-  store_picks(lane, k, logit_of_key(key), expert_of_key(key), mx, sum, sc, id_row, w_row);
+  const int32_t e = expert_of_key(key);
+  float v = logit_of_key(key);
+  if constexpr (kBiased) v = lane < k ? __ldcg(l + e) : 0.0f;
+  store_picks(lane, k, v, e, mx, sum, sc, id_row, w_row);
 }
 
 // Shared memory of route_filter_block for rows of kRouteThreads·PL experts.
@@ -102,30 +108,87 @@ struct RouteFilterShared {
   int n_cand;
 };
 
-// The top k ≤ 32 of one row l [kRouteThreads·PL] (thread t holds experts t + 128·i), run by
-// a whole block of kRouteThreads threads (it has block barriers). Each warp finds the k-th
-// largest of its lanes' largest logits (counting, per lane, the lanes above it); the largest
+// The row's softmax max and Σ exp(l − max) of route_filter_block with a selection bias, whose
+// keys need them before the selection: summed as the bias-free path sums (double, per thread,
+// per warp, then over the warps in order). Two block barriers.
+template <int PL>
+__device__ __forceinline__ void route_softmax_stats(const float (&reg)[PL],
+                                                    RouteFilterShared<PL>& s, float& mx,
+                                                    double& sum) {
+  constexpr int kWarps = RouteFilterShared<PL>::kWarps;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < PL; ++i) mx = fmaxf(mx, reg[i]);
+  mx = warp_max(mx);
+  if (lane == 0) s.red_max[warp] = mx;
+  __syncthreads();
+  mx = s.red_max[0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) mx = fmaxf(mx, s.red_max[w]);
+  sum = 0.0;
+#pragma unroll
+  for (int i = 0; i < PL; ++i) sum += exp(double(reg[i]) - double(mx));
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (lane == 0) s.red_sum[warp] = sum;
+  __syncthreads();
+  sum = s.red_sum[0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) sum += s.red_sum[w];
+}
+
+// The top k ≤ 32 of one row l [kRouteThreads·PL] (thread t holds experts t + 128·i) by
+// route_key (the logit, or with kBiased (sc.bias set) the f32 score plus the bias), run by a
+// whole block of kRouteThreads threads (it has block barriers). Each warp finds the k-th
+// largest of its lanes' largest keys (counting, per lane, the lanes above it); the largest
 // of the four is a threshold at least k experts reach, and only experts at or above it
 // (usually a little over k) are candidates. Each candidate's pick position is the number of
-// candidates above it: three block barriers instead of k + 2 rounds. On return every thread
-// sees s.pick; with softmax (the same for the whole block) also *mx and *sum, the row's max
-// and Σ exp(l − max) (double, per thread, per warp, then over the warps in order). NaN ranks lowest
-// (a row with fewer than k numbers picks NaN experts last). l may have been written by an earlier
-// kernel of this forward that has completed: it is read through L2.
-template <int PL>
+// candidates above it: three block barriers instead of k + 2 rounds (two more for softmax
+// with a bias, whose keys need the row's sums first). On return every thread sees s.pick; with
+// softmax scores, when `weights` (the same for the whole block) or kBiased, also *mx and *sum,
+// the row's max and Σ exp(l − max) (double, per thread, per warp, then over the warps in
+// order). NaN ranks lowest (a row with fewer than k numbers picks NaN experts last). l may
+// have been written by an earlier kernel of this forward that has completed: it is read
+// through L2.
+template <int PL, bool kBiased>
 __device__ __forceinline__ void route_filter_block(const float* l, int k, RouteFilterShared<PL>& s,
-                                                   bool softmax, float* mx_out, double* sum_out) {
+                                                   const RouteScoring& sc, bool weights,
+                                                   float* mx_out, double* sum_out) {
   constexpr int kWarps = RouteFilterShared<PL>::kWarps;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  // The bias-free path sums the softmax alongside the selection, for the weights only.
+  const bool softmax = !kBiased && weights && !sc.sigmoid;
   float reg[PL];
   unsigned bits[PL];
   unsigned lane_top = 0;
+  if constexpr (kBiased) {
+    float bias[PL];
 #pragma unroll
-  for (int i = 0; i < PL; ++i) {
-    reg[i] = __ldcg(l + tid + kRouteThreads * i);
-    const float v = reg[i] + 0.0f;  // -0 as +0: they compare equal
-    bits[i] = v != v ? 0u : ordered_bits(v);
-    lane_top = max(lane_top, bits[i]);
+    for (int i = 0; i < PL; ++i) {
+      reg[i] = __ldcg(l + tid + kRouteThreads * i);
+      bias[i] = __ldg(sc.bias + tid + kRouteThreads * i);
+    }
+    float mx = 0.0f;
+    double sum = 0.0;
+    if (!sc.sigmoid) {
+      route_softmax_stats<PL>(reg, s, mx, sum);
+      *mx_out = mx, *sum_out = sum;
+    }
+#pragma unroll
+    for (int i = 0; i < PL; ++i) {
+      // As route_key; a score is never -0, so neither is a key.
+      const float key = float(route_score(sc, reg[i], mx, sum)) + bias[i];
+      bits[i] = key != key ? 0u : ordered_bits(key);
+      lane_top = max(lane_top, bits[i]);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < PL; ++i) {
+      reg[i] = __ldcg(l + tid + kRouteThreads * i);
+      const float v = reg[i] + 0.0f;  // -0 as +0: they compare equal
+      bits[i] = v != v ? 0u : ordered_bits(v);
+      lane_top = max(lane_top, bits[i]);
+    }
   }
   if (tid == 0) s.n_cand = 0;
   // This warp's k-th largest lane maximum (with repeats): the smallest value held by a lane
