@@ -34,6 +34,7 @@ class GatedDeltaNet final : public TokenMixer {
 
   void plan(ModelPlan& plan) override;
   void forward(const LayerIo& io) const override;
+  bool projects_input() const override { return true; }
 
  private:
   int state_ = -1;
@@ -57,6 +58,7 @@ class GatedAttention final : public TokenMixer {
 
   void plan(ModelPlan& plan) override;
   void forward(const LayerIo& io) const override;
+  bool projects_input() const override { return true; }
   void describe(ModelInfo& info) const override;
 
  private:
@@ -70,6 +72,7 @@ class DenseMlp final : public FeedForward {
 
   void plan(ModelPlan& plan) override;
   void forward(const LayerIo& io) const override;
+  bool projects_input() const override { return true; }
 };
 
 // Routed SwiGLU experts with an optional shared expert (σ-gated or not).
@@ -85,6 +88,7 @@ class SparseMoe final : public FeedForward {
 
   void plan(ModelPlan& plan) override;
   void forward(const LayerIo& io) const override;
+  bool projects_input() const override { return true; }
   void describe(ModelInfo& info) const override;
 };
 

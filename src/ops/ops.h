@@ -100,15 +100,18 @@ struct ForwardLimits {
 // reads key head h / (Hv/Hk)).
 struct GdnInputArgs {
   int key_heads = 0, value_heads = 0, dk = 0, dv = 0;
-  float l2_eps = 1e-6f;   // of the q and k L2 norms
-  float q_scale = 1.0f;   // q's extra factor after its L2 norm
-  Tensor mixed;           // [n, C]: q | k | v before the conv
-  Tensor a, b;            // [n, Hv]: the projections of the decay and of beta
-  Tensor conv_weight;     // [C, 1, K] (stored layout)
-  Tensor a_log, dt_bias;  // [Hv]
-  Tensor conv_state;      // [slots, K-1, C] f32
-  Tensor conv_out;        // [n, C] out: q | k | v after conv + SiLU; q, k then L2-normalised
-  Tensor g, beta;         // [n, Hv] out, as gdn_gates
+  float l2_eps = 1e-6f;  // of the q and k L2 norms
+  float q_scale = 1.0f;  // q's extra factor after its L2 norm
+  Tensor mixed;          // [n, C]: q | k | v before the conv
+  // The decay's projection a and g: [n, Hv] for a decay per head, or [n, Hv·dk] for one per
+  // key channel (Kimi Delta Attention); beta's projection b: [n, Hv]
+  Tensor a, b;
+  Tensor conv_weight;  // [C, 1, K] (stored layout)
+  Tensor a_log;        // [Hv]
+  Tensor dt_bias;      // as a's columns: [Hv] or [Hv·dk]
+  Tensor conv_state;   // [slots, K-1, C] f32
+  Tensor conv_out;     // [n, C] out: q | k | v after conv + SiLU; q, k then L2-normalised
+  Tensor g, beta;      // out, as gdn_gates: g as a, beta [n, Hv]
 };
 
 class Ops {
@@ -202,6 +205,13 @@ class Ops {
   static constexpr size_t kMaxMatmulGroup = 4;
   virtual void matmul_group(const Tensor& x, std::span<const Tensor> ws,
                             std::span<const Tensor> outs);
+  // x = rms_norm(h, norm_w, weight_offset, eps), then matmul_group(x, ws, outs): a block's
+  // input norm and its first projections. The default runs the two; a backend may fold the
+  // norm into the products (whose sums take the norm's scale last) and still writes x.
+  //   h [n, k] rows contiguous; norm_w [k]; x [n, k] out
+  virtual void rms_norm_matmul_group(const Tensor& h, const Tensor& norm_w, float weight_offset,
+                                     float eps, Tensor x, std::span<const Tensor> ws,
+                                     std::span<const Tensor> outs);
   // out[t, h, :] = x[t, h, :] · w[h]^T for every head h: one independent product per head
   // (latent attention's absorbed projections), exactly the results of one matmul per head on
   // views (the default does that); a backend may run them as one launch.

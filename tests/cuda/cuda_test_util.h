@@ -128,4 +128,14 @@ class CudaTest : public ::testing::Test {
   std::mt19937 rng{2024};
 };
 
+// The count column of `label`'s row in RECUR_CUDA_PROFILE's table (-1 when the row is missing).
+inline long long profile_count(const std::string& table, const std::string& label) {
+  size_t at = table.find(label);
+  if (at == std::string::npos) return -1;
+  double ms = 0;
+  long long count = -1;
+  if (std::sscanf(table.c_str() + at + label.size(), "%lf %lld", &ms, &count) != 2) return -1;
+  return count;
+}
+
 }  // namespace recur::testing

@@ -152,6 +152,94 @@ TEST_F(CudaBasic, MatmulGroupEqualsOneMatmulPerWeight) {
   }
 }
 
+// rms_norm_matmul_group: the outputs and the normed rows x it writes equal the references'
+// norm then matmuls, where the norm is folded into the GEMV (up to 8 tokens: bf16 and f32
+// weights, f32 and bf16 norm weights, offsets 0 and 1) and beyond (the default's two ops).
+TEST_F(CudaBasic, RmsNormMatmulGroupMatchesNormThenMatmuls) {
+  for (DType wt : {DType::BF16, DType::F32}) {
+    for (DType nt : {DType::F32, DType::BF16}) {
+      for (float offset : {0.0f, 1.0f}) {
+        for (int64_t n : {1, 2, 5, 8, 12}) {
+          const int64_t k = 264;
+          const std::vector<int64_t> ms = {33, 1, 512, 6};
+          HostTensor h(DType::F32, {n, k}), nw(nt, {k});
+          fill_random(h, rng, 3.0f);
+          fill_random(nw, rng, 0.5f);
+          DeviceTensor dh = dev(h);
+          const Tensor dnw = ops().adopt_weight(nw.t).value();
+          std::vector<HostTensor> w, out;
+          std::vector<Tensor> dws, douts;
+          std::vector<DeviceTensor> dout;
+          for (int64_t m : ms) {
+            w.push_back(HostTensor(wt, {m, k}));
+            fill_random(w.back(), rng, 0.2f);
+            dws.push_back(ops().adopt_weight(w.back().t).value());
+            out.push_back(HostTensor(DType::F32, {n, m}));
+          }
+          for (HostTensor& o : out) {
+            dout.push_back(poisoned(o));
+            douts.push_back(dout.back().t);
+          }
+          HostTensor x(DType::F32, {n, k}), xref = x;
+          DeviceTensor dx = poisoned(x);
+          ops().rms_norm_matmul_group(dh.t, dnw, offset, 1e-6f, dx.t, dws, douts);
+          ref::rms_norm(h.t, nw.t, offset, 1e-6f, xref.t);
+          const std::string what = std::string(dtype_name(wt)) + " norm " + dtype_name(nt) +
+                                   " offset=" + std::to_string(offset) + " n=" + std::to_string(n);
+          const HostTensor got_x = host(dx, x);
+          ASSERT_EQ(count_nonfinite(got_x.f(), x.numel()), 0) << what;
+          const double x_err = rel_err(got_x.f(), xref.f(), x.numel());
+          record_error("rms_norm_matmul_group x", x_err);
+          EXPECT_LE(x_err, 1e-5) << what;
+          for (size_t i = 0; i < out.size(); ++i) {
+            HostTensor got = host(dout[i], out[i]), ref = out[i];
+            ref::matmul(xref.t, w[i].t, ref.t);
+            ASSERT_EQ(count_nonfinite(got.f(), got.numel()), 0) << what << " weight " << i;
+            const double err = rel_err(got.f(), ref.f(), got.numel());
+            record_error(std::string("rms_norm_matmul_group ") + dtype_name(wt), err);
+            EXPECT_LE(err, 1e-5) << what << " weight " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Folded into the GEMV, the norm costs no launch of its own: one token's norm and group are
+// one launch (the profile's table names every launch).
+TEST(CudaNormMatmul, DecodeIsOneLaunch) {
+  setenv("RECUR_CUDA_PROFILE", "1", 1);
+  auto created = CudaOps::create(0);
+  unsetenv("RECUR_CUDA_PROFILE");
+  if (!created.ok()) GTEST_SKIP() << "no usable CUDA device";
+  std::mt19937 rng(5);
+  ::testing::internal::CaptureStderr();
+  {
+    std::unique_ptr<CudaOps> ops = std::move(created.value());
+    const int64_t k = 256;
+    HostTensor h(DType::F32, {1, k}), nw(DType::BF16, {k}), w(DType::BF16, {64, k}),
+        out(DType::F32, {1, 64}), x(DType::F32, {1, k});
+    fill_random(h, rng);
+    fill_random(nw, rng);
+    fill_random(w, rng);
+    DeviceTensor dh(*ops, h), dx(*ops, x), dout(*ops, out);
+    const Tensor dnw = ops->adopt_weight(nw.t).value(), dw = ops->adopt_weight(w.t).value();
+    const Tensor ws[] = {dw, dw}, outs[] = {dout.t, dout.t};
+    Layout lay({1}, {0}, 16, rng);
+    ops->begin_forward(lay.l, {}, {});
+    ops->rms_norm_matmul_group(dh.t, dnw, 1.0f, 1e-6f, dx.t, ws, outs);
+    ops->synchronize();
+  }
+  const std::string table = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(profile_count(table, "rms_norm + matmul group gemv 64 64 x256"), 1) << table;
+  size_t norms = 0;  // rows naming a norm: the fused one alone
+  for (size_t at = table.find("rms_norm"); at != std::string::npos;
+       at = table.find("rms_norm", at + 1)) {
+    ++norms;
+  }
+  EXPECT_EQ(norms, 1u) << table;
+}
+
 // A token's GEMV row does not depend on the batch: one token (whose blocks load their first
 // weight chunks before the wait for the kernel before) equals, bit for bit, the same token as
 // row 0 of two- and five-token launches, for matmul and matmul_group (8-row blocks at 9001

@@ -183,16 +183,6 @@ TEST_F(CudaSequence, GdnInputsDecodeEqualsTheDefault) {
   }
 }
 
-// The count column of `label`'s row in RECUR_CUDA_PROFILE's table (-1 when the row is missing).
-long long profile_count(const std::string& table, const std::string& label) {
-  size_t at = table.find(label);
-  if (at == std::string::npos) return -1;
-  double ms = 0;
-  long long count = -1;
-  if (std::sscanf(table.c_str() + at + label.size(), "%lf %lld", &ms, &count) != 2) return -1;
-  return count;
-}
-
 // At decode, gdn_inputs is one launch for either decay (per head; per key channel, one and two
 // channels a thread) instead of the default's conv, L2 norms and gates, which would also pass
 // the bit-for-bit test above: the profile's table names every launch.
