@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <random>
@@ -136,6 +137,24 @@ inline long long profile_count(const std::string& table, const std::string& labe
   long long count = -1;
   if (std::sscanf(table.c_str() + at + label.size(), "%lf %lld", &ms, &count) != 2) return -1;
   return count;
+}
+
+// The RECUR_CUDA_PROFILE table (printed as the backend goes away) of the launches fn(ops)
+// makes on a backend of its own; *ok false, and nothing run, without a usable device.
+template <typename Fn>
+std::string profile_table(Fn&& fn, bool* ok) {
+  setenv("RECUR_CUDA_PROFILE", "1", 1);
+  auto created = CudaOps::create(0);
+  unsetenv("RECUR_CUDA_PROFILE");
+  *ok = created.ok();
+  if (!*ok) return {};
+  ::testing::internal::CaptureStderr();
+  {
+    std::unique_ptr<CudaOps> ops = std::move(created.value());
+    fn(*ops);
+    ops->synchronize();
+  }
+  return ::testing::internal::GetCapturedStderr();
 }
 
 }  // namespace recur::testing

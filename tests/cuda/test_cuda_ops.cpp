@@ -208,29 +208,25 @@ TEST_F(CudaBasic, RmsNormMatmulGroupMatchesNormThenMatmuls) {
 // Folded into the GEMV, the norm costs no launch of its own: one token's norm and group are
 // one launch (the profile's table names every launch).
 TEST(CudaNormMatmul, DecodeIsOneLaunch) {
-  setenv("RECUR_CUDA_PROFILE", "1", 1);
-  auto created = CudaOps::create(0);
-  unsetenv("RECUR_CUDA_PROFILE");
-  if (!created.ok()) GTEST_SKIP() << "no usable CUDA device";
   std::mt19937 rng(5);
-  ::testing::internal::CaptureStderr();
-  {
-    std::unique_ptr<CudaOps> ops = std::move(created.value());
-    const int64_t k = 256;
-    HostTensor h(DType::F32, {1, k}), nw(DType::BF16, {k}), w(DType::BF16, {64, k}),
-        out(DType::F32, {1, 64}), x(DType::F32, {1, k});
-    fill_random(h, rng);
-    fill_random(nw, rng);
-    fill_random(w, rng);
-    DeviceTensor dh(*ops, h), dx(*ops, x), dout(*ops, out);
-    const Tensor dnw = ops->adopt_weight(nw.t).value(), dw = ops->adopt_weight(w.t).value();
-    const Tensor ws[] = {dw, dw}, outs[] = {dout.t, dout.t};
-    Layout lay({1}, {0}, 16, rng);
-    ops->begin_forward(lay.l, {}, {});
-    ops->rms_norm_matmul_group(dh.t, dnw, 1.0f, 1e-6f, dx.t, ws, outs);
-    ops->synchronize();
-  }
-  const std::string table = ::testing::internal::GetCapturedStderr();
+  bool ok = false;
+  const std::string table = profile_table(
+      [&](CudaOps& ops) {
+        const int64_t k = 256;
+        HostTensor h(DType::F32, {1, k}), nw(DType::BF16, {k}), w(DType::BF16, {64, k}),
+            out(DType::F32, {1, 64}), x(DType::F32, {1, k});
+        fill_random(h, rng);
+        fill_random(nw, rng);
+        fill_random(w, rng);
+        DeviceTensor dh(ops, h), dx(ops, x), dout(ops, out);
+        const Tensor dnw = ops.adopt_weight(nw.t).value(), dw = ops.adopt_weight(w.t).value();
+        const Tensor ws[] = {dw, dw}, outs[] = {dout.t, dout.t};
+        Layout lay({1}, {0}, 16, rng);
+        ops.begin_forward(lay.l, {}, {});
+        ops.rms_norm_matmul_group(dh.t, dnw, 1.0f, 1e-6f, dx.t, ws, outs);
+      },
+      &ok);
+  if (!ok) GTEST_SKIP() << "no usable CUDA device";
   EXPECT_EQ(profile_count(table, "rms_norm + matmul group gemv 64 64 x256"), 1) << table;
   size_t norms = 0;  // rows naming a norm: the fused one alone
   for (size_t at = table.find("rms_norm"); at != std::string::npos;

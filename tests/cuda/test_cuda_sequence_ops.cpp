@@ -187,36 +187,33 @@ TEST_F(CudaSequence, GdnInputsDecodeEqualsTheDefault) {
 // channels a thread) instead of the default's conv, L2 norms and gates, which would also pass
 // the bit-for-bit test above: the profile's table names every launch.
 TEST(CudaGdnInputs, DecodeIsOneLaunch) {
-  setenv("RECUR_CUDA_PROFILE", "1", 1);
-  auto created = CudaOps::create(0);
-  unsetenv("RECUR_CUDA_PROFILE");
-  if (!created.ok()) GTEST_SKIP() << "no usable CUDA device";
   std::mt19937 rng(11);
   struct Shape {
     int64_t hk, hv;
     bool per_channel;
   };
   const Shape shapes[] = {{2, 4, false}, {2, 2, true}, {1, 3, true}};
-  ::testing::internal::CaptureStderr();
-  {
-    std::unique_ptr<CudaOps> ops = std::move(created.value());
-    const std::vector<int> lens = {1, 1, 1};
-    Layout lay(lens, std::vector<int>{5, 9, 0}, 16, rng);
-    for (const Shape& sh : shapes) {
-      GdnInputCase c(lay.l.n_tokens, sh.hk, sh.hv, 128, 128, 4, int64_t(lens.size()), DType::BF16,
-                     DType::F32, sh.per_channel, sh.per_channel, rng);
-      const Tensor dw = ops->adopt_weight(c.conv_w.t).value();
-      const Tensor dal = ops->adopt_weight(c.a_log.t).value();
-      const Tensor ddt = ops->adopt_weight(c.dt_bias.t).value();
-      DeviceTensor dmixed(*ops, c.mixed_big), dba(*ops, c.ba), dstate(*ops, c.state),
-          dout(*ops, c.conv_out), dg(*ops, c.g), dbeta(*ops, c.beta);
-      ops->begin_forward(lay.l, {}, {});
-      ops->gdn_inputs(c.args(dmixed.t, dba.t, dw, dal, ddt, dstate.t, dout.t, dg.t, dbeta.t),
-                      lay.l);
-      ops->synchronize();
-    }
-  }
-  const std::string table = ::testing::internal::GetCapturedStderr();
+  bool ok = false;
+  const std::string table = profile_table(
+      [&](CudaOps& ops) {
+        const std::vector<int> lens = {1, 1, 1};
+        Layout lay(lens, std::vector<int>{5, 9, 0}, 16, rng);
+        for (const Shape& sh : shapes) {
+          GdnInputCase c(lay.l.n_tokens, sh.hk, sh.hv, 128, 128, 4, int64_t(lens.size()),
+                         DType::BF16, DType::F32, sh.per_channel, sh.per_channel, rng);
+          const Tensor dw = ops.adopt_weight(c.conv_w.t).value();
+          const Tensor dal = ops.adopt_weight(c.a_log.t).value();
+          const Tensor ddt = ops.adopt_weight(c.dt_bias.t).value();
+          DeviceTensor dmixed(ops, c.mixed_big), dba(ops, c.ba), dstate(ops, c.state),
+              dout(ops, c.conv_out), dg(ops, c.g), dbeta(ops, c.beta);
+          ops.begin_forward(lay.l, {}, {});
+          ops.gdn_inputs(c.args(dmixed.t, dba.t, dw, dal, ddt, dstate.t, dout.t, dg.t, dbeta.t),
+                         lay.l);
+          ops.synchronize();
+        }
+      },
+      &ok);
+  if (!ok) GTEST_SKIP() << "no usable CUDA device";
   EXPECT_EQ(profile_count(table, "decode b=3 gdn_inputs (decode)"), 3) << table;
   for (const char* op : {"conv1d", "l2_norm", "gdn_gates"}) {
     EXPECT_EQ(table.find(op), std::string::npos) << op << "\n" << table;
@@ -482,37 +479,32 @@ double profile_tflops(const std::string& table, const std::string& label) {
 // printed when the ops go away. It once aborted with cudaErrorNotReady after a copy started
 // beside queued work; the copy here does the same.
 TEST(CudaProfile, PrintsEachOpsTimeAndRates) {
-  setenv("RECUR_CUDA_PROFILE", "1", 1);
-  auto created = CudaOps::create(0);
-  unsetenv("RECUR_CUDA_PROFILE");
-  if (!created.ok()) GTEST_SKIP() << "no usable CUDA device";
   std::mt19937 rng(7);
-  ::testing::internal::CaptureStderr();
-  {
-    std::unique_ptr<CudaOps> ops = std::move(created.value());
-    const int64_t group = 8, kv = 2, hd = 128, heads = group * kv;
-    Layout lay({300}, {0}, 16, rng);
-    const int64_t n = lay.l.n_tokens, k = 1024, m = 4096;
-    HostTensor x(DType::F32, {n, k}), w(DType::BF16, {m, k}), y(DType::F32, {n, m});
-    HostTensor q(DType::F32, {n, heads, hd}), kc(DType::F32, {lay.n_blocks(), kv, hd, 16}),
-        vc(DType::F32, {lay.n_blocks(), kv, 16, hd}), out(DType::F32, {n, heads, hd});
-    for (HostTensor* t : {&x, &q, &kc, &vc}) fill_random(*t, rng);
-    fill_random(w, rng, 0.05f);
-    auto dw = ops->adopt_weight(w.t);
-    ASSERT_TRUE(dw.ok());
-    ASSERT_FALSE(ops->matmul_takes_gemv(n, dw.value()));
-    DeviceTensor dx(*ops, x), dy(*ops, y), dq(*ops, q), dkc(*ops, kc), dvc(*ops, vc),
-        dout(*ops, out);
-    ops->matmul(dx.t, dw.value(), dy.t, false);  // cuBLAS's first call sets itself up
-    ops->begin_forward(lay.l, {}, {});
-    ops->matmul(dx.t, dw.value(), dy.t, false);
-    ops->paged_attention(dq.t, dkc.t, dvc.t, lay.l, 1.0f / std::sqrt(float(hd)), dout.t);
-    std::vector<float> row(static_cast<size_t>(m));
-    ops->copy_to_host_start(dy.t.slice_rows(0, 1), row.data());
-    ops->copy_to_host_finish();
-    ops->synchronize();
-  }
-  const std::string table = ::testing::internal::GetCapturedStderr();
+  bool ok = false;
+  const std::string table = profile_table(
+      [&](CudaOps& ops) {
+        const int64_t group = 8, kv = 2, hd = 128, heads = group * kv;
+        Layout lay({300}, {0}, 16, rng);
+        const int64_t n = lay.l.n_tokens, k = 1024, m = 4096;
+        HostTensor x(DType::F32, {n, k}), w(DType::BF16, {m, k}), y(DType::F32, {n, m});
+        HostTensor q(DType::F32, {n, heads, hd}), kc(DType::F32, {lay.n_blocks(), kv, hd, 16}),
+            vc(DType::F32, {lay.n_blocks(), kv, 16, hd}), out(DType::F32, {n, heads, hd});
+        for (HostTensor* t : {&x, &q, &kc, &vc}) fill_random(*t, rng);
+        fill_random(w, rng, 0.05f);
+        auto dw = ops.adopt_weight(w.t);
+        ASSERT_TRUE(dw.ok());
+        ASSERT_FALSE(ops.matmul_takes_gemv(n, dw.value()));
+        DeviceTensor dx(ops, x), dy(ops, y), dq(ops, q), dkc(ops, kc), dvc(ops, vc), dout(ops, out);
+        ops.matmul(dx.t, dw.value(), dy.t, false);  // cuBLAS's first call sets itself up
+        ops.begin_forward(lay.l, {}, {});
+        ops.matmul(dx.t, dw.value(), dy.t, false);
+        ops.paged_attention(dq.t, dkc.t, dvc.t, lay.l, 1.0f / std::sqrt(float(hd)), dout.t);
+        std::vector<float> row(static_cast<size_t>(m));
+        ops.copy_to_host_start(dy.t.slice_rows(0, 1), row.data());
+        ops.copy_to_host_finish();
+      },
+      &ok);
+  if (!ok) GTEST_SKIP() << "no usable CUDA device";
   EXPECT_NE(table.find("TFLOP/s"), std::string::npos) << table;
   EXPECT_GT(profile_tflops(table, "prompt n=300 matmul 3-term 4096x1024"), 0.0) << table;
   EXPECT_GT(profile_tflops(table, "prompt n=300 paged_attention (tensor cores)"), 0.0) << table;

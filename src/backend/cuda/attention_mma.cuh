@@ -119,6 +119,58 @@ __device__ __forceinline__ void copy4(float* dst, const T* src, bool valid) {
   }
 }
 
+// The online softmax of a warp's two fragment rows (g, i = 0, and g + 8, i = 1, of its 16)
+// over one tile of scores in log2 units, sc [NJ n-tiles of 8 keys][4] (element 2i + h of
+// n-tile j: key k0 + 8j + 2c + h): keys past the row's position (and with kKeyEnd, from
+// key_end on) are masked; sc becomes the weights 2^(s − m), m and l (this lane's part of the
+// quad's sum) move on, and corr holds each row's factor for its earlier sums.
+template <int NJ, bool kKeyEnd>
+__device__ __forceinline__ void online_softmax_tile(float (&sc)[NJ][4], int k0, int c,
+                                                    const int (&row_pos)[2], int key_end,
+                                                    float (&m)[2], float (&l)[2],
+                                                    float (&corr)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int key = k0 + 8 * j + 2 * c + h;
+        float& v = sc[j][2 * i + h];
+        if (key > row_pos[i] || (kKeyEnd && key >= key_end)) v = -INFINITY;
+        mx = fmaxf(mx, v);
+      }
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m[i], mx);
+    // A row with nothing unmasked yet keeps weight 0 everywhere (m_new = -inf).
+    corr[i] = m_new == -INFINITY ? 1.0f : exp2f(m[i] - m_new);
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float& v = sc[j][2 * i + h];
+        v = m_new == -INFINITY ? 0.0f : exp2f(v - m_new);
+        sum += v;
+      }
+    }
+    l[i] = l[i] * corr[i] + sum;
+    m[i] = m_new;
+  }
+}
+
+// Each row's denominator, the sum of its quad's parts.
+__device__ __forceinline__ void quad_sums(float (&l)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+  }
+}
+
 // An empty split's partial result: no weight in the merge, which then skips its sums.
 __device__ __forceinline__ void mark_empty_split(const AttnArgs& a, int t, int kvh, int sp) {
   for (int g = threadIdx.x; g < a.group; g += blockDim.x) {

@@ -179,40 +179,9 @@ __global__ void __launch_bounds__(kThreads, 1) latent_attention_mma_kernel(AttnA
       sc[j][0] = sum.x * log2_scale, sc[j][1] = sum.y * log2_scale;
       sc[j][2] = sum.z * log2_scale, sc[j][3] = sum.w * log2_scale;
     }
-    // Mask (causal, and the split's end) and the online softmax of rows g (i = 0) and g + 8
-    // (i = 1); a row's values are spread over the 4 lanes of its quad.
+    // Mask (causal, and the split's end) and the online softmax of rows g and g + 8.
     float corr[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < kKeys / 8; ++j) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int key = k0 + 8 * j + 2 * c + h;
-          float& v = sc[j][2 * i + h];
-          if (key > row_pos[i] || key >= p_end) v = -INFINITY;
-          mx = fmaxf(mx, v);
-        }
-      }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m[i], mx);
-      // A row with nothing unmasked yet keeps weight 0 everywhere (m_new = -inf).
-      corr[i] = m_new == -INFINITY ? 1.0f : exp2f(m[i] - m_new);
-      float sum = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kKeys / 8; ++j) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float& v = sc[j][2 * i + h];
-          v = m_new == -INFINITY ? 0.0f : exp2f(v - m_new);
-          sum += v;
-        }
-      }
-      l[i] = l[i] * corr[i] + sum;
-      m[i] = m_new;
-    }
+    online_softmax_tile<kKeys / 8, true>(sc, k0, c, row_pos, p_end, m, l, corr);
 #pragma unroll
     for (int j = 0; j < kMaxValuePart / 8; ++j) {
       acc[j][0] *= corr[0], acc[j][1] *= corr[0];
@@ -242,12 +211,7 @@ __global__ void __launch_bounds__(kThreads, 1) latent_attention_mma_kernel(AttnA
     }
     __syncthreads();  // the stage and the partial scores are free for the next tile
   }
-  // Each row's denominator is the sum of its quad's partial sums.
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-  }
+  quad_sums(l);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int r = m0 + g + 8 * i;

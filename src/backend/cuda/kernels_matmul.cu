@@ -276,11 +276,11 @@ void launch_gemv(const Tensor& x, const Tensor& w, Tensor out, bool accumulate, 
 // grid within one wave, measured 3-4 µs slower per decode step of the 80B configuration:
 // smaller blocks keep more of them resident, loading their weights before their wait.)
 // blocks[i]: weight i's block-FP8 block sizes (unused for other types).
-template <typename W, int NT>
-void launch_gemv_group(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> outs,
-                       const Fp8Blocks* blocks, int n, cudaStream_t stream) {
-  constexpr int R = kGemvRows<W>;
-  const int64_t k = x.shape[1];
+// The weights ws (outs their outputs, blocks their block-FP8 block sizes) as a GemvGroup of
+// R-row blocks.
+template <typename W, int R>
+GemvGroup<W> gemv_group(std::span<const Tensor> ws, std::span<const Tensor> outs,
+                        const Fp8Blocks* blocks) {
   GemvGroup<W> g{};
   g.count = int(ws.size());
   for (int i = 0; i < g.count; ++i) {
@@ -291,6 +291,15 @@ void launch_gemv_group(const Tensor& x, std::span<const Tensor> ws, std::span<co
     g.br[i] = blocks[i].rows, g.bc[i] = blocks[i].cols;
     g.first_block[i + 1] = g.first_block[i] + int((g.m[i] + R - 1) / R);
   }
+  return g;
+}
+
+template <typename W, int NT>
+void launch_gemv_group(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> outs,
+                       const Fp8Blocks* blocks, int n, cudaStream_t stream) {
+  constexpr int R = kGemvRows<W>;
+  const int64_t k = x.shape[1];
+  const GemvGroup<W> g = gemv_group<W, R>(ws, outs, blocks);
   const dim3 grid(unsigned(g.first_block[g.count]), unsigned((n + NT - 1) / NT));
   launch_kernel(matmul_gemv_group_kernel<W, NT, R, true>, grid, kGemvThreads, 0, stream, g, k,
                 x.ptr<float>(), x.stride[0], n);
@@ -301,16 +310,7 @@ void launch_rms_norm_gemv_group(const NormIn<WN>& in, int64_t k, std::span<const
                                 std::span<const Tensor> outs, const Fp8Blocks* blocks, int n,
                                 cudaStream_t stream) {
   constexpr int R = kGemvRows<W>;
-  GemvGroup<W> g{};
-  g.count = int(ws.size());
-  for (int i = 0; i < g.count; ++i) {
-    g.w[i] = static_cast<const W*>(ws[i].data);
-    g.out[i] = outs[i].ptr<float>();
-    g.m[i] = ws[i].shape[0];
-    g.ldo[i] = outs[i].stride[0];
-    g.br[i] = blocks[i].rows, g.bc[i] = blocks[i].cols;
-    g.first_block[i + 1] = g.first_block[i] + int((g.m[i] + R - 1) / R);
-  }
+  const GemvGroup<W> g = gemv_group<W, R>(ws, outs, blocks);
   const dim3 grid(unsigned(g.first_block[g.count]), unsigned((n + NT - 1) / NT));
   launch_kernel(rms_norm_gemv_group_kernel<W, NT, R, WN>, grid, kGemvThreads, 0, stream, g, k, in,
                 n);
