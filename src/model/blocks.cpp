@@ -4,14 +4,6 @@
 
 namespace recur {
 
-void project_input(const LayerIo& io, std::span<const Tensor> ws, std::span<const Tensor> outs) {
-  if (io.norm) {
-    io.ops.rms_norm_matmul_group(io.h, *io.norm, io.norm_offset, io.norm_eps, io.x, ws, outs);
-  } else {
-    io.ops.matmul_group(io.x, ws, outs);
-  }
-}
-
 // ---- Gated DeltaNet ----
 
 void GatedDeltaNet::plan(ModelPlan& plan) {
@@ -35,7 +27,7 @@ void GatedDeltaNet::forward(const LayerIo& io) const {
   Tensor a = s.a.slice_rows(0, n).slice_cols(0, value_heads);           // [n, Hv]
   {
     const Tensor ws[] = {in_proj_qkv, in_proj_z, in_proj_b, in_proj_a}, outs[] = {mixed, z, b, a};
-    project_input(io, ws, outs);
+    ops.matmul_group(io.x, ws, outs);
   }
   // Causal depthwise conv with SiLU over q, k, v together, continuing each slot's conv state; q
   // and k L2-normalised (q scaled); the decay and beta gates.
@@ -86,7 +78,7 @@ void GatedAttention::forward(const LayerIo& io) const {
   Tensor v = s.v.slice_rows(0, n).slice_cols(0, kd);        // [n, kv·hd]
   {
     const Tensor ws[] = {q_proj, gate_proj, k_proj, v_proj}, outs[] = {q, gate, k, v};
-    project_input(io, ws, outs);
+    ops.matmul_group(io.x, ws, outs);
   }
   // RMS norms of q and k per head, rotary embedding, then k and v into the cache.
   const Tensor& kc = io.state.k_cache[size_t(cache_)];
@@ -127,7 +119,7 @@ void DenseMlp::forward(const LayerIo& io) const {
   Tensor hdn = io.s.ff_hidden.slice_rows(0, n).slice_cols(0, ff);
   {
     const Tensor ws[] = {w.gate, w.up}, outs[] = {g, u};
-    project_input(io, ws, outs);
+    io.ops.matmul_group(io.x, ws, outs);
   }
   io.ops.swiglu(g, u, hdn);
   io.ops.matmul(hdn, w.down, io.h, /*accumulate=*/true);
@@ -157,7 +149,7 @@ void SparseMoe::forward(const LayerIo& io) const {
   Tensor weights = s.expert_weights.slice_rows(0, n).slice_cols(0, k);
   Tensor out = s.ffn_out.slice_rows(0, n);
   if (!has_shared()) {
-    project_input(io, {&router, 1}, {&logits, 1});
+    ops.matmul(io.x, router, logits);
     ops.moe_route(logits, routing, ids, weights);
     ops.moe_experts(io.x, experts, ids, weights, out, s.moe);
     ops.add(io.h, out);
@@ -171,13 +163,13 @@ void SparseMoe::forward(const LayerIo& io) const {
   sh.hidden = s.ff_hidden.slice_rows(0, n).slice_cols(0, ff);
   sh.out = s.shared_out.slice_rows(0, n);
   if (shared_gate.empty()) {
-    project_input(io, {&router, 1}, {&logits, 1});
+    ops.matmul(io.x, router, logits);
   } else {
     // The router and the shared expert's gate read the same x: one group. The shared expert's
     // output is scaled per token by σ(shared_expert_gate · x).
     sh.score = s.shared_score.slice_rows(0, n);
     const Tensor ws[] = {router, shared_gate}, outs[] = {logits, sh.score};
-    project_input(io, ws, outs);
+    ops.matmul_group(io.x, ws, outs);
   }
   ops.moe_route_experts_shared(logits, routing, io.x, experts, ids, weights, sh, out, s.moe, io.h);
 }

@@ -34,7 +34,6 @@ class GatedDeltaNet final : public TokenMixer {
 
   void plan(ModelPlan& plan) override;
   void forward(const LayerIo& io) const override;
-  bool projects_input() const override { return true; }
 
  private:
   int state_ = -1;
@@ -58,7 +57,6 @@ class GatedAttention final : public TokenMixer {
 
   void plan(ModelPlan& plan) override;
   void forward(const LayerIo& io) const override;
-  bool projects_input() const override { return true; }
   void describe(ModelInfo& info) const override;
 
  private:
@@ -72,7 +70,6 @@ class DenseMlp final : public FeedForward {
 
   void plan(ModelPlan& plan) override;
   void forward(const LayerIo& io) const override;
-  bool projects_input() const override { return true; }
 };
 
 // Routed SwiGLU experts with an optional shared expert (σ-gated or not).
@@ -88,7 +85,6 @@ class SparseMoe final : public FeedForward {
 
   void plan(ModelPlan& plan) override;
   void forward(const LayerIo& io) const override;
-  bool projects_input() const override { return true; }
   void describe(ModelInfo& info) const override;
 };
 

@@ -384,26 +384,15 @@ Status HybridModel::forward(const Batch& batch, Tensor logits) {
   // join in one all-reduce per mixer and per feed-forward (begin/end_partial_sum).
   ops_.embedding_rms_norm(tokens, n, spec_.embed_tokens, h, spec_.layers.front().input_norm, off,
                           eps, x);
-  // A block that projects its input first takes its norm with those projections (one launch
-  // on a GPU), except under tensor parallelism, where a rank's h is zeroed before its block.
-  auto block_io = [&](const Tensor& norm, bool projects_input) {
-    LayerIo b = io;
-    if (projects_input && !comm_) {
-      b.norm = &norm, b.norm_offset = off, b.norm_eps = eps;
-    } else {
-      ops_.rms_norm(h, norm, off, eps, x);
-    }
-    return b;
-  };
   for (size_t i = 0; i < spec_.layers.size(); ++i) {
     const DecoderLayer& L = spec_.layers[i];
-    const LayerIo mixer_io = i > 0 ? block_io(L.input_norm, L.mixer->projects_input()) : io;
+    if (i > 0) ops_.rms_norm(h, L.input_norm, off, eps, x);
     begin_partial_sum(h);
-    L.mixer->forward(mixer_io);
+    L.mixer->forward(io);
     end_partial_sum(h);
-    const LayerIo ffn_io = block_io(L.post_norm, L.ffn->projects_input());
+    ops_.rms_norm(h, L.post_norm, off, eps, x);
     begin_partial_sum(h);
-    L.ffn->forward(ffn_io);
+    L.ffn->forward(io);
     end_partial_sum(h);
   }
   // Only the rows whose logits are wanted go through the final norm and the LM head.

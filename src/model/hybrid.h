@@ -74,15 +74,7 @@ struct LayerIo {
   Tensor x;  // [n, hidden]: the block's normed input
   const Scratch& s;
   const StatePools& state;
-  // The block's input norm [hidden] when the model left it to the block's first projections
-  // (project_input), x then unwritten until they write it; null when x is ready.
-  const Tensor* norm = nullptr;
-  float norm_offset = 0.0f, norm_eps = 0.0f;
 };
-
-// A block's first projections of its input, outs[i] = x · ws[i]ᵀ (a matmul group), writing x
-// on the way when its norm was left to them (io.norm).
-void project_input(const LayerIo& io, std::span<const Tensor> ws, std::span<const Tensor> outs);
 
 // What blocks declare at load, before anything is allocated.
 class ModelPlan {
@@ -127,9 +119,6 @@ class TokenMixer {
   virtual void plan(ModelPlan& plan) = 0;             // declares its state and scratch
   virtual void forward(const LayerIo& io) const = 0;  // io.h += the mixer's output for io.x
   virtual void describe(ModelInfo& info) const {}     // its share of the benchmark figures
-  // Whether forward reads io.x first through project_input, so that the model may leave the
-  // input norm to it.
-  virtual bool projects_input() const { return false; }
 };
 
 class FeedForward {
@@ -138,7 +127,6 @@ class FeedForward {
   virtual void plan(ModelPlan& plan) = 0;
   virtual void forward(const LayerIo& io) const = 0;  // io.h += the feed-forward of io.x
   virtual void describe(ModelInfo& info) const {}
-  virtual bool projects_input() const { return false; }  // as TokenMixer's
 };
 
 struct DecoderLayer {

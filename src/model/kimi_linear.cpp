@@ -220,8 +220,6 @@ class KimiDeltaAttention final : public TokenMixer {
                           int64_t(plan.ops().gated_delta_rule_scratch_bytes(head_dim, head_dim)));
   }
 
-  bool projects_input() const override { return true; }
-
   void forward(const LayerIo& io) const override {
     const int n = io.n;
     const int64_t D = dim();
@@ -232,7 +230,7 @@ class KimiDeltaAttention final : public TokenMixer {
     Tensor low = s.low_rank.slice_rows(0, n).slice_cols(0, 2 * rank());  // [n, 2·r]: f | g
     {
       const Tensor ws[] = {qkv_proj, b_proj, fg_a_proj}, outs[] = {mixed, b, low};
-      project_input(io, ws, outs);
+      ops.matmul_group(io.x, ws, outs);
     }
     Tensor gates = s.decay.slice_rows(0, n).slice_cols(0, 2 * D);  // [n, 2·H·d]
     Tensor g = gates.slice_cols(0, D);                             // [n, H·d]: f, then the decay
@@ -297,8 +295,6 @@ class LatentAttention final : public TokenMixer {
     s.attn_out = std::max<int64_t>(s.attn_out, int64_t(heads) * std::max(nope_dim, v_dim));
   }
 
-  bool projects_input() const override { return true; }
-
   void forward(const LayerIo& io) const override {
     const int n = io.n;
     const int64_t kd = key_dim();
@@ -313,7 +309,7 @@ class LatentAttention final : public TokenMixer {
     Tensor out = s.attn_out.slice_rows(0, n).slice_cols(0, int64_t(heads) * v_dim);
     {
       const Tensor ws[] = {q_nope_proj, kv_a_proj}, outs[] = {q_nope, latent};
-      project_input(io, ws, outs);
+      ops.matmul_group(io.x, ws, outs);
     }
     Tensor c = latent.slice_cols(0, rank);
     ops.rms_norm(c, kv_a_norm, 0.0f, latent_eps, c);

@@ -108,13 +108,6 @@ void Ops::matmul_group(const Tensor& x, std::span<const Tensor> ws, std::span<co
   for (size_t i = 0; i < ws.size(); ++i) matmul(x, ws[i], outs[i]);
 }
 
-void Ops::rms_norm_matmul_group(const Tensor& h, const Tensor& norm_w, float weight_offset,
-                                float eps, Tensor x, std::span<const Tensor> ws,
-                                std::span<const Tensor> outs) {
-  rms_norm(h, norm_w, weight_offset, eps, x);
-  matmul_group(x, ws, outs);
-}
-
 void Ops::matmul_heads(const Tensor& x, const Tensor& w, Tensor out) {
   RECUR_CHECK(x.ndim == 3 && w.ndim == 3 && out.ndim == 3 && w.is_contiguous());
   const int64_t n = x.shape[0], H = w.shape[0], m = w.shape[1], k = w.shape[2];

@@ -205,13 +205,6 @@ class Ops {
   static constexpr size_t kMaxMatmulGroup = 4;
   virtual void matmul_group(const Tensor& x, std::span<const Tensor> ws,
                             std::span<const Tensor> outs);
-  // x = rms_norm(h, norm_w, weight_offset, eps), then matmul_group(x, ws, outs): a block's
-  // input norm and its first projections. The default runs the two; a backend may fold the
-  // norm into the products (whose sums take the norm's scale last) and still writes x.
-  //   h [n, k] rows contiguous; norm_w [k]; x [n, k] out
-  virtual void rms_norm_matmul_group(const Tensor& h, const Tensor& norm_w, float weight_offset,
-                                     float eps, Tensor x, std::span<const Tensor> ws,
-                                     std::span<const Tensor> outs);
   // out[t, h, :] = x[t, h, :] · w[h]^T for every head h: one independent product per head
   // (latent attention's absorbed projections), exactly the results of one matmul per head on
   // views (the default does that); a backend may run them as one launch.

@@ -143,39 +143,6 @@ TEST_F(CudaQuant, BlockFp8MatmulGroupEqualsMatmuls) {
   }
 }
 
-// rms_norm_matmul_group over a block-FP8 layer's group (two fp8 weights and a bf16 gate):
-// the fp8 weights take the fused launch, the bf16 one reads the x it wrote; every output and x
-// against the references.
-TEST_F(CudaQuant, BlockFp8RmsNormMatmulGroupMatchesReference) {
-  std::vector<Buffer> owned;
-  const int64_t k = 272;
-  const Fp8Weight a = random_fp8(ops(), rng, 96, k, 128, 128, &owned);
-  const Fp8Weight b = random_fp8(ops(), rng, 200, k, 128, 128, &owned);
-  HostTensor gate(DType::BF16, {8, k}), nw(DType::BF16, {k});
-  fill_random(gate, rng, 0.2f);
-  fill_random(nw, rng, 0.5f);
-  const Tensor dgate = ops().adopt_weight(gate.t).value(), dnw = ops().adopt_weight(nw.t).value();
-  for (int64_t n : {1, 3, 8, 12}) {
-    HostTensor h(DType::F32, {n, k}), x(DType::F32, {n, k}), xref = x;
-    fill_random(h, rng, 2.0f);
-    DeviceTensor dh = dev(h), dx = poisoned(x);
-    HostTensor oa(DType::F32, {n, a.m}), ob(DType::F32, {n, b.m}), og(DType::F32, {n, 8});
-    DeviceTensor da = poisoned(oa), db = poisoned(ob), dg = poisoned(og);
-    const Tensor ws[] = {a.d, dgate, b.d}, outs[] = {da.t, dg.t, db.t};
-    ops().rms_norm_matmul_group(dh.t, dnw, 1.0f, 1e-6f, dx.t, ws, outs);
-    ref::rms_norm(h.t, nw.t, 1.0f, 1e-6f, xref.t);
-    const HostTensor got_x = host(dx, x);
-    EXPECT_LE(rel_err(got_x.f(), xref.f(), x.numel()), 1e-5) << "n=" << n;
-    const HostTensor ra = reference_matmul(xref, a), rb = reference_matmul(xref, b);
-    HostTensor rg = og;
-    ref::matmul(xref.t, gate.t, rg.t);
-    const HostTensor ga = host(da, oa), gb = host(db, ob), gg = host(dg, og);
-    EXPECT_LE(rel_err(ga.f(), ra.f(), ga.numel()), 2e-5) << "n=" << n;
-    EXPECT_LE(rel_err(gb.f(), rb.f(), gb.numel()), 2e-5) << "n=" << n;
-    EXPECT_LE(rel_err(gg.f(), rg.f(), gg.numel()), 2e-5) << "n=" << n;
-  }
-}
-
 // The experts with fp8 weights on every path, routed by the GPU's router, against the scalar
 // reference on the dequantized weights; and with a gated shared expert (riding along for one
 // token, the default's ops for more).

@@ -67,11 +67,6 @@ class CudaOps final : public Ops {
   // Up to kGemvMaxTokens tokens: one GEMV launch over all the weights' rows.
   void matmul_group(const Tensor& x, std::span<const Tensor> ws,
                     std::span<const Tensor> outs) override;
-  // Up to kGemvMaxTokens tokens: one GEMV launch over the weights of the first one's type,
-  // which reads h, applies the norm's scale to its sums and writes x; else the default.
-  void rms_norm_matmul_group(const Tensor& h, const Tensor& norm_w, float weight_offset, float eps,
-                             Tensor x, std::span<const Tensor> ws,
-                             std::span<const Tensor> outs) override;
   // Token counts that take matmul's GEMV path: one launch over all heads
   // (kernels_matmul_heads.cu); more: one matmul per head.
   void matmul_heads(const Tensor& x, const Tensor& w, Tensor out) override;

@@ -158,88 +158,18 @@ __device__ __forceinline__ void load_x_chunk(const float* x, int64_t c, float (&
   }
 }
 
-// The activation rows a GEMV reads (X below): rows of x as they are (an array of NT row
-// pointers), or NormedRows.
-template <int NT, int E>
-__device__ __forceinline__ void x_chunk(const float* const (&xr)[NT], int t, int64_t c,
-                                        float (&xv)[E]) {
-  load_x_chunk(xr[t], c, xv);
-}
-
-// Rows of h read as the numerator of their RMS norm, x = h ⊙ (offset + w): the products are
-// linear in the row, so the norm's scale, rsqrt(mean(h²) + eps), multiplies the finished sums
-// (norm_scales). Each thread sums the squares of the chunks it reads; a block reads every
-// chunk of a row once. WN: the norm weight's type (float or __nv_bfloat16).
-template <int NT, typename WN>
-struct NormedRows {
-  const float* h[NT];  // [k] each
-  const WN* w;         // [k]
-  float offset;
-  float sq[NT];  // this thread's sums of h²
-};
-
-// Elements c·E .. c·E + E − 1 of a norm weight, widened (E a multiple of 4).
-template <int E>
-__device__ __forceinline__ void norm_weight_chunk(const float* w, int64_t c, float (&wv)[E]) {
-  load_x_chunk(w, c, wv);
-}
-template <int E>
-__device__ __forceinline__ void norm_weight_chunk(const __nv_bfloat16* w, int64_t c,
-                                                  float (&wv)[E]) {
-#pragma unroll
-  for (int q = 0; q < E; q += 4) {
-    const uint2 u = __ldg(reinterpret_cast<const uint2*>(w + c * E + q));
-    wv[q] = __uint_as_float(u.x << 16), wv[q + 1] = __uint_as_float(u.x & 0xffff0000u);
-    wv[q + 2] = __uint_as_float(u.y << 16), wv[q + 3] = __uint_as_float(u.y & 0xffff0000u);
-  }
-}
-
-// The norm scales of NormedRows' rows, rsqrt(mean(h²) + eps) as the norm kernels take it,
-// from every thread's sums of squares (a block barrier: every thread calls it).
-template <int NT, typename WN>
-__device__ __forceinline__ void norm_scales(const NormedRows<NT, WN>& xs, int64_t k, float eps,
-                                            float (&scale)[NT]) {
-  constexpr int kWarps = kGemvThreads / 32;
-  __shared__ float red_sq[NT * kWarps];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    const float v = warp_sum(xs.sq[t]);
-    if (lane == 0) red_sq[t * kWarps + warp] = v;
-  }
-  __syncthreads();
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    float ss = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) ss += red_sq[t * kWarps + w];
-    scale[t] = 1.0f / sqrtf(ss / float(k) + eps);
-  }
-}
-
-template <int NT, typename WN, int E>
-__device__ __forceinline__ void x_chunk(NormedRows<NT, WN>& xs, int t, int64_t c, float (&xv)[E]) {
-  float wv[E];
-  load_x_chunk(xs.h[t], c, xv);
-  norm_weight_chunk(xs.w, c, wv);
-#pragma unroll
-  for (int q = 0; q < E; ++q) {
-    xs.sq[t] = fmaf(xv[q], xv[q], xs.sq[t]);
-    xv[q] *= wv[q] + xs.offset;
-  }
-}
-
 // acc[r][t] += the widened chunk c of weight row r (wc[r], and wc2[r] into acc2 when kDual)
 // times the same chunk of activation row t.
-template <typename W, int R, int NT, bool kDual, typename X>
+template <typename W, int R, int NT, bool kDual>
 __device__ __forceinline__ void fma_widened(const Chunk<W> (&wc)[R],
-                                            const Chunk<W> (&wc2)[kDual ? R : 1], X& xr, int64_t c,
+                                            const Chunk<W> (&wc2)[kDual ? R : 1],
+                                            const float* const (&xr)[NT], int64_t c,
                                             float (&acc)[R][NT], float (&acc2)[R][NT]) {
   constexpr int E = kChunkElems<W>;
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
     float xv[E];
-    x_chunk(xr, t, c, xv);
+    load_x_chunk(xr[t], c, xv);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
 #pragma unroll
@@ -260,15 +190,16 @@ __device__ __forceinline__ uint32_t chunk_word(const uint4& raw, int j) {
 // s2[r]: each is widened a 32-bit word at a time next to its products (sixteen values widened
 // at once per row hold four times their bytes in registers: the down projection took 255),
 // and, lying within one column block, sums its 16 products first and takes the scale once.
-template <int R, int NT, bool kDual, typename X>
+template <int R, int NT, bool kDual>
 __device__ __forceinline__ void fma_fp8(const uint4 (&wc)[R], const uint4 (&wc2)[kDual ? R : 1],
-                                        const float (&s)[R], const float (&s2)[R], X& xr, int64_t c,
+                                        const float (&s)[R], const float (&s2)[R],
+                                        const float* const (&xr)[NT], int64_t c,
                                         float (&acc)[R][NT], float (&acc2)[R][NT]) {
   constexpr int E = kChunkElems<Fp8E4M3>;
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
     float xv[E];
-    x_chunk(xr, t, c, xv);
+    load_x_chunk(xr[t], c, xv);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       float p = 0.0f, p2 = 0.0f;
@@ -299,11 +230,11 @@ __device__ __forceinline__ void chunk_scales(const RowScales<Fp8E4M3, R>& sc, in
 
 // The product of chunk c loaded from the rows wr (and wr2 when kDual; sc, sc2 their block
 // scales): the inner step of every GEMV over 16-byte rows.
-template <typename W, int R, int NT, bool kDual, typename X>
+template <typename W, int R, int NT, bool kDual>
 __device__ __forceinline__ void fma_chunk(const W* const (&wr)[R], const W* const (&wr2)[R],
                                           const RowScales<W, R>& sc, const RowScales<W, R>& sc2,
-                                          X& xr, int64_t c, float (&acc)[R][NT],
-                                          float (&acc2)[R][NT]) {
+                                          const float* const (&xr)[NT], int64_t c,
+                                          float (&acc)[R][NT], float (&acc2)[R][NT]) {
   constexpr int E = kChunkElems<W>;
   if constexpr (kBlockFp8<W>) {
     uint4 wc[R], wc2[kDual ? R : 1];
@@ -328,9 +259,10 @@ __device__ __forceinline__ void fma_chunk(const W* const (&wr)[R], const W* cons
 }
 
 // fma_chunk of chunk c of R rows already loaded (raw[r]), no second weight.
-template <typename W, int R, int NT, typename X>
+template <typename W, int R, int NT>
 __device__ __forceinline__ void fma_chunk_raw(const uint4 (&raw)[R], const RowScales<W, R>& sc,
-                                              X& xr, int64_t c, float (&acc)[R][NT]) {
+                                              const float* const (&xr)[NT], int64_t c,
+                                              float (&acc)[R][NT]) {
   if constexpr (kBlockFp8<W>) {
     const uint4 unused[1] = {};
     float s[R];
@@ -371,11 +303,11 @@ __device__ __forceinline__ void gemv_preload(const W* w, int64_t k, int rows,
 // kPre > 0 with pre set (kVec, no w2): the first kPre chunks per row come from gemv_preload,
 // used in the loop's order (the same sums).
 // sc, sc2: the block scales of w's and w2's rows (row_scales).
-// xr: the activation rows (X: see x_chunk); NormedRows takes kVec only.
-template <typename W, int NT, int R, bool kDual, bool kVec, int kPre = 0, typename X>
+template <typename W, int NT, int R, bool kDual, bool kVec, int kPre = 0>
 __device__ __forceinline__ void gemv_partial(const W* w, const W* w2, int64_t k, int rows,
                                              const RowScales<W, R>& sc, const RowScales<W, R>& sc2,
-                                             X& xr, float (&acc)[R][NT], float (&acc2)[R][NT],
+                                             const float* const (&xr)[NT], float (&acc)[R][NT],
+                                             float (&acc2)[R][NT],
                                              const uint4 (*pre)[R] = nullptr) {
   const W* wr[R];
   const W* wr2[R];

@@ -135,63 +135,6 @@ __global__ void __launch_bounds__(kGemvThreads)
   }
 }
 
-// The input of rms_norm_gemv_group_kernel: rows of h and their norm.
-template <typename WN>
-struct NormIn {
-  const float* h;  // [n, k] rows ldh apart
-  int64_t ldh;
-  const WN* w;  // [k]
-  float offset, eps;
-  float* x;  // [n, k] out, rows ldx apart: the normed rows
-  int64_t ldx;
-};
-
-// matmul_gemv_group_kernel over the RMS norms of h's rows, x = norm(h), read as NormedRows:
-// each block takes the norm's scale from the squares it summed on the way. The first block of
-// each token group also writes x, for the ops after. Vectorised rows only (kVec).
-template <typename W, int NT, int R, typename WN>
-__global__ void __launch_bounds__(kGemvThreads)
-    rms_norm_gemv_group_kernel(GemvGroup<W> g, int64_t k, NormIn<WN> in, int n) {
-  __shared__ float red[R * NT * (kGemvThreads / 32)];
-  int i = 0;
-  while (i + 1 < g.count && int(blockIdx.x) >= g.first_block[i + 1]) ++i;
-  const int t0 = int(blockIdx.y) * NT, nt = min(NT, n - t0);
-  const int64_t row0 = int64_t(int(blockIdx.x) - g.first_block[i]) * R;
-  const int rows = int(min64(R, g.m[i] - row0));
-  constexpr int kPre = kGemvPre<NT, true, R>;
-  uint4 pre[kPre > 0 ? kPre : 1][R];
-  if constexpr (kPre > 0) gemv_preload<W, R, kPre>(g.w[i] + row0 * k, k, rows, pre);
-  grid_dependency_sync();
-  NormedRows<NT, WN> xs;
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    xs.h[t] = in.h + int64_t(t0 + (t < nt ? t : 0)) * in.ldh;
-    xs.sq[t] = 0.0f;
-  }
-  xs.w = in.w, xs.offset = in.offset;
-  float acc[R][NT] = {}, unused[R][NT];
-  const RowScales<W, R> sc = row_scales<W, R>(g.w[i], g.m[i], k, g.br[i], g.bc[i], row0, rows);
-  gemv_partial<W, NT, R, false, true, kPre>(g.w[i] + row0 * k, nullptr, k, rows, sc, sc, xs, acc,
-                                            unused, kPre > 0 ? pre : nullptr);
-  gemv_reduce<NT, R, false>(acc, unused, red);
-  float scale[NT];
-  norm_scales(xs, k, in.eps, scale);
-  if (threadIdx.x < R * NT) {
-    const int r = threadIdx.x / NT, t = threadIdx.x % NT;
-    if (r < rows && t < nt)
-      g.out[i][int64_t(t0 + t) * g.ldo[i] + row0 + r] = red[threadIdx.x] * scale[t];
-  }
-  if (blockIdx.x == 0) {
-    for (int t = 0; t < nt; ++t) {
-      const float* hr = xs.h[t];
-      float* xr = in.x + int64_t(t0 + t) * in.ldx;
-      for (int64_t j = threadIdx.x; j < k; j += kGemvThreads) {
-        xr[j] = hr[j] * scale[t] * (to_f32(in.w[j]) + in.offset);
-      }
-    }
-  }
-}
-
 // parts [3, n, k] contiguous: x [n, k] (rows ldx apart) = hi + mid + lo exactly (three 16-bit
 // terms hold f32's 24-bit significand; bf16 keeps f32's exponent range, so only values near
 // the f32 denormal range lose bits). Products with 16-bit weights are exact in the tensor
@@ -303,17 +246,6 @@ void launch_gemv_group(const Tensor& x, std::span<const Tensor> ws, std::span<co
   const dim3 grid(unsigned(g.first_block[g.count]), unsigned((n + NT - 1) / NT));
   launch_kernel(matmul_gemv_group_kernel<W, NT, R, true>, grid, kGemvThreads, 0, stream, g, k,
                 x.ptr<float>(), x.stride[0], n);
-}
-
-template <typename W, int NT, typename WN>
-void launch_rms_norm_gemv_group(const NormIn<WN>& in, int64_t k, std::span<const Tensor> ws,
-                                std::span<const Tensor> outs, const Fp8Blocks* blocks, int n,
-                                cudaStream_t stream) {
-  constexpr int R = kGemvRows<W>;
-  const GemvGroup<W> g = gemv_group<W, R>(ws, outs, blocks);
-  const dim3 grid(unsigned(g.first_block[g.count]), unsigned((n + NT - 1) / NT));
-  launch_kernel(rms_norm_gemv_group_kernel<W, NT, R, WN>, grid, kGemvThreads, 0, stream, g, k, in,
-                n);
 }
 
 // The GEMV launch for n tokens in token groups of 1, 2, 4 or 8.
@@ -435,76 +367,6 @@ void CudaOps::matmul_group(const Tensor& x, std::span<const Tensor> ws,
       s.launched("matmul group (gemv)");
     }
   }
-}
-
-void CudaOps::rms_norm_matmul_group(const Tensor& h, const Tensor& norm_w, float weight_offset,
-                                    float eps, Tensor x, std::span<const Tensor> ws,
-                                    std::span<const Tensor> outs) {
-  if (impl_->replaying()) return;  // the decode graph does this op's work
-  RECUR_CHECK(ws.size() == outs.size() && ws.size() >= 1 && ws.size() <= kMaxMatmulGroup);
-  RECUR_CHECK(h.ndim == 2 && x.ndim == 2 && h.dtype == DType::F32 && x.dtype == DType::F32 &&
-              h.stride[1] == 1 && x.stride[1] == 1 && x.shape[0] == h.shape[0] &&
-              x.shape[1] == h.shape[1] && norm_w.numel() == h.shape[1]);
-  const int64_t n = h.shape[0], k = h.shape[1];
-  Impl& s = *impl_;
-  // The weights of the first one's type in one fused launch when each takes the 16-byte GEMV
-  // path; the others (a block-FP8 layer's bf16 gates) then read x as it wrote it.
-  const DType dt = ws[0].dtype;
-  std::array<Tensor, kMaxMatmulGroup> fw, fo, rw, ro;
-  std::array<Fp8Blocks, kMaxMatmulGroup> fb{};
-  size_t n_fused = 0, n_rest = 0;
-  bool fused = n >= 1 && n <= kGemvMaxTokens && aligned16(h.data) && h.stride[0] % 4 == 0 &&
-               norm_w.is_contiguous() && aligned16(norm_w.data) &&
-               (norm_w.dtype == DType::F32 || norm_w.dtype == DType::BF16);
-  for (size_t i = 0; fused && i < ws.size(); ++i) {
-    const Tensor& w = ws[i];
-    RECUR_CHECK(w.ndim == 2 && w.shape[1] == k && outs[i].shape[0] == n &&
-                outs[i].shape[1] == w.shape[0] && outs[i].stride[1] == 1);
-    if (w.dtype != dt) {
-      rw[n_rest] = w, ro[n_rest] = outs[i], ++n_rest;
-      continue;
-    }
-    const Fp8Blocks b = dt == DType::F8_E4M3 ? s.fp8_blocks_of(w) : Fp8Blocks{};
-    bool vec = false;
-    dispatch_gemv_weight(dt, [&](auto tag) { vec = gemv_vec<decltype(tag)>(h, w.data, k, b); });
-    fused = vec && w.shape[0] > 0 && (dt != DType::F8_E4M3 || gemv_alone(n, w, b));
-    fw[n_fused] = w, fo[n_fused] = outs[i], fb[n_fused] = b, ++n_fused;
-  }
-  if (!fused) {
-    Ops::rms_norm_matmul_group(h, norm_w, weight_offset, eps, x, ws, outs);
-    return;
-  }
-  std::span<const Tensor> gws(fw.data(), n_fused), gouts(fo.data(), n_fused);
-  dispatch_gemv_weight(dt, [&](auto tag) {
-    using W = decltype(tag);
-    auto go = [&](auto norm_tag) {
-      using WN = decltype(norm_tag);
-      const NormIn<WN> in{h.ptr<float>(), h.stride[0], norm_w.ptr<WN>(), weight_offset, eps,
-                          x.ptr<float>(), x.stride[0]};
-      by_token_group(n, [&](auto nt) {
-        launch_rms_norm_gemv_group<W, decltype(nt)::value, WN>(in, k, gws, gouts, fb.data(), int(n),
-                                                               s.stream);
-      });
-    };
-    if (norm_w.dtype == DType::F32) {
-      go(float{});
-    } else {
-      go(__nv_bfloat16{});
-    }
-  });
-  if (s.options.profile) {
-    int64_t rows = 0, bytes = 0;
-    for (const Tensor& w : gws) rows += w.shape[0], bytes += weight_bytes(w);
-    s.work(2.0 * double(n) * double(rows) * double(k),
-           double(bytes) + 4.0 * double(n) * double(2 * k + rows));
-    std::string label = "rms_norm + matmul group gemv";
-    for (const Tensor& w : gws) label.append(" ").append(std::to_string(w.shape[0]));
-    label.append(" x").append(std::to_string(k));
-    s.launched(label.c_str());
-  } else {
-    s.launched("rms_norm + matmul group (gemv)");
-  }
-  if (n_rest > 0) matmul_group(x, {rw.data(), n_rest}, {ro.data(), n_rest});
 }
 
 void CudaOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulate) {
