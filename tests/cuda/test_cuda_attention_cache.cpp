@@ -3,7 +3,8 @@
 // reference reading the same rounded cache, through every kernel: decode (group sizes 1 to 16,
 // head dims 64 to 256, dv ≠ hd, splits and their merge), the warp kernel (head dims not
 // multiples of 32), the tiled kernel (groups too large for the warp kernel), the tensor-core
-// prompt kernel (fresh prompts and prompts continuing a cached prefix), and the latent
+// prompt kernels (TF32 halves for F32, bf16 terms for BF16 and F8_E4M3; fresh prompts and
+// prompts continuing a cached prefix, head sizes up to 256), and the latent
 // (strided-value) view up to the published Kimi-Linear's 32 heads of 576/512 in one call
 // (the tiled kernel and the tensor-core latent kernel); the
 // fused attention input stage writes each type as the default does.
@@ -57,6 +58,9 @@ TEST_P(CudaAttentionCache, EveryKernelMatchesReferenceOverTheSameCache) {
       {3, 128, 128, 32, {100, 1}, {37, 2000}},
       {8, 192, 128, 16, {100, 33}, {0, 50}},
       {2, 128, 64, 16, {130}, {0}},
+      // Qwen3-Next's heads continuing a prefix; a value head not a multiple of 16.
+      {8, 256, 256, 16, {200}, {1000}},
+      {4, 32, 24, 16, {100, 70}, {0, 9}},
   };
   for (const Case& c : cases) {
     const int64_t kv = 2, heads = kv * c.group, hd = c.hd, dv = c.dv;

@@ -57,6 +57,17 @@ TEST_F(CudaBench, Matmul) {
     std::printf("bench matmul cublas n=%ld 4096x%ld bf16: %.1f us, %.0f TFLOP/s\n", long(n),
                 long(k), us, 2.0 * double(n * 4096 * k) / us * 1e-6);
   }
+  // The prompt shapes of Qwen3-Next-80B's projections at prompt sizes around one forward's.
+  for (int64_t rows : {2048, 4096, 8192, 12288}) {
+    Tensor wr = make(DType::BF16, {rows, k});
+    for (int64_t n : {1024, 2048, 2500, 3072, 4096}) {
+      const double us = time_us(
+          [&] { ops().matmul(x.slice_rows(0, n), wr, out.slice_rows(0, n).slice_cols(0, rows)); },
+          10);
+      std::printf("bench matmul cublas n=%ld %ldx%ld bf16: %.1f us, %.0f TFLOP/s\n", long(n),
+                  long(rows), long(k), us, 2.0 * double(n * rows * k) / us * 1e-6);
+    }
+  }
 }
 
 TEST_F(CudaBench, DeltaRule) {

@@ -6,6 +6,7 @@
 
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -208,11 +209,37 @@ constexpr int kDecodeMaxTokens = 64;
 bool decode_kernel_fits(int group, int hd, int dv);
 void launch_attention_decode(const AttnArgs& a, DType cache, dim3 grid, cudaStream_t stream);
 
+// Query rows (token, query head) per block of the prompt kernels.
+constexpr int kPromptRows = 64;
+
+// The row tiles of tokens_per_tile tokens of each sequence (a prompt kernel's grid.x), and,
+// when asked, the keys they read: each tile its last token's context.
+inline int64_t prompt_row_tiles(const SeqLayout& layout, int tokens_per_tile,
+                                double* positions = nullptr) {
+  int64_t tiles = 0;
+  for (int s = 0; s < layout.n_seqs; ++s) {
+    for (int t = layout.seq_start[s]; t < layout.seq_start[s + 1]; t += tokens_per_tile) {
+      ++tiles;
+      if (positions) {
+        const int last = std::min(layout.seq_start[s + 1], t + tokens_per_tile) - 1;
+        *positions += layout.positions[last] + 1;
+      }
+    }
+  }
+  return tiles;
+}
+
+// The prompt kernel for BF16 and F8_E4M3 caches (kernels_attention_bf16.cu): grid (row tiles
+// of kPromptRows rows, kv heads), as paged_attention_mma's; its most shared memory for these
+// heads.
+size_t attention_bf16_smem_bytes(int hd, int dv);
+void launch_attention_bf16(const AttnArgs& a, DType cache, dim3 grid, cudaStream_t stream);
+
 // paged_attention of every token of the layout, as `a` describes it (its split fields unused),
-// on tensor cores, when the kernel takes these heads (hd a multiple of 16, dv of 8, both ≤ 256,
-// a query group of at most 64 heads) and caches (blocks of a multiple of 4 positions, 16-byte
+// on tensor cores, when the kernels take these heads (hd a multiple of 16, dv of 8, both ≤ 256,
+// a query group of at most 64 heads) and caches (blocks of a multiple of 4 positions, 4-element
 // aligned with strides in multiples of 4 elements, channels contiguous); false, having done
-// nothing, otherwise. The caches hold F32, BF16 or F8_E4M3 (k_cache's dtype).
+// nothing, otherwise. The caches hold F32 (the TF32 kernel), BF16 or F8_E4M3 (the bf16 one).
 bool paged_attention_mma(CudaOps::Impl& s, const AttnArgs& a, const Tensor& k_cache,
                          const Tensor& v_cache, const SeqLayout& layout, int kv_heads);
 

@@ -50,19 +50,22 @@ size_t latent_smem_bytes(int hd) {
 }
 
 // Starts the copies of positions k0 .. k0 + kKeys − 1 of every key channel (zeros outside
-// [k0, p_end)): chunks of 4 positions, within one cache block (bs is a multiple of 4).
+// [k0, p_end)): chunks of 4 positions, within one cache block (bs is a multiple of 4). Lane j
+// of each warp looks up the cache block of chunk j once and the lanes take theirs from it, so
+// no copy waits on a load of its own address. The trip count is a multiple of 32 (hd of 64).
 template <typename T>
 __device__ __forceinline__ void start_tile(const AttnArgs& a, const int32_t* table, int kvh, int k0,
                                            int p_end, float* tile) {
   const T* kc = static_cast<const T*>(a.kc);
+  const int lane = threadIdx.x % 32;
+  int64_t chunk_block = 0;
+  if (lane < kKeys / 4 && k0 + 4 * lane < p_end) chunk_block = table[(k0 + 4 * lane) / a.bs];
 #pragma unroll 3
   for (int e = threadIdx.x; e < a.hd * (kKeys / 4); e += kThreads) {
     const int d = e / (kKeys / 4), p = 4 * (e % (kKeys / 4)), kp = k0 + p;
+    const int64_t block = __shfl_sync(0xffffffffu, chunk_block, p / 4);
     const bool valid = kp < p_end;
-    const T* src = kc;
-    if (valid) {
-      src += int64_t(table[kp / a.bs]) * a.kc_s0 + kvh * a.kc_s1 + d * a.kc_s2 + kp % a.bs;
-    }
+    const T* src = valid ? kc + block * a.kc_s0 + kvh * a.kc_s1 + d * a.kc_s2 + kp % a.bs : kc;
     copy4(tile + d * kTileStride + p, src, valid);
   }
 }

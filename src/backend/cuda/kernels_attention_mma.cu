@@ -1,13 +1,11 @@
-// Prompt attention on tensor cores: the online softmax of flash attention 2 over tiles of the
-// paged cache, with mma.sync (f32 accumulation).
+// Prompt attention on tensor cores over an F32 cache: the online softmax of flash attention 2
+// over tiles of the paged cache, with mma.sync (f32 accumulation). BF16 and F8_E4M3 caches take
+// kernels_attention_bf16.cu's kernel, whose tiles are exactly bf16.
 //
 // A block takes kRows query rows of one sequence and one kv head, a row being (token, query
 // head of the group), so every key and value tile loaded serves the whole group. Its four warps
 // own 16 rows each and walk the key positions in tiles of kKeys, causal per row; the next tile
 // is copied in (cp.async) while the current one is used.
-//
-// A BF16 or F8_E4M3 cache is widened to f32 as its tiles are copied in (plain loads of 4
-// elements, not cp.async), so the products below see the same f32 tiles either way.
 //
 // The tiles are f32 and the results must stay within f32's error (2e-5 of the scalar reference,
 // as the other kernels), so the products run on TF32 halves, x = hi + lo (about 20 bits), as
@@ -27,8 +25,9 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kRows = 16 * kWarps;  // query rows per block
-constexpr int kKeys = 32;           // key positions per tile
+constexpr int kRows = kPromptRows;
+static_assert(kRows == 16 * kWarps, "a warp owns 16 rows");
+constexpr int kKeys = 32;  // key positions per tile
 // Row strides (floats) that put a fragment's 32 loads in 32 banks: Qs rows hd + 4 (≡ 4 mod 32
 // for hd a multiple of 32... and of 16: 4·g + c spreads either way), Ks rows kKeys + 8 and Vs
 // rows a multiple of 32 plus 8 (8·c + g).
@@ -95,33 +94,36 @@ struct TileCopy {
   float* Vs;  // [kKeys][vs]
 };
 
-// Starts the copies of keys and values k0 .. k0 + kKeys − 1 (zeros past max_pos).
+// Starts the copies of keys and values k0 .. k0 + kKeys − 1 (zeros past max_pos). Lane j of
+// each warp looks up the cache block of the tile's 4-position chunk j once, and the lanes take
+// theirs from it (as kernels_attention_bf16.cu's tiles: no dependent load before each copy).
 template <typename T>
 __device__ __forceinline__ void start_tile(const AttnArgs& a, const int32_t* table, int kvh, int k0,
                                            int max_pos, TileCopy t) {
-  const int hd = a.hd, dv = a.dv, vs = value_stride(dv);
+  static_assert(kKeys / 4 <= 32, "a lane per chunk");
+  const int hd = a.hd, dv = a.dv, vs = value_stride(dv), lane = threadIdx.x % 32;
   const T* kc = static_cast<const T*>(a.kc);
   const T* vc = static_cast<const T*>(a.vc);
-  // Keys: chunks of 4 positions (one cache block: bs is a multiple of 4) of one channel.
-#pragma unroll 2
+  int64_t chunk_block = 0;
+  if (lane < kKeys / 4 && k0 + 4 * lane <= max_pos) chunk_block = table[(k0 + 4 * lane) / a.bs];
+    // Keys: chunks of 4 positions (one cache block: bs is a multiple of 4) of one channel. The
+    // trip counts are multiples of 32 (hd a multiple of 16, dv of 8): whole warps shuffle.
+#pragma unroll 4
   for (int e = threadIdx.x; e < hd * (kKeys / 4); e += kThreads) {
     const int d = e / (kKeys / 4), p = 4 * (e % (kKeys / 4)), kp = k0 + p;
+    const int64_t block = __shfl_sync(0xffffffffu, chunk_block, p / 4);
     const bool valid = kp <= max_pos;
-    const T* src = kc;
-    if (valid) {
-      src += int64_t(table[kp / a.bs]) * a.kc_s0 + kvh * a.kc_s1 + d * a.kc_s2 + kp % a.bs;
-    }
+    const T* src = valid ? kc + block * a.kc_s0 + kvh * a.kc_s1 + d * a.kc_s2 + kp % a.bs : kc;
     copy4(t.Ks + d * kKeyStride + p, src, valid);
   }
   // Values: chunks of 4 channels of one position.
-#pragma unroll 2
+#pragma unroll 4
   for (int e = threadIdx.x; e < kKeys * (dv / 4); e += kThreads) {
     const int p = e / (dv / 4), d = 4 * (e % (dv / 4)), kp = k0 + p;
+    const int64_t block = __shfl_sync(0xffffffffu, chunk_block, p / 4);
     const bool valid = kp <= max_pos;
-    const T* src = vc;
-    if (valid) {
-      src += int64_t(table[kp / a.bs]) * a.vc_s0 + kvh * a.vc_s1 + int64_t(kp % a.bs) * a.vc_s2 + d;
-    }
+    const T* src =
+        valid ? vc + block * a.vc_s0 + kvh * a.vc_s1 + int64_t(kp % a.bs) * a.vc_s2 + d : vc;
     copy4(t.Vs + key_row(p) * vs + d, src, valid);
   }
 }
@@ -294,41 +296,39 @@ void launch_dv(const AttnArgs& a, dim3 grid, size_t smem, cudaStream_t stream) {
   launch_kernel(attention_mma_kernel<DV_MAX, T>, grid, kThreads, smem, stream, a);
 }
 
-bool attention_mma_fits(int group, int hd, int dv, int block_size, size_t max_smem) {
+// Shared memory of the kernel for the cache type.
+size_t prompt_smem_bytes(DType cache, int hd, int dv) {
+  return cache == DType::F32 ? mma_smem_bytes(hd, dv) : attention_bf16_smem_bytes(hd, dv);
+}
+
+bool attention_mma_fits(DType cache, int group, int hd, int dv, int block_size, size_t max_smem) {
   return hd % 16 == 0 && dv % 8 == 0 && hd > 0 && dv > 0 && hd <= 256 && dv <= 256 &&
-         block_size % 4 == 0 && group >= 1 && group <= kRows && mma_smem_bytes(hd, dv) <= max_smem;
+         block_size % 4 == 0 && group >= 1 && group <= kRows &&
+         prompt_smem_bytes(cache, hd, dv) <= max_smem;
 }
 
 void launch_attention_mma(const AttnArgs& a, DType cache, const SeqLayout& layout, int kv_heads,
                           cudaStream_t stream, double* cache_bytes) {
-  const int tokens_per_tile = kRows / a.group;
-  int64_t n_tiles = 0;
-  for (int s = 0; s < layout.n_seqs; ++s) {
-    n_tiles += (layout.seq_len(s) + tokens_per_tile - 1) / tokens_per_tile;
-  }
-  if (cache_bytes) {  // a tile reads keys and values up to its last position
-    double positions = 0;
-    for (int s = 0; s < layout.n_seqs; ++s) {
-      for (int t = layout.seq_start[s]; t < layout.seq_start[s + 1]; t += tokens_per_tile) {
-        const int last = std::min(layout.seq_start[s + 1], t + tokens_per_tile) - 1;
-        positions += layout.positions[last] + 1;
-      }
-    }
+  double positions = 0;
+  const int64_t n_tiles = prompt_row_tiles(layout, kRows / a.group, &positions);
+  // A tile reads keys and values up to its last position.
+  if (cache_bytes) {
     *cache_bytes = positions * double(kv_heads) * double(a.hd + a.dv) * double(dtype_size(cache));
   }
   if (n_tiles == 0) return;
   const dim3 grid{unsigned(n_tiles), unsigned(kv_heads)};
+  if (cache != DType::F32) {
+    launch_attention_bf16(a, cache, grid, stream);
+    return;
+  }
   const size_t smem = mma_smem_bytes(a.hd, a.dv);
-  dispatch_cache(cache, [&](auto tag) {
-    using T = decltype(tag);
-    if (a.dv <= 64) {
-      launch_dv<64, T>(a, grid, smem, stream);
-    } else if (a.dv <= 128) {
-      launch_dv<128, T>(a, grid, smem, stream);
-    } else {
-      launch_dv<256, T>(a, grid, smem, stream);
-    }
-  });
+  if (a.dv <= 64) {
+    launch_dv<64, float>(a, grid, smem, stream);
+  } else if (a.dv <= 128) {
+    launch_dv<128, float>(a, grid, smem, stream);
+  } else {
+    launch_dv<256, float>(a, grid, smem, stream);
+  }
 }
 
 }  // namespace
@@ -346,7 +346,7 @@ bool paged_attention_mma(CudaOps::Impl& s, const AttnArgs& a, const Tensor& k_ca
            t.stride[0] % 4 == 0 && t.stride[1] % 4 == 0 && t.stride[2] % 4 == 0 && t.stride[3] == 1;
   };
   if (!copies4(k_cache) || !copies4(v_cache) ||
-      !attention_mma_fits(a.group, a.hd, a.dv, a.bs, s.max_smem_optin)) {
+      !attention_mma_fits(k_cache.dtype, a.group, a.hd, a.dv, a.bs, s.max_smem_optin)) {
     return false;
   }
   if (s.options.profile) s.work(attention_flops(layout, a.heads, a.hd, a.dv), 0);

@@ -1,0 +1,370 @@
+// Prompt attention on tensor cores over a BF16 or F8_E4M3 cache: the online softmax of flash
+// attention 2 over tiles of the paged cache, with mma.sync m16n8k16 on bf16 operands (f32
+// accumulation). The F32 cache takes kernels_attention_mma.cu's TF32 kernel.
+//
+// A block takes kPromptRows query rows of one sequence and one kv head, a row being (token,
+// query head of the group), so every key and value tile loaded serves the whole group. Its four
+// warps own 16 rows each and walk the key positions in tiles of kKeys, causal per row.
+//
+// The results must stay within f32's error (2e-5 of the scalar reference, as the other
+// kernels). The cache's elements are exactly bf16 (e4m3 widens exactly), so keys and values are
+// single operands; queries and weights are f32, split into three bf16 terms (hi + mid + lo,
+// about 2^-24 relative: two terms, 2^-16, measured up to 2.7e-5 in the tests), so a product is
+// three MMAs, the small terms first. The queries are split once per block into three planes
+// that ldmatrix reads as fragments. A BF16 tile is copied (cp.async) into the layout ldmatrix
+// reads; an F8_E4M3 one lands raw and is widened into a bf16 plane; the next tile is copied
+// while the current one is multiplied.
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cuda/attention_mma.cuh"
+#include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/mma_bf16.cuh"
+
+namespace recur {
+namespace cuda {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kRows = kPromptRows;
+static_assert(kRows == 16 * kWarps, "a warp owns 16 rows");
+constexpr int kKeys = 32;  // key positions per tile
+constexpr int kTerms = 3;  // of the queries and the weights: hi, mid, lo
+// Row strides (elements): 16-byte rows an odd number of 16 bytes apart, so the 8 rows of an
+// ldmatrix matrix lie in 8 distinct bank groups (for an e4m3 stage they only need alignment).
+constexpr int kKeyStride = kKeys + 8;
+__host__ __device__ constexpr int query_stride(int hd) {
+  return hd + 8;  // hd a multiple of 16
+}
+__host__ __device__ constexpr int value_stride(int dv) {
+  return (dv + 15) / 16 * 16 + 8;
+}
+
+// Shared memory: the query planes Qp [kTerms][kRows][query_stride]; two stages of the tile as
+// copied, keys [hd][kKeyStride] (channels by positions, as the cache holds them) and values
+// [kKeys][value_stride], of T; for F8_E4M3 the tile widened into one bf16 plane of that layout.
+struct Smem {
+  size_t q, k_stage, v_stage, k_plane, v_plane, total;
+  __host__ __device__ Smem(int hd, int dv, int elem_bytes) {
+    q = size_t(kRows) * query_stride(hd) * sizeof(bf16);
+    k_stage = size_t(hd) * kKeyStride * elem_bytes;
+    v_stage = size_t(kKeys) * value_stride(dv) * elem_bytes;
+    const bool widened = elem_bytes != sizeof(bf16);
+    k_plane = widened ? size_t(hd) * kKeyStride * sizeof(bf16) : 0;
+    v_plane = widened ? size_t(kKeys) * value_stride(dv) * sizeof(bf16) : 0;
+    total = kTerms * q + 2 * (k_stage + v_stage) + k_plane + v_plane;
+  }
+};
+
+// Async copy of 4 cache elements (4-element aligned; zeros when !valid, nothing read then).
+template <typename T>
+__device__ __forceinline__ void copy4_async(T* dst, const T* src, bool valid) {
+  constexpr int kBytes = 4 * sizeof(T);
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(d), "l"(src), "n"(kBytes),
+               "r"(valid ? kBytes : 0));
+}
+
+// Starts the copies of keys and values k0 .. k0 + kKeys − 1 (zeros past last) into a stage:
+// keys in chunks of 4 positions of a channel (one cache block: bs is a multiple of 4), values
+// in chunks of 4 channels of a position. Lane j of each warp looks up the cache block of the
+// tile's chunk j once, and the lanes take theirs from it: a lookup per copy would be a
+// dependent load before each (a round trip to L2 for every two copies issued, which left a
+// decode block's loop waiting on its own addresses).
+template <typename T>
+__device__ __forceinline__ void start_tile(const AttnArgs& a, const int32_t* table, int kvh, int k0,
+                                           int last, T* Ks, T* Vs) {
+  static_assert(kKeys / 4 <= 32, "a lane per chunk");
+  const int hd = a.hd, dv = a.dv, vs = value_stride(dv), lane = threadIdx.x % 32;
+  const T* kc = static_cast<const T*>(a.kc);
+  const T* vc = static_cast<const T*>(a.vc);
+  int64_t chunk_block = 0;
+  if (lane < kKeys / 4 && k0 + 4 * lane <= last) chunk_block = table[(k0 + 4 * lane) / a.bs];
+    // The trip counts are multiples of 32 (hd a multiple of 16, dv of 8): whole warps shuffle.
+#pragma unroll 4
+  for (int e = threadIdx.x; e < hd * (kKeys / 4); e += kThreads) {
+    const int d = e / (kKeys / 4), p = 4 * (e % (kKeys / 4)), kp = k0 + p;
+    const int64_t block = __shfl_sync(0xffffffffu, chunk_block, p / 4);
+    const bool valid = kp <= last;
+    const T* src = valid ? kc + block * a.kc_s0 + kvh * a.kc_s1 + d * a.kc_s2 + kp % a.bs : kc;
+    copy4_async(Ks + d * kKeyStride + p, src, valid);
+  }
+#pragma unroll 4
+  for (int e = threadIdx.x; e < kKeys * (dv / 4); e += kThreads) {
+    const int p = e / (dv / 4), d = 4 * (e % (dv / 4)), kp = k0 + p;
+    const int64_t block = __shfl_sync(0xffffffffu, chunk_block, p / 4);
+    const bool valid = kp <= last;
+    const T* src =
+        valid ? vc + block * a.vc_s0 + kvh * a.vc_s1 + int64_t(kp % a.bs) * a.vc_s2 + d : vc;
+    copy4_async(Vs + p * vs + d, src, valid);
+  }
+}
+
+// 4 e4m3 elements → 4 bf16 (exact).
+__device__ __forceinline__ void widen4(const uint8_t* src, bf16* dst) {
+  const uint32_t u = *reinterpret_cast<const uint32_t*>(src);
+  __nv_bfloat16 b[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) b[i] = __float2bfloat16_rn(cache_to_f32(uint8_t(u >> (8 * i))));
+  *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(b);
+}
+
+// An e4m3 stage, landed, widened into the bf16 planes (same layout).
+__device__ __forceinline__ void widen_tile(const uint8_t* Ks, const uint8_t* Vs, bf16* Kp, bf16* Vp,
+                                           int hd, int dv) {
+  const int vs = value_stride(dv);
+  for (int e = threadIdx.x; e < hd * (kKeys / 4); e += kThreads) {
+    const int d = e / (kKeys / 4), p = 4 * (e % (kKeys / 4));
+    widen4(Ks + d * kKeyStride + p, Kp + d * kKeyStride + p);
+  }
+  for (int e = threadIdx.x; e < kKeys * (dv / 4); e += kThreads) {
+    const int p = e / (dv / 4), d = 4 * (e % (dv / 4));
+    widen4(Vs + p * vs + d, Vp + p * vs + d);
+  }
+}
+
+// x0, x1's three bf16 terms, each pair packed as a fragment register (x0 in the low half).
+__device__ __forceinline__ void split3_bf16x2(float x0, float x1, uint32_t (&t)[kTerms]) {
+#pragma unroll
+  for (int i = 0; i < kTerms; ++i) {
+    const bf16 h0 = __float2bfloat16_rn(x0), h1 = __float2bfloat16_rn(x1);
+    t[i] = uint32_t(__bfloat16_as_ushort(h0)) | uint32_t(__bfloat16_as_ushort(h1)) << 16;
+    x0 -= __bfloat162float(h0), x1 -= __bfloat162float(h1);
+  }
+}
+
+// c0 += a · b (b[0..1]) and c1 += a · b' (b[2..3]), a as its terms, the smallest first.
+__device__ __forceinline__ void mma_terms(float (&c0)[4], float (&c1)[4],
+                                          const uint32_t (&a)[kTerms][4], const uint32_t (&b)[4]) {
+#pragma unroll
+  for (int i = kTerms - 1; i >= 0; --i) {
+    mma_bf16(c0, a[i], b[0], b[1]);
+    mma_bf16(c1, a[i], b[2], b[3]);
+  }
+}
+
+// grid (query tiles, kv_heads), kThreads. DV_MAX ≥ dv (a multiple of 16) bounds the
+// accumulator's registers: acc[j] holds value channels [8j, 8j + 8) of the thread's rows g and
+// g + 8 (g = lane / 4).
+template <int DV_MAX, typename T>
+__global__ void __launch_bounds__(kThreads) attention_bf16_kernel(AttnArgs a) {
+  constexpr bool kWiden = !std::is_same_v<T, uint16_t>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int hd = a.hd, dv = a.dv, group = a.group, qs = query_stride(hd), vs = value_stride(dv);
+  const Smem sm(hd, dv, sizeof(T));
+  bf16* Qp = reinterpret_cast<bf16*>(smem);
+  unsigned char* stages = smem + kTerms * sm.q;
+  auto stage_k = [&](int i) {
+    return reinterpret_cast<T*>(stages + i * (sm.k_stage + sm.v_stage));
+  };
+  auto stage_v = [&](int i) {
+    return reinterpret_cast<T*>(stages + i * (sm.k_stage + sm.v_stage) + sm.k_stage);
+  };
+  bf16* Kp = reinterpret_cast<bf16*>(stages + 2 * (sm.k_stage + sm.v_stage));  // kWiden only
+  bf16* Vp = Kp + sm.k_plane / sizeof(bf16);
+  const size_t q_plane = sm.q / sizeof(bf16);
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4, c = lane % 4;  // fragment row and column
+  // ldmatrix: the row and column of this lane's row address within a 16 × 16 block.
+  const int lm_row = lane % 8 + 8 * (lane / 8 % 2), lm_col = 8 * (lane / 16);
+
+  // The tiles of sequence s follow those of sequence s − 1.
+  const int tokens_per_tile = kRows / group;
+  int tile = int(blockIdx.x), s = 0, t0 = 0, t_end = 0;
+  for (; s < a.n_seqs; ++s) {
+    const int len = a.seq_start[s + 1] - a.seq_start[s];
+    const int n_tiles = (len + tokens_per_tile - 1) / tokens_per_tile;
+    if (tile < n_tiles) {
+      t0 = a.seq_start[s] + tile * tokens_per_tile;
+      t_end = min(a.seq_start[s + 1], t0 + tokens_per_tile);
+      break;
+    }
+    tile -= n_tiles;
+  }
+  if (s == a.n_seqs) return;
+  const int kvh = int(blockIdx.y), n_rows = (t_end - t0) * group;
+  const int32_t* table = a.block_ids + a.block_start[s];
+  const int m0 = warp * 16;
+  // The last key any row of the warp, or of the block, attends to.
+  int warp_max_pos = -1, max_pos = -1;
+  for (int t = t0; t < t_end; ++t) {
+    const int pos = a.positions[t];
+    max_pos = max(max_pos, pos);
+    if ((t - t0 + 1) * group > m0 && (t - t0) * group < m0 + 16) {
+      warp_max_pos = max(warp_max_pos, pos);
+    }
+  }
+  // A first tile of positions written by earlier forwards (a prompt continuing a cached
+  // prefix: the sequence's positions in this forward start at first_new) is copied before
+  // waiting for the kernel before, which writes the new ones; the batch mirror read so far was
+  // uploaded before the forward's kernels. Only when the tile ends on a cache block's end and
+  // a block's head slices fill whole 128-byte lines: the copies go through L1, which must not
+  // keep a line that the kernel before still writes.
+  const bool early = kKeys % a.bs == 0 && a.kc_s1 * sizeof(T) % 128 == 0 &&
+                     a.vc_s1 * sizeof(T) % 128 == 0 &&
+                     min(max_pos, kKeys - 1) < a.positions[a.seq_start[s]];
+  if (early) start_tile<T>(a, table, kvh, 0, max_pos, stage_k(0), stage_v(0));
+  grid_dependency_sync();
+  if (!early) start_tile<T>(a, table, kvh, 0, max_pos, stage_k(0), stage_v(0));
+  copy_commit();
+
+  // Queries, scaled so that scores come out in log2 units (exp2 below), as their terms' planes.
+  const float q_scale = a.scale * 1.4426950408889634f;
+  for (int e = tid; e < kRows * hd / 2; e += kThreads) {
+    const int r = 2 * e / hd, d = 2 * e % hd;
+    float x[2] = {0.0f, 0.0f};
+    if (r < n_rows) {
+      const float* q =
+          a.q + int64_t(t0 + r / group) * a.q_s0 + int64_t(kvh * group + r % group) * a.q_s1 + d;
+      x[0] = q[0] * q_scale, x[1] = q[1] * q_scale;
+    }
+    uint32_t t[kTerms];
+    split3_bf16x2(x[0], x[1], t);
+#pragma unroll
+    for (int i = 0; i < kTerms; ++i) {
+      *reinterpret_cast<uint32_t*>(Qp + i * q_plane + r * qs + d) = t[i];
+    }
+  }
+  // Positions of the thread's two rows (-1: no row; it stays masked and is not stored).
+  int row_pos[2];
+  for (int i = 0; i < 2; ++i) {
+    const int r = m0 + g + 8 * i;
+    row_pos[i] = r < n_rows ? a.positions[t0 + r / group] : -1;
+  }
+
+  float acc[DV_MAX / 8][4];
+#pragma unroll
+  for (int j = 0; j < DV_MAX / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+  for (int k0 = 0, it = 0; k0 <= max_pos; k0 += kKeys, ++it) {
+    const int cur = it % 2;
+    // The next tile goes into the other stage, whose readers finished last iteration.
+    if (k0 + kKeys <= max_pos) {
+      start_tile<T>(a, table, kvh, k0 + kKeys, max_pos, stage_k(1 - cur), stage_v(1 - cur));
+    }
+    copy_commit();
+    copy_wait<1>();   // this thread's copies of the current tile have landed
+    __syncthreads();  // and everyone's (and the queries)
+    const bf16* Kt = reinterpret_cast<const bf16*>(stage_k(cur));
+    const bf16* Vt = reinterpret_cast<const bf16*>(stage_v(cur));
+    if constexpr (kWiden) {
+      widen_tile(reinterpret_cast<const uint8_t*>(stage_k(cur)),
+                 reinterpret_cast<const uint8_t*>(stage_v(cur)), Kp, Vp, hd, dv);
+      __syncthreads();
+      Kt = Kp, Vt = Vp;
+    }
+    if (k0 <= warp_max_pos) {  // else every key of the tile is past the warp's rows
+      // Scores S [16 rows × kKeys] of the warp: n-tile j holds keys [8j, 8j + 8).
+      float sc[kKeys / 8][4];
+#pragma unroll
+      for (int j = 0; j < kKeys / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+      const bf16* qrow = Qp + (m0 + lm_row) * qs + lm_col;
+      const bf16* krow = Kt + lm_row * kKeyStride + lm_col;
+#pragma unroll 2
+      for (int kk = 0; kk < hd; kk += 16) {
+        uint32_t aq[kTerms][4];
+#pragma unroll
+        for (int i = 0; i < kTerms; ++i) ldmatrix_x4<false>(aq[i], qrow + i * q_plane + kk);
+#pragma unroll
+        for (int j = 0; j < kKeys / 8; j += 2) {
+          uint32_t bk[4];
+          ldmatrix_x4<true>(bk, krow + kk * kKeyStride + 8 * j);
+          mma_terms(sc[j], sc[j + 1], aq, bk);
+        }
+      }
+      // Causal mask and the online softmax of the thread's rows g and g + 8.
+      float corr[2];
+      online_softmax_tile<kKeys / 8, false>(sc, k0, c, row_pos, 0, m, l, corr);
+#pragma unroll
+      for (int j = 0; j < DV_MAX / 8; ++j) {
+        acc[j][0] *= corr[0], acc[j][1] *= corr[0];
+        acc[j][2] *= corr[1], acc[j][3] *= corr[1];
+      }
+      // acc += P · V over each 16 keys: the score fragments of n-tiles 2kk and 2kk + 1 are the
+      // a operand as they lie (rows g, g + 8; keys 2c, 2c + 1 and 8 + 2c, 9 + 2c).
+#pragma unroll
+      for (int kk = 0; kk < kKeys / 16; ++kk) {
+        uint32_t ap[kTerms][4], t[kTerms];
+#pragma unroll
+        for (int f = 0; f < 4; ++f) {
+          const float(&s)[4] = sc[2 * kk + f / 2];
+          split3_bf16x2(s[2 * (f % 2)], s[2 * (f % 2) + 1], t);
+#pragma unroll
+          for (int i = 0; i < kTerms; ++i) ap[i][f] = t[i];
+        }
+        const bf16* vrow = Vt + (16 * kk + lm_row) * vs + lm_col;
+#pragma unroll
+        for (int n = 0; n < DV_MAX / 8; n += 2) {
+          if (8 * n < dv) {
+            uint32_t bv[4];
+            ldmatrix_x4<true>(bv, vrow + 8 * n);
+            mma_terms(acc[n], acc[n + 1], ap, bv);
+          }
+        }
+      }
+    }
+    __syncthreads();  // the stage is free for the copy two tiles ahead
+  }
+  quad_sums(l);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = m0 + g + 8 * i;
+    if (r >= n_rows) continue;
+    const int t = t0 + r / group, h = kvh * group + r % group;
+    const float inv = 1.0f / l[i];
+#pragma unroll
+    for (int j = 0; j < DV_MAX / 8; ++j) {
+      if (8 * j < dv) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+          store_out(a, t, h, 8 * j + 2 * c + hh, acc[j][2 * i + hh] * inv, dv);
+      }
+    }
+  }
+}
+
+template <int DV_MAX, typename T>
+void launch_dv(const AttnArgs& a, dim3 grid, size_t smem, cudaStream_t stream) {
+  static size_t opted_in = 48 << 10;
+  if (smem > opted_in) {
+    RECUR_CUDA_CHECK(cudaFuncSetAttribute(attention_bf16_kernel<DV_MAX, T>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    opted_in = smem;
+  }
+  launch_kernel(attention_bf16_kernel<DV_MAX, T>, grid, kThreads, smem, stream, a);
+}
+
+template <typename T>
+void launch_type(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
+  const size_t smem = Smem(a.hd, a.dv, sizeof(T)).total;
+  if (a.dv <= 64) {
+    launch_dv<64, T>(a, grid, smem, stream);
+  } else if (a.dv <= 128) {
+    launch_dv<128, T>(a, grid, smem, stream);
+  } else {
+    launch_dv<256, T>(a, grid, smem, stream);
+  }
+}
+
+}  // namespace
+
+size_t attention_bf16_smem_bytes(int hd, int dv) {
+  return std::max(Smem(hd, dv, 2).total, Smem(hd, dv, 1).total);
+}
+
+void launch_attention_bf16(const AttnArgs& a, DType cache, dim3 grid, cudaStream_t stream) {
+  if (cache == DType::BF16) {
+    launch_type<uint16_t>(a, grid, stream);
+  } else {
+    RECUR_CHECK(cache == DType::F8_E4M3);
+    launch_type<uint8_t>(a, grid, stream);
+  }
+}
+
+}  // namespace cuda
+}  // namespace recur
