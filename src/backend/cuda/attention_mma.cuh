@@ -163,12 +163,77 @@ __device__ __forceinline__ void online_softmax_tile(float (&sc)[NJ][4], int k0, 
   }
 }
 
+// A prompt kernel block's tokens: tile `tile` of the tiles of tokens_per_tile tokens, those of
+// sequence s following those of s − 1. s is a.n_seqs past the last tile.
+struct RowTile {
+  int s = 0, t0 = 0, t_end = 0;  // sequence, tokens [t0, t_end)
+};
+__device__ __forceinline__ RowTile find_row_tile(const AttnArgs& a, int tokens_per_tile, int tile) {
+  RowTile r;
+  for (; r.s < a.n_seqs; ++r.s) {
+    const int len = a.seq_start[r.s + 1] - a.seq_start[r.s];
+    const int n_tiles = (len + tokens_per_tile - 1) / tokens_per_tile;
+    if (tile < n_tiles) {
+      r.t0 = a.seq_start[r.s] + tile * tokens_per_tile;
+      r.t_end = min(a.seq_start[r.s + 1], r.t0 + tokens_per_tile);
+      break;
+    }
+    tile -= n_tiles;
+  }
+  return r;
+}
+
+// The last key any row of the block's tokens [t0, t_end) attends to, and (-1 if none) any of
+// the warp's rows [m0, m0 + 16), a row being (token, query head of the group).
+__device__ __forceinline__ void last_keys(const AttnArgs& a, int t0, int t_end, int m0,
+                                          int& max_pos, int& warp_max_pos) {
+  warp_max_pos = -1, max_pos = -1;
+  for (int t = t0; t < t_end; ++t) {
+    const int pos = a.positions[t];
+    max_pos = max(max_pos, pos);
+    if ((t - t0 + 1) * a.group > m0 && (t - t0) * a.group < m0 + 16) {
+      warp_max_pos = max(warp_max_pos, pos);
+    }
+  }
+}
+
 // Each row's denominator, the sum of its quad's parts.
 __device__ __forceinline__ void quad_sums(float (&l)[2]) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
     l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+  }
+}
+
+// The normalised outputs of a warp's rows m0 + g and m0 + g + 8 (row r: token t0 + r / group,
+// head of kv head kvh) from its accumulators over value channels [8j, 8j + 8) and the rows'
+// denominators l (quad_sums done), times σ(gate) when gated; rows from n_rows on are not stored.
+template <int NJ>
+__device__ __forceinline__ void store_rows(const AttnArgs& a, const float (&acc)[NJ][4],
+                                           const float (&l)[2], int m0, int g, int c, int n_rows,
+                                           int t0, int kvh) {
+  const int group = a.group, dv = a.dv;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = m0 + g + 8 * i;
+    if (r >= n_rows) continue;
+    const int t = t0 + r / group, h = kvh * group + r % group;
+    float* out = a.out + int64_t(t) * a.o_s0 + int64_t(h) * a.o_s1;
+    const float* gate = a.gate ? a.gate + int64_t(t) * a.g_s0 + int64_t(h) * dv : nullptr;
+    const float inv = 1.0f / l[i];
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+      if (8 * j < dv) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int d = 8 * j + 2 * c + hh;
+          float v = acc[j][2 * i + hh] * inv;
+          if (gate) v *= sigmoid(gate[d]);
+          out[d] = v;
+        }
+      }
+    }
   }
 }
 
@@ -211,6 +276,57 @@ void launch_attention_decode(const AttnArgs& a, DType cache, dim3 grid, cudaStre
 
 // Query rows (token, query head) per block of the prompt kernels.
 constexpr int kPromptRows = 64;
+
+// Starts the copies of a tile of kKeys positions from k0 of the keys and (with values) the
+// values, as chunks of 4 elements, zeros past `last`: key_copy(d, p, src, valid) for positions
+// p .. p + 3 of channel d (one cache block: bs is a multiple of 4), value_copy(p, d, src, valid)
+// for channels d .. d + 3 of position p, split among kThreads threads. Lane j of each warp looks
+// up the cache block of the tile's chunk j once and the lanes take theirs from it: a lookup per
+// copy would be a dependent load before each (a round trip to L2 for every few copies issued).
+// The trip counts must be multiples of 32 (whole warps shuffle): hd · kKeys / 4 and dv · kKeys
+// / 4 of kThreads-strided elements.
+template <int kKeys, int kThreads, int kUnroll, typename T, typename KeyCopy, typename ValueCopy>
+__device__ __forceinline__ void copy_tile(const AttnArgs& a, const int32_t* table, int kvh, int k0,
+                                          int last, bool values, KeyCopy&& key_copy,
+                                          ValueCopy&& value_copy) {
+  static_assert(kKeys / 4 <= 32, "a lane per chunk");
+  const int hd = a.hd, dv = a.dv, lane = threadIdx.x % 32;
+  const T* kc = static_cast<const T*>(a.kc);
+  const T* vc = static_cast<const T*>(a.vc);
+  int64_t chunk_block = 0;
+  if (lane < kKeys / 4 && k0 + 4 * lane <= last) chunk_block = table[(k0 + 4 * lane) / a.bs];
+#pragma unroll kUnroll
+  for (int e = threadIdx.x; e < hd * (kKeys / 4); e += kThreads) {
+    const int d = e / (kKeys / 4), p = 4 * (e % (kKeys / 4)), kp = k0 + p;
+    const int64_t block = __shfl_sync(0xffffffffu, chunk_block, p / 4);
+    const bool valid = kp <= last;
+    key_copy(d, p, valid ? kc + block * a.kc_s0 + kvh * a.kc_s1 + d * a.kc_s2 + kp % a.bs : kc,
+             valid);
+  }
+  if (!values) return;
+#pragma unroll kUnroll
+  for (int e = threadIdx.x; e < kKeys * (dv / 4); e += kThreads) {
+    const int p = e / (dv / 4), d = 4 * (e % (dv / 4)), kp = k0 + p;
+    const int64_t block = __shfl_sync(0xffffffffu, chunk_block, p / 4);
+    const bool valid = kp <= last;
+    value_copy(p, d,
+               valid ? vc + block * a.vc_s0 + kvh * a.vc_s1 + int64_t(kp % a.bs) * a.vc_s2 + d : vc,
+               valid);
+  }
+}
+
+// Launches kKernel (a prompt kernel) with smem bytes of dynamic shared memory, raising its
+// limit first when smem is more than it has been allowed so far.
+template <auto kKernel>
+void launch_opted_in(dim3 grid, int threads, size_t smem, cudaStream_t stream, const AttnArgs& a) {
+  static size_t opted_in = 48 << 10;
+  if (smem > opted_in) {
+    RECUR_CUDA_CHECK(
+        cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    opted_in = smem;
+  }
+  launch_kernel(kKernel, grid, threads, smem, stream, a);
+}
 
 // The row tiles of tokens_per_tile tokens of each sequence (a prompt kernel's grid.x), and,
 // when asked, the keys they read: each tile its last token's context.

@@ -50,24 +50,16 @@ size_t latent_smem_bytes(int hd) {
 }
 
 // Starts the copies of positions k0 .. k0 + kKeys − 1 of every key channel (zeros outside
-// [k0, p_end)): chunks of 4 positions, within one cache block (bs is a multiple of 4). Lane j
-// of each warp looks up the cache block of chunk j once and the lanes take theirs from it, so
-// no copy waits on a load of its own address. The trip count is a multiple of 32 (hd of 64).
+// [k0, p_end)).
 template <typename T>
 __device__ __forceinline__ void start_tile(const AttnArgs& a, const int32_t* table, int kvh, int k0,
                                            int p_end, float* tile) {
-  const T* kc = static_cast<const T*>(a.kc);
-  const int lane = threadIdx.x % 32;
-  int64_t chunk_block = 0;
-  if (lane < kKeys / 4 && k0 + 4 * lane < p_end) chunk_block = table[(k0 + 4 * lane) / a.bs];
-#pragma unroll 3
-  for (int e = threadIdx.x; e < a.hd * (kKeys / 4); e += kThreads) {
-    const int d = e / (kKeys / 4), p = 4 * (e % (kKeys / 4)), kp = k0 + p;
-    const int64_t block = __shfl_sync(0xffffffffu, chunk_block, p / 4);
-    const bool valid = kp < p_end;
-    const T* src = valid ? kc + block * a.kc_s0 + kvh * a.kc_s1 + d * a.kc_s2 + kp % a.bs : kc;
-    copy4(tile + d * kTileStride + p, src, valid);
-  }
+  copy_tile<kKeys, kThreads, 3, T>(
+      a, table, kvh, k0, p_end - 1, false,
+      [&](int d, int p, const T* src, bool valid) {
+        copy4(tile + d * kTileStride + p, src, valid);
+      },
+      [](int, int, const T*, bool) {});
 }
 
 // grid (row tiles, kv_heads, n_splits), kThreads. With splits a block holds one token's rows
@@ -87,18 +79,9 @@ __global__ void __launch_bounds__(kThreads, 1) latent_attention_mma_kernel(AttnA
 
   // The block's tokens [t0, t_end) of sequence s: the tiles of sequence s follow those of s − 1.
   const int tokens_per_tile = a.n_splits > 1 ? 1 : kRows / group;
-  int tile = int(blockIdx.x), s = 0, t0 = 0, t_end = 0;
-  for (; s < a.n_seqs; ++s) {
-    const int len = a.seq_start[s + 1] - a.seq_start[s];
-    const int n_tiles = (len + tokens_per_tile - 1) / tokens_per_tile;
-    if (tile < n_tiles) {
-      t0 = a.seq_start[s] + tile * tokens_per_tile;
-      t_end = min(a.seq_start[s + 1], t0 + tokens_per_tile);
-      break;
-    }
-    tile -= n_tiles;
-  }
-  if (s == a.n_seqs) return;
+  const RowTile rt = find_row_tile(a, tokens_per_tile, int(blockIdx.x));
+  if (rt.s == a.n_seqs) return;
+  const int s = rt.s, t0 = rt.t0, t_end = rt.t_end;
   const int kvh = int(blockIdx.y), sp = int(blockIdx.z), n_rows = (t_end - t0) * group;
   const int32_t* table = a.block_ids + a.block_start[s];
   int max_pos = -1;

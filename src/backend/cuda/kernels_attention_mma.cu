@@ -94,38 +94,18 @@ struct TileCopy {
   float* Vs;  // [kKeys][vs]
 };
 
-// Starts the copies of keys and values k0 .. k0 + kKeys − 1 (zeros past max_pos). Lane j of
-// each warp looks up the cache block of the tile's 4-position chunk j once, and the lanes take
-// theirs from it (as kernels_attention_bf16.cu's tiles: no dependent load before each copy).
+// Starts the copies of keys and values k0 .. k0 + kKeys − 1 (zeros past max_pos), values into
+// the rows key_row orders.
 template <typename T>
 __device__ __forceinline__ void start_tile(const AttnArgs& a, const int32_t* table, int kvh, int k0,
                                            int max_pos, TileCopy t) {
-  static_assert(kKeys / 4 <= 32, "a lane per chunk");
-  const int hd = a.hd, dv = a.dv, vs = value_stride(dv), lane = threadIdx.x % 32;
-  const T* kc = static_cast<const T*>(a.kc);
-  const T* vc = static_cast<const T*>(a.vc);
-  int64_t chunk_block = 0;
-  if (lane < kKeys / 4 && k0 + 4 * lane <= max_pos) chunk_block = table[(k0 + 4 * lane) / a.bs];
-    // Keys: chunks of 4 positions (one cache block: bs is a multiple of 4) of one channel. The
-    // trip counts are multiples of 32 (hd a multiple of 16, dv of 8): whole warps shuffle.
-#pragma unroll 4
-  for (int e = threadIdx.x; e < hd * (kKeys / 4); e += kThreads) {
-    const int d = e / (kKeys / 4), p = 4 * (e % (kKeys / 4)), kp = k0 + p;
-    const int64_t block = __shfl_sync(0xffffffffu, chunk_block, p / 4);
-    const bool valid = kp <= max_pos;
-    const T* src = valid ? kc + block * a.kc_s0 + kvh * a.kc_s1 + d * a.kc_s2 + kp % a.bs : kc;
-    copy4(t.Ks + d * kKeyStride + p, src, valid);
-  }
-  // Values: chunks of 4 channels of one position.
-#pragma unroll 4
-  for (int e = threadIdx.x; e < kKeys * (dv / 4); e += kThreads) {
-    const int p = e / (dv / 4), d = 4 * (e % (dv / 4)), kp = k0 + p;
-    const int64_t block = __shfl_sync(0xffffffffu, chunk_block, p / 4);
-    const bool valid = kp <= max_pos;
-    const T* src =
-        valid ? vc + block * a.vc_s0 + kvh * a.vc_s1 + int64_t(kp % a.bs) * a.vc_s2 + d : vc;
-    copy4(t.Vs + key_row(p) * vs + d, src, valid);
-  }
+  const int vs = value_stride(a.dv);
+  copy_tile<kKeys, kThreads, 4, T>(
+      a, table, kvh, k0, max_pos, true,
+      [&](int d, int p, const T* src, bool valid) { copy4(t.Ks + d * kKeyStride + p, src, valid); },
+      [&](int p, int d, const T* src, bool valid) {
+        copy4(t.Vs + key_row(p) * vs + d, src, valid);
+      });
 }
 
 // grid (query tiles, kv_heads), kThreads. DV_MAX ≥ dv bounds the accumulator's registers:
@@ -146,30 +126,14 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(AttnArgs a) {
 
   // The tiles of sequence s follow those of sequence s − 1.
   const int tokens_per_tile = kRows / group;
-  int tile = int(blockIdx.x), s = 0, t0 = 0, t_end = 0;
-  for (; s < a.n_seqs; ++s) {
-    const int len = a.seq_start[s + 1] - a.seq_start[s];
-    const int n_tiles = (len + tokens_per_tile - 1) / tokens_per_tile;
-    if (tile < n_tiles) {
-      t0 = a.seq_start[s] + tile * tokens_per_tile;
-      t_end = min(a.seq_start[s + 1], t0 + tokens_per_tile);
-      break;
-    }
-    tile -= n_tiles;
-  }
-  if (s == a.n_seqs) return;
+  const RowTile rt = find_row_tile(a, tokens_per_tile, int(blockIdx.x));
+  if (rt.s == a.n_seqs) return;
+  const int s = rt.s, t0 = rt.t0, t_end = rt.t_end;
   const int kvh = int(blockIdx.y), n_rows = (t_end - t0) * group;
   const int32_t* table = a.block_ids + a.block_start[s];
   const int m0 = warp * 16;
-  // The last key any row of the warp, or of the block, attends to.
-  int warp_max_pos = -1, max_pos = -1;
-  for (int t = t0; t < t_end; ++t) {
-    const int pos = a.positions[t];
-    max_pos = max(max_pos, pos);
-    if ((t - t0 + 1) * group > m0 && (t - t0) * group < m0 + 16) {
-      warp_max_pos = max(warp_max_pos, pos);
-    }
-  }
+  int max_pos, warp_max_pos;  // the last key any row of the block, or of the warp, attends to
+  last_keys(a, t0, t_end, m0, max_pos, warp_max_pos);
   start_tile<T>(a, table, kvh, 0, max_pos, even);
   copy_commit();
 
@@ -262,38 +226,12 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(AttnArgs a) {
     __syncthreads();  // the stage is free for the copy two tiles ahead
   }
   quad_sums(l);
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int r = m0 + g + 8 * i;
-    if (r >= n_rows) continue;
-    const int t = t0 + r / group, h = kvh * group + r % group;
-    float* out = a.out + int64_t(t) * a.o_s0 + int64_t(h) * a.o_s1;
-    const float* gate = a.gate ? a.gate + int64_t(t) * a.g_s0 + int64_t(h) * dv : nullptr;
-    const float inv = 1.0f / l[i];
-#pragma unroll
-    for (int j = 0; j < DV_MAX / 8; ++j) {
-      if (8 * j < dv) {
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int d = 8 * j + 2 * c + hh;
-          float v = acc[j][2 * i + hh] * inv;
-          if (gate) v *= sigmoid(gate[d]);
-          out[d] = v;
-        }
-      }
-    }
-  }
+  store_rows(a, acc, l, m0, g, c, n_rows, t0, kvh);
 }
 
 template <int DV_MAX, typename T>
 void launch_dv(const AttnArgs& a, dim3 grid, size_t smem, cudaStream_t stream) {
-  static size_t opted_in = 48 << 10;
-  if (smem > opted_in) {
-    RECUR_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<DV_MAX, T>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    opted_in = smem;
-  }
-  launch_kernel(attention_mma_kernel<DV_MAX, T>, grid, kThreads, smem, stream, a);
+  launch_opted_in<attention_mma_kernel<DV_MAX, T>>(grid, kThreads, smem, stream, a);
 }
 
 // Shared memory of the kernel for the cache type.
