@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/reference.h"
@@ -33,6 +34,13 @@ struct HostTensor {
     bytes = o.bytes;
     t = o.t;
     t.data = bytes.data();
+    return *this;
+  }
+  // A move keeps the bytes' buffer, so views into it stay valid (a growing vector moves).
+  HostTensor(HostTensor&& o) noexcept : bytes(std::move(o.bytes)), t(o.t) {}
+  HostTensor& operator=(HostTensor&& o) noexcept {
+    bytes = std::move(o.bytes);
+    t = o.t;
     return *this;
   }
   float* f() const { return t.ptr<float>(); }

@@ -36,6 +36,20 @@ TEST_F(BasicOps, CopyMovesOneRowOfAPoolExactly) {
   EXPECT_EQ(std::memcmp(pool.f() + 2 * 5 * 33, before.f() + 5 * 33, 5 * 33 * 4), 0);
 }
 
+// The tests' host tensors: a view taken of one stays valid while the vector holding it grows
+// (a move keeps the bytes' buffer; a copy would leave the view pointing at freed memory).
+TEST_F(BasicOps, HostTensorViewsSurviveAGrowingVector) {
+  std::vector<HostTensor> held;
+  held.emplace_back(DType::F32, std::initializer_list<int64_t>{4, 8});
+  fill_random(held[0], rng);
+  const Tensor view = held[0].t.slice_rows(1, 3);
+  const float first = view.ptr<float>()[0];
+  for (int i = 0; i < 64; ++i) held.emplace_back(DType::F32, std::initializer_list<int64_t>{4, 8});
+  EXPECT_EQ(view.data, static_cast<const void*>(held[0].f() + 8));
+  EXPECT_EQ(held[0].t.data, static_cast<const void*>(held[0].bytes.data()));
+  EXPECT_EQ(view.ptr<float>()[0], first);
+}
+
 TEST_F(BasicOps, MatmulMatchesReferenceForEveryWeightDtypeAndOddSizes) {
   for (DType wt : {DType::F32, DType::BF16, DType::F16}) {
     for (int64_t n : {1, 3, 4, 5, 33, 70}) {
