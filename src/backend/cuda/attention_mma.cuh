@@ -6,7 +6,6 @@
 
 #include <cuda_fp8.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -326,23 +325,6 @@ void launch_opted_in(dim3 grid, int threads, size_t smem, cudaStream_t stream, c
     opted_in = smem;
   }
   launch_kernel(kKernel, grid, threads, smem, stream, a);
-}
-
-// The row tiles of tokens_per_tile tokens of each sequence (a prompt kernel's grid.x), and,
-// when asked, the keys they read: each tile its last token's context.
-inline int64_t prompt_row_tiles(const SeqLayout& layout, int tokens_per_tile,
-                                double* positions = nullptr) {
-  int64_t tiles = 0;
-  for (int s = 0; s < layout.n_seqs; ++s) {
-    for (int t = layout.seq_start[s]; t < layout.seq_start[s + 1]; t += tokens_per_tile) {
-      ++tiles;
-      if (positions) {
-        const int last = std::min(layout.seq_start[s + 1], t + tokens_per_tile) - 1;
-        *positions += layout.positions[last] + 1;
-      }
-    }
-  }
-  return tiles;
 }
 
 // The prompt kernel for BF16 and F8_E4M3 caches (kernels_attention_bf16.cu): grid (row tiles

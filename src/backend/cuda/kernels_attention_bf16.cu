@@ -32,8 +32,8 @@ constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kRows = kPromptRows;
 static_assert(kRows == 16 * kWarps, "a warp owns 16 rows");
-constexpr int kKeys = 32;  // key positions per tile
-constexpr int kTerms = 3;  // of the queries and the weights: hi, mid, lo
+constexpr int kKeys = 32;           // key positions per tile
+constexpr int kTerms = kBf16Terms;  // of the queries and the weights
 // Row strides (elements): 16-byte rows an odd number of 16 bytes apart, so the 8 rows of an
 // ldmatrix matrix lie in 8 distinct bank groups (for an e4m3 stage they only need alignment).
 constexpr int kKeyStride = kKeys + 8;
@@ -102,16 +102,6 @@ __device__ __forceinline__ void widen_tile(const uint8_t* Ks, const uint8_t* Vs,
   for (int e = threadIdx.x; e < kKeys * (dv / 4); e += kThreads) {
     const int p = e / (dv / 4), d = 4 * (e % (dv / 4));
     widen4(Vs + p * vs + d, Vp + p * vs + d);
-  }
-}
-
-// x0, x1's three bf16 terms, each pair packed as a fragment register (x0 in the low half).
-__device__ __forceinline__ void split3_bf16x2(float x0, float x1, uint32_t (&t)[kTerms]) {
-#pragma unroll
-  for (int i = 0; i < kTerms; ++i) {
-    const bf16 h0 = __float2bfloat16_rn(x0), h1 = __float2bfloat16_rn(x1);
-    t[i] = uint32_t(__bfloat16_as_ushort(h0)) | uint32_t(__bfloat16_as_ushort(h1)) << 16;
-    x0 -= __bfloat162float(h0), x1 -= __bfloat162float(h1);
   }
 }
 

@@ -96,21 +96,22 @@ struct TileCopy {
 
 // Starts the copies of keys and values k0 .. k0 + kKeys − 1 (zeros past max_pos), values into
 // the rows key_row orders.
-template <typename T>
 __device__ __forceinline__ void start_tile(const AttnArgs& a, const int32_t* table, int kvh, int k0,
                                            int max_pos, TileCopy t) {
   const int vs = value_stride(a.dv);
-  copy_tile<kKeys, kThreads, 4, T>(
+  copy_tile<kKeys, kThreads, 4, float>(
       a, table, kvh, k0, max_pos, true,
-      [&](int d, int p, const T* src, bool valid) { copy4(t.Ks + d * kKeyStride + p, src, valid); },
-      [&](int p, int d, const T* src, bool valid) {
+      [&](int d, int p, const float* src, bool valid) {
+        copy4(t.Ks + d * kKeyStride + p, src, valid);
+      },
+      [&](int p, int d, const float* src, bool valid) {
         copy4(t.Vs + key_row(p) * vs + d, src, valid);
       });
 }
 
 // grid (query tiles, kv_heads), kThreads. DV_MAX ≥ dv bounds the accumulator's registers:
 // acc[j] holds value channels [8j, 8j + 8) of the thread's rows g and g + 8 (g = lane / 4).
-template <int DV_MAX, typename T>
+template <int DV_MAX>
 __global__ void __launch_bounds__(kThreads) attention_mma_kernel(AttnArgs a) {
   grid_dependency_sync();
   extern __shared__ __align__(16) float smem[];
@@ -134,7 +135,7 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(AttnArgs a) {
   const int m0 = warp * 16;
   int max_pos, warp_max_pos;  // the last key any row of the block, or of the warp, attends to
   last_keys(a, t0, t_end, m0, max_pos, warp_max_pos);
-  start_tile<T>(a, table, kvh, 0, max_pos, even);
+  start_tile(a, table, kvh, 0, max_pos, even);
   copy_commit();
 
   // Queries, scaled so that scores come out in log2 units (exp2 below).
@@ -162,7 +163,7 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(AttnArgs a) {
     const TileCopy cur = it % 2 ? odd : even;
     // The next tile goes into the other stage, whose readers finished last iteration.
     if (k0 + kKeys <= max_pos) {
-      start_tile<T>(a, table, kvh, k0 + kKeys, max_pos, it % 2 ? even : odd);
+      start_tile(a, table, kvh, k0 + kKeys, max_pos, it % 2 ? even : odd);
     }
     copy_commit();
     copy_wait<1>();            // this thread's copies of the current tile have landed
@@ -229,9 +230,9 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(AttnArgs a) {
   store_rows(a, acc, l, m0, g, c, n_rows, t0, kvh);
 }
 
-template <int DV_MAX, typename T>
+template <int DV_MAX>
 void launch_dv(const AttnArgs& a, dim3 grid, size_t smem, cudaStream_t stream) {
-  launch_opted_in<attention_mma_kernel<DV_MAX, T>>(grid, kThreads, smem, stream, a);
+  launch_opted_in<attention_mma_kernel<DV_MAX>>(grid, kThreads, smem, stream, a);
 }
 
 // Shared memory of the kernel for the cache type.
@@ -245,11 +246,28 @@ bool attention_mma_fits(DType cache, int group, int hd, int dv, int block_size, 
          prompt_smem_bytes(cache, hd, dv) <= max_smem;
 }
 
+// The row tiles of tokens_per_tile tokens of each sequence (a prompt kernel's grid.x), and,
+// when asked, the keys they read: each tile its last token's context.
+int64_t prompt_row_tiles(const SeqLayout& layout, int tokens_per_tile,
+                         double* positions = nullptr) {
+  int64_t tiles = 0;
+  for (int s = 0; s < layout.n_seqs; ++s) {
+    for (int t = layout.seq_start[s]; t < layout.seq_start[s + 1]; t += tokens_per_tile) {
+      ++tiles;
+      if (positions) {
+        const int last = std::min(layout.seq_start[s + 1], t + tokens_per_tile) - 1;
+        *positions += layout.positions[last] + 1;
+      }
+    }
+  }
+  return tiles;
+}
+
 void launch_attention_mma(const AttnArgs& a, DType cache, const SeqLayout& layout, int kv_heads,
                           cudaStream_t stream, double* cache_bytes) {
-  double positions = 0;
-  const int64_t n_tiles = prompt_row_tiles(layout, kRows / a.group, &positions);
-  // A tile reads keys and values up to its last position.
+  double positions = 0;  // for the profile: a tile reads keys and values up to its last position
+  const int64_t n_tiles =
+      prompt_row_tiles(layout, kRows / a.group, cache_bytes ? &positions : nullptr);
   if (cache_bytes) {
     *cache_bytes = positions * double(kv_heads) * double(a.hd + a.dv) * double(dtype_size(cache));
   }
@@ -261,11 +279,11 @@ void launch_attention_mma(const AttnArgs& a, DType cache, const SeqLayout& layou
   }
   const size_t smem = mma_smem_bytes(a.hd, a.dv);
   if (a.dv <= 64) {
-    launch_dv<64, float>(a, grid, smem, stream);
+    launch_dv<64>(a, grid, smem, stream);
   } else if (a.dv <= 128) {
-    launch_dv<128, float>(a, grid, smem, stream);
+    launch_dv<128>(a, grid, smem, stream);
   } else {
-    launch_dv<256, float>(a, grid, smem, stream);
+    launch_dv<256>(a, grid, smem, stream);
   }
 }
 

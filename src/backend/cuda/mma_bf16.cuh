@@ -1,10 +1,10 @@
-// BF16 tensor-core products near f32's accuracy: x = hi + lo, both bf16 (lo the rounded rest:
-// about 2^-17 relative), and a·b as al·bh + ah·bl + ah·bh (the small terms first); an operand
-// that is exactly bf16 already (a BF16 or F8_E4M3 cache) has no lo term. Fragments are those
-// of mma.sync m16n8k16 .bf16 with g = lane / 4, c = lane % 4: a (16 × 16, row-major) holds
-// rows g, g + 8 at columns 2c, 2c + 1 and 2c + 8, 2c + 9; b (16 × 8) rows 2c, 2c + 1 and
-// 2c + 8, 2c + 9 of column g; the f32 accumulator c (16 × 8) rows g, g + 8 at columns 2c, 2c + 1
-// (the layout of mma_tf32.cuh's).
+// BF16 tensor-core products near f32's accuracy: an f32 operand is split into three bf16 terms
+// x = hi + mid + lo (f32's 24-bit significand: about 2^-24 relative; two terms leave 2^-16),
+// each multiplied on the tensor cores against an exactly-bf16 operand with f32 accumulation.
+// Fragments are those of mma.sync m16n8k16 .bf16 with g = lane / 4, c = lane % 4: a (16 × 16,
+// row-major) holds rows g, g + 8 at columns 2c, 2c + 1 and 2c + 8, 2c + 9; b (16 × 8) rows 2c,
+// 2c + 1 and 2c + 8, 2c + 9 of column g; the f32 accumulator c (16 × 8) rows g, g + 8 at
+// columns 2c, 2c + 1 (the layout of mma_tf32.cuh's).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -13,20 +13,17 @@
 
 namespace recur::cuda {
 
-// x's bf16 hi and lo parts (round to nearest).
-__device__ __forceinline__ void split_bf16(float x, __nv_bfloat16& hi, __nv_bfloat16& lo) {
-  hi = __float2bfloat16_rn(x);
-  lo = __float2bfloat16_rn(x - __bfloat162float(hi));
-}
+constexpr int kBf16Terms = 3;  // hi, mid, lo
 
-// Two values' hi parts and lo parts, each packed as an a or b fragment register (the first
-// value in the low half).
-__device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
-  __nv_bfloat16 h0, l0, h1, l1;
-  split_bf16(x0, h0, l0);
-  split_bf16(x1, h1, l1);
-  hi = uint32_t(__bfloat16_as_ushort(h0)) | uint32_t(__bfloat16_as_ushort(h1)) << 16;
-  lo = uint32_t(__bfloat16_as_ushort(l0)) | uint32_t(__bfloat16_as_ushort(l1)) << 16;
+// x0, x1's three bf16 terms (each the rest of the one before, rounded to nearest), each pair
+// packed as a fragment register (x0 in the low half).
+__device__ __forceinline__ void split3_bf16x2(float x0, float x1, uint32_t (&t)[kBf16Terms]) {
+#pragma unroll
+  for (int i = 0; i < kBf16Terms; ++i) {
+    const __nv_bfloat16 h0 = __float2bfloat16_rn(x0), h1 = __float2bfloat16_rn(x1);
+    t[i] = uint32_t(__bfloat16_as_ushort(h0)) | uint32_t(__bfloat16_as_ushort(h1)) << 16;
+    x0 -= __bfloat162float(h0), x1 -= __bfloat162float(h1);
+  }
 }
 
 // c [16 × 8] += a [16 × 16] · b [16 × 8], bf16 operands, f32 accumulation.
