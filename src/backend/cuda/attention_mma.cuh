@@ -206,13 +206,15 @@ __device__ __forceinline__ void quad_sums(float (&l)[2]) {
 }
 
 // The normalised outputs of a warp's rows m0 + g and m0 + g + 8 (row r: token t0 + r / group,
-// head of kv head kvh) from its accumulators over value channels [8j, 8j + 8) and the rows'
-// denominators l (quad_sums done), times σ(gate) when gated; rows from n_rows on are not stored.
+// head of kv head kvh) from its accumulators over value channels [v0 + 8j, v0 + 8j + 8) and the
+// rows' denominators l (quad_sums done), times σ(gate) when gated; rows from n_rows on and
+// channels from v_end (a.dv when negative) on are not stored.
 template <int NJ>
 __device__ __forceinline__ void store_rows(const AttnArgs& a, const float (&acc)[NJ][4],
                                            const float (&l)[2], int m0, int g, int c, int n_rows,
-                                           int t0, int kvh) {
+                                           int t0, int kvh, int v0 = 0, int v_end = -1) {
   const int group = a.group, dv = a.dv;
+  if (v_end < 0) v_end = dv;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int r = m0 + g + 8 * i;
@@ -223,10 +225,10 @@ __device__ __forceinline__ void store_rows(const AttnArgs& a, const float (&acc)
     const float inv = 1.0f / l[i];
 #pragma unroll
     for (int j = 0; j < NJ; ++j) {
-      if (8 * j < dv) {
+      if (v0 + 8 * j < v_end) {
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-          const int d = 8 * j + 2 * c + hh;
+          const int d = v0 + 8 * j + 2 * c + hh;
           float v = acc[j][2 * i + hh] * inv;
           if (gate) v *= sigmoid(gate[d]);
           out[d] = v;

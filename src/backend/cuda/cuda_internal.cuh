@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <utility>
 #include <vector>
+#include <vector>
 
 #include "backend/cuda/cuda_ops.h"
 
@@ -205,6 +206,7 @@ struct CudaOps::Impl {
     double ms = 0;
     int64_t count = 0;
     double flops = 0, bytes = 0;
+    std::vector<float> each_ms;  // every launch's interval, for the median
   };
   std::map<std::string, ProfTotal> prof_totals;
   // The arithmetic and memory traffic of the op about to be launched, for the profile's rates.

@@ -3,8 +3,13 @@
 // accumulation). The F32 cache takes kernels_attention_mma.cu's TF32 kernel.
 //
 // A block takes kPromptRows query rows of one sequence and one kv head, a row being (token,
-// query head of the group), so every key and value tile loaded serves the whole group. Its four
-// warps own 16 rows each and walk the key positions in tiles of kKeys, causal per row.
+// query head of the group), so every key and value tile loaded serves the whole group, and
+// walks the key positions in tiles of kKeys, causal per row. Its eight warps are four row
+// groups of 16 rows by two channel halves: a warp sums its half of the query-key products,
+// the pair adds the two partial scores through shared memory (both get the same sums, so the
+// same weights), and each multiplies the weights into its half of the value channels. Halving
+// a warp's accumulators lets a multiprocessor hold twice the warps of one that keeps them all,
+// for the same shared-memory traffic per product.
 //
 // The results must stay within f32's error (2e-5 of the scalar reference, as the other
 // kernels). The cache's elements are exactly bf16 (e4m3 widens exactly), so keys and values are
@@ -28,10 +33,11 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int kWarps = 4;
+constexpr int kRowGroups = 4;  // of 16 rows
+constexpr int kWarps = 2 * kRowGroups;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kRows = kPromptRows;
-static_assert(kRows == 16 * kWarps, "a warp owns 16 rows");
+static_assert(kRows == 16 * kRowGroups, "a row group owns 16 rows");
 constexpr int kKeys = 32;           // key positions per tile
 constexpr int kTerms = kBf16Terms;  // of the queries and the weights
 // Row strides (elements): 16-byte rows an odd number of 16 bytes apart, so the 8 rows of an
@@ -44,11 +50,20 @@ __host__ __device__ constexpr int value_stride(int dv) {
   return (dv + 15) / 16 * 16 + 8;
 }
 
+// The first channel and the channel count of a channel half (c_half 0 or 1) of n channels, in
+// whole 16-channel MMA steps: the first half takes the odd step.
+__device__ __forceinline__ void channel_half(int n, int c_half, int& first, int& count) {
+  const int steps = (n + 15) / 16, first_steps = (steps + 1) / 2;
+  first = 16 * first_steps * c_half;
+  count = max(0, min(n, c_half == 0 ? 16 * first_steps : n) - first);
+}
+
 // Shared memory: the query planes Qp [kTerms][kRows][query_stride]; two stages of the tile as
 // copied, keys [hd][kKeyStride] (channels by positions, as the cache holds them) and values
-// [kKeys][value_stride], of T; for F8_E4M3 the tile widened into one bf16 plane of that layout.
+// [kKeys][value_stride], of T; for F8_E4M3 the tile widened into one bf16 plane of that layout;
+// the warps' partial scores [kWarps][kKeys / 8][32 lanes][4] (f32).
 struct Smem {
-  size_t q, k_stage, v_stage, k_plane, v_plane, total;
+  size_t q, k_stage, v_stage, k_plane, v_plane, partial, total;
   __host__ __device__ Smem(int hd, int dv, int elem_bytes) {
     q = size_t(kRows) * query_stride(hd) * sizeof(bf16);
     k_stage = size_t(hd) * kKeyStride * elem_bytes;
@@ -56,7 +71,8 @@ struct Smem {
     const bool widened = elem_bytes != sizeof(bf16);
     k_plane = widened ? size_t(hd) * kKeyStride * sizeof(bf16) : 0;
     v_plane = widened ? size_t(kKeys) * value_stride(dv) * sizeof(bf16) : 0;
-    total = kTerms * q + 2 * (k_stage + v_stage) + k_plane + v_plane;
+    partial = size_t(kWarps) * kKeys * 16 * sizeof(float);
+    total = kTerms * q + 2 * (k_stage + v_stage) + k_plane + v_plane + partial;
   }
 };
 
@@ -115,9 +131,14 @@ __device__ __forceinline__ void mma_terms(float (&c0)[4], float (&c1)[4],
   }
 }
 
+// Waits for the other warp of a row group's pair (named barrier 1 + row group, 64 threads).
+__device__ __forceinline__ void pair_sync(int row_group) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(1 + row_group), "n"(64) : "memory");
+}
+
 // grid (query tiles, kv_heads), kThreads. DV_MAX ≥ dv (a multiple of 16) bounds the
-// accumulator's registers: acc[j] holds value channels [8j, 8j + 8) of the thread's rows g and
-// g + 8 (g = lane / 4).
+// accumulator's registers: acc[j] holds value channels [v0 + 8j, v0 + 8j + 8) of the thread's
+// rows g and g + 8 (g = lane / 4), v0 the first channel of the warp's half.
 template <int DV_MAX, typename T>
 __global__ void __launch_bounds__(kThreads) attention_bf16_kernel(AttnArgs a) {
   constexpr bool kWiden = !std::is_same_v<T, uint16_t>;
@@ -134,9 +155,14 @@ __global__ void __launch_bounds__(kThreads) attention_bf16_kernel(AttnArgs a) {
   };
   bf16* Kp = reinterpret_cast<bf16*>(stages + 2 * (sm.k_stage + sm.v_stage));  // kWiden only
   bf16* Vp = Kp + sm.k_plane / sizeof(bf16);
+  float* partial = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(Vp) + sm.v_plane);
   const size_t q_plane = sm.q / sizeof(bf16);
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int row_group = warp % kRowGroups, c_half = warp / kRowGroups;
   const int g = lane / 4, c = lane % 4;  // fragment row and column
+  int q0, q_count, v0, v_count;          // the warp's query-key channels and value channels
+  channel_half(hd, c_half, q0, q_count);
+  channel_half(dv, c_half, v0, v_count);
   // ldmatrix: the row and column of this lane's row address within a 16 × 16 block.
   const int lm_row = lane % 8 + 8 * (lane / 8 % 2), lm_col = 8 * (lane / 16);
 
@@ -147,7 +173,7 @@ __global__ void __launch_bounds__(kThreads) attention_bf16_kernel(AttnArgs a) {
   const int s = rt.s, t0 = rt.t0, t_end = rt.t_end;
   const int kvh = int(blockIdx.y), n_rows = (t_end - t0) * group;
   const int32_t* table = a.block_ids + a.block_start[s];
-  const int m0 = warp * 16;
+  const int m0 = row_group * 16;
   int max_pos, warp_max_pos;  // the last key any row of the block, or of the warp, attends to
   last_keys(a, t0, t_end, m0, max_pos, warp_max_pos);
   // A first tile of positions written by earlier forwards (a prompt continuing a cached
@@ -188,9 +214,10 @@ __global__ void __launch_bounds__(kThreads) attention_bf16_kernel(AttnArgs a) {
     row_pos[i] = r < n_rows ? a.positions[t0 + r / group] : -1;
   }
 
-  float acc[DV_MAX / 8][4];
+  constexpr int kAccTiles = DV_MAX / 16;  // a half's n-tiles of 8 channels
+  float acc[kAccTiles][4];
 #pragma unroll
-  for (int j = 0; j < DV_MAX / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+  for (int j = 0; j < kAccTiles; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
   for (int k0 = 0, it = 0; k0 <= max_pos; k0 += kKeys, ++it) {
@@ -215,10 +242,10 @@ __global__ void __launch_bounds__(kThreads) attention_bf16_kernel(AttnArgs a) {
       float sc[kKeys / 8][4];
 #pragma unroll
       for (int j = 0; j < kKeys / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
-      const bf16* qrow = Qp + (m0 + lm_row) * qs + lm_col;
-      const bf16* krow = Kt + lm_row * kKeyStride + lm_col;
+      const bf16* qrow = Qp + (m0 + lm_row) * qs + lm_col + q0;
+      const bf16* krow = Kt + (lm_row + q0) * kKeyStride + lm_col;
 #pragma unroll 2
-      for (int kk = 0; kk < hd; kk += 16) {
+      for (int kk = 0; kk < q_count; kk += 16) {
         uint32_t aq[kTerms][4];
 #pragma unroll
         for (int i = 0; i < kTerms; ++i) ldmatrix_x4<false>(aq[i], qrow + i * q_plane + kk);
@@ -229,11 +256,25 @@ __global__ void __launch_bounds__(kThreads) attention_bf16_kernel(AttnArgs a) {
           mma_terms(sc[j], sc[j + 1], aq, bk);
         }
       }
+      // The pair's partial scores summed (mine + theirs: the same in both warps).
+      float4* mine = reinterpret_cast<float4*>(partial) + warp * (kKeys / 8) * 32 + lane;
+      const float4* theirs =
+          reinterpret_cast<const float4*>(partial) + (warp ^ kRowGroups) * (kKeys / 8) * 32 + lane;
+#pragma unroll
+      for (int j = 0; j < kKeys / 8; ++j) {
+        mine[32 * j] = make_float4(sc[j][0], sc[j][1], sc[j][2], sc[j][3]);
+      }
+      pair_sync(row_group);
+#pragma unroll
+      for (int j = 0; j < kKeys / 8; ++j) {
+        const float4 o = theirs[32 * j];
+        sc[j][0] += o.x, sc[j][1] += o.y, sc[j][2] += o.z, sc[j][3] += o.w;
+      }
       // Causal mask and the online softmax of the thread's rows g and g + 8.
       float corr[2];
       online_softmax_tile<kKeys / 8, false>(sc, k0, c, row_pos, 0, m, l, corr);
 #pragma unroll
-      for (int j = 0; j < DV_MAX / 8; ++j) {
+      for (int j = 0; j < kAccTiles; ++j) {
         acc[j][0] *= corr[0], acc[j][1] *= corr[0];
         acc[j][2] *= corr[1], acc[j][3] *= corr[1];
       }
@@ -249,10 +290,10 @@ __global__ void __launch_bounds__(kThreads) attention_bf16_kernel(AttnArgs a) {
 #pragma unroll
           for (int i = 0; i < kTerms; ++i) ap[i][f] = t[i];
         }
-        const bf16* vrow = Vt + (16 * kk + lm_row) * vs + lm_col;
+        const bf16* vrow = Vt + (16 * kk + lm_row) * vs + lm_col + v0;
 #pragma unroll
-        for (int n = 0; n < DV_MAX / 8; n += 2) {
-          if (8 * n < dv) {
+        for (int n = 0; n < kAccTiles; n += 2) {
+          if (8 * n < v_count) {
             uint32_t bv[4];
             ldmatrix_x4<true>(bv, vrow + 8 * n);
             mma_terms(acc[n], acc[n + 1], ap, bv);
@@ -260,10 +301,10 @@ __global__ void __launch_bounds__(kThreads) attention_bf16_kernel(AttnArgs a) {
         }
       }
     }
-    __syncthreads();  // the stage is free for the copy two tiles ahead
+    __syncthreads();  // the stage (and the partial scores) free for the next tiles
   }
   quad_sums(l);
-  store_rows(a, acc, l, m0, g, c, n_rows, t0, kvh);
+  store_rows(a, acc, l, m0, g, c, n_rows, t0, kvh, v0, v0 + v_count);
 }
 
 template <int DV_MAX, typename T>
