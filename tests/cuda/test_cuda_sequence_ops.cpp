@@ -3,11 +3,14 @@
 // and histories; the fused input stages also against the ops.cpp defaults they replace, bit
 // for bit (and, through the profile, that the Gated DeltaNet one is one launch at decode).
 // All f32 arithmetic: conv ≤ 1e-5, rope 2e-5, attention ≤ 2e-5. The delta rule is in
-// test_cuda_delta_rule.cpp. Last, the profile (RECUR_CUDA_PROFILE) over two of these ops.
+// test_cuda_delta_rule.cpp. Last, the profile (RECUR_CUDA_PROFILE): its columns over two of
+// these ops, and its median launch.
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "backend/cpu/reference.h"
@@ -508,6 +511,43 @@ TEST(CudaProfile, PrintsEachOpsTimeAndRates) {
   EXPECT_NE(table.find("TFLOP/s"), std::string::npos) << table;
   EXPECT_GT(profile_tflops(table, "prompt n=300 matmul 3-term 4096x1024"), 0.0) << table;
   EXPECT_GT(profile_tflops(table, "prompt n=300 paged_attention (tensor cores)"), 0.0) << table;
+}
+
+// The profile's per-launch column is the median launch: time the device spent waiting for the
+// host before an op (a first call's set-up, say; here a sleep before the first of five launches)
+// stays in the op's total only, where a mean would have spread it over every launch.
+TEST(CudaProfile, MedianLeavesOutAWaitBeforeOneLaunch) {
+  std::mt19937 rng(5);
+  bool ok = false;
+  const std::string table = profile_table(
+      [&](CudaOps& ops) {
+        Layout lay({256}, {0}, 16, rng);
+        const int64_t n = lay.l.n_tokens, d = 1024;
+        HostTensor x(DType::F32, {n, d}), w(DType::F32, {d}), y(DType::F32, {n, d});
+        fill_random(x, rng);
+        fill_random(w, rng);
+        auto dw = ops.adopt_weight(w.t);
+        ASSERT_TRUE(dw.ok());
+        DeviceTensor dx(ops, x), dy(ops, y);
+        ops.synchronize();
+        ops.begin_forward(lay.l, {}, {});
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        for (int i = 0; i < 5; ++i) ops.rms_norm(dx.t, dw.value(), 0.0f, 1e-6f, dy.t);
+      },
+      &ok);
+  if (!ok) GTEST_SKIP() << "no usable CUDA device";
+  const std::string label = "prompt n=256 rms_norm";
+  const size_t at = table.find(label);
+  ASSERT_NE(at, std::string::npos) << table;
+  double total_ms = 0, median_us = 0;
+  long long count = 0;
+  ASSERT_EQ(
+      std::sscanf(table.c_str() + at + label.size(), "%lf %lld %lf", &total_ms, &count, &median_us),
+      3)
+      << table;
+  EXPECT_EQ(count, 5) << table;
+  EXPECT_GE(total_ms, 40.0) << table;     // the wait is in the total
+  EXPECT_LT(median_us, 2000.0) << table;  // and not in the median launch (a mean: ≥ 8 ms)
 }
 
 }  // namespace
