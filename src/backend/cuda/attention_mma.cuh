@@ -165,7 +165,9 @@ __device__ __forceinline__ void online_softmax_tile(float (&sc)[NJ][4], int k0, 
 // A prompt kernel block's tokens: tile `tile` of the tiles of tokens_per_tile tokens, those of
 // sequence s following those of s − 1. s is a.n_seqs past the last tile.
 struct RowTile {
-  int s = 0, t0 = 0, t_end = 0;  // sequence, tokens [t0, t_end)
+  int s = 0, t0 = 0, t_end = 0;    // sequence, tokens [t0, t_end)
+  int n_rows = 0;                  // (token, query head of the group) rows
+  const int32_t* table = nullptr;  // the sequence's cache blocks
 };
 __device__ __forceinline__ RowTile find_row_tile(const AttnArgs& a, int tokens_per_tile, int tile) {
   RowTile r;
@@ -175,11 +177,23 @@ __device__ __forceinline__ RowTile find_row_tile(const AttnArgs& a, int tokens_p
     if (tile < n_tiles) {
       r.t0 = a.seq_start[r.s] + tile * tokens_per_tile;
       r.t_end = min(a.seq_start[r.s + 1], r.t0 + tokens_per_tile);
+      r.n_rows = (r.t_end - r.t0) * a.group;
+      r.table = a.block_ids + a.block_start[r.s];
       break;
     }
     tile -= n_tiles;
   }
   return r;
+}
+
+// Positions of a thread's two fragment rows r0 and r0 + 8 of the tile (-1: no row; it stays
+// masked and is not stored).
+__device__ __forceinline__ void fragment_row_positions(const AttnArgs& a, const RowTile& rt, int r0,
+                                                       int (&row_pos)[2]) {
+  for (int i = 0; i < 2; ++i) {
+    const int r = r0 + 8 * i;
+    row_pos[i] = r < rt.n_rows ? a.positions[rt.t0 + r / a.group] : -1;
+  }
 }
 
 // The last key any row of the block's tokens [t0, t_end) attends to, and (-1 if none) any of

@@ -168,22 +168,26 @@ CudaOps::Impl::~Impl() {
     profile_collect();
     // By the median launch: a first call's set-up (cuBLAS choosing its kernels, say) and the
     // idle time before an op, both in its total, do not decide the order or the rates.
-    std::vector<std::pair<double, std::string>> rows;
+    struct Row {
+      double median_ms;
+      const std::string* label;
+      const ProfTotal* v;
+    };
+    std::vector<Row> rows;
     for (auto& [label, v] : prof_totals) {
       std::vector<float>& e = v.each_ms;
       std::nth_element(e.begin(), e.begin() + e.size() / 2, e.end());
-      rows.push_back({double(e[e.size() / 2]), label});
+      rows.push_back({double(e[e.size() / 2]), &label, &v});
     }
-    std::sort(rows.begin(), rows.end(), [&](const auto& x, const auto& y) {
-      return x.first * double(prof_totals[x.second].count) >
-             y.first * double(prof_totals[y.second].count);
+    std::sort(rows.begin(), rows.end(), [](const Row& x, const Row& y) {
+      return x.median_ms * double(x.v->count) > y.median_ms * double(y.v->count);
     });
     std::fprintf(stderr, "%-56s %12s %10s %12s %9s %9s   (rates at the median launch)\n",
                  "op (forward shape)", "total ms", "count", "median us", "TFLOP/s", "GB/s");
-    for (auto& [median_ms, label] : rows) {
-      const ProfTotal& v = prof_totals[label];
+    for (const auto& [median_ms, label, vp] : rows) {
+      const ProfTotal& v = *vp;
       const double n = double(v.count), s = std::max(median_ms, 1e-9) * 1e-3;
-      std::fprintf(stderr, "%-56s %12.3f %10lld %12.2f", label.c_str(), v.ms,
+      std::fprintf(stderr, "%-56s %12.3f %10lld %12.2f", label->c_str(), v.ms,
                    static_cast<long long>(v.count), 1e3 * median_ms);
       if (v.flops > 0 || v.bytes > 0) {
         std::fprintf(stderr, " %9.2f %9.1f", v.flops / n / s * 1e-12, v.bytes / n / s * 1e-9);

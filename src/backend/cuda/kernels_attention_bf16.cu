@@ -170,9 +170,9 @@ __global__ void __launch_bounds__(kThreads) attention_bf16_kernel(AttnArgs a) {
   const int tokens_per_tile = kRows / group;
   const RowTile rt = find_row_tile(a, tokens_per_tile, int(blockIdx.x));
   if (rt.s == a.n_seqs) return;
-  const int s = rt.s, t0 = rt.t0, t_end = rt.t_end;
-  const int kvh = int(blockIdx.y), n_rows = (t_end - t0) * group;
-  const int32_t* table = a.block_ids + a.block_start[s];
+  const int t0 = rt.t0, t_end = rt.t_end;
+  const int kvh = int(blockIdx.y), n_rows = rt.n_rows;
+  const int32_t* table = rt.table;
   const int m0 = row_group * 16;
   int max_pos, warp_max_pos;  // the last key any row of the block, or of the warp, attends to
   last_keys(a, t0, t_end, m0, max_pos, warp_max_pos);
@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(kThreads) attention_bf16_kernel(AttnArgs a) {
   // keep a line that the kernel before still writes.
   const bool early = kKeys % a.bs == 0 && a.kc_s1 * sizeof(T) % 128 == 0 &&
                      a.vc_s1 * sizeof(T) % 128 == 0 &&
-                     min(max_pos, kKeys - 1) < a.positions[a.seq_start[s]];
+                     min(max_pos, kKeys - 1) < a.positions[a.seq_start[rt.s]];
   if (early) start_tile<T>(a, table, kvh, 0, max_pos, stage_k(0), stage_v(0));
   grid_dependency_sync();
   if (!early) start_tile<T>(a, table, kvh, 0, max_pos, stage_k(0), stage_v(0));
@@ -207,12 +207,8 @@ __global__ void __launch_bounds__(kThreads) attention_bf16_kernel(AttnArgs a) {
       *reinterpret_cast<uint32_t*>(Qp + i * q_plane + r * qs + d) = t[i];
     }
   }
-  // Positions of the thread's two rows (-1: no row; it stays masked and is not stored).
   int row_pos[2];
-  for (int i = 0; i < 2; ++i) {
-    const int r = m0 + g + 8 * i;
-    row_pos[i] = r < n_rows ? a.positions[t0 + r / group] : -1;
-  }
+  fragment_row_positions(a, rt, m0 + g, row_pos);
 
   constexpr int kAccTiles = DV_MAX / 16;  // a half's n-tiles of 8 channels
   float acc[kAccTiles][4];

@@ -81,9 +81,9 @@ __global__ void __launch_bounds__(kThreads, 1) latent_attention_mma_kernel(AttnA
   const int tokens_per_tile = a.n_splits > 1 ? 1 : kRows / group;
   const RowTile rt = find_row_tile(a, tokens_per_tile, int(blockIdx.x));
   if (rt.s == a.n_seqs) return;
-  const int s = rt.s, t0 = rt.t0, t_end = rt.t_end;
-  const int kvh = int(blockIdx.y), sp = int(blockIdx.z), n_rows = (t_end - t0) * group;
-  const int32_t* table = a.block_ids + a.block_start[s];
+  const int t0 = rt.t0, t_end = rt.t_end;
+  const int kvh = int(blockIdx.y), sp = int(blockIdx.z), n_rows = rt.n_rows;
+  const int32_t* table = rt.table;
   int max_pos = -1;
   for (int t = t0; t < t_end; ++t) max_pos = max(max_pos, a.positions[t]);
   // This split's positions [p_begin, p_end) (the whole context without splits).
@@ -109,12 +109,8 @@ __global__ void __launch_bounds__(kThreads, 1) latent_attention_mma_kernel(AttnA
   copy_commit();
   // Scores come out in log2 units (exp2 below) once multiplied by this.
   const float log2_scale = a.scale * 1.4426950408889634f;
-  // Positions of the thread's two rows (-1: no row; it stays masked and is not stored).
   int row_pos[2];
-  for (int i = 0; i < 2; ++i) {
-    const int r = m0 + g + 8 * i;
-    row_pos[i] = r < n_rows ? a.positions[t0 + r / group] : -1;
-  }
+  fragment_row_positions(a, rt, m0 + g, row_pos);
 
   float acc[kMaxValuePart / 8][4];
 #pragma unroll

@@ -129,9 +129,9 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(AttnArgs a) {
   const int tokens_per_tile = kRows / group;
   const RowTile rt = find_row_tile(a, tokens_per_tile, int(blockIdx.x));
   if (rt.s == a.n_seqs) return;
-  const int s = rt.s, t0 = rt.t0, t_end = rt.t_end;
-  const int kvh = int(blockIdx.y), n_rows = (t_end - t0) * group;
-  const int32_t* table = a.block_ids + a.block_start[s];
+  const int t0 = rt.t0, t_end = rt.t_end;
+  const int kvh = int(blockIdx.y), n_rows = rt.n_rows;
+  const int32_t* table = rt.table;
   const int m0 = warp * 16;
   int max_pos, warp_max_pos;  // the last key any row of the block, or of the warp, attends to
   last_keys(a, t0, t_end, m0, max_pos, warp_max_pos);
@@ -147,12 +147,8 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(AttnArgs a) {
                                        q_scale
                                  : 0.0f;
   }
-  // Positions of the thread's two rows (-1: no row; it stays masked and is not stored).
   int row_pos[2];
-  for (int i = 0; i < 2; ++i) {
-    const int r = m0 + g + 8 * i;
-    row_pos[i] = r < n_rows ? a.positions[t0 + r / group] : -1;
-  }
+  fragment_row_positions(a, rt, m0 + g, row_pos);
 
   float acc[DV_MAX / 8][4];
 #pragma unroll
