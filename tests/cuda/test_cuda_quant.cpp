@@ -112,35 +112,82 @@ TEST_F(CudaQuant, BlockFp8MatmulMatchesDefinitionOnEveryPath) {
   EXPECT_TRUE(saw_gemv && saw_tiles);
 }
 
-// matmul_group over fp8 weights gives each weight's matmul bit for bit.
+// matmul_group over fp8 weights gives each weight's matmul bit for bit; and with bf16 weights
+// among them (a block-FP8 layer's gates, which ride in the fp8 launch).
 TEST_F(CudaQuant, BlockFp8MatmulGroupEqualsMatmuls) {
   std::vector<Buffer> owned;
   const int64_t k = 272;
   std::vector<Fp8Weight> ws;
   for (int64_t m : {96, 200, 64}) ws.push_back(random_fp8(ops(), rng, m, k, 128, 128, &owned));
-  for (int64_t n : {1, 3, 8, 12}) {
-    HostTensor x(DType::F32, {n, k});
-    fill_random(x, rng);
-    DeviceTensor dx = dev(x);
-    std::vector<HostTensor> outs;
-    std::vector<DeviceTensor> grouped, single;
-    std::vector<Tensor> wt, ot;
-    for (const Fp8Weight& w : ws) {
-      outs.emplace_back(DType::F32, std::initializer_list<int64_t>{n, w.m});
-      grouped.push_back(poisoned(outs.back()));
-      single.push_back(poisoned(outs.back()));
-      wt.push_back(w.d);
-      ot.push_back(grouped.back().t);
-    }
-    ops().matmul_group(dx.t, wt, ot);
-    for (size_t i = 0; i < ws.size(); ++i) {
-      ops().matmul(dx.t, ws[i].d, single[i].t);
-      const HostTensor a = host(grouped[i], outs[i]), b = host(single[i], outs[i]);
-      EXPECT_TRUE(same_bits(a, b)) << "weight " << i << " n=" << n;
-      const HostTensor ref = reference_matmul(x, ws[i]);
-      EXPECT_LE(rel_err(a.f(), ref.f(), a.numel()), 2e-5) << "weight " << i << " n=" << n;
+  std::vector<Tensor> gates;
+  for (int64_t m : {32, 6}) {
+    HostTensor g(DType::BF16, {m, k});
+    fill_random(g, rng);
+    gates.push_back(weight(g));
+  }
+  for (bool with_gates : {false, true}) {
+    for (int64_t n : {1, 3, 8, 12}) {
+      HostTensor x(DType::F32, {n, k});
+      fill_random(x, rng);
+      DeviceTensor dx = dev(x);
+      std::vector<HostTensor> outs;
+      std::vector<DeviceTensor> grouped, single;
+      std::vector<Tensor> wt, ot;
+      std::vector<int> fp8_of;  // the index in ws of an fp8 weight, or -1
+      auto add = [&](const Tensor& w, int fp8) {
+        fp8_of.push_back(fp8);
+        outs.emplace_back(DType::F32, std::initializer_list<int64_t>{n, w.shape[0]});
+        grouped.push_back(poisoned(outs.back()));
+        single.push_back(poisoned(outs.back()));
+        wt.push_back(w);
+        ot.push_back(grouped.back().t);
+      };
+      add(ws[0].d, 0);
+      if (with_gates) add(gates[0], -1);
+      add(ws[1].d, 1);
+      if (with_gates) {
+        add(gates[1], -1);
+      } else {
+        add(ws[2].d, 2);
+      }
+      ops().matmul_group(dx.t, wt, ot);
+      for (size_t i = 0; i < wt.size(); ++i) {
+        ops().matmul(dx.t, wt[i], single[i].t);
+        const HostTensor a = host(grouped[i], outs[i]), b = host(single[i], outs[i]);
+        EXPECT_TRUE(same_bits(a, b)) << "weight " << i << " n=" << n << " gates " << with_gates;
+        if (fp8_of[i] < 0) continue;
+        const HostTensor ref = reference_matmul(x, ws[size_t(fp8_of[i])]);
+        EXPECT_LE(rel_err(a.f(), ref.f(), a.numel()), 2e-5) << "weight " << i << " n=" << n;
+      }
     }
   }
+}
+
+// One token's fp8 group with bf16 gates is one launch.
+TEST_F(CudaQuant, BlockFp8MatmulGroupTakesBf16GatesInOneLaunch) {
+  const int64_t k = 256;
+  bool ok = false;
+  const std::string table = profile_table(
+      [&](CudaOps& ops) {
+        std::vector<Buffer> owned;
+        const Fp8Weight w = random_fp8(ops, rng, 128, k, 128, 128, &owned);
+        HostTensor g(DType::BF16, {16, k}), x(DType::F32, {1, k});
+        fill_random(g, rng);
+        fill_random(x, rng);
+        const Tensor gate = ops.adopt_weight(g.t).value();
+        HostTensor o1(DType::F32, {1, 128}), o2(DType::F32, {1, 16});
+        DeviceTensor dx(ops, x), d1(ops, o1), d2(ops, o2);
+        const Tensor wt[] = {w.d, gate}, ot[] = {d1.t, d2.t};
+        Layout one_token(std::vector<int>{1}, std::vector<int>{0}, 16, rng);
+        ops.begin_forward(one_token.l, {}, {});  // the profile labels the launches from here
+        ops.matmul_group(dx.t, wt, ot);
+        ops.synchronize();
+      },
+      &ok);
+  if (!ok) GTEST_SKIP() << "no usable CUDA device";
+  EXPECT_EQ(profile_count(table, "decode b=1 matmul group fp8 gemv 128 16 x256"), 1) << table;
+  EXPECT_EQ(table.find("matmul gemv"), std::string::npos) << table;
+  EXPECT_EQ(table.find("matmul group gemv"), std::string::npos) << table;
 }
 
 // The experts with fp8 weights on every path, routed by the GPU's router, against the scalar

@@ -101,38 +101,57 @@ __global__ void __launch_bounds__(kGemvThreads)
 }
 
 // Several weights sharing x: weight g takes blocks first_block[g] .. first_block[g + 1) - 1.
-template <typename W>
+// Weights are of type W (kGemvRows<W> rows a block), or of W2 where second[g] is set (a
+// block-FP8 layer's bf16 gates ride in its launch).
+template <typename W, typename W2 = W>
 struct GemvGroup {
-  const W* w[Ops::kMaxMatmulGroup];  // [m_g, k] each
-  float* out[Ops::kMaxMatmulGroup];  // [nt, m_g], ldo_g apart
+  const void* w[Ops::kMaxMatmulGroup];  // [m_g, k] each
+  bool second[Ops::kMaxMatmulGroup];    // w[g] holds W2
+  float* out[Ops::kMaxMatmulGroup];     // [nt, m_g], ldo_g apart
   int64_t m[Ops::kMaxMatmulGroup], ldo[Ops::kMaxMatmulGroup];
   int br[Ops::kMaxMatmulGroup], bc[Ops::kMaxMatmulGroup];  // block-FP8 block sizes
   int first_block[Ops::kMaxMatmulGroup + 1];
   int count;
 };
 
-// x [n, k] rows ldx apart; R rows per block; grid (first_block[count], ⌈n/NT⌉).
-template <typename W, int NT, int R, bool kVec>
+// Block blockIdx.x − first_block[i] of weight i of a group (weights of type W), as
+// matmul_gemv_group_kernel's body.
+template <typename W, int NT, bool kVec, typename G>
+__device__ __forceinline__ void gemv_group_block(const G& g, int i, int64_t k, const float* x,
+                                                 int64_t ldx, int nt, float* out) {
+  constexpr int R = kGemvRows<W>;
+  const W* w = static_cast<const W*>(g.w[i]);
+  const int64_t row0 = int64_t(int(blockIdx.x) - g.first_block[i]) * R;
+  constexpr int kPre = kGemvPre<NT, kVec, R>;
+  if constexpr (kPre > 0) {
+    uint4 pre[kPre][R];
+    gemv_preload<W, R, kPre>(w + row0 * k, k, int(min64(R, g.m[i] - row0)), pre);
+    grid_dependency_sync();
+    gemv_rows<W, NT, R, kVec, kPre>(w, g.m[i], k, g.br[i], g.bc[i], x, ldx, nt, out, g.ldo[i],
+                                    false, row0, pre);
+  } else {
+    grid_dependency_sync();
+    gemv_rows<W, NT, R, kVec>(w, g.m[i], k, g.br[i], g.bc[i], x, ldx, nt, out, g.ldo[i], false,
+                              row0);
+  }
+}
+
+// x [n, k] rows ldx apart; grid (first_block[count], ⌈n/NT⌉).
+template <typename W, typename W2, int NT, bool kVec>
 __global__ void __launch_bounds__(kGemvThreads)
-    matmul_gemv_group_kernel(GemvGroup<W> g, int64_t k, const float* x, int64_t ldx, int n) {
+    matmul_gemv_group_kernel(GemvGroup<W, W2> g, int64_t k, const float* x, int64_t ldx, int n) {
   int i = 0;
   while (i + 1 < g.count && int(blockIdx.x) >= g.first_block[i + 1]) ++i;
   const int t0 = int(blockIdx.y) * NT, nt = min(NT, n - t0);
   x += int64_t(t0) * ldx;
   float* out = g.out[i] + int64_t(t0) * g.ldo[i];
-  const int64_t row0 = int64_t(int(blockIdx.x) - g.first_block[i]) * R;
-  constexpr int kPre = kGemvPre<NT, kVec, R>;
-  if constexpr (kPre > 0) {
-    uint4 pre[kPre][R];
-    gemv_preload<W, R, kPre>(g.w[i] + row0 * k, k, int(min64(R, g.m[i] - row0)), pre);
-    grid_dependency_sync();
-    gemv_rows<W, NT, R, kVec, kPre>(g.w[i], g.m[i], k, g.br[i], g.bc[i], x, ldx, nt, out, g.ldo[i],
-                                    false, row0, pre);
-  } else {
-    grid_dependency_sync();
-    gemv_rows<W, NT, R, kVec>(g.w[i], g.m[i], k, g.br[i], g.bc[i], x, ldx, nt, out, g.ldo[i], false,
-                              row0);
+  if constexpr (!std::is_same_v<W, W2>) {
+    if (g.second[i]) {
+      gemv_group_block<W2, NT, kVec>(g, i, k, x, ldx, nt, out);
+      return;
+    }
   }
+  gemv_group_block<W, NT, kVec>(g, i, k, x, ldx, nt, out);
 }
 
 // parts [3, n, k] contiguous: x [n, k] (rows ldx apart) = hi + mid + lo exactly (three 16-bit
@@ -218,33 +237,33 @@ void launch_gemv(const Tensor& x, const Tensor& w, Tensor out, bool accumulate, 
 // Four rows per block. (Eight for one or two tokens on large groups, once chosen to keep the
 // grid within one wave, measured 3-4 µs slower per decode step of the 80B configuration:
 // smaller blocks keep more of them resident, loading their weights before their wait.)
-// blocks[i]: weight i's block-FP8 block sizes (unused for other types).
-// The weights ws (outs their outputs, blocks their block-FP8 block sizes) as a GemvGroup of
-// R-row blocks.
-template <typename W, int R>
-GemvGroup<W> gemv_group(std::span<const Tensor> ws, std::span<const Tensor> outs,
-                        const Fp8Blocks* blocks) {
-  GemvGroup<W> g{};
+// The weights ws (outs their outputs, blocks their block-FP8 block sizes; those not of type W
+// are of W2) as a GemvGroup.
+template <typename W, typename W2>
+GemvGroup<W, W2> gemv_group(std::span<const Tensor> ws, std::span<const Tensor> outs,
+                            const Fp8Blocks* blocks, DType w_dtype) {
+  GemvGroup<W, W2> g{};
   g.count = int(ws.size());
   for (int i = 0; i < g.count; ++i) {
-    g.w[i] = static_cast<const W*>(ws[i].data);
+    g.w[i] = ws[i].data;
+    g.second[i] = ws[i].dtype != w_dtype;
     g.out[i] = outs[i].ptr<float>();
     g.m[i] = ws[i].shape[0];
     g.ldo[i] = outs[i].stride[0];
     g.br[i] = blocks[i].rows, g.bc[i] = blocks[i].cols;
-    g.first_block[i + 1] = g.first_block[i] + int((g.m[i] + R - 1) / R);
+    const int rows = g.second[i] ? kGemvRows<W2> : kGemvRows<W>;
+    g.first_block[i + 1] = g.first_block[i] + int((g.m[i] + rows - 1) / rows);
   }
   return g;
 }
 
-template <typename W, int NT>
+template <typename W, typename W2, int NT>
 void launch_gemv_group(const Tensor& x, std::span<const Tensor> ws, std::span<const Tensor> outs,
-                       const Fp8Blocks* blocks, int n, cudaStream_t stream) {
-  constexpr int R = kGemvRows<W>;
+                       const Fp8Blocks* blocks, DType w_dtype, int n, cudaStream_t stream) {
   const int64_t k = x.shape[1];
-  const GemvGroup<W> g = gemv_group<W, R>(ws, outs, blocks);
+  const GemvGroup<W, W2> g = gemv_group<W, W2>(ws, outs, blocks, w_dtype);
   const dim3 grid(unsigned(g.first_block[g.count]), unsigned((n + NT - 1) / NT));
-  launch_kernel(matmul_gemv_group_kernel<W, NT, R, true>, grid, kGemvThreads, 0, stream, g, k,
+  launch_kernel(matmul_gemv_group_kernel<W, W2, NT, true>, grid, kGemvThreads, 0, stream, g, k,
                 x.ptr<float>(), x.stride[0], n);
 }
 
@@ -312,32 +331,38 @@ void CudaOps::matmul_group(const Tensor& x, std::span<const Tensor> ws,
     RECUR_CHECK(o.dtype == DType::F32 && o.stride[1] == 1 && o.shape[0] == n &&
                 o.shape[1] == w.shape[0]);
   }
-  // Per weight type, in order of first appearance (a block-FP8 layer keeps its small gates in
-  // bf16): the weights the GEMV kernel takes go in one launch (all of them for up to
-  // kGemvMaxTokens tokens; the first few small ones that fit for decode batches), the others
-  // one matmul each.
+  // Per weight type, in order of first appearance: the weights the GEMV kernel takes go in one
+  // launch (all of them for up to kGemvMaxTokens tokens; the first few small ones that fit for
+  // decode batches), the others one matmul each. A block-FP8 layer keeps its small gates in
+  // bf16: those ride in its launch (a launch of their own cost the 80B-A3B FP8 batch-1 step
+  // 3.5 µs a layer).
   std::array<bool, kMaxMatmulGroup> done{};
   for (size_t first = 0; first < ws.size(); ++first) {
     if (done[first]) continue;
     const DType dt = ws[first].dtype;
+    const bool takes_bf16 = dt == DType::F8_E4M3;
     std::array<Tensor, kMaxMatmulGroup> gw, go;
     std::array<Fp8Blocks, kMaxMatmulGroup> gb{};
     size_t grouped = 0;
-    int64_t group_bytes = 0;
+    int64_t group_bytes = 0, bf16_bytes = 0;  // the group's bytes of type dt, and of bf16 riding
+    bool mixed = false;
     for (size_t i = first; i < ws.size(); ++i) {
       const Tensor &w = ws[i], &o = outs[i];
-      if (w.dtype != dt) continue;
+      const bool riding = takes_bf16 && w.dtype == DType::BF16;
+      if (w.dtype != dt && !riding) continue;
       done[i] = true;
-      const Fp8Blocks b = dt == DType::F8_E4M3 ? s.fp8_blocks_of(w) : Fp8Blocks{};
+      const Fp8Blocks b = w.dtype == DType::F8_E4M3 ? s.fp8_blocks_of(w) : Fp8Blocks{};
       bool vec = false;
       dispatch_gemv_weight(
-          dt, [&](auto tag) { vec = n >= 1 && gemv_vec<decltype(tag)>(x, w.data, k, b); });
+          w.dtype, [&](auto tag) { vec = n >= 1 && gemv_vec<decltype(tag)>(x, w.data, k, b); });
       // The 16-byte path only, as matmul takes for each such weight alone (same arithmetic).
+      int64_t& bytes = riding ? bf16_bytes : group_bytes;
       const bool gemv =
-          dt == DType::F8_E4M3 ? gemv_alone(n, w, b) : takes_gemv(n, group_bytes + weight_bytes(w));
+          w.dtype == DType::F8_E4M3 ? gemv_alone(n, w, b) : takes_gemv(n, bytes + weight_bytes(w));
       if (vec && w.shape[0] > 0 && gemv) {
         gw[grouped] = w, go[grouped] = o, gb[grouped] = b, ++grouped;
-        group_bytes += weight_bytes(w);
+        bytes += weight_bytes(w);
+        mixed |= riding;
       } else {
         matmul(x, w, o);
       }
@@ -347,11 +372,19 @@ void CudaOps::matmul_group(const Tensor& x, std::span<const Tensor> ws,
       matmul(x, gw[0], go[0]);
       continue;
     }
+    group_bytes += bf16_bytes;
     std::span<const Tensor> gws(gw.data(), grouped), gouts(go.data(), grouped);
     dispatch_gemv_weight(dt, [&](auto tag) {
       using W = decltype(tag);
       by_token_group(n, [&](auto nt) {
-        launch_gemv_group<W, decltype(nt)::value>(x, gws, gouts, gb.data(), int(n), s.stream);
+        constexpr int NT = decltype(nt)::value;
+        if constexpr (kBlockFp8<W>) {
+          if (mixed) {
+            launch_gemv_group<W, __nv_bfloat16, NT>(x, gws, gouts, gb.data(), dt, int(n), s.stream);
+            return;
+          }
+        }
+        launch_gemv_group<W, W, NT>(x, gws, gouts, gb.data(), dt, int(n), s.stream);
       });
     });
     if (s.options.profile) {
