@@ -14,7 +14,6 @@
 #include <unordered_map>
 #include <utility>
 #include <vector>
-#include <vector>
 
 #include "backend/cuda/cuda_ops.h"
 
