@@ -1,7 +1,8 @@
 // Attention over caches of each element type (F32, BF16, F8_E4M3) on the GPU: cache writes
 // equal the CPU reference's bytes (the same rounding), and attention equals the scalar
 // reference reading the same rounded cache, through every kernel: decode (group sizes 1 to 16,
-// head dims 64 to 256, dv ≠ hd, splits and their merge), the warp kernel (head dims not
+// head dims 64 to 256, dv ≠ hd, splits and their merge; the tensor-core decode kernel for
+// BF16 caches, groups of up to 8 and head dims multiples of 64), the warp kernel (head dims not
 // multiples of 32), the tiled kernel (groups too large for the warp kernel), the tensor-core
 // prompt kernels (TF32 halves for F32, bf16 terms for BF16 and F8_E4M3; fresh prompts and
 // prompts continuing a cached prefix, head sizes up to 256), and the latent
@@ -177,6 +178,39 @@ TEST_P(CudaAttentionCache, FusedAttentionInputsEqualTheDefault) {
     EXPECT_TRUE(same_bits(host(runs[0].kc, c.kc), host(runs[1].kc, c.kc))) << "k cache " << what;
     EXPECT_TRUE(same_bits(host(runs[0].vc, c.vc), host(runs[1].vc, c.vc))) << "v cache " << what;
     EXPECT_TRUE(same_bits(host(runs[0].k, c.k), host(runs[1].k, c.k))) << "k " << what;
+  }
+}
+
+// One token's attention over a long BF16 context of Qwen3-Next's heads (8 query heads of 256
+// a kv head) runs on the tensor-core decode kernel, split across blocks and merged; the F32
+// cache keeps the CUDA-core one. (The results of both are checked against the reference
+// above.)
+TEST(CudaAttentionDecode, Bf16CacheTakesTheTensorCoreKernel) {
+  std::mt19937 rng(21);
+  for (const DType dt : {DType::BF16, DType::F32}) {
+    bool ok = false;
+    const std::string table = profile_table(
+        [&](CudaOps& ops) {
+          const int64_t kv = 2, group = 8, hd = 256;
+          Layout lay(std::vector<int>{1}, std::vector<int>{3000}, 16, rng);
+          HostTensor kc(dt, {lay.n_blocks(), kv, hd, 16}), vc(dt, {lay.n_blocks(), kv, 16, hd});
+          HostTensor q(DType::F32, {1, kv * group, hd}), out(DType::F32, {1, kv * group, hd});
+          fill_random(kc, rng);
+          fill_random(vc, rng);
+          fill_random(q, rng);
+          DeviceTensor dkc(ops, kc), dvc(ops, vc), dq(ops, q), dout(ops, out);
+          ops.begin_forward(lay.l, {}, {});  // the profile labels the launches from here
+          ops.paged_attention(dq.t, dkc.t, dvc.t, lay.l, 0.0625f, dout.t);
+          ops.synchronize();
+        },
+        &ok);
+    if (!ok) GTEST_SKIP() << "no usable CUDA device";
+    const bool bf16 = dt == DType::BF16;
+    EXPECT_EQ(profile_count(table, "decode b=1 paged_attention (decode, tensor cores)"),
+              bf16 ? 1 : -1)
+        << table;
+    EXPECT_EQ(profile_count(table, "decode b=1 paged_attention (decode) "), bf16 ? -1 : 1) << table;
+    EXPECT_EQ(profile_count(table, "decode b=1 paged_attention (combine)"), 1) << table;
   }
 }
 

@@ -289,6 +289,16 @@ constexpr int kDecodeMaxTokens = 64;
 bool decode_kernel_fits(int group, int hd, int dv);
 void launch_attention_decode(const AttnArgs& a, DType cache, dim3 grid, cudaStream_t stream);
 
+// paged_attention of few tokens (decode) on tensor cores over a BF16 cache
+// (kernels_attention_decode_mma.cu), the context split between blocks and merged by the
+// combine; max_ctx: the longest context the splits must cover. False, having done nothing,
+// when the kernel does not take these heads (a query group of at most 8 heads, hd and dv
+// multiples of 64 up to 256) or caches (BF16 in blocks of a multiple of 16 positions, 16-byte
+// aligned, channels contiguous).
+bool attention_decode_mma(CudaOps::Impl& s, AttnArgs a, const Tensor& k_cache,
+                          const Tensor& v_cache, const SeqLayout& layout, int kv_heads,
+                          int max_ctx);
+
 // Query rows (token, query head) per block of the prompt kernels.
 constexpr int kPromptRows = 64;
 

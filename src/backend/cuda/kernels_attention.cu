@@ -12,8 +12,9 @@
 // for the warp kernel's registers (group · ⌈hd/32⌉ > 64) use a block-wide tiled kernel.
 // Forwards of few tokens (decode) take a third kernel where both head dims are multiples of 32:
 // a thread per channel, every load of a 32-position chunk in flight at once, splits of whole
-// chunks (kernels_attention_decode.cu). The caches hold F32, BF16 or F8_E4M3 (every kernel is
-// compiled for each, T, and widens what it loads to f32).
+// chunks (kernels_attention_decode.cu), or over a BF16 cache a tensor-core one
+// (kernels_attention_decode_mma.cu). The caches hold F32, BF16 or F8_E4M3 (every CUDA-core
+// kernel is compiled for each, T, and widens what it loads to f32).
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -571,6 +572,9 @@ void run_paged_attention(CudaOps::Impl& s, const Tensor& q, const Tensor& k_cach
     return;
   }
   if (!decode && paged_attention_mma(s, a, k_cache, v_cache, layout, int(kv_heads))) return;
+  if (decode && attention_decode_mma(s, a, k_cache, v_cache, layout, int(kv_heads), max_ctx)) {
+    return;
+  }
   const int64_t base_blocks = int64_t(n) * kv_heads;
   const int64_t per_sm = decode ? 4 : 16, min_split = decode ? 32 : kMinSplitPositions;
   const int64_t want = std::max<int64_t>(1, (per_sm * s.sm_count + base_blocks - 1) / base_blocks);

@@ -38,9 +38,10 @@ constexpr int kMaxValuePart = 128;      // value channels per part: dv ≤ 512
 // (24: the score operand's loads, and the value operand's 8-byte pairs, conflict-free).
 constexpr int kQPad = 4;
 constexpr int kTileStride = kKeys + 8;
-// A decode split holds at least this many positions: each block loads its rows' queries
-// (as many bytes as 32 of these f32 latent keys), so shorter splits would mostly load queries.
-constexpr int kMinSplitPositions = 4 * kKeys;
+// A decode split holds at least this many positions. Each block walks its tiles one after the
+// other, so at short contexts the split's length is the kernel's latency: two tiles made
+// Kimi-Linear's step faster than four or one (H200, session 21).
+constexpr int kMinSplitPositions = 2 * kKeys;
 
 // Shared memory (f32): Qs [kRows][hd + 4]; two stages of the tile [hd][kTileStride]; the
 // partial scores [kParts][kRowGroups][kKeys / 8][32 lanes][4].
