@@ -2,13 +2,12 @@
 // equal the CPU reference's bytes (the same rounding), and attention equals the scalar
 // reference reading the same rounded cache, through every kernel: decode (group sizes 1 to 16,
 // head dims 64 to 256, dv ≠ hd, splits and their merge; the tensor-core decode kernel for
-// BF16 caches, groups of up to 8 and head dims multiples of 64), the warp kernel (head dims not
-// multiples of 32), the tiled kernel (groups too large for the warp kernel), the tensor-core
-// prompt kernels (TF32 halves for F32, bf16 terms for BF16 and F8_E4M3; fresh prompts and
-// prompts continuing a cached prefix, head sizes up to 256), and the latent
-// (strided-value) view up to the published Kimi-Linear's 32 heads of 576/512 in one call
-// (the tiled kernel and the tensor-core latent kernel); the
-// fused attention input stage writes each type as the default does.
+// BF16 and F8_E4M3 caches, groups of up to 16 and head dims multiples of 64), the warp kernel (head
+// dims not multiples of 32), the tiled kernel (groups too large for the warp kernel), the
+// tensor-core prompt kernels (TF32 halves for F32, bf16 terms for BF16 and F8_E4M3; fresh prompts
+// and prompts continuing a cached prefix, head sizes up to 256), and the latent (strided-value)
+// view up to the published Kimi-Linear's 32 heads of 576/512 in one call (the tiled kernel and the
+// tensor-core latent kernel); the fused attention input stage writes each type as the default does.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -181,36 +180,40 @@ TEST_P(CudaAttentionCache, FusedAttentionInputsEqualTheDefault) {
   }
 }
 
-// One token's attention over a long BF16 context of Qwen3-Next's heads (8 query heads of 256
-// a kv head) runs on the tensor-core decode kernel, split across blocks and merged; the F32
-// cache keeps the CUDA-core one. (The results of both are checked against the reference
-// above.)
-TEST(CudaAttentionDecode, Bf16CacheTakesTheTensorCoreKernel) {
+// One token's attention over a long context of Qwen3-Next's heads (8 query heads of 256 a kv
+// head) and of Qwen3.5-122B-A10B's (16) runs on the tensor-core decode kernel over a BF16 or
+// F8_E4M3 cache, split across blocks and merged; the F32 cache keeps the CUDA-core one. (The
+// results of both are checked against the reference above.)
+TEST(CudaAttentionDecode, NarrowCachesTakeTheTensorCoreKernel) {
   std::mt19937 rng(21);
-  for (const DType dt : {DType::BF16, DType::F32}) {
-    bool ok = false;
-    const std::string table = profile_table(
-        [&](CudaOps& ops) {
-          const int64_t kv = 2, group = 8, hd = 256;
-          Layout lay(std::vector<int>{1}, std::vector<int>{3000}, 16, rng);
-          HostTensor kc(dt, {lay.n_blocks(), kv, hd, 16}), vc(dt, {lay.n_blocks(), kv, 16, hd});
-          HostTensor q(DType::F32, {1, kv * group, hd}), out(DType::F32, {1, kv * group, hd});
-          fill_random(kc, rng);
-          fill_random(vc, rng);
-          fill_random(q, rng);
-          DeviceTensor dkc(ops, kc), dvc(ops, vc), dq(ops, q), dout(ops, out);
-          ops.begin_forward(lay.l, {}, {});  // the profile labels the launches from here
-          ops.paged_attention(dq.t, dkc.t, dvc.t, lay.l, 0.0625f, dout.t);
-          ops.synchronize();
-        },
-        &ok);
-    if (!ok) GTEST_SKIP() << "no usable CUDA device";
-    const bool bf16 = dt == DType::BF16;
-    EXPECT_EQ(profile_count(table, "decode b=1 paged_attention (decode, tensor cores)"),
-              bf16 ? 1 : -1)
-        << table;
-    EXPECT_EQ(profile_count(table, "decode b=1 paged_attention (decode) "), bf16 ? -1 : 1) << table;
-    EXPECT_EQ(profile_count(table, "decode b=1 paged_attention (combine)"), 1) << table;
+  for (const DType dt : {DType::BF16, DType::F8_E4M3, DType::F32}) {
+    for (const int64_t group : {8, 16}) {
+      bool ok = false;
+      const std::string table = profile_table(
+          [&](CudaOps& ops) {
+            const int64_t kv = 2, hd = 256;
+            Layout lay(std::vector<int>{1}, std::vector<int>{3000}, 16, rng);
+            HostTensor kc(dt, {lay.n_blocks(), kv, hd, 16}), vc(dt, {lay.n_blocks(), kv, 16, hd});
+            HostTensor q(DType::F32, {1, kv * group, hd}), out(DType::F32, {1, kv * group, hd});
+            fill_random(kc, rng);
+            fill_random(vc, rng);
+            fill_random(q, rng);
+            DeviceTensor dkc(ops, kc), dvc(ops, vc), dq(ops, q), dout(ops, out);
+            ops.begin_forward(lay.l, {}, {});  // the profile labels the launches from here
+            ops.paged_attention(dq.t, dkc.t, dvc.t, lay.l, 0.0625f, dout.t);
+            ops.synchronize();
+          },
+          &ok);
+      if (!ok) GTEST_SKIP() << "no usable CUDA device";
+      const bool narrow = dt != DType::F32;
+      const std::string what = std::string(dtype_name(dt)) + " group " + std::to_string(group);
+      EXPECT_EQ(profile_count(table, "decode b=1 paged_attention (decode, tensor cores)"),
+                narrow ? 1 : -1)
+          << what << table;
+      EXPECT_EQ(profile_count(table, "decode b=1 paged_attention (decode) "), narrow ? -1 : 1)
+          << what << table;
+      EXPECT_EQ(profile_count(table, "decode b=1 paged_attention (combine)"), 1) << what << table;
+    }
   }
 }
 

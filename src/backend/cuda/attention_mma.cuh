@@ -4,6 +4,7 @@
 // types and the result stores they share.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
 #include <cstdint>
@@ -76,6 +77,15 @@ __device__ __forceinline__ T cache_from_f32(float x) {
 template <typename T>
 __device__ __forceinline__ float load_cache(const T* p, bool l2 = false) {
   return cache_to_f32(l2 ? __ldcg(p) : *p);
+}
+
+// 4 e4m3 elements → 4 bf16 (exact).
+__device__ __forceinline__ void widen4(const uint8_t* src, __nv_bfloat16* dst) {
+  const uint32_t u = *reinterpret_cast<const uint32_t*>(src);
+  __nv_bfloat16 b[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) b[i] = __float2bfloat16_rn(cache_to_f32(uint8_t(u >> (8 * i))));
+  *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(b);
 }
 
 // fn(T{}) for the cache element type of `dt` (F32, BF16 or F8_E4M3).
@@ -289,12 +299,12 @@ constexpr int kDecodeMaxTokens = 64;
 bool decode_kernel_fits(int group, int hd, int dv);
 void launch_attention_decode(const AttnArgs& a, DType cache, dim3 grid, cudaStream_t stream);
 
-// paged_attention of few tokens (decode) on tensor cores over a BF16 cache
+// paged_attention of few tokens (decode) on tensor cores over a BF16 or F8_E4M3 cache
 // (kernels_attention_decode_mma.cu), the context split between blocks and merged by the
 // combine; max_ctx: the longest context the splits must cover. False, having done nothing,
-// when the kernel does not take these heads (a query group of at most 8 heads, hd and dv
-// multiples of 64 up to 256) or caches (BF16 in blocks of a multiple of 16 positions, 16-byte
-// aligned, channels contiguous).
+// when the kernel does not take these heads (a query group of at most 16 heads, hd and dv
+// multiples of 64 up to 256) or caches (BF16 or F8_E4M3 in blocks of a multiple of 16
+// positions, 16-byte aligned, channels contiguous).
 bool attention_decode_mma(CudaOps::Impl& s, AttnArgs a, const Tensor& k_cache,
                           const Tensor& v_cache, const SeqLayout& layout, int kv_heads,
                           int max_ctx);

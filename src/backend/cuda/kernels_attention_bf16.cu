@@ -98,15 +98,6 @@ __device__ __forceinline__ void start_tile(const AttnArgs& a, const int32_t* tab
       [&](int p, int d, const T* src, bool valid) { copy4_async(Vs + p * vs + d, src, valid); });
 }
 
-// 4 e4m3 elements → 4 bf16 (exact).
-__device__ __forceinline__ void widen4(const uint8_t* src, bf16* dst) {
-  const uint32_t u = *reinterpret_cast<const uint32_t*>(src);
-  __nv_bfloat16 b[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) b[i] = __float2bfloat16_rn(cache_to_f32(uint8_t(u >> (8 * i))));
-  *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(b);
-}
-
 // An e4m3 stage, landed, widened into the bf16 planes (same layout).
 __device__ __forceinline__ void widen_tile(const uint8_t* Ks, const uint8_t* Vs, bf16* Kp, bf16* Vp,
                                            int hd, int dv) {

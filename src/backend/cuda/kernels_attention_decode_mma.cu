@@ -1,19 +1,20 @@
-// Decode attention on tensor cores over a BF16 cache (forwards of few tokens, query groups of
-// up to 8 heads, head sizes multiples of 64 up to 256): the kernel that keeps a long context's
-// step bound by the bytes of its cache rather than by the work per cached element.
+// Decode attention on tensor cores over a BF16 or F8_E4M3 cache (forwards of few tokens, query
+// groups of up to 16 heads, head sizes multiples of 64 up to 256): the kernel that keeps a long
+// context's step bound by the bytes of its cache rather than by the work per cached element.
 //
 // A block takes one (token, kv head, context split) and walks the split in tiles of 16
-// positions, a tile being one ring stage of four copied by cp.async (three in flight while one
+// positions, a tile being one ring stage of three copied by cp.async (two in flight while one
 // is multiplied), so each multiprocessor keeps several tiles of its blocks in flight. The group's
-// query heads are the n = 8 of both products, so no product row is padding: the scores are
-// S^T [16 positions × 8 heads] = K [16 × hd] · Q^T, the keys read from the stage by ldmatrix
-// with transposition (the cache holds them channels by positions), and the output is
-// O^T [dv × 8 heads] += V^T [dv × 16] · P^T, the values read transposed the same way and the
-// weights P^T made from the score fragments by movmatrix. The four warps split the channels:
-// each sums the scores over a quarter of the key channels, the quarters add up in shared
-// memory in one order (every warp then holds the same sums, so the same weights), and each
-// accumulates a quarter of the value channels. Queries and weights are f32 split into three
-// bf16 terms (mma_bf16.cuh), the cache's elements are exactly bf16: f32's accuracy.
+// query heads are the n of both products, in tiles of 8, so no product row is padding at groups
+// of 8 and 16: the scores are S^T [16 positions × 8 heads] = K [16 × hd] · Q^T, the keys read
+// from the stage by ldmatrix with transposition (the cache holds them channels by positions),
+// and the output is O^T [dv × 8 heads] += V^T [dv × 16] · P^T, the values read transposed the
+// same way and the weights P^T made from the score fragments by movmatrix. The four warps split
+// the channels: each sums the scores over a quarter of the key channels, the quarters add up in
+// shared memory in one order (every warp then holds the same sums, so the same weights), and
+// each accumulates a quarter of the value channels. Queries and weights are f32 split into
+// three bf16 terms (mma_bf16.cuh); the cache's elements are exactly bf16 (e4m3 widens exactly,
+// into a bf16 plane per tile): f32's accuracy.
 #include <algorithm>
 #include <cmath>
 
@@ -30,22 +31,26 @@ using bf16 = __nv_bfloat16;
 
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kTile = 16;                         // positions per tile (and per ring stage)
-constexpr int kStages = 4;                        // ring stages: kStages − 1 tiles in flight
-constexpr int kHeads = 8;                         // query heads of a block: the n of both products
+constexpr int kTile = 16;  // positions per tile (and per ring stage)
+// Ring stages: kStages − 1 tiles in flight. Three took a 131,072-token context's step 5 µs
+// below four on the H200, as two did (session 21); at Qwen3-Next's heads the registers hold four
+// blocks an SM with either.
+constexpr int kStages = 3;
+constexpr int kMaxHeadTiles = 2;                  // of 8 query heads: groups of up to 16
 constexpr int kMaxDim = 256;                      // hd and dv at most
 constexpr int kMaxSteps = kMaxDim / 16 / kWarps;  // a warp's 16-channel steps
 constexpr int kTerms = kBf16Terms;
-constexpr int kBlocksPerSm = 3;  // by shared memory at hd = dv = 256
+constexpr float kLn2 = 0.6931471805599453f;
 // A split holds at least two tiles: at short contexts one-tile splits gave the merge twice the
 // partial results for no faster step (H200, session 21).
 constexpr int kMinSplit = 2 * kTile;
-constexpr float kLn2 = 0.6931471805599453f;
 
-// A stage (bf16): keys [hd][kTile] as the cache holds them, the two 16-byte halves of channel
-// d's row swapped when d / 4 is odd; values [kTile][dv], 16-byte chunk j of position p's row at
-// j ^ (p % 8). Either way the 8 rows one ldmatrix reads lie in distinct banks.
-__host__ __device__ constexpr int stage_elems(int hd, int dv) {
+// A tile as ldmatrix reads it (bf16): keys [hd][kTile] as the cache holds them (channels by
+// positions), the two 16-byte halves of channel d's row swapped when d / 4 is odd; values
+// [kTile][dv], 16-byte chunk j of position p's row at j ^ (p % 8). Either way the 8 rows one
+// ldmatrix reads lie in distinct banks. A BF16 stage is this plane; an F8_E4M3 stage holds the
+// tile as copied (keys [hd][kTile], values [kTile][dv] bytes), widened into one such plane.
+__host__ __device__ constexpr int tile_elems(int hd, int dv) {
   return (hd + dv) * kTile;
 }
 __device__ __forceinline__ int key_offset(int d, int half) {
@@ -55,9 +60,12 @@ __device__ __forceinline__ int value_offset(int p, int chunk, int dv) {
   return p * dv + 8 * (chunk ^ (p % 8));
 }
 
-// Shared memory: the ring, then the warps' partial scores [kWarps][32 lanes] (float4).
-size_t decode_mma_smem_bytes(int hd, int dv) {
-  return size_t(kStages) * stage_elems(hd, dv) * sizeof(bf16) + kWarps * 32 * sizeof(float4);
+// Shared memory: the ring of stages (T), the widened plane (F8_E4M3 only), then the warps'
+// partial scores [kWarps][kMaxHeadTiles][32 lanes] (float4).
+size_t decode_mma_smem_bytes(int hd, int dv, int elem_bytes) {
+  const size_t plane = elem_bytes == 2 ? 0 : tile_elems(hd, dv) * sizeof(bf16);
+  return size_t(kStages) * tile_elems(hd, dv) * elem_bytes + plane +
+         kWarps * kMaxHeadTiles * 32 * sizeof(float4);
 }
 
 // The transpose of an 8 × 8 bf16 matrix held as fragments (lane l: row l / 4, columns
@@ -68,17 +76,39 @@ __device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
   return y;
 }
 
-// grid (n_tokens, kv_heads, n_splits), kThreads. Warp w owns the 16-channel steps w, w + 4, ...
-// of the key channels (scores) and of the value channels (output). Fragments (g = lane / 4,
-// c = lane % 4): scores and weights rows (positions) g and g + 8, columns (heads) 2c, 2c + 1;
-// acc[j] rows (value channels) 16(w + 4j) + g, + 8, the same head columns.
+// An F8_E4M3 stage widened into the plane (exactly).
+__device__ __forceinline__ void widen_tile(const uint8_t* ks, bf16* kp, int hd, int dv) {
+  const uint8_t* vs = ks + hd * kTile;
+  bf16* vp = kp + hd * kTile;
+  for (int e = threadIdx.x; e < hd * (kTile / 4); e += kThreads) {
+    const int d = e / (kTile / 4), q = e % (kTile / 4);
+    widen4(ks + d * kTile + 4 * q, kp + key_offset(d, q / 2) + 4 * (q % 2));
+  }
+  const int quads = dv / 4;
+  for (int e = threadIdx.x; e < kTile * quads; e += kThreads) {
+    const int p = e / quads, q = e % quads;
+    widen4(vs + p * dv + 4 * q, vp + value_offset(p, q / 2, dv) + 4 * (q % 2));
+  }
+}
+
+// grid (n_tokens, kv_heads, n_splits), kThreads; T the cache's element type (uint16_t: BF16,
+// uint8_t: F8_E4M3), NT head tiles of 8 (group ≤ 8 NT). Warp w owns the 16-channel steps w,
+// w + 4, ... of the key channels (scores) and of the value channels (output). Fragments (g =
+// lane / 4, c = lane % 4) of head tile n: scores and weights rows (positions) g and g + 8,
+// columns (heads) 8n + 2c, + 1; acc[j][n] rows (value channels) 16(w + 4j) + g, + 8, the same
+// head columns.
+template <typename T, int NT>
 __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(AttnArgs a) {
+  constexpr bool kWiden = sizeof(T) == 1;
+  constexpr int kChunk = 16 / sizeof(T);  // elements per 16-byte copy
   extern __shared__ __align__(16) unsigned char smem[];
   const int hd = a.hd, dv = a.dv, group = a.group;
-  bf16* ring = reinterpret_cast<bf16*>(smem);
-  float4* partial = reinterpret_cast<float4*>(ring + kStages * stage_elems(hd, dv));
-  const uint16_t* kc = static_cast<const uint16_t*>(a.kc);
-  const uint16_t* vc = static_cast<const uint16_t*>(a.vc);
+  T* ring = reinterpret_cast<T*>(smem);
+  bf16* plane = reinterpret_cast<bf16*>(ring + kStages * tile_elems(hd, dv));  // kWiden only
+  float4* partial = reinterpret_cast<float4*>(kWiden ? plane + tile_elems(hd, dv)
+                                                     : reinterpret_cast<bf16*>(plane));
+  const T* kc = static_cast<const T*>(a.kc);
+  const T* vc = static_cast<const T*>(a.vc);
   const int t = blockIdx.x, kvh = blockIdx.y, sp = blockIdx.z;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, c = lane % 4;
   const int seq = seq_of_token(a.seq_start, a.n_seqs, t);
@@ -95,18 +125,21 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(AttnArgs
   // and their scores masked.
   auto start_tile = [&](int i, int64_t block) {
     const int p0 = p_begin + i * kTile, off = p0 % a.bs;
-    bf16* ks = ring + (i % kStages) * stage_elems(hd, dv);
-    bf16* vs = ks + hd * kTile;
-    const uint16_t* kb = kc + block * a.kc_s0 + kvh * a.kc_s1 + off;
-    const uint16_t* vb = vc + block * a.vc_s0 + kvh * a.vc_s1 + int64_t(off) * a.vc_s2;
-    for (int e = tid; e < 2 * hd; e += kThreads) {
-      const int d = e / 2, half = e % 2;
-      copy16_async(ks + key_offset(d, half), kb + d * a.kc_s2 + 8 * half, true);
+    T* ks = ring + (i % kStages) * tile_elems(hd, dv);
+    T* vs = ks + hd * kTile;
+    const T* kb = kc + block * a.kc_s0 + kvh * a.kc_s1 + off;
+    const T* vb = vc + block * a.vc_s0 + kvh * a.vc_s1 + int64_t(off) * a.vc_s2;
+    constexpr int kRowChunks = kTile / kChunk;  // of a key channel's row
+    for (int e = tid; e < kRowChunks * hd; e += kThreads) {
+      const int d = e / kRowChunks, half = e % kRowChunks;
+      copy16_async(ks + (kWiden ? d * kTile : key_offset(d, half)), kb + d * a.kc_s2 + 8 * half,
+                   true);
     }
-    const int chunks = dv / 8;
+    const int chunks = dv / kChunk;
     for (int e = tid; e < kTile * chunks; e += kThreads) {
       const int p = e / chunks, j = e % chunks;
-      copy16_async(vs + value_offset(p, j, dv), vb + p * a.vc_s2 + 8 * j, p0 + p < p_end);
+      copy16_async(vs + (kWiden ? p * dv + kChunk * j : value_offset(p, j, dv)),
+                   vb + p * a.vc_s2 + kChunk * j, p0 + p < p_end);
     }
   };
   // The first kStages − 1 tiles. Those wholly before the sequence's first position of this
@@ -140,40 +173,60 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(AttnArgs
   // The queries' b fragments (k = key channels, n = heads) of the warp's steps, scaled so that
   // scores come out in log2 units (exp2 below), as three bf16 terms; zeros past the group.
   const float q_scale = a.scale * 1.4426950408889634f;
-  uint32_t qf[kMaxSteps][2][kTerms];
+  uint32_t qf[kMaxSteps][NT][2][kTerms];
 #pragma unroll
   for (int j = 0; j < kMaxSteps; ++j) {
     const int kk = 16 * (warp + kWarps * j);
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float x0 = 0.0f, x1 = 0.0f;
-      if (g < group && kk < hd) {
-        const float* q =
-            a.q + int64_t(t) * a.q_s0 + int64_t(kvh * group + g) * a.q_s1 + kk + 8 * half + 2 * c;
-        x0 = q[0] * q_scale, x1 = q[1] * q_scale;
+    for (int n = 0; n < NT; ++n) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float x0 = 0.0f, x1 = 0.0f;
+        if (8 * n + g < group && kk < hd) {
+          const float* q = a.q + int64_t(t) * a.q_s0 + int64_t(kvh * group + 8 * n + g) * a.q_s1 +
+                           kk + 8 * half + 2 * c;
+          x0 = q[0] * q_scale, x1 = q[1] * q_scale;
+        }
+        split3_bf16x2(x0, x1, qf[j][n][half]);
       }
-      split3_bf16x2(x0, x1, qf[j][half]);
     }
   }
-  float acc[kMaxSteps][4];
+  float acc[kMaxSteps][NT][4];
 #pragma unroll
-  for (int j = 0; j < kMaxSteps; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // heads 2c, 2c + 1
+  for (int j = 0; j < kMaxSteps; ++j) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n) acc[j][n][0] = acc[j][n][1] = acc[j][n][2] = acc[j][n][3] = 0.0f;
+  }
+  // Running maxima and denominators of heads 8n + 2c, + 1.
+  float m[NT][2], l[NT][2];
+#pragma unroll
+  for (int n = 0; n < NT; ++n) m[n][0] = m[n][1] = -INFINITY, l[n][0] = l[n][1] = 0.0f;
   // ldmatrix: lane l gives row l % 8 of matrix l / 8.
   const int lm_row = lane % 8, lm_mat = lane / 8;
   int64_t next_block = blocks[kStages - 1];
 
   for (int i = 0; i < n_tiles; ++i) {
     copy_wait<kStages - 2>();  // this thread's copies of tile i have landed
-    __syncthreads();           // everyone's; and tile i − 1's stage and the partials are free
+    __syncthreads();           // everyone's; and tile i − 1's stage, plane and partials are free
     if (i + kStages - 1 < n_tiles) start_tile(i + kStages - 1, next_block);
     copy_commit();
     next_block = cache_block(i + kStages);
-    const bf16* ks = ring + (i % kStages) * stage_elems(hd, dv);
+    const bf16* ks = reinterpret_cast<const bf16*>(ring + (i % kStages) * tile_elems(hd, dv));
+    if constexpr (kWiden) {
+      widen_tile(reinterpret_cast<const uint8_t*>(ks), plane, hd, dv);
+      __syncthreads();
+      ks = plane;
+    }
     const bf16* vs = ks + hd * kTile;
 
-    // Partial scores over the warp's key channels; two accumulators halve the MMA chains.
-    float s0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, s1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    // Partial scores over the warp's key channels; two accumulators a head tile halve the
+    // MMA chains.
+    float s0[NT][4], s1[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) s0[n][r] = s1[n][r] = 0.0f;
+    }
 #pragma unroll
     for (int j = 0; j < kMaxSteps; ++j) {
       const int kk = 16 * (warp + kWarps * j);
@@ -185,109 +238,122 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(AttnArgs
         ldmatrix_x4<true>(ak, ks + key_offset(d, lm_mat % 2));
 #pragma unroll
         for (int ti = kTerms - 1; ti >= 0; --ti) {
-          mma_bf16(j % 2 ? s1 : s0, ak, qf[j][0][ti], qf[j][1][ti]);
+#pragma unroll
+          for (int n = 0; n < NT; ++n) {
+            mma_bf16(j % 2 ? s1[n] : s0[n], ak, qf[j][n][0][ti], qf[j][n][1][ti]);
+          }
         }
       }
     }
-    partial[warp * 32 + lane] =
-        make_float4(s0[0] + s1[0], s0[1] + s1[1], s0[2] + s1[2], s0[3] + s1[3]);
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      partial[(warp * NT + n) * 32 + lane] = make_float4(s0[n][0] + s1[n][0], s0[n][1] + s1[n][1],
+                                                         s0[n][2] + s1[n][2], s0[n][3] + s1[n][3]);
+    }
     __syncthreads();
-    float sc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {  // the same order in every warp
-      const float4 v = partial[w * 32 + lane];
-      sc[0] += v.x, sc[1] += v.y, sc[2] += v.z, sc[3] += v.w;
-    }
     const int p0 = p_begin + i * kTile;
-    if (p0 + g >= p_end) sc[0] = sc[1] = -INFINITY;
-    if (p0 + g + 8 >= p_end) sc[2] = sc[3] = -INFINITY;
-    // Online softmax per head (column): the tile's maximum over the lanes of the same c. The
-    // tile's first position is in the split, so the new maxima are finite.
-    float mx0 = fmaxf(sc[0], sc[2]), mx1 = fmaxf(sc[1], sc[3]);
 #pragma unroll
-    for (int o = 4; o < 32; o <<= 1) {
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o));
-    }
-    const float mn0 = fmaxf(m[0], mx0), mn1 = fmaxf(m[1], mx1);
-    const float corr0 = exp2f(m[0] - mn0), corr1 = exp2f(m[1] - mn1);  // 0 on the first tile
-    m[0] = mn0, m[1] = mn1;
-    const float p[4] = {exp2f(sc[0] - mn0), exp2f(sc[1] - mn1), exp2f(sc[2] - mn0),
-                        exp2f(sc[3] - mn1)};
-    l[0] = l[0] * corr0 + p[0] + p[2];
-    l[1] = l[1] * corr1 + p[1] + p[3];
+    for (int n = 0; n < NT; ++n) {
+      float sc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-    for (int j = 0; j < kMaxSteps; ++j) {
-      acc[j][0] *= corr0, acc[j][1] *= corr1, acc[j][2] *= corr0, acc[j][3] *= corr1;
-    }
-    // The weights' b fragments (k = positions, n = heads): the transposes of the two 8 × 8
-    // halves (positions 0-7 and 8-15) of each term.
-    uint32_t top[kTerms], bottom[kTerms], pb[kTerms][2];
-    split3_bf16x2(p[0], p[1], top);
-    split3_bf16x2(p[2], p[3], bottom);
+      for (int w = 0; w < kWarps; ++w) {  // the same order in every warp
+        const float4 v = partial[(w * NT + n) * 32 + lane];
+        sc[0] += v.x, sc[1] += v.y, sc[2] += v.z, sc[3] += v.w;
+      }
+      if (p0 + g >= p_end) sc[0] = sc[1] = -INFINITY;
+      if (p0 + g + 8 >= p_end) sc[2] = sc[3] = -INFINITY;
+      // Online softmax per head (column): the tile's maximum over the lanes of the same c. The
+      // tile's first position is in the split, so the new maxima are finite.
+      float mx0 = fmaxf(sc[0], sc[2]), mx1 = fmaxf(sc[1], sc[3]);
 #pragma unroll
-    for (int ti = 0; ti < kTerms; ++ti) {
-      pb[ti][0] = transpose8x8(top[ti]);
-      pb[ti][1] = transpose8x8(bottom[ti]);
-    }
+      for (int o = 4; o < 32; o <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o));
+      }
+      const float mn0 = fmaxf(m[n][0], mx0), mn1 = fmaxf(m[n][1], mx1);
+      const float corr0 = exp2f(m[n][0] - mn0), corr1 = exp2f(m[n][1] - mn1);  // 0 at first
+      m[n][0] = mn0, m[n][1] = mn1;
+      const float p[4] = {exp2f(sc[0] - mn0), exp2f(sc[1] - mn1), exp2f(sc[2] - mn0),
+                          exp2f(sc[3] - mn1)};
+      l[n][0] = l[n][0] * corr0 + p[0] + p[2];
+      l[n][1] = l[n][1] * corr1 + p[1] + p[3];
 #pragma unroll
-    for (int j = 0; j < kMaxSteps; ++j) {
-      const int dd = 16 * (warp + kWarps * j);
-      if (dd < dv) {
-        // a = V^T [16 channels × 16 positions]: matrix r holds channels dd + 8(r % 2) .. and
-        // positions 8(r / 2) .., transposed out of the position rows.
-        const int pr = 8 * (lm_mat / 2) + lm_row;
-        uint32_t av[4];
-        ldmatrix_x4<true>(av, vs + value_offset(pr, dd / 8 + lm_mat % 2, dv));
+      for (int j = 0; j < kMaxSteps; ++j) {
+        acc[j][n][0] *= corr0, acc[j][n][1] *= corr1;
+        acc[j][n][2] *= corr0, acc[j][n][3] *= corr1;
+      }
+      // The weights' b fragments (k = positions, n = heads): the transposes of the two 8 × 8
+      // halves (positions 0-7 and 8-15) of each term.
+      uint32_t top[kTerms], bottom[kTerms], pb[kTerms][2];
+      split3_bf16x2(p[0], p[1], top);
+      split3_bf16x2(p[2], p[3], bottom);
 #pragma unroll
-        for (int ti = kTerms - 1; ti >= 0; --ti) mma_bf16(acc[j], av, pb[ti][0], pb[ti][1]);
+      for (int ti = 0; ti < kTerms; ++ti) {
+        pb[ti][0] = transpose8x8(top[ti]);
+        pb[ti][1] = transpose8x8(bottom[ti]);
+      }
+#pragma unroll
+      for (int j = 0; j < kMaxSteps; ++j) {
+        const int dd = 16 * (warp + kWarps * j);
+        if (dd < dv) {
+          // a = V^T [16 channels × 16 positions]: matrix r holds channels dd + 8(r % 2) .. and
+          // positions 8(r / 2) .., transposed out of the position rows.
+          const int pr = 8 * (lm_mat / 2) + lm_row;
+          uint32_t av[4];
+          ldmatrix_x4<true>(av, vs + value_offset(pr, dd / 8 + lm_mat % 2, dv));
+#pragma unroll
+          for (int ti = kTerms - 1; ti >= 0; --ti) {
+            mma_bf16(acc[j][n], av, pb[ti][0], pb[ti][1]);
+          }
+        }
       }
     }
   }
 
-  // The denominators: each column's sum over the lanes of the same c.
 #pragma unroll
-  for (int o = 4; o < 32; o <<= 1) {
-    l[0] += __shfl_xor_sync(0xffffffffu, l[0], o);
-    l[1] += __shfl_xor_sync(0xffffffffu, l[1], o);
-  }
+  for (int n = 0; n < NT; ++n) {
+    // The denominators: each column's sum over the lanes of the same c.
 #pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    if (2 * c + e >= group) continue;
-    const int h = kvh * group + 2 * c + e;
-    const float m_nat = m[e] * kLn2;  // natural-log units, as the combine weighs splits
+    for (int o = 4; o < 32; o <<= 1) {
+      l[n][0] += __shfl_xor_sync(0xffffffffu, l[n][0], o);
+      l[n][1] += __shfl_xor_sync(0xffffffffu, l[n][1], o);
+    }
 #pragma unroll
-    for (int j = 0; j < kMaxSteps; ++j) {
-      const int dd = 16 * (warp + kWarps * j);
-      if (dd < dv) {
-        store_result(a, t, h, sp, dd + g, acc[j][e], m_nat, l[e], dv);
-        store_result(a, t, h, sp, dd + g + 8, acc[j][2 + e], m_nat, l[e], dv);
+    for (int e = 0; e < 2; ++e) {
+      if (8 * n + 2 * c + e >= group) continue;
+      const int h = kvh * group + 8 * n + 2 * c + e;
+      const float m_nat = m[n][e] * kLn2;  // natural-log units, as the combine weighs splits
+#pragma unroll
+      for (int j = 0; j < kMaxSteps; ++j) {
+        const int dd = 16 * (warp + kWarps * j);
+        if (dd < dv) {
+          store_result(a, t, h, sp, dd + g, acc[j][n][e], m_nat, l[n][e], dv);
+          store_result(a, t, h, sp, dd + g + 8, acc[j][n][2 + e], m_nat, l[n][e], dv);
+        }
       }
     }
   }
 }
 
-}  // namespace
-
-bool attention_decode_mma(CudaOps::Impl& s, AttnArgs a, const Tensor& k_cache,
-                          const Tensor& v_cache, const SeqLayout& layout, int kv_heads,
-                          int max_ctx) {
-  // 16-byte copies: channels contiguous, strides and the base in whole 8-element chunks.
-  const bool copies16 = reinterpret_cast<uintptr_t>(k_cache.data) % 16 == 0 &&
-                        reinterpret_cast<uintptr_t>(v_cache.data) % 16 == 0 &&
-                        k_cache.stride[3] == 1 && v_cache.stride[3] == 1 &&
-                        k_cache.stride[0] % 8 == 0 && k_cache.stride[1] % 8 == 0 &&
-                        k_cache.stride[2] % 8 == 0 && v_cache.stride[0] % 8 == 0 &&
-                        v_cache.stride[1] % 8 == 0 && v_cache.stride[2] % 8 == 0;
-  if (k_cache.dtype != DType::BF16 || !copies16 || a.group > kHeads || a.hd % 64 != 0 ||
-      a.dv % 64 != 0 || a.hd > kMaxDim || a.dv > kMaxDim || a.bs % kTile != 0) {
-    return false;
+// Splits a's tokens' contexts into whole tiles, enough to fill every multiprocessor with the
+// blocks it holds of this kernel, within the buffer of partial results, and launches it (and
+// the merge of the splits).
+template <typename T, int NT>
+void launch_decode_mma(CudaOps::Impl& s, AttnArgs a, const SeqLayout& layout, int kv_heads,
+                       int max_ctx) {
+  constexpr auto kKernel = attention_decode_mma_kernel<T, NT>;
+  const size_t smem = decode_mma_smem_bytes(a.hd, a.dv, sizeof(T));
+  static size_t opted_in = 48 << 10;
+  if (smem > opted_in) {
+    RECUR_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          int(s.max_smem_optin)));
+    opted_in = s.max_smem_optin;
   }
+  int per_sm = 0;
+  RECUR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, kThreads, smem));
   const int n = layout.n_tokens;
-  // Splits of whole tiles, enough for kBlocksPerSm blocks on every multiprocessor, within the
-  // buffer of partial results.
   const int64_t base = int64_t(n) * kv_heads;
-  const int64_t want = (int64_t(kBlocksPerSm) * s.sm_count + base - 1) / base;
+  const int64_t want = (int64_t(std::max(per_sm, 1)) * s.sm_count + base - 1) / base;
   const int64_t fits = int64_t(s.attn_partial.bytes() /
                                (size_t(n) * size_t(a.heads) * (size_t(a.dv) + 2) * sizeof(float)));
   const int n_splits = int(
@@ -304,20 +370,40 @@ bool attention_decode_mma(CudaOps::Impl& s, AttnArgs a, const Tensor& k_cache,
     double ctx = 0;
     for (int t = 0; t < n; ++t) ctx += layout.positions[t] + 1;
     s.work(attention_flops(layout, a.heads, a.hd, a.dv),
-           ctx * double(kv_heads) * double(a.hd + a.dv) * double(sizeof(bf16)));
-  }
-  const size_t smem = decode_mma_smem_bytes(a.hd, a.dv);
-  static size_t opted_in = 48 << 10;
-  if (smem > opted_in) {
-    RECUR_CUDA_CHECK(cudaFuncSetAttribute(attention_decode_mma_kernel,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          int(decode_mma_smem_bytes(kMaxDim, kMaxDim))));
-    opted_in = decode_mma_smem_bytes(kMaxDim, kMaxDim);
+           ctx * double(kv_heads) * double(a.hd + a.dv) * double(sizeof(T)));
   }
   const dim3 grid{unsigned(n), unsigned(kv_heads), unsigned(n_splits)};
-  launch_kernel(attention_decode_mma_kernel, grid, kThreads, smem, s.stream, a);
+  launch_kernel(kKernel, grid, kThreads, smem, s.stream, a);
   s.launched("paged_attention (decode, tensor cores)");
   if (n_splits > 1) launch_attention_combine(s, a, n);
+}
+
+}  // namespace
+
+bool attention_decode_mma(CudaOps::Impl& s, AttnArgs a, const Tensor& k_cache,
+                          const Tensor& v_cache, const SeqLayout& layout, int kv_heads,
+                          int max_ctx) {
+  const DType dt = k_cache.dtype;
+  const int64_t chunk = 16 / int64_t(dtype_size(dt));  // elements per 16-byte copy
+  // 16-byte copies: channels contiguous, strides and the bases in whole chunks.
+  const bool copies16 = reinterpret_cast<uintptr_t>(k_cache.data) % 16 == 0 &&
+                        reinterpret_cast<uintptr_t>(v_cache.data) % 16 == 0 &&
+                        k_cache.stride[3] == 1 && v_cache.stride[3] == 1 &&
+                        k_cache.stride[0] % chunk == 0 && k_cache.stride[1] % chunk == 0 &&
+                        k_cache.stride[2] % chunk == 0 && v_cache.stride[0] % chunk == 0 &&
+                        v_cache.stride[1] % chunk == 0 && v_cache.stride[2] % chunk == 0;
+  if ((dt != DType::BF16 && dt != DType::F8_E4M3) || !copies16 || a.group > 8 * kMaxHeadTiles ||
+      a.hd % 64 != 0 || a.dv % 64 != 0 || a.hd > kMaxDim || a.dv > kMaxDim || a.bs % kTile != 0) {
+    return false;
+  }
+  const bool wide = a.group > 8;
+  if (dt == DType::BF16) {
+    wide ? launch_decode_mma<uint16_t, 2>(s, a, layout, kv_heads, max_ctx)
+         : launch_decode_mma<uint16_t, 1>(s, a, layout, kv_heads, max_ctx);
+  } else {
+    wide ? launch_decode_mma<uint8_t, 2>(s, a, layout, kv_heads, max_ctx)
+         : launch_decode_mma<uint8_t, 1>(s, a, layout, kv_heads, max_ctx);
+  }
   return true;
 }
 
