@@ -33,8 +33,8 @@ constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kTile = 16;  // positions per tile (and per ring stage)
 // Ring stages: kStages − 1 tiles in flight. Three took a 131,072-token context's step 5 µs
-// below four on the H200, as two did (session 21); at Qwen3-Next's heads the registers hold four
-// blocks an SM with either.
+// below four on the H200, as two did (session 21): at Qwen3-Next's heads an SM then holds four
+// blocks instead of three.
 constexpr int kStages = 3;
 constexpr int kMaxHeadTiles = 2;                  // of 8 query heads: groups of up to 16
 constexpr int kMaxDim = 256;                      // hd and dv at most
@@ -105,8 +105,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(AttnArgs
   const int hd = a.hd, dv = a.dv, group = a.group;
   T* ring = reinterpret_cast<T*>(smem);
   bf16* plane = reinterpret_cast<bf16*>(ring + kStages * tile_elems(hd, dv));  // kWiden only
-  float4* partial = reinterpret_cast<float4*>(kWiden ? plane + tile_elems(hd, dv)
-                                                     : reinterpret_cast<bf16*>(plane));
+  float4* partial = reinterpret_cast<float4*>(plane + (kWiden ? tile_elems(hd, dv) : 0));
   const T* kc = static_cast<const T*>(a.kc);
   const T* vc = static_cast<const T*>(a.vc);
   const int t = blockIdx.x, kvh = blockIdx.y, sp = blockIdx.z;
