@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # recur bench on the CPU: the JSON carries every figure it promises, finite and positive, for
 # both decode ways (synchronous fixed ids, and the pipelined greedy decode with its picks),
-# from a model directory and from a config with random weights; bad options fail clearly.
+# from a model directory and from a config with random weights, and for decode at given
+# contexts; bad options fail clearly.
 set -euo pipefail
 recur="$1"; root="$2"
 check() {
@@ -48,6 +49,20 @@ assert q4["quantize"] == "q4" and bf16["quantize"] == "none", (q4["quantize"], b
 assert q4["read_bandwidth_gb_s"] > 0 and q4["read_bandwidth_threads"] == 2, q4
 assert all(d["fraction_of_read_bandwidth"] > 0 for d in q4["decode"]), q4["decode"]
 assert q4["weight_bytes"] < bf16["weight_bytes"], (q4["weight_bytes"], bf16["weight_bytes"])
+PY
+# --decode-contexts: batch-1 decode timed at each context, each step against the first's.
+ctx=$("$recur" bench --model "$root/models/qwen3next-tiny" --batch 1 --prompt-len 8 --gen-len 5 --threads 2 --decode-contexts 40,120)
+python3 - "$ctx" <<'PY'
+import json, math, sys
+rows = json.loads(sys.argv[1])["decode_at_context"]
+assert [r["context"] for r in rows] == [40, 120], rows
+for r in rows:
+    for key in ("tok_s", "step_ms", "attention_cache_bytes_read", "attention_cache_gb_s"):
+        assert math.isfinite(r[key]) and r[key] > 0, (key, r)
+assert rows[0]["step_vs_first_context"] == 1.0, rows[0]
+ratio = rows[1]["step_ms"] / rows[0]["step_ms"]
+assert abs(rows[1]["step_vs_first_context"] - ratio) < 1e-9 * ratio, (rows[1], ratio)
+assert rows[1]["attention_cache_bytes_read"] > rows[0]["attention_cache_bytes_read"], rows
 PY
 if "$recur" bench --model "$root/models/qwen3next-tiny" --gen-len 3 2>/dev/null; then
   echo "bench accepted --gen-len 3 (fewer steps than its warm-up)"; exit 1
