@@ -348,8 +348,15 @@ void launch_decode_mma(CudaOps::Impl& s, AttnArgs a, const SeqLayout& layout, in
                                           int(s.max_smem_optin)));
     opted_in = s.max_smem_optin;
   }
-  int per_sm = 0;
-  RECUR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, kThreads, smem));
+  // Blocks an SM holds, asked once per thread (a rank's) and shared-memory size: no per-step
+  // driver call. It only sizes the splits.
+  static thread_local size_t asked_smem = 0;
+  static thread_local int per_sm = 0;
+  if (asked_smem != smem) {
+    RECUR_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, kThreads, smem));
+    asked_smem = smem;
+  }
   const int n = layout.n_tokens;
   const int64_t base = int64_t(n) * kv_heads;
   const int64_t want = (int64_t(std::max(per_sm, 1)) * s.sm_count + base - 1) / base;
