@@ -350,18 +350,31 @@ __device__ __forceinline__ void copy_tile(const AttnArgs& a, const int32_t* tabl
   }
 }
 
-// Launches kKernel (a prompt kernel) with smem bytes of dynamic shared memory, raising its
-// limit first when smem is more than it has been allowed so far.
+// Raises kKernel's limit of dynamic shared memory to smem bytes when that is more than it has
+// been allowed so far.
 template <auto kKernel>
-void launch_opted_in(dim3 grid, int threads, size_t smem, cudaStream_t stream, const AttnArgs& a) {
+void opt_in_smem(size_t smem) {
   static size_t opted_in = 48 << 10;
   if (smem > opted_in) {
     RECUR_CUDA_CHECK(
         cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     opted_in = smem;
   }
+}
+
+// Launches kKernel (an attention kernel) with smem bytes of dynamic shared memory, opted in.
+template <auto kKernel>
+void launch_opted_in(dim3 grid, int threads, size_t smem, cudaStream_t stream, const AttnArgs& a) {
+  opt_in_smem<kKernel>(smem);
   launch_kernel(kKernel, grid, threads, smem, stream, a);
 }
+
+// Splits each of a's n tokens' contexts for the kernels that split them (decode), and points
+// a's partial results into the buffer: `want` splits a token (enough blocks for the GPU), no
+// more than ⌈max_ctx / min_split⌉ nor than the buffer holds, at least one; each split
+// ⌈n_ctx / n_splits⌉ positions rounded up to `align`, at least min_split (AttnArgs).
+void set_context_splits(CudaOps::Impl& s, AttnArgs& a, int n, int64_t want, int max_ctx,
+                        int min_split, int align);
 
 // The prompt kernel for BF16 and F8_E4M3 caches (kernels_attention_bf16.cu): grid (row tiles
 // of kPromptRows rows, kv heads), as paged_attention_mma's; its most shared memory for these

@@ -474,6 +474,21 @@ void launch_attention_tiled(const AttnArgs& a, dim3 grid, size_t max_smem, cudaS
 
 namespace cuda {
 
+void set_context_splits(CudaOps::Impl& s, AttnArgs& a, int n, int64_t want, int max_ctx,
+                        int min_split, int align) {
+  const int64_t fits = int64_t(s.attn_partial.bytes() /
+                               (size_t(n) * size_t(a.heads) * (size_t(a.dv) + 2) * sizeof(float)));
+  a.n_splits = int(
+      std::max<int64_t>(1, std::min({want, (int64_t(max_ctx) + min_split - 1) / min_split, fits})));
+  a.split_align = align, a.split_min = min_split;
+  if (a.n_splits > 1) {
+    const size_t slots = size_t(n) * size_t(a.heads) * size_t(a.n_splits);
+    float* p = static_cast<float*>(s.attn_partial.data());
+    a.part_o = p;
+    a.part_ml = p + slots * size_t(a.dv);
+  }
+}
+
 void launch_attention_combine(CudaOps::Impl& s, const AttnArgs& a, int n_tokens) {
   launch_kernel(attention_combine_kernel,
                 dim3(unsigned(n_tokens), unsigned(a.heads), unsigned((a.dv + 31) / 32)),
@@ -576,22 +591,11 @@ void run_paged_attention(CudaOps::Impl& s, const Tensor& q, const Tensor& k_cach
     return;
   }
   const int64_t base_blocks = int64_t(n) * kv_heads;
-  const int64_t per_sm = decode ? 4 : 16, min_split = decode ? 32 : kMinSplitPositions;
-  const int64_t want = std::max<int64_t>(1, (per_sm * s.sm_count + base_blocks - 1) / base_blocks);
-  const int64_t fits = int64_t(s.attn_partial.bytes() /
-                               (size_t(n) * size_t(heads) * (size_t(dv) + 2) * sizeof(float)));
-  const int n_splits = int(
-      std::max<int64_t>(1, std::min({want, (int64_t(max_ctx) + min_split - 1) / min_split, fits})));
-  a.n_splits = n_splits;
-  a.split_align = decode ? 32 : 1;  // the decode kernel's splits are whole chunks
-  a.split_min = decode ? 1 : kMinSplitPositions;
-
-  if (n_splits > 1) {
-    const size_t slots = size_t(n) * size_t(heads) * size_t(n_splits);
-    float* p = static_cast<float*>(s.attn_partial.data());
-    a.part_o = p;
-    a.part_ml = p + slots * size_t(dv);
-  }
+  const int64_t per_sm = decode ? 4 : 16;
+  // The decode kernel's splits are whole chunks of 32 positions.
+  set_context_splits(s, a, n, (per_sm * s.sm_count + base_blocks - 1) / base_blocks, max_ctx,
+                     decode ? 32 : kMinSplitPositions, decode ? 32 : 1);
+  const int n_splits = a.n_splits;
   const dim3 grid{unsigned(n), unsigned(kv_heads), unsigned(n_splits)};
   if (s.options.profile) {  // each (token, kv head) reads its context once
     double ctx = 0;

@@ -342,12 +342,7 @@ void launch_decode_mma(CudaOps::Impl& s, AttnArgs a, const SeqLayout& layout, in
                        int max_ctx) {
   constexpr auto kKernel = attention_decode_mma_kernel<T, NT>;
   const size_t smem = decode_mma_smem_bytes(a.hd, a.dv, sizeof(T));
-  static size_t opted_in = 48 << 10;
-  if (smem > opted_in) {
-    RECUR_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          int(s.max_smem_optin)));
-    opted_in = s.max_smem_optin;
-  }
+  opt_in_smem<kKernel>(smem);  // before asking how many blocks an SM holds
   // Blocks an SM holds, asked once per thread (a rank's) and shared-memory size: no per-step
   // driver call. It only sizes the splits.
   static thread_local size_t asked_smem = 0;
@@ -359,29 +354,18 @@ void launch_decode_mma(CudaOps::Impl& s, AttnArgs a, const SeqLayout& layout, in
   }
   const int n = layout.n_tokens;
   const int64_t base = int64_t(n) * kv_heads;
-  const int64_t want = (int64_t(std::max(per_sm, 1)) * s.sm_count + base - 1) / base;
-  const int64_t fits = int64_t(s.attn_partial.bytes() /
-                               (size_t(n) * size_t(a.heads) * (size_t(a.dv) + 2) * sizeof(float)));
-  const int n_splits = int(
-      std::max<int64_t>(1, std::min({want, (int64_t(max_ctx) + kMinSplit - 1) / kMinSplit, fits})));
-  a.n_splits = n_splits;
-  a.split_align = kTile, a.split_min = kMinSplit;
-  if (n_splits > 1) {
-    const size_t slots = size_t(n) * size_t(a.heads) * size_t(n_splits);
-    float* p = static_cast<float*>(s.attn_partial.data());
-    a.part_o = p;
-    a.part_ml = p + slots * size_t(a.dv);
-  }
+  set_context_splits(s, a, n, (int64_t(std::max(per_sm, 1)) * s.sm_count + base - 1) / base,
+                     max_ctx, kMinSplit, kTile);
   if (s.options.profile) {  // each (token, kv head) reads its context once
     double ctx = 0;
     for (int t = 0; t < n; ++t) ctx += layout.positions[t] + 1;
     s.work(attention_flops(layout, a.heads, a.hd, a.dv),
            ctx * double(kv_heads) * double(a.hd + a.dv) * double(sizeof(T)));
   }
-  const dim3 grid{unsigned(n), unsigned(kv_heads), unsigned(n_splits)};
+  const dim3 grid{unsigned(n), unsigned(kv_heads), unsigned(a.n_splits)};
   launch_kernel(kKernel, grid, kThreads, smem, s.stream, a);
   s.launched("paged_attention (decode, tensor cores)");
-  if (n_splits > 1) launch_attention_combine(s, a, n);
+  if (a.n_splits > 1) launch_attention_combine(s, a, n);
 }
 
 }  // namespace

@@ -240,30 +240,20 @@ bool latent_attention_mma(CudaOps::Impl& s, AttnArgs a, const Tensor& k_cache,
   const int n = layout.n_tokens;
   // Decode: one token's rows a block, and the context split so that the blocks fill the GPU
   // (one block an SM: its shared memory) within the buffer of partial results.
-  int n_splits = 1;
-  int64_t row_tiles = 0;
+  a.n_splits = 1;
   if (n <= kDecodeMaxTokens) {
     int max_ctx = s.limits.max_context;  // the reserved limit when given, as a graph needs
     if (max_ctx <= 0) {
       for (int t = 0; t < n; ++t) max_ctx = std::max(max_ctx, layout.positions[t] + 1);
     }
     const int64_t base = int64_t(n) * kv_heads;
-    const int64_t fits = int64_t(s.attn_partial.bytes() / (size_t(n) * size_t(a.heads) *
-                                                           (size_t(a.dv) + 2) * sizeof(float)));
-    n_splits = int(std::max<int64_t>(
-        1, std::min({(int64_t(s.sm_count) + base - 1) / base,
-                     (int64_t(max_ctx) + kMinSplitPositions - 1) / kMinSplitPositions, fits})));
+    set_context_splits(s, a, n, (int64_t(s.sm_count) + base - 1) / base, max_ctx,
+                       kMinSplitPositions, kKeys);
   }
-  if (n_splits > 1) {
-    row_tiles = n;
-    a.n_splits = n_splits;
-    a.split_align = kKeys, a.split_min = kMinSplitPositions;
-    const size_t slots = size_t(n) * size_t(a.heads) * size_t(n_splits);
-    float* p = static_cast<float*>(s.attn_partial.data());
-    a.part_o = p;
-    a.part_ml = p + slots * size_t(a.dv);
-  } else {
-    a.n_splits = 1;
+  const int n_splits = a.n_splits;
+  int64_t row_tiles = n;  // one token's rows a block when split
+  if (n_splits == 1) {
+    row_tiles = 0;
     const int tokens_per_tile = kRows / a.group;
     for (int q = 0; q < layout.n_seqs; ++q) {
       row_tiles += (layout.seq_len(q) + tokens_per_tile - 1) / tokens_per_tile;
