@@ -61,6 +61,8 @@ TEST_P(CudaAttentionCache, EveryKernelMatchesReferenceOverTheSameCache) {
       // Qwen3-Next's heads continuing a prefix; a value head not a multiple of 16.
       {8, 256, 256, 16, {200}, {1000}},
       {4, 32, 24, 16, {100, 70}, {0, 9}},
+      // A value head of 20 four-element chunks: a thread's value copies wrap to later rows.
+      {2, 64, 80, 16, {90, 40}, {0, 30}},
   };
   for (const Case& c : cases) {
     const int64_t kv = 2, heads = kv * c.group, hd = c.hd, dv = c.dv;

@@ -141,17 +141,21 @@ __device__ __forceinline__ void online_softmax_tile(float (&sc)[NJ][4], int k0, 
                                                     float (&corr)[2]) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    float mx = -INFINITY;
+    // Only a tile reaching past the row's position has keys to mask (most tiles of a long
+    // prompt lie wholly before it).
+    if (kKeyEnd || k0 + 8 * NJ - 1 > row_pos[i]) {
 #pragma unroll
-    for (int j = 0; j < NJ; ++j) {
+      for (int j = 0; j < NJ; ++j) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int key = k0 + 8 * j + 2 * c + h;
-        float& v = sc[j][2 * i + h];
-        if (key > row_pos[i] || (kKeyEnd && key >= key_end)) v = -INFINITY;
-        mx = fmaxf(mx, v);
+        for (int h = 0; h < 2; ++h) {
+          const int key = k0 + 8 * j + 2 * c + h;
+          if (key > row_pos[i] || (kKeyEnd && key >= key_end)) sc[j][2 * i + h] = -INFINITY;
+        }
       }
     }
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) mx = fmaxf(mx, fmaxf(sc[j][2 * i], sc[j][2 * i + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const float m_new = fmaxf(m[i], mx);
@@ -169,6 +173,19 @@ __device__ __forceinline__ void online_softmax_tile(float (&sc)[NJ][4], int k0, 
     }
     l[i] = l[i] * corr[i] + sum;
     m[i] = m_new;
+  }
+}
+
+// A warp's accumulators of rows g (corr[0]) and g + 8 (corr[1]) times their online-softmax
+// factors, skipped when no row of the warp moved its maximum (every factor exactly 1, as in most
+// tiles of a long context). Warp-uniform, as online_softmax_tile.
+template <int NJ>
+__device__ __forceinline__ void rescale_rows(float (&acc)[NJ][4], const float (&corr)[2]) {
+  if (__all_sync(0xffffffffu, corr[0] == 1.0f && corr[1] == 1.0f)) return;
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) {
+    acc[j][0] *= corr[0], acc[j][1] *= corr[0];
+    acc[j][2] *= corr[1], acc[j][3] *= corr[1];
   }
 }
 
@@ -315,38 +332,46 @@ constexpr int kPromptRows = 64;
 // Starts the copies of a tile of kKeys positions from k0 of the keys and (with values) the
 // values, as chunks of 4 elements, zeros past `last`: key_copy(d, p, src, valid) for positions
 // p .. p + 3 of channel d (one cache block: bs is a multiple of 4), value_copy(p, d, src, valid)
-// for channels d .. d + 3 of position p, split among kThreads threads. Lane j of each warp looks
-// up the cache block of the tile's chunk j once and the lanes take theirs from it: a lookup per
-// copy would be a dependent load before each (a round trip to L2 for every few copies issued).
-// The trip counts must be multiples of 32 (whole warps shuffle): hd · kKeys / 4 and dv · kKeys
-// / 4 of kThreads-strided elements.
+// for channels d .. d + 3 of position p, split among kThreads threads. Lane j of each warp finds
+// where the tile's chunk j starts in each cache once and the lanes take theirs from it: a lookup
+// per copy would be a dependent load before each (a round trip to L2 for every few copies
+// issued), and its block arithmetic (divisions by the runtime block size and value size) would
+// outnumber the copies' own instructions. The trip counts must be multiples of 32 (whole warps
+// shuffle): hd · kKeys / 4 and dv · kKeys / 4 of kThreads-strided elements.
 template <int kKeys, int kThreads, int kUnroll, typename T, typename KeyCopy, typename ValueCopy>
 __device__ __forceinline__ void copy_tile(const AttnArgs& a, const int32_t* table, int kvh, int k0,
                                           int last, bool values, KeyCopy&& key_copy,
                                           ValueCopy&& value_copy) {
   static_assert(kKeys / 4 <= 32, "a lane per chunk");
-  const int hd = a.hd, dv = a.dv, lane = threadIdx.x % 32;
-  const T* kc = static_cast<const T*>(a.kc);
-  const T* vc = static_cast<const T*>(a.vc);
-  int64_t chunk_block = 0;
-  if (lane < kKeys / 4 && k0 + 4 * lane <= last) chunk_block = table[(k0 + 4 * lane) / a.bs];
+  const int hd = a.hd, lane = threadIdx.x % 32;
+  const T* kc = static_cast<const T*>(a.kc) + kvh * a.kc_s1;
+  const T* vc = static_cast<const T*>(a.vc) + kvh * a.vc_s1;
+  int64_t k_chunk = 0, v_chunk = 0;  // lane j: chunk j's first element in each cache
+  const int chunk_pos = k0 + 4 * lane;
+  if (lane < kKeys / 4 && chunk_pos <= last) {
+    const int64_t block = table[chunk_pos / a.bs];
+    const int in_block = chunk_pos % a.bs;
+    k_chunk = block * a.kc_s0 + in_block;
+    v_chunk = block * a.vc_s0 + int64_t(in_block) * a.vc_s2;
+  }
 #pragma unroll kUnroll
   for (int e = threadIdx.x; e < hd * (kKeys / 4); e += kThreads) {
-    const int d = e / (kKeys / 4), p = 4 * (e % (kKeys / 4)), kp = k0 + p;
-    const int64_t block = __shfl_sync(0xffffffffu, chunk_block, p / 4);
-    const bool valid = kp <= last;
-    key_copy(d, p, valid ? kc + block * a.kc_s0 + kvh * a.kc_s1 + d * a.kc_s2 + kp % a.bs : kc,
-             valid);
+    const int d = e / (kKeys / 4), p = 4 * (e % (kKeys / 4));
+    const int64_t chunk = __shfl_sync(0xffffffffu, k_chunk, p / 4);
+    const bool valid = k0 + p <= last;
+    key_copy(d, p, valid ? kc + chunk + d * a.kc_s2 : kc, valid);
   }
   if (!values) return;
+  // Element e = p · (dv / 4) + d / 4, walked by kThreads without a division per element.
+  const int row_chunks = a.dv / 4, p_step = kThreads / row_chunks, d_step = kThreads % row_chunks;
+  int p = threadIdx.x / row_chunks, d4 = threadIdx.x % row_chunks;
 #pragma unroll kUnroll
-  for (int e = threadIdx.x; e < kKeys * (dv / 4); e += kThreads) {
-    const int p = e / (dv / 4), d = 4 * (e % (dv / 4)), kp = k0 + p;
-    const int64_t block = __shfl_sync(0xffffffffu, chunk_block, p / 4);
-    const bool valid = kp <= last;
-    value_copy(p, d,
-               valid ? vc + block * a.vc_s0 + kvh * a.vc_s1 + int64_t(kp % a.bs) * a.vc_s2 + d : vc,
-               valid);
+  for (int e = threadIdx.x; e < kKeys * row_chunks; e += kThreads) {
+    const int64_t chunk = __shfl_sync(0xffffffffu, v_chunk, p / 4);
+    const bool valid = k0 + p <= last;
+    value_copy(p, 4 * d4, valid ? vc + chunk + (p % 4) * a.vc_s2 + 4 * d4 : vc, valid);
+    p += p_step, d4 += d_step;
+    if (d4 >= row_chunks) d4 -= row_chunks, ++p;
   }
 }
 

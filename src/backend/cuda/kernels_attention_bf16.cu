@@ -260,11 +260,7 @@ __global__ void __launch_bounds__(kThreads) attention_bf16_kernel(AttnArgs a) {
       // Causal mask and the online softmax of the thread's rows g and g + 8.
       float corr[2];
       online_softmax_tile<kKeys / 8, false>(sc, k0, c, row_pos, 0, m, l, corr);
-#pragma unroll
-      for (int j = 0; j < kAccTiles; ++j) {
-        acc[j][0] *= corr[0], acc[j][1] *= corr[0];
-        acc[j][2] *= corr[1], acc[j][3] *= corr[1];
-      }
+      rescale_rows(acc, corr);
       // acc += P · V over each 16 keys: the score fragments of n-tiles 2kk and 2kk + 1 are the
       // a operand as they lie (rows g, g + 8; keys 2c, 2c + 1 and 8 + 2c, 9 + 2c).
 #pragma unroll

@@ -165,11 +165,7 @@ __global__ void __launch_bounds__(kThreads, 1) latent_attention_mma_kernel(AttnA
     // Mask (causal, and the split's end) and the online softmax of rows g and g + 8.
     float corr[2];
     online_softmax_tile<kKeys / 8, true>(sc, k0, c, row_pos, p_end, m, l, corr);
-#pragma unroll
-    for (int j = 0; j < kMaxValuePart / 8; ++j) {
-      acc[j][0] *= corr[0], acc[j][1] *= corr[0];
-      acc[j][2] *= corr[1], acc[j][3] *= corr[1];
-    }
+    rescale_rows(acc, corr);
     // acc += P · V over each 8 keys: the score fragment (keys 2c, 2c + 1 of rows g, g + 8) is
     // the a operand with its columns c and c + 4 standing for keys 2c and 2c + 1, so the value
     // operand's rows c and c + 4 are those keys: channel n's two adjacent positions in the tile.

@@ -186,11 +186,7 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(AttnArgs a) {
       // Causal mask and the online softmax of the thread's rows g and g + 8.
       float corr[2];
       online_softmax_tile<kKeys / 8, false>(sc, k0, c, row_pos, 0, m, l, corr);
-#pragma unroll
-      for (int j = 0; j < DV_MAX / 8; ++j) {
-        acc[j][0] *= corr[0], acc[j][1] *= corr[0];
-        acc[j][2] *= corr[1], acc[j][3] *= corr[1];
-      }
+      rescale_rows(acc, corr);
       // acc += P · V over each 8 keys: the score fragment (keys 2c, 2c + 1 of rows g, g + 8)
       // is the a operand as it lies, against the reordered value rows. Values are read
       // kBatch channel groups at a time, in order with the products (lds_ordered): left free,

@@ -20,9 +20,11 @@ constexpr int kBf16Terms = 3;  // hi, mid, lo
 __device__ __forceinline__ void split3_bf16x2(float x0, float x1, uint32_t (&t)[kBf16Terms]) {
 #pragma unroll
   for (int i = 0; i < kBf16Terms; ++i) {
-    const __nv_bfloat16 h0 = __float2bfloat16_rn(x0), h1 = __float2bfloat16_rn(x1);
-    t[i] = uint32_t(__bfloat16_as_ushort(h0)) | uint32_t(__bfloat16_as_ushort(h1)) << 16;
-    x0 -= __bfloat162float(h0), x1 -= __bfloat162float(h1);
+    // One conversion of the pair (x0 to the low half), each half widened back by its bits.
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+    t[i] = *reinterpret_cast<const uint32_t*>(&h);
+    if (i + 1 < kBf16Terms)
+      x0 -= __uint_as_float(t[i] << 16), x1 -= __uint_as_float(t[i] & 0xffff0000u);
   }
 }
 
