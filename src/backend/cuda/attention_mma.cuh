@@ -354,17 +354,35 @@ __device__ __forceinline__ void copy_tile(const AttnArgs& a, const int32_t* tabl
     k_chunk = block * a.kc_s0 + in_block;
     v_chunk = block * a.vc_s0 + int64_t(in_block) * a.vc_s2;
   }
-#pragma unroll kUnroll
-  for (int e = threadIdx.x; e < hd * (kKeys / 4); e += kThreads) {
-    const int d = e / (kKeys / 4), p = 4 * (e % (kKeys / 4));
+  // A thread's key copies share one position chunk (kThreads is a multiple of kKeys / 4) and
+  // step through channels kThreads / (kKeys / 4) apart.
+  static_assert(kThreads % (kKeys / 4) == 0, "a thread keeps its key chunk");
+  constexpr int kKeyRows = kThreads / (kKeys / 4);
+  {
+    const int p = 4 * (threadIdx.x % (kKeys / 4));
     const int64_t chunk = __shfl_sync(0xffffffffu, k_chunk, p / 4);
     const bool valid = k0 + p <= last;
-    key_copy(d, p, valid ? kc + chunk + d * a.kc_s2 : kc, valid);
+    const T* src = kc + chunk + int64_t(threadIdx.x / (kKeys / 4)) * a.kc_s2;
+    const int64_t step = int64_t(kKeyRows) * a.kc_s2;
+#pragma unroll kUnroll
+    for (int d = threadIdx.x / (kKeys / 4); d < hd; d += kKeyRows, src += step) {
+      key_copy(d, p, valid ? src : kc, valid);
+    }
   }
   if (!values) return;
-  // Element e = p · (dv / 4) + d / 4, walked by kThreads without a division per element.
+  // Element e = p · (dv / 4) + d / 4, walked by kThreads without a division per element; when
+  // the value chunks divide kThreads (d_step 0) a thread keeps its channels and steps positions.
   const int row_chunks = a.dv / 4, p_step = kThreads / row_chunks, d_step = kThreads % row_chunks;
   int p = threadIdx.x / row_chunks, d4 = threadIdx.x % row_chunks;
+  if (d_step == 0) {
+    const T* src = vc + 4 * d4;
+    for (; p < kKeys; p += p_step) {
+      const int64_t chunk = __shfl_sync(0xffffffffu, v_chunk, p / 4);
+      const bool valid = k0 + p <= last;
+      value_copy(p, 4 * d4, valid ? src + chunk + (p % 4) * a.vc_s2 : vc, valid);
+    }
+    return;
+  }
 #pragma unroll kUnroll
   for (int e = threadIdx.x; e < kKeys * row_chunks; e += kThreads) {
     const int64_t chunk = __shfl_sync(0xffffffffu, v_chunk, p / 4);
