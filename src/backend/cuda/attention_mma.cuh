@@ -336,8 +336,8 @@ constexpr int kPromptRows = 64;
 // where the tile's chunk j starts in each cache once and the lanes take theirs from it: a lookup
 // per copy would be a dependent load before each (a round trip to L2 for every few copies
 // issued), and its block arithmetic (divisions by the runtime block size and value size) would
-// outnumber the copies' own instructions. The trip counts must be multiples of 32 (whole warps
-// shuffle): hd · kKeys / 4 and dv · kKeys / 4 of kThreads-strided elements.
+// outnumber the copies' own instructions. The value copies shuffle in their loop, so their trip
+// count, dv · kKeys / 4 kThreads-strided elements, must be a multiple of 32 (whole warps).
 template <int kKeys, int kThreads, int kUnroll, typename T, typename KeyCopy, typename ValueCopy>
 __device__ __forceinline__ void copy_tile(const AttnArgs& a, const int32_t* table, int kvh, int k0,
                                           int last, bool values, KeyCopy&& key_copy,
