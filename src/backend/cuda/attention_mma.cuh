@@ -436,11 +436,12 @@ bool paged_attention_mma(CudaOps::Impl& s, const AttnArgs& a, const Tensor& k_ca
 // paged_attention of every token of the layout on tensor cores when the values are the keys'
 // first dv channels (latent attention: v_cache a view of k_cache), for prompts and decode: a
 // block of query rows per key tile, the context split between blocks for few tokens (merged by
-// the combine). False, having done nothing, when the kernel does not take these heads (hd and
-// dv multiples of 64 and 32, dv ≤ min(hd, 512), a query group of at most 32 heads, queries
-// 16-byte aligned) or caches.
+// the combine; max_ctx: the longest context the splits must cover). False, having done
+// nothing, when the kernel does not take these heads (hd and dv multiples of 64 and 32, dv ≤
+// min(hd, 512), a query group of at most 32 heads, queries 16-byte aligned) or caches.
 bool latent_attention_mma(CudaOps::Impl& s, AttnArgs a, const Tensor& k_cache,
-                          const Tensor& v_cache, const SeqLayout& layout, int kv_heads);
+                          const Tensor& v_cache, const SeqLayout& layout, int kv_heads,
+                          int max_ctx);
 
 // Merges the context splits of a's partial results (a.n_splits > 1) into a.out: one launch.
 void launch_attention_combine(CudaOps::Impl& s, const AttnArgs& a, int n_tokens);

@@ -583,7 +583,8 @@ void run_paged_attention(CudaOps::Impl& s, const Tensor& q, const Tensor& k_cach
                 gate->stride[1] == 1 && gate->dtype == DType::F32);
     a.gate = gate->ptr<float>(), a.g_s0 = gate->stride[0];
   }
-  if (strided_values && latent_attention_mma(s, a, k_cache, v_cache, layout, int(kv_heads))) {
+  if (strided_values &&
+      latent_attention_mma(s, a, k_cache, v_cache, layout, int(kv_heads), max_ctx)) {
     return;
   }
   if (!decode && paged_attention_mma(s, a, k_cache, v_cache, layout, int(kv_heads))) return;

@@ -214,7 +214,8 @@ __global__ void __launch_bounds__(kThreads, 1) latent_attention_mma_kernel(AttnA
 }  // namespace
 
 bool latent_attention_mma(CudaOps::Impl& s, AttnArgs a, const Tensor& k_cache,
-                          const Tensor& v_cache, const SeqLayout& layout, int kv_heads) {
+                          const Tensor& v_cache, const SeqLayout& layout, int kv_heads,
+                          int max_ctx) {
   // The values must be the keys' first dv channels (one tile serves both), every part's
   // channels whole fragments, and the cache copyable 4 aligned elements at a time.
   const bool values_in_keys = v_cache.data == k_cache.data &&
@@ -238,10 +239,6 @@ bool latent_attention_mma(CudaOps::Impl& s, AttnArgs a, const Tensor& k_cache,
   // (one block an SM: its shared memory) within the buffer of partial results.
   a.n_splits = 1;
   if (n <= kDecodeMaxTokens) {
-    int max_ctx = s.limits.max_context;  // the reserved limit when given, as a graph needs
-    if (max_ctx <= 0) {
-      for (int t = 0; t < n; ++t) max_ctx = std::max(max_ctx, layout.positions[t] + 1);
-    }
     const int64_t base = int64_t(n) * kv_heads;
     set_context_splits(s, a, n, (int64_t(s.sm_count) + base - 1) / base, max_ctx,
                        kMinSplitPositions, kKeys);
@@ -267,14 +264,7 @@ bool latent_attention_mma(CudaOps::Impl& s, AttnArgs a, const Tensor& k_cache,
   const dim3 grid{unsigned(row_tiles), unsigned(kv_heads), unsigned(n_splits)};
   dispatch_cache(k_cache.dtype, [&](auto tag) {
     using T = decltype(tag);
-    static size_t opted_in = 48 << 10;
-    if (smem > opted_in) {
-      RECUR_CUDA_CHECK(cudaFuncSetAttribute(latent_attention_mma_kernel<T>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            int(s.max_smem_optin)));
-      opted_in = s.max_smem_optin;
-    }
-    launch_kernel(latent_attention_mma_kernel<T>, grid, kThreads, smem, s.stream, a);
+    launch_opted_in<latent_attention_mma_kernel<T>>(grid, kThreads, smem, s.stream, a);
   });
   s.launched("paged_attention (latent, tensor cores)");
   if (n_splits > 1) launch_attention_combine(s, a, n);
