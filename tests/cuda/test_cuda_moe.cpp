@@ -221,15 +221,29 @@ struct Experts {
   std::vector<ExpertWeights> h, d;
 };
 
-Experts make_experts(CudaOps& ops, int64_t E, int64_t d, int64_t ff, DType dt, std::mt19937& rng) {
+// Random weights, or with one_hot (16-bit dtypes) each row a single 1 at a column that depends on
+// the expert, the matrix and the row: every product is then one activation, exactly.
+Experts make_experts(CudaOps& ops, int64_t E, int64_t d, int64_t ff, DType dt, std::mt19937& rng,
+                     bool one_hot = false) {
   Experts x;
   x.host.reserve(size_t(E) * 3);
   for (int64_t e = 0; e < E; ++e) {
     x.host.emplace_back(dt, std::initializer_list<int64_t>{ff, d});
     x.host.emplace_back(dt, std::initializer_list<int64_t>{ff, d});
     x.host.emplace_back(dt, std::initializer_list<int64_t>{d, ff});
-    for (size_t j = x.host.size() - 3; j < x.host.size(); ++j) fill_random(x.host[j], rng, 0.3f);
     const size_t b = x.host.size() - 3;
+    for (size_t j = b; j < x.host.size(); ++j) {
+      if (!one_hot) {
+        fill_random(x.host[j], rng, 0.3f);
+        continue;
+      }
+      const int64_t rows = x.host[j].t.shape[0], cols = x.host[j].t.shape[1];
+      const uint16_t one = dt == DType::BF16 ? f32_to_bf16(1.0f) : f32_to_f16(1.0f);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t c = (r * int64_t(j - b + 1) + 5 * e + int64_t(j - b)) % cols;
+        x.host[j].t.ptr<uint16_t>()[r * cols + c] = one;
+      }
+    }
     x.h.push_back({x.host[b].t, x.host[b + 1].t, x.host[b + 2].t});
     x.d.push_back({ops.adopt_weight(x.host[b].t).value(), ops.adopt_weight(x.host[b + 1].t).value(),
                    ops.adopt_weight(x.host[b + 2].t).value()});
@@ -295,6 +309,35 @@ TEST_F(CudaMoe, ExpertsMatchReferenceOnEveryPath) {
       EXPECT_LE(err, 1e-5) << dtype_name(dt) << " n=" << c.n << " E=" << c.E << " d=" << c.d
                            << " ff=" << c.ff;
     }
+  }
+}
+
+// With one-hot 16-bit weights every product on the tensor cores is one activation, so the
+// experts' outputs carry no rounding but the SwiGLU's and the combine's: each activation's three
+// terms must all arrive (two leave up to 2^-17 of it, ~4e-6 here), for every row of a tile.
+TEST_F(CudaMoe, TensorCoreExpertsCarryEveryBitOfTheActivations) {
+  const int64_t n = 300, E = 16, k = 4, d = 64, ff = 40;  // ~75 rows an expert: tiles 64 + rest
+  for (DType dt : {DType::BF16, DType::F16}) {
+    Experts ex = make_experts(ops(), E, d, ff, dt, rng, /*one_hot=*/true);
+    HostTensor logits(DType::F32, {n, E}), x(DType::F32, {n, d});
+    fill_random(logits, rng, 2.0f);
+    fill_random(x, rng);
+    HostTensor ids(DType::I32, {n, k}), w(DType::F32, {n, k}), out(DType::F32, {n, d}), ref = out;
+    DeviceTensor dl = dev(logits), dx = dev(x), dids = poisoned(ids), dw = poisoned(w);
+    MoeRouting routing;
+    routing.k = int(k);
+    ops().moe_route(dl.t, routing, dids.t, dw.t);
+    HostTensor scratch_h(
+        DType::U8,
+        {int64_t(ops().moe_experts_scratch_bytes(int(n), int(k), int(E), int(d), int(ff)))});
+    DeviceTensor dout = poisoned(out), scratch = poisoned(scratch_h);
+    ops().moe_experts(dx.t, ex.d, dids.t, dw.t, dout.t, scratch.t);
+    ref::moe_experts(x.t, ex.h, host(dids, ids).t, host(dw, w).t, ref.t);
+    HostTensor got = host(dout, out);
+    ASSERT_EQ(count_nonfinite(got.f(), out.numel()), 0);
+    const double err = rel_err(got.f(), ref.f(), out.numel());
+    record_error(std::string("moe_experts tensor cores one-hot ") + dtype_name(dt), err);
+    EXPECT_LE(err, 1e-6) << dtype_name(dt);
   }
 }
 

@@ -393,18 +393,6 @@ __device__ __forceinline__ void copy_tile(const AttnArgs& a, const int32_t* tabl
   }
 }
 
-// Raises kKernel's limit of dynamic shared memory to smem bytes when that is more than it has
-// been allowed so far.
-template <auto kKernel>
-void opt_in_smem(size_t smem) {
-  static size_t opted_in = 48 << 10;
-  if (smem > opted_in) {
-    RECUR_CUDA_CHECK(
-        cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    opted_in = smem;
-  }
-}
-
 // Launches kKernel (an attention kernel) with smem bytes of dynamic shared memory, opted in.
 template <auto kKernel>
 void launch_opted_in(dim3 grid, int threads, size_t smem, cudaStream_t stream, const AttnArgs& a) {

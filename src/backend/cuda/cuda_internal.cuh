@@ -441,6 +441,18 @@ void launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
   launch_kernel_clusters(kernel, grid, block, smem, stream, 1u, std::forward<Args>(args)...);
 }
 
+// Raises kKernel's limit of dynamic shared memory to smem bytes when that is more than it has
+// been allowed so far.
+template <auto kKernel>
+void opt_in_smem(size_t smem) {
+  static size_t opted_in = 48 << 10;
+  if (smem > opted_in) {
+    RECUR_CUDA_CHECK(
+        cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    opted_in = smem;
+  }
+}
+
 inline unsigned blocks_for(int64_t n, int threads) {
   return unsigned((n + threads - 1) / threads);
 }

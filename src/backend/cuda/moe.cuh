@@ -138,5 +138,9 @@ void launch_wmma_split(const float* x, int64_t ldx, int64_t rows, int64_t k, DTy
                        void* terms, cudaStream_t stream);
 void launch_moe_wmma(const MoeGemmArgs& a, DType wdtype, bool dual, unsigned max_tiles,
                      cudaStream_t stream);
+// The pipelined tiles of 16-bit (bf16, f16) expert weights (moe_mma.cu): a.x_terms set, not
+// dense_w; launch_moe_wmma takes them there.
+void launch_moe_mma(const MoeGemmArgs& a, DType wdtype, bool dual, unsigned max_tiles,
+                    cudaStream_t stream);
 
 }  // namespace recur::cuda

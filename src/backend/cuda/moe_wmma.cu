@@ -6,10 +6,11 @@
 // first: f32-class results, as the GEMV core gives for few tokens. The fused gate/up variant
 // applies SwiGLU to the two accumulators element by element (same fragment layout) before
 // storing.
-//   Pipelined tiles (moe_wmma_pipelined): the activations come split once per matmul
-//     (split_terms_kernel, or gate/up's epilogue storing the hidden as terms for down), so a
-//     stage is 16-byte cp.async copies, kStages - 1 stages in flight ahead of the MMAs; fp8
-//     weights are copied raw and widened in shared memory. 64×64 tiles of gate and up, 64×128
+//   Pipelined tiles (moe_wmma_pipelined) of block-FP8 weights (16-bit weights take moe_mma.cu's
+//     tiles there): the activations come split once per matmul (split_terms_kernel, or
+//     gate/up's epilogue storing the hidden as terms for down), so a stage is 16-byte cp.async
+//     copies, kStages - 1 stages in flight ahead of the MMAs; the weights are copied raw and
+//     widened in shared memory. 64×64 tiles of gate and up, 64×128
 //     tiles of one weight (each staged activation used for twice the columns).
 //   Fallback tiles (k not a multiple of the copies, unaligned weights): 64×64, each block
 //     splits f32 rows while staging, one stage of global loads held in registers.
@@ -19,6 +20,7 @@
 
 #include "backend/cuda/fp8.cuh"
 #include "backend/cuda/moe.cuh"
+#include "backend/cuda/moe_tile_io.cuh"
 
 namespace recur::cuda {
 
@@ -31,19 +33,8 @@ constexpr int kCols = kTK / 2;  // columns of a staged row per thread
 constexpr int kLd = kTK + 8;    // staged rows padded by 16 bytes against bank conflicts
 constexpr int kLdc = kTN + 4;   // f32 epilogue rows
 constexpr int kThreads = 128;
-constexpr int kTerms = 3;   // activation terms: lo, mid, hi
+constexpr int kTerms = kMoeTerms;
 constexpr int kStages = 4;  // pipelined kernel: stages in the shared-memory ring
-
-template <typename T>
-__device__ __forceinline__ T from_f32(float v);
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <>
-__device__ __forceinline__ __half from_f32<__half>(float v) {
-  return __float2half_rn(v);
-}
 
 // Eight e4m3 bytes (one 64-bit half of a 16-byte load) to bf16, exactly (e4m3 ⊂ bf16).
 __device__ __forceinline__ uint4 fp8x8_to_bf16(uint32_t lo, uint32_t hi) {
@@ -58,16 +49,6 @@ __device__ __forceinline__ uint4 fp8x8_to_bf16(uint32_t lo, uint32_t hi) {
     o[i] = *reinterpret_cast<const uint32_t*>(&b);
   }
   return r;
-}
-
-// v = t[2] + t[1] + t[0] (hi, mid, lo), each the nearest T to what the larger ones leave.
-template <typename T>
-__device__ __forceinline__ void split3(float v, T (&t)[kTerms]) {
-#pragma unroll
-  for (int term = kTerms - 1; term >= 0; --term) {
-    t[term] = from_f32<T>(v);
-    v -= to_f32(t[term]);
-  }
 }
 
 // x [rows, k] (rows ldx apart) → terms [3, rows, k]: lo, mid, hi (split3), 8 columns a thread.
@@ -190,9 +171,8 @@ __device__ __forceinline__ void fold_block(const MoeGemmArgs& a, int64_t k0, con
   }
 }
 
-// The tile's results through Cs [kTM · (its columns + 4)] to out, or, when a.out_terms is
-// set, as their three terms (m a multiple of 8: whole 16-byte groups). kPair: f holds two
-// sets of accumulators, kSwiGLU: out = silu(acc) · acc2 (kTN columns); else acc and acc2 are
+// The tile's results through Cs [kTM · (its columns + 4)] to out (store_tile_rows). kPair: f holds
+// two sets of accumulators, kSwiGLU: out = silu(acc) · acc2 (kTN columns); else acc and acc2 are
 // columns [0, kTN) and [kTN, 2·kTN) of one tile.
 template <typename T, bool kPair, bool kSwiGLU, bool kFp8>
 __device__ __forceinline__ void store_tile(const MoeGemmArgs& a, WarpAccs<kPair, kFp8>& f,
@@ -216,35 +196,7 @@ __device__ __forceinline__ void store_tile(const MoeGemmArgs& a, WarpAccs<kPair,
     }
   }
   __syncthreads();
-  if (a.out_terms) {
-    T* ot = static_cast<T*>(a.out_terms);
-    for (int idx = threadIdx.x; idx < kTM * kW / 8; idx += kThreads) {
-      const int r = idx / (kW / 8), c = (idx % (kW / 8)) * 8;
-      if (r >= rows || n0 + c >= a.m) continue;
-      uint4 pk[kTerms];
-      T* pt = reinterpret_cast<T*>(pk);
-#pragma unroll
-      for (int q = 0; q < 8; ++q) {
-        T t[kTerms];
-        split3(Cs[r * ldc + c + q], t);
-#pragma unroll
-        for (int term = 0; term < kTerms; ++term) pt[term * 8 + q] = t[term];
-      }
-      T* o = ot + int64_t(row0 + r) * a.m + n0 + c;
-#pragma unroll
-      for (int term = 0; term < kTerms; ++term) {
-        *reinterpret_cast<uint4*>(o + term * a.out_terms_plane) = pk[term];
-      }
-    }
-    return;
-  }
-  for (int idx = threadIdx.x; idx < kTM * kW; idx += kThreads) {
-    const int r = idx / kW, c = idx % kW;
-    if (r < rows && n0 + c < a.m) {
-      float* o = a.out + int64_t(row0 + r) * a.ldo + n0 + c;
-      *o = a.accumulate ? *o + Cs[r * ldc + c] : Cs[r * ldc + c];
-    }
-  }
+  store_tile_rows<T, kW>(a, Cs, ldc, row0, rows, n0);
 }
 
 // The tile of block (blockIdx.x, blockIdx.y): false for a surplus block.
@@ -536,8 +488,7 @@ void launch_pipelined(const MoeGemmArgs& a, unsigned max_tiles, cudaStream_t str
   constexpr int bytes = PipeSmem<kFp8>::kBytes;
   const int64_t cols = kDual ? kTN : 2 * kTN;  // per block
   const dim3 grid(unsigned((a.m + cols - 1) / cols), max_tiles);
-  RECUR_CUDA_CHECK(cudaFuncSetAttribute(moe_wmma_pipelined_kernel<T, kDual, kFp8>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  opt_in_smem<moe_wmma_pipelined_kernel<T, kDual, kFp8>>(size_t(bytes));
   launch_kernel(moe_wmma_pipelined_kernel<T, kDual, kFp8>, grid, kThreads, size_t(bytes), stream,
                 a);
 }
@@ -577,19 +528,8 @@ void launch_moe_wmma(const MoeGemmArgs& a, DType wdtype, bool dual, unsigned max
       } else {
         launch_pipelined<__nv_bfloat16, false, true>(a, max_tiles, stream);
       }
-    } else if (wdtype == DType::BF16) {
-      if (dual) {
-        launch_pipelined<__nv_bfloat16, true, false>(a, max_tiles, stream);
-      } else {
-        launch_pipelined<__nv_bfloat16, false, false>(a, max_tiles, stream);
-      }
     } else {
-      RECUR_CHECK(wdtype == DType::F16);
-      if (dual) {
-        launch_pipelined<__half, true, false>(a, max_tiles, stream);
-      } else {
-        launch_pipelined<__half, false, false>(a, max_tiles, stream);
-      }
+      launch_moe_mma(a, wdtype, dual, max_tiles, stream);  // 16-bit weights
     }
     return;
   }

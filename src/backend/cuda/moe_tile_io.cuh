@@ -1,0 +1,74 @@
+// Shared by the MoE experts' tensor-core tiles (moe_wmma.cu, moe_mma.cu): f32 activations split
+// exactly into three terms of the weights' 16-bit type, and a finished tile's write-out from
+// shared memory, as f32 rows or as the three terms the next GEMM reads.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "backend/cuda/moe.cuh"
+
+namespace recur::cuda {
+
+constexpr int kMoeTerms = 3;  // activation terms: lo, mid, hi
+
+template <typename T>
+__device__ __forceinline__ T from_f32(float v);
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float v) {
+  return __float2half_rn(v);
+}
+
+// v = t[2] + t[1] + t[0] (hi, mid, lo), each the nearest T to what the larger ones leave.
+template <typename T>
+__device__ __forceinline__ void split3(float v, T (&t)[kMoeTerms]) {
+#pragma unroll
+  for (int term = kMoeTerms - 1; term >= 0; --term) {
+    t[term] = from_f32<T>(v);
+    v -= to_f32(t[term]);
+  }
+}
+
+// A tile's results Cs [kWmmaTileRows][ldc] f32 (token rows, kW output columns from n0) to
+// out rows row0 .. row0 + rows - 1, or, when a.out_terms is set, as their three terms (a.m a
+// multiple of 8: whole 16-byte groups). Called by every thread of the block after a barrier.
+template <typename T, int kW>
+__device__ __forceinline__ void store_tile_rows(const MoeGemmArgs& a, const float* Cs, int ldc,
+                                                int row0, int rows, int64_t n0) {
+  constexpr int kTM = kWmmaTileRows;
+  if (a.out_terms) {
+    T* ot = static_cast<T*>(a.out_terms);
+    for (int idx = threadIdx.x; idx < kTM * kW / 8; idx += blockDim.x) {
+      const int r = idx / (kW / 8), c = (idx % (kW / 8)) * 8;
+      if (r >= rows || n0 + c >= a.m) continue;
+      uint4 pk[kMoeTerms];
+      T* pt = reinterpret_cast<T*>(pk);
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        T t[kMoeTerms];
+        split3(Cs[r * ldc + c + q], t);
+#pragma unroll
+        for (int term = 0; term < kMoeTerms; ++term) pt[term * 8 + q] = t[term];
+      }
+      T* o = ot + int64_t(row0 + r) * a.m + n0 + c;
+#pragma unroll
+      for (int term = 0; term < kMoeTerms; ++term) {
+        *reinterpret_cast<uint4*>(o + term * a.out_terms_plane) = pk[term];
+      }
+    }
+    return;
+  }
+  for (int idx = threadIdx.x; idx < kTM * kW; idx += blockDim.x) {
+    const int r = idx / kW, c = idx % kW;
+    if (r < rows && n0 + c < a.m) {
+      float* o = a.out + int64_t(row0 + r) * a.ldo + n0 + c;
+      *o = a.accumulate ? *o + Cs[r * ldc + c] : Cs[r * ldc + c];
+    }
+  }
+}
+
+}  // namespace recur::cuda
