@@ -8,8 +8,11 @@
 // weights (moe_wmma.cu keeps block-FP8 weights and the fallback tiles).
 //   A block: 256 threads, 128 weight rows (gate's 64 and up's 64 of the same output columns,
 // SwiGLU applied in registers; or 128 rows of one weight) × one tile's 64 tokens, k staged 32
-// at a time through a four-stage cp.async ring. (80B-A3B cut to 6 layers, a 2,048-token prompt
-// on an H200: gate/up 1.50 → 1.22 ms, down 0.85 → 0.70 ms a layer against the WMMA tiles.)
+// at a time through a three-stage cp.async ring of unpadded, swizzled rows: 60 KB a block, so
+// three blocks (24 warps) share an SM. The kernel waits on latency more than on its products or
+// L2, and the third block's warps beat a deeper ring (80B-A3B cut to 6 layers, H200, 2,048 /
+// 16,384-token prefill: 78,800 / 77,000 tok/s with four padded stages and two blocks an SM,
+// 84,800 / 83,300 with these; two padded stages and three blocks 79,900 / 78,500).
 #include <algorithm>
 
 #include "backend/cuda/mma_bf16.cuh"
@@ -24,14 +27,20 @@ constexpr int kThreads = 256;  // 8 warps: 4 along the weight rows × 2 along th
 constexpr int kWRows = 128;    // weight rows staged per block
 constexpr int kTokens = kWmmaTileRows;
 constexpr int kTK = 32;
-constexpr int kLd = kTK + 8;  // staged rows of 80 bytes: ldmatrix's 8 rows hit distinct banks
-constexpr int kStages = 4;
+constexpr int kLd = kTK;  // staged rows of 64 bytes, their 16-byte chunks swizzled (swz)
+constexpr int kStages = 3;
 constexpr int kWBytes = kWRows * kLd * 2;               // W [kWRows][kLd]
 constexpr int kXBytes = kMoeTerms * kTokens * kLd * 2;  // X [3][kTokens][kLd]: lo, mid, hi
 constexpr int kStageBytes = kWBytes + kXBytes;
 constexpr int kCsLd = kWRows + 4;  // epilogue Cs [kTokens][kCsLd] f32, reusing the ring
 constexpr int kSmemBytes = std::max(kStages * kStageBytes, kTokens* kCsLd * 4);
 static_assert(kThreads == kTokens * (kTK / 8), "one 16-byte copy per thread per token row");
+
+// The position of 16-byte chunk c of a staged row: ldmatrix's 8 consecutive rows at one chunk
+// land in 8 distinct bank groups.
+__device__ __forceinline__ int swz(int row, int c) {
+  return (c ^ ((row >> 1) & 3)) * 8;
+}
 
 // c [16 × 8] += a · b, 16-bit operands of type T, f32 accumulation.
 template <typename T>
@@ -57,7 +66,7 @@ __device__ __forceinline__ void mma16<__half>(float (&c)[4], const uint32_t (&a)
 // wn, wn + 2, wn + 4, wn + 6 that hold tokens. Copies past the tile's tokens, the weights' rows
 // or k are zeros (k is a multiple of the 16-byte copies).
 template <typename T, bool kDual>
-__global__ void __launch_bounds__(kThreads, 2) moe_mma_kernel(MoeGemmArgs a) {
+__global__ void __launch_bounds__(kThreads, 3) moe_mma_kernel(MoeGemmArgs a) {
   grid_dependency_sync();
   int e, row0, rows;
   if (!moe_tile(a, int(blockIdx.y), e, row0, rows)) return;
@@ -87,12 +96,12 @@ __global__ void __launch_bounds__(kThreads, 2) moe_mma_kernel(MoeGemmArgs a) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const bool ok = wrow[h] && k_in;
-      copy16_async(Ws + (cr + 64 * h) * kLd + cc, ok ? wrow[h] + k0 : W, ok);
+      copy16_async(Ws + (cr + 64 * h) * kLd + swz(cr, cc / 8), ok ? wrow[h] + k0 : W, ok);
     }
     const bool ok = xrow && k_in;
 #pragma unroll
     for (int term = 0; term < kMoeTerms; ++term) {
-      copy16_async(Xs + (term * kTokens + cr) * kLd + cc,
+      copy16_async(Xs + (term * kTokens + cr) * kLd + swz(cr, cc / 8),
                    ok ? xrow + term * a.x_terms_plane + k0 : xt, ok);
     }
   };
@@ -108,8 +117,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_mma_kernel(MoeGemmArgs a) {
   }
   // ldmatrix lanes: A rows lane % 16 at column (lane / 16)·8; B matrix lane / 8 is group
   // 2p + (lane / 16) of the pair p, columns ((lane / 8) % 2)·8, its token lane % 8.
-  const int a_off = (wm * 16 + lane % 16) * kLd + (lane / 16) * 8;
-  const int b_tok = (wn + 2 * (lane / 16)) * 8 + lane % 8, b_col = ((lane / 8) % 2) * 8;
+  const int a_row = wm * 16 + lane % 16, b_tok = (wn + 2 * (lane / 16)) * 8 + lane % 8;
   for (int kt = 0; kt < nk; ++kt) {
     copy_wait<kStages - 2>();
     // Stage kt has landed for every thread, and every warp is done with stage kt - 1, whose
@@ -124,14 +132,16 @@ __global__ void __launch_bounds__(kThreads, 2) moe_mma_kernel(MoeGemmArgs a) {
     for (int kk = 0; kk < kTK; kk += 16) {
       uint32_t af[2][4];
 #pragma unroll
-      for (int i = 0; i < 2; ++i) ldmatrix_x4<false>(af[i], Ws + i * 64 * kLd + a_off + kk);
+      for (int i = 0; i < 2; ++i)
+        ldmatrix_x4<false>(af[i], Ws + (i * 64 + a_row) * kLd + swz(a_row, lane / 16 + kk / 8));
 #pragma unroll
       for (int p = 0; p < 2; ++p) {
         if (2 * p >= active) break;  // warp-uniform
         uint32_t bf[kMoeTerms][4];   // [term]: groups 2p (regs 0, 1) and 2p + 1 (regs 2, 3)
 #pragma unroll
         for (int term = 0; term < kMoeTerms; ++term) {
-          ldmatrix_x4<false>(bf[term], Xs + (term * kTokens + b_tok + 32 * p) * kLd + b_col + kk);
+          ldmatrix_x4<false>(bf[term], Xs + (term * kTokens + b_tok + 32 * p) * kLd +
+                                           swz(b_tok, (lane / 8) % 2 + kk / 8));
         }
 #pragma unroll
         for (int q = 0; q < 2; ++q) {
