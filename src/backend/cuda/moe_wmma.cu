@@ -348,57 +348,48 @@ __global__ void __launch_bounds__(kThreads) moe_wmma_kernel(MoeGemmArgs a, bool 
 }
 
 // Shared memory of the pipelined tiles, in bytes: kStages stages, each of A's terms
-// [3][kTM·kLd] and two slabs of B [kTN·kLd] 16-bit, or raw fp8 [kTN·kTK] bytes; then (kFp8)
-// the current stage's slabs widened to bf16 [kTN·kLd]. The epilogue's Cs [kTM·(2·kTN + 4)]
-// f32 reuses the ring.
-template <bool kFp8>
+// [3][kTM·kLd] (bf16) and two slabs of raw fp8 B [kTN·kTK]; then the current stage's slabs
+// widened to bf16 [2][kTN·kLd]. The epilogue's Cs [kTM·(2·kTN + 4)] f32 reuses the ring.
 struct PipeSmem {
   static constexpr int kA = kTerms * kTM * kLd * 2;
-  static constexpr int kB = kFp8 ? kTN * kTK : kTN * kLd * 2;
+  static constexpr int kB = kTN * kTK;
   static constexpr int kStage = kA + 2 * kB;
-  static constexpr int kWide = kFp8 ? 2 * kTN * kLd * 2 : 0;
+  static constexpr int kWide = 2 * kTN * kLd * 2;
   static constexpr int kRing = kStages * kStage + kWide;
   static constexpr int kCs = kTM * (2 * kTN + 4) * int(sizeof(float));
   static constexpr int kBytes = kRing > kCs ? kRing : kCs;
   static_assert(kA % 128 == 0 && kB % 128 == 0, "stages keep WMMA's 32-byte alignment");
 };
 
-// The pipelined tiles (moe_wmma_pipelined, a.x_terms set): grid (⌈m/64⌉ when kDual, else
-// ⌈m/128⌉, max_tiles). Two slabs of weight rows per block: gate's and up's rows [n0, n0 + 64)
-// (kDual), else rows [n0, n0 + 64) and [n0 + 64, n0 + 128) of the one weight, a 64×128 tile
-// (each activation term staged once for 128 columns). Stage kt's copies are issued
-// kStages - 1 stages ahead of its MMAs; copies past the tile's rows, the weights' rows or k
-// are zeros (k is a multiple of the 16-byte copies).
-template <typename T, bool kDual, bool kFp8>
+// The pipelined tiles of block-FP8 weights (moe_wmma_pipelined, a.x_terms set): grid (⌈m/64⌉
+// when kDual, else ⌈m/128⌉, max_tiles). Two slabs of weight rows per block: gate's and up's
+// rows [n0, n0 + 64) (kDual), else rows [n0, n0 + 64) and [n0 + 64, n0 + 128) of the one
+// weight, a 64×128 tile (each activation term staged once for 128 columns). Stage kt's copies
+// are issued kStages - 1 stages ahead of its MMAs; copies past the tile's rows, the weights'
+// rows or k are zeros (k is a multiple of the 16-byte copies).
+template <bool kDual>
 __global__ void __launch_bounds__(kThreads) moe_wmma_pipelined_kernel(MoeGemmArgs a) {
-  static_assert(!kFp8 || std::is_same_v<T, __nv_bfloat16>, "fp8 weights are widened to bf16");
-  using L = PipeSmem<kFp8>;
-  using WT = std::conditional_t<kFp8, uint8_t, T>;  // the weights' stored type
+  using T = __nv_bfloat16;  // the activations' terms and the widened weights
+  using L = PipeSmem;
   grid_dependency_sync();
   int e, row0, rows;
   if (!wmma_tile(a, e, row0, rows)) return;
   const int64_t n0 = int64_t(blockIdx.x) * (kDual ? kTN : 2 * kTN), K = a.k;
   const int64_t n1 = kDual ? n0 : n0 + kTN;  // the second slab's first row
   const void* w_data = a.dense_w ? a.dense_w : a.w[e];
-  const WT* W = static_cast<const WT*>(w_data);
-  const WT* W2 = kDual ? static_cast<const WT*>(a.w2[e]) : W;
-  const float* srow = nullptr;
-  const float* srow2 = nullptr;
-  if constexpr (kFp8) {
-    srow = scale_row(a, w_data, n0);
-    // A second slab past m has zero products; its scales are any valid row's.
-    srow2 = n1 < a.m ? scale_row(a, W2, n1) : srow;
-  }
+  const uint8_t* W = static_cast<const uint8_t*>(w_data);
+  const uint8_t* W2 = kDual ? static_cast<const uint8_t*>(a.w2[e]) : W;
+  const float* srow = scale_row(a, w_data, n0);
+  // A second slab past m has zero products; its scales are any valid row's.
+  const float* srow2 = n1 < a.m ? scale_row(a, W2, n1) : srow;
   extern __shared__ __align__(128) unsigned char smem[];  // PipeSmem
   const int tid = threadIdx.x, warp = tid / 32, wm = warp / 2, wn = warp % 2;
 
-  // Copy roles: rows cr and cr + 32 of A's terms and of 16-bit B, 8 columns from cc; raw fp8
-  // B: row tid / 2, 16 columns from (tid % 2) · 16.
+  // Copy roles: rows cr and cr + 32 of A's terms, 8 columns from cc; B: row tid / 2 of each
+  // slab, 16 columns from (tid % 2) · 16.
   const int cr = tid / 4, cc = (tid % 4) * 8;
   const T* xt = static_cast<const T*>(a.x_terms);
   const T* arow[2];
-  const WT* brow[2];
-  const WT* brow2[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = cr + 32 * h;
@@ -407,11 +398,10 @@ __global__ void __launch_bounds__(kThreads) moe_wmma_pipelined_kernel(MoeGemmArg
       const int64_t xr = a.x_row ? a.x_row[row0 + r] : row0 + r;
       arow[h] = xt + xr * a.ldxt;
     }
-    const int wr = kFp8 ? tid / 2 : r;  // row within a slab
-    const bool used = !kFp8 || h == 0;
-    brow[h] = used && n0 + wr < a.m ? W + (n0 + wr) * K : nullptr;
-    brow2[h] = used && n1 + wr < a.m ? W2 + (n1 + wr) * K : nullptr;
   }
+  const int wr = tid / 2;  // row within a slab
+  const uint8_t* brow = n0 + wr < a.m ? W + (n0 + wr) * K : nullptr;
+  const uint8_t* brow2 = n1 + wr < a.m ? W2 + (n1 + wr) * K : nullptr;
   auto issue = [&](int kt) {
     unsigned char* st = smem + (kt % kStages) * L::kStage;
     T* As = reinterpret_cast<T*>(st);
@@ -427,24 +417,14 @@ __global__ void __launch_bounds__(kThreads) moe_wmma_pipelined_kernel(MoeGemmArg
       }
     }
     unsigned char* bs = st + L::kA;
-    if constexpr (kFp8) {
-      const int64_t c = k0 + (tid % 2) * 16;
-      const bool ok = brow[0] && c < K, ok2 = brow2[0] && c < K;
-      const int off = (tid / 2) * kTK + (tid % 2) * 16;
-      copy16_async(bs + off, ok ? brow[0] + c : W, ok);
-      copy16_async(bs + L::kB + off, ok2 ? brow2[0] + c : W, ok2);
-    } else {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const bool ok = brow[h] && k_in, ok2 = brow2[h] && k_in;
-        const int off = (cr + 32 * h) * kLd + cc;
-        copy16_async(reinterpret_cast<T*>(bs) + off, ok ? brow[h] + k0 + cc : W, ok);
-        copy16_async(reinterpret_cast<T*>(bs + L::kB) + off, ok2 ? brow2[h] + k0 + cc : W, ok2);
-      }
-    }
+    const int64_t c = k0 + (tid % 2) * 16;
+    const bool ok = brow && c < K, ok2 = brow2 && c < K;
+    const int off = (tid / 2) * kTK + (tid % 2) * 16;
+    copy16_async(bs + off, ok ? brow + c : W, ok);
+    copy16_async(bs + L::kB + off, ok2 ? brow2 + c : W, ok2);
   };
 
-  WarpAccs<true, kFp8> f;  // the two slabs' products
+  WarpAccs<true, true> f;  // the two slabs' products
   f.zero();
   const int nk = int((K + kTK - 1) / kTK);
 #pragma unroll
@@ -455,42 +435,36 @@ __global__ void __launch_bounds__(kThreads) moe_wmma_pipelined_kernel(MoeGemmArg
   for (int kt = 0; kt < nk; ++kt) {
     copy_wait<kStages - 2>();
     // Stage kt has landed for every thread, and every warp is done with stage kt - 1, whose
-    // slot the copies below refill (and, kFp8, with the widened weights).
+    // slot the copies below refill, and with the widened weights.
     __syncthreads();
     if (kt + kStages - 1 < nk) issue(kt + kStages - 1);
     copy_commit();
     const unsigned char* st = smem + (kt % kStages) * L::kStage;
-    const T* Bs = reinterpret_cast<const T*>(st + L::kA);
-    const T* B2s = reinterpret_cast<const T*>(st + L::kA + L::kB);
-    if constexpr (kFp8) {
-      T* wide = reinterpret_cast<T*>(smem + kStages * L::kStage);
-      const int r = tid / 2, c = (tid % 2) * 16;
+    T* wide = reinterpret_cast<T*>(smem + kStages * L::kStage);
+    const int r = tid / 2, c = (tid % 2) * 16;
 #pragma unroll
-      for (int w = 0; w < 2; ++w) {
-        const uint4 q = *reinterpret_cast<const uint4*>(st + L::kA + w * L::kB + r * kTK + c);
-        T* o = wide + w * kTN * kLd + r * kLd + c;
-        *reinterpret_cast<uint4*>(o) = fp8x8_to_bf16(q.x, q.y);
-        *reinterpret_cast<uint4*>(o + 8) = fp8x8_to_bf16(q.z, q.w);
-      }
-      __syncthreads();
-      Bs = wide, B2s = wide + kTN * kLd;
+    for (int w = 0; w < 2; ++w) {
+      const uint4 q = *reinterpret_cast<const uint4*>(st + L::kA + w * L::kB + r * kTK + c);
+      T* o = wide + w * kTN * kLd + r * kLd + c;
+      *reinterpret_cast<uint4*>(o) = fp8x8_to_bf16(q.x, q.y);
+      *reinterpret_cast<uint4*>(o + 8) = fp8x8_to_bf16(q.z, q.w);
     }
-    mma_stage<T, true, kFp8>(reinterpret_cast<const T*>(st), Bs, B2s, wm, wn, f);
-    if constexpr (kFp8) fold_block<true>(a, int64_t(kt) * kTK, srow, srow2, f);
+    __syncthreads();
+    mma_stage<T, true, true>(reinterpret_cast<const T*>(st), wide, wide + kTN * kLd, wm, wn, f);
+    fold_block<true>(a, int64_t(kt) * kTK, srow, srow2, f);
   }
   copy_wait<0>();
   __syncthreads();  // Cs reuses the ring
-  store_tile<T, true, kDual, kFp8>(a, f, reinterpret_cast<float*>(smem), row0, rows, n0, wm, wn);
+  store_tile<T, true, kDual, true>(a, f, reinterpret_cast<float*>(smem), row0, rows, n0, wm, wn);
 }
 
-template <typename T, bool kDual, bool kFp8>
+template <bool kDual>
 void launch_pipelined(const MoeGemmArgs& a, unsigned max_tiles, cudaStream_t stream) {
-  constexpr int bytes = PipeSmem<kFp8>::kBytes;
+  constexpr int bytes = PipeSmem::kBytes;
   const int64_t cols = kDual ? kTN : 2 * kTN;  // per block
   const dim3 grid(unsigned((a.m + cols - 1) / cols), max_tiles);
-  opt_in_smem<moe_wmma_pipelined_kernel<T, kDual, kFp8>>(size_t(bytes));
-  launch_kernel(moe_wmma_pipelined_kernel<T, kDual, kFp8>, grid, kThreads, size_t(bytes), stream,
-                a);
+  opt_in_smem<moe_wmma_pipelined_kernel<kDual>>(size_t(bytes));
+  launch_kernel(moe_wmma_pipelined_kernel<kDual>, grid, kThreads, size_t(bytes), stream, a);
 }
 
 }  // namespace
@@ -523,11 +497,8 @@ void launch_moe_wmma(const MoeGemmArgs& a, DType wdtype, bool dual, unsigned max
     RECUR_CHECK(!a.out_terms || (dual && a.m % 8 == 0));
     if (wdtype == DType::F8_E4M3) {
       RECUR_CHECK(fp8_wmma_blocks(a.fp8_block_rows, a.fp8_block_cols));
-      if (dual) {
-        launch_pipelined<__nv_bfloat16, true, true>(a, max_tiles, stream);
-      } else {
-        launch_pipelined<__nv_bfloat16, false, true>(a, max_tiles, stream);
-      }
+      dual ? launch_pipelined<true>(a, max_tiles, stream)
+           : launch_pipelined<false>(a, max_tiles, stream);
     } else {
       launch_moe_mma(a, wdtype, dual, max_tiles, stream);  // 16-bit weights
     }
