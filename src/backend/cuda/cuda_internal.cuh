@@ -304,6 +304,12 @@ __device__ __forceinline__ void copy16_async(void* dst, const void* src, bool va
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
                "r"(valid ? 16 : 0));
 }
+// 4 bytes global → shared, as copy16_async (for rows of any alignment).
+__device__ __forceinline__ void copy4_async(void* dst, const void* src, bool valid) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src),
+               "r"(valid ? 4 : 0));
+}
 __device__ __forceinline__ void copy_commit() {
   asm volatile("cp.async.commit_group;\n");
 }

@@ -91,37 +91,42 @@ __global__ void __launch_bounds__(kChunkThreads)
   float* r_gl = r_kd + kChunk * dk;  // [dk]
   const int L = int(min64(kChunk, len - int64_t(c) * kChunk));
   const int64_t t0 = base + int64_t(c) * kChunk;
-  if constexpr (kPerChannel) {
-    for (int e = tid; e < L * dk; e += kChunkThreads) {
-      const int i = e / dk, mm = e % dk;
-      Q[i * ldq + mm] = a.q[(t0 + i) * a.q_s0 + kh * a.q_s1 + mm];
-      K[i * ldq + mm] = a.k[(t0 + i) * a.k_s0 + kh * a.k_s1 + mm];
-    }
-  } else {  // whole 64-row tiles, zeros past the chunk and past dk
-    for (int e = tid; e < kChunk * dkp; e += kChunkThreads) {
-      const int i = e / dkp, mm = e % dkp;
-      const bool in = i < L && mm < dk;
-      Q[i * ldq + mm] = in ? a.q[(t0 + i) * a.q_s0 + kh * a.q_s1 + mm] : 0.0f;
-      K[i * ldq + mm] = in ? a.k[(t0 + i) * a.k_s0 + kh * a.k_s1 + mm] : 0.0f;
-    }
+  // Queries, keys, decays and betas staged by asynchronous copies, all in flight at once; per
+  // head whole 64-row tiles, zeros past the chunk and past dk.
+  const int rows_q = kPerChannel ? L : kChunk, cols_q = kPerChannel ? dk : dkp;
+  for (int e = tid; e < rows_q * cols_q; e += kChunkThreads) {
+    const int i = e / cols_q, mm = e % cols_q;
+    const bool in = i < L && mm < dk;
+    copy4_async(Q + i * ldq + mm, a.q + (in ? (t0 + i) * a.q_s0 + kh * a.q_s1 + mm : 0), in);
+    copy4_async(K + i * ldq + mm, a.k + (in ? (t0 + i) * a.k_s0 + kh * a.k_s1 + mm : 0), in);
   }
+  if constexpr (kPerChannel) {
+    for (int e = tid; e < L * dk; e += kChunkThreads) {  // raw decays, summed in place below
+      const int i = e / dk, mm = e % dk;
+      copy4_async(GC + i * ldq + mm, a.g + (t0 + i) * a.g_s0 + h * a.g_s1 + mm, true);
+    }
+  } else if (tid < L) {
+    copy4_async(G + tid, a.g + (t0 + tid) * a.g_s0 + h, true);
+  }
+  if (tid < L) copy4_async(beta + tid, a.beta + (t0 + tid) * a.beta_s0 + h, true);
+  copy_commit();
+  copy_wait<0>();
+  __syncthreads();
   if constexpr (kPerChannel) {
     // Sequential per channel, as on the CPU, so the cumulative decays round the same way.
     for (int mm = tid; mm < dk; mm += kChunkThreads) {
       float cum = 0.0f;
       for (int i = 0; i < L; ++i) {
-        cum += a.g[(t0 + i) * a.g_s0 + h * a.g_s1 + mm];
+        cum += GC[i * ldq + mm];
         GC[i * ldq + mm] = cum;
       }
     }
-    if (tid < L) beta[tid] = a.beta[(t0 + tid) * a.beta_s0 + h];
   } else if (tid == 0) {
     // Sequential, as on the CPU, so the cumulative decays round the same way.
     float cum = 0.0f;
     for (int i = 0; i < L; ++i) {
-      cum += a.g[(t0 + i) * a.g_s0 + h];
+      cum += G[i];
       G[i] = cum;
-      beta[i] = a.beta[(t0 + i) * a.beta_s0 + h];
       eg[i] = expf(cum);
     }
     for (int i = 0; i < L; ++i) {
@@ -270,7 +275,7 @@ struct ChunkSmem {
   float* K;        // [64][dk + 8]: keys decayed to the chunk's end, k_j·e^(G_last − G_j)
   float *V, *Vn;   // [64][dvt + 8] values, new values
   float *QK, *Tb;  // [64][68], zero above the diagonal
-  float* eg;       // [64]
+  float *eg, *dl;  // [64] each: e^(G_i), e^(G_last − G_i) (per head)
   float* gl;       // [dk]: the chunk's decay of each state row
   __host__ __device__ static int lds(int dvt) { return dvt + 8; }
   __host__ __device__ static int key_pad(int dk) { return (dk + 15) / 16 * 16; }
@@ -278,7 +283,7 @@ struct ChunkSmem {
     const int dk = key_pad(dk_in);
     return sizeof(float) *
            (size_t(dk) * lds(dvt) + 2 * kChunk * size_t(dk + 4) + kChunk * size_t(dk + 8) +
-            2 * kChunk * size_t(lds(dvt)) + 2 * kChunk * 68 + kChunk + dk);
+            2 * kChunk * size_t(lds(dvt)) + 2 * kChunk * 68 + 2 * kChunk + dk);
   }
   __device__ ChunkSmem(void* p, int dk, int dvt) {  // dk: key_pad's
     float* f = static_cast<float*>(p);
@@ -291,6 +296,7 @@ struct ChunkSmem {
     QK = f, f += kChunk * 68;
     Tb = f, f += kChunk * 68;
     eg = f, f += kChunk;
+    dl = f, f += kChunk;
     gl = f;
   }
 };
@@ -334,37 +340,52 @@ __global__ void __launch_bounds__(kChunkThreads)
     const float* rKd = rQd + kChunk * dk;
     const float* rgl = rKd + kChunk * dk;
     const float* rdl = rTb + kChunk * lda + kChunk;  // per head: e^(G_last − G_j)
+    // The chunk's operands staged by asynchronous copies, all in flight at once (element
+    // loads through registers took a round trip per loop iteration); zeros past the chunk,
+    // past dk and above QK's and Tb's diagonals.
     for (int e = tid; e < kChunk * dkp; e += kChunkThreads) {
       const int i = e / dkp, mm = e % dkp;
-      float q = 0.0f, k = 0.0f, w = 0.0f;
-      if (i < L && mm < dk) {
-        if constexpr (kPerChannel) {
-          q = rQd[i * dk + mm], k = rKd[i * dk + mm];
-        } else {
-          q = a.q[(t0 + i) * a.q_s0 + kh * a.q_s1 + mm];
-          k = a.k[(t0 + i) * a.k_s0 + kh * a.k_s1 + mm] * rdl[i];
-        }
-        w = rWk[i * dk + mm];
+      const bool in = i < L && mm < dk;
+      const float* q = rWk;  // any valid address where nothing is read
+      const float* k = rWk;
+      if (in) {
+        q = kPerChannel ? rQd + i * dk + mm : a.q + (t0 + i) * a.q_s0 + kh * a.q_s1 + mm;
+        k = kPerChannel ? rKd + i * dk + mm : a.k + (t0 + i) * a.k_s0 + kh * a.k_s1 + mm;
       }
-      m.Q[i * ldq + mm] = q, m.K[i * ldk + mm] = k, m.Wk[i * ldq + mm] = w;
+      copy4_async(m.Q + i * ldq + mm, q, in);
+      copy4_async(m.K + i * ldk + mm, k, in);
+      copy4_async(m.Wk + i * ldq + mm, in ? rWk + i * dk + mm : rWk, in);
     }
     for (int e = tid; e < kChunk * dvt; e += kChunkThreads) {
       const int i = e / dvt, jj = e % dvt;
-      m.V[i * ldv + jj] =
-          i < L && jj < ncols ? a.v[(t0 + i) * a.v_s0 + h * a.v_s1 + j0 + jj] : 0.0f;
+      const bool in = i < L && jj < ncols;
+      copy4_async(m.V + i * ldv + jj, in ? a.v + (t0 + i) * a.v_s0 + h * a.v_s1 + j0 + jj : rWk,
+                  in);
     }
     for (int e = tid; e < kChunk * kChunk; e += kChunkThreads) {
       const int i = e / kChunk, jx = e % kChunk;
       const bool in = i < L && jx <= i;
-      m.QK[i * 68 + jx] = in ? rQK[i * lda + jx] : 0.0f;
-      m.Tb[i * 68 + jx] = in ? rTb[i * lda + jx] : 0.0f;
+      copy4_async(m.QK + i * 68 + jx, in ? rQK + i * lda + jx : rWk, in);
+      copy4_async(m.Tb + i * 68 + jx, in ? rTb + i * lda + jx : rWk, in);
     }
     if constexpr (kPerChannel) {
-      for (int mm = tid; mm < dkp; mm += kChunkThreads) m.gl[mm] = mm < dk ? rgl[mm] : 0.0f;
+      for (int mm = tid; mm < dkp; mm += kChunkThreads) {
+        copy4_async(m.gl + mm, mm < dk ? rgl + mm : rWk, mm < dk);
+      }
     } else if (tid < kChunk) {
-      m.eg[tid] = tid < L ? rTb[kChunk * lda + tid] : 0.0f;
+      copy4_async(m.eg + tid, rTb + kChunk * lda + tid, tid < L);
+      copy4_async(m.dl + tid, rdl + tid, tid < L);
     }
+    copy_commit();
+    copy_wait<0>();
     __syncthreads();
+    if constexpr (!kPerChannel) {
+      // Keys decayed to the chunk's end: k_j·e^(G_last − G_j), read after the next barrier.
+      for (int e = tid; e < L * dkp; e += kChunkThreads) {
+        const int i = e / dkp, mm = e % dkp;
+        m.K[i * ldk + mm] *= m.dl[i];
+      }
+    }
     // The inter-chunk outputs e^G q S0 (kept in registers), and Vnew = T(βV) − Wk S0.
     float o[4] = {0, 0, 0, 0};
     if (warp < out_tiles) {
