@@ -11,7 +11,7 @@ qwen3next-tiny-realvocab kimi-linear-tiny kimi-linear-var kimi-linear-bf16"
 echo "| model | cache | max abs error | KL mean | KL max | top-1 agreement |"
 echo "| --- | --- | --- | --- | --- | --- |"
 for m in $models; do
-  for t in f32 bf16 fp8; do
+  for t in f32 bf16 f16 fp8; do
     line=$("$recur" verify --model "$root/models/$m" --golden "$root/tests/data/golden/$m/golden.safetensors" \
            --kv-cache-dtype "$t" --report "$@" | tail -1)
     err=$(sed -n 's/.*max_abs_err=\([^ ]*\).*/\1/p' <<<"$line")

@@ -125,7 +125,7 @@ class TokenizerWrapper:
 def load(path: str, device: str = "cpu", return_config: bool = False, **engine_options):
     """(model, tokenizer) for a Hugging Face model directory, and its config.json's contents
     with return_config=True (as mlx-lm). engine_options: threads, max_batch, max_batch_tokens,
-    max_context, kv_cache_mb, kv_cache_dtype ("f32", "bf16" or "fp8"), prefix_cache_mb,
+    max_context, kv_cache_mb, kv_cache_dtype ("f32", "bf16", "f16" or "fp8"), prefix_cache_mb,
     snapshot_interval, seed, pipeline_decode, quantize ("none", "fp8", "int8" or "q4"),
     tensor_parallel (as `recur serve`'s flags). Of mlx-lm's own options, lazy and trust_remote_code change nothing
     here; tokenizer_config, model_config, adapter_path and revision are refused when set."""

@@ -84,6 +84,7 @@ PYBIND11_MODULE(_recur, m) {
           "kv_cache_dtype",
           [](const SessionOptions& o) {
             return std::string(o.kv_cache_dtype == recur::DType::BF16      ? "bf16"
+                               : o.kv_cache_dtype == recur::DType::F16     ? "f16"
                                : o.kv_cache_dtype == recur::DType::F8_E4M3 ? "fp8"
                                                                            : "f32");
           },
@@ -92,10 +93,12 @@ PYBIND11_MODULE(_recur, m) {
               o.kv_cache_dtype = recur::DType::F32;
             } else if (name == "bf16") {
               o.kv_cache_dtype = recur::DType::BF16;
+            } else if (name == "f16") {
+              o.kv_cache_dtype = recur::DType::F16;
             } else if (name == "fp8") {
               o.kv_cache_dtype = recur::DType::F8_E4M3;
             } else {
-              throw pyb::value_error("kv_cache_dtype: f32, bf16 or fp8, not '" + name + "'");
+              throw pyb::value_error("kv_cache_dtype: f32, bf16, f16 or fp8, not '" + name + "'");
             }
           });
 

@@ -66,25 +66,43 @@ std::function<Result<std::unique_ptr<Ops>>(int rank)> rank_backend_maker(const s
   return [device, per_rank](int) { return recur::create_backend(device, per_rank); };
 }
 
+namespace {
+
+// An option whose value is one of the names (any case), stored as what the name maps to; help
+// and errors list the names (CLI11's enum transformers would print the enums' raw values).
+template <typename T>
+void add_named_option(CLI::App* cmd, const std::string& flag, const std::string& help,
+                      std::map<std::string, T> names, T* out) {
+  std::vector<std::string> keys;
+  for (const auto& [name, value] : names) keys.push_back(name);
+  cmd->add_option_function<std::string>(
+         flag, [names, out](const std::string& v) { *out = names.at(v); }, help)
+      ->transform(CLI::IsMember(keys, CLI::ignore_case));
+}
+
+}  // namespace
+
 void add_kv_cache_dtype_option(CLI::App* cmd, DType* t) {
-  const std::map<std::string, DType> names = {
-      {"f32", DType::F32}, {"bf16", DType::BF16}, {"fp8", DType::F8_E4M3}};
-  cmd->add_option("--kv-cache-dtype", *t,
-                  "element type of the attention cache: f32 (default), bf16 (half the memory) "
-                  "or fp8 (e4m3, a quarter)")
-      ->transform(CLI::CheckedTransformer(names, CLI::ignore_case));
+  add_named_option(
+      cmd, "--kv-cache-dtype",
+      "element type of the attention cache: f32 (default), bf16 (half the memory), "
+      "f16 (half the memory, 3 more significand bits than bf16, range ±65504, "
+      "saturating) or fp8 (e4m3, a quarter)",
+      std::map<std::string, DType>{
+          {"f32", DType::F32}, {"bf16", DType::BF16}, {"f16", DType::F16}, {"fp8", DType::F8_E4M3}},
+      t);
 }
 
 void add_quantize_option(CLI::App* cmd, Quantize* q) {
-  const std::map<std::string, Quantize> names = {{"none", Quantize::kNone},
-                                                 {"fp8", Quantize::kFp8},
-                                                 {"int8", Quantize::kInt8},
-                                                 {"q4", Quantize::kQ4}};
-  cmd->add_option("--quantize", *q,
-                  "quantize a bf16/f32 checkpoint's matmul weights at load: fp8 (128x128 "
-                  "blocks, as the FP8 releases), int8 or q4 (groups of 32, f16 scales; CPU); "
-                  "norms, embeddings, routers and small gates stay as stored")
-      ->transform(CLI::CheckedTransformer(names, CLI::ignore_case));
+  add_named_option(cmd, "--quantize",
+                   "quantize a bf16/f32 checkpoint's matmul weights at load: fp8 (128x128 "
+                   "blocks, as the FP8 releases), int8 or q4 (groups of 32, f16 scales; CPU); "
+                   "norms, embeddings, routers and small gates stay as stored",
+                   std::map<std::string, Quantize>{{"none", Quantize::kNone},
+                                                   {"fp8", Quantize::kFp8},
+                                                   {"int8", Quantize::kInt8},
+                                                   {"q4", Quantize::kQ4}},
+                   q);
 }
 
 Result<std::unique_ptr<Ops>> create_backend(const EngineOptions& o) {

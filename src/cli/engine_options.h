@@ -45,7 +45,7 @@ std::function<Result<std::unique_ptr<Ops>>(int rank)> rank_backend_maker(const s
 // Registers --quantize none|fp8|int8|q4 on cmd, writing into *q.
 void add_quantize_option(CLI::App* cmd, Quantize* q);
 
-// Registers --kv-cache-dtype f32|bf16|fp8 on cmd, writing into *t.
+// Registers --kv-cache-dtype f32|bf16|f16|fp8 on cmd, writing into *t.
 void add_kv_cache_dtype_option(CLI::App* cmd, DType* t);
 
 // Registers --model, --device, --threads, --max-batch, --max-batch-tokens, --max-context,

@@ -100,6 +100,10 @@ uint16_t f32_to_f16(float f) {
   return uint16_t(sign | uint32_t(exp) << 10 | (rounded >> 13));
 }
 
+uint16_t f32_to_f16_saturating(float f) {
+  return f32_to_f16(std::fabs(f) > 65504.0f ? std::copysign(65504.0f, f) : f);
+}
+
 uint8_t f32_to_f8_e4m3(float f) {
   uint32_t x;
   std::memcpy(&x, &f, 4);

@@ -59,6 +59,9 @@ inline float f8_e4m3_to_f32(uint8_t b) {
 }
 // f32 -> e4m3fn, round to nearest even, saturating to ±448 (NaN stays NaN).
 uint8_t f32_to_f8_e4m3(float f);
+// f32 -> IEEE binary16, round to nearest even (from 65520 on: ±inf; NaN stays NaN).
 uint16_t f32_to_f16(float f);
+// f32_to_f16, but magnitudes over 65504 (the largest finite) give ±65504, as e4m3's ±448.
+uint16_t f32_to_f16_saturating(float f);
 
 }  // namespace recur

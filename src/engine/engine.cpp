@@ -128,6 +128,11 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> model,
                       info.kv_bytes_per_token, int64_t(bs)}) {
       seed = (seed ^ uint64_t(v)) * 0x100000001b3ull;
     }
+    // The cache's bytes per token tell f32, bf16 and fp8 blocks apart but not bf16 from f16:
+    // an f16 cache adds its type (the other types' seeds, and their files, stay as they were).
+    if (config.kv_cache_dtype == DType::F16) {
+      seed = (seed ^ uint64_t(DType::F16)) * 0x100000001b3ull;
+    }
     e->cache_seed_ = seed;
     e->stats_.prefix_snapshots_total = sc.n_snapshots;
     e->stats_.prefix_snapshot_bytes = info.state_bytes_per_slot;

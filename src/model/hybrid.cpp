@@ -145,9 +145,10 @@ Status HybridModel::allocate(const ModelPlan& plan) {
   StateConfig& sc = opt_.state;
   const int64_t bs = sc.block_size;
   const DType kv_dtype = opt_.kv_cache_dtype;
-  if (kv_dtype != DType::F32 && kv_dtype != DType::BF16 && kv_dtype != DType::F8_E4M3) {
+  if (kv_dtype != DType::F32 && kv_dtype != DType::BF16 && kv_dtype != DType::F16 &&
+      kv_dtype != DType::F8_E4M3) {
     return make_error(ErrorCode::kInvalidArgument,
-                      "attention cache of {}: only F32, BF16 and F8_E4M3 are supported",
+                      "attention cache of {}: only F32, BF16, F16 and F8_E4M3 are supported",
                       dtype_name(kv_dtype));
   }
   const int64_t kv_elem = int64_t(dtype_size(kv_dtype));

@@ -23,7 +23,7 @@ struct StatePools {
   std::vector<Buffer> buffers;
   std::vector<Tensor> conv;   // per recurrent layer: [slots, K-1, C] f32
   std::vector<Tensor> delta;  // per recurrent layer: [slots, H, dk, dv] f32
-  // Attention caches, of LoadOptions::kv_cache_dtype (F32, BF16 or F8_E4M3).
+  // Attention caches, of LoadOptions::kv_cache_dtype (F32, BF16, F16 or F8_E4M3).
   std::vector<Tensor> k_cache;  // per attention layer: [blocks, kv_heads, hd, block_size]
   std::vector<Tensor> v_cache;  // per attention layer: [blocks, kv_heads, block_size, dv]
                                 //   (a view of k_cache's first dv channels for a latent cache)

@@ -24,8 +24,9 @@ struct LoadOptions {
   int max_context = 0;  // 0: the model's max_position_embeddings
   // Matmul weights of F32/BF16/F16 checkpoints quantized at load (see Quantize in weights.h).
   Quantize quantize = Quantize::kNone;
-  // Element type of the attention cache: F32, BF16 or F8_E4M3 (plain e4m3, no scales: keys
-  // are normalised per head and values stay far inside its range; see the README).
+  // Element type of the attention cache: F32, BF16, F16 (saturating at ±65504) or F8_E4M3
+  // (plain e4m3, no scales: keys are normalised per head and values stay far inside its range;
+  // see the README).
   DType kv_cache_dtype = DType::F32;
   // Tensor parallelism (model/parallel.h): ranks that each hold a slice of every layer's heads
   // and columns and run each forward together; 1: one whole model. The memory budgets above

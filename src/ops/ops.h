@@ -278,9 +278,9 @@ class Ops {
   // dv]; the value head size dv may differ from the key head size hd. v_cache may also be a
   // view of k_cache's first dv channels (channels block_size apart: a latent cache, whose
   // values are its keys' first channels). Writes each token's k [n, kv_heads, hd] and
-  // v [n, kv_heads, dv] at its position. The caches' element type is F32, BF16 or F8_E4M3
-  // (both caches alike): the write rounds to it (to nearest even; e4m3 saturates at ±448)
-  // and attention reads it as stored.
+  // v [n, kv_heads, dv] at its position. The caches' element type is F32, BF16, F16 or F8_E4M3
+  // (both caches alike): the write rounds to it (to nearest even; f16 saturates at ±65504,
+  // e4m3 at ±448) and attention reads it as stored.
   virtual void kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, Tensor v_cache,
                               const SeqLayout& layout) = 0;
   // Causal attention: token t of a sequence attends to its cache positions 0..positions[t].

@@ -1,15 +1,17 @@
-// Attention over caches of each element type (F32, BF16, F8_E4M3) on the GPU: cache writes
+// Attention over caches of each element type (F32, BF16, F16, F8_E4M3) on the GPU: cache writes
 // equal the CPU reference's bytes (the same rounding), and attention equals the scalar
 // reference reading the same rounded cache, through every kernel: decode (group sizes 1 to 16,
 // head dims 64 to 256, dv ≠ hd, splits and their merge; the tensor-core decode kernel for
-// BF16 and F8_E4M3 caches, groups of up to 16 and head dims multiples of 64), the warp kernel (head
-// dims not multiples of 32), the tiled kernel (groups too large for the warp kernel), the
-// tensor-core prompt kernels (TF32 halves for F32, bf16 terms for BF16 and F8_E4M3; fresh prompts
+// BF16, F16 and F8_E4M3 caches, groups of up to 16 and head dims multiples of 64), the warp kernel
+// (head dims not multiples of 32), the tiled kernel (groups too large for the warp kernel), the
+// tensor-core prompt kernels (TF32 halves for F32, bf16 terms for BF16, f16 terms for F16 and
+// F8_E4M3; fresh prompts
 // and prompts continuing a cached prefix, head sizes up to 256), and the latent (strided-value)
 // view up to the published Kimi-Linear's 32 heads of 576/512 in one call (the tiled kernel and the
 // tensor-core latent kernel); the fused attention input stage writes each type as the default does.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -24,7 +26,7 @@ using namespace testing;
 class CudaAttentionCache : public CudaTest, public ::testing::WithParamInterface<DType> {};
 
 INSTANTIATE_TEST_SUITE_P(Types, CudaAttentionCache,
-                         ::testing::Values(DType::F32, DType::BF16, DType::F8_E4M3),
+                         ::testing::Values(DType::F32, DType::BF16, DType::F16, DType::F8_E4M3),
                          [](const ::testing::TestParamInfo<DType>& i) {
                            return std::string(dtype_name(i.param));
                          });
@@ -97,6 +99,48 @@ TEST_P(CudaAttentionCache, EveryKernelMatchesReferenceOverTheSameCache) {
     // 2e-5 as the other kernels at head sizes up to 128; the tensor-core path's TF32 halves
     // leave about 2^-20 per product, whose sum grows with √hd (2.19e-5 measured at hd 192).
     EXPECT_LE(err, 2e-5 * std::max(1.0, std::sqrt(double(hd) / 128.0))) << what;
+  }
+}
+
+// Softmax weights far below the largest keep their precision: one key scores 24.5 (log2
+// units) above 12,000 others, whose weights 2^-24.5 lie under f16's subnormals unless scaled
+// first (kWeightScaleOf); their values are 1 and the top key's 0, so the output is their share
+// of the weight (about 2.6e-4), which weights rounded to f16's subnormal step would move by
+// about 1e-4. Decode (one token) and prompt (100 tokens) kernels.
+TEST_P(CudaAttentionCache, TinySoftmaxWeightsKeepTheirPrecision) {
+  const DType dt = GetParam();
+  const int64_t kv = 2, group = 8, hd = 64, dv = 64;
+  const uint32_t one = dt == DType::F32    ? 0x3f800000u
+                       : dt == DType::BF16 ? 0x3f80u
+                       : dt == DType::F16  ? 0x3c00u
+                                           : 0x38u;  // 1.0's bits in the cache type
+  auto set_one = [&](HostTensor& h, int64_t i) {
+    std::memcpy(static_cast<uint8_t*>(h.t.data) + i * dtype_size(dt), &one, dtype_size(dt));
+  };
+  for (const int len : {1, 100}) {
+    Layout lay({len}, {12000}, 16, rng);
+    HostTensor kc(dt, {lay.n_blocks(), kv, hd, 16}), vc(dt, {lay.n_blocks(), kv, 16, dv});
+    for (int64_t i = 0; i < vc.numel(); ++i) set_one(vc, i);
+    const int64_t block0 = lay.block_ids[0];  // position 0: key channel 0 is 1, values 0
+    for (int64_t h = 0; h < kv; ++h) {
+      set_one(kc, block0 * kc.t.stride[0] + h * kc.t.stride[1]);
+      std::memset(static_cast<uint8_t*>(vc.t.data) +
+                      (block0 * vc.t.stride[0] + h * vc.t.stride[1]) * dtype_size(dt),
+                  0, dv * dtype_size(dt));
+    }
+    const float scale = 1.0f / std::sqrt(float(hd));
+    HostTensor q(DType::F32, {len, kv * group, hd});
+    for (int64_t t = 0; t < len * kv * group; ++t)
+      q.f()[t * hd] = 24.5f / (scale * 1.4426950408889634f);
+    DeviceTensor dkc = dev(kc), dvc = dev(vc), dq = dev(q);
+    HostTensor out(DType::F32, {len, kv * group, dv}), ref = out;
+    DeviceTensor dout = poisoned(out);
+    ops().begin_forward(lay.l, {}, {});
+    ops().paged_attention(dq.t, dkc.t, dvc.t, lay.l, scale, dout.t);
+    ref::paged_attention(q.t, kc.t, vc.t, lay.l, scale, ref.t);
+    ASSERT_GT(ref.f()[0], 2e-4);
+    const double err = max_abs_diff(host(dout, out).f(), ref.f(), out.numel());
+    EXPECT_LE(err, 2e-5) << dtype_name(dt) << " tokens " << len;
   }
 }
 
@@ -182,13 +226,42 @@ TEST_P(CudaAttentionCache, FusedAttentionInputsEqualTheDefault) {
   }
 }
 
+// An F16 cache saturates as the CPU's does: past ±65504 (infinities too) to ±65504, NaN kept,
+// subnormals and ties rounded to nearest even; the bytes equal the reference's.
+TEST_F(CudaTest, F16CacheWritesSaturateAsTheReference) {
+  const float tiny = std::ldexp(1.0f, -24);  // f16's smallest subnormal
+  const float extremes[] = {1e6f,     -1e6f,       65519.0f,  70000.0f, NAN,
+                            1e-6f,    INFINITY,    -INFINITY, 65520.0f, -65536.0f,
+                            tiny / 2, tiny * 1.5f, 6.1e-5f,   -0.0f};
+  const int64_t hd = 64, dv = 64;
+  Layout lay({2}, {0}, 16, rng);
+  HostTensor k(DType::F32, {2, 1, hd}), v(DType::F32, {2, 1, dv});
+  fill_random(k, rng, 100.0f);
+  fill_random(v, rng, 100.0f);
+  for (size_t i = 0; i < std::size(extremes); ++i) {
+    k.f()[i] = extremes[i];
+    v.f()[2 * dv - 1 - i] = extremes[i];
+  }
+  HostTensor kc(DType::F16, {lay.n_blocks(), 1, hd, 16}),
+      vc(DType::F16, {lay.n_blocks(), 1, 16, dv});
+  fill_random(kc, rng);
+  fill_random(vc, rng);
+  DeviceTensor dkc = dev(kc), dvc = dev(vc), dk = dev(k), dv_ = dev(v);
+  HostTensor kc_ref = kc, vc_ref = vc;
+  ops().begin_forward(lay.l, {}, {});
+  ops().kv_cache_write(dk.t, dv_.t, dkc.t, dvc.t, lay.l);
+  ref::kv_cache_write(k.t, v.t, kc_ref.t, vc_ref.t, lay.l);
+  EXPECT_TRUE(same_bits(host(dkc, kc), kc_ref));
+  EXPECT_TRUE(same_bits(host(dvc, vc), vc_ref));
+}
+
 // One token's attention over a long context of Qwen3-Next's heads (8 query heads of 256 a kv
-// head) and of Qwen3.5-122B-A10B's (16) runs on the tensor-core decode kernel over a BF16 or
-// F8_E4M3 cache, split across blocks and merged; the F32 cache keeps the CUDA-core one. (The
+// head) and of Qwen3.5-122B-A10B's (16) runs on the tensor-core decode kernel over a BF16, F16
+// or F8_E4M3 cache, split across blocks and merged; the F32 cache keeps the CUDA-core one. (The
 // results of both are checked against the reference above.)
 TEST(CudaAttentionDecode, NarrowCachesTakeTheTensorCoreKernel) {
   std::mt19937 rng(21);
-  for (const DType dt : {DType::BF16, DType::F8_E4M3, DType::F32}) {
+  for (const DType dt : {DType::BF16, DType::F16, DType::F8_E4M3, DType::F32}) {
     for (const int64_t group : {8, 16}) {
       bool ok = false;
       const std::string table = profile_table(

@@ -1,6 +1,7 @@
 // The prefix cache's file: an engine started after another saved its cache finds the prompts
-// that one computed, with the outputs of a full prefill; a file written for other weights, a
-// damaged or cut one, or one that is not a prefix-cache file is ignored with a note saying why.
+// that one computed, with the outputs of a full prefill; a file written for other weights (or
+// another attention-cache type of the same size), a damaged or cut one, or one that is not a
+// prefix-cache file is ignored with a note saying why.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -35,8 +36,10 @@ class PrefixCacheFile : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  std::unique_ptr<Engine> engine(const std::string& model, bool cache) {
+  std::unique_ptr<Engine> engine(const std::string& model, bool cache,
+                                 DType kv_cache_dtype = DType::F32) {
     EngineConfig cfg;
+    cfg.kv_cache_dtype = kv_cache_dtype;
     cfg.max_batch = 2;
     cfg.max_batch_tokens = 64;
     cfg.kv_blocks = 64;
@@ -56,8 +59,8 @@ class PrefixCacheFile : public ::testing::Test {
     return out;
   }
   // Saves turn 1's prefix with `model`.
-  void save_turn1(const std::string& model) {
-    auto e = engine(model, true);
+  void save_turn1(const std::string& model, DType kv_cache_dtype = DType::F32) {
+    auto e = engine(model, true, kv_cache_dtype);
     ASSERT_EQ(e->notes().size(), 1u);
     EXPECT_NE(e->notes()[0].find("no file"), std::string::npos) << e->notes()[0];
     EXPECT_EQ(run(*e, turn1_).cached, 0);
@@ -65,8 +68,9 @@ class PrefixCacheFile : public ::testing::Test {
     ASSERT_TRUE(st.ok()) << st.error().to_string();
   }
   // An engine that ignored the file: a note says why, nothing is cached, every block is free.
-  void expect_ignored(const std::string& model, const std::string& why) {
-    auto e = engine(model, true);
+  void expect_ignored(const std::string& model, const std::string& why,
+                      DType kv_cache_dtype = DType::F32) {
+    auto e = engine(model, true, kv_cache_dtype);
     ASSERT_EQ(e->notes().size(), 1u);
     EXPECT_NE(e->notes()[0].find("ignored: " + why), std::string::npos) << e->notes()[0];
     const EngineStats st = e->stats();
@@ -107,6 +111,20 @@ TEST_F(PrefixCacheFile, ARestartedEngineFindsWhatTheLastOneSaved) {
 TEST_F(PrefixCacheFile, AFileForOtherWeightsIsIgnored) {
   save_turn1("qwen3_5-tiny");
   expect_ignored("qwen3next-tiny", "written for other weights");
+}
+
+// bf16 and f16 caches have blocks of the same size: neither reads the other's file, and each
+// reads its own.
+TEST_F(PrefixCacheFile, AFileForAnotherCacheTypeOfTheSameSizeIsIgnored) {
+  for (auto [wrote, reads] : {std::pair{DType::BF16, DType::F16}, {DType::F16, DType::BF16}}) {
+    fs::remove(file_);
+    save_turn1("qwen3next-tiny", wrote);
+    expect_ignored("qwen3next-tiny", "written for other weights", reads);
+    fs::remove(file_);
+    save_turn1("qwen3next-tiny", wrote);
+    auto e = engine("qwen3next-tiny", true, wrote);
+    EXPECT_EQ(run(*e, turn2_).cached, 64) << dtype_name(wrote);
+  }
 }
 
 TEST_F(PrefixCacheFile, ADamagedCutOrForeignFileIsIgnored) {

@@ -189,7 +189,7 @@ struct AttentionInputCase {
   int64_t n, heads, kv, hd, dv;
   int rot;
   HostTensor q, k, v, q_norm, k_norm, kc, vc;
-  // cache_t: the caches' element type (F32, BF16 or F8_E4M3).
+  // cache_t: the caches' element type (F32, BF16, F16 or F8_E4M3).
   AttentionInputCase(const SeqLayout& l, int n_blocks, int64_t heads_, int64_t kv_, int64_t hd_,
                      int64_t dv_, int rot_, DType norm_t, std::mt19937& rng,
                      DType cache_t = DType::F32)

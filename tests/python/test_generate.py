@@ -186,10 +186,10 @@ def test_mlx_lm_call_shapes(realvocab, tiny):
 
 
 def test_kv_cache_dtype_option():
-    # An engine with its attention cache in bf16 or fp8 generates; a type the binding does not
-    # know is refused by name.
+    # An engine with its attention cache in bf16, f16 or fp8 generates; a type the binding does
+    # not know is refused by name.
     path = os.path.join(MODELS, "qwen3next-tiny")
-    for t in ("bf16", "fp8"):
+    for t in ("bf16", "f16", "fp8"):
         model, tok = recur.load(path, kv_cache_mb=8, kv_cache_dtype=t)
         assert len(list(recur.stream_generate(model, tok, [1, 2], max_tokens=2))) == 2
     with pytest.raises(ValueError, match="kv_cache_dtype"):

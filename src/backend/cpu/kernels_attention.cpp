@@ -7,7 +7,7 @@
 // processed together, reading each block once. When a batch has fewer tasks than threads (one
 // long sequence), the parts of a task run on different threads (split-context decoding); the
 // arithmetic is the same either way, so results depend neither on the batch nor on threads.
-// A BF16 or F8_E4M3 cache is widened to f32 a chunk at a time (keys [hd][chunk], values
+// A BF16, F16 or F8_E4M3 cache is widened to f32 a chunk at a time (keys [hd][chunk], values
 // [chunk][dv]) in a per-thread buffer, which the f32 loops then read as they read an f32 cache.
 #include <algorithm>
 #include <cmath>
@@ -20,7 +20,7 @@
 #include "backend/cpu/vector_math.h"
 #include "core/dtype.h"
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -36,7 +36,7 @@ constexpr int kMaxGroupDims = CpuOps::kMaxGroupDims;
 constexpr int kChunk = 256;  // positions scored per online-softmax update
 
 // One task's fixed view of the cache: its sequence's block table and its kv head. k and v
-// point at elements of `dtype` (F32, BF16 or F8_E4M3); strides count elements.
+// point at elements of `dtype` (F32, BF16, F16 or F8_E4M3); strides count elements.
 struct CacheView {
   const void* k;  // k_cache + kv head offset
   const void* v;  // v_cache + kv head offset
@@ -190,11 +190,27 @@ const Fp8Table& fp8_table() {
   return t;
 }
 
-// dst[j] = src[j] widened to f32 for j < n; src of `dtype` (BF16 or F8_E4M3).
+// dst[j] = src[j] widened to f32 for j < n; src of `dtype` (BF16, F16 or F8_E4M3).
 inline void widen(const char* src, DType dtype, int64_t n, float* dst) {
   if (dtype == DType::BF16) {
     const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
     for (int64_t j = 0; j < n; ++j) dst[j] = bf16_to_f32(s[j]);
+  } else if (dtype == DType::F16) {
+    // The hardware conversion is exact (subnormals too), as f16_to_f32 is for the rest.
+    const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
+    int64_t j = 0;
+#if defined(__AVX512F__)
+    for (; j + 16 <= n; j += 16) {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + j));
+      _mm512_storeu_ps(dst + j, _mm512_cvtph_ps(h));
+    }
+#elif defined(__F16C__)
+    for (; j + 8 <= n; j += 8) {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + j));
+      _mm256_storeu_ps(dst + j, _mm256_cvtph_ps(h));
+    }
+#endif
+    for (; j < n; ++j) dst[j] = f16_to_f32(s[j]);
   } else {
     const float* lut = fp8_table().v;
     const uint8_t* s = reinterpret_cast<const uint8_t*>(src);
@@ -423,24 +439,35 @@ int CpuOps::attention_parts(int64_t n_ctx) {
 
 namespace {
 
-// dst[j·stride] = src[j] for j < n, rounded to the cache's element type T (float, or the bits
-// of BF16 or F8_E4M3, each rounded to nearest even).
-template <typename T>
-void store_row(const float* src, int64_t n, T* dst, int64_t stride) {
+// What a cache of element type kType holds per element: float, or the bits of BF16 and F16
+// (16) or F8_E4M3 (8).
+template <DType kType>
+using CacheElem =
+    std::conditional_t<kType == DType::F32, float,
+                       std::conditional_t<kType == DType::F8_E4M3, uint8_t, uint16_t>>;
+
+// dst[j·stride] = src[j] for j < n, rounded to the cache's element type kType (to nearest even;
+// F16 saturates at ±65504, F8_E4M3 at ±448).
+template <DType kType>
+void store_row(const float* src, int64_t n, CacheElem<kType>* dst, int64_t stride) {
   for (int64_t j = 0; j < n; ++j) {
-    if constexpr (std::is_same_v<T, float>) {
+    if constexpr (kType == DType::F32) {
       dst[j * stride] = src[j];
-    } else if constexpr (std::is_same_v<T, uint16_t>) {
+    } else if constexpr (kType == DType::BF16) {
       dst[j * stride] = f32_to_bf16(src[j]);
+    } else if constexpr (kType == DType::F16) {
+      dst[j * stride] = f32_to_f16_saturating(src[j]);
     } else {
+      static_assert(kType == DType::F8_E4M3);
       dst[j * stride] = f32_to_f8_e4m3(src[j]);
     }
   }
 }
 
-template <typename T>
+template <DType kType>
 void write_cache(const Tensor& k, const Tensor& v, Tensor k_cache, Tensor v_cache,
                  const SeqLayout& layout) {
+  using T = CacheElem<kType>;
   const int64_t kv_heads = k.shape[1], hd = k.shape[2], dv = v.shape[2];
   for (int s = 0; s < layout.n_seqs; ++s) {
     for (int64_t t = layout.seq_start[s]; t < layout.seq_start[s + 1]; ++t) {
@@ -450,11 +477,11 @@ void write_cache(const Tensor& k, const Tensor& v, Tensor k_cache, Tensor v_cach
         const float* kr = k.ptr<float>() + t * k.stride[0] + h * k.stride[1];
         T* kc =
             static_cast<T*>(k_cache.data) + block * k_cache.stride[0] + h * k_cache.stride[1] + off;
-        store_row(kr, hd, kc, k_cache.stride[2]);
+        store_row<kType>(kr, hd, kc, k_cache.stride[2]);
         T* vc = static_cast<T*>(v_cache.data) + block * v_cache.stride[0] + h * v_cache.stride[1] +
                 off * v_cache.stride[2];
         const float* vr = v.ptr<float>() + t * v.stride[0] + h * v.stride[1];
-        store_row(vr, dv, vc, v_cache.stride[3]);  // stride 1, or the key cache's channels'
+        store_row<kType>(vr, dv, vc, v_cache.stride[3]);  // stride 1, or the key cache's channels'
       }
     }
   }
@@ -477,16 +504,19 @@ void CpuOps::kv_cache_write(const Tensor& k, const Tensor& v, Tensor k_cache, Te
   }
   switch (k_cache.dtype) {
     case DType::F32:
-      write_cache<float>(k, v, k_cache, v_cache, layout);
+      write_cache<DType::F32>(k, v, k_cache, v_cache, layout);
       break;
     case DType::BF16:
-      write_cache<uint16_t>(k, v, k_cache, v_cache, layout);
+      write_cache<DType::BF16>(k, v, k_cache, v_cache, layout);
+      break;
+    case DType::F16:
+      write_cache<DType::F16>(k, v, k_cache, v_cache, layout);
       break;
     case DType::F8_E4M3:
-      write_cache<uint8_t>(k, v, k_cache, v_cache, layout);
+      write_cache<DType::F8_E4M3>(k, v, k_cache, v_cache, layout);
       break;
     default:
-      RECUR_CHECK(false && "attention cache of F32, BF16 or F8_E4M3");
+      RECUR_CHECK(false && "attention cache of F32, BF16, F16 or F8_E4M3");
   }
 }
 
@@ -501,7 +531,7 @@ void CpuOps::paged_attention(const Tensor& q, const Tensor& k_cache, const Tenso
   RECUR_CHECK(layout.block_size <= kMaxBlock && q.stride[2] == 1 && out.stride[2] == 1);
   RECUR_CHECK(k_cache.dtype == v_cache.dtype &&
               (k_cache.dtype == DType::F32 || k_cache.dtype == DType::BF16 ||
-               k_cache.dtype == DType::F8_E4M3));
+               k_cache.dtype == DType::F16 || k_cache.dtype == DType::F8_E4M3));
   const int64_t elem = int64_t(dtype_size(k_cache.dtype));
   const int64_t part_floats = G * dv + 2 * G;
   const int64_t n_tasks = int64_t(layout.n_tokens) * kv_heads;

@@ -182,7 +182,7 @@ void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const T
 
 namespace {
 // Offsets of elements of k_cache [blocks, kv_heads, hd, block_size] and v_cache [blocks,
-// kv_heads, block_size, dv]; the caches hold F32, BF16 or F8_E4M3.
+// kv_heads, block_size, dv]; the caches hold F32, BF16, F16 or F8_E4M3.
 int64_t k_off(const Tensor& c, const SeqLayout& l, int s, int64_t pos, int64_t h, int64_t j) {
   const int32_t block = l.block_ids[l.block_start[s] + pos / l.block_size];
   return block * c.stride[0] + h * c.stride[1] + j * c.stride[2] + pos % l.block_size;
@@ -198,10 +198,12 @@ float cache_load(const Tensor& c, int64_t i) {
       return c.ptr<float>()[i];
     case DType::BF16:
       return bf16_to_f32(c.ptr<uint16_t>()[i]);
+    case DType::F16:
+      return f16_to_f32(c.ptr<uint16_t>()[i]);
     case DType::F8_E4M3:
       return f8_e4m3_to_f32(c.ptr<uint8_t>()[i]);
     default:
-      RECUR_CHECK(false && "attention cache of F32, BF16 or F8_E4M3");
+      RECUR_CHECK(false && "attention cache of F32, BF16, F16 or F8_E4M3");
       return 0.0f;
   }
 }
@@ -213,11 +215,14 @@ void cache_store(const Tensor& c, int64_t i, float x) {
     case DType::BF16:
       c.ptr<uint16_t>()[i] = f32_to_bf16(x);
       break;
+    case DType::F16:
+      c.ptr<uint16_t>()[i] = f32_to_f16_saturating(x);
+      break;
     case DType::F8_E4M3:
       c.ptr<uint8_t>()[i] = f32_to_f8_e4m3(x);
       break;
     default:
-      RECUR_CHECK(false && "attention cache of F32, BF16 or F8_E4M3");
+      RECUR_CHECK(false && "attention cache of F32, BF16, F16 or F8_E4M3");
   }
 }
 float k_at(const Tensor& c, const SeqLayout& l, int s, int64_t pos, int64_t h, int64_t j) {

@@ -51,9 +51,13 @@ __device__ __forceinline__ int used_splits(const AttnArgs& a, int n_ctx) {
   return min(a.n_splits, (n_ctx + span - 1) / span);
 }
 
-// Cache element types: float (F32), the bits of BF16 (uint16_t) and of F8_E4M3 (uint8_t).
+// Cache element types: float (F32), the bits of BF16 (uint16_t), __half (F16) and the bits of
+// F8_E4M3 (uint8_t).
 __device__ __forceinline__ float cache_to_f32(float x) {
   return x;
+}
+__device__ __forceinline__ float cache_to_f32(__half x) {
+  return __half2float(x);
 }
 __device__ __forceinline__ float cache_to_f32(uint16_t x) {
   return __uint_as_float(uint32_t(x) << 16);
@@ -61,13 +65,17 @@ __device__ __forceinline__ float cache_to_f32(uint16_t x) {
 __device__ __forceinline__ float cache_to_f32(uint8_t x) {
   return __half2float(__half(__nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t(x), __NV_E4M3)));
 }
-// x rounded to the cache type, to nearest even (e4m3 saturating at ±448), as the CPU rounds.
+// x rounded to the cache type, to nearest even (f16 saturating at ±65504, e4m3 at ±448; NaN
+// stays NaN, f16's with the CPU's bits), as the CPU rounds.
 template <typename T>
 __device__ __forceinline__ T cache_from_f32(float x) {
   if constexpr (std::is_same_v<T, float>) {
     return x;
   } else if constexpr (std::is_same_v<T, uint16_t>) {
     return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+  } else if constexpr (std::is_same_v<T, __half>) {
+    if (x != x) return __ushort_as_half(uint16_t(((__float_as_uint(x) >> 16) & 0x8000u) | 0x7e00u));
+    return __float2half_rn(fabsf(x) > 65504.0f ? copysignf(65504.0f, x) : x);
   } else {
     return T(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
   }
@@ -79,16 +87,16 @@ __device__ __forceinline__ float load_cache(const T* p, bool l2 = false) {
   return cache_to_f32(l2 ? __ldcg(p) : *p);
 }
 
-// 4 e4m3 elements → 4 bf16 (exact).
-__device__ __forceinline__ void widen4(const uint8_t* src, __nv_bfloat16* dst) {
+// 4 e4m3 elements → 4 f16 (exact: e4m3's values all lie in f16).
+__device__ __forceinline__ void widen4(const uint8_t* src, __half* dst) {
   const uint32_t u = *reinterpret_cast<const uint32_t*>(src);
-  __nv_bfloat16 b[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) b[i] = __float2bfloat16_rn(cache_to_f32(uint8_t(u >> (8 * i))));
-  *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(b);
+  const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(u & 0xffffu), __NV_E4M3);
+  const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(u >> 16), __NV_E4M3);
+  *reinterpret_cast<uint2*>(dst) =
+      make_uint2(uint32_t(lo.x) | uint32_t(lo.y) << 16, uint32_t(hi.x) | uint32_t(hi.y) << 16);
 }
 
-// fn(T{}) for the cache element type of `dt` (F32, BF16 or F8_E4M3).
+// fn(T{}) for the cache element type of `dt` (F32, BF16, F16 or F8_E4M3).
 template <typename Fn>
 void dispatch_cache(DType dt, Fn&& fn) {
   switch (dt) {
@@ -98,16 +106,19 @@ void dispatch_cache(DType dt, Fn&& fn) {
     case DType::BF16:
       fn(uint16_t{});
       break;
+    case DType::F16:
+      fn(__half{});
+      break;
     case DType::F8_E4M3:
       fn(uint8_t{});
       break;
     default:
-      fatal("attention cache dtype must be F32, BF16 or F8_E4M3");
+      fatal("attention cache dtype must be F32, BF16, F16 or F8_E4M3");
   }
 }
 
 // 4 consecutive cache elements (4-element aligned) → 4 floats in shared memory: a cp.async of
-// 16 bytes for f32; else one load of 8 (BF16) or 4 (F8_E4M3) bytes, widened and stored now.
+// 16 bytes for f32; else one load of 8 (BF16, F16) or 4 (F8_E4M3) bytes, widened and stored now.
 template <typename T>
 __device__ __forceinline__ void copy4(float* dst, const T* src, bool valid) {
   if constexpr (std::is_same_v<T, float>) {
@@ -119,6 +130,11 @@ __device__ __forceinline__ void copy4(float* dst, const T* src, bool valid) {
         const uint2 u = *reinterpret_cast<const uint2*>(src);
         f = make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
                         __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+      } else if constexpr (std::is_same_v<T, __half>) {
+        const uint2 u = *reinterpret_cast<const uint2*>(src);
+        const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
+        const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
+        f = make_float4(lo.x, lo.y, hi.x, hi.y);
       } else {
         const uint32_t u = *reinterpret_cast<const uint32_t*>(src);
         f = make_float4(cache_to_f32(uint8_t(u)), cache_to_f32(uint8_t(u >> 8)),
@@ -316,11 +332,11 @@ constexpr int kDecodeMaxTokens = 64;
 bool decode_kernel_fits(int group, int hd, int dv);
 void launch_attention_decode(const AttnArgs& a, DType cache, dim3 grid, cudaStream_t stream);
 
-// paged_attention of few tokens (decode) on tensor cores over a BF16 or F8_E4M3 cache
+// paged_attention of few tokens (decode) on tensor cores over a BF16, F16 or F8_E4M3 cache
 // (kernels_attention_decode_mma.cu), the context split between blocks and merged by the
 // combine; max_ctx: the longest context the splits must cover. False, having done nothing,
 // when the kernel does not take these heads (a query group of at most 16 heads, hd and dv
-// multiples of 64 up to 256) or caches (BF16 or F8_E4M3 in blocks of a multiple of 16
+// multiples of 64 up to 256) or caches (BF16, F16 or F8_E4M3 in blocks of a multiple of 16
 // positions, 16-byte aligned, channels contiguous).
 bool attention_decode_mma(CudaOps::Impl& s, AttnArgs a, const Tensor& k_cache,
                           const Tensor& v_cache, const SeqLayout& layout, int kv_heads,
@@ -407,17 +423,17 @@ void launch_opted_in(dim3 grid, int threads, size_t smem, cudaStream_t stream, c
 void set_context_splits(CudaOps::Impl& s, AttnArgs& a, int n, int64_t want, int max_ctx,
                         int min_split, int align);
 
-// The prompt kernel for BF16 and F8_E4M3 caches (kernels_attention_bf16.cu): grid (row tiles
+// The prompt kernel for BF16, F16 and F8_E4M3 caches (kernels_attention_16bit.cu): grid (row tiles
 // of kPromptRows rows, kv heads), as paged_attention_mma's; its most shared memory for these
 // heads.
-size_t attention_bf16_smem_bytes(int hd, int dv);
-void launch_attention_bf16(const AttnArgs& a, DType cache, dim3 grid, cudaStream_t stream);
+size_t attention_16bit_smem_bytes(int hd, int dv);
+void launch_attention_16bit(const AttnArgs& a, DType cache, dim3 grid, cudaStream_t stream);
 
 // paged_attention of every token of the layout, as `a` describes it (its split fields unused),
 // on tensor cores, when the kernels take these heads (hd a multiple of 16, dv of 8, both ≤ 256,
 // a query group of at most 64 heads) and caches (blocks of a multiple of 4 positions, 4-element
 // aligned with strides in multiples of 4 elements, channels contiguous); false, having done
-// nothing, otherwise. The caches hold F32 (the TF32 kernel), BF16 or F8_E4M3 (the bf16 one).
+// nothing, otherwise. The caches hold F32 (the TF32 kernel), BF16, F16 or F8_E4M3 (the 16-bit one).
 bool paged_attention_mma(CudaOps::Impl& s, const AttnArgs& a, const Tensor& k_cache,
                          const Tensor& v_cache, const SeqLayout& layout, int kv_heads);
 

@@ -1,4 +1,4 @@
-// Decode attention on tensor cores over a BF16 or F8_E4M3 cache (forwards of few tokens, query
+// Decode attention on tensor cores over a BF16, F16 or F8_E4M3 cache (forwards of few tokens, query
 // groups of up to 16 heads, head sizes multiples of 64 up to 256): the kernel that keeps a long
 // context's step bound by the bytes of its cache rather than by the work per cached element.
 //
@@ -13,21 +13,19 @@
 // the channels: each sums the scores over a quarter of the key channels, the quarters add up in
 // shared memory in one order (every warp then holds the same sums, so the same weights), and
 // each accumulates a quarter of the value channels. Queries and weights are f32 split into
-// three bf16 terms (mma_bf16.cuh); the cache's elements are exactly bf16 (e4m3 widens exactly,
-// into a bf16 plane per tile): f32's accuracy.
+// terms of the cache's 16-bit type (mma_16bit.cuh: three bf16 or two f16); the cache's elements
+// are exactly bf16 or f16 (e4m3 widens exactly, into an f16 plane per tile): f32's accuracy.
 #include <algorithm>
 #include <cmath>
 
 #include "backend/cuda/attention_mma.cuh"
 #include "backend/cuda/cuda_internal.cuh"
-#include "backend/cuda/mma_bf16.cuh"
+#include "backend/cuda/mma_16bit.cuh"
 
 namespace recur {
 namespace cuda {
 
 namespace {
-
-using bf16 = __nv_bfloat16;
 
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
@@ -39,13 +37,12 @@ constexpr int kStages = 3;
 constexpr int kMaxHeadTiles = 2;                  // of 8 query heads: groups of up to 16
 constexpr int kMaxDim = 256;                      // hd and dv at most
 constexpr int kMaxSteps = kMaxDim / 16 / kWarps;  // a warp's 16-channel steps
-constexpr int kTerms = kBf16Terms;
 constexpr float kLn2 = 0.6931471805599453f;
 // A split holds at least two tiles: at short contexts one-tile splits gave the merge twice the
 // partial results for no faster step (H200, session 21).
 constexpr int kMinSplit = 2 * kTile;
 
-// A tile as ldmatrix reads it (bf16): keys [hd][kTile] as the cache holds them (channels by
+// A tile as ldmatrix reads it (16-bit): keys [hd][kTile] as the cache holds them (channels by
 // positions), the two 16-byte halves of channel d's row swapped when d / 4 is odd; values
 // [kTile][dv], 16-byte chunk j of position p's row at j ^ (p % 8). Either way the 8 rows one
 // ldmatrix reads lie in distinct banks. A BF16 stage is this plane; an F8_E4M3 stage holds the
@@ -63,12 +60,12 @@ __device__ __forceinline__ int value_offset(int p, int chunk, int dv) {
 // Shared memory: the ring of stages (T), the widened plane (F8_E4M3 only), then the warps'
 // partial scores [kWarps][kMaxHeadTiles][32 lanes] (float4).
 size_t decode_mma_smem_bytes(int hd, int dv, int elem_bytes) {
-  const size_t plane = elem_bytes == 2 ? 0 : tile_elems(hd, dv) * sizeof(bf16);
+  const size_t plane = elem_bytes == 2 ? 0 : tile_elems(hd, dv) * sizeof(__half);
   return size_t(kStages) * tile_elems(hd, dv) * elem_bytes + plane +
          kWarps * kMaxHeadTiles * 32 * sizeof(float4);
 }
 
-// The transpose of an 8 × 8 bf16 matrix held as fragments (lane l: row l / 4, columns
+// The transpose of an 8 × 8 16-bit matrix held as fragments (lane l: row l / 4, columns
 // 2(l % 4), +1): lane l then holds rows 2(l % 4), +1 of column l / 4.
 __device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
   uint32_t y;
@@ -77,9 +74,9 @@ __device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
 }
 
 // An F8_E4M3 stage widened into the plane (exactly).
-__device__ __forceinline__ void widen_tile(const uint8_t* ks, bf16* kp, int hd, int dv) {
+__device__ __forceinline__ void widen_tile(const uint8_t* ks, __half* kp, int hd, int dv) {
   const uint8_t* vs = ks + hd * kTile;
-  bf16* vp = kp + hd * kTile;
+  __half* vp = kp + hd * kTile;
   for (int e = threadIdx.x; e < hd * (kTile / 4); e += kThreads) {
     const int d = e / (kTile / 4), q = e % (kTile / 4);
     widen4(ks + d * kTile + 4 * q, kp + key_offset(d, q / 2) + 4 * (q % 2));
@@ -92,19 +89,21 @@ __device__ __forceinline__ void widen_tile(const uint8_t* ks, bf16* kp, int hd, 
 }
 
 // grid (n_tokens, kv_heads, n_splits), kThreads; T the cache's element type (uint16_t: BF16,
-// uint8_t: F8_E4M3), NT head tiles of 8 (group ≤ 8 NT). Warp w owns the 16-channel steps w,
-// w + 4, ... of the key channels (scores) and of the value channels (output). Fragments (g =
-// lane / 4, c = lane % 4) of head tile n: scores and weights rows (positions) g and g + 8,
-// columns (heads) 8n + 2c, + 1; acc[j][n] rows (value channels) 16(w + 4j) + g, + 8, the same
-// head columns.
+// __half: F16, uint8_t: F8_E4M3; the products' operands are bf16 for BF16, else f16), NT head tiles
+// of 8 (group ≤ 8 NT). Warp w owns the 16-channel steps w, w + 4, ... of the key channels (scores)
+// and of the value channels (output). Fragments (g = lane / 4, c = lane % 4) of head tile n: scores
+// and weights rows (positions) g and g + 8, columns (heads) 8n + 2c, + 1; acc[j][n] rows (value
+// channels) 16(w + 4j) + g, + 8, the same head columns.
 template <typename T, int NT>
 __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(AttnArgs a) {
+  using M = std::conditional_t<std::is_same_v<T, uint16_t>, __nv_bfloat16, __half>;
+  constexpr int kTerms = kTermsOf<M>;
   constexpr bool kWiden = sizeof(T) == 1;
   constexpr int kChunk = 16 / sizeof(T);  // elements per 16-byte copy
   extern __shared__ __align__(16) unsigned char smem[];
   const int hd = a.hd, dv = a.dv, group = a.group;
   T* ring = reinterpret_cast<T*>(smem);
-  bf16* plane = reinterpret_cast<bf16*>(ring + kStages * tile_elems(hd, dv));  // kWiden only
+  M* plane = reinterpret_cast<M*>(ring + kStages * tile_elems(hd, dv));  // kWiden only
   float4* partial = reinterpret_cast<float4*>(plane + (kWiden ? tile_elems(hd, dv) : 0));
   const T* kc = static_cast<const T*>(a.kc);
   const T* vc = static_cast<const T*>(a.vc);
@@ -170,7 +169,8 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(AttnArgs
   }
 
   // The queries' b fragments (k = key channels, n = heads) of the warp's steps, scaled so that
-  // scores come out in log2 units (exp2 below), as three bf16 terms; zeros past the group.
+  // scores come out in log2 units (exp2 below), as their terms (within f16's range for f16
+  // terms); zeros past the group.
   const float q_scale = a.scale * 1.4426950408889634f;
   uint32_t qf[kMaxSteps][NT][2][kTerms];
 #pragma unroll
@@ -185,8 +185,10 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(AttnArgs
           const float* q = a.q + int64_t(t) * a.q_s0 + int64_t(kvh * group + 8 * n + g) * a.q_s1 +
                            kk + 8 * half + 2 * c;
           x0 = q[0] * q_scale, x1 = q[1] * q_scale;
+          if constexpr (std::is_same_v<M, __half>)
+            x0 = clamp_f16_range(x0), x1 = clamp_f16_range(x1);
         }
-        split3_bf16x2(x0, x1, qf[j][n][half]);
+        split_x2<M>(x0, x1, qf[j][n][half]);
       }
     }
   }
@@ -210,13 +212,13 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(AttnArgs
     if (i + kStages - 1 < n_tiles) start_tile(i + kStages - 1, next_block);
     copy_commit();
     next_block = cache_block(i + kStages);
-    const bf16* ks = reinterpret_cast<const bf16*>(ring + (i % kStages) * tile_elems(hd, dv));
+    const M* ks = reinterpret_cast<const M*>(ring + (i % kStages) * tile_elems(hd, dv));
     if constexpr (kWiden) {
       widen_tile(reinterpret_cast<const uint8_t*>(ks), plane, hd, dv);
       __syncthreads();
       ks = plane;
     }
-    const bf16* vs = ks + hd * kTile;
+    const M* vs = ks + hd * kTile;
 
     // Partial scores over the warp's key channels; two accumulators a head tile halve the
     // MMA chains.
@@ -239,7 +241,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(AttnArgs
         for (int ti = kTerms - 1; ti >= 0; --ti) {
 #pragma unroll
           for (int n = 0; n < NT; ++n) {
-            mma_bf16(j % 2 ? s1[n] : s0[n], ak, qf[j][n][0][ti], qf[j][n][1][ti]);
+            mma16<M>(j % 2 ? s1[n] : s0[n], ak, qf[j][n][0][ti], qf[j][n][1][ti]);
           }
         }
       }
@@ -282,10 +284,12 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(AttnArgs
         acc[j][n][2] *= corr0, acc[j][n][3] *= corr1;
       }
       // The weights' b fragments (k = positions, n = heads): the transposes of the two 8 × 8
-      // halves (positions 0-7 and 8-15) of each term.
+      // halves (positions 0-7 and 8-15) of each term, the weights times kWeightScaleOf<M> (the
+      // sums divided by it at the end).
+      constexpr float kWs = kWeightScaleOf<M>;
       uint32_t top[kTerms], bottom[kTerms], pb[kTerms][2];
-      split3_bf16x2(p[0], p[1], top);
-      split3_bf16x2(p[2], p[3], bottom);
+      split_x2<M>(p[0] * kWs, p[1] * kWs, top);
+      split_x2<M>(p[2] * kWs, p[3] * kWs, bottom);
 #pragma unroll
       for (int ti = 0; ti < kTerms; ++ti) {
         pb[ti][0] = transpose8x8(top[ti]);
@@ -302,7 +306,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(AttnArgs
           ldmatrix_x4<true>(av, vs + value_offset(pr, dd / 8 + lm_mat % 2, dv));
 #pragma unroll
           for (int ti = kTerms - 1; ti >= 0; --ti) {
-            mma_bf16(acc[j][n], av, pb[ti][0], pb[ti][1]);
+            mma16<M>(acc[j][n], av, pb[ti][0], pb[ti][1]);
           }
         }
       }
@@ -322,12 +326,13 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(AttnArgs
       if (8 * n + 2 * c + e >= group) continue;
       const int h = kvh * group + 8 * n + 2 * c + e;
       const float m_nat = m[n][e] * kLn2;  // natural-log units, as the combine weighs splits
+      constexpr float kUnscale = 1.0f / kWeightScaleOf<M>;
 #pragma unroll
       for (int j = 0; j < kMaxSteps; ++j) {
         const int dd = 16 * (warp + kWarps * j);
         if (dd < dv) {
-          store_result(a, t, h, sp, dd + g, acc[j][n][e], m_nat, l[n][e], dv);
-          store_result(a, t, h, sp, dd + g + 8, acc[j][n][2 + e], m_nat, l[n][e], dv);
+          store_result(a, t, h, sp, dd + g, acc[j][n][e] * kUnscale, m_nat, l[n][e], dv);
+          store_result(a, t, h, sp, dd + g + 8, acc[j][n][2 + e] * kUnscale, m_nat, l[n][e], dv);
         }
       }
     }
@@ -382,14 +387,18 @@ bool attention_decode_mma(CudaOps::Impl& s, AttnArgs a, const Tensor& k_cache,
                         k_cache.stride[0] % chunk == 0 && k_cache.stride[1] % chunk == 0 &&
                         k_cache.stride[2] % chunk == 0 && v_cache.stride[0] % chunk == 0 &&
                         v_cache.stride[1] % chunk == 0 && v_cache.stride[2] % chunk == 0;
-  if ((dt != DType::BF16 && dt != DType::F8_E4M3) || !copies16 || a.group > 8 * kMaxHeadTiles ||
-      a.hd % 64 != 0 || a.dv % 64 != 0 || a.hd > kMaxDim || a.dv > kMaxDim || a.bs % kTile != 0) {
+  if ((dt != DType::BF16 && dt != DType::F16 && dt != DType::F8_E4M3) || !copies16 ||
+      a.group > 8 * kMaxHeadTiles || a.hd % 64 != 0 || a.dv % 64 != 0 || a.hd > kMaxDim ||
+      a.dv > kMaxDim || a.bs % kTile != 0) {
     return false;
   }
   const bool wide = a.group > 8;
   if (dt == DType::BF16) {
     wide ? launch_decode_mma<uint16_t, 2>(s, a, layout, kv_heads, max_ctx)
          : launch_decode_mma<uint16_t, 1>(s, a, layout, kv_heads, max_ctx);
+  } else if (dt == DType::F16) {
+    wide ? launch_decode_mma<__half, 2>(s, a, layout, kv_heads, max_ctx)
+         : launch_decode_mma<__half, 1>(s, a, layout, kv_heads, max_ctx);
   } else {
     wide ? launch_decode_mma<uint8_t, 2>(s, a, layout, kv_heads, max_ctx)
          : launch_decode_mma<uint8_t, 1>(s, a, layout, kv_heads, max_ctx);

@@ -1,6 +1,6 @@
 // Prompt attention on tensor cores over an F32 cache: the online softmax of flash attention 2
-// over tiles of the paged cache, with mma.sync (f32 accumulation). BF16 and F8_E4M3 caches take
-// kernels_attention_bf16.cu's kernel, whose tiles are exactly bf16.
+// over tiles of the paged cache, with mma.sync (f32 accumulation). BF16, F16 and F8_E4M3 caches
+// take kernels_attention_16bit.cu's kernel, whose tiles are exactly bf16 or f16.
 //
 // A block takes kRows query rows of one sequence and one kv head, a row being (token, query
 // head of the group), so every key and value tile loaded serves the whole group. Its four warps
@@ -229,7 +229,7 @@ void launch_dv(const AttnArgs& a, dim3 grid, size_t smem, cudaStream_t stream) {
 
 // Shared memory of the kernel for the cache type.
 size_t prompt_smem_bytes(DType cache, int hd, int dv) {
-  return cache == DType::F32 ? mma_smem_bytes(hd, dv) : attention_bf16_smem_bytes(hd, dv);
+  return cache == DType::F32 ? mma_smem_bytes(hd, dv) : attention_16bit_smem_bytes(hd, dv);
 }
 
 bool attention_mma_fits(DType cache, int group, int hd, int dv, int block_size, size_t max_smem) {
@@ -266,7 +266,7 @@ void launch_attention_mma(const AttnArgs& a, DType cache, const SeqLayout& layou
   if (n_tiles == 0) return;
   const dim3 grid{unsigned(n_tiles), unsigned(kv_heads)};
   if (cache != DType::F32) {
-    launch_attention_bf16(a, cache, grid, stream);
+    launch_attention_16bit(a, cache, grid, stream);
     return;
   }
   const size_t smem = mma_smem_bytes(a.hd, a.dv);

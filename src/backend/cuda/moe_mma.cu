@@ -15,7 +15,7 @@
 // 84,800 / 83,300 with these; two padded stages and three blocks 79,900 / 78,500).
 #include <algorithm>
 
-#include "backend/cuda/mma_bf16.cuh"
+#include "backend/cuda/mma_16bit.cuh"
 #include "backend/cuda/moe.cuh"
 #include "backend/cuda/moe_tile_io.cuh"
 
@@ -40,24 +40,6 @@ static_assert(kThreads == kTokens * (kTK / 8), "one 16-byte copy per thread per 
 // land in 8 distinct bank groups.
 __device__ __forceinline__ int swz(int row, int c) {
   return (c ^ ((row >> 1) & 3)) * 8;
-}
-
-// c [16 × 8] += a · b, 16-bit operands of type T, f32 accumulation.
-template <typename T>
-__device__ __forceinline__ void mma16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                      uint32_t b1);
-template <>
-__device__ __forceinline__ void mma16<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4],
-                                                     uint32_t b0, uint32_t b1) {
-  mma_bf16(c, a, b0, b1);
-}
-template <>
-__device__ __forceinline__ void mma16<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                              uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // grid (⌈m/64⌉ when kDual, else ⌈m/128⌉, max_tiles); a.x_terms set. Weight rows staged: kDual,

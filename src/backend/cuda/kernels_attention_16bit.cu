@@ -1,6 +1,6 @@
-// Prompt attention on tensor cores over a BF16 or F8_E4M3 cache: the online softmax of flash
-// attention 2 over tiles of the paged cache, with mma.sync m16n8k16 on bf16 operands (f32
-// accumulation). The F32 cache takes kernels_attention_mma.cu's TF32 kernel.
+// Prompt attention on tensor cores over a BF16, F16 or F8_E4M3 cache: the online softmax of
+// flash attention 2 over tiles of the paged cache, with mma.sync m16n8k16 on 16-bit operands
+// (f32 accumulation). The F32 cache takes kernels_attention_mma.cu's TF32 kernel.
 //
 // A block takes kPromptRows query rows of one sequence and one kv head, a row being (token,
 // query head of the group), so every key and value tile loaded serves the whole group, and
@@ -12,34 +12,31 @@
 // for the same shared-memory traffic per product.
 //
 // The results must stay within f32's error (2e-5 of the scalar reference, as the other
-// kernels). The cache's elements are exactly bf16 (e4m3 widens exactly), so keys and values are
-// single operands; queries and weights are f32, split into three bf16 terms (hi + mid + lo,
-// about 2^-24 relative: two terms, 2^-16, measured up to 2.7e-5 in the tests), so a product is
-// three MMAs, the small terms first. The queries are split once per block into three planes
-// that ldmatrix reads as fragments. A BF16 tile is copied (cp.async) into the layout ldmatrix
-// reads; an F8_E4M3 one lands raw and is widened into a bf16 plane; the next tile is copied
-// while the current one is multiplied.
+// kernels). The cache's elements are exactly 16-bit values (bf16 or f16; e4m3 widens exactly to
+// f16), so keys and values are single operands; queries and weights are f32, split into terms of
+// that type (mma_16bit.cuh): three bf16 terms (two, 2^-16, measured up to 2.7e-5 in the tests)
+// or two f16 terms, so a product is three or two MMAs, the small terms first. The queries are
+// split once per block into planes that ldmatrix reads as fragments. A BF16 or F16 tile is
+// copied (cp.async) into the layout ldmatrix reads; an F8_E4M3 one lands raw and is widened
+// into an f16 plane; the next tile is copied while the current one is multiplied.
 #include <algorithm>
 #include <cmath>
 
 #include "backend/cuda/attention_mma.cuh"
 #include "backend/cuda/cuda_internal.cuh"
-#include "backend/cuda/mma_bf16.cuh"
+#include "backend/cuda/mma_16bit.cuh"
 
 namespace recur {
 namespace cuda {
 
 namespace {
 
-using bf16 = __nv_bfloat16;
-
 constexpr int kRowGroups = 4;  // of 16 rows
 constexpr int kWarps = 2 * kRowGroups;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kRows = kPromptRows;
 static_assert(kRows == 16 * kRowGroups, "a row group owns 16 rows");
-constexpr int kKeys = 32;           // key positions per tile
-constexpr int kTerms = kBf16Terms;  // of the queries and the weights
+constexpr int kKeys = 32;  // key positions per tile
 // Row strides (elements): 16-byte rows an odd number of 16 bytes apart, so the 8 rows of an
 // ldmatrix matrix lie in 8 distinct bank groups (for an e4m3 stage they only need alignment).
 constexpr int kKeyStride = kKeys + 8;
@@ -58,23 +55,32 @@ __device__ __forceinline__ void channel_half(int n, int c_half, int& first, int&
   count = max(0, min(n, c_half == 0 ? 16 * first_steps : n) - first);
 }
 
-// Shared memory: the query planes Qp [kTerms][kRows][query_stride]; two stages of the tile as
+// The products' operand type of a cache element type T (the bits of BF16: uint16_t, F16:
+// __half, F8_E4M3: uint8_t, widened to f16), and the terms of the queries and weights.
+template <typename T>
+using OperandOf = std::conditional_t<std::is_same_v<T, uint16_t>, __nv_bfloat16, __half>;
+
+// Shared memory: the query planes Qp [terms][kRows][query_stride]; two stages of the tile as
 // copied, keys [hd][kKeyStride] (channels by positions, as the cache holds them) and values
-// [kKeys][value_stride], of T; for F8_E4M3 the tile widened into one bf16 plane of that layout;
+// [kKeys][value_stride], of T; for F8_E4M3 the tile widened into one f16 plane of that layout;
 // the warps' partial scores [kWarps][kKeys / 8][32 lanes][4] (f32).
 struct Smem {
   size_t q, k_stage, v_stage, k_plane, v_plane, partial, total;
-  __host__ __device__ Smem(int hd, int dv, int elem_bytes) {
-    q = size_t(kRows) * query_stride(hd) * sizeof(bf16);
+  __host__ __device__ Smem(int hd, int dv, int elem_bytes, int terms) {
+    q = size_t(kRows) * query_stride(hd) * 2;
     k_stage = size_t(hd) * kKeyStride * elem_bytes;
     v_stage = size_t(kKeys) * value_stride(dv) * elem_bytes;
-    const bool widened = elem_bytes != sizeof(bf16);
-    k_plane = widened ? size_t(hd) * kKeyStride * sizeof(bf16) : 0;
-    v_plane = widened ? size_t(kKeys) * value_stride(dv) * sizeof(bf16) : 0;
+    const bool widened = elem_bytes != 2;
+    k_plane = widened ? size_t(hd) * kKeyStride * 2 : 0;
+    v_plane = widened ? size_t(kKeys) * value_stride(dv) * 2 : 0;
     partial = size_t(kWarps) * kKeys * 16 * sizeof(float);
-    total = kTerms * q + 2 * (k_stage + v_stage) + k_plane + v_plane + partial;
+    total = terms * q + 2 * (k_stage + v_stage) + k_plane + v_plane + partial;
   }
 };
+template <typename T>
+__host__ __device__ Smem smem_of(int hd, int dv) {
+  return Smem(hd, dv, sizeof(T), kTermsOf<OperandOf<T>>);
+}
 
 // Async copy of 4 cache elements (4-element aligned; zeros when !valid, nothing read then).
 template <typename T>
@@ -98,9 +104,9 @@ __device__ __forceinline__ void start_tile(const AttnArgs& a, const int32_t* tab
       [&](int p, int d, const T* src, bool valid) { copy4_async(Vs + p * vs + d, src, valid); });
 }
 
-// An e4m3 stage, landed, widened into the bf16 planes (same layout).
-__device__ __forceinline__ void widen_tile(const uint8_t* Ks, const uint8_t* Vs, bf16* Kp, bf16* Vp,
-                                           int hd, int dv) {
+// An e4m3 stage, landed, widened into the f16 planes (same layout).
+__device__ __forceinline__ void widen_tile(const uint8_t* Ks, const uint8_t* Vs, __half* Kp,
+                                           __half* Vp, int hd, int dv) {
   const int vs = value_stride(dv);
   for (int e = threadIdx.x; e < hd * (kKeys / 4); e += kThreads) {
     const int d = e / (kKeys / 4), p = 4 * (e % (kKeys / 4));
@@ -113,12 +119,14 @@ __device__ __forceinline__ void widen_tile(const uint8_t* Ks, const uint8_t* Vs,
 }
 
 // c0 += a · b (b[0..1]) and c1 += a · b' (b[2..3]), a as its terms, the smallest first.
+template <typename M>
 __device__ __forceinline__ void mma_terms(float (&c0)[4], float (&c1)[4],
-                                          const uint32_t (&a)[kTerms][4], const uint32_t (&b)[4]) {
+                                          const uint32_t (&a)[kTermsOf<M>][4],
+                                          const uint32_t (&b)[4]) {
 #pragma unroll
-  for (int i = kTerms - 1; i >= 0; --i) {
-    mma_bf16(c0, a[i], b[0], b[1]);
-    mma_bf16(c1, a[i], b[2], b[3]);
+  for (int i = kTermsOf<M> - 1; i >= 0; --i) {
+    mma16<M>(c0, a[i], b[0], b[1]);
+    mma16<M>(c1, a[i], b[2], b[3]);
   }
 }
 
@@ -131,12 +139,14 @@ __device__ __forceinline__ void pair_sync(int row_group) {
 // accumulator's registers: acc[j] holds value channels [v0 + 8j, v0 + 8j + 8) of the thread's
 // rows g and g + 8 (g = lane / 4), v0 the first channel of the warp's half.
 template <int DV_MAX, typename T>
-__global__ void __launch_bounds__(kThreads) attention_bf16_kernel(AttnArgs a) {
-  constexpr bool kWiden = !std::is_same_v<T, uint16_t>;
+__global__ void __launch_bounds__(kThreads) attention_16bit_kernel(AttnArgs a) {
+  using M = OperandOf<T>;
+  constexpr bool kWiden = sizeof(T) == 1;
+  constexpr int kTerms = kTermsOf<M>;  // of the queries and the weights
   extern __shared__ __align__(16) unsigned char smem[];
   const int hd = a.hd, dv = a.dv, group = a.group, qs = query_stride(hd), vs = value_stride(dv);
-  const Smem sm(hd, dv, sizeof(T));
-  bf16* Qp = reinterpret_cast<bf16*>(smem);
+  const Smem sm = smem_of<T>(hd, dv);
+  M* Qp = reinterpret_cast<M*>(smem);
   unsigned char* stages = smem + kTerms * sm.q;
   auto stage_k = [&](int i) {
     return reinterpret_cast<T*>(stages + i * (sm.k_stage + sm.v_stage));
@@ -144,10 +154,10 @@ __global__ void __launch_bounds__(kThreads) attention_bf16_kernel(AttnArgs a) {
   auto stage_v = [&](int i) {
     return reinterpret_cast<T*>(stages + i * (sm.k_stage + sm.v_stage) + sm.k_stage);
   };
-  bf16* Kp = reinterpret_cast<bf16*>(stages + 2 * (sm.k_stage + sm.v_stage));  // kWiden only
-  bf16* Vp = Kp + sm.k_plane / sizeof(bf16);
+  M* Kp = reinterpret_cast<M*>(stages + 2 * (sm.k_stage + sm.v_stage));  // kWiden only
+  M* Vp = Kp + sm.k_plane / sizeof(M);
   float* partial = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(Vp) + sm.v_plane);
-  const size_t q_plane = sm.q / sizeof(bf16);
+  const size_t q_plane = sm.q / sizeof(M);
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int row_group = warp % kRowGroups, c_half = warp / kRowGroups;
   const int g = lane / 4, c = lane % 4;  // fragment row and column
@@ -181,7 +191,8 @@ __global__ void __launch_bounds__(kThreads) attention_bf16_kernel(AttnArgs a) {
   if (!early) start_tile<T>(a, table, kvh, 0, max_pos, stage_k(0), stage_v(0));
   copy_commit();
 
-  // Queries, scaled so that scores come out in log2 units (exp2 below), as their terms' planes.
+  // Queries, scaled so that scores come out in log2 units (exp2 below), as their terms' planes
+  // (within f16's range for f16 terms).
   const float q_scale = a.scale * 1.4426950408889634f;
   for (int e = tid; e < kRows * hd / 2; e += kThreads) {
     const int r = 2 * e / hd, d = 2 * e % hd;
@@ -190,9 +201,12 @@ __global__ void __launch_bounds__(kThreads) attention_bf16_kernel(AttnArgs a) {
       const float* q =
           a.q + int64_t(t0 + r / group) * a.q_s0 + int64_t(kvh * group + r % group) * a.q_s1 + d;
       x[0] = q[0] * q_scale, x[1] = q[1] * q_scale;
+      if constexpr (std::is_same_v<M, __half>) {
+        x[0] = clamp_f16_range(x[0]), x[1] = clamp_f16_range(x[1]);
+      }
     }
     uint32_t t[kTerms];
-    split3_bf16x2(x[0], x[1], t);
+    split_x2<M>(x[0], x[1], t);
 #pragma unroll
     for (int i = 0; i < kTerms; ++i) {
       *reinterpret_cast<uint32_t*>(Qp + i * q_plane + r * qs + d) = t[i];
@@ -216,8 +230,8 @@ __global__ void __launch_bounds__(kThreads) attention_bf16_kernel(AttnArgs a) {
     copy_commit();
     copy_wait<1>();   // this thread's copies of the current tile have landed
     __syncthreads();  // and everyone's (and the queries)
-    const bf16* Kt = reinterpret_cast<const bf16*>(stage_k(cur));
-    const bf16* Vt = reinterpret_cast<const bf16*>(stage_v(cur));
+    const M* Kt = reinterpret_cast<const M*>(stage_k(cur));
+    const M* Vt = reinterpret_cast<const M*>(stage_v(cur));
     if constexpr (kWiden) {
       widen_tile(reinterpret_cast<const uint8_t*>(stage_k(cur)),
                  reinterpret_cast<const uint8_t*>(stage_v(cur)), Kp, Vp, hd, dv);
@@ -229,8 +243,8 @@ __global__ void __launch_bounds__(kThreads) attention_bf16_kernel(AttnArgs a) {
       float sc[kKeys / 8][4];
 #pragma unroll
       for (int j = 0; j < kKeys / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
-      const bf16* qrow = Qp + (m0 + lm_row) * qs + lm_col + q0;
-      const bf16* krow = Kt + (lm_row + q0) * kKeyStride + lm_col;
+      const M* qrow = Qp + (m0 + lm_row) * qs + lm_col + q0;
+      const M* krow = Kt + (lm_row + q0) * kKeyStride + lm_col;
 #pragma unroll 2
       for (int kk = 0; kk < q_count; kk += 16) {
         uint32_t aq[kTerms][4];
@@ -240,7 +254,7 @@ __global__ void __launch_bounds__(kThreads) attention_bf16_kernel(AttnArgs a) {
         for (int j = 0; j < kKeys / 8; j += 2) {
           uint32_t bk[4];
           ldmatrix_x4<true>(bk, krow + kk * kKeyStride + 8 * j);
-          mma_terms(sc[j], sc[j + 1], aq, bk);
+          mma_terms<M>(sc[j], sc[j + 1], aq, bk);
         }
       }
       // The pair's partial scores summed (mine + theirs: the same in both warps).
@@ -262,24 +276,26 @@ __global__ void __launch_bounds__(kThreads) attention_bf16_kernel(AttnArgs a) {
       online_softmax_tile<kKeys / 8, false>(sc, k0, c, row_pos, 0, m, l, corr);
       rescale_rows(acc, corr);
       // acc += P · V over each 16 keys: the score fragments of n-tiles 2kk and 2kk + 1 are the
-      // a operand as they lie (rows g, g + 8; keys 2c, 2c + 1 and 8 + 2c, 9 + 2c).
+      // a operand as they lie (rows g, g + 8; keys 2c, 2c + 1 and 8 + 2c, 9 + 2c), the weights
+      // times kWeightScaleOf<M> (the denominators too, below).
+      constexpr float kWs = kWeightScaleOf<M>;
 #pragma unroll
       for (int kk = 0; kk < kKeys / 16; ++kk) {
         uint32_t ap[kTerms][4], t[kTerms];
 #pragma unroll
         for (int f = 0; f < 4; ++f) {
           const float(&s)[4] = sc[2 * kk + f / 2];
-          split3_bf16x2(s[2 * (f % 2)], s[2 * (f % 2) + 1], t);
+          split_x2<M>(s[2 * (f % 2)] * kWs, s[2 * (f % 2) + 1] * kWs, t);
 #pragma unroll
           for (int i = 0; i < kTerms; ++i) ap[i][f] = t[i];
         }
-        const bf16* vrow = Vt + (16 * kk + lm_row) * vs + lm_col + v0;
+        const M* vrow = Vt + (16 * kk + lm_row) * vs + lm_col + v0;
 #pragma unroll
         for (int n = 0; n < kAccTiles; n += 2) {
           if (8 * n < v_count) {
             uint32_t bv[4];
             ldmatrix_x4<true>(bv, vrow + 8 * n);
-            mma_terms(acc[n], acc[n + 1], ap, bv);
+            mma_terms<M>(acc[n], acc[n + 1], ap, bv);
           }
         }
       }
@@ -287,17 +303,18 @@ __global__ void __launch_bounds__(kThreads) attention_bf16_kernel(AttnArgs a) {
     __syncthreads();  // the stage (and the partial scores) free for the next tiles
   }
   quad_sums(l);
+  l[0] *= kWeightScaleOf<M>, l[1] *= kWeightScaleOf<M>;
   store_rows(a, acc, l, m0, g, c, n_rows, t0, kvh, v0, v0 + v_count);
 }
 
 template <int DV_MAX, typename T>
 void launch_dv(const AttnArgs& a, dim3 grid, size_t smem, cudaStream_t stream) {
-  launch_opted_in<attention_bf16_kernel<DV_MAX, T>>(grid, kThreads, smem, stream, a);
+  launch_opted_in<attention_16bit_kernel<DV_MAX, T>>(grid, kThreads, smem, stream, a);
 }
 
 template <typename T>
 void launch_type(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
-  const size_t smem = Smem(a.hd, a.dv, sizeof(T)).total;
+  const size_t smem = smem_of<T>(a.hd, a.dv).total;
   if (a.dv <= 64) {
     launch_dv<64, T>(a, grid, smem, stream);
   } else if (a.dv <= 128) {
@@ -309,13 +326,16 @@ void launch_type(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
 
 }  // namespace
 
-size_t attention_bf16_smem_bytes(int hd, int dv) {
-  return std::max(Smem(hd, dv, 2).total, Smem(hd, dv, 1).total);
+size_t attention_16bit_smem_bytes(int hd, int dv) {
+  return std::max({smem_of<uint16_t>(hd, dv).total, smem_of<__half>(hd, dv).total,
+                   smem_of<uint8_t>(hd, dv).total});
 }
 
-void launch_attention_bf16(const AttnArgs& a, DType cache, dim3 grid, cudaStream_t stream) {
+void launch_attention_16bit(const AttnArgs& a, DType cache, dim3 grid, cudaStream_t stream) {
   if (cache == DType::BF16) {
     launch_type<uint16_t>(a, grid, stream);
+  } else if (cache == DType::F16) {
+    launch_type<__half>(a, grid, stream);
   } else {
     RECUR_CHECK(cache == DType::F8_E4M3);
     launch_type<uint8_t>(a, grid, stream);
