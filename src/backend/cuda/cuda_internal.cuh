@@ -150,7 +150,7 @@ struct CudaOps::Impl {
 
   // Fixed scratch, allocated at start-up: ops that would need more work in pieces (matmul
   // splits the rows, attention caps its context splits), so no forward allocates.
-  Buffer act_lowp;      // matmul: activations split into three 16-bit terms, their products
+  Buffer act_lowp;      // matmul: activations split into three 16-bit terms
   Buffer attn_partial;  // split-context attention partials
   Buffer gdn_chunks;    // the chunked delta rule's per-chunk key-side records
   // argmax_rows split over blocks: each row's per-block picks [kArgmaxRows, kArgmaxMaxSlices]

@@ -5,8 +5,8 @@
 // each weight byte once at close to memory bandwidth; decode batches on small weights, the same
 // kernel in token groups (takes_gemv). Larger n (prompts) and weights: cuBLAS. F32 weights
 // use plain f32 SGEMM. BF16/F16 weights use tensor cores on activations split exactly into
-// three 16-bit terms (cuBLAS has no f32 × bf16 product), one GEMM over the stacked terms and
-// an f32 sum: the GEMV kernel's arithmetic up to summation order, at three times the
+// three 16-bit terms (cuBLAS has no f32 × bf16 product), one GEMM per term accumulating into
+// the output: the GEMV kernel's arithmetic up to summation order, at three times the
 // tensor-core work.
 // F16's narrower exponent range makes its split close rather than exact for tiny activations,
 // and activations overflow beyond 65504, a limit f16 checkpoints already impose on themselves.
@@ -178,19 +178,6 @@ __global__ void split3_lowp_kernel(const float* x, int64_t ldx, int64_t n, int64
       }
       parts[part * n * k + e] = t;
     }
-  }
-}
-
-// out[r, c] (+)= (terms[2][r, c] + terms[1][r, c]) + terms[0][r, c]: the three terms' products
-// [3, n, m] summed smallest first. out rows ldo apart.
-__global__ void sum3_kernel(const float* terms, int64_t n, int64_t m, float* out, int64_t ldo,
-                            bool accumulate) {
-  grid_dependency_sync();
-  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n * m;
-       e += int64_t(gridDim.x) * blockDim.x) {
-    const float v = (terms[2 * n * m + e] + terms[n * m + e]) + terms[e];
-    float* o = out + (e / m) * ldo + e % m;
-    *o = accumulate ? *o + v : v;
   }
 }
 
@@ -448,17 +435,16 @@ void CudaOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumula
   RECUR_CHECK(w.dtype == DType::BF16 || w.dtype == DType::F16);
   const bool half = w.dtype == DType::F16;
   const cudaDataType_t t = half ? CUDA_R_16F : CUDA_R_16BF;
-  const float zero = 0.0f;
-  // One GEMM over the three terms stacked as 3·n rows (the weights are read once), then a
-  // sum. Rows go in pieces that fit the start-up scratch: 3 · 2 bytes per activation and
-  // 3 · 4 bytes per product.
-  const size_t row_bytes = size_t(6 * k + 12 * m) + 16;
+  // Three GEMMs, the smallest term first, each adding its products into out (beta 1 after the
+  // first): no f32 buffer of the terms' products to write and sum again. Rows go in pieces that
+  // fit the start-up scratch: 3 · 2 bytes per activation.
+  const size_t row_bytes = size_t(6 * k) + 16;
   RECUR_CHECK(row_bytes <= s.act_lowp.bytes());
   const int64_t rows_per_piece = int64_t(s.act_lowp.bytes() / row_bytes);
+  const float one = 1.0f;
   for (int64_t r0 = 0; r0 < n; r0 += rows_per_piece) {
     const int64_t nr = std::min(rows_per_piece, n - r0);
     char* parts = static_cast<char*>(s.act_lowp.data());
-    float* terms = reinterpret_cast<float*>(parts + (size_t(6 * nr * k) + 15) / 16 * 16);
     const float* xr = x.ptr<float>() + r0 * x.stride[0];
     float* outr = out.ptr<float>() + r0 * out.stride[0];
     const unsigned blocks = unsigned(std::min<int64_t>(blocks_for(nr * k, 256), s.sm_count * 8));
@@ -470,13 +456,14 @@ void CudaOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumula
                     nr, k, reinterpret_cast<__nv_bfloat16*>(parts));
     }
     s.launched("matmul (activation split)");
-    RECUR_CUBLAS_CHECK(cublasGemmEx(s.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(m), int(3 * nr), int(k),
-                                    &alpha, w.data, t, int(k), parts, t, int(k), &zero, terms,
-                                    CUDA_R_32F, int(m), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    const unsigned sblocks = unsigned(std::min<int64_t>(blocks_for(nr * m, 256), s.sm_count * 8));
-    launch_kernel(sum3_kernel, sblocks, 256, 0, s.stream, terms, nr, m, outr, out.stride[0],
-                  accumulate);
-    if (s.options.profile) {  // the interval includes cuBLAS's product
+    for (int term = 2; term >= 0; --term) {  // lo, mid, hi
+      const char* xt = parts + size_t(term) * size_t(nr * k) * 2;
+      RECUR_CUBLAS_CHECK(cublasGemmEx(s.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(m), int(nr), int(k),
+                                      &alpha, w.data, t, int(k), xt, t, int(k),
+                                      term == 2 ? &beta : &one, outr, CUDA_R_32F,
+                                      int(out.stride[0]), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+    if (s.options.profile) {  // the interval holds cuBLAS's three products
       // The rate counts the product's own flops, not the three terms' (3x those).
       s.work(2.0 * double(nr) * double(m) * double(k),
              double(weight_bytes(w)) + 4.0 * double(nr) * double(k + m));
@@ -484,7 +471,7 @@ void CudaOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumula
       label.append(std::to_string(m)).append("x").append(std::to_string(k));
       s.launched(label.c_str());
     } else {
-      s.launched("matmul (sum of terms)");
+      s.launched("matmul (terms)");
     }
   }
 }
