@@ -2,13 +2,13 @@
 // equal the CPU reference's bytes (the same rounding), and attention equals the scalar
 // reference reading the same rounded cache, through every kernel: decode (group sizes 1 to 16,
 // head dims 64 to 256, dv ≠ hd, splits and their merge; the tensor-core decode kernel for
-// BF16, F16 and F8_E4M3 caches, groups of up to 16 and head dims multiples of 64), the warp kernel
-// (head dims not multiples of 32), the tiled kernel (groups too large for the warp kernel), the
-// tensor-core prompt kernels (TF32 halves for F32, bf16 terms for BF16, f16 terms for F16 and
-// F8_E4M3; fresh prompts
-// and prompts continuing a cached prefix, head sizes up to 256), and the latent (strided-value)
-// view up to the published Kimi-Linear's 32 heads of 576/512 in one call (the tiled kernel and the
-// tensor-core latent kernel); the fused attention input stage writes each type as the default does.
+// BF16, F16 and F8_E4M3 caches, groups of up to 16 and head dims multiples of 64), the warp
+// kernel (head dims not multiples of 32), the tiled kernel (groups too large for the warp
+// kernel), the tensor-core prompt kernels (TF32 halves for F32, bf16 terms for BF16, f16 terms
+// for F16 and F8_E4M3; fresh prompts and prompts continuing a cached prefix, head sizes up to
+// 256), and the latent (strided-value) view up to the published Kimi-Linear's 32 heads of 576/512
+// in one call (the tiled kernel and the tensor-core latent kernel); the fused attention input stage
+// writes each type as the default does.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -105,8 +105,10 @@ TEST_P(CudaAttentionCache, EveryKernelMatchesReferenceOverTheSameCache) {
 // Softmax weights far below the largest keep their precision: one key scores 24.5 (log2
 // units) above 12,000 others, whose weights 2^-24.5 lie under f16's subnormals unless scaled
 // first (kWeightScaleOf); their values are 1 and the top key's 0, so the output is their share
-// of the weight (about 2.6e-4), which weights rounded to f16's subnormal step would move by
-// about 1e-4. Decode (one token) and prompt (100 tokens) kernels.
+// of the weight (12,000 · 2^-24.5, about 5.1e-4), which weights rounded to f16's subnormal
+// step move by about 2e-4 in the prompt kernel (2.11e-4 measured with the scaling removed; a
+// decode's context splits each take their own maximum). Decode (one token) and prompt (100
+// tokens) kernels.
 TEST_P(CudaAttentionCache, TinySoftmaxWeightsKeepTheirPrecision) {
   const DType dt = GetParam();
   const int64_t kv = 2, group = 8, hd = 64, dv = 64;

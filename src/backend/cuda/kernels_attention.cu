@@ -12,8 +12,8 @@
 // for the warp kernel's registers (group · ⌈hd/32⌉ > 64) use a block-wide tiled kernel.
 // Forwards of few tokens (decode) take a third kernel where both head dims are multiples of 32:
 // a thread per channel, every load of a 32-position chunk in flight at once, splits of whole
-// chunks (kernels_attention_decode.cu), or over a BF16 or F8_E4M3 cache a tensor-core one
-// (kernels_attention_decode_mma.cu). The caches hold F32, BF16 or F8_E4M3 (every CUDA-core
+// chunks (kernels_attention_decode.cu), or over a BF16, F16 or F8_E4M3 cache a tensor-core one
+// (kernels_attention_decode_mma.cu). The caches hold F32, BF16, F16 or F8_E4M3 (every CUDA-core
 // kernel is compiled for each, T, and widens what it loads to f32).
 #include <algorithm>
 #include <cmath>

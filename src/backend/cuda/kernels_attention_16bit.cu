@@ -14,10 +14,10 @@
 // The results must stay within f32's error (2e-5 of the scalar reference, as the other
 // kernels). The cache's elements are exactly 16-bit values (bf16 or f16; e4m3 widens exactly to
 // f16), so keys and values are single operands; queries and weights are f32, split into terms of
-// that type (mma_16bit.cuh): three bf16 terms (two, 2^-16, measured up to 2.7e-5 in the tests)
-// or two f16 terms, so a product is three or two MMAs, the small terms first. The queries are
-// split once per block into planes that ldmatrix reads as fragments. A BF16 or F16 tile is
-// copied (cp.async) into the layout ldmatrix reads; an F8_E4M3 one lands raw and is widened
+// that type (mma_16bit.cuh): three bf16 terms (two bf16 terms would leave 2^-16, measured up to
+// 2.7e-5 in the tests) or two f16 terms, so a product is three or two MMAs, the small terms first.
+// The queries are split once per block into planes that ldmatrix reads as fragments. A BF16 or F16
+// tile is copied (cp.async) into the layout ldmatrix reads; an F8_E4M3 one lands raw and is widened
 // into an f16 plane; the next tile is copied while the current one is multiplied.
 #include <algorithm>
 #include <cmath>
@@ -56,7 +56,7 @@ __device__ __forceinline__ void channel_half(int n, int c_half, int& first, int&
 }
 
 // The products' operand type of a cache element type T (the bits of BF16: uint16_t, F16:
-// __half, F8_E4M3: uint8_t, widened to f16), and the terms of the queries and weights.
+// __half, F8_E4M3: uint8_t, widened to f16); the queries and weights split into its terms.
 template <typename T>
 using OperandOf = std::conditional_t<std::is_same_v<T, uint16_t>, __nv_bfloat16, __half>;
 
@@ -137,7 +137,8 @@ __device__ __forceinline__ void pair_sync(int row_group) {
 
 // grid (query tiles, kv_heads), kThreads. DV_MAX ≥ dv (a multiple of 16) bounds the
 // accumulator's registers: acc[j] holds value channels [v0 + 8j, v0 + 8j + 8) of the thread's
-// rows g and g + 8 (g = lane / 4), v0 the first channel of the warp's half.
+// rows g and g + 8 (g = lane / 4), v0 the first channel of the warp's half. T: the cache's
+// element (uint16_t for BF16, __half for F16, uint8_t for F8_E4M3).
 template <int DV_MAX, typename T>
 __global__ void __launch_bounds__(kThreads) attention_16bit_kernel(AttnArgs a) {
   using M = OperandOf<T>;

@@ -45,8 +45,8 @@ constexpr int kMinSplit = 2 * kTile;
 // A tile as ldmatrix reads it (16-bit): keys [hd][kTile] as the cache holds them (channels by
 // positions), the two 16-byte halves of channel d's row swapped when d / 4 is odd; values
 // [kTile][dv], 16-byte chunk j of position p's row at j ^ (p % 8). Either way the 8 rows one
-// ldmatrix reads lie in distinct banks. A BF16 stage is this plane; an F8_E4M3 stage holds the
-// tile as copied (keys [hd][kTile], values [kTile][dv] bytes), widened into one such plane.
+// ldmatrix reads lie in distinct banks. A BF16 or F16 stage is this plane; an F8_E4M3 stage holds
+// the tile as copied (keys [hd][kTile], values [kTile][dv] bytes), widened into one such plane.
 __host__ __device__ constexpr int tile_elems(int hd, int dv) {
   return (hd + dv) * kTile;
 }

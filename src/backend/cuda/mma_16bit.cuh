@@ -2,8 +2,9 @@
 // other operand's type, x = hi + mid (+ lo), each multiplied on the tensor cores against an
 // operand exactly of that type, with f32 accumulation. bf16 (8-bit significands, f32's exponent
 // range) takes three terms for f32's 24-bit significand (about 2^-24 relative; two leave 2^-16);
-// f16 (11 bits) takes two, 22 bits (about 2^-22), within f16's range (below 65504; values under
-// 2^-14 keep an absolute error of 2^-25, which is why softmax weights are scaled up first).
+// f16 (11 bits) takes two, 22 bits (about 2^-22), within f16's range (below 65504; for |x| under
+// 2^-3 the lo term is subnormal, an absolute error of 2^-25, which is why softmax weights are
+// scaled up first).
 // Fragments are those of mma.sync m16n8k16 with g = lane / 4, c = lane % 4: a (16 × 16,
 // row-major) holds rows g, g + 8 at columns 2c, 2c + 1 and 2c + 8, 2c + 9; b (16 × 8) rows 2c,
 // 2c + 1 and 2c + 8, 2c + 9 of column g; the f32 accumulator c (16 × 8) rows g, g + 8 at
@@ -42,13 +43,17 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Whether M is one of the 16-bit operand types the products take.
+template <typename M>
+constexpr bool kIs16BitOperand = std::is_same_v<M, __half> || std::is_same_v<M, __nv_bfloat16>;
+
 // The number of terms an f32 operand is split into against 16-bit operands of type M.
 template <typename M>
 constexpr int kTermsOf = std::is_same_v<M, __half> ? 2 : kBf16Terms;
 
 // Softmax weights (at most 1) are multiplied by this before their split, and the sums they
-// weigh divided by it after (exact: a power of two): f16 then holds every weight above 2^-28
-// to 22 bits instead of losing those under 2^-14 to its subnormals. bf16 needs no scaling.
+// weigh divided by it after (exact: a power of two): weights of 2^-17 or more then keep 22 bits,
+// and smaller ones err by at most 2^-39 of the largest weight (1). bf16 needs no scaling.
 template <typename M>
 constexpr float kWeightScaleOf = std::is_same_v<M, __half> ? 16384.0f : 1.0f;
 
@@ -56,6 +61,7 @@ constexpr float kWeightScaleOf = std::is_same_v<M, __half> ? 16384.0f : 1.0f;
 // packed as a fragment register (x0 in the low half). For f16, |x| must be below 65504.
 template <typename M>
 __device__ __forceinline__ void split_x2(float x0, float x1, uint32_t (&t)[kTermsOf<M>]) {
+  static_assert(kIs16BitOperand<M>);
   if constexpr (std::is_same_v<M, __half>) {
 #pragma unroll
     for (int i = 0; i < kTermsOf<M>; ++i) {
@@ -81,6 +87,7 @@ __device__ __forceinline__ float clamp_f16_range(float x) {
 template <typename M>
 __device__ __forceinline__ void mma16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                                       uint32_t b1) {
+  static_assert(kIs16BitOperand<M>);
   if constexpr (std::is_same_v<M, __half>) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
         "{%8,%9}, {%0,%1,%2,%3};\n"
