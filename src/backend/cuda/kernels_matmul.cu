@@ -436,9 +436,10 @@ void CudaOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumula
   const bool half = w.dtype == DType::F16;
   const cudaDataType_t t = half ? CUDA_R_16F : CUDA_R_16BF;
   // Three GEMMs, the smallest term first, each adding its products into out (beta 1 after the
-  // first): no f32 buffer of the terms' products to write and sum again. Rows go in pieces that
-  // fit the start-up scratch: 3 · 2 bytes per activation.
-  const size_t row_bytes = size_t(6 * k) + 16;
+  // first): no f32 buffer of the terms' products to write and sum again (the weights are read
+  // three times instead, mostly from L2). Rows go in pieces that fit the start-up scratch: 3 · 2
+  // bytes per activation.
+  const size_t row_bytes = size_t(6 * k);
   RECUR_CHECK(row_bytes <= s.act_lowp.bytes());
   const int64_t rows_per_piece = int64_t(s.act_lowp.bytes() / row_bytes);
   const float one = 1.0f;
