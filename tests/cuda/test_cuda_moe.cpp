@@ -1,7 +1,7 @@
 // MoE routing and experts on the GPU against the scalar references. Routing (every MoeRouting
 // option) must match the ids exactly and the weights to 1e-6. Experts: every path (GEMV core,
-// f32 experts, tensor cores on activations split exactly into three 16-bit terms) is
-// f32-class: ≤ 1e-5 relative.
+// f32 experts, tensor cores on activations split into 16-bit terms) is f32-class: ≤ 1e-5
+// relative.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -245,8 +245,9 @@ Experts make_experts(CudaOps& ops, int64_t E, int64_t d, int64_t ff, DType dt, s
       }
     }
     x.h.push_back({x.host[b].t, x.host[b + 1].t, x.host[b + 2].t});
-    x.d.push_back({ops.adopt_weight(x.host[b].t).value(), ops.adopt_weight(x.host[b + 1].t).value(),
-                   ops.adopt_weight(x.host[b + 2].t).value()});
+    // As the model adopts them (the backend checks bf16 weights' range there).
+    auto adopt = [&](size_t j) { return ops.adopt_matmul_weight(x.host[j].t, nullptr).value(); };
+    x.d.push_back({adopt(b), adopt(b + 1), adopt(b + 2)});
   }
   return x;
 }
@@ -273,6 +274,8 @@ TEST_F(CudaMoe, ExpertsMatchReferenceOnEveryPath) {
                         // output columns not multiples of a stage or a tile
                         {100, 8, 1, 64, 32},
                         {300, 16, 4, 136, 200},
+                        // SwiGLU rows wider than a cluster of the f16 tiles (18 blocks)
+                        {150, 8, 2, 64, 1152},
                         // decode batches, few rows per expert (tiles of 2 and 4 rows), with 16-byte
                         // rows whose count is not a multiple of a block's
                         {12, 64, 4, 512, 256},
@@ -313,32 +316,81 @@ TEST_F(CudaMoe, ExpertsMatchReferenceOnEveryPath) {
 }
 
 // With one-hot 16-bit weights every product on the tensor cores is one activation, so the
-// experts' outputs carry no rounding but the SwiGLU's and the combine's: each activation's three
-// terms must all arrive (two leave up to 2^-17 of it, ~4e-6 here), for every row of a tile.
+// experts' outputs carry no rounding but the activations' split, the SwiGLU's and the
+// combine's. Each activation row goes in as two f16 terms of the row scaled by a power of two:
+// both terms must arrive (one alone leaves 2^-12 of a value, ~2e-4), for every row of a tile,
+// and the scaling must follow each row (and, for down, each SwiGLU row across the blocks of
+// its cluster). Rows: random; scaled by 2^40, 2^-40 and 10^6 (beyond f16's range, where
+// unscaled terms overflow); one value 10^4 times the rest. Each row's error is taken against
+// its own largest value. ff 40: one block a tile; 1,024: clusters of sixteen.
 TEST_F(CudaMoe, TensorCoreExpertsCarryEveryBitOfTheActivations) {
-  const int64_t n = 300, E = 16, k = 4, d = 64, ff = 40;  // ~75 rows an expert: tiles 64 + rest
-  for (DType dt : {DType::BF16, DType::F16}) {
-    Experts ex = make_experts(ops(), E, d, ff, dt, rng, /*one_hot=*/true);
-    HostTensor logits(DType::F32, {n, E}), x(DType::F32, {n, d});
-    fill_random(logits, rng, 2.0f);
-    fill_random(x, rng);
-    HostTensor ids(DType::I32, {n, k}), w(DType::F32, {n, k}), out(DType::F32, {n, d}), ref = out;
-    DeviceTensor dl = dev(logits), dx = dev(x), dids = poisoned(ids), dw = poisoned(w);
-    MoeRouting routing;
-    routing.k = int(k);
-    ops().moe_route(dl.t, routing, dids.t, dw.t);
-    HostTensor scratch_h(
-        DType::U8,
-        {int64_t(ops().moe_experts_scratch_bytes(int(n), int(k), int(E), int(d), int(ff)))});
-    DeviceTensor dout = poisoned(out), scratch = poisoned(scratch_h);
-    ops().moe_experts(dx.t, ex.d, dids.t, dw.t, dout.t, scratch.t);
-    ref::moe_experts(x.t, ex.h, host(dids, ids).t, host(dw, w).t, ref.t);
-    HostTensor got = host(dout, out);
-    ASSERT_EQ(count_nonfinite(got.f(), out.numel()), 0);
-    const double err = rel_err(got.f(), ref.f(), out.numel());
-    record_error(std::string("moe_experts tensor cores one-hot ") + dtype_name(dt), err);
-    EXPECT_LE(err, 1e-6) << dtype_name(dt);
+  const int64_t n = 300, E = 16, k = 4, d = 64;  // ~75 rows an expert: tiles 64 + rest
+  for (int64_t ff : {40, 1024}) {
+    for (DType dt : {DType::BF16, DType::F16}) {
+      Experts ex = make_experts(ops(), E, d, ff, dt, rng, /*one_hot=*/true);
+      HostTensor logits(DType::F32, {n, E}), x(DType::F32, {n, d});
+      fill_random(logits, rng, 2.0f);
+      fill_random(x, rng);
+      for (int64_t t = 0; t < n; ++t) {
+        const float scale[] = {1.0f, 0x1p40f, 0x1p-40f, 1e6f, 1.0f};
+        for (int64_t c = 0; c < d; ++c) x.f()[t * d + c] *= scale[t % 5];
+        if (t % 5 == 4) x.f()[t * d + t % d] *= 1e4f;
+      }
+      HostTensor ids(DType::I32, {n, k}), w(DType::F32, {n, k}), out(DType::F32, {n, d}), ref = out;
+      DeviceTensor dl = dev(logits), dx = dev(x), dids = poisoned(ids), dw = poisoned(w);
+      MoeRouting routing;
+      routing.k = int(k);
+      ops().moe_route(dl.t, routing, dids.t, dw.t);
+      HostTensor scratch_h(
+          DType::U8,
+          {int64_t(ops().moe_experts_scratch_bytes(int(n), int(k), int(E), int(d), int(ff)))});
+      DeviceTensor dout = poisoned(out), scratch = poisoned(scratch_h);
+      ops().moe_experts(dx.t, ex.d, dids.t, dw.t, dout.t, scratch.t);
+      ref::moe_experts(x.t, ex.h, host(dids, ids).t, host(dw, w).t, ref.t);
+      HostTensor got = host(dout, out);
+      ASSERT_EQ(count_nonfinite(got.f(), out.numel()), 0);
+      double err = 0.0;
+      for (int64_t t = 0; t < n; ++t) {
+        err = std::max(err, rel_err(got.f() + t * d, ref.f() + t * d, d, 0.0));
+      }
+      record_error(std::string("moe_experts tensor cores one-hot ") + dtype_name(dt), err);
+      EXPECT_LE(err, 1e-6) << dtype_name(dt) << " ff=" << ff;
+    }
   }
+}
+
+// A bf16 expert weight beyond f16's range (1e5) would saturate on the f16 tiles: the backend
+// found it when the weight was adopted and the experts take the tiles that keep bf16 weights.
+TEST_F(CudaMoe, ExpertWeightsBeyondF16KeepTheirValue) {
+  const int64_t n = 200, E = 8, k = 2, d = 64, ff = 64;
+  Experts ex = make_experts(ops(), E, d, ff, DType::BF16, rng);
+  HostTensor big = ex.host[3 * 5];  // expert 5's gate
+  big.t.ptr<uint16_t>()[7 * d + 3] = f32_to_bf16(1e5f);
+  ex.h[5].gate = big.t;
+  ex.d[5].gate = ops().adopt_matmul_weight(big.t, nullptr).value();
+  HostTensor logits(DType::F32, {n, E}), x(DType::F32, {n, d});
+  fill_random(logits, rng, 2.0f);
+  fill_random(x, rng);
+  HostTensor ids(DType::I32, {n, k}), w(DType::F32, {n, k}), out(DType::F32, {n, d}), ref = out;
+  DeviceTensor dl = dev(logits), dx = dev(x), dids = poisoned(ids), dw = poisoned(w);
+  MoeRouting routing;
+  routing.k = int(k);
+  ops().moe_route(dl.t, routing, dids.t, dw.t);
+  HostTensor scratch_h(
+      DType::U8,
+      {int64_t(ops().moe_experts_scratch_bytes(int(n), int(k), int(E), int(d), int(ff)))});
+  DeviceTensor dout = poisoned(out), scratch = poisoned(scratch_h);
+  ops().moe_experts(dx.t, ex.d, dids.t, dw.t, dout.t, scratch.t);
+  HostTensor hids = host(dids, ids);
+  ref::moe_experts(x.t, ex.h, hids.t, host(dw, w).t, ref.t);
+  int64_t picked = 0;
+  for (int64_t i = 0; i < n * k; ++i) picked += hids.t.ptr<int32_t>()[i] == 5;
+  ASSERT_GT(picked, 0);
+  HostTensor got = host(dout, out);
+  ASSERT_EQ(count_nonfinite(got.f(), out.numel()), 0);
+  const double err = rel_err(got.f(), ref.f(), out.numel());
+  record_error("moe_experts bf16 beyond f16", err);
+  EXPECT_LE(err, 1e-5);
 }
 
 // One token takes the direct path (no sort; the down launch reads its experts and loads their

@@ -119,6 +119,11 @@ struct CudaOps::Impl {
     int rows = 0, cols = 0;
   };
   std::unordered_map<const void*, Fp8Blocks> fp8_blocks;
+  // [begin, end) of each BF16 matmul weight holding a value beyond f16's range (65504), found
+  // by adopt_matmul_weight: the MoE prompt tiles that multiply 16-bit weights as f16 leave the
+  // experts among them to tiles that do not. range_flag: that check's result, mapped pinned.
+  std::vector<std::pair<const char*, const char*>> beyond_f16;
+  int* range_flag = nullptr;
 
   // The batch mirror: host arrays packed into pinned memory, one async copy to `mirror`.
   struct Mirrored {
@@ -249,6 +254,9 @@ struct CudaOps::Impl {
   // The block sizes of a block-FP8 weight made by adopt_block_fp8_weight or
   // quantize_matmul_weight; fatal for any other F8_E4M3 tensor.
   Fp8Blocks fp8_blocks_of(const Tensor& w) const;
+  // Whether every weight of these experts converts to f16 without leaving its range (none lies
+  // in `beyond_f16`).
+  bool experts_fit_f16(std::span<const ExpertWeights> experts) const;
   void launched(const char* what);  // checks the launch (and synchronises when debugging)
 
  private:

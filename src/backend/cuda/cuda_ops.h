@@ -27,6 +27,9 @@ class CudaOps final : public Ops {
   // large slabs owned by this object, so tens of thousands of expert matrices cost a few
   // allocations.
   Result<Tensor> adopt_weight(const Tensor& host) override;
+  // As adopt_weight; a BF16 weight is also checked for values beyond f16's range, which keep
+  // its experts off the f16 prompt tiles (Impl::beyond_f16).
+  Result<Tensor> adopt_matmul_weight(const Tensor& host, std::vector<Buffer>* owned) override;
   // Block-FP8 weights stay fp8 on the device with their block scales (any block sizes; layout in
   // cuda/fp8.cuh); matmul, matmul_group and the MoE experts read them directly.
   Result<Tensor> adopt_block_fp8_weight(const Tensor& w, const Tensor& scales, int block_rows,

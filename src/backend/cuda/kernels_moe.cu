@@ -1,11 +1,12 @@
 // Mixture of experts on the GPU (routing kernels: kernels_moe_route.cu). Experts: (token, expert)
-// pairs are sorted by expert on the device (one block; nothing returns to the host), cut into tiles
-// of one expert's rows, and run as grouped GEMMs over a grid sized by the worst case whose surplus
-// blocks exit at once:
+// pairs are sorted by expert on the device (moe_sort.cu: one block; nothing returns to the
+// host), cut into tiles of one expert's rows, and run as grouped GEMMs over a grid sized by the
+// worst case whose surplus blocks exit at once:
 //   ≤ kGemvMaxTokens tokens, or few rows per expert (decode batches): the GEMV core
 //     (gemv.cuh), f32 arithmetic, each chosen expert's weights read once per tile of ≤ 4 rows;
-//   more tokens, BF16/F16 experts: tensor-core tiles (moe_wmma.cu) on activations split
-//     exactly into three 16-bit terms (f32-class results, like the cuBLAS matmul path);
+//   more tokens, BF16/F16 experts: tensor-core tiles (moe_mma.cu) on activations split into
+//     two f16 terms of each row scaled by a power of two (f32-class results, like the cuBLAS
+//     matmul path);
 //   more tokens, F32 experts: the GEMV core over tiles of 8 rows.
 // F8_E4M3 experts take the same GEMV core over their bytes and block scales, and the
 // tensor-core tiles where their block sizes suit them (else the GEMV core over tiles of 8 rows).
@@ -28,8 +29,6 @@ using namespace cuda;
 
 namespace {
 
-constexpr int kSortThreads = 1024;
-
 // Carve-up of the experts' scratch for n tokens (the same offsets for sizing and use). Prompts
 // (more than kGemvMaxTokens tokens) may take the pipelined tensor-core tiles, whose split
 // activations share regions with f32 buffers not live at the same time: x's terms with ys
@@ -37,9 +36,10 @@ constexpr int kSortThreads = 1024;
 // other paths).
 struct MoeScratch {
   float* hs;                                     // [pairs, d_ff] SwiGLU outputs
-  void* hs_terms;                                // [3, pairs, d_ff] 16-bit terms of them
+  void* hs_terms;                                // [≤ 3, pairs, d_ff] 16-bit terms of them
   float* ys;                                     // [pairs, d] expert outputs
-  void* x_terms;                                 // [3, n, d] 16-bit terms of x
+  void* x_terms;                                 // [≤ 3, n, d] 16-bit terms of x
+  float *x_scale, *h_scale;                      // [n], [pairs]: f16 terms' inverse scales
   int32_t* token_of;                             // [pairs] token of each sorted row
   int32_t* row_of;                               // [pairs] sorted row of pair (t, j)
   int32_t *tile_expert, *tile_row0, *tile_rows;  // [pairs]
@@ -60,6 +60,8 @@ struct MoeScratch {
     ys = reinterpret_cast<float*>(
         take(1, std::max(size_t(pairs * d) * 4, prompt ? wmma_terms_bytes(n, d) : 0)));
     x_terms = ys;
+    x_scale = reinterpret_cast<float*>(take(prompt ? n : 0, 4));
+    h_scale = reinterpret_cast<float*>(take(prompt ? pairs : 0, 4));
     token_of = reinterpret_cast<int32_t*>(take(pairs, 4));
     row_of = reinterpret_cast<int32_t*>(take(pairs, 4));
     tile_expert = reinterpret_cast<int32_t*>(take(pairs, 4));
@@ -69,79 +71,6 @@ struct MoeScratch {
     bytes = size_t(p - static_cast<char*>(base));
   }
 };
-
-// Exclusive prefix sums of two per-thread values across the block; returns totals in *tot.
-__device__ void block_scan2(int& a, int& b, int* warp_a, int* warp_b, int* tot_a, int* tot_b) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
-  int sa = a, sb = b;
-  for (int o = 1; o < 32; o <<= 1) {
-    const int ya = __shfl_up_sync(0xffffffffu, sa, o), yb = __shfl_up_sync(0xffffffffu, sb, o);
-    if (lane >= o) sa += ya, sb += yb;
-  }
-  if (lane == 31) warp_a[warp] = sa, warp_b[warp] = sb;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int ra = 0, rb = 0;
-    for (int w = 0; w < n_warps; ++w) {
-      const int va = warp_a[w], vb = warp_b[w];
-      warp_a[w] = ra, warp_b[w] = rb;
-      ra += va, rb += vb;
-    }
-    *tot_a = ra, *tot_b = rb;
-  }
-  __syncthreads();
-  a = sa - a + warp_a[warp];
-  b = sb - b + warp_b[warp];
-}
-
-// One block: counting sort of the n·k (token, expert) pairs by expert, and the tile list
-// (tiles of up to tm rows of one expert). Shared: count, offset, cursor, first tile [E] each.
-__global__ void __launch_bounds__(kSortThreads)
-    moe_sort_kernel(const int32_t* ids, int64_t ld_ids, int n, int k, int E, int tm, MoeScratch m) {
-  grid_dependency_sync();
-  extern __shared__ int sh[];
-  int* count = sh;
-  int* offset = count + E;
-  int* cursor = offset + E;
-  int* first_tile = cursor + E;
-  __shared__ int warp_a[kSortThreads / 32], warp_b[kSortThreads / 32], tot_a, tot_b;
-  const int pairs = n * k, tid = threadIdx.x;
-  for (int e = tid; e < E; e += kSortThreads) count[e] = 0, cursor[e] = 0;
-  __syncthreads();
-  for (int p = tid; p < pairs; p += kSortThreads) {
-    const int e = ids[int64_t(p / k) * ld_ids + p % k];
-    if (e < 0 || e >= E) __trap();  // ids come from moe_route; anything else is a bug
-    atomicAdd(&count[e], 1);
-  }
-  __syncthreads();
-  // Each thread scans a contiguous range of experts.
-  const int per = (E + kSortThreads - 1) / kSortThreads;
-  const int e0 = min(E, tid * per), e1 = min(E, e0 + per);
-  int rows = 0, tiles = 0;
-  for (int e = e0; e < e1; ++e) rows += count[e], tiles += (count[e] + tm - 1) / tm;
-  block_scan2(rows, tiles, warp_a, warp_b, &tot_a, &tot_b);
-  for (int e = e0; e < e1; ++e) {
-    offset[e] = rows, first_tile[e] = tiles;
-    rows += count[e], tiles += (count[e] + tm - 1) / tm;
-  }
-  __syncthreads();
-  for (int p = tid; p < pairs; p += kSortThreads) {
-    const int t = p / k, e = ids[int64_t(t) * ld_ids + p % k];
-    const int row = offset[e] + atomicAdd(&cursor[e], 1);
-    m.token_of[row] = t;
-    m.row_of[p] = row;
-  }
-  for (int e = tid; e < E; e += kSortThreads) {
-    const int c = count[e];
-    for (int q = 0; q * tm < c; ++q) {
-      const int tile = first_tile[e] + q;
-      m.tile_expert[tile] = e;
-      m.tile_row0[tile] = offset[e] + q * tm;
-      m.tile_rows[tile] = min(tm, c - q * tm);
-    }
-  }
-  if (tid == 0) *m.n_tiles = tot_b;
-}
 
 // The GEMV core over tiles of ≤ NT rows: grid (⌈m/R⌉, max_tiles).
 template <typename W, int NT, bool kDual, bool kVec>
@@ -658,13 +587,10 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
   // sorted tiles of one row), so the sort's launch is skipped.
   const bool direct = n == 1;
   if (!direct) {
-    const size_t sort_smem = size_t(4 * E) * sizeof(int);
-    if (sort_smem > (48 << 10)) {
-      RECUR_CUDA_CHECK(cudaFuncSetAttribute(
-          moe_sort_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sort_smem)));
-    }
-    launch_kernel(moe_sort_kernel, 1, kSortThreads, sort_smem, s.stream, ids.ptr<int32_t>(),
-                  ids.stride[0], int(n), int(k), int(E), tm, m);
+    launch_moe_sort(
+        ids.ptr<int32_t>(), ids.stride[0], int(n), int(k), int(E), tm,
+        MoeSortOut{m.token_of, m.row_of, m.tile_expert, m.tile_row0, m.tile_rows, m.n_tiles},
+        s.stream);
     s.launched("moe_experts (sort)");
   }
 
@@ -702,9 +628,19 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
   };
   if (tensor_cores) {
     // The pipelined tiles read x split once (rather than by each of gate/up's column blocks);
-    // gate/up stores the SwiGLU outputs split for down.
-    if (moe_wmma_pipelined(wdt, d, aligned) && moe_wmma_pipelined(wdt, d_ff, aligned)) {
-      launch_wmma_split(x.ptr<float>(), x.stride[0], n, d, wdt, m.x_terms, s.stream);
+    // gate/up stores the SwiGLU outputs split for down. 16-bit weights multiply f16 terms
+    // (moe_mma.cu): not those with bf16 values beyond f16's range, nor SwiGLU rows wider than
+    // one cluster; those take the tiles that split f32 activations as they stage them.
+    const bool pipelined = moe_wmma_pipelined(wdt, d, aligned) &&
+                           moe_wmma_pipelined(wdt, d_ff, aligned) &&
+                           (fp8 || (moe_mma_takes(d_ff) && s.experts_fit_f16(experts)));
+    if (pipelined) {
+      if (fp8) {
+        launch_wmma_split(x.ptr<float>(), x.stride[0], n, d, m.x_terms, s.stream);
+      } else {
+        launch_f16_row_split(x.ptr<float>(), x.stride[0], n, d, m.x_terms, m.x_scale, s.stream);
+        up.x_scale = m.x_scale, up.out_scale = m.h_scale, down.x_scale = m.h_scale;
+      }
       s.launched("moe_experts (activation split)");
       up.x_terms = m.x_terms, up.ldxt = d, up.x_terms_plane = n * d;
       up.out_terms = m.hs_terms, up.out_terms_plane = pairs * d_ff;

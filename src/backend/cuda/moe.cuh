@@ -63,17 +63,33 @@ struct MoeGemmArgs {
   const void* dense_w = nullptr;
   int64_t dense_rows = 0;
   bool accumulate = false;
-  // Tensor cores, pipelined (moe_wmma_pipelined): the activations as their three 16-bit terms
-  // (lo, mid, hi; launch_wmma_split) [3, rows of x, ldxt], x_terms_plane elements apart, read
-  // in place of x (through x_row as x would be).
+  // Tensor cores, pipelined (moe_wmma_pipelined): the activations as their terms, read in
+  // place of x (through x_row as x would be), x_terms_plane elements apart, rows ldxt apart:
+  // block-FP8 weights, three bf16 terms (lo, mid, hi; launch_wmma_split) [3, rows of x, ldxt];
+  // 16-bit weights, two f16 terms (mid, hi; launch_f16_row_split) [2, rows of x, ldxt] of each
+  // row times a power of two, and x_scale [rows of x] its inverse.
   const void* x_terms = nullptr;
   int64_t ldxt = 0, x_terms_plane = 0;
-  // Gate/up on the pipelined tiles: the SwiGLU outputs stored as their three terms
-  // [3, pairs, m] (m a multiple of 8), out_terms_plane elements apart, in place of out: down's
-  // x_terms.
+  const float* x_scale = nullptr;
+  // Gate/up on the pipelined tiles: the SwiGLU outputs stored as their terms [terms, pairs, m]
+  // (m a multiple of 8), out_terms_plane elements apart, in place of out: down's x_terms (and,
+  // for 16-bit weights, out_scale [pairs] down's x_scale).
   void* out_terms = nullptr;
   int64_t out_terms_plane = 0;
+  float* out_scale = nullptr;
 };
+
+// Where the sort of a prompt's (token, expert) pairs puts its results (pairs = n·k rows).
+struct MoeSortOut {
+  int32_t* token_of;                             // [pairs] token of each sorted row
+  int32_t* row_of;                               // [pairs] sorted row of pair (t, j)
+  int32_t *tile_expert, *tile_row0, *tile_rows;  // [pairs] each tile's expert, rows
+  int32_t* n_tiles;                              // [1]
+};
+// ids [n, k] (rows ld_ids apart, experts < E) sorted by expert into tiles of up to tm rows of
+// one expert (moe_sort.cu): one block.
+void launch_moe_sort(const int32_t* ids, int64_t ld_ids, int n, int k, int E, int tm,
+                     const MoeSortOut& out, cudaStream_t stream);
 
 // The (expert, first row, row count) of tile `tile`, or false when the tile is past the
 // problem's tile count (surplus blocks of a worst-case grid).
@@ -128,14 +144,24 @@ constexpr int kWmmaTileRows = 64;
 // operands; w_aligned: every weight starts 16-byte aligned). Else the fallback tiles, which
 // split f32 activations per block.
 bool moe_wmma_pipelined(DType wdtype, int64_t k, bool w_aligned);
-// Bytes of the three 16-bit terms of rows × k activations.
+// Bytes of the (at most three) 16-bit terms of rows × k activations.
 inline size_t wmma_terms_bytes(int64_t rows, int64_t k) {
   return size_t(3 * 2 * rows * k);
 }
-// x [rows, k] f32 (rows ldx apart; k a multiple of 8) → terms [3, rows, k] (lo, mid, hi;
-// 16-byte aligned) of the 16-bit type the tiles multiply weights of wdtype in.
-void launch_wmma_split(const float* x, int64_t ldx, int64_t rows, int64_t k, DType wdtype,
-                       void* terms, cudaStream_t stream);
+// x [rows, k] f32 (rows ldx apart; k a multiple of 8) → terms [3, rows, k] bf16 (lo, mid, hi;
+// 16-byte aligned), for block-FP8 weights.
+void launch_wmma_split(const float* x, int64_t ldx, int64_t rows, int64_t k, void* terms,
+                       cudaStream_t stream);
+// x [rows, k] f32 (rows ldx apart; k a multiple of 8) → terms [2, rows, k] f16 (mid, hi;
+// 16-byte aligned) of each row times the power of two 2^e that puts its largest |value| in
+// [2^14, 2^15), and inv_scale [rows] = 2^-e: 16-bit weights' activations (moe_mma.cu).
+void launch_f16_row_split(const float* x, int64_t ldx, int64_t rows, int64_t k, void* terms,
+                          float* inv_scale, cudaStream_t stream);
+// Gate/up blocks of one tile run as a cluster on the 16-bit weights' tiles (moe_mma.cu): at
+// most this many (sixteen is beyond the portable eight, which the H200 allows).
+constexpr int kMaxClusterBlocks = 16;
+// Whether the 16-bit weights' pipelined tiles take experts of d_ff SwiGLU columns.
+bool moe_mma_takes(int64_t d_ff);
 void launch_moe_wmma(const MoeGemmArgs& a, DType wdtype, bool dual, unsigned max_tiles,
                      cudaStream_t stream);
 // The pipelined tiles of 16-bit (bf16, f16) expert weights (moe_mma.cu): a.x_terms set, not

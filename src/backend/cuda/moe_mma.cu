@@ -1,18 +1,34 @@
-// The MoE experts' grouped GEMM for prompts with 16-bit weights (bf16 or f16), on mma.sync
+// The MoE experts' grouped GEMM for prompts with 16-bit weights (bf16 or f16), on f16 mma.sync
 // m16n8k16: the weights are the products' rows (A, 16-row fragments) and a tile's tokens their
 // columns (B, 8-token fragments), so a tile of fewer than 64 tokens — the common case when a
 // prompt's tokens spread over hundreds of experts — computes only the 8-token groups it fills
-// instead of a whole 64-row fragment grid. The activations come as their three exact terms
-// (launch_wmma_split, or gate/up's epilogue for down), each multiplied with the weights into the
-// same f32 accumulators, smallest first: the arithmetic of the WMMA tiles it replaces for these
-// weights (moe_wmma.cu keeps block-FP8 weights and the fallback tiles).
+// instead of a whole 64-row fragment grid.
+//   Operands. Each activation row comes as two f16 terms (hi, and mid = the rest, rounded) of
+// the row times a power of two that puts its largest |value| in [2^14, 2^15): 22 bits of every
+// value within 2^17 of the row's largest, an absolute error under 2^-39 of it below that, and
+// no overflow whatever the row's range (f16 stops at 65504). The scaling is exact, so a token's
+// result does not depend on the rest of the batch. Both terms multiply the weights into the same
+// f32 accumulators (mid first), and the epilogue multiplies the sums by the row's inverse scale.
+// bf16 weights become f16 in registers, exactly (bf16's 8-bit significand fits f16's 11) for
+// |w| in f16's normal range; smaller ones round to f16's subnormals (an absolute error under
+// 2^-25); the backend sends weights beyond 65504 to the f32-activation tiles (moe_wmma.cu).
+// Two f16 terms keep verify's errors at the f32 kernels' level where two bf16 terms did not
+// (bench/results/cpu-session25-f16-matmul-emulation.md), and cost a third fewer products and
+// copies than the three bf16 terms before them (H200, 80B-A3B cut to 6 layers, one call, means
+// of two rounds: 2,048 / 16,384 / 65,536-token prefill 89,600 / 92,300 / 58,700 -> 92,000 /
+// 95,200 / 60,100 tok/s; bench/results/h200-session26-notes.md).
+//   Gate/up's SwiGLU outputs are down's activations: the blocks of one tile (its d_ff columns,
+// at most kMaxClusterBlocks blocks) run as a cluster, which agrees on each row's largest value
+// through distributed shared memory and stores the row's two terms and inverse scale.
 //   A block: 256 threads, 128 weight rows (gate's 64 and up's 64 of the same output columns,
 // SwiGLU applied in registers; or 128 rows of one weight) × one tile's 64 tokens, k staged 32
-// at a time through a three-stage cp.async ring of unpadded, swizzled rows: 60 KB a block, so
-// three blocks (24 warps) share an SM. The kernel waits on latency more than on its products or
-// L2, and the third block's warps beat a deeper ring (80B-A3B cut to 6 layers, H200, 2,048 /
-// 16,384-token prefill: 78,800 / 77,000 tok/s with four padded stages and two blocks an SM,
-// 84,800 / 83,300 with these; two padded stages and three blocks 79,900 / 78,500).
+// at a time through a three-stage cp.async ring of unpadded, swizzled rows, so three blocks
+// (24 warps) share an SM. The kernel waits on latency more than on its products or L2, and the
+// third block's warps beat a deeper ring (80B-A3B cut to 6 layers, H200, 2,048 / 16,384-token
+// prefill, three bf16 terms then: 78,800 / 77,000 tok/s with four padded stages and two blocks
+// an SM, 84,800 / 83,300 with these; two padded stages and three blocks 79,900 / 78,500).
+#include <cooperative_groups.h>
+
 #include <algorithm>
 
 #include "backend/cuda/mma_16bit.cuh"
@@ -30,11 +46,12 @@ constexpr int kTK = 32;
 constexpr int kLd = kTK;  // staged rows of 64 bytes, their 16-byte chunks swizzled (swz)
 constexpr int kStages = 3;
 constexpr int kWBytes = kWRows * kLd * 2;               // W [kWRows][kLd]
-constexpr int kXBytes = kMoeTerms * kTokens * kLd * 2;  // X [3][kTokens][kLd]: lo, mid, hi
+constexpr int kXBytes = kF16Terms * kTokens * kLd * 2;  // X [2][kTokens][kLd]: mid, hi
 constexpr int kStageBytes = kWBytes + kXBytes;
 constexpr int kCsLd = kWRows + 4;  // epilogue Cs [kTokens][kCsLd] f32, reusing the ring
 constexpr int kSmemBytes = std::max(kStages * kStageBytes, kTokens* kCsLd * 4);
 static_assert(kThreads == kTokens * (kTK / 8), "one 16-byte copy per thread per token row");
+static_assert(kThreads == 4 * kTokens, "four threads per token row in the row maxima");
 
 // The position of 16-byte chunk c of a staged row: ldmatrix's 8 consecutive rows at one chunk
 // land in 8 distinct bank groups.
@@ -42,27 +59,102 @@ __device__ __forceinline__ int swz(int row, int c) {
   return (c ^ ((row >> 1) & 3)) * 8;
 }
 
-// grid (⌈m/64⌉ when kDual, else ⌈m/128⌉, max_tiles); a.x_terms set. Weight rows staged: kDual,
-// gate's rows [n0, n0 + 64) then up's; else rows [n0, n0 + 128) of the one weight. Warp (wm, wn)
-// multiplies staged rows i·64 + wm·16 + [0, 16) (i = 0, 1) with the tile's 8-token groups
-// wn, wn + 2, wn + 4, wn + 6 that hold tokens. Copies past the tile's tokens, the weights' rows
-// or k are zeros (k is a multiple of the 16-byte copies).
+// A fragment register of two bf16 weights as two f16 (satfinite: the backend keeps weights
+// beyond f16's range off this path).
+__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t w) {
+  uint32_t h;
+  asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n"
+      : "=r"(h)
+      : "f"(__uint_as_float(w & 0xffff0000u)), "f"(__uint_as_float(w << 16)));
+  return h;
+}
+
+// Gate/up's epilogue: the SwiGLU outputs Cs [kTokens][kCsLd] (this block's 64 columns from n0)
+// stored as down's activations, two f16 terms of each row scaled by the power of two of its
+// largest |value| over every block of the cluster (the tile's d_ff columns), and the row's
+// inverse scale (by the cluster's first block). Every thread of every block of the cluster calls
+// it after a block barrier.
+__device__ __forceinline__ void store_scaled_terms(const MoeGemmArgs& a, const float* Cs, int row0,
+                                                   int rows, int64_t n0, float (&row_max)[kTokens],
+                                                   float (&row_scale)[kTokens]) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  constexpr int kW = kWRows / 2;
+  const int tid = threadIdx.x;
+  {
+    const int r = tid / 4, part = tid % 4;
+    float mx = 0.0f;
+#pragma unroll
+    for (int c = part * (kW / 4); c < (part + 1) * (kW / 4); ++c) {
+      if (n0 + c < a.m) mx = fmaxf(mx, fabsf(Cs[r * kCsLd + c]));
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    if (part == 0) row_max[r] = mx;
+  }
+  cluster.sync();  // every block's maxima are written
+  if (tid < rows) {
+    float mx = 0.0f;
+    for (unsigned b = 0; b < cluster.num_blocks(); ++b) {
+      mx = fmaxf(mx, *cluster.map_shared_rank(&row_max[tid], b));
+    }
+    const int e = f16_row_exponent(mx);
+    row_scale[tid] = ldexpf(1.0f, e);
+    if (cluster.block_rank() == 0) a.out_scale[row0 + tid] = ldexpf(1.0f, -e);
+  }
+  cluster.sync();  // every block has read the others' maxima; row_scale is visible
+  __half* ot = static_cast<__half*>(a.out_terms);
+  for (int idx = tid; idx < kTokens * kW / 8; idx += kThreads) {
+    const int r = idx / (kW / 8), c = (idx % (kW / 8)) * 8;
+    if (r >= rows || n0 + c >= a.m) continue;
+    uint4 pk[kF16Terms];
+    __half* pt = reinterpret_cast<__half*>(pk);
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      __half t[kF16Terms];
+      split_f16(Cs[r * kCsLd + c + q] * row_scale[r], t);
+#pragma unroll
+      for (int term = 0; term < kF16Terms; ++term) pt[term * 8 + q] = t[term];
+    }
+    __half* o = ot + int64_t(row0 + r) * a.m + n0 + c;
+#pragma unroll
+    for (int term = 0; term < kF16Terms; ++term) {
+      *reinterpret_cast<uint4*>(o + term * a.out_terms_plane) = pk[term];
+    }
+  }
+}
+
+// grid (⌈m/64⌉ when kDual, else ⌈m/128⌉, max_tiles); a.x_terms and a.x_scale set; kDual:
+// a.out_terms and a.out_scale set, clusters of grid.x blocks. Weight rows staged: kDual, gate's
+// rows [n0, n0 + 64) then up's; else rows [n0, n0 + 128) of the one weight. Warp (wm, wn)
+// multiplies staged rows i·64 + wm·16 + [0, 16) (i = 0, 1) with the tile's 8-token groups wn, wn +
+// 2, wn + 4, wn + 6 that hold tokens. Copies past the tile's tokens, the weights' rows or k are
+// zeros (k is a multiple of the 16-byte copies).
 template <typename T, bool kDual>
 __global__ void __launch_bounds__(kThreads, 3) moe_mma_kernel(MoeGemmArgs a) {
   grid_dependency_sync();
   int e, row0, rows;
+  // The same tile for every block of a cluster (clusters run along x): they return together.
   if (!moe_tile(a, int(blockIdx.y), e, row0, rows)) return;
   const int64_t n0 = int64_t(blockIdx.x) * (kDual ? kWRows / 2 : kWRows), K = a.k;
   const T* W = static_cast<const T*>(a.w[e]);
   const T* W2 = kDual ? static_cast<const T*>(a.w2[e]) : W;
   extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ float row_inv[kTokens];  // the tile's rows' inverse activation scales
+  __shared__ float row_max[kDual ? kTokens : 1], row_scale[kDual ? kTokens : 1];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wm = warp % 4, wn = warp / 4;
 
   // Copy roles: token row cr of each term, weight rows cr and cr + 64; 8 columns from cc.
   const int cr = tid / 4, cc = (tid % 4) * 8;
-  const T* xt = static_cast<const T*>(a.x_terms);
-  const T* xrow = nullptr;
-  if (cr < rows) xrow = xt + (a.x_row ? int64_t(a.x_row[row0 + cr]) : int64_t(row0 + cr)) * a.ldxt;
+  const __half* xt = static_cast<const __half*>(a.x_terms);
+  const __half* xrow = nullptr;
+  float inv = 0.0f;  // rows past the tile's: their zero sums stay zero
+  if (cr < rows) {
+    const int64_t xr = a.x_row ? int64_t(a.x_row[row0 + cr]) : int64_t(row0 + cr);
+    xrow = xt + xr * a.ldxt;
+    inv = a.x_scale[xr];
+  }
+  if (tid % 4 == 0) row_inv[cr] = inv;
   const T* wrow[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -72,7 +164,7 @@ __global__ void __launch_bounds__(kThreads, 3) moe_mma_kernel(MoeGemmArgs a) {
   auto issue = [&](int kt) {
     unsigned char* st = smem + (kt % kStages) * kStageBytes;
     T* Ws = reinterpret_cast<T*>(st);
-    T* Xs = reinterpret_cast<T*>(st + kWBytes);
+    __half* Xs = reinterpret_cast<__half*>(st + kWBytes);
     const int64_t k0 = int64_t(kt) * kTK + cc;
     const bool k_in = k0 < K;
 #pragma unroll
@@ -82,7 +174,7 @@ __global__ void __launch_bounds__(kThreads, 3) moe_mma_kernel(MoeGemmArgs a) {
     }
     const bool ok = xrow && k_in;
 #pragma unroll
-    for (int term = 0; term < kMoeTerms; ++term) {
+    for (int term = 0; term < kF16Terms; ++term) {
       copy16_async(Xs + (term * kTokens + cr) * kLd + swz(cr, cc / 8),
                    ok ? xrow + term * a.x_terms_plane + k0 : xt, ok);
     }
@@ -109,19 +201,24 @@ __global__ void __launch_bounds__(kThreads, 3) moe_mma_kernel(MoeGemmArgs a) {
     copy_commit();
     const unsigned char* st = smem + (kt % kStages) * kStageBytes;
     const T* Ws = reinterpret_cast<const T*>(st);
-    const T* Xs = reinterpret_cast<const T*>(st + kWBytes);
+    const __half* Xs = reinterpret_cast<const __half*>(st + kWBytes);
 #pragma unroll
     for (int kk = 0; kk < kTK; kk += 16) {
       uint32_t af[2][4];
 #pragma unroll
-      for (int i = 0; i < 2; ++i)
+      for (int i = 0; i < 2; ++i) {
         ldmatrix_x4<false>(af[i], Ws + (i * 64 + a_row) * kLd + swz(a_row, lane / 16 + kk / 8));
+        if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) af[i][r] = bf16x2_to_f16x2(af[i][r]);
+        }
+      }
 #pragma unroll
       for (int p = 0; p < 2; ++p) {
         if (2 * p >= active) break;  // warp-uniform
-        uint32_t bf[kMoeTerms][4];   // [term]: groups 2p (regs 0, 1) and 2p + 1 (regs 2, 3)
+        uint32_t bf[kF16Terms][4];   // [term]: groups 2p (regs 0, 1) and 2p + 1 (regs 2, 3)
 #pragma unroll
-        for (int term = 0; term < kMoeTerms; ++term) {
+        for (int term = 0; term < kF16Terms; ++term) {
           ldmatrix_x4<false>(bf[term], Xs + (term * kTokens + b_tok + 32 * p) * kLd +
                                            swz(b_tok, (lane / 8) % 2 + kk / 8));
         }
@@ -131,8 +228,8 @@ __global__ void __launch_bounds__(kThreads, 3) moe_mma_kernel(MoeGemmArgs a) {
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
 #pragma unroll
-            for (int term = 0; term < kMoeTerms; ++term) {
-              mma16<T>(acc[i][2 * p + q], af[i], bf[term][2 * q], bf[term][2 * q + 1]);
+            for (int term = 0; term < kF16Terms; ++term) {
+              mma16<__half>(acc[i][2 * p + q], af[i], bf[term][2 * q], bf[term][2 * q + 1]);
             }
           }
         }
@@ -141,7 +238,8 @@ __global__ void __launch_bounds__(kThreads, 3) moe_mma_kernel(MoeGemmArgs a) {
   }
   copy_wait<0>();
   __syncthreads();  // Cs reuses the ring
-  // Accumulator (row g or g + 8, columns 2t, 2t + 1) is weight row (output column) × token.
+  // Accumulator (row g or g + 8, columns 2t, 2t + 1) is weight row (output column) × token;
+  // each sum times its token's inverse scale (exact) before the SwiGLU.
   float* Cs = reinterpret_cast<float*>(smem);
   const int g = lane / 4, t = lane % 4;
 #pragma unroll
@@ -153,30 +251,112 @@ __global__ void __launch_bounds__(kThreads, 3) moe_mma_kernel(MoeGemmArgs a) {
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         const int col = i * 64 + wm * 16 + g + (u / 2) * 8;
-        const float v = kDual ? silu(acc[0][j][u]) * acc[1][j][u] : acc[i][j][u];
+        const float inv = row_inv[tok + u % 2];
+        const float v =
+            kDual ? silu(acc[0][j][u] * inv) * (acc[1][j][u] * inv) : acc[i][j][u] * inv;
         Cs[(tok + u % 2) * kCsLd + col] = v;
       }
     }
   }
   __syncthreads();
-  store_tile_rows<T, kDual ? kWRows / 2 : kWRows>(a, Cs, kCsLd, row0, rows, n0);
+  if constexpr (kDual) {
+    store_scaled_terms(a, Cs, row0, rows, n0, row_max, row_scale);
+  } else {
+    store_tile_rows<__half, kWRows>(a, Cs, kCsLd, row0, rows, n0);
+  }
 }
 
 template <typename T, bool kDual>
 void launch(const MoeGemmArgs& a, unsigned max_tiles, cudaStream_t stream) {
   const int64_t cols = kDual ? kWRows / 2 : kWRows;  // output columns per block
   const dim3 grid(unsigned((a.m + cols - 1) / cols), max_tiles);
-  opt_in_smem<moe_mma_kernel<T, kDual>>(size_t(kSmemBytes));
-  launch_kernel(moe_mma_kernel<T, kDual>, grid, kThreads, size_t(kSmemBytes), stream, a);
+  static bool attributes_set = false;  // one per instantiation
+  if (!attributes_set) {
+    // Opted in even at 48 KB: the static arrays come on top of the ring.
+    RECUR_CUDA_CHECK(cudaFuncSetAttribute(moe_mma_kernel<T, kDual>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    if (kDual) {
+      RECUR_CUDA_CHECK(cudaFuncSetAttribute(moe_mma_kernel<T, kDual>,
+                                            cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    }
+    attributes_set = true;
+  }
+  launch_kernel_clusters(moe_mma_kernel<T, kDual>, grid, kThreads, size_t(kSmemBytes), stream,
+                         kDual ? grid.x : 1u, a);
+}
+
+// x [rows, k] → two f16 terms [2, rows, k] (mid, hi) of each row times 2^e (e from
+// f16_row_exponent of the row's largest |value|), and inv_scale [rows] = 2^-e. A warp per row.
+__global__ void split_f16_rows_kernel(const float* x, int64_t ldx, int64_t rows, int64_t k,
+                                      bool vec, __half* terms, float* inv_scale) {
+  grid_dependency_sync();
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32), plane = rows * k;
+  auto load8 = [&](const float* src, float(&v)[8]) {
+    if (vec) {
+      const float4 f0 = *reinterpret_cast<const float4*>(src);
+      const float4 f1 = *reinterpret_cast<const float4*>(src + 4);
+      v[0] = f0.x, v[1] = f0.y, v[2] = f0.z, v[3] = f0.w;
+      v[4] = f1.x, v[5] = f1.y, v[6] = f1.z, v[7] = f1.w;
+    } else {
+#pragma unroll
+      for (int q = 0; q < 8; ++q) v[q] = src[q];
+    }
+  };
+  for (int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; r < rows;
+       r += warps) {
+    const float* row = x + r * ldx;
+    float mx = 0.0f;
+    for (int64_t c = int64_t(lane) * 8; c < k; c += 32 * 8) {
+      float v[8];
+      load8(row + c, v);
+#pragma unroll
+      for (int q = 0; q < 8; ++q) mx = fmaxf(mx, fabsf(v[q]));
+    }
+    const int e = f16_row_exponent(warp_max(mx));
+    const float scale = ldexpf(1.0f, e);
+    for (int64_t c = int64_t(lane) * 8; c < k; c += 32 * 8) {
+      float v[8];
+      load8(row + c, v);
+      uint4 pk[kF16Terms];
+      __half* pt = reinterpret_cast<__half*>(pk);
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        __half t[kF16Terms];
+        split_f16(v[q] * scale, t);
+#pragma unroll
+        for (int term = 0; term < kF16Terms; ++term) pt[term * 8 + q] = t[term];
+      }
+#pragma unroll
+      for (int term = 0; term < kF16Terms; ++term) {
+        *reinterpret_cast<uint4*>(terms + term * plane + r * k + c) = pk[term];
+      }
+    }
+    if (lane == 0) inv_scale[r] = ldexpf(1.0f, -e);
+  }
 }
 
 }  // namespace
 
+bool moe_mma_takes(int64_t d_ff) {
+  return (d_ff + kWRows / 2 - 1) / (kWRows / 2) <= kMaxClusterBlocks;
+}
+
+void launch_f16_row_split(const float* x, int64_t ldx, int64_t rows, int64_t k, void* terms,
+                          float* inv_scale, cudaStream_t stream) {
+  RECUR_CHECK(k % 8 == 0);
+  const bool vec = ldx % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0;
+  const unsigned blocks = unsigned(std::min<int64_t>((rows + 7) / 8, 1 << 16));
+  if (blocks == 0) return;
+  launch_kernel(split_f16_rows_kernel, blocks, 256, 0, stream, x, ldx, rows, k, vec,
+                static_cast<__half*>(terms), inv_scale);
+}
+
 void launch_moe_mma(const MoeGemmArgs& a, DType wdtype, bool dual, unsigned max_tiles,
                     cudaStream_t stream) {
-  RECUR_CHECK(a.x_terms && !a.dense_w && !a.direct_ids);
+  RECUR_CHECK(a.x_terms && a.x_scale && !a.dense_w && !a.direct_ids);
   RECUR_CHECK(moe_wmma_pipelined(wdtype, a.k, a.w_aligned));
-  RECUR_CHECK(!a.out_terms || (dual && a.m % 8 == 0));
+  RECUR_CHECK(dual == (a.out_terms != nullptr) && (!dual || (a.out_scale && moe_mma_takes(a.m))));
   if (wdtype == DType::BF16) {
     dual ? launch<__nv_bfloat16, true>(a, max_tiles, stream)
          : launch<__nv_bfloat16, false>(a, max_tiles, stream);

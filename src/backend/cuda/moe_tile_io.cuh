@@ -1,6 +1,7 @@
 // Shared by the MoE experts' tensor-core tiles (moe_wmma.cu, moe_mma.cu): f32 activations split
-// exactly into three terms of the weights' 16-bit type, and a finished tile's write-out from
-// shared memory, as f32 rows or as the three terms the next GEMM reads.
+// exactly into three bf16 terms (block-FP8 weights) or into two f16 terms of a scaled row
+// (16-bit weights), and a finished tile's write-out from shared memory, as f32 rows or as the
+// three terms the next GEMM reads.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -31,6 +32,27 @@ __device__ __forceinline__ void split3(float v, T (&t)[kMoeTerms]) {
     t[term] = from_f32<T>(v);
     v -= to_f32(t[term]);
   }
+}
+
+// 16-bit weights multiply two f16 terms of each activation row scaled by a power of two
+// (moe_mma.cu): mid, hi.
+constexpr int kF16Terms = 2;
+
+// v = t[1] + t[0] (hi, mid), each the nearest f16 to what the larger one leaves (|v| < 65504).
+__device__ __forceinline__ void split_f16(float v, __half (&t)[kF16Terms]) {
+  t[1] = __float2half_rn(v);
+  t[0] = __float2half_rn(v - __half2float(t[1]));
+}
+
+// The exponent e that puts a row's largest |value| mx in [2^14, 2^15): the row's f16 terms
+// then keep 22 bits of every value within 2^17 of mx and cannot overflow. 0 for a zero or
+// non-finite mx (NaN and infinities pass through as they would in f32); within ±126, so 2^e
+// and 2^-e are normal floats.
+__device__ __forceinline__ int f16_row_exponent(float mx) {
+  if (!(mx > 0.0f) || isinf(mx)) return 0;
+  int p;
+  frexpf(mx, &p);  // mx = f·2^p, f in [0.5, 1)
+  return max(-126, min(126, 15 - p));
 }
 
 // A tile's results Cs [kWmmaTileRows][ldc] f32 (token rows, kW output columns from n0) to

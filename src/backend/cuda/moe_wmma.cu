@@ -7,10 +7,10 @@
 // applies SwiGLU to the two accumulators element by element (same fragment layout) before
 // storing.
 //   Pipelined tiles (moe_wmma_pipelined) of block-FP8 weights (16-bit weights take moe_mma.cu's
-//     tiles there): the activations come split once per matmul (split_terms_kernel, or
-//     gate/up's epilogue storing the hidden as terms for down), so a stage is 16-byte cp.async
-//     copies, kStages - 1 stages in flight ahead of the MMAs; the weights are copied raw and
-//     widened in shared memory. 64×64 tiles of gate and up, 64×128
+//     tiles there, on two scaled f16 terms): the activations come split once per matmul
+//     (split_terms_kernel, or gate/up's epilogue storing the hidden as terms for down), so a
+//     stage is 16-byte cp.async copies, kStages - 1 stages in flight ahead of the MMAs; the
+//     weights are copied raw and widened in shared memory. 64×64 tiles of gate and up, 64×128
 //     tiles of one weight (each staged activation used for twice the columns).
 //   Fallback tiles (k not a multiple of the copies, unaligned weights): 64×64, each block
 //     splits f32 rows while staging, one stage of global loads held in registers.
@@ -474,20 +474,14 @@ bool moe_wmma_pipelined(DType wdtype, int64_t k, bool w_aligned) {
   return w_aligned && k % (wdtype == DType::F8_E4M3 ? 16 : 8) == 0;
 }
 
-void launch_wmma_split(const float* x, int64_t ldx, int64_t rows, int64_t k, DType wdtype,
-                       void* terms, cudaStream_t stream) {
+void launch_wmma_split(const float* x, int64_t ldx, int64_t rows, int64_t k, void* terms,
+                       cudaStream_t stream) {
   RECUR_CHECK(k % 8 == 0);
   const bool vec = ldx % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0;
   const unsigned blocks = unsigned(std::min<int64_t>(blocks_for(rows * (k / 8), 256), 1 << 16));
   if (blocks == 0) return;
-  if (wdtype == DType::F16) {
-    launch_kernel(split_terms_kernel<__half>, blocks, 256, 0, stream, x, ldx, rows, k, vec,
-                  static_cast<__half*>(terms));
-  } else {
-    RECUR_CHECK(wdtype == DType::BF16 || wdtype == DType::F8_E4M3);
-    launch_kernel(split_terms_kernel<__nv_bfloat16>, blocks, 256, 0, stream, x, ldx, rows, k, vec,
-                  static_cast<__nv_bfloat16*>(terms));
-  }
+  launch_kernel(split_terms_kernel<__nv_bfloat16>, blocks, 256, 0, stream, x, ldx, rows, k, vec,
+                static_cast<__nv_bfloat16*>(terms));
 }
 
 void launch_moe_wmma(const MoeGemmArgs& a, DType wdtype, bool dual, unsigned max_tiles,
