@@ -122,8 +122,9 @@ class Ops {
   virtual Allocator& allocator() = 0;
   // Makes a weight usable by this backend: the same view on the CPU, a device copy elsewhere.
   virtual Result<Tensor> adopt_weight(const Tensor& host) = 0;
-  // As adopt_weight, for a weight used only as matmul's w [m, k]: a backend may keep it in a
-  // layout of its own, described by the view's strides. Buffers it allocates for that go to
+  // As adopt_weight, for a weight used only as matmul's w [m, k] or as an expert's (the model
+  // adopts experts this way; a backend may check them here): a backend may keep it in a layout
+  // of its own, described by the view's strides. Buffers it allocates for that go to
   // `owned`, which the caller keeps as long as the weight. Default: adopt_weight.
   virtual Result<Tensor> adopt_matmul_weight(const Tensor& host, std::vector<Buffer>* owned) {
     return adopt_weight(host);

@@ -274,7 +274,9 @@ TEST_F(CudaMoe, ExpertsMatchReferenceOnEveryPath) {
                         // output columns not multiples of a stage or a tile
                         {100, 8, 1, 64, 32},
                         {300, 16, 4, 136, 200},
-                        // SwiGLU rows wider than a cluster of the f16 tiles (18 blocks)
+                        // the f16 tiles' gate/up in clusters of 16 blocks; SwiGLU rows wider
+                        // than a cluster (18 blocks: f32 rows, then a row split)
+                        {300, 16, 4, 64, 1024},
                         {150, 8, 2, 64, 1152},
                         // decode batches, few rows per expert (tiles of 2 and 4 rows), with 16-byte
                         // rows whose count is not a multiple of a block's
@@ -315,6 +317,32 @@ TEST_F(CudaMoe, ExpertsMatchReferenceOnEveryPath) {
   }
 }
 
+// x [n, d] through the experts ex (k of them a token, routed by the GPU from random logits) on
+// the device and by the reference: the device's output, the reference's and the ids.
+struct ExpertsRun {
+  HostTensor got, ref, ids;
+};
+ExpertsRun run_experts(CudaOps& ops, const Experts& ex, const HostTensor& x, int64_t k, int64_t ff,
+                       std::mt19937& rng) {
+  const int64_t n = x.t.shape[0], d = x.t.shape[1], E = int64_t(ex.d.size());
+  HostTensor logits(DType::F32, {n, E});
+  fill_random(logits, rng, 2.0f);
+  HostTensor ids(DType::I32, {n, k}), w(DType::F32, {n, k}), out(DType::F32, {n, d});
+  DeviceTensor dl(ops, logits), dx(ops, x), dids(ops, ids), dw(ops, w);
+  dids.poison(), dw.poison();
+  MoeRouting routing;
+  routing.k = int(k);
+  ops.moe_route(dl.t, routing, dids.t, dw.t);
+  HostTensor scratch_h(
+      DType::U8, {int64_t(ops.moe_experts_scratch_bytes(int(n), int(k), int(E), int(d), int(ff)))});
+  DeviceTensor dout(ops, out), scratch(ops, scratch_h);
+  dout.poison(), scratch.poison();
+  ops.moe_experts(dx.t, ex.d, dids.t, dw.t, dout.t, scratch.t);
+  ExpertsRun r{dout.download(ops, out), out, dids.download(ops, ids)};
+  ref::moe_experts(x.t, ex.h, r.ids.t, dw.download(ops, w).t, r.ref.t);
+  return r;
+}
+
 // With one-hot 16-bit weights every product on the tensor cores is one activation, so the
 // experts' outputs carry no rounding but the activations' split, the SwiGLU's and the
 // combine's. Each activation row goes in as two f16 terms of the row scaled by a power of two:
@@ -328,30 +356,18 @@ TEST_F(CudaMoe, TensorCoreExpertsCarryEveryBitOfTheActivations) {
   for (int64_t ff : {40, 1024}) {
     for (DType dt : {DType::BF16, DType::F16}) {
       Experts ex = make_experts(ops(), E, d, ff, dt, rng, /*one_hot=*/true);
-      HostTensor logits(DType::F32, {n, E}), x(DType::F32, {n, d});
-      fill_random(logits, rng, 2.0f);
+      HostTensor x(DType::F32, {n, d});
       fill_random(x, rng);
       for (int64_t t = 0; t < n; ++t) {
         const float scale[] = {1.0f, 0x1p40f, 0x1p-40f, 1e6f, 1.0f};
         for (int64_t c = 0; c < d; ++c) x.f()[t * d + c] *= scale[t % 5];
         if (t % 5 == 4) x.f()[t * d + t % d] *= 1e4f;
       }
-      HostTensor ids(DType::I32, {n, k}), w(DType::F32, {n, k}), out(DType::F32, {n, d}), ref = out;
-      DeviceTensor dl = dev(logits), dx = dev(x), dids = poisoned(ids), dw = poisoned(w);
-      MoeRouting routing;
-      routing.k = int(k);
-      ops().moe_route(dl.t, routing, dids.t, dw.t);
-      HostTensor scratch_h(
-          DType::U8,
-          {int64_t(ops().moe_experts_scratch_bytes(int(n), int(k), int(E), int(d), int(ff)))});
-      DeviceTensor dout = poisoned(out), scratch = poisoned(scratch_h);
-      ops().moe_experts(dx.t, ex.d, dids.t, dw.t, dout.t, scratch.t);
-      ref::moe_experts(x.t, ex.h, host(dids, ids).t, host(dw, w).t, ref.t);
-      HostTensor got = host(dout, out);
-      ASSERT_EQ(count_nonfinite(got.f(), out.numel()), 0);
+      const ExpertsRun r = run_experts(ops(), ex, x, k, ff, rng);
+      ASSERT_EQ(count_nonfinite(r.got.f(), n * d), 0);
       double err = 0.0;
       for (int64_t t = 0; t < n; ++t) {
-        err = std::max(err, rel_err(got.f() + t * d, ref.f() + t * d, d, 0.0));
+        err = std::max(err, rel_err(r.got.f() + t * d, r.ref.f() + t * d, d, 0.0));
       }
       record_error(std::string("moe_experts tensor cores one-hot ") + dtype_name(dt), err);
       EXPECT_LE(err, 1e-6) << dtype_name(dt) << " ff=" << ff;
@@ -368,29 +384,50 @@ TEST_F(CudaMoe, ExpertWeightsBeyondF16KeepTheirValue) {
   big.t.ptr<uint16_t>()[7 * d + 3] = f32_to_bf16(1e5f);
   ex.h[5].gate = big.t;
   ex.d[5].gate = ops().adopt_matmul_weight(big.t, nullptr).value();
-  HostTensor logits(DType::F32, {n, E}), x(DType::F32, {n, d});
-  fill_random(logits, rng, 2.0f);
+  HostTensor x(DType::F32, {n, d});
   fill_random(x, rng);
-  HostTensor ids(DType::I32, {n, k}), w(DType::F32, {n, k}), out(DType::F32, {n, d}), ref = out;
-  DeviceTensor dl = dev(logits), dx = dev(x), dids = poisoned(ids), dw = poisoned(w);
-  MoeRouting routing;
-  routing.k = int(k);
-  ops().moe_route(dl.t, routing, dids.t, dw.t);
-  HostTensor scratch_h(
-      DType::U8,
-      {int64_t(ops().moe_experts_scratch_bytes(int(n), int(k), int(E), int(d), int(ff)))});
-  DeviceTensor dout = poisoned(out), scratch = poisoned(scratch_h);
-  ops().moe_experts(dx.t, ex.d, dids.t, dw.t, dout.t, scratch.t);
-  HostTensor hids = host(dids, ids);
-  ref::moe_experts(x.t, ex.h, hids.t, host(dw, w).t, ref.t);
+  const ExpertsRun r = run_experts(ops(), ex, x, k, ff, rng);
   int64_t picked = 0;
-  for (int64_t i = 0; i < n * k; ++i) picked += hids.t.ptr<int32_t>()[i] == 5;
+  for (int64_t i = 0; i < n * k; ++i) picked += r.ids.t.ptr<int32_t>()[i] == 5;
   ASSERT_GT(picked, 0);
-  HostTensor got = host(dout, out);
-  ASSERT_EQ(count_nonfinite(got.f(), out.numel()), 0);
-  const double err = rel_err(got.f(), ref.f(), out.numel());
+  ASSERT_EQ(count_nonfinite(r.got.f(), n * d), 0);
+  const double err = rel_err(r.got.f(), r.ref.f(), n * d);
   record_error("moe_experts bf16 beyond f16", err);
   EXPECT_LE(err, 1e-5);
+}
+
+// Which tiles ran, by the profile's launch names: bf16 experts take the f16 tiles, also after
+// another weight was found beyond f16's range; experts holding such a weight take the tiles
+// that split f32 activations into three bf16 terms.
+TEST(CudaMoePaths, ExpertsLeaveTheF16TilesOnlyForAWeightBeyondF16) {
+  std::mt19937 rng(26);
+  for (const bool beyond : {false, true}) {
+    bool ok = false;
+    const std::string table = profile_table(
+        [&](CudaOps& ops) {
+          const int64_t n = 200, E = 8, k = 2, d = 64, ff = 64;
+          HostTensor wide(DType::BF16, {ff, d});
+          fill_random(wide, rng, 0.3f);
+          wide.t.ptr<uint16_t>()[0] = f32_to_bf16(1e5f);
+          const Tensor dwide = ops.adopt_matmul_weight(wide.t, nullptr).value();
+          Experts ex = make_experts(ops, E, d, ff, DType::BF16, rng);
+          if (beyond) ex.h[5].gate = wide.t, ex.d[5].gate = dwide;
+          HostTensor x(DType::F32, {n, d});
+          fill_random(x, rng);
+          Layout lay(std::vector<int>{int(n)}, std::vector<int>{0}, 16, rng);
+          ops.begin_forward(lay.l, {}, {});  // the profile labels the launches from here
+          const ExpertsRun r = run_experts(ops, ex, x, k, ff, rng);
+          EXPECT_LE(rel_err(r.got.f(), r.ref.f(), n * d), 1e-5);
+        },
+        &ok);
+    if (!ok) GTEST_SKIP() << "no usable CUDA device";
+    EXPECT_EQ(profile_count(table, "prompt n=200 moe_experts (gate/up, f16 tensor cores)"),
+              beyond ? -1 : 1)
+        << table;
+    EXPECT_EQ(profile_count(table, "prompt n=200 moe_experts (gate/up, tensor cores)"),
+              beyond ? 1 : -1)
+        << table;
+  }
 }
 
 // One token takes the direct path (no sort; the down launch reads its experts and loads their

@@ -163,6 +163,59 @@ void CudaOps::argmax_rows(const Tensor& x, Tensor ids) {
   s.launched("argmax_rows");
 }
 
+namespace {
+
+// *flag = 1 when any of w [n] lies beyond f16's range (NaN does not; infinities do).
+__global__ void beyond_f16_kernel(const __nv_bfloat16* w, int64_t n, int* flag) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    if (fabsf(__bfloat162float(w[i])) > 65504.0f) *flag = 1;
+  }
+}
+
+}  // namespace
+
+Result<Tensor> CudaOps::adopt_matmul_weight(const Tensor& host, std::vector<Buffer>*) {
+  RECUR_ASSIGN_OR_RETURN(Tensor t, adopt_weight(host));
+  if (t.dtype != DType::BF16 || t.numel() == 0) return t;
+  if (!t.is_contiguous()) {  // a device view adopt_weight passed through: numel() elements
+    return make_error(ErrorCode::kInvalidArgument,
+                      "adopt_matmul_weight: BF16 tensor {} is not contiguous", t.shape_string());
+  }
+  Impl& s = *impl_;
+  if (!s.range_flag) {
+    RECUR_CUDA_CHECK(
+        cudaHostAlloc(reinterpret_cast<void**>(&s.range_flag), sizeof(int), cudaHostAllocMapped));
+  }
+  int* flag = nullptr;
+  RECUR_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&flag), s.range_flag, 0));
+  *s.range_flag = 0;
+  const int64_t n = t.numel();
+  const unsigned blocks = unsigned(std::min<int64_t>(blocks_for(n, 256), int64_t(s.sm_count) * 8));
+  beyond_f16_kernel<<<blocks, 256, 0, s.stream>>>(t.ptr<__nv_bfloat16>(), n, flag);
+  RECUR_CUDA_CHECK(cudaGetLastError());
+  RECUR_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  if (*s.range_flag) {
+    const char* begin = static_cast<const char*>(t.data);
+    s.beyond_f16.emplace_back(begin, begin + size_t(n) * 2);
+  }
+  return t;
+}
+
+bool CudaOps::Impl::experts_fit_f16(std::span<const ExpertWeights> experts) const {
+  if (beyond_f16.empty()) return true;
+  for (const ExpertWeights& ew : experts) {
+    for (const Tensor* t : {&ew.gate, &ew.up, &ew.down}) {
+      const char* begin = static_cast<const char*>(t->data);
+      const char* end = begin + size_t(t->numel()) * dtype_size(t->dtype);
+      for (const auto& [b, e] : beyond_f16) {
+        if (begin < e && b < end) return false;
+      }
+    }
+  }
+  return true;
+}
+
 void CudaOps::copy_from_host(Tensor dst, const void* src) {
   RECUR_CHECK(dst.is_contiguous());
   impl_->end_forward();

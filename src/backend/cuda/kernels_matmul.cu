@@ -177,7 +177,7 @@ __global__ void split3_lowp_kernel(const float* x, int64_t ldx, int64_t n, int64
     } else {
       v[0] = x[r * ldx + c];
     }
-    T t[3][G];
+    alignas(16) T t[3][G];  // each part's G values stored as one 16-byte word when G is 8
 #pragma unroll
     for (int q = 0; q < G; ++q) {
 #pragma unroll

@@ -6,7 +6,8 @@
 //     (gemv.cuh), f32 arithmetic, each chosen expert's weights read once per tile of ≤ 4 rows;
 //   more tokens, BF16/F16 experts: tensor-core tiles (moe_mma.cu) on activations split into
 //     two f16 terms of each row scaled by a power of two (f32-class results, like the cuBLAS
-//     matmul path);
+//     matmul path); experts with a bf16 weight beyond f16's range, or unaligned, take the
+//     tiles of moe_wmma.cu that split f32 activations into three terms as they stage them;
 //   more tokens, F32 experts: the GEMV core over tiles of 8 rows.
 // F8_E4M3 experts take the same GEMV core over their bytes and block scales, and the
 // tensor-core tiles where their block sizes suit them (else the GEMV core over tiles of 8 rows).
@@ -35,13 +36,14 @@ namespace {
 // (written by down, after gate/up read them), the SwiGLU outputs' terms with hs (f32 on the
 // other paths).
 struct MoeScratch {
-  float* hs;                                     // [pairs, d_ff] SwiGLU outputs
-  void* hs_terms;                                // [≤ 3, pairs, d_ff] 16-bit terms of them
-  float* ys;                                     // [pairs, d] expert outputs
-  void* x_terms;                                 // [≤ 3, n, d] 16-bit terms of x
-  float *x_scale, *h_scale;                      // [n], [pairs]: f16 terms' inverse scales
-  int32_t* token_of;                             // [pairs] token of each sorted row
-  int32_t* row_of;                               // [pairs] sorted row of pair (t, j)
+  float* hs;                 // [pairs, d_ff] SwiGLU outputs
+  void* hs_terms;            // [≤ 3, pairs, d_ff] 16-bit terms of them
+  void* hs_wide_terms;       // [2, pairs, d_ff] f16 terms of hs when it is f32 too (after it)
+  float* ys;                 // [pairs, d] expert outputs
+  void* x_terms;             // [≤ 3, n, d] 16-bit terms of x
+  float *x_scale, *h_scale;  // [n], [pairs]: f16 terms' inverse scales
+  int32_t* token_of;         // [pairs] token of each sorted row
+  int32_t* row_of;           // [pairs] sorted row of pair (t, j)
   int32_t *tile_expert, *tile_row0, *tile_rows;  // [pairs]
   int32_t* n_tiles;                              // [1]
   size_t bytes;
@@ -54,9 +56,12 @@ struct MoeScratch {
       return r;
     };
     const bool prompt = n > CudaOps::kGemvMaxTokens;
-    hs = reinterpret_cast<float*>(
-        take(1, std::max(size_t(pairs * d_ff) * 4, prompt ? wmma_terms_bytes(pairs, d_ff) : 0)));
+    // Prompts with SwiGLU rows wider than a cluster keep hs (f32) and its two f16 terms.
+    const size_t wide = prompt && !moe_mma_takes(d_ff) ? size_t(pairs * d_ff) * 8 : 0;
+    hs = reinterpret_cast<float*>(take(
+        1, std::max({size_t(pairs * d_ff) * 4, prompt ? wmma_terms_bytes(pairs, d_ff) : 0, wide})));
     hs_terms = hs;
+    hs_wide_terms = hs + pairs * d_ff;
     ys = reinterpret_cast<float*>(
         take(1, std::max(size_t(pairs * d) * 4, prompt ? wmma_terms_bytes(n, d) : 0)));
     x_terms = ys;
@@ -629,29 +634,43 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
   if (tensor_cores) {
     // The pipelined tiles read x split once (rather than by each of gate/up's column blocks);
     // gate/up stores the SwiGLU outputs split for down. 16-bit weights multiply f16 terms
-    // (moe_mma.cu): not those with bf16 values beyond f16's range, nor SwiGLU rows wider than
-    // one cluster; those take the tiles that split f32 activations as they stage them.
+    // (moe_mma.cu), unless a bf16 weight of any of these experts holds a value beyond f16's
+    // range: then all of them take the tiles that split f32 activations as they stage them.
     const bool pipelined = moe_wmma_pipelined(wdt, d, aligned) &&
                            moe_wmma_pipelined(wdt, d_ff, aligned) &&
-                           (fp8 || (moe_mma_takes(d_ff) && s.experts_fit_f16(experts)));
+                           (fp8 || s.experts_fit_f16(experts));
+    // SwiGLU rows wider than one cluster: gate/up stores them in f32 and a row split follows.
+    const bool wide = pipelined && !fp8 && !moe_mma_takes(d_ff);
     if (pipelined) {
       if (fp8) {
         launch_wmma_split(x.ptr<float>(), x.stride[0], n, d, m.x_terms, s.stream);
       } else {
         launch_f16_row_split(x.ptr<float>(), x.stride[0], n, d, m.x_terms, m.x_scale, s.stream);
-        up.x_scale = m.x_scale, up.out_scale = m.h_scale, down.x_scale = m.h_scale;
+        up.x_scale = m.x_scale, down.x_scale = m.h_scale;
       }
       s.launched("moe_experts (activation split)");
       up.x_terms = m.x_terms, up.ldxt = d, up.x_terms_plane = n * d;
-      up.out_terms = m.hs_terms, up.out_terms_plane = pairs * d_ff;
-      down.x_terms = m.hs_terms, down.ldxt = d_ff, down.x_terms_plane = pairs * d_ff;
+      down.x_terms = wide ? m.hs_wide_terms : m.hs_terms, down.ldxt = d_ff;
+      down.x_terms_plane = pairs * d_ff;
+      if (!wide) {
+        up.out_terms = m.hs_terms, up.out_terms_plane = pairs * d_ff;
+        if (!fp8) up.out_scale = m.h_scale;
+      }
     }
+    // The profile names the f16 tiles apart from the others (a test checks which ran).
+    const bool f16_tiles = pipelined && !fp8;
     work(true);
     launch_moe_wmma(up, wdt, true, unsigned(max_tiles), s.stream);
-    s.launched("moe_experts (gate/up, tensor cores)");
+    s.launched(f16_tiles ? "moe_experts (gate/up, f16 tensor cores)"
+                         : "moe_experts (gate/up, tensor cores)");
+    if (wide) {
+      launch_f16_row_split(m.hs, d_ff, pairs, d_ff, m.hs_wide_terms, m.h_scale, s.stream);
+      s.launched("moe_experts (SwiGLU split)");
+    }
     work(false);
     launch_moe_wmma(down, wdt, false, unsigned(max_tiles), s.stream);
-    s.launched("moe_experts (down, tensor cores)");
+    s.launched(f16_tiles ? "moe_experts (down, f16 tensor cores)"
+                         : "moe_experts (down, tensor cores)");
   } else {
     dispatch_gemv_weight(wdt, [&](auto tag) {
       using W = decltype(tag);

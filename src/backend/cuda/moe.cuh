@@ -141,8 +141,9 @@ __device__ __forceinline__ void moe_tile_rows(const MoeGemmArgs& a, int row0, in
 // scaled once.
 constexpr int kWmmaTileRows = 64;
 // Whether the pipelined tiles take weights of wdtype with rows of k (16-byte copies of both
-// operands; w_aligned: every weight starts 16-byte aligned). Else the fallback tiles, which
-// split f32 activations per block.
+// operands; w_aligned: every weight starts 16-byte aligned); 16-bit experts also need every
+// bf16 weight within f16's range (CudaOps::Impl::experts_fit_f16). Else the fallback tiles,
+// which split f32 activations per block.
 bool moe_wmma_pipelined(DType wdtype, int64_t k, bool w_aligned);
 // Bytes of the (at most three) 16-bit terms of rows × k activations.
 inline size_t wmma_terms_bytes(int64_t rows, int64_t k) {
@@ -160,7 +161,8 @@ void launch_f16_row_split(const float* x, int64_t ldx, int64_t rows, int64_t k, 
 // Gate/up blocks of one tile run as a cluster on the 16-bit weights' tiles (moe_mma.cu): at
 // most this many (sixteen is beyond the portable eight, which the H200 allows).
 constexpr int kMaxClusterBlocks = 16;
-// Whether the 16-bit weights' pipelined tiles take experts of d_ff SwiGLU columns.
+// Whether gate/up's blocks of one tile of d_ff SwiGLU columns fit one cluster, so it stores
+// down's terms itself (else it stores f32 rows, and launch_f16_row_split splits them).
 bool moe_mma_takes(int64_t d_ff);
 void launch_moe_wmma(const MoeGemmArgs& a, DType wdtype, bool dual, unsigned max_tiles,
                      cudaStream_t stream);

@@ -72,8 +72,9 @@ __device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t w) {
 // Gate/up's epilogue: the SwiGLU outputs Cs [kTokens][kCsLd] (this block's 64 columns from n0)
 // stored as down's activations, two f16 terms of each row scaled by the power of two of its
 // largest |value| over every block of the cluster (the tile's d_ff columns), and the row's
-// inverse scale (by the cluster's first block). Every thread of every block of the cluster calls
-// it after a block barrier.
+// inverse scale (by the cluster's first block). row_max [kTokens]: this block's maxima of its
+// rows, which the other blocks read; row_scale [kTokens]: the scales they agree on. Every thread
+// of every block of the cluster calls it after a block barrier.
 __device__ __forceinline__ void store_scaled_terms(const MoeGemmArgs& a, const float* Cs, int row0,
                                                    int rows, int64_t n0, float (&row_max)[kTokens],
                                                    float (&row_scale)[kTokens]) {
@@ -124,12 +125,13 @@ __device__ __forceinline__ void store_scaled_terms(const MoeGemmArgs& a, const f
   }
 }
 
-// grid (⌈m/64⌉ when kDual, else ⌈m/128⌉, max_tiles); a.x_terms and a.x_scale set; kDual:
-// a.out_terms and a.out_scale set, clusters of grid.x blocks. Weight rows staged: kDual, gate's
-// rows [n0, n0 + 64) then up's; else rows [n0, n0 + 128) of the one weight. Warp (wm, wn)
-// multiplies staged rows i·64 + wm·16 + [0, 16) (i = 0, 1) with the tile's 8-token groups wn, wn +
-// 2, wn + 4, wn + 6 that hold tokens. Copies past the tile's tokens, the weights' rows or k are
-// zeros (k is a multiple of the 16-byte copies).
+// grid (⌈m/64⌉ when kDual, else ⌈m/128⌉, max_tiles); a.x_terms and a.x_scale set. Gate/up
+// with a.out_terms (and a.out_scale) set runs in clusters of grid.x blocks and stores down's
+// terms; without, it stores f32 rows (SwiGLU rows wider than a cluster), as down does. Weight rows
+// staged: kDual, gate's rows [n0, n0 + 64) then up's; else rows [n0, n0 + 128) of the one weight.
+// Warp (wm, wn) multiplies staged rows i·64 + wm·16 + [0, 16) (i = 0, 1) with the tile's 8-token
+// groups wn, wn + 2, wn + 4, wn + 6 that hold tokens. Copies past the tile's tokens, the weights'
+// rows or k are zeros (k is a multiple of the 16-byte copies).
 template <typename T, bool kDual>
 __global__ void __launch_bounds__(kThreads, 3) moe_mma_kernel(MoeGemmArgs a) {
   grid_dependency_sync();
@@ -260,10 +262,12 @@ __global__ void __launch_bounds__(kThreads, 3) moe_mma_kernel(MoeGemmArgs a) {
   }
   __syncthreads();
   if constexpr (kDual) {
-    store_scaled_terms(a, Cs, row0, rows, n0, row_max, row_scale);
-  } else {
-    store_tile_rows<__half, kWRows>(a, Cs, kCsLd, row0, rows, n0);
+    if (a.out_terms) {
+      store_scaled_terms(a, Cs, row0, rows, n0, row_max, row_scale);
+      return;
+    }
   }
+  store_tile_rows<__half, kDual ? kWRows / 2 : kWRows>(a, Cs, kCsLd, row0, rows, n0);  // f32 rows
 }
 
 template <typename T, bool kDual>
@@ -282,7 +286,7 @@ void launch(const MoeGemmArgs& a, unsigned max_tiles, cudaStream_t stream) {
     attributes_set = true;
   }
   launch_kernel_clusters(moe_mma_kernel<T, kDual>, grid, kThreads, size_t(kSmemBytes), stream,
-                         kDual ? grid.x : 1u, a);
+                         a.out_terms ? grid.x : 1u, a);
 }
 
 // x [rows, k] → two f16 terms [2, rows, k] (mid, hi) of each row times 2^e (e from
@@ -292,24 +296,14 @@ __global__ void split_f16_rows_kernel(const float* x, int64_t ldx, int64_t rows,
   grid_dependency_sync();
   const int lane = threadIdx.x % 32;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32), plane = rows * k;
-  auto load8 = [&](const float* src, float(&v)[8]) {
-    if (vec) {
-      const float4 f0 = *reinterpret_cast<const float4*>(src);
-      const float4 f1 = *reinterpret_cast<const float4*>(src + 4);
-      v[0] = f0.x, v[1] = f0.y, v[2] = f0.z, v[3] = f0.w;
-      v[4] = f1.x, v[5] = f1.y, v[6] = f1.z, v[7] = f1.w;
-    } else {
-#pragma unroll
-      for (int q = 0; q < 8; ++q) v[q] = src[q];
-    }
-  };
+
   for (int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; r < rows;
        r += warps) {
     const float* row = x + r * ldx;
     float mx = 0.0f;
     for (int64_t c = int64_t(lane) * 8; c < k; c += 32 * 8) {
       float v[8];
-      load8(row + c, v);
+      load_f32x8(row + c, vec, v);
 #pragma unroll
       for (int q = 0; q < 8; ++q) mx = fmaxf(mx, fabsf(v[q]));
     }
@@ -317,7 +311,7 @@ __global__ void split_f16_rows_kernel(const float* x, int64_t ldx, int64_t rows,
     const float scale = ldexpf(1.0f, e);
     for (int64_t c = int64_t(lane) * 8; c < k; c += 32 * 8) {
       float v[8];
-      load8(row + c, v);
+      load_f32x8(row + c, vec, v);
       uint4 pk[kF16Terms];
       __half* pt = reinterpret_cast<__half*>(pk);
 #pragma unroll
@@ -356,7 +350,7 @@ void launch_moe_mma(const MoeGemmArgs& a, DType wdtype, bool dual, unsigned max_
                     cudaStream_t stream) {
   RECUR_CHECK(a.x_terms && a.x_scale && !a.dense_w && !a.direct_ids);
   RECUR_CHECK(moe_wmma_pipelined(wdtype, a.k, a.w_aligned));
-  RECUR_CHECK(dual == (a.out_terms != nullptr) && (!dual || (a.out_scale && moe_mma_takes(a.m))));
+  RECUR_CHECK(!a.out_terms || (dual && a.out_scale && moe_mma_takes(a.m)));
   if (wdtype == DType::BF16) {
     dual ? launch<__nv_bfloat16, true>(a, max_tiles, stream)
          : launch<__nv_bfloat16, false>(a, max_tiles, stream);

@@ -1,7 +1,7 @@
 // Shared by the MoE experts' tensor-core tiles (moe_wmma.cu, moe_mma.cu): f32 activations split
-// exactly into three bf16 terms (block-FP8 weights) or into two f16 terms of a scaled row
-// (16-bit weights), and a finished tile's write-out from shared memory, as f32 rows or as the
-// three terms the next GEMM reads.
+// exactly into three terms of the weights' 16-bit type (block-FP8 weights and the fallback
+// tiles, split3) or into two f16 terms of a scaled row (moe_mma.cu), and a finished tile's
+// write-out from shared memory, as f32 rows or as the three terms the next GEMM reads.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -31,6 +31,19 @@ __device__ __forceinline__ void split3(float v, T (&t)[kMoeTerms]) {
   for (int term = kMoeTerms - 1; term >= 0; --term) {
     t[term] = from_f32<T>(v);
     v -= to_f32(t[term]);
+  }
+}
+
+// Eight consecutive f32 activations: two 16-byte loads when vec (src 16-byte aligned).
+__device__ __forceinline__ void load_f32x8(const float* src, bool vec, float (&v)[8]) {
+  if (vec) {
+    const float4 f0 = *reinterpret_cast<const float4*>(src);
+    const float4 f1 = *reinterpret_cast<const float4*>(src + 4);
+    v[0] = f0.x, v[1] = f0.y, v[2] = f0.z, v[3] = f0.w;
+    v[4] = f1.x, v[5] = f1.y, v[6] = f1.z, v[7] = f1.w;
+  } else {
+#pragma unroll
+    for (int q = 0; q < 8; ++q) v[q] = src[q];
   }
 }
 

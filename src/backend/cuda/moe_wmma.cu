@@ -12,8 +12,9 @@
 //     stage is 16-byte cp.async copies, kStages - 1 stages in flight ahead of the MMAs; the
 //     weights are copied raw and widened in shared memory. 64×64 tiles of gate and up, 64×128
 //     tiles of one weight (each staged activation used for twice the columns).
-//   Fallback tiles (k not a multiple of the copies, unaligned weights): 64×64, each block
-//     splits f32 rows while staging, one stage of global loads held in registers.
+//   Fallback tiles (k not a multiple of the copies, unaligned weights, or 16-bit experts with a
+//     bf16 weight beyond f16's range): 64×64, each block splits f32 rows into three terms of
+//     the weights' type while staging, one stage of global loads held in registers.
 #include <mma.h>
 
 #include <algorithm>
@@ -51,26 +52,18 @@ __device__ __forceinline__ uint4 fp8x8_to_bf16(uint32_t lo, uint32_t hi) {
   return r;
 }
 
-// x [rows, k] (rows ldx apart) → terms [3, rows, k]: lo, mid, hi (split3), 8 columns a thread.
-template <typename T>
+// x [rows, k] (rows ldx apart) → terms [3, rows, k] bf16: lo, mid, hi (split3), 8 columns a
+// thread.
 __global__ void split_terms_kernel(const float* x, int64_t ldx, int64_t rows, int64_t k, bool vec,
-                                   T* terms) {
+                                   __nv_bfloat16* terms) {
+  using T = __nv_bfloat16;
   grid_dependency_sync();
   const int64_t groups = k / 8, plane = rows * k;
   for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < rows * groups;
        g += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = g / groups, c = (g % groups) * 8;
-    const float* src = x + r * ldx + c;
     float v[8];
-    if (vec) {
-      const float4 f0 = *reinterpret_cast<const float4*>(src);
-      const float4 f1 = *reinterpret_cast<const float4*>(src + 4);
-      v[0] = f0.x, v[1] = f0.y, v[2] = f0.z, v[3] = f0.w;
-      v[4] = f1.x, v[5] = f1.y, v[6] = f1.z, v[7] = f1.w;
-    } else {
-#pragma unroll
-      for (int q = 0; q < 8; ++q) v[q] = src[q];
-    }
+    load_f32x8(x + r * ldx + c, vec, v);
     uint4 pk[kTerms];
     T* pt = reinterpret_cast<T*>(pk);
 #pragma unroll
@@ -480,7 +473,7 @@ void launch_wmma_split(const float* x, int64_t ldx, int64_t rows, int64_t k, voi
   const bool vec = ldx % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0;
   const unsigned blocks = unsigned(std::min<int64_t>(blocks_for(rows * (k / 8), 256), 1 << 16));
   if (blocks == 0) return;
-  launch_kernel(split_terms_kernel<__nv_bfloat16>, blocks, 256, 0, stream, x, ldx, rows, k, vec,
+  launch_kernel(split_terms_kernel, blocks, 256, 0, stream, x, ldx, rows, k, vec,
                 static_cast<__nv_bfloat16*>(terms));
 }
 
