@@ -182,7 +182,7 @@ void fp8_matmul_tensor_cores(CudaOps::Impl& s, const Tensor& x, const Tensor& w,
   for (int64_t r0 = 0; r0 < n; r0 += piece) {
     const int64_t nr = std::min(piece, n - r0);
     const float* xr = x.ptr<float>() + r0 * x.stride[0];
-    launch_wmma_split(xr, x.stride[0], nr, k, s.act_lowp.data(), s.stream);
+    launch_wmma_split(xr, x.stride[0], nr, k, DType::BF16, s.act_lowp.data(), s.stream);
     s.launched("matmul (activation split)");
     MoeGemmArgs p = a;
     p.x_terms = s.act_lowp.data(), p.ldxt = k, p.x_terms_plane = nr * k;

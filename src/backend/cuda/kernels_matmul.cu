@@ -17,6 +17,7 @@
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/fp8.cuh"
 #include "backend/cuda/gemv.cuh"
+#include "backend/cuda/moe.cuh"
 
 namespace recur {
 
@@ -152,55 +153,6 @@ __global__ void __launch_bounds__(kGemvThreads)
     }
   }
   gemv_group_block<W, NT, kVec>(g, i, k, x, ldx, nt, out);
-}
-
-// parts [3, n, k] contiguous: x [n, k] (rows ldx apart) = hi + mid + lo exactly (three 16-bit
-// terms hold f32's 24-bit significand; bf16 keeps f32's exponent range, so only values near
-// the f32 denormal range lose bits). Products with 16-bit weights are exact in the tensor
-// cores' f32 accumulators, so the three GEMMs compute the same sum as the f32 GEMV kernel,
-// up to the order of f32 additions: a token's result does not depend on the batch's size.
-// G consecutive elements a thread: 8 with 16-byte loads and stores (k a multiple of 8, x's rows
-// 16-byte aligned; a thread per element with 64-bit index arithmetic ran at 2.2 TB/s), else 1.
-template <typename T, int G>
-__global__ void split3_lowp_kernel(const float* x, int64_t ldx, int64_t n, int64_t k, T* parts) {
-  grid_dependency_sync();
-  const int64_t groups = k / G, plane = n * k;
-  for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < n * groups;
-       g += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = g / groups, c = (g % groups) * G;
-    float v[G];
-    if constexpr (G == 8) {
-      const float4 f0 = *reinterpret_cast<const float4*>(x + r * ldx + c);
-      const float4 f1 = *reinterpret_cast<const float4*>(x + r * ldx + c + 4);
-      v[0] = f0.x, v[1] = f0.y, v[2] = f0.z, v[3] = f0.w;
-      v[4] = f1.x, v[5] = f1.y, v[6] = f1.z, v[7] = f1.w;
-    } else {
-      v[0] = x[r * ldx + c];
-    }
-    alignas(16) T t[3][G];  // each part's G values stored as one 16-byte word when G is 8
-#pragma unroll
-    for (int q = 0; q < G; ++q) {
-#pragma unroll
-      for (int part = 0; part < 3; ++part) {
-        if constexpr (std::is_same_v<T, __half>) {
-          t[part][q] = __float2half_rn(v[q]);
-          v[q] -= __half2float(t[part][q]);
-        } else {
-          t[part][q] = __float2bfloat16_rn(v[q]);
-          v[q] -= __bfloat162float(t[part][q]);
-        }
-      }
-    }
-#pragma unroll
-    for (int part = 0; part < 3; ++part) {
-      T* o = parts + part * plane + r * k + c;
-      if constexpr (G == 8) {
-        *reinterpret_cast<uint4*>(o) = *reinterpret_cast<const uint4*>(t[part]);
-      } else {
-        o[0] = t[part][0];
-      }
-    }
-  }
 }
 
 bool aligned16(const void* p) {
@@ -455,8 +407,7 @@ void CudaOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumula
     return;
   }
   RECUR_CHECK(w.dtype == DType::BF16 || w.dtype == DType::F16);
-  const bool half = w.dtype == DType::F16;
-  const cudaDataType_t t = half ? CUDA_R_16F : CUDA_R_16BF;
+  const cudaDataType_t t = w.dtype == DType::F16 ? CUDA_R_16F : CUDA_R_16BF;
   // Three GEMMs, the smallest term first, each adding its products into out (beta 1 after the
   // first): no f32 buffer of the terms' products to write and sum again (the weights are read
   // three times instead, mostly from L2). Rows go in pieces that fit the start-up scratch: 3 · 2
@@ -470,31 +421,18 @@ void CudaOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumula
     char* parts = static_cast<char*>(s.act_lowp.data());
     const float* xr = x.ptr<float>() + r0 * x.stride[0];
     float* outr = out.ptr<float>() + r0 * out.stride[0];
-    const bool vec = k % 8 == 0 && x.stride[0] % 4 == 0 && aligned16(xr);
-    const unsigned blocks =
-        unsigned(std::min<int64_t>(blocks_for(nr * (vec ? k / 8 : k), 256), s.sm_count * 8));
-    auto split = [&](auto tag) {
-      using T = decltype(tag);
-      T* terms = reinterpret_cast<T*>(parts);
-      if (vec) {
-        launch_kernel(split3_lowp_kernel<T, 8>, blocks, 256, 0, s.stream, xr, x.stride[0], nr, k,
-                      terms);
-      } else {
-        launch_kernel(split3_lowp_kernel<T, 1>, blocks, 256, 0, s.stream, xr, x.stride[0], nr, k,
-                      terms);
-      }
-    };
-    if (half) {
-      split(__half{});
-    } else {
-      split(__nv_bfloat16{});
-    }
+    // x = hi + mid + lo exactly (three 16-bit terms hold f32's 24-bit significand; bf16 keeps
+    // f32's exponent range, so only values near the f32 denormal range lose bits). Products with
+    // 16-bit weights are exact in the tensor cores' f32 accumulators, so the three GEMMs compute
+    // the same sum as the f32 GEMV kernel, up to the order of f32 additions: a token's result
+    // does not depend on the batch's size.
+    launch_wmma_split(xr, x.stride[0], nr, k, w.dtype, parts, s.stream);
     s.launched("matmul (activation split)");
-    for (int term = 2; term >= 0; --term) {  // lo, mid, hi
+    for (int term = 0; term < 3; ++term) {  // lo, mid, hi
       const char* xt = parts + size_t(term) * size_t(nr * k) * 2;
       RECUR_CUBLAS_CHECK(cublasGemmEx(s.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(m), int(nr), int(k),
                                       &alpha, w.data, t, int(k), xt, t, int(k),
-                                      term == 2 ? &beta : &one, outr, CUDA_R_32F,
+                                      term == 0 ? &beta : &one, outr, CUDA_R_32F,
                                       int(out.stride[0]), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }
     if (s.options.profile) {  // the interval holds cuBLAS's three products

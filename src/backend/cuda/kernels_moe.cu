@@ -42,10 +42,7 @@ struct MoeScratch {
   float* ys;                 // [pairs, d] expert outputs
   void* x_terms;             // [≤ 3, n, d] 16-bit terms of x
   float *x_scale, *h_scale;  // [n], [pairs]: f16 terms' inverse scales
-  int32_t* token_of;         // [pairs] token of each sorted row
-  int32_t* row_of;           // [pairs] sorted row of pair (t, j)
-  int32_t *tile_expert, *tile_row0, *tile_rows;  // [pairs]
-  int32_t* n_tiles;                              // [1]
+  MoeSortOut sorted;         // the sort's rows and tiles (moe.cuh)
   size_t bytes;
   MoeScratch(void* base, int64_t n, int64_t k, int64_t d, int64_t d_ff) {
     const int64_t pairs = n * k;
@@ -67,12 +64,11 @@ struct MoeScratch {
     x_terms = ys;
     x_scale = reinterpret_cast<float*>(take(prompt ? n : 0, 4));
     h_scale = reinterpret_cast<float*>(take(prompt ? pairs : 0, 4));
-    token_of = reinterpret_cast<int32_t*>(take(pairs, 4));
-    row_of = reinterpret_cast<int32_t*>(take(pairs, 4));
-    tile_expert = reinterpret_cast<int32_t*>(take(pairs, 4));
-    tile_row0 = reinterpret_cast<int32_t*>(take(pairs, 4));
-    tile_rows = reinterpret_cast<int32_t*>(take(pairs, 4));
-    n_tiles = reinterpret_cast<int32_t*>(take(1, 4));
+    for (int32_t** a : {&sorted.token_of, &sorted.row_of, &sorted.tile_expert, &sorted.tile_row0,
+                        &sorted.tile_rows}) {
+      *a = reinterpret_cast<int32_t*>(take(pairs, 4));
+    }
+    sorted.n_tiles = reinterpret_cast<int32_t*>(take(1, 4));
     bytes = size_t(p - static_cast<char*>(base));
   }
 };
@@ -592,19 +588,17 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
   // sorted tiles of one row), so the sort's launch is skipped.
   const bool direct = n == 1;
   if (!direct) {
-    launch_moe_sort(
-        ids.ptr<int32_t>(), ids.stride[0], int(n), int(k), int(E), tm,
-        MoeSortOut{m.token_of, m.row_of, m.tile_expert, m.tile_row0, m.tile_rows, m.n_tiles},
-        s.stream);
+    launch_moe_sort(ids.ptr<int32_t>(), ids.stride[0], int(n), int(k), int(E), tm, m.sorted,
+                    s.stream);
     s.launched("moe_experts (sort)");
   }
 
   MoeGemmArgs up{};
   up.w = table, up.w2 = table + table_e, up.m = d_ff, up.k = d;
-  up.x = x.ptr<float>(), up.ldx = x.stride[0], up.x_row = m.token_of;
+  up.x = x.ptr<float>(), up.ldx = x.stride[0], up.x_row = m.sorted.token_of;
   up.out = m.hs, up.ldo = d_ff;
-  up.tile_expert = m.tile_expert, up.tile_row0 = m.tile_row0, up.tile_rows = m.tile_rows;
-  up.n_tiles = m.n_tiles, up.w_aligned = aligned;
+  up.tile_expert = m.sorted.tile_expert, up.tile_row0 = m.sorted.tile_row0;
+  up.tile_rows = m.sorted.tile_rows, up.n_tiles = m.sorted.n_tiles, up.w_aligned = aligned;
   if (direct) {
     up.direct_ids = ids.ptr<int32_t>(), up.direct_k = int(slots), up.n_experts = int(E);
     up.direct_shared = shared ? int(E) : -1;
@@ -643,7 +637,7 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
     const bool wide = pipelined && !fp8 && !moe_mma_takes(d_ff);
     if (pipelined) {
       if (fp8) {
-        launch_wmma_split(x.ptr<float>(), x.stride[0], n, d, m.x_terms, s.stream);
+        launch_wmma_split(x.ptr<float>(), x.stride[0], n, d, DType::BF16, m.x_terms, s.stream);
       } else {
         launch_f16_row_split(x.ptr<float>(), x.stride[0], n, d, m.x_terms, m.x_scale, s.stream);
         up.x_scale = m.x_scale, down.x_scale = m.h_scale;
@@ -703,8 +697,8 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
   }
   const dim3 combine_grid(unsigned(n), unsigned(std::min<int64_t>((d + 255) / 256, 64)));
   launch_kernel(moe_combine_kernel, combine_grid, 256, 0, s.stream, m.ys,
-                direct ? nullptr : m.row_of, weights.ptr<float>(), weights.stride[0], int(k), d,
-                out.ptr<float>(), out.stride[0], shared ? m.ys + k * d : nullptr,
+                direct ? nullptr : m.sorted.row_of, weights.ptr<float>(), weights.stride[0], int(k),
+                d, out.ptr<float>(), out.stride[0], shared ? m.ys + k * d : nullptr,
                 shared && !shared->score.empty() ? shared->score.ptr<float>() : nullptr,
                 residual.data ? residual.ptr<float>() : nullptr,
                 residual.data ? residual.stride[0] : 0);

@@ -149,10 +149,11 @@ bool moe_wmma_pipelined(DType wdtype, int64_t k, bool w_aligned);
 inline size_t wmma_terms_bytes(int64_t rows, int64_t k) {
   return size_t(3 * 2 * rows * k);
 }
-// x [rows, k] f32 (rows ldx apart; k a multiple of 8) → terms [3, rows, k] bf16 (lo, mid, hi;
-// 16-byte aligned), for block-FP8 weights.
-void launch_wmma_split(const float* x, int64_t ldx, int64_t rows, int64_t k, void* terms,
-                       cudaStream_t stream);
+// x [rows, k] f32 (rows ldx apart) → terms [3, rows, k] of type (BF16 or F16; lo, mid, hi,
+// each the nearest to what the larger ones leave; 16-byte aligned): block-FP8 weights' tiles
+// (bf16, k a multiple of 8) and the dense matmul on cuBLAS (the weights' type, any k).
+void launch_wmma_split(const float* x, int64_t ldx, int64_t rows, int64_t k, DType type,
+                       void* terms, cudaStream_t stream);
 // x [rows, k] f32 (rows ldx apart; k a multiple of 8) → terms [2, rows, k] f16 (mid, hi;
 // 16-byte aligned) of each row times the power of two 2^e that puts its largest |value| in
 // [2^14, 2^15), and inv_scale [rows] = 2^-e: 16-bit weights' activations (moe_mma.cu).

@@ -52,30 +52,38 @@ __device__ __forceinline__ uint4 fp8x8_to_bf16(uint32_t lo, uint32_t hi) {
   return r;
 }
 
-// x [rows, k] (rows ldx apart) → terms [3, rows, k] bf16: lo, mid, hi (split3), 8 columns a
-// thread.
+// x [rows, k] (rows ldx apart) → terms [3, rows, k] of T: lo, mid, hi (split3). G consecutive
+// columns a thread: 8 with 16-byte stores (k a multiple of 8; vec: 16-byte loads too), else 1.
+template <typename T, int G>
 __global__ void split_terms_kernel(const float* x, int64_t ldx, int64_t rows, int64_t k, bool vec,
-                                   __nv_bfloat16* terms) {
-  using T = __nv_bfloat16;
+                                   T* terms) {
   grid_dependency_sync();
-  const int64_t groups = k / 8, plane = rows * k;
+  const int64_t groups = k / G, plane = rows * k;
   for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < rows * groups;
        g += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = g / groups, c = (g % groups) * 8;
-    float v[8];
-    load_f32x8(x + r * ldx + c, vec, v);
-    uint4 pk[kTerms];
-    T* pt = reinterpret_cast<T*>(pk);
-#pragma unroll
-    for (int q = 0; q < 8; ++q) {
+    const int64_t r = g / groups, c = (g % groups) * G;
+    if constexpr (G == 1) {
       T t[kTerms];
-      split3(v[q], t);
+      split3(x[r * ldx + c], t);
 #pragma unroll
-      for (int term = 0; term < kTerms; ++term) pt[term * 8 + q] = t[term];
-    }
+      for (int term = 0; term < kTerms; ++term) terms[term * plane + r * k + c] = t[term];
+    } else {
+      static_assert(G == 8, "8 columns: one 16-byte store per term");
+      float v[8];
+      load_f32x8(x + r * ldx + c, vec, v);
+      uint4 pk[kTerms];
+      T* pt = reinterpret_cast<T*>(pk);
 #pragma unroll
-    for (int term = 0; term < kTerms; ++term) {
-      *reinterpret_cast<uint4*>(terms + term * plane + r * k + c) = pk[term];
+      for (int q = 0; q < 8; ++q) {
+        T t[kTerms];
+        split3(v[q], t);
+#pragma unroll
+        for (int term = 0; term < kTerms; ++term) pt[term * 8 + q] = t[term];
+      }
+#pragma unroll
+      for (int term = 0; term < kTerms; ++term) {
+        *reinterpret_cast<uint4*>(terms + term * plane + r * k + c) = pk[term];
+      }
     }
   }
 }
@@ -467,14 +475,28 @@ bool moe_wmma_pipelined(DType wdtype, int64_t k, bool w_aligned) {
   return w_aligned && k % (wdtype == DType::F8_E4M3 ? 16 : 8) == 0;
 }
 
-void launch_wmma_split(const float* x, int64_t ldx, int64_t rows, int64_t k, void* terms,
-                       cudaStream_t stream) {
-  RECUR_CHECK(k % 8 == 0);
-  const bool vec = ldx % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0;
-  const unsigned blocks = unsigned(std::min<int64_t>(blocks_for(rows * (k / 8), 256), 1 << 16));
+void launch_wmma_split(const float* x, int64_t ldx, int64_t rows, int64_t k, DType type,
+                       void* terms, cudaStream_t stream) {
+  const bool by8 = k % 8 == 0;
+  const bool vec = by8 && ldx % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0;
+  const unsigned blocks =
+      unsigned(std::min<int64_t>(blocks_for(rows * (by8 ? k / 8 : k), 256), 1 << 16));
   if (blocks == 0) return;
-  launch_kernel(split_terms_kernel, blocks, 256, 0, stream, x, ldx, rows, k, vec,
-                static_cast<__nv_bfloat16*>(terms));
+  auto launch = [&](auto tag) {
+    using T = decltype(tag);
+    T* t = static_cast<T*>(terms);
+    if (by8) {
+      launch_kernel(split_terms_kernel<T, 8>, blocks, 256, 0, stream, x, ldx, rows, k, vec, t);
+    } else {
+      launch_kernel(split_terms_kernel<T, 1>, blocks, 256, 0, stream, x, ldx, rows, k, vec, t);
+    }
+  };
+  if (type == DType::F16) {
+    launch(__half{});
+  } else {
+    RECUR_CHECK(type == DType::BF16);
+    launch(__nv_bfloat16{});
+  }
 }
 
 void launch_moe_wmma(const MoeGemmArgs& a, DType wdtype, bool dual, unsigned max_tiles,
