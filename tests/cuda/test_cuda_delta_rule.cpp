@@ -83,6 +83,21 @@ TEST_F(CudaDeltaRule, FormsAgreeWithTheDefinition) {
   }
 }
 
+// Head sizes that are not multiples of 4: the chunked kernels stage their rows 4 bytes at a
+// time instead of 16.
+TEST_F(CudaDeltaRule, OddHeadSizesStageUnalignedRows) {
+  const int64_t hk = 1, hv = 2, dk = 18, dv = 10;
+  const std::vector<int> lens = {130, 1, 65};
+  for (bool per_channel : {false, true}) {
+    Layout lay(lens, std::vector<int>(lens.size(), 0), 16, rng);
+    DeltaInputs in(lay.l.n_tokens, hk, hv, dk, dv, rng, per_channel);
+    HostTensor state0(DType::F32, {int64_t(lens.size()), hv, dk, dv});
+    fill_random(state0, rng, 0.5f);
+    const DeltaErrors e = delta_errors(ops(), in, lay, state0, hv, dv, DeltaRuleForm::kChunked);
+    expect_close(e, std::string("odd head sizes ") + decay_name(per_channel));
+  }
+}
+
 // Model head sizes (dk = dv = 128: Qwen3-Next's and Kimi Linear's), a ragged batch mixing
 // decode and prompt sequences (segments of 1, chunk ± 1 and two chunks).
 TEST_F(CudaDeltaRule, ModelHeadSizesOnARaggedBatch) {

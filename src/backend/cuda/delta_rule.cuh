@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "backend/cuda/cuda_internal.cuh"
 #include "ops/ops.h"
@@ -32,9 +33,11 @@ __device__ __forceinline__ bool skip_seq(int mode, int64_t len) {
 // The chunked form's tile of value columns for key dim dk, or 0 when its kernels do not fit in
 // max_smem bytes of shared memory.
 int chunk_columns(int dk, bool per_channel, size_t max_smem);
-// The chunked form over the sequences a.mode selects, chunk records through `scratch`.
+// The chunked form over the sequences a.mode selects, chunk records through `scratch`;
+// launched(label) after each kernel (the profile's intervals).
 template <bool kPerChannel>
 void launch_chunked(const DeltaArgs& a, const SeqLayout& layout, void* scratch,
-                    size_t scratch_bytes, size_t max_smem, cudaStream_t stream);
+                    size_t scratch_bytes, size_t max_smem, cudaStream_t stream,
+                    const std::function<void(const char*)>& launched);
 
 }  // namespace recur::cuda

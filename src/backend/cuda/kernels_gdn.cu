@@ -7,6 +7,7 @@
 // on which, so the per-head instructions are those of a kernel that knows nothing else. The
 // conv and the input stage are in kernels_gdn_inputs.cu.
 #include <algorithm>
+#include <functional>
 
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/delta_rule.cuh"
@@ -249,12 +250,31 @@ void CudaOps::gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v
     any_single |= layout.seq_len(i) == 1;
     any_multi |= layout.seq_len(i) > 1;
   }
+  // The rule's own arithmetic per token and value head (decay, k·S, update, q·S: 7·dk·dv);
+  // bytes: q, k, v, g, β and the output per token, each sequence's state read and written.
+  // Counted at the recurrent kernel, or at the chunked form's state walk.
+  auto rule_work = [&] {
+    if (!s.options.profile) return;
+    const double n = double(q.shape[0]);
+    s.work(7.0 * n * double(hv * dk * dv),
+           4.0 * (n * double(2 * hk * dk + 2 * hv * dv + (per_channel ? hv * dk : hv) + hv) +
+                  2.0 * layout.n_seqs * double(hv * dk * dv)));
+  };
   auto recurrent = [&] {
+    rule_work();
     if (per_channel) {
       launch_recurrent<true>(a, layout.n_seqs, s.stream);
     } else {
       launch_recurrent<false>(a, layout.n_seqs, s.stream);
     }
+    s.launched("gated_delta_rule (recurrent)");
+  };
+  // Each chunked kernel is its own profile interval; the rule's work goes with the state walk.
+  bool work_counted = false;
+  const std::function<void(const char*)> chunk_launched = [&](const char* what) {
+    s.launched(what);
+    if (!work_counted) rule_work();  // after the first keys launch: the next is a state walk
+    work_counted = true;
   };
   // Per key channel, a key head too large for the chunked kernels' shared memory (dk > 128 on
   // an H200) runs token by token.
@@ -264,19 +284,11 @@ void CudaOps::gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v
     void* records = s.gdn_chunks.data();
     const size_t bytes = s.gdn_chunks.bytes();
     if (per_channel) {
-      launch_chunked<true>(a, layout, records, bytes, s.max_smem_optin, s.stream);
+      launch_chunked<true>(a, layout, records, bytes, s.max_smem_optin, s.stream, chunk_launched);
     } else {
-      launch_chunked<false>(a, layout, records, bytes, s.max_smem_optin, s.stream);
+      launch_chunked<false>(a, layout, records, bytes, s.max_smem_optin, s.stream, chunk_launched);
     }
   };
-  if (s.options.profile) {
-    // The rule's own arithmetic per token and value head (decay, k·S, update, q·S: 7·dk·dv);
-    // bytes: q, k, v, g, β and the output per token, each sequence's state read and written.
-    const double n = double(q.shape[0]);
-    s.work(7.0 * n * double(hv * dk * dv),
-           4.0 * (n * double(2 * hk * dk + 2 * hv * dv + (per_channel ? hv * dk : hv) + hv) +
-                  2.0 * layout.n_seqs * double(hv * dk * dv)));
-  }
   if (form == DeltaRuleForm::kRecurrent) {
     recurrent();
   } else if (form == DeltaRuleForm::kChunked) {
@@ -291,7 +303,6 @@ void CudaOps::gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v
       chunked();
     }
   }
-  s.launched("gated_delta_rule");
 }
 
 void CudaOps::gated_delta_rule_norm(const Tensor& q, const Tensor& k, const Tensor& v,

@@ -3,6 +3,10 @@
 // solve in double; the products on tensor cores to f32's accuracy where the decay is per head
 // (mma_tf32.cuh). The key-side matrices of every chunk are computed in parallel, then the
 // chunks are walked in order with the state, value columns split across blocks.
+//   H200, Qwen3-Next-80B-A3B's heads (16 key, 32 value heads of 128), a 2,048-token prompt, per
+// layer (bench/results/h200-session27-notes.md): keys 333 -> 128 µs from a solve in blocks (a
+// lane reduction per row had the shuffle unit busy) and two blocks an SM; the state walk 464 ->
+// 343 µs from copies of 16 bytes issued a phase ahead.
 #include <algorithm>
 
 #include "backend/cuda/delta_rule.cuh"
@@ -13,8 +17,10 @@ namespace recur::cuda {
 namespace {
 
 constexpr int kChunk = 64;
-constexpr int kChunkThreads = 512;  // 16 warps: the phases are latency-bound at one block per SM
+constexpr int kChunkThreads = 512;  // 16 warps: the phases are latency-bound
 constexpr int kChunkPad = kChunk + 1;
+constexpr int kRecLd = kChunk + 4;          // the record's QK and Tb rows: 16-byte copies
+constexpr int kSolveScratch = 3 * 16 * 16;  // the solve's block sums P, doubles
 
 // The chunked form runs in two kernels. Everything that depends only on a chunk's keys,
 // queries, gates and betas (not on the state) is computed for all chunks and heads at once by
@@ -29,11 +35,11 @@ constexpr int kChunkPad = kChunk + 1;
 // out_i = (q_i∘e^(G_i)) S0 + ..., S = diag(e^(G_last)) S0 + Σ_j (k_j∘e^(G_last−G_j)) ⊗ Vnew_j:
 // every exponent is a non-positive difference (G falls within a chunk), so strong decays
 // underflow to 0 instead of overflowing.
-// The record, floats: Wk [64][dk], QK [64][65] (the decayed q_i·k_j), Tb [64][65] (T·β, by
+// The record, floats: Wk [64][dk], QK [64][68] (the decayed q_i·k_j), Tb [64][68] (T·β, by
 // column), eg [64] (e^G_i), dl [64] (e^(G_last−G_i)); per key channel then Qd [64][dk]
 // (q∘e^G), Kd [64][dk] (k∘e^(G_last−G)), gl [dk] (e^G_last), and eg, dl unused.
 __host__ __device__ inline int64_t chunk_record_floats(int dk, bool per_channel) {
-  const int64_t per_head = int64_t(kChunk) * dk + 2 * kChunk * kChunkPad + 2 * kChunk;
+  const int64_t per_head = int64_t(kChunk) * dk + 2 * kChunk * kRecLd + 2 * kChunk;
   return (per_head + (per_channel ? 2 * int64_t(kChunk) * dk + dk : 0) + 3) / 4 * 4;
 }
 
@@ -48,33 +54,108 @@ struct ChunkRecords {
   }
 };
 
-// grid (n_chunks, Hv, n_seq_group), kChunkThreads. Shared: T [64][64] double, Q, K
+// grid (n_chunks, Hv, n_seq_group), kChunkThreads. Shared: the solve's P, Q, K
 // [64][ld] (per key channel ld = dk + 1; per head dk padded to 16 with zeros, + 4, for the
 // tensor-core fragments), A [64][65] (per head after the solve: T·β·e^G as [64][68]), G, beta,
 // eg [64]; per key channel also the cumulative decays [64][dk+1].
 __host__ __device__ inline int chunk_keys_ld(int dk, bool per_channel) {
   return per_channel ? dk + 1 : (dk + 15) / 16 * 16 + 4;
 }
+// The queries' space, which T [64][64] double takes over after them.
+__host__ __device__ inline int chunk_keys_q_floats(int dk, bool per_channel) {
+  const int floats = kChunk * chunk_keys_ld(dk, per_channel);
+  return floats > 2 * kChunk * kChunk ? floats : 2 * kChunk * kChunk;
+}
 __host__ __device__ inline size_t chunk_keys_smem(int dk, bool per_channel) {
   const size_t ld = size_t(chunk_keys_ld(dk, per_channel));
-  return sizeof(double) * kChunk * kChunk +
-         sizeof(float) * ((per_channel ? 3 : 2) * size_t(kChunk) * ld + kChunk * 68 + 3 * kChunk);
+  return sizeof(double) * kSolveScratch +
+         sizeof(float) * (chunk_keys_q_floats(dk, per_channel) +
+                          (per_channel ? 2 : 1) * size_t(kChunk) * ld + kChunk * 68 + 3 * kChunk);
 }
 
+// Rows [0, rows) × columns [0, cols) of a tile into shared memory (rows ld floats apart) by
+// asynchronous copies, src(i, mm) the address of element (i, mm): zeros for rows ≥ L or
+// columns ≥ n (nothing is read there; `any` is a valid address). 16 bytes a copy when vec
+// (every row 16-byte aligned; ld, cols and n multiples of 4), else 4 bytes.
+template <typename Src>
+__device__ __forceinline__ void stage_rows(float* dst, int ld, int rows, int cols, int L, int n,
+                                           bool vec, const float* any, Src src) {
+  if (vec) {
+    const int c4 = cols / 4;
+    for (int e = threadIdx.x; e < rows * c4; e += kChunkThreads) {
+      const int i = e / c4, mm = 4 * (e % c4);
+      const bool in = i < L && mm < n;
+      copy16_async(dst + i * ld + mm, in ? src(i, mm) : any, in);
+    }
+  } else {
+    for (int e = threadIdx.x; e < rows * cols; e += kChunkThreads) {
+      const int i = e / cols, mm = e % cols;
+      const bool in = i < L && mm < n;
+      copy4_async(dst + i * ld + mm, in ? src(i, mm) : any, in);
+    }
+  }
+}
+
+// T = (I + A)^-1 for A [64][lda] strictly lower triangular (rows < L written), in double, into
+// T [64][64] (rows < L; the blocks above the diagonal are not written, those on it are whole).
+// Blocked, so no step waits on a reduction across lanes: the four 16 × 16 diagonal blocks
+// D_b = (I + A_bb)^-1 by forward substitution (a thread per column), then the blocks below them
+// a diagonal at a time, T_ij = −D_i Σ_{k=j}^{i−1} A_ik T_kj, the sums through P [3][16][16].
+// Rows ≥ L depend on nothing but rows ≥ L. Every thread of the block calls it.
+__device__ __forceinline__ void solve_unit_lower(const float* A, int lda, int L, double* T,
+                                                 double* P) {
+  static_assert(kChunk == 64 && kChunkThreads >= 64);
+  const int tid = threadIdx.x;
+  if (tid < 64) {
+    const int r0 = 16 * (tid / 16), col = tid % 16;
+    double x[16];
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      double sum = r == col ? 1.0 : 0.0;
+#pragma unroll
+      for (int mm = 0; mm < r; ++mm) sum -= double(A[(r0 + r) * lda + r0 + mm]) * x[mm];
+      x[r] = r0 + r < L ? sum : 0.0;
+      T[(r0 + r) * kChunk + r0 + col] = x[r];
+    }
+  }
+  __syncthreads();
+  for (int d = 1; d < 4; ++d) {  // blocks (j + d, j), j = 0 .. 3 − d
+    const int n = (4 - d) * 256;
+    for (int e = tid; e < n; e += kChunkThreads) {
+      const int j = e / 256, r = e / 16 % 16, c = e % 16, i = j + d;
+      const float* arow = A + (16 * i + r) * lda;
+      double p = 0.0;
+      for (int k = 16 * j; k < 16 * i; ++k) p += double(arow[k]) * T[k * kChunk + 16 * j + c];
+      P[e] = p;
+    }
+    __syncthreads();
+    for (int e = tid; e < n; e += kChunkThreads) {
+      const int j = e / 256, r = e / 16 % 16, c = e % 16, i = j + d;
+      const double* drow = T + (16 * i + r) * kChunk + 16 * i;
+      double t = 0.0;
+      for (int mm = 0; mm <= r; ++mm) t -= drow[mm] * P[j * 256 + mm * 16 + c];
+      T[(16 * i + r) * kChunk + 16 * j + c] = t;
+    }
+    __syncthreads();
+  }
+}
+
+// Per head, two blocks share a multiprocessor (100 KB of shared memory each for dk = 128).
 template <bool kPerChannel>
-__global__ void __launch_bounds__(kChunkThreads)
-    delta_chunk_keys_kernel(DeltaArgs a, ChunkRecords rec) {
+__global__ void __launch_bounds__(kChunkThreads, 2)
+    delta_chunk_keys_kernel(DeltaArgs a, ChunkRecords rec, bool vec) {
   grid_dependency_sync();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int c = rec.c0 + blockIdx.x, h = blockIdx.y, s = rec.s0 + blockIdx.z, tid = threadIdx.x;
   const int64_t base = a.seq_start[s], len = a.seq_start[s + 1] - base;
   if (skip_seq(a.mode, len) || int64_t(c) * kChunk >= len) return;
   const int kh = h / a.group, dk = a.dk, ldq = chunk_keys_ld(dk, kPerChannel), lda = kChunkPad;
+  constexpr int ldr = kRecLd;
   const int dkp = (dk + 15) / 16 * 16;  // per head: the fragments' key channels
   const int warp = tid / 32, g = (tid % 32) / 4, t = tid % 4;
-  double* T = reinterpret_cast<double*>(smem_raw);
-  float* Q = reinterpret_cast<float*>(T + kChunk * kChunk);
-  float* K = Q + kChunk * ldq;
+  double* P = reinterpret_cast<double*>(smem_raw);  // the solve's block products
+  float* Q = reinterpret_cast<float*>(P + kSolveScratch);
+  float* K = Q + chunk_keys_q_floats(dk, kPerChannel);
   float* A = K + kChunk * ldq;
   float* G = A + kChunk * 68;
   float* beta = G + kChunk;
@@ -82,9 +163,9 @@ __global__ void __launch_bounds__(kChunkThreads)
   float* GC = eg + kChunk;  // [64][dk+1] per key channel
   float* r = rec.at(s, c, h, a.hv, dk);
   float* Wk = r;                    // [64][dk]
-  float* QK = Wk + kChunk * dk;     // [64][65]
-  float* Tb = QK + kChunk * lda;    // [64][65]
-  float* r_eg = Tb + kChunk * lda;  // [64]
+  float* QK = Wk + kChunk * dk;     // [64][68]
+  float* Tb = QK + kChunk * ldr;    // [64][68]
+  float* r_eg = Tb + kChunk * ldr;  // [64]
   float* r_dl = r_eg + kChunk;      // [64]
   float* r_qd = r_dl + kChunk;      // [64][dk] per key channel
   float* r_kd = r_qd + kChunk * dk;
@@ -92,14 +173,14 @@ __global__ void __launch_bounds__(kChunkThreads)
   const int L = int(min64(kChunk, len - int64_t(c) * kChunk));
   const int64_t t0 = base + int64_t(c) * kChunk;
   // Queries, keys, decays and betas staged by asynchronous copies, all in flight at once; per
-  // head whole 64-row tiles, zeros past the chunk and past dk.
+  // head whole 64-row tiles, zeros past the chunk and past dk (per key channel rows of dk + 1
+  // floats: 4-byte copies).
   const int rows_q = kPerChannel ? L : kChunk, cols_q = kPerChannel ? dk : dkp;
-  for (int e = tid; e < rows_q * cols_q; e += kChunkThreads) {
-    const int i = e / cols_q, mm = e % cols_q;
-    const bool in = i < L && mm < dk;
-    copy4_async(Q + i * ldq + mm, a.q + (in ? (t0 + i) * a.q_s0 + kh * a.q_s1 + mm : 0), in);
-    copy4_async(K + i * ldq + mm, a.k + (in ? (t0 + i) * a.k_s0 + kh * a.k_s1 + mm : 0), in);
-  }
+  const bool vec_q = vec && !kPerChannel;
+  stage_rows(Q, ldq, rows_q, cols_q, L, dk, vec_q, a.q,
+             [&](int i, int mm) { return a.q + (t0 + i) * a.q_s0 + kh * a.q_s1 + mm; });
+  stage_rows(K, ldq, rows_q, cols_q, L, dk, vec_q, a.k,
+             [&](int i, int mm) { return a.k + (t0 + i) * a.k_s0 + kh * a.k_s1 + mm; });
   if constexpr (kPerChannel) {
     for (int e = tid; e < L * dk; e += kChunkThreads) {  // raw decays, summed in place below
       const int i = e / dk, mm = e % dk;
@@ -124,17 +205,17 @@ __global__ void __launch_bounds__(kChunkThreads)
   } else if (tid == 0) {
     // Sequential, as on the CPU, so the cumulative decays round the same way.
     float cum = 0.0f;
+#pragma unroll 8
     for (int i = 0; i < L; ++i) {
       cum += G[i];
       G[i] = cum;
-      eg[i] = expf(cum);
-    }
-    for (int i = 0; i < L; ++i) {
-      r_eg[i] = eg[i];
-      r_dl[i] = expf(G[L - 1] - G[i]);
     }
   }
   __syncthreads();
+  if (!kPerChannel && tid < L) {
+    eg[tid] = r_eg[tid] = expf(G[tid]);
+    r_dl[tid] = expf(G[L - 1] - G[tid]);
+  }
   // A (strictly lower) and the decayed q·k products: per head on tensor cores (16 × 8 tiles
   // of k_i·k_j and q_i·k_j, two per warp), per key channel with the decays inside the sums.
   if constexpr (!kPerChannel) {
@@ -154,7 +235,7 @@ __global__ void __launch_bounds__(kChunkThreads)
         if (i >= L || jx > i) continue;
         const float decay = expf(G[i] - G[jx]);
         if (jx < i) A[i * lda + jx] = beta[i] * decay * kk[u];
-        QK[i * lda + jx] = decay * qk[u];
+        QK[i * ldr + jx] = decay * qk[u];
       }
     }
   }
@@ -171,7 +252,7 @@ __global__ void __launch_bounds__(kChunkThreads)
       dqk += Q[i * ldq + mm] * kj;
     }
     if (jx < i) A[i * lda + jx] = beta[i] * dkk;
-    QK[i * lda + jx] = dqk;
+    QK[i * ldr + jx] = dqk;
   }
   __syncthreads();
   if constexpr (kPerChannel) {
@@ -187,44 +268,11 @@ __global__ void __launch_bounds__(kChunkThreads)
     }
     for (int mm = tid; mm < dk; mm += kChunkThreads) r_gl[mm] = expf(GC[(L - 1) * ldq + mm]);
   }
-  // T = (I + A)^-1 by forward substitution in double (the solve amplifies rounding when many
-  // keys of a chunk are nearly parallel). Columns are independent: a warp solves kSolveCols
-  // of them together, x = T[:, col] held by the lanes (rows lane and lane + 32), each row's
-  // sum x_i = -Σ_{mm<i} A[i][mm] x_mm split across the lanes. No block barrier inside.
-  {
-    static_assert(kChunk == 64 && kChunkThreads % 32 == 0);
-    constexpr int kWarps = kChunkThreads / 32, kSolveCols = kChunk / kWarps;
-    const int warp = tid / 32, lane = tid % 32;
-    double x0[kSolveCols], x1[kSolveCols];
-#pragma unroll
-    for (int q = 0; q < kSolveCols; ++q) {
-      const int col = warp + q * kWarps;
-      x0[q] = lane == col ? 1.0 : 0.0;
-      x1[q] = lane + 32 == col ? 1.0 : 0.0;
-    }
-    for (int i = 1; i < L; ++i) {
-      // Only A's strictly lower part of row i was written.
-      const double a0 = lane < i ? double(A[i * lda + lane]) : 0.0;
-      const double a1 = lane + 32 < i ? double(A[i * lda + lane + 32]) : 0.0;
-#pragma unroll
-      for (int q = 0; q < kSolveCols; ++q) {
-        double p = a0 * x0[q] + a1 * x1[q];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) p += __shfl_xor_sync(0xffffffffu, p, o);
-        if (i > warp + q * kWarps) {  // rows above the diagonal stay 0, the diagonal 1
-          if (lane == i) x0[q] = -p;
-          if (lane + 32 == i) x1[q] = -p;
-        }
-      }
-    }
-#pragma unroll
-    for (int q = 0; q < kSolveCols; ++q) {
-      const int col = warp + q * kWarps;
-      if (lane < L) T[lane * kChunk + col] = x0[q];
-      if (lane + 32 < L) T[(lane + 32) * kChunk + col] = x1[q];
-    }
-  }
-  __syncthreads();
+  // T = (I + A)^-1 in double (the solve amplifies rounding when many keys of a chunk are nearly
+  // parallel), into the queries' space (read no more).
+  __syncthreads();  // every read of Q is done
+  double* T = reinterpret_cast<double*>(Q);
+  solve_unit_lower(A, lda, L, T, P);
   // Wk = T(β e^G K); Tb = T·β for U = T(βV), rounded as the products below use them. Per
   // head on tensor cores: T·β·e^G rounded to f32 into A's space (read no more), then 16 × 8
   // tiles of Wk, four per warp.
@@ -258,9 +306,12 @@ __global__ void __launch_bounds__(kChunkThreads)
     }
     Wk[i * dk + mm] = w;
   }
-  for (int e = tid; e < L * L; e += kChunkThreads) {
-    const int i = e / L, jx = e % L;
-    if (jx <= i) Tb[i * lda + jx] = float(T[i * kChunk + jx]) * beta[jx];
+  // Rows of QK and Tb whole, zeros above the diagonal: the state kernel copies 16 bytes at a
+  // time.
+  for (int e = tid; e < L * kChunk; e += kChunkThreads) {
+    const int i = e / kChunk, jx = e % kChunk;
+    Tb[i * ldr + jx] = jx <= i ? float(T[i * kChunk + jx]) * beta[jx] : 0.0f;
+    if (jx > i) QK[i * ldr + jx] = 0.0f;
   }
 }
 
@@ -268,12 +319,13 @@ __global__ void __launch_bounds__(kChunkThreads)
 // zeros: key_pad) and a tile of dvt value columns (a multiple of 8). Row strides put each
 // tensor-core fragment's 32 loads in 32 banks: tiles read as a row-major a operand have rows ≡ 4
 // (mod 32) floats apart, tiles read as b or as a transposed a operand ≡ 8 (see mma_tf32.cuh for the
-// fragments).
+// fragments). Every row is 16-byte aligned for the copies.
 struct ChunkSmem {
   float* S;        // [dk][dvt + 8] state tile
   float *Q, *Wk;   // [64][dk + 4]: queries (per key channel decayed: the record's Qd), Wk
-  float* K;        // [64][dk + 8]: keys decayed to the chunk's end, k_j·e^(G_last − G_j)
+  float* K;        // [64][dk + 8]: keys (per key channel decayed to the chunk's end: Kd)
   float *V, *Vn;   // [64][dvt + 8] values, new values
+  float* Vd;       // [64][dvt + 8] per head: new values decayed to the chunk's end
   float *QK, *Tb;  // [64][68], zero above the diagonal
   float *eg, *dl;  // [64] each: e^(G_i), e^(G_last − G_i) (per head)
   float* gl;       // [dk]: the chunk's decay of each state row
@@ -283,7 +335,7 @@ struct ChunkSmem {
     const int dk = key_pad(dk_in);
     return sizeof(float) *
            (size_t(dk) * lds(dvt) + 2 * kChunk * size_t(dk + 4) + kChunk * size_t(dk + 8) +
-            2 * kChunk * size_t(lds(dvt)) + 2 * kChunk * 68 + 2 * kChunk + dk);
+            3 * kChunk * size_t(lds(dvt)) + 2 * kChunk * kRecLd + 2 * kChunk + dk);
   }
   __device__ ChunkSmem(void* p, int dk, int dvt) {  // dk: key_pad's
     float* f = static_cast<float*>(p);
@@ -293,8 +345,9 @@ struct ChunkSmem {
     K = f, f += kChunk * (dk + 8);
     V = f, f += kChunk * lds(dvt);
     Vn = f, f += kChunk * lds(dvt);
-    QK = f, f += kChunk * 68;
-    Tb = f, f += kChunk * 68;
+    Vd = f, f += kChunk * lds(dvt);
+    QK = f, f += kChunk * kRecLd;
+    Tb = f, f += kChunk * kRecLd;
     eg = f, f += kChunk;
     dl = f, f += kChunk;
     gl = f;
@@ -305,9 +358,14 @@ struct ChunkSmem {
 // on tensor cores to f32's accuracy (mma_tf32.cuh). grid (⌈dv/dvt⌉, Hv, n_seq_group),
 // kChunkThreads threads (16 warps); three barriers per chunk. Rows past the chunk's length are
 // staged as zeros, so every product runs over whole 64-row tiles.
+//   A chunk's operands come in two groups of copies, each issued as soon as the buffers it
+// fills are free, so they land while the chunk before is multiplied: group A (Q, Wk, Tb, V, eg,
+// dl; read by the first phase, Vnew and the inter-chunk outputs) after the first phase of the
+// chunk before, group B (K, QK, gl; read by the second, the outputs and the state update) after
+// its second.
 template <bool kPerChannel>
 __global__ void __launch_bounds__(kChunkThreads)
-    delta_chunk_state_kernel(DeltaArgs a, ChunkRecords rec, int dvt) {
+    delta_chunk_state_kernel(DeltaArgs a, ChunkRecords rec, int dvt, bool vec) {
   grid_dependency_sync();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int s = rec.s0 + blockIdx.z, h = blockIdx.y, tid = threadIdx.x;
@@ -316,7 +374,7 @@ __global__ void __launch_bounds__(kChunkThreads)
   const int64_t base = a.seq_start[s], len = a.seq_start[s + 1] - base;
   if (skip_seq(a.mode, len) || int64_t(rec.c0) * kChunk >= len) return;
   const int kh = h / a.group, dk = a.dk, dkp = ChunkSmem::key_pad(dk);
-  const int ldq = dkp + 4, ldk = dkp + 8, ldv = ChunkSmem::lds(dvt), lda = kChunkPad;
+  const int ldq = dkp + 4, ldk = dkp + 8, ldv = ChunkSmem::lds(dvt);
   ChunkSmem m(smem_raw, dkp, dvt);
   const int warp = tid / 32, g = (tid % 32) / 4, t = tid % 4;
   // Output tiles of 16 rows × 8 columns: [64 × dvt] has 4·(dvt/8), one per warp (warps past
@@ -329,64 +387,79 @@ __global__ void __launch_bounds__(kChunkThreads)
     m.S[i * ldv + jj] = i < dk && jj < ncols ? Sg[int64_t(i) * a.dv + j0 + jj] : 0.0f;
   }
   const int c_end = int(min64(rec.c0 + rec.n_chunks, (len + kChunk - 1) / kChunk));
-  for (int c = rec.c0; c < c_end; ++c) {
-    const int L = int(min64(kChunk, len - int64_t(c) * kChunk));
-    const int64_t t0 = base + int64_t(c) * kChunk;
-    const float* r = rec.at(s, c, h, a.hv, dk);
-    const float* rWk = r;
-    const float* rQK = rWk + kChunk * dk;
-    const float* rTb = rQK + kChunk * lda;
-    const float* rQd = rTb + kChunk * lda + 2 * kChunk;
-    const float* rKd = rQd + kChunk * dk;
-    const float* rgl = rKd + kChunk * dk;
-    const float* rdl = rTb + kChunk * lda + kChunk;  // per head: e^(G_last − G_j)
-    // The chunk's operands staged by asynchronous copies, all in flight at once (element
-    // loads through registers took a round trip per loop iteration); zeros past the chunk,
-    // past dk and above QK's and Tb's diagonals.
-    for (int e = tid; e < kChunk * dkp; e += kChunkThreads) {
-      const int i = e / dkp, mm = e % dkp;
-      const bool in = i < L && mm < dk;
-      const float* q = rWk;  // any valid address where nothing is read
-      const float* k = rWk;
-      if (in) {
-        q = kPerChannel ? rQd + i * dk + mm : a.q + (t0 + i) * a.q_s0 + kh * a.q_s1 + mm;
-        k = kPerChannel ? rKd + i * dk + mm : a.k + (t0 + i) * a.k_s0 + kh * a.k_s1 + mm;
-      }
-      copy4_async(m.Q + i * ldq + mm, q, in);
-      copy4_async(m.K + i * ldk + mm, k, in);
-      copy4_async(m.Wk + i * ldq + mm, in ? rWk + i * dk + mm : rWk, in);
-    }
-    for (int e = tid; e < kChunk * dvt; e += kChunkThreads) {
-      const int i = e / dvt, jj = e % dvt;
-      const bool in = i < L && jj < ncols;
-      copy4_async(m.V + i * ldv + jj, in ? a.v + (t0 + i) * a.v_s0 + h * a.v_s1 + j0 + jj : rWk,
-                  in);
-    }
-    for (int e = tid; e < kChunk * kChunk; e += kChunkThreads) {
-      const int i = e / kChunk, jx = e % kChunk;
-      const bool in = i < L && jx <= i;
-      copy4_async(m.QK + i * 68 + jx, in ? rQK + i * lda + jx : rWk, in);
-      copy4_async(m.Tb + i * 68 + jx, in ? rTb + i * lda + jx : rWk, in);
-    }
+  // The record's parts and the chunk's length and first token.
+  struct Chunk {
+    const float *Wk, *QK, *Tb, *eg, *dl, *Qd, *Kd, *gl;
+    int L;
+    int64_t t0;
+  };
+  auto chunk = [&](int c) {
+    Chunk ch;
+    ch.Wk = rec.at(s, c, h, a.hv, dk);
+    ch.QK = ch.Wk + kChunk * dk;
+    ch.Tb = ch.QK + kChunk * kRecLd;
+    ch.eg = ch.Tb + kChunk * kRecLd;
+    ch.dl = ch.eg + kChunk;
+    ch.Qd = ch.dl + kChunk;
+    ch.Kd = ch.Qd + kChunk * dk;
+    ch.gl = ch.Kd + kChunk * dk;
+    ch.L = int(min64(kChunk, len - int64_t(c) * kChunk));
+    ch.t0 = base + int64_t(c) * kChunk;
+    return ch;
+  };
+  // Group A: zeros past the chunk, past dk and past the tile's columns.
+  auto issue_a = [&](const Chunk& ch) {
+    const int L = ch.L;
+    const int64_t t0 = ch.t0;
     if constexpr (kPerChannel) {
+      stage_rows(m.Q, ldq, kChunk, dkp, L, dk, vec, ch.Wk,
+                 [&](int i, int mm) { return ch.Qd + i * dk + mm; });
+    } else {
+      stage_rows(m.Q, ldq, kChunk, dkp, L, dk, vec, ch.Wk,
+                 [&](int i, int mm) { return a.q + (t0 + i) * a.q_s0 + kh * a.q_s1 + mm; });
+    }
+    stage_rows(m.Wk, ldq, kChunk, dkp, L, dk, vec, ch.Wk,
+               [&](int i, int mm) { return ch.Wk + i * dk + mm; });
+    stage_rows(m.Tb, kRecLd, kChunk, kChunk, L, kChunk, vec, ch.Wk,
+               [&](int i, int jx) { return ch.Tb + i * kRecLd + jx; });
+    stage_rows(m.V, ldv, kChunk, dvt, L, ncols, vec, ch.Wk,
+               [&](int i, int jj) { return a.v + (t0 + i) * a.v_s0 + h * a.v_s1 + j0 + jj; });
+    if (!kPerChannel && tid < kChunk) {
+      copy4_async(m.eg + tid, ch.eg + tid, tid < L);
+      copy4_async(m.dl + tid, ch.dl + tid, tid < L);
+    }
+  };
+  // Group B.
+  auto issue_b = [&](const Chunk& ch) {
+    const int L = ch.L;
+    const int64_t t0 = ch.t0;
+    if constexpr (kPerChannel) {
+      stage_rows(m.K, ldk, kChunk, dkp, L, dk, vec, ch.Wk,
+                 [&](int i, int mm) { return ch.Kd + i * dk + mm; });
       for (int mm = tid; mm < dkp; mm += kChunkThreads) {
-        copy4_async(m.gl + mm, mm < dk ? rgl + mm : rWk, mm < dk);
+        copy4_async(m.gl + mm, mm < dk ? ch.gl + mm : ch.Wk, mm < dk);
       }
-    } else if (tid < kChunk) {
-      copy4_async(m.eg + tid, rTb + kChunk * lda + tid, tid < L);
-      copy4_async(m.dl + tid, rdl + tid, tid < L);
+    } else {
+      stage_rows(m.K, ldk, kChunk, dkp, L, dk, vec, ch.Wk,
+                 [&](int i, int mm) { return a.k + (t0 + i) * a.k_s0 + kh * a.k_s1 + mm; });
     }
+    stage_rows(m.QK, kRecLd, kChunk, kChunk, L, kChunk, vec, ch.Wk,
+               [&](int i, int jx) { return ch.QK + i * kRecLd + jx; });
+  };
+  {
+    const Chunk first = chunk(rec.c0);
+    issue_a(first);
     copy_commit();
-    copy_wait<0>();
-    __syncthreads();
-    if constexpr (!kPerChannel) {
-      // Keys decayed to the chunk's end: k_j·e^(G_last − G_j), read after the next barrier.
-      for (int e = tid; e < L * dkp; e += kChunkThreads) {
-        const int i = e / dkp, mm = e % dkp;
-        m.K[i * ldk + mm] *= m.dl[i];
-      }
-    }
-    // The inter-chunk outputs e^G q S0 (kept in registers), and Vnew = T(βV) − Wk S0.
+    issue_b(first);
+    copy_commit();
+  }
+  for (int c = rec.c0; c < c_end; ++c) {
+    const Chunk ch = chunk(c);
+    const int L = ch.L;
+    copy_wait<1>();   // this thread's group A of chunk c has landed (group B may not have)
+    __syncthreads();  // everyone's; and the state update of the chunk before is done
+    // The inter-chunk outputs e^G q S0 (kept in registers), and Vnew = T(βV) − Wk S0 (per head
+    // also decayed to the chunk's end, e^(G_last − G_j) Vnew_j, for the state update).
     float o[4] = {0, 0, 0, 0};
     if (warp < out_tiles) {
       float tv[4] = {0, 0, 0, 0}, ws[4] = {0, 0, 0, 0};
@@ -396,36 +469,44 @@ __global__ void __launch_bounds__(kChunkThreads)
         mma_split(ws, load_split_a(m.Wk, ldq, orow, k0, g, t), sb);
       }
       for (int k0 = 0; k0 < kChunk; k0 += 8) {
-        mma_split(tv, load_split_a(m.Tb, 68, orow, k0, g, t),
+        mma_split(tv, load_split_a(m.Tb, kRecLd, orow, k0, g, t),
                   load_split_b(m.V, ldv, k0, ocol, g, t));
       }
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         const int i = orow + mma_c_row(g, u), jj = ocol + mma_c_col(t, u);
-        if constexpr (!kPerChannel) o[u] *= m.eg[i];
-        m.Vn[i * ldv + jj] = tv[u] - ws[u];
+        const float vn = tv[u] - ws[u];
+        m.Vn[i * ldv + jj] = vn;
+        if constexpr (!kPerChannel) {
+          o[u] *= m.eg[i];
+          m.Vd[i * ldv + jj] = vn * m.dl[i];
+        }
       }
     }
-    __syncthreads();
+    const float decay_all = kPerChannel ? 0.0f : m.eg[L - 1];  // read before group A refills
+    copy_wait<0>();                                            // group B of chunk c
+    __syncthreads();  // Vnew is written; Q, Wk, Tb, V, eg and dl are free
+    if (c + 1 < c_end) issue_a(chunk(c + 1));
+    copy_commit();
     // Outputs, and the state carried to the next chunk.
     if (warp < out_tiles) {
       for (int k0 = 0; k0 < kChunk; k0 += 8) {
-        mma_split(o, load_split_a(m.QK, 68, orow, k0, g, t),
+        mma_split(o, load_split_a(m.QK, kRecLd, orow, k0, g, t),
                   load_split_b(m.Vn, ldv, k0, ocol, g, t));
       }
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         const int i = orow + mma_c_row(g, u), jj = ocol + mma_c_col(t, u);
-        if (i < L && jj < ncols) a.out[(t0 + i) * a.o_s0 + h * a.o_s1 + j0 + jj] = o[u];
+        if (i < L && jj < ncols) a.out[(ch.t0 + i) * a.o_s0 + h * a.o_s1 + j0 + jj] = o[u];
       }
     }
-    const float decay_all = kPerChannel ? 0.0f : m.eg[L - 1];
+    const float* vd = kPerChannel ? m.Vn : m.Vd;
     for (int tile = warp; tile < state_tiles; tile += kChunkThreads / 32) {
       const int srow = tile / col_tiles * 16, scol = tile % col_tiles * 8;
       float su[4] = {0, 0, 0, 0};
       for (int k0 = 0; k0 < kChunk; k0 += 8) {
         mma_split(su, load_split_a_t(m.K, ldk, srow, k0, g, t),
-                  load_split_b(m.Vn, ldv, k0, scol, g, t));
+                  load_split_b(vd, ldv, k0, scol, g, t));
       }
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
@@ -434,8 +515,11 @@ __global__ void __launch_bounds__(kChunkThreads)
         sv = sv * (kPerChannel ? m.gl[mm] : decay_all) + su[u];
       }
     }
-    __syncthreads();
+    __syncthreads();  // K, QK, gl and Vnew are free
+    if (c + 1 < c_end) issue_b(chunk(c + 1));
+    copy_commit();
   }
+  copy_wait<0>();
   for (int e = tid; e < dk * dvt; e += kChunkThreads) {
     const int i = e / dvt, jj = e % dvt;
     if (jj < ncols) Sg[int64_t(i) * a.dv + j0 + jj] = m.S[i * ldv + jj];  // rows i < dk
@@ -457,7 +541,8 @@ int chunk_columns(int dk, bool per_channel, size_t max_smem) {
 // holds (host lengths say how many chunks each sequence has).
 template <bool kPerChannel>
 void launch_chunked(const DeltaArgs& a, const SeqLayout& layout, void* scratch,
-                    size_t scratch_bytes, size_t max_smem, cudaStream_t stream) {
+                    size_t scratch_bytes, size_t max_smem, cudaStream_t stream,
+                    const std::function<void(const char*)>& launched) {
   int dvt = chunk_columns(a.dk, kPerChannel, max_smem);
   if (dvt == 0) fatal("gated_delta_rule: key head dim too large for the chunked kernel");
   const size_t state_smem = ChunkSmem::bytes(a.dk, dvt, kPerChannel);
@@ -481,6 +566,13 @@ void launch_chunked(const DeltaArgs& a, const SeqLayout& layout, void* scratch,
     max_chunks = std::max(max_chunks, (len + kChunk - 1) / kChunk);
   }
   if (max_chunks == 0) return;
+  // 16-byte copies where every staged row is 16-byte aligned (the records' are when dk is a
+  // multiple of 4).
+  auto aligned = [](const float* p, int64_t s0, int64_t s1) {
+    return (reinterpret_cast<uintptr_t>(p) & 15) == 0 && s0 % 4 == 0 && s1 % 4 == 0;
+  };
+  const bool vec = a.dk % 4 == 0 && a.dv % 4 == 0 && aligned(a.q, a.q_s0, a.q_s1) &&
+                   aligned(a.k, a.k_s0, a.k_s1) && aligned(a.v, a.v_s0, a.v_s1);
   const size_t per_head_chunk =
       size_t(chunk_record_floats(a.dk, kPerChannel)) * sizeof(float) * size_t(a.hv);
   const int64_t fit = int64_t(scratch_bytes / per_head_chunk);
@@ -493,17 +585,19 @@ void launch_chunked(const DeltaArgs& a, const SeqLayout& layout, void* scratch,
       const ChunkRecords rec{static_cast<float*>(scratch), c0, piece, s0, ns, kPerChannel};
       launch_kernel(delta_chunk_keys_kernel<kPerChannel>,
                     dim3(unsigned(piece), unsigned(a.hv), unsigned(ns)), kChunkThreads, keys_smem,
-                    stream, a, rec);
+                    stream, a, rec, vec);
+      launched("gated_delta_rule (chunk keys)");
       const dim3 grid(unsigned((a.dv + dvt - 1) / dvt), unsigned(a.hv), unsigned(ns));
       launch_kernel(delta_chunk_state_kernel<kPerChannel>, grid, kChunkThreads, state_smem, stream,
-                    a, rec, dvt);
+                    a, rec, dvt, vec);
+      launched("gated_delta_rule (chunk state)");
     }
   }
 }
 
 template void launch_chunked<false>(const DeltaArgs&, const SeqLayout&, void*, size_t, size_t,
-                                    cudaStream_t);
+                                    cudaStream_t, const std::function<void(const char*)>&);
 template void launch_chunked<true>(const DeltaArgs&, const SeqLayout&, void*, size_t, size_t,
-                                   cudaStream_t);
+                                   cudaStream_t, const std::function<void(const char*)>&);
 
 }  // namespace recur::cuda
