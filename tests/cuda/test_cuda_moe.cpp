@@ -275,9 +275,9 @@ TEST_F(CudaMoe, ExpertsMatchReferenceOnEveryPath) {
                         {100, 8, 1, 64, 32},
                         {300, 16, 4, 136, 200},
                         // the f16 tiles' gate/up in clusters of 16 blocks; SwiGLU rows wider
-                        // than a cluster (18 blocks: f32 rows, then a row split)
-                        {300, 16, 4, 64, 1024},
-                        {150, 8, 2, 64, 1152},
+                        // than a cluster (17 blocks: f32 rows, then a row split)
+                        {300, 16, 4, 64, 2048},
+                        {150, 8, 2, 64, 2176},
                         // decode batches, few rows per expert (tiles of 2 and 4 rows), with 16-byte
                         // rows whose count is not a multiple of a block's
                         {12, 64, 4, 512, 256},
@@ -350,10 +350,10 @@ ExpertsRun run_experts(CudaOps& ops, const Experts& ex, const HostTensor& x, int
 // and the scaling must follow each row (and, for down, each SwiGLU row across the blocks of
 // its cluster). Rows: random; scaled by 2^40, 2^-40 and 10^6 (beyond f16's range, where
 // unscaled terms overflow); one value 10^4 times the rest. Each row's error is taken against
-// its own largest value. ff 40: one block a tile; 1,024: clusters of sixteen.
+// its own largest value. ff 40: one block a tile; 2,048: clusters of sixteen.
 TEST_F(CudaMoe, TensorCoreExpertsCarryEveryBitOfTheActivations) {
   const int64_t n = 300, E = 16, k = 4, d = 64;  // ~75 rows an expert: tiles 64 + rest
-  for (int64_t ff : {40, 1024}) {
+  for (int64_t ff : {40, 2048}) {
     for (DType dt : {DType::BF16, DType::F16}) {
       Experts ex = make_experts(ops(), E, d, ff, dt, rng, /*one_hot=*/true);
       HostTensor x(DType::F32, {n, d});

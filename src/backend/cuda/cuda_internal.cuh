@@ -312,6 +312,13 @@ __device__ __forceinline__ void copy16_async(void* dst, const void* src, bool va
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
                "r"(valid ? 16 : 0));
 }
+// As copy16_async, asking L2 to fetch the 256 bytes around src from memory at once: for rows
+// read 16 bytes a thread and a few dozen bytes a stage, whose later stages then hit L2.
+__device__ __forceinline__ void copy16_async_l2_256(void* dst, const void* src, bool valid) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+               "r"(valid ? 16 : 0));
+}
 // 4 bytes global → shared, as copy16_async (for rows of any alignment).
 __device__ __forceinline__ void copy4_async(void* dst, const void* src, bool valid) {
   const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));

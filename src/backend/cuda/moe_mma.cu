@@ -20,13 +20,15 @@
 //   Gate/up's SwiGLU outputs are down's activations: the blocks of one tile (its d_ff columns,
 // at most kMaxClusterBlocks blocks) run as a cluster, which agrees on each row's largest value
 // through distributed shared memory and stores the row's two terms and inverse scale.
-//   A block: 256 threads, 128 weight rows (gate's 64 and up's 64 of the same output columns,
-// SwiGLU applied in registers; or 128 rows of one weight) × one tile's 64 tokens, k staged 32
-// at a time through a three-stage cp.async ring of unpadded, swizzled rows, so three blocks
-// (24 warps) share an SM. The kernel waits on latency more than on its products or L2, and the
-// third block's warps beat a deeper ring (80B-A3B cut to 6 layers, H200, 2,048 / 16,384-token
-// prefill, three bf16 terms then: 78,800 / 77,000 tok/s with four padded stages and two blocks
-// an SM, 84,800 / 83,300 with these; two padded stages and three blocks 79,900 / 78,500).
+//   A block: 256 threads, 256 weight rows (gate's 128 and up's 128 of the same output columns,
+// SwiGLU applied in registers; or 256 rows of one weight) × one tile's 64 tokens, k staged 32
+// at a time through a four-stage cp.async ring of unpadded, swizzled rows; two blocks (16 warps)
+// share an SM. A stage reads 64 bytes of each weight row: the copies ask L2 for the 256 bytes
+// around them (.L2::256B), so memory serves each row in longer runs and the next three stages
+// hit L2. H200, 80B-A3B cut to 6 layers, gate/up a layer at 2,048 / 16,384 tokens: 128 rows,
+// three stages and three blocks an SM 1,032 / 5,326 µs; 256 rows 1,029 / 4,871; four stages
+// 1,022 / 4,739; with .L2::256B 832 / 4,720 (a bulk L2 prefetch of 2 KB a row every 16 stages
+// instead: 1,125 / 5,122). bench/results/h200-session27-notes.md, calls 4 to 6.
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -39,18 +41,20 @@ namespace recur::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;  // 8 warps: 4 along the weight rows × 2 along the tokens
-constexpr int kWRows = 128;    // weight rows staged per block
+constexpr int kThreads = 256;           // 8 warps: 4 along the weight rows × 2 along the tokens
+constexpr int kWRows = 256;             // weight rows staged per block
+constexpr int kRowTiles = kWRows / 64;  // a warp's 16-row fragments, 64 rows apart
 constexpr int kTokens = kWmmaTileRows;
 constexpr int kTK = 32;
 constexpr int kLd = kTK;  // staged rows of 64 bytes, their 16-byte chunks swizzled (swz)
-constexpr int kStages = 3;
+constexpr int kStages = 4;
 constexpr int kWBytes = kWRows * kLd * 2;               // W [kWRows][kLd]
 constexpr int kXBytes = kF16Terms * kTokens * kLd * 2;  // X [2][kTokens][kLd]: mid, hi
 constexpr int kStageBytes = kWBytes + kXBytes;
 constexpr int kCsLd = kWRows + 4;  // epilogue Cs [kTokens][kCsLd] f32, reusing the ring
 constexpr int kSmemBytes = std::max(kStages * kStageBytes, kTokens* kCsLd * 4);
 static_assert(kThreads == kTokens * (kTK / 8), "one 16-byte copy per thread per token row");
+static_assert(kRowTiles % 2 == 0, "gate's fragments, then up's");
 static_assert(kThreads == 4 * kTokens, "four threads per token row in the row maxima");
 
 // The position of 16-byte chunk c of a staged row: ldmatrix's 8 consecutive rows at one chunk
@@ -133,7 +137,7 @@ __device__ __forceinline__ void store_scaled_terms(const MoeGemmArgs& a, const f
 // groups wn, wn + 2, wn + 4, wn + 6 that hold tokens. Copies past the tile's tokens, the weights'
 // rows or k are zeros (k is a multiple of the 16-byte copies).
 template <typename T, bool kDual>
-__global__ void __launch_bounds__(kThreads, 3) moe_mma_kernel(MoeGemmArgs a) {
+__global__ void __launch_bounds__(kThreads, 2) moe_mma_kernel(MoeGemmArgs a) {
   grid_dependency_sync();
   int e, row0, rows;
   // The same tile for every block of a cluster (clusters run along x): they return together.
@@ -146,7 +150,7 @@ __global__ void __launch_bounds__(kThreads, 3) moe_mma_kernel(MoeGemmArgs a) {
   __shared__ float row_max[kDual ? kTokens : 1], row_scale[kDual ? kTokens : 1];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wm = warp % 4, wn = warp / 4;
 
-  // Copy roles: token row cr of each term, weight rows cr and cr + 64; 8 columns from cc.
+  // Copy roles: token row cr of each term, weight rows cr + 64h; 8 columns from cc.
   const int cr = tid / 4, cc = (tid % 4) * 8;
   const __half* xt = static_cast<const __half*>(a.x_terms);
   const __half* xrow = nullptr;
@@ -157,11 +161,13 @@ __global__ void __launch_bounds__(kThreads, 3) moe_mma_kernel(MoeGemmArgs a) {
     inv = a.x_scale[xr];
   }
   if (tid % 4 == 0) row_inv[cr] = inv;
-  const T* wrow[2];
+  // Staged row cr + 64h: kDual, gate's rows for h < kRowTiles / 2, then up's.
+  const T* wrow[kRowTiles];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int64_t r = kDual ? n0 + cr : n0 + cr + 64 * h;
-    wrow[h] = r < a.m ? (kDual && h == 1 ? W2 : W) + r * K : nullptr;
+  for (int h = 0; h < kRowTiles; ++h) {
+    const bool second = kDual && h >= kRowTiles / 2;
+    const int64_t r = n0 + cr + 64 * (second ? h - kRowTiles / 2 : h);
+    wrow[h] = r < a.m ? (second ? W2 : W) + r * K : nullptr;
   }
   auto issue = [&](int kt) {
     unsigned char* st = smem + (kt % kStages) * kStageBytes;
@@ -170,9 +176,9 @@ __global__ void __launch_bounds__(kThreads, 3) moe_mma_kernel(MoeGemmArgs a) {
     const int64_t k0 = int64_t(kt) * kTK + cc;
     const bool k_in = k0 < K;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < kRowTiles; ++h) {
       const bool ok = wrow[h] && k_in;
-      copy16_async(Ws + (cr + 64 * h) * kLd + swz(cr, cc / 8), ok ? wrow[h] + k0 : W, ok);
+      copy16_async_l2_256(Ws + (cr + 64 * h) * kLd + swz(cr, cc / 8), ok ? wrow[h] + k0 : W, ok);
     }
     const bool ok = xrow && k_in;
 #pragma unroll
@@ -183,7 +189,7 @@ __global__ void __launch_bounds__(kThreads, 3) moe_mma_kernel(MoeGemmArgs a) {
   };
 
   // acc[i][j]: staged rows i·64 + wm·16 + [0, 16) × tokens of group wn + 2j.
-  float acc[2][4][4] = {};
+  float acc[kRowTiles][4][4] = {};
   const int groups = (rows + 7) / 8, active = (groups - wn + 1) / 2;  // this warp's groups
   const int nk = int((K + kTK - 1) / kTK);
 #pragma unroll
@@ -206,9 +212,9 @@ __global__ void __launch_bounds__(kThreads, 3) moe_mma_kernel(MoeGemmArgs a) {
     const __half* Xs = reinterpret_cast<const __half*>(st + kWBytes);
 #pragma unroll
     for (int kk = 0; kk < kTK; kk += 16) {
-      uint32_t af[2][4];
+      uint32_t af[kRowTiles][4];
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
+      for (int i = 0; i < kRowTiles; ++i) {
         ldmatrix_x4<false>(af[i], Ws + (i * 64 + a_row) * kLd + swz(a_row, lane / 16 + kk / 8));
         if constexpr (std::is_same_v<T, __nv_bfloat16>) {
 #pragma unroll
@@ -228,7 +234,7 @@ __global__ void __launch_bounds__(kThreads, 3) moe_mma_kernel(MoeGemmArgs a) {
         for (int q = 0; q < 2; ++q) {
           if (2 * p + q >= active) break;
 #pragma unroll
-          for (int i = 0; i < 2; ++i) {
+          for (int i = 0; i < kRowTiles; ++i) {
 #pragma unroll
             for (int term = 0; term < kF16Terms; ++term) {
               mma16<__half>(acc[i][2 * p + q], af[i], bf[term][2 * q], bf[term][2 * q + 1]);
@@ -249,13 +255,13 @@ __global__ void __launch_bounds__(kThreads, 3) moe_mma_kernel(MoeGemmArgs a) {
     if (j >= active) break;
     const int tok = (wn + 2 * j) * 8 + 2 * t;
 #pragma unroll
-    for (int i = 0; i < (kDual ? 1 : 2); ++i) {
+    for (int i = 0; i < (kDual ? kRowTiles / 2 : kRowTiles); ++i) {
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         const int col = i * 64 + wm * 16 + g + (u / 2) * 8;
         const float inv = row_inv[tok + u % 2];
-        const float v =
-            kDual ? silu(acc[0][j][u] * inv) * (acc[1][j][u] * inv) : acc[i][j][u] * inv;
+        const float v = kDual ? silu(acc[i][j][u] * inv) * (acc[i + kRowTiles / 2][j][u] * inv)
+                              : acc[i][j][u] * inv;
         Cs[(tok + u % 2) * kCsLd + col] = v;
       }
     }
