@@ -26,11 +26,21 @@ __global__ void conv1d_out_kernel(const float* x, int64_t ldx, const W* w, int K
   const int s = seq_of_token(seq_start, n_seqs, t);
   const int64_t base = seq_start[s], i = t - base;
   const float* st = state + int64_t(slot[s]) * (K - 1) * C;
+  // Every load issued before the first sum: one thread's K loads are in flight together
+  // rather than one at a time.
+  float in[kMaxConvK], wt[kMaxConvK];
+#pragma unroll
+  for (int j = 0; j < kMaxConvK; ++j) {
+    if (j < K) {
+      const int64_t idx = i - (K - 1) + j;
+      in[j] = idx < 0 ? st[(K - 1 + idx) * C + c] : x[(base + idx) * ldx + c];
+      wt[j] = to_f32(w[c * K + j]);
+    }
+  }
   float acc = 0.0f;
-  for (int j = 0; j < K; ++j) {
-    const int64_t idx = i - (K - 1) + j;
-    const float in = idx < 0 ? st[(K - 1 + idx) * C + c] : x[(base + idx) * ldx + c];
-    acc += to_f32(w[c * K + j]) * in;
+#pragma unroll
+  for (int j = 0; j < kMaxConvK; ++j) {
+    if (j < K) acc += wt[j] * in[j];
   }
   out[int64_t(t) * ldo + c] = silu(acc);
 }
