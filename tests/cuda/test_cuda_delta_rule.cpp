@@ -83,19 +83,37 @@ TEST_F(CudaDeltaRule, FormsAgreeWithTheDefinition) {
   }
 }
 
-// Head sizes that are not multiples of 4: the chunked kernels stage their rows 4 bytes at a
-// time instead of 16.
-TEST_F(CudaDeltaRule, OddHeadSizesStageUnalignedRows) {
-  const int64_t hk = 1, hv = 2, dk = 18, dv = 10;
+// Head sizes the chunked kernels stage in pieces: 18 × 10, not multiples of 4 (rows copied 4
+// bytes at a time instead of 16); 20 × 40, 16-byte copies with key channels zero-filled up to
+// the fragments' 32 and a second tile of value columns 8 wide.
+TEST_F(CudaDeltaRule, OddHeadSizesStageTheirRowsInPieces) {
   const std::vector<int> lens = {130, 1, 65};
-  for (bool per_channel : {false, true}) {
-    Layout lay(lens, std::vector<int>(lens.size(), 0), 16, rng);
-    DeltaInputs in(lay.l.n_tokens, hk, hv, dk, dv, rng, per_channel);
-    HostTensor state0(DType::F32, {int64_t(lens.size()), hv, dk, dv});
-    fill_random(state0, rng, 0.5f);
-    const DeltaErrors e = delta_errors(ops(), in, lay, state0, hv, dv, DeltaRuleForm::kChunked);
-    expect_close(e, std::string("odd head sizes ") + decay_name(per_channel));
+  for (const auto& [dk, dv] : {std::pair<int64_t, int64_t>{18, 10}, {20, 40}}) {
+    for (bool per_channel : {false, true}) {
+      const int64_t hk = 1, hv = 2;
+      Layout lay(lens, std::vector<int>(lens.size(), 0), 16, rng);
+      DeltaInputs in(lay.l.n_tokens, hk, hv, dk, dv, rng, per_channel);
+      HostTensor state0(DType::F32, {int64_t(lens.size()), hv, dk, dv});
+      fill_random(state0, rng, 0.5f);
+      const DeltaErrors e = delta_errors(ops(), in, lay, state0, hv, dv, DeltaRuleForm::kChunked);
+      expect_close(e, std::string("head sizes ") + std::to_string(dk) + "x" + std::to_string(dv) +
+                          " " + decay_name(per_channel));
+    }
   }
+}
+
+// More chunk records than the start-up scratch holds (128 MiB; 64 value heads of 16 × 16 take
+// 2.4 MiB a chunk, so 26 chunks of two sequences): the state walks the chunks in two pieces, the
+// second from the state the first left, which the shorter sequence does not reach.
+TEST_F(CudaDeltaRule, ChunkRecordsInPieces) {
+  const int64_t hk = 16, hv = 64, dk = 16, dv = 16;
+  const std::vector<int> lens = {3300, 70};
+  Layout lay(lens, std::vector<int>(lens.size(), 0), 16, rng);
+  DeltaInputs in(lay.l.n_tokens, hk, hv, dk, dv, rng, false);
+  HostTensor state0(DType::F32, {int64_t(lens.size()), hv, dk, dv});
+  fill_random(state0, rng, 0.5f);
+  const DeltaErrors e = delta_errors(ops(), in, lay, state0, hv, dv, DeltaRuleForm::kChunked);
+  expect_close(e, "chunk records in pieces");
 }
 
 // Model head sizes (dk = dv = 128: Qwen3-Next's and Kimi Linear's), a ragged batch mixing

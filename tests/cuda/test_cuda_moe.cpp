@@ -278,6 +278,8 @@ TEST_F(CudaMoe, ExpertsMatchReferenceOnEveryPath) {
                         // than a cluster (17 blocks: f32 rows, then a row split)
                         {300, 16, 4, 64, 2048},
                         {150, 8, 2, 64, 2176},
+                        // clusters of 10, the last block 8 columns wide
+                        {200, 16, 4, 64, 1160},
                         // decode batches, few rows per expert (tiles of 2 and 4 rows), with 16-byte
                         // rows whose count is not a multiple of a block's
                         {12, 64, 4, 512, 256},

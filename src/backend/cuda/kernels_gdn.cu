@@ -252,9 +252,11 @@ void CudaOps::gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v
   }
   // The rule's own arithmetic per token and value head (decay, k·S, update, q·S: 7·dk·dv);
   // bytes: q, k, v, g, β and the output per token, each sequence's state read and written.
-  // Counted at the recurrent kernel, or at the chunked form's state walk.
+  // Counted once for the op: at the recurrent kernel, or at the chunked form's first state walk.
+  bool work_counted = false;
   auto rule_work = [&] {
-    if (!s.options.profile) return;
+    if (!s.options.profile || work_counted) return;
+    work_counted = true;
     const double n = double(q.shape[0]);
     s.work(7.0 * n * double(hv * dk * dv),
            4.0 * (n * double(2 * hk * dk + 2 * hv * dv + (per_channel ? hv * dk : hv) + hv) +
@@ -270,11 +272,9 @@ void CudaOps::gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v
     s.launched("gated_delta_rule (recurrent)");
   };
   // Each chunked kernel is its own profile interval; the rule's work goes with the state walk.
-  bool work_counted = false;
   const std::function<void(const char*)> chunk_launched = [&](const char* what) {
     s.launched(what);
-    if (!work_counted) rule_work();  // after the first keys launch: the next is a state walk
-    work_counted = true;
+    rule_work();  // after the first keys launch: the next is a state walk
   };
   // Per key channel, a key head too large for the chunked kernels' shared memory (dk > 128 on
   // an H200) runs token by token.

@@ -37,7 +37,9 @@ constexpr int kSolveScratch = 3 * 16 * 16;  // the solve's block sums P, doubles
 // underflow to 0 instead of overflowing.
 // The record, floats: Wk [64][dk], QK [64][68] (the decayed q_i·k_j), Tb [64][68] (T·β, by
 // column), eg [64] (e^G_i), dl [64] (e^(G_last−G_i)); per key channel then Qd [64][dk]
-// (q∘e^G), Kd [64][dk] (k∘e^(G_last−G)), gl [dk] (e^G_last), and eg, dl unused.
+// (q∘e^G), Kd [64][dk] (k∘e^(G_last−G)), gl [dk] (e^G_last), and eg, dl unused. Only rows < L
+// (the chunk's length) are written, and of QK and Tb only columns < 64: the state kernel reads
+// nothing else.
 __host__ __device__ inline int64_t chunk_record_floats(int dk, bool per_channel) {
   const int64_t per_head = int64_t(kChunk) * dk + 2 * kChunk * kRecLd + 2 * kChunk;
   return (per_head + (per_channel ? 2 * int64_t(kChunk) * dk + dk : 0) + 3) / 4 * 4;
@@ -54,10 +56,11 @@ struct ChunkRecords {
   }
 };
 
-// grid (n_chunks, Hv, n_seq_group), kChunkThreads. Shared: the solve's P, Q, K
+// grid (n_chunks, Hv, n_seq_group), kChunkThreads. Shared: the solve's P [3][16][16] double; Q
 // [64][ld] (per key channel ld = dk + 1; per head dk padded to 16 with zeros, + 4, for the
-// tensor-core fragments), A [64][65] (per head after the solve: T·β·e^G as [64][68]), G, beta,
-// eg [64]; per key channel also the cumulative decays [64][dk+1].
+// tensor-core fragments) in a region of at least 64 × 64 doubles, which T [64][64] double
+// takes over after the solve; K [64][ld]; A [64][65] in [64][68] floats (per head after the
+// solve: T·β·e^G as [64][68]); G, beta, eg [64]; per key channel the cumulative decays [64][dk+1].
 __host__ __device__ inline int chunk_keys_ld(int dk, bool per_channel) {
   return per_channel ? dk + 1 : (dk + 15) / 16 * 16 + 4;
 }
@@ -97,7 +100,8 @@ __device__ __forceinline__ void stage_rows(float* dst, int ld, int rows, int col
 }
 
 // T = (I + A)^-1 for A [64][lda] strictly lower triangular (rows < L written), in double, into
-// T [64][64] (rows < L; the blocks above the diagonal are not written, those on it are whole).
+// T [64][64]: rows < L hold it; rows ≥ L hold garbage (possibly NaN, from A's unwritten rows),
+// which no caller reads; the blocks above the diagonal are not written, those on it are whole.
 // Blocked, so no step waits on a reduction across lanes: the four 16 × 16 diagonal blocks
 // D_b = (I + A_bb)^-1 by forward substitution (a thread per column), then the blocks below them
 // a diagonal at a time, T_ij = −D_i Σ_{k=j}^{i−1} A_ik T_kj, the sums through P [3][16][16].
@@ -140,7 +144,7 @@ __device__ __forceinline__ void solve_unit_lower(const float* A, int lda, int L,
   }
 }
 
-// Per head, two blocks share a multiprocessor (100 KB of shared memory each for dk = 128).
+// Per head, two blocks share a multiprocessor (about 90 KB of shared memory each for dk = 128).
 template <bool kPerChannel>
 __global__ void __launch_bounds__(kChunkThreads, 2)
     delta_chunk_keys_kernel(DeltaArgs a, ChunkRecords rec, bool vec) {
@@ -153,7 +157,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2)
   constexpr int ldr = kRecLd;
   const int dkp = (dk + 15) / 16 * 16;  // per head: the fragments' key channels
   const int warp = tid / 32, g = (tid % 32) / 4, t = tid % 4;
-  double* P = reinterpret_cast<double*>(smem_raw);  // the solve's block products
+  double* P = reinterpret_cast<double*>(smem_raw);  // [3][16][16]: the solve's block sums
   float* Q = reinterpret_cast<float*>(P + kSolveScratch);
   float* K = Q + chunk_keys_q_floats(dk, kPerChannel);
   float* A = K + kChunk * ldq;
@@ -270,8 +274,8 @@ __global__ void __launch_bounds__(kChunkThreads, 2)
   }
   // T = (I + A)^-1 in double (the solve amplifies rounding when many keys of a chunk are nearly
   // parallel), into the queries' space (read no more).
-  __syncthreads();  // every read of Q is done
-  double* T = reinterpret_cast<double*>(Q);
+  __syncthreads();                           // every read of Q is done
+  double* T = reinterpret_cast<double*>(Q);  // [64][64]
   solve_unit_lower(A, lda, L, T, P);
   // Wk = T(β e^G K); Tb = T·β for U = T(βV), rounded as the products below use them. Per
   // head on tensor cores: T·β·e^G rounded to f32 into A's space (read no more), then 16 × 8
@@ -389,9 +393,13 @@ __global__ void __launch_bounds__(kChunkThreads)
   const int c_end = int(min64(rec.c0 + rec.n_chunks, (len + kChunk - 1) / kChunk));
   // The record's parts and the chunk's length and first token.
   struct Chunk {
-    const float *Wk, *QK, *Tb, *eg, *dl, *Qd, *Kd, *gl;
-    int L;
-    int64_t t0;
+    const float* Wk;       // [64][dk]
+    const float *QK, *Tb;  // [64][68]
+    const float *eg, *dl;  // [64] (per head)
+    const float *Qd, *Kd;  // [64][dk] (per key channel; past a per-head record, unread)
+    const float* gl;       // [dk] (per key channel)
+    int L;                 // the chunk's tokens
+    int64_t t0;            // its first token
   };
   auto chunk = [&](int c) {
     Chunk ch;

@@ -73,7 +73,7 @@ __device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t w) {
   return h;
 }
 
-// Gate/up's epilogue: the SwiGLU outputs Cs [kTokens][kCsLd] (this block's 64 columns from n0)
+// Gate/up's epilogue: the SwiGLU outputs Cs [kTokens][kCsLd] (this block's 128 columns from n0)
 // stored as down's activations, two f16 terms of each row scaled by the power of two of its
 // largest |value| over every block of the cluster (the tile's d_ff columns), and the row's
 // inverse scale (by the cluster's first block). row_max [kTokens]: this block's maxima of its
@@ -129,11 +129,12 @@ __device__ __forceinline__ void store_scaled_terms(const MoeGemmArgs& a, const f
   }
 }
 
-// grid (⌈m/64⌉ when kDual, else ⌈m/128⌉, max_tiles); a.x_terms and a.x_scale set. Gate/up
+// grid (⌈m/128⌉ when kDual, else ⌈m/256⌉, max_tiles); a.x_terms and a.x_scale set. Gate/up
 // with a.out_terms (and a.out_scale) set runs in clusters of grid.x blocks and stores down's
 // terms; without, it stores f32 rows (SwiGLU rows wider than a cluster), as down does. Weight rows
-// staged: kDual, gate's rows [n0, n0 + 64) then up's; else rows [n0, n0 + 128) of the one weight.
-// Warp (wm, wn) multiplies staged rows i·64 + wm·16 + [0, 16) (i = 0, 1) with the tile's 8-token
+// staged: kDual, gate's rows [n0, n0 + 128) then up's; else rows [n0, n0 + 256) of the one
+// weight. Warp (wm, wn) multiplies staged rows i·64 + wm·16 + [0, 16) (i < kRowTiles) with the
+// tile's 8-token
 // groups wn, wn + 2, wn + 4, wn + 6 that hold tokens. Copies past the tile's tokens, the weights'
 // rows or k are zeros (k is a multiple of the 16-byte copies).
 template <typename T, bool kDual>
