@@ -7,6 +7,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <span>
@@ -462,15 +464,40 @@ void launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
   launch_kernel_clusters(kernel, grid, block, smem, stream, 1u, std::forward<Args>(args)...);
 }
 
-// Raises kKernel's limit of dynamic shared memory to smem bytes when that is more than it has
-// been allowed so far.
+// The device the calling thread drives (an index into per-device records).
+constexpr int kMaxDevices = 64;
+inline int current_device() {
+  int dev = 0;
+  RECUR_CUDA_CHECK(cudaGetDevice(&dev));
+  RECUR_CHECK(dev >= 0 && dev < kMaxDevices);
+  return dev;
+}
+
+// cudaFuncSetAttribute's settings belong to the current device (each has its own context), so a
+// kernel opted in on one GPU is not on another (--device cuda:N, tensor-parallel ranks): these
+// keep a record per kernel and device. opt_in_smem raises kKernel's limit of dynamic shared
+// memory on the current device to smem bytes when that is more than it has been allowed there
+// (48 KB without asking; a kernel whose static arrays take it past that with a ring of exactly
+// 48 KB must ask for one byte more).
 template <auto kKernel>
 void opt_in_smem(size_t smem) {
-  static size_t opted_in = 48 << 10;
-  if (smem > opted_in) {
+  static std::atomic<size_t> opted_in[kMaxDevices];
+  std::atomic<size_t>& o = opted_in[current_device()];
+  if (smem > std::max<size_t>(o.load(std::memory_order_relaxed), 48 << 10)) {
     RECUR_CUDA_CHECK(
         cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    opted_in = smem;
+    o.store(smem, std::memory_order_relaxed);
+  }
+}
+// Lets kKernel launch in clusters beyond the portable 8 blocks on the current device.
+template <auto kKernel>
+void allow_nonportable_clusters() {
+  static std::atomic<bool> allowed[kMaxDevices];
+  std::atomic<bool>& a = allowed[current_device()];
+  if (!a.load(std::memory_order_relaxed)) {
+    RECUR_CUDA_CHECK(
+        cudaFuncSetAttribute(kKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    a.store(true, std::memory_order_relaxed);
   }
 }
 

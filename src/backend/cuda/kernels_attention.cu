@@ -437,13 +437,9 @@ __global__ void __launch_bounds__(kCombineThreads) attention_combine_kernel(Attn
 template <int MAXO, int NT, typename T>
 void launch_attention(const AttnArgs& a, dim3 grid, size_t smem, size_t max_smem,
                       cudaStream_t stream) {
-  static size_t opted_in = 48 << 10;
-  if (smem > opted_in) {
+  if (smem > (48 << 10)) {
     if (smem > max_smem) fatal("paged_attention: query group × head dim too large");
-    RECUR_CUDA_CHECK(cudaFuncSetAttribute(paged_attention_kernel<MAXO, NT, T>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          int(max_smem)));
-    opted_in = max_smem;
+    opt_in_smem<paged_attention_kernel<MAXO, NT, T>>(max_smem);
   }
   launch_kernel(paged_attention_kernel<MAXO, NT, T>, grid, NT, smem, stream, a);
 }

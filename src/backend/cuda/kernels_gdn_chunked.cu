@@ -556,16 +556,8 @@ void launch_chunked(const DeltaArgs& a, const SeqLayout& layout, void* scratch,
   const size_t state_smem = ChunkSmem::bytes(a.dk, dvt, kPerChannel);
   const size_t keys_smem = chunk_keys_smem(a.dk, kPerChannel);
   dvt = std::min(dvt, (a.dv + 7) / 8 * 8);  // tiles of 8 columns
-  static size_t opted_in = 0;               // one per instantiation
-  if (opted_in < max_smem) {
-    RECUR_CUDA_CHECK(cudaFuncSetAttribute(delta_chunk_state_kernel<kPerChannel>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          int(max_smem)));
-    RECUR_CUDA_CHECK(cudaFuncSetAttribute(delta_chunk_keys_kernel<kPerChannel>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          int(max_smem)));
-    opted_in = max_smem;
-  }
+  opt_in_smem<delta_chunk_state_kernel<kPerChannel>>(max_smem);
+  opt_in_smem<delta_chunk_keys_kernel<kPerChannel>>(max_smem);
   int max_chunks = 0;
   for (int i = 0; i < layout.n_seqs; ++i) {
     const int len = layout.seq_len(i);

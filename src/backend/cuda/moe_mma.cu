@@ -281,17 +281,8 @@ template <typename T, bool kDual>
 void launch(const MoeGemmArgs& a, unsigned max_tiles, cudaStream_t stream) {
   const int64_t cols = kDual ? kWRows / 2 : kWRows;  // output columns per block
   const dim3 grid(unsigned((a.m + cols - 1) / cols), max_tiles);
-  static bool attributes_set = false;  // one per instantiation
-  if (!attributes_set) {
-    // Opted in even at 48 KB: the static arrays come on top of the ring.
-    RECUR_CUDA_CHECK(cudaFuncSetAttribute(moe_mma_kernel<T, kDual>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-    if (kDual) {
-      RECUR_CUDA_CHECK(cudaFuncSetAttribute(moe_mma_kernel<T, kDual>,
-                                            cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    }
-    attributes_set = true;
-  }
+  opt_in_smem<moe_mma_kernel<T, kDual>>(size_t(kSmemBytes));
+  if (kDual) allow_nonportable_clusters<moe_mma_kernel<T, kDual>>();
   launch_kernel_clusters(moe_mma_kernel<T, kDual>, grid, kThreads, size_t(kSmemBytes), stream,
                          a.out_terms ? grid.x : 1u, a);
 }
