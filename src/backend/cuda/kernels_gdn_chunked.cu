@@ -76,6 +76,12 @@ __host__ __device__ inline size_t chunk_keys_smem(int dk, bool per_channel) {
                           (per_channel ? 2 : 1) * size_t(kChunk) * ld + kChunk * 68 + 3 * kChunk);
 }
 
+// Element (token t, head hh, channel mm) of an input [n, heads, d] with strides s0, s1.
+__device__ __forceinline__ const float* head_elem(const float* p, int64_t s0, int64_t s1, int64_t t,
+                                                  int hh, int mm) {
+  return p + t * s0 + hh * s1 + mm;
+}
+
 // Rows [0, rows) × columns [0, cols) of a tile into shared memory (rows ld floats apart) by
 // asynchronous copies, src(i, mm) the address of element (i, mm): zeros for rows ≥ L or
 // columns ≥ n (nothing is read there; `any` is a valid address). 16 bytes a copy when vec
@@ -182,9 +188,9 @@ __global__ void __launch_bounds__(kChunkThreads, 2)
   const int rows_q = kPerChannel ? L : kChunk, cols_q = kPerChannel ? dk : dkp;
   const bool vec_q = vec && !kPerChannel;
   stage_rows(Q, ldq, rows_q, cols_q, L, dk, vec_q, a.q,
-             [&](int i, int mm) { return a.q + (t0 + i) * a.q_s0 + kh * a.q_s1 + mm; });
+             [&](int i, int mm) { return head_elem(a.q, a.q_s0, a.q_s1, t0 + i, kh, mm); });
   stage_rows(K, ldq, rows_q, cols_q, L, dk, vec_q, a.k,
-             [&](int i, int mm) { return a.k + (t0 + i) * a.k_s0 + kh * a.k_s1 + mm; });
+             [&](int i, int mm) { return head_elem(a.k, a.k_s0, a.k_s1, t0 + i, kh, mm); });
   if constexpr (kPerChannel) {
     for (int e = tid; e < L * dk; e += kChunkThreads) {  // raw decays, summed in place below
       const int i = e / dk, mm = e % dk;
@@ -419,19 +425,16 @@ __global__ void __launch_bounds__(kChunkThreads)
   auto issue_a = [&](const Chunk& ch) {
     const int L = ch.L;
     const int64_t t0 = ch.t0;
-    if constexpr (kPerChannel) {
-      stage_rows(m.Q, ldq, kChunk, dkp, L, dk, vec, ch.Wk,
-                 [&](int i, int mm) { return ch.Qd + i * dk + mm; });
-    } else {
-      stage_rows(m.Q, ldq, kChunk, dkp, L, dk, vec, ch.Wk,
-                 [&](int i, int mm) { return a.q + (t0 + i) * a.q_s0 + kh * a.q_s1 + mm; });
-    }
+    // Queries: per key channel the record's decayed ones.
+    stage_rows(m.Q, ldq, kChunk, dkp, L, dk, vec, ch.Wk, [&](int i, int mm) {
+      return kPerChannel ? ch.Qd + i * dk + mm : head_elem(a.q, a.q_s0, a.q_s1, t0 + i, kh, mm);
+    });
     stage_rows(m.Wk, ldq, kChunk, dkp, L, dk, vec, ch.Wk,
                [&](int i, int mm) { return ch.Wk + i * dk + mm; });
     stage_rows(m.Tb, kRecLd, kChunk, kChunk, L, kChunk, vec, ch.Wk,
                [&](int i, int jx) { return ch.Tb + i * kRecLd + jx; });
     stage_rows(m.V, ldv, kChunk, dvt, L, ncols, vec, ch.Wk,
-               [&](int i, int jj) { return a.v + (t0 + i) * a.v_s0 + h * a.v_s1 + j0 + jj; });
+               [&](int i, int jj) { return head_elem(a.v, a.v_s0, a.v_s1, t0 + i, h, j0 + jj); });
     if (!kPerChannel && tid < kChunk) {
       copy4_async(m.eg + tid, ch.eg + tid, tid < L);
       copy4_async(m.dl + tid, ch.dl + tid, tid < L);
@@ -441,15 +444,12 @@ __global__ void __launch_bounds__(kChunkThreads)
   auto issue_b = [&](const Chunk& ch) {
     const int L = ch.L;
     const int64_t t0 = ch.t0;
-    if constexpr (kPerChannel) {
-      stage_rows(m.K, ldk, kChunk, dkp, L, dk, vec, ch.Wk,
-                 [&](int i, int mm) { return ch.Kd + i * dk + mm; });
-      for (int mm = tid; mm < dkp; mm += kChunkThreads) {
-        copy4_async(m.gl + mm, mm < dk ? ch.gl + mm : ch.Wk, mm < dk);
-      }
-    } else {
-      stage_rows(m.K, ldk, kChunk, dkp, L, dk, vec, ch.Wk,
-                 [&](int i, int mm) { return a.k + (t0 + i) * a.k_s0 + kh * a.k_s1 + mm; });
+    // Keys: per key channel the record's decayed ones, and the state rows' decays.
+    stage_rows(m.K, ldk, kChunk, dkp, L, dk, vec, ch.Wk, [&](int i, int mm) {
+      return kPerChannel ? ch.Kd + i * dk + mm : head_elem(a.k, a.k_s0, a.k_s1, t0 + i, kh, mm);
+    });
+    for (int mm = tid; kPerChannel && mm < dkp; mm += kChunkThreads) {
+      copy4_async(m.gl + mm, mm < dk ? ch.gl + mm : ch.Wk, mm < dk);
     }
     stage_rows(m.QK, kRecLd, kChunk, kChunk, L, kChunk, vec, ch.Wk,
                [&](int i, int jx) { return ch.QK + i * kRecLd + jx; });
@@ -462,7 +462,7 @@ __global__ void __launch_bounds__(kChunkThreads)
     copy_commit();
   }
   for (int c = rec.c0; c < c_end; ++c) {
-    const Chunk ch = chunk(c);
+    const Chunk ch = chunk(c), next = chunk(c + 1);  // next: issued only when c + 1 < c_end
     const int L = ch.L;
     copy_wait<1>();   // this thread's group A of chunk c has landed (group B may not have)
     __syncthreads();  // everyone's; and the state update of the chunk before is done
@@ -494,7 +494,7 @@ __global__ void __launch_bounds__(kChunkThreads)
     const float decay_all = kPerChannel ? 0.0f : m.eg[L - 1];  // read before group A refills
     copy_wait<0>();                                            // group B of chunk c
     __syncthreads();  // Vnew is written; Q, Wk, Tb, V, eg and dl are free
-    if (c + 1 < c_end) issue_a(chunk(c + 1));
+    if (c + 1 < c_end) issue_a(next);
     copy_commit();
     // Outputs, and the state carried to the next chunk.
     if (warp < out_tiles) {
@@ -524,7 +524,7 @@ __global__ void __launch_bounds__(kChunkThreads)
       }
     }
     __syncthreads();  // K, QK, gl and Vnew are free
-    if (c + 1 < c_end) issue_b(chunk(c + 1));
+    if (c + 1 < c_end) issue_b(next);
     copy_commit();
   }
   copy_wait<0>();

@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(kSortThreads)
 void launch_moe_sort(const int32_t* ids, int64_t ld_ids, int n, int k, int E, int tm,
                      const MoeSortOut& out, cudaStream_t stream) {
   const size_t smem = size_t(4 * E) * sizeof(int);
-  if (smem > (48 << 10)) opt_in_smem<moe_sort_kernel>(smem);
+  opt_in_smem<moe_sort_kernel>(smem);  // beyond 48 KB (E > 3,072)
   launch_kernel(moe_sort_kernel, 1, kSortThreads, smem, stream, ids, ld_ids, n, k, E, tm, out);
 }
 
