@@ -1,7 +1,8 @@
 // Block-FP8 weights on the CUDA backend (F8_E4M3, as released, or made by --quantize fp8), in
 // gemv.cuh's layout (Fp8E4M3): the weight's tensor is the bytes' contiguous [m, k] view. The
-// GEMV core (gemv.cuh) reads them for few tokens; prompts take the tensor-core tiles
-// (moe_wmma.cu), which widen e4m3 to bf16 exactly.
+// GEMV core (gemv.cuh) reads them for few tokens; prompts take the tensor-core tiles of
+// moe_mma.cu (e4m3 widened to f16 in registers), or where k or the alignment does not suit
+// them, moe_wmma.cu's (to bf16).
 #pragma once
 
 #include "backend/cuda/cuda_internal.cuh"

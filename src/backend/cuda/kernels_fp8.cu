@@ -3,10 +3,12 @@
 //   ≤ kGemvMaxTokens tokens, and decode batches on small weights (the caller's takes_gemv): a
 //     warp-per-rows GEMV over the fp8 bytes and their scales, f32 arithmetic, no dequantized
 //     copy; groups of weights sharing x in one launch.
-//   Prompts: the tensor-core tiles of moe_wmma.cu, weights widened to bf16 in shared memory,
-//     activations split into three bf16 terms (f32-class results; split once into the
-//     start-up scratch act_lowp where k suits the pipelined tiles); where the block sizes do
-//     not suit those tiles, the GEMV kernel over token groups.
+//   Prompts: where k suits the pipelined tiles, the f16 tiles of moe_mma.cu (e4m3 widened to
+//     f16 in registers) on two f16 terms of each activation row scaled by a power of two
+//     (f32-class results; split once into the start-up scratch act_lowp); else the tiles of
+//     moe_wmma.cu, weights widened to bf16 in shared memory, each block splitting its f32 rows
+//     into three bf16 terms; where the block sizes suit neither, the GEMV kernel over token
+//     groups.
 // The MoE experts' fp8 GEMV core is here too (kernels_moe.cu picks it).
 #include <algorithm>
 #include <string>
@@ -176,16 +178,19 @@ void fp8_matmul_tensor_cores(CudaOps::Impl& s, const Tensor& x, const Tensor& w,
     tiles(a, n);
     return;
   }
-  // The pipelined tiles on x split once into the start-up scratch, in pieces of rows that fit.
-  const int64_t piece = int64_t(s.act_lowp.bytes() / wmma_terms_bytes(1, k));
+  // The f16 tiles (moe_mma.cu) on x split once into the start-up scratch, two f16 terms of each
+  // row scaled by a power of two, then the rows' inverse scales; in pieces of rows that fit.
+  const int64_t piece = int64_t(s.act_lowp.bytes() / size_t(4 * k + 4));
   RECUR_CHECK(piece >= 1);
   for (int64_t r0 = 0; r0 < n; r0 += piece) {
     const int64_t nr = std::min(piece, n - r0);
     const float* xr = x.ptr<float>() + r0 * x.stride[0];
-    launch_wmma_split(xr, x.stride[0], nr, k, DType::BF16, s.act_lowp.data(), s.stream);
+    float* inv_scale =
+        reinterpret_cast<float*>(static_cast<char*>(s.act_lowp.data()) + size_t(4 * nr * k));
+    launch_f16_row_split(xr, x.stride[0], nr, k, s.act_lowp.data(), inv_scale, s.stream);
     s.launched("matmul (activation split)");
     MoeGemmArgs p = a;
-    p.x_terms = s.act_lowp.data(), p.ldxt = k, p.x_terms_plane = nr * k;
+    p.x_terms = s.act_lowp.data(), p.ldxt = k, p.x_terms_plane = nr * k, p.x_scale = inv_scale;
     p.dense_rows = nr, p.out = a.out + r0 * a.ldo;
     tiles(p, nr);
   }

@@ -53,8 +53,10 @@ struct MoeScratch {
       return r;
     };
     const bool prompt = n > CudaOps::kGemvMaxTokens;
-    // Prompts with SwiGLU rows wider than a cluster keep hs (f32) and its two f16 terms.
-    const size_t wide = prompt && !moe_mma_takes(d_ff) ? size_t(pairs * d_ff) * 8 : 0;
+    // Prompts with SwiGLU rows wider than a cluster keep hs (f32) and its two f16 terms (the
+    // block-FP8 tiles' narrower cluster bounds both kinds).
+    const size_t wide =
+        prompt && !moe_mma_takes(d_ff, DType::F8_E4M3) ? size_t(pairs * d_ff) * 8 : 0;
     hs = reinterpret_cast<float*>(take(
         1, std::max({size_t(pairs * d_ff) * 4, prompt ? wmma_terms_bytes(pairs, d_ff) : 0, wide})));
     hs_terms = hs;
@@ -627,32 +629,28 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
   };
   if (tensor_cores) {
     // The pipelined tiles read x split once (rather than by each of gate/up's column blocks);
-    // gate/up stores the SwiGLU outputs split for down. 16-bit weights multiply f16 terms
-    // (moe_mma.cu), unless a bf16 weight of any of these experts holds a value beyond f16's
-    // range: then all of them take the tiles that split f32 activations as they stage them.
+    // gate/up stores the SwiGLU outputs split for down. 16-bit and block-FP8 weights multiply
+    // f16 terms (moe_mma.cu), unless a bf16 weight of any of these experts holds a value beyond
+    // f16's range: then all of them take the tiles that split f32 activations as they stage them.
     const bool pipelined = moe_wmma_pipelined(wdt, d, aligned) &&
                            moe_wmma_pipelined(wdt, d_ff, aligned) &&
                            (fp8 || s.experts_fit_f16(experts));
     // SwiGLU rows wider than one cluster: gate/up stores them in f32 and a row split follows.
-    const bool wide = pipelined && !fp8 && !moe_mma_takes(d_ff);
+    const bool wide = pipelined && !moe_mma_takes(d_ff, wdt);
     if (pipelined) {
-      if (fp8) {
-        launch_wmma_split(x.ptr<float>(), x.stride[0], n, d, DType::BF16, m.x_terms, s.stream);
-      } else {
-        launch_f16_row_split(x.ptr<float>(), x.stride[0], n, d, m.x_terms, m.x_scale, s.stream);
-        up.x_scale = m.x_scale, down.x_scale = m.h_scale;
-      }
+      launch_f16_row_split(x.ptr<float>(), x.stride[0], n, d, m.x_terms, m.x_scale, s.stream);
+      up.x_scale = m.x_scale, down.x_scale = m.h_scale;
       s.launched("moe_experts (activation split)");
       up.x_terms = m.x_terms, up.ldxt = d, up.x_terms_plane = n * d;
       down.x_terms = wide ? m.hs_wide_terms : m.hs_terms, down.ldxt = d_ff;
       down.x_terms_plane = pairs * d_ff;
       if (!wide) {
         up.out_terms = m.hs_terms, up.out_terms_plane = pairs * d_ff;
-        if (!fp8) up.out_scale = m.h_scale;
+        up.out_scale = m.h_scale;
       }
     }
     // The profile names the f16 tiles apart from the others (a test checks which ran).
-    const bool f16_tiles = pipelined && !fp8;
+    const bool f16_tiles = pipelined;
     work(true);
     launch_moe_wmma(up, wdt, true, unsigned(max_tiles), s.stream);
     s.launched(f16_tiles ? "moe_experts (gate/up, f16 tensor cores)"

@@ -65,15 +65,15 @@ struct MoeGemmArgs {
   bool accumulate = false;
   // Tensor cores, pipelined (moe_wmma_pipelined): the activations as their terms, read in
   // place of x (through x_row as x would be), x_terms_plane elements apart, rows ldxt apart:
-  // block-FP8 weights, three bf16 terms (lo, mid, hi; launch_wmma_split) [3, rows of x, ldxt];
-  // 16-bit weights, two f16 terms (mid, hi; launch_f16_row_split) [2, rows of x, ldxt] of each
-  // row times a power of two, and x_scale [rows of x] its inverse.
+  // two f16 terms (mid, hi; launch_f16_row_split) [2, rows of x, ldxt] of each row times a
+  // power of two, and x_scale [rows of x] its inverse (moe_mma.cu: experts, and a dense
+  // block-FP8 matmul with dense_w).
   const void* x_terms = nullptr;
   int64_t ldxt = 0, x_terms_plane = 0;
   const float* x_scale = nullptr;
   // Gate/up on the pipelined tiles: the SwiGLU outputs stored as their terms [terms, pairs, m]
   // (m a multiple of 8), out_terms_plane elements apart, in place of out: down's x_terms (and,
-  // for 16-bit weights, out_scale [pairs] down's x_scale).
+  // on the f16 tiles, out_scale [pairs] down's x_scale).
   void* out_terms = nullptr;
   int64_t out_terms_plane = 0;
   float* out_scale = nullptr;
@@ -138,7 +138,8 @@ __device__ __forceinline__ void moe_tile_rows(const MoeGemmArgs& a, int row0, in
 // Tensor-core grouped GEMM (moe_wmma.cu): tiles of 64 rows, bf16 (or f16) operands with f32
 // accumulation; the activations are split exactly into three terms of the weights' type.
 // F8_E4M3 weights (fp8_wmma_blocks) are widened to bf16 exactly, each k block's products
-// scaled once.
+// scaled once: the fallback tiles of block-FP8 weights (unaligned, or k not a multiple of the
+// copies); the pipelined ones are moe_mma.cu's.
 constexpr int kWmmaTileRows = 64;
 // Whether the pipelined tiles take weights of wdtype with rows of k (16-byte copies of both
 // operands; w_aligned: every weight starts 16-byte aligned); 16-bit experts also need every
@@ -162,13 +163,15 @@ void launch_f16_row_split(const float* x, int64_t ldx, int64_t rows, int64_t k, 
 // Gate/up blocks of one tile run as a cluster on the 16-bit weights' tiles (moe_mma.cu): at
 // most this many (sixteen is beyond the portable eight, which the H200 allows).
 constexpr int kMaxClusterBlocks = 16;
-// Whether gate/up's blocks of one tile of d_ff SwiGLU columns fit one cluster, so it stores
-// down's terms itself (else it stores f32 rows, and launch_f16_row_split splits them).
-bool moe_mma_takes(int64_t d_ff);
+// Whether gate/up's blocks of one tile of d_ff SwiGLU columns (weights of wdtype) fit one
+// cluster, so it stores down's terms itself (else it stores f32 rows, and launch_f16_row_split
+// splits them).
+bool moe_mma_takes(int64_t d_ff, DType wdtype);
 void launch_moe_wmma(const MoeGemmArgs& a, DType wdtype, bool dual, unsigned max_tiles,
                      cudaStream_t stream);
-// The pipelined tiles of 16-bit (bf16, f16) expert weights (moe_mma.cu): a.x_terms set, not
-// dense_w; launch_moe_wmma takes them there.
+// The pipelined tiles of 16-bit (bf16, f16) and block-FP8 weights (moe_mma.cu) on two scaled
+// f16 terms of the activations (a.x_terms and a.x_scale set): experts, or a dense block-FP8
+// matmul (dense_w, not dual); launch_moe_wmma hands them here.
 void launch_moe_mma(const MoeGemmArgs& a, DType wdtype, bool dual, unsigned max_tiles,
                     cudaStream_t stream);
 

@@ -1,4 +1,5 @@
-// The MoE experts' grouped GEMM for prompts with 16-bit weights (bf16 or f16), on f16 mma.sync
+// The MoE experts' grouped GEMM for prompts with 16-bit (bf16, f16) or block-FP8 weights, on f16
+// mma.sync
 // m16n8k16: the weights are the products' rows (A, 16-row fragments) and a tile's tokens their
 // columns (B, 8-token fragments), so a tile of fewer than 64 tokens — the common case when a
 // prompt's tokens spread over hundreds of experts — computes only the 8-token groups it fills
@@ -23,16 +24,20 @@
 //   A block: 256 threads, 256 weight rows (gate's 128 and up's 128 of the same output columns,
 // SwiGLU applied in registers; or 256 rows of one weight) × one tile's 64 tokens, k staged 32
 // at a time through a four-stage cp.async ring of unpadded, swizzled rows; two blocks (16 warps)
-// share an SM. A stage reads 64 bytes of each weight row: the copies ask L2 for the 256 bytes
-// around them (.L2::256B), so memory serves each row in longer runs and the next three stages
-// hit L2. H200, 80B-A3B cut to 6 layers, gate/up a layer at 2,048 / 16,384 tokens: 128 rows,
-// three stages and three blocks an SM 1,032 / 5,326 µs; 256 rows 1,029 / 4,871; four stages
-// 1,022 / 4,739; with .L2::256B 832 / 4,720 (a bulk L2 prefetch of 2 KB a row every 16 stages
-// instead: 1,125 / 5,122). bench/results/h200-session27-notes.md, calls 4 to 6.
+// share an SM. Block-FP8 weights: 128 rows, five stages (TileShape). A stage reads 64 bytes of each
+// weight row: the copies ask L2 for the 256 bytes around them (.L2::256B), so memory serves each
+// row in longer runs and the next three stages hit L2. H200, 80B-A3B cut to 6 layers, gate/up a
+// layer at 2,048 / 16,384 tokens: 128 rows, three stages and three blocks an SM 1,032 / 5,326 µs;
+// 256 rows 1,029 / 4,871; four stages 1,022 / 4,739; with .L2::256B 832 / 4,720 (a bulk L2 prefetch
+// of 2 KB a row every 16 stages instead: 1,125 / 5,122). bench/results/h200-session27-notes.md,
+// calls 4 to 6.
 #include <cooperative_groups.h>
 
 #include <algorithm>
 
+#include <cuda_fp8.h>
+
+#include "backend/cuda/fp8.cuh"
 #include "backend/cuda/mma_16bit.cuh"
 #include "backend/cuda/moe.cuh"
 #include "backend/cuda/moe_tile_io.cuh"
@@ -41,21 +46,32 @@ namespace recur::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;           // 8 warps: 4 along the weight rows × 2 along the tokens
-constexpr int kWRows = 256;             // weight rows staged per block
-constexpr int kRowTiles = kWRows / 64;  // a warp's 16-row fragments, 64 rows apart
+constexpr int kThreads = 256;  // 8 warps: 4 along the weight rows × 2 along the tokens
 constexpr int kTokens = kWmmaTileRows;
 constexpr int kTK = 32;
-constexpr int kLd = kTK;  // staged rows of 64 bytes, their 16-byte chunks swizzled (swz)
-constexpr int kStages = 4;
-constexpr int kWBytes = kWRows * kLd * 2;               // W [kWRows][kLd]
+constexpr int kLd = kTK;  // staged activation rows of 64 bytes, 16-byte chunks swizzled (swz)
 constexpr int kXBytes = kF16Terms * kTokens * kLd * 2;  // X [2][kTokens][kLd]: mid, hi
-constexpr int kStageBytes = kWBytes + kXBytes;
-constexpr int kCsLd = kWRows + 4;  // epilogue Cs [kTokens][kCsLd] f32, reusing the ring
-constexpr int kSmemBytes = std::max(kStages * kStageBytes, kTokens* kCsLd * 4);
 static_assert(kThreads == kTokens * (kTK / 8), "one 16-byte copy per thread per token row");
-static_assert(kRowTiles % 2 == 0, "gate's fragments, then up's");
 static_assert(kThreads == 4 * kTokens, "four threads per token row in the row maxima");
+
+// The tile's shape for weights of type T: 16-bit weights stage 256 rows (rows of kTK·2 bytes),
+// block-FP8 weights 128 (rows of kTK bytes; a warp keeps each k block's products apart from
+// the totals until its scale multiplies them, twice the accumulators).
+template <typename T>
+struct TileShape {
+  static constexpr bool kFp8 = std::is_same_v<T, uint8_t>;
+  static constexpr int kRowTiles = kFp8 ? 2 : 4;  // a warp's 16-row fragments, 64 rows apart
+  static constexpr int kWRows = 64 * kRowTiles;   // weight rows staged per block
+  static constexpr int kRowBytes = kTK * int(sizeof(T));
+  static constexpr int kStages = kFp8 ? 5 : 4;
+  static constexpr int kWBytes = kWRows * kRowBytes;  // W [kWRows][kRowBytes]
+  static constexpr int kStageBytes = kWBytes + kXBytes;
+  static constexpr int kCsLd = kWRows + 4;  // epilogue Cs [kTokens][kCsLd] f32, reusing the ring
+  static constexpr int kSmemBytes = std::max(kStages * kStageBytes, kTokens* kCsLd * 4);
+  static_assert(kRowTiles % 2 == 0, "gate's fragments, then up's");
+  // A ring of exactly 48 KB would not be opted in, and the static arrays come on top.
+  static_assert(kSmemBytes > (48 << 10), "opt_in_smem raises the limit");
+};
 
 // The position of 16-byte chunk c of a staged row: ldmatrix's 8 consecutive rows at one chunk
 // land in 8 distinct bank groups.
@@ -73,18 +89,38 @@ __device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t w) {
   return h;
 }
 
-// Gate/up's epilogue: the SwiGLU outputs Cs [kTokens][kCsLd] (this block's 128 columns from n0)
+// The position of 16-byte chunk c of staged activation row `row` (elements): for the 16-bit
+// weights' ldmatrix (swz), or, for block-FP8 weights, for 8-byte loads by lanes of four tokens
+// g = 0 .. 3 at once: rows g and g + 2 take other chunks, so a half-warp's loads hit 32 banks.
+template <bool kFp8>
+__device__ __forceinline__ int swz_x(int row, int c) {
+  return kFp8 ? (c ^ (row & 2)) * 8 : swz(row, c);
+}
+
+// The byte offset of 16-byte chunk c (0, 1) of a staged block-FP8 row of 32 bytes: ldmatrix's
+// 8 consecutive rows at one chunk land in 8 distinct bank groups.
+__device__ __forceinline__ int swz_fp8(int row, int c) {
+  return row * 32 + 16 * (c ^ ((row >> 2) & 1));
+}
+
+// Two e4m3 values (the low and high bytes of v) as f16x2, exactly.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(v & 0xffffu), __NV_E4M3);
+  return uint32_t(h.x) | (uint32_t(h.y) << 16);
+}
+
+// Gate/up's epilogue: the SwiGLU outputs Cs [kTokens][kCsLd] (this block's kW columns from n0)
 // stored as down's activations, two f16 terms of each row scaled by the power of two of its
 // largest |value| over every block of the cluster (the tile's d_ff columns), and the row's
 // inverse scale (by the cluster's first block). row_max [kTokens]: this block's maxima of its
 // rows, which the other blocks read; row_scale [kTokens]: the scales they agree on. Every thread
 // of every block of the cluster calls it after a block barrier.
+template <int kW, int kCsLd>
 __device__ __forceinline__ void store_scaled_terms(const MoeGemmArgs& a, const float* Cs, int row0,
                                                    int rows, int64_t n0, float (&row_max)[kTokens],
                                                    float (&row_scale)[kTokens]) {
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
-  constexpr int kW = kWRows / 2;
   const int tid = threadIdx.x;
   {
     const int r = tid / 4, part = tid % 4;
@@ -129,29 +165,44 @@ __device__ __forceinline__ void store_scaled_terms(const MoeGemmArgs& a, const f
   }
 }
 
-// grid (⌈m/128⌉ when kDual, else ⌈m/256⌉, max_tiles); a.x_terms and a.x_scale set. Gate/up
-// with a.out_terms (and a.out_scale) set runs in clusters of grid.x blocks and stores down's
-// terms; without, it stores f32 rows (SwiGLU rows wider than a cluster), as down does. Weight rows
-// staged: kDual, gate's rows [n0, n0 + 128) then up's; else rows [n0, n0 + 256) of the one
-// weight. Warp (wm, wn) multiplies staged rows i·64 + wm·16 + [0, 16) (i < kRowTiles) with the
-// tile's 8-token
-// groups wn, wn + 2, wn + 4, wn + 6 that hold tokens. Copies past the tile's tokens, the weights'
-// rows or k are zeros (k is a multiple of the 16-byte copies).
+// grid (⌈m/(kWRows/2)⌉ when kDual, else ⌈m/kWRows⌉, max_tiles); a.x_terms and a.x_scale set.
+// Gate/up with a.out_terms (and a.out_scale) set runs in clusters of grid.x blocks and stores
+// down's terms; without, it stores f32 rows (SwiGLU rows wider than a cluster), as down does.
+// Weight rows staged: kDual, gate's rows [n0, n0 + kWRows/2) then up's; else rows [n0, n0 +
+// kWRows) of the one weight. Warp (wm, wn) multiplies staged rows i·64 + wm·16 + [0, 16)
+// (i < kRowTiles) with the tile's 8-token groups wn, wn + 2, wn + 4, wn + 6 that hold tokens.
+// Copies past the tile's tokens, the weights' rows or k are zeros (k is a multiple of the
+// 16-byte copies).
+//   Block-FP8 weights (T uint8_t, fp8.cuh's layout): a warp's ldmatrix of 16 staged rows of 32
+// bytes gives each lane four e4m3 values of a row, k = 4t .. 4t + 3 (t = lane % 4) of a 16-value
+// half; as f16 they serve as the fragment's k = 2t, 2t + 1 and 2t + 8, 2t + 9. The same
+// permutation of k for the activations (a lane reads their 4t .. 4t + 3 as one 8-byte load)
+// leaves every sum unchanged. Each k block's products go through part, then, times the block's
+// scale, into acc.
 template <typename T, bool kDual>
 __global__ void __launch_bounds__(kThreads, 2) moe_mma_kernel(MoeGemmArgs a) {
+  using S = TileShape<T>;
+  constexpr int kRowTiles = S::kRowTiles, kWRows = S::kWRows, kStages = S::kStages;
+  constexpr bool kFp8 = S::kFp8;
   grid_dependency_sync();
   int e, row0, rows;
   // The same tile for every block of a cluster (clusters run along x): they return together.
-  if (!moe_tile(a, int(blockIdx.y), e, row0, rows)) return;
+  if (a.dense_w) {  // a plain matmul: tile y is rows [64y, 64y + 64) of x
+    e = 0, row0 = int(blockIdx.y) * kTokens, rows = int(min64(kTokens, a.dense_rows - row0));
+    if (rows <= 0) return;
+  } else if (!moe_tile(a, int(blockIdx.y), e, row0, rows)) {
+    return;
+  }
   const int64_t n0 = int64_t(blockIdx.x) * (kDual ? kWRows / 2 : kWRows), K = a.k;
-  const T* W = static_cast<const T*>(a.w[e]);
+  const T* W = static_cast<const T*>(a.dense_w ? a.dense_w : a.w[e]);
   const T* W2 = kDual ? static_cast<const T*>(a.w2[e]) : W;
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ float row_inv[kTokens];  // the tile's rows' inverse activation scales
   __shared__ float row_max[kDual ? kTokens : 1], row_scale[kDual ? kTokens : 1];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wm = warp % 4, wn = warp / 4;
 
-  // Copy roles: token row cr of each term, weight rows cr + 64h; 8 columns from cc.
+  // Copy roles: token row cr of each term, 8 columns from cc. 16-bit weights: rows cr + 64h, 8
+  // columns from cc; block-FP8: row tid / 2, 16 bytes from (tid % 2)·16.
   const int cr = tid / 4, cc = (tid % 4) * 8;
   const __half* xt = static_cast<const __half*>(a.x_terms);
   const __half* xrow = nullptr;
@@ -162,45 +213,71 @@ __global__ void __launch_bounds__(kThreads, 2) moe_mma_kernel(MoeGemmArgs a) {
     inv = a.x_scale[xr];
   }
   if (tid % 4 == 0) row_inv[cr] = inv;
-  // Staged row cr + 64h: kDual, gate's rows for h < kRowTiles / 2, then up's.
-  const T* wrow[kRowTiles];
+  // The weight row of staged row sr: kDual, gate's rows for sr < kWRows / 2, then up's.
+  auto weight_row = [&](int sr) -> const T* {
+    const bool second = kDual && sr >= kWRows / 2;
+    const int64_t r = n0 + (second ? sr - kWRows / 2 : sr);
+    return r < a.m ? (second ? W2 : W) + r * K : nullptr;
+  };
+  constexpr int kCopyRows = kFp8 ? 1 : kRowTiles;  // weight rows a thread copies
+  const T* wrow[kCopyRows];
 #pragma unroll
-  for (int h = 0; h < kRowTiles; ++h) {
-    const bool second = kDual && h >= kRowTiles / 2;
-    const int64_t r = n0 + cr + 64 * (second ? h - kRowTiles / 2 : h);
-    wrow[h] = r < a.m ? (second ? W2 : W) + r * K : nullptr;
-  }
+  for (int h = 0; h < kCopyRows; ++h) wrow[h] = weight_row(kFp8 ? tid / 2 : cr + 64 * h);
   auto issue = [&](int kt) {
-    unsigned char* st = smem + (kt % kStages) * kStageBytes;
-    T* Ws = reinterpret_cast<T*>(st);
-    __half* Xs = reinterpret_cast<__half*>(st + kWBytes);
+    unsigned char* st = smem + (kt % kStages) * S::kStageBytes;
+    __half* Xs = reinterpret_cast<__half*>(st + S::kWBytes);
     const int64_t k0 = int64_t(kt) * kTK + cc;
     const bool k_in = k0 < K;
+    if constexpr (kFp8) {
+      const int64_t kb = int64_t(kt) * kTK + (tid % 2) * 16;
+      const bool ok = wrow[0] && kb < K;
+      copy16_async_l2_256(st + swz_fp8(tid / 2, tid % 2), ok ? wrow[0] + kb : W, ok);
+    } else {
+      T* Ws = reinterpret_cast<T*>(st);
 #pragma unroll
-    for (int h = 0; h < kRowTiles; ++h) {
-      const bool ok = wrow[h] && k_in;
-      copy16_async_l2_256(Ws + (cr + 64 * h) * kLd + swz(cr, cc / 8), ok ? wrow[h] + k0 : W, ok);
+      for (int h = 0; h < kRowTiles; ++h) {
+        const bool ok = wrow[h] && k_in;
+        copy16_async_l2_256(Ws + (cr + 64 * h) * kLd + swz(cr, cc / 8), ok ? wrow[h] + k0 : W, ok);
+      }
     }
     const bool ok = xrow && k_in;
 #pragma unroll
     for (int term = 0; term < kF16Terms; ++term) {
-      copy16_async(Xs + (term * kTokens + cr) * kLd + swz(cr, cc / 8),
+      copy16_async(Xs + (term * kTokens + cr) * kLd + swz_x<kFp8>(cr, cc / 8),
                    ok ? xrow + term * a.x_terms_plane + k0 : xt, ok);
     }
   };
+  // Block-FP8: each row tile's row of block scales (rows past m: any valid row's; their
+  // products are zeros).
+  const float* srow[kFp8 ? kRowTiles : 1] = {};
+  if constexpr (kFp8) {
+#pragma unroll
+    for (int i = 0; i < kRowTiles; ++i) {
+      const bool second = kDual && i >= kRowTiles / 2;
+      const int64_t r = n0 + 64 * (second ? i - kRowTiles / 2 : i);
+      const Fp8Matrix f = fp8_matrix(second ? W2 : W, a.m, a.k, a.fp8_block_rows, a.fp8_block_cols);
+      srow[i] = f.scales + (r < a.m ? r / f.br : 0) * f.kb;
+    }
+  }
 
-  // acc[i][j]: staged rows i·64 + wm·16 + [0, 16) × tokens of group wn + 2j.
-  float acc[kRowTiles][4][4] = {};
+  // acc[i][j]: staged rows i·64 + wm·16 + [0, 16) × tokens of group wn + 2j; part (block-FP8):
+  // the current k block's products.
+  float acc[kRowTiles][4][4] = {}, part[kRowTiles][4][4] = {};  // part: unused but for block-FP8
+  float(&sums)[kRowTiles][4][4] = kFp8 ? part : acc;
   const int groups = (rows + 7) / 8, active = (groups - wn + 1) / 2;  // this warp's groups
   const int nk = int((K + kTK - 1) / kTK);
+  const int stages_per_block = kFp8 ? a.fp8_block_cols / kTK : 1;
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < nk) issue(s);
     copy_commit();  // empty groups too: the waits below count kStages - 1 groups ahead
   }
-  // ldmatrix lanes: A rows lane % 16 at column (lane / 16)·8; B matrix lane / 8 is group
-  // 2p + (lane / 16) of the pair p, columns ((lane / 8) % 2)·8, its token lane % 8.
+  // ldmatrix lanes: A rows lane % 16 at column (lane / 16)·8 (block-FP8: rows lane % 8 +
+  // 8·((lane / 8) % 2), 16-byte chunk lane / 16); B matrix lane / 8 is group 2p + (lane / 16)
+  // of the pair p, columns ((lane / 8) % 2)·8, its token lane % 8.
   const int a_row = wm * 16 + lane % 16, b_tok = (wn + 2 * (lane / 16)) * 8 + lane % 8;
+  const int a_row8 = wm * 16 + lane % 8 + 8 * ((lane / 8) % 2);
+  const int g = lane / 4, t = lane % 4;
   for (int kt = 0; kt < nk; ++kt) {
     copy_wait<kStages - 2>();
     // Stage kt has landed for every thread, and every warp is done with stage kt - 1, whose
@@ -208,18 +285,31 @@ __global__ void __launch_bounds__(kThreads, 2) moe_mma_kernel(MoeGemmArgs a) {
     __syncthreads();
     if (kt + kStages - 1 < nk) issue(kt + kStages - 1);
     copy_commit();
-    const unsigned char* st = smem + (kt % kStages) * kStageBytes;
-    const T* Ws = reinterpret_cast<const T*>(st);
-    const __half* Xs = reinterpret_cast<const __half*>(st + kWBytes);
+    const unsigned char* st = smem + (kt % kStages) * S::kStageBytes;
+    const __half* Xs = reinterpret_cast<const __half*>(st + S::kWBytes);
+    uint32_t fp8_raw[kFp8 ? kRowTiles : 1][4];  // the stage's e4m3 fragments, both halves of k
+    if constexpr (kFp8) {
+#pragma unroll
+      for (int i = 0; i < kRowTiles; ++i) {
+        ldmatrix_x4<false>(fp8_raw[i], st + swz_fp8(i * 64 + a_row8, lane / 16));
+      }
+    }
 #pragma unroll
     for (int kk = 0; kk < kTK; kk += 16) {
       uint32_t af[kRowTiles][4];
 #pragma unroll
       for (int i = 0; i < kRowTiles; ++i) {
-        ldmatrix_x4<false>(af[i], Ws + (i * 64 + a_row) * kLd + swz(a_row, lane / 16 + kk / 8));
-        if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+        if constexpr (kFp8) {
+          const uint32_t r0 = fp8_raw[i][kk / 8], r1 = fp8_raw[i][kk / 8 + 1];  // rows g, g + 8
+          af[i][0] = e4m3x2_to_f16x2(r0), af[i][1] = e4m3x2_to_f16x2(r1);
+          af[i][2] = e4m3x2_to_f16x2(r0 >> 16), af[i][3] = e4m3x2_to_f16x2(r1 >> 16);
+        } else {
+          const T* Ws = reinterpret_cast<const T*>(st);
+          ldmatrix_x4<false>(af[i], Ws + (i * 64 + a_row) * kLd + swz(a_row, lane / 16 + kk / 8));
+          if constexpr (std::is_same_v<T, __nv_bfloat16>) {
 #pragma unroll
-          for (int r = 0; r < 4; ++r) af[i][r] = bf16x2_to_f16x2(af[i][r]);
+            for (int r = 0; r < 4; ++r) af[i][r] = bf16x2_to_f16x2(af[i][r]);
+          }
         }
       }
 #pragma unroll
@@ -228,8 +318,19 @@ __global__ void __launch_bounds__(kThreads, 2) moe_mma_kernel(MoeGemmArgs a) {
         uint32_t bf[kF16Terms][4];   // [term]: groups 2p (regs 0, 1) and 2p + 1 (regs 2, 3)
 #pragma unroll
         for (int term = 0; term < kF16Terms; ++term) {
-          ldmatrix_x4<false>(bf[term], Xs + (term * kTokens + b_tok + 32 * p) * kLd +
-                                           swz(b_tok, (lane / 8) % 2 + kk / 8));
+          if constexpr (kFp8) {
+            // Activations k = kk + 4t .. 4t + 3 of token g of each group, as the weights' k.
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+              const int tok = (wn + 2 * (2 * p + q)) * 8 + g, el = kk + 4 * t;
+              const uint2 v = *reinterpret_cast<const uint2*>(Xs + (term * kTokens + tok) * kLd +
+                                                              swz_x<kFp8>(tok, el / 8) + el % 8);
+              bf[term][2 * q] = v.x, bf[term][2 * q + 1] = v.y;
+            }
+          } else {
+            ldmatrix_x4<false>(bf[term], Xs + (term * kTokens + b_tok + 32 * p) * kLd +
+                                             swz(b_tok, (lane / 8) % 2 + kk / 8));
+          }
         }
 #pragma unroll
         for (int q = 0; q < 2; ++q) {
@@ -238,7 +339,25 @@ __global__ void __launch_bounds__(kThreads, 2) moe_mma_kernel(MoeGemmArgs a) {
           for (int i = 0; i < kRowTiles; ++i) {
 #pragma unroll
             for (int term = 0; term < kF16Terms; ++term) {
-              mma16<__half>(acc[i][2 * p + q], af[i], bf[term][2 * q], bf[term][2 * q + 1]);
+              mma16<__half>(sums[i][2 * p + q], af[i], bf[term][2 * q], bf[term][2 * q + 1]);
+            }
+          }
+        }
+      }
+    }
+    if constexpr (kFp8) {
+      // The k block ends with this stage (its columns a multiple of kTK), or k does.
+      if ((kt + 1) % stages_per_block == 0 || kt == nk - 1) {
+        const int b = kt / stages_per_block;
+#pragma unroll
+        for (int i = 0; i < kRowTiles; ++i) {
+          const float sc = __ldg(srow[i] + b);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+              acc[i][j][u] = fmaf(sc, part[i][j][u], acc[i][j][u]);
+              part[i][j][u] = 0.0f;
             }
           }
         }
@@ -250,7 +369,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_mma_kernel(MoeGemmArgs a) {
   // Accumulator (row g or g + 8, columns 2t, 2t + 1) is weight row (output column) × token;
   // each sum times its token's inverse scale (exact) before the SwiGLU.
   float* Cs = reinterpret_cast<float*>(smem);
-  const int g = lane / 4, t = lane % 4;
+  constexpr int kCsLd = S::kCsLd;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     if (j >= active) break;
@@ -270,20 +389,21 @@ __global__ void __launch_bounds__(kThreads, 2) moe_mma_kernel(MoeGemmArgs a) {
   __syncthreads();
   if constexpr (kDual) {
     if (a.out_terms) {
-      store_scaled_terms(a, Cs, row0, rows, n0, row_max, row_scale);
+      store_scaled_terms<kWRows / 2, kCsLd>(a, Cs, row0, rows, n0, row_max, row_scale);
       return;
     }
   }
-  store_tile_rows<__half, kDual ? kWRows / 2 : kWRows>(a, Cs, kCsLd, row0, rows, n0);  // f32 rows
+  store_tile_rows<kDual ? kWRows / 2 : kWRows>(a, Cs, kCsLd, row0, rows, n0);  // f32 rows
 }
 
 template <typename T, bool kDual>
 void launch(const MoeGemmArgs& a, unsigned max_tiles, cudaStream_t stream) {
-  const int64_t cols = kDual ? kWRows / 2 : kWRows;  // output columns per block
+  using S = TileShape<T>;
+  const int64_t cols = kDual ? S::kWRows / 2 : S::kWRows;  // output columns per block
   const dim3 grid(unsigned((a.m + cols - 1) / cols), max_tiles);
-  opt_in_smem<moe_mma_kernel<T, kDual>>(size_t(kSmemBytes));
+  opt_in_smem<moe_mma_kernel<T, kDual>>(size_t(S::kSmemBytes));
   if (kDual) allow_nonportable_clusters<moe_mma_kernel<T, kDual>>();
-  launch_kernel_clusters(moe_mma_kernel<T, kDual>, grid, kThreads, size_t(kSmemBytes), stream,
+  launch_kernel_clusters(moe_mma_kernel<T, kDual>, grid, kThreads, size_t(S::kSmemBytes), stream,
                          a.out_terms ? grid.x : 1u, a);
 }
 
@@ -330,8 +450,10 @@ __global__ void split_f16_rows_kernel(const float* x, int64_t ldx, int64_t rows,
 
 }  // namespace
 
-bool moe_mma_takes(int64_t d_ff) {
-  return (d_ff + kWRows / 2 - 1) / (kWRows / 2) <= kMaxClusterBlocks;
+bool moe_mma_takes(int64_t d_ff, DType wdtype) {
+  const int64_t cols =
+      wdtype == DType::F8_E4M3 ? TileShape<uint8_t>::kWRows / 2 : TileShape<__half>::kWRows / 2;
+  return (d_ff + cols - 1) / cols <= kMaxClusterBlocks;
 }
 
 void launch_f16_row_split(const float* x, int64_t ldx, int64_t rows, int64_t k, void* terms,
@@ -346,10 +468,14 @@ void launch_f16_row_split(const float* x, int64_t ldx, int64_t rows, int64_t k, 
 
 void launch_moe_mma(const MoeGemmArgs& a, DType wdtype, bool dual, unsigned max_tiles,
                     cudaStream_t stream) {
-  RECUR_CHECK(a.x_terms && a.x_scale && !a.dense_w && !a.direct_ids);
+  RECUR_CHECK(a.x_terms && a.x_scale && !(a.dense_w && dual) && !a.direct_ids);
   RECUR_CHECK(moe_wmma_pipelined(wdtype, a.k, a.w_aligned));
-  RECUR_CHECK(!a.out_terms || (dual && a.out_scale && moe_mma_takes(a.m)));
-  if (wdtype == DType::BF16) {
+  RECUR_CHECK(!a.out_terms || (dual && a.out_scale && moe_mma_takes(a.m, wdtype)));
+  if (wdtype == DType::F8_E4M3) {
+    RECUR_CHECK(fp8_wmma_blocks(a.fp8_block_rows, a.fp8_block_cols));
+    dual ? launch<uint8_t, true>(a, max_tiles, stream)
+         : launch<uint8_t, false>(a, max_tiles, stream);
+  } else if (wdtype == DType::BF16) {
     dual ? launch<__nv_bfloat16, true>(a, max_tiles, stream)
          : launch<__nv_bfloat16, false>(a, max_tiles, stream);
   } else {

@@ -1,7 +1,7 @@
 // Shared by the MoE experts' tensor-core tiles (moe_wmma.cu, moe_mma.cu): f32 activations split
-// exactly into three terms of the weights' 16-bit type (block-FP8 weights and the fallback
-// tiles, split3) or into two f16 terms of a scaled row (moe_mma.cu), and a finished tile's
-// write-out from shared memory, as f32 rows or as the three terms the next GEMM reads.
+// exactly into three terms of the weights' 16-bit type (the fallback tiles and the dense
+// matmul's cuBLAS terms, split3) or into two f16 terms of a scaled row (moe_mma.cu), and a
+// finished tile's write-out from shared memory as f32 rows.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -69,34 +69,12 @@ __device__ __forceinline__ int f16_row_exponent(float mx) {
 }
 
 // A tile's results Cs [kWmmaTileRows][ldc] f32 (token rows, kW output columns from n0) to
-// out rows row0 .. row0 + rows - 1, or, when a.out_terms is set, as their three terms (a.m a
-// multiple of 8: whole 16-byte groups). Called by every thread of the block after a barrier.
-template <typename T, int kW>
+// out rows row0 .. row0 + rows - 1 (added to them when a.accumulate). Called by every thread of
+// the block after a barrier.
+template <int kW>
 __device__ __forceinline__ void store_tile_rows(const MoeGemmArgs& a, const float* Cs, int ldc,
                                                 int row0, int rows, int64_t n0) {
   constexpr int kTM = kWmmaTileRows;
-  if (a.out_terms) {
-    T* ot = static_cast<T*>(a.out_terms);
-    for (int idx = threadIdx.x; idx < kTM * kW / 8; idx += blockDim.x) {
-      const int r = idx / (kW / 8), c = (idx % (kW / 8)) * 8;
-      if (r >= rows || n0 + c >= a.m) continue;
-      uint4 pk[kMoeTerms];
-      T* pt = reinterpret_cast<T*>(pk);
-#pragma unroll
-      for (int q = 0; q < 8; ++q) {
-        T t[kMoeTerms];
-        split3(Cs[r * ldc + c + q], t);
-#pragma unroll
-        for (int term = 0; term < kMoeTerms; ++term) pt[term * 8 + q] = t[term];
-      }
-      T* o = ot + int64_t(row0 + r) * a.m + n0 + c;
-#pragma unroll
-      for (int term = 0; term < kMoeTerms; ++term) {
-        *reinterpret_cast<uint4*>(o + term * a.out_terms_plane) = pk[term];
-      }
-    }
-    return;
-  }
   for (int idx = threadIdx.x; idx < kTM * kW; idx += blockDim.x) {
     const int r = idx / kW, c = idx % kW;
     if (r < rows && n0 + c < a.m) {

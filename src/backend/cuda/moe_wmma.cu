@@ -6,12 +6,8 @@
 // first: f32-class results, as the GEMV core gives for few tokens. The fused gate/up variant
 // applies SwiGLU to the two accumulators element by element (same fragment layout) before
 // storing.
-//   Pipelined tiles (moe_wmma_pipelined) of block-FP8 weights (16-bit weights take moe_mma.cu's
-//     tiles there, on two scaled f16 terms): the activations come split once per matmul
-//     (split_terms_kernel, or gate/up's epilogue storing the hidden as terms for down), so a
-//     stage is 16-byte cp.async copies, kStages - 1 stages in flight ahead of the MMAs; the
-//     weights are copied raw and widened in shared memory. 64×64 tiles of gate and up, 64×128
-//     tiles of one weight (each staged activation used for twice the columns).
+//   Where the weights suit the pipelined tiles (moe_wmma_pipelined), launch_moe_wmma hands them
+//     to moe_mma.cu's, on two scaled f16 terms of the activations.
 //   Fallback tiles (k not a multiple of the copies, unaligned weights, or 16-bit experts with a
 //     bf16 weight beyond f16's range): 64×64, each block splits f32 rows into three terms of
 //     the weights' type while staging, one stage of global loads held in registers.
@@ -35,7 +31,6 @@ constexpr int kLd = kTK + 8;    // staged rows padded by 16 bytes against bank c
 constexpr int kLdc = kTN + 4;   // f32 epilogue rows
 constexpr int kThreads = 128;
 constexpr int kTerms = kMoeTerms;
-constexpr int kStages = 4;  // pipelined kernel: stages in the shared-memory ring
 
 // Eight e4m3 bytes (one 64-bit half of a 16-byte load) to bf16, exactly (e4m3 ⊂ bf16).
 __device__ __forceinline__ uint4 fp8x8_to_bf16(uint32_t lo, uint32_t hi) {
@@ -197,7 +192,7 @@ __device__ __forceinline__ void store_tile(const MoeGemmArgs& a, WarpAccs<kPair,
     }
   }
   __syncthreads();
-  store_tile_rows<T, kW>(a, Cs, ldc, row0, rows, n0);
+  store_tile_rows<kW>(a, Cs, ldc, row0, rows, n0);
 }
 
 // The tile of block (blockIdx.x, blockIdx.y): false for a surplus block.
@@ -348,126 +343,6 @@ __global__ void __launch_bounds__(kThreads) moe_wmma_kernel(MoeGemmArgs a, bool 
   store_tile<T, kDual, kDual, kFp8>(a, f, Cs, row0, rows, n0, wm, wn);
 }
 
-// Shared memory of the pipelined tiles, in bytes: kStages stages, each of A's terms
-// [3][kTM·kLd] (bf16) and two slabs of raw fp8 B [kTN·kTK]; then the current stage's slabs
-// widened to bf16 [2][kTN·kLd]. The epilogue's Cs [kTM·(2·kTN + 4)] f32 reuses the ring.
-struct PipeSmem {
-  static constexpr int kA = kTerms * kTM * kLd * 2;
-  static constexpr int kB = kTN * kTK;
-  static constexpr int kStage = kA + 2 * kB;
-  static constexpr int kWide = 2 * kTN * kLd * 2;
-  static constexpr int kRing = kStages * kStage + kWide;
-  static constexpr int kCs = kTM * (2 * kTN + 4) * int(sizeof(float));
-  static constexpr int kBytes = kRing > kCs ? kRing : kCs;
-  static_assert(kA % 128 == 0 && kB % 128 == 0, "stages keep WMMA's 32-byte alignment");
-};
-
-// The pipelined tiles of block-FP8 weights (moe_wmma_pipelined, a.x_terms set): grid (⌈m/64⌉
-// when kDual, else ⌈m/128⌉, max_tiles). Two slabs of weight rows per block: gate's and up's
-// rows [n0, n0 + 64) (kDual), else rows [n0, n0 + 64) and [n0 + 64, n0 + 128) of the one
-// weight, a 64×128 tile (each activation term staged once for 128 columns). Stage kt's copies
-// are issued kStages - 1 stages ahead of its MMAs; copies past the tile's rows, the weights'
-// rows or k are zeros (k is a multiple of the 16-byte copies).
-template <bool kDual>
-__global__ void __launch_bounds__(kThreads) moe_wmma_pipelined_kernel(MoeGemmArgs a) {
-  using T = __nv_bfloat16;  // the activations' terms and the widened weights
-  using L = PipeSmem;
-  grid_dependency_sync();
-  int e, row0, rows;
-  if (!wmma_tile(a, e, row0, rows)) return;
-  const int64_t n0 = int64_t(blockIdx.x) * (kDual ? kTN : 2 * kTN), K = a.k;
-  const int64_t n1 = kDual ? n0 : n0 + kTN;  // the second slab's first row
-  const void* w_data = a.dense_w ? a.dense_w : a.w[e];
-  const uint8_t* W = static_cast<const uint8_t*>(w_data);
-  const uint8_t* W2 = kDual ? static_cast<const uint8_t*>(a.w2[e]) : W;
-  const float* srow = scale_row(a, w_data, n0);
-  // A second slab past m has zero products; its scales are any valid row's.
-  const float* srow2 = n1 < a.m ? scale_row(a, W2, n1) : srow;
-  extern __shared__ __align__(128) unsigned char smem[];  // PipeSmem
-  const int tid = threadIdx.x, warp = tid / 32, wm = warp / 2, wn = warp % 2;
-
-  // Copy roles: rows cr and cr + 32 of A's terms, 8 columns from cc; B: row tid / 2 of each
-  // slab, 16 columns from (tid % 2) · 16.
-  const int cr = tid / 4, cc = (tid % 4) * 8;
-  const T* xt = static_cast<const T*>(a.x_terms);
-  const T* arow[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = cr + 32 * h;
-    arow[h] = nullptr;
-    if (r < rows) {
-      const int64_t xr = a.x_row ? a.x_row[row0 + r] : row0 + r;
-      arow[h] = xt + xr * a.ldxt;
-    }
-  }
-  const int wr = tid / 2;  // row within a slab
-  const uint8_t* brow = n0 + wr < a.m ? W + (n0 + wr) * K : nullptr;
-  const uint8_t* brow2 = n1 + wr < a.m ? W2 + (n1 + wr) * K : nullptr;
-  auto issue = [&](int kt) {
-    unsigned char* st = smem + (kt % kStages) * L::kStage;
-    T* As = reinterpret_cast<T*>(st);
-    const int64_t k0 = int64_t(kt) * kTK;
-    const bool k_in = k0 + cc < K;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const bool ok = arow[h] && k_in;
-#pragma unroll
-      for (int term = 0; term < kTerms; ++term) {
-        copy16_async(As + term * kTM * kLd + (cr + 32 * h) * kLd + cc,
-                     ok ? arow[h] + term * a.x_terms_plane + k0 + cc : xt, ok);
-      }
-    }
-    unsigned char* bs = st + L::kA;
-    const int64_t c = k0 + (tid % 2) * 16;
-    const bool ok = brow && c < K, ok2 = brow2 && c < K;
-    const int off = (tid / 2) * kTK + (tid % 2) * 16;
-    copy16_async(bs + off, ok ? brow + c : W, ok);
-    copy16_async(bs + L::kB + off, ok2 ? brow2 + c : W, ok2);
-  };
-
-  WarpAccs<true, true> f;  // the two slabs' products
-  f.zero();
-  const int nk = int((K + kTK - 1) / kTK);
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < nk) issue(s);
-    copy_commit();  // empty groups too: the waits below count kStages - 1 groups ahead
-  }
-  for (int kt = 0; kt < nk; ++kt) {
-    copy_wait<kStages - 2>();
-    // Stage kt has landed for every thread, and every warp is done with stage kt - 1, whose
-    // slot the copies below refill, and with the widened weights.
-    __syncthreads();
-    if (kt + kStages - 1 < nk) issue(kt + kStages - 1);
-    copy_commit();
-    const unsigned char* st = smem + (kt % kStages) * L::kStage;
-    T* wide = reinterpret_cast<T*>(smem + kStages * L::kStage);
-    const int r = tid / 2, c = (tid % 2) * 16;
-#pragma unroll
-    for (int w = 0; w < 2; ++w) {
-      const uint4 q = *reinterpret_cast<const uint4*>(st + L::kA + w * L::kB + r * kTK + c);
-      T* o = wide + w * kTN * kLd + r * kLd + c;
-      *reinterpret_cast<uint4*>(o) = fp8x8_to_bf16(q.x, q.y);
-      *reinterpret_cast<uint4*>(o + 8) = fp8x8_to_bf16(q.z, q.w);
-    }
-    __syncthreads();
-    mma_stage<T, true, true>(reinterpret_cast<const T*>(st), wide, wide + kTN * kLd, wm, wn, f);
-    fold_block<true>(a, int64_t(kt) * kTK, srow, srow2, f);
-  }
-  copy_wait<0>();
-  __syncthreads();  // Cs reuses the ring
-  store_tile<T, true, kDual, true>(a, f, reinterpret_cast<float*>(smem), row0, rows, n0, wm, wn);
-}
-
-template <bool kDual>
-void launch_pipelined(const MoeGemmArgs& a, unsigned max_tiles, cudaStream_t stream) {
-  constexpr int bytes = PipeSmem::kBytes;
-  const int64_t cols = kDual ? kTN : 2 * kTN;  // per block
-  const dim3 grid(unsigned((a.m + cols - 1) / cols), max_tiles);
-  opt_in_smem<moe_wmma_pipelined_kernel<kDual>>(size_t(bytes));
-  launch_kernel(moe_wmma_pipelined_kernel<kDual>, grid, kThreads, size_t(bytes), stream, a);
-}
-
 }  // namespace
 
 bool moe_wmma_pipelined(DType wdtype, int64_t k, bool w_aligned) {
@@ -504,13 +379,7 @@ void launch_moe_wmma(const MoeGemmArgs& a, DType wdtype, bool dual, unsigned max
   if (a.x_terms) {
     RECUR_CHECK(moe_wmma_pipelined(wdtype, a.k, a.w_aligned));
     RECUR_CHECK(!a.out_terms || (dual && a.m % 8 == 0));
-    if (wdtype == DType::F8_E4M3) {
-      RECUR_CHECK(fp8_wmma_blocks(a.fp8_block_rows, a.fp8_block_cols));
-      dual ? launch_pipelined<true>(a, max_tiles, stream)
-           : launch_pipelined<false>(a, max_tiles, stream);
-    } else {
-      launch_moe_mma(a, wdtype, dual, max_tiles, stream);  // 16-bit weights
-    }
+    launch_moe_mma(a, wdtype, dual, max_tiles, stream);  // two scaled f16 terms
     return;
   }
   RECUR_CHECK(!a.out_terms);
