@@ -224,13 +224,14 @@ __global__ void __launch_bounds__(kThreads) attention_16bit_kernel(AttnArgs a) {
 
   for (int k0 = 0, it = 0; k0 <= max_pos; k0 += kKeys, ++it) {
     const int cur = it % 2;
-    // The next tile goes into the other stage, whose readers finished last iteration.
+    copy_wait<0>();   // this thread's copies of the current tile have landed
+    __syncthreads();  // and everyone's (and the queries); every warp is done with the last tile
+    // The next tile goes into the other stage, which no warp reads any more, while this one is
+    // multiplied: one block barrier a tile.
     if (k0 + kKeys <= max_pos) {
       start_tile<T>(a, table, kvh, k0 + kKeys, max_pos, stage_k(1 - cur), stage_v(1 - cur));
     }
     copy_commit();
-    copy_wait<1>();   // this thread's copies of the current tile have landed
-    __syncthreads();  // and everyone's (and the queries)
     const M* Kt = reinterpret_cast<const M*>(stage_k(cur));
     const M* Vt = reinterpret_cast<const M*>(stage_v(cur));
     if constexpr (kWiden) {
@@ -301,7 +302,6 @@ __global__ void __launch_bounds__(kThreads) attention_16bit_kernel(AttnArgs a) {
         }
       }
     }
-    __syncthreads();  // the stage (and the partial scores) free for the next tiles
   }
   quad_sums(l);
   l[0] *= kWeightScaleOf<M>, l[1] *= kWeightScaleOf<M>;

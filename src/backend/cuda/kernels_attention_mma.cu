@@ -157,13 +157,14 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(AttnArgs a) {
 
   for (int k0 = 0, it = 0; k0 <= max_pos; k0 += kKeys, ++it) {
     const TileCopy cur = it % 2 ? odd : even;
-    // The next tile goes into the other stage, whose readers finished last iteration.
+    copy_wait<0>();   // this thread's copies of the current tile have landed
+    __syncthreads();  // and everyone's (and the queries); every warp is done with the last tile
+    // The next tile goes into the other stage, which no warp reads any more, while this one is
+    // multiplied: one block barrier a tile.
     if (k0 + kKeys <= max_pos) {
       start_tile(a, table, kvh, k0 + kKeys, max_pos, it % 2 ? even : odd);
     }
     copy_commit();
-    copy_wait<1>();            // this thread's copies of the current tile have landed
-    __syncthreads();           // and everyone's (and the queries)
     if (k0 <= warp_max_pos) {  // else every key of the tile is past the warp's rows
       // Scores S [16 rows × kKeys] of the warp: n-tile j holds keys [8j, 8j + 8).
       float sc[kKeys / 8][4];
@@ -216,7 +217,6 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(AttnArgs a) {
         }
       }
     }
-    __syncthreads();  // the stage is free for the copy two tiles ahead
   }
   quad_sums(l);
   store_rows(a, acc, l, m0, g, c, n_rows, t0, kvh);
