@@ -65,6 +65,8 @@ TEST_P(CudaAttentionCache, EveryKernelMatchesReferenceOverTheSameCache) {
       {4, 32, 24, 16, {100, 70}, {0, 9}},
       // A value head of 20 four-element chunks: a thread's value copies wrap to later rows.
       {2, 64, 80, 16, {90, 40}, {0, 30}},
+      // Blocks of 12 positions: 16-bit caches copied 4 elements at a time, not 8.
+      {8, 256, 256, 12, {150}, {100}},
   };
   for (const Case& c : cases) {
     const int64_t kv = 2, heads = kv * c.group, hd = c.hd, dv = c.dv;

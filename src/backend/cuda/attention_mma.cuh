@@ -345,69 +345,83 @@ bool attention_decode_mma(CudaOps::Impl& s, AttnArgs a, const Tensor& k_cache,
 // Query rows (token, query head) per block of the prompt kernels.
 constexpr int kPromptRows = 64;
 
-// Starts the copies of a tile of kKeys positions from k0 of the keys and (with values) the
-// values, as chunks of 4 elements, zeros past `last`: key_copy(d, p, src, valid) for positions
-// p .. p + 3 of channel d (one cache block: bs is a multiple of 4), value_copy(p, d, src, valid)
-// for channels d .. d + 3 of position p, split among kThreads threads. Lane j of each warp finds
-// where the tile's chunk j starts in each cache once and the lanes take theirs from it: a lookup
-// per copy would be a dependent load before each (a round trip to L2 for every few copies
-// issued), and its block arithmetic (divisions by the runtime block size and value size) would
-// outnumber the copies' own instructions. The value copies shuffle in their loop, so their trip
-// count, dv · kKeys / 4 kThreads-strided elements, must be a multiple of 32 (whole warps).
-template <int kKeys, int kThreads, int kUnroll, typename T, typename KeyCopy, typename ValueCopy>
-__device__ __forceinline__ void copy_tile(const AttnArgs& a, const int32_t* table, int kvh, int k0,
-                                          int last, bool values, KeyCopy&& key_copy,
-                                          ValueCopy&& value_copy) {
-  static_assert(kKeys / 4 <= 32, "a lane per chunk");
-  const int hd = a.hd, lane = threadIdx.x % 32;
-  const T* kc = static_cast<const T*>(a.kc) + kvh * a.kc_s1;
-  const T* vc = static_cast<const T*>(a.vc) + kvh * a.vc_s1;
-  int64_t k_chunk = 0, v_chunk = 0;  // lane j: chunk j's first element in each cache
-  const int chunk_pos = k0 + 4 * lane;
-  if (lane < kKeys / 4 && chunk_pos <= last) {
-    const int64_t block = table[chunk_pos / a.bs];
-    const int in_block = chunk_pos % a.bs;
-    k_chunk = block * a.kc_s0 + in_block;
-    v_chunk = block * a.vc_s0 + int64_t(in_block) * a.vc_s2;
+// Copies of tiles of kKeys positions of the keys and (with values) the values, as chunks of kVec
+// elements, zeros past `last`: key_copy(d, p, src, valid) for positions p .. p + kVec − 1 of
+// channel d (one cache block: bs is a multiple of kVec; whole chunks past `last` are zeros, the
+// rest of a chunk that `last` ends inside is read as it lies, for the causal mask to drop),
+// value_copy(p, d, src, valid) for channels d .. d + kVec − 1 of position p, split among
+// kThreads threads. A thread's share is worked out when the copier is made (divisions by the
+// runtime value size; a kernel keeps it across its walk unless registers are short), and each
+// tile lane j of each warp finds where position k0 + j lies in each cache for the others to
+// shuffle from: a lookup per copy would be a dependent load before each. Before, the per-tile
+// divisions and the copy loops took ~40% of the 16-bit prompt kernel's instructions (H200
+// profile, bench/results/h200-session28-notes.md). The value copies shuffle in their loop, so
+// their trip count must be warp-uniform (dv · kKeys / kVec kThreads-strided elements a multiple
+// of 32).
+template <int kKeys, int kThreads, int kVec>
+struct TileCopier {
+  static_assert(kKeys <= 32, "a lane per position");
+  static_assert(kKeys % kVec == 0 && kThreads % (kKeys / kVec) == 0, "a thread keeps its chunk");
+  static constexpr int kChunks = kKeys / kVec;         // key chunks of a channel
+  static constexpr int kKeyRows = kThreads / kChunks;  // channels one pass copies
+  int key_p, key_d;  // this thread's key chunk (positions key_p ..) and first channel
+  int val_p, val_d;  // its first value chunk: position, first channel
+  int val_p_step;    // positions between its value chunks; 0: chunks of a row span threads
+
+  __device__ explicit TileCopier(const AttnArgs& a) {
+    key_p = kVec * (int(threadIdx.x) % kChunks), key_d = int(threadIdx.x) / kChunks;
+    const int row_chunks = a.dv / kVec;
+    val_p = int(threadIdx.x) / row_chunks, val_d = kVec * (int(threadIdx.x) % row_chunks);
+    val_p_step = kThreads % row_chunks == 0 ? kThreads / row_chunks : 0;
   }
-  // A thread's key copies share one position chunk (kThreads is a multiple of kKeys / 4) and
-  // step through channels kThreads / (kKeys / 4) apart.
-  static_assert(kThreads % (kKeys / 4) == 0, "a thread keeps its key chunk");
-  constexpr int kKeyRows = kThreads / (kKeys / 4);
-  {
-    const int p = 4 * (threadIdx.x % (kKeys / 4));
-    const int64_t chunk = __shfl_sync(0xffffffffu, k_chunk, p / 4);
-    const bool valid = k0 + p <= last;
-    const T* src = kc + chunk + int64_t(threadIdx.x / (kKeys / 4)) * a.kc_s2;
-    const int64_t step = int64_t(kKeyRows) * a.kc_s2;
-#pragma unroll kUnroll
-    for (int d = threadIdx.x / (kKeys / 4); d < hd; d += kKeyRows, src += step) {
-      key_copy(d, p, valid ? src : kc, valid);
+
+  template <typename T, typename KeyCopy, typename ValueCopy>
+  __device__ __forceinline__ void copy(const AttnArgs& a, const int32_t* table, int kvh, int k0,
+                                       int last, bool values, KeyCopy&& key_copy,
+                                       ValueCopy&& value_copy) const {
+    const int lane = threadIdx.x % 32;
+    const T* kc = static_cast<const T*>(a.kc) + kvh * a.kc_s1;
+    const T* vc = static_cast<const T*>(a.vc) + kvh * a.vc_s1;
+    int64_t k_pos = 0, v_pos = 0;  // lane j: position k0 + j's first element in each cache
+    if (lane < kKeys && k0 + lane <= last) {
+      const int pos = k0 + lane, block_index = pos / a.bs, in_block = pos - block_index * a.bs;
+      const int64_t block = table[block_index];
+      k_pos = block * a.kc_s0 + in_block;
+      v_pos = block * a.vc_s0 + int64_t(in_block) * a.vc_s2;
     }
-  }
-  if (!values) return;
-  // Element e = p · (dv / 4) + d / 4, walked by kThreads without a division per element; when
-  // the value chunks divide kThreads (d_step 0) a thread keeps its channels and steps positions.
-  const int row_chunks = a.dv / 4, p_step = kThreads / row_chunks, d_step = kThreads % row_chunks;
-  int p = threadIdx.x / row_chunks, d4 = threadIdx.x % row_chunks;
-  if (d_step == 0) {
-    const T* src = vc + 4 * d4;
-    for (; p < kKeys; p += p_step) {
-      const int64_t chunk = __shfl_sync(0xffffffffu, v_chunk, p / 4);
+    {
+      const int64_t chunk = __shfl_sync(0xffffffffu, k_pos, key_p);
+      const bool valid = k0 + key_p <= last;
+      const T* src = valid ? kc + chunk + int64_t(key_d) * a.kc_s2 : kc;
+      const int64_t step = valid ? int64_t(kKeyRows) * a.kc_s2 : 0;
+#pragma unroll 4
+      for (int d = key_d; d < a.hd; d += kKeyRows, src += step) key_copy(d, key_p, src, valid);
+    }
+    if (!values) return;
+    if (val_p_step != 0) {  // a thread keeps its channels and steps positions
+      const T* src = vc + val_d;
+#pragma unroll 4
+      for (int p = val_p; p < kKeys; p += val_p_step) {
+        const int64_t chunk = __shfl_sync(0xffffffffu, v_pos, p);
+        const bool valid = k0 + p <= last;
+        value_copy(p, val_d, valid ? src + chunk : vc, valid);
+      }
+      return;
+    }
+    // Element e = p · row_chunks + d / kVec, walked by kThreads without a division per element.
+    const int row_chunks = a.dv / kVec, p_step = kThreads / row_chunks;
+    const int d_step = kVec * (kThreads % row_chunks);
+    int p = val_p, d = val_d;
+#pragma unroll 2
+    for (int e = threadIdx.x; e < kKeys * row_chunks; e += kThreads) {
+      const int64_t chunk = __shfl_sync(0xffffffffu, v_pos, p);
       const bool valid = k0 + p <= last;
-      value_copy(p, 4 * d4, valid ? src + chunk + (p % 4) * a.vc_s2 : vc, valid);
+      value_copy(p, d, valid ? vc + chunk + d : vc, valid);
+      p += p_step, d += d_step;
+      if (d >= a.dv) d -= a.dv, ++p;
     }
-    return;
   }
-#pragma unroll kUnroll
-  for (int e = threadIdx.x; e < kKeys * row_chunks; e += kThreads) {
-    const int64_t chunk = __shfl_sync(0xffffffffu, v_chunk, p / 4);
-    const bool valid = k0 + p <= last;
-    value_copy(p, 4 * d4, valid ? vc + chunk + (p % 4) * a.vc_s2 + 4 * d4 : vc, valid);
-    p += p_step, d4 += d_step;
-    if (d4 >= row_chunks) d4 -= row_chunks, ++p;
-  }
-}
+};
 
 // Launches kKernel (an attention kernel) with smem bytes of dynamic shared memory, opted in.
 template <auto kKernel>
@@ -425,9 +439,11 @@ void set_context_splits(CudaOps::Impl& s, AttnArgs& a, int n, int64_t want, int 
 
 // The prompt kernel for BF16, F16 and F8_E4M3 caches (kernels_attention_16bit.cu): grid (row tiles
 // of kPromptRows rows, kv heads), as paged_attention_mma's; its most shared memory for these
-// heads.
+// heads. wide_copies: the caches are 2-byte elements laid out for 16-byte copies (8-element
+// aligned, strides and bs multiples of 8).
 size_t attention_16bit_smem_bytes(int hd, int dv);
-void launch_attention_16bit(const AttnArgs& a, DType cache, dim3 grid, cudaStream_t stream);
+void launch_attention_16bit(const AttnArgs& a, DType cache, bool wide_copies, dim3 grid,
+                            cudaStream_t stream);
 
 // paged_attention of every token of the layout, as `a` describes it (its split fields unused),
 // on tensor cores, when the kernels take these heads (hd a multiple of 16, dv of 8, both ≤ 256,

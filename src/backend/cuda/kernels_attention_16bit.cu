@@ -17,8 +17,9 @@
 // that type (mma_16bit.cuh): three bf16 terms (two bf16 terms would leave 2^-16, measured up to
 // 2.7e-5 in the tests) or two f16 terms, so a product is three or two MMAs, the small terms first.
 // The queries are split once per block into planes that ldmatrix reads as fragments. A BF16 or F16
-// tile is copied (cp.async) into the layout ldmatrix reads; an F8_E4M3 one lands raw and is widened
-// into an f16 plane; the next tile is copied while the current one is multiplied.
+// tile is copied (cp.async, 16 bytes a copy where the cache's layout allows, else 8) into the
+// layout ldmatrix reads; an F8_E4M3 one lands raw and is widened into an f16 plane; the next tile
+// is copied while the current one is multiplied.
 #include <algorithm>
 #include <cmath>
 
@@ -82,26 +83,30 @@ __host__ __device__ Smem smem_of(int hd, int dv) {
   return Smem(hd, dv, sizeof(T), kTermsOf<OperandOf<T>>);
 }
 
-// Async copy of 4 cache elements (4-element aligned; zeros when !valid, nothing read then).
-template <typename T>
-__device__ __forceinline__ void copy4_async(T* dst, const T* src, bool valid) {
-  constexpr int kBytes = 4 * sizeof(T);
+// Async copy of kVec cache elements (kVec-element aligned; zeros when !valid, nothing read then).
+template <int kVec, typename T>
+__device__ __forceinline__ void copy_async(T* dst, const T* src, bool valid) {
+  constexpr int kBytes = kVec * int(sizeof(T));
   const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(d), "l"(src), "n"(kBytes),
                "r"(valid ? kBytes : 0));
 }
 
-// Starts the copies of keys and values k0 .. k0 + kKeys − 1 (zeros past last) into a stage.
-template <typename T>
-__device__ __forceinline__ void start_tile(const AttnArgs& a, const int32_t* table, int kvh, int k0,
+// Starts the copies of keys and values k0 .. k0 + kKeys − 1 (zeros past last) into a stage, in
+// chunks of kVec elements.
+template <typename T, int kVec>
+__device__ __forceinline__ void start_tile(const TileCopier<kKeys, kThreads, kVec>& copier,
+                                           const AttnArgs& a, const int32_t* table, int kvh, int k0,
                                            int last, T* Ks, T* Vs) {
   const int vs = value_stride(a.dv);
-  copy_tile<kKeys, kThreads, 4, T>(
+  copier.template copy<T>(
       a, table, kvh, k0, last, true,
       [&](int d, int p, const T* src, bool valid) {
-        copy4_async(Ks + d * kKeyStride + p, src, valid);
+        copy_async<kVec>(Ks + d * kKeyStride + p, src, valid);
       },
-      [&](int p, int d, const T* src, bool valid) { copy4_async(Vs + p * vs + d, src, valid); });
+      [&](int p, int d, const T* src, bool valid) {
+        copy_async<kVec>(Vs + p * vs + d, src, valid);
+      });
 }
 
 // An e4m3 stage, landed, widened into the f16 planes (same layout).
@@ -138,8 +143,9 @@ __device__ __forceinline__ void pair_sync(int row_group) {
 // grid (query tiles, kv_heads), kThreads. DV_MAX ≥ dv (a multiple of 16) bounds the
 // accumulator's registers: acc[j] holds value channels [v0 + 8j, v0 + 8j + 8) of the thread's
 // rows g and g + 8 (g = lane / 4), v0 the first channel of the warp's half. T: the cache's
-// element (uint16_t for BF16, __half for F16, uint8_t for F8_E4M3).
-template <int DV_MAX, typename T>
+// element (uint16_t for BF16, __half for F16, uint8_t for F8_E4M3). kVec: the elements of one
+// copy, 8 (16 bytes) for 16-bit caches laid out for it, else 4.
+template <int DV_MAX, typename T, int kVec>
 __global__ void __launch_bounds__(kThreads) attention_16bit_kernel(AttnArgs a) {
   using M = OperandOf<T>;
   constexpr bool kWiden = sizeof(T) == 1;
@@ -187,9 +193,10 @@ __global__ void __launch_bounds__(kThreads) attention_16bit_kernel(AttnArgs a) {
   const bool early = kKeys % a.bs == 0 && a.kc_s1 * sizeof(T) % 128 == 0 &&
                      a.vc_s1 * sizeof(T) % 128 == 0 &&
                      min(max_pos, kKeys - 1) < a.positions[a.seq_start[rt.s]];
-  if (early) start_tile<T>(a, table, kvh, 0, max_pos, stage_k(0), stage_v(0));
+  const TileCopier<kKeys, kThreads, kVec> copier(a);
+  if (early) start_tile<T>(copier, a, table, kvh, 0, max_pos, stage_k(0), stage_v(0));
   grid_dependency_sync();
-  if (!early) start_tile<T>(a, table, kvh, 0, max_pos, stage_k(0), stage_v(0));
+  if (!early) start_tile<T>(copier, a, table, kvh, 0, max_pos, stage_k(0), stage_v(0));
   copy_commit();
 
   // Queries, scaled so that scores come out in log2 units (exp2 below), as their terms' planes
@@ -229,7 +236,7 @@ __global__ void __launch_bounds__(kThreads) attention_16bit_kernel(AttnArgs a) {
     // The next tile goes into the other stage, which no warp reads any more, while this one is
     // multiplied: one block barrier a tile.
     if (k0 + kKeys <= max_pos) {
-      start_tile<T>(a, table, kvh, k0 + kKeys, max_pos, stage_k(1 - cur), stage_v(1 - cur));
+      start_tile<T>(copier, a, table, kvh, k0 + kKeys, max_pos, stage_k(1 - cur), stage_v(1 - cur));
     }
     copy_commit();
     const M* Kt = reinterpret_cast<const M*>(stage_k(cur));
@@ -309,19 +316,25 @@ __global__ void __launch_bounds__(kThreads) attention_16bit_kernel(AttnArgs a) {
 }
 
 template <int DV_MAX, typename T>
-void launch_dv(const AttnArgs& a, dim3 grid, size_t smem, cudaStream_t stream) {
-  launch_opted_in<attention_16bit_kernel<DV_MAX, T>>(grid, kThreads, smem, stream, a);
+void launch_dv(const AttnArgs& a, bool wide_copies, dim3 grid, size_t smem, cudaStream_t stream) {
+  if constexpr (sizeof(T) == 2) {
+    if (wide_copies) {
+      launch_opted_in<attention_16bit_kernel<DV_MAX, T, 8>>(grid, kThreads, smem, stream, a);
+      return;
+    }
+  }
+  launch_opted_in<attention_16bit_kernel<DV_MAX, T, 4>>(grid, kThreads, smem, stream, a);
 }
 
 template <typename T>
-void launch_type(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
+void launch_type(const AttnArgs& a, bool wide_copies, dim3 grid, cudaStream_t stream) {
   const size_t smem = smem_of<T>(a.hd, a.dv).total;
   if (a.dv <= 64) {
-    launch_dv<64, T>(a, grid, smem, stream);
+    launch_dv<64, T>(a, wide_copies, grid, smem, stream);
   } else if (a.dv <= 128) {
-    launch_dv<128, T>(a, grid, smem, stream);
+    launch_dv<128, T>(a, wide_copies, grid, smem, stream);
   } else {
-    launch_dv<256, T>(a, grid, smem, stream);
+    launch_dv<256, T>(a, wide_copies, grid, smem, stream);
   }
 }
 
@@ -332,14 +345,15 @@ size_t attention_16bit_smem_bytes(int hd, int dv) {
                    smem_of<uint8_t>(hd, dv).total});
 }
 
-void launch_attention_16bit(const AttnArgs& a, DType cache, dim3 grid, cudaStream_t stream) {
+void launch_attention_16bit(const AttnArgs& a, DType cache, bool wide_copies, dim3 grid,
+                            cudaStream_t stream) {
   if (cache == DType::BF16) {
-    launch_type<uint16_t>(a, grid, stream);
+    launch_type<uint16_t>(a, wide_copies, grid, stream);
   } else if (cache == DType::F16) {
-    launch_type<__half>(a, grid, stream);
+    launch_type<__half>(a, wide_copies, grid, stream);
   } else {
     RECUR_CHECK(cache == DType::F8_E4M3);
-    launch_type<uint8_t>(a, grid, stream);
+    launch_type<uint8_t>(a, false, grid, stream);
   }
 }
 

@@ -55,7 +55,8 @@ size_t latent_smem_bytes(int hd) {
 template <typename T>
 __device__ __forceinline__ void start_tile(const AttnArgs& a, const int32_t* table, int kvh, int k0,
                                            int p_end, float* tile) {
-  copy_tile<kKeys, kThreads, 3, T>(
+  const TileCopier<kKeys, kThreads, 4> copier(a);
+  copier.template copy<T>(
       a, table, kvh, k0, p_end - 1, false,
       [&](int d, int p, const T* src, bool valid) {
         copy4(tile + d * kTileStride + p, src, valid);

@@ -96,10 +96,13 @@ struct TileCopy {
 
 // Starts the copies of keys and values k0 .. k0 + kKeys − 1 (zeros past max_pos), values into
 // the rows key_row orders.
+// The copier is made afresh each tile: kept across the walk, its registers cost this
+// register-bound kernel more than its divisions (H200, bench/results/h200-session28-notes.md).
 __device__ __forceinline__ void start_tile(const AttnArgs& a, const int32_t* table, int kvh, int k0,
                                            int max_pos, TileCopy t) {
   const int vs = value_stride(a.dv);
-  copy_tile<kKeys, kThreads, 4, float>(
+  const TileCopier<kKeys, kThreads, 4> copier(a);
+  copier.copy<float>(
       a, table, kvh, k0, max_pos, true,
       [&](int d, int p, const float* src, bool valid) {
         copy4(t.Ks + d * kKeyStride + p, src, valid);
@@ -255,8 +258,8 @@ int64_t prompt_row_tiles(const SeqLayout& layout, int tokens_per_tile,
   return tiles;
 }
 
-void launch_attention_mma(const AttnArgs& a, DType cache, const SeqLayout& layout, int kv_heads,
-                          cudaStream_t stream, double* cache_bytes) {
+void launch_attention_mma(const AttnArgs& a, DType cache, bool wide_copies, const SeqLayout& layout,
+                          int kv_heads, cudaStream_t stream, double* cache_bytes) {
   double positions = 0;  // for the profile: a tile reads keys and values up to its last position
   const int64_t n_tiles =
       prompt_row_tiles(layout, kRows / a.group, cache_bytes ? &positions : nullptr);
@@ -266,7 +269,7 @@ void launch_attention_mma(const AttnArgs& a, DType cache, const SeqLayout& layou
   if (n_tiles == 0) return;
   const dim3 grid{unsigned(n_tiles), unsigned(kv_heads)};
   if (cache != DType::F32) {
-    launch_attention_16bit(a, cache, grid, stream);
+    launch_attention_16bit(a, cache, wide_copies, grid, stream);
     return;
   }
   const size_t smem = mma_smem_bytes(a.hd, a.dv);
@@ -289,16 +292,19 @@ double attention_flops(const SeqLayout& layout, int64_t heads, int64_t hd, int64
 
 bool paged_attention_mma(CudaOps::Impl& s, const AttnArgs& a, const Tensor& k_cache,
                          const Tensor& v_cache, const SeqLayout& layout, int kv_heads) {
-  auto copies4 = [](const Tensor& t) {  // the kernel copies 4 aligned elements at a time
-    return reinterpret_cast<uintptr_t>(t.data) % (4 * dtype_size(t.dtype)) == 0 &&
-           t.stride[0] % 4 == 0 && t.stride[1] % 4 == 0 && t.stride[2] % 4 == 0 && t.stride[3] == 1;
+  // The kernels copy 4 aligned elements at a time, or 8 (16 bytes of 2-byte elements).
+  auto copies = [](const Tensor& t, int n) {
+    return reinterpret_cast<uintptr_t>(t.data) % (n * dtype_size(t.dtype)) == 0 &&
+           t.stride[0] % n == 0 && t.stride[1] % n == 0 && t.stride[2] % n == 0 && t.stride[3] == 1;
   };
-  if (!copies4(k_cache) || !copies4(v_cache) ||
+  if (!copies(k_cache, 4) || !copies(v_cache, 4) ||
       !attention_mma_fits(k_cache.dtype, a.group, a.hd, a.dv, a.bs, s.max_smem_optin)) {
     return false;
   }
   if (s.options.profile) s.work(attention_flops(layout, a.heads, a.hd, a.dv), 0);
-  launch_attention_mma(a, k_cache.dtype, layout, kv_heads, s.stream,
+  const bool wide_copies = dtype_size(k_cache.dtype) == 2 && a.bs % 8 == 0 && a.dv % 8 == 0 &&
+                           copies(k_cache, 8) && copies(v_cache, 8);
+  launch_attention_mma(a, k_cache.dtype, wide_copies, layout, kv_heads, s.stream,
                        s.options.profile ? &s.next_bytes : nullptr);
   s.launched("paged_attention (tensor cores)");
   return true;
