@@ -349,15 +349,14 @@ constexpr int kPromptRows = 64;
 // elements, zeros past `last`: key_copy(d, p, src, valid) for positions p .. p + kVec − 1 of
 // channel d (one cache block: bs is a multiple of kVec; whole chunks past `last` are zeros, the
 // rest of a chunk that `last` ends inside is read as it lies, for the causal mask to drop),
-// value_copy(p, d, src, valid) for channels d .. d + kVec − 1 of position p, split among
-// kThreads threads. A thread's share is worked out when the copier is made (divisions by the
-// runtime value size; a kernel keeps it across its walk unless registers are short), and each
-// tile lane j of each warp finds where position k0 + j lies in each cache for the others to
+// value_copy(p, d, src, valid) for channels d .. d + kVec − 1 of position p, split among kThreads
+// threads. A thread's share is worked out when the copier is made (divisions by the runtime value
+// size; a kernel keeps it across its walk, or makes it each tile where that measured faster), and
+// each tile lane j of each warp finds where position k0 + j lies in each cache for the others to
 // shuffle from: a lookup per copy would be a dependent load before each. Before, the per-tile
-// divisions and the copy loops took ~40% of the 16-bit prompt kernel's instructions (H200
-// profile, bench/results/h200-session28-notes.md). The value copies shuffle in their loop, so
-// their trip count must be warp-uniform (dv · kKeys / kVec kThreads-strided elements a multiple
-// of 32).
+// divisions and the copy loops took ~40% of the 16-bit prompt kernel's instructions (H200 profile,
+// bench/results/h200-session28-notes.md). The value copies shuffle in their loop, so their trip
+// count must be warp-uniform (dv · kKeys / kVec kThreads-strided elements a multiple of 32).
 template <int kKeys, int kThreads, int kVec>
 struct TileCopier {
   static_assert(kKeys <= 32, "a lane per position");

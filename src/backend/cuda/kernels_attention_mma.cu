@@ -95,9 +95,9 @@ struct TileCopy {
 };
 
 // Starts the copies of keys and values k0 .. k0 + kKeys − 1 (zeros past max_pos), values into
-// the rows key_row orders.
-// The copier is made afresh each tile: kept across the walk, its registers cost this
-// register-bound kernel more than its divisions (H200, bench/results/h200-session28-notes.md).
+// the rows key_row orders. The copier is made afresh each tile: kept across the walk, it made
+// this kernel 9% slower at 65,536 tokens, not faster (H200, bench/results/h200-session28-notes.md;
+// the cause not established: the registers came out the same).
 __device__ __forceinline__ void start_tile(const AttnArgs& a, const int32_t* table, int kvh, int k0,
                                            int max_pos, TileCopy t) {
   const int vs = value_stride(a.dv);
