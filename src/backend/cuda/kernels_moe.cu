@@ -32,15 +32,15 @@ namespace {
 
 // Carve-up of the experts' scratch for n tokens (the same offsets for sizing and use). Prompts
 // (more than kGemvMaxTokens tokens) may take the pipelined tensor-core tiles, whose split
-// activations share regions with f32 buffers not live at the same time: x's terms with ys
-// (written by down, after gate/up read them), the SwiGLU outputs' terms with hs (f32 on the
-// other paths).
+// activations (two f16 terms: the bytes of f32) share regions with f32 buffers not live at the
+// same time: x's terms with ys (written by down, after gate/up read them; pairs ≥ n), the
+// SwiGLU outputs' terms with hs (f32 on the other paths).
 struct MoeScratch {
   float* hs;                 // [pairs, d_ff] SwiGLU outputs
-  void* hs_terms;            // [≤ 3, pairs, d_ff] 16-bit terms of them
+  void* hs_terms;            // [2, pairs, d_ff] f16 terms of them
   void* hs_wide_terms;       // [2, pairs, d_ff] f16 terms of hs when it is f32 too (after it)
   float* ys;                 // [pairs, d] expert outputs
-  void* x_terms;             // [≤ 3, n, d] 16-bit terms of x
+  void* x_terms;             // [2, n, d] f16 terms of x
   float *x_scale, *h_scale;  // [n], [pairs]: f16 terms' inverse scales
   MoeSortOut sorted;         // the sort's rows and tiles (moe.cuh)
   size_t bytes;
@@ -57,12 +57,10 @@ struct MoeScratch {
     // block-FP8 tiles' narrower cluster bounds both kinds).
     const size_t wide =
         prompt && !moe_mma_takes(d_ff, DType::F8_E4M3) ? size_t(pairs * d_ff) * 8 : 0;
-    hs = reinterpret_cast<float*>(take(
-        1, std::max({size_t(pairs * d_ff) * 4, prompt ? wmma_terms_bytes(pairs, d_ff) : 0, wide})));
+    hs = reinterpret_cast<float*>(take(1, std::max(size_t(pairs * d_ff) * 4, wide)));
     hs_terms = hs;
     hs_wide_terms = hs + pairs * d_ff;
-    ys = reinterpret_cast<float*>(
-        take(1, std::max(size_t(pairs * d) * 4, prompt ? wmma_terms_bytes(n, d) : 0)));
+    ys = reinterpret_cast<float*>(take(pairs * d, 4));
     x_terms = ys;
     x_scale = reinterpret_cast<float*>(take(prompt ? n : 0, 4));
     h_scale = reinterpret_cast<float*>(take(prompt ? pairs : 0, 4));
@@ -649,11 +647,11 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
         up.out_scale = m.h_scale;
       }
     }
-    // The profile names the f16 tiles apart from the others (a test checks which ran).
-    const bool f16_tiles = pipelined;
+    // The profile names the f16 tiles (the pipelined ones) apart from the others (a test checks
+    // which ran).
     work(true);
     launch_moe_wmma(up, wdt, true, unsigned(max_tiles), s.stream);
-    s.launched(f16_tiles ? "moe_experts (gate/up, f16 tensor cores)"
+    s.launched(pipelined ? "moe_experts (gate/up, f16 tensor cores)"
                          : "moe_experts (gate/up, tensor cores)");
     if (wide) {
       launch_f16_row_split(m.hs, d_ff, pairs, d_ff, m.hs_wide_terms, m.h_scale, s.stream);
@@ -661,7 +659,7 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
     }
     work(false);
     launch_moe_wmma(down, wdt, false, unsigned(max_tiles), s.stream);
-    s.launched(f16_tiles ? "moe_experts (down, f16 tensor cores)"
+    s.launched(pipelined ? "moe_experts (down, f16 tensor cores)"
                          : "moe_experts (down, tensor cores)");
   } else {
     dispatch_gemv_weight(wdt, [&](auto tag) {

@@ -146,13 +146,9 @@ constexpr int kWmmaTileRows = 64;
 // bf16 weight within f16's range (CudaOps::Impl::experts_fit_f16). Else the fallback tiles,
 // which split f32 activations per block.
 bool moe_wmma_pipelined(DType wdtype, int64_t k, bool w_aligned);
-// Bytes of the (at most three) 16-bit terms of rows × k activations.
-inline size_t wmma_terms_bytes(int64_t rows, int64_t k) {
-  return size_t(3 * 2 * rows * k);
-}
 // x [rows, k] f32 (rows ldx apart) → terms [3, rows, k] of type (BF16 or F16; lo, mid, hi,
-// each the nearest to what the larger ones leave; 16-byte aligned): block-FP8 weights' tiles
-// (bf16, k a multiple of 8) and the dense matmul on cuBLAS (the weights' type, any k).
+// each the nearest to what the larger ones leave; 16-byte aligned): the dense matmul on cuBLAS
+// (the weights' type, any k).
 void launch_wmma_split(const float* x, int64_t ldx, int64_t rows, int64_t k, DType type,
                        void* terms, cudaStream_t stream);
 // x [rows, k] f32 (rows ldx apart; k a multiple of 8) → terms [2, rows, k] f16 (mid, hi;

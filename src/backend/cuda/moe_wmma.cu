@@ -167,26 +167,22 @@ __device__ __forceinline__ void fold_block(const MoeGemmArgs& a, int64_t k0, con
   }
 }
 
-// The tile's results through Cs [kTM · (its columns + 4)] to out (store_tile_rows). kPair: f holds
-// two sets of accumulators, kSwiGLU: out = silu(acc) · acc2 (kTN columns); else acc and acc2 are
-// columns [0, kTN) and [kTN, 2·kTN) of one tile.
-template <typename T, bool kPair, bool kSwiGLU, bool kFp8>
-__device__ __forceinline__ void store_tile(const MoeGemmArgs& a, WarpAccs<kPair, kFp8>& f,
+// The tile's kTN columns through Cs [kTM · (kTN + 4)] to out (store_tile_rows); kDual: out =
+// silu(acc) · acc2.
+template <bool kDual, bool kFp8>
+__device__ __forceinline__ void store_tile(const MoeGemmArgs& a, WarpAccs<kDual, kFp8>& f,
                                            float* Cs, int row0, int rows, int64_t n0, int wm,
                                            int wn) {
-  static_assert(kPair || !kSwiGLU, "SwiGLU takes the pair");
-  constexpr int kW = kPair && !kSwiGLU ? 2 * kTN : kTN, ldc = kW + 4;
+  constexpr int kW = kTN, ldc = kW + 4;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       float* c = Cs + (wm * 32 + i * 16) * ldc + wn * 32 + j * 16;
-      if constexpr (kSwiGLU) {
+      if constexpr (kDual) {
         for (int q = 0; q < f.acc[i][j].num_elements; ++q) {
           f.acc[i][j].x[q] = silu(f.acc[i][j].x[q]) * f.acc2[i][j].x[q];
         }
-      } else if constexpr (kPair) {
-        wmma::store_matrix_sync(c + kTN, f.acc2[i][j], ldc, wmma::mem_row_major);
       }
       wmma::store_matrix_sync(c, f.acc[i][j], ldc, wmma::mem_row_major);
     }
@@ -340,7 +336,7 @@ __global__ void __launch_bounds__(kThreads) moe_wmma_kernel(MoeGemmArgs a, bool 
     mma_stage<T, kDual, kFp8>(&As[0][0], Bs, B2s, wm, wn, f);
     if constexpr (kFp8) fold_block<kDual>(a, k0, srow, srow2, f);
   }
-  store_tile<T, kDual, kDual, kFp8>(a, f, Cs, row0, rows, n0, wm, wn);
+  store_tile<kDual, kFp8>(a, f, Cs, row0, rows, n0, wm, wn);
 }
 
 }  // namespace
