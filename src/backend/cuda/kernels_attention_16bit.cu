@@ -224,6 +224,7 @@ __global__ void __launch_bounds__(kThreads) attention_16bit_kernel(AttnArgs a) {
   fragment_row_positions(a, rt, m0 + g, row_pos);
 
   constexpr int kAccTiles = DV_MAX / 16;  // a half's n-tiles of 8 channels
+  static_assert(kAccTiles % 4 == 0, "n-tiles go in fours");
   float acc[kAccTiles][4];
 #pragma unroll
   for (int j = 0; j < kAccTiles; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
@@ -299,12 +300,23 @@ __global__ void __launch_bounds__(kThreads) attention_16bit_kernel(AttnArgs a) {
           for (int i = 0; i < kTerms; ++i) ap[i][f] = t[i];
         }
         const M* vrow = Vt + (16 * kk + lm_row) * vs + lm_col + v0;
+        // Four n-tiles at a time, each term over all four: a product waits on the one before
+        // into the same accumulator three products back instead of one.
 #pragma unroll
-        for (int n = 0; n < kAccTiles; n += 2) {
-          if (8 * n < v_count) {
-            uint32_t bv[4];
-            ldmatrix_x4<true>(bv, vrow + 8 * n);
-            mma_terms<M>(acc[n], acc[n + 1], ap, bv);
+        for (int n = 0; n < kAccTiles; n += 4) {
+          if (8 * n >= v_count) break;  // warp-uniform; v_count is whole 16-channel steps
+          const bool second = 8 * (n + 2) < v_count;
+          uint32_t bv[2][4];
+          ldmatrix_x4<true>(bv[0], vrow + 8 * n);
+          if (second) ldmatrix_x4<true>(bv[1], vrow + 8 * (n + 2));
+#pragma unroll
+          for (int i = kTerms - 1; i >= 0; --i) {
+            mma16<M>(acc[n], ap[i], bv[0][0], bv[0][1]);
+            mma16<M>(acc[n + 1], ap[i], bv[0][2], bv[0][3]);
+            if (second) {
+              mma16<M>(acc[n + 2], ap[i], bv[1][0], bv[1][1]);
+              mma16<M>(acc[n + 3], ap[i], bv[1][2], bv[1][3]);
+            }
           }
         }
       }
