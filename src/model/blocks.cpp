@@ -6,6 +6,11 @@ namespace recur {
 
 // ---- Gated DeltaNet ----
 
+void GatedDeltaNet::finish_load(Ops& ops) {
+  Tensor* ws[] = {&in_proj_qkv, &in_proj_z, &in_proj_b, &in_proj_a, &out_proj};
+  ops.retype_weights(ws);
+}
+
 void GatedDeltaNet::plan(ModelPlan& plan) {
   state_ = plan.recurrent_state(conv_kernel - 1, conv_dim(), value_heads, dk, dv);
   ScratchNeeds& s = plan.scratch();
@@ -58,6 +63,11 @@ void GatedDeltaNet::forward(const LayerIo& io) const {
 
 // ---- gated attention ----
 
+void GatedAttention::finish_load(Ops& ops) {
+  Tensor* ws[] = {&q_proj, &gate_proj, &k_proj, &v_proj, &o_proj};
+  ops.retype_weights(ws);
+}
+
 void GatedAttention::plan(ModelPlan& plan) {
   cache_ = plan.attention_cache(kv_heads, head_dim, head_dim);
   ScratchNeeds& s = plan.scratch();
@@ -106,6 +116,11 @@ void GatedAttention::describe(ModelInfo& info) const {
 
 // ---- feed-forward ----
 
+void DenseMlp::finish_load(Ops& ops) {
+  Tensor* ws[] = {&w.gate, &w.up, &w.down};
+  ops.retype_weights(ws);
+}
+
 void DenseMlp::plan(ModelPlan& plan) {
   plan.scratch().ff = std::max(plan.scratch().ff, w.gate.shape[0]);
 }
@@ -123,6 +138,14 @@ void DenseMlp::forward(const LayerIo& io) const {
   }
   io.ops.swiglu(g, u, hdn);
   io.ops.matmul(hdn, w.down, io.h, /*accumulate=*/true);
+}
+
+void SparseMoe::finish_load(Ops& ops) {
+  // The router with the shared expert's gate (one group). The experts keep their type: as f16,
+  // one token's routed gate/up took 27.2 µs a layer against bf16's 18.4 on the H200 (80B-A3B,
+  // bench/results/h200-session29-notes.md), more than their prompt tiles gained.
+  Tensor* gates[] = {&router, &shared_gate};
+  ops.retype_weights(std::span<Tensor* const>(gates, shared_gate.empty() ? 1 : 2));
 }
 
 void SparseMoe::plan(ModelPlan& plan) {

@@ -32,6 +32,7 @@ class GatedDeltaNet final : public TokenMixer {
   int64_t value_dim() const { return int64_t(value_heads) * dv; }
   int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
 
+  void finish_load(Ops& ops) override;
   void plan(ModelPlan& plan) override;
   void forward(const LayerIo& io) const override;
 
@@ -55,6 +56,7 @@ class GatedAttention final : public TokenMixer {
   Tensor q_norm;                          // [hd]
   Tensor k_norm;                          // [hd]
 
+  void finish_load(Ops& ops) override;
   void plan(ModelPlan& plan) override;
   void forward(const LayerIo& io) const override;
   void describe(ModelInfo& info) const override;
@@ -68,6 +70,7 @@ class DenseMlp final : public FeedForward {
  public:
   ExpertWeights w;  // gate, up [ff, hidden]; down [hidden, ff]
 
+  void finish_load(Ops& ops) override;
   void plan(ModelPlan& plan) override;
   void forward(const LayerIo& io) const override;
 };
@@ -83,6 +86,7 @@ class SparseMoe final : public FeedForward {
 
   bool has_shared() const { return !shared.gate.empty(); }
 
+  void finish_load(Ops& ops) override;
   void plan(ModelPlan& plan) override;
   void forward(const LayerIo& io) const override;
   void describe(ModelInfo& info) const override;

@@ -453,6 +453,10 @@ Result<std::unique_ptr<Model>> build_hybrid_model(HybridSpec spec, WeightLoader&
     return make_error(ErrorCode::kInvalidArgument, "{}: the model has no layers",
                       spec.architecture);
   }
+  for (DecoderLayer& L : spec.layers) {
+    L.mixer->finish_load(ops);
+    L.ffn->finish_load(ops);
+  }
   ModelPlan plan(ops, spec.hidden_size, opt.max_batch_tokens);
   for (DecoderLayer& L : spec.layers) {
     L.mixer->plan(plan);

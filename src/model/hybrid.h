@@ -119,6 +119,8 @@ class TokenMixer {
   virtual void plan(ModelPlan& plan) = 0;             // declares its state and scratch
   virtual void forward(const LayerIo& io) const = 0;  // io.h += the mixer's output for io.x
   virtual void describe(ModelInfo& info) const {}     // its share of the benchmark figures
+  // Once its weights are loaded, before plan: offers them to the backend (Ops::retype_weights).
+  virtual void finish_load(Ops& ops) {}
 };
 
 class FeedForward {
@@ -127,6 +129,8 @@ class FeedForward {
   virtual void plan(ModelPlan& plan) = 0;
   virtual void forward(const LayerIo& io) const = 0;  // io.h += the feed-forward of io.x
   virtual void describe(ModelInfo& info) const {}
+  // Once its weights are loaded, before plan: offers them to the backend (Ops::retype_weights).
+  virtual void finish_load(Ops& ops) {}
 };
 
 struct DecoderLayer {

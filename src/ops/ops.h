@@ -143,6 +143,11 @@ class Ops {
   // memory). The backend's own layout; the default refuses it with an error.
   virtual Result<Tensor> quantize_matmul_weight(const Tensor& host, DType dtype,
                                                 std::vector<Buffer>* owned);
+  // One block's matmul weights, loaded: a backend may re-type them in place to a type its
+  // kernels multiply faster that holds their values (up to rounding far below their scale); all
+  // of them or none, as an op that takes several weights (matmul_group) takes one type. The
+  // default keeps them.
+  virtual void retype_weights(std::span<Tensor* const> weights) {}
   virtual void copy_to_host(const Tensor& src, void* dst) = 0;  // src contiguous
   // copy_to_host in two halves, so work queued between them (the next step) runs meanwhile:
   // start orders the copy after the work queued so far; finish waits for it and fills dst.

@@ -343,6 +343,107 @@ TEST_F(CudaBasic, MatmulAccumulatesAndHonoursRowStrides) {
   }
 }
 
+// F16 weights on tensor cores take each activation row as two f16 terms, unscaled for rows of
+// moderate range (random in ±1) and scaled by a power of two for rows far beyond f16's range
+// (10^6, 2^40) or deep below it (2^-40): all keep f32-class results, writing and accumulating
+// into column slices (the columns beside them untouched).
+TEST_F(CudaBasic, MatmulF16WeightsTakeRowsOfAnyRange) {
+  const int64_t n = 100, k = 264, m = 4100;  // too large for the GEMV kernel's token groups
+  HostTensor w(DType::F16, {m, k});
+  fill_random(w, rng, 0.2f);
+  auto dw = ops().adopt_weight(w.t);
+  ASSERT_TRUE(dw.ok());
+  ASSERT_FALSE(ops().matmul_takes_gemv(n, dw.value()));
+  HostTensor xbig(DType::F32, {n, k + 8}), outbig(DType::F32, {n, m + 3}), ref(DType::F32, {n, m});
+  fill_random(xbig, rng);
+  const float scale[] = {1.0f, 1e6f, 0x1p40f, 0x1p-40f};
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t c = 0; c < k + 8; ++c) xbig.f()[t * (k + 8) + c] *= scale[t % 4];
+  }
+  ref::matmul(xbig.t.slice_cols(8, 8 + k), w.t, ref.t);
+  for (const bool accumulate : {false, true}) {
+    fill_random(outbig, rng);
+    for (int64_t t = 0; t < n; ++t) {  // what is there to add to: the products' scale
+      for (int64_t j = 0; j < m + 3; ++j) outbig.f()[t * (m + 3) + j] *= scale[t % 4];
+    }
+    DeviceTensor dx = dev(xbig), dout = dev(outbig);
+    ops().matmul(dx.t.slice_cols(8, 8 + k), dw.value(), dout.t.slice_cols(1, 1 + m), accumulate);
+    HostTensor got = host(dout, outbig);
+    ASSERT_EQ(count_nonfinite(got.f(), n * (m + 3)), 0);
+    double err = 0.0;
+    for (int64_t t = 0; t < n; ++t) {
+      std::vector<float> row(static_cast<size_t>(m)), want(static_cast<size_t>(m));
+      for (int64_t j = 0; j < m + 3; ++j) {
+        const float g = got.f()[t * (m + 3) + j], old = outbig.f()[t * (m + 3) + j];
+        if (j < 1 || j >= 1 + m) {
+          ASSERT_EQ(g, old) << "column outside the view was written";
+          continue;
+        }
+        row[size_t(j - 1)] = g;
+        want[size_t(j - 1)] = ref.f()[t * m + j - 1] + (accumulate ? old : 0.0f);
+      }
+      err = std::max(err, rel_err(row.data(), want.data(), m, 0.0));
+    }
+    record_error(
+        accumulate ? "matmul f16 rows of any range, accumulating" : "matmul f16 rows of any range",
+        err);
+    EXPECT_LE(err, 1e-5) << "accumulate " << accumulate;
+  }
+}
+
+// A block's BF16 weights re-typed to F16 in place (retype_weights): each value is its f16
+// rounded to nearest (weights of scale 0.2 put a few hundred below f16's normal range, where
+// rounding matters, and two are set there), one token's matmul (the GEMV kernel, f32
+// arithmetic) stays within 1e-6 of before, a prompt's (two f16 terms on cuBLAS) within 1e-5 of
+// the reference. A value beyond f16's range in any of them keeps all three BF16, bytes untouched.
+TEST_F(CudaBasic, WeightsRetypedToF16KeepTheirValues) {
+  const int64_t n = 100, k = 264, m = 4100;
+  for (const bool beyond : {false, true}) {
+    std::vector<HostTensor> ws;
+    std::vector<Tensor> dw;
+    for (int i = 0; i < 3; ++i) {
+      ws.emplace_back(DType::BF16, std::initializer_list<int64_t>{m, k});
+      fill_random(ws.back(), rng, 0.2f);
+    }
+    ws[0].t.ptr<uint16_t>()[1] = f32_to_bf16(3e-6f);
+    ws[0].t.ptr<uint16_t>()[2] = f32_to_bf16(-7.1e-7f);
+    if (beyond) ws[2].t.ptr<uint16_t>()[77] = f32_to_bf16(1e5f);
+    for (const HostTensor& w : ws) dw.push_back(ops().adopt_weight(w.t).value());
+    HostTensor x(DType::F32, {n, k});
+    fill_random(x, rng);
+    DeviceTensor dx = dev(x);
+    auto one_token = [&](const Tensor& w) {
+      HostTensor out(DType::F32, {1, m});
+      DeviceTensor d = poisoned(out);
+      ops().matmul(dx.t.slice_rows(0, 1), w, d.t);
+      return host(d, out);
+    };
+    std::vector<HostTensor> before;
+    for (const Tensor& w : dw) before.push_back(one_token(w));
+    Tensor* block[] = {&dw[0], &dw[1], &dw[2]};
+    ops().retype_weights(block);
+    for (size_t i = 0; i < 3; ++i) {
+      ASSERT_EQ(dw[i].dtype, beyond ? DType::BF16 : DType::F16);
+      HostTensor back(dw[i].dtype, {m, k});
+      ops().copy_to_host(dw[i], back.t.data);
+      const uint16_t *src = ws[i].t.ptr<uint16_t>(), *got = back.t.ptr<uint16_t>();
+      int64_t wrong = 0;
+      for (int64_t j = 0; j < m * k; ++j) {
+        wrong += got[j] != (beyond ? src[j] : f32_to_f16(bf16_to_f32(src[j])));
+      }
+      EXPECT_EQ(wrong, 0) << "weight " << i << ", beyond " << beyond;
+      EXPECT_LE(rel_err(one_token(dw[i]).f(), before[i].f(), m), 1e-6) << "weight " << i;
+      HostTensor out(DType::F32, {n, m});
+      DeviceTensor d = poisoned(out);
+      ops().matmul(dx.t, dw[i], d.t);
+      HostTensor got_out = host(d, out), ref = out;
+      ref::matmul(x.t, ws[i].t, ref.t);
+      ASSERT_EQ(count_nonfinite(got_out.f(), n * m), 0);
+      EXPECT_LE(rel_err(got_out.f(), ref.f(), n * m), 1e-5) << "weight " << i;
+    }
+  }
+}
+
 TEST_F(CudaBasic, NormsMatchReferenceOnStridedViews) {
   for (DType wt : {DType::BF16, DType::F32}) {
     // 1024 and 2051 take the block-per-row kernel.

@@ -3,6 +3,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+#include <unordered_set>
+
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/cuda_ops.h"
 
@@ -200,6 +203,56 @@ Result<Tensor> CudaOps::adopt_matmul_weight(const Tensor& host, std::vector<Buff
     s.beyond_f16.emplace_back(begin, begin + size_t(n) * 2);
   }
   return t;
+}
+
+namespace {
+
+// w [n] bf16 → f16 in place, rounded to nearest even (values in f16's range).
+__global__ void bf16_to_f16_kernel(void* w, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float v = __bfloat162float(static_cast<const __nv_bfloat16*>(w)[i]);
+    static_cast<__half*>(w)[i] = __float2half_rn(v);
+  }
+}
+
+}  // namespace
+
+void CudaOps::retype_weights(std::span<Tensor* const> all) {
+  for (const Tensor* t : all) {
+    if (t->dtype != DType::BF16 || !t->is_contiguous()) return;  // one type a block
+  }
+  Impl& s = *impl_;
+  s.end_forward();
+  if (!s.range_flag) {
+    RECUR_CUDA_CHECK(
+        cudaHostAlloc(reinterpret_cast<void**>(&s.range_flag), sizeof(int), cudaHostAllocMapped));
+  }
+  int* flag = nullptr;
+  RECUR_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&flag), s.range_flag, 0));
+  *s.range_flag = 0;
+  // A tensor seen twice (views of one weight) is converted once.
+  std::unordered_set<const void*> seen;
+  std::vector<Tensor*> distinct;
+  for (Tensor* t : all) {
+    if (t->numel() > 0 && seen.insert(t->data).second) distinct.push_back(t);
+  }
+  auto blocks = [&](int64_t n) {
+    return unsigned(std::min<int64_t>(blocks_for(n, 256), int64_t(s.sm_count) * 8));
+  };
+  for (const Tensor* t : distinct) {
+    beyond_f16_kernel<<<blocks(t->numel()), 256, 0, s.stream>>>(t->ptr<__nv_bfloat16>(), t->numel(),
+                                                                flag);
+  }
+  RECUR_CUDA_CHECK(cudaGetLastError());
+  RECUR_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  if (*s.range_flag) return;  // a value beyond 65504: the block stays BF16
+  for (const Tensor* t : distinct) {
+    bf16_to_f16_kernel<<<blocks(t->numel()), 256, 0, s.stream>>>(t->data, t->numel());
+  }
+  RECUR_CUDA_CHECK(cudaGetLastError());
+  RECUR_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  for (Tensor* t : all) t->dtype = DType::F16;
 }
 
 bool CudaOps::Impl::experts_fit_f16(std::span<const ExpertWeights> experts) const {

@@ -8,8 +8,9 @@
 // three 16-bit terms (cuBLAS has no f32 × bf16 product), one GEMM per term accumulating into
 // the output: the GEMV kernel's arithmetic up to summation order, at three times the
 // tensor-core work.
-// F16's narrower exponent range makes its split close rather than exact for tiny activations,
-// and activations overflow beyond 65504, a limit f16 checkpoints already impose on themselves.
+// F16 weights (f16 checkpoints, and bf16 blocks re-typed at load by retype_weights) take two f16
+// terms of each row instead, scaled by a power of two where its range asks (matmul_f16_terms):
+// two GEMMs, and no overflow beyond 65504.
 #include <algorithm>
 #include <array>
 #include <string>
@@ -363,6 +364,77 @@ void CudaOps::matmul_group(const Tensor& x, std::span<const Tensor> ws,
   }
 }
 
+namespace {
+
+// out [rows, m] (rows ldo apart) times 2^(±e) per row, from inv_scale [rows] = 2^-e: times
+// inv_scale, or with `invert` times its inverse (powers of two: exact). Rows of scale 1 (most:
+// launch_f16_row_split's unit_rows) are skipped.
+__global__ void scale_rows_kernel(float* out, int64_t ldo, int64_t rows, int64_t m,
+                                  const float* inv_scale, bool invert) {
+  grid_dependency_sync();
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    if (inv_scale[r] == 1.0f) continue;
+    const float f = invert ? 1.0f / inv_scale[r] : inv_scale[r];
+    float* o = out + r * ldo;
+    for (int64_t c = threadIdx.x; c < m; c += blockDim.x) o[c] *= f;
+  }
+}
+
+void scale_rows(float* out, int64_t ldo, int64_t rows, int64_t m, const float* inv_scale,
+                bool invert, cudaStream_t stream) {
+  const unsigned blocks = unsigned(std::min<int64_t>(rows, 264));  // a row a block at a time
+  launch_kernel(scale_rows_kernel, blocks, 256, 0, stream, out, ldo, rows, m, inv_scale, invert);
+}
+
+// out (+)= x · w^T for F16 weights on cuBLAS: each row of x split into two f16 terms (mid, hi:
+// 22 bits), unscaled where its largest |value| lies in [2^-2, 2^15), else times the power of
+// two that puts it in [2^14, 2^15) (no overflow or lost bits whatever the row's range;
+// launch_f16_row_split), two GEMMs, then the scaled rows times their inverse scales. Products
+// of f16 are exact in the f32 accumulators, so a token's result does not depend on the batch.
+// Accumulating, scaled rows are first scaled up by the same power of two (exact), so the sums
+// round as unscaled. Scaling every row cost two passes over the output (H200, 80B-A3B cut to 6
+// layers, 2,048 tokens: 1.8 ms a forward).
+void matmul_f16_terms(CudaOps::Impl& s, const Tensor& x, const Tensor& w, Tensor out,
+                      bool accumulate) {
+  const int64_t n = x.shape[0], k = x.shape[1], m = w.shape[0];
+  const int64_t piece = int64_t(s.act_lowp.bytes() / size_t(4 * k + 4));
+  RECUR_CHECK(piece >= 1);
+  const float alpha = 1.0f, zero = 0.0f, one = 1.0f;
+  for (int64_t r0 = 0; r0 < n; r0 += piece) {
+    const int64_t nr = std::min(piece, n - r0);
+    const float* xr = x.ptr<float>() + r0 * x.stride[0];
+    float* outr = out.ptr<float>() + r0 * out.stride[0];
+    char* terms = static_cast<char*>(s.act_lowp.data());
+    float* inv_scale = reinterpret_cast<float*>(terms + size_t(4 * nr * k));
+    launch_f16_row_split(xr, x.stride[0], nr, k, terms, inv_scale, s.stream, /*unit_rows=*/true);
+    s.launched("matmul (activation split)");
+    if (accumulate) {
+      scale_rows(outr, out.stride[0], nr, m, inv_scale, true, s.stream);
+      s.launched("matmul (rows scaled)");
+    }
+    for (int term = 0; term < 2; ++term) {  // mid, hi
+      const char* xt = terms + size_t(term) * size_t(nr * k) * 2;
+      RECUR_CUBLAS_CHECK(cublasGemmEx(s.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(m), int(nr), int(k),
+                                      &alpha, w.data, CUDA_R_16F, int(k), xt, CUDA_R_16F, int(k),
+                                      term == 0 && !accumulate ? &zero : &one, outr, CUDA_R_32F,
+                                      int(out.stride[0]), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+    if (s.options.profile) {  // the interval holds cuBLAS's two products
+      s.work(2.0 * double(nr) * double(m) * double(k),
+             double(weight_bytes(w)) + 4.0 * double(nr) * double(k + m));
+      std::string label = "matmul 2-term f16 ";
+      label.append(std::to_string(m)).append("x").append(std::to_string(k));
+      s.launched(label.c_str());
+    } else {
+      s.launched("matmul (terms)");
+    }
+    scale_rows(outr, out.stride[0], nr, m, inv_scale, false, s.stream);
+    s.launched("matmul (rows scaled)");
+  }
+}
+
+}  // namespace
+
 void CudaOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulate) {
   if (impl_->replaying()) return;  // the decode graph does this op's work
   RECUR_CHECK(x.ndim == 2 && w.ndim == 2 && out.ndim == 2);
@@ -407,6 +479,10 @@ void CudaOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumula
     return;
   }
   RECUR_CHECK(w.dtype == DType::BF16 || w.dtype == DType::F16);
+  if (w.dtype == DType::F16 && k % 8 == 0) {
+    matmul_f16_terms(s, x, w, out, accumulate);
+    return;
+  }
   const cudaDataType_t t = w.dtype == DType::F16 ? CUDA_R_16F : CUDA_R_16BF;
   // Three GEMMs, the smallest term first, each adding its products into out (beta 1 after the
   // first): no f32 buffer of the terms' products to write and sum again (the weights are read

@@ -153,9 +153,12 @@ void launch_wmma_split(const float* x, int64_t ldx, int64_t rows, int64_t k, DTy
                        void* terms, cudaStream_t stream);
 // x [rows, k] f32 (rows ldx apart; k a multiple of 8) → terms [2, rows, k] f16 (mid, hi;
 // 16-byte aligned) of each row times the power of two 2^e that puts its largest |value| in
-// [2^14, 2^15), and inv_scale [rows] = 2^-e: 16-bit weights' activations (moe_mma.cu).
+// [2^14, 2^15), and inv_scale [rows] = 2^-e: 16-bit weights' activations (moe_mma.cu). With
+// unit_rows, a row whose largest |value| lies in [2^-2, 2^15) keeps e = 0: unscaled, its terms
+// still hold every value to 2^-25 (the mid term's subnormal step), within 2^-23 of the largest,
+// and a caller that must undo the scale after its products skips that row.
 void launch_f16_row_split(const float* x, int64_t ldx, int64_t rows, int64_t k, void* terms,
-                          float* inv_scale, cudaStream_t stream);
+                          float* inv_scale, cudaStream_t stream, bool unit_rows = false);
 // Gate/up blocks of one tile run as a cluster on the 16-bit weights' tiles (moe_mma.cu): at
 // most this many (sixteen is beyond the portable eight, which the H200 allows).
 constexpr int kMaxClusterBlocks = 16;

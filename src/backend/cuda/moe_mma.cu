@@ -410,7 +410,7 @@ void launch(const MoeGemmArgs& a, unsigned max_tiles, cudaStream_t stream) {
 // x [rows, k] → two f16 terms [2, rows, k] (mid, hi) of each row times 2^e (e from
 // f16_row_exponent of the row's largest |value|), and inv_scale [rows] = 2^-e. A warp per row.
 __global__ void split_f16_rows_kernel(const float* x, int64_t ldx, int64_t rows, int64_t k,
-                                      bool vec, __half* terms, float* inv_scale) {
+                                      bool vec, bool unit_rows, __half* terms, float* inv_scale) {
   grid_dependency_sync();
   const int lane = threadIdx.x % 32;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32), plane = rows * k;
@@ -425,7 +425,8 @@ __global__ void split_f16_rows_kernel(const float* x, int64_t ldx, int64_t rows,
 #pragma unroll
       for (int q = 0; q < 8; ++q) mx = fmaxf(mx, fabsf(v[q]));
     }
-    const int e = f16_row_exponent(warp_max(mx));
+    mx = warp_max(mx);
+    const int e = unit_rows && mx >= 0.25f && mx < 32768.0f ? 0 : f16_row_exponent(mx);
     const float scale = ldexpf(1.0f, e);
     for (int64_t c = int64_t(lane) * 8; c < k; c += 32 * 8) {
       float v[8];
@@ -457,12 +458,12 @@ bool moe_mma_takes(int64_t d_ff, DType wdtype) {
 }
 
 void launch_f16_row_split(const float* x, int64_t ldx, int64_t rows, int64_t k, void* terms,
-                          float* inv_scale, cudaStream_t stream) {
+                          float* inv_scale, cudaStream_t stream, bool unit_rows) {
   RECUR_CHECK(k % 8 == 0);
   const bool vec = ldx % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0;
   const unsigned blocks = unsigned(std::min<int64_t>((rows + 7) / 8, 1 << 16));
   if (blocks == 0) return;
-  launch_kernel(split_f16_rows_kernel, blocks, 256, 0, stream, x, ldx, rows, k, vec,
+  launch_kernel(split_f16_rows_kernel, blocks, 256, 0, stream, x, ldx, rows, k, vec, unit_rows,
                 static_cast<__half*>(terms), inv_scale);
 }
 
