@@ -386,6 +386,32 @@ void scale_rows(float* out, int64_t ldo, int64_t rows, int64_t m, const float* i
   launch_kernel(scale_rows_kernel, blocks, 256, 0, stream, out, ldo, rows, m, inv_scale, invert);
 }
 
+// out rows (ldo apart) += w [m, k] (cuBLAS type t) times each of n_terms planes of 16-bit
+// activation terms [n_terms, nr, k] (smallest first), one GEMM a term, the first writing out
+// unless `accumulate`. The profile names the launch `what` m x k, its rate counting the
+// product's own flops, not the terms' (n_terms times those).
+void term_gemms(CudaOps::Impl& s, const Tensor& w, cudaDataType_t t, const char* terms, int n_terms,
+                int64_t nr, float* outr, int64_t ldo, bool accumulate, const char* what) {
+  const int64_t m = w.shape[0], k = w.shape[1];
+  const float zero = 0.0f, one = 1.0f;
+  for (int term = 0; term < n_terms; ++term) {
+    const char* xt = terms + size_t(term) * size_t(nr * k) * 2;
+    RECUR_CUBLAS_CHECK(cublasGemmEx(s.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(m), int(nr), int(k),
+                                    &one, w.data, t, int(k), xt, t, int(k),
+                                    term == 0 && !accumulate ? &zero : &one, outr, CUDA_R_32F,
+                                    int(ldo), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+  if (s.options.profile) {  // the interval holds cuBLAS's products
+    s.work(2.0 * double(nr) * double(m) * double(k),
+           double(weight_bytes(w)) + 4.0 * double(nr) * double(k + m));
+    std::string label = what;
+    label.append(" ").append(std::to_string(m)).append("x").append(std::to_string(k));
+    s.launched(label.c_str());
+  } else {
+    s.launched("matmul (terms)");
+  }
+}
+
 // out (+)= x · w^T for F16 weights on cuBLAS: each row of x split into two f16 terms (mid, hi:
 // 22 bits), unscaled where its largest |value| lies in [2^-2, 2^15), else times the power of
 // two that puts it in [2^14, 2^15) (no overflow or lost bits whatever the row's range;
@@ -399,7 +425,6 @@ void matmul_f16_terms(CudaOps::Impl& s, const Tensor& x, const Tensor& w, Tensor
   const int64_t n = x.shape[0], k = x.shape[1], m = w.shape[0];
   const int64_t piece = int64_t(s.act_lowp.bytes() / size_t(4 * k + 4));
   RECUR_CHECK(piece >= 1);
-  const float alpha = 1.0f, zero = 0.0f, one = 1.0f;
   for (int64_t r0 = 0; r0 < n; r0 += piece) {
     const int64_t nr = std::min(piece, n - r0);
     const float* xr = x.ptr<float>() + r0 * x.stride[0];
@@ -412,22 +437,8 @@ void matmul_f16_terms(CudaOps::Impl& s, const Tensor& x, const Tensor& w, Tensor
       scale_rows(outr, out.stride[0], nr, m, inv_scale, true, s.stream);
       s.launched("matmul (rows scaled)");
     }
-    for (int term = 0; term < 2; ++term) {  // mid, hi
-      const char* xt = terms + size_t(term) * size_t(nr * k) * 2;
-      RECUR_CUBLAS_CHECK(cublasGemmEx(s.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(m), int(nr), int(k),
-                                      &alpha, w.data, CUDA_R_16F, int(k), xt, CUDA_R_16F, int(k),
-                                      term == 0 && !accumulate ? &zero : &one, outr, CUDA_R_32F,
-                                      int(out.stride[0]), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    }
-    if (s.options.profile) {  // the interval holds cuBLAS's two products
-      s.work(2.0 * double(nr) * double(m) * double(k),
-             double(weight_bytes(w)) + 4.0 * double(nr) * double(k + m));
-      std::string label = "matmul 2-term f16 ";
-      label.append(std::to_string(m)).append("x").append(std::to_string(k));
-      s.launched(label.c_str());
-    } else {
-      s.launched("matmul (terms)");
-    }
+    term_gemms(s, w, CUDA_R_16F, terms, 2, nr, outr, out.stride[0], accumulate,
+               "matmul 2-term f16");  // mid, hi
     scale_rows(outr, out.stride[0], nr, m, inv_scale, false, s.stream);
     s.launched("matmul (rows scaled)");
   }
@@ -491,7 +502,6 @@ void CudaOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumula
   const size_t row_bytes = size_t(6 * k);
   RECUR_CHECK(row_bytes <= s.act_lowp.bytes());
   const int64_t rows_per_piece = int64_t(s.act_lowp.bytes() / row_bytes);
-  const float one = 1.0f;
   for (int64_t r0 = 0; r0 < n; r0 += rows_per_piece) {
     const int64_t nr = std::min(rows_per_piece, n - r0);
     char* parts = static_cast<char*>(s.act_lowp.data());
@@ -504,23 +514,8 @@ void CudaOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumula
     // does not depend on the batch's size.
     launch_wmma_split(xr, x.stride[0], nr, k, w.dtype, parts, s.stream);
     s.launched("matmul (activation split)");
-    for (int term = 0; term < 3; ++term) {  // lo, mid, hi
-      const char* xt = parts + size_t(term) * size_t(nr * k) * 2;
-      RECUR_CUBLAS_CHECK(cublasGemmEx(s.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(m), int(nr), int(k),
-                                      &alpha, w.data, t, int(k), xt, t, int(k),
-                                      term == 0 ? &beta : &one, outr, CUDA_R_32F,
-                                      int(out.stride[0]), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    }
-    if (s.options.profile) {  // the interval holds cuBLAS's three products
-      // The rate counts the product's own flops, not the three terms' (3x those).
-      s.work(2.0 * double(nr) * double(m) * double(k),
-             double(weight_bytes(w)) + 4.0 * double(nr) * double(k + m));
-      std::string label = "matmul 3-term ";
-      label.append(std::to_string(m)).append("x").append(std::to_string(k));
-      s.launched(label.c_str());
-    } else {
-      s.launched("matmul (terms)");
-    }
+    term_gemms(s, w, t, parts, 3, nr, outr, out.stride[0], accumulate,
+               "matmul 3-term");  // lo, mid, hi
   }
 }
 
