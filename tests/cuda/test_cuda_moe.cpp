@@ -398,6 +398,45 @@ TEST_F(CudaMoe, ExpertWeightsBeyondF16KeepTheirValue) {
   EXPECT_LE(err, 1e-5);
 }
 
+// A prompt's shared expert rides along the routed experts' f16 tiles (one gate/up launch, no
+// matmul of its own), by the profile's launch names.
+TEST(CudaMoePaths, PromptSharedExpertRidesTheExpertTiles) {
+  std::mt19937 rng(29);
+  bool ok = false;
+  const std::string table = profile_table(
+      [&](CudaOps& ops) {
+        const int64_t n = 200, E = 16, k = 4, d = 64, ff = 64;
+        Experts ex = make_experts(ops, E, d, ff, DType::BF16, rng);
+        Experts sh = make_experts(ops, 1, d, ff, DType::BF16, rng);
+        HostTensor x(DType::F32, {n, d}), g(DType::F32, {n, ff}), y = x, score(DType::F32, {n, 1});
+        HostTensor logits(DType::F32, {n, E}), ids(DType::I32, {n, k}), w(DType::F32, {n, k});
+        for (HostTensor* t : {&x, &score, &logits}) fill_random(*t, rng);
+        DeviceTensor dx(ops, x), dscore(ops, score), dl(ops, logits), dids(ops, ids), dw(ops, w);
+        DeviceTensor dg(ops, g), du(ops, g), dh(ops, g), dy(ops, y), dout(ops, y);
+        HostTensor scratch_h(DType::U8, {int64_t(ops.moe_experts_scratch_bytes(
+                                            int(n), int(k) + 1, int(E) + 1, int(d), int(ff)))});
+        DeviceTensor scratch(ops, scratch_h);
+        MoeRouting routing;
+        routing.k = int(k);
+        Layout lay(std::vector<int>{int(n)}, std::vector<int>{0}, 16, rng);
+        ops.begin_forward(lay.l, {}, {});  // the profile labels the launches from here
+        ops.moe_route(dl.t, routing, dids.t, dw.t);
+        SharedExpertArgs shared;
+        shared.w = sh.d[0], shared.score = dscore.t, shared.gate = dg.t, shared.up = du.t;
+        shared.hidden = dh.t, shared.out = dy.t;
+        ops.moe_experts_shared(dx.t, ex.d, dids.t, dw.t, shared, dout.t, scratch.t);
+        HostTensor got = dout.download(ops, y), ref = y;
+        reference_moe_shared(x.t, ex.h, dids.download(ops, ids).t, dw.download(ops, w).t, sh.h[0],
+                             score.t, ref.t);
+        EXPECT_LE(rel_err(got.f(), ref.f(), n * d), 1e-5);
+      },
+      &ok);
+  if (!ok) GTEST_SKIP() << "no usable CUDA device";
+  EXPECT_EQ(profile_count(table, "prompt n=200 moe_experts (gate/up, f16 tensor cores)"), 1)
+      << table;
+  EXPECT_EQ(table.find("matmul"), std::string::npos) << table;
+}
+
 // Which tiles ran, by the profile's launch names: bf16 experts take the f16 tiles, also after
 // another weight was found beyond f16's range; experts holding such a weight take the tiles
 // that split f32 activations into three bf16 terms.
@@ -463,13 +502,18 @@ TEST_F(CudaMoe, OneTokenExpertsEqualTheirRowInABatch) {
 }
 
 // The shared expert, gated by σ(score) (Qwen) or not (Kimi): one token rides along the routed
-// experts' launches, more tokens take the default's ops; both against the references, and the
-// one-token path against the default's ops on the GPU.
+// experts' launches, as do prompts on the tensor-core tiles (sorted as one more expert; 16-bit
+// experts of 200 and 300 tokens), other token counts take the default's ops; all against the
+// references, and against the default's ops on the GPU.
 TEST_F(CudaMoe, SharedExpertMatchesReference) {
   struct Case {
     int64_t n, E, k, d, ff;
   };
-  const Case cases[] = {{1, 64, 10, 512, 256}, {1, 7, 3, 24, 13}, {3, 32, 8, 64, 32}};
+  const Case cases[] = {{1, 64, 10, 512, 256},
+                        {1, 7, 3, 24, 13},
+                        {3, 32, 8, 64, 32},
+                        {200, 16, 4, 64, 40},
+                        {300, 64, 8, 256, 128}};
   for (DType dt : {DType::BF16, DType::F32}) {
     for (bool gated : {true, false}) {
       for (const Case& c : cases) {

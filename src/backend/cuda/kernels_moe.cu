@@ -335,15 +335,17 @@ __global__ void __launch_bounds__(kGemvThreads) moe_gemv_warp_kernel(MoeGemmArgs
 
 // out[t, :] = Σ_j weights[t, j] · ys[row_of[t·k + j], :] (row_of null: the identity); grid
 // (tokens, column blocks), a thread per column (a single block per token is latency-bound).
-// With shared_y (one token): then out[0, :] += σ(score[0]) · shared_y, as add_scaled_sigmoid,
-// or += shared_y when score is null (an ungated shared expert), as add.
+// Pair (t, j) is pair t·slots + j; with `shared` (slots = k + 1), pair (t, k) is the shared
+// expert's: then out[t, :] += σ(score[t]) · its row, as add_scaled_sigmoid, or += its row when
+// score is null (an ungated shared expert), as add.
 // With residual [tokens, d] (rows ld_res apart): then residual += out, as add.
-__global__ void moe_combine_kernel(const float* ys, const int32_t* row_of, const float* weights,
-                                   int64_t ld_w, int k, int64_t d, float* out, int64_t ldo,
-                                   const float* shared_y, const float* score, float* residual,
-                                   int64_t ld_res) {
+__global__ void moe_combine_kernel(const float* ys, const int32_t* row_of, int slots,
+                                   const float* weights, int64_t ld_w, int k, int64_t d, float* out,
+                                   int64_t ldo, bool shared, const float* score, int64_t ld_score,
+                                   float* residual, int64_t ld_res) {
   grid_dependency_sync();
   const int t = blockIdx.x;
+  auto row = [&](int j) { return int64_t(row_of ? row_of[t * slots + j] : t * slots + j); };
   for (int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; c < d;
        c += int64_t(gridDim.y) * blockDim.x) {
     // Eight pairs' loads in flight at a time; the sum in pair order as one at a time.
@@ -353,18 +355,17 @@ __global__ void moe_combine_kernel(const float* ys, const int32_t* row_of, const
       float wv[8], yv[8];
 #pragma unroll
       for (int u = 0; u < 8; ++u) {
-        const int row = row_of ? row_of[t * k + j + u] : t * k + j + u;
         wv[u] = weights[int64_t(t) * ld_w + j + u];
-        yv[u] = ys[int64_t(row) * d + c];
+        yv[u] = ys[row(j + u) * d + c];
       }
 #pragma unroll
       for (int u = 0; u < 8; ++u) o += wv[u] * yv[u];
     }
-    for (; j < k; ++j) {
-      const int row = row_of ? row_of[t * k + j] : t * k + j;
-      o += weights[int64_t(t) * ld_w + j] * ys[int64_t(row) * d + c];
+    for (; j < k; ++j) o += weights[int64_t(t) * ld_w + j] * ys[row(j) * d + c];
+    if (shared) {
+      const float y = ys[row(k) * d + c];
+      o += score ? sigmoid(score[int64_t(t) * ld_score]) * y : y;
     }
-    if (shared_y) o += score ? sigmoid(score[0]) * shared_y[c] : shared_y[c];
     out[int64_t(t) * ldo + c] = o;
     if (residual) residual[int64_t(t) * ld_res + c] += o;
   }
@@ -481,17 +482,23 @@ bool experts_aligned(std::span<const ExpertWeights> experts, const SharedExpertA
 }
 
 // Whether the shared expert can ride along the routed experts' launches as one more pair of
-// one token: the routed experts' shape and dtype, and room in the scratch for the extra pair.
+// each token: one token, or a prompt on the tiles (more tokens than the GEMV kernel takes, more
+// than four rows an expert, 16-bit or block-FP8 weights: its rows fill whole tiles there, where
+// cuBLAS took three terms); the routed experts' shape and dtype, and room in the scratch for the
+// extra pairs.
 bool shared_rides_along(const Tensor& x, std::span<const ExpertWeights> experts, int64_t k,
                         const SharedExpertArgs& shared, const Tensor& scratch) {
   const ExpertWeights& e0 = experts.front();
-  return x.shape[0] == 1 && shared.w.gate.dtype == e0.gate.dtype &&
+  const int64_t n = x.shape[0], E = int64_t(experts.size());
+  const bool prompt =
+      n > CudaOps::kGemvMaxTokens && n * (k + 1) > 4 * (E + 1) && e0.gate.dtype != DType::F32;
+  return (n == 1 || prompt) && shared.w.gate.dtype == e0.gate.dtype &&
          shared.w.up.dtype == e0.gate.dtype && shared.w.down.dtype == e0.gate.dtype &&
          shared.w.gate.shape[0] == e0.gate.shape[0] && shared.w.gate.shape[1] == e0.gate.shape[1] &&
          shared.w.up.shape[0] == e0.up.shape[0] && shared.w.down.shape[1] == e0.down.shape[1] &&
          shared.w.down.shape[0] == e0.down.shape[0] &&
          size_t(scratch.numel()) * dtype_size(scratch.dtype) >=
-             MoeScratch(nullptr, 1, k + 1, x.row_size(), e0.gate.shape[0]).bytes;
+             MoeScratch(nullptr, n, k + 1, x.row_size(), e0.gate.shape[0]).bytes;
 }
 
 // Whether gate/up can route one token whose shared expert rides along (shared_rides_along,
@@ -516,8 +523,9 @@ bool routes_in_kernels(const CudaOps::Impl& s, const Tensor& logits, const MoeRo
          d % elems16 == 0 && e0.gate.shape[0] % elems16 == 0;
 }
 
-// moe_experts; with `shared` (one token only), the shared expert runs as one more pair of the
-// token: its gate/up and down rows join the routed experts' launches and the combine adds it.
+// moe_experts; with `shared` (shared_rides_along), the shared expert runs as one more pair of
+// each token: its gate/up and down rows join the routed experts' launches (sorted as expert E
+// for more than one token) and the combine adds it.
 // With `route` (one token, routes_in_kernels), the expert kernels route it themselves. With
 // residual data: then residual += out, by the combine.
 void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWeights> experts,
@@ -539,7 +547,6 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
   RECUR_CHECK(!route || (n == 1 && shared && route->k == k && E % kRouteThreads == 0));
   RECUR_CHECK(!residual.data || (residual.dtype == DType::F32 && residual.shape[0] == n &&
                                  residual.row_size() == d && residual.stride[1] == 1));
-  RECUR_CHECK(!shared || n == 1);
   const int64_t slots = k + (shared ? 1 : 0);  // pairs per token in the scratch
   MoeScratch m(scratch.data, n, slots, d, d_ff);
   RECUR_CHECK(size_t(scratch.numel()) * dtype_size(scratch.dtype) >= m.bytes);
@@ -552,14 +559,17 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
     table = s.expert_table(experts);
   }
   const int64_t table_e = E + (shared ? 1 : 0);
-  const int64_t pairs = n * k;
+  // More than one token: a shared expert is sorted as expert E, pair k of each token.
+  const bool direct = n == 1;
+  const int64_t sort_slots = direct ? k : slots, sort_e = direct ? E : table_e;
+  const int64_t pairs = n * sort_slots;
 
   // Tile rows: for decode 1 or 2 (a few tokens rarely share an expert, and the GEMV core's
   // cost grows with its row count); 2 or 4 while experts average at most 4 rows (decode
   // batches: every expert's weights streamed once, the FMAs still under the loads); then 64
   // for tensor cores, 8 for f32 experts.
   const bool small = n <= CudaOps::kGemvMaxTokens;
-  const bool few_per_expert = !small && pairs <= 4 * E;
+  const bool few_per_expert = !small && pairs <= 4 * sort_e;
   const bool fp8 = wdt == DType::F8_E4M3;
   // F8_E4M3 experts: the block sizes of gate/up and of down (each list loaded alike).
   CudaOps::Impl::Fp8Blocks fp8_up, fp8_down;
@@ -579,17 +589,17 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
                             (!fp8 || (fp8_wmma_blocks(fp8_up.rows, fp8_up.cols) &&
                                       fp8_wmma_blocks(fp8_down.rows, fp8_down.cols)));
   const int tm = small            ? (n == 1 ? 1 : 2)
-                 : few_per_expert ? (pairs <= E ? 2 : 4)
+                 : few_per_expert ? (pairs <= sort_e ? 2 : 4)
                  : tensor_cores   ? kWmmaTileRows
                                   : 8;
-  const int64_t max_tiles = std::min<int64_t>(pairs, (pairs + tm - 1) / tm + std::min(E, pairs));
+  const int64_t max_tiles =
+      std::min<int64_t>(pairs, (pairs + tm - 1) / tm + std::min(sort_e, pairs));
 
   // One token: tile j is its pair j (the GEMV core gives the same per-pair arithmetic as the
   // sorted tiles of one row), so the sort's launch is skipped.
-  const bool direct = n == 1;
   if (!direct) {
-    launch_moe_sort(ids.ptr<int32_t>(), ids.stride[0], int(n), int(k), int(E), tm, m.sorted,
-                    s.stream);
+    launch_moe_sort(ids.ptr<int32_t>(), ids.stride[0], int(n), int(k), int(sort_slots), int(sort_e),
+                    tm, m.sorted, s.stream);
     s.launched("moe_experts (sort)");
   }
 
@@ -630,9 +640,9 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
     // gate/up stores the SwiGLU outputs split for down. 16-bit and block-FP8 weights multiply
     // f16 terms (moe_mma.cu), unless a bf16 weight of any of these experts holds a value beyond
     // f16's range: then all of them take the tiles that split f32 activations as they stage them.
-    const bool pipelined = moe_wmma_pipelined(wdt, d, aligned) &&
-                           moe_wmma_pipelined(wdt, d_ff, aligned) &&
-                           (fp8 || s.experts_fit_f16(experts));
+    const bool pipelined =
+        moe_wmma_pipelined(wdt, d, aligned) && moe_wmma_pipelined(wdt, d_ff, aligned) &&
+        (fp8 || (s.experts_fit_f16(experts) && (!shared || s.experts_fit_f16({&shared->w, 1}))));
     // SwiGLU rows wider than one cluster: gate/up stores them in f32 and a row split follows.
     const bool wide = pipelined && !moe_mma_takes(d_ff, wdt);
     if (pipelined) {
@@ -669,7 +679,7 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
       const bool blocks_vec = !fp8 || (fp8_up.cols % E16 == 0 && fp8_down.cols % E16 == 0);
       const bool x_vec =
           (reinterpret_cast<uintptr_t>(x.data) & 15) == 0 && x.stride[0] % 4 == 0 && blocks_vec;
-      const unsigned tiles = unsigned(max_tiles + (shared ? 1 : 0));
+      const unsigned tiles = unsigned(max_tiles + (shared && direct ? 1 : 0));
       if (route) {
         RECUR_CHECK(aligned && x_vec && d % E16 == 0 && d_ff % E16 == 0);
         const int PL = int(E / kRouteThreads);
@@ -692,10 +702,11 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
     });
   }
   const dim3 combine_grid(unsigned(n), unsigned(std::min<int64_t>((d + 255) / 256, 64)));
+  const bool gated = shared && !shared->score.empty();
   launch_kernel(moe_combine_kernel, combine_grid, 256, 0, s.stream, m.ys,
-                direct ? nullptr : m.sorted.row_of, weights.ptr<float>(), weights.stride[0], int(k),
-                d, out.ptr<float>(), out.stride[0], shared ? m.ys + k * d : nullptr,
-                shared && !shared->score.empty() ? shared->score.ptr<float>() : nullptr,
+                direct ? nullptr : m.sorted.row_of, int(slots), weights.ptr<float>(),
+                weights.stride[0], int(k), d, out.ptr<float>(), out.stride[0], shared != nullptr,
+                gated ? shared->score.ptr<float>() : nullptr, gated ? shared->score.stride[0] : 0,
                 residual.data ? residual.ptr<float>() : nullptr,
                 residual.data ? residual.stride[0] : 0);
   s.launched("moe_experts (combine)");
@@ -713,7 +724,8 @@ void CudaOps::moe_experts_shared(const Tensor& x, std::span<const ExpertWeights>
                                  const Tensor& ids, const Tensor& weights,
                                  const SharedExpertArgs& shared, Tensor out, Tensor scratch) {
   if (impl_->replaying()) return;  // the decode graph does this op's work
-  // One token: the shared expert rides along as an eleventh pair; else the default's ops.
+  // One token or a prompt on the tiles: the shared expert rides along as one more pair of each
+  // token; else the default's ops.
   if (!shared_rides_along(x, experts, ids.shape[1], shared, scratch)) {
     Ops::moe_experts_shared(x, experts, ids, weights, shared, out, scratch);
     return;

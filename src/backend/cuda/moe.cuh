@@ -79,7 +79,7 @@ struct MoeGemmArgs {
   float* out_scale = nullptr;
 };
 
-// Where the sort of a prompt's (token, expert) pairs puts its results (pairs = n·k rows).
+// Where the sort of a prompt's (token, expert) pairs puts its results (pairs = n·slots rows).
 struct MoeSortOut {
   int32_t* token_of;                             // [pairs] token of each sorted row
   int32_t* row_of;                               // [pairs] sorted row of pair (t, j)
@@ -87,8 +87,9 @@ struct MoeSortOut {
   int32_t* n_tiles;                              // [1]
 };
 // ids [n, k] (rows ld_ids apart, experts < E) sorted by expert into tiles of up to tm rows of
-// one expert (moe_sort.cu): one block.
-void launch_moe_sort(const int32_t* ids, int64_t ld_ids, int n, int k, int E, int tm,
+// one expert (moe_sort.cu): one block. slots > k (k + 1): each token's pair k is expert E − 1,
+// a shared expert riding along (pair (t, j) is pair t·slots + j).
+void launch_moe_sort(const int32_t* ids, int64_t ld_ids, int n, int k, int slots, int E, int tm,
                      const MoeSortOut& out, cudaStream_t stream);
 
 // The (expert, first row, row count) of tile `tile`, or false when the tile is past the

@@ -32,10 +32,12 @@ __device__ void block_scan2(int& a, int& b, int* warp_a, int* warp_b, int* tot_a
   b = sb - b + warp_b[warp];
 }
 
-// One block: counting sort of the n·k (token, expert) pairs by expert, and the tile list
-// (tiles of up to tm rows of one expert). Shared: count, offset, cursor, first tile [E] each.
+// One block: counting sort of the n·slots (token, expert) pairs by expert, and the tile list
+// (tiles of up to tm rows of one expert); pair (t, j) is expert ids[t, j] for j < k, else E − 1.
+// Shared: count, offset, cursor, first tile [E] each.
 __global__ void __launch_bounds__(kSortThreads)
-    moe_sort_kernel(const int32_t* ids, int64_t ld_ids, int n, int k, int E, int tm, MoeSortOut m) {
+    moe_sort_kernel(const int32_t* ids, int64_t ld_ids, int n, int k, int slots, int E, int tm,
+                    MoeSortOut m) {
   grid_dependency_sync();
   extern __shared__ int sh[];
   int* count = sh;
@@ -43,11 +45,15 @@ __global__ void __launch_bounds__(kSortThreads)
   int* cursor = offset + E;
   int* first_tile = cursor + E;
   __shared__ int warp_a[kSortThreads / 32], warp_b[kSortThreads / 32], tot_a, tot_b;
-  const int pairs = n * k, tid = threadIdx.x;
+  const int pairs = n * slots, tid = threadIdx.x;
+  auto expert_of = [&](int p) {
+    const int j = p % slots;
+    return j < k ? ids[int64_t(p / slots) * ld_ids + j] : E - 1;
+  };
   for (int e = tid; e < E; e += kSortThreads) count[e] = 0, cursor[e] = 0;
   __syncthreads();
   for (int p = tid; p < pairs; p += kSortThreads) {
-    const int e = ids[int64_t(p / k) * ld_ids + p % k];
+    const int e = expert_of(p);
     if (e < 0 || e >= E) __trap();  // ids come from moe_route; anything else is a bug
     atomicAdd(&count[e], 1);
   }
@@ -64,7 +70,7 @@ __global__ void __launch_bounds__(kSortThreads)
   }
   __syncthreads();
   for (int p = tid; p < pairs; p += kSortThreads) {
-    const int t = p / k, e = ids[int64_t(t) * ld_ids + p % k];
+    const int t = p / slots, e = expert_of(p);
     const int row = offset[e] + atomicAdd(&cursor[e], 1);
     m.token_of[row] = t;
     m.row_of[p] = row;
@@ -83,11 +89,12 @@ __global__ void __launch_bounds__(kSortThreads)
 
 }  // namespace
 
-void launch_moe_sort(const int32_t* ids, int64_t ld_ids, int n, int k, int E, int tm,
+void launch_moe_sort(const int32_t* ids, int64_t ld_ids, int n, int k, int slots, int E, int tm,
                      const MoeSortOut& out, cudaStream_t stream) {
   const size_t smem = size_t(4 * E) * sizeof(int);
   opt_in_smem<moe_sort_kernel>(smem);  // beyond 48 KB (E > 3,072)
-  launch_kernel(moe_sort_kernel, 1, kSortThreads, smem, stream, ids, ld_ids, n, k, E, tm, out);
+  launch_kernel(moe_sort_kernel, 1, kSortThreads, smem, stream, ids, ld_ids, n, k, slots, E, tm,
+                out);
 }
 
 }  // namespace recur::cuda
