@@ -333,9 +333,9 @@ __global__ void __launch_bounds__(kGemvThreads) moe_gemv_warp_kernel(MoeGemmArgs
   moe_warp_rows<W, NT, RW, kDual, kPre>(a, e, row0, nt, orow0, pre, pre_e >= 0);
 }
 
-// out[t, :] = Σ_j weights[t, j] · ys[row_of[t·k + j], :] (row_of null: the identity); grid
-// (tokens, column blocks), a thread per column (a single block per token is latency-bound).
-// Pair (t, j) is pair t·slots + j; with `shared` (slots = k + 1), pair (t, k) is the shared
+// out[t, :] = Σ_{j<k} weights[t, j] · ys[row_of[t·slots + j], :] (row_of null: the
+// identity); grid (tokens, column blocks), a thread per column (a single block per token is
+// latency-bound). Pair (t, j) is pair t·slots + j; with `shared` (slots = k + 1), pair (t, k) is the shared
 // expert's: then out[t, :] += σ(score[t]) · its row, as add_scaled_sigmoid, or += its row when
 // score is null (an ungated shared expert), as add.
 // With residual [tokens, d] (rows ld_res apart): then residual += out, as add.
