@@ -168,6 +168,11 @@ void CudaOps::argmax_rows(const Tensor& x, Tensor ids) {
 
 namespace {
 
+// Blocks of 256 threads for a grid-stride pass over n elements at load: at most eight an SM.
+unsigned load_pass_blocks(int64_t n, int sm_count) {
+  return unsigned(std::min<int64_t>(blocks_for(n, 256), int64_t(sm_count) * 8));
+}
+
 // *flag = 1 when any of w [n] lies beyond f16's range (NaN does not; infinities do).
 __global__ void beyond_f16_kernel(const __nv_bfloat16* w, int64_t n, int* flag) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
@@ -186,23 +191,29 @@ Result<Tensor> CudaOps::adopt_matmul_weight(const Tensor& host, std::vector<Buff
                       "adopt_matmul_weight: BF16 tensor {} is not contiguous", t.shape_string());
   }
   Impl& s = *impl_;
-  if (!s.range_flag) {
-    RECUR_CUDA_CHECK(
-        cudaHostAlloc(reinterpret_cast<void**>(&s.range_flag), sizeof(int), cudaHostAllocMapped));
-  }
-  int* flag = nullptr;
-  RECUR_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&flag), s.range_flag, 0));
-  *s.range_flag = 0;
-  const int64_t n = t.numel();
-  const unsigned blocks = unsigned(std::min<int64_t>(blocks_for(n, 256), int64_t(s.sm_count) * 8));
-  beyond_f16_kernel<<<blocks, 256, 0, s.stream>>>(t.ptr<__nv_bfloat16>(), n, flag);
-  RECUR_CUDA_CHECK(cudaGetLastError());
-  RECUR_CUDA_CHECK(cudaStreamSynchronize(s.stream));
-  if (*s.range_flag) {
+  const Tensor* one[] = {&t};
+  if (s.any_beyond_f16(one)) {
     const char* begin = static_cast<const char*>(t.data);
-    s.beyond_f16.emplace_back(begin, begin + size_t(n) * 2);
+    s.beyond_f16.emplace_back(begin, begin + size_t(t.numel()) * 2);
   }
   return t;
+}
+
+bool CudaOps::Impl::any_beyond_f16(std::span<const Tensor* const> tensors) {
+  if (!range_flag) {
+    RECUR_CUDA_CHECK(
+        cudaHostAlloc(reinterpret_cast<void**>(&range_flag), sizeof(int), cudaHostAllocMapped));
+  }
+  int* flag = nullptr;
+  RECUR_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&flag), range_flag, 0));
+  *range_flag = 0;
+  for (const Tensor* t : tensors) {
+    beyond_f16_kernel<<<load_pass_blocks(t->numel(), sm_count), 256, 0, stream>>>(
+        t->ptr<__nv_bfloat16>(), t->numel(), flag);
+  }
+  RECUR_CUDA_CHECK(cudaGetLastError());
+  RECUR_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return *range_flag != 0;
 }
 
 namespace {
@@ -224,31 +235,16 @@ void CudaOps::retype_weights(std::span<Tensor* const> all) {
   }
   Impl& s = *impl_;
   s.end_forward();
-  if (!s.range_flag) {
-    RECUR_CUDA_CHECK(
-        cudaHostAlloc(reinterpret_cast<void**>(&s.range_flag), sizeof(int), cudaHostAllocMapped));
-  }
-  int* flag = nullptr;
-  RECUR_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&flag), s.range_flag, 0));
-  *s.range_flag = 0;
   // A tensor seen twice (views of one weight) is converted once.
   std::unordered_set<const void*> seen;
-  std::vector<Tensor*> distinct;
-  for (Tensor* t : all) {
+  std::vector<const Tensor*> distinct;
+  for (const Tensor* t : all) {
     if (t->numel() > 0 && seen.insert(t->data).second) distinct.push_back(t);
   }
-  auto blocks = [&](int64_t n) {
-    return unsigned(std::min<int64_t>(blocks_for(n, 256), int64_t(s.sm_count) * 8));
-  };
+  if (s.any_beyond_f16(distinct)) return;  // a value beyond 65504: the block stays BF16
   for (const Tensor* t : distinct) {
-    beyond_f16_kernel<<<blocks(t->numel()), 256, 0, s.stream>>>(t->ptr<__nv_bfloat16>(), t->numel(),
-                                                                flag);
-  }
-  RECUR_CUDA_CHECK(cudaGetLastError());
-  RECUR_CUDA_CHECK(cudaStreamSynchronize(s.stream));
-  if (*s.range_flag) return;  // a value beyond 65504: the block stays BF16
-  for (const Tensor* t : distinct) {
-    bf16_to_f16_kernel<<<blocks(t->numel()), 256, 0, s.stream>>>(t->data, t->numel());
+    bf16_to_f16_kernel<<<load_pass_blocks(t->numel(), s.sm_count), 256, 0, s.stream>>>(t->data,
+                                                                                       t->numel());
   }
   RECUR_CUDA_CHECK(cudaGetLastError());
   RECUR_CUDA_CHECK(cudaStreamSynchronize(s.stream));

@@ -259,6 +259,9 @@ struct CudaOps::Impl {
   // Whether every weight of these experts converts to f16 without leaving its range (none lies
   // in `beyond_f16`).
   bool experts_fit_f16(std::span<const ExpertWeights> experts) const;
+  // Whether any of these contiguous BF16 tensors holds a value beyond f16's range (infinities
+  // too): one device pass each into range_flag, one wait (load time only).
+  bool any_beyond_f16(std::span<const Tensor* const> tensors);
   void launched(const char* what);  // checks the launch (and synchronises when debugging)
 
  private:

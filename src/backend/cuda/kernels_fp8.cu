@@ -180,20 +180,14 @@ void fp8_matmul_tensor_cores(CudaOps::Impl& s, const Tensor& x, const Tensor& w,
   }
   // The f16 tiles (moe_mma.cu) on x split once into the start-up scratch, two f16 terms of each
   // row scaled by a power of two, then the rows' inverse scales; in pieces of rows that fit.
-  const int64_t piece = int64_t(s.act_lowp.bytes() / size_t(4 * k + 4));
-  RECUR_CHECK(piece >= 1);
-  for (int64_t r0 = 0; r0 < n; r0 += piece) {
-    const int64_t nr = std::min(piece, n - r0);
-    const float* xr = x.ptr<float>() + r0 * x.stride[0];
-    float* inv_scale =
-        reinterpret_cast<float*>(static_cast<char*>(s.act_lowp.data()) + size_t(4 * nr * k));
-    launch_f16_row_split(xr, x.stride[0], nr, k, s.act_lowp.data(), inv_scale, s.stream);
-    s.launched("matmul (activation split)");
-    MoeGemmArgs p = a;
-    p.x_terms = s.act_lowp.data(), p.ldxt = k, p.x_terms_plane = nr * k, p.x_scale = inv_scale;
-    p.dense_rows = nr, p.out = a.out + r0 * a.ldo;
-    tiles(p, nr);
-  }
+  for_f16_row_pieces(x, s.act_lowp.data(), s.act_lowp.bytes(), /*unit_rows=*/false, s.stream,
+                     [&](int64_t r0, int64_t nr, const void* terms, const float* inv_scale) {
+                       s.launched("matmul (activation split)");
+                       MoeGemmArgs p = a;
+                       p.x_terms = terms, p.ldxt = k, p.x_terms_plane = nr * k;
+                       p.x_scale = inv_scale, p.dense_rows = nr, p.out = a.out + r0 * a.ldo;
+                       tiles(p, nr);
+                     });
 }
 
 }  // namespace recur

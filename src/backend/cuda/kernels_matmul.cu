@@ -422,26 +422,20 @@ void term_gemms(CudaOps::Impl& s, const Tensor& w, cudaDataType_t t, const char*
 // layers, 2,048 tokens: 1.8 ms a forward).
 void matmul_f16_terms(CudaOps::Impl& s, const Tensor& x, const Tensor& w, Tensor out,
                       bool accumulate) {
-  const int64_t n = x.shape[0], k = x.shape[1], m = w.shape[0];
-  const int64_t piece = int64_t(s.act_lowp.bytes() / size_t(4 * k + 4));
-  RECUR_CHECK(piece >= 1);
-  for (int64_t r0 = 0; r0 < n; r0 += piece) {
-    const int64_t nr = std::min(piece, n - r0);
-    const float* xr = x.ptr<float>() + r0 * x.stride[0];
-    float* outr = out.ptr<float>() + r0 * out.stride[0];
-    char* terms = static_cast<char*>(s.act_lowp.data());
-    float* inv_scale = reinterpret_cast<float*>(terms + size_t(4 * nr * k));
-    launch_f16_row_split(xr, x.stride[0], nr, k, terms, inv_scale, s.stream, /*unit_rows=*/true);
-    s.launched("matmul (activation split)");
-    if (accumulate) {
-      scale_rows(outr, out.stride[0], nr, m, inv_scale, true, s.stream);
-      s.launched("matmul (rows scaled)");
-    }
-    term_gemms(s, w, CUDA_R_16F, terms, 2, nr, outr, out.stride[0], accumulate,
-               "matmul 2-term f16");  // mid, hi
-    scale_rows(outr, out.stride[0], nr, m, inv_scale, false, s.stream);
-    s.launched("matmul (rows scaled)");
-  }
+  const int64_t m = w.shape[0];
+  for_f16_row_pieces(x, s.act_lowp.data(), s.act_lowp.bytes(), /*unit_rows=*/true, s.stream,
+                     [&](int64_t r0, int64_t nr, const void* terms, const float* inv_scale) {
+                       s.launched("matmul (activation split)");
+                       float* outr = out.ptr<float>() + r0 * out.stride[0];
+                       if (accumulate) {
+                         scale_rows(outr, out.stride[0], nr, m, inv_scale, true, s.stream);
+                         s.launched("matmul (rows scaled)");
+                       }
+                       term_gemms(s, w, CUDA_R_16F, static_cast<const char*>(terms), 2, nr, outr,
+                                  out.stride[0], accumulate, "matmul 2-term f16");  // mid, hi
+                       scale_rows(outr, out.stride[0], nr, m, inv_scale, false, s.stream);
+                       s.launched("matmul (rows scaled)");
+                     });
 }
 
 }  // namespace

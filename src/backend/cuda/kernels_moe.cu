@@ -335,9 +335,9 @@ __global__ void __launch_bounds__(kGemvThreads) moe_gemv_warp_kernel(MoeGemmArgs
 
 // out[t, :] = Σ_{j<k} weights[t, j] · ys[row_of[t·slots + j], :] (row_of null: the
 // identity); grid (tokens, column blocks), a thread per column (a single block per token is
-// latency-bound). Pair (t, j) is pair t·slots + j; with `shared` (slots = k + 1), pair (t, k) is the shared
-// expert's: then out[t, :] += σ(score[t]) · its row, as add_scaled_sigmoid, or += its row when
-// score is null (an ungated shared expert), as add.
+// latency-bound). Pair (t, j) is pair t·slots + j; with `shared` (slots = k + 1), pair (t, k)
+// is the shared expert's: then out[t, :] += σ(score[t]) · its row, as add_scaled_sigmoid, or
+// += its row when score is null (an ungated shared expert), as add.
 // With residual [tokens, d] (rows ld_res apart): then residual += out, as add.
 __global__ void moe_combine_kernel(const float* ys, const int32_t* row_of, int slots,
                                    const float* weights, int64_t ld_w, int k, int64_t d, float* out,
@@ -481,6 +481,12 @@ bool experts_aligned(std::span<const ExpertWeights> experts, const SharedExpertA
   return aligned;
 }
 
+// Whether n tokens' `pairs` (token, expert) pairs over E experts leave the GEMV core for the
+// prompt tiles: more tokens than the GEMV kernel takes, more than four rows an expert.
+bool many_rows_per_expert(int64_t n, int64_t pairs, int64_t E) {
+  return n > CudaOps::kGemvMaxTokens && pairs > 4 * E;
+}
+
 // Whether the shared expert can ride along the routed experts' launches as one more pair of
 // each token: one token, or a prompt on the tiles (more tokens than the GEMV kernel takes, more
 // than four rows an expert, 16-bit or block-FP8 weights: its rows fill whole tiles there, where
@@ -490,8 +496,7 @@ bool shared_rides_along(const Tensor& x, std::span<const ExpertWeights> experts,
                         const SharedExpertArgs& shared, const Tensor& scratch) {
   const ExpertWeights& e0 = experts.front();
   const int64_t n = x.shape[0], E = int64_t(experts.size());
-  const bool prompt =
-      n > CudaOps::kGemvMaxTokens && n * (k + 1) > 4 * (E + 1) && e0.gate.dtype != DType::F32;
+  const bool prompt = many_rows_per_expert(n, n * (k + 1), E + 1) && e0.gate.dtype != DType::F32;
   return (n == 1 || prompt) && shared.w.gate.dtype == e0.gate.dtype &&
          shared.w.up.dtype == e0.gate.dtype && shared.w.down.dtype == e0.gate.dtype &&
          shared.w.gate.shape[0] == e0.gate.shape[0] && shared.w.gate.shape[1] == e0.gate.shape[1] &&
@@ -569,7 +574,7 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
   // batches: every expert's weights streamed once, the FMAs still under the loads); then 64
   // for tensor cores, 8 for f32 experts.
   const bool small = n <= CudaOps::kGemvMaxTokens;
-  const bool few_per_expert = !small && pairs <= 4 * sort_e;
+  const bool few_per_expert = !small && !many_rows_per_expert(n, pairs, sort_e);
   const bool fp8 = wdt == DType::F8_E4M3;
   // F8_E4M3 experts: the block sizes of gate/up and of down (each list loaded alike).
   CudaOps::Impl::Fp8Blocks fp8_up, fp8_down;

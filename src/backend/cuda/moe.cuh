@@ -149,7 +149,7 @@ constexpr int kWmmaTileRows = 64;
 bool moe_wmma_pipelined(DType wdtype, int64_t k, bool w_aligned);
 // x [rows, k] f32 (rows ldx apart) → terms [3, rows, k] of type (BF16 or F16; lo, mid, hi,
 // each the nearest to what the larger ones leave; 16-byte aligned): the dense matmul on cuBLAS
-// (the weights' type, any k).
+// with bf16 weights (and f16 weights whose k is not a multiple of 8).
 void launch_wmma_split(const float* x, int64_t ldx, int64_t rows, int64_t k, DType type,
                        void* terms, cudaStream_t stream);
 // x [rows, k] f32 (rows ldx apart; k a multiple of 8) → terms [2, rows, k] f16 (mid, hi;
@@ -160,6 +160,23 @@ void launch_wmma_split(const float* x, int64_t ldx, int64_t rows, int64_t k, DTy
 // and a caller that must undo the scale after its products skips that row.
 void launch_f16_row_split(const float* x, int64_t ldx, int64_t rows, int64_t k, void* terms,
                           float* inv_scale, cudaStream_t stream, bool unit_rows = false);
+// x [n, k] f32 (k a multiple of 8) in pieces of rows that fit `scratch` (bytes), each split there
+// by launch_f16_row_split (its two f16 term planes, then the rows' inverse scales) and handed to
+// fn(r0, nr, terms, inv_scale) for rows [r0, r0 + nr): the dense matmuls on f16 terms.
+template <typename Fn>
+void for_f16_row_pieces(const Tensor& x, void* scratch, size_t bytes, bool unit_rows,
+                        cudaStream_t stream, Fn&& fn) {
+  const int64_t n = x.shape[0], k = x.shape[1];
+  const int64_t piece = int64_t(bytes / size_t(4 * k + 4));
+  RECUR_CHECK(piece >= 1);
+  for (int64_t r0 = 0; r0 < n; r0 += piece) {
+    const int64_t nr = std::min(piece, n - r0);
+    float* inv_scale = reinterpret_cast<float*>(static_cast<char*>(scratch) + size_t(4 * nr * k));
+    launch_f16_row_split(x.ptr<float>() + r0 * x.stride[0], x.stride[0], nr, k, scratch, inv_scale,
+                         stream, unit_rows);
+    fn(r0, nr, scratch, inv_scale);
+  }
+}
 // Gate/up blocks of one tile run as a cluster on the 16-bit weights' tiles (moe_mma.cu): at
 // most this many (sixteen is beyond the portable eight, which the H200 allows).
 constexpr int kMaxClusterBlocks = 16;

@@ -173,7 +173,7 @@ template <bool kDual, bool kFp8>
 __device__ __forceinline__ void store_tile(const MoeGemmArgs& a, WarpAccs<kDual, kFp8>& f,
                                            float* Cs, int row0, int rows, int64_t n0, int wm,
                                            int wn) {
-  constexpr int kW = kTN, ldc = kW + 4;
+  constexpr int ldc = kTN + 4;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
 #pragma unroll
@@ -188,7 +188,7 @@ __device__ __forceinline__ void store_tile(const MoeGemmArgs& a, WarpAccs<kDual,
     }
   }
   __syncthreads();
-  store_tile_rows<kW>(a, Cs, ldc, row0, rows, n0);
+  store_tile_rows<kTN>(a, Cs, ldc, row0, rows, n0);
 }
 
 // The tile of block (blockIdx.x, blockIdx.y): false for a surplus block.
