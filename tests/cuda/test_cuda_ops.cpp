@@ -106,17 +106,24 @@ TEST_F(CudaBasic, ArgmaxRowsEqualsTheHostRule) {
 }
 
 // matmul_group: every output equals, bit for bit, what matmul gives for that weight alone
-// (one launch for GEMV token counts, one matmul per weight beyond), and the reference.
+// (one launch for GEMV token counts, one matmul per weight beyond; F16 weights beyond share one
+// split of x into terms and one pass scaling its rows back, so rows of x are put at scales
+// that need it), and the reference.
 TEST_F(CudaBasic, MatmulGroupEqualsOneMatmulPerWeight) {
-  for (DType wt : {DType::BF16, DType::F32}) {
+  for (DType wt : {DType::BF16, DType::F32, DType::F16}) {
     for (int64_t n : {1, 2, 5, 8, 12, 40}) {
       for (int64_t k : {64, 264}) {
         // The second set has more rows than one wave of 4-row blocks holds (8 rows per block
-        // for one or two tokens on an H200's 132 SMs): the same sums in either case.
+        // for one or two tokens on an H200's 132 SMs): the same sums in either case. At 40
+        // tokens its first and last weights leave the GEMV kernel.
         const std::vector<int64_t> ms =
-            k == 64 ? std::vector<int64_t>{33, 1, 512, 6} : std::vector<int64_t>{9001, 7};
+            k == 64 ? std::vector<int64_t>{33, 1, 512, 6} : std::vector<int64_t>{9001, 7, 4100};
         HostTensor x(DType::F32, {n, k});
         fill_random(x, rng);
+        const float scale[] = {1.0f, 1e6f, 0x1p40f, 0x1p-40f};
+        for (int64_t t = 0; wt == DType::F16 && t < n; ++t) {
+          for (int64_t c = 0; c < k; ++c) x.f()[t * k + c] *= scale[t % 4];
+        }
         DeviceTensor dx = dev(x);
         std::vector<HostTensor> w, out;
         std::vector<Tensor> dws, douts;

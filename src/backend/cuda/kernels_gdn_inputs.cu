@@ -13,36 +13,66 @@ namespace {
 
 constexpr int kMaxConvK = 16;
 
-// out[t, c] = silu(Σ_j w[c, j] · input(i − (K−1) + j)), input(<0) from the slot's conv state;
-// grid (n_tokens, ⌈C/256⌉).  x, out [n, C]; w [C, 1, K]; state [slots, K-1, C]
+constexpr int kConvRunTokens = 16;  // consecutive tokens a thread walks
+
+// out[t, c] = silu(Σ_j w[c, j] · input(i − (K−1) + j)), input(<0) from the slot's conv state.
+// A thread walks kConvRunTokens consecutive tokens of one channel, their inputs loaded up front
+// (all in flight at once) and the K-input window kept in registers (reloaded where a sequence
+// starts): each input is read once instead of K times (a token a thread took 138 µs a layer for
+// 2,048 tokens × 8,192 channels on the H200, about 1 TB/s:
+// bench/results/h200-session30-run1-prof-t2.txt). grid (⌈n_tokens/kConvRunTokens⌉, ⌈C/256⌉).
+// x, out [n, C]; w [C, 1, K]; state [slots, K-1, C]
 template <typename W>
 __global__ void conv1d_out_kernel(const float* x, int64_t ldx, const W* w, int K,
                                   const float* state, int64_t C, const int32_t* seq_start,
-                                  const int32_t* slot, int n_seqs, float* out, int64_t ldo) {
+                                  const int32_t* slot, int n_seqs, int n_tokens, float* out,
+                                  int64_t ldo) {
   grid_dependency_sync();
-  const int t = blockIdx.x;
+  const int t0 = blockIdx.x * kConvRunTokens, t1 = min(t0 + kConvRunTokens, n_tokens);
   const int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
   if (c >= C) return;
-  const int s = seq_of_token(seq_start, n_seqs, t);
-  const int64_t base = seq_start[s], i = t - base;
-  const float* st = state + int64_t(slot[s]) * (K - 1) * C;
-  // Every load issued before the first sum: one thread's K loads are in flight together
-  // rather than one at a time.
-  float in[kMaxConvK], wt[kMaxConvK];
+  float run[kConvRunTokens], wt[kMaxConvK], in[kMaxConvK];
+#pragma unroll
+  for (int u = 0; u < kConvRunTokens; ++u) {
+    run[u] = t0 + u < t1 ? x[int64_t(t0 + u) * ldx + c] : 0.0f;
+  }
 #pragma unroll
   for (int j = 0; j < kMaxConvK; ++j) {
-    if (j < K) {
-      const int64_t idx = i - (K - 1) + j;
-      in[j] = idx < 0 ? st[(K - 1 + idx) * C + c] : x[(base + idx) * ldx + c];
-      wt[j] = to_f32(w[c * K + j]);
+    if (j < K) wt[j] = to_f32(w[c * K + j]);
+  }
+  int s = seq_of_token(seq_start, n_seqs, t0), next = seq_start[s + 1];
+#pragma unroll
+  for (int u = 0; u < kConvRunTokens; ++u) {
+    const int t = t0 + u;
+    if (t >= t1) break;
+    if (u == 0 || t == next) {  // the window of a sequence's token, from x and the state
+      while (t == next) ++s, next = seq_start[s + 1];  // (past sequences without tokens)
+      const int64_t base = seq_start[s], i = t - base;
+      const float* st = state + int64_t(slot[s]) * (K - 1) * C;
+#pragma unroll
+      for (int j = 0; j < kMaxConvK; ++j) {
+        if (j < K) {
+          const int64_t idx = i - (K - 1) + j;
+          in[j] = idx < 0 ? st[(K - 1 + idx) * C + c] : x[(base + idx) * ldx + c];
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kMaxConvK; ++j) {
+        if (j + 1 < K) {
+          in[j] = in[j + 1];
+        } else if (j + 1 == K) {
+          in[j] = run[u];
+        }
+      }
     }
-  }
-  float acc = 0.0f;
+    float acc = 0.0f;
 #pragma unroll
-  for (int j = 0; j < kMaxConvK; ++j) {
-    if (j < K) acc += wt[j] * in[j];
+    for (int j = 0; j < kMaxConvK; ++j) {
+      if (j < K) acc += wt[j] * in[j];
+    }
+    out[int64_t(t) * ldo + c] = silu(acc);
   }
-  out[int64_t(t) * ldo + c] = silu(acc);
 }
 
 // The state keeps each sequence's last K-1 inputs, oldest first; runs after conv1d_out_kernel
@@ -323,10 +353,10 @@ void CudaOps::conv1d_causal_silu(const Tensor& x, const Tensor& weight, Tensor c
   if (layout.n_tokens > 0) {
     dispatch_weight(weight.dtype, [&](auto tag) {
       using W = decltype(tag);
-      launch_kernel(conv1d_out_kernel<W>, dim3(unsigned(layout.n_tokens), cblocks), 256, 0,
-                    s.stream, x.ptr<float>(), x.stride[0], weight.ptr<W>(), K,
-                    conv_state.ptr<float>(), C, dl.seq_start, dl.slot, layout.n_seqs,
-                    out.ptr<float>(), out.stride[0]);
+      const unsigned runs = unsigned((layout.n_tokens + kConvRunTokens - 1) / kConvRunTokens);
+      launch_kernel(conv1d_out_kernel<W>, dim3(runs, cblocks), 256, 0, s.stream, x.ptr<float>(),
+                    x.stride[0], weight.ptr<W>(), K, conv_state.ptr<float>(), C, dl.seq_start,
+                    dl.slot, layout.n_seqs, int(layout.n_tokens), out.ptr<float>(), out.stride[0]);
     });
     s.launched("conv1d_causal_silu (outputs)");
   }

@@ -280,6 +280,106 @@ bool CudaOps::matmul_takes_gemv(int64_t n, const Tensor& w) {
   return takes_gemv(n, weight_bytes(w));
 }
 
+namespace {
+
+// Up to kMaxMatmulGroup outputs of the same rows: out[i] [rows, m[i]] (rows ldo[i] apart).
+struct ScaledOuts {
+  float* out[Ops::kMaxMatmulGroup];
+  int64_t ldo[Ops::kMaxMatmulGroup], m[Ops::kMaxMatmulGroup];
+  int count = 0;
+};
+
+// Each output's rows times 2^(±e) per row, from inv_scale [rows] = 2^-e: times inv_scale, or
+// with `invert` times its inverse (powers of two: exact). Rows of scale 1 (most:
+// launch_f16_row_split's unit_rows) are skipped.
+__global__ void scale_rows_kernel(ScaledOuts outs, int64_t rows, const float* inv_scale,
+                                  bool invert) {
+  grid_dependency_sync();
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    if (inv_scale[r] == 1.0f) continue;
+    const float f = invert ? 1.0f / inv_scale[r] : inv_scale[r];
+    for (int i = 0; i < outs.count; ++i) {
+      float* o = outs.out[i] + r * outs.ldo[i];
+      for (int64_t c = threadIdx.x; c < outs.m[i]; c += blockDim.x) o[c] *= f;
+    }
+  }
+}
+
+void scale_rows(const ScaledOuts& outs, int64_t rows, const float* inv_scale, bool invert,
+                cudaStream_t stream) {
+  const unsigned blocks = unsigned(std::min<int64_t>(rows, 264));  // a row a block at a time
+  launch_kernel(scale_rows_kernel, blocks, 256, 0, stream, outs, rows, inv_scale, invert);
+}
+
+// out rows (ldo apart) += w [m, k] (cuBLAS type t) times each of n_terms planes of 16-bit
+// activation terms [n_terms, nr, k] (smallest first), one GEMM a term, the first writing out
+// unless `accumulate`. The profile names the launch `what` m x k, its rate counting the
+// product's own flops, not the terms' (n_terms times those).
+void term_gemms(CudaOps::Impl& s, const Tensor& w, cudaDataType_t t, const char* terms, int n_terms,
+                int64_t nr, float* outr, int64_t ldo, bool accumulate, const char* what) {
+  const int64_t m = w.shape[0], k = w.shape[1];
+  const float zero = 0.0f, one = 1.0f;
+  for (int term = 0; term < n_terms; ++term) {
+    const char* xt = terms + size_t(term) * size_t(nr * k) * 2;
+    RECUR_CUBLAS_CHECK(cublasGemmEx(s.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(m), int(nr), int(k),
+                                    &one, w.data, t, int(k), xt, t, int(k),
+                                    term == 0 && !accumulate ? &zero : &one, outr, CUDA_R_32F,
+                                    int(ldo), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+  if (s.options.profile) {  // the interval holds cuBLAS's products
+    s.work(2.0 * double(nr) * double(m) * double(k),
+           double(weight_bytes(w)) + 4.0 * double(nr) * double(k + m));
+    std::string label = what;
+    label.append(" ").append(std::to_string(m)).append("x").append(std::to_string(k));
+    s.launched(label.c_str());
+  } else {
+    s.launched("matmul (terms)");
+  }
+}
+
+// outs[i] (+)= x · ws[i]^T for F16 weights on cuBLAS: each row of x split into two f16 terms
+// (mid, hi: 22 bits), unscaled where its largest |value| lies in [2^-2, 2^15), else times the
+// power of two that puts it in [2^14, 2^15) (no overflow or lost bits whatever the row's range;
+// launch_f16_row_split), two GEMMs a weight, then the scaled rows of every output times their
+// inverse scales. Products of f16 are exact in the f32 accumulators, so a token's result does
+// not depend on the batch. Accumulating, scaled rows are first scaled up by the same power of
+// two (exact), so the sums round as unscaled. Scaling every row cost two passes over the output
+// (H200, 80B-A3B cut to 6 layers, 2,048 tokens: 1.8 ms a forward). A group's weights share one
+// split of x and one scaling pass (a split a weight: 36 launches of 16.7 µs a forward there).
+void matmul_f16_terms(CudaOps::Impl& s, const Tensor& x, std::span<const Tensor> ws,
+                      std::span<const Tensor> outs, bool accumulate) {
+  RECUR_CHECK(ws.size() == outs.size() && ws.size() <= Ops::kMaxMatmulGroup);
+  for_f16_row_pieces(x, s.act_lowp.data(), s.act_lowp.bytes(), /*unit_rows=*/true, s.stream,
+                     [&](int64_t r0, int64_t nr, const void* terms, const float* inv_scale) {
+                       s.launched("matmul (activation split)");
+                       ScaledOuts rows;
+                       for (size_t i = 0; i < ws.size(); ++i) {
+                         const Tensor& o = outs[i];
+                         rows.out[i] = o.ptr<float>() + r0 * o.stride[0];
+                         rows.ldo[i] = o.stride[0], rows.m[i] = ws[i].shape[0];
+                       }
+                       rows.count = int(ws.size());
+                       if (accumulate) {
+                         scale_rows(rows, nr, inv_scale, true, s.stream);
+                         s.launched("matmul (rows scaled)");
+                       }
+                       for (size_t i = 0; i < ws.size(); ++i) {
+                         term_gemms(s, ws[i], CUDA_R_16F, static_cast<const char*>(terms), 2, nr,
+                                    rows.out[i], rows.ldo[i], accumulate,
+                                    "matmul 2-term f16");  // mid, hi
+                       }
+                       scale_rows(rows, nr, inv_scale, false, s.stream);
+                       s.launched("matmul (rows scaled)");
+                     });
+}
+
+// Whether matmul takes w on two f16 terms (matmul_f16_terms) for n rows.
+bool takes_f16_terms(int64_t n, const Tensor& w) {
+  return w.dtype == DType::F16 && w.shape[1] % 8 == 0 && !gemv_alone(n, w, Fp8Blocks{});
+}
+
+}  // namespace
+
 void CudaOps::matmul_group(const Tensor& x, std::span<const Tensor> ws,
                            std::span<const Tensor> outs) {
   if (impl_->replaying()) return;  // the decode graph does this op's work
@@ -298,6 +398,16 @@ void CudaOps::matmul_group(const Tensor& x, std::span<const Tensor> ws,
   // decode batches), the others one matmul each. A block-FP8 layer keeps its small gates in
   // bf16: those ride in its launch (a launch of their own cost the 80B-A3B FP8 batch-1 step
   // 3.5 µs a layer).
+  // Weights that matmul would take on f16 terms, done at the end on one split of x.
+  std::array<Tensor, kMaxMatmulGroup> tw, to;
+  size_t n_terms = 0;
+  auto alone = [&](const Tensor& w, const Tensor& o) {
+    if (takes_f16_terms(n, w)) {
+      tw[n_terms] = w, to[n_terms] = o, ++n_terms;
+    } else {
+      matmul(x, w, o);
+    }
+  };
   std::array<bool, kMaxMatmulGroup> done{};
   for (size_t first = 0; first < ws.size(); ++first) {
     if (done[first]) continue;
@@ -326,12 +436,12 @@ void CudaOps::matmul_group(const Tensor& x, std::span<const Tensor> ws,
         bytes += weight_bytes(w);
         mixed |= riding;
       } else {
-        matmul(x, w, o);
+        alone(w, o);
       }
     }
     if (grouped == 0) continue;
     if (grouped == 1) {  // nothing to group
-      matmul(x, gw[0], go[0]);
+      alone(gw[0], go[0]);
       continue;
     }
     group_bytes += bf16_bytes;
@@ -362,83 +472,11 @@ void CudaOps::matmul_group(const Tensor& x, std::span<const Tensor> ws,
       s.launched("matmul group (gemv)");
     }
   }
-}
-
-namespace {
-
-// out [rows, m] (rows ldo apart) times 2^(±e) per row, from inv_scale [rows] = 2^-e: times
-// inv_scale, or with `invert` times its inverse (powers of two: exact). Rows of scale 1 (most:
-// launch_f16_row_split's unit_rows) are skipped.
-__global__ void scale_rows_kernel(float* out, int64_t ldo, int64_t rows, int64_t m,
-                                  const float* inv_scale, bool invert) {
-  grid_dependency_sync();
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    if (inv_scale[r] == 1.0f) continue;
-    const float f = invert ? 1.0f / inv_scale[r] : inv_scale[r];
-    float* o = out + r * ldo;
-    for (int64_t c = threadIdx.x; c < m; c += blockDim.x) o[c] *= f;
+  if (n_terms > 0) {
+    matmul_f16_terms(s, x, std::span<const Tensor>(tw.data(), n_terms),
+                     std::span<const Tensor>(to.data(), n_terms), false);
   }
 }
-
-void scale_rows(float* out, int64_t ldo, int64_t rows, int64_t m, const float* inv_scale,
-                bool invert, cudaStream_t stream) {
-  const unsigned blocks = unsigned(std::min<int64_t>(rows, 264));  // a row a block at a time
-  launch_kernel(scale_rows_kernel, blocks, 256, 0, stream, out, ldo, rows, m, inv_scale, invert);
-}
-
-// out rows (ldo apart) += w [m, k] (cuBLAS type t) times each of n_terms planes of 16-bit
-// activation terms [n_terms, nr, k] (smallest first), one GEMM a term, the first writing out
-// unless `accumulate`. The profile names the launch `what` m x k, its rate counting the
-// product's own flops, not the terms' (n_terms times those).
-void term_gemms(CudaOps::Impl& s, const Tensor& w, cudaDataType_t t, const char* terms, int n_terms,
-                int64_t nr, float* outr, int64_t ldo, bool accumulate, const char* what) {
-  const int64_t m = w.shape[0], k = w.shape[1];
-  const float zero = 0.0f, one = 1.0f;
-  for (int term = 0; term < n_terms; ++term) {
-    const char* xt = terms + size_t(term) * size_t(nr * k) * 2;
-    RECUR_CUBLAS_CHECK(cublasGemmEx(s.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(m), int(nr), int(k),
-                                    &one, w.data, t, int(k), xt, t, int(k),
-                                    term == 0 && !accumulate ? &zero : &one, outr, CUDA_R_32F,
-                                    int(ldo), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  }
-  if (s.options.profile) {  // the interval holds cuBLAS's products
-    s.work(2.0 * double(nr) * double(m) * double(k),
-           double(weight_bytes(w)) + 4.0 * double(nr) * double(k + m));
-    std::string label = what;
-    label.append(" ").append(std::to_string(m)).append("x").append(std::to_string(k));
-    s.launched(label.c_str());
-  } else {
-    s.launched("matmul (terms)");
-  }
-}
-
-// out (+)= x · w^T for F16 weights on cuBLAS: each row of x split into two f16 terms (mid, hi:
-// 22 bits), unscaled where its largest |value| lies in [2^-2, 2^15), else times the power of
-// two that puts it in [2^14, 2^15) (no overflow or lost bits whatever the row's range;
-// launch_f16_row_split), two GEMMs, then the scaled rows times their inverse scales. Products
-// of f16 are exact in the f32 accumulators, so a token's result does not depend on the batch.
-// Accumulating, scaled rows are first scaled up by the same power of two (exact), so the sums
-// round as unscaled. Scaling every row cost two passes over the output (H200, 80B-A3B cut to 6
-// layers, 2,048 tokens: 1.8 ms a forward).
-void matmul_f16_terms(CudaOps::Impl& s, const Tensor& x, const Tensor& w, Tensor out,
-                      bool accumulate) {
-  const int64_t m = w.shape[0];
-  for_f16_row_pieces(x, s.act_lowp.data(), s.act_lowp.bytes(), /*unit_rows=*/true, s.stream,
-                     [&](int64_t r0, int64_t nr, const void* terms, const float* inv_scale) {
-                       s.launched("matmul (activation split)");
-                       float* outr = out.ptr<float>() + r0 * out.stride[0];
-                       if (accumulate) {
-                         scale_rows(outr, out.stride[0], nr, m, inv_scale, true, s.stream);
-                         s.launched("matmul (rows scaled)");
-                       }
-                       term_gemms(s, w, CUDA_R_16F, static_cast<const char*>(terms), 2, nr, outr,
-                                  out.stride[0], accumulate, "matmul 2-term f16");  // mid, hi
-                       scale_rows(outr, out.stride[0], nr, m, inv_scale, false, s.stream);
-                       s.launched("matmul (rows scaled)");
-                     });
-}
-
-}  // namespace
 
 void CudaOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumulate) {
   if (impl_->replaying()) return;  // the decode graph does this op's work
@@ -485,7 +523,7 @@ void CudaOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumula
   }
   RECUR_CHECK(w.dtype == DType::BF16 || w.dtype == DType::F16);
   if (w.dtype == DType::F16 && k % 8 == 0) {
-    matmul_f16_terms(s, x, w, out, accumulate);
+    matmul_f16_terms(s, x, std::span(&w, 1), std::span<const Tensor>(&out, 1), accumulate);
     return;
   }
   const cudaDataType_t t = w.dtype == DType::F16 ? CUDA_R_16F : CUDA_R_16BF;
