@@ -333,44 +333,6 @@ __global__ void __launch_bounds__(kGemvThreads) moe_gemv_warp_kernel(MoeGemmArgs
   moe_warp_rows<W, NT, RW, kDual, kPre>(a, e, row0, nt, orow0, pre, pre_e >= 0);
 }
 
-// out[t, :] = Σ_{j<k} weights[t, j] · ys[row_of[t·slots + j], :] (row_of null: the
-// identity); grid (tokens, column blocks), a thread per column (a single block per token is
-// latency-bound). Pair (t, j) is pair t·slots + j; with `shared` (slots = k + 1), pair (t, k)
-// is the shared expert's: then out[t, :] += σ(score[t]) · its row, as add_scaled_sigmoid, or
-// += its row when score is null (an ungated shared expert), as add.
-// With residual [tokens, d] (rows ld_res apart): then residual += out, as add.
-__global__ void moe_combine_kernel(const float* ys, const int32_t* row_of, int slots,
-                                   const float* weights, int64_t ld_w, int k, int64_t d, float* out,
-                                   int64_t ldo, bool shared, const float* score, int64_t ld_score,
-                                   float* residual, int64_t ld_res) {
-  grid_dependency_sync();
-  const int t = blockIdx.x;
-  auto row = [&](int j) { return int64_t(row_of ? row_of[t * slots + j] : t * slots + j); };
-  for (int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; c < d;
-       c += int64_t(gridDim.y) * blockDim.x) {
-    // Eight pairs' loads in flight at a time; the sum in pair order as one at a time.
-    float o = 0.0f;
-    int j = 0;
-    for (; j + 8 <= k; j += 8) {
-      float wv[8], yv[8];
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        wv[u] = weights[int64_t(t) * ld_w + j + u];
-        yv[u] = ys[row(j + u) * d + c];
-      }
-#pragma unroll
-      for (int u = 0; u < 8; ++u) o += wv[u] * yv[u];
-    }
-    for (; j < k; ++j) o += weights[int64_t(t) * ld_w + j] * ys[row(j) * d + c];
-    if (shared) {
-      const float y = ys[row(k) * d + c];
-      o += score ? sigmoid(score[int64_t(t) * ld_score]) * y : y;
-    }
-    out[int64_t(t) * ldo + c] = o;
-    if (residual) residual[int64_t(t) * ld_res + c] += o;
-  }
-}
-
 template <typename W, int NT, bool kDual>
 void launch_moe_gemv(const MoeGemmArgs& a, bool vec, unsigned max_tiles, cudaStream_t stream) {
   constexpr int R = kDual ? 2 : 4;
@@ -706,14 +668,13 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
       s.launched("moe_experts (down)");
     });
   }
-  const dim3 combine_grid(unsigned(n), unsigned(std::min<int64_t>((d + 255) / 256, 64)));
   const bool gated = shared && !shared->score.empty();
-  launch_kernel(moe_combine_kernel, combine_grid, 256, 0, s.stream, m.ys,
-                direct ? nullptr : m.sorted.row_of, int(slots), weights.ptr<float>(),
-                weights.stride[0], int(k), d, out.ptr<float>(), out.stride[0], shared != nullptr,
-                gated ? shared->score.ptr<float>() : nullptr, gated ? shared->score.stride[0] : 0,
-                residual.data ? residual.ptr<float>() : nullptr,
-                residual.data ? residual.stride[0] : 0);
+  launch_moe_combine(m.ys, direct ? nullptr : m.sorted.row_of, int(n), int(slots),
+                     weights.ptr<float>(), weights.stride[0], int(k), d, out.ptr<float>(),
+                     out.stride[0], shared != nullptr, gated ? shared->score.ptr<float>() : nullptr,
+                     gated ? shared->score.stride[0] : 0,
+                     residual.data ? residual.ptr<float>() : nullptr,
+                     residual.data ? residual.stride[0] : 0, s.stream);
   s.launched("moe_experts (combine)");
 }
 
