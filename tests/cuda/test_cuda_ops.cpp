@@ -16,7 +16,12 @@ using namespace testing;
 
 [[maybe_unused]] auto* const kPrinter = ::testing::AddGlobalTestEnvironment(new ErrorTablePrinter);
 
-class CudaBasic : public CudaTest {};
+class CudaBasic : public CudaTest {
+ protected:
+  // F16 weights [m, k] against 100 rows at scales 1, 1e6, 2^40 and 2^-40, written and
+  // accumulated into column slices.
+  void f16_rows_of_any_range(int64_t k, int64_t m);
+};
 
 TEST_F(CudaBasic, AllocatorCountsBuffersAndBytes) {
   const AllocStats before = ops().allocator().stats();
@@ -353,9 +358,17 @@ TEST_F(CudaBasic, MatmulAccumulatesAndHonoursRowStrides) {
 // F16 weights on tensor cores take each activation row as two f16 terms, unscaled for rows of
 // moderate range (random in ±1) and scaled by a power of two for rows far beyond f16's range
 // (10^6, 2^40) or deep below it (2^-40): all keep f32-class results, writing and accumulating
-// into column slices (the columns beside them untouched).
+// into column slices (the columns beside them untouched). Rows of 264 take a lane's held
+// chunks in the split; rows of 2,568 also the chunks past them (read twice).
 TEST_F(CudaBasic, MatmulF16WeightsTakeRowsOfAnyRange) {
-  const int64_t n = 100, k = 264, m = 4100;  // too large for the GEMV kernel's token groups
+  // Too large for the GEMV kernel's token groups.
+  for (const auto& [k, m] : {std::pair<int64_t, int64_t>{264, 4100}, {2568, 600}}) {
+    f16_rows_of_any_range(k, m);
+  }
+}
+
+void CudaBasic::f16_rows_of_any_range(int64_t k, int64_t m) {
+  const int64_t n = 100;
   HostTensor w(DType::F16, {m, k});
   fill_random(w, rng, 0.2f);
   auto dw = ops().adopt_weight(w.t);
@@ -394,7 +407,7 @@ TEST_F(CudaBasic, MatmulF16WeightsTakeRowsOfAnyRange) {
     record_error(
         accumulate ? "matmul f16 rows of any range, accumulating" : "matmul f16 rows of any range",
         err);
-    EXPECT_LE(err, 1e-5) << "accumulate " << accumulate;
+    EXPECT_LE(err, 1e-5) << "accumulate " << accumulate << " k=" << k;
   }
 }
 

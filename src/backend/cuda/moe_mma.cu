@@ -408,18 +408,35 @@ void launch(const MoeGemmArgs& a, unsigned max_tiles, cudaStream_t stream) {
 }
 
 // x [rows, k] → two f16 terms [2, rows, k] (mid, hi) of each row times 2^e (e from
-// f16_row_exponent of the row's largest |value|), and inv_scale [rows] = 2^-e. A warp per row.
+// f16_row_exponent of the row's largest |value|), and inv_scale [rows] = 2^-e. A warp per row;
+// a lane's first kHeldChunks chunks of 8 (rows up to 2,048 wide) are loaded at once and kept
+// for the terms, so the row is read once with every load in flight (a loop of dependent loads,
+// read twice, took 16.7 µs for 2,048 × 2,048 on the H200, 2 TB/s:
+// bench/results/h200-session30-run1-prof-t2.txt).
+constexpr int kHeldChunks = 8;
 __global__ void split_f16_rows_kernel(const float* x, int64_t ldx, int64_t rows, int64_t k,
                                       bool vec, bool unit_rows, __half* terms, float* inv_scale) {
   grid_dependency_sync();
   const int lane = threadIdx.x % 32;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32), plane = rows * k;
+  auto chunk = [&](int i) { return (int64_t(i) * 32 + lane) * 8; };  // a lane's chunk i
 
   for (int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; r < rows;
        r += warps) {
     const float* row = x + r * ldx;
+    float held[kHeldChunks][8];
+#pragma unroll
+    for (int i = 0; i < kHeldChunks; ++i) {
+      if (chunk(i) < k) load_f32x8(row + chunk(i), vec, held[i]);
+    }
     float mx = 0.0f;
-    for (int64_t c = int64_t(lane) * 8; c < k; c += 32 * 8) {
+#pragma unroll
+    for (int i = 0; i < kHeldChunks; ++i) {
+      if (chunk(i) >= k) break;
+#pragma unroll
+      for (int q = 0; q < 8; ++q) mx = fmaxf(mx, fabsf(held[i][q]));
+    }
+    for (int64_t c = chunk(kHeldChunks); c < k; c += 32 * 8) {  // wider rows: read twice
       float v[8];
       load_f32x8(row + c, vec, v);
 #pragma unroll
@@ -428,9 +445,7 @@ __global__ void split_f16_rows_kernel(const float* x, int64_t ldx, int64_t rows,
     mx = warp_max(mx);
     const int e = unit_rows && mx >= 0.25f && mx < 32768.0f ? 0 : f16_row_exponent(mx);
     const float scale = ldexpf(1.0f, e);
-    for (int64_t c = int64_t(lane) * 8; c < k; c += 32 * 8) {
-      float v[8];
-      load_f32x8(row + c, vec, v);
+    auto store = [&](int64_t c, const float(&v)[8]) {
       uint4 pk[kF16Terms];
       __half* pt = reinterpret_cast<__half*>(pk);
 #pragma unroll
@@ -444,6 +459,16 @@ __global__ void split_f16_rows_kernel(const float* x, int64_t ldx, int64_t rows,
       for (int term = 0; term < kF16Terms; ++term) {
         *reinterpret_cast<uint4*>(terms + term * plane + r * k + c) = pk[term];
       }
+    };
+#pragma unroll
+    for (int i = 0; i < kHeldChunks; ++i) {
+      if (chunk(i) >= k) break;
+      store(chunk(i), held[i]);
+    }
+    for (int64_t c = chunk(kHeldChunks); c < k; c += 32 * 8) {
+      float v[8];
+      load_f32x8(row + c, vec, v);
+      store(c, v);
     }
     if (lane == 0) inv_scale[r] = ldexpf(1.0f, -e);
   }
