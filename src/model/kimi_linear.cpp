@@ -207,6 +207,12 @@ class KimiDeltaAttention final : public TokenMixer {
   int64_t dim() const { return int64_t(heads) * head_dim; }
   int64_t rank() const { return fg_a_proj.shape[0] / 2; }
 
+  // The projections that read x or feed h (fg_b_proj's per-head products keep their type).
+  void finish_load(Ops& ops) override {
+    Tensor* ws[] = {&qkv_proj, &b_proj, &fg_a_proj, &o_proj};
+    ops.retype_weights(ws);
+  }
+
   void plan(ModelPlan& plan) override {
     state_ = plan.recurrent_state(conv_kernel - 1, 3 * dim(), heads, head_dim, head_dim);
     ScratchNeeds& s = plan.scratch();
@@ -285,6 +291,12 @@ class LatentAttention final : public TokenMixer {
   Tensor o_proj;             // [hidden, heads·dv]
 
   int64_t key_dim() const { return int64_t(rank) + rope_dim; }
+
+  // The projections that read x or feed h (the absorbed per-head products keep their type).
+  void finish_load(Ops& ops) override {
+    Tensor* ws[] = {&q_nope_proj, &kv_a_proj, &o_proj};
+    ops.retype_weights(ws);
+  }
 
   void plan(ModelPlan& plan) override {
     cache_ = plan.attention_cache(1, key_dim(), rank, /*values_in_keys=*/true);
