@@ -280,6 +280,8 @@ TEST_F(CudaMoe, ExpertsMatchReferenceOnEveryPath) {
                         {150, 8, 2, 64, 2176},
                         // clusters of 10, the last block 8 columns wide
                         {200, 16, 4, 64, 1160},
+                        // more than 2,048 pairs: the sort in three slices
+                        {700, 32, 8, 64, 32},
                         // decode batches, few rows per expert (tiles of 2 and 4 rows), with 16-byte
                         // rows whose count is not a multiple of a block's
                         {12, 64, 4, 512, 256},

@@ -44,7 +44,8 @@ struct MoeScratch {
   float *x_scale, *h_scale;  // [n], [pairs]: f16 terms' inverse scales
   MoeSortOut sorted;         // the sort's rows and tiles (moe.cuh)
   size_t bytes;
-  MoeScratch(void* base, int64_t n, int64_t k, int64_t d, int64_t d_ff) {
+  // k pairs per token over E experts (shared ones riding along included).
+  MoeScratch(void* base, int64_t n, int64_t k, int64_t E, int64_t d, int64_t d_ff) {
     const int64_t pairs = n * k;
     char* p = static_cast<char*>(base);
     auto take = [&](int64_t count, size_t elem) {
@@ -69,6 +70,8 @@ struct MoeScratch {
       *a = reinterpret_cast<int32_t*>(take(pairs, 4));
     }
     sorted.n_tiles = reinterpret_cast<int32_t*>(take(1, 4));
+    const int slices = moe_sort_slices(pairs);
+    sorted.slice_rows = reinterpret_cast<int*>(take(slices > 1 ? slices * E : 0, 4));
     bytes = size_t(p - static_cast<char*>(base));
   }
 };
@@ -425,7 +428,7 @@ void launch_moe_gemv_nt(const MoeGemmArgs& a_in, int nt, bool vec, unsigned max_
 
 size_t CudaOps::moe_experts_scratch_bytes(int n_tokens, int k, int n_experts, int d,
                                           int d_ff) const {
-  return MoeScratch(nullptr, n_tokens, k, d, d_ff).bytes;
+  return MoeScratch(nullptr, n_tokens, k, n_experts, d, d_ff).bytes;
 }
 
 namespace {
@@ -465,7 +468,7 @@ bool shared_rides_along(const Tensor& x, std::span<const ExpertWeights> experts,
          shared.w.up.shape[0] == e0.up.shape[0] && shared.w.down.shape[1] == e0.down.shape[1] &&
          shared.w.down.shape[0] == e0.down.shape[0] &&
          size_t(scratch.numel()) * dtype_size(scratch.dtype) >=
-             MoeScratch(nullptr, n, k + 1, x.row_size(), e0.gate.shape[0]).bytes;
+             MoeScratch(nullptr, n, k + 1, E + 1, x.row_size(), e0.gate.shape[0]).bytes;
 }
 
 // Whether gate/up can route one token whose shared expert rides along (shared_rides_along,
@@ -515,7 +518,7 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
   RECUR_CHECK(!residual.data || (residual.dtype == DType::F32 && residual.shape[0] == n &&
                                  residual.row_size() == d && residual.stride[1] == 1));
   const int64_t slots = k + (shared ? 1 : 0);  // pairs per token in the scratch
-  MoeScratch m(scratch.data, n, slots, d, d_ff);
+  MoeScratch m(scratch.data, n, slots, E + (shared ? 1 : 0), d, d_ff);
   RECUR_CHECK(size_t(scratch.numel()) * dtype_size(scratch.dtype) >= m.bytes);
   const void* const* table;
   if (shared) {

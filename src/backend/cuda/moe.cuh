@@ -79,16 +79,23 @@ struct MoeGemmArgs {
   float* out_scale = nullptr;
 };
 
+// The sort's slices of pairs (moe_sort.cu): one up to 2,048 pairs (one block sorts them), else
+// slices of at least 2,048 pairs (a block's count is worth its launch), at most kMoeSortBlocks.
+constexpr int kMoeSortBlocks = 128;
+inline int moe_sort_slices(int64_t pairs) {
+  return int(std::max<int64_t>(1, std::min<int64_t>(kMoeSortBlocks, (pairs + 2047) / 2048)));
+}
 // Where the sort of a prompt's (token, expert) pairs puts its results (pairs = n·slots rows).
 struct MoeSortOut {
   int32_t* token_of;                             // [pairs] token of each sorted row
   int32_t* row_of;                               // [pairs] sorted row of pair (t, j)
   int32_t *tile_expert, *tile_row0, *tile_rows;  // [pairs] each tile's expert, rows
   int32_t* n_tiles;                              // [1]
+  int* slice_rows;  // [moe_sort_slices(pairs), E] the sort's own scratch (unused for one slice)
 };
 // ids [n, k] (rows ld_ids apart, experts < E) sorted by expert into tiles of up to tm rows of
-// one expert (moe_sort.cu): one block. slots > k (k + 1): each token's pair k is expert E − 1,
-// a shared expert riding along (pair (t, j) is pair t·slots + j).
+// one expert (moe_sort.cu). slots > k (k + 1): each token's pair k is expert E − 1, a shared
+// expert riding along (pair (t, j) is pair t·slots + j).
 void launch_moe_sort(const int32_t* ids, int64_t ld_ids, int n, int k, int slots, int E, int tm,
                      const MoeSortOut& out, cudaStream_t stream);
 
