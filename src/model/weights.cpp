@@ -31,14 +31,22 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
+// Element i of a checkpoint tensor as f32. Copied byte-wise: safetensors packs tensors without
+// padding, so a mapped F32 or 16-bit tensor may start at any byte.
 float widen(const Tensor& t, int64_t i) {
+  const char* p = static_cast<const char*>(t.data);
   switch (t.dtype) {
-    case DType::F32:
-      return t.ptr<float>()[i];
+    case DType::F32: {
+      float v;
+      std::memcpy(&v, p + 4 * i, 4);
+      return v;
+    }
     case DType::BF16:
-      return bf16_to_f32(t.ptr<uint16_t>()[i]);
-    case DType::F16:
-      return f16_to_f32(t.ptr<uint16_t>()[i]);
+    case DType::F16: {
+      uint16_t v;
+      std::memcpy(&v, p + 2 * i, 2);
+      return t.dtype == DType::BF16 ? bf16_to_f32(v) : f16_to_f32(v);
+    }
     default:
       return std::nanf("");
   }

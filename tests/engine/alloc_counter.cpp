@@ -42,6 +42,23 @@ void* operator new(std::size_t n, std::align_val_t al) {
   if (void* p = std::aligned_alloc(a, (std::max<size_t>(n, 1) + a - 1) / a * a)) return p;
   throw std::bad_alloc();
 }
+// The nothrow forms too: left to the runtime, their blocks would come back to the delete
+// above from another allocator (AddressSanitizer reports the mismatch), uncounted.
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  note_alloc();
+  return std::malloc(n ? n : 1);
+}
+void* operator new(std::size_t n, std::align_val_t al, const std::nothrow_t&) noexcept {
+  note_alloc();
+  const size_t a = size_t(al);
+  return std::aligned_alloc(a, (std::max<size_t>(n, 1) + a - 1) / a * a);
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept {
+  std::free(p);
+}
 void operator delete(void* p) noexcept {
   std::free(p);
 }

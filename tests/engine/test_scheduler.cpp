@@ -36,10 +36,12 @@ struct Outcome {
 struct Harness {
   std::unique_ptr<Ops> ops;
   FakeModel* model = nullptr;  // owned by the engine
-  std::unique_ptr<Engine> engine;
   std::map<uint64_t, Outcome> out;
   int64_t steps = 0;                   // steps run so far
   std::vector<int64_t> batch_of_step;  // [steps]: index into model->batches, or -1
+  // Last, so it goes first: its shutdown cancels what is still running, and the cancellations'
+  // events land in `out`.
+  std::unique_ptr<Engine> engine;
 
   explicit Harness(EngineConfig cfg, double delay_ns_per_position = 0) {
     auto o = create_backend("cpu", 1);
