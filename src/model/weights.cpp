@@ -236,7 +236,10 @@ Result<Tensor> CheckpointWeights::load_rows(std::span<const RowPiece> pieces,
   }
   Tensor host;
   Buffer repacked;
-  const bool in_place = views.size() == 1 && views[0].is_contiguous();
+  // safetensors packs tensors without padding: one that starts off its type's alignment (after
+  // a tensor of an odd byte count) is copied, so no kernel reads a misaligned element.
+  const bool aligned = reinterpret_cast<uintptr_t>(views[0].data) % dtype_size(views[0].dtype) == 0;
+  const bool in_place = views.size() == 1 && views[0].is_contiguous() && aligned;
   if (in_place) {  // a whole tensor or a contiguous slice of one
     host = with_shape(views[0], shape);
   } else {
@@ -265,9 +268,10 @@ Result<Tensor> CheckpointWeights::load_rows(std::span<const RowPiece> pieces,
   }
   // A backend that used the host copy in place needs it for as long as the model lives.
   if (repacked.data() && adopted.data == host.data) owned_.push_back(std::move(repacked));
-  // Otherwise the mapped bytes were copied (re-laid out, quantized, or sent to a device): they
-  // stop counting as resident instead of doubling the model's memory.
-  if (adopted.data != host.data) {
+  // Otherwise, or when the pieces were copied here, the mapped bytes were copied (re-packed,
+  // re-laid out, quantized, or sent to a device): they stop counting as resident instead of
+  // doubling the model's memory.
+  if (adopted.data != host.data || !in_place) {
     for (const Tensor& v : views) {
       if (v.is_contiguous()) ckpt_.release(v);  // a column slice shares its pages with others
     }
