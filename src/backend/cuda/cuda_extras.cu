@@ -4,7 +4,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <unordered_set>
 
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/cuda_ops.h"
@@ -236,10 +235,11 @@ void CudaOps::retype_weights(std::span<Tensor* const> all) {
   Impl& s = *impl_;
   s.end_forward();
   // A tensor seen twice (views of one weight) is converted once.
-  std::unordered_set<const void*> seen;
   std::vector<const Tensor*> distinct;
   for (const Tensor* t : all) {
-    if (t->numel() > 0 && seen.insert(t->data).second) distinct.push_back(t);
+    const bool seen = std::any_of(distinct.begin(), distinct.end(),
+                                  [&](const Tensor* d) { return d->data == t->data; });
+    if (t->numel() > 0 && !seen) distinct.push_back(t);
   }
   if (s.any_beyond_f16(distinct)) return;  // a value beyond 65504: the block stays BF16
   for (const Tensor* t : distinct) {

@@ -522,7 +522,7 @@ void CudaOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumula
     return;
   }
   RECUR_CHECK(w.dtype == DType::BF16 || w.dtype == DType::F16);
-  if (w.dtype == DType::F16 && k % 8 == 0) {
+  if (takes_f16_terms(n, w)) {  // the rule matmul_group's f16-term weights follow too
     matmul_f16_terms(s, x, std::span(&w, 1), std::span<const Tensor>(&out, 1), accumulate);
     return;
   }

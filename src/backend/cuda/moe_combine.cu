@@ -66,9 +66,10 @@ __global__ void moe_combine_kernel(const float* ys, const int32_t* row_of, int s
     if (shared) {
       float y[V];
       load_cols(ys + row(k) * d + c, y);
+      // An ungated shared expert's factor 1 adds its row exactly (1 · y is y).
       const float gate = score ? sigmoid(score[int64_t(t) * ld_score]) : 1.0f;
 #pragma unroll
-      for (int q = 0; q < V; ++q) o[q] += score ? gate * y[q] : y[q];
+      for (int q = 0; q < V; ++q) o[q] += gate * y[q];
     }
     store_cols(out + int64_t(t) * ldo + c, o);
     if (residual) {
