@@ -492,13 +492,14 @@ Result<std::unique_ptr<Model>> build_hybrid_model(HybridSpec spec, WeightLoader&
                         extra.size() > 1 ? fmt::format(" (and {} more)", extra.size() - 1) : "");
     }
     const std::vector<std::string> unused = checkpoint->unused({});
-    for (const auto& [prefix, what] : spec.skipped_prefixes) {
+    for (const auto& skipped : spec.skipped_prefixes) {
+      const std::string& prefix = skipped.first;
       const int64_t count = std::count_if(unused.begin(), unused.end(), [&](const std::string& s) {
         return s.rfind(prefix, 0) == 0;
       });
       if (count > 0) {
-        info.notes.push_back(
-            fmt::format("skipped {} tensors of {} ({}*): not used for text", count, what, prefix));
+        info.notes.push_back(fmt::format("skipped {} tensors of {} ({}*): not used for text", count,
+                                         skipped.second, prefix));
       }
     }
   }

@@ -483,6 +483,7 @@ void OutputParser::process(bool final, std::vector<Segment>* out) {
         const size_t open = buf_.find(m.open);
         if (open != std::string::npos) {
           std::string_view before(buf_.data(), open);
+          if (!before.empty()) after_call_ = false;  // as when `before` comes in its own piece
           emit_text(Segment::Kind::kContent, before, out);
           buf_.erase(0, open + m.open.size());
           state_ = State::kToolCall;
@@ -509,6 +510,7 @@ void OutputParser::process(bool final, std::vector<Segment>* out) {
             return;
           }
           if (!rest.starts_with(opener)) {
+            after_call_ = false;  // the tag is text: what follows it is not between calls
             emit_text(
                 after == State::kReasoning ? Segment::Kind::kReasoning : Segment::Kind::kContent,
                 m.open, out);

@@ -19,8 +19,6 @@ namespace recur::server {
 
 namespace {
 
-constexpr const char* kJson = "application/json";
-
 enum class Route {
   kChat,
   kCompletions,

@@ -142,6 +142,21 @@ TEST(OutputParser, UnterminatedToolCallAtTheEnd) {
   EXPECT_EQ(f.content, "<tool_call>\n{\"name\": \"f\", \"argu");
 }
 
+// Whitespace is dropped between calls only: text after a call, or a tag that opens none,
+// keeps what follows it, whether it arrives with the tag or on its own (found by fuzz_output).
+TEST(OutputParser, TextAfterACallKeepsItsWhitespace) {
+  const std::string call = "<tool_call>{\"name\": \"f\"}</tool_call>";
+  for (const std::string& tail : {std::string("x<tool_call>\n"), std::string("\n<tool_call> \n")}) {
+    const std::string text = call + tail;
+    const Flat whole = parse_whole(chat_opts(false, true), text);
+    ASSERT_EQ(whole.calls.size(), 1u) << tail;
+    EXPECT_EQ(whole.content, tail.substr(tail.find_first_not_of('\n'))) << tail;
+    for (size_t cut = call.size(); cut < text.size(); ++cut) {
+      expect_same(whole, parse_pieces(chat_opts(false, true), text, {cut}));
+    }
+  }
+}
+
 TEST(OutputParser, ToolsOffLeavesTagsInContent) {
   Flat f = parse_whole(chat_opts(true, false), "<tool_call>{\"name\": \"f\"}</tool_call>");
   EXPECT_TRUE(f.calls.empty());

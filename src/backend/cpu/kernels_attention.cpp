@@ -32,7 +32,6 @@ namespace {
 
 constexpr int kMaxBlock = 256;
 constexpr int kMaxGroup = CpuOps::kMaxGroup;
-constexpr int kMaxGroupDims = CpuOps::kMaxGroupDims;
 constexpr int kChunk = 256;  // positions scored per online-softmax update
 
 // One task's fixed view of the cache: its sequence's block table and its kv head. k and v
@@ -340,8 +339,8 @@ void attend_part(const CacheView& c, const float* q, int64_t G, int64_t p0, int6
   const bool widened = c.dtype != DType::F32;
   thread_local std::vector<float> wide;
   if (widened && wide.size() < size_t((hd + dv) * kChunk)) wide.resize(size_t((hd + dv) * kChunk));
-  float* wide_k = wide.data();
-  float* wide_v = wide.data() + hd * kChunk;
+  float* wide_k = widened ? wide.data() : nullptr;  // (no offset from an empty vector's null)
+  float* wide_v = widened ? wide.data() + hd * kChunk : nullptr;
   const int64_t k_dim = widened ? kChunk : c.k_dim;
   const int64_t v_row = widened ? dv : c.v_row;
   const int64_t v_dim = widened && c.v_dim != 1 ? kChunk : c.v_dim;
@@ -524,8 +523,8 @@ void CpuOps::paged_attention(const Tensor& q, const Tensor& k_cache, const Tenso
                              const SeqLayout& layout, float scale, Tensor out) {
   const int64_t heads = q.shape[1], hd = q.shape[2], kv_heads = k_cache.shape[1];
   const int64_t dv = v_cache.shape[3], G = heads / kv_heads;
-  RECUR_CHECK(heads % kv_heads == 0 && G <= kMaxGroup && G * hd <= kMaxGroupDims &&
-              G * dv <= kMaxGroupDims);
+  RECUR_CHECK(heads % kv_heads == 0 && G <= kMaxGroup && G * hd <= CpuOps::kMaxGroupDims &&
+              G * dv <= CpuOps::kMaxGroupDims);
   RECUR_CHECK(k_cache.shape[2] == hd && v_cache.shape[1] == kv_heads && out.shape[1] == heads &&
               out.shape[2] == dv);
   RECUR_CHECK(layout.block_size <= kMaxBlock && q.stride[2] == 1 && out.stride[2] == 1);
@@ -581,7 +580,7 @@ void CpuOps::paged_attention(const Tensor& q, const Tensor& k_cache, const Tenso
         std::max<int64_t>(1, 4096 * n_tasks / std::max<int64_t>(1, positions * kv_heads));
     pool_.parallel_for_indexed(n_tasks, min_tasks, [&](int64_t b, int64_t e, int thread) {
       float* parts = attention_scratch_.get() + size_t(thread) * kAttentionMaxParts * part_floats;
-      alignas(64) float qs[kMaxGroupDims];
+      alignas(64) float qs[CpuOps::kMaxGroupDims];
       for (int64_t task = b; task < e; ++task) {
         const int64_t t = task / kv_heads, kvh = task % kv_heads;
         const int64_t n_ctx = int64_t(layout.positions[t]) + 1;
@@ -610,7 +609,7 @@ void CpuOps::paged_attention(const Tensor& q, const Tensor& k_cache, const Tenso
   RECUR_CHECK(n_items <= int64_t(pool_.size()) * kAttentionMaxParts);
   float* parts = attention_scratch_.get();
   pool_.parallel_for(n_items, 1, [&](int64_t b, int64_t e) {
-    alignas(64) float qs[kMaxGroupDims];
+    alignas(64) float qs[CpuOps::kMaxGroupDims];
     for (int64_t item = b; item < e; ++item) {
       const int64_t task = item / max_parts;
       const int i = int(item % max_parts);

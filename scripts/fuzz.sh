@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Coverage-guided fuzzing of everything that reads untrusted bytes (tests/fuzz/fuzz_targets.h),
+# with clang's libFuzzer under ASan and UBSan: scripts/fuzz.sh [SECONDS] [TARGET ...]
+# (default: 60 s for each of http request output tokenizer template checkpoint). Inputs the
+# fuzzer finds interesting go to build-fuzz/corpus/<target>; an input that fails a check or
+# crashes is written to build-fuzz/artifacts/ and the script stops with its name. Add it to
+# tests/fuzz/corpus/<target>/ as crash-<what> once fixed: test_fuzz replays it in every build.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+seconds="${1:-60}"
+shift || true
+targets=("$@")
+[ ${#targets[@]} -eq 0 ] && targets=(http request output tokenizer template checkpoint)
+
+command -v clang++ >/dev/null || {
+  sudo_cmd=()
+  [ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends clang libclang-rt-dev
+}
+scripts/install-deps.sh
+cmake --preset fuzz >/dev/null
+cmake --build build-fuzz --target "${targets[@]/#/fuzz_}"
+
+mkdir -p build-fuzz/artifacts
+for t in "${targets[@]}"; do
+  case "$t" in
+    checkpoint) max_len=65536 ;;  # safetensors headers of the tiny models are ~30 KB
+    template) max_len=8192 ;;
+    *) max_len=4096 ;;
+  esac
+  mkdir -p "build-fuzz/corpus/$t"
+  echo "== fuzz_$t: ${seconds} s"
+  # Leaks are not this run's question (the ASan test preset covers them); a slow input is.
+  ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 \
+    "build-fuzz/tests/fuzz_$t" -max_total_time="$seconds" -max_len="$max_len" -timeout=10 \
+    -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix="build-fuzz/artifacts/$t-" \
+    "build-fuzz/corpus/$t" "tests/fuzz/corpus/$t"
+done

@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Writes the seed inputs of each fuzz target into corpus/<target>/seed-*: valid and nearly
+valid inputs from which the fuzzers mutate. Inputs that found bugs sit beside them (crash-*).
+Run from anywhere: python3 tests/fuzz/make_seeds.py"""
+import json
+import pathlib
+import struct
+
+root = pathlib.Path(__file__).resolve().parents[2]
+corpus = root / "tests/fuzz/corpus"
+
+
+def write(target, name, data):
+    d = corpus / target
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"seed-{name}").write_bytes(data if isinstance(data, bytes) else data.encode())
+
+
+# http: a piece-size byte, then what a client sends.
+http = {
+    "get": b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n",
+    "post": b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
+    "chunked": b"POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+               b"4;ext=1\r\nabcd\r\n0\r\nTrailer: v\r\n\r\n",
+    "lf": b"GET /metrics?x=%41 HTTP/1.0\nConnection: keep-alive\n\n",
+}
+for i, (name, data) in enumerate(http.items()):
+    write("http", name, bytes([1 + 7 * i]) + data)
+
+# request: a selector byte (context, endpoint, small context, unknown fields), then the body.
+tools = [{"type": "function", "function": {"name": "get_weather", "description": "d",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+bodies = {
+    0: {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}],
+        "tools": tools, "tool_choice": "auto", "max_tokens": 8, "temperature": 0.7,
+        "stop": ["x"], "logprobs": True, "top_logprobs": 2, "n": 2, "stream": True,
+        "stream_options": {"include_usage": True}},
+    1: {"prompt": ["a", [1, 2, 3]], "max_tokens": 4, "echo": True, "seed": 3, "logit_bias": {"5": -100}},
+    2: {"model": "tiny", "max_tokens": 16, "system": "s",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+        "tools": [{"name": "t", "input_schema": {"type": "object"}}],
+        "thinking": {"type": "enabled", "budget_tokens": 1024}},
+    3: {"input": [{"role": "user", "content": "hi"}], "instructions": "be brief",
+        "tools": [{"type": "function", "name": "t", "parameters": {}}], "max_output_tokens": 9},
+    4: {"messages": [{"role": "user", "content": "count"}], "system": [{"type": "text", "text": "s"}]},
+}
+for context in range(3):
+    for endpoint, body in bodies.items():
+        write("request", f"{context}-{endpoint}", bytes([endpoint * 3 + context]) + json.dumps(body).encode())
+
+# output: flags (format, reasoning, tools, schema), a piece-size byte, then model text.
+texts = {
+    "json": (0x10, "<think>\nplan\n</think>\n\nok <tool_call>\n{\"name\": \"f\", \"arguments\": {\"s\": 1}}\n</tool_call>"),
+    "xml": (0x51, "<tool_call>\n<function=f>\n<parameter=i>\n3\n</parameter>\n<parameter=o>\n{\"a\": [1]}\n</parameter>\n</function>\n</tool_call>"),
+    "kimi": (0x12, "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{\"s\": \"x\"}<|tool_call_end|><|tool_calls_section_end|>"),
+    "reasoning": (0x0c, "still thinking</think>answer é"),
+}
+for name, (flags, text) in texts.items():
+    write("output", name, bytes([flags, 3]) + text.encode())
+
+# tokenizer: flags (Qwen or Kimi, ids or text), then text or id bytes.
+for name, (flags, data) in {
+    "qwen-text": (0, "Hello, world! <|im_start|>user\n  ünïcödé 你好 123 \t\n<think>".encode()),
+    "kimi-text": (1, "Hello 世界 <|im_end|>".encode()),
+    "invalid": (0, b"ok \xff\xc0\x80 \xed\xa0\x80"),
+    "qwen-ids": (2, bytes(range(60))),
+    "kimi-ids": (3, bytes(range(0, 240, 4))),
+}.items():
+    write("tokenizer", name, bytes([flags]) + data)
+
+# template: the templates the shipped models use.
+cfg = json.loads((root / "models/qwen3next-tiny-realvocab/tokenizer_config.json").read_text())
+write("template", "qwen3", cfg["chat_template"])
+write("template", "qwen3_5", (root / "tests/data/qwen3_5-chat-tiny/chat_template.jinja").read_text())
+write("template", "kimi", (root / "tests/data/kimi-tokenizer-tiny/chat_template.jinja").read_text())
+write("template", "small", "{% for m in messages %}{{ m.role ~ ': ' ~ m.content | trim }}\n{% endfor %}"
+                           "{% macro f(x) %}{{ x | tojson }}{% endmacro %}{{ f(tools) }}\x00"
+                           + json.dumps({"messages": [{"role": "user", "content": " a "}], "tools": []}))
+
+# checkpoint: mode in the selector's low 3 bits, the model in the rest.
+models = ["qwen3next-tiny", "qwen3next-fp8-tiny", "qwen3_5-tiny", "qwen3_5-moe-tiny", "kimi-linear-tiny"]
+for i, m in enumerate(models):
+    d = root / "models" / m
+    write("checkpoint", f"config-{m}", bytes([1 | i << 3]) + (d / "config.json").read_bytes())
+    write("checkpoint", f"config-edits-{m}", bytes([4 | i << 3]) + bytes([0, 3, 64, 1, 9, 0]))
+    if (d / "model.safetensors").exists():
+        write("checkpoint", f"header-edits-{m}", bytes([6 | i << 3]) + bytes([0, 3, 0, 5, 0, 1]))
+    if i in (0, 4):  # two whole headers suffice to start from; they are tens of kilobytes
+        raw = (d / "model.safetensors").read_bytes()
+        n = struct.unpack("<Q", raw[:8])[0]
+        write("checkpoint", f"header-{m}", bytes([2 | i << 3]) + raw[8:8 + n])
+    if i == 0:
+        write("checkpoint", "safetensors", bytes([0]) + raw[:8 + n] + bytes(64))
+kimi = root / "tests/data/kimi-tokenizer-tiny"
+write("checkpoint", "tiktoken", bytes([3]) + (kimi / "tiktoken.model").read_bytes() + b"\x00"
+      + (kimi / "tokenizer_config.json").read_bytes() + b"\x00" + "Hello 世界".encode())
