@@ -374,8 +374,8 @@ TEST(Scheduler, CancellationMidPrefillFreesSlotBlocksAndReservation) {
 // thread has taken a request in but not yet published its gauges (its first step still runs).
 TEST(Scheduler, WaitIdleWaitsForARequestTakenInMidStep) {
   EngineConfig cfg = small_config(2, 256);
+  std::atomic<bool> finished{false};  // before h: the sink may still run at its shutdown
   Harness h(cfg, 20000.0);  // 20 µs per attended position: the 100-token prompt's step ~100 ms
-  std::atomic<bool> finished{false};
   Request r;
   r.prompt = prompt_of(100, 3);
   r.max_tokens = 1;
@@ -425,9 +425,9 @@ TEST(Scheduler, PromptWaitingForCacheBlocksDoesNotBlockShortOnes) {
 // tables growing, finishes. Admission makes one allocation per request (its block table,
 // reserved for its whole life).
 TEST(Scheduler, StepsAllocateNothingButOneBlockTablePerAdmission) {
+  int64_t events = 0;  // before h: the engine's shutdown still delivers events
   Harness h(small_config(8, 64));
   h.model->record = false;
-  int64_t events = 0;
   auto submit = [&](int len, int max_tokens, int priority) {
     Request r;
     r.prompt = prompt_of(len, uint32_t(len));

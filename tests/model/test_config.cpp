@@ -170,7 +170,7 @@ TEST(Config, CutLayersTrimsTheLayerLists) {
     const json& text = nested ? cut["text_config"] : cut;
     EXPECT_EQ(text["num_hidden_layers"], 2) << nested;
     EXPECT_EQ(text["layer_types"].size(), 2u) << nested;
-    EXPECT_EQ(text["mlp_only_layers"], json({0})) << nested;
+    EXPECT_EQ(text["mlp_only_layers"], json::array({0})) << nested;
     if (!nested) {
       auto c = QwenHybridConfig::from_json(cut, json::object());
       ASSERT_TRUE(c.ok()) << c.error().to_string();
