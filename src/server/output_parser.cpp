@@ -258,7 +258,16 @@ bool OutputParser::handle_json(std::string_view block, std::vector<Segment>* out
   if (!args) {
     arguments = "{}";
   } else if (args->is_string()) {
-    arguments = args->get<std::string>();
+    // Arguments written as a JSON text inside a string: clients parse what they get, so a
+    // string that holds no JSON makes the call malformed (an empty one means no arguments).
+    const std::string_view text = trim(args->get_ref<const std::string&>());
+    if (text.empty()) {
+      arguments = "{}";
+    } else if (parse_json(text)) {
+      arguments = args->get<std::string>();
+    } else {
+      return false;
+    }
   } else {
     arguments = dump(*args);
   }

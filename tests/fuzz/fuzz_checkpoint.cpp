@@ -1,7 +1,8 @@
 // What a model directory holds, corrupted: safetensors headers alone; a config.json or a
-// checkpoint header that no longer matches the other, loaded and run for one forward on the
-// CPU; tiktoken vocabularies with their tokenizer_config.json. A load either fails with an
-// error that says so, or gives a model whose forward runs.
+// checkpoint header that no longer matches the other (as bytes, or as edits of the valid files:
+// fields set to edge values, tensors with other shapes, types, ranges or names), loaded and run
+// for one forward on the CPU; tiktoken vocabularies with their tokenizer_config.json. A load
+// either fails with an error that says so, or gives a model whose forward runs.
 #include <unistd.h>
 
 #include <algorithm>

@@ -9,6 +9,7 @@
 #include "fuzz_targets.h"
 #include "server/json_fields.h"
 #include "server/output_parser.h"
+#include "server/output_test_util.h"
 #include "tokenizer/utf8_util.h"
 
 namespace recur::fuzz {
@@ -24,23 +25,14 @@ const char* kTools = R"([{"type": "function", "function": {"name": "f", "paramet
   "a": {"type": "array"}, "u": {"type": ["integer", "null"]},
   "e": {"enum": ["x", "y"]}, "any": {"anyOf": [{"type": "number"}, {"type": "string"}]}}}}}])";
 
-struct Flat {
-  std::string content, reasoning;
-  std::vector<server::ToolCall> calls;
-};
+using Flat = server::FlatOutput;
 
 Flat parse(const server::OutputOptions& o, std::string_view text, size_t piece) {
   server::OutputParser p(o);
   std::vector<Segment> out;
   for (size_t at = 0; at < text.size(); at += piece) p.push(text.substr(at, piece), &out);
   p.finish(&out);
-  Flat f;
-  for (const Segment& s : out) {
-    if (s.kind == Segment::Kind::kContent) f.content += s.text;
-    if (s.kind == Segment::Kind::kReasoning) f.reasoning += s.text;
-    if (s.kind == Segment::Kind::kToolCall) f.calls.push_back(s.call);
-  }
-  return f;
+  return server::flatten(out);
 }
 
 // Prints both sides of a mismatch before the check aborts.

@@ -6,24 +6,12 @@
 #include <random>
 
 #include "server/output_parser.h"
+#include "server/output_test_util.h"
 
 namespace recur::server {
 namespace {
 
-struct Flat {
-  std::string content, reasoning;
-  std::vector<ToolCall> calls;
-};
-
-Flat flatten(const std::vector<Segment>& segs) {
-  Flat f;
-  for (const auto& s : segs) {
-    if (s.kind == Segment::Kind::kContent) f.content += s.text;
-    if (s.kind == Segment::Kind::kReasoning) f.reasoning += s.text;
-    if (s.kind == Segment::Kind::kToolCall) f.calls.push_back(s.call);
-  }
-  return f;
-}
+using Flat = FlatOutput;
 
 Flat parse_whole(const OutputOptions& o, std::string_view text) {
   OutputParser p(o);
@@ -122,6 +110,17 @@ TEST(OutputParser, ArgumentsGivenAsAStringStayThatString) {
                   "<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}</tool_call>");
   ASSERT_EQ(f.calls.size(), 1u);
   EXPECT_EQ(f.calls[0].arguments, "{\"a\": 1}");
+  // Clients parse the arguments: a string that holds no JSON is no call (found by fuzz_output),
+  // an empty one is a call without arguments.
+  const std::string no_json =
+      "<tool_call>{\"name\": \"f\", \"arguments\": \"city=Oslo\"}</tool_call>";
+  f = parse_whole(chat_opts(false, true), no_json);
+  EXPECT_TRUE(f.calls.empty());
+  EXPECT_EQ(f.content, no_json);
+  f = parse_whole(chat_opts(false, true),
+                  "<tool_call>{\"name\": \"f\", \"arguments\": \" \"}</tool_call>");
+  ASSERT_EQ(f.calls.size(), 1u);
+  EXPECT_EQ(f.calls[0].arguments, "{}");
 }
 
 TEST(OutputParser, InvalidToolCallIsContent) {

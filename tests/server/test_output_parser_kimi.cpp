@@ -6,6 +6,7 @@
 #include <random>
 
 #include "server/output_parser.h"
+#include "server/output_test_util.h"
 
 namespace recur::server {
 namespace {
@@ -32,9 +33,8 @@ OutputOptions kimi(bool reasoning = false) {
   return o;
 }
 
-struct Flat {
-  std::string content, reasoning;
-  std::vector<ToolCall> calls;
+// Kimi's call ids are the model's: they take part in the comparison.
+struct Flat : FlatOutput {
   bool operator==(const Flat& o) const {
     if (content != o.content || reasoning != o.reasoning || calls.size() != o.calls.size()) {
       return false;
@@ -60,13 +60,7 @@ Flat parse(const OutputOptions& o, std::string_view text, const std::vector<size
   }
   p.push(text.substr(at), &out);
   p.finish(&out);
-  Flat f;
-  for (const Segment& s : out) {
-    if (s.kind == Segment::Kind::kContent) f.content += s.text;
-    if (s.kind == Segment::Kind::kReasoning) f.reasoning += s.text;
-    if (s.kind == Segment::Kind::kToolCall) f.calls.push_back(s.call);
-  }
-  return f;
+  return Flat{flatten(out)};
 }
 
 // Whole, every single cut, and random multi-cut splits give the same result.
