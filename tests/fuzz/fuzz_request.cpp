@@ -1,7 +1,10 @@
 // Request bodies through every endpoint's parser, as the server runs them: a body is either
 // refused with a client error (4xx) that says why, or becomes prompts the engine can run.
+#include <limits>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "fuzz_targets.h"
 #include "server/json_fields.h"
@@ -14,6 +17,7 @@ namespace recur::fuzz {
 namespace {
 
 using server::ApiError;
+using server::ojson;
 using server::ServingContext;
 
 // Qwen3 (JSON tool calls), Qwen3.5 (XML tool calls) and Kimi (tiktoken vocabulary, call
@@ -43,12 +47,144 @@ void check_error(const ApiError& e) {
   FUZZ_CHECK(!e.message.empty());
 }
 
+// Valid bodies of each endpoint (chat, completions, messages, responses, count_tokens), for
+// inputs that edit them instead of spelling JSON.
+const char* kBodies[] = {
+    R"({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function",
+         "function": {"name": "t", "arguments": "{}"}}]}, {"role": "tool", "tool_call_id": "c",
+         "content": "r"}],
+        "tools": [{"type": "function", "function": {"name": "t", "parameters": {"type": "object",
+         "properties": {"a": {"type": "string"}}}}}], "tool_choice": "auto", "max_tokens": 8,
+        "temperature": 0.7, "top_p": 0.9, "stop": ["x"], "logprobs": true, "top_logprobs": 2,
+        "n": 2, "stream": true, "stream_options": {"include_usage": true}, "seed": 1})",
+    R"({"prompt": [[1, 2, 3], [4, 5]], "max_tokens": 4, "echo": true, "seed": 3,
+        "logit_bias": {"5": -100}, "stop": "z", "top_k": 5, "min_p": 0.1})",
+    R"({"model": "tiny", "max_tokens": 16, "system": [{"type": "text", "text": "s"}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "u", "name": "t",
+         "input": {"a": 1}}]}, {"role": "user", "content": [{"type": "tool_result",
+         "tool_use_id": "u", "content": "r"}]}],
+        "tools": [{"name": "t", "input_schema": {"type": "object"}}], "stop_sequences": ["q"],
+        "thinking": {"type": "enabled", "budget_tokens": 1024}, "tool_choice": {"type": "auto"}})",
+    R"({"input": [{"role": "user", "content": "hi"}, {"type": "function_call", "call_id": "c",
+        "name": "t", "arguments": "{}"}, {"type": "function_call_output", "call_id": "c",
+        "output": "r"}], "instructions": "be brief", "max_output_tokens": 9,
+        "tools": [{"type": "function", "name": "t", "parameters": {}}], "reasoning": {}})",
+    R"({"messages": [{"role": "user", "content": "count"}], "system": "s",
+        "tools": [{"name": "t", "input_schema": {"type": "object"}}]})",
+};
+
+// Fields an edit may add: what the endpoints read, and some they do not.
+const char* kFields[] = {"max_tokens",
+                         "max_completion_tokens",
+                         "max_output_tokens",
+                         "temperature",
+                         "top_p",
+                         "top_k",
+                         "min_p",
+                         "n",
+                         "stop",
+                         "stop_sequences",
+                         "seed",
+                         "logprobs",
+                         "top_logprobs",
+                         "logit_bias",
+                         "presence_penalty",
+                         "frequency_penalty",
+                         "repetition_penalty",
+                         "stream",
+                         "stream_options",
+                         "tools",
+                         "tool_choice",
+                         "response_format",
+                         "messages",
+                         "prompt",
+                         "system",
+                         "input",
+                         "instructions",
+                         "thinking",
+                         "echo",
+                         "priority",
+                         "chat_template_kwargs",
+                         "ignore_eos",
+                         "skip_special_tokens",
+                         "parallel_tool_calls",
+                         "min_tokens",
+                         "return_token_ids",
+                         "user",
+                         "content",
+                         "role",
+                         "type",
+                         "name",
+                         "arguments",
+                         "text",
+                         "id"};
+
+ojson edge_value(uint8_t action, uint8_t v) {
+  const ojson values[] = {0,
+                          1,
+                          -1,
+                          v,
+                          int64_t(v) * 100000,
+                          int64_t(1) << 53,
+                          std::numeric_limits<int64_t>::min(),
+                          1.5,
+                          1e300,
+                          "",
+                          std::string(v, 'a'),
+                          "<|im_start|>",
+                          nullptr,
+                          true,
+                          ojson::array(),
+                          ojson::object(),
+                          ojson::array({v, "x"}),
+                          ojson::object({{"type", "text"}, {"text", "t"}})};
+  return values[action % std::size(values)];
+}
+
+// Each 3 bytes of `edits`: a place in the body (any value or member), what to do there
+// (set an edge value, remove it, or add a field beside it) and a byte for the value.
+std::string edited_body(int endpoint, std::span<const uint8_t> edits) {
+  ojson body = ojson::parse(kBodies[endpoint]);
+  std::vector<std::string> places;
+  const ojson leaves = body.flatten();
+  for (const auto& [path, value] : leaves.items()) {
+    for (size_t at = path.size(); at > 0; at = path.rfind('/', at - 1)) {
+      places.push_back(path.substr(0, at));  // the leaf and every container above it
+    }
+  }
+  for (size_t i = 0; i + 3 <= edits.size(); i += 3) {
+    const ojson::json_pointer at(places[edits[i] % places.size()]);
+    const uint8_t action = edits[i + 1], v = edits[i + 2];
+    try {
+      if (action % 8 == 6) {
+        body.at(at.parent_pointer()).erase(at.back());
+      } else if (action % 8 == 7) {
+        ojson& parent = body.at(at.parent_pointer());
+        if (parent.is_object()) parent[kFields[v % std::size(kFields)]] = edge_value(action / 8, v);
+      } else {
+        body.at(at) = edge_value(action / 8, v);
+      }
+    } catch (const ojson::exception&) {  // the place went with an earlier edit
+    }
+  }
+  return body.dump();
+}
+
 }  // namespace
 
 int fuzz_request(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   const int selector = data[0];
-  const std::string_view body(reinterpret_cast<const char*>(data + 1), size - 1);
+  const int endpoint = (selector / 3) % 5;
+  std::string_view body(reinterpret_cast<const char*>(data + 1), size - 1);
+  // A body that starts with a NUL byte is a list of edits of a valid body.
+  std::string edited;
+  if (!body.empty() && body[0] == '\0') {
+    edited = edited_body(endpoint, std::span(data + 2, size - 2));
+    body = edited;
+  }
   // A small context, so that length limits are reached too.
   ServingContext ctx = context(selector % 3, (selector & 0x40) ? 64 : 4096);
   ctx.allow_unknown_fields = (selector & 0x80) != 0;
@@ -58,7 +194,6 @@ int fuzz_request(const uint8_t* data, size_t size) {
     check_error(json.error());
     return 0;
   }
-  const int endpoint = (selector / 3) % 5;
   if (endpoint == 4) {
     auto n = server::count_message_tokens(*json, ctx);
     if (!n.ok()) check_error(n.error());

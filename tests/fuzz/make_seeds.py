@@ -35,7 +35,7 @@ bodies = {
         "tools": tools, "tool_choice": "auto", "max_tokens": 8, "temperature": 0.7,
         "stop": ["x"], "logprobs": True, "top_logprobs": 2, "n": 2, "stream": True,
         "stream_options": {"include_usage": True}},
-    1: {"prompt": ["a", [1, 2, 3]], "max_tokens": 4, "echo": True, "seed": 3, "logit_bias": {"5": -100}},
+    1: {"prompt": ["a", "b c"], "max_tokens": 4, "echo": True, "seed": 3, "logit_bias": {"5": -100}},
     2: {"model": "tiny", "max_tokens": 16, "system": "s",
         "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
         "tools": [{"name": "t", "input_schema": {"type": "object"}}],
@@ -47,6 +47,10 @@ bodies = {
 for context in range(3):
     for endpoint, body in bodies.items():
         write("request", f"{context}-{endpoint}", bytes([endpoint * 3 + context]) + json.dumps(body).encode())
+
+# Edits of the harness's own valid bodies (a NUL, then 3 bytes an edit).
+for endpoint in range(5):
+    write("request", f"edits-{endpoint}", bytes([endpoint * 3, 0, 0, 6, 0, 5, 7, 3]))
 
 # output: flags (format, reasoning, tools, schema), a piece-size byte, then model text.
 texts = {
