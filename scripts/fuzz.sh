@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Coverage-guided fuzzing of everything that reads untrusted bytes (tests/fuzz/fuzz_targets.h),
 # with clang's libFuzzer under ASan and UBSan: scripts/fuzz.sh [SECONDS] [TARGET ...]
-# (default: 60 s for each of http request output tokenizer template checkpoint). Inputs the
-# fuzzer finds interesting go to build-fuzz/corpus/<target>; an input that fails a check or
-# crashes is written to build-fuzz/artifacts/ and the script stops with its name. Add it to
+# (default: 60 s for each target). Inputs the fuzzer finds interesting go to
+# build-fuzz/corpus/<target>; an input that fails a check or crashes is written to
+# build-fuzz/artifacts/ and the script stops with its name. Add it to
 # tests/fuzz/corpus/<target>/ as crash-<what> once fixed: test_fuzz replays it in every build.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -11,7 +11,9 @@ cd "$root"
 seconds="${1:-60}"
 shift || true
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(http request output tokenizer template checkpoint)
+if [ ${#targets[@]} -eq 0 ]; then  # every tests/fuzz/fuzz_NAME.cpp
+  for f in tests/fuzz/fuzz_*.cpp; do targets+=("$(basename "$f" .cpp | sed 's/^fuzz_//')"); done
+fi
 
 command -v clang++ >/dev/null || {
   sudo_cmd=()

@@ -201,6 +201,7 @@ OutputParser::OutputParser(const OutputOptions& options, std::string id_prefix)
 
 void OutputParser::emit_text(Segment::Kind kind, std::string_view text, std::vector<Segment>* out) {
   if (text.empty()) return;
+  after_call_ = false;  // text came after the last call: what follows is not between calls
   if (!out->empty() && out->back().kind == kind) {
     out->back().text.append(text);
     return;
@@ -492,7 +493,6 @@ void OutputParser::process(bool final, std::vector<Segment>* out) {
         const size_t open = buf_.find(m.open);
         if (open != std::string::npos) {
           std::string_view before(buf_.data(), open);
-          if (!before.empty()) after_call_ = false;  // as when `before` comes in its own piece
           emit_text(Segment::Kind::kContent, before, out);
           buf_.erase(0, open + m.open.size());
           state_ = State::kToolCall;
@@ -501,7 +501,6 @@ void OutputParser::process(bool final, std::vector<Segment>* out) {
         }
         const size_t hold = final ? 0 : partial_suffix(buf_, m.open);
         std::string_view text = std::string_view(buf_).substr(0, buf_.size() - hold);
-        if (!text.empty()) after_call_ = false;
         emit_text(Segment::Kind::kContent, text, out);
         buf_.erase(0, buf_.size() - hold);
         return;
@@ -519,7 +518,6 @@ void OutputParser::process(bool final, std::vector<Segment>* out) {
             return;
           }
           if (!rest.starts_with(opener)) {
-            after_call_ = false;  // the tag is text: what follows it is not between calls
             emit_text(
                 after == State::kReasoning ? Segment::Kind::kReasoning : Segment::Kind::kContent,
                 m.open, out);

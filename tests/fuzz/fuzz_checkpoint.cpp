@@ -18,6 +18,7 @@
 #include "backend/backend.h"
 #include "fuzz_targets.h"
 #include "io/safetensors.h"
+#include "json_edits.h"
 #include "model/registry.h"
 #include "tokenizer/tokenizer.h"
 
@@ -142,41 +143,18 @@ void fuzz_header(std::span<const uint8_t> header, int which) {
 
 // Edits of valid files, for inputs that reach past the JSON parser: each 3 bytes of input
 // pick a place (a config field, a tensor), what to do there and a value.
-using ojson = nlohmann::ordered_json;
-
-ojson edit_value(uint8_t action, uint8_t v) {
-  const ojson values[] = {0,
-                          1,
-                          -1,
-                          v,
-                          int64_t(v) * 1000,
-                          int64_t(1) << 31,
-                          int64_t(1) << 40,
-                          0.5 * v,
-                          "x",
-                          nullptr,
-                          ojson::array({v, v}),
-                          ojson::object()};
-  return values[action % std::size(values)];
-}
-
 void fuzz_config_edits(std::span<const uint8_t> edits, int which) {
-  std::ifstream f(model_dir(which) / "config.json");
-  ojson config = ojson::parse(f);
-  std::vector<std::string> paths;
-  const ojson leaves = config.flatten();
-  for (const auto& [path, value] : leaves.items()) paths.push_back(path);
-  for (size_t i = 0; i + 3 <= edits.size(); i += 3) {
-    const ojson::json_pointer at(paths[edits[i] % paths.size()]);
-    try {
-      if (edits[i + 1] % 13 == 12) {
-        config.at(at.parent_pointer()).erase(at.back());
-      } else {
-        config[at] = edit_value(edits[i + 1], edits[i + 2]);
-      }
-    } catch (const ojson::exception&) {  // the place went with an earlier edit
-    }
+  static std::map<int, ojson> configs;  // read once
+  if (!configs.count(which)) {
+    std::ifstream f(model_dir(which) / "config.json");
+    configs[which] = ojson::parse(f);
   }
+  // Fields a config may have: added where they were not.
+  static const char* kFields[] = {"num_hidden_layers",      "head_dim",    "num_key_value_heads",
+                                  "linear_num_value_heads", "num_experts", "kv_lora_rank",
+                                  "quantization_config",    "text_config", "rope_scaling"};
+  ojson config = configs[which];
+  apply_edits(config, edits, kFields);
   const std::string text = config.dump();
   fuzz_config(std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size()), which);
 }

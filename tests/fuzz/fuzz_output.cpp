@@ -10,7 +10,6 @@
 #include "server/json_fields.h"
 #include "server/output_parser.h"
 #include "server/output_test_util.h"
-#include "tokenizer/utf8_util.h"
 
 namespace recur::fuzz {
 
@@ -41,10 +40,6 @@ bool same(const std::string& whole, const std::string& split, const char* what) 
   std::fprintf(stderr, "%s, whole text: [%s]\n%s, in pieces: [%s]\n", what, whole.c_str(), what,
                split.c_str());
   return false;
-}
-
-bool valid_utf8(std::string_view s) {
-  return !find_invalid_utf8(s).has_value();
 }
 
 }  // namespace

@@ -1,12 +1,12 @@
 // Request bodies through every endpoint's parser, as the server runs them: a body is either
 // refused with a client error (4xx) that says why, or becomes prompts the engine can run.
-#include <limits>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "fuzz_targets.h"
+#include "json_edits.h"
 #include "server/json_fields.h"
 #include "server/output_parser.h"
 #include "server/request.h"
@@ -17,12 +17,11 @@ namespace recur::fuzz {
 namespace {
 
 using server::ApiError;
-using server::ojson;
 using server::ServingContext;
 
 // Qwen3 (JSON tool calls), Qwen3.5 (XML tool calls) and Kimi (tiktoken vocabulary, call
 // sections): the three chat formats the server speaks.
-const ServingContext& context(int which, int max_context) {
+const ServingContext& context(int which) {
   static const auto make = [](const std::string& dir, std::vector<int32_t> eos) {
     const server::ChatFixture& f = server::chat_fixture(dir);
     ServingContext c = server::tiny_context(f);
@@ -31,14 +30,12 @@ const ServingContext& context(int which, int max_context) {
     c.tool_format = server::detect_tool_call_format(f.tmpl.source());
     return c;
   };
-  static ServingContext contexts[3] = {
+  static const ServingContext contexts[3] = {
       make(server::kRealVocabModel, {151645, 151643}),
       make(std::string(RECUR_SOURCE_DIR) + "/tests/data/qwen3_5-chat-tiny", {151645, 151643}),
       make(std::string(RECUR_SOURCE_DIR) + "/tests/data/kimi-tokenizer-tiny", {1026}),
   };
-  ServingContext& c = contexts[which];
-  c.max_context = max_context;
-  return c;
+  return contexts[which];
 }
 
 void check_error(const ApiError& e) {
@@ -121,54 +118,9 @@ const char* kFields[] = {"max_tokens",
                          "text",
                          "id"};
 
-ojson edge_value(uint8_t action, uint8_t v) {
-  const ojson values[] = {0,
-                          1,
-                          -1,
-                          v,
-                          int64_t(v) * 100000,
-                          int64_t(1) << 53,
-                          std::numeric_limits<int64_t>::min(),
-                          1.5,
-                          1e300,
-                          "",
-                          std::string(v, 'a'),
-                          "<|im_start|>",
-                          nullptr,
-                          true,
-                          ojson::array(),
-                          ojson::object(),
-                          ojson::array({v, "x"}),
-                          ojson::object({{"type", "text"}, {"text", "t"}})};
-  return values[action % std::size(values)];
-}
-
-// Each 3 bytes of `edits`: a place in the body (any value or member), what to do there
-// (set an edge value, remove it, or add a field beside it) and a byte for the value.
 std::string edited_body(int endpoint, std::span<const uint8_t> edits) {
   ojson body = ojson::parse(kBodies[endpoint]);
-  std::vector<std::string> places;
-  const ojson leaves = body.flatten();
-  for (const auto& [path, value] : leaves.items()) {
-    for (size_t at = path.size(); at > 0; at = path.rfind('/', at - 1)) {
-      places.push_back(path.substr(0, at));  // the leaf and every container above it
-    }
-  }
-  for (size_t i = 0; i + 3 <= edits.size(); i += 3) {
-    const ojson::json_pointer at(places[edits[i] % places.size()]);
-    const uint8_t action = edits[i + 1], v = edits[i + 2];
-    try {
-      if (action % 8 == 6) {
-        body.at(at.parent_pointer()).erase(at.back());
-      } else if (action % 8 == 7) {
-        ojson& parent = body.at(at.parent_pointer());
-        if (parent.is_object()) parent[kFields[v % std::size(kFields)]] = edge_value(action / 8, v);
-      } else {
-        body.at(at) = edge_value(action / 8, v);
-      }
-    } catch (const ojson::exception&) {  // the place went with an earlier edit
-    }
-  }
+  apply_edits(body, edits, kFields);
   return body.dump();
 }
 
@@ -186,7 +138,8 @@ int fuzz_request(const uint8_t* data, size_t size) {
     body = edited;
   }
   // A small context, so that length limits are reached too.
-  ServingContext ctx = context(selector % 3, (selector & 0x40) ? 64 : 4096);
+  ServingContext ctx = context(selector % 3);
+  ctx.max_context = (selector & 0x40) ? 64 : 4096;
   ctx.allow_unknown_fields = (selector & 0x80) != 0;
 
   auto json = server::parse_body(body);

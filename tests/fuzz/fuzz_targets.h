@@ -10,6 +10,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <span>
+#include <string_view>
+
+#include "tokenizer/utf8_util.h"
 
 namespace recur::fuzz {
 
@@ -45,6 +48,10 @@ inline constexpr Target kTargets[] = {
     {"http", fuzz_http},           {"request", fuzz_request},   {"output", fuzz_output},
     {"tokenizer", fuzz_tokenizer}, {"template", fuzz_template}, {"checkpoint", fuzz_checkpoint},
 };
+
+inline bool valid_utf8(std::string_view s) {
+  return !find_invalid_utf8(s).has_value();
+}
 
 // Splits fuzz input into pieces at a separator byte, so one input can carry several fields.
 inline std::span<const uint8_t> take_piece(std::span<const uint8_t>* rest, uint8_t separator) {

@@ -1,17 +1,14 @@
 // Text and ids through Qwen's byte-level BPE and Kimi's tiktoken vocabulary: encoding refuses
 // invalid UTF-8 and otherwise round-trips normalized text; any ids decode, streamed or whole,
 // to the same valid UTF-8.
-#include <utf8proc.h>
-
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "fuzz_targets.h"
+#include "tokenizer/normalizer.h"
 #include "tokenizer/tokenizer.h"
-#include "tokenizer/utf8_util.h"
 
 namespace recur::fuzz {
 
@@ -30,18 +27,12 @@ const Tokenizer& tokenizer(int which) {
   return which == 0 ? qwen : kimi;
 }
 
-bool valid_utf8(std::string_view s) {
-  return !find_invalid_utf8(s).has_value();
-}
-
-// Whether NFC leaves the text as it is (Qwen's normalizer is NFC).
+// Whether NFC (Qwen's normalizer) leaves the valid UTF-8 text as it is.
 bool is_nfc(std::string_view s) {
-  std::string z(s);
-  if (z.find('\0') != std::string::npos) return false;  // utf8proc_NFC reads a C string
-  uint8_t* nfc = utf8proc_NFC(reinterpret_cast<const uint8_t*>(z.c_str()));
-  const bool same = nfc && std::strcmp(reinterpret_cast<const char*>(nfc), z.c_str()) == 0;
-  std::free(nfc);
-  return same;
+  static const Normalizer nfc = Normalizer::from_json(nlohmann::json{{"type", "NFC"}}).value();
+  std::string storage;
+  auto normalized = nfc.normalize(s, storage);
+  return normalized.ok() && *normalized == s;
 }
 
 void check_streamed(const Tokenizer& tok, const std::vector<int32_t>& ids, bool skip_special) {
