@@ -38,6 +38,9 @@ int fuzz_tokenizer(const uint8_t* data, size_t size);
 int fuzz_template(const uint8_t* data, size_t size);
 // Checkpoint headers (safetensors), config.json and tiktoken vocabularies.
 int fuzz_checkpoint(const uint8_t* data, size_t size);
+// Submissions, cancellations and steps of the engine on tiny models, with and without the
+// prefix cache: every request ends once, with its tokens alone, and frees what it held.
+int fuzz_engine(const uint8_t* data, size_t size);
 
 struct Target {
   const char* name;
@@ -47,6 +50,7 @@ struct Target {
 inline constexpr Target kTargets[] = {
     {"http", fuzz_http},           {"request", fuzz_request},   {"output", fuzz_output},
     {"tokenizer", fuzz_tokenizer}, {"template", fuzz_template}, {"checkpoint", fuzz_checkpoint},
+    {"engine", fuzz_engine},
 };
 
 inline bool valid_utf8(std::string_view s) {

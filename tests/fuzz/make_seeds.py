@@ -98,3 +98,24 @@ for i, m in enumerate(models):
 kimi = root / "tests/data/kimi-tokenizer-tiny"
 write("checkpoint", "tiktoken", bytes([3]) + (kimi / "tiktoken.model").read_bytes() + b"\x00"
       + (kimi / "tokenizer_config.json").read_bytes() + b"\x00" + "Hello 世界".encode())
+
+# engine: two set-up bytes (model, batch, step budget, block size, cache size; prefix cache,
+# snapshot interval, aging), then operations: 0/1 submit (family, prefix length, suffix
+# length, suffix seed, max tokens, priority), 2 cancel (which), 3 steps (how many).
+def submit(family, prefix, suffix, seed, max_tokens, priority=0):
+    return bytes([0, family, prefix, suffix, seed, max_tokens - 1, priority])
+
+
+engine = {
+    # Qwen3-Next, 4 sequences, 48-token steps, blocks of 16, prefix cache with 3 snapshots
+    # every 16 tokens: three requests on one family's prefix, then a later one that hits it.
+    "prefix-hits": bytes([0b10010110, 0b0111]) + submit(0, 80, 5, 1, 6) + submit(0, 60, 9, 2, 4)
+    + submit(0, 99, 0, 3, 10) + bytes([3, 5]) + submit(0, 96, 7, 4, 3),
+    # Kimi-Linear, 2 sequences, 8-token steps, blocks of 4, a small cache, aging: a cancel while
+    # prefilling and priorities.
+    "cancel-small-cache": bytes([0b00100011, 0b1010]) + submit(1, 90, 20, 5, 10, 2)
+    + submit(2, 40, 3, 6, 8) + bytes([3, 2, 2, 0]) + submit(1, 90, 20, 7, 5, 1)
+    + submit(0, 10, 10, 8, 9),
+}
+for name, data in engine.items():
+    write("engine", name, data)
