@@ -18,6 +18,7 @@
 #include "core/allocator.h"
 #include "engine/sampler.h"
 #include "engine/schedule.h"
+#include "engine/token_constraint.h"
 #include "model/registry.h"
 #include "tokenizer/tokenizer.h"
 
@@ -39,6 +40,8 @@ struct Request {
   // Lower is served first (as vLLM's `priority`): in admission and in the share of each
   // step's prompt budget. Never starved: see EngineConfig::aging_steps and the minimum share.
   int priority = 0;
+  // Structured outputs: the tokens sampled are only those its rule allows (null: any).
+  std::shared_ptr<const ConstraintSpec> constraint;
 };
 
 // A request's sampling before its own overrides: generation_config.json's values when it sets

@@ -275,6 +275,7 @@ void Sampler::set_prompt(std::span<const int32_t> prompt) {
 
 void Sampler::accept(int32_t id) {
   RECUR_CHECK(id >= 0 && id < vocab_);
+  if (constraint_) constraint_->accept(id);
   if (!penalties_) return;
   if (counts_[id] == 0) seen_.push_back(id);
   ++counts_[id];
@@ -324,20 +325,14 @@ void Sampler::sample(float* logits, SampledToken* out) {
 
   const bool modified = apply_adjustments(logits);
   int32_t id;
-  if (greedy_) {
-    if (logprobs_ >= 0 && !modified) {
-      id = raw_top_[0].id;
-    } else {
-      Cand best;
-      select_top(logits, vocab_, 1, &best);
-      id = best.id;
-    }
+  if (constraint_ && !greedy_ && (top_k_ > 0 || top_p_ < 1 || min_p_ > 0)) {
+    constraint_->mask(std::span(logits, size_t(vocab_)));
+    id = choose(logits, true);
   } else {
-    id = sample_stochastic(logits);
-    if (id < 0) {  // degenerate logits (all -inf or NaN): fall back to the argmax rule
-      Cand best;
-      select_top(logits, vocab_, 1, &best);
-      id = best.id;
+    id = choose(logits, modified);
+    if (constraint_ && !constraint_->allows(id)) {
+      constraint_->mask(std::span(logits, size_t(vocab_)));
+      id = choose(logits, true);
     }
   }
 
@@ -353,6 +348,16 @@ void Sampler::sample(float* logits, SampledToken* out) {
   } else {
     out->logprob = 0;
   }
+}
+
+int32_t Sampler::choose(const float* logits, bool modified) {
+  if (greedy_ && logprobs_ >= 0 && !modified) return raw_top_[0].id;
+  const int32_t id = greedy_ ? -1 : sample_stochastic(logits);
+  if (id >= 0) return id;
+  // Greedy, or degenerate logits (all -inf or NaN): the argmax rule.
+  Cand best{0.0f, 0};
+  select_top(logits, vocab_, 1, &best);
+  return best.id;
 }
 
 int32_t Sampler::sample_stochastic(const float* logits) {

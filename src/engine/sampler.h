@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "engine/token_constraint.h"
 
 namespace recur {
 
@@ -61,15 +62,24 @@ class Sampler {
   void set_prompt(std::span<const int32_t> prompt);
 
   // Samples from logits [vocab_size]; bias and penalties are applied in place. Then accept(id).
-  // Non-greedy sampling consumes exactly one draw of the sequence's RNG; greedy consumes none.
+  // Non-greedy sampling consumes exactly one draw of the sequence's RNG (two when a constraint
+  // refuses the first); greedy consumes none.
   void sample(float* logits, SampledToken* out);
 
-  // Records a generated token (penalty counts).
+  // Records a generated token (penalty counts, and the constraint's progress).
   void accept(int32_t id);
+
+  // Structured outputs: draws only tokens `c` allows (null: none; it must outlive the
+  // sampler's use). Greedy and plain temperature draws are made first from the unrestricted
+  // distribution and kept when allowed, which is a draw from the restricted one too; with
+  // top-k, top-p or min-p the logits are restricted first, as their cut depends on it.
+  void set_constraint(TokenConstraint* c) { constraint_ = c; }
 
   // Greedy with nothing applied to the logits and no logprobs: the choice is the raw logits'
   // argmax (Ops::argmax_rows), so a device backend need not return the logits.
-  bool plain_greedy() const { return greedy_ && !penalties_ && bias_.empty() && logprobs_ < 0; }
+  bool plain_greedy() const {
+    return greedy_ && !penalties_ && bias_.empty() && logprobs_ < 0 && !constraint_;
+  }
 
   uint64_t seed() const { return seed_; }
   int vocab_size() const { return vocab_; }
@@ -83,6 +93,7 @@ class Sampler {
  private:
   bool apply_adjustments(float* logits);  // bias then penalties; false when nothing changed
   int32_t sample_stochastic(const float* logits);
+  int32_t choose(const float* logits, bool modified);  // greedy or stochastic, as configured
   size_t filter_top_p_min_p(size_t n, double total);  // on cand_[0, n) holding probabilities
   int32_t draw(size_t n);                             // one RNG draw over cand_[0, n)
   float raw_logit(const float* logits, int32_t id) const;
@@ -103,6 +114,7 @@ class Sampler {
   float frequency_;
   int logprobs_;
   bool penalties_;  // any penalty in use: counts_ and seen_ are live
+  TokenConstraint* constraint_ = nullptr;
 
   std::vector<std::pair<int32_t, float>> bias_;  // sorted by id, duplicates summed
   // Per token: output count in the low 31 bits, kInPrompt when seen in the prompt.

@@ -16,6 +16,7 @@ struct Engine::Sequence {
   Request req;
   EventSink sink;
   Sampler sampler;
+  std::unique_ptr<TokenConstraint> constraint;  // the sampler's, from req.constraint
   std::unique_ptr<TextStream> text;
   int32_t slot = -1;
   std::vector<int32_t> blocks;  // attention-cache block table
@@ -44,6 +45,10 @@ struct Engine::Sequence {
   Sequence(Request r, EventSink s, int vocab, uint64_t seed)
       : req(std::move(r)), sink(std::move(s)), sampler(req.sampling, vocab, seed) {
     sampler.set_prompt(req.prompt);
+    if (req.constraint) {
+      constraint = req.constraint->start();
+      sampler.set_constraint(constraint.get());
+    }
     generated.reserve(size_t(std::min(req.max_tokens, 4096)));
     message.reserve(64);  // the reasons finish() gives fit: no allocation at the end
   }

@@ -13,6 +13,7 @@
 
 #include "engine/engine.h"
 #include "server/api_error.h"
+#include "server/json_constraint.h"
 #include "server/json_fields.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -39,6 +40,9 @@ struct ServingContext {
   const ChatTemplate* chat_template = nullptr;         // null: no chat endpoints
   ToolCallFormat tool_format = ToolCallFormat::kJson;  // from the chat template, at start
   std::string chat_template_error;    // why a template the directory has did not load
+  // The tokenizer's tokens as bytes, for structured outputs (null: response_format other than
+  // text is refused).
+  std::shared_ptr<const VocabularyBytes> vocab_bytes;
   bool allow_unknown_fields = false;  // else a top-level field not known is a 400
 };
 
@@ -66,6 +70,11 @@ struct ParsedRequest {
   bool return_token_ids = false;
   bool chat_logprobs = false;  // chat: logprobs=true (top-n in engine.sampling.logprobs)
   OutputOptions output;
+  // Structured outputs: the schema the content must follow (response_format json_schema or
+  // json_object; the Responses API's text.format), and the format as given, for echoes.
+  std::shared_ptr<const CompiledSchema> json_schema;
+  std::string json_schema_field;
+  ojson response_format;
   ojson response_echo;  // responses: the request fields its response object repeats
 };
 
@@ -106,5 +115,14 @@ ApiResult<ojson> chat_function_tool(const ojson& tool, const std::string& where,
                                     const char* schema_key);
 // Prompt length and max_tokens against the context.
 ApiResult<bool> check_lengths(const ServingContext& ctx, ParsedRequest* req);
+// A response format at `where`: {"type": "text"}, {"type": "json_object"}, or {"type":
+// "json_schema"} with the schema under "json_schema" (chat completions) or beside "type" (the
+// Responses API's text.format); compiled into req->json_schema.
+ApiResult<bool> parse_response_format(const ojson& format, const std::string& where,
+                                      ParsedRequest* req);
+// After rendering: the engine request's constraint for req->json_schema, which starts after
+// the reasoning when the prompt leaves the model thinking; refused beside tools the model may
+// call (their calls are not JSON of the schema).
+ApiResult<bool> attach_constraint(const ServingContext& ctx, ParsedRequest* req);
 
 }  // namespace recur::server

@@ -223,6 +223,7 @@ ApiResult<ParsedRequest> parse_messages(const ojson& body, const ServingContext&
   RECUR_API_CHECK(render_chat(messages, have_tools ? &tools : nullptr,
                               kwargs.is_null() ? nullptr : &kwargs, choice, ctx, &req));
   if (!count_only) RECUR_API_CHECK(check_lengths(ctx, &req));
+  if (!count_only) RECUR_API_CHECK(attach_constraint(ctx, &req));
   return req;
 }
 

@@ -209,8 +209,9 @@ ApiResult<std::string> tool_choice(const ojson& body, const ojson& tools) {
   return mode;
 }
 
-// Fields that would need stored state or features this server does not have.
-ApiResult<bool> refuse_unsupported(const ojson& body) {
+// Fields that would need stored state or features this server does not have; text.format
+// (structured outputs) into req.
+ApiResult<bool> refuse_unsupported(const ojson& body, ParsedRequest* req) {
   for (const char* key : {"previous_response_id", "conversation", "prompt"}) {
     if (field(body, key)) {
       return bad_request(key, fmt::format("'{}' is not supported: this server stores no "
@@ -224,12 +225,9 @@ ApiResult<bool> refuse_unsupported(const ojson& body) {
     return bad_request("background", "'background' responses are not supported");
   }
   if (const ojson* text = field(body, "text")) {
-    const ojson* format = text->is_object() ? field(*text, "format") : nullptr;
-    if (!text->is_object() || (format && (!format->is_object() || !field(*format, "type") ||
-                                          (*format)["type"] != "text"))) {
-      return bad_request("text",
-                         "only text {\"format\": {\"type\": \"text\"}} is supported (no "
-                         "constrained decoding)");
+    if (!text->is_object()) return bad_request("text", "'text' must be an object");
+    if (const ojson* format = field(*text, "format")) {
+      RECUR_API_CHECK(parse_response_format(*format, "text.format", req));
     }
   }
   RECUR_API_ASSIGN(auto truncation, get_string(body, "truncation"));
@@ -275,7 +273,7 @@ ApiResult<ParsedRequest> parse_responses_request(const ojson& body, const Servin
                                  "chat_template_kwargs"}},
                                ctx));
   RECUR_API_CHECK(check_model(body, ctx));
-  RECUR_API_CHECK(refuse_unsupported(body));
+  RECUR_API_CHECK(refuse_unsupported(body, &req));
   RECUR_API_CHECK(parse_sampling(body, ctx, &req));
   RECUR_API_ASSIGN(auto stream, get_bool(body, "stream"));
   req.stream = stream.value_or(false);
@@ -325,6 +323,7 @@ ApiResult<ParsedRequest> parse_responses_request(const ojson& body, const Servin
   RECUR_API_CHECK(render_chat(messages, use_tools ? &tools : nullptr,
                               kwargs.empty() ? nullptr : &kwargs, choice, ctx, &req));
   RECUR_API_CHECK(check_lengths(ctx, &req));
+  RECUR_API_CHECK(attach_constraint(ctx, &req));
 
   // What the response object repeats of the request.
   ojson& echo = req.response_echo;
@@ -339,7 +338,7 @@ ApiResult<ParsedRequest> parse_responses_request(const ojson& body, const Servin
   // Floats as they print shortest (0.7, not 0.699999988).
   const auto num = [](float f) { return std::stod(fmt::format("{}", f)); };
   echo["temperature"] = num(req.engine.sampling.temperature);
-  echo["text"] = {{"format", {{"type", "text"}}}};
+  echo["text"] = {{"format", req.json_schema ? req.response_format : ojson{{"type", "text"}}}};
   echo["tool_choice"] = choice.rfind("named:", 0) == 0
                             ? ojson{{"type", "function"}, {"name", choice.substr(6)}}
                             : ojson(choice);

@@ -433,6 +433,7 @@ Server::Server(Engine& engine, const Tokenizer* tokenizer, const ChatTemplate* c
   ctx.generation = info.generation;
   ctx.eos_token_ids = info.eos_token_ids;
   ctx.tokenizer = tokenizer;
+  if (tokenizer) ctx.vocab_bytes = VocabularyBytes::build(*tokenizer);
   ctx.chat_template = chat_template;
   if (chat_template) ctx.tool_format = detect_tool_call_format(chat_template->source());
   ctx.allow_unknown_fields = m.options.allow_unknown_fields;

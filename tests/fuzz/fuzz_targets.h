@@ -41,6 +41,8 @@ int fuzz_checkpoint(const uint8_t* data, size_t size);
 // Submissions, cancellations and steps of the engine on tiny models, with and without the
 // prefix cache: every request ends once, with its tokens alone, and frees what it held.
 int fuzz_engine(const uint8_t* data, size_t size);
+// JSON schemas compiled, and text matched against them (structured outputs).
+int fuzz_schema(const uint8_t* data, size_t size);
 
 struct Target {
   const char* name;
@@ -50,7 +52,7 @@ struct Target {
 inline constexpr Target kTargets[] = {
     {"http", fuzz_http},           {"request", fuzz_request},   {"output", fuzz_output},
     {"tokenizer", fuzz_tokenizer}, {"template", fuzz_template}, {"checkpoint", fuzz_checkpoint},
-    {"engine", fuzz_engine},
+    {"engine", fuzz_engine},       {"schema", fuzz_schema},
 };
 
 inline bool valid_utf8(std::string_view s) {

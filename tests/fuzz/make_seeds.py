@@ -48,6 +48,22 @@ for context in range(3):
     for endpoint, body in bodies.items():
         write("request", f"{context}-{endpoint}", bytes([endpoint * 3 + context]) + json.dumps(body).encode())
 
+# Structured outputs: a schema with most keywords, on chat, and the Responses API's form.
+schema = {"type": "object", "properties": {
+    "name": {"type": "string", "minLength": 1, "maxLength": 8},
+    "tags": {"type": "array", "items": {"enum": ["a", 1, None]}, "maxItems": 3},
+    "next": {"anyOf": [{"$ref": "#/$defs/n"}, {"type": "null"}]}},
+    "required": ["name"], "additionalProperties": False,
+    "$defs": {"n": {"type": ["integer", "boolean"], "description": "d"}}}
+structured = {
+    "schema-chat": (0, {"messages": [{"role": "user", "content": "hi"}], "response_format":
+                        {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}}),
+    "schema-responses": (9, {"input": "hi", "text": {"format": {"type": "json_schema",
+                             "name": "s", "strict": True, "schema": schema}}}),
+}
+for name, (selector, body) in structured.items():
+    write("request", name, bytes([selector]) + json.dumps(body).encode())
+
 # Edits of the harness's own valid bodies (a NUL, then 3 bytes an edit).
 for endpoint in range(5):
     write("request", f"edits-{endpoint}", bytes([endpoint * 3, 0, 0, 6, 0, 5, 7, 3]))
@@ -119,3 +135,15 @@ engine = {
 }
 for name, data in engine.items():
     write("engine", name, data)
+
+# schema: a selector byte (a fixed schema, or past them the schema from the input and a NUL),
+# then text.
+schema_texts = {
+    "object": (0, '{"a": [1, {"b": null}], "c": "d\\u00e9"}'),
+    "closed": (1, '{"name": "Ada", "tags": ["a", 1]}'),
+    "any-of": (2, '"x"'),
+    "tree": (3, '{"kids": [{"kids": []}]}'),
+    "own": (9, '{"type": "array", "items": {"type": "boolean"}, "minItems": 1}\0[true, false]'),
+}
+for name, (selector, text) in schema_texts.items():
+    write("schema", name, bytes([selector]) + text.encode())

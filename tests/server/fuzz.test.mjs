@@ -95,7 +95,8 @@ const BAD = {
   stop_token_ids: [5, [-1], ['x'], [1e9]],
   ignore_eos: [1, 'true', []],
   min_tokens: [5],
-  response_format: ['json', { type: 'json_object' }, { type: 'json_schema' }],
+  response_format: ['json', { type: 'xml' }, { type: 'json_schema' },
+    { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'integer', minimum: 0 } } }],
 };
 const BAD_BY_ENDPOINT = {
   '/v1/chat/completions': {

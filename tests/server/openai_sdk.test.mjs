@@ -213,6 +213,38 @@ test('tools offered but no call made: plain content', async () => {
   assert.notEqual(r.choices[0].finish_reason, 'tool_calls');
 });
 
+test('structured outputs: a json_schema response parsed by the SDK, and streamed', async () => {
+  // The random tiny model writes JSON only because the schema leaves it no other way.
+  const schema = {
+    type: 'object',
+    properties: { ok: { type: 'boolean' }, color: { enum: ['red', 'green'] } },
+    required: ['ok', 'color'],
+    additionalProperties: false,
+  };
+  const request = {
+    model: MODEL_NAME, messages, max_tokens: 200, temperature: 0,
+    response_format: { type: 'json_schema', json_schema: { name: 'answer', strict: true, schema } },
+  };
+  const r = await client.beta.chat.completions.parse(request);
+  assert.equal(r.choices[0].finish_reason, 'stop');
+  const parsed = r.choices[0].message.parsed;
+  assert.deepEqual(Object.keys(parsed).sort(), ['color', 'ok']);
+  assert.equal(typeof parsed.ok, 'boolean');
+  assert.ok(['red', 'green'].includes(parsed.color), r.choices[0].message.content);
+  let streamed = '';
+  for await (const chunk of await client.chat.completions.create({ ...request, stream: true })) {
+    streamed += chunk.choices[0]?.delta?.content ?? '';
+  }
+  assert.equal(streamed, r.choices[0].message.content);
+  await assert.rejects(
+    client.chat.completions.create({
+      ...request,
+      response_format: { type: 'json_schema', json_schema: { name: 'a', schema: { type: 'string', pattern: 'x' } } },
+    }),
+    (e) => e instanceof OpenAI.BadRequestError && e.param === 'response_format.json_schema.schema' &&
+      e.message.includes('pattern'));
+});
+
 test('errors arrive as the SDK typed errors', async () => {
   await assert.rejects(
     client.chat.completions.create({ model: 'no-such-model', messages }),

@@ -19,6 +19,7 @@ inline const std::string kRealVocabModel =
 struct ChatFixture {
   Tokenizer tok;
   ChatTemplate tmpl;
+  std::shared_ptr<const VocabularyBytes> vocab;  // for structured outputs
 };
 
 // The tokenizer and chat template of model_dir, loaded on first use and kept for the program.
@@ -30,7 +31,9 @@ inline const ChatFixture& chat_fixture(const std::string& model_dir) {
     auto tok = Tokenizer::load(model_dir);
     auto tmpl = ChatTemplate::load(model_dir);
     if (!tok.ok() || !tmpl.ok()) std::abort();
-    f = std::make_unique<const ChatFixture>(ChatFixture{std::move(*tok), std::move(*tmpl)});
+    auto vocab = VocabularyBytes::build(*tok);
+    f = std::make_unique<const ChatFixture>(
+        ChatFixture{std::move(*tok), std::move(*tmpl), std::move(vocab)});
   }
   return *f;
 }
@@ -45,6 +48,7 @@ inline ServingContext tiny_context(const ChatFixture& f, int max_context = 4096)
   c.eos_token_ids = {151645, 151643};
   c.tokenizer = &f.tok;
   c.chat_template = &f.tmpl;
+  c.vocab_bytes = f.vocab;
   return c;
 }
 

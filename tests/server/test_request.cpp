@@ -174,7 +174,12 @@ TEST(Completions, BadFieldsAreRejectedWithTheirName) {
       {R"({"prompt": [1], "stop_token_ids": [1, -1]})", 400, "stop_token_ids"},
       {R"({"prompt": [1], "ignore_eos": 1})", 400, "ignore_eos"},
       {R"({"prompt": [1], "min_tokens": 3})", 400, "min_tokens"},
-      {R"({"prompt": [1], "response_format": {"type": "json_object"}})", 400, "response_format"},
+      {R"({"prompt": [1], "response_format": {"type": "json"}})", 400, "response_format.type"},
+      {R"({"prompt": [1], "response_format": {"type": "json_schema"}})", 400,
+       "response_format.json_schema"},
+      {R"({"prompt": [1], "response_format": {"type": "json_schema", "json_schema":
+          {"name": "x", "schema": {"type": "string", "pattern": "a+"}}}})",
+       400, "response_format.json_schema.schema"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.body);

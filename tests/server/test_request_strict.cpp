@@ -167,7 +167,7 @@ TEST(Responses, InputItemsRenderAsTheEquivalentChat) {
                           R"({"input": [{"type": "item_reference", "id": "msg_1"}]})",
                           R"({"input": [{"role": "user", "content": [{"type": "input_image"}]}]})",
                           R"({"input": "x", "tools": [{"type": "web_search"}]})",
-                          R"({"input": "x", "text": {"format": {"type": "json_object"}}})",
+                          R"({"input": "x", "text": {"format": {"type": "json_schema"}}})",
                           R"({"input": "x", "tool_choice": "required"})", R"({"input": []})",
                           R"({})", R"({"input": "x", "background": true})"}) {
     auto r = parse_responses_request(J(bad), c);

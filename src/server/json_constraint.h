@@ -1,0 +1,40 @@
+// Structured outputs in the engine's terms: a compiled JSON schema as a TokenConstraint over a
+// vocabulary's token bytes (response_format json_schema / json_object).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/token_constraint.h"
+#include "server/json_schema.h"
+#include "tokenizer/tokenizer.h"
+
+namespace recur::server {
+
+// A vocabulary's tokens as bytes, sorted for masking; built once per tokenizer.
+struct VocabularyBytes {
+  std::vector<std::string> bytes;  // [vocab] each token's bytes
+  // [vocab] 1: never text in a JSON value (special tokens, tokens of no bytes).
+  std::vector<uint8_t> control;
+  // [vocab] 1: continues any string between characters (no '"', '\\' or control bytes; whole
+  // UTF-8 characters).
+  std::vector<uint8_t> string_safe;
+  std::vector<uint16_t> chars;  // [vocab] characters of a string-safe token
+  // The text tokens by their first byte.
+  std::array<std::vector<int32_t>, 256> by_first;
+  static std::shared_ptr<const VocabularyBytes> build(const Tokenizer& tokenizer);
+};
+
+// A constraint that admits the tokens whose bytes keep the text a prefix of a JSON value the
+// schema accepts, and the end tokens once the value is whole. With `active_after` (the
+// reasoning's closing marker, for prompts that leave the model thinking), everything is
+// admitted until the marker has been generated.
+std::shared_ptr<const ConstraintSpec> json_constraint(std::shared_ptr<const CompiledSchema> schema,
+                                                      std::shared_ptr<const VocabularyBytes> vocab,
+                                                      std::vector<int32_t> end_ids,
+                                                      std::string active_after);
+
+}  // namespace recur::server

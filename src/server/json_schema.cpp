@@ -1,0 +1,337 @@
+// JSON schemas compiled into the matcher's nodes (json_schema.h); the matcher is in
+// json_matcher.cpp.
+#include "server/json_schema.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+namespace recur::server {
+
+namespace {
+
+// Keywords that constrain values in ways the matcher does not follow: refused by name, since
+// ignoring one would let through text the client's schema forbids. Other keywords the compiler
+// does not read are annotations (title, description, default, format, ...) or unknown, and are
+// ignored, as JSON Schema asks.
+const std::set<std::string_view> kUnsupported = {"pattern",
+                                                 "minimum",
+                                                 "maximum",
+                                                 "exclusiveMinimum",
+                                                 "exclusiveMaximum",
+                                                 "multipleOf",
+                                                 "allOf",
+                                                 "not",
+                                                 "if",
+                                                 "then",
+                                                 "else",
+                                                 "prefixItems",
+                                                 "contains",
+                                                 "minContains",
+                                                 "maxContains",
+                                                 "uniqueItems",
+                                                 "patternProperties",
+                                                 "propertyNames",
+                                                 "minProperties",
+                                                 "maxProperties",
+                                                 "dependentRequired",
+                                                 "dependentSchemas",
+                                                 "unevaluatedProperties",
+                                                 "unevaluatedItems",
+                                                 "dependencies",
+                                                 "additionalItems",
+                                                 "$dynamicRef",
+                                                 "$recursiveRef"};
+
+// The JSON text of a string without its quotes, as a property name is written.
+std::string name_text(const std::string& name) {
+  const std::string dumped = ojson(name).dump();
+  return dumped.substr(1, dumped.size() - 2);
+}
+
+class Compiler {
+ public:
+  Compiler(const ojson& root, std::string field) : root_(root), field_(std::move(field)) {}
+
+  ApiResult<int> compile(const ojson& s, const std::string& path) {
+    if (s.is_boolean()) {
+      if (s.get<bool>()) return any();
+      return fail(path, "the schema 'false' accepts nothing");
+    }
+    if (!s.is_object()) return fail(path, "a schema must be an object or a boolean");
+    for (const auto& [key, value] : s.items()) {
+      if (kUnsupported.count(key)) {
+        return fail(path, fmt::format("'{}' is not supported in structured outputs", key));
+      }
+    }
+    if (const ojson* ref = field(s, "$ref")) return compile_ref(*ref, path);
+    if (const ojson* e = field(s, "enum")) return literals_of(*e, path + ".enum");
+    if (s.contains("const")) return literals_of(ojson::array({s["const"]}), path + ".const");
+    for (const char* key : {"anyOf", "oneOf"}) {
+      if (const ojson* options = field(s, key)) return any_of(*options, path + "." + key);
+    }
+    const ojson* type = field(s, "type");
+    if (!type) {
+      if (field(s, "properties") || field(s, "additionalProperties") || field(s, "required")) {
+        return typed(s, "object", path);
+      }
+      if (field(s, "items")) return typed(s, "array", path);
+      return any();
+    }
+    if (type->is_string()) return typed(s, type->get<std::string>(), path);
+    if (!type->is_array() || type->empty()) {
+      return fail(path + ".type", "'type' must be a type name or a list of them");
+    }
+    std::vector<int> options;
+    for (const ojson& t : *type) {
+      if (!t.is_string()) return fail(path + ".type", "'type' lists type names");
+      RECUR_API_ASSIGN(const int n, typed(s, t.get<std::string>(), path));
+      options.push_back(n);
+    }
+    if (options.size() == 1) return options[0];
+    const int n = add(SchemaNode::Kind::kAnyOf);
+    out_->nodes[size_t(n)].options = std::move(options);
+    return n;
+  }
+
+  std::shared_ptr<CompiledSchema> take() { return std::move(out_); }
+  void set_root(int r) { out_->root = r; }
+
+ private:
+  ApiError fail(const std::string& path, const std::string& what) const {
+    return bad_request(field_, fmt::format("{}{}: {}", field_, path, what));
+  }
+
+  ApiResult<int> check_size() const {
+    if (out_->nodes.size() >= size_t(kMaxSchemaNodes)) {
+      return fail("", fmt::format("the schema is larger than {} nodes", kMaxSchemaNodes));
+    }
+    return 0;
+  }
+
+  int add(SchemaNode::Kind kind) {
+    out_->nodes.emplace_back();
+    out_->nodes.back().kind = kind;
+    return int(out_->nodes.size()) - 1;
+  }
+
+  // Any JSON value: one node set, made once (its object and array refer back to it).
+  int any() {
+    if (any_ >= 0) return any_;
+    any_ = add(SchemaNode::Kind::kAnyOf);
+    const int object = add(SchemaNode::Kind::kObject);
+    out_->nodes[size_t(object)].additional = any_;
+    const int array = add(SchemaNode::Kind::kArray);
+    out_->nodes[size_t(array)].items = any_;
+    const int string = add(SchemaNode::Kind::kString);
+    const int number = add(SchemaNode::Kind::kNumber);
+    const int lits = add(SchemaNode::Kind::kLiterals);
+    out_->nodes[size_t(lits)].literals = {"true", "false", "null"};
+    out_->nodes[size_t(any_)].options = {object, array, string, number, lits};
+    return any_;
+  }
+
+  ApiResult<int> compile_ref(const ojson& ref, const std::string& path) {
+    if (!ref.is_string()) return fail(path + ".$ref", "'$ref' must be a string");
+    const std::string r = ref.get<std::string>();
+    if (r == "#") return root_node();
+    std::string group, name;
+    for (const char* prefix : {"#/$defs/", "#/definitions/"}) {
+      if (r.rfind(prefix, 0) == 0) {
+        group = std::string(prefix).substr(2, std::string(prefix).size() - 3);
+        name = r.substr(std::string(prefix).size());
+      }
+    }
+    const ojson* defs = group.empty() ? nullptr : field(root_, group);
+    const ojson* target = defs && defs->is_object() ? field(*defs, name) : nullptr;
+    if (!target) {
+      return fail(path + ".$ref",
+                  fmt::format("'{}' is not a definition of this schema (#/$defs/NAME)", r));
+    }
+    if (auto it = refs_.find(r); it != refs_.end()) return it->second;
+    // A placeholder first, so that a definition may refer to itself.
+    RECUR_API_CHECK(check_size());
+    const int slot = add(SchemaNode::Kind::kAnyOf);
+    refs_[r] = slot;
+    RECUR_API_ASSIGN(const int n, compile(*target, "." + group + "." + name));
+    out_->nodes[size_t(slot)].options = {n};
+    return slot;
+  }
+
+  ApiResult<int> root_node() {
+    if (root_slot_ < 0) {
+      root_slot_ = add(SchemaNode::Kind::kAnyOf);
+      RECUR_API_ASSIGN(const int n, compile_body_of_root());
+      out_->nodes[size_t(root_slot_)].options = {n};
+    }
+    return root_slot_;
+  }
+  ApiResult<int> compile_body_of_root() { return compile(root_, ""); }
+
+  ApiResult<int> literals_of(const ojson& values, const std::string& path) {
+    if (!values.is_array() || values.empty()) return fail(path, "must be a non-empty array");
+    if (values.size() > size_t(kMaxSchemaLiterals)) {
+      return fail(path, fmt::format("more than {} values", kMaxSchemaLiterals));
+    }
+    RECUR_API_CHECK(check_size());
+    const int n = add(SchemaNode::Kind::kLiterals);
+    for (const ojson& v : values) {
+      std::string text = v.dump();
+      if (text.size() > size_t(kMaxLiteralBytes)) {
+        return fail(path, fmt::format("a value longer than {} bytes as JSON", kMaxLiteralBytes));
+      }
+      out_->nodes[size_t(n)].literals.push_back(std::move(text));
+    }
+    return n;
+  }
+
+  ApiResult<int> any_of(const ojson& options, const std::string& path) {
+    if (!options.is_array() || options.empty()) return fail(path, "must be a non-empty array");
+    RECUR_API_CHECK(check_size());
+    const int n = add(SchemaNode::Kind::kAnyOf);
+    std::vector<int> compiled;
+    for (size_t i = 0; i < options.size(); ++i) {
+      RECUR_API_ASSIGN(const int o, compile(options[i], fmt::format("{}[{}]", path, i)));
+      compiled.push_back(o);
+    }
+    out_->nodes[size_t(n)].options = std::move(compiled);
+    return n;
+  }
+
+  ApiResult<int> count_of(const ojson& s, const char* key, const std::string& path, int dflt) {
+    const ojson* v = field(s, key);
+    if (!v) return dflt;
+    if (!v->is_number_integer() || v->get<int64_t>() < 0) {
+      return fail(path + "." + key, "must be a non-negative integer");
+    }
+    return int(std::min<int64_t>(v->get<int64_t>(), INT_MAX));
+  }
+
+  ApiResult<int> typed(const ojson& s, const std::string& type, const std::string& path) {
+    RECUR_API_CHECK(check_size());
+    using K = SchemaNode::Kind;
+    if (type == "string") {
+      const int n = add(K::kString);
+      RECUR_API_ASSIGN(const int lo, count_of(s, "minLength", path, 0));
+      RECUR_API_ASSIGN(const int hi, count_of(s, "maxLength", path, INT_MAX));
+      if (lo > hi) return fail(path, "minLength is above maxLength");
+      out_->nodes[size_t(n)].min_length = lo, out_->nodes[size_t(n)].max_length = hi;
+      return n;
+    }
+    if (type == "number" || type == "integer")
+      return add(type == "number" ? K::kNumber : K::kInteger);
+    if (type == "boolean" || type == "null") {
+      const int n = add(K::kLiterals);
+      out_->nodes[size_t(n)].literals = type == "null" ? std::vector<std::string>{"null"}
+                                                       : std::vector<std::string>{"true", "false"};
+      return n;
+    }
+    if (type == "array") {
+      const int n = add(K::kArray);
+      RECUR_API_ASSIGN(const int lo, count_of(s, "minItems", path, 0));
+      RECUR_API_ASSIGN(const int hi, count_of(s, "maxItems", path, INT_MAX));
+      if (lo > hi) return fail(path, "minItems is above maxItems");
+      int items = -1;
+      if (const ojson* it = field(s, "items")) {
+        RECUR_API_ASSIGN(items, compile(*it, path + ".items"));
+      } else {
+        items = any();
+      }
+      SchemaNode& node = out_->nodes[size_t(n)];
+      node.min_items = lo, node.max_items = hi, node.items = items;
+      return n;
+    }
+    if (type == "object") return object(s, path);
+    return fail(path + ".type", fmt::format("'{}' is not a JSON Schema type", type));
+  }
+
+  ApiResult<int> object(const ojson& s, const std::string& path) {
+    const int n = add(SchemaNode::Kind::kObject);
+    std::vector<std::string> names;
+    std::vector<int> props;
+    if (const ojson* p = field(s, "properties")) {
+      if (!p->is_object()) return fail(path + ".properties", "must be an object");
+      if (p->size() > size_t(kMaxSchemaProperties)) {
+        return fail(path + ".properties",
+                    fmt::format("more than {} properties", kMaxSchemaProperties));
+      }
+      for (const auto& [name, sub] : p->items()) {
+        RECUR_API_ASSIGN(const int c, compile(sub, path + ".properties." + name));
+        names.push_back(name);
+        props.push_back(c);
+      }
+    }
+    uint64_t required = 0;
+    if (const ojson* r = field(s, "required")) {
+      if (!r->is_array()) return fail(path + ".required", "must be an array of names");
+      for (const ojson& name : *r) {
+        const auto it =
+            name.is_string() ? std::find(names.begin(), names.end(), name) : names.end();
+        if (it == names.end()) {
+          return fail(path + ".required",
+                      fmt::format("{} is not one of the object's properties", name.dump()));
+        }
+        required |= uint64_t(1) << (it - names.begin());
+      }
+    }
+    int additional = -1;
+    const ojson* a = field(s, "additionalProperties");
+    if (!a || (a->is_boolean() && a->get<bool>())) {
+      additional = any();
+    } else if (!a->is_boolean()) {
+      RECUR_API_ASSIGN(additional, compile(*a, path + ".additionalProperties"));
+    }
+    SchemaNode& node = out_->nodes[size_t(n)];
+    for (const std::string& name : names) node.names.push_back(name_text(name));
+    node.props = std::move(props);
+    node.required = required;
+    node.additional = additional;
+    return n;
+  }
+
+  const ojson& root_;
+  std::string field_;
+  std::shared_ptr<CompiledSchema> out_ = std::make_shared<CompiledSchema>();
+  std::map<std::string, int> refs_;
+  int any_ = -1;
+  int root_slot_ = -1;
+};
+
+// Whether an anyOf reaches itself through anyOfs alone ({"$defs": {"a": {"$ref": "#/$defs/a"}}}):
+// a value of it could never start. state: 0 unseen, 1 on the path, 2 done.
+bool any_of_cycle(const CompiledSchema& s, int n, std::vector<uint8_t>& state) {
+  if (s.nodes[size_t(n)].kind != SchemaNode::Kind::kAnyOf || state[size_t(n)] == 2) return false;
+  if (state[size_t(n)] == 1) return true;
+  state[size_t(n)] = 1;
+  for (int o : s.nodes[size_t(n)].options) {
+    if (any_of_cycle(s, o, state)) return true;
+  }
+  state[size_t(n)] = 2;
+  return false;
+}
+
+}  // namespace
+
+ApiResult<std::shared_ptr<const CompiledSchema>> compile_json_schema(const ojson& schema,
+                                                                     const std::string& field) {
+  Compiler c(schema, field);
+  RECUR_API_ASSIGN(const int root, c.compile(schema, ""));
+  c.set_root(root);
+  std::shared_ptr<CompiledSchema> out = c.take();
+  std::vector<uint8_t> state(out->nodes.size(), 0);
+  for (size_t n = 0; n < out->nodes.size(); ++n) {
+    if (any_of_cycle(*out, int(n), state)) {
+      return bad_request(field, fmt::format("{}: a definition refers to itself with no object or "
+                                            "array between, so no value can match it",
+                                            field));
+    }
+  }
+  return std::shared_ptr<const CompiledSchema>(std::move(out));
+}
+
+std::shared_ptr<const CompiledSchema> any_json_object_schema() {
+  auto compiled = compile_json_schema(ojson{{"type", "object"}}, "response_format");
+  return compiled.value();
+}
+
+}  // namespace recur::server
