@@ -49,9 +49,10 @@ int string_byte(Frame& f, uint8_t b) {
   if (f.esc == 1) {  // after '\'
     if (b == 'u') {
       f.esc = 5;  // four hex digits
+      f.hex = 0;
       return 0;
     }
-    if (std::strchr("\"\\/bfnrt", b) && b != 0) {
+    if (std::strchr("\"\\/bfnrt", b) && b != 0 && !f.low_next) {
       f.esc = 0;
       return 0;
     }
@@ -59,9 +60,19 @@ int string_byte(Frame& f, uint8_t b) {
   }
   if (f.esc > 1) {
     if (!is_hex(b)) return -1;
+    f.hex = uint16_t(f.hex << 4 | (is_digit(b) ? b - '0' : (b | 0x20) - 'a' + 10));
     f.esc = f.esc == 2 ? 0 : uint8_t(f.esc - 1);
+    if (f.esc == 0) {
+      // Escapes spell whole code points (strict parsers refuse a lone surrogate): a high
+      // surrogate is followed by a low one, and a low one comes only so.
+      const bool high = f.hex >= 0xD800 && f.hex <= 0xDBFF;
+      const bool low = f.hex >= 0xDC00 && f.hex <= 0xDFFF;
+      if (low != f.low_next) return -1;
+      f.low_next = high;
+    }
     return 0;
   }
+  if (f.low_next && b != '\\') return -1;
   if (f.utf8_left > 0) {
     if (b < f.lo || b > f.hi) return -1;
     --f.utf8_left;
@@ -126,8 +137,8 @@ int number_next(uint8_t phase, uint8_t b, bool integer) {
 bool frames_equal(const Frame& a, const Frame& b) {
   return a.node == b.node && a.kind == b.kind && a.phase == b.phase && a.gap == b.gap &&
          a.esc == b.esc && a.lo == b.lo && a.hi == b.hi && a.utf8_left == b.utf8_left &&
-         a.free_key == b.free_key && a.key == b.key && a.pos == b.pos && a.count == b.count &&
-         a.cand == b.cand && a.seen == b.seen;
+         a.free_key == b.free_key && a.low_next == b.low_next && a.hex == b.hex && a.key == b.key &&
+         a.pos == b.pos && a.count == b.count && a.cand == b.cand && a.seen == b.seen;
 }
 
 }  // namespace
@@ -215,7 +226,7 @@ int JsonMatcher::free_string_room() const {
   int room = INT_MAX;
   for (int a = 0; a < n_alt_; ++a) {
     const Frame& t = frames_[size_t(start_[size_t(a) + 1]) - 1];
-    if (t.esc != 0 || t.utf8_left != 0) return -1;
+    if (t.esc != 0 || t.utf8_left != 0 || t.low_next) return -1;
     if (t.kind == kString) {
       const int64_t max = schema_->nodes[t.node].max_length;
       if (max != INT_MAX) room = int(std::min<int64_t>(room, max - int64_t(t.count)));
@@ -327,7 +338,7 @@ void JsonMatcher::apply(Stack& s, uint8_t b) {
             child_done(s.f, &s.n);
             emit(s);
           } else if (b == '"' && key_possible) {
-            t.phase = kObjKey, t.gap = 0, t.pos = 0, t.esc = 0, t.utf8_left = 0;
+            t.phase = kObjKey, t.gap = 0, t.pos = 0, t.esc = 0, t.utf8_left = 0, t.low_next = false;
             t.lo = 0x80, t.hi = 0xBF;
             t.free_key = node.additional >= 0;
             // Other names may repeat no property: all names stay candidates to be caught.

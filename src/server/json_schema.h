@@ -90,6 +90,8 @@ class JsonMatcher {
     uint8_t lo = 0x80;  // strings: the range of the next UTF-8 continuation byte
     uint8_t hi = 0xBF;  //   (utf8_left > 0)
     uint8_t utf8_left = 0;
+    bool low_next = false;  // strings: a \u escape of a high surrogate wants its low half next
+    uint16_t hex = 0;       // strings: the \u escape's digits so far
     bool free_key = false;  // object keys: a name outside the properties may be typed
     int16_t key = -1;       // objects: the property whose value comes next (-1: another)
     uint16_t pos = 0;       // literals and keys: bytes matched

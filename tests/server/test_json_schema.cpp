@@ -79,6 +79,10 @@ TEST(JsonSchema, StringsEscapesUtf8AndLengths) {
   EXPECT_FALSE(accepts(*s, R"("\x")")) << "no unknown escapes";
   EXPECT_FALSE(accepts(*s, "\"a\xc3(\"")) << "no broken UTF-8";
   EXPECT_FALSE(accepts(*s, "\"a\xed\xa0\x80\"")) << "no surrogates";
+  EXPECT_TRUE(accepts(*s, R"("\ud83d\ude00")")) << "an escaped surrogate pair";
+  EXPECT_FALSE(accepts(*s, R"("a\udddd")")) << "no lone low surrogate";
+  EXPECT_FALSE(accepts(*s, R"("a\ud83dx")")) << "no lone high surrogate";
+  EXPECT_FALSE(accepts(*s, R"("a\ud83d\n")"));
 }
 
 TEST(JsonSchema, NumbersFollowJsonsGrammar) {
