@@ -1,11 +1,17 @@
 // Structured outputs: a JSON schema (or one of a few fixed ones) and text fed to the matcher
 // byte by byte. Compiling refuses with a 400 or gives a schema; feeding never crashes or
 // recurses without bound; and text the matcher takes whole parses as JSON (a client's
-// JSON.parse never fails on a constrained completion).
+// JSON.parse never fails on a constrained completion). With the selector's high bit, the text
+// goes as Qwen's tokens through the constraint, whose mask must then keep exactly the tokens
+// its allows() admits (its fast paths against the matcher), sampled.
 #include <string>
 #include <string_view>
 
+#include <cmath>
+#include <vector>
+
 #include "fuzz_targets.h"
+#include "server/json_constraint.h"
 #include "server/json_schema.h"
 
 namespace recur::fuzz {
@@ -22,12 +28,52 @@ const char* kSchemas[] = {
         "kids": {"type": "array", "items": {"$ref": "#/$defs/t"}}}}}})",
 };
 
+const server::VocabularyBytes& qwen_vocab(const Tokenizer** tok) {
+  static const Tokenizer tokenizer = [] {
+    auto t = Tokenizer::load(std::string(RECUR_SOURCE_DIR) + "/models/qwen3next-tiny-realvocab");
+    FUZZ_CHECK(t.ok());
+    return std::move(*t);
+  }();
+  static const auto vocab = server::VocabularyBytes::build(tokenizer);
+  *tok = &tokenizer;
+  return *vocab;
+}
+
+// The text as tokens through a constraint of the schema, then its mask against allows().
+void check_mask(const std::shared_ptr<const server::CompiledSchema>& schema, std::string_view text,
+                uint32_t seed) {
+  const Tokenizer* tok = nullptr;
+  const server::VocabularyBytes& vocab = qwen_vocab(&tok);
+  auto shared = std::shared_ptr<const server::VocabularyBytes>(std::shared_ptr<void>(), &vocab);
+  const int32_t eos = 151645;
+  auto con = server::json_constraint(schema, shared, {eos}, "")->start();
+  auto ids = tok->encode(text);
+  if (!ids.ok()) return;
+  for (int32_t id : *ids) {
+    if (!con->allows(id)) return;
+    con->accept(id);
+  }
+  const int V = tok->vocab_size();
+  std::vector<float> logits(static_cast<size_t>(V), 0.0f);
+  con->mask(logits);
+  size_t kept = 0;
+  for (float l : logits) kept += l == 0.0f;
+  FUZZ_CHECK(kept > 0);            // a way on, or the end
+  // Tokens spread over the vocabulary, and the last ones (the special tokens).
+  for (int i = 0; i < 400; ++i) {
+    seed = seed * 1664525u + 1013904223u;
+    const int32_t id = i < 64 ? V - 64 + i : int32_t(seed % uint32_t(V));
+    FUZZ_CHECK((logits[size_t(id)] == 0.0f) == con->allows(id));
+  }
+}
+
 }  // namespace
 
 int fuzz_schema(const uint8_t* data, size_t size) {
   std::span<const uint8_t> rest(data, size);
   if (rest.empty()) return 0;
-  const uint8_t selector = rest[0];
+  const uint8_t selector = rest[0] & 0x7F;
+  const bool mask = rest[0] & 0x80;
   rest = rest.subspan(1);
   std::string schema_text;
   if (selector < std::size(kSchemas)) {
@@ -43,8 +89,9 @@ int fuzz_schema(const uint8_t* data, size_t size) {
     FUZZ_CHECK(compiled.error().status == 400 && !compiled.error().message.empty());
     return 0;
   }
-  server::JsonMatcher m(compiled->get());
   const std::string_view text(reinterpret_cast<const char*>(rest.data()), rest.size());
+  if (mask) check_mask(*compiled, text, uint32_t(size) * 2654435761u);
+  server::JsonMatcher m(compiled->get());
   for (size_t i = 0; i < text.size(); ++i) {
     if (!m.feed(uint8_t(text[i]))) return 0;
   }

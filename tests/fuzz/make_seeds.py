@@ -147,3 +147,6 @@ schema_texts = {
 }
 for name, (selector, text) in schema_texts.items():
     write("schema", name, bytes([selector]) + text.encode())
+# With the high bit: the text as Qwen's tokens, then the constraint's mask checked.
+for name, (selector, text) in [("mask-closed", (1, '{"name": "Ad')), ("mask-tree", (3, '{"ki'))]:
+    write("schema", name, bytes([0x80 | selector]) + text.encode())
