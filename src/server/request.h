@@ -115,6 +115,9 @@ ApiResult<ojson> chat_function_tool(const ojson& tool, const std::string& where,
                                     const char* schema_key);
 // Prompt length and max_tokens against the context.
 ApiResult<bool> check_lengths(const ServingContext& ctx, ParsedRequest* req);
+// response_format and the other servers' spellings of a JSON schema (vLLM's guided_json and
+// structured_outputs.json, llama.cpp's json_schema) into req->json_schema; parse_sampling's.
+ApiResult<bool> parse_structured_outputs(const ojson& body, ParsedRequest* req);
 // A response format at `where`: {"type": "text"}, {"type": "json_object"}, or {"type":
 // "json_schema"} with the schema under "json_schema" (chat completions) or beside "type" (the
 // Responses API's text.format); compiled into req->json_schema.

@@ -340,6 +340,9 @@ const std::initializer_list<std::string_view> kSamplingFields = {"temperature",
                                                                  "return_token_ids",
                                                                  "min_tokens",
                                                                  "response_format",
+                                                                 "guided_json",
+                                                                 "json_schema",
+                                                                 "structured_outputs",
                                                                  "priority"};
 
 ApiResult<bool> check_fields(const ojson& body,
@@ -461,61 +464,7 @@ ApiResult<bool> parse_sampling(const ojson& b, const ServingContext& ctx, Parsed
   RECUR_API_ASSIGN(auto min_tokens, get_int(b, "min_tokens", 0, INT32_MAX));
   if (min_tokens && *min_tokens > 0)
     return bad_request("min_tokens", "'min_tokens' is not supported");
-  if (const ojson* rf = field(b, "response_format")) {
-    RECUR_API_CHECK(parse_response_format(*rf, "response_format", req));
-  }
-  return true;
-}
-
-ApiResult<bool> parse_response_format(const ojson& format, const std::string& where,
-                                      ParsedRequest* req) {
-  const ojson* type = format.is_object() ? field(format, "type") : nullptr;
-  if (!type || !type->is_string()) {
-    return bad_request(where, fmt::format("'{}' must be an object with a \"type\"", where));
-  }
-  req->response_format = format;
-  if (*type == "text") return true;
-  req->json_schema_field = where;
-  if (*type == "json_object") {
-    req->json_schema = any_json_object_schema();
-    return true;
-  }
-  if (*type != "json_schema") {
-    return bad_request(where + ".type",
-                       fmt::format("'{}.type' must be text, json_object or json_schema", where));
-  }
-  // Chat completions nest the schema under "json_schema"; the Responses API puts it beside.
-  const bool nested = where == "response_format";
-  const ojson* holder = nested ? field(format, "json_schema") : &format;
-  const std::string at = nested ? where + ".json_schema" : where;
-  if (!holder || !holder->is_object()) {
-    return bad_request(at, fmt::format("'{}' must be an object with the schema", at));
-  }
-  RECUR_API_ASSIGN(auto name, get_string(*holder, "name", at + "."));
-  if (name && (name->empty() || name->size() > 64)) {
-    return bad_request(at + ".name", fmt::format("'{}.name' must have 1 to 64 characters", at));
-  }
-  RECUR_API_CHECK(get_bool(*holder, "strict", at + "."));
-  const ojson* schema = field(*holder, "schema");
-  if (!schema) return bad_request(at + ".schema", fmt::format("'{}.schema' is required", at));
-  RECUR_API_ASSIGN(req->json_schema, compile_json_schema(*schema, at + ".schema"));
-  return true;
-}
-
-ApiResult<bool> attach_constraint(const ServingContext& ctx, ParsedRequest* req) {
-  if (!req->json_schema) return true;
-  const std::string& where = req->json_schema_field;
-  if (!ctx.vocab_bytes) {
-    return bad_request(where, "structured outputs need the model's tokenizer");
-  }
-  if (req->output.parse_tools) {
-    return bad_request(where, fmt::format("'{}' with tools the model may call is not "
-                                          "supported; set tool_choice to \"none\" or leave "
-                                          "out one of them",
-                                          where));
-  }
-  req->engine.constraint = json_constraint(req->json_schema, ctx.vocab_bytes, ctx.eos_token_ids,
-                                           req->output.start_in_reasoning ? "</think>" : "");
+  RECUR_API_CHECK(parse_structured_outputs(b, req));
   return true;
 }
 

@@ -370,6 +370,35 @@ TEST(StructuredOutputs, RequestsOfEachApiCarryTheirConstraint) {
   EXPECT_EQ(resp->response_echo["text"]["format"]["name"], "t");
 }
 
+// vLLM's and llama.cpp's spellings of the same constraint; one of them at a time.
+TEST(StructuredOutputs, OtherServersFieldsGiveTheSameConstraint) {
+  const ServingContext c = tiny_context(chat_fixture(kRealVocabModel));
+  const int32_t brace = first_token(c, "{"), bracket = first_token(c, "[");
+  for (const char* extra :
+       {R"("guided_json": {"type": "array"})", R"("guided_json": "{\"type\": \"array\"}")",
+        R"("json_schema": {"type": "array"})",
+        R"("structured_outputs": {"json": {"type": "array"}})"}) {
+    auto r =
+        parse_completion_request(ojson::parse(std::string(R"({"prompt": "x", )") + extra + "}"), c);
+    ASSERT_TRUE(r.ok()) << extra << ": " << r.error().message;
+    ASSERT_TRUE(r->engine.constraint) << extra;
+    auto con = r->engine.constraint->start();
+    EXPECT_TRUE(con->allows(bracket)) << extra;
+    EXPECT_FALSE(con->allows(brace)) << extra;
+  }
+  for (const auto& [extra, param] :
+       {std::pair{R"("guided_json": "not json")", "guided_json"},
+        std::pair{R"("guided_json": {}, "response_format": {"type": "json_object"})",
+                  "guided_json"},
+        std::pair{R"("structured_outputs": {"choice": ["a"]})", "structured_outputs.choice"},
+        std::pair{R"("json_schema": {"type": "string", "pattern": "x"})", "json_schema"}}) {
+    auto r =
+        parse_completion_request(ojson::parse(std::string(R"({"prompt": "x", )") + extra + "}"), c);
+    ASSERT_FALSE(r.ok()) << extra;
+    EXPECT_EQ(r.error().param, param) << r.error().message;
+  }
+}
+
 TEST(StructuredOutputs, ToolsTheModelMayCallAreRefusedBesideASchema) {
   const ServingContext c = tiny_context(chat_fixture(kRealVocabModel));
   const std::string tools = R"("tools": [{"type": "function", "function": {"name": "f",

@@ -1,0 +1,100 @@
+// Structured outputs in requests: response_format (chat, completions; the Responses API's
+// text.format), vLLM's guided_json and structured_outputs.json, llama.cpp's json_schema; and
+// the engine request's constraint once the prompt is rendered.
+#include "server/request.h"
+
+namespace recur::server {
+
+ApiResult<bool> parse_structured_outputs(const ojson& b, ParsedRequest* req) {
+  if (const ojson* rf = field(b, "response_format")) {
+    RECUR_API_CHECK(parse_response_format(*rf, "response_format", req));
+  }
+  // The same constraint as other servers spell it: vLLM's guided_json (a schema, or its JSON
+  // text) and structured_outputs.json, llama.cpp's json_schema.
+  const ojson* so = field(b, "structured_outputs");
+  if (so && !so->is_object()) {
+    return bad_request("structured_outputs", "'structured_outputs' must be an object");
+  }
+  for (const auto& [name, schema] :
+       {std::pair{std::string("guided_json"), field(b, "guided_json")},
+        std::pair{std::string("json_schema"), field(b, "json_schema")},
+        std::pair{std::string("structured_outputs.json"), so ? field(*so, "json") : nullptr}}) {
+    if (!schema) continue;
+    if (req->json_schema) {
+      return bad_request(name, fmt::format("'{}' beside another structured-output field", name));
+    }
+    ojson parsed = *schema;
+    if (schema->is_string()) {
+      parsed = ojson::parse(schema->get<std::string>(), nullptr, false);
+      if (parsed.is_discarded()) {
+        return bad_request(name, fmt::format("'{}' must be a JSON schema", name));
+      }
+    }
+    RECUR_API_ASSIGN(req->json_schema, compile_json_schema(parsed, name));
+    req->json_schema_field = name;
+  }
+  if (so) {
+    for (const auto& [key, value] : so->items()) {
+      if (key != "json") {
+        return bad_request(
+            "structured_outputs." + key,
+            fmt::format("'structured_outputs.{}' is not supported (only json)", key));
+      }
+    }
+  }
+  return true;
+}
+
+ApiResult<bool> parse_response_format(const ojson& format, const std::string& where,
+                                      ParsedRequest* req) {
+  const ojson* type = format.is_object() ? field(format, "type") : nullptr;
+  if (!type || !type->is_string()) {
+    return bad_request(where, fmt::format("'{}' must be an object with a \"type\"", where));
+  }
+  req->response_format = format;
+  if (*type == "text") return true;
+  req->json_schema_field = where;
+  if (*type == "json_object") {
+    req->json_schema = any_json_object_schema();
+    return true;
+  }
+  if (*type != "json_schema") {
+    return bad_request(where + ".type",
+                       fmt::format("'{}.type' must be text, json_object or json_schema", where));
+  }
+  // Chat completions nest the schema under "json_schema"; the Responses API puts it beside.
+  const bool nested = where == "response_format";
+  const ojson* holder = nested ? field(format, "json_schema") : &format;
+  const std::string at = nested ? where + ".json_schema" : where;
+  if (!holder || !holder->is_object()) {
+    return bad_request(at, fmt::format("'{}' must be an object with the schema", at));
+  }
+  RECUR_API_ASSIGN(auto name, get_string(*holder, "name", at + "."));
+  if (name && (name->empty() || name->size() > 64)) {
+    return bad_request(at + ".name", fmt::format("'{}.name' must have 1 to 64 characters", at));
+  }
+  RECUR_API_CHECK(get_bool(*holder, "strict", at + "."));
+  const ojson* schema = field(*holder, "schema");
+  if (!schema) return bad_request(at + ".schema", fmt::format("'{}.schema' is required", at));
+  RECUR_API_ASSIGN(req->json_schema, compile_json_schema(*schema, at + ".schema"));
+  return true;
+}
+
+ApiResult<bool> attach_constraint(const ServingContext& ctx, ParsedRequest* req) {
+  if (!req->json_schema) return true;
+  const std::string& where = req->json_schema_field;
+  if (!ctx.vocab_bytes) {
+    return bad_request(where, "structured outputs need the model's tokenizer");
+  }
+  if (req->output.parse_tools) {
+    return bad_request(where, fmt::format("'{}' with tools the model may call is not "
+                                          "supported; set tool_choice to \"none\" or leave "
+                                          "out one of them",
+                                          where));
+  }
+  req->engine.constraint = json_constraint(req->json_schema, ctx.vocab_bytes, ctx.eos_token_ids,
+                                           req->output.start_in_reasoning ? "</think>" : "");
+  return true;
+}
+
+}  // namespace recur::server
