@@ -72,8 +72,8 @@ class JsonConstraint final : public TokenConstraint {
   void mask(std::span<float> logits) override {
     if (!active_) return;
     // Which tokens continue the text: while only strings are open, the string-safe ones that
-    // fit their length at once; then, by first byte, those whose first two bytes the matcher takes,
-    // each run to its end.
+    // fit their length at once; then, by first byte, those whose first two bytes the matcher
+    // takes, each run to its end.
     const size_t n_text = vocab_->bytes.size();
     allowed_.assign(logits.size(), 0);
     if (const int room = matcher_.free_string_room(); room > 0) {

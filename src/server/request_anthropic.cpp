@@ -136,15 +136,32 @@ ApiResult<ParsedRequest> parse_messages(const ojson& body, const ServingContext&
   if (count_only) {
     RECUR_API_CHECK(check_fields(body, {kPromptFields}, ctx));
   } else {
-    RECUR_API_CHECK(
-        check_fields(body,
-                     {kPromptFields,
-                      kSamplingFields,
-                      {"max_tokens", "stream", "stop_sequences", "metadata", "service_tier"}},
-                     ctx));
+    RECUR_API_CHECK(check_fields(body,
+                                 {kPromptFields,
+                                  kSamplingFields,
+                                  {"max_tokens", "stream", "stop_sequences", "metadata",
+                                   "service_tier", "output_format", "output_config"}},
+                                 ctx));
   }
   RECUR_API_CHECK(check_model(body, ctx));
-  if (!count_only) RECUR_API_CHECK(parse_sampling(body, ctx, &req));
+  if (!count_only) {
+    RECUR_API_CHECK(parse_sampling(body, ctx, &req));
+    // Structured outputs: output_config.format, or the beta's output_format ({"type":
+    // "json_schema", "schema": ...}).
+    const ojson* config = field(body, "output_config");
+    if (config && !config->is_object()) {
+      return bad_request("output_config", "'output_config' must be an object");
+    }
+    for (const auto& [name, format] :
+         {std::pair{"output_config.format", config ? field(*config, "format") : nullptr},
+          std::pair{"output_format", field(body, "output_format")}}) {
+      if (!format) continue;
+      if (req.json_schema) {
+        return bad_request(name, fmt::format("'{}' beside another output format", name));
+      }
+      RECUR_API_CHECK(parse_response_format(*format, name, &req));
+    }
+  }
   RECUR_API_ASSIGN(auto stream, get_bool(body, "stream"));
   req.stream = stream.value_or(false);
   RECUR_API_ASSIGN(auto max_tokens, get_int(body, "max_tokens", 1, INT32_MAX));
