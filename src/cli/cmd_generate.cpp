@@ -15,6 +15,8 @@
 #include "cli/commands.h"
 #include "cli/engine_options.h"
 #include "engine/engine.h"
+#include "io/mapped_file.h"
+#include "server/json_constraint.h"
 
 namespace recur::cli {
 
@@ -33,6 +35,7 @@ struct GenerateOptions {
   int64_t stats_every = 0;
   bool text = false;
   std::string prompt_cache;  // the prefix cache's file: read first, written at the end
+  std::string json_schema;   // structured outputs: a JSON schema's file, or "object"
 };
 
 Result<std::vector<int32_t>> parse_ids(const std::string& s) {
@@ -186,6 +189,30 @@ int run_generate(const GenerateOptions& o) {
     }
   }
 
+  // Structured outputs, as the server's response_format gives them.
+  std::shared_ptr<const ConstraintSpec> constraint;
+  if (!o.json_schema.empty()) {
+    if (!tokenizer)
+      return fail(
+          make_error(ErrorCode::kInvalidArgument, "--json-schema needs the model's tokenizer"));
+    std::shared_ptr<const server::CompiledSchema> schema = server::any_json_object_schema();
+    if (o.json_schema != "object") {
+      auto text = read_text_file(o.json_schema, 1 << 20);
+      if (!text.ok()) return fail(text.error());
+      const auto parsed = server::ojson::parse(*text, nullptr, false);
+      if (parsed.is_discarded()) {
+        return fail(make_error(ErrorCode::kInvalidArgument, "{}: not JSON", o.json_schema));
+      }
+      auto compiled = server::compile_json_schema(parsed, o.json_schema);
+      if (!compiled.ok()) {
+        return fail(make_error(ErrorCode::kInvalidArgument, "{}", compiled.error().message));
+      }
+      schema = *compiled;
+    }
+    constraint = server::json_constraint(schema, server::VocabularyBytes::build(*tokenizer),
+                                         eng.model_info().eos_token_ids, "");
+  }
+
   SamplingParams sp = default_sampling(eng.model_info().generation);
   if (o.temperature) sp.temperature = *o.temperature;
   if (o.top_k) sp.top_k = *o.top_k;
@@ -203,6 +230,7 @@ int run_generate(const GenerateOptions& o) {
     req.max_tokens = (*inputs)[i].max_tokens;
     req.sampling = sp;
     req.stop.ignore_eos = o.ignore_eos;
+    req.constraint = constraint;
     auto id = eng.submit(std::move(req), [&, i](const Event& ev) {
       Output& out = outputs[i];
       out.text += ev.text;
@@ -289,6 +317,9 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--top-p", o->top_p, "nucleus sampling");
   cmd->add_option("--top-k", o->top_k, "top-k sampling");
   cmd->add_flag("--ignore-eos", o->ignore_eos, "keep generating past end-of-sequence tokens");
+  cmd->add_option("--json-schema", o->json_schema,
+                  "structured outputs: only text that a JSON value of this schema file (or "
+                  "\"object\": any JSON object) can begin with");
   cmd->add_flag("--stats", o->stats, "print engine statistics as JSON on stderr at the end");
   cmd->add_option("--stats-every", o->stats_every, "print statistics every N generated tokens");
   cmd->add_flag("--text", o->text, "print the generated text instead of ids (single prompt)");

@@ -59,5 +59,21 @@ if "$recur" generate --model "$model" --prompt-ids 1,99999 --max-tokens 2 2>"$er
   echo "generate accepted a token id outside the vocabulary"; exit 1
 fi
 grep -q "outside the vocabulary" "$err" || { cat "$err"; exit 1; }
-rm -f "$err"
+# --json-schema: the random real-vocabulary model writes a value of the schema, sampled too;
+# a constraint the matcher does not follow is refused by name.
+realvocab="$root/models/qwen3next-tiny-realvocab"
+echo '{"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}},
+       "required": ["answer"], "additionalProperties": false}' >"$err.schema"
+for t in 0 1; do
+  text=$("$recur" generate --model "$realvocab" --prompt "Is it?" --max-tokens 200 --temperature "$t" \
+         --json-schema "$err.schema" --text 2>"$err")
+  python3 -c 'import json, sys; v = json.loads(sys.argv[1]); assert v["answer"] in ("yes", "no") and len(v) == 1, v' \
+    "$text" || { echo "generate --json-schema (temperature $t): $text"; cat "$err"; exit 1; }
+done
+echo '{"type": "string", "pattern": "a+"}' >"$err.schema"
+if "$recur" generate --model "$realvocab" --prompt "x" --json-schema "$err.schema" 2>"$err"; then
+  echo "generate accepted a schema with pattern"; exit 1
+fi
+grep -q "'pattern' is not supported" "$err" || { cat "$err"; exit 1; }
+rm -f "$err" "$err.schema"
 echo "generate: ok ($n tokens match transformers)"
