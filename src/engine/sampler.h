@@ -61,7 +61,8 @@ class Sampler {
   // Records prompt tokens for repetition_penalty; calls accumulate (ids must be < vocab_size).
   void set_prompt(std::span<const int32_t> prompt);
 
-  // Samples from logits [vocab_size]; bias and penalties are applied in place. Then accept(id).
+  // Samples from logits [vocab_size]; bias, penalties and a constraint's mask are applied in
+  // place. Then accept(id).
   // Non-greedy sampling consumes exactly one draw of the sequence's RNG (two when a constraint
   // refuses the first); greedy consumes none.
   void sample(float* logits, SampledToken* out);
@@ -94,8 +95,8 @@ class Sampler {
   bool apply_adjustments(float* logits);  // bias then penalties; false when nothing changed
   int32_t sample_stochastic(const float* logits);
   int32_t choose(const float* logits, bool modified);  // greedy or stochastic, as configured
-  size_t filter_top_p_min_p(size_t n, double total);  // on cand_[0, n) holding probabilities
-  int32_t draw(size_t n);                             // one RNG draw over cand_[0, n)
+  size_t filter_top_p_min_p(size_t n, double total);   // on cand_[0, n) holding probabilities
+  int32_t draw(size_t n);                              // one RNG draw over cand_[0, n)
   float raw_logit(const float* logits, int32_t id) const;
   double uniform() { return double(rng_() >> 11) * 0x1.0p-53; }
 

@@ -39,7 +39,7 @@ struct ServingContext {
   const Tokenizer* tokenizer = nullptr;                // null: token-id prompts only
   const ChatTemplate* chat_template = nullptr;         // null: no chat endpoints
   ToolCallFormat tool_format = ToolCallFormat::kJson;  // from the chat template, at start
-  std::string chat_template_error;    // why a template the directory has did not load
+  std::string chat_template_error;  // why a template the directory has did not load
   // The tokenizer's tokens as bytes, for structured outputs (null: response_format other than
   // text is refused).
   std::shared_ptr<const VocabularyBytes> vocab_bytes;
@@ -70,8 +70,9 @@ struct ParsedRequest {
   bool return_token_ids = false;
   bool chat_logprobs = false;  // chat: logprobs=true (top-n in engine.sampling.logprobs)
   OutputOptions output;
-  // Structured outputs: the schema the content must follow (response_format json_schema or
-  // json_object; the Responses API's text.format), and the format as given, for echoes.
+  // Structured outputs: the schema the content must follow (parse_structured_outputs; the
+  // Responses API's text.format; Anthropic's output_config.format), the field it came from, for
+  // errors, and the format as given, for the Responses API's echo.
   std::shared_ptr<const CompiledSchema> json_schema;
   std::string json_schema_field;
   ojson response_format;
