@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "server/json_schema.h"
+#include "tokenizer/utf8_util.h"
 
 namespace recur::server {
 
@@ -86,21 +87,9 @@ int string_byte(Frame& f, uint8_t b) {
   }
   if (b < 0x20) return -1;
   if (b < 0x80) return 1;
-  // A UTF-8 lead byte: how many continuation bytes follow, and the first one's range (no
-  // overlong forms, no surrogates, nothing past U+10FFFF).
-  if (b >= 0xC2 && b <= 0xDF) {
-    f.utf8_left = 1;
-  } else if (b >= 0xE0 && b <= 0xEF) {
-    f.utf8_left = 2;
-    f.lo = b == 0xE0 ? 0xA0 : 0x80;
-    f.hi = b == 0xED ? 0x9F : 0xBF;
-  } else if (b >= 0xF0 && b <= 0xF4) {
-    f.utf8_left = 3;
-    f.lo = b == 0xF0 ? 0x90 : 0x80;
-    f.hi = b == 0xF4 ? 0x8F : 0xBF;
-  } else {
-    return -1;
-  }
+  Utf8Lead lead;  // a multi-byte character's first byte
+  if (!utf8_lead(b, &lead)) return -1;
+  f.utf8_left = uint8_t(lead.continuations), f.lo = lead.lo, f.hi = lead.hi;
   return 1;
 }
 

@@ -161,12 +161,11 @@ class Compiler {
   ApiResult<int> root_node() {
     if (root_slot_ < 0) {
       root_slot_ = add(SchemaNode::Kind::kAnyOf);
-      RECUR_API_ASSIGN(const int n, compile_body_of_root());
+      RECUR_API_ASSIGN(const int n, compile(root_, ""));
       out_->nodes[size_t(root_slot_)].options = {n};
     }
     return root_slot_;
   }
-  ApiResult<int> compile_body_of_root() { return compile(root_, ""); }
 
   ApiResult<int> literals_of(const ojson& values, const std::string& path) {
     if (!values.is_array() || values.empty()) return fail(path, "must be a non-empty array");
@@ -330,8 +329,9 @@ ApiResult<std::shared_ptr<const CompiledSchema>> compile_json_schema(const ojson
 }
 
 std::shared_ptr<const CompiledSchema> any_json_object_schema() {
-  auto compiled = compile_json_schema(ojson{{"type", "object"}}, "response_format");
-  return compiled.value();
+  static const std::shared_ptr<const CompiledSchema> any_object =
+      compile_json_schema(ojson{{"type", "object"}}, "response_format").value();
+  return any_object;  // compiled once, shared by every request that asks for it
 }
 
 }  // namespace recur::server

@@ -155,11 +155,7 @@ ApiResult<ParsedRequest> parse_messages(const ojson& body, const ServingContext&
     for (const auto& [name, format] :
          {std::pair{"output_config.format", config ? field(*config, "format") : nullptr},
           std::pair{"output_format", field(body, "output_format")}}) {
-      if (!format) continue;
-      if (req.json_schema) {
-        return bad_request(name, fmt::format("'{}' beside another output format", name));
-      }
-      RECUR_API_CHECK(parse_response_format(*format, name, &req));
+      if (format) RECUR_API_CHECK(parse_response_format(*format, name, &req));
     }
   }
   RECUR_API_ASSIGN(auto stream, get_bool(body, "stream"));

@@ -5,6 +5,23 @@
 
 namespace recur::server {
 
+namespace {
+
+// The request's one schema, from `name`: a second structured-output field is a 400, whichever
+// API's spelling either takes.
+ApiResult<bool> set_schema(ParsedRequest* req, const std::string& name,
+                           std::shared_ptr<const CompiledSchema> schema) {
+  if (req->json_schema) {
+    return bad_request(name, fmt::format("'{}' beside '{}': give one structured-output field", name,
+                                         req->json_schema_field));
+  }
+  req->json_schema = std::move(schema);
+  req->json_schema_field = name;
+  return true;
+}
+
+}  // namespace
+
 ApiResult<bool> parse_structured_outputs(const ojson& b, ParsedRequest* req) {
   if (const ojson* rf = field(b, "response_format")) {
     RECUR_API_CHECK(parse_response_format(*rf, "response_format", req));
@@ -20,9 +37,6 @@ ApiResult<bool> parse_structured_outputs(const ojson& b, ParsedRequest* req) {
         std::pair{std::string("json_schema"), field(b, "json_schema")},
         std::pair{std::string("structured_outputs.json"), so ? field(*so, "json") : nullptr}}) {
     if (!schema) continue;
-    if (req->json_schema) {
-      return bad_request(name, fmt::format("'{}' beside another structured-output field", name));
-    }
     ojson parsed = *schema;
     if (schema->is_string()) {
       parsed = ojson::parse(schema->get<std::string>(), nullptr, false);
@@ -30,8 +44,8 @@ ApiResult<bool> parse_structured_outputs(const ojson& b, ParsedRequest* req) {
         return bad_request(name, fmt::format("'{}' must be a JSON schema", name));
       }
     }
-    RECUR_API_ASSIGN(req->json_schema, compile_json_schema(parsed, name));
-    req->json_schema_field = name;
+    RECUR_API_ASSIGN(auto compiled, compile_json_schema(parsed, name));
+    RECUR_API_CHECK(set_schema(req, name, std::move(compiled)));
   }
   if (so) {
     for (const auto& [key, value] : so->items()) {
@@ -53,11 +67,7 @@ ApiResult<bool> parse_response_format(const ojson& format, const std::string& wh
   }
   req->response_format = format;
   if (*type == "text") return true;
-  req->json_schema_field = where;
-  if (*type == "json_object") {
-    req->json_schema = any_json_object_schema();
-    return true;
-  }
+  if (*type == "json_object") return set_schema(req, where, any_json_object_schema());
   if (*type != "json_schema") {
     return bad_request(where + ".type",
                        fmt::format("'{}.type' must be text, json_object or json_schema", where));
@@ -76,8 +86,8 @@ ApiResult<bool> parse_response_format(const ojson& format, const std::string& wh
   RECUR_API_CHECK(get_bool(*holder, "strict", at + "."));
   const ojson* schema = field(*holder, "schema");
   if (!schema) return bad_request(at + ".schema", fmt::format("'{}.schema' is required", at));
-  RECUR_API_ASSIGN(req->json_schema, compile_json_schema(*schema, at + ".schema"));
-  return true;
+  RECUR_API_ASSIGN(auto compiled, compile_json_schema(*schema, at + ".schema"));
+  return set_schema(req, where, std::move(compiled));
 }
 
 ApiResult<bool> attach_constraint(const ServingContext& ctx, ParsedRequest* req) {

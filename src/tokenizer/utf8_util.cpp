@@ -6,28 +6,34 @@
 
 namespace recur {
 
+bool utf8_lead(uint8_t b0, Utf8Lead* lead) {
+  *lead = {0, 0x80, 0xBF};
+  if (b0 >= 0xC2 && b0 <= 0xDF) {
+    lead->continuations = 1;
+  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
+    lead->continuations = 2;
+    if (b0 == 0xE0) lead->lo = 0xA0;
+    if (b0 == 0xED) lead->hi = 0x9F;  // no surrogates
+  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
+    lead->continuations = 3;
+    if (b0 == 0xF0) lead->lo = 0x90;
+    if (b0 == 0xF4) lead->hi = 0x8F;  // nothing above U+10FFFF
+  } else {
+    return false;
+  }
+  return true;
+}
+
 Utf8Step utf8_step(const uint8_t* p, size_t n) {
   uint8_t b0 = p[0];
   if (b0 < 0x80) return {Utf8Step::kChar, 1};
-  size_t need;
-  uint8_t lo = 0x80, hi = 0xBF;  // allowed range of the second byte (RFC 3629 table)
-  if (b0 >= 0xC2 && b0 <= 0xDF) {
-    need = 2;
-  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-    need = 3;
-    if (b0 == 0xE0) lo = 0xA0;
-    if (b0 == 0xED) hi = 0x9F;  // no surrogates
-  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-    need = 4;
-    if (b0 == 0xF0) lo = 0x90;
-    if (b0 == 0xF4) hi = 0x8F;  // nothing above U+10FFFF
-  } else {
-    return {Utf8Step::kInvalid, 1};
-  }
+  Utf8Lead lead;
+  if (!utf8_lead(b0, &lead)) return {Utf8Step::kInvalid, 1};
+  const size_t need = size_t(lead.continuations) + 1;
   for (size_t i = 1; i < need; ++i) {
     if (i >= n) return {Utf8Step::kTruncated, n};
     uint8_t b = p[i];
-    bool ok = i == 1 ? (b >= lo && b <= hi) : (b >= 0x80 && b <= 0xBF);
+    bool ok = i == 1 ? (b >= lead.lo && b <= lead.hi) : (b >= 0x80 && b <= 0xBF);
     if (!ok) return {Utf8Step::kInvalid, i};
   }
   return {Utf8Step::kChar, need};

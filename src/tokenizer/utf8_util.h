@@ -20,6 +20,15 @@ struct Utf8Step {
 };
 Utf8Step utf8_step(const uint8_t* p, size_t n);
 
+// A lead byte of a multi-byte character (RFC 3629): how many continuation bytes follow, and the
+// range of the first of them (the rest are 0x80-0xBF). False for ASCII and for bytes that
+// begin no character.
+struct Utf8Lead {
+  int continuations;
+  uint8_t lo, hi;
+};
+bool utf8_lead(uint8_t b0, Utf8Lead* lead);
+
 // Byte offset of the first byte that does not begin a valid UTF-8 character, if any.
 std::optional<size_t> find_invalid_utf8(std::string_view bytes);
 

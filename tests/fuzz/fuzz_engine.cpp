@@ -10,12 +10,12 @@
 #include <cmath>
 #include <map>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
 #include "engine/engine.h"
+#include "engine/engine_test_util.h"
 #include "fuzz_targets.h"
 
 namespace recur::fuzz {
@@ -77,14 +77,12 @@ EventSink record(Seen* s) {
   };
 }
 
+// A greedy request (engine_test_util.h's) with its priority and the two best log-probabilities
+// of each step, which tell a near tie.
 Request greedy(std::vector<int32_t> prompt, int max_tokens, int priority) {
-  Request r;
-  r.prompt = std::move(prompt);
-  r.max_tokens = max_tokens;
+  Request r = greedy_request(std::move(prompt), max_tokens);
   r.priority = priority;
-  r.sampling.temperature = 0;
   r.sampling.logprobs = 2;
-  r.stop.ignore_eos = true;
   return r;
 }
 
@@ -178,11 +176,9 @@ int fuzz_engine(const uint8_t* data, size_t size) {
   const int64_t live_buffers = e.stats().alloc.live_buffers;
 
   // Three prompt families: requests share prefixes of one of them, then part.
-  std::vector<int32_t> families[3];
-  for (uint32_t f = 0; f < 3; ++f) {
-    std::mt19937 rng(f + 1);
-    for (int i = 0; i < kPrefixLen; ++i) families[f].push_back(int32_t(rng() % uint32_t(vocab)));
-  }
+  const std::vector<int32_t> families[3] = {random_tokens(kPrefixLen, vocab, 1),
+                                            random_tokens(kPrefixLen, vocab, 2),
+                                            random_tokens(kPrefixLen, vocab, 3)};
   std::vector<Submitted> subs;
   for (int op = 0; op < kMaxOps && !in.empty(); ++op) {
     const uint8_t kind = in.next() % 4;
@@ -191,8 +187,8 @@ int fuzz_engine(const uint8_t* data, size_t size) {
       const uint8_t suffix = in.next() % (kMaxSuffix + 1), seed = in.next();
       const int max_tokens = 1 + in.next() % kRefTokens, priority = in.next() % 3;
       std::vector<int32_t> prompt(families[f].begin(), families[f].begin() + prefix);
-      std::mt19937 rng(seed);
-      for (int i = 0; i < suffix; ++i) prompt.push_back(int32_t(rng() % uint32_t(vocab)));
+      const std::vector<int32_t> rest = random_tokens(suffix, vocab, seed);
+      prompt.insert(prompt.end(), rest.begin(), rest.end());
       if (prompt.empty()) prompt.push_back(int32_t(seed % vocab));
       Submitted s;
       s.request = greedy(prompt, max_tokens, priority);

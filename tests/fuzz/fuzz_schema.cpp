@@ -6,13 +6,12 @@
 // its allows() admits (its fast paths against the matcher), sampled.
 #include <string>
 #include <string_view>
-
-#include <cmath>
 #include <vector>
 
 #include "fuzz_targets.h"
 #include "server/json_constraint.h"
 #include "server/json_schema.h"
+#include "server/request_test_util.h"
 
 namespace recur::fuzz {
 
@@ -28,25 +27,13 @@ const char* kSchemas[] = {
         "kids": {"type": "array", "items": {"$ref": "#/$defs/t"}}}}}})",
 };
 
-const server::VocabularyBytes& qwen_vocab(const Tokenizer** tok) {
-  static const Tokenizer tokenizer = [] {
-    auto t = Tokenizer::load(std::string(RECUR_SOURCE_DIR) + "/models/qwen3next-tiny-realvocab");
-    FUZZ_CHECK(t.ok());
-    return std::move(*t);
-  }();
-  static const auto vocab = server::VocabularyBytes::build(tokenizer);
-  *tok = &tokenizer;
-  return *vocab;
-}
-
 // The text as tokens through a constraint of the schema, then its mask against allows().
 void check_mask(const std::shared_ptr<const server::CompiledSchema>& schema, std::string_view text,
                 uint32_t seed) {
-  const Tokenizer* tok = nullptr;
-  const server::VocabularyBytes& vocab = qwen_vocab(&tok);
-  auto shared = std::shared_ptr<const server::VocabularyBytes>(std::shared_ptr<void>(), &vocab);
-  const int32_t eos = 151645;
-  auto con = server::json_constraint(schema, shared, {eos}, "")->start();
+  const server::ChatFixture& fx = server::chat_fixture(server::kRealVocabModel);
+  const Tokenizer* tok = &fx.tok;
+  const int32_t eos = 151645;  // <|im_end|>
+  auto con = server::json_constraint(schema, fx.vocab, {eos}, "")->start();
   auto ids = tok->encode(text);
   if (!ids.ok()) return;
   for (int32_t id : *ids) {
@@ -58,7 +45,7 @@ void check_mask(const std::shared_ptr<const server::CompiledSchema>& schema, std
   con->mask(logits);
   size_t kept = 0;
   for (float l : logits) kept += l == 0.0f;
-  FUZZ_CHECK(kept > 0);            // a way on, or the end
+  FUZZ_CHECK(kept > 0);  // a way on, or the end
   // Tokens spread over the vocabulary, and the last ones (the special tokens).
   for (int i = 0; i < 400; ++i) {
     seed = seed * 1664525u + 1013904223u;

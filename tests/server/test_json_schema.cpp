@@ -181,14 +181,12 @@ TEST(JsonSchema, UnsupportedKeywordsAreRefusedByName) {
 namespace recur::server {
 namespace {
 
-const std::string kRealVocab = std::string(RECUR_SOURCE_DIR) + "/models/qwen3next-tiny-realvocab";
-
 // The constraint on Qwen's vocabulary: after each prefix, mask() keeps exactly the tokens
 // allows() admits (its fast paths agree with running every token), and nothing else.
 TEST(JsonConstraint, MaskKeepsExactlyTheTokensAllowsAdmits) {
-  auto tok = Tokenizer::load(kRealVocab);
-  ASSERT_TRUE(tok.ok());
-  const auto vocab = VocabularyBytes::build(*tok);
+  const ChatFixture& fx = chat_fixture(kRealVocabModel);  // Qwen's tokenizer and its bytes
+  const Tokenizer* tok = &fx.tok;
+  const auto& vocab = fx.vocab;
   const int32_t eos = *tok->token_to_id("<|im_end|>");
   const int V = tok->vocab_size() + 64;  // a model's padded rows are never text
   struct Case {
@@ -236,9 +234,9 @@ TEST(JsonConstraint, MaskKeepsExactlyTheTokensAllowsAdmits) {
 // With `active_after`, tokens are free until the marker has been generated (the model's
 // reasoning), then the schema holds, the marker's token's tail included.
 TEST(JsonConstraint, StartsAfterTheReasoningMarker) {
-  auto tok = Tokenizer::load(kRealVocab);
-  ASSERT_TRUE(tok.ok());
-  const auto vocab = VocabularyBytes::build(*tok);
+  const ChatFixture& fx = chat_fixture(kRealVocabModel);  // Qwen's tokenizer and its bytes
+  const Tokenizer* tok = &fx.tok;
+  const auto& vocab = fx.vocab;
   auto schema = compile_json_schema(ojson::parse(R"({"type": "boolean"})"), "f");
   ASSERT_TRUE(schema.ok());
   auto con = json_constraint(*schema, vocab, {}, "</think>")->start();
@@ -266,13 +264,13 @@ namespace {
 // like JSON unprompted): greedy, temperature and top-p sampling each end with a value the
 // schema accepts, every prefix on the way a prefix the matcher takes.
 TEST(JsonConstraint, EngineOutputsFollowTheSchema) {
-  auto tok = Tokenizer::load(kRealVocab);
-  ASSERT_TRUE(tok.ok());
+  const ChatFixture& fx = chat_fixture(kRealVocabModel);
+  const Tokenizer* tok = &fx.tok;
   auto ops = create_backend("cpu", 2);
   ASSERT_TRUE(ops.ok());
   EngineConfig cfg;
   cfg.max_batch = 3;
-  auto engine = Engine::create(kRealVocab, **ops, cfg, &*tok);
+  auto engine = Engine::create(kRealVocabModel, **ops, cfg, tok);
   ASSERT_TRUE(engine.ok()) << engine.error().to_string();
   Engine& e = **engine;
   auto schema = compile_json_schema(ojson::parse(R"({"type": "object", "properties": {
@@ -281,8 +279,7 @@ TEST(JsonConstraint, EngineOutputsFollowTheSchema) {
       "required": ["ok", "color", "tags"], "additionalProperties": false})"),
                                     "f");
   ASSERT_TRUE(schema.ok());
-  const auto spec =
-      json_constraint(*schema, VocabularyBytes::build(*tok), e.model_info().eos_token_ids, "");
+  const auto spec = json_constraint(*schema, fx.vocab, e.model_info().eos_token_ids, "");
   struct Run {
     std::vector<int32_t> ids;
     FinishReason reason = FinishReason::kError;
@@ -368,6 +365,15 @@ TEST(StructuredOutputs, RequestsOfEachApiCarryTheirConstraint) {
   ASSERT_TRUE(resp->engine.constraint);
   EXPECT_EQ(resp->response_echo["text"]["format"]["type"], "json_schema");
   EXPECT_EQ(resp->response_echo["text"]["format"]["name"], "t");
+  // One structured-output field a request, whichever spelling each takes.
+  auto twice =
+      parse_responses_request(J(R"({"input": "hi", "response_format": {"type": "json_object"},
+            "text": {"format": {"type": "json_object"}}})"),
+                              c);
+  ASSERT_FALSE(twice.ok());
+  EXPECT_EQ(twice.error().status, 400);
+  EXPECT_NE(twice.error().message.find("'response_format'"), std::string::npos);
+  EXPECT_NE(twice.error().message.find("'text.format'"), std::string::npos);
   // Anthropic's output_config.format, and the beta's output_format; not both.
   for (const char* key : {R"("output_config": {"format": )", R"("output_format": )"}) {
     const std::string messages =
