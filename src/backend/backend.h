@@ -1,4 +1,4 @@
-// Picks the op backend for a device name: "cpu", "cuda" or "cuda:N".
+// Picks the op backend for a device name: "cpu", "cuda", "cuda:N" or "cuda:N,M,...".
 #pragma once
 
 #include <memory>
@@ -8,8 +8,11 @@
 
 namespace recur {
 
-// threads: CPU worker threads (0: all cores); ignored by device backends.
-Result<std::unique_ptr<Ops>> create_backend(const std::string& device, int threads);
+// threads: CPU worker threads (0: all cores); ignored by device backends. rank of world:
+// which tensor-parallel rank the backend is for: on "cuda:N" rank r takes device N + r; a
+// list "cuda:N,M,..." names one device per rank (a device may repeat: ranks that share one).
+Result<std::unique_ptr<Ops>> create_backend(const std::string& device, int threads, int rank = 0,
+                                            int world = 1);
 
 // Whether this build has the CUDA backend.
 bool cuda_available();

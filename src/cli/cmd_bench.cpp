@@ -459,7 +459,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--model", o->model, "model directory");
   cmd->add_flag("--random-weights", o->random_weights, "random weights from the config alone");
   cmd->add_option("--layers", o->layers, "keep only the first N layers");
-  cmd->add_option("--device", o->device, "cpu, cuda or cuda:N");
+  add_device_option(cmd, &o->device);
   cmd->add_option("--batch", o->batches, "decode batch sizes, comma-separated");
   cmd->add_option("--prompt-len", o->prompt_len, "prompt tokens (prefill; decode context)");
   cmd->add_option("--prefill-lens", o->prefill_lens,

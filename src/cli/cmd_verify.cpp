@@ -342,7 +342,7 @@ void register_verify(CLI::App& app) {
   auto tolerance = std::make_shared<double>(1e-3);
   auto threads = std::make_shared<int>(0);
   auto device = std::make_shared<std::string>("cpu");
-  cmd->add_option("--device", *device, "cpu, cuda or cuda:N");
+  add_device_option(cmd, device.get());
   cmd->add_option("--model", *model, "model directory")->required();
   cmd->add_option("--golden", *golden, "golden.safetensors")->required();
   cmd->add_option("--tolerance", *tolerance, "largest allowed |logit error|")

@@ -12,7 +12,7 @@ namespace recur::cli {
 
 void add_engine_options(CLI::App* cmd, EngineOptions* o, const std::string& seed_help) {
   cmd->add_option("--model", o->model, "model directory")->required();
-  cmd->add_option("--device", o->device, "cpu, cuda or cuda:N");
+  add_device_option(cmd, &o->device);
   cmd->add_option("--threads", o->threads, "CPU threads (default: all)")
       ->check(CLI::Range(0, 1024));
   cmd->add_option("--max-batch", o->max_batch, "sequences decoded at once")
@@ -40,10 +40,17 @@ void add_engine_options(CLI::App* cmd, EngineOptions* o, const std::string& seed
   add_tensor_parallel_option(cmd, &o->tensor_parallel);
 }
 
+void add_device_option(CLI::App* cmd, std::string* device) {
+  cmd->add_option("--device", *device,
+                  "cpu, cuda or cuda:N; under --tensor-parallel, rank r takes cuda:N+r, or "
+                  "cuda:N,M,... names each rank's device");
+}
+
 void add_tensor_parallel_option(CLI::App* cmd, int* n) {
   cmd->add_option("--tensor-parallel", *n,
                   "ranks that split every layer's heads and columns between them (CPU: threads "
-                  "of this process, --threads shared among them)")
+                  "of this process, --threads shared among them; CUDA: one GPU each, joined "
+                  "by NCCL)")
       ->check(CLI::Range(1, 64));
 }
 
@@ -56,14 +63,17 @@ int threads_per_rank(int threads, int ranks) {
 
 Result<std::unique_ptr<Ops>> create_rank_backend(const std::string& device, int threads,
                                                  int ranks) {
-  return recur::create_backend(device, ranks > 1 ? threads_per_rank(threads, ranks) : threads);
+  return recur::create_backend(device, ranks > 1 ? threads_per_rank(threads, ranks) : threads, 0,
+                               std::max(ranks, 1));
 }
 
 std::function<Result<std::unique_ptr<Ops>>(int rank)> rank_backend_maker(const std::string& device,
                                                                          int threads, int ranks) {
   if (ranks <= 1) return nullptr;
   const int per_rank = threads_per_rank(threads, ranks);
-  return [device, per_rank](int) { return recur::create_backend(device, per_rank); };
+  return [device, per_rank, ranks](int rank) {
+    return recur::create_backend(device, per_rank, rank, ranks);
+  };
 }
 
 namespace {

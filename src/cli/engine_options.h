@@ -34,6 +34,8 @@ struct EngineOptions {
 
 // Registers --tensor-parallel N on cmd, writing into *n.
 void add_tensor_parallel_option(CLI::App* cmd, int* n);
+// Registers --device (cpu, cuda, cuda:N, cuda:N,M,...) on cmd, writing into *device.
+void add_device_option(CLI::App* cmd, std::string* device);
 
 // The backend of one of `ranks` tensor-parallel ranks on `device`: `threads` CPU threads (0: all
 // cores) shared evenly among the ranks, at least one each. Rank 0's, and the maker of the

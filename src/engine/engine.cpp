@@ -307,6 +307,7 @@ void Engine::start() {
 }
 
 void Engine::thread_main() {
+  model_->ops().bind_thread();  // the model may be on a device other than this thread's default
   for (;;) {
     {
       std::unique_lock<std::mutex> lk(mu_);

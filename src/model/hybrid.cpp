@@ -102,6 +102,7 @@ Status HybridModel::allocate(const ModelPlan& plan) {
     RECUR_RETURN_IF_ERROR(add_tensor(A, buffers_, &logits_part_, f32,
                                      {opt_.max_logit_rows, spec_.lm_head.shape[0]},
                                      "logits of this rank's vocabulary"));
+    RECUR_RETURN_IF_ERROR(comm_->reserve_gather(logits_part_.numel()));
   }
   if (n.conv_channels > 0) {
     RECUR_RETURN_IF_ERROR(add(&s.conv_in, f32, {T, n.conv_channels}, "conv input"));

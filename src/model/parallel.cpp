@@ -61,10 +61,10 @@ class RankThreads {
 
 class ParallelModel final : public Model {
  public:
-  ParallelModel(std::unique_ptr<InProcessGroup> group, std::vector<std::unique_ptr<Ops>> rank_ops,
+  ParallelModel(std::vector<std::unique_ptr<Ops>> rank_ops, std::unique_ptr<CommGroup> group,
                 std::vector<std::unique_ptr<Model>> ranks)
-      : group_(std::move(group)),
-        rank_ops_(std::move(rank_ops)),
+      : rank_ops_(std::move(rank_ops)),
+        group_(std::move(group)),
         ranks_(std::move(ranks)),
         status_(ranks_.size()),
         threads_(int(ranks_.size())) {}
@@ -76,13 +76,13 @@ class ParallelModel final : public Model {
   const StateConfig& state_config() const override { return ranks_[0]->state_config(); }
   Ops& ops() override { return ranks_[0]->ops(); }
   void reset_slot(int slot) override {
-    for (auto& m : ranks_) m->reset_slot(slot);
+    each_rank([&](int, Model& m) { m.reset_slot(slot); });
   }
   void save_snapshot(int slot, int snapshot) override {
-    for (auto& m : ranks_) m->save_snapshot(slot, snapshot);
+    each_rank([&](int, Model& m) { m.save_snapshot(slot, snapshot); });
   }
   void restore_snapshot(int snapshot, int slot) override {
-    for (auto& m : ranks_) m->restore_snapshot(snapshot, slot);
+    each_rank([&](int, Model& m) { m.restore_snapshot(snapshot, slot); });
   }
   // A block's or a snapshot's bytes are the ranks' parts back to back, in rank order.
   Status read_block(int block, std::span<uint8_t> out) override {
@@ -105,24 +105,37 @@ class ParallelModel final : public Model {
   Status forward(const Batch& batch, Tensor logits) override;
 
  private:
+  // fn(r, rank r's model) for every rank at once, each on its rank's thread with its device
+  // bound (rank 0 on the caller's, which stays bound to rank 0's).
+  template <typename Fn>
+  void each_rank(Fn&& fn) {
+    auto job = [&](int r) {
+      Model& m = *ranks_[size_t(r)];
+      m.ops().bind_thread();
+      fn(r, m);
+    };
+    threads_.run(job);
+  }
+
+  // bytes holds the ranks' parts back to back, in rank order, each part's size per_rank of
+  // the rank's info; fn(model, part) copies one.
   template <typename Bytes, typename Fn>
   Status each_part(std::span<Bytes> bytes, int64_t ModelInfo::*per_rank, Fn fn) {
-    size_t at = 0;
-    for (auto& m : ranks_) {
-      const size_t n = size_t(m->info().*per_rank);
-      if (at + n > bytes.size()) break;
-      RECUR_RETURN_IF_ERROR(fn(*m, bytes.subspan(at, n)));
-      at += n;
-    }
-    if (at != bytes.size() || at != size_t(info_.*per_rank)) {
+    if (bytes.size() != size_t(info_.*per_rank)) {
       return make_error(ErrorCode::kInvalidArgument, "{} bytes given for a copy of {}",
                         bytes.size(), info_.*per_rank);
     }
+    each_rank([&](int r, Model& m) {
+      size_t at = 0;
+      for (int k = 0; k < r; ++k) at += size_t(ranks_[size_t(k)]->info().*per_rank);
+      status_[size_t(r)] = fn(m, bytes.subspan(at, size_t(m.info().*per_rank)));
+    });
+    for (const Status& s : status_) RECUR_RETURN_IF_ERROR(s);
     return Status();
   }
 
-  std::unique_ptr<InProcessGroup> group_;
   std::vector<std::unique_ptr<Ops>> rank_ops_;  // ranks 1..; rank 0 runs on the caller's
+  std::unique_ptr<CommGroup> group_;            // after rank_ops_: its scratch is theirs
   std::vector<std::unique_ptr<Model>> ranks_;   // [world]
   std::vector<Buffer> logits_buffers_;
   std::vector<Tensor> rank_logits_;  // [world]: ranks 1..: [max_logit_rows, vocab] f32
@@ -147,8 +160,10 @@ Status ParallelModel::init() {
   // A prefix-cache file written by one split is no use to another (blocks hold the ranks'
   // parts back to back).
   if (info_.fingerprint != 0) info_.fingerprint ^= 0x9e3779b97f4a7c15ull * uint64_t(world);
-  info_.notes.push_back(
-      fmt::format("tensor parallel over {} ranks (threads of this process)", world));
+  info_.notes.push_back(fmt::format("tensor parallel over {} ranks ({})", world,
+                                    ranks_[0]->ops().device() == Device::kCpu
+                                        ? "threads of this process"
+                                        : "a thread and a GPU stream each"));
   rank_logits_.resize(size_t(world));
   for (int r = 0; r < world; ++r) {
     const StateConfig& c = ranks_[size_t(r)]->state_config();
@@ -175,12 +190,11 @@ Status ParallelModel::forward(const Batch& batch, Tensor logits) {
     return make_error(ErrorCode::kInvalidArgument, "logits {} cannot take {} rows of {}",
                       logits.shape_string(), batch.logit_rows.size(), info_.vocab_size);
   }
-  auto run = [&](int r) {
+  each_rank([&](int r, Model& m) {
     const Tensor& mine = rank_logits_[size_t(r)];
-    status_[size_t(r)] = ranks_[size_t(r)]->forward(
+    status_[size_t(r)] = m.forward(
         batch, r == 0 ? logits : mine.slice_rows(0, std::min(logits.rows(), mine.rows())));
-  };
-  threads_.run(run);
+  });
   for (const Status& s : status_) RECUR_RETURN_IF_ERROR(s);
   return Status();
 }
@@ -197,20 +211,16 @@ Result<std::unique_ptr<Model>> load_parallel_model(Ops& ops, const LoadOptions& 
     return make_error(ErrorCode::kInvalidArgument,
                       "tensor parallelism over {} ranks needs a backend for each rank", world);
   }
-  auto group = std::make_unique<InProcessGroup>(world);
   std::vector<std::unique_ptr<Ops>> rank_ops;
+  std::vector<Ops*> all = {&ops};
   for (int r = 1; r < world; ++r) {
     RECUR_ASSIGN_OR_RETURN(std::unique_ptr<Ops> o, options.rank_backend(r));
+    all.push_back(o.get());
     rank_ops.push_back(std::move(o));
   }
-  for (int r = 0; r < world; ++r) {
-    Ops& o = r == 0 ? ops : *rank_ops[size_t(r) - 1];
-    if (o.device() != Device::kCpu) {
-      return make_error(ErrorCode::kUnsupported,
-                        "tensor parallelism runs its ranks as threads over host memory: the "
-                        "CPU backend only (NCCL ranks on GPUs are not wired yet)");
-    }
-  }
+  // Each rank's ops were made on this thread, which is now bound to the last one's device.
+  ops.bind_thread();
+  RECUR_ASSIGN_OR_RETURN(std::unique_ptr<CommGroup> group, ops.create_group(all));
   LoadOptions per_rank = options;
   per_rank.tensor_parallel = 1;
   per_rank.rank_backend = nullptr;
@@ -218,12 +228,14 @@ Result<std::unique_ptr<Model>> load_parallel_model(Ops& ops, const LoadOptions& 
   per_rank.prefix_cache_budget_bytes = options.prefix_cache_budget_bytes / world;
   std::vector<std::unique_ptr<Model>> ranks;
   for (int r = 0; r < world; ++r) {
-    Ops& o = r == 0 ? ops : *rank_ops[size_t(r) - 1];
-    RECUR_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, load_rank(o, per_rank, group->rank(r)));
-    ranks.push_back(std::move(m));
+    all[size_t(r)]->bind_thread();  // the rank's weights and buffers go to its device
+    auto m = load_rank(*all[size_t(r)], per_rank, group->rank(r));
+    ops.bind_thread();
+    if (!m.ok()) return m.error();
+    ranks.push_back(std::move(*m));
   }
   auto model =
-      std::make_unique<ParallelModel>(std::move(group), std::move(rank_ops), std::move(ranks));
+      std::make_unique<ParallelModel>(std::move(rank_ops), std::move(group), std::move(ranks));
   RECUR_RETURN_IF_ERROR(model->init());
   return std::unique_ptr<Model>(std::move(model));
 }

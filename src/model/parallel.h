@@ -3,8 +3,9 @@
 // columns, LM-head vocabulary rows; embedding, norms and routers whole) and the recurrent state
 // and attention cache of its own heads. A forward runs every rank at once, each on its own
 // thread and backend; the ranks' partial outputs join in one all-reduce per mixer and per
-// feed-forward (hybrid.cpp), and rank 0's gathered logits are the model's. Ranks here are
-// threads of this process (InProcessGroup), so the ranks' backends must be the CPU's.
+// feed-forward (hybrid.cpp), and rank 0's gathered logits are the model's. The collectives'
+// transport is rank 0's backend's (Ops::create_group): host memory between CPU ranks, NCCL
+// between GPUs, device memory between ranks that share one GPU.
 #pragma once
 
 #include <functional>
@@ -21,7 +22,8 @@ using RankLoader = std::function<Result<std::unique_ptr<Model>>(
     Ops& ops, const LoadOptions& options, Communicator& comm)>;
 
 // The model over options.tensor_parallel ranks: rank 0 on `ops`, the others on backends from
-// options.rank_backend; the budgets of `options` are shared evenly between the ranks.
+// options.rank_backend; the budgets of `options` are shared evenly between the ranks. The
+// calling thread stays bound to rank 0's device (Ops::bind_thread).
 Result<std::unique_ptr<Model>> load_parallel_model(Ops& ops, const LoadOptions& options,
                                                    const RankLoader& load_rank);
 

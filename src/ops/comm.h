@@ -26,21 +26,32 @@ class Communicator {
   // part [rows, c] f32 on every rank, out [rows, world·c] f32 (rows may be strided):
   // out[:, r·c : (r+1)·c] = rank r's part, on every rank.
   virtual void all_gather_cols(const Tensor& part, Tensor out) = 0;
+  // The most floats (rows · c) a part given to all_gather_cols will have, said at load, before
+  // the first call: a transport that gathers through a scratch of its own makes it here.
+  virtual Status reserve_gather(int64_t part_floats) { return Status(); }
+};
+
+// The communicators of one group's ranks, made together (ops.h: Ops::create_group).
+class CommGroup {
+ public:
+  virtual ~CommGroup() = default;
+  virtual int world() const = 0;
+  virtual Communicator& rank(int r) = 0;
 };
 
 // Ranks that are threads of one process, over host memory: each collective publishes the
 // ranks' tensor addresses, meets at a barrier, and has each rank do its share of the exchange
 // on the others' memory directly, then meets again before anyone may write its tensor. The
 // table of addresses and the barrier are made once; a collective allocates nothing.
-class InProcessGroup {
+class InProcessGroup final : public CommGroup {
  public:
   explicit InProcessGroup(int world);
-  ~InProcessGroup();
+  ~InProcessGroup() override;
   InProcessGroup(const InProcessGroup&) = delete;
   InProcessGroup& operator=(const InProcessGroup&) = delete;
 
-  int world() const { return int(ranks_.size()); }
-  Communicator& rank(int r);
+  int world() const override { return int(ranks_.size()); }
+  Communicator& rank(int r) override;
 
  private:
   class Rank;

@@ -196,6 +196,22 @@ void Ops::gated_delta_rule_norm(const Tensor& q, const Tensor& k, const Tensor& 
   rms_norm_gated(out, gate, norm_w, eps, act, normed);
 }
 
+Result<std::unique_ptr<CommGroup>> Ops::create_group(std::span<Ops* const> ranks) {
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    if (ranks[r]->device() != Device::kCpu) {
+      return make_error(ErrorCode::kUnsupported,
+                        "tensor-parallel rank {} is on a GPU and rank 0 on the CPU: ranks of one "
+                        "group share a kind of device",
+                        r);
+    }
+  }
+  if (ranks.empty() || ranks.size() > 64) {
+    return make_error(ErrorCode::kInvalidArgument, "a group of {} ranks: expected 1 to 64",
+                      ranks.size());
+  }
+  return std::unique_ptr<CommGroup>(new InProcessGroup(int(ranks.size())));
+}
+
 int64_t Ops::free_memory_bytes() {
   return int64_t(sysconf(_SC_AVPHYS_PAGES)) * int64_t(sysconf(_SC_PAGESIZE));
 }

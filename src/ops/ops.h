@@ -4,11 +4,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
 #include "core/allocator.h"
 #include "core/tensor.h"
+#include "ops/comm.h"
 
 namespace recur {
 
@@ -120,6 +122,14 @@ class Ops {
 
   virtual Device device() const = 0;
   virtual Allocator& allocator() = 0;
+  // Makes this backend's device the calling thread's current one. A device backend's ops may
+  // run on threads other than the one that made it (the engine's, a tensor-parallel rank's):
+  // each such thread calls this before its first op, and again after using another backend.
+  virtual void bind_thread() {}
+  // The communicators of a tensor-parallel group whose rank r runs on ranks[r] (this backend
+  // among them, each backend of one rank only), over a transport between those backends: the
+  // default joins CPU ranks through host memory (InProcessGroup) and refuses others.
+  virtual Result<std::unique_ptr<CommGroup>> create_group(std::span<Ops* const> ranks);
   // Makes a weight usable by this backend: the same view on the CPU, a device copy elsewhere.
   virtual Result<Tensor> adopt_weight(const Tensor& host) = 0;
   // As adopt_weight, for a weight used only as matmul's w [m, k] or as an expert's (the model

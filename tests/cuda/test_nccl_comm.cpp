@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/nccl_comm.h"
 
 namespace recur {
@@ -29,8 +30,14 @@ void run_rank(const NcclId& id, int rank, int world, int device, std::vector<flo
   CUDA_OK(cudaSetDevice(device));
   cudaStream_t stream = nullptr;
   CUDA_OK(cudaStreamCreate(&stream));
-  auto comm = NcclCommunicator::create(id, rank, world, device, stream, kRows * kPart);
+  auto ops = CudaOps::create(device);  // for its allocator, which the gather scratch comes from
+  ASSERT_TRUE(ops.ok()) << ops.error().to_string();
+  auto comm = NcclCommunicator::create(
+      id, rank, world, device, [stream]() -> void* { return stream; }, (*ops)->allocator());
   ASSERT_TRUE(comm.ok()) << comm.error().to_string();
+  const int64_t live = (*ops)->allocator().stats().live_buffers;
+  ASSERT_TRUE((*comm)->reserve_gather(kRows * kPart).ok());
+  EXPECT_EQ((*ops)->allocator().stats().live_buffers, live + 1);  // counted as the rank's
   const char* nvls = std::getenv("NCCL_NVLS_ENABLE");
   EXPECT_TRUE(nvls && std::string(nvls) == "0");
   std::vector<float> x(kRows * kCols), part(kRows * kPart);

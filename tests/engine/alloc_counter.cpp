@@ -3,6 +3,9 @@
 // new/delete pair is malloc/free, hence the silenced warning.
 #include "alloc_counter.h"
 
+#include <execinfo.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -12,14 +15,33 @@
 namespace {
 std::atomic<bool> g_count_allocs{false};
 std::atomic<int64_t> g_allocs{0};
+// RECUR_ALLOC_TRACE=N: the call stacks of the first N counted allocations go to stderr (as
+// addresses in their binaries, for addr2line), to find where a window allocates.
+std::atomic<int> g_traces_left{0};
+thread_local bool t_tracing = false;
 void note_alloc() {
-  if (g_count_allocs.load(std::memory_order_relaxed)) g_allocs.fetch_add(1);
+  if (!g_count_allocs.load(std::memory_order_relaxed)) return;
+  g_allocs.fetch_add(1);
+  if (t_tracing || g_traces_left.load(std::memory_order_relaxed) <= 0) return;
+  if (g_traces_left.fetch_sub(1) <= 0) return;
+  t_tracing = true;  // backtrace may allocate on its first call
+  void* frames[24];
+  const int n = backtrace(frames, 24);
+  backtrace_symbols_fd(frames, n, 2);
+  static const char kEnd[] = "--\n";
+  (void)!write(2, kEnd, sizeof kEnd - 1);
+  t_tracing = false;
 }
 }  // namespace
 
 namespace recur::testing {
 
 void start_counting_allocs() {
+  static const int traces = [] {
+    const char* v = std::getenv("RECUR_ALLOC_TRACE");
+    return v ? std::atoi(v) : 0;
+  }();
+  g_traces_left = traces;
   g_allocs = 0;
   g_count_allocs = true;
 }

@@ -10,9 +10,9 @@
 #include <random>
 
 #include "alloc_counter.h"
-#include "backend/cpu/cpu_ops.h"
 #include "engine/engine.h"
 #include "engine_test_util.h"
+#include "model/tp_test_device.h"
 
 namespace recur {
 namespace {
@@ -20,12 +20,17 @@ namespace {
 namespace fs = std::filesystem;
 const std::string kRoot = RECUR_SOURCE_DIR;
 
-// One engine over `world` ranks (1: the whole model), each rank's backend one CPU thread.
+// One engine over `world` ranks (1: the whole model), each rank's backend one CPU thread (or a
+// GPU: model/tp_test_device.h).
 struct TpEngine {
-  std::unique_ptr<CpuOps> ops = std::make_unique<CpuOps>(1);
+  std::unique_ptr<Ops> ops;
   std::unique_ptr<Engine> engine;  // after ops: the model keeps a reference to it
 
   TpEngine(const std::string& model, int world, const std::string& cache_file = "") {
+    auto o = recur_test::tp_test_backend(0, world);
+    EXPECT_TRUE(o.ok()) << o.error().to_string();
+    if (!o.ok()) return;
+    ops = std::move(*o);
     EngineConfig cfg;
     cfg.max_batch = 4;
     cfg.max_batch_tokens = 24;  // prompts in chunks, beside the others' decode tokens
@@ -34,9 +39,7 @@ struct TpEngine {
     cfg.snapshot_interval = 32;
     cfg.prefix_cache_file = cache_file;
     cfg.tensor_parallel = world;
-    cfg.rank_backend = [](int) -> Result<std::unique_ptr<Ops>> {
-      return std::unique_ptr<Ops>(new CpuOps(1));
-    };
+    cfg.rank_backend = [world](int r) { return recur_test::tp_test_backend(r, world); };
     auto e = Engine::create(model, *ops, cfg, nullptr);
     EXPECT_TRUE(e.ok()) << e.error().to_string();
     if (e.ok()) engine = std::move(*e);
@@ -133,14 +136,14 @@ TEST(TensorParallelEngineFile, ARestartedSplitEngineFindsWhatTheLastOneSaved) {
 // A split forward allocates nothing: the ranks' threads, the collectives and the gathered
 // logits all use what loading made (decode steps of two sequences after a warm-up).
 TEST(TensorParallelModel, DecodeStepsAllocateNothing) {
-  CpuOps ops(1);
+  auto o = recur_test::tp_test_backend(0, 2);
+  ASSERT_TRUE(o.ok()) << o.error().to_string();
+  Ops& ops = **o;
   LoadOptions opt;
   opt.max_batch_tokens = 64;
   opt.state = {2, 16, 16};
   opt.tensor_parallel = 2;
-  opt.rank_backend = [](int) -> Result<std::unique_ptr<Ops>> {
-    return std::unique_ptr<Ops>(new CpuOps(1));
-  };
+  opt.rank_backend = [](int r) { return recur_test::tp_test_backend(r, 2); };
   auto m = load_model(kRoot + "/models/qwen3_5-moe-tiny", ops, opt);
   ASSERT_TRUE(m.ok()) << m.error().to_string();
   Model& model = **m;

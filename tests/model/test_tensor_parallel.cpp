@@ -1,8 +1,9 @@
-// Tensor parallelism on the CPU: N in-process ranks give the logits of the whole model (within
-// f32 rounding of the split sums) on every reference model whose heads split, and on random
-// checkpoints with the splits those lack (key heads shared by ranks, feed-forward columns that
-// do not divide evenly, a vocabulary that does not divide, tied embeddings, fused experts);
-// heads that cannot be split are refused with an error naming the count and the ranks.
+// Tensor parallelism (on the CPU, or on GPUs under RECUR_TEST_DEVICE: tp_test_device.h): N ranks
+// give the logits of the whole model (within f32 rounding of the split sums) on every reference
+// model whose heads split, and on random checkpoints with the splits those lack (key heads
+// shared by ranks, feed-forward columns that do not divide evenly, a vocabulary that does not
+// divide, tied embeddings, fused experts); heads that cannot be split are refused with an error
+// naming the count and the ranks.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/cpu_ops.h"
 #include "model/random_checkpoint.h"
 #include "model/registry.h"
+#include "model/tp_test_device.h"
 
 namespace recur_test {
 namespace {
@@ -33,20 +34,20 @@ recur::LoadOptions options(int world) {
   opt.max_batch_tokens = kMaxTokens;
   opt.state = {kSlots, kSlots * kBlocksPerSlot, kBlockSize};
   opt.tensor_parallel = world;
-  opt.rank_backend = [](int) -> recur::Result<std::unique_ptr<recur::Ops>> {
-    return std::unique_ptr<recur::Ops>(new recur::CpuOps(1));
-  };
+  opt.rank_backend = [world](int r) { return tp_test_backend(r, world); };
   return opt;
 }
 
-// A model over `world` ranks (1: the whole model), each rank on one CPU thread.
+// A model over `world` ranks (1: the whole model), each rank on one CPU thread (or a GPU:
+// tp_test_device.h).
 struct Loaded {
-  std::unique_ptr<recur::CpuOps> ops = std::make_unique<recur::CpuOps>(1);
+  std::unique_ptr<recur::Ops> ops;
   std::unique_ptr<recur::Model> model;  // after ops: it keeps a reference to it
 };
 
 recur::Result<Loaded> load(const std::string& dir, int world) {
   Loaded l;
+  RECUR_ASSIGN_OR_RETURN(l.ops, tp_test_backend(0, world));
   RECUR_ASSIGN_OR_RETURN(l.model, recur::load_model(dir, *l.ops, options(world)));
   return l;
 }
@@ -216,6 +217,23 @@ TEST(TensorParallel, HeadsThatDoNotSplitAreRefused) {
                  {"over 2 ranks", "Kimi Delta Attention has 3 heads", "do not divide"});
   expect_refused(kRoot + "/models/kimi-linear-tiny", 4,
                  {"over 4 ranks", "Kimi Delta Attention has 2 heads", "do not divide"});
+}
+
+// --device for GPU ranks: "cuda:N" gives rank r device N + r; a list names one device per rank
+// and must name as many as there are ranks; anything else is refused by name (checked before
+// any device is touched, so on a machine without one too).
+TEST(TensorParallel, DeviceListsNameOneDevicePerRank) {
+  auto expect_error = [](const std::string& device, int rank, int world, const std::string& part) {
+    auto o = recur::create_backend(device, 1, rank, world);
+    ASSERT_FALSE(o.ok()) << device;
+    EXPECT_NE(o.error().message.find(part), std::string::npos) << o.error().to_string();
+  };
+  expect_error("cuda:0,1", 0, 4, "names 2 devices for 4 tensor-parallel ranks");
+  expect_error("cuda:0,1,2", 1, 2, "names 3 devices for 2");
+  expect_error("cuda:0,x", 0, 2, "expected cuda:N or cuda:N,M");
+  expect_error("cuda:-1", 0, 1, "expected cuda:N or cuda:N,M");
+  expect_error("cuda:0,", 0, 2, "expected cuda:N or cuda:N,M");
+  expect_error("gpu", 0, 1, "expected cpu, cuda, cuda:N or cuda:N,M");
 }
 
 }  // namespace

@@ -32,8 +32,11 @@ struct CudaOptions {
   bool profile = false;  // RECUR_CUDA_PROFILE=1: device time per op, printed at exit (no graphs)
   // RECUR_CUDA_TRACE_OUT=FILE: where a RECUR_CUDA_TRACE build writes its stamps at exit.
   std::string trace_out;
+  // Set for tensor-parallel ranks that share one device (cuda_comm.cu): their collectives meet
+  // at host barriers, which a replayed graph would pass by.
+  bool host_ordered_collectives = false;
   // Decode forwards replay CUDA graphs unless a launch-by-launch switch is on.
-  bool graphs() const { return !sync && !profile; }
+  bool graphs() const { return !sync && !profile && !host_ordered_collectives; }
   static CudaOptions from_environment();
 };
 
@@ -87,6 +90,7 @@ namespace recur {
 class CudaAllocator final : public Allocator {
  public:
   CudaAllocator() : Allocator(Device::kCuda) {}
+  int device = 0;  // where raw_allocate allocates
 
  protected:
   void* raw_allocate(size_t bytes) override;
@@ -249,7 +253,10 @@ struct CudaOps::Impl {
   const int32_t* ints(const int32_t* host, int64_t count);
   DevLayout layout(const SeqLayout& l, bool with_blocks);
   void* grow(Buffer& b, size_t bytes, const char* what);  // outside forwards only (ad hoc)
-  const void* const* expert_table(std::span<const ExpertWeights> experts);
+  // The device list of the experts' gate, up and down pointers (then extra's, when given),
+  // made and uploaded at its first use; no heap allocation after that.
+  const void* const* expert_table(std::span<const ExpertWeights> experts,
+                                  const ExpertWeights* extra = nullptr);
   // `bytes` of device memory for a weight that lives as long as this backend, 256-byte aligned:
   // carved from a slab, or its own buffer when large.
   Result<void*> weight_memory(size_t bytes);

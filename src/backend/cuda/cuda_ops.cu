@@ -134,12 +134,18 @@ size_t mirror_elems(int64_t tokens, int64_t seqs, int64_t blocks, int64_t logit_
 }  // namespace
 
 void* CudaAllocator::raw_allocate(size_t bytes) {
+  // On this allocator's device whichever device the calling thread is bound to (a
+  // tensor-parallel model allocates every rank's buffers from one thread).
+  int current = device;
+  RECUR_CUDA_CHECK(cudaGetDevice(&current));
+  if (current != device) RECUR_CUDA_CHECK(cudaSetDevice(device));
   void* p = nullptr;
   // A failed cudaMalloc is reported to the caller as an allocation failure (nullptr).
   if (cudaMalloc(&p, bytes) != cudaSuccess) {
     (void)cudaGetLastError();
-    return nullptr;
+    p = nullptr;
   }
+  if (current != device) RECUR_CUDA_CHECK(cudaSetDevice(current));
   return p;
 }
 
@@ -155,6 +161,7 @@ CudaOps::CudaOps() : impl_(std::make_unique<Impl>()) {}
 CudaOps::~CudaOps() = default;
 
 CudaOps::Impl::~Impl() {
+  cudaSetDevice(device);           // the last owner may be a thread bound to another rank's device
   if (mode == Mode::kCapturing) {  // a forward begun and never waited for: drop its capture
     cudaGraph_t g = nullptr;
     if (cudaStreamEndCapture(capture_stream, &g) == cudaSuccess && g) cudaGraphDestroy(g);
@@ -239,6 +246,7 @@ Result<std::unique_ptr<CudaOps>> CudaOps::create(int device) {
   std::unique_ptr<CudaOps> ops(new CudaOps());
   Impl& s = *ops->impl_;
   s.device = device;
+  s.alloc.device = device;
   s.sm_count = prop.multiProcessorCount;
   s.max_smem_optin = prop.sharedMemPerBlockOptin;
   s.options = cuda::CudaOptions::from_environment();
@@ -744,19 +752,29 @@ Result<void*> CudaOps::Impl::weight_memory(size_t bytes) {
   return static_cast<char*>(slabs.back().data()) + at;
 }
 
-const void* const* CudaOps::Impl::expert_table(std::span<const ExpertWeights> experts) {
-  const size_t E = experts.size();
-  std::vector<const void*> host(3 * E);
-  for (size_t e = 0; e < E; ++e) {
-    host[e] = experts[e].gate.data;
-    host[E + e] = experts[e].up.data;
-    host[2 * E + e] = experts[e].down.data;
-  }
+const void* const* CudaOps::Impl::expert_table(std::span<const ExpertWeights> experts,
+                                               const ExpertWeights* extra) {
+  const size_t E = experts.size() + (extra ? 1 : 0);
+  auto expert = [&](size_t e) -> const ExpertWeights& {
+    return e < experts.size() ? experts[e] : *extra;
+  };
+  // Found without building a list: an eager forward looks its layers' tables up every time.
   for (ExpertTable& t : expert_tables) {
-    if (t.host == host) return t.dev;
+    bool same = t.host.size() == 3 * E;
+    for (size_t e = 0; same && e < E; ++e) {
+      const ExpertWeights& w = expert(e);
+      same = t.host[e] == w.gate.data && t.host[E + e] == w.up.data &&
+             t.host[2 * E + e] == w.down.data;
+    }
+    if (same) return t.dev;
   }
   ExpertTable t;
-  t.host = std::move(host);
+  t.host.resize(3 * E);
+  for (size_t e = 0; e < E; ++e) {
+    t.host[e] = expert(e).gate.data;
+    t.host[E + e] = expert(e).up.data;
+    t.host[2 * E + e] = expert(e).down.data;
+  }
   if (expert_table_used + 3 * E <= kExpertTablePointers) {
     t.dev = static_cast<const void* const*>(expert_table_pool.data()) + expert_table_used;
     expert_table_used += 3 * E;

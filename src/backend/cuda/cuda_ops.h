@@ -21,6 +21,14 @@ class CudaOps final : public Ops {
   CudaOps& operator=(const CudaOps&) = delete;
 
   Device device() const override { return Device::kCuda; }
+  void bind_thread() override;  // cudaSetDevice(this backend's device)
+  // Ranks on distinct devices: NCCL (nccl_comm.h); ranks that all share one device: collectives
+  // through its memory, ordered by events and host barriers, so those ranks then run every
+  // forward launch by launch (a replayed graph would pass the barriers by). cuda_comm.cu.
+  Result<std::unique_ptr<CommGroup>> create_group(std::span<Ops* const> ranks) override;
+  // The stream this backend's work is queued on now (a cudaStream_t; the capture stream while a
+  // decode graph is recorded): a collective queued there is ordered with the rank's own work.
+  void* current_stream() const;
   // cudaMalloc-backed; counts buffers and bytes like the CPU allocator.
   Allocator& allocator() override;
   // Copies a contiguous host weight to the device once, in its stored dtype. Weights live in

@@ -520,14 +520,7 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
   const int64_t slots = k + (shared ? 1 : 0);  // pairs per token in the scratch
   MoeScratch m(scratch.data, n, slots, E + (shared ? 1 : 0), d, d_ff);
   RECUR_CHECK(size_t(scratch.numel()) * dtype_size(scratch.dtype) >= m.bytes);
-  const void* const* table;
-  if (shared) {
-    std::vector<ExpertWeights> all(experts.begin(), experts.end());  // at graph capture only
-    all.push_back(shared->w);
-    table = s.expert_table(all);
-  } else {
-    table = s.expert_table(experts);
-  }
+  const void* const* table = s.expert_table(experts, shared ? &shared->w : nullptr);
   const int64_t table_e = E + (shared ? 1 : 0);
   // More than one token: a shared expert is sorted as expert E, pair k of each token.
   const bool direct = n == 1;

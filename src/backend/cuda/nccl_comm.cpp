@@ -46,31 +46,32 @@ Result<NcclId> make_nccl_id() {
   return out;
 }
 
-Result<std::unique_ptr<NcclCommunicator>> NcclCommunicator::create(const NcclId& id, int rank,
-                                                                   int world, int device,
-                                                                   void* stream,
-                                                                   int64_t max_gather_floats) {
-  if (world < 1 || rank < 0 || rank >= world || max_gather_floats < 0) {
-    return make_error(ErrorCode::kInvalidArgument, "NCCL rank {} of {} ranks", rank, world);
-  }
+namespace {
+
+Status disable_multicast() {
   // Before NCCL reads its environment (at the first communicator of the process).
   if (setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/1) != 0) {
     return make_error(ErrorCode::kInternal, "setenv NCCL_NVLS_ENABLE=0 failed");
   }
+  return Status();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<NcclCommunicator>> NcclCommunicator::create(const NcclId& id, int rank,
+                                                                   int world, int device,
+                                                                   StreamOf stream,
+                                                                   Allocator& alloc) {
+  if (world < 1 || rank < 0 || rank >= world) {
+    return make_error(ErrorCode::kInvalidArgument, "NCCL rank {} of {} ranks", rank, world);
+  }
+  RECUR_RETURN_IF_ERROR(disable_multicast());
   if (const cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
     return cuda_error("cudaSetDevice", e);
   }
   std::unique_ptr<NcclCommunicator> c(new NcclCommunicator());
-  c->rank_ = rank, c->world_ = world, c->device_ = device, c->stream_ = stream;
-  c->gather_floats_ = max_gather_floats * world;
-  if (c->gather_floats_ > 0) {
-    void* p = nullptr;
-    if (const cudaError_t e = cudaMalloc(&p, size_t(c->gather_floats_) * sizeof(float));
-        e != cudaSuccess) {
-      return cuda_error("cudaMalloc (NCCL gather scratch)", e);
-    }
-    c->gather_ = static_cast<float*>(p);
-  }
+  c->rank_ = rank, c->world_ = world, c->device_ = device, c->stream_ = std::move(stream);
+  c->alloc_ = &alloc;
   ncclUniqueId nid;
   std::memcpy(&nid, id.bytes, sizeof(nid));
   ncclComm_t comm = nullptr;
@@ -81,16 +82,75 @@ Result<std::unique_ptr<NcclCommunicator>> NcclCommunicator::create(const NcclId&
   return c;
 }
 
+Result<std::vector<std::unique_ptr<NcclCommunicator>>> NcclCommunicator::create_group(
+    std::span<const RankPlace> ranks) {
+  const int world = int(ranks.size());
+  if (world < 1) return make_error(ErrorCode::kInvalidArgument, "an NCCL group of no ranks");
+  for (const RankPlace& p : ranks) {
+    if (!p.alloc) return make_error(ErrorCode::kInvalidArgument, "an NCCL rank without memory");
+  }
+  RECUR_RETURN_IF_ERROR(disable_multicast());
+  RECUR_ASSIGN_OR_RETURN(const NcclId id, make_nccl_id());
+  ncclUniqueId nid;
+  std::memcpy(&nid, id.bytes, sizeof(nid));
+  std::vector<std::unique_ptr<NcclCommunicator>> out;
+  std::vector<ncclComm_t> comms(size_t(world), nullptr);
+  // One thread may make every rank's communicator between ncclGroupStart and ncclGroupEnd.
+  if (const ncclResult_t r = ncclGroupStart(); r != ncclSuccess) {
+    return nccl_error("ncclGroupStart", r);
+  }
+  ncclResult_t init = ncclSuccess;
+  for (int r = 0; r < world && init == ncclSuccess; ++r) {
+    if (const cudaError_t e = cudaSetDevice(ranks[size_t(r)].device); e != cudaSuccess) {
+      ncclGroupEnd();
+      return cuda_error("cudaSetDevice", e);
+    }
+    init = ncclCommInitRank(&comms[size_t(r)], world, nid, r);
+  }
+  const ncclResult_t end = ncclGroupEnd();
+  for (int r = 0; r < world; ++r) {  // owned from here, so a failure frees what was made
+    std::unique_ptr<NcclCommunicator> c(new NcclCommunicator());
+    c->rank_ = r, c->world_ = world, c->device_ = ranks[size_t(r)].device;
+    c->stream_ = ranks[size_t(r)].stream, c->alloc_ = ranks[size_t(r)].alloc;
+    c->comm_ = comms[size_t(r)];
+    out.push_back(std::move(c));
+  }
+  if (init != ncclSuccess) return nccl_error("ncclCommInitRank", init);
+  if (end != ncclSuccess) return nccl_error("ncclGroupEnd", end);
+  return out;
+}
+
 NcclCommunicator::~NcclCommunicator() {
-  if (comm_ || gather_) cudaSetDevice(device_);
-  if (comm_) ncclCommDestroy(static_cast<ncclComm_t>(comm_));
-  if (gather_) cudaFree(gather_);
+  if (!comm_) return;
+  cudaSetDevice(device_);
+  ncclCommDestroy(static_cast<ncclComm_t>(comm_));
+}
+
+Status NcclCommunicator::reserve_gather(int64_t part_floats) {
+  if (part_floats < 0) {
+    return make_error(ErrorCode::kInvalidArgument, "a gather of {} floats", part_floats);
+  }
+  const size_t bytes = size_t(part_floats * world_) * sizeof(float);
+  if (bytes <= gather_.bytes()) return Status();
+  int previous = 0;
+  if (const cudaError_t e = cudaGetDevice(&previous); e != cudaSuccess) {
+    return cuda_error("cudaGetDevice", e);
+  }
+  if (const cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) {
+    return cuda_error("cudaSetDevice", e);
+  }
+  gather_.reset();
+  auto b = alloc_->allocate(bytes, "NCCL gather scratch");
+  cudaSetDevice(previous);
+  if (!b.ok()) return b.error();
+  gather_ = std::move(*b);
+  return Status();
 }
 
 void NcclCommunicator::all_reduce_sum(Tensor x) {
   RECUR_CHECK(x.dtype == DType::F32 && x.ndim >= 1);
   const auto comm = static_cast<ncclComm_t>(comm_);
-  const auto stream = static_cast<cudaStream_t>(stream_);
+  const auto stream = static_cast<cudaStream_t>(stream_ ? stream_() : nullptr);
   if (x.is_contiguous()) {
     fatal_if(ncclAllReduce(x.data, x.data, size_t(x.numel()), ncclFloat32, ncclSum, comm, stream),
              "ncclAllReduce");
@@ -111,18 +171,19 @@ void NcclCommunicator::all_gather_cols(const Tensor& part, Tensor out) {
   RECUR_CHECK(part.dtype == DType::F32 && out.dtype == DType::F32 && part.ndim == 2 &&
               out.ndim == 2 && part.is_contiguous());
   const int64_t rows = part.rows(), c = part.shape[1], n = rows * c;
-  RECUR_CHECK(out.rows() == rows && out.shape[1] == c * world_ && n * world_ <= gather_floats_);
-  const auto stream = static_cast<cudaStream_t>(stream_);
+  RECUR_CHECK(out.rows() == rows && out.shape[1] == c * world_ &&
+              size_t(n * world_) * sizeof(float) <= gather_.bytes());
+  const auto stream = static_cast<cudaStream_t>(stream_ ? stream_() : nullptr);
   // [world, rows, c]: rank r's part at r·n, then each into its columns of out.
-  fatal_if(ncclAllGather(part.data, gather_, size_t(n), ncclFloat32, static_cast<ncclComm_t>(comm_),
-                         stream),
+  fatal_if(ncclAllGather(part.data, gather_.data(), size_t(n), ncclFloat32,
+                         static_cast<ncclComm_t>(comm_), stream),
            "ncclAllGather");
   for (int r = 0; r < world_; ++r) {
-    fatal_if(
-        cudaMemcpy2DAsync(out.ptr<float>() + r * c, size_t(out.row_stride()) * sizeof(float),
-                          gather_ + r * n, size_t(c) * sizeof(float), size_t(c) * sizeof(float),
-                          size_t(rows), cudaMemcpyDeviceToDevice, stream),
-        "cudaMemcpy2DAsync (gathered columns)");
+    fatal_if(cudaMemcpy2DAsync(out.ptr<float>() + r * c, size_t(out.row_stride()) * sizeof(float),
+                               gather_.as<float>() + r * n, size_t(c) * sizeof(float),
+                               size_t(c) * sizeof(float), size_t(rows), cudaMemcpyDeviceToDevice,
+                               stream),
+             "cudaMemcpy2DAsync (gathered columns)");
   }
 }
 
