@@ -27,8 +27,10 @@ expect_refused() {
   done
 }
 
-expect_refused tpu "expected cpu, cuda or cuda:N"
+expect_refused tpu "expected cpu, cuda, cuda:N or cuda:N,M"
 expect_refused cuda:x "cuda:x"
+# A device list names one device per tensor-parallel rank (here one rank).
+expect_refused cuda:0,1 "names 2 devices for 1 tensor-parallel ranks"
 # No machine here has 1,000 GPUs; a build without CUDA says it has none.
 expect_refused cuda:999 "cuda:999\|CUDA"
 
