@@ -103,6 +103,7 @@ Result1 solo(const std::string& model, const Request& req) {
   cfg.max_batch = 1;
   auto e = make_engine(ops, model, cfg);
   Result1 r;
+  if (!e) return r;  // make_engine reported why
   EXPECT_TRUE(e->submit(req, collect(&r)).ok());
   e->run_until_idle();
   return r;
@@ -159,6 +160,7 @@ TEST_P(EngineOnModel, BatchedAndStaggeredDecodingEqualsEachSequenceAlone) {
   cfg.max_batch = 4;          // the fifth waits in the queue for a free slot
   cfg.max_batch_tokens = 96;  // long prompts are prefilled in chunks between decode steps
   auto e = make_engine(ops, model, cfg);
+  ASSERT_TRUE(e);
   std::vector<Result1> together(reqs.size());
   // Staggered admission: a new request every few steps.
   size_t submitted = 0;
@@ -187,6 +189,7 @@ TEST_P(EngineOnModel, MixedLengthPrefillInOneStepEqualsSeparatePrefills) {
   cfg.max_batch = 4;
   cfg.max_batch_tokens = 256;  // all four prompts in the first step
   auto e = make_engine(ops, model, cfg);
+  ASSERT_TRUE(e);
   std::vector<Result1> together(lens.size());
   std::vector<Request> reqs;
   for (size_t i = 0; i < lens.size(); ++i) {
@@ -210,6 +213,7 @@ TEST_P(EngineOnModel, CancelledSequenceFreesItsSlotForAFreshOne) {
   EngineConfig cfg;
   cfg.max_batch = 1;
   auto e = make_engine(ops, model, cfg);
+  ASSERT_TRUE(e);
   Result1 first, second;
   const Request a = greedy(random_prompt(30, 256, 7), 1000);
   const Request b = greedy(random_prompt(45, 256, 8), 25);
@@ -268,6 +272,7 @@ TEST(Engine, FullCacheEndsTheSequenceCleanlyAndSparesTheOthers) {
   cfg.max_batch = 2;
   cfg.kv_blocks = 6;  // 96 token positions for both sequences together
   auto e = make_engine(ops, kTiny, cfg);
+  ASSERT_TRUE(e);
   Result1 a, b;
   ASSERT_TRUE(e->submit(greedy(random_prompt(20, 256, 1), 500), collect(&a)).ok());
   ASSERT_TRUE(e->submit(greedy(random_prompt(20, 256, 2), 10), collect(&b)).ok());
@@ -288,6 +293,7 @@ TEST(Engine, RejectsBadRequestsWithClearErrors) {
   auto ops_owner = test_ops();
   Ops& ops = *ops_owner;
   auto e = make_engine(ops, kTiny, EngineConfig{});
+  ASSERT_TRUE(e);
   auto sink = [](const Event&) {};
   auto empty = e->submit(greedy({}, 4), sink);
   ASSERT_FALSE(empty.ok());
@@ -341,6 +347,7 @@ TEST(Engine, PipelinedGreedyDecodeEqualsStepByStep) {
     cfg.max_batch = 4;
     cfg.pipeline_decode = pipeline;
     auto e = make_engine(*ops_owner, kTiny, cfg);
+    if (!e) return std::vector<Result1>(rs.size());
     std::vector<Result1> out(rs.size());
     uint64_t cancel_id = 0;
     for (size_t i = 0; i + 1 < rs.size(); ++i) {
@@ -391,6 +398,7 @@ TEST_P(EngineLongDecode, TwentyThousandTokensWithFlatBufferCounters) {
   EngineConfig cfg;
   cfg.max_batch = 4;
   auto e = make_engine(ops, model, cfg);
+  ASSERT_TRUE(e);
   std::map<int, EngineStats> at;
   int n = 0;
   Engine* eng = e.get();
@@ -470,6 +478,7 @@ TEST(EngineUnseenShape, BatchInvarianceSlotReuseAndMixedPrefill) {
   cfg.max_batch = 3;           // two requests wait and reuse finished slots
   cfg.max_batch_tokens = 200;  // several prompts prefilled in one step
   auto e = make_engine(ops, dir.path(), cfg);
+  ASSERT_TRUE(e);
   std::vector<Result1> together(reqs.size());
   for (size_t i = 0; i < reqs.size(); ++i)
     ASSERT_TRUE(e->submit(reqs[i], collect(&together[i])).ok());
@@ -493,6 +502,7 @@ TEST(EngineUnseenShape, Qwen3_5ImageTokensAreRefusedWithTheReason) {
   recur_test::write_checkpoint(dir.path(), ck);
   auto ops_owner = test_ops();
   auto e = make_engine(*ops_owner, dir.path(), EngineConfig{});
+  ASSERT_TRUE(e);
   for (int32_t id : {250, 251}) {
     auto r = e->submit(greedy({1, 2, id, 3}, 4), [](const Event&) {});
     ASSERT_FALSE(r.ok()) << "id " << id;
