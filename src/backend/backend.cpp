@@ -1,5 +1,6 @@
 #include "backend/backend.h"
 
+#include <algorithm>
 #include <charconv>
 #include <vector>
 
@@ -20,6 +21,8 @@ bool cuda_available() {
 
 namespace {
 
+constexpr int kMaxDeviceIndex = 1 << 16;  // far beyond any host; keeps N + rank in range
+
 // The device indices of "cuda", "cuda:N" or "cuda:N,M,...".
 Result<std::vector<int>> cuda_indices(const std::string& device) {
   std::vector<int> out;
@@ -29,7 +32,7 @@ Result<std::vector<int>> cuda_indices(const std::string& device) {
   for (;;) {
     int index = -1;
     const auto [next, ec] = std::from_chars(p, end, index);
-    if (ec != std::errc() || index < 0 || next == p) {
+    if (ec != std::errc() || index < 0 || index > kMaxDeviceIndex || next == p) {
       return make_error(ErrorCode::kInvalidArgument,
                         "--device '{}': expected cuda:N or cuda:N,M,... (device indices)", device);
     }
@@ -56,6 +59,9 @@ Result<std::unique_ptr<Ops>> create_backend(const std::string& device, int threa
       return make_error(ErrorCode::kInvalidArgument,
                         "--device {} names {} devices for {} tensor-parallel ranks", device,
                         indices.size(), world);
+    }
+    if (rank < 0 || rank >= std::max(world, 1)) {
+      return make_error(ErrorCode::kInvalidArgument, "tensor-parallel rank {} of {}", rank, world);
     }
     const int index = indices.size() > 1 ? indices[size_t(rank)] : indices[0] + rank;
 #if defined(RECUR_HAVE_CUDA)

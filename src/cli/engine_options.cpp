@@ -50,7 +50,7 @@ void add_tensor_parallel_option(CLI::App* cmd, int* n) {
   cmd->add_option("--tensor-parallel", *n,
                   "ranks that split every layer's heads and columns between them (CPU: threads "
                   "of this process, --threads shared among them; CUDA: one GPU each, joined "
-                  "by NCCL)")
+                  "by NCCL, or all on one GPU when --device lists it for each)")
       ->check(CLI::Range(1, 64));
 }
 

@@ -68,6 +68,11 @@ class ParallelModel final : public Model {
         ranks_(std::move(ranks)),
         status_(ranks_.size()),
         threads_(int(ranks_.size())) {}
+  ~ParallelModel() override {
+    // NCCL waits, destroying a communicator, until every graph that recorded its collectives
+    // is gone; the ranks' graphs go first (rank 0's backend outlives this model).
+    each_rank([](int, Model& m) { m.ops().release_graphs(); });
+  }
   Status init();
 
   const ModelInfo& info() const override { return info_; }
@@ -190,6 +195,12 @@ Status ParallelModel::forward(const Batch& batch, Tensor logits) {
     return make_error(ErrorCode::kInvalidArgument, "logits {} cannot take {} rows of {}",
                       logits.shape_string(), batch.logit_rows.size(), info_.vocab_size);
   }
+  // The ids of a pipelined step are in rank 0's memory, written on its stream, which other
+  // devices' ranks neither reach nor wait for (the engine does not pipeline such a model).
+  if (batch.device_tokens && ranks_[0]->ops().device() != Device::kCpu) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "tensor-parallel GPU ranks take a step's token ids from the host");
+  }
   each_rank([&](int r, Model& m) {
     const Tensor& mine = rank_logits_[size_t(r)];
     status_[size_t(r)] = m.forward(
@@ -211,6 +222,11 @@ Result<std::unique_ptr<Model>> load_parallel_model(Ops& ops, const LoadOptions& 
     return make_error(ErrorCode::kInvalidArgument,
                       "tensor parallelism over {} ranks needs a backend for each rank", world);
   }
+  // However this returns, the calling thread is left bound to rank 0's device.
+  struct Rebind {
+    Ops& ops;
+    ~Rebind() { ops.bind_thread(); }
+  } rebind{ops};
   std::vector<std::unique_ptr<Ops>> rank_ops;
   std::vector<Ops*> all = {&ops};
   for (int r = 1; r < world; ++r) {
@@ -230,7 +246,6 @@ Result<std::unique_ptr<Model>> load_parallel_model(Ops& ops, const LoadOptions& 
   for (int r = 0; r < world; ++r) {
     all[size_t(r)]->bind_thread();  // the rank's weights and buffers go to its device
     auto m = load_rank(*all[size_t(r)], per_rank, group->rank(r));
-    ops.bind_thread();
     if (!m.ok()) return m.error();
     ranks.push_back(std::move(*m));
   }

@@ -1,7 +1,8 @@
 // Collectives between the ranks of a tensor-parallel model: each rank holds a slice of every
 // layer's heads and columns and calls these at the points where the slices' partial results
-// join. Model code sees only this interface; a backend provides the transport (threads of one
-// process here, NCCL for GPUs in backend/cuda).
+// join. Model code sees only this interface; a backend provides the transport (Ops::
+// create_group): threads of one process here, NCCL between GPUs or one GPU's memory for ranks
+// that share it in backend/cuda.
 #pragma once
 
 #include <barrier>

@@ -130,6 +130,9 @@ class Ops {
   // among them, each backend of one rank only), over a transport between those backends: the
   // default joins CPU ranks through host memory (InProcessGroup) and refuses others.
   virtual Result<std::unique_ptr<CommGroup>> create_group(std::span<Ops* const> ranks);
+  // Waits for this backend's queued work and forgets what it recorded for replay (CUDA
+  // graphs): a group's communicator cannot go while a graph holds its collectives.
+  virtual void release_graphs() {}
   // Makes a weight usable by this backend: the same view on the CPU, a device copy elsewhere.
   virtual Result<Tensor> adopt_weight(const Tensor& host) = 0;
   // As adopt_weight, for a weight used only as matmul's w [m, k] or as an expert's (the model

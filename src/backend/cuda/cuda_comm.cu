@@ -24,6 +24,16 @@ void* CudaOps::current_stream() const {
   return impl_->stream;
 }
 
+void CudaOps::release_graphs() {
+  Impl& s = *impl_;
+  s.end_forward();
+  RECUR_CUDA_CHECK(cudaStreamSynchronize(s.main_stream));
+  for (Impl::DecodeGraph& g : s.decode_graphs) {
+    if (g.exec) RECUR_CUDA_CHECK(cudaGraphExecDestroy(g.exec));
+  }
+  s.decode_graphs.clear();
+}
+
 namespace {
 
 constexpr int kMaxSameDeviceRanks = 8;
@@ -47,8 +57,11 @@ __global__ void sum_rank_copies_kernel(RankCopies t, int world, int64_t cols, in
 
 class SameDeviceGroup final : public CommGroup {
  public:
-  explicit SameDeviceGroup(std::vector<CudaOps*> ops)
+  // host_ordered[r]: rank r's switch that keeps its decode off graphs, set while this group
+  // lives (the backends may outlive it: rank 0's is the caller's).
+  SameDeviceGroup(std::vector<CudaOps*> ops, std::vector<bool*> host_ordered)
       : ops_(std::move(ops)),
+        host_ordered_(std::move(host_ordered)),
         published_(ops_.size()),
         ready_(ops_.size()),
         done_(ops_.size()),
@@ -57,9 +70,11 @@ class SameDeviceGroup final : public CommGroup {
       RECUR_CUDA_CHECK(cudaEventCreateWithFlags(&ready_[r], cudaEventDisableTiming));
       RECUR_CUDA_CHECK(cudaEventCreateWithFlags(&done_[r], cudaEventDisableTiming));
       ranks_.push_back(std::make_unique<Rank>(*this, int(r)));
+      *host_ordered_[r] = true;
     }
   }
   ~SameDeviceGroup() override {
+    for (bool* b : host_ordered_) *b = false;
     for (size_t r = 0; r < ops_.size(); ++r)
       cudaEventDestroy(ready_[r]), cudaEventDestroy(done_[r]);
   }
@@ -149,6 +164,7 @@ class SameDeviceGroup final : public CommGroup {
     Tensor a, b;  // the collective's operands on this rank
   };
   std::vector<CudaOps*> ops_;              // [world]
+  std::vector<bool*> host_ordered_;        // [world]
   std::vector<Published> published_;       // [world]
   std::vector<cudaEvent_t> ready_, done_;  // [world]
   std::barrier<> barrier_;
@@ -182,8 +198,10 @@ Result<std::unique_ptr<CommGroup>> CudaOps::create_group(std::span<Ops* const> r
                         "{} tensor-parallel ranks on one GPU: at most {} may share a device", world,
                         kMaxSameDeviceRanks);
     }
-    for (CudaOps* o : cuda) o->impl_->options.host_ordered_collectives = true;
-    return std::unique_ptr<CommGroup>(new SameDeviceGroup(std::move(cuda)));
+    std::vector<bool*> host_ordered;
+    for (CudaOps* o : cuda) host_ordered.push_back(&o->impl_->options.host_ordered_collectives);
+    return std::unique_ptr<CommGroup>(
+        new SameDeviceGroup(std::move(cuda), std::move(host_ordered)));
   }
   if (!distinct) {
     return make_error(ErrorCode::kInvalidArgument,

@@ -161,7 +161,10 @@ CudaOps::CudaOps() : impl_(std::make_unique<Impl>()) {}
 CudaOps::~CudaOps() = default;
 
 CudaOps::Impl::~Impl() {
-  cudaSetDevice(device);           // the last owner may be a thread bound to another rank's device
+  // The last owner may be a thread bound to another rank's device: bound to ours meanwhile.
+  int caller_device = device;
+  cudaGetDevice(&caller_device);
+  cudaSetDevice(device);
   if (mode == Mode::kCapturing) {  // a forward begun and never waited for: drop its capture
     cudaGraph_t g = nullptr;
     if (cudaStreamEndCapture(capture_stream, &g) == cudaSuccess && g) cudaGraphDestroy(g);
@@ -221,6 +224,7 @@ CudaOps::Impl::~Impl() {
   if (copy_pinned) cudaFreeHost(copy_pinned);
   if (range_flag) cudaFreeHost(range_flag);
   if (stream) cudaStreamDestroy(stream);
+  cudaSetDevice(caller_device);
 }
 
 Result<std::unique_ptr<CudaOps>> CudaOps::create(int device) {

@@ -29,6 +29,7 @@ class CudaOps final : public Ops {
   // The stream this backend's work is queued on now (a cudaStream_t; the capture stream while a
   // decode graph is recorded): a collective queued there is ordered with the rank's own work.
   void* current_stream() const;
+  void release_graphs() override;  // cuda_comm.cu
   // cudaMalloc-backed; counts buffers and bytes like the CPU allocator.
   Allocator& allocator() override;
   // Copies a contiguous host weight to the device once, in its stored dtype. Weights live in

@@ -90,40 +90,62 @@ Result<std::vector<std::unique_ptr<NcclCommunicator>>> NcclCommunicator::create_
     if (!p.alloc) return make_error(ErrorCode::kInvalidArgument, "an NCCL rank without memory");
   }
   RECUR_RETURN_IF_ERROR(disable_multicast());
+  int caller_device = 0;
+  if (const cudaError_t e = cudaGetDevice(&caller_device); e != cudaSuccess) {
+    return cuda_error("cudaGetDevice", e);
+  }
+  // Every device checked before the group starts: a rank that fails inside it would leave the
+  // ranks already set up waiting for it.
+  for (const RankPlace& p : ranks) {
+    if (const cudaError_t e = cudaSetDevice(p.device); e != cudaSuccess) {
+      cudaSetDevice(caller_device);
+      return cuda_error("cudaSetDevice", e);
+    }
+  }
   RECUR_ASSIGN_OR_RETURN(const NcclId id, make_nccl_id());
   ncclUniqueId nid;
   std::memcpy(&nid, id.bytes, sizeof(nid));
-  std::vector<std::unique_ptr<NcclCommunicator>> out;
   std::vector<ncclComm_t> comms(size_t(world), nullptr);
   // One thread may make every rank's communicator between ncclGroupStart and ncclGroupEnd.
-  if (const ncclResult_t r = ncclGroupStart(); r != ncclSuccess) {
-    return nccl_error("ncclGroupStart", r);
-  }
-  ncclResult_t init = ncclSuccess;
-  for (int r = 0; r < world && init == ncclSuccess; ++r) {
-    if (const cudaError_t e = cudaSetDevice(ranks[size_t(r)].device); e != cudaSuccess) {
-      ncclGroupEnd();
-      return cuda_error("cudaSetDevice", e);
+  ncclResult_t failed = ncclGroupStart();
+  const char* what = "ncclGroupStart";
+  if (failed == ncclSuccess) {
+    for (int r = 0; r < world; ++r) {
+      cudaSetDevice(ranks[size_t(r)].device);
+      if (const ncclResult_t e = ncclCommInitRank(&comms[size_t(r)], world, nid, r);
+          e != ncclSuccess && failed == ncclSuccess) {
+        failed = e, what = "ncclCommInitRank";
+      }
     }
-    init = ncclCommInitRank(&comms[size_t(r)], world, nid, r);
+    if (const ncclResult_t e = ncclGroupEnd(); e != ncclSuccess && failed == ncclSuccess) {
+      failed = e, what = "ncclGroupEnd";
+    }
   }
-  const ncclResult_t end = ncclGroupEnd();
-  for (int r = 0; r < world; ++r) {  // owned from here, so a failure frees what was made
+  cudaSetDevice(caller_device);
+  if (failed != ncclSuccess) {
+    for (ncclComm_t c : comms) {
+      if (c) ncclCommAbort(c);  // a communicator whose setup failed is aborted, not destroyed
+    }
+    return nccl_error(what, failed);
+  }
+  std::vector<std::unique_ptr<NcclCommunicator>> out;
+  for (int r = 0; r < world; ++r) {
     std::unique_ptr<NcclCommunicator> c(new NcclCommunicator());
     c->rank_ = r, c->world_ = world, c->device_ = ranks[size_t(r)].device;
     c->stream_ = ranks[size_t(r)].stream, c->alloc_ = ranks[size_t(r)].alloc;
     c->comm_ = comms[size_t(r)];
     out.push_back(std::move(c));
   }
-  if (init != ncclSuccess) return nccl_error("ncclCommInitRank", init);
-  if (end != ncclSuccess) return nccl_error("ncclGroupEnd", end);
   return out;
 }
 
 NcclCommunicator::~NcclCommunicator() {
   if (!comm_) return;
+  int caller_device = device_;
+  cudaGetDevice(&caller_device);
   cudaSetDevice(device_);
   ncclCommDestroy(static_cast<ncclComm_t>(comm_));
+  cudaSetDevice(caller_device);
 }
 
 Status NcclCommunicator::reserve_gather(int64_t part_floats) {
