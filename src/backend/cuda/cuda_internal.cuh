@@ -176,6 +176,7 @@ struct CudaOps::Impl {
     Buffer own;  // set when the pool was full
   };
   std::vector<ExpertTable> expert_tables;
+  static constexpr size_t kExpertTablePointers = size_t(1) << 18;  // the pool's capacity
   Buffer expert_table_pool;
   size_t expert_table_used = 0;  // pointers
 

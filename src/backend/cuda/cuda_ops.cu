@@ -124,7 +124,6 @@ constexpr size_t kInitialMirror = 64 << 10;       // int32 elements; reserve() s
 constexpr size_t kLowpBytes = size_t(256) << 20;  // matmul: split activations
 constexpr size_t kAttnPartialBytes = size_t(32) << 20;  // attention's context-split partials
 constexpr size_t kGdnChunkBytes = size_t(128) << 20;    // delta rule's chunk records
-constexpr size_t kExpertTablePointers = size_t(1) << 18;
 constexpr size_t kMaxDecodeGraphs = 512;
 // Int32 elements the mirror needs for a forward's parts, each rounded to 16 bytes.
 size_t mirror_elems(int64_t tokens, int64_t seqs, int64_t blocks, int64_t logit_rows) {
@@ -284,8 +283,9 @@ Result<std::unique_ptr<CudaOps>> CudaOps::create(int device) {
                                                                 (cuda::kArgmaxMaxSlices * 8 + 4),
                                                             "argmax picks"));
   RECUR_CUDA_CHECK(cudaMemset(s.argmax_scratch.data(), 0, s.argmax_scratch.bytes()));
-  RECUR_ASSIGN_OR_RETURN(s.expert_table_pool,
-                         s.alloc.allocate(kExpertTablePointers * sizeof(void*), "expert tables"));
+  RECUR_ASSIGN_OR_RETURN(
+      s.expert_table_pool,
+      s.alloc.allocate(Impl::kExpertTablePointers * sizeof(void*), "expert tables"));
 #ifdef RECUR_CUDA_TRACE
   s.trace_start();
 #endif
@@ -754,47 +754,6 @@ Result<void*> CudaOps::Impl::weight_memory(size_t bytes) {
   const size_t at = (slab_used + kWeightAlign - 1) / kWeightAlign * kWeightAlign;
   slab_used = at + bytes;
   return static_cast<char*>(slabs.back().data()) + at;
-}
-
-const void* const* CudaOps::Impl::expert_table(std::span<const ExpertWeights> experts,
-                                               const ExpertWeights* extra) {
-  const size_t E = experts.size() + (extra ? 1 : 0);
-  auto expert = [&](size_t e) -> const ExpertWeights& {
-    return e < experts.size() ? experts[e] : *extra;
-  };
-  // Found without building a list: an eager forward looks its layers' tables up every time.
-  for (ExpertTable& t : expert_tables) {
-    bool same = t.host.size() == 3 * E;
-    for (size_t e = 0; same && e < E; ++e) {
-      const ExpertWeights& w = expert(e);
-      same = t.host[e] == w.gate.data && t.host[E + e] == w.up.data &&
-             t.host[2 * E + e] == w.down.data;
-    }
-    if (same) return t.dev;
-  }
-  ExpertTable t;
-  t.host.resize(3 * E);
-  for (size_t e = 0; e < E; ++e) {
-    t.host[e] = expert(e).gate.data;
-    t.host[E + e] = expert(e).up.data;
-    t.host[2 * E + e] = expert(e).down.data;
-  }
-  if (expert_table_used + 3 * E <= kExpertTablePointers) {
-    t.dev = static_cast<const void* const*>(expert_table_pool.data()) + expert_table_used;
-    expert_table_used += 3 * E;
-  } else {
-    auto r = alloc.allocate(3 * E * sizeof(void*), "expert table");
-    if (!r.ok()) cuda::fatal(r.error().message.c_str());
-    t.own = std::move(r.value());
-    t.dev = static_cast<const void* const*>(t.own.data());
-  }
-  // The host array lives on in expert_tables (moving the list keeps each vector's storage),
-  // so the asynchronous copy may read it later.
-  expert_tables.push_back(std::move(t));
-  ExpertTable& kept = expert_tables.back();
-  RECUR_CUDA_CHECK(cudaMemcpyAsync(const_cast<const void**>(kept.dev), kept.host.data(),
-                                   3 * E * sizeof(void*), cudaMemcpyHostToDevice, stream));
-  return kept.dev;
 }
 
 void CudaOps::Impl::launched(const char* what) {
