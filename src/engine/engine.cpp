@@ -148,10 +148,9 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> model,
   if (config.vocab_logprobs) {
     e->vocab_logprobs_.resize(size_t(config.max_batch) * size_t(info.vocab_size));
   }
-  // GPU ranks of a split model read a step's ids from the host (ParallelModel::forward).
-  const bool gpu_split = config.tensor_parallel > 1 && ops.device() != Device::kCpu;
-  e->pipeline_ = !gpu_split && (config.pipeline_decode > 0 ||
-                                (config.pipeline_decode < 0 && ops.device() != Device::kCpu));
+  e->pipeline_ =
+      e->model_->reads_device_tokens() &&
+      (config.pipeline_decode > 0 || (config.pipeline_decode < 0 && ops.device() != Device::kCpu));
   if (ops.device() != Device::kCpu || e->pipeline_) {
     RECUR_ASSIGN_OR_RETURN(e->ids_buf_,
                            ops.allocator().allocate(size_t(config.max_batch) * 4, "greedy ids"));

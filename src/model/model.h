@@ -108,6 +108,9 @@ class Model {
   // logits [batch.logit_rows.size(), vocab] f32, in the backend's memory.
   virtual Status forward(const Batch& batch, Tensor logits) = 0;
   virtual Ops& ops() = 0;
+  // Whether forward may be given Batch::device_tokens (ids left in ops()'s memory by the
+  // previous step): what pipelined greedy decode needs.
+  virtual bool reads_device_tokens() const { return true; }
 };
 
 }  // namespace recur

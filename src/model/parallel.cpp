@@ -80,6 +80,11 @@ class ParallelModel final : public Model {
   int max_logit_rows() const override { return ranks_[0]->max_logit_rows(); }
   const StateConfig& state_config() const override { return ranks_[0]->state_config(); }
   Ops& ops() override { return ranks_[0]->ops(); }
+  // Rank 0's memory is every CPU rank's; GPU ranks on other devices neither reach rank 0's
+  // ids nor wait for the stream that writes them.
+  bool reads_device_tokens() const override {
+    return rank_ops_.empty() || rank_ops_[0]->device() == Device::kCpu;
+  }
   void reset_slot(int slot) override {
     each_rank([&](int, Model& m) { m.reset_slot(slot); });
   }
@@ -195,9 +200,7 @@ Status ParallelModel::forward(const Batch& batch, Tensor logits) {
     return make_error(ErrorCode::kInvalidArgument, "logits {} cannot take {} rows of {}",
                       logits.shape_string(), batch.logit_rows.size(), info_.vocab_size);
   }
-  // The ids of a pipelined step are in rank 0's memory, written on its stream, which other
-  // devices' ranks neither reach nor wait for (the engine does not pipeline such a model).
-  if (batch.device_tokens && ranks_[0]->ops().device() != Device::kCpu) {
+  if (batch.device_tokens && !reads_device_tokens()) {
     return make_error(ErrorCode::kInvalidArgument,
                       "tensor-parallel GPU ranks take a step's token ids from the host");
   }

@@ -5,13 +5,10 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 
 namespace recur {
 
 namespace {
-
-static_assert(sizeof(NcclId::bytes) == sizeof(ncclUniqueId), "NcclId holds an ncclUniqueId");
 
 Error nccl_error(const char* what, ncclResult_t r) {
   return make_error(ErrorCode::kInternal, "{}: {}", what, ncclGetErrorString(r));
@@ -36,16 +33,6 @@ void fatal_if(cudaError_t e, const char* what) {
 
 }  // namespace
 
-Result<NcclId> make_nccl_id() {
-  ncclUniqueId id;
-  if (const ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) {
-    return nccl_error("ncclGetUniqueId", r);
-  }
-  NcclId out;
-  std::memcpy(out.bytes, &id, sizeof(id));
-  return out;
-}
-
 namespace {
 
 Status disable_multicast() {
@@ -57,30 +44,6 @@ Status disable_multicast() {
 }
 
 }  // namespace
-
-Result<std::unique_ptr<NcclCommunicator>> NcclCommunicator::create(const NcclId& id, int rank,
-                                                                   int world, int device,
-                                                                   StreamOf stream,
-                                                                   Allocator& alloc) {
-  if (world < 1 || rank < 0 || rank >= world) {
-    return make_error(ErrorCode::kInvalidArgument, "NCCL rank {} of {} ranks", rank, world);
-  }
-  RECUR_RETURN_IF_ERROR(disable_multicast());
-  if (const cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
-    return cuda_error("cudaSetDevice", e);
-  }
-  std::unique_ptr<NcclCommunicator> c(new NcclCommunicator());
-  c->rank_ = rank, c->world_ = world, c->device_ = device, c->stream_ = std::move(stream);
-  c->alloc_ = &alloc;
-  ncclUniqueId nid;
-  std::memcpy(&nid, id.bytes, sizeof(nid));
-  ncclComm_t comm = nullptr;
-  if (const ncclResult_t r = ncclCommInitRank(&comm, world, nid, rank); r != ncclSuccess) {
-    return nccl_error("ncclCommInitRank", r);
-  }
-  c->comm_ = comm;
-  return c;
-}
 
 Result<std::vector<std::unique_ptr<NcclCommunicator>>> NcclCommunicator::create_group(
     std::span<const RankPlace> ranks) {
@@ -102,9 +65,11 @@ Result<std::vector<std::unique_ptr<NcclCommunicator>>> NcclCommunicator::create_
       return cuda_error("cudaSetDevice", e);
     }
   }
-  RECUR_ASSIGN_OR_RETURN(const NcclId id, make_nccl_id());
   ncclUniqueId nid;
-  std::memcpy(&nid, id.bytes, sizeof(nid));
+  if (const ncclResult_t r = ncclGetUniqueId(&nid); r != ncclSuccess) {
+    cudaSetDevice(caller_device);
+    return nccl_error("ncclGetUniqueId", r);
+  }
   std::vector<ncclComm_t> comms(size_t(world), nullptr);
   // One thread may make every rank's communicator between ncclGroupStart and ncclGroupEnd.
   ncclResult_t failed = ncclGroupStart();

@@ -15,28 +15,16 @@
 
 namespace recur {
 
-// The group's identity: made once by one rank (make_nccl_id), handed to every rank.
-struct NcclId {
-  char bytes[128];  // ncclUniqueId (NCCL_UNIQUE_ID_BYTES)
-};
-Result<NcclId> make_nccl_id();
-
 // Where a rank's collectives are queued: called at each collective, so that one recorded into
 // a CUDA graph lands on the capture stream (returns a cudaStream_t; null: the default stream).
 using StreamOf = std::function<void*()>;
 
 class NcclCommunicator final : public Communicator {
  public:
-  // Joins group `id` as `rank` of `world` on CUDA device `device` (every rank of the group at
-  // once, one thread each: this waits for the others), with collectives on `stream` and the
-  // gather scratch from `alloc` (an allocator of that device, outliving this). NVLink
+  // Every rank of a group from this one thread, rank r as ranks[r] says (devices distinct;
+  // the gather scratch from that device's allocator, which outlives the communicator). NVLink
   // multicast is turned off for the whole process first (NCCL_NVLS_ENABLE=0, whatever the
   // environment said): multicast can put a shared host's GPUs out of service.
-  static Result<std::unique_ptr<NcclCommunicator>> create(const NcclId& id, int rank, int world,
-                                                          int device, StreamOf stream,
-                                                          Allocator& alloc);
-  // Every rank of a group from this one thread, rank r as ranks[r] says (devices distinct).
-  // Multicast is turned off as by create.
   struct RankPlace {
     int device = 0;
     StreamOf stream;
