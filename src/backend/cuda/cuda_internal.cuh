@@ -110,7 +110,10 @@ struct CudaOps::Impl {
   int device = 0;
   int sm_count = 0;
   size_t max_smem_optin = 0;  // bytes of shared memory a block may opt into
-  CudaAllocator alloc;        // declared first: the buffers below return to it
+  // Compute capability 9.0 exactly: the build's sm_90a code (wgmma) runs here; newer GPUs run
+  // the compute_90 PTX, in which those kernels are empty.
+  bool sm90a = false;
+  CudaAllocator alloc;  // declared first: the buffers below return to it
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
   Buffer cublas_workspace;

@@ -252,6 +252,7 @@ Result<std::unique_ptr<CudaOps>> CudaOps::create(int device) {
   s.alloc.device = device;
   s.sm_count = prop.multiProcessorCount;
   s.max_smem_optin = prop.sharedMemPerBlockOptin;
+  s.sm90a = prop.major == 9 && prop.minor == 0;
   s.options = cuda::CudaOptions::from_environment();
   // A blocking stream: it also orders against work callers put on the legacy default stream
   // (plain cudaMemcpy/cudaMemset of buffers they then hand to the ops).

@@ -8,6 +8,7 @@
 // lane reduction per row had the shuffle unit busy) and two blocks an SM; the state walk 464 ->
 // 343 µs from copies of 16 bytes issued a phase ahead.
 #include <algorithm>
+#include <cstdlib>
 
 #include "backend/cuda/delta_rule.cuh"
 #include "backend/cuda/mma_tf32.cuh"
@@ -539,7 +540,13 @@ __global__ void __launch_bounds__(kChunkThreads)
 // The state kernel's tile of value columns for key dim dk, or 0 when neither chunked kernel
 // fits in max_smem bytes of shared memory.
 int chunk_columns(int dk, bool per_channel, size_t max_smem) {
-  int dvt = 32;
+  // EXPERIMENT (session 34): RECUR_EXP_DVT caps the value columns a state block walks (more
+  // blocks for the latency-bound walk); removed once measured.
+  static const int cap = [] {
+    const char* e = std::getenv("RECUR_EXP_DVT");
+    return e ? std::atoi(e) : 32;
+  }();
+  int dvt = cap;
   while (dvt > 8 && ChunkSmem::bytes(dk, dvt, per_channel) > max_smem) dvt /= 2;
   if (ChunkSmem::bytes(dk, dvt, per_channel) > max_smem) return 0;
   return chunk_keys_smem(dk, per_channel) <= max_smem ? dvt : 0;

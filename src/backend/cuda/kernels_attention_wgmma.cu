@@ -1,0 +1,256 @@
+// Prompt attention over an F16 cache on Hopper's warpgroup products (wgmma): the online softmax
+// of flash attention over tiles of the paged cache, as kernels_attention_16bit.cu's kernel
+// computes it (the same f16 terms of the queries and weights, the same masks, the same softmax
+// code), with the products issued a warpgroup at a time from shared memory.
+//   Why: that kernel runs mma.sync on 16 rows a warp, and with two f16 terms of every query and
+// weight a warp cannot hold its queries and a whole head's value accumulators in registers, so
+// it splits the channels between warp pairs that trade partial scores through shared memory;
+// at 65,536 tokens it issued a product every ~26 cycles a scheduler (about 100 TFLOP/s counted
+// once, bench/results/h200-session30-run1-prof-65k.txt). Here the queries stay in shared memory
+// and a warpgroup's one instruction multiplies 64 rows by a tile, so a warp keeps all its
+// channels and no scores are traded.
+//   A block: two warpgroups of 64 query rows each (a row is a token and a query head of the
+// group), one kv head, sharing each tile of kKeys positions of keys and values, copied
+// (cp.async) into the next of two stages while the current one is multiplied. Per tile a
+// warpgroup computes scores [64 × kKeys] = Σ over channels of Q · K (two terms, the small one
+// first), runs the online softmax of its rows, and adds P · V [64 × dv] (two terms of P).
+//   Shared memory, in wgmma_desc's layout without swizzling (byte offsets):
+//   Q term i of warpgroup w, K-major: row r, channel d at (r/8)·16hd + (d/8)·128 + (r%8)·16 +
+//   (d%8)·2; keys, MN-major (positions contiguous, as the cache holds them): channel d, position p
+//   at
+//     (p/8)·16hd + (d/8)·128 + (d%8)·16 + (p%8)·2;
+//   values, MN-major (channels contiguous): position p, channel d at
+//     (d/8)·16·kKeys + (p/8)·128 + (p%8)·16 + (d%8)·2.
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cuda/attention_mma.cuh"
+#include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/mma_16bit.cuh"
+#include "backend/cuda/wgmma.cuh"
+
+namespace recur {
+namespace cuda {
+
+namespace {
+
+using M = __half;
+constexpr int kGroups = 2;  // warpgroups of 64 rows
+constexpr int kThreads = 128 * kGroups;
+constexpr int kRows = 64 * kGroups;
+constexpr int kKeys = 32;  // positions per tile
+constexpr int kTerms = kTermsOf<M>;
+constexpr int kVec = 8;  // elements per 16-byte copy
+
+// Byte sizes of the shared-memory regions for head sizes hd, dv.
+struct Smem {
+  int q_plane, k_stage, v_stage, total;
+  __host__ __device__ Smem(int hd, int dv)
+      : q_plane(64 * hd * 2), k_stage(hd * kKeys * 2), v_stage(kKeys * dv * 2) {
+    total = kTerms * kGroups * q_plane + 2 * (k_stage + v_stage);
+  }
+};
+
+// Keeps the compiler from moving accesses of registers a product still writes across the
+// product's issue or its wait (the hardware writes them asynchronously).
+template <int N>
+__device__ __forceinline__ void pin_registers(float (&d)[N][4]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) asm volatile("" : "+f"(d[j][u])::"memory");
+  }
+}
+
+// The last key any row of the block's tokens [t0, t_end) attends to, and (-1 if none) any of
+// rows [r0, r0 + 64) (a warpgroup's).
+[[maybe_unused]] __device__ __forceinline__ void last_keys_of_group(const AttnArgs& a, int t0,
+                                                                    int t_end, int r0, int& max_pos,
+                                                                    int& group_max_pos) {
+  max_pos = -1, group_max_pos = -1;
+  for (int t = t0; t < t_end; ++t) {
+    const int pos = a.positions[t];
+    max_pos = max(max_pos, pos);
+    if ((t - t0 + 1) * a.group > r0 && (t - t0) * a.group < r0 + 64) {
+      group_max_pos = max(group_max_pos, pos);
+    }
+  }
+}
+
+// Starts the copies of positions k0 .. k0 + kKeys − 1 (zeros past last) into a stage.
+[[maybe_unused]] __device__ __forceinline__ void start_tile(
+    const TileCopier<kKeys, kThreads, kVec>& copier, const AttnArgs& a, const int32_t* table,
+    int kvh, int k0, int last, unsigned char* Ks, unsigned char* Vs) {
+  const int key_group_bytes = 16 * a.hd;
+  copier.template copy<__half>(
+      a, table, kvh, k0, last, true,
+      [&](int d, int p, const __half* src, bool valid) {
+        copy16_async(Ks + (p / 8) * key_group_bytes + (d / 8) * 128 + (d % 8) * 16, src, valid);
+      },
+      [&](int p, int d, const __half* src, bool valid) {
+        copy16_async(Vs + (d / 8) * (16 * kKeys) + (p / 8) * 128 + (p % 8) * 16, src, valid);
+      });
+}
+
+// grid (row tiles of kRows rows, kv heads), kThreads. HD = DV: the head size (64, 128 or 256:
+// the products' width; compile-time, so that no branch lies among a tile's products, which
+// ptxas would otherwise serialize). acc[j] holds value channels [8j, 8j + 8) of the thread's rows.
+template <int HD, int DV>
+__global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(AttnArgs a) {
+#if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __trap();  // the PTX for later GPUs: never launched there (Impl::sm90a)
+#else
+  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int hd = HD;
+  const int group = a.group;
+  const Smem sm(hd, DV);
+  auto q_plane = [&](int term, int wg) { return smem + (term * kGroups + wg) * sm.q_plane; };
+  unsigned char* stages = smem + kTerms * kGroups * sm.q_plane;
+  auto stage_k = [&](int i) { return stages + i * (sm.k_stage + sm.v_stage); };
+  auto stage_v = [&](int i) { return stages + i * (sm.k_stage + sm.v_stage) + sm.k_stage; };
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wg = warp / 4;
+  const int g = lane / 4, c = lane % 4;  // fragment row and column
+
+  const int tokens_per_tile = kRows / group;
+  const RowTile rt = find_row_tile(a, tokens_per_tile, int(blockIdx.x));
+  if (rt.s == a.n_seqs) return;
+  const int t0 = rt.t0, t_end = rt.t_end, kvh = int(blockIdx.y), n_rows = rt.n_rows;
+  const int32_t* table = rt.table;
+  const int m0 = 64 * wg + 16 * (warp % 4);  // the warp's first row
+  int max_pos, group_max_pos;
+  last_keys_of_group(a, t0, t_end, 64 * wg, max_pos, group_max_pos);
+  // As in the 16-bit kernel: a first tile written by earlier forwards is copied before the
+  // wait for the kernel before (which writes this forward's positions).
+  const bool early = kKeys % a.bs == 0 && a.kc_s1 * 2 % 128 == 0 && a.vc_s1 * 2 % 128 == 0 &&
+                     min(max_pos, kKeys - 1) < a.positions[a.seq_start[rt.s]];
+  const TileCopier<kKeys, kThreads, kVec> copier(a);
+  if (early) start_tile(copier, a, table, kvh, 0, max_pos, stage_k(0), stage_v(0));
+  grid_dependency_sync();
+  if (!early) start_tile(copier, a, table, kvh, 0, max_pos, stage_k(0), stage_v(0));
+  copy_commit();
+
+  // Queries scaled so that scores come out in log2 units, as two f16 terms, 8 channels (16
+  // bytes of each term) a step.
+  const float q_scale = a.scale * 1.4426950408889634f;
+  const int q_row_bytes = 16 * hd;  // between 8-row groups
+  for (int e = tid; e < kRows * (hd / 8); e += kThreads) {
+    const int r = e / (hd / 8), d = 8 * (e % (hd / 8));
+    float x[8] = {};
+    if (r < n_rows) {
+      const float* q =
+          a.q + int64_t(t0 + r / group) * a.q_s0 + int64_t(kvh * group + r % group) * a.q_s1 + d;
+#pragma unroll
+      for (int u = 0; u < 8; ++u) x[u] = clamp_f16_range(q[u] * q_scale);
+    }
+    uint32_t t[4][kTerms];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) split_x2<M>(x[2 * u], x[2 * u + 1], t[u]);
+    const int off = (r % 64 / 8) * q_row_bytes + (d / 8) * 128 + (r % 8) * 16;
+#pragma unroll
+    for (int i = 0; i < kTerms; ++i) {
+      *reinterpret_cast<uint4*>(q_plane(i, r / 64) + off) =
+          make_uint4(t[0][i], t[1][i], t[2][i], t[3][i]);
+    }
+  }
+  int row_pos[2];
+  fragment_row_positions(a, rt, m0 + g, row_pos);
+
+  float acc[DV / 8][4];
+#pragma unroll
+  for (int j = 0; j < DV / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  constexpr float kWs = kWeightScaleOf<M>;
+
+  for (int k0 = 0, it = 0; k0 <= max_pos; k0 += kKeys, ++it) {
+    const int cur = it % 2;
+    copy_wait<0>();        // this thread's copies of the current tile have landed
+    fence_async_shared();  // its stores and copies are visible to the products
+    __syncthreads();       // and everyone's; every warpgroup is done with the last tile
+    if (k0 + kKeys <= max_pos) {
+      start_tile(copier, a, table, kvh, k0 + kKeys, max_pos, stage_k(1 - cur), stage_v(1 - cur));
+    }
+    copy_commit();
+    const unsigned char* Ks = stage_k(cur);
+    const unsigned char* Vs = stage_v(cur);
+    // Scores S [64 rows × kKeys] of the warpgroup; sc[j] holds keys [8j, 8j + 8).
+    float sc[kKeys / 8][4];
+#pragma unroll
+    for (int j = 0; j < kKeys / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+    wgmma_fence();
+    pin_registers(sc);
+#pragma unroll
+    for (int kk = 0; kk < hd / 16; ++kk) {
+      const uint64_t kd = wgmma_desc(Ks + kk * 256, 128, 16 * hd);
+#pragma unroll
+      for (int i = kTerms - 1; i >= 0; --i) {
+        wgmma_m64n32k16_ss(sc, wgmma_desc(q_plane(i, wg) + kk * 256, 128, 16 * hd), kd, true);
+      }
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    pin_registers(sc);
+    float corr[2];
+    online_softmax_tile<kKeys / 8, false>(sc, k0, c, row_pos, 0, m, l, corr);
+    rescale_rows(acc, corr);
+    // P's terms for each 16 keys: the score fragments of n-tiles 2kk and 2kk + 1 are the A
+    // operand as they lie, the weights times kWs (the denominators too, below).
+    uint32_t ap[kKeys / 16][kTerms][4];
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+#pragma unroll
+      for (int f = 0; f < 4; ++f) {
+        const float(&s)[4] = sc[2 * kk + f / 2];
+        uint32_t t[kTerms];
+        split_x2<M>(s[2 * (f % 2)] * kWs, s[2 * (f % 2) + 1] * kWs, t);
+#pragma unroll
+        for (int i = 0; i < kTerms; ++i) ap[kk][i][f] = t[i];
+      }
+    }
+    wgmma_fence();
+    pin_registers(acc);
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      const uint64_t vd = wgmma_desc(Vs + kk * 256, 128, 16 * kKeys);
+#pragma unroll
+      for (int i = kTerms - 1; i >= 0; --i) wgmma_rs<DV>(acc, ap[kk][i], vd, true);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    pin_registers(acc);
+  }
+  quad_sums(l);
+  l[0] *= kWs, l[1] *= kWs;
+  store_rows(a, acc, l, m0, g, c, n_rows, t0, kvh);
+#endif
+}
+
+}  // namespace
+
+int attention_wgmma_rows() {
+  return kRows;
+}
+
+size_t attention_wgmma_smem_bytes(int hd, int dv) {
+  return size_t(Smem(hd, dv).total);
+}
+
+bool attention_wgmma_takes(int group, int hd, int dv, size_t max_smem) {
+  return hd == dv && (dv == 64 || dv == 128 || dv == 256) && group >= 1 && group <= kRows &&
+         attention_wgmma_smem_bytes(hd, dv) <= max_smem;
+}
+
+void launch_attention_wgmma(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
+  const size_t smem = attention_wgmma_smem_bytes(a.hd, a.dv);
+  RECUR_CHECK(a.hd == a.dv);
+  if (a.dv == 64) {
+    launch_opted_in<attention_wgmma_kernel<64, 64>>(grid, kThreads, smem, stream, a);
+  } else if (a.dv == 128) {
+    launch_opted_in<attention_wgmma_kernel<128, 128>>(grid, kThreads, smem, stream, a);
+  } else {
+    RECUR_CHECK(a.dv == 256);
+    launch_opted_in<attention_wgmma_kernel<256, 256>>(grid, kThreads, smem, stream, a);
+  }
+}
+
+}  // namespace cuda
+}  // namespace recur

@@ -1,0 +1,63 @@
+// The warpgroup products (backend/cuda/wgmma.cuh) read operands laid out as the prompt
+// attention kernel lays them out: A K-major in shared memory or as registers, B MN-major
+// (transposed), results in the mma.sync fragment order. Should the descriptor's two strides be
+// read the other way round for the MN-major operand, the second product below says so.
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "cuda/cuda_test_util.h"
+#include "cuda/wgmma_layout_kernels.h"
+
+namespace recur {
+namespace {
+
+using namespace testing;
+
+// Largest |d − a·b| over the product, a and b f16 bits.
+double product_error(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b, int n,
+                     const std::vector<float>& d) {
+  auto f = [](uint16_t h) { return double(__half2float(__ushort_as_half(h))); };
+  double err = 0;
+  for (int r = 0; r < 64; ++r) {
+    for (int j = 0; j < n; ++j) {
+      double s = 0;
+      for (int k = 0; k < 16; ++k) s += f(a[r * 16 + k]) * f(b[k * n + j]);
+      err = std::max(err, std::fabs(s - double(d[r * n + j])));
+    }
+  }
+  return err;
+}
+
+TEST_F(CudaTest, WarpgroupProductsReadTheAttentionKernelsLayouts) {
+  cudaDeviceProp prop;
+  CUDA_TEST_CHECK(cudaGetDeviceProperties(&prop, 0));
+  if (prop.major != 9 || prop.minor != 0) GTEST_SKIP() << "wgmma is built for sm_90a only";
+  std::mt19937 gen(7);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  auto halves = [&](size_t count) {
+    std::vector<uint16_t> v(count);
+    for (uint16_t& h : v) h = __half_as_ushort(__float2half_rn(u(gen)));
+    return v;
+  };
+  for (const bool registers_a : {false, true}) {
+    const int n = registers_a ? 64 : 32;
+    const std::vector<uint16_t> a = halves(64 * 16), b = halves(size_t(16) * n);
+    std::vector<float> d(size_t(64) * n);
+    ASSERT_TRUE(wgmma_layout_product(a.data(), b.data(), n, registers_a, 128, 256, d.data()));
+    const double err = product_error(a, b, n, d);
+    // Products of f16 values summed in f32: far below 1e-4 when every operand is where the
+    // descriptors say.
+    EXPECT_LE(err, 1e-4) << (registers_a ? "A in registers" : "A in shared memory");
+    if (err > 1e-4) {
+      ASSERT_TRUE(wgmma_layout_product(a.data(), b.data(), n, registers_a, 256, 128, d.data()));
+      ADD_FAILURE() << "with the MN-major strides swapped the error is "
+                    << product_error(a, b, n, d);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace recur
