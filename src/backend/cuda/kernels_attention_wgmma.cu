@@ -62,21 +62,6 @@ __device__ __forceinline__ void pin_registers(float (&d)[N][4]) {
   }
 }
 
-// The last key any row of the block's tokens [t0, t_end) attends to, and (-1 if none) any of
-// rows [r0, r0 + 64) (a warpgroup's).
-[[maybe_unused]] __device__ __forceinline__ void last_keys_of_group(const AttnArgs& a, int t0,
-                                                                    int t_end, int r0, int& max_pos,
-                                                                    int& group_max_pos) {
-  max_pos = -1, group_max_pos = -1;
-  for (int t = t0; t < t_end; ++t) {
-    const int pos = a.positions[t];
-    max_pos = max(max_pos, pos);
-    if ((t - t0 + 1) * a.group > r0 && (t - t0) * a.group < r0 + 64) {
-      group_max_pos = max(group_max_pos, pos);
-    }
-  }
-}
-
 // Starts the copies of positions k0 .. k0 + kKeys − 1 (zeros past last) into a stage.
 [[maybe_unused]] __device__ __forceinline__ void start_tile(
     const TileCopier<kKeys, kThreads, kVec>& copier, const AttnArgs& a, const int32_t* table,
@@ -117,8 +102,10 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(AttnArgs a
   const int t0 = rt.t0, t_end = rt.t_end, kvh = int(blockIdx.y), n_rows = rt.n_rows;
   const int32_t* table = rt.table;
   const int m0 = 64 * wg + 16 * (warp % 4);  // the warp's first row
-  int max_pos, group_max_pos;
-  last_keys_of_group(a, t0, t_end, 64 * wg, max_pos, group_max_pos);
+  // The last key any row of the block attends to: both warpgroups walk every tile (a tile
+  // past a warpgroup's rows leaves its sums unchanged), so that no branch separates products.
+  int max_pos, warp_max_pos;
+  last_keys(a, t0, t_end, m0, max_pos, warp_max_pos);
   // As in the 16-bit kernel: a first tile written by earlier forwards is copied before the
   // wait for the kernel before (which writes this forward's positions).
   const bool early = kKeys % a.bs == 0 && a.kc_s1 * 2 % 128 == 0 && a.vc_s1 * 2 % 128 == 0 &&
