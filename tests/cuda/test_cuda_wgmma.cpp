@@ -42,15 +42,15 @@ TEST_F(CudaTest, WarpgroupProductsReadTheAttentionKernelsLayouts) {
     for (uint16_t& h : v) h = __half_as_ushort(__float2half_rn(u(gen)));
     return v;
   };
-  for (const bool registers_a : {false, true}) {
-    const int n = registers_a ? 64 : 32;
+  for (const int n : {32, 64, 128, 256}) {
+    const bool registers_a = n != 32;  // the scores' product reads A from shared memory
     const std::vector<uint16_t> a = halves(64 * 16), b = halves(size_t(16) * n);
     std::vector<float> d(size_t(64) * n);
     ASSERT_TRUE(wgmma_layout_product(a.data(), b.data(), n, registers_a, 128, 256, d.data()));
     const double err = product_error(a, b, n, d);
     // Products of f16 values summed in f32: far below 1e-4 when every operand is where the
     // descriptors say.
-    EXPECT_LE(err, 1e-4) << (registers_a ? "A in registers" : "A in shared memory");
+    EXPECT_LE(err, 1e-4) << (registers_a ? "A in registers" : "A in shared memory") << ", n " << n;
     if (err > 1e-4) {
       ASSERT_TRUE(wgmma_layout_product(a.data(), b.data(), n, registers_a, 256, 128, d.data()));
       ADD_FAILURE() << "with the MN-major strides swapped the error is "

@@ -12,8 +12,8 @@ using namespace recur::cuda;
 namespace {
 
 // a [64 × 16] row-major, b [16 × N] row-major (f16 bits); d [64 × N]. kRegistersA: A goes into
-// each warp's fragment registers (N 64), else to shared memory K-major (k groups 128 bytes
-// apart, row groups 256; N 32). B goes MN-major: k, n at (n/8)·256 + (k/8)·128 + (k%8)·16 +
+// each warp's fragment registers (N 64, 128 or 256), else to shared memory K-major (k groups 128
+// bytes apart, row groups 256; N 32). B goes MN-major: k, n at (n/8)·256 + (k/8)·128 + (k%8)·16 +
 // (n%8)·2, described with the given strides.
 template <int N, bool kRegistersA>
 __global__ void __launch_bounds__(128)
@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(128)
 
 bool wgmma_layout_product(const uint16_t* a, const uint16_t* b, int n, bool registers_a,
                           uint32_t b_leading, uint32_t b_stride, float* d) {
-  if (n != (registers_a ? 64 : 32)) return false;
+  if (registers_a ? (n != 64 && n != 128 && n != 256) : n != 32) return false;
   uint16_t *da = nullptr, *db = nullptr;
   float* dd = nullptr;
   bool ok = cudaMalloc(&da, 64 * 16 * 2) == cudaSuccess &&
@@ -75,8 +75,12 @@ bool wgmma_layout_product(const uint16_t* a, const uint16_t* b, int n, bool regi
             cudaMemcpy(da, a, 64 * 16 * 2, cudaMemcpyHostToDevice) == cudaSuccess &&
             cudaMemcpy(db, b, size_t(16) * n * 2, cudaMemcpyHostToDevice) == cudaSuccess;
   if (ok) {
-    if (registers_a) {
+    if (n == 64) {
       wgmma_layout_kernel<64, true><<<1, 128>>>(da, db, b_leading, b_stride, dd);
+    } else if (n == 128) {
+      wgmma_layout_kernel<128, true><<<1, 128>>>(da, db, b_leading, b_stride, dd);
+    } else if (n == 256) {
+      wgmma_layout_kernel<256, true><<<1, 128>>>(da, db, b_leading, b_stride, dd);
     } else {
       wgmma_layout_kernel<32, false><<<1, 128>>>(da, db, b_leading, b_stride, dd);
     }

@@ -14,13 +14,15 @@
 // (cp.async) into the next of two stages while the current one is multiplied. Per tile a
 // warpgroup computes scores [64 × kKeys] = Σ over channels of Q · K (two terms, the small one
 // first), runs the online softmax of its rows, and adds P · V [64 × dv] (two terms of P).
-//   Shared memory, in wgmma_desc's layout without swizzling (byte offsets):
-//   Q term i of warpgroup w, K-major: row r, channel d at (r/8)·16hd + (d/8)·128 + (r%8)·16 +
-//   (d%8)·2; keys, MN-major (positions contiguous, as the cache holds them): channel d, position p
-//   at
-//     (p/8)·16hd + (d/8)·128 + (d%8)·16 + (p%8)·2;
-//   values, MN-major (channels contiguous): position p, channel d at
-//     (d/8)·16·kKeys + (p/8)·128 + (p%8)·16 + (d%8)·2.
+//   Shared memory, in wgmma_desc's layout without swizzling, as byte offsets:
+//   - Q term i of warpgroup w, K-major: row r, channel d at
+//     (r/8)·16hd + (d/8)·128 + (r%8)·16 + (d%8)·2;
+//   - keys, MN-major (positions contiguous, as the cache holds them): channel d, position p at
+//     (p/8)·(16hd + 16) + (d/8)·128 + (d%8)·16 + (p%8)·2;
+//   - values, MN-major (channels contiguous): position p, channel d at
+//     (d/8)·(16·kKeys + 16) + (p/8)·128 + (p%8)·16 + (d%8)·2.
+//   The 16 bytes past each group of 8 positions (keys) or channels (values) put the 16-byte
+// copies of neighbouring threads, which step those groups, in distinct banks.
 #include <algorithm>
 #include <cmath>
 
@@ -42,17 +44,25 @@ constexpr int kKeys = 32;  // positions per tile
 constexpr int kTerms = kTermsOf<M>;
 constexpr int kVec = 8;  // elements per 16-byte copy
 
+// Bytes between core-matrix groups of the key and value tiles (see the layout above).
+__host__ __device__ constexpr int key_group_bytes(int hd) {
+  return 16 * hd + 16;
+}
+constexpr int kValueGroupBytes = 16 * kKeys + 16;
+
 // Byte sizes of the shared-memory regions for head sizes hd, dv.
 struct Smem {
   int q_plane, k_stage, v_stage, total;
   __host__ __device__ Smem(int hd, int dv)
-      : q_plane(64 * hd * 2), k_stage(hd * kKeys * 2), v_stage(kKeys * dv * 2) {
+      : q_plane(64 * hd * 2),
+        k_stage(kKeys / 8 * key_group_bytes(hd)),
+        v_stage(dv / 8 * kValueGroupBytes) {
     total = kTerms * kGroups * q_plane + 2 * (k_stage + v_stage);
   }
 };
 
-// Keeps the compiler from moving accesses of registers a product still writes across the
-// product's issue or its wait (the hardware writes them asynchronously).
+// Keeps the compiler from moving accesses of registers a product reads or writes across the
+// fence before it or the wait after it (the hardware uses them asynchronously).
 template <int N>
 __device__ __forceinline__ void pin_registers(float (&d)[N][4]) {
 #pragma unroll
@@ -61,19 +71,30 @@ __device__ __forceinline__ void pin_registers(float (&d)[N][4]) {
     for (int u = 0; u < 4; ++u) asm volatile("" : "+f"(d[j][u])::"memory");
   }
 }
+template <int N, int T>
+__device__ __forceinline__ void pin_registers(uint32_t (&a)[N][T][4]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+#pragma unroll
+    for (int i = 0; i < T; ++i) {
+#pragma unroll
+      for (int u = 0; u < 4; ++u) asm volatile("" : "+r"(a[j][i][u])::"memory");
+    }
+  }
+}
 
 // Starts the copies of positions k0 .. k0 + kKeys − 1 (zeros past last) into a stage.
 [[maybe_unused]] __device__ __forceinline__ void start_tile(
     const TileCopier<kKeys, kThreads, kVec>& copier, const AttnArgs& a, const int32_t* table,
     int kvh, int k0, int last, unsigned char* Ks, unsigned char* Vs) {
-  const int key_group_bytes = 16 * a.hd;
+  const int kg = key_group_bytes(a.hd);
   copier.template copy<__half>(
       a, table, kvh, k0, last, true,
       [&](int d, int p, const __half* src, bool valid) {
-        copy16_async(Ks + (p / 8) * key_group_bytes + (d / 8) * 128 + (d % 8) * 16, src, valid);
+        copy16_async(Ks + (p / 8) * kg + (d / 8) * 128 + (d % 8) * 16, src, valid);
       },
       [&](int p, int d, const __half* src, bool valid) {
-        copy16_async(Vs + (d / 8) * (16 * kKeys) + (p / 8) * 128 + (p % 8) * 16, src, valid);
+        copy16_async(Vs + (d / 8) * kValueGroupBytes + (p / 8) * 128 + (p % 8) * 16, src, valid);
       });
 }
 
@@ -117,11 +138,11 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(AttnArgs a
   copy_commit();
 
   // Queries scaled so that scores come out in log2 units, as two f16 terms, 8 channels (16
-  // bytes of each term) a step.
+  // bytes of each term) a step; neighbouring threads take neighbouring rows, 16 bytes apart.
   const float q_scale = a.scale * 1.4426950408889634f;
   const int q_row_bytes = 16 * hd;  // between 8-row groups
   for (int e = tid; e < kRows * (hd / 8); e += kThreads) {
-    const int r = e / (hd / 8), d = 8 * (e % (hd / 8));
+    const int r = e % kRows, d = 8 * (e / kRows);
     float x[8] = {};
     if (r < n_rows) {
       const float* q =
@@ -160,14 +181,16 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(AttnArgs a
     const unsigned char* Ks = stage_k(cur);
     const unsigned char* Vs = stage_v(cur);
     // Scores S [64 rows × kKeys] of the warpgroup; sc[j] holds keys [8j, 8j + 8).
+    // Registers written by ordinary instructions are pinned before the fence (the compiler
+    // must not sink the writes past it) and after the wait.
     float sc[kKeys / 8][4];
 #pragma unroll
     for (int j = 0; j < kKeys / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
-    wgmma_fence();
     pin_registers(sc);
+    wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < hd / 16; ++kk) {
-      const uint64_t kd = wgmma_desc(Ks + kk * 256, 128, 16 * hd);
+      const uint64_t kd = wgmma_desc(Ks + kk * 256, 128, key_group_bytes(hd));
 #pragma unroll
       for (int i = kTerms - 1; i >= 0; --i) {
         wgmma_m64n32k16_ss(sc, wgmma_desc(q_plane(i, wg) + kk * 256, 128, 16 * hd), kd, true);
@@ -193,11 +216,12 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(AttnArgs a
         for (int i = 0; i < kTerms; ++i) ap[kk][i][f] = t[i];
       }
     }
-    wgmma_fence();
     pin_registers(acc);
+    pin_registers(ap);
+    wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
-      const uint64_t vd = wgmma_desc(Vs + kk * 256, 128, 16 * kKeys);
+      const uint64_t vd = wgmma_desc(Vs + kk * 256, 128, kValueGroupBytes);
 #pragma unroll
       for (int i = kTerms - 1; i >= 0; --i) wgmma_rs<DV>(acc, ap[kk][i], vd, true);
     }
