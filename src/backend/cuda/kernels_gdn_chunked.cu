@@ -154,10 +154,13 @@ __device__ __forceinline__ void solve_unit_lower(const float* A, int lda, int L,
 // Per head, two blocks share a multiprocessor (about 90 KB of shared memory each for dk = 128).
 template <bool kPerChannel>
 __global__ void __launch_bounds__(kChunkThreads, 2)
-    delta_chunk_keys_kernel(DeltaArgs a, ChunkRecords rec, bool vec) {
+    delta_chunk_keys_kernel(DeltaArgs a, ChunkRecords rec, bool vec, bool keys_heads_first) {
   grid_dependency_sync();
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const int c = rec.c0 + blockIdx.x, h = blockIdx.y, s = rec.s0 + blockIdx.z, tid = threadIdx.x;
+  // Heads vary fastest across blocks (see keys_grid).
+  const int c = rec.c0 + int(keys_heads_first ? blockIdx.y : blockIdx.x);
+  const int h = int(keys_heads_first ? blockIdx.x : blockIdx.y);
+  const int s = rec.s0 + blockIdx.z, tid = threadIdx.x;
   const int64_t base = a.seq_start[s], len = a.seq_start[s + 1] - base;
   if (skip_seq(a.mode, len) || int64_t(c) * kChunk >= len) return;
   const int kh = h / a.group, dk = a.dk, ldq = chunk_keys_ld(dk, kPerChannel), lda = kChunkPad;
@@ -552,6 +555,22 @@ int chunk_columns(int dk, bool per_channel, size_t max_smem) {
   return chunk_keys_smem(dk, per_channel) <= max_smem ? dvt : 0;
 }
 
+// The keys kernel's grid: (heads, chunks, sequences), so that the blocks running at once read
+// every head of a few chunks (whole rows of q, k, v) rather than one head's 512-byte column of
+// thousands of rows 32 KB apart, which may keep most memory channels idle. EXPERIMENT (session
+// 34): RECUR_EXP_KEYS_ORDER=0 keeps the chunks first, for the A/B.
+static bool keys_heads_first() {
+  static const bool heads_first = [] {
+    const char* e = std::getenv("RECUR_EXP_KEYS_ORDER");
+    return !(e && e[0] == '0');
+  }();
+  return heads_first;
+}
+static dim3 keys_grid(int chunks, int heads, int seqs) {
+  return keys_heads_first() ? dim3(unsigned(heads), unsigned(chunks), unsigned(seqs))
+                            : dim3(unsigned(chunks), unsigned(heads), unsigned(seqs));
+}
+
 // Chunk records go through `scratch` in pieces: as many sequences and chunks at a time as it
 // holds (host lengths say how many chunks each sequence has).
 template <bool kPerChannel>
@@ -590,9 +609,8 @@ void launch_chunked(const DeltaArgs& a, const SeqLayout& layout, void* scratch,
     const int ns = std::min(group, layout.n_seqs - s0);
     for (int c0 = 0; c0 < max_chunks; c0 += piece) {
       const ChunkRecords rec{static_cast<float*>(scratch), c0, piece, s0, ns, kPerChannel};
-      launch_kernel(delta_chunk_keys_kernel<kPerChannel>,
-                    dim3(unsigned(piece), unsigned(a.hv), unsigned(ns)), kChunkThreads, keys_smem,
-                    stream, a, rec, vec);
+      launch_kernel(delta_chunk_keys_kernel<kPerChannel>, keys_grid(piece, a.hv, ns), kChunkThreads,
+                    keys_smem, stream, a, rec, vec, keys_heads_first());
       launched("gated_delta_rule (chunk keys)");
       const dim3 grid(unsigned((a.dv + dvt - 1) / dvt), unsigned(a.hv), unsigned(ns));
       launch_kernel(delta_chunk_state_kernel<kPerChannel>, grid, kChunkThreads, state_smem, stream,

@@ -2,6 +2,7 @@
 // state (prompts and one-token steps), and the fused one-token input stage (conv, L2 norms,
 // gates) behind Ops::gdn_inputs. The delta rule itself is in kernels_gdn.cu.
 #include <algorithm>
+#include <cstdlib>
 
 #include "backend/cuda/cuda_internal.cuh"
 
@@ -20,16 +21,22 @@ constexpr int kConvRunTokens = 16;  // consecutive tokens a thread walks
 // (all in flight at once) and the K-input window kept in registers (reloaded where a sequence
 // starts): each input is read once instead of K times (a token a thread took 138 µs a layer for
 // 2,048 tokens × 8,192 channels on the H200, about 1 TB/s:
-// bench/results/h200-session30-run1-prof-t2.txt). grid (⌈n_tokens/kConvRunTokens⌉, ⌈C/256⌉).
+// bench/results/h200-session30-run1-prof-t2.txt). grid (⌈C/256⌉, runs), runs of kConvRunTokens
+// tokens from run0: the channel blocks of a run go first, so that the blocks running at once
+// read whole rows. (With the runs first, they read one 1 KB column of thousands of rows 32 KB
+// apart, which may keep most memory channels idle: 2,048 tokens × 8,192 channels ran at about
+// 1 TB/s; EXPERIMENT, session 34, RECUR_EXP_CONV_ORDER=0 keeps that order for the A/B.)
 // x, out [n, C]; w [C, 1, K]; state [slots, K-1, C]
 template <typename W>
 __global__ void conv1d_out_kernel(const float* x, int64_t ldx, const W* w, int K,
                                   const float* state, int64_t C, const int32_t* seq_start,
                                   const int32_t* slot, int n_seqs, int n_tokens, float* out,
-                                  int64_t ldo) {
+                                  int64_t ldo, int run0, bool runs_first) {
   grid_dependency_sync();
-  const int t0 = blockIdx.x * kConvRunTokens, t1 = min(t0 + kConvRunTokens, n_tokens);
-  const int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
+  const int run_index = run0 + int(runs_first ? blockIdx.x : blockIdx.y);
+  const int cblock = int(runs_first ? blockIdx.y : blockIdx.x);
+  const int t0 = run_index * kConvRunTokens, t1 = min(t0 + kConvRunTokens, n_tokens);
+  const int64_t c = int64_t(cblock) * blockDim.x + threadIdx.x;
   if (c >= C) return;
   float run[kConvRunTokens], wt[kMaxConvK], in[kMaxConvK];
 #pragma unroll
@@ -351,12 +358,22 @@ void CudaOps::conv1d_causal_silu(const Tensor& x, const Tensor& weight, Tensor c
     return;
   }
   if (layout.n_tokens > 0) {
+    static const bool runs_first = [] {
+      const char* e = std::getenv("RECUR_EXP_CONV_ORDER");
+      return e && e[0] == '0';
+    }();
     dispatch_weight(weight.dtype, [&](auto tag) {
       using W = decltype(tag);
-      const unsigned runs = unsigned((layout.n_tokens + kConvRunTokens - 1) / kConvRunTokens);
-      launch_kernel(conv1d_out_kernel<W>, dim3(runs, cblocks), 256, 0, s.stream, x.ptr<float>(),
-                    x.stride[0], weight.ptr<W>(), K, conv_state.ptr<float>(), C, dl.seq_start,
-                    dl.slot, layout.n_seqs, int(layout.n_tokens), out.ptr<float>(), out.stride[0]);
+      const int runs = int((layout.n_tokens + kConvRunTokens - 1) / kConvRunTokens);
+      // grid.y holds at most 65,535 runs (about a million tokens) a launch.
+      constexpr int kMaxRuns = 65535;
+      for (int run0 = 0; run0 < runs; run0 += kMaxRuns) {
+        const unsigned n = unsigned(std::min(kMaxRuns, runs - run0));
+        launch_kernel(conv1d_out_kernel<W>, runs_first ? dim3(n, cblocks) : dim3(cblocks, n), 256,
+                      0, s.stream, x.ptr<float>(), x.stride[0], weight.ptr<W>(), K,
+                      conv_state.ptr<float>(), C, dl.seq_start, dl.slot, layout.n_seqs,
+                      int(layout.n_tokens), out.ptr<float>(), out.stride[0], run0, runs_first);
+      }
     });
     s.launched("conv1d_causal_silu (outputs)");
   }

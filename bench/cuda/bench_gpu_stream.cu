@@ -1,0 +1,278 @@
+// bench_gpu_stream: how fast weight rows stream from DRAM into shared memory, by access pattern,
+// for the prompt experts' kernel (issue 22: at 2,048 tokens its gate/up streams 2.4 GB a layer
+// at about 2.7 TB/s and stays there with its products removed, bench/results/
+// h200-session30-run1-prof-t0.txt). The buffer is 512 "experts" of 1,024 rows × 4 KB (2 GB, as
+// the 80B-A3B's gate/up weights of a layer); a block streams 256 rows of one expert through a
+// ring of stages in shared memory and reads each stage once, as the kernel's products would:
+//   - cp.async of 16 bytes, R bytes of each row a stage (R = 64 is the kernel's today), with
+//     and without the .L2::256B hint;
+//   - one bulk copy (cp.async.bulk, the copy engine) of R bytes per row a stage, completing on
+//     an mbarrier;
+//   - each block streaming its rows' bytes in order (contiguous 16-byte copies);
+//   - plain 16-byte loads over the whole buffer (no shared memory), and cudaMemcpy.
+// Each line prints GB/s of weights read and its ratio to the plain loads' rate.
+// Usage: bench_gpu_stream [--repeats N] (default 5; the median is printed).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+namespace {
+
+#define CHECK(expr)                                                                               \
+  do {                                                                                            \
+    const cudaError_t e_ = (expr);                                                                \
+    if (e_ != cudaSuccess) {                                                                      \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                               \
+    }                                                                                             \
+  } while (0)
+
+constexpr int kThreads = 256;
+constexpr int kExperts = 512;
+constexpr int kExpertRows = 1024;
+constexpr int kRowBytes = 4096;
+constexpr int kBlockRows = 256;
+constexpr size_t kBytes = size_t(kExperts) * kExpertRows * kRowBytes;
+
+__device__ __forceinline__ void copy16(void* dst, const void* src, bool hint) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  if (hint) {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(d), "l"(src));
+  } else {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src));
+  }
+}
+__device__ __forceinline__ void commit() {
+  asm volatile("cp.async.commit_group;");
+}
+template <int N>
+__device__ __forceinline__ void wait_groups() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+
+// A thread's read of one stage (as the products would read it): 16 bytes at its slot, folded
+// into acc so that the copies are used.
+__device__ __forceinline__ void consume(const char* st, int stage_bytes, uint32_t& acc) {
+  for (int off = threadIdx.x * 16; off < stage_bytes; off += kThreads * 16) {
+    const uint4 v = *reinterpret_cast<const uint4*>(st + off);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+}
+
+// grid (kExpertRows / kBlockRows, kExperts). R bytes of each of the block's rows a stage, or
+// (kInOrder) the rows' bytes in order, R · kBlockRows a stage; kStages stages.
+template <int R, int kStages, bool kHint, bool kInOrder>
+__global__ void __launch_bounds__(kThreads, 2) cp_async_kernel(const char* w, uint32_t* sink) {
+  extern __shared__ __align__(128) char smem[];
+  constexpr int kStageBytes = R * kBlockRows;
+  const char* base = w + (int64_t(blockIdx.y) * kExpertRows + blockIdx.x * kBlockRows) * kRowBytes;
+  constexpr int nk = kRowBytes / R;
+  auto issue = [&](int kt) {
+    char* st = smem + (kt % kStages) * kStageBytes;
+    for (int c = threadIdx.x; c < kStageBytes / 16; c += kThreads) {
+      const char* src;
+      if constexpr (kInOrder) {
+        src = base + int64_t(kt) * kStageBytes + c * 16;
+      } else {
+        const int r = c / (R / 16), chunk = c % (R / 16);
+        src = base + int64_t(r) * kRowBytes + kt * R + chunk * 16;
+      }
+      copy16(st + c * 16, src, kHint);
+    }
+  };
+  for (int s = 0; s < kStages - 1; ++s) {
+    issue(s);
+    commit();
+  }
+  uint32_t acc = 0;
+  for (int kt = 0; kt < nk; ++kt) {
+    wait_groups<kStages - 2>();
+    __syncthreads();
+    if (kt + kStages - 1 < nk) issue(kt + kStages - 1);
+    commit();
+    consume(smem + (kt % kStages) * kStageBytes, kStageBytes, acc);
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;  // never, in practice: keeps the reads
+}
+
+// One bulk copy of R bytes per row a stage, each stage completing on its mbarrier; kStages
+// stages.
+template <int R, int kStages>
+__global__ void __launch_bounds__(kThreads, 2) bulk_kernel(const char* w, uint32_t* sink) {
+  extern __shared__ __align__(128) char smem[];
+  __shared__ __align__(8) uint64_t full[kStages];
+  constexpr int kStageBytes = R * kBlockRows;
+  const char* base = w + (int64_t(blockIdx.y) * kExpertRows + blockIdx.x * kBlockRows) * kRowBytes;
+  constexpr int nk = kRowBytes / R;
+  if (threadIdx.x < kStages) {
+    const unsigned b = static_cast<unsigned>(__cvta_generic_to_shared(&full[threadIdx.x]));
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b));
+  }
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  __syncthreads();
+  // Warp 0 issues: lane 0 arms the stage's barrier with its bytes, then each lane copies its
+  // rows' R bytes.
+  auto issue = [&](int kt) {
+    if (threadIdx.x >= 32) return;
+    const int s = kt % kStages;
+    const unsigned bar = static_cast<unsigned>(__cvta_generic_to_shared(&full[s]));
+    if (threadIdx.x == 0) {
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
+                   "r"(kStageBytes)
+                   : "memory");
+    }
+    __syncwarp();
+    for (int r = threadIdx.x; r < kBlockRows; r += 32) {
+      const unsigned dst =
+          static_cast<unsigned>(__cvta_generic_to_shared(smem + s * kStageBytes + r * R));
+      const char* src = base + int64_t(r) * kRowBytes + kt * R;
+      asm volatile(
+          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+          "[%3];" ::"r"(dst),
+          "l"(src), "r"(R), "r"(bar)
+          : "memory");
+    }
+  };
+  auto wait_full = [&](int kt) {
+    const unsigned bar = static_cast<unsigned>(__cvta_generic_to_shared(&full[kt % kStages]));
+    const unsigned parity = unsigned(kt / kStages) & 1u;
+    unsigned done = 0;
+    while (!done) {
+      asm volatile(
+          "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, "
+          "0, p; }"
+          : "=r"(done)
+          : "r"(bar), "r"(parity)
+          : "memory");
+    }
+  };
+  for (int s = 0; s < kStages - 1; ++s) issue(s);
+  uint32_t acc = 0;
+  for (int kt = 0; kt < nk; ++kt) {
+    wait_full(kt);
+    __syncthreads();  // every thread is done with stage kt - 1, which the copies below refill
+    if (kt + kStages - 1 < nk) issue(kt + kStages - 1);
+    consume(smem + (kt % kStages) * kStageBytes, kStageBytes, acc);
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+// Plain 16-byte loads over the buffer, grid-strided.
+__global__ void __launch_bounds__(kThreads) load_kernel(const uint4* w, size_t n, uint32_t* sink) {
+  uint32_t acc = 0;
+  for (size_t i = size_t(blockIdx.x) * kThreads + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * kThreads) {
+    const uint4 v = __ldcs(w + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+// Median ms of `repeats` runs of fn on stream s.
+double median_ms(const std::function<void()>& fn, int repeats, cudaStream_t s) {
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  fn();  // warm
+  std::vector<double> t;
+  for (int r = 0; r < repeats; ++r) {
+    CHECK(cudaEventRecord(a, s));
+    fn();
+    CHECK(cudaEventRecord(b, s));
+    CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  CHECK(cudaGetLastError());
+  std::sort(t.begin(), t.end());
+  CHECK(cudaEventDestroy(a));
+  CHECK(cudaEventDestroy(b));
+  return t[t.size() / 2];
+}
+
+template <auto kKernel>
+std::function<void()> rows_launch(int stages, int stage_bytes, const char* w, uint32_t* sink,
+                                  cudaStream_t s) {
+  const int smem = stages * stage_bytes;
+  CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  return [=] { kKernel<<<dim3(kExpertRows / kBlockRows, kExperts), kThreads, smem, s>>>(w, sink); };
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int repeats = 5;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--repeats") == 0 && i + 1 < argc) {
+      repeats = std::max(1, std::atoi(argv[++i]));
+    } else {
+      std::fprintf(stderr, "usage: bench_gpu_stream [--repeats N]\n");
+      return 2;
+    }
+  }
+  cudaDeviceProp prop;
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device %s, %d SMs; %.2f GB of weight rows, 4 KB each; median of %d runs\n",
+              prop.name, prop.multiProcessorCount, double(kBytes) / 1e9, repeats);
+  cudaStream_t s;
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  char *w = nullptr, *copy = nullptr;
+  uint32_t* sink = nullptr;
+  CHECK(cudaMalloc(&w, kBytes));
+  CHECK(cudaMalloc(&copy, kBytes));
+  CHECK(cudaMalloc(&sink, sizeof(uint32_t)));
+  CHECK(cudaMemset(w, 1, kBytes));
+
+  const int grid = prop.multiProcessorCount * 8;
+  const double load_ms = median_ms(
+      [&] {
+        load_kernel<<<grid, kThreads, 0, s>>>(reinterpret_cast<const uint4*>(w), kBytes / 16, sink);
+      },
+      repeats, s);
+  const double load_gbs = double(kBytes) / load_ms / 1e6;
+  auto line = [&](const char* what, double ms) {
+    const double gbs = double(kBytes) / ms / 1e6;
+    std::printf("%-58s %9.1f GB/s %6.3f\n", what, gbs, gbs / load_gbs);
+  };
+  std::printf("%-58s %14s %6s\n", "pattern", "weights read", "ratio");
+  line("plain 16-byte loads, whole buffer", load_ms);
+  line("cudaMemcpy device to device (bytes read)",
+       median_ms([&] { CHECK(cudaMemcpyAsync(copy, w, kBytes, cudaMemcpyDeviceToDevice, s)); },
+                 repeats, s));
+  // Rows a stage, stages: 64 B × 4 (64 KB, two blocks an SM, as today's kernel's weights), 128 B
+  // × 3 (96 KB, two), 256 B × 3 (192 KB, one).
+  line("cp.async, 64 B a row a stage x4, .L2::256B (today's)",
+       median_ms(rows_launch<cp_async_kernel<64, 4, true, false>>(4, 64 * kBlockRows, w, sink, s),
+                 repeats, s));
+  line("cp.async, 64 B a row a stage x4, no hint",
+       median_ms(rows_launch<cp_async_kernel<64, 4, false, false>>(4, 64 * kBlockRows, w, sink, s),
+                 repeats, s));
+  line("cp.async, 128 B a row a stage x3, .L2::256B",
+       median_ms(rows_launch<cp_async_kernel<128, 3, true, false>>(3, 128 * kBlockRows, w, sink, s),
+                 repeats, s));
+  line(
+      "cp.async, 128 B a row a stage x3, no hint",
+      median_ms(rows_launch<cp_async_kernel<128, 3, false, false>>(3, 128 * kBlockRows, w, sink, s),
+                repeats, s));
+  line("cp.async, the rows' bytes in order, 16 KB a stage x4",
+       median_ms(rows_launch<cp_async_kernel<64, 4, false, true>>(4, 64 * kBlockRows, w, sink, s),
+                 repeats, s));
+  line("bulk copy, 64 B a row a stage x4",
+       median_ms(rows_launch<bulk_kernel<64, 4>>(4, 64 * kBlockRows, w, sink, s), repeats, s));
+  line("bulk copy, 128 B a row a stage x3",
+       median_ms(rows_launch<bulk_kernel<128, 3>>(3, 128 * kBlockRows, w, sink, s), repeats, s));
+  line("bulk copy, 256 B a row a stage x3",
+       median_ms(rows_launch<bulk_kernel<256, 3>>(3, 256 * kBlockRows, w, sink, s), repeats, s));
+  CHECK(cudaFree(w));
+  CHECK(cudaFree(copy));
+  CHECK(cudaFree(sink));
+  CHECK(cudaStreamDestroy(s));
+  return 0;
+}
