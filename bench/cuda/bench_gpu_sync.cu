@@ -53,9 +53,9 @@ __device__ __forceinline__ void pdl_allow() {
   asm volatile("griddepcontrol.launch_dependents;");
 }
 
-// next[i] holds the index after i; steps dependent loads from 0; the end in *out.
-__global__ void chase_kernel(const unsigned* next, int steps, unsigned* out) {
-  unsigned i = 0;
+// next[i] holds the index after i; steps dependent loads from start; the end in *out.
+__global__ void chase_kernel(const unsigned* next, int steps, unsigned start, unsigned* out) {
+  unsigned i = start;
   for (int s = 0; s < steps; ++s) i = __ldcg(next + i);
   *out = i;
 }
@@ -90,15 +90,21 @@ __global__ void last_block_step_kernel(unsigned* x) {
   }
 }
 
-// steps phases, each block 0's step then a grid barrier (arrive counter x[1], acquire spin).
+// The grid barriers' arrive counter, on its own line away from the chained value x[0].
+constexpr int kCounter = 32;
+
+// steps phases, each one block's step (a different block each phase, so that the value crosses
+// multiprocessors and a broken barrier loses counts) then a grid barrier (arrive counter,
+// acquire spin).
 __global__ void barrier_kernel(unsigned* x, int steps) {
   for (int s = 0; s < steps; ++s) {
-    if (blockIdx.x == 0 && threadIdx.x == 0) x[0] = __ldcg(x) + 1;
+    if (blockIdx.x == unsigned(s) % gridDim.x && threadIdx.x == 0) x[0] = __ldcg(x) + 1;
     __syncthreads();
     if (threadIdx.x == 0) {
-      add_release(x + 1, 1u);
+      __threadfence();
+      add_release(x + kCounter, 1u);
       const unsigned target = unsigned(s + 1) * gridDim.x;
-      while (load_acquire(x + 1) < target) {
+      while (load_acquire(x + kCounter) < target) {
       }
     }
     __syncthreads();
@@ -108,23 +114,23 @@ __global__ void barrier_kernel(unsigned* x, int steps) {
 __global__ void grid_sync_kernel(unsigned* x, int steps) {
   cooperative_groups::grid_group grid = cooperative_groups::this_grid();
   for (int s = 0; s < steps; ++s) {
-    if (blockIdx.x == 0 && threadIdx.x == 0) x[0] = __ldcg(x) + 1;
+    if (blockIdx.x == unsigned(s) % gridDim.x && threadIdx.x == 0) x[0] = __ldcg(x) + 1;
     grid.sync();
   }
 }
 
-// Blocks 0 and 1 hand a flag (x[1]) back and forth: block b waits for an even (b = 1: odd)
-// value, then adds one. rounds round trips.
+// Blocks 0 and 1 hand a flag (x[kCounter]) back and forth: block b waits for an even (b = 1:
+// odd) value, then adds one. rounds round trips.
 __global__ void ping_pong_kernel(unsigned* x, int rounds) {
   if (threadIdx.x != 0 || blockIdx.x > 1) return;
   const unsigned b = blockIdx.x;
   for (int r = 0; r < rounds; ++r) {
     const unsigned want = 2u * unsigned(r) + b;
-    while (load_acquire(x + 1) != want) {
+    while (load_acquire(x + kCounter) != want) {
     }
-    store_release(x + 1, want + 1);
+    store_release(x + kCounter, want + 1);
   }
-  if (b == 1) x[0] = load_acquire(x + 1);
+  if (b == 1) x[0] = load_acquire(x + kCounter);
 }
 
 struct Timer {
@@ -132,6 +138,10 @@ struct Timer {
   Timer() {
     CHECK(cudaEventCreate(&a));
     CHECK(cudaEventCreate(&b));
+  }
+  ~Timer() {
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
   }
   void start(cudaStream_t s) { CHECK(cudaEventRecord(a, s)); }
   float stop_ms(cudaStream_t s) {
@@ -154,8 +164,10 @@ void report(const char* what, int blocks, double us, unsigned got, unsigned want
   if (got != want) std::printf("  (count %u, expected %u)\n", got, want);
 }
 
-// µs per dependent load over a random cycle of `bytes` of indices.
-double chase_us(size_t bytes, int steps, cudaStream_t s) {
+// µs per dependent load over a random cycle of `bytes` of indices: a warm walk first, then the
+// timed walk from where it ended (lines the warm walk did not touch when the cycle is long);
+// flush_l2: 256 MB written between them, so that those lines come from DRAM.
+double chase_us(size_t bytes, int steps, bool flush_l2, cudaStream_t s) {
   const size_t n = bytes / sizeof(unsigned);
   std::vector<unsigned> next(n);
   std::mt19937_64 rng(1);
@@ -168,13 +180,23 @@ double chase_us(size_t bytes, int steps, cudaStream_t s) {
   CHECK(cudaMalloc(&dnext, bytes));
   CHECK(cudaMalloc(&dout, sizeof(unsigned)));
   CHECK(cudaMemcpy(dnext, next.data(), bytes, cudaMemcpyHostToDevice));
-  chase_kernel<<<1, 1, 0, s>>>(dnext, steps, dout);  // warm (L2 for the small buffer)
+  CHECK(cudaDeviceSynchronize());
+  chase_kernel<<<1, 1, 0, s>>>(dnext, steps, 0u, dout);  // warm (L2 for the small buffer)
+  unsigned start = 0;
+  CHECK(cudaMemcpyAsync(&start, dout, sizeof start, cudaMemcpyDeviceToHost, s));
+  CHECK(cudaStreamSynchronize(s));
+  void* flush = nullptr;
+  if (flush_l2) {
+    CHECK(cudaMalloc(&flush, size_t(256) << 20));
+    CHECK(cudaMemsetAsync(flush, 1, size_t(256) << 20, s));
+  }
   Timer t;
   t.start(s);
-  chase_kernel<<<1, 1, 0, s>>>(dnext, steps, dout);
+  chase_kernel<<<1, 1, 0, s>>>(dnext, steps, start, dout);
   const double us = t.stop_ms(s) * 1e3 / steps;
   CHECK(cudaFree(dnext));
   CHECK(cudaFree(dout));
+  if (flush) CHECK(cudaFree(flush));
   return us;
 }
 
@@ -200,10 +222,10 @@ double graph_chain_us(Kernel kernel, int blocks, bool pdl, int steps, int replay
   CHECK(cudaStreamEndCapture(s, &graph));
   cudaGraphExec_t exec;
   CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  CHECK(cudaMemsetAsync(x, 0, 2 * sizeof(unsigned), s));
+  CHECK(cudaMemsetAsync(x, 0, 64 * sizeof(unsigned), s));
   CHECK(cudaGraphLaunch(exec, s));  // warm
   CHECK(cudaStreamSynchronize(s));
-  CHECK(cudaMemsetAsync(x, 0, 2 * sizeof(unsigned), s));
+  CHECK(cudaMemsetAsync(x, 0, 64 * sizeof(unsigned), s));
   Timer t;
   t.start(s);
   for (int r = 0; r < replays; ++r) CHECK(cudaGraphLaunch(exec, s));
@@ -235,14 +257,14 @@ int main(int argc, char** argv) {
               sms, prop.major, prop.minor, steps);
   cudaStream_t s;
   CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  unsigned* x = nullptr;
-  CHECK(cudaMalloc(&x, 2 * sizeof(unsigned)));
+  unsigned* x = nullptr;  // x[0]: the chained value; x[1]: the tickets; x[kCounter]: barriers
+  CHECK(cudaMalloc(&x, 64 * sizeof(unsigned)));
 
   std::printf("%-44s %6s %10s\n", "mechanism", "blocks", "us a step");
   std::printf("%-44s %6d %10.3f\n", "dependent load, 1 MB (L2)", 1,
-              chase_us(size_t(1) << 20, steps * 10, s));
-  std::printf("%-44s %6d %10.3f\n", "dependent load, 512 MB (DRAM)", 1,
-              chase_us(size_t(512) << 20, steps * 10, s));
+              chase_us(size_t(1) << 20, steps * 10, false, s));
+  std::printf("%-44s %6d %10.3f\n", "dependent load, 512 MB (DRAM, with TLB misses)", 1,
+              chase_us(size_t(512) << 20, steps * 10, true, s));
 
   const int replays = 5;
   const unsigned want = unsigned(steps) * replays;
@@ -259,32 +281,33 @@ int main(int argc, char** argv) {
   if (!coop) {
     std::printf("no cooperative launch on this device: grid barriers not measured\n");
   } else {
-    int per_sm = 0;
-    CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, barrier_kernel, 128, 0));
-    for (const int blocks : {sms, std::min(4, per_sm) * sms}) {
-      for (int variant = 0; variant < 2; ++variant) {
-        CHECK(cudaMemsetAsync(x, 0, 2 * sizeof(unsigned), s));
-        int n = steps;
+    // A cooperative launch of kernel over blocks × threads with (x, n): ms of the second of
+    // two launches (the first loads the module and warms), x reset before each.
+    auto coop_ms = [&](void* kernel, int blocks, int threads, int n) {
+      float ms = 0;
+      for (int i = 0; i < 2; ++i) {
+        CHECK(cudaMemsetAsync(x, 0, 64 * sizeof(unsigned), s));
         void* args[] = {&x, &n};
         Timer t;
         t.start(s);
-        CHECK(cudaLaunchCooperativeKernel(variant == 0 ? reinterpret_cast<void*>(barrier_kernel)
-                                                       : reinterpret_cast<void*>(grid_sync_kernel),
-                                          dim3(unsigned(blocks)), dim3(128), args, 0, s));
-        const double us = t.stop_ms(s) * 1e3 / steps;
-        report(variant == 0 ? "grid barrier, counter + acquire spin" : "grid barrier, grid.sync()",
-               blocks, us, read_count(x), unsigned(steps));
+        CHECK(cudaLaunchCooperativeKernel(kernel, dim3(unsigned(blocks)), dim3(unsigned(threads)),
+                                          args, 0, s));
+        ms = t.stop_ms(s);
       }
+      return double(ms);
+    };
+    int per_sm = 0;
+    CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, barrier_kernel, 128, 0));
+    for (const int blocks : {sms, std::min(4, per_sm) * sms}) {
+      double us =
+          coop_ms(reinterpret_cast<void*>(barrier_kernel), blocks, 128, steps) * 1e3 / steps;
+      report("grid barrier, counter + acquire spin", blocks, us, read_count(x), unsigned(steps));
+      us = coop_ms(reinterpret_cast<void*>(grid_sync_kernel), blocks, 128, steps) * 1e3 / steps;
+      report("grid barrier, grid.sync()", blocks, us, read_count(x), unsigned(steps));
     }
-    CHECK(cudaMemsetAsync(x, 0, 2 * sizeof(unsigned), s));
-    int rounds = steps;
-    void* args[] = {&x, &rounds};
-    Timer t;
-    t.start(s);
-    CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(ping_pong_kernel), dim3(2), dim3(32),
-                                      args, 0, s));
-    const double us = t.stop_ms(s) * 1e3 / (2.0 * rounds);
-    report("flag between two blocks, one way", 2, us, read_count(x), 2u * unsigned(rounds));
+    const double us =
+        coop_ms(reinterpret_cast<void*>(ping_pong_kernel), 2, 32, steps) * 1e3 / (2.0 * steps);
+    report("flag between two blocks, one way", 2, us, read_count(x), 2u * unsigned(steps));
   }
   CHECK(cudaFree(x));
   CHECK(cudaStreamDestroy(s));
