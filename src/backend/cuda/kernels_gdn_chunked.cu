@@ -558,11 +558,12 @@ int chunk_columns(int dk, bool per_channel, size_t max_smem) {
 // The keys kernel's grid: (heads, chunks, sequences), so that the blocks running at once read
 // every head of a few chunks (whole rows of q, k, v) rather than one head's 512-byte column of
 // thousands of rows 32 KB apart, which may keep most memory channels idle. EXPERIMENT (session
-// 34): RECUR_EXP_KEYS_ORDER=0 keeps the chunks first, for the A/B.
+// 34, not yet run on a GPU): RECUR_EXP_KEYS_ORDER=1 takes the heads first; until measured, the
+// chunks stay first.
 static bool keys_heads_first() {
   static const bool heads_first = [] {
     const char* e = std::getenv("RECUR_EXP_KEYS_ORDER");
-    return !(e && e[0] == '0');
+    return e && e[0] == '1';
   }();
   return heads_first;
 }

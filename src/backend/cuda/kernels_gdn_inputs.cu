@@ -25,7 +25,8 @@ constexpr int kConvRunTokens = 16;  // consecutive tokens a thread walks
 // tokens from run0: the channel blocks of a run go first, so that the blocks running at once
 // read whole rows. (With the runs first, they read one 1 KB column of thousands of rows 32 KB
 // apart, which may keep most memory channels idle: 2,048 tokens × 8,192 channels ran at about
-// 1 TB/s; EXPERIMENT, session 34, RECUR_EXP_CONV_ORDER=0 keeps that order for the A/B.)
+// 1 TB/s. EXPERIMENT, session 34, not yet run on a GPU: RECUR_EXP_CONV_ORDER=1 takes the
+// channel blocks first; until measured, the runs stay first.)
 // x, out [n, C]; w [C, 1, K]; state [slots, K-1, C]
 template <typename W>
 __global__ void conv1d_out_kernel(const float* x, int64_t ldx, const W* w, int K,
@@ -360,7 +361,7 @@ void CudaOps::conv1d_causal_silu(const Tensor& x, const Tensor& weight, Tensor c
   if (layout.n_tokens > 0) {
     static const bool runs_first = [] {
       const char* e = std::getenv("RECUR_EXP_CONV_ORDER");
-      return e && e[0] == '0';
+      return !(e && e[0] == '1');
     }();
     dispatch_weight(weight.dtype, [&](auto tag) {
       using W = decltype(tag);
