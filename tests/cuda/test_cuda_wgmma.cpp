@@ -1,10 +1,13 @@
 // The warpgroup products (backend/cuda/wgmma.cuh) read operands laid out as the prompt
 // attention kernel lays them out: A K-major in shared memory or as registers, B MN-major
-// (transposed), results in the mma.sync fragment order. Should the descriptor's two strides be
-// read the other way round for the MN-major operand, the second product below says so.
+// (transposed), results in the mma.sync fragment order, for f16 and bf16 operands. Should the
+// descriptor's two strides be read the other way round for the MN-major operand, the second product
+// below says so.
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -16,15 +19,27 @@ namespace {
 
 using namespace testing;
 
-// Largest |d − a·b| over the product, a and b f16 bits.
+// The value of 16-bit operand bits: f16, or bf16 with bf16.
+double operand_value(uint16_t bits, bool bf16) {
+  if (bf16) {
+    const uint32_t u = uint32_t(bits) << 16;
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+  }
+  return double(__half2float(__ushort_as_half(bits)));
+}
+
+// Largest |d − a·b| over the product.
 double product_error(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b, int n,
-                     const std::vector<float>& d) {
-  auto f = [](uint16_t h) { return double(__half2float(__ushort_as_half(h))); };
+                     bool bf16, const std::vector<float>& d) {
   double err = 0;
   for (int r = 0; r < 64; ++r) {
     for (int j = 0; j < n; ++j) {
       double s = 0;
-      for (int k = 0; k < 16; ++k) s += f(a[r * 16 + k]) * f(b[k * n + j]);
+      for (int k = 0; k < 16; ++k) {
+        s += operand_value(a[r * 16 + k], bf16) * operand_value(b[k * n + j], bf16);
+      }
       err = std::max(err, std::fabs(s - double(d[r * n + j])));
     }
   }
@@ -37,24 +52,33 @@ TEST_F(CudaTest, WarpgroupProductsReadTheAttentionKernelsLayouts) {
   if (prop.major != 9 || prop.minor != 0) GTEST_SKIP() << "wgmma is built for sm_90a only";
   std::mt19937 gen(7);
   std::uniform_real_distribution<float> u(-2.0f, 2.0f);
-  auto halves = [&](size_t count) {
+  auto operands = [&](size_t count, bool bf16) {
     std::vector<uint16_t> v(count);
-    for (uint16_t& h : v) h = __half_as_ushort(__float2half_rn(u(gen)));
+    for (uint16_t& h : v) {
+      h = bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(u(gen)))
+               : __half_as_ushort(__float2half_rn(u(gen)));
+    }
     return v;
   };
-  for (const int n : {32, 64, 128, 256}) {
-    const bool registers_a = n != 32;  // the scores' product reads A from shared memory
-    const std::vector<uint16_t> a = halves(64 * 16), b = halves(size_t(16) * n);
-    std::vector<float> d(size_t(64) * n);
-    ASSERT_TRUE(wgmma_layout_product(a.data(), b.data(), n, registers_a, 128, 256, d.data()));
-    const double err = product_error(a, b, n, d);
-    // Products of f16 values summed in f32: far below 1e-4 when every operand is where the
-    // descriptors say.
-    EXPECT_LE(err, 1e-4) << (registers_a ? "A in registers" : "A in shared memory") << ", n " << n;
-    if (err > 1e-4) {
-      ASSERT_TRUE(wgmma_layout_product(a.data(), b.data(), n, registers_a, 256, 128, d.data()));
-      ADD_FAILURE() << "with the MN-major strides swapped the error is "
-                    << product_error(a, b, n, d);
+  for (const bool bf16 : {false, true}) {
+    for (const int n : {32, 64, 128, 256}) {
+      const bool registers_a = n != 32;  // the scores' product reads A from shared memory
+      const std::vector<uint16_t> a = operands(64 * 16, bf16), b = operands(size_t(16) * n, bf16);
+      std::vector<float> d(size_t(64) * n);
+      ASSERT_TRUE(
+          wgmma_layout_product(a.data(), b.data(), n, registers_a, bf16, 128, 256, d.data()));
+      const double err = product_error(a, b, n, bf16, d);
+      // Products of 16-bit values summed in f32: far below 1e-4 when every operand is where the
+      // descriptors say.
+      EXPECT_LE(err, 1e-4) << (bf16 ? "bf16" : "f16")
+                           << (registers_a ? ", A in registers" : ", A in shared memory") << ", n "
+                           << n;
+      if (err > 1e-4) {
+        ASSERT_TRUE(
+            wgmma_layout_product(a.data(), b.data(), n, registers_a, bf16, 256, 128, d.data()));
+        ADD_FAILURE() << "with the MN-major strides swapped the error is "
+                      << product_error(a, b, n, bf16, d);
+      }
     }
   }
 }

@@ -1,5 +1,6 @@
 // One warpgroup's products through backend/cuda/wgmma.cuh on operands placed in shared memory
 // as the prompt attention kernel places them, for test_cuda_wgmma.cpp.
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include "backend/cuda/wgmma.cuh"
@@ -11,11 +12,11 @@ using namespace recur::cuda;
 
 namespace {
 
-// a [64 × 16] row-major, b [16 × N] row-major (f16 bits); d [64 × N]. kRegistersA: A goes into
-// each warp's fragment registers (N 64, 128 or 256), else to shared memory K-major (k groups 128
-// bytes apart, row groups 256; N 32). B goes MN-major: k, n at (n/8)·256 + (k/8)·128 + (k%8)·16 +
-// (n%8)·2, described with the given strides.
-template <int N, bool kRegistersA>
+// a [64 × 16] row-major, b [16 × N] row-major (bits of M: __half or __nv_bfloat16); d [64 × N].
+// kRegistersA: A goes into each warp's fragment registers (N 64, 128 or 256), else to shared memory
+// K-major (k groups 128 bytes apart, row groups 256; N 32). B goes MN-major: k, n at (n/8)·256 +
+// (k/8)·128 + (k%8)·16 + (n%8)·2, described with the given strides.
+template <typename M, int N, bool kRegistersA>
 __global__ void __launch_bounds__(128)
     wgmma_layout_kernel(const uint16_t* a, const uint16_t* b, uint32_t b_leading, uint32_t b_stride,
                         float* d) {
@@ -46,10 +47,10 @@ __global__ void __launch_bounds__(128)
   const uint64_t bd = wgmma_desc(bs, b_leading, b_stride);
   wgmma_fence();
   if constexpr (kRegistersA) {
-    wgmma_rs<N>(acc, af, bd, true);
+    wgmma_rs<M, N>(acc, af, bd, true);
   } else {
     static_assert(N == 32, "the shared-memory A product is the scores' shape");
-    wgmma_m64n32k16_ss(acc, wgmma_desc(as, 128, 256), bd, true);
+    wgmma_n32_ss<M>(acc, wgmma_desc(as, 128, 256), bd, true);
   }
   wgmma_commit();
   wgmma_wait<0>();
@@ -64,7 +65,7 @@ __global__ void __launch_bounds__(128)
 
 }  // namespace
 
-bool wgmma_layout_product(const uint16_t* a, const uint16_t* b, int n, bool registers_a,
+bool wgmma_layout_product(const uint16_t* a, const uint16_t* b, int n, bool registers_a, bool bf16,
                           uint32_t b_leading, uint32_t b_stride, float* d) {
   if (registers_a ? (n != 64 && n != 128 && n != 256) : n != 32) return false;
   uint16_t *da = nullptr, *db = nullptr;
@@ -75,15 +76,19 @@ bool wgmma_layout_product(const uint16_t* a, const uint16_t* b, int n, bool regi
             cudaMemcpy(da, a, 64 * 16 * 2, cudaMemcpyHostToDevice) == cudaSuccess &&
             cudaMemcpy(db, b, size_t(16) * n * 2, cudaMemcpyHostToDevice) == cudaSuccess;
   if (ok) {
-    if (n == 64) {
-      wgmma_layout_kernel<64, true><<<1, 128>>>(da, db, b_leading, b_stride, dd);
-    } else if (n == 128) {
-      wgmma_layout_kernel<128, true><<<1, 128>>>(da, db, b_leading, b_stride, dd);
-    } else if (n == 256) {
-      wgmma_layout_kernel<256, true><<<1, 128>>>(da, db, b_leading, b_stride, dd);
-    } else {
-      wgmma_layout_kernel<32, false><<<1, 128>>>(da, db, b_leading, b_stride, dd);
-    }
+    auto launch = [&](auto m) {
+      using M = decltype(m);
+      if (n == 64) {
+        wgmma_layout_kernel<M, 64, true><<<1, 128>>>(da, db, b_leading, b_stride, dd);
+      } else if (n == 128) {
+        wgmma_layout_kernel<M, 128, true><<<1, 128>>>(da, db, b_leading, b_stride, dd);
+      } else if (n == 256) {
+        wgmma_layout_kernel<M, 256, true><<<1, 128>>>(da, db, b_leading, b_stride, dd);
+      } else {
+        wgmma_layout_kernel<M, 32, false><<<1, 128>>>(da, db, b_leading, b_stride, dd);
+      }
+    };
+    bf16 ? launch(__nv_bfloat16{}) : launch(__half{});
   }
   ok = ok && cudaGetLastError() == cudaSuccess &&
        cudaMemcpy(d, dd, size_t(64) * n * 4, cudaMemcpyDeviceToHost) == cudaSuccess;

@@ -259,12 +259,12 @@ int64_t prompt_row_tiles(const SeqLayout& layout, int tokens_per_tile,
   return tiles;
 }
 
-// wgmma: the F16 cache's warpgroup kernel takes the prompt (attention_wgmma_takes).
+// wgmma: the warpgroup kernel takes the prompt (attention_wgmma_takes).
 void launch_attention_mma(const AttnArgs& a, DType cache, bool wide_copies, bool wgmma,
                           const SeqLayout& layout, int kv_heads, cudaStream_t stream,
                           double* cache_bytes) {
   double positions = 0;  // for the profile: a tile reads keys and values up to its last position
-  const int rows = wgmma ? attention_wgmma_rows() : kRows;
+  const int rows = wgmma ? attention_wgmma_rows(cache) : kRows;
   const int64_t n_tiles =
       prompt_row_tiles(layout, rows / a.group, cache_bytes ? &positions : nullptr);
   if (cache_bytes) {
@@ -273,7 +273,7 @@ void launch_attention_mma(const AttnArgs& a, DType cache, bool wide_copies, bool
   if (n_tiles == 0) return;
   const dim3 grid{unsigned(n_tiles), unsigned(kv_heads)};
   if (wgmma) {
-    launch_attention_wgmma(a, grid, stream);
+    launch_attention_wgmma(a, cache, grid, stream);
     return;
   }
   if (cache != DType::F32) {
@@ -298,9 +298,9 @@ double attention_flops(const SeqLayout& layout, int64_t heads, int64_t hd, int64
   return 2.0 * ctx * double(heads) * double(hd + dv);
 }
 
-// EXPERIMENT (session 34, not yet run on a GPU): RECUR_EXP_WGMMA=1 sends the F16 cache's
-// prompts to the wgmma kernel, for the A/B in one device run; once measured, the winner stays
-// and the switch goes.
+// EXPERIMENT (session 34, not yet run on a GPU): RECUR_EXP_WGMMA=1 sends the F16 and BF16
+// caches' prompts to the wgmma kernel, for the A/B in one device run; once measured, the winner
+// stays and the switch goes.
 static bool wgmma_switch() {
   static const bool on = [] {
     const char* e = std::getenv("RECUR_EXP_WGMMA");
@@ -323,8 +323,8 @@ bool paged_attention_mma(CudaOps::Impl& s, const AttnArgs& a, const Tensor& k_ca
   if (s.options.profile) s.work(attention_flops(layout, a.heads, a.hd, a.dv), 0);
   const bool wide_copies = dtype_size(k_cache.dtype) == 2 && a.bs % 8 == 0 && a.dv % 8 == 0 &&
                            copies(k_cache, 8) && copies(v_cache, 8);
-  const bool wgmma = k_cache.dtype == DType::F16 && wide_copies && s.sm90a && wgmma_switch() &&
-                     attention_wgmma_takes(a.group, a.hd, a.dv, s.max_smem_optin);
+  const bool wgmma = wide_copies && s.sm90a && wgmma_switch() &&
+                     attention_wgmma_takes(k_cache.dtype, a.group, a.hd, a.dv, s.max_smem_optin);
   launch_attention_mma(a, k_cache.dtype, wide_copies, wgmma, layout, kv_heads, s.stream,
                        s.options.profile ? &s.next_bytes : nullptr);
   s.launched(wgmma ? "paged_attention (wgmma)" : "paged_attention (tensor cores)");

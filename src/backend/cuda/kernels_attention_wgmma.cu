@@ -1,19 +1,20 @@
-// Prompt attention over an F16 cache on Hopper's warpgroup products (wgmma): the online softmax
-// of flash attention over tiles of the paged cache, as kernels_attention_16bit.cu's kernel
-// computes it (the same f16 terms of the queries and weights, the same masks, the same softmax
-// code), with the products issued a warpgroup at a time from shared memory.
-//   Why: that kernel runs mma.sync on 16 rows a warp, and with two f16 terms of every query and
-// weight a warp cannot hold its queries and a whole head's value accumulators in registers, so
-// it splits the channels between warp pairs that trade partial scores through shared memory;
-// at 65,536 tokens it issued a product every ~26 cycles a scheduler (about 100 TFLOP/s counted
-// once, bench/results/h200-session30-run1-prof-65k.txt). Here the queries stay in shared memory
-// and a warpgroup's one instruction multiplies 64 rows by a tile, so a warp keeps all its
-// channels and no scores are traded.
-//   A block: two warpgroups of 64 query rows each (a row is a token and a query head of the
-// group), one kv head, sharing each tile of kKeys positions of keys and values, copied
-// (cp.async) into the next of two stages while the current one is multiplied. Per tile a
-// warpgroup computes scores [64 × kKeys] = Σ over channels of Q · K (two terms, the small one
-// first), runs the online softmax of its rows, and adds P · V [64 × dv] (two terms of P).
+// Prompt attention over an F16 or BF16 cache on Hopper's warpgroup products (wgmma): the online
+// softmax of flash attention over tiles of the paged cache, as kernels_attention_16bit.cu's
+// kernel computes it (the same terms of the queries and weights, the same masks, the same
+// softmax code), with the products issued a warpgroup at a time from shared memory.
+//   Why: that kernel runs mma.sync on 16 rows a warp, and with the queries and weights split into
+// two f16 (three bf16) terms a warp cannot hold its queries and a whole head's value
+// accumulators in registers, so it splits the channels between warp pairs that trade partial
+// scores through shared memory; at 65,536 tokens it issued a product every ~26 cycles a
+// scheduler (about 100 TFLOP/s counted once, bench/results/h200-session30-run1-prof-65k.txt).
+// Here the queries stay in shared memory and a warpgroup's one instruction multiplies 64 rows by
+// a tile, so a warp keeps all its channels and no scores are traded.
+//   A block: warpgroups of 64 query rows each (a row is a token and a query head of the group;
+// two warpgroups for f16 terms, one for bf16's three, whose query planes fill shared memory),
+// one kv head, sharing each tile of kKeys positions of keys and values, copied (cp.async) into
+// the next of two stages while the current one is multiplied. Per tile a warpgroup computes
+// scores [64 × kKeys] = Σ over channels of Q · K (a product a term, the small term first), runs
+// the online softmax of its rows, and adds P · V [64 × dv] (a product a term of P).
 //   Shared memory, in wgmma_desc's layout without swizzling, as byte offsets:
 //   - Q term i of warpgroup w, K-major: row r, channel d at
 //     (r/8)·16hd + (d/8)·128 + (r%8)·16 + (d%8)·2;
@@ -25,6 +26,7 @@
 // copies of neighbouring threads, which step those groups, in distinct banks.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "backend/cuda/attention_mma.cuh"
 #include "backend/cuda/cuda_internal.cuh"
@@ -36,13 +38,21 @@ namespace cuda {
 
 namespace {
 
-using M = __half;
-constexpr int kGroups = 2;  // warpgroups of 64 rows
-constexpr int kThreads = 128 * kGroups;
-constexpr int kRows = 64 * kGroups;
 constexpr int kKeys = 32;  // positions per tile
-constexpr int kTerms = kTermsOf<M>;
-constexpr int kVec = 8;  // elements per 16-byte copy
+constexpr int kVec = 8;    // elements per 16-byte copy
+
+// A block's shape for operands of type M: f16 (an F16 cache) splits the queries and weights into
+// two terms and runs two warpgroups of 64 rows; bf16 (BF16) needs three terms, whose queries
+// leave shared memory for one warpgroup. T: the cache's element (its bits for BF16).
+template <typename M>
+struct Shape {
+  static constexpr bool kF16 = std::is_same_v<M, __half>;
+  using T = std::conditional_t<kF16, __half, uint16_t>;
+  static constexpr int kTerms = kTermsOf<M>;
+  static constexpr int kGroups = kF16 ? 2 : 1;  // warpgroups of 64 rows
+  static constexpr int kThreads = 128 * kGroups;
+  static constexpr int kRows = 64 * kGroups;
+};
 
 // Bytes between core-matrix groups of the key and value tiles (see the layout above).
 __host__ __device__ constexpr int key_group_bytes(int hd) {
@@ -50,16 +60,21 @@ __host__ __device__ constexpr int key_group_bytes(int hd) {
 }
 constexpr int kValueGroupBytes = 16 * kKeys + 16;
 
-// Byte sizes of the shared-memory regions for head sizes hd, dv.
+// Byte sizes of the shared-memory regions for head sizes hd, dv, with `planes` query planes
+// (terms × warpgroups).
 struct Smem {
   int q_plane, k_stage, v_stage, total;
-  __host__ __device__ Smem(int hd, int dv)
+  __host__ __device__ Smem(int hd, int dv, int planes)
       : q_plane(64 * hd * 2),
         k_stage(kKeys / 8 * key_group_bytes(hd)),
         v_stage(dv / 8 * kValueGroupBytes) {
-    total = kTerms * kGroups * q_plane + 2 * (k_stage + v_stage);
+    total = planes * q_plane + 2 * (k_stage + v_stage);
   }
 };
+template <typename M>
+__host__ __device__ Smem smem_of(int hd, int dv) {
+  return Smem(hd, dv, Shape<M>::kTerms * Shape<M>::kGroups);
+}
 
 // Keeps the compiler from moving accesses of registers a product reads or writes across the
 // fence before it or the wait after it (the hardware uses them asynchronously).
@@ -84,32 +99,37 @@ __device__ __forceinline__ void pin_registers(uint32_t (&a)[N][T][4]) {
 }
 
 // Starts the copies of positions k0 .. k0 + kKeys − 1 (zeros past last) into a stage.
-[[maybe_unused]] __device__ __forceinline__ void start_tile(
-    const TileCopier<kKeys, kThreads, kVec>& copier, const AttnArgs& a, const int32_t* table,
-    int kvh, int k0, int last, unsigned char* Ks, unsigned char* Vs) {
+template <typename T, int kThreads>
+__device__ __forceinline__ void start_tile(const TileCopier<kKeys, kThreads, kVec>& copier,
+                                           const AttnArgs& a, const int32_t* table, int kvh, int k0,
+                                           int last, unsigned char* Ks, unsigned char* Vs) {
   const int kg = key_group_bytes(a.hd);
-  copier.template copy<__half>(
+  copier.template copy<T>(
       a, table, kvh, k0, last, true,
-      [&](int d, int p, const __half* src, bool valid) {
+      [&](int d, int p, const T* src, bool valid) {
         copy16_async(Ks + (p / 8) * kg + (d / 8) * 128 + (d % 8) * 16, src, valid);
       },
-      [&](int p, int d, const __half* src, bool valid) {
+      [&](int p, int d, const T* src, bool valid) {
         copy16_async(Vs + (d / 8) * kValueGroupBytes + (p / 8) * 128 + (p % 8) * 16, src, valid);
       });
 }
 
-// grid (row tiles of kRows rows, kv heads), kThreads. HD = DV: the head size (64, 128 or 256:
-// the products' width; compile-time, so that no branch lies among a tile's products, which
-// ptxas would otherwise serialize). acc[j] holds value channels [8j, 8j + 8) of the thread's rows.
-template <int HD, int DV>
-__global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(AttnArgs a) {
+// grid (row tiles of kRows rows, kv heads), kThreads (Shape<M>). HD = DV: the head size (64, 128
+// or 256: the products' width; compile-time, so that no branch lies among a tile's products,
+// which ptxas would otherwise serialize). acc[j] holds value channels [8j, 8j + 8) of the
+// thread's rows.
+template <typename M, int HD, int DV>
+__global__ void __launch_bounds__(Shape<M>::kThreads, 1) attention_wgmma_kernel(AttnArgs a) {
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();  // the PTX for later GPUs: never launched there (Impl::sm90a)
 #else
+  using S = Shape<M>;
+  using T = typename S::T;
+  constexpr int kTerms = S::kTerms, kGroups = S::kGroups, kThreads = S::kThreads, kRows = S::kRows;
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int hd = HD;
   const int group = a.group;
-  const Smem sm(hd, DV);
+  const Smem sm = smem_of<M>(hd, DV);
   auto q_plane = [&](int term, int wg) { return smem + (term * kGroups + wg) * sm.q_plane; };
   unsigned char* stages = smem + kTerms * kGroups * sm.q_plane;
   auto stage_k = [&](int i) { return stages + i * (sm.k_stage + sm.v_stage); };
@@ -132,13 +152,14 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(AttnArgs a
   const bool early = kKeys % a.bs == 0 && a.kc_s1 * 2 % 128 == 0 && a.vc_s1 * 2 % 128 == 0 &&
                      min(max_pos, kKeys - 1) < a.positions[a.seq_start[rt.s]];
   const TileCopier<kKeys, kThreads, kVec> copier(a);
-  if (early) start_tile(copier, a, table, kvh, 0, max_pos, stage_k(0), stage_v(0));
+  if (early) start_tile<T>(copier, a, table, kvh, 0, max_pos, stage_k(0), stage_v(0));
   grid_dependency_sync();
-  if (!early) start_tile(copier, a, table, kvh, 0, max_pos, stage_k(0), stage_v(0));
+  if (!early) start_tile<T>(copier, a, table, kvh, 0, max_pos, stage_k(0), stage_v(0));
   copy_commit();
 
-  // Queries scaled so that scores come out in log2 units, as two f16 terms, 8 channels (16
-  // bytes of each term) a step; neighbouring threads take neighbouring rows, 16 bytes apart.
+  // Queries scaled so that scores come out in log2 units, as their terms (within f16's range
+  // for f16 terms), 8 channels (16 bytes of each term) a step; neighbouring threads take
+  // neighbouring rows, 16 bytes apart.
   const float q_scale = a.scale * 1.4426950408889634f;
   const int q_row_bytes = 16 * hd;  // between 8-row groups
   for (int e = tid; e < kRows * (hd / 8); e += kThreads) {
@@ -148,7 +169,10 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(AttnArgs a
       const float* q =
           a.q + int64_t(t0 + r / group) * a.q_s0 + int64_t(kvh * group + r % group) * a.q_s1 + d;
 #pragma unroll
-      for (int u = 0; u < 8; ++u) x[u] = clamp_f16_range(q[u] * q_scale);
+      for (int u = 0; u < 8; ++u) {
+        x[u] = q[u] * q_scale;
+        if constexpr (S::kF16) x[u] = clamp_f16_range(x[u]);
+      }
     }
     uint32_t t[4][kTerms];
 #pragma unroll
@@ -175,7 +199,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(AttnArgs a
     fence_async_shared();  // its stores and copies are visible to the products
     __syncthreads();       // and everyone's; every warpgroup is done with the last tile
     if (k0 + kKeys <= max_pos) {
-      start_tile(copier, a, table, kvh, k0 + kKeys, max_pos, stage_k(1 - cur), stage_v(1 - cur));
+      start_tile<T>(copier, a, table, kvh, k0 + kKeys, max_pos, stage_k(1 - cur), stage_v(1 - cur));
     }
     copy_commit();
     const unsigned char* Ks = stage_k(cur);
@@ -193,7 +217,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(AttnArgs a
       const uint64_t kd = wgmma_desc(Ks + kk * 256, 128, key_group_bytes(hd));
 #pragma unroll
       for (int i = kTerms - 1; i >= 0; --i) {
-        wgmma_m64n32k16_ss(sc, wgmma_desc(q_plane(i, wg) + kk * 256, 128, 16 * hd), kd, true);
+        wgmma_n32_ss<M>(sc, wgmma_desc(q_plane(i, wg) + kk * 256, 128, 16 * hd), kd, true);
       }
     }
     wgmma_commit();
@@ -223,7 +247,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(AttnArgs a
     for (int kk = 0; kk < kKeys / 16; ++kk) {
       const uint64_t vd = wgmma_desc(Vs + kk * 256, 128, kValueGroupBytes);
 #pragma unroll
-      for (int i = kTerms - 1; i >= 0; --i) wgmma_rs<DV>(acc, ap[kk][i], vd, true);
+      for (int i = kTerms - 1; i >= 0; --i) wgmma_rs<M, DV>(acc, ap[kk][i], vd, true);
     }
     wgmma_commit();
     wgmma_wait<0>();
@@ -235,32 +259,53 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(AttnArgs a
 #endif
 }
 
+// fn(M{}) for the cache type's operand type (F16: __half, BF16: __nv_bfloat16).
+template <typename Fn>
+void dispatch_operand(DType cache, Fn&& fn) {
+  if (cache == DType::F16) {
+    fn(__half{});
+  } else {
+    RECUR_CHECK(cache == DType::BF16);
+    fn(__nv_bfloat16{});
+  }
+}
+
 }  // namespace
 
-int attention_wgmma_rows() {
-  return kRows;
+int attention_wgmma_rows(DType cache) {
+  int rows = 0;
+  dispatch_operand(cache, [&](auto m) { rows = Shape<decltype(m)>::kRows; });
+  return rows;
 }
 
-size_t attention_wgmma_smem_bytes(int hd, int dv) {
-  return size_t(Smem(hd, dv).total);
+size_t attention_wgmma_smem_bytes(DType cache, int hd, int dv) {
+  size_t bytes = 0;
+  dispatch_operand(cache, [&](auto m) { bytes = size_t(smem_of<decltype(m)>(hd, dv).total); });
+  return bytes;
 }
 
-bool attention_wgmma_takes(int group, int hd, int dv, size_t max_smem) {
-  return hd == dv && (dv == 64 || dv == 128 || dv == 256) && group >= 1 && group <= kRows &&
-         attention_wgmma_smem_bytes(hd, dv) <= max_smem;
+bool attention_wgmma_takes(DType cache, int group, int hd, int dv, size_t max_smem) {
+  return (cache == DType::F16 || cache == DType::BF16) && hd == dv &&
+         (dv == 64 || dv == 128 || dv == 256) && group >= 1 &&
+         group <= attention_wgmma_rows(cache) &&
+         attention_wgmma_smem_bytes(cache, hd, dv) <= max_smem;
 }
 
-void launch_attention_wgmma(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
-  const size_t smem = attention_wgmma_smem_bytes(a.hd, a.dv);
+void launch_attention_wgmma(const AttnArgs& a, DType cache, dim3 grid, cudaStream_t stream) {
   RECUR_CHECK(a.hd == a.dv);
-  if (a.dv == 64) {
-    launch_opted_in<attention_wgmma_kernel<64, 64>>(grid, kThreads, smem, stream, a);
-  } else if (a.dv == 128) {
-    launch_opted_in<attention_wgmma_kernel<128, 128>>(grid, kThreads, smem, stream, a);
-  } else {
-    RECUR_CHECK(a.dv == 256);
-    launch_opted_in<attention_wgmma_kernel<256, 256>>(grid, kThreads, smem, stream, a);
-  }
+  dispatch_operand(cache, [&](auto m) {
+    using M = decltype(m);
+    const size_t smem = size_t(smem_of<M>(a.hd, a.dv).total);
+    constexpr int kThreads = Shape<M>::kThreads;
+    if (a.dv == 64) {
+      launch_opted_in<attention_wgmma_kernel<M, 64, 64>>(grid, kThreads, smem, stream, a);
+    } else if (a.dv == 128) {
+      launch_opted_in<attention_wgmma_kernel<M, 128, 128>>(grid, kThreads, smem, stream, a);
+    } else {
+      RECUR_CHECK(a.dv == 256);
+      launch_opted_in<attention_wgmma_kernel<M, 256, 256>>(grid, kThreads, smem, stream, a);
+    }
+  });
 }
 
 }  // namespace cuda

@@ -1,5 +1,5 @@
-// Hopper warpgroup matrix products (wgmma, sm_90a) on f16 operands with f32 accumulation, for
-// the prompt attention kernel (kernels_attention_wgmma.cu) and its layout test. A warpgroup (4
+// Hopper warpgroup matrix products (wgmma, sm_90a) on f16 or bf16 operands with f32 accumulation,
+// for the prompt attention kernel (kernels_attention_wgmma.cu) and its layout test. A warpgroup (4
 // consecutive warps) issues each product together; operands in shared memory are described by
 // a matrix descriptor, in the layout without swizzling: 8 × 16-byte "core matrices" of 128
 // contiguous bytes, placed by two byte strides (PTX ISA, wgmma's canonical layouts): the
@@ -12,7 +12,11 @@
 // row, d[j][2..3] the second).
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cstdint>
+#include <type_traits>
 
 namespace recur::cuda {
 
@@ -44,11 +48,13 @@ __device__ __forceinline__ void fence_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// d [64 × 32] (+)= A · B, A [64 × 16] and B [16 × 32] f16 in shared memory (descriptors;
-// B stored with its 32 columns contiguous, transposed for the instruction). accumulate = false
-// ignores d's values.
-__device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[4][4], uint64_t a, uint64_t b,
-                                                   bool accumulate) {
+// The instructions, one function a shape and operand type (f16 or bf16): d [64 × N] (+)= A · B,
+// A [64 × 16] in shared memory (ss: K-major) or in registers (rs: the warp's 16 rows as an
+// mma.sync m16n8k16 A fragment), B [16 × N] in shared memory with its N columns contiguous
+// (MN-major, transposed for the instruction). accumulate = false ignores d's values.
+
+__device__ __forceinline__ void wgmma_m64n32k16_ss_f16(float (&d)[4][4], uint64_t a, uint64_t b,
+                                                       bool accumulate) {
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
@@ -64,10 +70,8 @@ __device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[4][4], uint64_t a,
       : "memory");
 }
 
-// d [64 × 64] (+)= A · B, A [64 × 16] f16 in registers (the warp's 16 rows as an mma.sync
-// m16n8k16 A fragment), B [16 × 64] f16 in shared memory, columns contiguous (transposed).
-__device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[8][4], const uint32_t (&a)[4],
-                                                   uint64_t b, bool accumulate) {
+__device__ __forceinline__ void wgmma_m64n64k16_rs_f16(float (&d)[8][4], const uint32_t (&a)[4],
+                                                       uint64_t b, bool accumulate) {
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
@@ -87,10 +91,8 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[8][4], const uint3
       : "memory");
 }
 
-// d [64 × 128] (+)= A · B, A [64 × 16] f16 in registers (the warp's 16 rows as an mma.sync
-// m16n8k16 A fragment), B [16 × 128] f16 in shared memory, columns contiguous (transposed).
-__device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[16][4], const uint32_t (&a)[4],
-                                                    uint64_t b, bool accumulate) {
+__device__ __forceinline__ void wgmma_m64n128k16_rs_f16(float (&d)[16][4], const uint32_t (&a)[4],
+                                                        uint64_t b, bool accumulate) {
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
@@ -118,10 +120,8 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[16][4], const uin
       : "memory");
 }
 
-// d [64 × 256] (+)= A · B, A [64 × 16] f16 in registers (the warp's 16 rows as an mma.sync
-// m16n8k16 A fragment), B [16 × 256] f16 in shared memory, columns contiguous (transposed).
-__device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[32][4], const uint32_t (&a)[4],
-                                                    uint64_t b, bool accumulate) {
+__device__ __forceinline__ void wgmma_m64n256k16_rs_f16(float (&d)[32][4], const uint32_t (&a)[4],
+                                                        uint64_t b, bool accumulate) {
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
@@ -166,17 +166,146 @@ __device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[32][4], const uin
       : "memory");
 }
 
-// d (+)= A · B for N output columns (64, 128 or 256), A in registers: wgmma_m64nNk16_rs.
-template <int N>
+__device__ __forceinline__ void wgmma_m64n32k16_ss_bf16(float (&d)[4][4], uint64_t a, uint64_t b,
+                                                        bool accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1, 0, 1;\n"
+      "}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+      : "l"(a), "l"(b), "r"(int(accumulate))
+      : "memory");
+}
+
+__device__ __forceinline__ void wgmma_m64n64k16_rs_bf16(float (&d)[8][4], const uint32_t (&a)[4],
+                                                        uint64_t b, bool accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate))
+      : "memory");
+}
+
+__device__ __forceinline__ void wgmma_m64n128k16_rs_bf16(float (&d)[16][4], const uint32_t (&a)[4],
+                                                         uint64_t b, bool accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+      "%56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
+        "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]),
+        "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+        "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]),
+        "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]),
+        "+f"(d[15][2]), "+f"(d[15][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate))
+      : "memory");
+}
+
+__device__ __forceinline__ void wgmma_m64n256k16_rs_bf16(float (&d)[32][4], const uint32_t (&a)[4],
+                                                         uint64_t b, bool accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %133, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+      "%56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, "
+      "%74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, "
+      "%92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, "
+      "%108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, "
+      "%123, %124, %125, %126, %127}, "
+      "{%128, %129, %130, %131}, %132, p, 1, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
+        "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]),
+        "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+        "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]),
+        "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]),
+        "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]),
+        "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]),
+        "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]),
+        "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]),
+        "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]),
+        "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]),
+        "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), "+f"(d[24][0]),
+        "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]),
+        "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]),
+        "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]),
+        "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]),
+        "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), "+f"(d[30][0]), "+f"(d[30][1]),
+        "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]),
+        "+f"(d[31][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate))
+      : "memory");
+}
+
+// The scores' product (32 columns, A in shared memory) for operands of type M (__half or
+// __nv_bfloat16).
+template <typename M>
+__device__ __forceinline__ void wgmma_n32_ss(float (&d)[4][4], uint64_t a, uint64_t b,
+                                             bool accumulate) {
+  if constexpr (std::is_same_v<M, __half>) {
+    wgmma_m64n32k16_ss_f16(d, a, b, accumulate);
+  } else {
+    wgmma_m64n32k16_ss_bf16(d, a, b, accumulate);
+  }
+}
+
+// d (+)= A · B for N output columns (64, 128 or 256), A in registers, operands of type M.
+template <typename M, int N>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t b,
                                          bool accumulate) {
   static_assert(N == 64 || N == 128 || N == 256, "the widths instantiated");
+  constexpr bool kF16 = std::is_same_v<M, __half>;
   if constexpr (N == 64) {
-    wgmma_m64n64k16_rs(d, a, b, accumulate);
+    kF16 ? wgmma_m64n64k16_rs_f16(d, a, b, accumulate)
+         : wgmma_m64n64k16_rs_bf16(d, a, b, accumulate);
   } else if constexpr (N == 128) {
-    wgmma_m64n128k16_rs(d, a, b, accumulate);
+    kF16 ? wgmma_m64n128k16_rs_f16(d, a, b, accumulate)
+         : wgmma_m64n128k16_rs_bf16(d, a, b, accumulate);
   } else {
-    wgmma_m64n256k16_rs(d, a, b, accumulate);
+    kF16 ? wgmma_m64n256k16_rs_f16(d, a, b, accumulate)
+         : wgmma_m64n256k16_rs_bf16(d, a, b, accumulate);
   }
 }
 
