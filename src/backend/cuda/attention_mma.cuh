@@ -453,13 +453,14 @@ size_t attention_16bit_smem_bytes(int hd, int dv);
 void launch_attention_16bit(const AttnArgs& a, DType cache, bool wide_copies, dim3 grid,
                             cudaStream_t stream);
 
-// The prompt kernel for F16 and BF16 caches on Hopper's warpgroup products
+// The prompt kernel for BF16, F16 and F8_E4M3 caches on Hopper's warpgroup products
 // (kernels_attention_wgmma.cu): grid (row tiles of attention_wgmma_rows(cache) rows, kv heads);
 // whether it takes this cache and these heads (hd = dv, 64, 128 or 256) within max_smem bytes of
-// shared memory. The cache must allow 16-byte copies (wide_copies).
+// shared memory. 16-bit caches must allow 16-byte copies (wide_copies).
 int attention_wgmma_rows(DType cache);
 size_t attention_wgmma_smem_bytes(DType cache, int hd, int dv);
-bool attention_wgmma_takes(DType cache, int group, int hd, int dv, size_t max_smem);
+bool attention_wgmma_takes(DType cache, bool wide_copies, int group, int hd, int dv,
+                           size_t max_smem);
 void launch_attention_wgmma(const AttnArgs& a, DType cache, dim3 grid, cudaStream_t stream);
 
 // paged_attention of every token of the layout, as `a` describes it (its split fields unused),

@@ -298,7 +298,7 @@ double attention_flops(const SeqLayout& layout, int64_t heads, int64_t hd, int64
   return 2.0 * ctx * double(heads) * double(hd + dv);
 }
 
-// EXPERIMENT (session 34, not yet run on a GPU): RECUR_EXP_WGMMA=1 sends the F16 and BF16
+// EXPERIMENT (session 34, not yet run on a GPU): RECUR_EXP_WGMMA=1 sends the 16-bit and e4m3
 // caches' prompts to the wgmma kernel, for the A/B in one device run; once measured, the winner
 // stays and the switch goes.
 static bool wgmma_switch() {
@@ -323,8 +323,9 @@ bool paged_attention_mma(CudaOps::Impl& s, const AttnArgs& a, const Tensor& k_ca
   if (s.options.profile) s.work(attention_flops(layout, a.heads, a.hd, a.dv), 0);
   const bool wide_copies = dtype_size(k_cache.dtype) == 2 && a.bs % 8 == 0 && a.dv % 8 == 0 &&
                            copies(k_cache, 8) && copies(v_cache, 8);
-  const bool wgmma = wide_copies && s.sm90a && wgmma_switch() &&
-                     attention_wgmma_takes(k_cache.dtype, a.group, a.hd, a.dv, s.max_smem_optin);
+  const bool wgmma =
+      s.sm90a && wgmma_switch() &&
+      attention_wgmma_takes(k_cache.dtype, wide_copies, a.group, a.hd, a.dv, s.max_smem_optin);
   launch_attention_mma(a, k_cache.dtype, wide_copies, wgmma, layout, kv_heads, s.stream,
                        s.options.profile ? &s.next_bytes : nullptr);
   s.launched(wgmma ? "paged_attention (wgmma)" : "paged_attention (tensor cores)");

@@ -1,7 +1,8 @@
-// Prompt attention over an F16 or BF16 cache on Hopper's warpgroup products (wgmma): the online
-// softmax of flash attention over tiles of the paged cache, as kernels_attention_16bit.cu's
-// kernel computes it (the same terms of the queries and weights, the same masks, the same
-// softmax code), with the products issued a warpgroup at a time from shared memory.
+// Prompt attention over a BF16, F16 or F8_E4M3 cache on Hopper's warpgroup products (wgmma; e4m3
+// tiles widened exactly to f16 in shared memory first): the online softmax of flash attention
+// over tiles of the paged cache, as kernels_attention_16bit.cu's kernel computes it (the same
+// terms of the queries and weights, the same masks, the same softmax code), with the products
+// issued a warpgroup at a time from shared memory.
 //   Why: that kernel runs mma.sync on 16 rows a warp, and with the queries and weights split into
 // two f16 (three bf16) terms a warp cannot hold its queries and a whole head's value
 // accumulators in registers, so it splits the channels between warp pairs that trade partial
@@ -39,20 +40,25 @@ namespace cuda {
 namespace {
 
 constexpr int kKeys = 32;  // positions per tile
-constexpr int kVec = 8;    // elements per 16-byte copy
 
-// A block's shape for operands of type M: f16 (an F16 cache) splits the queries and weights into
-// two terms and runs two warpgroups of 64 rows; bf16 (BF16) needs three terms, whose queries
-// leave shared memory for one warpgroup. T: the cache's element (its bits for BF16).
-template <typename M>
+// A block's shape for a cache of elements T: __half (F16), the bits of bf16 (uint16_t, BF16) or
+// of e4m3 (uint8_t, F8_E4M3, widened exactly to f16 in shared memory before the products). M,
+// the products' operand type: f16 splits the queries and weights into two terms and runs two
+// warpgroups of 64 rows; bf16 needs three terms, whose queries leave room for one warpgroup.
+template <typename T>
 struct Shape {
+  static constexpr bool kWiden = std::is_same_v<T, uint8_t>;
+  using M = std::conditional_t<std::is_same_v<T, uint16_t>, __nv_bfloat16, __half>;
   static constexpr bool kF16 = std::is_same_v<M, __half>;
-  using T = std::conditional_t<kF16, __half, uint16_t>;
   static constexpr int kTerms = kTermsOf<M>;
   static constexpr int kGroups = kF16 ? 2 : 1;  // warpgroups of 64 rows
   static constexpr int kThreads = 128 * kGroups;
   static constexpr int kRows = 64 * kGroups;
+  static constexpr int kVec = kWiden ? 4 : 8;  // elements a copy: 16 bytes, or 4 e4m3
 };
+static_assert(Shape<__half>::kVec * 2 == 16 && Shape<uint16_t>::kVec * 2 == 16 &&
+                  Shape<uint8_t>::kVec == 4,
+              "16-byte copies of 16-bit elements, 4-byte ones of e4m3");
 
 // Bytes between core-matrix groups of the key and value tiles (see the layout above).
 __host__ __device__ constexpr int key_group_bytes(int hd) {
@@ -61,19 +67,24 @@ __host__ __device__ constexpr int key_group_bytes(int hd) {
 constexpr int kValueGroupBytes = 16 * kKeys + 16;
 
 // Byte sizes of the shared-memory regions for head sizes hd, dv, with `planes` query planes
-// (terms × warpgroups).
+// (terms × warpgroups): the f16/bf16 tiles in the products' layout, two stages of them or, when
+// widened, one, beside two stages of the raw e4m3 tiles (keys [hd][kKeys], values [kKeys][dv]).
 struct Smem {
-  int q_plane, k_stage, v_stage, total;
-  __host__ __device__ Smem(int hd, int dv, int planes)
+  int q_plane, k_stage, v_stage, raw_k, raw_v, total;
+  __host__ __device__ Smem(int hd, int dv, int planes, bool widen)
       : q_plane(64 * hd * 2),
         k_stage(kKeys / 8 * key_group_bytes(hd)),
-        v_stage(dv / 8 * kValueGroupBytes) {
-    total = planes * q_plane + 2 * (k_stage + v_stage);
+        v_stage(dv / 8 * kValueGroupBytes),
+        raw_k(widen ? hd * kKeys : 0),
+        raw_v(widen ? kKeys * dv : 0) {
+    total = planes * q_plane +
+            (widen ? 2 * (raw_k + raw_v) + k_stage + v_stage : 2 * (k_stage + v_stage));
   }
 };
-template <typename M>
+template <typename T>
 __host__ __device__ Smem smem_of(int hd, int dv) {
-  return Smem(hd, dv, Shape<M>::kTerms * Shape<M>::kGroups);
+  using S = Shape<T>;
+  return Smem(hd, dv, S::kTerms * S::kGroups, S::kWiden);
 }
 
 // Keeps the compiler from moving accesses of registers a product reads or writes across the
@@ -98,42 +109,82 @@ __device__ __forceinline__ void pin_registers(uint32_t (&a)[N][T][4]) {
   }
 }
 
-// Starts the copies of positions k0 .. k0 + kKeys − 1 (zeros past last) into a stage.
+// Starts the copies of positions k0 .. k0 + kKeys − 1 (zeros past last) into a stage: 16-bit
+// tiles straight into the products' layout, e4m3 ones as they lie (4 bytes a copy).
 template <typename T, int kThreads>
-__device__ __forceinline__ void start_tile(const TileCopier<kKeys, kThreads, kVec>& copier,
-                                           const AttnArgs& a, const int32_t* table, int kvh, int k0,
-                                           int last, unsigned char* Ks, unsigned char* Vs) {
-  const int kg = key_group_bytes(a.hd);
+__device__ __forceinline__ void start_tile(
+    const TileCopier<kKeys, kThreads, Shape<T>::kVec>& copier, const AttnArgs& a,
+    const int32_t* table, int kvh, int k0, int last, unsigned char* Ks, unsigned char* Vs) {
+  const int kg = key_group_bytes(a.hd), dv = a.dv;
   copier.template copy<T>(
       a, table, kvh, k0, last, true,
       [&](int d, int p, const T* src, bool valid) {
-        copy16_async(Ks + (p / 8) * kg + (d / 8) * 128 + (d % 8) * 16, src, valid);
+        if constexpr (Shape<T>::kWiden) {
+          copy4_async(Ks + d * kKeys + p, src, valid);
+        } else {
+          copy16_async(Ks + (p / 8) * kg + (d / 8) * 128 + (d % 8) * 16, src, valid);
+        }
       },
       [&](int p, int d, const T* src, bool valid) {
-        copy16_async(Vs + (d / 8) * kValueGroupBytes + (p / 8) * 128 + (p % 8) * 16, src, valid);
+        if constexpr (Shape<T>::kWiden) {
+          copy4_async(Vs + p * dv + d, src, valid);
+        } else {
+          copy16_async(Vs + (d / 8) * kValueGroupBytes + (p / 8) * 128 + (p % 8) * 16, src, valid);
+        }
       });
 }
 
-// grid (row tiles of kRows rows, kv heads), kThreads (Shape<M>). HD = DV: the head size (64, 128
+// A landed e4m3 stage (keys [hd][kKeys], values [kKeys][dv]) widened into the products' f16
+// tiles, 8 elements (16 bytes) a step.
+template <int kThreads>
+__device__ __forceinline__ void widen_tile(const uint8_t* rk, const uint8_t* rv, unsigned char* Kf,
+                                           unsigned char* Vf, int hd, int dv) {
+  const int kg = key_group_bytes(hd);
+  for (int e = threadIdx.x; e < hd * (kKeys / 8); e += kThreads) {
+    const int d = e / (kKeys / 8), p = 8 * (e % (kKeys / 8));
+    alignas(16) __half h[8];
+    widen4(rk + d * kKeys + p, h);
+    widen4(rk + d * kKeys + p + 4, h + 4);
+    *reinterpret_cast<uint4*>(Kf + (p / 8) * kg + (d / 8) * 128 + (d % 8) * 16) =
+        *reinterpret_cast<const uint4*>(h);
+  }
+  for (int e = threadIdx.x; e < kKeys * (dv / 8); e += kThreads) {
+    const int p = e / (dv / 8), d = 8 * (e % (dv / 8));
+    alignas(16) __half h[8];
+    widen4(rv + p * dv + d, h);
+    widen4(rv + p * dv + d + 4, h + 4);
+    *reinterpret_cast<uint4*>(Vf + (d / 8) * kValueGroupBytes + (p / 8) * 128 + (p % 8) * 16) =
+        *reinterpret_cast<const uint4*>(h);
+  }
+}
+
+// grid (row tiles of kRows rows, kv heads), kThreads (Shape<T>). HD = DV: the head size (64, 128
 // or 256: the products' width; compile-time, so that no branch lies among a tile's products,
 // which ptxas would otherwise serialize). acc[j] holds value channels [8j, 8j + 8) of the
 // thread's rows.
-template <typename M, int HD, int DV>
-__global__ void __launch_bounds__(Shape<M>::kThreads, 1) attention_wgmma_kernel(AttnArgs a) {
+template <typename T, int HD, int DV>
+__global__ void __launch_bounds__(Shape<T>::kThreads, 1) attention_wgmma_kernel(AttnArgs a) {
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();  // the PTX for later GPUs: never launched there (Impl::sm90a)
 #else
-  using S = Shape<M>;
-  using T = typename S::T;
+  using S = Shape<T>;
+  using M = typename S::M;
   constexpr int kTerms = S::kTerms, kGroups = S::kGroups, kThreads = S::kThreads, kRows = S::kRows;
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int hd = HD;
   const int group = a.group;
-  const Smem sm = smem_of<M>(hd, DV);
+  const Smem sm = smem_of<T>(hd, DV);
   auto q_plane = [&](int term, int wg) { return smem + (term * kGroups + wg) * sm.q_plane; };
   unsigned char* stages = smem + kTerms * kGroups * sm.q_plane;
-  auto stage_k = [&](int i) { return stages + i * (sm.k_stage + sm.v_stage); };
-  auto stage_v = [&](int i) { return stages + i * (sm.k_stage + sm.v_stage) + sm.k_stage; };
+  // The copies' stages: the products' tiles themselves, or the raw e4m3 tiles, widened each
+  // tile into the one f16 tile after them.
+  const int stage_bytes = S::kWiden ? sm.raw_k + sm.raw_v : sm.k_stage + sm.v_stage;
+  auto stage_k = [&](int i) { return stages + i * stage_bytes; };
+  auto stage_v = [&](int i) {
+    return stages + i * stage_bytes + (S::kWiden ? sm.raw_k : sm.k_stage);
+  };
+  unsigned char* Kf = stages + 2 * stage_bytes;  // widened tiles (kWiden)
+  unsigned char* Vf = Kf + sm.k_stage;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wg = warp / 4;
   const int g = lane / 4, c = lane % 4;  // fragment row and column
 
@@ -149,9 +200,11 @@ __global__ void __launch_bounds__(Shape<M>::kThreads, 1) attention_wgmma_kernel(
   last_keys(a, t0, t_end, m0, max_pos, warp_max_pos);
   // As in the 16-bit kernel: a first tile written by earlier forwards is copied before the
   // wait for the kernel before (which writes this forward's positions).
-  const bool early = kKeys % a.bs == 0 && a.kc_s1 * 2 % 128 == 0 && a.vc_s1 * 2 % 128 == 0 &&
+  constexpr int kElem = int(sizeof(T));
+  const bool early = kKeys % a.bs == 0 && a.kc_s1 * kElem % 128 == 0 &&
+                     a.vc_s1 * kElem % 128 == 0 &&
                      min(max_pos, kKeys - 1) < a.positions[a.seq_start[rt.s]];
-  const TileCopier<kKeys, kThreads, kVec> copier(a);
+  const TileCopier<kKeys, kThreads, S::kVec> copier(a);
   if (early) start_tile<T>(copier, a, table, kvh, 0, max_pos, stage_k(0), stage_v(0));
   grid_dependency_sync();
   if (!early) start_tile<T>(copier, a, table, kvh, 0, max_pos, stage_k(0), stage_v(0));
@@ -204,6 +257,12 @@ __global__ void __launch_bounds__(Shape<M>::kThreads, 1) attention_wgmma_kernel(
     copy_commit();
     const unsigned char* Ks = stage_k(cur);
     const unsigned char* Vs = stage_v(cur);
+    if constexpr (S::kWiden) {
+      widen_tile<kThreads>(stage_k(cur), stage_v(cur), Kf, Vf, hd, DV);
+      fence_async_shared();
+      __syncthreads();
+      Ks = Kf, Vs = Vf;
+    }
     // Scores S [64 rows × kKeys] of the warpgroup; sc[j] holds keys [8j, 8j + 8).
     // Registers written by ordinary instructions are pinned before the fence (the compiler
     // must not sink the writes past it) and after the wait.
@@ -259,14 +318,16 @@ __global__ void __launch_bounds__(Shape<M>::kThreads, 1) attention_wgmma_kernel(
 #endif
 }
 
-// fn(M{}) for the cache type's operand type (F16: __half, BF16: __nv_bfloat16).
+// fn(T{}) for the cache type's element (F16: __half, BF16: its bits, F8_E4M3: its bits).
 template <typename Fn>
-void dispatch_operand(DType cache, Fn&& fn) {
+void dispatch_element(DType cache, Fn&& fn) {
   if (cache == DType::F16) {
     fn(__half{});
+  } else if (cache == DType::BF16) {
+    fn(uint16_t{});
   } else {
-    RECUR_CHECK(cache == DType::BF16);
-    fn(__nv_bfloat16{});
+    RECUR_CHECK(cache == DType::F8_E4M3);
+    fn(uint8_t{});
   }
 }
 
@@ -274,36 +335,38 @@ void dispatch_operand(DType cache, Fn&& fn) {
 
 int attention_wgmma_rows(DType cache) {
   int rows = 0;
-  dispatch_operand(cache, [&](auto m) { rows = Shape<decltype(m)>::kRows; });
+  dispatch_element(cache, [&](auto t) { rows = Shape<decltype(t)>::kRows; });
   return rows;
 }
 
 size_t attention_wgmma_smem_bytes(DType cache, int hd, int dv) {
   size_t bytes = 0;
-  dispatch_operand(cache, [&](auto m) { bytes = size_t(smem_of<decltype(m)>(hd, dv).total); });
+  dispatch_element(cache, [&](auto t) { bytes = size_t(smem_of<decltype(t)>(hd, dv).total); });
   return bytes;
 }
 
-bool attention_wgmma_takes(DType cache, int group, int hd, int dv, size_t max_smem) {
-  return (cache == DType::F16 || cache == DType::BF16) && hd == dv &&
-         (dv == 64 || dv == 128 || dv == 256) && group >= 1 &&
+bool attention_wgmma_takes(DType cache, bool wide_copies, int group, int hd, int dv,
+                           size_t max_smem) {
+  const bool copies = cache == DType::F8_E4M3 || (cache == DType::F16 && wide_copies) ||
+                      (cache == DType::BF16 && wide_copies);
+  return copies && hd == dv && (dv == 64 || dv == 128 || dv == 256) && group >= 1 &&
          group <= attention_wgmma_rows(cache) &&
          attention_wgmma_smem_bytes(cache, hd, dv) <= max_smem;
 }
 
 void launch_attention_wgmma(const AttnArgs& a, DType cache, dim3 grid, cudaStream_t stream) {
   RECUR_CHECK(a.hd == a.dv);
-  dispatch_operand(cache, [&](auto m) {
-    using M = decltype(m);
-    const size_t smem = size_t(smem_of<M>(a.hd, a.dv).total);
-    constexpr int kThreads = Shape<M>::kThreads;
+  dispatch_element(cache, [&](auto t) {
+    using T = decltype(t);
+    const size_t smem = size_t(smem_of<T>(a.hd, a.dv).total);
+    constexpr int kThreads = Shape<T>::kThreads;
     if (a.dv == 64) {
-      launch_opted_in<attention_wgmma_kernel<M, 64, 64>>(grid, kThreads, smem, stream, a);
+      launch_opted_in<attention_wgmma_kernel<T, 64, 64>>(grid, kThreads, smem, stream, a);
     } else if (a.dv == 128) {
-      launch_opted_in<attention_wgmma_kernel<M, 128, 128>>(grid, kThreads, smem, stream, a);
+      launch_opted_in<attention_wgmma_kernel<T, 128, 128>>(grid, kThreads, smem, stream, a);
     } else {
       RECUR_CHECK(a.dv == 256);
-      launch_opted_in<attention_wgmma_kernel<M, 256, 256>>(grid, kThreads, smem, stream, a);
+      launch_opted_in<attention_wgmma_kernel<T, 256, 256>>(grid, kThreads, smem, stream, a);
     }
   });
 }
