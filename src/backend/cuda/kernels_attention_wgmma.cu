@@ -29,6 +29,8 @@
 #include <cmath>
 #include <type_traits>
 
+#include <cuda_fp8.h>
+
 #include "backend/cuda/attention_mma.cuh"
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/mma_16bit.cuh"
@@ -134,27 +136,30 @@ __device__ __forceinline__ void start_tile(
       });
 }
 
+// 8 e4m3 values (the bytes of v, low first) as 8 f16, exactly.
+[[maybe_unused]] __device__ __forceinline__ uint4 widen8(uint2 v) {
+  auto pair = [](uint32_t bits) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(bits), __NV_E4M3);
+    return uint32_t(h.x) | uint32_t(h.y) << 16;
+  };
+  return make_uint4(pair(v.x & 0xffffu), pair(v.x >> 16), pair(v.y & 0xffffu), pair(v.y >> 16));
+}
+
 // A landed e4m3 stage (keys [hd][kKeys], values [kKeys][dv]) widened into the products' f16
-// tiles, 8 elements (16 bytes) a step.
+// tiles, 8 elements (one 8-byte read, one 16-byte store) a step.
 template <int kThreads>
 __device__ __forceinline__ void widen_tile(const uint8_t* rk, const uint8_t* rv, unsigned char* Kf,
                                            unsigned char* Vf, int hd, int dv) {
   const int kg = key_group_bytes(hd);
   for (int e = threadIdx.x; e < hd * (kKeys / 8); e += kThreads) {
     const int d = e / (kKeys / 8), p = 8 * (e % (kKeys / 8));
-    alignas(16) __half h[8];
-    widen4(rk + d * kKeys + p, h);
-    widen4(rk + d * kKeys + p + 4, h + 4);
     *reinterpret_cast<uint4*>(Kf + (p / 8) * kg + (d / 8) * 128 + (d % 8) * 16) =
-        *reinterpret_cast<const uint4*>(h);
+        widen8(*reinterpret_cast<const uint2*>(rk + d * kKeys + p));
   }
   for (int e = threadIdx.x; e < kKeys * (dv / 8); e += kThreads) {
     const int p = e / (dv / 8), d = 8 * (e % (dv / 8));
-    alignas(16) __half h[8];
-    widen4(rv + p * dv + d, h);
-    widen4(rv + p * dv + d + 4, h + 4);
     *reinterpret_cast<uint4*>(Vf + (d / 8) * kValueGroupBytes + (p / 8) * 128 + (p % 8) * 16) =
-        *reinterpret_cast<const uint4*>(h);
+        widen8(*reinterpret_cast<const uint2*>(rv + p * dv + d));
   }
 }
 
@@ -194,7 +199,7 @@ __global__ void __launch_bounds__(Shape<T>::kThreads, 1) attention_wgmma_kernel(
   const int t0 = rt.t0, t_end = rt.t_end, kvh = int(blockIdx.y), n_rows = rt.n_rows;
   const int32_t* table = rt.table;
   const int m0 = 64 * wg + 16 * (warp % 4);  // the warp's first row
-  // The last key any row of the block attends to: both warpgroups walk every tile (a tile
+  // The last key any row of the block attends to: every warpgroup walks every tile (a tile
   // past a warpgroup's rows leaves its sums unchanged), so that no branch separates products.
   int max_pos, warp_max_pos;
   last_keys(a, t0, t_end, m0, max_pos, warp_max_pos);
@@ -345,6 +350,8 @@ size_t attention_wgmma_smem_bytes(DType cache, int hd, int dv) {
   return bytes;
 }
 
+// An e4m3 cache needs no wide copies: its 4-element copies ask what paged_attention_mma has
+// already checked (4-element alignment, blocks of a multiple of 4 positions).
 bool attention_wgmma_takes(DType cache, bool wide_copies, int group, int hd, int dv,
                            size_t max_smem) {
   const bool copies = cache == DType::F8_E4M3 || (cache == DType::F16 && wide_copies) ||

@@ -284,6 +284,7 @@ __device__ __forceinline__ void wgmma_m64n256k16_rs_bf16(float (&d)[32][4], cons
 template <typename M>
 __device__ __forceinline__ void wgmma_n32_ss(float (&d)[4][4], uint64_t a, uint64_t b,
                                              bool accumulate) {
+  static_assert(std::is_same_v<M, __half> || std::is_same_v<M, __nv_bfloat16>);
   if constexpr (std::is_same_v<M, __half>) {
     wgmma_m64n32k16_ss_f16(d, a, b, accumulate);
   } else {
@@ -295,17 +296,21 @@ __device__ __forceinline__ void wgmma_n32_ss(float (&d)[4][4], uint64_t a, uint6
 template <typename M, int N>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t b,
                                          bool accumulate) {
+  static_assert(std::is_same_v<M, __half> || std::is_same_v<M, __nv_bfloat16>);
   static_assert(N == 64 || N == 128 || N == 256, "the widths instantiated");
   constexpr bool kF16 = std::is_same_v<M, __half>;
-  if constexpr (N == 64) {
-    kF16 ? wgmma_m64n64k16_rs_f16(d, a, b, accumulate)
-         : wgmma_m64n64k16_rs_bf16(d, a, b, accumulate);
+  if constexpr (N == 64 && kF16) {
+    wgmma_m64n64k16_rs_f16(d, a, b, accumulate);
+  } else if constexpr (N == 64) {
+    wgmma_m64n64k16_rs_bf16(d, a, b, accumulate);
+  } else if constexpr (N == 128 && kF16) {
+    wgmma_m64n128k16_rs_f16(d, a, b, accumulate);
   } else if constexpr (N == 128) {
-    kF16 ? wgmma_m64n128k16_rs_f16(d, a, b, accumulate)
-         : wgmma_m64n128k16_rs_bf16(d, a, b, accumulate);
+    wgmma_m64n128k16_rs_bf16(d, a, b, accumulate);
+  } else if constexpr (kF16) {
+    wgmma_m64n256k16_rs_f16(d, a, b, accumulate);
   } else {
-    kF16 ? wgmma_m64n256k16_rs_f16(d, a, b, accumulate)
-         : wgmma_m64n256k16_rs_bf16(d, a, b, accumulate);
+    wgmma_m64n256k16_rs_bf16(d, a, b, accumulate);
   }
 }
 
