@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2)
     delta_chunk_keys_kernel(DeltaArgs a, ChunkRecords rec, bool vec, bool keys_heads_first) {
   grid_dependency_sync();
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  // Heads vary fastest across blocks (see keys_grid).
+  // keys_grid's order: heads along x (heads_first) or along y.
   const int c = rec.c0 + int(keys_heads_first ? blockIdx.y : blockIdx.x);
   const int h = int(keys_heads_first ? blockIdx.x : blockIdx.y);
   const int s = rec.s0 + blockIdx.z, tid = threadIdx.x;
@@ -567,9 +567,9 @@ static bool keys_heads_first() {
   }();
   return heads_first;
 }
-static dim3 keys_grid(int chunks, int heads, int seqs) {
-  return keys_heads_first() ? dim3(unsigned(heads), unsigned(chunks), unsigned(seqs))
-                            : dim3(unsigned(chunks), unsigned(heads), unsigned(seqs));
+static dim3 keys_grid(bool heads_first, int chunks, int heads, int seqs) {
+  return heads_first ? dim3(unsigned(heads), unsigned(chunks), unsigned(seqs))
+                     : dim3(unsigned(chunks), unsigned(heads), unsigned(seqs));
 }
 
 // Chunk records go through `scratch` in pieces: as many sequences and chunks at a time as it
@@ -610,8 +610,9 @@ void launch_chunked(const DeltaArgs& a, const SeqLayout& layout, void* scratch,
     const int ns = std::min(group, layout.n_seqs - s0);
     for (int c0 = 0; c0 < max_chunks; c0 += piece) {
       const ChunkRecords rec{static_cast<float*>(scratch), c0, piece, s0, ns, kPerChannel};
-      launch_kernel(delta_chunk_keys_kernel<kPerChannel>, keys_grid(piece, a.hv, ns), kChunkThreads,
-                    keys_smem, stream, a, rec, vec, keys_heads_first());
+      const bool heads_first = keys_heads_first() && piece <= 65535;  // grid.y's limit
+      launch_kernel(delta_chunk_keys_kernel<kPerChannel>, keys_grid(heads_first, piece, a.hv, ns),
+                    kChunkThreads, keys_smem, stream, a, rec, vec, heads_first);
       launched("gated_delta_rule (chunk keys)");
       const dim3 grid(unsigned((a.dv + dvt - 1) / dvt), unsigned(a.hv), unsigned(ns));
       launch_kernel(delta_chunk_state_kernel<kPerChannel>, grid, kChunkThreads, state_smem, stream,

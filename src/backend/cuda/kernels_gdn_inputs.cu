@@ -21,12 +21,12 @@ constexpr int kConvRunTokens = 16;  // consecutive tokens a thread walks
 // (all in flight at once) and the K-input window kept in registers (reloaded where a sequence
 // starts): each input is read once instead of K times (a token a thread took 138 µs a layer for
 // 2,048 tokens × 8,192 channels on the H200, about 1 TB/s:
-// bench/results/h200-session30-run1-prof-t2.txt). grid (⌈C/256⌉, runs), runs of kConvRunTokens
-// tokens from run0: the channel blocks of a run go first, so that the blocks running at once
-// read whole rows. (With the runs first, they read one 1 KB column of thousands of rows 32 KB
-// apart, which may keep most memory channels idle: 2,048 tokens × 8,192 channels ran at about
-// 1 TB/s. EXPERIMENT, session 34, not yet run on a GPU: RECUR_EXP_CONV_ORDER=1 takes the
-// channel blocks first; until measured, the runs stay first.)
+// bench/results/h200-session30-run1-prof-t2.txt). grid (runs, ⌈C/256⌉) when runs_first, else
+// (⌈C/256⌉, runs): runs of kConvRunTokens tokens from run0. With the runs first, the blocks
+// running at once read one 1 KB column of thousands of rows 32 KB apart, which may keep most
+// memory channels idle (2,048 tokens × 8,192 channels ran at about 1 TB/s); with the channel
+// blocks first they read whole rows. EXPERIMENT (session 34, not yet run on a GPU):
+// RECUR_EXP_CONV_ORDER=1 takes the channel blocks first; until measured, the runs stay first.
 // x, out [n, C]; w [C, 1, K]; state [slots, K-1, C]
 template <typename W>
 __global__ void conv1d_out_kernel(const float* x, int64_t ldx, const W* w, int K,
