@@ -25,16 +25,11 @@
 #include <functional>
 #include <vector>
 
+#include "gpu_bench.cuh"
+
 namespace {
 
-#define CHECK(expr)                                                                               \
-  do {                                                                                            \
-    const cudaError_t e_ = (expr);                                                                \
-    if (e_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
+using namespace gpu_bench;
 
 constexpr int kThreads = 256;
 constexpr int kExperts = 512;
@@ -264,13 +259,9 @@ void rows_line(const char* what, int stages, int stage_bytes, const char* w, uin
 
 int main(int argc, char** argv) {
   int repeats = 5;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--repeats") == 0 && i + 1 < argc) {
-      repeats = std::max(1, std::atoi(argv[++i]));
-    } else {
-      std::fprintf(stderr, "usage: bench_gpu_stream [--repeats N]\n");
-      return 2;
-    }
+  if (!parse_int_options(argc, argv, "bench_gpu_stream [--repeats N]",
+                         {{"--repeats", &repeats, 1}})) {
+    return 2;
   }
   cudaDeviceProp prop;
   CHECK(cudaGetDeviceProperties(&prop, 0));

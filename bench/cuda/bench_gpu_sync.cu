@@ -24,34 +24,11 @@
 #include <random>
 #include <vector>
 
+#include "gpu_bench.cuh"
+
 namespace {
 
-#define CHECK(expr)                                                                               \
-  do {                                                                                            \
-    const cudaError_t e_ = (expr);                                                                \
-    if (e_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
-
-__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void add_release(unsigned* p, unsigned v) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ void store_release(unsigned* p, unsigned v) {
-  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ void pdl_wait() {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-}
-__device__ __forceinline__ void pdl_allow() {
-  asm volatile("griddepcontrol.launch_dependents;");
-}
+using namespace gpu_bench;
 
 // next[i] holds the index after i; steps dependent loads from start; the end in *out.
 __global__ void chase_kernel(const unsigned* next, int steps, unsigned start, unsigned* out) {
@@ -97,17 +74,10 @@ constexpr int kCounter = 32;
 // multiprocessors and a broken barrier loses counts) then a grid barrier (arrive counter,
 // acquire spin).
 __global__ void barrier_kernel(unsigned* x, int steps) {
+  unsigned phase = 0;
   for (int s = 0; s < steps; ++s) {
     if (blockIdx.x == unsigned(s) % gridDim.x && threadIdx.x == 0) x[0] = __ldcg(x) + 1;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      __threadfence();
-      add_release(x + kCounter, 1u);
-      const unsigned target = unsigned(s + 1) * gridDim.x;
-      while (load_acquire(x + kCounter) < target) {
-      }
-    }
-    __syncthreads();
+    grid_barrier(x + kCounter, phase);
   }
 }
 
@@ -240,13 +210,8 @@ double graph_chain_us(Kernel kernel, int blocks, bool pdl, int steps, int replay
 
 int main(int argc, char** argv) {
   int steps = 2000;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--steps") == 0 && i + 1 < argc) {
-      steps = std::max(10, std::atoi(argv[++i]));
-    } else {
-      std::fprintf(stderr, "usage: bench_gpu_sync [--steps N]\n");
-      return 2;
-    }
+  if (!parse_int_options(argc, argv, "bench_gpu_sync [--steps N]", {{"--steps", &steps, 10}})) {
+    return 2;
   }
   cudaDeviceProp prop;
   CHECK(cudaGetDeviceProperties(&prop, 0));

@@ -25,16 +25,11 @@
 #include <cstring>
 #include <vector>
 
+#include "gpu_bench.cuh"
+
 namespace {
 
-#define CHECK(expr)                                                                               \
-  do {                                                                                            \
-    const cudaError_t e_ = (expr);                                                                \
-    if (e_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
+using namespace gpu_bench;
 
 using bf16 = __nv_bfloat16;
 constexpr int kHidden = 2048, kOIn = 4096, kExperts = 256, kTopK = 8, kFf = 512;
@@ -63,16 +58,6 @@ struct Args {
   int n_layers;
 };
 
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ void pdl_wait() {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-}
-__device__ __forceinline__ void pdl_allow() {
-  asm volatile("griddepcontrol.launch_dependents;");
-}
 __device__ __forceinline__ uint4 load16(const bf16* p) {
   return __ldcs(reinterpret_cast<const uint4*>(p));
 }
@@ -290,20 +275,6 @@ __global__ void __launch_bounds__(kThreads) k_down(Args a, int layer) {
 }
 
 // ---- one persistent kernel ----
-__device__ __forceinline__ void grid_barrier(unsigned* count, unsigned& phase) {
-  __syncthreads();
-  ++phase;
-  if (threadIdx.x == 0) {
-    __threadfence();  // the block's writes (ordered before by the barrier) before the arrival
-    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
-    const unsigned target = phase * gridDim.x;
-    unsigned v;
-    do {
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(count) : "memory");
-    } while (v < target);
-  }
-  __syncthreads();
-}
 __global__ void __launch_bounds__(kThreads) k_persistent(Args a) {
   __shared__ float xs[kOIn];
   __shared__ float hs[kSlots * kFf];
@@ -380,18 +351,8 @@ void launch_pdl(void (*kernel)(Params...), int blocks, cudaStream_t s, Params...
 
 int main(int argc, char** argv) {
   int n_layers = 8, steps = 20;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (std::strcmp(argv[i], "--layers") == 0) {
-      n_layers = std::max(1, std::atoi(argv[i + 1]));
-    } else if (std::strcmp(argv[i], "--steps") == 0) {
-      steps = std::max(1, std::atoi(argv[i + 1]));
-    } else {
-      std::fprintf(stderr, "usage: bench_moe_block [--layers N] [--steps N]\n");
-      return 2;
-    }
-  }
-  if (argc % 2 == 0) {
-    std::fprintf(stderr, "usage: bench_moe_block [--layers N] [--steps N]\n");
+  if (!parse_int_options(argc, argv, "bench_moe_block [--layers N] [--steps N]",
+                         {{"--layers", &n_layers, 1}, {"--steps", &steps, 1}})) {
     return 2;
   }
   cudaDeviceProp prop;
