@@ -24,8 +24,8 @@ Result<std::unique_ptr<Session>> Session::open(const std::string& model_dir,
       s->template_error_ = tmpl.error().message;
     }
   }
-  RECUR_ASSIGN_OR_RETURN(s->ops_, cli::create_backend(o));  // rank 0's under tensor_parallel
-  EngineConfig config = cli::engine_config(o);
+  RECUR_ASSIGN_OR_RETURN(s->ops_, create_backend(o));  // rank 0's under tensor_parallel
+  EngineConfig config = engine_config(o);
   config.vocab_logprobs = true;  // mlx-lm's responses carry them
   RECUR_ASSIGN_OR_RETURN(s->engine_,
                          Engine::create(model_dir, *s->ops_, config, s->tokenizer_.get()));

@@ -11,16 +11,16 @@
 #include <string>
 #include <vector>
 
-#include "cli/engine_options.h"
 #include "engine/engine.h"
+#include "launch/engine_options.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace recur::py {
 
-// `recur serve`'s engine flags, mapped to the engine's configuration the same way
-// (cli::engine_config); the binding turns the prefix cache off by default.
-using SessionOptions = cli::EngineOptions;
+// The engine settings `recur serve` takes, mapped to the engine's configuration the same way
+// (recur::engine_config); the binding turns the prefix cache off by default.
+using SessionOptions = EngineOptions;
 
 // One engine event, owned (the engine's views live only during the sink call).
 struct PyEvent {

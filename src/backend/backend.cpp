@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <system_error>
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
@@ -10,14 +11,6 @@
 #endif
 
 namespace recur {
-
-bool cuda_available() {
-#if defined(RECUR_HAVE_CUDA)
-  return true;
-#else
-  return false;
-#endif
-}
 
 namespace {
 
@@ -34,13 +27,13 @@ Result<std::vector<int>> cuda_indices(const std::string& device) {
     const auto [next, ec] = std::from_chars(p, end, index);
     if (ec != std::errc() || index < 0 || index > kMaxDeviceIndex || next == p) {
       return make_error(ErrorCode::kInvalidArgument,
-                        "--device '{}': expected cuda:N or cuda:N,M,... (device indices)", device);
+                        "device '{}': expected cuda:N or cuda:N,M,... (device indices)", device);
     }
     out.push_back(index);
     if (next == end) return out;
     if (*next != ',' || out.size() >= 64) {
       return make_error(ErrorCode::kInvalidArgument,
-                        "--device '{}': expected cuda:N or cuda:N,M,... (device indices)", device);
+                        "device '{}': expected cuda:N or cuda:N,M,... (device indices)", device);
     }
     p = next + 1;
   }
@@ -51,13 +44,18 @@ Result<std::vector<int>> cuda_indices(const std::string& device) {
 Result<std::unique_ptr<Ops>> create_backend(const std::string& device, int threads, int rank,
                                             int world) {
   if (device == "cpu") {
-    return std::unique_ptr<Ops>(new CpuOps(threads > 0 ? threads : default_thread_count()));
+    const int n = threads > 0 ? threads : default_thread_count();
+    try {
+      return std::unique_ptr<Ops>(new CpuOps(n));
+    } catch (const std::system_error& e) {
+      return make_error(ErrorCode::kOutOfResources, "cannot start {} CPU threads: {}", n, e.what());
+    }
   }
   if (device == "cuda" || device.rfind("cuda:", 0) == 0) {
     RECUR_ASSIGN_OR_RETURN(const std::vector<int> indices, cuda_indices(device));
     if (indices.size() > 1 && int(indices.size()) != world) {
       return make_error(ErrorCode::kInvalidArgument,
-                        "--device {} names {} devices for {} tensor-parallel ranks", device,
+                        "device {} names {} devices for {} tensor-parallel ranks", device,
                         indices.size(), world);
     }
     if (rank < 0 || rank >= std::max(world, 1)) {
@@ -69,13 +67,13 @@ Result<std::unique_ptr<Ops>> create_backend(const std::string& device, int threa
     return std::unique_ptr<Ops>(std::move(cuda));
 #else
     (void)index;
-    return make_error(
-        ErrorCode::kUnsupported,
-        "--device {}: this build has no CUDA backend (configure with -DRECUR_CUDA=ON)", device);
+    return make_error(ErrorCode::kUnsupported,
+                      "device {}: this build has no CUDA backend (configure with -DRECUR_CUDA=ON)",
+                      device);
 #endif
   }
   return make_error(ErrorCode::kInvalidArgument,
-                    "--device '{}': expected cpu, cuda, cuda:N or cuda:N,M,...", device);
+                    "device '{}': expected cpu, cuda, cuda:N or cuda:N,M,...", device);
 }
 
 }  // namespace recur

@@ -14,7 +14,4 @@ namespace recur {
 Result<std::unique_ptr<Ops>> create_backend(const std::string& device, int threads, int rank = 0,
                                             int world = 1);
 
-// Whether this build has the CUDA backend.
-bool cuda_available();
-
 }  // namespace recur

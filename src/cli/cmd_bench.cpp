@@ -209,7 +209,7 @@ int run_bench(const BenchOptions& o) {
   auto check = [&](const Status& st) {
     if (!st.ok()) {
       fmt::print(stderr, "error: {}\n", st.error().to_string());
-      std::exit(2);
+      exit_with(2);
     }
   };
 
@@ -471,7 +471,7 @@ void register_bench(CLI::App& app) {
                   "batch-1 decode timed at these contexts, comma-separated (e.g. "
                   "2048,32768,131072,262144)");
   cmd->add_option("--dtype", o->dtype, "random weights' dtype: bf16, f16, f32");
-  cmd->add_option("--threads", o->threads, "CPU threads (default: all)");
+  add_threads_option(cmd, &o->threads);
   add_tensor_parallel_option(cmd, &o->tensor_parallel);
   add_quantize_option(cmd, &o->quantize);
   add_kv_cache_dtype_option(cmd, &o->kv_cache_dtype);

@@ -108,6 +108,15 @@ int run_serve(const ServeOptions& o) {
              dtype_name(config.kv_cache_dtype), info.kv_bytes_per_token,
              int64_t(engine.config().kv_blocks) * engine.config().block_size,
              engine.config().kv_blocks, engine.config().block_size);
+  // The context one sequence may reach is what the cache holds when that is less.
+  const int asked =
+      config.max_context > 0 ? std::min(config.max_context, info.max_position) : info.max_position;
+  if (engine.config().max_context < asked) {
+    fmt::print(
+        "context: {} tokens, what the attention cache holds for one sequence ({} "
+        "otherwise; --kv-cache-mb raises it)\n",
+        engine.config().max_context, asked);
+  }
   for (const std::string& note : info.notes) fmt::print("note: {}\n", note);
   for (const std::string& note : engine.notes()) fmt::print("{}\n", note);
 
@@ -187,7 +196,7 @@ void register_serve(CLI::App& app) {
                   "the model name clients use (default: the directory's name)");
   cmd->add_option("--http-threads", o->http_threads,
                   "HTTP worker threads (default: from --max-batch)")
-      ->check(CLI::Range(0, 65536));
+      ->check(CLI::Range(0, 4096));
   cmd->add_option("--max-body-mb", o->max_body_mb,
                   "largest request body accepted, MiB (chunked or not)")
       ->check(CLI::Range(int64_t(1), int64_t(1024)));

@@ -347,7 +347,7 @@ void register_verify(CLI::App& app) {
   cmd->add_option("--golden", *golden, "golden.safetensors")->required();
   cmd->add_option("--tolerance", *tolerance, "largest allowed |logit error|")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--threads", *threads, "CPU threads (default: all)");
+  add_threads_option(cmd, threads.get());
   auto quantize = std::make_shared<Quantize>(Quantize::kNone);
   add_quantize_option(cmd, quantize.get());
   auto kv_cache_dtype = std::make_shared<DType>(DType::F32);

@@ -13,6 +13,8 @@ void register_serve(CLI::App& app);
 void register_bench(CLI::App& app);
 
 // Ends the program with `code` from inside a subcommand callback.
-[[noreturn]] inline void exit_with(int code) { throw CLI::RuntimeError(code); }
+[[noreturn]] inline void exit_with(int code) {
+  throw CLI::RuntimeError(code);
+}
 
 }  // namespace recur::cli

@@ -1,20 +1,15 @@
 #include "cli/engine_options.h"
 
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <map>
 
-#include "backend/backend.h"
-#include "core/threads.h"
 
 namespace recur::cli {
 
 void add_engine_options(CLI::App* cmd, EngineOptions* o, const std::string& seed_help) {
   cmd->add_option("--model", o->model, "model directory")->required();
   add_device_option(cmd, &o->device);
-  cmd->add_option("--threads", o->threads, "CPU threads (default: all)")
-      ->check(CLI::Range(0, 1024));
+  add_threads_option(cmd, &o->threads);
   cmd->add_option("--max-batch", o->max_batch, "sequences decoded at once")
       ->check(CLI::Range(1, 4096));
   cmd->add_option("--max-batch-tokens", o->max_batch_tokens, "tokens per engine step")
@@ -40,6 +35,12 @@ void add_engine_options(CLI::App* cmd, EngineOptions* o, const std::string& seed
   add_tensor_parallel_option(cmd, &o->tensor_parallel);
 }
 
+void add_threads_option(CLI::App* cmd, int* threads) {
+  cmd->add_option("--threads", *threads, "CPU threads (default: all cores)")
+      ->envname("RECUR_THREADS")
+      ->check(CLI::Range(0, 1024));
+}
+
 void add_device_option(CLI::App* cmd, std::string* device) {
   cmd->add_option("--device", *device,
                   "cpu, cuda or cuda:N; under --tensor-parallel, rank r takes cuda:N+r, or "
@@ -52,28 +53,6 @@ void add_tensor_parallel_option(CLI::App* cmd, int* n) {
                   "of this process, --threads shared among them; CUDA: one GPU each, joined "
                   "by NCCL, or all on one GPU when --device lists it for each)")
       ->check(CLI::Range(1, 64));
-}
-
-namespace {
-int threads_per_rank(int threads, int ranks) {
-  const int total = threads > 0 ? threads : default_thread_count();
-  return std::max(1, total / std::max(ranks, 1));
-}
-}  // namespace
-
-Result<std::unique_ptr<Ops>> create_rank_backend(const std::string& device, int threads,
-                                                 int ranks) {
-  return recur::create_backend(device, ranks > 1 ? threads_per_rank(threads, ranks) : threads, 0,
-                               std::max(ranks, 1));
-}
-
-std::function<Result<std::unique_ptr<Ops>>(int rank)> rank_backend_maker(const std::string& device,
-                                                                         int threads, int ranks) {
-  if (ranks <= 1) return nullptr;
-  const int per_rank = threads_per_rank(threads, ranks);
-  return [device, per_rank, ranks](int rank) {
-    return recur::create_backend(device, per_rank, rank, ranks);
-  };
 }
 
 namespace {
@@ -113,29 +92,6 @@ void add_quantize_option(CLI::App* cmd, Quantize* q) {
                                                    {"int8", Quantize::kInt8},
                                                    {"q4", Quantize::kQ4}},
                    q);
-}
-
-Result<std::unique_ptr<Ops>> create_backend(const EngineOptions& o) {
-  auto ops = create_rank_backend(o.device, o.threads, o.tensor_parallel);
-  if (ops.ok() || ops.error().message.find(o.device) != std::string::npos) return ops;
-  return Error{ops.error().code, fmt::format("--device {}: {}", o.device, ops.error().message)};
-}
-
-EngineConfig engine_config(const EngineOptions& o) {
-  EngineConfig cfg;
-  cfg.max_batch = o.max_batch;
-  cfg.max_batch_tokens = std::max(o.max_batch_tokens, o.max_batch);
-  cfg.max_context = o.max_context;
-  cfg.kv_cache_bytes = o.kv_cache_mb << 20;
-  cfg.prefix_cache_bytes = o.prefix_cache_mb << 20;
-  cfg.snapshot_interval = o.snapshot_interval;
-  if (o.seed) cfg.seed = *o.seed;
-  cfg.pipeline_decode = o.pipeline_decode;
-  cfg.quantize = o.quantize;
-  cfg.kv_cache_dtype = o.kv_cache_dtype;
-  cfg.tensor_parallel = o.tensor_parallel;
-  cfg.rank_backend = rank_backend_maker(o.device, o.threads, o.tensor_parallel);
-  return cfg;
 }
 
 }  // namespace recur::cli

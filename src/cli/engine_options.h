@@ -1,48 +1,22 @@
-// The model, backend and engine flags that `recur generate` and `recur serve` share, and the
-// backend and engine configuration they describe.
+// The model, backend and engine flags that `recur generate` and `recur serve` share; what they
+// set is launch/engine_options.h's EngineOptions.
 #pragma once
 
-#include <cstdint>
-#include <functional>
-#include <memory>
-#include <optional>
 #include <string>
 
 #include "cli/commands.h"
-#include "engine/engine.h"
-#include "ops/ops.h"
+#include "launch/engine_options.h"
 
 namespace recur::cli {
 
-struct EngineOptions {
-  std::string model;
-  std::string device = "cpu";  // cpu, cuda or cuda:N
-  int threads = 0;             // CPU threads, 0: all cores
-  int max_batch = 8;
-  int max_batch_tokens = 512;
-  int max_context = 0;  // 0: the model's
-  int64_t kv_cache_mb = 1024;
-  int64_t prefix_cache_mb = 1024;  // EngineConfig::prefix_cache_bytes; 0: off
-  int snapshot_interval = 2048;    // EngineConfig::snapshot_interval
-  std::optional<uint64_t> seed;
-  int pipeline_decode = -1;  // EngineConfig::pipeline_decode
-  // --quantize: matmul weights of a bf16/f32 checkpoint converted at load (EngineConfig::quantize)
-  Quantize quantize = Quantize::kNone;
-  DType kv_cache_dtype = DType::F32;  // --kv-cache-dtype (EngineConfig::kv_cache_dtype)
-  int tensor_parallel = 1;            // --tensor-parallel (EngineConfig::tensor_parallel)
-};
+using EngineOptions = recur::EngineOptions;
 
 // Registers --tensor-parallel N on cmd, writing into *n.
 void add_tensor_parallel_option(CLI::App* cmd, int* n);
 // Registers --device (cpu, cuda, cuda:N, cuda:N,M,...) on cmd, writing into *device.
 void add_device_option(CLI::App* cmd, std::string* device);
-
-// The backend of one of `ranks` tensor-parallel ranks on `device`: `threads` CPU threads (0: all
-// cores) shared evenly among the ranks, at least one each. Rank 0's, and the maker of the
-// others' (LoadOptions::rank_backend; empty for one rank).
-Result<std::unique_ptr<Ops>> create_rank_backend(const std::string& device, int threads, int ranks);
-std::function<Result<std::unique_ptr<Ops>>(int rank)> rank_backend_maker(const std::string& device,
-                                                                         int threads, int ranks);
+// --threads, also read from RECUR_THREADS (0: every core).
+void add_threads_option(CLI::App* cmd, int* threads);
 
 // Registers --quantize none|fp8|int8|q4 on cmd, writing into *q.
 void add_quantize_option(CLI::App* cmd, Quantize* q);
@@ -55,12 +29,5 @@ void add_kv_cache_dtype_option(CLI::App* cmd, DType* t);
 // --pipeline-decode, --quantize, --kv-cache-dtype and --tensor-parallel on cmd, writing into *o;
 // the defaults are what *o holds.
 void add_engine_options(CLI::App* cmd, EngineOptions* o, const std::string& seed_help);
-
-// The backend for --device and --threads (rank 0's under --tensor-parallel); an unavailable
-// device is an error that names it.
-Result<std::unique_ptr<Ops>> create_backend(const EngineOptions& o);
-
-// EngineConfig from the flags (max_batch_tokens is raised to max_batch when below it).
-EngineConfig engine_config(const EngineOptions& o);
 
 }  // namespace recur::cli

@@ -1,5 +1,6 @@
 // build/recur: the command-line program. Subcommands are registered from their own files.
 #include <cstdio>
+#include <exception>
 
 #include "cli/commands.h"
 
@@ -16,6 +17,9 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  } catch (const std::exception& e) {  // resources the system refused (memory, threads)
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
   }
   return 0;
 }

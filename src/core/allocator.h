@@ -62,7 +62,9 @@ class Buffer {
   size_t bytes() const { return bytes_; }
   Device device() const { return alloc_ ? alloc_->device() : Device::kCpu; }
   template <typename T>
-  T* as() const { return static_cast<T*>(data_); }
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
   void reset();
 
  private:

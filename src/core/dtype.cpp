@@ -7,11 +7,23 @@ namespace recur {
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::F64: case DType::I64: return 8;
-    case DType::F32: case DType::I32: return 4;
-    case DType::BF16: case DType::F16: return 2;
-    case DType::I8: case DType::U8: case DType::BOOL: return 1;
-    case DType::F8_E4M3: case DType::Q8_32: case DType::Q4_32: return 1;
+    case DType::F64:
+    case DType::I64:
+      return 8;
+    case DType::F32:
+    case DType::I32:
+      return 4;
+    case DType::BF16:
+    case DType::F16:
+      return 2;
+    case DType::I8:
+    case DType::U8:
+    case DType::BOOL:
+      return 1;
+    case DType::F8_E4M3:
+    case DType::Q8_32:
+    case DType::Q4_32:
+      return 1;
   }
   return 0;
 }
@@ -24,18 +36,30 @@ int64_t weight_bytes(DType t, int64_t numel) {
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::F32: return "F32";
-    case DType::BF16: return "BF16";
-    case DType::F16: return "F16";
-    case DType::F64: return "F64";
-    case DType::I64: return "I64";
-    case DType::I32: return "I32";
-    case DType::I8: return "I8";
-    case DType::U8: return "U8";
-    case DType::BOOL: return "BOOL";
-    case DType::F8_E4M3: return "F8_E4M3";
-    case DType::Q8_32: return "Q8_32";
-    case DType::Q4_32: return "Q4_32";
+    case DType::F32:
+      return "F32";
+    case DType::BF16:
+      return "BF16";
+    case DType::F16:
+      return "F16";
+    case DType::F64:
+      return "F64";
+    case DType::I64:
+      return "I64";
+    case DType::I32:
+      return "I32";
+    case DType::I8:
+      return "I8";
+    case DType::U8:
+      return "U8";
+    case DType::BOOL:
+      return "BOOL";
+    case DType::F8_E4M3:
+      return "F8_E4M3";
+    case DType::Q8_32:
+      return "Q8_32";
+    case DType::Q4_32:
+      return "Q4_32";
   }
   return "?";
 }
@@ -64,7 +88,10 @@ float f16_to_f32(uint16_t h) {
       bits = sign;
     } else {  // subnormal: renormalise
       int e = -1;
-      do { mant <<= 1; ++e; } while (!(mant & 0x400));
+      do {
+        mant <<= 1;
+        ++e;
+      } while (!(mant & 0x400));
       mant &= 0x3ff;
       bits = sign | uint32_t(127 - 15 - e) << 23 | mant << 13;
     }
@@ -95,7 +122,10 @@ uint16_t f32_to_f16(float f) {
     return uint16_t(sign | rounded);
   }
   uint32_t rounded = mant + 0xfff + ((mant >> 13) & 1);
-  if (rounded & 0x800000) { rounded = 0; ++exp; }
+  if (rounded & 0x800000) {
+    rounded = 0;
+    ++exp;
+  }
   if (exp >= 31) return uint16_t(sign | 0x7c00);
   return uint16_t(sign | uint32_t(exp) << 10 | (rounded >> 13));
 }

@@ -74,21 +74,21 @@ class [[nodiscard]] Result {
 // Propagate an error from an expression yielding Status or Result.
 #define RECUR_CONCAT_INNER(a, b) a##b
 #define RECUR_CONCAT(a, b) RECUR_CONCAT_INNER(a, b)
-#define RECUR_RETURN_IF_ERROR(expr)                    \
-  do {                                                 \
-    auto _recur_st = (expr);                           \
-    if (!_recur_st.ok()) return _recur_st.error();     \
+#define RECUR_RETURN_IF_ERROR(expr)                \
+  do {                                             \
+    auto _recur_st = (expr);                       \
+    if (!_recur_st.ok()) return _recur_st.error(); \
   } while (0)
-#define RECUR_ASSIGN_OR_RETURN(lhs, expr)                                  \
-  auto RECUR_CONCAT(_recur_res_, __LINE__) = (expr);                       \
-  if (!RECUR_CONCAT(_recur_res_, __LINE__).ok())                           \
-    return RECUR_CONCAT(_recur_res_, __LINE__).error();                    \
+#define RECUR_ASSIGN_OR_RETURN(lhs, expr)               \
+  auto RECUR_CONCAT(_recur_res_, __LINE__) = (expr);    \
+  if (!RECUR_CONCAT(_recur_res_, __LINE__).ok())        \
+    return RECUR_CONCAT(_recur_res_, __LINE__).error(); \
   lhs = std::move(RECUR_CONCAT(_recur_res_, __LINE__)).value()
 
 // Internal invariants only; never for user input.
-#define RECUR_CHECK(cond)                                                               \
-  do {                                                                                  \
-    if (!(cond)) ::recur::check_failed(#cond, __FILE__, __LINE__);                      \
+#define RECUR_CHECK(cond)                                          \
+  do {                                                             \
+    if (!(cond)) ::recur::check_failed(#cond, __FILE__, __LINE__); \
   } while (0)
 
 namespace recur {

@@ -10,10 +10,19 @@
 namespace recur {
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads < 1 ? 1 : n_threads) {
-  for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker(i); });
+  try {
+    for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker(i); });
+  } catch (...) {  // the threads made so far must be joined before the error leaves
+    stop_workers();
+    throw;
+  }
 }
 
 ThreadPool::~ThreadPool() {
+  stop_workers();
+}
+
+void ThreadPool::stop_workers() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     stop_ = true;
@@ -89,10 +98,6 @@ void ThreadPool::worker(int index) {
 }
 
 int default_thread_count() {
-  if (const char* s = std::getenv("RECUR_THREADS")) {
-    int n = std::atoi(s);
-    if (n > 0) return n;
-  }
   unsigned hw = std::thread::hardware_concurrency();
   return hw ? int(hw) : 1;
 }

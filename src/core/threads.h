@@ -68,6 +68,7 @@ class ThreadPool {
   }
 
  private:
+  void stop_workers();  // wakes and joins every worker
   using Trampoline = void (*)(void*, int64_t, int64_t, int);
   void run(int64_t n, int parts, Trampoline t, void* ctx);
   void worker(int index);
@@ -89,7 +90,7 @@ class ThreadPool {
   std::atomic<int> pending_{0};
 };
 
-// Number of threads to use by default: RECUR_THREADS or the hardware count.
+// Number of threads to use by default: the hardware count.
 int default_thread_count();
 
 }  // namespace recur

@@ -30,7 +30,6 @@ class PrefixCache {
   int entries() const { return live_entries_; }
   int unreferenced() const { return unreferenced_; }  // entries evict_block() can free
   int snapshots() const { return n_snapshots_ - int(free_snapshots_.size()); }
-  int snapshot_capacity() const { return n_snapshots_; }
 
   // The longest prefix of a prompt (its block hashes and tokens) that a sequence can start
   // from: a chain of entries whose last holds a snapshot, of at most max_tokens tokens. Writes

@@ -149,12 +149,4 @@ void Checkpoint::release(const Tensor& view) const {
   }
 }
 
-size_t Checkpoint::mapped_bytes() const {
-  size_t n = 0;
-  for (auto& f : files_) {
-    for (auto& [name, e] : f->entries()) n += e.bytes;
-  }
-  return n;
-}
-
 }  // namespace recur

@@ -29,8 +29,6 @@ class Checkpoint {
                      bool allow_fp8 = false);
   // Tensors never fetched by get(), except those under an ignored prefix (e.g. "mtp.").
   std::vector<std::string> unused(const std::vector<std::string>& ignored_prefixes) const;
-  // Bytes of all mapped weight files.
-  size_t mapped_bytes() const;
   // Drops the pages of a view get() gave (or a slice of one) from this process's resident
   // memory, once a backend holds its own copy; the view stays readable (MappedFile::release).
   void release(const Tensor& view) const;

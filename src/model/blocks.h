@@ -22,7 +22,7 @@ class GatedDeltaNet final : public TokenMixer {
   Tensor in_proj_z;    // [Hv·dv, hidden]
   Tensor in_proj_b;    // [Hv, hidden]
   Tensor in_proj_a;    // [Hv, hidden]
-  Tensor conv1d;       // [C, 1, K]
+  Tensor conv1d;       // [C, K] (checkpoints store [C, 1, K])
   Tensor dt_bias;      // [Hv]
   Tensor a_log;        // [Hv]
   Tensor norm;         // [dv] (gated RMSNorm, not zero-centred)

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "ops/ops.h"
+
 namespace recur {
 
 using json = nlohmann::json;
@@ -189,6 +191,11 @@ Result<QwenHybridConfig> QwenHybridConfig::from_json(const json& outer, const js
   RECUR_RETURN_IF_ERROR(config_int(j, "hidden_size", &c.hidden_size, true, 1, 1 << 16));
   RECUR_RETURN_IF_ERROR(config_int(j, "num_hidden_layers", &c.num_layers, true, 1, 4096));
   RECUR_RETURN_IF_ERROR(config_int(j, "vocab_size", &c.vocab_size, true, 1, 1 << 24));
+  // The MLPs, experts and gates are built with SiLU; another activation would run as SiLU.
+  if (j.contains("hidden_act") && j["hidden_act"] != "silu") {
+    return make_error(ErrorCode::kUnsupported, "config.json: hidden_act {} (only \"silu\")",
+                      j["hidden_act"].dump());
+  }
   double eps = c.rms_norm_eps;
   RECUR_RETURN_IF_ERROR(config_double(j, "rms_norm_eps", &eps));
   if (!(eps > 0 && eps < 1)) return field_error("rms_norm_eps", "must be in (0, 1)");
@@ -216,6 +223,14 @@ Result<QwenHybridConfig> QwenHybridConfig::from_json(const json& outer, const js
                          "num_attention_heads");
     }
     c.head_dim = c.hidden_size / c.num_heads;
+  }
+  const int64_t group = c.num_heads / c.num_kv_heads;
+  if (group > Ops::kMaxAttentionGroup || group * c.head_dim > Ops::kMaxAttentionGroupDims) {
+    return make_error(ErrorCode::kUnsupported,
+                      "config.json: {} query heads per key/value head of {} channels "
+                      "(num_attention_heads / num_key_value_heads, head_dim): attention takes "
+                      "at most {} heads and {} channels in a group",
+                      group, c.head_dim, Ops::kMaxAttentionGroup, Ops::kMaxAttentionGroupDims);
   }
   RECUR_RETURN_IF_ERROR(read_rope(j, &c));
   // transformers rotates int(head_dim · factor) channels, rounded up to even: an odd count

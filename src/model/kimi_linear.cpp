@@ -95,11 +95,11 @@ Status read_layer_lists(const json& lac, int layers, std::vector<bool>* is_kda) 
 Result<KimiLinearConfig> KimiLinearConfig::from_json(const json& j, const json& gen) {
   KimiLinearConfig c;
   RECUR_RETURN_IF_ERROR(config_int(j, "hidden_size", &c.hidden_size, true, 1));
-  RECUR_RETURN_IF_ERROR(config_int(j, "num_hidden_layers", &c.num_layers, true, 1));
+  RECUR_RETURN_IF_ERROR(config_int(j, "num_hidden_layers", &c.num_layers, true, 1, 4096));
   RECUR_RETURN_IF_ERROR(config_int(j, "vocab_size", &c.vocab_size, true, 1));
   double eps = 1e-6;
   RECUR_RETURN_IF_ERROR(config_double(j, "rms_norm_eps", &eps));
-  if (!(eps > 0)) return unsupported("rms_norm_eps must be positive");
+  if (!(eps > 0 && eps < 1)) return unsupported("rms_norm_eps outside (0, 1)");
   c.rms_norm_eps = float(eps);
   RECUR_RETURN_IF_ERROR(config_bool(j, "tie_word_embeddings", &c.tie_word_embeddings));
   RECUR_RETURN_IF_ERROR(
@@ -141,6 +141,13 @@ Result<KimiLinearConfig> KimiLinearConfig::from_json(const json& j, const json& 
   RECUR_RETURN_IF_ERROR(config_int(j, "qk_nope_head_dim", &c.qk_nope_dim, true, 1));
   RECUR_RETURN_IF_ERROR(config_int(j, "qk_rope_head_dim", &c.qk_rope_dim, true, 0));
   RECUR_RETURN_IF_ERROR(config_int(j, "v_head_dim", &c.v_head_dim, true, 1));
+  // Each latent head attends with r + dr key channels and r value channels.
+  if (int64_t(c.kv_lora_rank) + c.qk_rope_dim > Ops::kMaxAttentionGroupDims) {
+    return make_error(ErrorCode::kUnsupported,
+                      "config.json: kv_lora_rank + qk_rope_head_dim = {} channels a latent head; "
+                      "attention takes at most {}",
+                      int64_t(c.kv_lora_rank) + c.qk_rope_dim, Ops::kMaxAttentionGroupDims);
+  }
 
   RECUR_RETURN_IF_ERROR(config_int(j, "intermediate_size", &c.intermediate_size, true, 1));
   RECUR_RETURN_IF_ERROR(config_int(j, "first_k_dense_replace", &c.first_k_dense_replace, false));
@@ -154,6 +161,9 @@ Result<KimiLinearConfig> KimiLinearConfig::from_json(const json& j, const json& 
     RECUR_RETURN_IF_ERROR(
         int_field(j, "num_shared_experts", "n_shared_experts", &c.num_shared_experts, false));
     RECUR_RETURN_IF_ERROR(config_double(j, "routed_scaling_factor", &c.routed_scaling_factor));
+    if (!(c.routed_scaling_factor > 0 && c.routed_scaling_factor < 1e6)) {
+      return unsupported("routed_scaling_factor outside (0, 1e6)");
+    }
     const char* renorm = j.contains("moe_renormalize") ? "moe_renormalize" : "norm_topk_prob";
     RECUR_RETURN_IF_ERROR(config_bool(j, renorm, &c.renormalize));
     if (j.contains("moe_router_activation_func")) {
@@ -194,7 +204,7 @@ class KimiDeltaAttention final : public TokenMixer {
   float eps = 1e-6f;  // of the output norm
   Tensor qkv_proj;    // [3·H·d, hidden]: q_proj | k_proj | v_proj
   Tensor b_proj;      // [H, hidden]
-  Tensor conv1d;      // [3·H·d, 1, K]: q_conv1d | k_conv1d | v_conv1d
+  Tensor conv1d;      // [3·H·d, K]: q_conv1d | k_conv1d | v_conv1d
   Tensor fg_a_proj;   // [2·r, hidden]: f_a_proj | g_a_proj
   // f_b_proj and g_b_proj stacked, one product of two heads: [2, H·d, r] (the gates' low rank
   // r is the head size in the published code, so both have it)
@@ -340,7 +350,8 @@ class LatentAttention final : public TokenMixer {
     // Heads in groups of at most kMaxAttentionGroupDims / (r + dr) per call: the published
     // 48B's 32 heads of r + dr = 576 take one call, reading the latent cache once.
     const float scale = 1.0f / std::sqrt(float(nope_dim + rope_dim));
-    const int per_call = int(std::max<int64_t>(1, Ops::kMaxAttentionGroupDims / kd));
+    const int per_call =
+        int(std::clamp<int64_t>(Ops::kMaxAttentionGroupDims / kd, 1, Ops::kMaxAttentionGroup));
     for (int h0 = 0; h0 < heads; h0 += per_call) {
       const int h1 = std::min(heads, h0 + per_call);
       ops.paged_attention(q_lat.col_heads(h0 * kd, h1 - h0, kd), kc, vc, io.layout, scale,
@@ -403,6 +414,7 @@ Status load_kda(const KimiLinearConfig& c, const std::string& p, WeightLoader& w
                             {p + "k_conv1d.weight", conv_shape, h0 * d, Dn},
                             {p + "v_conv1d.weight", conv_shape, h0 * d, Dn}};
   RECUR_ASSIGN_OR_RETURN(a->conv1d, w.load_rows(convs, {3 * Dn, 1, K}, WeightUse::kVector));
+  a->conv1d = a->conv1d.reshaped({3 * Dn, K});
   // A_log [1, 1, H, 1]: one value per head. Both in f32, whatever the checkpoint stores: the
   // gates read them as one type.
   RECUR_ASSIGN_OR_RETURN(a->a_log, w.load_vector_f32(p + "A_log", heads, {1, 1, heads, 1}, h0, hn));

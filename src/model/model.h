@@ -30,7 +30,7 @@ struct Batch {
   int n_tokens() const { return int(tokens.size()); }
   void clear();
   // Appends a sequence bringing `new_tokens` at positions first_pos.. with the given block
-  // table (which must cover its last position); want_logits: none, last token, or all tokens.
+  // table (which must cover its last position); `want`: logits of no token, the last or all.
   enum class Logits { kNone, kLast, kAll };
   void add_sequence(int32_t slot_id, int32_t first_pos, std::span<const int32_t> new_tokens,
                     std::span<const int32_t> blocks, Logits want);

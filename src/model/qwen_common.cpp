@@ -103,6 +103,7 @@ Status load_gated_deltanet_rest(const QwenHybridConfig& c, const std::string& p,
                                {conv, conv_shape, 2 * key_dim + v0 * dv, g->value_dim()}};
   RECUR_ASSIGN_OR_RETURN(g->conv1d,
                          w.load_rows(channels, {g->conv_dim(), 1, K}, WeightUse::kVector));
+  g->conv1d = g->conv1d.reshaped({g->conv_dim(), K});
   const RowPiece dt{p + "dt_bias", {hv}, 0, 1, v0, vn}, a{p + "A_log", {hv}, 0, 1, v0, vn};
   RECUR_ASSIGN_OR_RETURN(g->dt_bias, w.load_rows({&dt, 1}, {vn}, WeightUse::kVector));
   RECUR_ASSIGN_OR_RETURN(g->a_log, w.load_rows({&a, 1}, {vn}, WeightUse::kVector));

@@ -12,16 +12,6 @@ Result<ShardRange> column_part(const Shard& s, int64_t total, std::string_view w
   return ShardRange{first, end - first};
 }
 
-Result<ShardRange> even_part(const Shard& s, int64_t total, std::string_view what) {
-  if (total % s.world != 0) {
-    return make_error(ErrorCode::kInvalidArgument,
-                      "tensor parallelism over {} ranks: {} ({}) does not divide by {}", s.world,
-                      what, total, s.world);
-  }
-  const int64_t count = total / s.world;
-  return ShardRange{count * s.rank, count};
-}
-
 Result<HeadShard> split_heads(const Shard& s, int64_t heads, int64_t kv_heads,
                               std::string_view what, std::string_view heads_name,
                               std::string_view kv_name) {

@@ -25,9 +25,6 @@ struct ShardRange {
 // whose parts may differ by one). An error when a rank would get none.
 Result<ShardRange> column_part(const Shard& s, int64_t total, std::string_view what);
 
-// The rank's part of `total` units that must split evenly (the vocabulary of a split LM head).
-Result<ShardRange> even_part(const Shard& s, int64_t total, std::string_view what);
-
 // Heads of grouped attention or of a delta rule: `heads` query (or value) heads reading
 // `kv_heads` key heads, heads / kv_heads each, in order. The query heads split evenly; the key
 // heads split evenly too, or, when there are fewer of them than ranks (world a multiple of

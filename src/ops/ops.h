@@ -108,7 +108,7 @@ struct GdnInputArgs {
   // The decay's projection a and g: [n, Hv] for a decay per head, or [n, Hv·dk] for one per
   // key channel (Kimi Delta Attention); beta's projection b: [n, Hv]
   Tensor a, b;
-  Tensor conv_weight;  // [C, 1, K] (stored layout)
+  Tensor conv_weight;  // [C, K]
   Tensor a_log;        // [Hv]
   Tensor dt_bias;      // as a's columns: [Hv] or [Hv·dk]
   Tensor conv_state;   // [slots, K-1, C] f32
@@ -253,7 +253,7 @@ class Ops {
   // ---- Gated DeltaNet ----
   // Per sequence, out = silu(causal depthwise conv of x), continuing from conv_state, whose
   // rows then hold the sequence's last kernel-1 inputs.
-  //   x, out [n, C]; weight [C, 1, K] (stored layout); conv_state [slots, K-1, C] f32
+  //   x, out [n, C]; weight [C, K]; conv_state [slots, K-1, C] f32
   virtual void conv1d_causal_silu(const Tensor& x, const Tensor& weight, Tensor conv_state,
                                   const SeqLayout& layout, Tensor out) = 0;
   // The Gated DeltaNet input stage (see GdnInputArgs): the results of conv1d_causal_silu
@@ -304,9 +304,11 @@ class Ops {
                               const SeqLayout& layout) = 0;
   // Causal attention: token t of a sequence attends to its cache positions 0..positions[t].
   // q [n, heads, hd], out [n, heads, dv]; heads a multiple of kv_heads (grouped-query
-  // attention), with (heads / kv_heads) · max(hd, dv) ≤ kMaxAttentionGroupDims: 32 heads of
-  // 576, the published Kimi-Linear's latent attention, whose heads all share one cached latent
-  // and so take one call, reading it once.
+  // attention), with a group of heads / kv_heads ≤ kMaxAttentionGroup and
+  // group · max(hd, dv) ≤ kMaxAttentionGroupDims: 32 heads of 576, the published Kimi-Linear's
+  // latent attention, whose heads all share one cached latent and so take one call, reading it
+  // once. Models check these at load.
+  static constexpr int kMaxAttentionGroup = 64;
   static constexpr int kMaxAttentionGroupDims = 32 * 576;
   virtual void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                const SeqLayout& layout, float scale, Tensor out) = 0;

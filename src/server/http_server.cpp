@@ -22,6 +22,7 @@
 #include <deque>
 #include <list>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -64,7 +65,9 @@ void HttpServer::Impl::close_conn(Conn& c, const char* reason) {
   watch(c, 0);
   ::close(c.fd);
   release_budget(c);
-  if (metrics) {
+  if (c.refused) {
+    --refused_lingering;
+  } else if (metrics) {
     metrics->http_connections(-1);
     if (reason) metrics->connection_closed(reason);
   }
@@ -104,31 +107,47 @@ void HttpServer::Impl::accept_all() {
       }
       return;
     }
-    if (int(conns.size()) >= opt.max_connections && !evict_one()) {
-      http::Response res = handler.error_response(
-          nullptr, 503,
-          fmt::format("all {} connections this server allows are busy with requests; retry later",
-                      opt.max_connections));
-      res.set_header("Retry-After", "1");
-      handler.finish(nullptr, res);
-      const std::string out = http::serialize_head(res, false, res.body.size()) + res.body;
-      [[maybe_unused]] ssize_t n = ::send(fd, out.data(), out.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-      ::close(fd);
-      if (metrics) metrics->connection_closed("refused");
+    if (int(conns.size()) - refused_lingering >= opt.max_connections && !evict_one()) {
+      refuse(fd);
       continue;
     }
     const int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    auto c = std::make_unique<Conn>();
-    c->fd = fd;
-    c->slot = conns.size();
-    c->deadline = Clock::now() + opt.idle_timeout;
-    Conn& ref = *c;
-    conns.push_back(std::move(c));
+    Conn& ref = add_conn(fd);
     lru_add(ref, idle_lru);
     watch(ref, EPOLLIN | EPOLLRDHUP);
     if (metrics) metrics->http_connections(1);
   }
+}
+
+Conn& HttpServer::Impl::add_conn(int fd) {
+  auto c = std::make_unique<Conn>();
+  c->fd = fd;
+  c->slot = conns.size();
+  c->deadline = Clock::now() + opt.idle_timeout;
+  Conn& ref = *c;
+  conns.push_back(std::move(c));
+  return ref;
+}
+
+void HttpServer::Impl::refuse(int fd) {
+  http::Response res = handler.error_response(
+      nullptr, 503,
+      fmt::format("all {} connections this server allows are busy with requests; retry later",
+                  opt.max_connections));
+  res.set_header("Retry-After", "1");
+  if (metrics) metrics->connection_closed("refused");
+  if (refused_lingering >= kRefusedLingerMax) {
+    handler.finish(nullptr, res);
+    const std::string out = http::serialize_head(res, false, res.body.size()) + res.body;
+    [[maybe_unused]] ssize_t n = ::send(fd, out.data(), out.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    ::close(fd);
+    return;
+  }
+  Conn& c = add_conn(fd);
+  c.refused = true;
+  ++refused_lingering;
+  respond(c, std::move(res), false);
 }
 
 void HttpServer::Impl::on_event(Conn& c, uint32_t events) {
@@ -346,7 +365,7 @@ void HttpServer::Impl::flush_out(Conn& c) {
   ::shutdown(c.fd, SHUT_WR);
   c.phase = Phase::kLinger;
   c.deadline = Clock::now() + opt.linger;
-  lru_add(c, linger_lru);
+  lru_add(c, c.refused ? refused_lru : linger_lru);
   std::string().swap(c.in);
   c.in_at = 0;
   watch(c, EPOLLIN | EPOLLRDHUP);
@@ -435,7 +454,8 @@ Result<int> HttpServer::bind() {
     setrlimit(RLIMIT_NOFILE, &rl);
   }
   if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
-    const int64_t room = int64_t(rl.rlim_cur) - 2 * int64_t(m.opt.workers) - 64;
+    const int64_t room =
+        int64_t(rl.rlim_cur) - 2 * int64_t(m.opt.workers) - 64 - Impl::kRefusedLingerMax;
     if (room < m.opt.max_connections) {
       const int capped = int(std::max<int64_t>(16, room));
       fmt::print(stderr, "warning: {} connections do not fit the descriptor limit {}; using {}\n",
@@ -493,7 +513,21 @@ Result<int> HttpServer::bind() {
 Status HttpServer::run() {
   Impl& m = *impl_;
   if (m.listen_fd < 0) return make_error(ErrorCode::kInternal, "HttpServer::run before bind");
-  for (int i = 0; i < m.opt.workers; ++i) m.workers.emplace_back([&m] { m.worker_main(); });
+  try {
+    for (int i = 0; i < m.opt.workers; ++i) m.workers.emplace_back([&m] { m.worker_main(); });
+  } catch (const std::system_error& e) {  // the system would not make that many threads
+    {
+      std::lock_guard<std::mutex> lk(m.mu);
+      m.workers_exit = true;
+    }
+    m.cv.notify_all();
+    for (auto& t : m.workers) t.join();
+    const size_t started = m.workers.size();
+    m.workers.clear();
+    return make_error(ErrorCode::kOutOfResources,
+                      "cannot start {} HTTP worker threads (started {}): {}", m.opt.workers,
+                      started, e.what());
+  }
   pthread_setname_np(pthread_self(), "recur-http-loop");
   epoll_event events[256];
   auto next_scan = Clock::now();

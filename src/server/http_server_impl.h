@@ -52,10 +52,11 @@ struct Conn {
   bool keep = false;         // set by the worker: reuse after its response
   int requests = 0;          // answered on this connection
   Clock::time_point deadline;
-  std::list<Conn*>* lru = nullptr;  // linger_lru, idle_lru or head_lru while in one
+  std::list<Conn*>* lru = nullptr;  // linger_lru, idle_lru, head_lru or refused_lru while in one
   std::list<Conn*>::iterator lru_it;
   uint32_t events = 0;  // registered epoll events, 0: not registered
   bool dead = false;
+  bool refused = false;  // answered 503 at accept (over --max-connections), lingering
 };
 
 enum class SendResult { kAll, kWouldBlock, kFailed };
@@ -87,6 +88,13 @@ struct HttpServer::Impl {
   std::vector<std::unique_ptr<Conn>> conns;
   std::vector<std::unique_ptr<Conn>> graveyard;     // closed during this loop pass
   std::list<Conn*> linger_lru, idle_lru, head_lru;  // oldest first
+  // Connections refused at capacity linger too, so that their request bytes are drained before
+  // the close (a close with unread input resets the connection, and the reset can destroy the
+  // 503 before the client reads it). A few at a time, outside the connection limit; past that
+  // a refusal closes at once.
+  static constexpr int kRefusedLingerMax = 32;
+  std::list<Conn*> refused_lru;
+  int refused_lingering = 0;
   bool listening_paused = false;
   Clock::time_point resume_accept;
   bool drained_idle = false;
@@ -111,6 +119,8 @@ struct HttpServer::Impl {
   void lru_add(Conn& c, std::list<Conn*>& list);
   void close_conn(Conn& c, const char* reason = nullptr);
   void accept_all();
+  Conn& add_conn(int fd);  // a new connection's record, not yet watched
+  void refuse(int fd);     // 503 to a connection over the limit, lingering if there is room
   bool evict_one();
   void on_event(Conn& c, uint32_t events);
   void read_input(Conn& c);

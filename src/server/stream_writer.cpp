@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <optional>
+#include <system_error>
 
 #include "server/format.h"
 
@@ -91,7 +92,12 @@ Result<std::unique_ptr<StreamWriter>> StreamWriter::create(std::shared_ptr<Metri
   if (epoll_ctl(w->epoll_fd_, EPOLL_CTL_ADD, w->wake_fd_, &ev) != 0) {
     return make_error(ErrorCode::kIo, "cannot watch the stream writer's eventfd");
   }
-  w->thread_ = std::thread([p = w.get()] { p->run(); });
+  try {
+    w->thread_ = std::thread([p = w.get()] { p->run(); });
+  } catch (const std::system_error& e) {
+    return make_error(ErrorCode::kOutOfResources, "cannot start the stream writer's thread: {}",
+                      e.what());
+  }
   return w;
 }
 

@@ -225,13 +225,6 @@ void utf8_append(std::string& out, char32_t c) {
   }
 }
 
-std::string utf8_encode(std::u32string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (char32_t c : s) utf8_append(out, c);
-  return out;
-}
-
 size_t utf8_length(std::string_view s) {
   size_t n = 0;
   for (char c : s) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;

@@ -205,7 +205,6 @@ Value value_from_request(const nlohmann::ordered_json& j);
 // UTF-8 helpers: template strings are indexed and measured in code points, as in Python.
 std::u32string utf8_decode(std::string_view s);
 void utf8_append(std::string& out, char32_t c);
-std::string utf8_encode(std::u32string_view s);
 size_t utf8_length(std::string_view s);
 bool is_python_space(char32_t c);
 // str.strip / lstrip / rstrip; chars == nullptr strips whitespace.

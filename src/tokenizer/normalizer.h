@@ -18,7 +18,6 @@ class Normalizer {
   // Accepts null (no normalization), NFC, NFD, NFKC, NFKD and Sequence of those.
   static Result<Normalizer> from_json(const nlohmann::json& j);
 
-  bool is_identity() const { return forms_.empty(); }
   // `text` must be valid UTF-8. Returns `text` itself when normalization leaves it unchanged
   // (always for ASCII), else a view of `storage`, which receives the normalized text.
   Result<std::string_view> normalize(std::string_view text, std::string& storage) const;

@@ -31,7 +31,7 @@ TEST_F(CudaSequence, ConvDecodeStepMatchesReference) {
       const std::vector<int> lens = {1, 1, 1};
       Layout lay(lens, std::vector<int>{7, 0, 30}, 16, rng);
       const int64_t n = lay.l.n_tokens;
-      HostTensor x(DType::F32, {n, C}), w(wt, {C, 1, K});
+      HostTensor x(DType::F32, {n, C}), w(wt, {C, K});
       HostTensor state(DType::F32, {int64_t(lens.size()), K - 1, C});
       fill_random(x, rng);
       fill_random(w, rng, 0.5f);
@@ -75,7 +75,7 @@ struct GdnInputCase {
         g_in_a(g_in_a_),
         mixed_big(DType::F32, {n, C + 8}),
         ba(DType::F32, {n, hv + decays}),
-        conv_w(wt, {C, 1, K}),
+        conv_w(wt, {C, K}),
         a_log(gate_t, {hv}),
         dt_bias(gate_t, {decays}),
         state(DType::F32, {slots, K - 1, C}),
@@ -274,7 +274,7 @@ TEST_F(CudaSequence, ConvMatchesReferenceAndCarriesStateAcrossCalls) {
       const std::vector<int> lens = {1, 5, 64, 65, 2};
       Layout lay(lens, std::vector<int>(lens.size(), 0), 16, rng);
       const int64_t n = lay.l.n_tokens;
-      HostTensor x(DType::F32, {n, C}), w(wt, {C, 1, K});
+      HostTensor x(DType::F32, {n, C}), w(wt, {C, K});
       HostTensor state(DType::F32, {int64_t(lens.size()), K - 1, C});
       fill_random(x, rng);
       fill_random(w, rng, 0.5f);

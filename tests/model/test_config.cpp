@@ -103,6 +103,10 @@ TEST(Config, ErrorsNameTheField) {
       {[](json& j) { j["mlp_only_layers"] = {5}; }, "'mlp_only_layers'"},
       {[](json& j) { j["eos_token_id"] = 1 << 20; }, "outside the vocabulary"},
       {[](json& j) { j["eos_token_id"] = int64_t(1) << 33; }, "eos_token_id"},
+      {[](json& j) { j["hidden_act"] = "gelu"; }, "hidden_act \"gelu\""},
+      // A query group attention cannot take is refused at load, not at the first forward.
+      {[](json& j) { j["num_attention_heads"] = 128, j["num_key_value_heads"] = 1; },
+       "128 query heads per key/value head"},
   };
   for (auto& [mutate, expect] : cases) {
     json j = base_config();

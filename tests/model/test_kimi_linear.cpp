@@ -85,6 +85,11 @@ TEST(KimiLinear, ConfigErrorsNameWhatIsWrong) {
       {[](json& c) { c["num_expert_group"] = 4, c["topk_group"] = 5; }, "5 groups kept"},
       {[](json& c) { c["num_experts_per_token"] = 9; }, "cannot choose 9"},
       {[](json& c) { c.erase("model_max_length"); }, "max_position_embeddings"},
+      // Refused before anything is sized by it (a layer list of a billion entries).
+      {[](json& c) { c["num_hidden_layers"] = 1 << 30; }, "num_hidden_layers"},
+      {[](json& c) { c["rms_norm_eps"] = 1e308; }, "rms_norm_eps"},
+      {[](json& c) { c["routed_scaling_factor"] = 1e308; }, "routed_scaling_factor"},
+      {[](json& c) { c["kv_lora_rank"] = 32 * 576; }, "kv_lora_rank + qk_rope_head_dim"},
   };
   for (const Case& c : cases) {
     json j = tiny_config();

@@ -291,7 +291,7 @@ struct GdnInputCase {
         K(K_),
         C(2 * hk_ * dk_ + hv_ * dv_),
         proj(DType::F32, {n, C + 2 * hv + 3}),
-        conv_w(wt, {C, 1, K}),
+        conv_w(wt, {C, K}),
         a_log(gate_t, {hv}),
         dt_bias(gate_t, {hv}),
         state(DType::F32, {slots, K - 1, C}),

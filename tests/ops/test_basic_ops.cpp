@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/kernels_quant.h"
 #include "backend/cpu/reference.h"
 #include "ops/op_test_util.h"
 
@@ -63,6 +64,50 @@ TEST_F(BasicOps, MatmulMatchesReferenceForEveryWeightDtypeAndOddSizes) {
           ref::matmul(x.t, w.t, ref.t);
           ASSERT_LE(max_abs_diff(out.f(), ref.f(), n * m), 1e-4)
               << dtype_name(wt) << " n=" << n << " k=" << k << " m=" << m;
+        }
+      }
+    }
+  }
+}
+
+// matmul_group runs every weight in one parallel pass over their panels: each output equals,
+// bit for bit, what matmul gives for that weight alone (the Ops default), for packed weights of
+// every dtype, quantized ones, and groups mixing both; and it matches the reference.
+TEST_F(BasicOps, MatmulGroupEqualsOneMatmulPerWeight) {
+  std::vector<Buffer> owned;
+  const DType kinds[] = {DType::F32, DType::BF16, DType::F16, DType::Q8_32, DType::Q4_32};
+  for (int mix = 0; mix < 6; ++mix) {
+    for (int64_t n : {1, 3, 8, 17}) {
+      const int64_t k = 96;
+      const std::vector<int64_t> ms = {1, 70, 33, 130};
+      HostTensor x(DType::F32, {n, k});
+      fill_random(x, rng);
+      std::vector<HostTensor> w, got, alone;
+      std::vector<Tensor> packed, outs;
+      for (size_t i = 0; i < ms.size(); ++i) {
+        // mix 0..4: every weight of one kind; mix 5: one of each in turn.
+        const DType kind = kinds[mix < 5 ? mix : i % 5];
+        const bool quantized = kind == DType::Q8_32 || kind == DType::Q4_32;
+        w.push_back(HostTensor(quantized ? DType::BF16 : kind, {ms[i], k}));
+        fill_random(w.back(), rng, 0.2f);
+        auto p = quantized ? ops.quantize_matmul_weight(w.back().t, kind, &owned)
+                           : ops.adopt_matmul_weight(w.back().t, &owned);
+        ASSERT_TRUE(p.ok()) << p.error().to_string();
+        packed.push_back(*p);
+        got.push_back(HostTensor(DType::F32, {n, ms[i]}));
+        alone.push_back(got.back());
+      }
+      for (auto& o : got) outs.push_back(o.t);
+      ops.matmul_group(x.t, packed, outs);
+      for (size_t i = 0; i < ms.size(); ++i) {
+        ops.matmul(x.t, packed[i], alone[i].t, false);
+        const size_t bytes = size_t(n * ms[i]) * sizeof(float);
+        EXPECT_EQ(std::memcmp(got[i].f(), alone[i].f(), bytes), 0)
+            << "mix " << mix << " n=" << n << " weight " << i;
+        if (!cpu::is_quantized(packed[i].dtype)) {
+          HostTensor want = got[i];
+          ref::matmul(x.t, w[i].t, want.t);
+          EXPECT_LE(max_abs_diff(got[i].f(), want.f(), n * ms[i]), 1e-4) << "weight " << i;
         }
       }
     }
@@ -303,28 +348,27 @@ TEST_F(BasicOps, RopeRotatesOnlyTheRotaryChannels) {
   }
 }
 
-TEST_F(BasicOps, ElementwiseOps) {
+TEST_F(BasicOps, ElementwiseOpsMatchReference) {
   const int64_t n = 4, d = 33;
   HostTensor g(DType::F32, {n, d}), u(DType::F32, {n, d}), out(DType::F32, {n, d}),
       s(DType::F32, {n, 1});
   fill_random(g, rng);
   fill_random(u, rng);
   fill_random(s, rng);
+  HostTensor want = out;
   ops.swiglu(g.t, u.t, out.t);
-  for (int64_t i = 0; i < n * d; ++i) {
-    const double gv = g.f()[i];
-    ASSERT_NEAR(out.f()[i], gv / (1 + std::exp(-gv)) * u.f()[i], 1e-5);
-  }
-  HostTensor x = u;
+  ref::swiglu(g.t, u.t, want.t);
+  ASSERT_LE(max_abs_diff(out.f(), want.f(), n * d), 1e-6);
+  HostTensor x = u, xr = u;
   ops.mul_sigmoid(x.t, g.t);
-  for (int64_t i = 0; i < n * d; ++i)
-    ASSERT_NEAR(x.f()[i], u.f()[i] / (1 + std::exp(-g.f()[i])), 1e-6);
-  x = u;
+  ref::mul_sigmoid(xr.t, g.t);
+  ASSERT_LE(max_abs_diff(x.f(), xr.f(), n * d), 1e-6);
+  ops.add(x.t, g.t);
+  ref::add(xr.t, g.t);
+  ASSERT_LE(max_abs_diff(x.f(), xr.f(), n * d), 1e-6);
   ops.add_scaled_sigmoid(x.t, g.t, s.t);
-  for (int64_t i = 0; i < n * d; ++i) {
-    const double sc = 1 / (1 + std::exp(-double(s.f()[i / d])));
-    ASSERT_NEAR(x.f()[i], u.f()[i] + sc * g.f()[i], 1e-5);
-  }
+  ref::add_scaled_sigmoid(xr.t, g.t, s.t);
+  ASSERT_LE(max_abs_diff(x.f(), xr.f(), n * d), 1e-6);
 }
 
 // Gated DeltaNet gates over the whole range softplus meets: tiny e^x, the x > 20 cut, and
@@ -407,21 +451,19 @@ TEST_F(BasicOps, GdnGatesPerKeyChannelMatchReference) {
   }
 }
 
-TEST_F(BasicOps, EmbeddingAndGatherRows) {
+TEST_F(BasicOps, EmbeddingAndGatherRowsMatchReference) {
   HostTensor table(DType::BF16, {11, 7}), out(DType::F32, {3, 7});
   fill_random(table, rng);
   const int32_t ids[] = {10, 0, 4};
+  HostTensor want = out;
   ops.embedding(ids, 3, table.t, out.t);
-  for (int i = 0; i < 3; ++i)
-    for (int j = 0; j < 7; ++j)
-      ASSERT_EQ(out.f()[i * 7 + j], bf16_to_f32(table.t.ptr<uint16_t>()[ids[i] * 7 + j]));
-  HostTensor g(DType::F32, {2, 7});
+  ref::embedding(ids, 3, table.t, want.t);
+  ASSERT_EQ(std::memcmp(out.f(), want.f(), sizeof(float) * 3 * 7), 0);
+  HostTensor g(DType::F32, {2, 7}), gw = g;
   const int32_t rows[] = {2, 0};
   ops.gather_rows(out.t, rows, 2, g.t);
-  for (int j = 0; j < 7; ++j) {
-    ASSERT_EQ(g.f()[j], out.f()[14 + j]);
-    ASSERT_EQ(g.f()[7 + j], out.f()[j]);
-  }
+  ref::gather_rows(out.t, rows, 2, gw.t);
+  ASSERT_EQ(std::memcmp(g.f(), gw.f(), sizeof(float) * 2 * 7), 0);
 }
 
 // The backend's allocator: buffers of 2 MiB or more start on a 2 MiB boundary (so that they

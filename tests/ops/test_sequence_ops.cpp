@@ -30,7 +30,7 @@ TEST_F(SequenceOps, ConvMatchesReferenceAndCarriesStateAcrossCalls) {
     std::vector<int> zeros(lens.size(), 0);
     Layout lay(lens, zeros, 16, rng);
     const int64_t n = lay.l.n_tokens;
-    HostTensor x(DType::F32, {n, C}), w(DType::BF16, {C, 1, K});
+    HostTensor x(DType::F32, {n, C}), w(DType::BF16, {C, K});
     HostTensor state(DType::F32, {int64_t(lens.size()), K - 1, C});
     fill_random(x, rng);
     fill_random(w, rng, 0.5f);

@@ -572,6 +572,37 @@ TEST_F(HttpServerTest, LingeringConnectionsAreDisplacedFirst) {
   for (const int l : lingering) close(l);
 }
 
+// Over the connection limit with every connection busy, a new client gets the 503 whole even
+// when its request arrived unread before the answer: the refusal lingers instead of closing
+// with input unread, which would reset the connection (and could drop the 503).
+TEST_F(HttpServerTest, ARefusalAtTheConnectionLimitIsNotAReset) {
+  HttpServerOptions o;
+  o.max_connections = 2;
+  start(o);
+  std::vector<int> busy;
+  for (int i = 0; i < 2; ++i) {  // in a body: not displaceable
+    const int fd = connect_client();
+    const std::string req = "POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\nabc";
+    send(fd, req.data(), req.size(), 0);
+    busy.push_back(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const std::string req =
+      "POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 60000\r\n\r\n" + std::string(60000, 'x');
+  for (int k = 0; k < 3; ++k) {
+    const int fd = connect_client();
+    send(fd, req.data(), req.size(), MSG_NOSIGNAL);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::string head;
+    bool reset = false;
+    read_body_size(fd, &head, &reset);
+    EXPECT_EQ(head.rfind("HTTP/1.1 503", 0), 0u) << head.substr(0, 200);
+    EXPECT_FALSE(reset);
+    close(fd);
+  }
+  for (const int fd : busy) close(fd);
+}
+
 // One that never reads at all is cut off at the write timeout.
 TEST_F(HttpServerTest, AResponseNobodyReadsEndsAtTheWriteTimeout) {
   HttpServerOptions o;

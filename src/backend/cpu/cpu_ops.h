@@ -20,7 +20,7 @@ class CpuOps final : public Ops {
   // alone, so that results do not depend on the batch or the thread count).
   static constexpr int64_t kAttentionPartPositions = 1024;
   static constexpr int kAttentionMaxParts = 16;
-  static constexpr int kMaxGroup = 64;  // query heads per kv head
+  static constexpr int kMaxGroup = Ops::kMaxAttentionGroup;  // query heads per kv head
   // Query heads per kv head × head size, for the key head size and for the value head size
   // alike (queries and partial sums live in buffers of this many floats).
   static constexpr int kMaxGroupDims = Ops::kMaxAttentionGroupDims;

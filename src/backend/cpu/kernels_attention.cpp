@@ -1,7 +1,7 @@
 // Attention over the paged cache. Each (token, kv head) task splits its context into at most
-// kMaxParts parts of whole blocks, a split that depends on the context length alone; a part
-// walks its positions in chunks of ~256 (all scores of the chunk, one online-softmax update,
-// then the value sums) and leaves a partial softmax state; the parts are merged in order.
+// CpuOps::kAttentionMaxParts parts of whole blocks, a split that depends on the context length
+// alone; a part walks its positions in chunks of ~256 (all scores of the chunk, one online-softmax
+// update, then the value sums) and leaves a partial softmax state; the parts are merged in order.
 // Keys are stored transposed within a block ([kv_heads, hd, block_size]), so scores are vector
 // FMAs over positions with no reductions; the query heads sharing a key/value head are
 // processed together, reading each block once. When a batch has fewer tasks than threads (one
@@ -37,14 +37,14 @@ constexpr int kChunk = 256;  // positions scored per online-softmax update
 // One task's fixed view of the cache: its sequence's block table and its kv head. k and v
 // point at elements of `dtype` (F32, BF16, F16 or F8_E4M3); strides count elements.
 struct CacheView {
-  const void* k;  // k_cache + kv head offset
-  const void* v;  // v_cache + kv head offset
+  const void* k;  // k_cache + kv head offset: per block [hd, bs] (k_dim, then positions)
+  const void* v;  // v_cache + kv head offset: per block [bs, dv] (v_row, v_dim)
   DType dtype;
   int64_t elem;            // bytes per element
   int64_t k_block, k_dim;  // k strides: per block, per channel (positions are contiguous)
   int64_t v_block, v_row;  // v strides: per block, per position
   int64_t v_dim;          // v stride per channel: 1, or the key cache's (values are keys' channels)
-  const int32_t* blocks;  // block table of the sequence
+  const int32_t* blocks;  // [ceil(context / bs)] the sequence's block table
   int64_t bs, hd, dv;     // block size, key and value head sizes
 };
 

@@ -104,8 +104,9 @@ void conv_dispatch(int64_t k, const Tensor& x, const Tensor& weight, Tensor conv
 void CpuOps::conv1d_causal_silu(const Tensor& x, const Tensor& weight, Tensor conv_state,
                                 const SeqLayout& layout, Tensor out) {
   const int64_t C = x.shape[1];
-  const int64_t K = weight.shape[weight.ndim - 1];
-  RECUR_CHECK(weight.shape[0] == C && conv_state.shape[1] == K - 1 && conv_state.shape[2] == C);
+  const int64_t K = weight.shape[1];
+  RECUR_CHECK(weight.ndim == 2 && weight.shape[0] == C && conv_state.shape[1] == K - 1 &&
+              conv_state.shape[2] == C);
   RECUR_CHECK(K >= 1 && K <= 16 && weight.is_contiguous() && x.stride[1] == 1 &&
               out.stride[1] == 1);
   // Threads split the channels in multiples of 16, each sweeping every sequence.
@@ -128,10 +129,13 @@ constexpr int64_t kMaxKeyDim = CpuOps::kMaxKeyDim;
 enum class Decay { kPerHead, kPerKey };
 
 struct DeltaRuleArgs {
-  const Tensor *q, *k, *v, *g, *beta;
-  float* state;  // [Hv, dk, dv] of this sequence's slot
-  Tensor out;
-  int64_t base, len;  // token range of the sequence
+  const Tensor *q, *k;  // [n, Hk, dk], L2-normalized, q scaled
+  const Tensor* v;      // [n, Hv, dv]
+  const Tensor* g;      // [n, Hv] (Decay::kPerHead) or [n, Hv, dk] (kPerKey): log-decays
+  const Tensor* beta;   // [n, Hv]
+  float* state;         // [Hv, dk, dv] of this sequence's slot
+  Tensor out;           // [n, Hv, dv]
+  int64_t base, len;    // token range of the sequence
   int64_t head, key_head, dk, dv;
 };
 
@@ -276,10 +280,20 @@ void delta_rule_recurrent(const DeltaRuleArgs& a) {
 #endif
 }
 
+// One chunk of one head (C = kChunk tokens, L ≤ C of them real; rows past L unused).
 struct ChunkScratch {
-  float *G, *Q, *K, *V, *A, *QK, *Wk, *U, *Vnew;
-  float *E, *Kr, *P, *W;  // per-key decay only
-  double* T;
+  float* G;       // [C] cumulative log-decay (per head)
+  float *Q, *K;   // [C, dk] the chunk's queries and keys (per key: decayed since its start)
+  float* V;       // [C, dv]
+  float *A, *QK;  // [C, C] β_i-weighted decayed k_i·k_j (j < i); decayed q_i·k_j (j ≤ i)
+  float* Wk;      // [C, dk] T(β e^G K): the keys' part of the WY form
+  float* U;       // [C, dv] T(β V)
+  float* Vnew;    // [C, dv] U minus the state's prediction
+  float* E;       // [C, dk] per key: the per-token decay factors exp(g)
+  float* Kr;      // [C, dk] per key: keys decayed to the chunk's end
+  float* P;       // [dk] per key: the chunk's total decay
+  float* W;       // [dk] per key: one running product
+  double* T;      // [C, C] (I + A)^-1, lower triangular
   static size_t floats(int64_t dk, int64_t dv) {
     const int64_t C = kChunk;
     return size_t(C + 2 * C * dk + C * dv + 2 * C * C + 2 * C * C + C * dk + 2 * C * dv + 64) +

@@ -25,6 +25,22 @@ float& at3(const Tensor& t, int64_t a, int64_t b, int64_t c) {
 }
 }  // namespace
 
+void embedding(const int32_t* ids, int n, const Tensor& table, Tensor out) {
+  const int64_t d = table.shape[1];
+  for (int i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < d; ++j) {
+      out.row<float>(i)[j] =
+          float(weight_at(table, ids[i] * table.stride[0] + j * table.stride[1]));
+    }
+  }
+}
+
+void gather_rows(const Tensor& x, const int32_t* rows, int n, Tensor out) {
+  for (int i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < x.shape[1]; ++j) out.row<float>(i)[j] = x.row<float>(rows[i])[j];
+  }
+}
+
 void matmul(const Tensor& x, const Tensor& w, Tensor out) {
   const int64_t n = x.shape[0], m = w.shape[0], k = w.shape[1];
   for (int64_t t = 0; t < n; ++t) {
@@ -80,6 +96,41 @@ void rms_norm_gated(const Tensor& x, const Tensor& gate, const Tensor& w, float 
   }
 }
 
+void swiglu(const Tensor& gate, const Tensor& up, Tensor out) {
+  RowView gs(gate), us(up), os(out);
+  for (int64_t r = 0; r < gs.n_rows; ++r) {
+    for (int64_t j = 0; j < gs.d; ++j) {
+      os.row(r)[j] = float(silu(gs.row(r)[j]) * double(us.row(r)[j]));
+    }
+  }
+}
+
+void mul_sigmoid(Tensor x, const Tensor& gate) {
+  RowView xs(x), gs(gate);
+  for (int64_t r = 0; r < xs.n_rows; ++r) {
+    for (int64_t j = 0; j < xs.d; ++j) {
+      xs.row(r)[j] = float(double(xs.row(r)[j]) * sigmoid(gs.row(r)[j]));
+    }
+  }
+}
+
+void add(Tensor x, const Tensor& y) {
+  RowView xs(x), ys(y);
+  for (int64_t r = 0; r < xs.n_rows; ++r) {
+    for (int64_t j = 0; j < xs.d; ++j) xs.row(r)[j] = float(double(xs.row(r)[j]) + ys.row(r)[j]);
+  }
+}
+
+void add_scaled_sigmoid(Tensor x, const Tensor& y, const Tensor& s) {
+  RowView xs(x), ys(y), ss(s);
+  for (int64_t r = 0; r < xs.n_rows; ++r) {
+    const double scale = sigmoid(ss.row(r)[0]);
+    for (int64_t j = 0; j < xs.d; ++j) {
+      xs.row(r)[j] = float(double(xs.row(r)[j]) + scale * ys.row(r)[j]);
+    }
+  }
+}
+
 void l2_norm(Tensor x, float eps, float scale) {
   RowView xs(x);
   for (int64_t r = 0; r < xs.n_rows; ++r) {
@@ -122,7 +173,7 @@ void rope(Tensor x, const int32_t* positions, int rot_dim, double theta) {
 
 void conv1d_causal_silu(const Tensor& x, const Tensor& weight, Tensor conv_state,
                         const SeqLayout& layout, Tensor out) {
-  const int64_t C = x.shape[1], K = weight.shape[weight.ndim - 1];
+  const int64_t C = x.shape[1], K = weight.shape[1];
   for (int s = 0; s < layout.n_seqs; ++s) {
     float* state = conv_state.ptr<float>() + int64_t(layout.slot[s]) * (K - 1) * C;
     const int64_t base = layout.seq_start[s], len = layout.seq_len(s);

@@ -1,5 +1,7 @@
-// Host-to-device copies, random fills made on the device (benchmarks build tens of gigabytes
-// of weights this way without staging them on the host), and the copy-bandwidth ceiling.
+// What the backend does besides the ops' math: argmax over logit rows, adopting and re-typing
+// weights at load (bf16 to f16 where every value fits), host-to-device copies, random fills
+// made on the device (benchmarks build tens of gigabytes of weights this way without staging
+// them on the host), and the copy-bandwidth ceiling.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

@@ -20,7 +20,8 @@ namespace {
 constexpr int kChunk = 64;
 constexpr int kChunkThreads = 512;  // 16 warps: the phases are latency-bound
 constexpr int kChunkPad = kChunk + 1;
-constexpr int kRecLd = kChunk + 4;          // the record's QK and Tb rows: 16-byte copies
+constexpr int kRecLd = kChunk + 4;  // the record's QK and Tb rows: 16-byte copies
+constexpr int kALd = kChunk + 4;    // A's space: its rows of kChunkPad, then T·β·e^G's fragments
 constexpr int kSolveScratch = 3 * 16 * 16;  // the solve's block sums P, doubles
 
 // The chunked form runs in two kernels. Everything that depends only on a chunk's keys,
@@ -74,7 +75,7 @@ __host__ __device__ inline size_t chunk_keys_smem(int dk, bool per_channel) {
   const size_t ld = size_t(chunk_keys_ld(dk, per_channel));
   return sizeof(double) * kSolveScratch +
          sizeof(float) * (chunk_keys_q_floats(dk, per_channel) +
-                          (per_channel ? 2 : 1) * size_t(kChunk) * ld + kChunk * 68 + 3 * kChunk);
+                          (per_channel ? 2 : 1) * size_t(kChunk) * ld + kChunk * kALd + 3 * kChunk);
 }
 
 // Element (token t, head hh, channel mm) of an input [n, heads, d] with strides s0, s1.
@@ -171,7 +172,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2)
   float* Q = reinterpret_cast<float*>(P + kSolveScratch);
   float* K = Q + chunk_keys_q_floats(dk, kPerChannel);
   float* A = K + kChunk * ldq;
-  float* G = A + kChunk * 68;
+  float* G = A + kChunk * kALd;
   float* beta = G + kChunk;
   float* eg = beta + kChunk;
   float* GC = eg + kChunk;  // [64][dk+1] per key channel
@@ -294,7 +295,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2)
     float* tbe = A;  // [64][68], zero above the diagonal and past the chunk
     for (int e = tid; e < kChunk * kChunk; e += kChunkThreads) {
       const int i = e / kChunk, jx = e % kChunk;
-      tbe[i * 68 + jx] = i < L && jx <= i ? float(T[i * kChunk + jx]) * beta[jx] * eg[jx] : 0.0f;
+      tbe[i * kALd + jx] = i < L && jx <= i ? float(T[i * kChunk + jx]) * beta[jx] * eg[jx] : 0.0f;
     }
     __syncthreads();
     const int col_tiles = dkp / 8;
@@ -303,7 +304,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2)
       if (r0 >= L) continue;
       float w[4] = {0, 0, 0, 0};
       for (int k0 = 0; k0 < min(r0 + 16, kChunk); k0 += 8) {  // T is lower triangular
-        mma_split(w, load_split_a(tbe, 68, r0, k0, g, t), load_split_b(K, ldq, k0, c0, g, t));
+        mma_split(w, load_split_a(tbe, kALd, r0, k0, g, t), load_split_b(K, ldq, k0, c0, g, t));
       }
 #pragma unroll
       for (int u = 0; u < 4; ++u) {

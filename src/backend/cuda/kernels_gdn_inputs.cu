@@ -27,7 +27,7 @@ constexpr int kConvRunTokens = 16;  // consecutive tokens a thread walks
 // memory channels idle (2,048 tokens × 8,192 channels ran at about 1 TB/s); with the channel
 // blocks first they read whole rows. EXPERIMENT (session 34, not yet run on a GPU):
 // RECUR_EXP_CONV_ORDER=1 takes the channel blocks first; until measured, the runs stay first.
-// x, out [n, C]; w [C, 1, K]; state [slots, K-1, C]
+// x, out [n, C]; w [C, K]; state [slots, K-1, C]
 template <typename W>
 __global__ void conv1d_out_kernel(const float* x, int64_t ldx, const W* w, int K,
                                   const float* state, int64_t C, const int32_t* seq_start,
@@ -111,7 +111,7 @@ __global__ void conv1d_state_kernel(const float* x, int64_t ldx, int K, float* s
 // kernel. Channels are independent, so each thread reads its channel's K-1 state values and
 // the token's input, writes the output (the same sum, in the same order, as
 // conv1d_out_kernel) and then the shifted state. grid (n_seqs, ⌈C/256⌉).
-// x, out [n = n_seqs, C]; w [C, 1, K]; state [slots, K-1, C]
+// x, out [n = n_seqs, C]; w [C, K]; state [slots, K-1, C]
 template <typename W>
 __global__ void conv1d_decode_kernel(const float* x, int64_t ldx, const W* w, int K, float* state,
                                      int64_t C, const int32_t* seq_start, const int32_t* slot,
@@ -153,7 +153,7 @@ struct GdnDecodeArgs {
   const float* mixed;  // [n, C]: q heads | k heads | v heads
   const float *a, *b;  // [n, Hv] or [n, Hv·dk]; [n, Hv]
   int64_t ld_mixed, ld_a, ld_b;
-  const void *conv_w, *a_log, *dt_bias;  // [C, 1, K]; [Hv]; [Hv] or [Hv·dk]
+  const void *conv_w, *a_log, *dt_bias;  // [C, K]; [Hv]; [Hv] or [Hv·dk]
   DType gate_dt;
   float* state;                // [slots, K-1, C]
   float *conv_out, *g, *beta;  // [n, C]; [n, Hv] or [n, Hv·dk] (may be a); [n, Hv]
@@ -335,8 +335,9 @@ void CudaOps::conv1d_causal_silu(const Tensor& x, const Tensor& weight, Tensor c
                                  const SeqLayout& layout, Tensor out) {
   if (impl_->replaying()) return;  // the decode graph does this op's work
   const int64_t C = x.shape[1];
-  const int K = int(weight.shape[weight.ndim - 1]);
-  RECUR_CHECK(weight.shape[0] == C && conv_state.shape[1] == K - 1 && conv_state.shape[2] == C);
+  const int K = int(weight.shape[1]);
+  RECUR_CHECK(weight.ndim == 2 && weight.shape[0] == C && conv_state.shape[1] == K - 1 &&
+              conv_state.shape[2] == C);
   RECUR_CHECK(K >= 1 && K <= kMaxConvK && x.stride[1] == 1 && out.stride[1] == 1);
   RECUR_CHECK(weight.is_contiguous() && conv_state.is_contiguous());
   if (layout.n_seqs == 0) return;
@@ -392,7 +393,7 @@ void CudaOps::gdn_inputs(const GdnInputArgs& in, const SeqLayout& layout) {
   RECUR_CHECK(hk > 0 && hv % hk == 0);
   const int r = hv / hk;
   const int64_t key_dim = int64_t(hk) * dk, C = 2 * key_dim + int64_t(hv) * dv;
-  const int K = int(in.conv_weight.shape[in.conv_weight.ndim - 1]);
+  const int K = int(in.conv_weight.shape[1]);
   // A decay per key channel (Kimi Delta Attention) when a has more columns than value heads.
   const bool per_channel = in.a.ndim == 2 && in.a.shape[1] != hv;
   const int64_t decays = per_channel ? int64_t(hv) * dk : hv;  // columns of a and g
@@ -400,10 +401,11 @@ void CudaOps::gdn_inputs(const GdnInputArgs& in, const SeqLayout& layout) {
   bool fused = layout.n_seqs > 0 && layout.n_tokens == layout.n_seqs && K >= 2 && K <= 4 &&
                r <= kGdnInputThreads && dk <= 32 * kGdnMaxDkPerLane &&
                int64_t(r) * dv <= kGdnInputThreads * kGdnMaxVPerThread &&
-               in.conv_weight.is_contiguous() && in.conv_weight.shape[0] == C &&
-               in.conv_state.is_contiguous() && in.conv_state.shape[1] == K - 1 &&
-               in.conv_state.shape[2] == C && in.a_log.dtype == in.dt_bias.dtype &&
-               in.a_log.numel() == hv && in.dt_bias.numel() == decays &&
+               in.conv_weight.is_contiguous() && in.conv_weight.ndim == 2 &&
+               in.conv_weight.shape[0] == C && in.conv_state.is_contiguous() &&
+               in.conv_state.shape[1] == K - 1 && in.conv_state.shape[2] == C &&
+               in.a_log.dtype == in.dt_bias.dtype && in.a_log.numel() == hv &&
+               in.dt_bias.numel() == decays &&
                (!per_channel || int64_t(r) * dk <= kGdnInputThreads * kGdnMaxDecaysPerThread);
   for (const Tensor* t : {&in.mixed, &in.a, &in.b, &in.conv_out, &in.g, &in.beta}) {
     fused = fused && t->ndim == 2 && t->stride[1] == 1 && t->shape[0] == layout.n_tokens;
