@@ -178,6 +178,7 @@ PYBIND11_MODULE(_recur, m) {
              d["kv_blocks_used"] = st.kv_blocks_used;
              d["kv_blocks_total"] = st.kv_blocks_total;
              d["requests_finished"] = st.requests_finished;
+             d["preemptions"] = st.preemptions;
              d["live_buffers"] = st.alloc.live_buffers;
              d["live_bytes"] = st.alloc.live_bytes;
              d["peak_bytes"] = st.alloc.peak_bytes;

@@ -110,9 +110,8 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> model,
   e->ops_ = &ops;
   e->model_ = std::move(model);
   const ModelInfo& info = e->model_->info();
-  e->config_.max_context =
-      config.max_context > 0 ? std::min(config.max_context, info.max_position) : info.max_position;
   e->config_.kv_blocks = sc.n_blocks;
+  e->config_.max_context = effective_context(config, info, sc.n_blocks);
   e->slots_ = std::make_unique<IdPool>(config.max_batch);
   e->blocks_ = std::make_unique<IdPool>(e->config_.kv_blocks);
   const int bs = config.block_size;
@@ -157,7 +156,8 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> model,
     e->host_ids_.resize(size_t(config.max_batch));
   }
   e->running_.reserve(size_t(config.max_batch));
-  e->waiting_.reserve(size_t(std::max(0, config.max_queue)) + 1);
+  // The queue, and the running sequences preempted back to it.
+  e->waiting_.reserve(size_t(std::max(0, config.max_queue)) + size_t(config.max_batch) + 1);
   e->shares_.reserve(size_t(config.max_batch));
   e->share_seqs_.reserve(size_t(config.max_batch));
   e->logit_seqs_.reserve(size_t(config.max_batch));
@@ -212,17 +212,18 @@ Result<uint64_t> Engine::submit(Request req, EventSink sink) {
       }
     }
   }
-  if (int64_t(req.prompt.size()) + 1 > config_.max_context) {
-    return make_error(ErrorCode::kInvalidArgument,
-                      "the prompt has {} tokens; the context holds {} (prompt plus at least one "
-                      "generated token)",
-                      req.prompt.size(), config_.max_context);
-  }
+  // The cache first: where it bounds the context, its refusal says so.
   const int64_t blocks_needed = int64_t(req.prompt.size()) / config_.block_size + 1;
   if (blocks_needed > config_.kv_blocks) {
     return make_error(ErrorCode::kInvalidArgument,
                       "the prompt needs {} attention-cache blocks; the cache has {}", blocks_needed,
                       config_.kv_blocks);
+  }
+  if (int64_t(req.prompt.size()) + 1 > config_.max_context) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "the prompt has {} tokens; the context holds {} (prompt plus at least one "
+                      "generated token)",
+                      req.prompt.size(), config_.max_context);
   }
   if (req.max_tokens < 1) {
     return make_error(ErrorCode::kInvalidArgument, "max_tokens must be at least 1 (got {})",
@@ -357,7 +358,9 @@ void Engine::take_incoming() {
 }
 
 int Engine::blocks_for_prompt(const Sequence& seq) const {
-  return int(seq.req.prompt.size()) / config_.block_size + 1;  // its positions and the next
+  // Its positions and the next, which a resumed prompt as long as the context never feeds.
+  const int last = std::min<int>(int(seq.req.prompt.size()), config_.max_context - 1);
+  return last / config_.block_size + 1;
 }
 
 int Engine::admittable_blocks() const {
@@ -367,11 +370,13 @@ int Engine::admittable_blocks() const {
 
 void Engine::admit() {
   if (waiting_.empty() || int(running_.size()) >= config_.max_batch) return;
-  // Requests past their wait limit first (by arrival), then by priority, then by arrival.
+  // Preempted sequences first, then requests past their wait limit (each by arrival), then by
+  // priority, then by arrival. Nothing passes either kind: they are never starved.
   const auto overdue = [&](const Sequence& s) {
-    return step_count_ - s.queued_step >= config_.aging_steps;
+    return s.preempted || step_count_ - s.queued_step >= config_.aging_steps;
   };
   std::sort(waiting_.begin(), waiting_.end(), [&](const auto& a, const auto& b) {
+    if (a->preempted != b->preempted) return a->preempted;
     const bool oa = overdue(*a), ob = overdue(*b);
     if (oa != ob) return oa;
     if (!oa && a->req.priority != b->req.priority) return a->req.priority < b->req.priority;
@@ -404,12 +409,12 @@ void Engine::admit() {
     seq.slot = slot;
     seq.reserve = need;  // the table's length, the cached blocks included
     // The table's whole life at once (bounded by the cache): this allocation, one per
-    // request, is the only one its steps make.
-    const int64_t life =
-        (int64_t(seq.req.prompt.size()) + seq.req.max_tokens) / config_.block_size + 1;
+    // request, is the only one its steps make but for its first preemption's.
+    const int64_t life = (int64_t(seq.prompt_tokens) + seq.req.max_tokens) / config_.block_size + 1;
     seq.blocks.reserve(size_t(std::min<int64_t>(life, config_.kv_blocks)));
     reserved_blocks_ += need - cached;
     start_sequence(seq, snapshot);
+    seq.preempted = false;
     running_.push_back(std::move(waiting_[i]));
     waiting_.erase(waiting_.begin() + std::ptrdiff_t(i));
   }
@@ -462,7 +467,7 @@ void Engine::share_prompt_budget(int budget, int64_t decode_positions) {
   for (auto& sp : running_) {
     Sequence& s = *sp;
     s.grant = 0;
-    if (s.finished || !s.prefilling()) continue;
+    if (s.finished || s.preempted || !s.prefilling()) continue;
     sched::PromptShare sh;
     sh.remaining = int(s.req.prompt.size()) - s.prompt_done;
     sh.position = s.n_past;
@@ -508,10 +513,7 @@ bool Engine::build_batch() {
       finish(s, FinishReason::kLength, "the context length is reached");
       continue;
     }
-    if (!ensure_blocks(s, s.n_past)) {
-      finish(s, FinishReason::kLength, "the attention cache is full");
-      continue;
-    }
+    if (!ensure_blocks(s, s.n_past) && !make_room(s, s.n_past)) continue;
     batch_.add_sequence(s.slot, s.n_past, std::span(&s.next_token, 1), s.blocks,
                         Batch::Logits::kLast);
     logit_seqs_.push_back(&s);
@@ -524,12 +526,13 @@ bool Engine::build_batch() {
   step_attended_ = decode_positions;
   for (auto& sp : running_) {
     Sequence& s = *sp;
-    if (s.finished || !s.prefilling() || s.grant == 0) continue;
+    if (s.finished || s.preempted || !s.prefilling() || s.grant == 0) continue;
     const int remaining = int(s.req.prompt.size()) - s.prompt_done;
     // With the prefix cache, chunks end where snapshots are taken.
     const int chunk = cache_ ? std::min(s.grant, next_cache_stop(s) - s.n_past) : s.grant;
-    if (!ensure_blocks(s, s.n_past + chunk - 1)) {  // reserved at admission: not expected
-      finish(s, FinishReason::kLength, "the attention cache is full");
+    // Reserved at admission: not expected, and even then never cut short.
+    if (!ensure_blocks(s, s.n_past + chunk - 1)) {
+      preempt(s);
       continue;
     }
     const bool last_chunk = chunk == remaining;
@@ -540,6 +543,7 @@ bool Engine::build_batch() {
     s.fed = chunk;
     step_attended_ += sched::attended_positions(s.n_past, chunk);
   }
+  if (step_preempted_) requeue_preempted();
   return batch_.n_tokens() > 0;
 }
 
@@ -685,7 +689,7 @@ void Engine::release_finished() {
     ev.reason = s.reason;
     ev.message = s.message;
     ev.text = text_buf_;
-    ev.prompt_tokens = int(s.req.prompt.size());
+    ev.prompt_tokens = s.prompt_tokens;
     ev.generated_tokens = int(s.generated.size());
     ev.cached_tokens = s.cached_tokens;
     s.sink(ev);

@@ -98,8 +98,10 @@ struct EngineConfig {
   // scheduler tests measure the default against: prompt chunks in admission order, each taking
   // all the budget left, no step-time bound. Admission is the same either way.
   bool arrival_order_prefill = false;
-  int max_context = 0;  // 0: the model's limit
-  int kv_blocks = 0;    // 0: from kv_cache_bytes
+  // 0: the model's limit. Engine::config() holds the effective one: also at most what the
+  // attention cache holds for one sequence, so that a lone sequence always fits.
+  int max_context = 0;
+  int kv_blocks = 0;  // 0: from kv_cache_bytes
   int64_t kv_cache_bytes = int64_t(1) << 30;
   int block_size = 16;
   int max_queue = 4096;  // waiting requests beyond which submit() refuses
@@ -148,6 +150,9 @@ struct EngineStats {
   int kv_blocks_used = 0, kv_blocks_total = 0;
   int slots_used = 0, slots_total = 0;
   int64_t requests_finished = 0;
+  // Running sequences that gave up their cache blocks and state slot for an older sequence's
+  // growth and went back to the queue, to resume by recomputing (engine_preempt.cpp).
+  int64_t preemptions = 0;
   // The prefix cache: requests looked up, their prompt tokens, the tokens they found cached;
   // entries (blocks) and snapshots held, snapshot slots, state bytes per snapshot; entries
   // and snapshots evicted.
@@ -224,6 +229,16 @@ class Engine {
   void maybe_prelaunch();  // the next step's forward, when this step's picks feed it as they are
   void publish_gauges();   // running, waiting, blocks and slots in use; caller holds mu_
   bool ensure_blocks(Sequence& seq, int last_position);
+  // Preemption (engine_preempt.cpp). When a decoding sequence needs a block and none is free,
+  // the most recently admitted running sequences give theirs up (vLLM's policy): true when
+  // `seq` then has its blocks, false when it was the one preempted (or must wait a step).
+  bool make_room(Sequence& seq, int last_position);
+  // Releases the sequence's slot and blocks and makes what it generated part of the prompt it
+  // resumes with; requeue_preempted() moves it from running_ to the queue.
+  void preempt(Sequence& seq);
+  void requeue_preempted();
+  // The context of one sequence: the configured or model's, bounded by the attention cache.
+  static int effective_context(const EngineConfig& config, const ModelInfo& info, int kv_blocks);
   int blocks_for_prompt(const Sequence& seq) const;
   int admittable_blocks() const;  // free blocks no admitted prompt still counts on
   void share_prompt_budget(int budget, int64_t decode_positions);
@@ -276,8 +291,9 @@ class Engine {
   // Cache blocks admitted prompts will still take for their prompt and first token: admission
   // leaves them, and a decode growing past its own reservation cannot take them.
   int reserved_blocks_ = 0;
-  int64_t step_attended_ = 0;  // positions this step's tokens attend, for the cost fit
-  bool step_cut_ = false;      // this step's chunks were cut to the step-time target
+  int64_t step_attended_ = 0;    // positions this step's tokens attend, for the cost fit
+  bool step_preempted_ = false;  // a sequence of running_ was preempted in this step
+  bool step_cut_ = false;        // this step's chunks were cut to the step-time target
   Batch batch_;
   bool pipeline_ = false;
   // A forward for the next step is already queued (batch_), with these rows (null: finished

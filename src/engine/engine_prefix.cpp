@@ -28,18 +28,21 @@ void Engine::start_sequence(Sequence& seq, int32_t snapshot) {
     seq.entries.push_back(id);
     seq.blocks.push_back(cache_->block(id));
   }
+  int restored = 0;
   if (snapshot >= 0) {
     model_->restore_snapshot(snapshot, seq.slot);
     cache_->touch_snapshot(chain_.back());
-    seq.cached_tokens = int(chain_.size()) * config_.block_size;
-    seq.n_past = seq.prompt_done = seq.cached_tokens;
+    restored = int(chain_.size()) * config_.block_size;
+    seq.n_past = seq.prompt_done = restored;
   } else {
     model_->reset_slot(seq.slot);
   }
+  // The request reports what its own prompt found; a resumption's hit saves recomputation.
+  if (seq.preemptions == 0) seq.cached_tokens = restored;
   std::lock_guard<std::mutex> lk(mu_);
   stats_.prefix_queries += 1;
   stats_.prefix_query_tokens += int64_t(seq.req.prompt.size());
-  stats_.prefix_hit_tokens += seq.cached_tokens;
+  stats_.prefix_hit_tokens += restored;
 }
 
 bool Engine::wait_for_shared_prefix(const Sequence& seq) {

@@ -13,7 +13,10 @@ namespace recur {
 
 struct Engine::Sequence {
   uint64_t id = 0;
+  // After a preemption req.prompt also holds the tokens generated before it: the sequence
+  // resumes by prefilling them (engine_preempt.cpp). prompt_tokens is the request's own.
   Request req;
+  int prompt_tokens = 0;
   EventSink sink;
   Sampler sampler;
   std::unique_ptr<TokenConstraint> constraint;  // the sampler's, from req.constraint
@@ -26,6 +29,8 @@ struct Engine::Sequence {
   int grant = 0;                // prompt tokens granted this step
   int reserve = 0;              // cache blocks reserved at admission for prompt + first token
   int64_t queued_step = 0;      // the engine step it joined the queue at
+  bool preempted = false;       // its state given up: waits to resume, ahead of new requests
+  int preemptions = 0;
   // The prefix cache's: the hash chain of the prompt's full blocks (computed at submission),
   // the entries of blocks [0, entries.size()) (the rest are its own), the tokens it found.
   std::vector<uint64_t> block_hashes;
@@ -43,7 +48,10 @@ struct Engine::Sequence {
   std::string message;
 
   Sequence(Request r, EventSink s, int vocab, uint64_t seed)
-      : req(std::move(r)), sink(std::move(s)), sampler(req.sampling, vocab, seed) {
+      : req(std::move(r)),
+        prompt_tokens(int(req.prompt.size())),
+        sink(std::move(s)),
+        sampler(req.sampling, vocab, seed) {
     sampler.set_prompt(req.prompt);
     if (req.constraint) {
       constraint = req.constraint->start();

@@ -161,6 +161,10 @@ std::string Metrics::render(const EngineStats& s) const {
          double(s.pipelined_steps));
   scalar(&out, "recur_engine_requests_finished_total", "counter",
          "Sequences the engine has finished and released.", double(s.requests_finished));
+  scalar(&out, "recur_preemptions_total", "counter",
+         "Running sequences preempted for lack of attention-cache blocks (resumed by "
+         "recomputation).",
+         double(s.preemptions));
   ttft.render(&out, "recur_time_to_first_token_seconds",
               "Time from request arrival to the first generated token.");
   tpot.render(&out, "recur_time_per_output_token_seconds",

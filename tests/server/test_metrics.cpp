@@ -52,6 +52,7 @@ TEST(Metrics, RenderCarriesEngineGaugesAndCounters) {
   s.generated_tokens = 77;
   s.steps = 40;
   s.pipelined_steps = 31;
+  s.preemptions = 3;
   s.prefix_queries = 5;
   s.prefix_query_tokens = 900;
   s.prefix_hit_tokens = 640;
@@ -78,6 +79,7 @@ TEST(Metrics, RenderCarriesEngineGaugesAndCounters) {
   EXPECT_EQ(value_of(text, "recur_generation_tokens_total"), "77");
   EXPECT_EQ(value_of(text, "recur_engine_steps_total"), "40");
   EXPECT_EQ(value_of(text, "recur_engine_pipelined_steps_total"), "31");
+  EXPECT_EQ(value_of(text, "recur_preemptions_total"), "3");
   EXPECT_EQ(value_of(text, "recur_time_to_first_token_seconds_count"), "1");
   EXPECT_EQ(value_of(text, "recur_prefix_cache_queries_total"), "5");
   EXPECT_EQ(value_of(text, "recur_prefix_cache_query_tokens_total"), "900");
