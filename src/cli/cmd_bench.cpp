@@ -461,16 +461,19 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--layers", o->layers, "keep only the first N layers");
   add_device_option(cmd, &o->device);
   cmd->add_option("--batch", o->batches, "decode batch sizes, comma-separated");
-  cmd->add_option("--prompt-len", o->prompt_len, "prompt tokens (prefill; decode context)");
+  cmd->add_option("--prompt-len", o->prompt_len, "prompt tokens (prefill; decode context)")
+      ->check(CLI::Range(1, 1 << 24));
   cmd->add_option("--prefill-lens", o->prefill_lens,
                   "prefill lengths to time, comma-separated (default: --prompt-len)");
-  cmd->add_option("--gen-len", o->gen_len, "decode steps per batch size");
+  cmd->add_option("--gen-len", o->gen_len, "decode steps per batch size")
+      ->check(CLI::Range(4, 1 << 24));
   cmd->add_option("--prefill-chunk", o->prefill_chunk,
                   "tokens per prefill forward (default 0: each prompt in one forward)");
   cmd->add_option("--decode-contexts", o->decode_contexts,
                   "batch-1 decode timed at these contexts, comma-separated (e.g. "
                   "2048,32768,131072,262144)");
-  cmd->add_option("--dtype", o->dtype, "random weights' dtype: bf16, f16, f32");
+  cmd->add_option("--dtype", o->dtype, "random weights' dtype: bf16, f16, f32")
+      ->check(CLI::IsMember({"bf16", "f16", "f32"}));
   add_threads_option(cmd, &o->threads);
   add_tensor_parallel_option(cmd, &o->tensor_parallel);
   add_quantize_option(cmd, &o->quantize);

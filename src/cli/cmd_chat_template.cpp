@@ -35,8 +35,12 @@ void run_chat_template(const ChatTemplateOptions& opts) {
     text = std::move(read).value();
   }
   // ordered_json keeps the request's key order, which tojson reproduces.
-  auto request = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (request.is_discarded()) fail(opts.request_path + ": not valid JSON");
+  nlohmann::ordered_json request;
+  try {
+    request = nlohmann::ordered_json::parse(text);
+  } catch (const nlohmann::json::exception& e) {  // says where and what (bad UTF-8, a comma)
+    fail(opts.request_path + ": not valid JSON: " + e.what());
+  }
 
   auto chat_template = ChatTemplate::load(opts.model_dir);
   if (!chat_template.ok()) fail(chat_template.error().to_string());

@@ -104,6 +104,9 @@ Result<std::vector<Input>> read_inputs(const GenerateOptions& o, const Tokenizer
         }
       } else if (j.contains("prompt") && j["prompt"].is_string()) {
         RECUR_ASSIGN_OR_RETURN(input.ids, encode(j["prompt"].get<std::string>(), where));
+      } else if (j.contains("ids") || j.contains("prompt")) {
+        return make_error(ErrorCode::kInvalidArgument,
+                          "{}: \"ids\" must be a list of token ids, \"prompt\" a string", where);
       } else {
         return make_error(ErrorCode::kInvalidArgument, "{}: needs \"ids\" or \"prompt\"", where);
       }
@@ -157,6 +160,17 @@ int run_generate(const GenerateOptions& o) {
   };
   std::unique_ptr<Tokenizer> tokenizer;
   const std::string& model = o.engine.model;
+  std::error_code ec;
+  if (!std::filesystem::is_directory(model, ec)) {
+    return fail(make_error(ErrorCode::kNotFound, "--model {}: no such directory", model));
+  }
+  if (!o.prompt_cache.empty()) {  // a file that cannot be written fails now, not after the run
+    const auto dir = std::filesystem::absolute(o.prompt_cache, ec).parent_path();
+    if (!std::filesystem::is_directory(dir, ec)) {
+      return fail(make_error(ErrorCode::kNotFound, "--prompt-cache {}: no directory {}",
+                             o.prompt_cache, dir.string()));
+    }
+  }
   if (Tokenizer::found_in(model)) {
     auto t = Tokenizer::load(model);
     if (!t.ok()) return fail(t.error());
@@ -314,8 +328,8 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--max-tokens", o->max_tokens, "tokens to generate per prompt")
       ->check(CLI::Range(1, 1 << 30));
   cmd->add_option("--temperature", o->temperature, "0: greedy (default: generation_config.json)");
-  cmd->add_option("--top-p", o->top_p, "nucleus sampling");
-  cmd->add_option("--top-k", o->top_k, "top-k sampling");
+  cmd->add_option("--top-p", o->top_p, "nucleus sampling")->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--top-k", o->top_k, "top-k sampling (0: off)")->check(CLI::Range(0, 1 << 30));
   cmd->add_flag("--ignore-eos", o->ignore_eos, "keep generating past end-of-sequence tokens");
   cmd->add_option("--json-schema", o->json_schema,
                   "structured outputs: only text that a JSON value of this schema file (or "

@@ -113,7 +113,12 @@ Result<std::map<std::string, SafetensorsEntry>> SafetensorsFile::parse(const uin
                         off.dump());
     }
     uint64_t b = off[0].get<uint64_t>(), en = off[1].get<uint64_t>();
-    if (b > en || en > data_size) {
+    if (b > en) {
+      return make_error(ErrorCode::kCorrupt,
+                        "{}: tensor '{}': data_offsets [{}, {}] end before they begin", path, name,
+                        b, en);
+    }
+    if (en > data_size) {
       return make_error(ErrorCode::kCorrupt,
                         "{}: tensor '{}': data_offsets [{}, {}] outside the {} data bytes "
                         "(truncated file?)",

@@ -70,4 +70,11 @@ fi
 if "$recur" bench --model "$root/models/qwen3next-tiny" --batch 1,x 2>/dev/null; then
   echo "bench accepted --batch 1,x"; exit 1
 fi
+for bad in "--dtype f64" "--gen-len 2000000000" "--threads -5"; do
+  # shellcheck disable=SC2086  # the option and its value are two words
+  if "$recur" bench --config "$root/configs/qwen3-next-cpu-bench.json" --random-weights $bad \
+       2>/dev/null; then
+    echo "bench accepted $bad"; exit 1
+  fi
+done
 echo "bench: ok"

@@ -75,5 +75,19 @@ if "$recur" generate --model "$realvocab" --prompt "x" --json-schema "$err.schem
   echo "generate accepted a schema with pattern"; exit 1
 fi
 grep -q "'pattern' is not supported" "$err" || { cat "$err"; exit 1; }
-rm -f "$err" "$err.schema"
+# Bad arguments are named before any work: a missing model directory, a prompt-cache file
+# whose directory does not exist, out-of-range sampling values, a malformed --prompts line.
+expect_error() {  # expected message, then the arguments
+  local want="$1"; shift
+  if "$recur" generate "$@" >/dev/null 2>"$err"; then echo "generate $*: accepted"; exit 1; fi
+  grep -q -- "$want" "$err" || { echo "generate $*: stderr lacks '$want':"; cat "$err"; exit 1; }
+}
+expect_error "--model /nonexistent/model: no such directory" --model /nonexistent/model --prompt hi
+expect_error "--prompt-cache /nonexistent/dir/f: no directory" --model "$model" --prompt-ids 1 \
+  --prompt-cache /nonexistent/dir/f
+expect_error "--top-k" --model "$model" --prompt-ids 1 --top-k -5
+expect_error "--top-p" --model "$model" --prompt-ids 1 --top-p 2
+echo '{"ids": "x"}' >"$err.jsonl"
+expect_error '"ids" must be a list of token ids' --model "$model" --prompts "$err.jsonl"
+rm -f "$err" "$err.schema" "$err.jsonl"
 echo "generate: ok ($n tokens match transformers)"
