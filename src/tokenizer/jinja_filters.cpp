@@ -139,6 +139,7 @@ Value filter_tojson(const Value& in, const CallArgs& args) {
     const Value& indent = *a.get(1);
     o.has_indent = true;
     if (indent.is_integral()) {
+      check_template_string_size(size_t(std::max<int64_t>(0, indent.as_int())));
       o.indent = std::string(std::max<int64_t>(0, indent.as_int()), ' ');
     } else if (indent.is_string()) {
       o.indent = indent.str();
@@ -267,6 +268,9 @@ Value filter_indent(const Value& in, const CallArgs& args) {
   if (in.is_undefined()) fail_undefined(in);
   Value pad = Value::string("    ");
   if (a.has(0)) {
+    if (!a.get(0)->is_string()) {
+      check_template_string_size(size_t(std::max<int64_t>(0, need_int(a.get(0), "width"))));
+    }
     pad = a.get(0)->is_string() ? *a.get(0)
                                 : Value::string(std::string(need_int(a.get(0), "width"), ' '));
   }

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 
+#include "tokenizer/jinja_marked.h"
 #include "tokenizer/jinja_value.h"
 
 namespace recur::jinja {
@@ -68,6 +69,7 @@ void json_string(const std::string& s, bool ensure_ascii, std::string& out) {
 void json_dump(const Value& v, const JsonOptions& o, int level, std::string& out) {
   if (level > kMaxNesting) fail(ErrorCode::kUnsupported, "tojson: value nested too deeply");
   auto newline = [&](int lvl) {
+    check_template_string_size(out.size() + 1 + size_t(lvl) * o.indent.size());
     out.push_back('\n');
     for (int i = 0; i < lvl; ++i) out += o.indent;
   };

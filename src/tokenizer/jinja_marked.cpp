@@ -32,6 +32,13 @@ bool holds_request_data_at(const Value& v, int depth) {
 
 }  // namespace
 
+void check_template_string_size(size_t bytes) {
+  if (bytes > kMaxTemplateStringBytes) {
+    failf(ErrorCode::kOutOfResources, "the template builds a string of more than {} MiB",
+          kMaxTemplateStringBytes >> 20);
+  }
+}
+
 bool holds_request_data(const Value& v) {
   return holds_request_data_at(v, 0);
 }
@@ -47,6 +54,7 @@ void MarkedText::mark(size_t begin, size_t end) {
 
 void MarkedText::append_request(std::string_view request_text) {
   const size_t at = text_.size();
+  check_template_string_size(at + request_text.size());
   text_ += request_text;
   mark(at, text_.size());
 }
@@ -57,7 +65,7 @@ void MarkedText::append(const Value& v) {
     if (holds_request_data(v)) {
       append_request(s);
     } else {
-      text_ += s;
+      append(std::string_view(s));
     }
     return;
   }
@@ -66,6 +74,7 @@ void MarkedText::append(const Value& v) {
 
 void MarkedText::append_slice(const Value& s, size_t begin, size_t end) {
   const size_t at = text_.size();
+  check_template_string_size(at + (end - begin));
   text_.append(s.str(), begin, end - begin);
   if (const UserSpans* spans = s.user_spans()) {
     for (const auto& [b, e] : *spans) {
@@ -83,7 +92,7 @@ void MarkedText::append_html_escaped(const Value& s) {
     while (spans && next_span < spans->size() && (*spans)[next_span].second <= i) ++next_span;
     const bool from_request = spans && next_span < spans->size() && (*spans)[next_span].first <= i;
     const size_t at = text_.size();
-    text_ += html_escape(std::string_view(str).substr(i, 1));
+    append(html_escape(std::string_view(str).substr(i, 1)));
     if (from_request) mark(at, text_.size());
   }
 }

@@ -20,9 +20,18 @@ namespace recur::jinja {
 bool holds_request_data(const Value& v);
 
 // A string built piece by piece (the output of a render, a macro, `~`, join, ...).
+// The largest string a template may build (its output included): chat prompts are far smaller,
+// and a template that doubles a string in a loop ends with an error instead of all memory.
+constexpr size_t kMaxTemplateStringBytes = size_t(64) << 20;
+// Fails with kOutOfResources when a string of `bytes` would pass kMaxTemplateStringBytes.
+void check_template_string_size(size_t bytes);
+
 class MarkedText {
  public:
-  void append(std::string_view template_text) { text_ += template_text; }
+  void append(std::string_view template_text) {
+    check_template_string_size(text_.size() + template_text.size());
+    text_ += template_text;
+  }
   void append_request(std::string_view request_text);
   // str(v): a string keeps its marks; any other value prints as request data as a whole when
   // it holds any.

@@ -86,9 +86,8 @@ int64_t checked_mul(int64_t a, int64_t b) {
 Value repeat(const Value& s, int64_t n) {
   MarkedText out;
   if (n <= 0) return out.take(s.markup());
-  if (static_cast<double>(s.str().size()) * static_cast<double>(n) > 64.0 * 1024 * 1024) {
-    fail(ErrorCode::kOutOfResources, "string repetition result is too large");
-  }
+  check_template_string_size(
+      size_t(std::min<double>(static_cast<double>(s.str().size()) * static_cast<double>(n), 1e18)));
   for (int64_t i = 0; i < n; ++i) out.append(s);
   return out.take(s.markup());
 }
@@ -324,6 +323,10 @@ Value binary_op(std::string_view op, const Value& a, const Value& b) {
       return repeat(seq, count.as_int());
     }
     if (count.is_integral() && seq.is_indexable_list()) {
+      // Lists count against the same bound, a value's worth of bytes per item.
+      check_template_string_size(size_t(std::min<double>(
+          double(seq.items().size()) * double(std::max<int64_t>(0, count.as_int())) * sizeof(Value),
+          1e18)));
       List out;
       for (int64_t i = 0; i < count.as_int(); ++i) {
         out.insert(out.end(), seq.items().begin(), seq.items().end());

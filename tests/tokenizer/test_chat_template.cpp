@@ -384,6 +384,33 @@ TEST(ChatTemplate, RejectsDeeplyNestedRequestData) {
       << out.error().message;
 }
 
+// A template that grows a string or list without bound (a checkpoint's, run on every request)
+// ends with an error naming the bound, not with all of memory.
+TEST(ChatTemplate, TemplatesThatExplodeStopAtTheStringBound) {
+  const char* templates[] = {
+      "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}"
+      "{% endfor %}{{ ns.s | length }}",
+      "{% set ns = namespace(s=[1, 2]) %}{% for i in range(64) %}{% set ns.s = ns.s * 2 %}"
+      "{% endfor %}{{ ns.s | length }}",
+      "{{ 'x' * 100000000 }}",
+      "{{ messages | tojson(indent=1000000000) }}",
+      "{{ 'a\nb' | indent(1000000000, true) }}",
+      "{% set ns = namespace(s='ab') %}{% for i in range(64) %}"
+      "{% set ns.s = ns.s.replace('a', 'aa').replace('b', 'bb') %}{% endfor %}{{ ns.s }}",
+      "{% for i in range(100000) %}{{ 'y' * 1000 }}{% endfor %}",  // the output itself
+  };
+  for (const char* text : templates) {
+    SCOPED_TRACE(text);
+    auto t = ChatTemplate::from_string(text, "", "");
+    ASSERT_TRUE(t.ok()) << t.error().to_string();
+    auto out = render(*t, R"({"messages": [{"role": "user", "content": "x"}]})");
+    ASSERT_FALSE(out.ok());
+    EXPECT_EQ(out.error().code, ErrorCode::kOutOfResources) << out.error().to_string();
+    EXPECT_NE(out.error().message.find("more than 64 MiB"), std::string::npos)
+        << out.error().message;
+  }
+}
+
 TEST(ChatTemplate, LoadPrefersChatTemplateJinja) {
   TempModelDir dir("jinja_wins");
   dir.write("tokenizer_config.json",
