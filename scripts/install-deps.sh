@@ -11,7 +11,8 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-# Node.js runs the server tests with the official OpenAI SDK; one already on the PATH is kept.
+# Node.js runs the server tests with the official OpenAI and Anthropic SDKs; one already on the
+# PATH is kept.
 command -v node >/dev/null 2>&1 || missing+=(nodejs)
 command -v npm >/dev/null 2>&1 || missing+=(npm)
 if [ ${#missing[@]} -gt 0 ]; then
@@ -23,6 +24,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 server_tests="$root/tests/server"
 if [ ! -f "$server_tests/node_modules/openai/package.json" ] ||
+  [ ! -f "$server_tests/node_modules/@anthropic-ai/sdk/package.json" ] ||
   [ ! -f "$server_tests/node_modules/tiktoken/package.json" ]; then
   echo "installing the server tests' npm packages (npm ci in tests/server)"
   (cd "$server_tests" && npm ci --no-audit --no-fund --loglevel=error)

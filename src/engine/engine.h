@@ -64,7 +64,7 @@ struct Event {
   std::string_view message;                    // kFinish: why, for errors and limits
   int prompt_tokens = 0;                       // kFinish
   int generated_tokens = 0;                    // kFinish
-  int cached_tokens = 0;                       // kFinish: prompt tokens the prefix cache gave
+  int cached_tokens = 0;                       // prompt tokens the prefix cache gave
   // kToken, when SamplingParams::vocab_logprobs: log_softmax of the step's raw logits [vocab].
   std::span<const float> vocab_logprobs;
 };

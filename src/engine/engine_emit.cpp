@@ -67,6 +67,7 @@ void Engine::sample_and_emit() {
     ev.token = tok;
     ev.logprob = s.sampled.logprob;
     ev.top_logprobs = s.sampled.top;
+    ev.cached_tokens = s.cached_tokens;  // known from admission on: a stream's first event tells
     if (vocab_logprobs) ev.vocab_logprobs = std::span(vocab_logprobs, size_t(V));
     ev.text = text_buf_;
     s.sink(ev);

@@ -16,11 +16,12 @@ namespace recur::server {
 struct ApiError {
   int status = 400;
   std::string message;
-  std::string type = "invalid_request_error";
-  std::string param;  // empty: null
-  std::string code;   // empty: null
+  std::string type = "invalid_request_error";  // OpenAI's: invalid_request_error, server_error
+  std::string param;                           // empty: null
+  std::string code;                            // empty: null
 
-  // {"error": {...}}; with anthropic_shape also {"type": "error"} at the top level.
+  // {"error": {...}}; with anthropic_shape also {"type": "error"} at the top level, and the
+  // Messages API's type for the status (not_found_error, overloaded_error, api_error, ...).
   nlohmann::ordered_json to_json(bool anthropic_shape = false) const;
 };
 

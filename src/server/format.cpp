@@ -35,8 +35,22 @@ ojson usage_json(const Generation& gen) {
 ojson anthropic_usage(const Generation& gen, int output_tokens) {
   const int cached = gen.cached_tokens();
   return {{"input_tokens", gen.prompt_tokens() - cached},
+          {"cache_creation_input_tokens", 0},
           {"cache_read_input_tokens", cached},
           {"output_tokens", output_tokens}};
+}
+
+// vLLM's stop_reason: the stop_token_ids entry or the stop string that ended the choice.
+ojson stop_reason(const ChoiceState& c) {
+  if (c.stop_token) return *c.stop_token;
+  return c.stop_string.empty() ? ojson(nullptr) : ojson(c.stop_string);
+}
+
+// Characters, as OpenAI's text_offset counts them: bytes that do not continue a UTF-8 one.
+size_t code_points(std::string_view s) {
+  size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xc0) != 0x80;
+  return n;
 }
 
 ojson tool_call_json(const ToolCall& call, int index, bool with_index) {
@@ -159,16 +173,16 @@ ojson completion_logprobs(const Generation& gen, const std::vector<TokenInfo>& t
     toks.push_back(s);
     lps.push_back(lp(t.logprob));
     offsets.push_back(*text_offset);
-    *text_offset += s.size();
-    if (top_n > 0) {
-      ojson top = ojson::object();
-      for (int k = 0; k < int(t.top.size()) && k < top_n; ++k) {
-        top[token_text(gen, t.top[size_t(k)].id)] = lp(t.top[size_t(k)].logprob);
-      }
-      tops.push_back(std::move(top));
-    } else {
-      tops.push_back(nullptr);
+    *text_offset += code_points(s);
+    // The n most likely tokens and the sampled one, as OpenAI lists them (n + 1 at most).
+    ojson top = ojson::object();
+    bool sampled = false;
+    for (int k = 0; k < int(t.top.size()) && k < top_n; ++k) {
+      top[token_text(gen, t.top[size_t(k)].id)] = lp(t.top[size_t(k)].logprob);
+      sampled = sampled || t.top[size_t(k)].id == t.id;
     }
+    if (!sampled) top[s] = lp(t.logprob);
+    tops.push_back(std::move(top));
   }
   return {{"tokens", std::move(toks)},
           {"token_logprobs", std::move(lps)},
@@ -192,6 +206,7 @@ ojson openai_response(const Generation& gen) {
         if (s.kind == Segment::Kind::kReasoning) reasoning += s.text;
         if (s.kind == Segment::Kind::kToolCall) calls.push_back(tool_call_json(s.call, 0, false));
       }
+      content.insert(0, req.chat_echo);
       ojson msg = {{"role", "assistant"}};
       msg["content"] = (content.empty() && !calls.empty()) ? ojson(nullptr) : ojson(content);
       msg["reasoning_content"] = reasoning.empty() ? ojson(nullptr) : ojson(reasoning);
@@ -207,11 +222,7 @@ ojson openai_response(const Generation& gen) {
                                : ojson(nullptr);
     }
     choice["finish_reason"] = gen.openai_finish_reason(int(i));
-    if (c.stop_token) {
-      choice["stop_reason"] = *c.stop_token;
-    } else {
-      choice["stop_reason"] = c.stop_string.empty() ? ojson(nullptr) : ojson(c.stop_string);
-    }
+    choice["stop_reason"] = stop_reason(c);
     if (req.return_token_ids) {
       choice["token_ids"] = c.ids;
       choice["prompt_token_ids"] = req.prompts[size_t(c.prompt_index)];
@@ -231,6 +242,7 @@ OpenAiStream::OpenAiStream(const Generation& gen)
       started_(gen.choices().size(), false),
       pending_(gen.choices().size()),
       calls_(gen.choices().size(), 0),
+      shown_(gen.choices().size(), 0),
       offsets_(gen.choices().size(), 0) {
   const bool chat = gen.request().endpoint == Endpoint::kChat;
   prefix_ = "data: {\"id\":";
@@ -240,6 +252,7 @@ OpenAiStream::OpenAiStream(const Generation& gen)
   append_json_string(&prefix_, gen.context().model_name);
   prefix_ += ",\"choices\":[{\"index\":";
   suffix_ = gen.request().include_usage ? "}],\"usage\":null}\n\n" : "}]}\n\n";
+  if (gen.request().continuous_usage) suffix_ = "}],\"usage\":";
 }
 
 namespace {
@@ -272,6 +285,17 @@ void OpenAiStream::chunk(std::string* out, size_t index, std::string_view fields
   *out += ',';
   *out += fields;
   *out += suffix_;
+  if (!gen_.request().continuous_usage) return;
+  // vLLM's continuous usage: the choice's tokens so far, on every chunk.
+  const ChoiceState& c = gen_.choices()[index];
+  const size_t prompt = gen_.request().prompts[size_t(c.prompt_index)].size();
+  *out += "{\"prompt_tokens\":";
+  append_uint(out, prompt);
+  *out += ",\"completion_tokens\":";
+  append_uint(out, uint64_t(shown_[index]));
+  *out += ",\"total_tokens\":";
+  append_uint(out, prompt + uint64_t(shown_[index]));
+  *out += "}}\n\n";
 }
 
 std::string OpenAiStream::updates(const std::vector<ChoiceUpdate>& updates) {
@@ -297,8 +321,13 @@ void OpenAiStream::updates(const std::vector<ChoiceUpdate>& updates, std::string
     const ChoiceState& c = gen_.choices()[i];
     auto& pending = pending_[i];
     if (want_tokens) pending.insert(pending.end(), u.tokens.begin(), u.tokens.end());
-    // Tokens ride on the first chunk that goes out for them.
-    auto tail = [&](bool finish) {
+    // Tokens ride on the first chunk of their text that goes out (text held back by the parser
+    // goes out later, with them), never on the role chunk, which has none.
+    auto tail = [&](bool finish, bool tokens) {
+      if (!tokens) {
+        fields += ",\"logprobs\":null,\"finish_reason\":null";
+        return;
+      }
       if (req.return_token_ids && !pending.empty()) {
         fields += ",\"token_ids\":[";
         for (size_t k = 0; k < pending.size(); ++k) {
@@ -318,6 +347,8 @@ void OpenAiStream::updates(const std::vector<ChoiceUpdate>& updates, std::string
       fields += ",\"finish_reason\":";
       if (finish) {
         append_json_string(&fields, gen_.openai_finish_reason(int(i)));
+        fields += ",\"stop_reason\":";
+        fields += dump(stop_reason(c));
       } else {
         fields += "null";
       }
@@ -330,17 +361,24 @@ void OpenAiStream::updates(const std::vector<ChoiceUpdate>& updates, std::string
       out += sse_data(e.to_json());
     }
     if (chat) {
-      auto emit = [&](std::string_view delta, bool finish) {
+      auto emit = [&](std::string_view delta, bool finish, bool tokens = true) {
         fields.assign("\"delta\":");
         fields += delta;
-        tail(finish);
+        tail(finish, tokens);
         chunk(&out, i, fields);
       };
+      std::string& delta = delta_;
       if (!started_[i]) {
         started_[i] = true;
-        emit(R"({"role":"assistant","content":""})", false);
+        emit(R"({"role":"assistant","content":""})", false, false);
+        if (!req.chat_echo.empty()) {
+          delta.assign("{\"content\":");
+          append_json_string(&delta, req.chat_echo);
+          delta += '}';
+          emit(delta, false, false);
+        }
       }
-      std::string& delta = delta_;
+      shown_[i] = c.generated;  // the role and echo chunks came before these tokens
       for (const Segment& s : u.segments) {
         if (s.kind == Segment::Kind::kToolCall) {
           // Name first, then the arguments: the shape OpenAI streams calls in.
@@ -362,6 +400,7 @@ void OpenAiStream::updates(const std::vector<ChoiceUpdate>& updates, std::string
       }
       if (u.finished) emit("{}", true);
     } else {
+      shown_[i] = c.generated;
       std::string_view text = u.text;
       std::string echoed;
       if (!started_[i]) {
@@ -371,7 +410,7 @@ void OpenAiStream::updates(const std::vector<ChoiceUpdate>& updates, std::string
       if (text.empty() && pending.empty() && !u.finished) continue;
       fields.assign("\"text\":");
       append_json_string(&fields, text);
-      tail(u.finished);
+      tail(u.finished, true);
       chunk(&out, i, fields);
     }
   }
@@ -419,14 +458,10 @@ ojson anthropic_response(const Generation& gen) {
 AnthropicStream::AnthropicStream(const Generation& gen) : gen_(gen) {}
 
 std::string AnthropicStream::start() {
-  ojson msg = {{"id", gen_.id()},
-               {"type", "message"},
-               {"role", "assistant"},
-               {"model", gen_.context().model_name},
-               {"content", ojson::array()},
-               {"stop_reason", nullptr},
-               {"stop_sequence", nullptr},
-               {"usage", {{"input_tokens", gen_.prompt_tokens()}, {"output_tokens", 0}}}};
+  ojson msg = {{"id", gen_.id()},           {"type", "message"},
+               {"role", "assistant"},       {"model", gen_.context().model_name},
+               {"content", ojson::array()}, {"stop_reason", nullptr},
+               {"stop_sequence", nullptr},  {"usage", anthropic_usage(gen_, 0)}};
   return sse_event("message_start", {{"type", "message_start"}, {"message", std::move(msg)}});
 }
 
@@ -444,6 +479,12 @@ std::string AnthropicStream::updates(const std::vector<ChoiceUpdate>& updates) {
 
 void AnthropicStream::updates(const std::vector<ChoiceUpdate>& updates, std::string* out_ptr) {
   std::string& out = *out_ptr;
+  // message_start waits for the first events: by then the prompt's prefix-cache reads are
+  // known (when the engine tells them with its tokens), which its usage counts apart.
+  if (!started_ && !updates.empty()) {
+    started_ = true;
+    out += start();
+  }
   for (const ChoiceUpdate& u : updates) {
     for (const Segment& s : u.segments) {
       const int kind = int(s.kind);
@@ -484,8 +525,10 @@ void AnthropicStream::updates(const std::vector<ChoiceUpdate>& updates, std::str
       const ChoiceState& c = gen_.choices()[size_t(u.index)];
       out += close_block();
       if (c.reason == FinishReason::kError) {
+        // The error event is the stream's last: the message did not complete.
         out += sse_event("error", {{"type", "error"},
                                    {"error", {{"type", "api_error"}, {"message", c.message}}}});
+        continue;
       }
       auto [reason, sequence] = anthropic_stop(c);
       out += sse_event("message_delta",

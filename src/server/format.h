@@ -41,21 +41,23 @@ class OpenAiStream {
   std::vector<bool> started_;                    // per choice: role / echo sent
   std::vector<std::vector<TokenInfo>> pending_;  // tokens not yet attached to a chunk
   std::vector<int> calls_;                       // tool calls sent per choice
+  std::vector<int> shown_;                       // continuous usage: tokens counted so far
   std::vector<size_t> offsets_;                  // completions logprobs: text offset so far
 };
 
 class AnthropicStream {
  public:
   explicit AnthropicStream(const Generation& gen);
-  std::string start();  // message_start
+  std::string start();  // message_start (updates() sends it before its first events)
   void updates(const std::vector<ChoiceUpdate>& updates, std::string* out);
   std::string updates(const std::vector<ChoiceUpdate>& updates);
 
  private:
   std::string close_block();
   const Generation& gen_;
-  int index_ = -1;  // current content block
-  int open_ = -1;   // Segment::Kind of the open block, -1: none
+  bool started_ = false;  // message_start sent
+  int index_ = -1;        // current content block
+  int open_ = -1;         // Segment::Kind of the open block, -1: none
 };
 
 // OpenAI Responses API: the response object, and its event stream (response.created, output
@@ -76,7 +78,7 @@ class ResponsesStream {
   ojson response(std::string_view status, bool final) const;
   void event(std::string* out, std::string_view type, ojson body);
   void open_item(std::string* out, Open kind);
-  void close_item(std::string* out);
+  void close_item(std::string* out, const char* status = "completed");  // a message's status
   const Generation& gen_;
   int64_t sequence_ = 0;
   Open open_ = Open::kNone;

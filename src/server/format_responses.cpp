@@ -125,7 +125,7 @@ void ResponsesStream::open_item(std::string* out, Open kind) {
   }
 }
 
-void ResponsesStream::close_item(std::string* out) {
+void ResponsesStream::close_item(std::string* out, const char* status) {
   if (open_ == Open::kNone) return;
   const size_t index = items_.size();
   ojson item;
@@ -155,7 +155,7 @@ void ResponsesStream::close_item(std::string* out) {
            {"part", text_part(text_)}});
     item = {{"type", "message"},
             {"id", item_id_},
-            {"status", "completed"},
+            {"status", status},
             {"role", "assistant"},
             {"content", ojson::array({text_part(text_)})}};
   }
@@ -220,20 +220,22 @@ void ResponsesStream::updates(const std::vector<ChoiceUpdate>& updates, std::str
               {{"item_id", id}, {"output_index", index}, {"delta", s.call.arguments}});
         event(out, "response.function_call_arguments.done",
               {{"item_id", id}, {"output_index", index}, {"arguments", s.call.arguments}});
-        ojson item = call_item(s.call, id, "completed");
+        ojson item = call_item(s.call, id, s.call.cut ? "incomplete" : "completed");
         event(out, "response.output_item.done", {{"output_index", index}, {"item", item}});
         items_.push_back(std::move(item));
       }
     }
     if (u.finished) {
-      close_item(out);
+      const ChoiceState& c = gen_.choices().at(0);
+      const std::string status = final_status(c);
+      // The message max_output_tokens cut is incomplete, as the response is.
+      const char* last = status == "incomplete" ? "incomplete" : "completed";
+      close_item(out, last);
       if (items_.empty()) {  // every response has a message, if an empty one
         open_item(out, Open::kMessage);
         text_ = pending_space_;
-        close_item(out);
+        close_item(out, last);
       }
-      const ChoiceState& c = gen_.choices().at(0);
-      const std::string status = final_status(c);
       final_ = response(status, true);
       event(out,
             status == "completed"    ? "response.completed"

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <ctime>
+#include <span>
 
 namespace recur::server {
 
@@ -110,7 +111,7 @@ ApiResult<bool> Generation::start() {
   if (!queue_) {
     ApiError e;
     e.status = 503;
-    e.type = "overloaded_error";
+    e.type = "server_error";
     e.message = "the server is out of file descriptors";
     return e;
   }
@@ -134,6 +135,7 @@ ApiResult<bool> Generation::start() {
       e.time = Clock::now();
       try {
         e.text.assign(ev.text);
+        e.cached_tokens = ev.cached_tokens;
         if (ev.kind == Event::Kind::kToken) {
           e.token.id = ev.token;
           e.token.logprob = ev.logprob;
@@ -142,7 +144,6 @@ ApiResult<bool> Generation::start() {
           e.reason = ev.reason;
           e.message.assign(ev.message);
           e.generated_tokens = ev.generated_tokens;
-          e.cached_tokens = ev.cached_tokens;
           // Counted here, not by the HTTP thread, which is gone when its client went away.
           if (metrics) {
             metrics->request_finished(finish_label(ev.reason));
@@ -189,6 +190,50 @@ Generation::Wait Generation::wait(int client_fd, int timeout_ms) {
   return Wait::kTimeout;
 }
 
+bool Generation::stops_on(int32_t id) const {
+  const auto& ids = req_.engine.stop.stop_token_ids;
+  const auto& eos = ctx_.eos_token_ids;
+  return std::find(ids.begin(), ids.end(), id) != ids.end() ||
+         (!req_.engine.stop.ignore_eos && std::find(eos.begin(), eos.end(), id) != eos.end());
+}
+
+void Generation::drop_stop_text(ChoiceState& c, std::string* text) {
+  // As vLLM, the output is the text of the tokens before the stop token: what the engine still
+  // held back of them (a possible stop string's start, an unfinished character) goes out now,
+  // and the engine's finish text (the rest of the stop token's) is not used.
+  c.stop_text_dropped = true;
+  text->clear();
+  if (!ctx_.tokenizer) return;
+  const std::string before = ctx_.tokenizer->decode(
+      std::span<const int32_t>(c.ids).first(c.ids.size() - 1), req_.engine.skip_special_tokens);
+  if (before.size() > c.text.size()) text->assign(before, c.text.size());
+}
+
+void Generation::settle_stop(ChoiceState& c, QueuedEvent& e) {
+  if (c.stop_text_dropped) e.text.clear();
+  if (e.reason != FinishReason::kStop || c.ids.empty()) return;
+  const auto& stops = req_.engine.stop.stop_strings;
+  if (!c.stop_text_dropped && !stops.empty() && ctx_.tokenizer) {
+    // The engine cuts the text where a stop string begins: then less is released than the
+    // tokens decode to, and what follows starts with that stop string. It wins over a stop
+    // token whose text it is in, as in vLLM.
+    const std::string all = ctx_.tokenizer->decode(c.ids, req_.engine.skip_special_tokens);
+    const size_t released = c.text.size() + e.text.size();
+    for (const std::string& s : stops) {
+      if (released < all.size() && !s.empty() && all.compare(released, s.size(), s) == 0) {
+        c.stop_string = s;
+        break;
+      }
+    }
+  }
+  const int32_t last = c.ids.back();
+  const auto& ids = req_.engine.stop.stop_token_ids;
+  if (c.stop_string.empty() && std::find(ids.begin(), ids.end(), last) != ids.end()) {
+    c.stop_token = last;
+  }
+  if (req_.keep_stop_string) e.text += c.stop_string;
+}
+
 void Generation::on_finish(ChoiceState& c, QueuedEvent& e) {
   c.finished = true;
   ++finished_;
@@ -196,20 +241,6 @@ void Generation::on_finish(ChoiceState& c, QueuedEvent& e) {
   c.message = std::move(e.message);
   c.generated = std::max(c.generated, e.generated_tokens);
   c.cached = e.cached_tokens;
-  if (c.reason == FinishReason::kStop && !c.ids.empty()) {
-    const int32_t last = c.ids.back();
-    const auto& stops = req_.engine.stop.stop_token_ids;
-    const auto& eos = ctx_.eos_token_ids;
-    if (std::find(stops.begin(), stops.end(), last) != stops.end()) {
-      c.stop_token = last;
-    } else if (!req_.engine.stop.stop_strings.empty() &&
-               (req_.engine.stop.ignore_eos ||
-                std::find(eos.begin(), eos.end(), last) == eos.end()) &&
-               ctx_.tokenizer) {
-      c.stop_string = matched_stop(ctx_.tokenizer->decode(c.ids, req_.engine.skip_special_tokens),
-                                   req_.engine.stop.stop_strings);
-    }
-  }
   if (!metrics_) return;
   if (c.generated > 0) {
     metrics_->e2e.observe(std::chrono::duration<double>(c.last_token - arrival_).count());
@@ -249,11 +280,14 @@ void Generation::drain(std::vector<ChoiceUpdate>* updates) {
       c.last_token = e.time;
       ++c.generated;
       c.ids.push_back(e.token.id);
+      c.cached = std::max(c.cached, e.cached_tokens);
+      if (!req_.keep_stop_token_text && stops_on(e.token.id)) drop_stop_text(c, &e.text);
       if (keep_tokens) {
         if (!req_.stream) c.tokens.push_back(e.token);
         u.tokens.push_back(std::move(e.token));
       }
     }
+    if (e.kind == Event::Kind::kFinish) settle_stop(c, e);
     fresh_.clear();
     if (!e.text.empty()) {
       c.text += e.text;

@@ -37,7 +37,7 @@ struct QueuedEvent {
   FinishReason reason = FinishReason::kStop;
   std::string message;
   int generated_tokens = 0;
-  int cached_tokens = 0;  // prompt tokens the engine's prefix cache gave
+  int cached_tokens = 0;  // prompt tokens the engine's prefix cache gave (when it says)
   Clock::time_point time;
 };
 
@@ -90,8 +90,9 @@ struct ChoiceState {
   std::string message;
   std::string stop_string;            // the stop string that ended it, if one did
   std::optional<int32_t> stop_token;  // a stop_token_ids entry that ended it
+  bool stop_text_dropped = false;     // the stop token's text is left out; the rest released
   int generated = 0;
-  int cached = 0;  // prompt tokens read from the prefix cache
+  int cached = 0;  // prompt tokens read from the prefix cache (once an event has said)
   Clock::time_point first_token, last_token;
 };
 
@@ -135,6 +136,13 @@ class Generation {
 
  private:
   void on_finish(ChoiceState& c, QueuedEvent& e);
+  // Whether token `id` ends generation (EOS unless ignored, a stop_token_ids entry).
+  bool stops_on(int32_t id) const;
+  // The stop token just came: *text becomes the text still to release without its own.
+  void drop_stop_text(ChoiceState& c, std::string* text);
+  // At the finish, before its text is released: which stop string or token ended the choice,
+  // and the finish event's text as the client gets it (with the stop string when kept).
+  void settle_stop(ChoiceState& c, QueuedEvent& e);
 
   Engine& engine_;
   const ServingContext& ctx_;

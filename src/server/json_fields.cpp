@@ -5,10 +5,38 @@
 
 namespace recur::server {
 
+namespace {
+
+// The Messages API names its error types by HTTP status, where OpenAI's has two for most.
+std::string anthropic_type(int status) {
+  switch (status) {
+    case 401:
+      return "authentication_error";
+    case 403:
+      return "permission_error";
+    case 404:
+      return "not_found_error";
+    case 413:
+      return "request_too_large";
+    case 429:
+      return "rate_limit_error";
+    case 503:
+    case 529:
+      return "overloaded_error";
+    case 501:  // a transfer coding, or
+    case 505:  // an HTTP version, the client chose
+      return "invalid_request_error";
+    default:
+      return status >= 500 ? "api_error" : "invalid_request_error";
+  }
+}
+
+}  // namespace
+
 nlohmann::ordered_json ApiError::to_json(bool anthropic_shape) const {
   ojson err = ojson::object();
   err["message"] = message;
-  err["type"] = type;
+  err["type"] = anthropic_shape ? anthropic_type(status) : type;
   err["param"] = param.empty() ? ojson(nullptr) : ojson(param);
   err["code"] = code.empty() ? ojson(nullptr) : ojson(code);
   ojson out = ojson::object();
@@ -39,11 +67,10 @@ ApiError from_error(const Error& e, std::string param) {
       break;
     case ErrorCode::kNotFound:
       out.status = 404;
-      out.type = "not_found_error";
       break;
     case ErrorCode::kOutOfResources:
       out.status = 503;
-      out.type = "overloaded_error";
+      out.type = "server_error";
       break;
     default:
       out.status = 500;

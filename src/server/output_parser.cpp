@@ -196,6 +196,8 @@ OutputParser::OutputParser(const OutputOptions& options, std::string id_prefix)
   if (!options_.forced_prefix.empty()) {
     std::vector<Segment> discard;  // the prefix is part of the prompt, not of the output
     push(options_.forced_prefix, &discard);
+    forced_open_ = state_ == State::kToolCall;
+    forced_rest_ = buf_;
   }
 }
 
@@ -213,7 +215,7 @@ void OutputParser::emit_text(Segment::Kind kind, std::string_view text, std::vec
 }
 
 void OutputParser::emit_call(std::string name, std::string arguments, std::vector<Segment>* out,
-                             std::string id) {
+                             std::string id, bool cut) {
   after_call_ = true;
   if (calls_ > 0 && !options_.parallel_tool_calls) return;
   Segment s;
@@ -221,6 +223,7 @@ void OutputParser::emit_call(std::string name, std::string arguments, std::vecto
   s.call.id = id.empty() ? random_id(id_prefix_) : std::move(id);
   s.call.name = std::move(name);
   s.call.arguments = std::move(arguments);
+  s.call.cut = cut;
   ++calls_;
   out->push_back(std::move(s));
 }
@@ -279,6 +282,23 @@ bool OutputParser::handle_json(std::string_view block, std::vector<Segment>* out
 // <function=NAME> (<parameter=ARG>\nVALUE\n</parameter>)* </function>, one or more times;
 // whitespace between the tags. Cut off by the end of output, a call counts only once its
 // </function> is in.
+// <parameter=NAME>\nVALUE\n</parameter> at `pos` into args (typed by the tool's schema);
+// the position after it, or npos when there is none whole.
+size_t OutputParser::xml_parameter(std::string_view b, size_t pos, std::string_view tool,
+                                   ojson* args) const {
+  if (!starts_at(b, pos, kParamOpen)) return std::string_view::npos;
+  const auto param = xml_name(b, pos + kParamOpen.size());
+  if (!param) return std::string_view::npos;
+  const size_t end = b.find(kParamClose, param->second);
+  if (end == std::string_view::npos) return std::string_view::npos;
+  // The newline after <parameter=…> and the one before </parameter> are markup.
+  std::string_view value = b.substr(param->second, end - param->second);
+  if (!value.empty() && value.front() == '\n') value.remove_prefix(1);
+  if (!value.empty() && value.back() == '\n') value.remove_suffix(1);
+  (*args)[std::string(param->first)] = typed_argument(value, parameter_schema(tool, param->first));
+  return end + kParamClose.size();
+}
+
 bool OutputParser::handle_xml(std::string_view b, bool terminated, std::vector<Segment>* out) {
   std::vector<std::pair<std::string, ojson>> calls;
   size_t pos = skip_space(b, 0);
@@ -292,17 +312,8 @@ bool OutputParser::handle_xml(std::string_view b, bool terminated, std::vector<S
     for (;;) {
       pos = skip_space(b, pos);
       if (starts_at(b, pos, kParamOpen)) {
-        const auto param = xml_name(b, pos + kParamOpen.size());
-        if (!param) return false;
-        const size_t end = b.find(kParamClose, param->second);
-        if (end == std::string_view::npos) return false;
-        // The newline after <parameter=…> and the one before </parameter> are markup.
-        std::string_view value = b.substr(param->second, end - param->second);
-        if (!value.empty() && value.front() == '\n') value.remove_prefix(1);
-        if (!value.empty() && value.back() == '\n') value.remove_suffix(1);
-        args[std::string(param->first)] =
-            typed_argument(value, parameter_schema(name->first, param->first));
-        pos = end + kParamClose.size();
+        pos = xml_parameter(b, pos, name->first, &args);
+        if (pos == std::string_view::npos) return false;
       } else if (starts_at(b, pos, kFunctionClose)) {
         pos += kFunctionClose.size();
         closed = true;
@@ -351,8 +362,66 @@ bool OutputParser::handle_kimi(std::string_view b, std::vector<Segment>* out) {
   return true;
 }
 
+bool OutputParser::handle_cut(std::string_view b, std::vector<Segment>* out) {
+  size_t pos = skip_space(b, 0);
+  std::string name, id, arguments = "{}";
+  if (options_.tool_format == ToolCallFormat::kXml) {
+    // The parameters that are whole.
+    if (!starts_at(b, pos, kFunctionOpen)) return false;
+    const auto fn = xml_name(b, pos + kFunctionOpen.size());
+    if (!fn) return false;
+    ojson args = ojson::object();
+    for (pos = fn->second; pos != std::string_view::npos;) {
+      pos = xml_parameter(b, skip_space(b, pos), fn->first, &args);
+    }
+    name = fn->first;
+    arguments = dump(args);
+  } else if (options_.tool_format == ToolCallFormat::kKimi) {
+    if (!starts_at(b, pos, kKimiCallOpen)) return false;
+    const size_t id_at = pos + kKimiCallOpen.size();
+    const size_t args_at = b.find(kKimiArgsOpen, id_at);
+    id = std::string(
+        trim(b.substr(id_at, args_at == std::string_view::npos ? b.npos : args_at - id_at)));
+    if (!id.empty() && id.back() == ':') id += '0';  // cut before the call's index
+    const auto fn = kimi_function_name(id);
+    if (!fn) return false;
+    name = *fn;
+    if (args_at != std::string_view::npos) {
+      const std::string_view body = b.substr(args_at + kKimiArgsOpen.size());
+      arguments = close_json_object(body.substr(0, body.find(kKimiCallClose))).value_or("{}");
+    }
+  } else {
+    // {"name": "NAME", "arguments": {…, as the forced prefix writes it.
+    if (!starts_at(b, pos, "{")) return false;
+    pos = skip_space(b, pos + 1);
+    if (!starts_at(b, pos, "\"name\"")) return false;
+    pos = skip_space(b, pos + 6);
+    if (!starts_at(b, pos, ":")) return false;
+    pos = skip_space(b, pos + 1);
+    size_t end = pos + 1;
+    while (end < b.size() && b[end] != '"') end += b[end] == '\\' ? 2 : 1;
+    const std::optional<ojson> n =
+        end < b.size() ? parse_json(b.substr(pos, end + 1 - pos)) : std::nullopt;
+    if (!n || !n->is_string() || n->get_ref<const std::string&>().empty()) return false;
+    name = n->get<std::string>();
+    pos = skip_space(b, end + 1);
+    if (starts_at(b, pos, ",")) {
+      pos = skip_space(b, pos + 1);
+      for (std::string_view key : {"\"arguments\"", "\"parameters\""}) {
+        if (!starts_at(b, pos, key)) continue;
+        pos = skip_space(b, pos + key.size());
+        if (starts_at(b, pos, ":")) arguments = close_json_object(b.substr(pos + 1)).value_or("{}");
+      }
+    }
+  }
+  emit_call(std::move(name), std::move(arguments), out, std::move(id), /*cut=*/true);
+  return true;
+}
+
 void OutputParser::handle_block(std::string_view block, bool terminated,
                                 std::vector<Segment>* out) {
+  const bool forced = forced_open_;
+  forced_open_ = false;
   bool call = false;
   switch (options_.tool_format) {
     case ToolCallFormat::kXml:
@@ -366,12 +435,21 @@ void OutputParser::handle_block(std::string_view block, bool terminated,
       break;
   }
   if (call) return;
+  const Segment::Kind kind = call_in_think_ ? Segment::Kind::kReasoning : Segment::Kind::kContent;
+  if (forced) {
+    // A forced call that max_tokens cut (or the model garbled) is still that call, as far as
+    // it can be read; the prefix the server forced is never output.
+    if (handle_cut(block, out)) return;
+    if (block.starts_with(forced_rest_)) block.remove_prefix(forced_rest_.size());
+    emit_text(kind, block, out);
+    return;
+  }
   // Not a call after all: the model's text goes out as it was, where it was written.
   const CallMarkers m = call_markers(options_.tool_format);
   std::string raw(m.open);
   raw.append(block);
   if (terminated) raw.append(m.close);
-  emit_text(call_in_think_ ? Segment::Kind::kReasoning : Segment::Kind::kContent, raw, out);
+  emit_text(kind, raw, out);
 }
 
 size_t OutputParser::xml_call_end(bool final) {
@@ -518,9 +596,15 @@ void OutputParser::process(bool final, std::vector<Segment>* out) {
             return;
           }
           if (!rest.starts_with(opener)) {
-            emit_text(
-                after == State::kReasoning ? Segment::Kind::kReasoning : Segment::Kind::kContent,
-                m.open, out);
+            if (forced_open_) {
+              // The model did not begin the call forced on it: its text, without the prefix.
+              forced_open_ = false;
+              if (buf_.starts_with(forced_rest_)) buf_.erase(0, forced_rest_.size());
+            } else {
+              emit_text(
+                  after == State::kReasoning ? Segment::Kind::kReasoning : Segment::Kind::kContent,
+                  m.open, out);
+            }
             state_ = after;
             continue;
           }
@@ -586,23 +670,6 @@ std::string forced_call_prefix(ToolCallFormat format, std::string_view name) {
     prefix += "{\"name\": " + dump(ojson(std::string(name))) + ", \"arguments\": {";
   }
   return prefix;
-}
-
-std::string matched_stop(std::string_view text, const std::vector<std::string>& stops) {
-  size_t best_end = std::string::npos, best_start = std::string::npos;
-  std::string best;
-  for (const std::string& s : stops) {
-    if (s.empty()) continue;
-    const size_t pos = text.find(s);
-    if (pos == std::string::npos) continue;
-    const size_t end = pos + s.size();
-    if (end < best_end || (end == best_end && pos < best_start)) {
-      best_end = end;
-      best_start = pos;
-      best = s;
-    }
-  }
-  return best;
 }
 
 }  // namespace recur::server

@@ -10,6 +10,7 @@
 // Calls written inside <think> are calls too; a malformed call is returned as the text it was.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -22,6 +23,7 @@ struct ToolCall {
   std::string id;
   std::string name;
   std::string arguments;  // a JSON text, as OpenAI sends it
+  bool cut = false;       // a forced call the output ended (or garbled) before it was whole
 };
 
 struct Segment {
@@ -39,7 +41,7 @@ class OutputParser {
   // Appends what `text` completes; adjacent pieces of one kind are merged.
   void push(std::string_view text, std::vector<Segment>* out);
   // End of output: releases what was held back (an unterminated tool call is parsed if it is
-  // complete, else returned as text).
+  // complete, else returned as text; a forced one comes back as the call it began, cut).
   void finish(std::vector<Segment>* out);
 
   int tool_calls() const { return calls_; }
@@ -50,13 +52,17 @@ class OutputParser {
   void emit_text(Segment::Kind kind, std::string_view text, std::vector<Segment>* out);
   // `id` empty: a new one with id_prefix_.
   void emit_call(std::string name, std::string arguments, std::vector<Segment>* out,
-                 std::string id = {});
+                 std::string id = {}, bool cut = false);
   // Where the current XML call ends in buf_: npos while it may still go on.
   size_t xml_call_end(bool final);
   void handle_block(std::string_view block, bool terminated, std::vector<Segment>* out);
   bool handle_json(std::string_view block, std::vector<Segment>* out);
   bool handle_xml(std::string_view block, bool terminated, std::vector<Segment>* out);
+  size_t xml_parameter(std::string_view block, size_t pos, std::string_view tool,
+                       ojson* args) const;
   bool handle_kimi(std::string_view block, std::vector<Segment>* out);
+  // A forced call that did not parse whole: its name and what of its arguments can be read.
+  bool handle_cut(std::string_view block, std::vector<Segment>* out);
   const ojson* parameter_schema(std::string_view tool, std::string_view parameter) const;
 
   OutputOptions options_;
@@ -69,6 +75,8 @@ class OutputParser {
   bool call_started_ = false;    // the open tool call's body begins as a call does
   size_t scan_ = 0;              // XML call: buf_ is searched from here on
   bool in_value_ = false;        // XML call: scan_ is inside a parameter value
+  bool forced_open_ = false;     // the open call is the one the forced prefix began
+  std::string forced_rest_;      // what of the forced prefix is in that call's block
   int calls_ = 0;
 };
 
@@ -83,7 +91,9 @@ std::string forced_call_prefix(ToolCallFormat format, std::string_view name);
 // A parameter value written in XML, as JSON: typed by its schema (null: none known).
 ojson typed_argument(std::string_view value, const ojson* schema);
 
-// Which stop string ended `text` (the one that completes first), or "" if none occurs.
-std::string matched_stop(std::string_view text, const std::vector<std::string>& stops);
+// The JSON object `text` (an object cut short) begins, closed at the last point where what was
+// written is whole: a string value cut mid-way is closed, a key without its value or a number
+// cut mid-way is left out. nullopt when no object can be made of it.
+std::optional<std::string> close_json_object(std::string_view text);
 
 }  // namespace recur::server

@@ -66,7 +66,13 @@ struct ParsedRequest {
   bool max_tokens_given = false;              // else: up to the context length
   bool stream = false;
   bool include_usage = false;
+  bool continuous_usage = false;  // usage on every chunk (stream_options.continuous_usage_stats)
   bool echo = false;
+  std::string chat_echo;  // chat echo: the final assistant message, before the new text
+  // include_stop_str_in_output: whether the text of the token that stopped generation (EOS, a
+  // stop_token_ids entry) and a matched stop string stay in the output.
+  bool keep_stop_token_text = false;
+  bool keep_stop_string = false;
   bool return_token_ids = false;
   bool chat_logprobs = false;  // chat: logprobs=true (top-n in engine.sampling.logprobs)
   OutputOptions output;
@@ -87,6 +93,17 @@ ApiResult<ParsedRequest> parse_responses_request(const ojson& body, const Servin
 // Anthropic /v1/messages/count_tokens: the prompt tokens the same messages request would use.
 ApiResult<int64_t> count_message_tokens(const ojson& body, const ServingContext& ctx);
 
+// vLLM's /tokenize: {"prompt": text} or a chat ({"messages", "tools", "add_generation_prompt",
+// "continue_final_message", "chat_template_kwargs"}, refused as /v1/chat/completions refuses
+// it), and whether the tokens' strings are asked for.
+struct TokenizeRequest {
+  std::vector<int32_t> ids;
+  bool token_strs = false;
+};
+ApiResult<TokenizeRequest> parse_tokenize_request(const ojson& body, const ServingContext& ctx);
+// vLLM's /detokenize: {"tokens": [ids]} to their text.
+ApiResult<std::string> parse_detokenize_request(const ojson& body, const ServingContext& ctx);
+
 // Shared steps, exposed for the Anthropic and Responses translations and for tests.
 // Top-level fields outside these lists are a 400 naming the first one (and the known name it
 // is closest to), unless ctx.allow_unknown_fields.
@@ -100,11 +117,23 @@ ApiResult<bool> check_model(const ojson& body, const ServingContext& ctx);
 // Reads sampling, stop and extension fields common to all endpoints (priority included) into
 // req->engine.
 ApiResult<bool> parse_sampling(const ojson& body, const ServingContext& ctx, ParsedRequest* req);
+// How the conversation ends in the prompt: a new assistant turn opened (the default), nothing
+// added after the last message, or the last message left open for the model to continue
+// (vLLM's continue_final_message; Anthropic's prefill).
+struct ChatEnding {
+  bool add_generation_prompt = true;
+  bool continue_final_message = false;
+};
 // Renders {messages, tools, chat_template_kwargs} and tokenizes; sets output options.
-// tool_choice: "none", "auto", "required" or a function name (named:NAME).
+// tool_choice: "none", "auto", "required" or a function name (named:NAME); with "none" the
+// tools are still rendered (as vLLM does), only no calls are parsed.
 ApiResult<bool> render_chat(const ojson& messages, const ojson* tools, const ojson* kwargs,
                             const std::string& tool_choice, const ServingContext& ctx,
-                            ParsedRequest* req);
+                            ParsedRequest* req, const ChatEnding& ending = {});
+// A text of `bytes` bytes that surely makes more tokens than the context holds (bytes over the
+// tokenizer's longest token): a context_length_exceeded error for `param`, before any
+// tokenizing. True when it may fit.
+ApiResult<bool> check_text_fits(size_t bytes, const ServingContext& ctx, const std::string& param);
 // A tool_choice mode ("none", "auto", "required", "named:NAME") against the request's tools
 // (chat's shape; null when absent): a call asked for needs tools, a named one must be there.
 ApiResult<bool> check_tool_choice(const std::string& mode, const ojson* tools);

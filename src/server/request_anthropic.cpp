@@ -26,7 +26,30 @@ ApiResult<std::string> text_of(const ojson& content, const std::string& where) {
   return out;
 }
 
-ApiResult<bool> add_message(const ojson& m, size_t i, ojson* out) {
+// Appends a user or assistant chat message; merge: one of the same role before it is the same
+// turn (consecutive messages of a role are one turn in the Messages API), so they become one.
+void push_turn(ojson msg, bool merge, ojson* out) {
+  if (!merge || out->empty() || out->back()["role"] != msg["role"]) {
+    out->push_back(std::move(msg));
+    return;
+  }
+  ojson& prev = out->back();
+  for (const char* key : {"content", "reasoning_content"}) {
+    const ojson* add = field(msg, key);
+    if (!add || add->get_ref<const std::string&>().empty()) continue;
+    const ojson* have = field(prev, key);
+    std::string text = have ? have->get<std::string>() : std::string();
+    if (!text.empty()) text += '\n';
+    text += add->get_ref<const std::string&>();
+    prev[key] = std::move(text);
+  }
+  if (const ojson* calls = field(msg, "tool_calls")) {
+    if (!field(prev, "tool_calls")) prev["tool_calls"] = ojson::array();
+    for (const ojson& c : *calls) prev["tool_calls"].push_back(c);
+  }
+}
+
+ApiResult<bool> add_message(const ojson& m, size_t i, bool merge, ojson* out) {
   const std::string where = fmt::format("messages[{}]", i);
   if (!m.is_object()) return bad_request(where, fmt::format("'{}' must be an object", where));
   const ojson* role = field(m, "role");
@@ -38,7 +61,7 @@ ApiResult<bool> add_message(const ojson& m, size_t i, ojson* out) {
     return bad_request(where + ".content", fmt::format("'{}.content' is required", where));
   const bool user = *role == "user";
   if (content->is_string()) {
-    out->push_back({{"role", *role}, {"content", *content}});
+    push_turn({{"role", *role}, {"content", *content}}, merge, out);
     return true;
   }
   if (!content->is_array()) {
@@ -94,15 +117,32 @@ ApiResult<bool> add_message(const ojson& m, size_t i, ojson* out) {
   }
   if (user) {
     if (!text.empty() || out->empty() || out->back()["role"] != "tool") {
-      out->push_back({{"role", "user"}, {"content", text}});
+      push_turn({{"role", "user"}, {"content", text}}, merge, out);
     }
     return true;
   }
   ojson msg = {{"role", "assistant"}, {"content", text}};
   if (!thinking.empty()) msg["reasoning_content"] = thinking;
   if (!calls.empty()) msg["tool_calls"] = std::move(calls);
-  out->push_back(std::move(msg));
+  push_turn(std::move(msg), merge, out);
   return true;
+}
+
+// A conversation that ends on an assistant message is a prefill: the model goes on from its
+// text. One without text (or with tool calls, which a result must answer) is not continued;
+// an empty one is dropped, which leaves a fresh assistant turn to open.
+ChatEnding prefill(ojson* messages) {
+  ChatEnding ending;
+  const ojson& last = messages->back();
+  if (last["role"] != "assistant" || field(last, "tool_calls")) return ending;
+  const std::string& text = last["content"].get_ref<const std::string&>();
+  if (text.find_first_not_of(" \t\r\n") == std::string::npos) {
+    if (!field(last, "reasoning_content")) messages->erase(messages->end() - 1);
+    return ending;
+  }
+  ending.add_generation_prompt = false;
+  ending.continue_final_message = true;
+  return ending;
 }
 
 ApiResult<ojson> convert_tools(const ojson& tools) {
@@ -143,6 +183,7 @@ ApiResult<ParsedRequest> parse_messages(const ojson& body, const ServingContext&
                                    "service_tier", "output_format", "output_config"}},
                                  ctx));
   }
+  if (!field(body, "model")) return bad_request("model", "'model' is required");
   RECUR_API_CHECK(check_model(body, ctx));
   if (!count_only) {
     RECUR_API_CHECK(parse_sampling(body, ctx, &req));
@@ -187,7 +228,13 @@ ApiResult<ParsedRequest> parse_messages(const ojson& body, const ServingContext&
   if (!msgs || !msgs->is_array() || msgs->empty()) {
     return bad_request("messages", "'messages' must be a non-empty list of messages");
   }
-  for (size_t i = 0; i < msgs->size(); ++i) RECUR_API_CHECK(add_message((*msgs)[i], i, &messages));
+  for (size_t i = 0; i < msgs->size(); ++i) {
+    const ojson* role = field((*msgs)[i], "role");
+    const ojson* prev = i > 0 ? field((*msgs)[i - 1], "role") : nullptr;
+    const bool merge = role && prev && *role == *prev;
+    RECUR_API_CHECK(add_message((*msgs)[i], i, merge, &messages));
+  }
+  const ChatEnding ending = prefill(&messages);
 
   ojson tools;
   if (const ojson* t = field(body, "tools")) {
@@ -219,12 +266,22 @@ ApiResult<ParsedRequest> parse_messages(const ojson& body, const ServingContext&
   }
   ojson kwargs;
   if (const ojson* thinking = field(body, "thinking")) {
+    // adaptive (the model decides) thinks, as the template lets it; between_tools is thinking
+    // off. Budgets and display are accepted and not applied: the whole reasoning comes back.
     const ojson* type = field(*thinking, "type");
-    if (!thinking->is_object() || !type || (*type != "enabled" && *type != "disabled")) {
-      return bad_request("thinking", "'thinking' must be {\"type\": \"enabled\"|\"disabled\"}");
+    const bool on = type && (*type == "enabled" || *type == "adaptive");
+    if (!thinking->is_object() || !type ||
+        (!on && *type != "disabled" && *type != "between_tools")) {
+      return bad_request("thinking",
+                         "'thinking' must be {\"type\": \"enabled\"|\"adaptive\"|\"disabled\"|"
+                         "\"between_tools\"}");
     }
     RECUR_API_CHECK(get_int(*thinking, "budget_tokens", 0, INT32_MAX, "thinking."));
-    kwargs = {{"enable_thinking", *type == "enabled"}};
+    RECUR_API_ASSIGN(auto display, get_string(*thinking, "display", "thinking."));
+    if (display && *display != "summarized" && *display != "omitted") {
+      return bad_request("thinking.display", "'thinking.display' must be summarized or omitted");
+    }
+    kwargs = {{"enable_thinking", on}};
   }
   if (const ojson* extra = field(body, "chat_template_kwargs")) {
     if (!extra->is_object()) {
@@ -234,7 +291,7 @@ ApiResult<ParsedRequest> parse_messages(const ojson& body, const ServingContext&
     for (const auto& [k, v] : extra->items()) kwargs[k] = v;
   }
   RECUR_API_CHECK(render_chat(messages, have_tools ? &tools : nullptr,
-                              kwargs.is_null() ? nullptr : &kwargs, choice, ctx, &req));
+                              kwargs.is_null() ? nullptr : &kwargs, choice, ctx, &req, ending));
   if (!count_only) RECUR_API_CHECK(check_lengths(ctx, &req));
   if (!count_only) RECUR_API_CHECK(attach_constraint(ctx, &req));
   return req;

@@ -75,6 +75,17 @@ ApiResult<bool> check_content(const ojson& content, const std::string& where) {
   return true;
 }
 
+// Validated content as one text (parts joined with "\n", as for the chat template).
+std::string text_content(const ojson& content) {
+  if (content.is_string()) return content.get<std::string>();
+  std::string text;
+  for (size_t j = 0; j < content.size(); ++j) {
+    if (j) text += '\n';
+    text += content[j]["text"].get<std::string>();
+  }
+  return text;
+}
+
 // Validates OpenAI messages and returns them as the chat template takes them.
 ApiResult<ojson> normalize_messages(const ojson& msgs) {
   if (!msgs.is_array() || msgs.empty()) {
@@ -262,6 +273,12 @@ ApiError template_failure(const Error& e, const ServingContext& ctx) {
       ctx.model_name, e.message));
 }
 
+ApiError context_exceeded(std::string param, std::string message) {
+  ApiError e = bad_request(std::move(param), std::move(message));
+  e.code = "context_length_exceeded";
+  return e;
+}
+
 ApiResult<int> parse_max_tokens(const ojson& body, const char* key, ParsedRequest* req) {
   RECUR_API_ASSIGN(auto mt, get_int(body, key, 1, std::numeric_limits<int32_t>::max()));
   if (mt) {
@@ -282,6 +299,9 @@ ApiResult<bool> parse_stream(const ojson& body, ParsedRequest* req) {
       return bad_request("stream_options", "'stream_options' must be an object");
     RECUR_API_ASSIGN(auto usage, get_bool(*so, "include_usage", "stream_options."));
     req->include_usage = usage.value_or(false);
+    // vLLM's extension: with include_usage, every chunk carries the usage so far.
+    RECUR_API_ASSIGN(auto continuous, get_bool(*so, "continuous_usage_stats", "stream_options."));
+    req->continuous_usage = req->include_usage && continuous.value_or(false);
   }
   return true;
 }
@@ -343,7 +363,8 @@ const std::initializer_list<std::string_view> kSamplingFields = {"temperature",
                                                                  "guided_json",
                                                                  "json_schema",
                                                                  "structured_outputs",
-                                                                 "priority"};
+                                                                 "priority",
+                                                                 "include_stop_str_in_output"};
 
 ApiResult<bool> check_fields(const ojson& body,
                              std::initializer_list<std::initializer_list<std::string_view>> known,
@@ -380,7 +401,6 @@ ApiResult<bool> check_model(const ojson& body, const ServingContext& ctx) {
   if (model && *model != ctx.model_name) {
     ApiError e;
     e.status = 404;
-    e.type = "not_found_error";
     e.param = "model";
     e.code = "model_not_found";
     e.message = fmt::format("The model '{}' does not exist; this server serves '{}'", *model,
@@ -458,6 +478,12 @@ ApiResult<bool> parse_sampling(const ojson& b, const ServingContext& ctx, Parsed
   req->engine.skip_special_tokens = skip.value_or(true);
   RECUR_API_ASSIGN(auto ids, get_bool(b, "return_token_ids"));
   req->return_token_ids = ids.value_or(false);
+  // As vLLM, the stop token's text and a stop string are left out unless asked for. An
+  // Anthropic turn keeps the text of a stop_token_ids token (recur's extension there ends the
+  // turn after it) but never a stop sequence, as the Messages API defines them.
+  RECUR_API_ASSIGN(auto include_stop, get_bool(b, "include_stop_str_in_output"));
+  req->keep_stop_token_text = include_stop.value_or(req->endpoint == Endpoint::kMessages);
+  req->keep_stop_string = include_stop.value_or(false);
   // vLLM's extension: lower is scheduled first (engine Request::priority).
   RECUR_API_ASSIGN(auto priority, get_int(b, "priority", INT32_MIN, INT32_MAX));
   req->engine.priority = int(priority.value_or(0));
@@ -468,9 +494,20 @@ ApiResult<bool> parse_sampling(const ojson& b, const ServingContext& ctx, Parsed
   return true;
 }
 
+ApiResult<bool> check_text_fits(size_t bytes, const ServingContext& ctx, const std::string& param) {
+  if (!ctx.tokenizer) return true;
+  const size_t longest = ctx.tokenizer->max_token_bytes();
+  const size_t at_least = (bytes + longest - 1) / std::max<size_t>(longest, 1);
+  if (at_least + 1 <= size_t(std::max(ctx.max_context, 0))) return true;
+  return context_exceeded(
+      param, fmt::format("This model's maximum context length is {} tokens; the prompt has at "
+                         "least {} tokens ({} bytes of text), which leaves no room to generate",
+                         ctx.max_context, at_least, bytes));
+}
+
 ApiResult<bool> render_chat(const ojson& messages, const ojson* tools, const ojson* kwargs,
                             const std::string& tool_choice, const ServingContext& ctx,
-                            ParsedRequest* req) {
+                            ParsedRequest* req, const ChatEnding& ending) {
   if (!ctx.chat_template && !ctx.chat_template_error.empty()) {
     return chat_template_error(fmt::format(
         "the chat template of the model directory served as '{}' could not be loaded, so chat "
@@ -485,9 +522,11 @@ ApiResult<bool> render_chat(const ojson& messages, const ojson* tools, const ojs
   }
   ojson request = ojson::object();
   request["messages"] = messages;
-  const bool use_tools = tools && !tools->empty() && tool_choice != "none";
-  if (use_tools) request["tools"] = *tools;
-  request["add_generation_prompt"] = true;
+  const bool have_tools = tools && !tools->empty();
+  const bool use_tools = have_tools && tool_choice != "none";
+  if (have_tools) request["tools"] = *tools;
+  request["add_generation_prompt"] = ending.add_generation_prompt;
+  if (ending.continue_final_message) request["continue_final_message"] = true;
   if (kwargs) request["chat_template_kwargs"] = *kwargs;
   // Which bytes came from the request, so that special-token strings written there are
   // tokenized as text (ChatTemplateOptions::request_special_tokens_as_text).
@@ -525,6 +564,7 @@ ApiResult<bool> render_chat(const ojson& messages, const ojson* tools, const ojs
                                    text->size() + out.forced_prefix.size());
     }
   }
+  RECUR_API_CHECK(check_text_fits(text->size() + out.forced_prefix.size(), ctx, "messages"));
   auto ids = ctx.tokenizer->encode(*text + out.forced_prefix, prompt->literal);
   if (!ids.ok()) return from_error(ids.error(), "messages");
   req->prompts.push_back(std::move(*ids));
@@ -548,25 +588,21 @@ ApiResult<bool> check_lengths(const ServingContext& ctx, ParsedRequest* req) {
       }
     }
     if (int64_t(p.size()) + 1 > ctx.max_context) {
-      ApiError e = bad_request(
+      return context_exceeded(
           param,
           fmt::format(
               "This model's maximum context length is {} tokens; the prompt has {} tokens, which "
               "leaves no room to generate",
               ctx.max_context, p.size()));
-      e.code = "context_length_exceeded";
-      return e;
     }
     if (req->max_tokens_given && int64_t(p.size()) + req->engine.max_tokens > ctx.max_context) {
-      ApiError e = bad_request(
+      return context_exceeded(
           "max_tokens",
           fmt::format(
               "This model's maximum context length is {} tokens; the request asks for {} tokens "
               "({} in the prompt, {} to generate)",
               ctx.max_context, int64_t(p.size()) + req->engine.max_tokens, p.size(),
               req->engine.max_tokens));
-      e.code = "context_length_exceeded";
-      return e;
     }
   }
   const Status st = req->engine.sampling.validate(ctx.vocab_size);
@@ -583,7 +619,8 @@ ApiResult<ParsedRequest> parse_chat_request(const ojson& body, const ServingCont
        kIgnoredFields,
        {"model", "messages", "stream", "stream_options", "n", "max_tokens", "max_completion_tokens",
         "stop", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
-        "chat_template_kwargs", "reasoning_effort"}},
+        "chat_template_kwargs", "reasoning_effort", "add_generation_prompt",
+        "continue_final_message", "echo"}},
       ctx));
   RECUR_API_CHECK(check_model(body, ctx));
   RECUR_API_CHECK(parse_sampling(body, ctx, &req));
@@ -630,7 +667,23 @@ ApiResult<ParsedRequest> parse_chat_request(const ojson& body, const ServingCont
     }
     kwargs = &with_effort;
   }
-  RECUR_API_CHECK(render_chat(norm, tools, kwargs, choice, ctx, &req));
+  // vLLM's rendering switches: continuing the final message needs add_generation_prompt false.
+  ChatEnding ending;
+  RECUR_API_ASSIGN(auto agp, get_bool(body, "add_generation_prompt"));
+  RECUR_API_ASSIGN(auto cont, get_bool(body, "continue_final_message"));
+  ending.add_generation_prompt = agp.value_or(true);
+  ending.continue_final_message = cont.value_or(false);
+  if (ending.continue_final_message && ending.add_generation_prompt) {
+    return bad_request("continue_final_message",
+                       "'continue_final_message' needs 'add_generation_prompt': false");
+  }
+  // vLLM's echo: a final assistant message comes back ahead of what the model adds to it.
+  RECUR_API_ASSIGN(auto echo, get_bool(body, "echo"));
+  const ojson& last = norm.back();
+  if (echo.value_or(false) && last["role"] == "assistant") {
+    req.chat_echo = text_content(last["content"]);
+  }
+  RECUR_API_CHECK(render_chat(norm, tools, kwargs, choice, ctx, &req, ending));
   RECUR_API_CHECK(check_lengths(ctx, &req));
   RECUR_API_CHECK(attach_constraint(ctx, &req));
   return req;
@@ -672,7 +725,9 @@ ApiResult<ParsedRequest> parse_completion_request(const ojson& body, const Servi
     if (!ctx.tokenizer) {
       return bad_request("prompt", "this model directory has no tokenizer; give token ids");
     }
-    auto ids = ctx.tokenizer->encode(s.get<std::string>());
+    const std::string& text = s.get_ref<const std::string&>();
+    RECUR_API_CHECK(check_text_fits(text.size(), ctx, "prompt"));
+    auto ids = ctx.tokenizer->encode(text);
     if (!ids.ok()) return from_error(ids.error(), "prompt");
     req.prompts.push_back(std::move(*ids));
     req.prompt_texts.push_back(s.get<std::string>());

@@ -28,7 +28,11 @@ enum class Route {
   kModels,
   kModel,
   kHealth,
-  kMetrics
+  kMetrics,
+  kTokenize,
+  kDetokenize,
+  kVersion,
+  kPing
 };
 
 struct RouteInfo {
@@ -45,7 +49,14 @@ constexpr RouteInfo kRoutes[] = {
     {"/v1/models", Route::kModels},
     {"/health", Route::kHealth},
     {"/metrics", Route::kMetrics},
+    {"/tokenize", Route::kTokenize},
+    {"/detokenize", Route::kDetokenize},
+    {"/version", Route::kVersion},
+    {"/ping", Route::kPing},
 };
+
+// The project has no release numbers yet; clients that parse the version get a valid one.
+constexpr const char* kServerVersion = "0.0.0";
 
 std::optional<Route> find_route(const std::string& path) {
   for (const RouteInfo& r : kRoutes) {
@@ -66,11 +77,19 @@ const char* route_label(std::optional<Route> r) {
 
 bool is_post(Route r) {
   return r == Route::kChat || r == Route::kCompletions || r == Route::kMessages ||
-         r == Route::kCountTokens || r == Route::kResponses;
+         r == Route::kCountTokens || r == Route::kResponses || r == Route::kTokenize ||
+         r == Route::kDetokenize;
 }
 
 const char* allowed_methods(Route r) {
+  if (r == Route::kPing) return "GET, HEAD, POST, OPTIONS";  // as vLLM (SageMaker's probe)
   return is_post(r) ? "POST, OPTIONS" : "GET, HEAD, OPTIONS";
+}
+
+// Routes that cost work, refused without the API key: the API's, and (beyond vLLM, which
+// guards /v1 only) tokenizing.
+bool needs_key(const http::Request& req, std::optional<Route> r) {
+  return req.path.rfind("/v1/", 0) == 0 || r == Route::kTokenize || r == Route::kDetokenize;
 }
 
 // Anthropic SDKs send anthropic-version on every request; /v1/messages is theirs alone.
@@ -86,30 +105,14 @@ bool same_key(const std::string& given, const std::string& key) {
   return diff == 0;
 }
 
+// OpenAI's error types (ApiError::to_json gives Anthropic clients theirs).
 ApiError error_for(int status, std::string message) {
   ApiError e;
   e.status = status;
   e.message = std::move(message);
-  switch (status) {
-    case 401:
-      e.type = "authentication_error";
-      e.code = "invalid_api_key";
-      break;
-    case 403:
-      e.type = "permission_error";
-      break;
-    case 404:
-      e.type = "not_found_error";
-      break;
-    case 503:
-      e.type = "overloaded_error";
-      break;
-    case 501:  // a transfer coding, or
-    case 505:  // an HTTP version, the client chose
-      break;
-    default:
-      if (status >= 500) e.type = "server_error";
-  }
+  if (status == 401) e.code = "invalid_api_key";
+  // 501 and 505: a transfer coding or an HTTP version the client chose.
+  if (status >= 500 && status != 501 && status != 505) e.type = "server_error";
   return e;
 }
 
@@ -120,10 +123,7 @@ http::Response json_response(int status, const ojson& body) {
   return res;
 }
 
-http::Response error_json(ApiError e, bool anthropic) {
-  // Anthropic names the same classes api_error and request_too_large.
-  if (anthropic && e.type == "server_error") e.type = "api_error";
-  if (anthropic && e.status == 413) e.type = "request_too_large";
+http::Response error_json(const ApiError& e, bool anthropic) {
   return json_response(e.status, e.to_json(anthropic));
 }
 
@@ -189,6 +189,7 @@ struct Server::Impl final : HttpHandler {
   void generate(http::Request& req, HttpExchange& ex, Endpoint endpoint);
   void stream(std::shared_ptr<Generation> gen, HttpExchange& ex);
   void count_tokens(http::Request& req, HttpExchange& ex);
+  void tokenize(http::Request& req, HttpExchange& ex, Route route);
 };
 
 std::optional<http::Response> Server::Impl::on_head(const http::Request& req) {
@@ -203,10 +204,12 @@ std::optional<http::Response> Server::Impl::on_head(const http::Request& req) {
     return error(req, 404,
                  fmt::format("no route {}; the routes are POST /v1/chat/completions, "
                              "/v1/completions, /v1/responses, /v1/messages, "
-                             "/v1/messages/count_tokens and GET /v1/models, /health, /metrics",
+                             "/v1/messages/count_tokens, /tokenize, /detokenize and GET "
+                             "/v1/models, /health, /metrics, /version, /ping",
                              req.path));
   }
   if (req.method == "OPTIONS") return preflight(req, *route);
+  if (*route == Route::kPing && req.method == "POST") return json_response(200, ojson::object());
   const bool post = is_post(*route);
   if (post ? req.method != "POST" : (req.method != "GET" && req.method != "HEAD")) {
     http::Response res = error(req, 405,
@@ -216,7 +219,7 @@ std::optional<http::Response> Server::Impl::on_head(const http::Request& req) {
     return res;
   }
   // Before any body byte is read: a refused client costs no memory.
-  if (req.path.rfind("/v1/", 0) == 0 && !authorized(req)) {
+  if (needs_key(req, route) && !authorized(req)) {
     return error(req, 401,
                  "missing or incorrect API key (send Authorization: Bearer KEY or x-api-key)");
   }
@@ -236,6 +239,10 @@ std::optional<http::Response> Server::Impl::on_head(const http::Request& req) {
     case Route::kModels:
     case Route::kModel:
       return models(req, *route);
+    case Route::kVersion:
+      return json_response(200, {{"version", kServerVersion}});
+    case Route::kPing:
+      return json_response(200, ojson::object());
     default:
       return std::nullopt;  // POST: the body is read, then handle() runs on a worker
   }
@@ -258,6 +265,12 @@ http::Response Server::Impl::preflight(const http::Request& req, Route route) {
 }
 
 void Server::Impl::finish(const http::Request* req, http::Response& res) {
+  // An id per response, for logs and support, under the header each API's clients read.
+  try {
+    res.set_header(req && anthropic_client(*req) ? "request-id" : "x-request-id",
+                   random_id("req_"));
+  } catch (...) {
+  }
   if (req) {
     // on_head refused origins not allowed, so an Origin still here is allowed.
     if (const std::string* origin = req->header("origin"); origin && origin_allowed(*origin)) {
@@ -296,7 +309,7 @@ http::Response Server::Impl::models(const http::Request& req, Route route) {
   }
   const ojson model = {{"id", ctx.model_name},
                        {"object", "model"},
-                       {"created", 0},
+                       {"created", started_at},
                        {"owned_by", "recur"},
                        {"max_model_len", ctx.max_context}};
   if (route == Route::kModel) return json_response(200, model);
@@ -320,6 +333,9 @@ void Server::Impl::handle(http::Request& req, HttpExchange& ex) {
       return generate(req, ex, Endpoint::kResponses);
     case Route::kCountTokens:
       return count_tokens(req, ex);
+    case Route::kTokenize:
+    case Route::kDetokenize:
+      return tokenize(req, ex, *find_route(req.path));
     default:  // on_head answers every other route itself
       ex.send(error(req, 404, "no such route"));
   }
@@ -337,6 +353,26 @@ void Server::Impl::count_tokens(http::Request& req, HttpExchange& ex) {
     return;
   }
   ex.send(json_response(200, {{"input_tokens", *n}}));
+}
+
+void Server::Impl::tokenize(http::Request& req, HttpExchange& ex, Route route) {
+  auto body = parse_body(req.body);
+  if (!body.ok()) return (void)ex.send(error_json(body.error(), false));
+  if (route == Route::kDetokenize) {
+    auto text = parse_detokenize_request(*body, ctx);
+    if (!text.ok()) return (void)ex.send(error_json(text.error(), false));
+    return (void)ex.send(json_response(200, {{"prompt", *text}}));
+  }
+  auto tok = parse_tokenize_request(*body, ctx);
+  if (!tok.ok()) return (void)ex.send(error_json(tok.error(), false));
+  ojson out = {
+      {"count", tok->ids.size()}, {"max_model_len", ctx.max_context}, {"tokens", tok->ids}};
+  if (tok->token_strs) {
+    ojson strs = ojson::array();
+    for (int32_t id : tok->ids) strs.push_back(std::string(ctx.tokenizer->id_to_token(id)));
+    out["token_strs"] = std::move(strs);
+  }
+  ex.send(json_response(200, out));
 }
 
 void Server::Impl::generate(http::Request& req, HttpExchange& ex, Endpoint endpoint) {

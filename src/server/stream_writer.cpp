@@ -291,8 +291,8 @@ void StreamWriter::run() {
       stop = stop_;
       for (auto& s : incoming_) {
         try {
-          // Anthropic and Responses streams open with an event before any token.
-          if (s->claude) frame(*s, s->claude->start());
+          // Responses streams open with an event before any token (Anthropic's message_start
+          // waits for the first events, whose cache reads its usage tells).
           if (s->responses) frame(*s, s->responses->start());
           active_.push_back(s);
         } catch (...) {  // out of memory: this stream fails, its HTTP thread hears of it

@@ -97,7 +97,7 @@ Result<Value> content_value(const nlohmann::ordered_json& content, bool takes_pa
 }
 
 Result<Dict> render_globals(const nlohmann::ordered_json& request, bool takes_parts,
-                            const std::string& bos, const std::string& eos,
+                            bool continue_final, const std::string& bos, const std::string& eos,
                             const ClassRules& rules) {
   if (!request.is_object()) {
     return make_error(ErrorCode::kInvalidArgument, "chat request must be a JSON object");
@@ -142,13 +142,18 @@ Result<Dict> render_globals(const nlohmann::ordered_json& request, bool takes_pa
                                ? Value::none()
                                : jinja::value_from_request(*documents_it));
 
-  bool add_generation_prompt = rules.add_generation_prompt;
+  bool add_generation_prompt = rules.add_generation_prompt && !continue_final;
   auto agp_it = request.find("add_generation_prompt");
   if (agp_it != request.end() && !agp_it->is_null()) {
     if (!agp_it->is_boolean()) {
       return make_error(ErrorCode::kInvalidArgument, "\"add_generation_prompt\" must be a bool");
     }
     add_generation_prompt = agp_it->get<bool>();
+    if (add_generation_prompt && continue_final) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "chat request: \"continue_final_message\" and \"add_generation_prompt\" "
+                        "cannot both be true");
+    }
   }
   globals.set("add_generation_prompt", Value::boolean(add_generation_prompt));
 
@@ -159,7 +164,7 @@ Result<Dict> render_globals(const nlohmann::ordered_json& request, bool takes_pa
     }
     for (const auto& [key, value] : kwargs_it->items()) {
       if (key == "messages" || key == "tools" || key == "documents" ||
-          key == "add_generation_prompt") {
+          key == "add_generation_prompt" || key == "continue_final_message") {
         return make_error(ErrorCode::kInvalidArgument,
                           "chat_template_kwargs may not set \"{}\"; it is a request field", key);
       }
@@ -167,6 +172,56 @@ Result<Dict> render_globals(const nlohmann::ordered_json& request, bool takes_pa
     }
   }
   return globals;
+}
+
+Result<bool> continue_final_message(const nlohmann::ordered_json& request) {
+  if (!request.is_object()) return false;
+  auto it = request.find("continue_final_message");
+  if (it == request.end() || it->is_null()) return false;
+  if (!it->is_boolean()) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "chat request: \"continue_final_message\" must be a bool");
+  }
+  return it->get<bool>();
+}
+
+// Leaves the final message open: the prompt ends where its text ends in the rendered prompt.
+Status cut_after_final_message(const nlohmann::ordered_json& request, RenderedPrompt* prompt) {
+  const auto& messages = request["messages"];  // render_globals checked it is an array
+  const nlohmann::ordered_json* content = nullptr;
+  if (!messages.empty() && messages.back().is_object() && messages.back().contains("content")) {
+    content = &messages.back()["content"];
+  }
+  std::string_view text;
+  if (content && content->is_string()) {
+    text = content->get_ref<const std::string&>();
+  } else if (content && content->is_array()) {
+    for (auto part = content->rbegin(); part != content->rend(); ++part) {
+      if (part->is_object() && part->contains("text") && (*part)["text"].is_string()) {
+        text = (*part)["text"].get_ref<const std::string&>();
+        break;
+      }
+    }
+  }
+  constexpr std::string_view kSpace = " \t\r\n\f\v";
+  const size_t first = text.find_first_not_of(kSpace);
+  if (first == std::string_view::npos) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "chat request: continue_final_message needs text in the final message");
+  }
+  text = text.substr(first, text.find_last_not_of(kSpace) + 1 - first);
+  const size_t at = prompt->text.rfind(text);
+  if (at == std::string::npos) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "chat request: continue_final_message: the chat template does not write "
+                      "the final message's text into the prompt");
+  }
+  const size_t cut = at + text.size();
+  prompt->text.resize(cut);
+  auto& spans = prompt->literal;
+  std::erase_if(spans, [&](const std::pair<size_t, size_t>& r) { return r.first >= cut; });
+  if (!spans.empty()) spans.back().second = std::min(spans.back().second, cut);
+  return {};
 }
 
 }  // namespace
@@ -276,15 +331,17 @@ Result<RenderedPrompt> ChatTemplate::render_prompt(const nlohmann::ordered_json&
       request.is_object() && request.contains("tools") && !request["tools"].is_null();
   const NamedTemplate& chosen = has_tools && impl_->tool_use ? *impl_->tool_use : impl_->main;
   try {
+    RECUR_ASSIGN_OR_RETURN(const bool continue_final, continue_final_message(request));
     RECUR_ASSIGN_OR_RETURN(Dict globals,
-                           render_globals(request, chosen.takes_content_parts, impl_->bos_token,
-                                          impl_->eos_token, impl_->rules));
+                           render_globals(request, chosen.takes_content_parts, continue_final,
+                                          impl_->bos_token, impl_->eos_token, impl_->rules));
     RECUR_ASSIGN_OR_RETURN(jinja::Rendered rendered, chosen.compiled.render_marked(globals));
     RenderedPrompt prompt;
     prompt.text = std::move(rendered.text);
     if (impl_->options.request_special_tokens_as_text) {
       prompt.literal = std::move(rendered.request_spans);
     }
+    if (continue_final) RECUR_RETURN_IF_ERROR(cut_after_final_message(request, &prompt));
     return prompt;
   } catch (const jinja::TemplateError& err) {  // a request value JSON can hold but Python cannot
     return Error{err.code, "chat request: " + err.message};

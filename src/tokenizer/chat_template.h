@@ -44,7 +44,13 @@ class ChatTemplate {
                                           const ChatTemplateOptions& options = {});
 
   // request: {"messages": [...], "tools": [...]?, "documents": [...]?,
-  //           "add_generation_prompt": bool?, "chat_template_kwargs": {...}?}
+  //           "add_generation_prompt": bool?, "continue_final_message": bool?,
+  //           "chat_template_kwargs": {...}?}
+  // continue_final_message renders the last message open, for the model to go on writing it
+  // (as transformers' apply_chat_template does): without the generation prompt, cut right after
+  // the message's text (its last text part; surrounding whitespace excluded), so whatever the
+  // template closes the turn with is gone. An error when add_generation_prompt is also true, or
+  // when that text is empty or not in the rendered prompt.
   // Content given as a list of {"type": "text", "text": ...} parts reaches templates that loop
   // over content as it is; for the others the texts are joined with "\n", as vLLM does.
   // Object key order is what tojson prints, so parse requests as ordered_json.

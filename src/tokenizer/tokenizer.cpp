@@ -1,5 +1,6 @@
 #include "tokenizer/tokenizer.h"
 
+#include <algorithm>
 #include <deque>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -36,6 +37,7 @@ struct Tokenizer::Impl {
   std::vector<uint8_t> present;
   std::vector<uint8_t> special;
   std::vector<int32_t> added_index;  // index into added.tokens(), or -1
+  size_t max_token_bytes = 1;        // the most text bytes one token stands for
 
   std::string_view token_of(int32_t id) const {
     int32_t a = added_index[id];
@@ -121,7 +123,14 @@ Status Tokenizer::index_ids(Impl& im, const std::string& origin) {
     if (im.added_index[id] < 0 && token.empty()) continue;
     im.present[id] = 1;
     im.id_bytes[id] = byte_level_decode(token);
+    im.max_token_bytes = std::max(im.max_token_bytes, im.id_bytes[id].size());
   }
+  // An added token is matched on its content, which may be longer than what it decodes to.
+  for (const AddedToken& t : added_tokens) {
+    im.max_token_bytes = std::max(im.max_token_bytes, t.content.size());
+  }
+  // Counted against the text before normalization, which may shorten it.
+  im.max_token_bytes *= im.normalizer.max_shrink();
   // Special-ness follows the token's content, as Hugging Face checks it when decoding: a
   // model token spelled like a special token is special too.
   for (const AddedToken& t : added_tokens) {
@@ -333,6 +342,10 @@ std::string_view Tokenizer::id_to_token(int32_t id) const {
 std::string_view Tokenizer::id_to_bytes(int32_t id) const {
   if (id < 0 || static_cast<size_t>(id) >= impl_->present.size()) return {};
   return impl_->id_bytes[id];
+}
+
+size_t Tokenizer::max_token_bytes() const {
+  return impl_->max_token_bytes;
 }
 
 bool Tokenizer::is_special(int32_t id) const {

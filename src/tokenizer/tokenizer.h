@@ -66,6 +66,10 @@ class Tokenizer {
   // The bytes the id decodes to (possibly a partial UTF-8 character); empty for an unknown id.
   std::string_view id_to_bytes(int32_t id) const;
   bool is_special(int32_t id) const;
+  // The most bytes of text one token stands for (its bytes, or an added token's content): a
+  // text of N bytes encodes to at least N / max_token_bytes() tokens, as long as every byte of
+  // it ends up in a token (true of the byte-level tokenizers, which drop and shorten nothing).
+  size_t max_token_bytes() const;
 
  private:
   struct Impl;

@@ -42,7 +42,7 @@ const BODIES = {
   '/v1/completions': { prompt: 'hi', max_tokens: 2 },
   '/v1/messages': { ...chat, model: MODEL_NAME },
   '/v1/responses': { input: 'hi', max_output_tokens: 2 },
-  '/v1/messages/count_tokens': { messages: chat.messages },
+  '/v1/messages/count_tokens': { model: MODEL_NAME, messages: chat.messages },
 };
 
 describe('strict input', () => {
@@ -302,6 +302,7 @@ describe('Responses API (official SDK)', () => {
     const forced = {
       model: MODEL_NAME, input, tools: [WEATHER], tool_choice: { type: 'function', name: 'get_weather' },
       logit_bias: { [CLOSE_BRACES]: 100 }, stop_token_ids: [CLOSE_BRACES], temperature: 0,
+      include_stop_str_in_output: true,
     };
     const r = await client.responses.create(forced);
     assert.equal(r.status, 'completed');

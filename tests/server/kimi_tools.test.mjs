@@ -4,7 +4,8 @@
 // Qwen3.5 checkpoint's weights. The server reads the call-section form off the template, with no
 // flag. As in xml_tools.test.mjs, the model writes noise, so each scenario's output is one added
 // token (ids past Kimi's special tokens, inside the model's vocabulary) whose text is what a
-// Kimi model would write; logit_bias makes it certain and stop_token_ids makes it the last.
+// Kimi model would write; logit_bias makes it certain and stop_token_ids makes it the last
+// (include_stop_str_in_output keeps its text in the output).
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
@@ -77,6 +78,7 @@ after(async () => {
 
 const only = (key) => ({
   logit_bias: { [ids[key]]: 100 }, stop_token_ids: [ids[key]], temperature: 0,
+  include_stop_str_in_output: true,  // the stop token's text is the output
 });
 const named = { type: 'function', function: { name: 'get_weather' } };
 

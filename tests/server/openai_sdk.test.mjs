@@ -24,6 +24,7 @@ const FORCED_CALL = {
   tool_choice: { type: 'function', function: { name: 'get_weather' } },
   logit_bias: { [CLOSE_BRACES]: 100 },
   stop_token_ids: [CLOSE_BRACES],
+  include_stop_str_in_output: true,  // the call ends on the stop token's text
   temperature: 0,
 };
 

@@ -121,7 +121,7 @@ TEST(ChatKimiTools, ParserReadsBackTheCallsTheTemplateWrites) {
 }
 
 TEST(ChatKimiTools, AnthropicToolUseKeepsTheModelsId) {
-  auto m = parse_messages_request(ojson::parse(R"({"max_tokens": 5,
+  auto m = parse_messages_request(ojson::parse(R"({"model": "tiny", "max_tokens": 5,
       "messages": [{"role": "user", "content": "hi"}],
       "tools": [{"name": "get_weather", "input_schema": {"type": "object",
                  "properties": {"days": {"type": "integer"}}}}],

@@ -140,7 +140,7 @@ TEST(ChatXmlTools, ForcedCallsUseTheXmlForm) {
   EXPECT_EQ(r->output.forced_prefix, "<tool_call>\n<function=");
 
   // Anthropic: tools arrive as input_schema, and are typed the same way.
-  auto m = parse_messages_request(ojson::parse(R"({"max_tokens": 5,
+  auto m = parse_messages_request(ojson::parse(R"({"model": "tiny", "max_tokens": 5,
       "messages": [{"role": "user", "content": "hi"}],
       "tools": [{"name": "get_weather", "input_schema": {"type": "object",
                  "properties": {"days": {"type": "integer"}}}}],

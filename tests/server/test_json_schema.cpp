@@ -377,7 +377,8 @@ TEST(StructuredOutputs, RequestsOfEachApiCarryTheirConstraint) {
   // Anthropic's output_config.format, and the beta's output_format; not both.
   for (const char* key : {R"("output_config": {"format": )", R"("output_format": )"}) {
     const std::string messages =
-        std::string(R"({"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], )") +
+        std::string(
+            R"({"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], )") +
         key + R"({"type": "json_schema", "schema": )" + schema + "}" +
         (std::string(key).find("config") != std::string::npos ? "}" : "") + "}";
     auto m = parse_messages_request(ojson::parse(messages), c);
@@ -385,11 +386,11 @@ TEST(StructuredOutputs, RequestsOfEachApiCarryTheirConstraint) {
     ASSERT_TRUE(m->engine.constraint) << key;
     EXPECT_FALSE(m->engine.constraint->start()->allows(first_token(c, "Sure")));
   }
-  auto both =
-      parse_messages_request(J(R"({"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
+  auto both = parse_messages_request(
+      J(R"({"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
             "output_config": {"format": {"type": "json_object"}},
             "output_format": {"type": "json_object"}})"),
-                             c);
+      c);
   ASSERT_FALSE(both.ok());
   EXPECT_EQ(both.error().param, "output_format");
 }

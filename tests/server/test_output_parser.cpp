@@ -620,12 +620,5 @@ TEST(OutputParserXml, StreamingReleasesACallWhole) {
   EXPECT_EQ(p.tool_calls(), 1);
 }
 
-TEST(MatchedStop, TheStopThatCompletesFirst) {
-  EXPECT_EQ(matched_stop("hello world", {"xyz", "wor", "o w"}), "o w");
-  EXPECT_EQ(matched_stop("abc", {"abc", "ab"}), "ab");
-  EXPECT_EQ(matched_stop("abc", {"zz"}), "");
-  EXPECT_EQ(matched_stop("abc", {}), "");
-}
-
 }  // namespace
 }  // namespace recur::server

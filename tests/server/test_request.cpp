@@ -254,10 +254,12 @@ TEST(Chat, ToolsAndToolChoice) {
   EXPECT_TRUE(r->output.forced_prefix.empty());
   EXPECT_NE(fx().tok.decode(r->prompts[0]).find("# Tools"), std::string::npos);
 
+  // "none" keeps the tools in the prompt, as vLLM does; only no calls are parsed.
+  const std::vector<int32_t> with_tools = r->prompts[0];
   r = parse_chat_request(body(R"(, "tool_choice": "none")"), ctx());
   ASSERT_TRUE(r.ok());
   EXPECT_FALSE(r->output.parse_tools);
-  EXPECT_EQ(fx().tok.decode(r->prompts[0]).find("# Tools"), std::string::npos);
+  EXPECT_EQ(r->prompts[0], with_tools);
 
   r = parse_chat_request(body(R"(, "tool_choice": "required")"), ctx());
   ASSERT_TRUE(r.ok());
@@ -385,7 +387,8 @@ TEST(Messages, TranslatesToTheChatTemplate) {
 }
 
 TEST(Messages, ToolChoiceAndThinking) {
-  const char* base = R"("max_tokens": 8, "messages": [{"role": "user", "content": "x"}],
+  const char* base =
+      R"("model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "x"}],
       "tools": [{"name": "f", "input_schema": {"type": "object"}}])";
   auto r = parse_messages_request(
       J((std::string("{") + base + R"(, "tool_choice": {"type": "any"}})").c_str()), ctx());
@@ -400,6 +403,16 @@ TEST(Messages, ToolChoiceAndThinking) {
       J((std::string("{") + base + R"(, "thinking": {"type": "disabled"}})").c_str()), ctx());
   ASSERT_TRUE(r.ok());
   EXPECT_TRUE(fx().tok.decode(r->prompts[0]).ends_with("<think>\n\n</think>\n\n"));
+  // Every thinking type of the Messages API: adaptive thinks, between_tools does not.
+  for (const auto& [type, thinks] : {std::pair{"adaptive", true}, std::pair{"between_tools", false},
+                                     std::pair{"enabled", true}}) {
+    r = parse_messages_request(J((std::string("{") + base + R"(, "thinking": {"type": ")" + type +
+                                  R"(", "display": "omitted"}})")
+                                     .c_str()),
+                               ctx());
+    ASSERT_TRUE(r.ok()) << type << ": " << r.error().message;
+    EXPECT_EQ(fx().tok.decode(r->prompts[0]).ends_with("<think>\n\n</think>\n\n"), !thinks) << type;
+  }
 }
 
 TEST(Messages, BadRequestsAreRejected) {
@@ -408,21 +421,22 @@ TEST(Messages, BadRequestsAreRejected) {
     const char* param;
   };
   const Case cases[] = {
-      {R"({"messages": [{"role": "user", "content": "x"}]})", "max_tokens"},
-      {R"({"max_tokens": 5})", "messages"},
-      {R"({"max_tokens": 5, "messages": [{"role": "system", "content": "x"}]})",
+      {R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}]})", "max_tokens"},
+      {R"({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})", "model"},
+      {R"({"model": "tiny", "max_tokens": 5})", "messages"},
+      {R"({"model": "tiny", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]})",
        "messages[0].role"},
-      {R"({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image"}]}]})",
+      {R"({"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image"}]}]})",
        "messages[0].content[0].type"},
-      {R"({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "system": 3})",
+      {R"({"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "system": 3})",
        "system"},
-      {R"({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "stop_sequences": "x"})",
+      {R"({"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "stop_sequences": "x"})",
        "stop_sequences"},
-      {R"({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "tools": [{}]})",
+      {R"({"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "tools": [{}]})",
        "tools[0].name"},
-      {R"({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "tool_choice": "auto"})",
+      {R"({"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "tool_choice": "auto"})",
        "tool_choice"},
-      {R"({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+      {R"({"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
            "thinking": {"type": "maybe"}})",
        "thinking"},
   };

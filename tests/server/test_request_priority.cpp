@@ -55,13 +55,13 @@ TEST(RequestPriority, ChatAndMessagesCarryIt) {
   EXPECT_EQ(chat->engine.priority, 3);
   auto msgs = parse_messages_request(
       ojson::parse(
-          R"({"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], "priority": -2})"),
+          R"({"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], "priority": -2})"),
       ctx);
   ASSERT_TRUE(msgs.ok()) << msgs.error().message;
   EXPECT_EQ(msgs->engine.priority, -2);
   auto bad = parse_messages_request(
       ojson::parse(
-          R"({"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], "priority": 1e10})"),
+          R"({"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], "priority": 1e10})"),
       ctx);
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.error().param, "priority");

@@ -197,7 +197,7 @@ TEST(Tools, EveryApisFunctionToolIsTheChatTool) {
   ASSERT_TRUE(resp.ok()) << resp.error().message;
   EXPECT_EQ(resp->prompts[0], chat->prompts[0]);
   auto anthropic = parse_messages_request(
-      J(fmt::format(R"({{"max_tokens": 5, {}, "tools": [{{"name": "get_weather",
+      J(fmt::format(R"({{"model": "tiny", "max_tokens": 5, {}, "tools": [{{"name": "get_weather",
         "description": "Weather for a city", "input_schema": {{"type": "object"}}}}]}})",
                     messages)
             .c_str()),
@@ -210,10 +210,10 @@ TEST(Tools, EveryApisFunctionToolIsTheChatTool) {
   ASSERT_FALSE(resp_bad.ok());
   EXPECT_EQ(resp_bad.error().param, "tools[0].parameters");
   EXPECT_EQ(resp_bad.error().message, "'tools[0].parameters' must be an object");
-  auto anthropic_bad =
-      parse_messages_request(J(R"({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+  auto anthropic_bad = parse_messages_request(
+      J(R"({"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
             "tools": [{"name": "f", "input_schema": []}]})"),
-                             c);
+      c);
   ASSERT_FALSE(anthropic_bad.ok());
   EXPECT_EQ(anthropic_bad.error().param, "tools[0].input_schema");
   EXPECT_EQ(anthropic_bad.error().message, "'tools[0].input_schema' must be an object");
@@ -250,10 +250,11 @@ TEST(Tools, EveryApisFunctionToolIsTheChatTool) {
     ASSERT_FALSE(r.ok()) << b.message;
     EXPECT_EQ(r.error().param, "tool_choice");
     EXPECT_EQ(r.error().message, b.message);
-    r = parse_messages_request(J(fmt::format(R"({{"max_tokens": 5, {}{}, "tool_choice": {}}})",
-                                             messages, messages_tools, b.messages_choice)
-                                     .c_str()),
-                               c);
+    r = parse_messages_request(
+        J(fmt::format(R"({{"model": "tiny", "max_tokens": 5, {}{}, "tool_choice": {}}})", messages,
+                      messages_tools, b.messages_choice)
+              .c_str()),
+        c);
     ASSERT_FALSE(r.ok()) << b.message;
     EXPECT_EQ(r.error().param, "tool_choice");
     EXPECT_EQ(r.error().message, b.message);
@@ -262,7 +263,7 @@ TEST(Tools, EveryApisFunctionToolIsTheChatTool) {
 
 TEST(CountTokens, EqualsThePromptOfTheMessagesRequest) {
   const ServingContext c = ctx();
-  const char* prompt = R"("system": "Be brief.",
+  const char* prompt = R"("model": "tiny", "system": "Be brief.",
       "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
       "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}],
       "tool_choice": {"type": "tool", "name": "get_weather"})";

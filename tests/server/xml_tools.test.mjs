@@ -6,7 +6,8 @@
 // The tiny model writes noise, so the rest of each call must be made certain: its copy of the
 // Qwen3 tokenizer gains, at test time, one added token per scenario whose text is the rest of
 // the call (ids past the tokenizer's last, inside the model's vocabulary). logit_bias makes that
-// token certain and stop_token_ids makes it the last, as the JSON tool tests do with `}}`. The
+// token certain and stop_token_ids makes it the last (include_stop_str_in_output keeps its text,
+// which is otherwise left out, as vLLM leaves it), as the JSON tool tests do with `}}`. The
 // parser sees exactly the text a real model would write; the typed arguments come from the
 // request's tool schema.
 import assert from 'node:assert/strict';
@@ -102,6 +103,7 @@ after(async () => {
 // The one token `key` is the whole output.
 const only = (key) => ({
   logit_bias: { [ids[key]]: 100 }, stop_token_ids: [ids[key]], temperature: 0,
+  include_stop_str_in_output: true,  // the stop token's text is the output
 });
 const named = { type: 'function', function: { name: 'get_weather' } };
 
