@@ -9,8 +9,6 @@
 
 namespace recur::cli {
 
-using EngineOptions = recur::EngineOptions;
-
 // Registers --tensor-parallel N on cmd, writing into *n.
 void add_tensor_parallel_option(CLI::App* cmd, int* n);
 // Registers --device (cpu, cuda, cuda:N, cuda:N,M,...) on cmd, writing into *device.
