@@ -87,7 +87,7 @@ test('the stop token\'s text is left out unless include_stop_str_in_output', asy
   assert.equal(withStop.choices[0].message.content, '.MEDIA.ME');
 });
 
-test('streamed chat: the role chunk has no tokens; each content chunk carries its own', async () => {
+test('streamed chat: the role chunk has no tokens; each content chunk carries the tokens of its text', async () => {
   const body = { messages: hi, max_tokens: 5, temperature: 0, stop_token_ids: [PILLAR],
     logprobs: true, top_logprobs: 1, return_token_ids: true };
   const whole = await client.chat.completions.create(body);
@@ -100,10 +100,15 @@ test('streamed chat: the role chunk has no tokens; each content chunk carries it
   for (const k of got.slice(1)) {
     const c = k.choices[0];
     ids.push(...(c.token_ids ?? []));
+    // A chunk may carry several tokens when the client reads slower than the engine makes them
+    // (vLLM merges unread outputs the same way); its ids, logprobs and text must agree.
     if (c.delta.content) {
-      assert.equal(c.token_ids.length, 1, JSON.stringify(c));
-      assert.equal(c.logprobs.content.length, 1);
-      assert.equal(c.logprobs.content[0].token, c.delta.content);
+      assert.ok(c.token_ids.length >= 1, JSON.stringify(c));
+      assert.equal(c.logprobs.content.length, c.token_ids.length, JSON.stringify(c));
+      // The stop token is listed with its logprob, but its text is left out.
+      const listed = c.logprobs.content.map((t) => t.token).join('');
+      const stopped = c.token_ids.at(-1) === PILLAR ? '柱' : '';
+      assert.equal(listed, c.delta.content + stopped, JSON.stringify(c));
     }
   }
   assert.deepEqual(ids, whole.choices[0].token_ids);
