@@ -56,6 +56,9 @@ int run_serve(const ServeOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   auto ops = create_backend(o.engine);  // first: a device that is not there fails at once
   if (!ops.ok()) return fail(ops.error());
+  if (!std::filesystem::is_directory(model)) {  // before any warning about what it lacks
+    return fail(make_error(ErrorCode::kNotFound, "--model {}: no such directory", model));
+  }
   fmt::print("loading {} on {} ...\n", model, o.engine.device);
   std::fflush(stdout);
   std::unique_ptr<Tokenizer> tokenizer;

@@ -34,6 +34,13 @@ expect_refused cuda:0,1 "names 2 devices for 1 tensor-parallel ranks"
 # No machine here has 1,000 GPUs; a build without CUDA says it has none.
 expect_refused cuda:999 "cuda:999\|CUDA"
 
+# A missing model directory is named before anything else is said about it.
+status=0
+"$recur" serve --model /nonexistent/model --port 0 >"$work/out" 2>"$work/err" || status=$?
+[ "$status" -eq 2 ] || { echo "missing model: exit status $status"; exit 1; }
+grep -q -- "--model /nonexistent/model: no such directory" "$work/err" || { cat "$work/err"; exit 1; }
+if grep -q "warning" "$work/err"; then echo "missing model: a warning first"; cat "$work/err"; exit 1; fi
+
 # cpu: serves, answers /health, and stops cleanly on SIGTERM.
 "$recur" serve --model "$model" --port 0 --device cpu >"$work/out" 2>"$work/err" &
 pid=$!
