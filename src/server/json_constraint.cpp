@@ -1,4 +1,5 @@
-// The JSON schema constraint (json_constraint.h). Masking a step tries each byte once to find
+// The JSON schema and forced tool call constraints (json_constraint.h): one constraint over
+// either matcher (JsonMatcher, ToolCallMatcher). Masking a step tries each byte once to find
 // the first bytes the matcher takes, skips the tokens that start otherwise, and admits the
 // string-safe tokens unchecked while only free strings are open; the rest run the matcher.
 #include "server/json_constraint.h"
@@ -37,24 +38,29 @@ std::shared_ptr<const VocabularyBytes> VocabularyBytes::build(const Tokenizer& t
 
 namespace {
 
-// What every sequence's constraint reads: shared, immutable.
-struct JsonSpecData {
-  std::shared_ptr<const CompiledSchema> schema;
+// What every sequence's constraint reads: shared, immutable. `Grammar` is what the matcher
+// follows (a compiled schema, or a forced call's grammar).
+template <class Grammar>
+struct SpecData {
+  std::shared_ptr<const Grammar> grammar;
   std::shared_ptr<const VocabularyBytes> vocab;
   std::vector<int32_t> end_ids;
   std::string marker;
+  // String-safe tokens that free strings may not take unchecked (a forced call's close tag).
+  std::vector<int32_t> recheck;
 };
 
-class JsonConstraint final : public TokenConstraint {
+template <class Matcher, class Grammar>
+class MatcherConstraint final : public TokenConstraint {
  public:
-  explicit JsonConstraint(std::shared_ptr<const JsonSpecData> spec)
+  explicit MatcherConstraint(std::shared_ptr<const SpecData<Grammar>> spec)
       : spec_(std::move(spec)),
         vocab_(spec_->vocab.get()),
         end_ids_(&spec_->end_ids),
         marker_(&spec_->marker),
-        matcher_(spec_->schema.get()),
-        scratch_(spec_->schema.get()),
-        first_(spec_->schema.get()),
+        matcher_(spec_->grammar.get()),
+        scratch_(spec_->grammar.get()),
+        first_(spec_->grammar.get()),
         active_(marker_->empty()) {
     allowed_.reserve(vocab_->bytes.size() + 4096);  // models pad their vocabularies a little
   }
@@ -81,6 +87,12 @@ class JsonConstraint final : public TokenConstraint {
       const uint8_t* safe = vocab_->string_safe.data();
       const uint16_t* chars = vocab_->chars.data();
       for (size_t id = 0; id < n; ++id) allowed_[id] = safe[id] && int(chars[id]) <= room;
+      for (int32_t id : spec_->recheck) {
+        if (size_t(id) < n && allowed_[size_t(id)]) {
+          scratch_.copy_from(matcher_);
+          allowed_[size_t(id)] = scratch_.feed(vocab_->bytes[size_t(id)]);
+        }
+      }
     }
     for (int b = 0; b < 256; ++b) {
       if (vocab_->by_first[size_t(b)].empty()) continue;
@@ -151,27 +163,29 @@ class JsonConstraint final : public TokenConstraint {
     return std::find(end_ids_->begin(), end_ids_->end(), token) != end_ids_->end();
   }
 
-  std::shared_ptr<const JsonSpecData> spec_;  // kept alive by the constraint
-  const VocabularyBytes* vocab_;              // spec_'s
-  const std::vector<int32_t>* end_ids_;       // spec_'s
-  const std::string* marker_;                 // spec_'s
-  JsonMatcher matcher_;                       // the text so far
-  JsonMatcher scratch_;                       // a copy for trying tokens
-  JsonMatcher first_;                         // the text and one byte more
-  std::vector<uint8_t> allowed_;              // [vocab] mask's scratch
+  std::shared_ptr<const SpecData<Grammar>> spec_;  // kept alive by the constraint
+  const VocabularyBytes* vocab_;                   // spec_'s
+  const std::vector<int32_t>* end_ids_;            // spec_'s
+  const std::string* marker_;                      // spec_'s
+  Matcher matcher_;                                // the text so far
+  Matcher scratch_;                                // a copy for trying tokens
+  Matcher first_;                                  // the text and one byte more
+  std::vector<uint8_t> allowed_;                   // [vocab] mask's scratch
   bool active_;
   size_t matched_ = 0;  // bytes of the marker seen
 };
 
-class JsonConstraintSpec final : public ConstraintSpec {
+template <class Matcher, class Grammar>
+class MatcherConstraintSpec final : public ConstraintSpec {
  public:
-  explicit JsonConstraintSpec(std::shared_ptr<const JsonSpecData> data) : data_(std::move(data)) {}
+  explicit MatcherConstraintSpec(std::shared_ptr<const SpecData<Grammar>> data)
+      : data_(std::move(data)) {}
   std::unique_ptr<TokenConstraint> start() const override {
-    return std::make_unique<JsonConstraint>(data_);
+    return std::make_unique<MatcherConstraint<Matcher, Grammar>>(data_);
   }
 
  private:
-  std::shared_ptr<const JsonSpecData> data_;
+  std::shared_ptr<const SpecData<Grammar>> data_;
 };
 
 }  // namespace
@@ -180,9 +194,29 @@ std::shared_ptr<const ConstraintSpec> json_constraint(std::shared_ptr<const Comp
                                                       std::shared_ptr<const VocabularyBytes> vocab,
                                                       std::vector<int32_t> end_ids,
                                                       std::string active_after) {
-  auto data = std::make_shared<const JsonSpecData>(JsonSpecData{
-      std::move(schema), std::move(vocab), std::move(end_ids), std::move(active_after)});
-  return std::make_shared<JsonConstraintSpec>(std::move(data));
+  auto data = std::make_shared<const SpecData<CompiledSchema>>(SpecData<CompiledSchema>{
+      std::move(schema), std::move(vocab), std::move(end_ids), std::move(active_after), {}});
+  return std::make_shared<MatcherConstraintSpec<JsonMatcher, CompiledSchema>>(std::move(data));
+}
+
+std::shared_ptr<const ConstraintSpec> tool_call_constraint(
+    std::shared_ptr<const ToolCallGrammar> grammar, std::shared_ptr<const VocabularyBytes> vocab,
+    std::vector<int32_t> end_ids) {
+  // The string-safe tokens that hold the forbidden text whole (Qwen's `</tool_call>` token):
+  // a free string's fast path would admit them, and the call would end inside its arguments.
+  std::vector<int32_t> recheck;
+  if (!grammar->forbidden.empty()) {
+    for (size_t id = 0; id < vocab->bytes.size(); ++id) {
+      if (vocab->string_safe[id] &&
+          vocab->bytes[id].find(grammar->forbidden) != std::string::npos) {
+        recheck.push_back(int32_t(id));
+      }
+    }
+  }
+  // The forced prefix (in the prompt) has closed any reasoning: the call starts at once.
+  auto data = std::make_shared<const SpecData<ToolCallGrammar>>(SpecData<ToolCallGrammar>{
+      std::move(grammar), std::move(vocab), std::move(end_ids), "", std::move(recheck)});
+  return std::make_shared<MatcherConstraintSpec<ToolCallMatcher, ToolCallGrammar>>(std::move(data));
 }
 
 }  // namespace recur::server

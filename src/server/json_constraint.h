@@ -1,5 +1,6 @@
 // Structured outputs in the engine's terms: a compiled JSON schema as a TokenConstraint over a
-// vocabulary's token bytes (response_format json_schema / json_object).
+// vocabulary's token bytes (response_format json_schema / json_object), and a forced tool call
+// the same way (tool_choice required or named, JSON call format).
 #pragma once
 
 #include <array>
@@ -10,6 +11,7 @@
 
 #include "engine/token_constraint.h"
 #include "server/json_schema.h"
+#include "server/tool_call_grammar.h"
 #include "tokenizer/tokenizer.h"
 
 namespace recur::server {
@@ -36,5 +38,12 @@ std::shared_ptr<const ConstraintSpec> json_constraint(std::shared_ptr<const Comp
                                                       std::shared_ptr<const VocabularyBytes> vocab,
                                                       std::vector<int32_t> end_ids,
                                                       std::string active_after);
+
+// A constraint that admits the tokens whose bytes keep the text a prefix of the grammar's calls,
+// and the end tokens once they are whole. It holds from the first generated token: the forced
+// prefix in the prompt has already closed any reasoning (its "\n</think>\n\n").
+std::shared_ptr<const ConstraintSpec> tool_call_constraint(
+    std::shared_ptr<const ToolCallGrammar> grammar, std::shared_ptr<const VocabularyBytes> vocab,
+    std::vector<int32_t> end_ids);
 
 }  // namespace recur::server

@@ -138,7 +138,12 @@ struct JsonMatcher::Stack {
   Frame& top() { return f[n - 1]; }
 };
 
-JsonMatcher::JsonMatcher(const CompiledSchema* schema) : schema_(schema) {
+JsonMatcher::JsonMatcher(const CompiledSchema* schema) {
+  reset(schema);
+}
+
+void JsonMatcher::reset(const CompiledSchema* schema) {
+  schema_ = schema;
   Frame root;
   root.kind = kRoot;
   root.node = uint16_t(schema->root);

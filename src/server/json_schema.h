@@ -69,6 +69,8 @@ class JsonMatcher {
   static constexpr int kMaxNumberBytes = 40;  // and two exponent digits
 
   explicit JsonMatcher(const CompiledSchema* schema);
+  // Starts over, before any text, against `schema` (no allocation).
+  void reset(const CompiledSchema* schema);
   // False (and the state unchanged) when no text that continues with `b` can match.
   bool feed(uint8_t b);
   bool feed(std::string_view bytes);  // false at the first byte refused (state then partial)

@@ -82,6 +82,9 @@ struct ParsedRequest {
   std::shared_ptr<const CompiledSchema> json_schema;
   std::string json_schema_field;
   ojson response_format;
+  // A call tool_choice forces (JSON call format): what the model writes after the forced prefix,
+  // for constrained decoding (null: none forced, or a format left unconstrained).
+  std::shared_ptr<const ToolCallGrammar> forced_call;
   ojson response_echo;  // responses: the request fields its response object repeats
 };
 
@@ -155,7 +158,7 @@ ApiResult<bool> parse_response_format(const ojson& format, const std::string& wh
                                       ParsedRequest* req);
 // After rendering: the engine request's constraint for req->json_schema, which starts after
 // the reasoning when the prompt leaves the model thinking; refused beside tools the model may
-// call (their calls are not JSON of the schema).
+// call (their calls are not JSON of the schema). Else the forced call's (req->forced_call).
 ApiResult<bool> attach_constraint(const ServingContext& ctx, ParsedRequest* req);
 
 }  // namespace recur::server

@@ -551,12 +551,17 @@ ApiResult<bool> render_chat(const ojson& messages, const ojson* tools, const ojs
     out.tools = std::make_shared<const ojson>(*tools);
   }
   if (tool_choice == "required" || tool_choice.rfind("named:", 0) == 0) {
-    // Without constrained decoding, a forced call is a forced prefix of the assistant turn.
+    // A forced call starts the assistant turn (reasoning closed first, when the template left
+    // it open); constrained decoding (attach_constraint) keeps the rest a call.
     if (out.start_in_reasoning) out.forced_prefix = "\n</think>\n\n";
     const std::string_view name =
         tool_choice == "required" ? std::string_view() : std::string_view(tool_choice).substr(6);
     const size_t call_at = text->size() + out.forced_prefix.size();
     out.forced_prefix += forced_call_prefix(ctx.tool_format, name);
+    // The JSON form's grammar; Qwen3.5's XML calls and Kimi's sections are left unconstrained.
+    if (ctx.tool_format == ToolCallFormat::kJson && tools) {
+      req->forced_call = json_call_grammar(*tools, name, out.parallel_tool_calls);
+    }
     // The function name (from tool_choice) is request text too: everything after the prefix
     // a call without a name has, which holds no control token of the template's.
     if (!name.empty() && ctx.chat_template->options().request_special_tokens_as_text) {

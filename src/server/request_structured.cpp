@@ -1,6 +1,6 @@
 // Structured outputs in requests: response_format (chat, completions; the Responses API's
 // text.format), vLLM's guided_json and structured_outputs.json, llama.cpp's json_schema; and
-// the engine request's constraint once the prompt is rendered.
+// the engine request's constraint once the prompt is rendered (theirs, or a forced call's).
 #include "server/request.h"
 
 namespace recur::server {
@@ -91,7 +91,16 @@ ApiResult<bool> parse_response_format(const ojson& format, const std::string& wh
 }
 
 ApiResult<bool> attach_constraint(const ServingContext& ctx, ParsedRequest* req) {
-  if (!req->json_schema) return true;
+  if (!req->json_schema) {
+    // A forced call's constraint. vLLM lets a forced call's schema replace response_format;
+    // here the two never meet: a response format beside tools the model may call is refused
+    // below, so a client never gets text that silently ignores the format it asked for.
+    if (req->forced_call && ctx.vocab_bytes) {
+      req->engine.constraint =
+          tool_call_constraint(req->forced_call, ctx.vocab_bytes, ctx.eos_token_ids);
+    }
+    return true;
+  }
   const std::string& where = req->json_schema_field;
   if (!ctx.vocab_bytes) {
     return bad_request(where, "structured outputs need the model's tokenizer");
