@@ -370,16 +370,17 @@ int Engine::admittable_blocks() const {
 
 void Engine::admit() {
   if (waiting_.empty() || int(running_.size()) >= config_.max_batch) return;
-  // Preempted sequences first, then requests past their wait limit (each by arrival), then by
-  // priority, then by arrival. Nothing passes either kind: they are never starved.
+  // Requests past their wait limit first (a preempted one's wait restarts at its preemption),
+  // by arrival; nothing passes them, so they are never starved. Then by priority, a preempted
+  // sequence first within its own, then by arrival.
   const auto overdue = [&](const Sequence& s) {
-    return s.preempted || step_count_ - s.queued_step >= config_.aging_steps;
+    return step_count_ - s.queued_step >= config_.aging_steps;
   };
   std::sort(waiting_.begin(), waiting_.end(), [&](const auto& a, const auto& b) {
-    if (a->preempted != b->preempted) return a->preempted;
     const bool oa = overdue(*a), ob = overdue(*b);
     if (oa != ob) return oa;
     if (!oa && a->req.priority != b->req.priority) return a->req.priority < b->req.priority;
+    if (a->preempted != b->preempted) return a->preempted;
     return a->id < b->id;
   });
   for (size_t i = 0; i < waiting_.size() && int(running_.size()) < config_.max_batch;) {
@@ -415,7 +416,14 @@ void Engine::admit() {
     reserved_blocks_ += need - cached;
     start_sequence(seq, snapshot);
     seq.preempted = false;
-    running_.push_back(std::move(waiting_[i]));
+    // running_ stays in (priority, arrival) order: a step serves its sequences in that order,
+    // and preemption takes from the back, the least urgent and latest first.
+    const auto at = std::upper_bound(
+        running_.begin(), running_.end(), seq, [](const Sequence& a, const auto& b) {
+          return a.req.priority != b->req.priority ? a.req.priority < b->req.priority
+                                                   : a.id < b->id;
+        });
+    running_.insert(at, std::move(waiting_[i]));
     waiting_.erase(waiting_.begin() + std::ptrdiff_t(i));
   }
 }
@@ -479,7 +487,7 @@ void Engine::share_prompt_budget(int budget, int64_t decode_positions) {
   }
   if (shares_.empty() || budget == 0) return;
   if (config_.arrival_order_prefill) {
-    for (sched::PromptShare& sh : shares_) {  // running_ is in admission order
+    for (sched::PromptShare& sh : shares_) {  // running_ is in (priority, arrival) order
       sh.tokens = std::min(sh.remaining, budget);
       budget -= sh.tokens;
     }
@@ -521,7 +529,7 @@ bool Engine::build_batch() {
     --budget;
     decode_positions += s.n_past + 1;
   }
-  // Then prompt chunks, as the budget was shared, in admission order.
+  // Then prompt chunks, as the budget was shared, in running_'s order.
   share_prompt_budget(budget, decode_positions);
   step_attended_ = decode_positions;
   for (auto& sp : running_) {

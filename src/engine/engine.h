@@ -95,8 +95,9 @@ struct EngineConfig {
   // needing many cache blocks are delayed, never starved.
   int aging_steps = 1000;
   // The scheduler before fair prefill, kept as the baseline that bench_fairness and the
-  // scheduler tests measure the default against: prompt chunks in admission order, each taking
-  // all the budget left, no step-time bound. Admission is the same either way.
+  // scheduler tests measure the default against: prompt chunks in arrival order (more urgent
+  // priorities first), each taking all the budget left, no step-time bound. Admission is the
+  // same either way.
   bool arrival_order_prefill = false;
   // 0: the model's limit. Engine::config() holds the effective one: also at most what the
   // attention cache holds for one sequence, so that a lone sequence always fits.
@@ -230,7 +231,8 @@ class Engine {
   void publish_gauges();   // running, waiting, blocks and slots in use; caller holds mu_
   bool ensure_blocks(Sequence& seq, int last_position);
   // Preemption (engine_preempt.cpp). When a decoding sequence needs a block and none is free,
-  // the most recently admitted running sequences give theirs up (vLLM's policy): true when
+  // the least urgent running sequences give theirs up, the latest arrival first (vLLM's
+  // priority policy; running_ is kept in that order): true when
   // `seq` then has its blocks, false when it was the one preempted (or must wait a step).
   bool make_room(Sequence& seq, int last_position);
   // Releases the sequence's slot and blocks and makes what it generated part of the prompt it

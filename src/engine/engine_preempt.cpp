@@ -26,8 +26,9 @@ int Engine::effective_context(const EngineConfig& config, const ModelInfo& info,
 
 bool Engine::make_room(Sequence& seq, int last_position) {
   for (;;) {
-    // The most recently admitted sequence still running (seq itself at the latest: the ones
-    // before it in running_ are older, and those after it have not been batched this step).
+    // The last sequence still running: the least urgent, latest arrival (seq itself at the
+    // latest: the ones before it in running_ are more urgent or older, and those after it
+    // have not been batched this step).
     Sequence* victim = nullptr;
     bool others = false;
     for (auto it = running_.rbegin(); it != running_.rend(); ++it) {

@@ -232,6 +232,37 @@ TEST(Preemption, RepeatedPreemptionsAllocateNothingAfterEachSequencesFirst) {
   EXPECT_EQ(events, 6 * 151);
 }
 
+// When the cache runs out, the least urgent sequence gives its blocks up, though it came first
+// and the urgent one came later; both still finish whole. Each admission of a sequence starts
+// a stream at position 0 of its slot: the urgent request's tokens are fed in one stream only.
+TEST(Preemption, TheLeastUrgentSequenceIsPreemptedFirst) {
+  FakeEngine f(fake_config(2, 8));  // 128 positions; each needs 120, both 240
+  Request low = greedy_request(random_tokens(20, FakeModel::kVocab, 7), 100);
+  low.priority = 5;
+  Request urgent = greedy_request(random_tokens(20, FakeModel::kVocab, 8), 100);
+  urgent.priority = -1;
+  Seen a, b;
+  ASSERT_TRUE(f.engine->submit(low, record(&a)).ok());
+  f.engine->step();  // the low-priority request is admitted and running first
+  ASSERT_TRUE(f.engine->submit(urgent, record(&b)).ok());
+  f.engine->run_until_idle();
+  expect_whole(a, low, "low priority");
+  expect_whole(b, urgent, "urgent");
+  const EngineStats st = f.engine->stats();
+  EXPECT_GT(st.preemptions, 0) << "the cache never ran out: nothing was tested";
+  int streams_low = 0, streams_urgent = 0;
+  for (const testing::RecordedBatch& batch : f.model->batches) {
+    for (const testing::RecordedSeq& s : batch.seqs) {
+      if (s.first_pos != 0) continue;
+      streams_low += s.tokens.front() == low.prompt.front();
+      streams_urgent += s.tokens.front() == urgent.prompt.front();
+    }
+  }
+  ASSERT_NE(low.prompt.front(), urgent.prompt.front());
+  EXPECT_EQ(streams_urgent, 1) << "the urgent sequence was preempted";
+  EXPECT_EQ(streams_low, 1 + st.preemptions);
+}
+
 // ---- the shipped models: a resumed sequence's state is recomputed from its tokens, which
 // gives what decoding them one by one gave up to rounding; its tokens are still the same ----
 
