@@ -1,7 +1,8 @@
 // The JSON schema and forced tool call constraints (json_constraint.h): one constraint over
-// either matcher (JsonMatcher, ToolCallMatcher). Masking a step tries each byte once to find
-// the first bytes the matcher takes, skips the tokens that start otherwise, and admits the
-// string-safe tokens unchecked while only free strings are open; the rest run the matcher.
+// any of the matchers (JsonMatcher, ToolCallMatcher, XmlCallMatcher). Masking a step tries each
+// byte once to find the first bytes the matcher takes, skips the tokens that start otherwise, and
+// admits the string-safe tokens unchecked while only free strings are open; the rest run the
+// matcher.
 #include "server/json_constraint.h"
 
 #include <algorithm>
@@ -188,6 +189,30 @@ class MatcherConstraintSpec final : public ConstraintSpec {
   std::shared_ptr<const SpecData<Grammar>> data_;
 };
 
+// The string-safe tokens that hold `forbidden` whole (Qwen's `</tool_call>` token): a free
+// string's fast path would admit them wherever they stand, and the call would end there.
+std::vector<int32_t> tokens_holding(const VocabularyBytes& vocab, std::string_view forbidden) {
+  std::vector<int32_t> found;
+  if (forbidden.empty()) return found;
+  for (size_t id = 0; id < vocab.bytes.size(); ++id) {
+    if (vocab.string_safe[id] && vocab.bytes[id].find(forbidden) != std::string::npos) {
+      found.push_back(int32_t(id));
+    }
+  }
+  return found;
+}
+
+// The forced prefix (in the prompt) has closed any reasoning: the call starts at once.
+template <class Matcher, class Grammar>
+std::shared_ptr<const ConstraintSpec> forced_call_constraint(
+    std::shared_ptr<const Grammar> grammar, std::shared_ptr<const VocabularyBytes> vocab,
+    std::vector<int32_t> end_ids) {
+  std::vector<int32_t> recheck = tokens_holding(*vocab, grammar->forbidden);
+  auto data = std::make_shared<const SpecData<Grammar>>(SpecData<Grammar>{
+      std::move(grammar), std::move(vocab), std::move(end_ids), "", std::move(recheck)});
+  return std::make_shared<MatcherConstraintSpec<Matcher, Grammar>>(std::move(data));
+}
+
 }  // namespace
 
 std::shared_ptr<const ConstraintSpec> json_constraint(std::shared_ptr<const CompiledSchema> schema,
@@ -202,21 +227,15 @@ std::shared_ptr<const ConstraintSpec> json_constraint(std::shared_ptr<const Comp
 std::shared_ptr<const ConstraintSpec> tool_call_constraint(
     std::shared_ptr<const ToolCallGrammar> grammar, std::shared_ptr<const VocabularyBytes> vocab,
     std::vector<int32_t> end_ids) {
-  // The string-safe tokens that hold the forbidden text whole (Qwen's `</tool_call>` token):
-  // a free string's fast path would admit them, and the call would end inside its arguments.
-  std::vector<int32_t> recheck;
-  if (!grammar->forbidden.empty()) {
-    for (size_t id = 0; id < vocab->bytes.size(); ++id) {
-      if (vocab->string_safe[id] &&
-          vocab->bytes[id].find(grammar->forbidden) != std::string::npos) {
-        recheck.push_back(int32_t(id));
-      }
-    }
-  }
-  // The forced prefix (in the prompt) has closed any reasoning: the call starts at once.
-  auto data = std::make_shared<const SpecData<ToolCallGrammar>>(SpecData<ToolCallGrammar>{
-      std::move(grammar), std::move(vocab), std::move(end_ids), "", std::move(recheck)});
-  return std::make_shared<MatcherConstraintSpec<ToolCallMatcher, ToolCallGrammar>>(std::move(data));
+  return forced_call_constraint<ToolCallMatcher>(std::move(grammar), std::move(vocab),
+                                                 std::move(end_ids));
+}
+
+std::shared_ptr<const ConstraintSpec> xml_call_constraint(
+    std::shared_ptr<const XmlCallGrammar> grammar, std::shared_ptr<const VocabularyBytes> vocab,
+    std::vector<int32_t> end_ids) {
+  return forced_call_constraint<XmlCallMatcher>(std::move(grammar), std::move(vocab),
+                                                std::move(end_ids));
 }
 
 }  // namespace recur::server

@@ -1,6 +1,6 @@
 // Structured outputs in the engine's terms: a compiled JSON schema as a TokenConstraint over a
 // vocabulary's token bytes (response_format json_schema / json_object), and a forced tool call
-// the same way (tool_choice required or named, JSON call format).
+// the same way (tool_choice required or named, JSON or Qwen3.5's XML call format).
 #pragma once
 
 #include <array>
@@ -12,6 +12,7 @@
 #include "engine/token_constraint.h"
 #include "server/json_schema.h"
 #include "server/tool_call_grammar.h"
+#include "server/tool_call_xml.h"
 #include "tokenizer/tokenizer.h"
 
 namespace recur::server {
@@ -44,6 +45,10 @@ std::shared_ptr<const ConstraintSpec> json_constraint(std::shared_ptr<const Comp
 // prefix in the prompt has already closed any reasoning (its "\n</think>\n\n").
 std::shared_ptr<const ConstraintSpec> tool_call_constraint(
     std::shared_ptr<const ToolCallGrammar> grammar, std::shared_ptr<const VocabularyBytes> vocab,
+    std::vector<int32_t> end_ids);
+// The same for a forced call in the XML form.
+std::shared_ptr<const ConstraintSpec> xml_call_constraint(
+    std::shared_ptr<const XmlCallGrammar> grammar, std::shared_ptr<const VocabularyBytes> vocab,
     std::vector<int32_t> end_ids);
 
 }  // namespace recur::server

@@ -85,6 +85,7 @@ struct ParsedRequest {
   // A call tool_choice forces (JSON call format): what the model writes after the forced prefix,
   // for constrained decoding (null: none forced, or a format left unconstrained).
   std::shared_ptr<const ToolCallGrammar> forced_call;
+  std::shared_ptr<const XmlCallGrammar> forced_xml_call;  // the same, XML call format
   ojson response_echo;  // responses: the request fields its response object repeats
 };
 
@@ -158,7 +159,8 @@ ApiResult<bool> parse_response_format(const ojson& format, const std::string& wh
                                       ParsedRequest* req);
 // After rendering: the engine request's constraint for req->json_schema, which starts after
 // the reasoning when the prompt leaves the model thinking; refused beside tools the model may
-// call (their calls are not JSON of the schema). Else the forced call's (req->forced_call).
+// call (their calls are not JSON of the schema). Else the forced call's (req->forced_call or
+// req->forced_xml_call).
 ApiResult<bool> attach_constraint(const ServingContext& ctx, ParsedRequest* req);
 
 }  // namespace recur::server

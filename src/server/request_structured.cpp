@@ -98,6 +98,9 @@ ApiResult<bool> attach_constraint(const ServingContext& ctx, ParsedRequest* req)
     if (req->forced_call && ctx.vocab_bytes) {
       req->engine.constraint =
           tool_call_constraint(req->forced_call, ctx.vocab_bytes, ctx.eos_token_ids);
+    } else if (req->forced_xml_call && ctx.vocab_bytes) {
+      req->engine.constraint =
+          xml_call_constraint(req->forced_xml_call, ctx.vocab_bytes, ctx.eos_token_ids);
     }
     return true;
   }

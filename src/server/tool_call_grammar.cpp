@@ -23,9 +23,9 @@ std::shared_ptr<const CompiledSchema> arguments_schema(const ojson& function) {
   return any_json_object_schema();
 }
 
-// How many bytes of `text` the bytes so far end with, after `b` (the longest prefix of `text`
-// that is a suffix), given that they ended with `at` of them.
-uint32_t advance(std::string_view text, uint32_t at, uint8_t b) {
+}  // namespace
+
+uint32_t advance_match(std::string_view text, uint32_t at, uint8_t b) {
   for (;;) {
     if (at < text.size() && uint8_t(text[at]) == b) return at + 1;
     if (at == 0) return 0;
@@ -35,8 +35,6 @@ uint32_t advance(std::string_view text, uint32_t at, uint8_t b) {
     at = k;
   }
 }
-
-}  // namespace
 
 std::shared_ptr<const ToolCallGrammar> json_call_grammar(const ojson& tools, std::string_view name,
                                                          bool more_calls) {
@@ -118,7 +116,7 @@ bool ToolCallMatcher::feed(uint8_t b) {
       return true;
     }
     case Phase::kValue: {
-      const uint32_t at = advance(g.forbidden, forbidden_at_, b);
+      const uint32_t at = advance_match(g.forbidden, forbidden_at_, b);
       if ((g.forbidden.empty() || at < g.forbidden.size()) && value_.feed(b)) {
         forbidden_at_ = at;
         return true;

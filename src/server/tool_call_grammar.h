@@ -45,6 +45,10 @@ struct ToolCallGrammar {
 std::shared_ptr<const ToolCallGrammar> json_call_grammar(const ojson& tools, std::string_view name,
                                                          bool more_calls);
 
+// How many bytes of `text` the bytes so far end with after one more, `b` (the longest prefix of
+// `text` that is a suffix), given that they ended with `at` of them.
+uint32_t advance_match(std::string_view text, uint32_t at, uint8_t b);
+
 // Follows generated text against a ToolCallGrammar, with JsonMatcher's interface (json_constraint
 // masks with either). Fixed size: feeding a byte and copying never allocate.
 class ToolCallMatcher {

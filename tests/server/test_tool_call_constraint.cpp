@@ -291,15 +291,16 @@ TEST(ToolCallConstraint, ForcedCallsOfEachApiCarryTheirConstraint) {
   ASSERT_TRUE(responses->engine.constraint);
   EXPECT_FALSE(responses->engine.constraint->start()->allows(quote));
 
-  // Qwen3.5's XML calls have no grammar: forced by their prefix alone.
-  ServingContext xml_ctx =
-      tiny_context(chat_fixture(std::string(RECUR_SOURCE_DIR) + "/tests/data/qwen3_5-chat-tiny"));
-  xml_ctx.tool_format = ToolCallFormat::kXml;
-  auto x = parse_chat_request(ojson::parse(R"({"messages": [{"role": "user", "content": "hi"}], )" +
+  // Kimi's sections have no grammar: forced by their prefix alone (Qwen3.5's XML calls have
+  // theirs, test_tool_call_xml.cpp).
+  ServingContext kimi_ctx = c;
+  kimi_ctx.tool_format = ToolCallFormat::kKimi;
+  auto k = parse_chat_request(ojson::parse(R"({"messages": [{"role": "user", "content": "hi"}], )" +
                                            tools + R"(, "tool_choice": "required"})"),
-                              xml_ctx);
-  ASSERT_TRUE(x.ok()) << x.error().message;
-  EXPECT_FALSE(x->engine.constraint);
+                              kimi_ctx);
+  ASSERT_TRUE(k.ok()) << k.error().message;
+  EXPECT_TRUE(k->output.forced_prefix.ends_with("<|tool_call_begin|>functions."));
+  EXPECT_FALSE(k->engine.constraint);
 }
 
 // A template that leaves the model thinking (Qwen3's thinking models open <think> and write

@@ -1,7 +1,8 @@
 // Qwen3.5's XML tool calls end to end, through the official OpenAI SDK and the Anthropic
 // Messages API (plain fetch: @anthropic-ai/sdk is not installed here). The server reads the XML
 // form off tests/data/qwen3_5-chat-tiny's chat template; tool_choice forces the call's opening
-// (<tool_call>\n<function=NAME>\n) into the prompt, as constrained decoding is not there.
+// (<tool_call>\n<function=NAME>\n) into the prompt, and constrained decoding keeps the rest a
+// call of the tool (xml_tool_constraint.test.mjs), which the forced calls here are.
 //
 // The tiny model writes noise, so the rest of each call must be made certain: its copy of the
 // Qwen3 tokenizer gains, at test time, one added token per scenario whose text is the rest of
@@ -26,11 +27,16 @@ const NAME = 'qwen3_5-chat-tiny';
 const TYPED_CALL =
   '<parameter=city>\nSão Paulo\n</parameter>\n<parameter=days>\n3\n</parameter>\n' +
   '<parameter=hourly>\ntrue\n</parameter>\n<parameter=units>\n{"temp": "C", "wind": [1, 2]}\n' +
-  '</parameter>\n<parameter=note>\n2024\n</parameter>\n<parameter=limit>\nnone\n</parameter>\n' +
-  '<parameter=extra>\n4.5\n</parameter>\n</function>\n</tool_call>';
+  '</parameter>\n<parameter=note>\n2024\n</parameter>\n</function>\n</tool_call>';
 const TYPED_ARGS = {
   city: 'São Paulo', days: 3, hourly: true, units: { temp: 'C', wind: [1, 2] },
   note: '2024',    // a string stays a string, digits and all
+};
+// A call the model writes unforced (no constraint), with values the schema does not expect.
+const LOOSE_CALL =
+  '<tool_call>\n<function=get_weather>\n<parameter=limit>\nnone\n</parameter>\n' +
+  '<parameter=extra>\n4.5\n</parameter>\n</function>\n</tool_call>';
+const LOOSE_ARGS = {
   limit: 'none',   // not an integer: kept as the text
   extra: 4.5,      // not in the schema: JSON when it parses
 };
@@ -39,6 +45,7 @@ const TWO_CALLS =
   'get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>\n' +
   '<tool_call>\n<function=get_time>\n<parameter=zone>\nCET\n</parameter>\n</function>\n' +
   '</tool_call>';
+const TWO_CALLS_UNFORCED = `<tool_call>\n<function=${TWO_CALLS}`;
 // tool_choice "auto" with thinking on (the prompt opened <think>): a call while thinking.
 const CALL_IN_THINK =
   'Checking first.\n<tool_call>\n<function=get_weather>\n<parameter=days>\n2\n</parameter>\n' +
@@ -82,7 +89,9 @@ before(async () => {
   }
   const tok = JSON.parse(fs.readFileSync(path.join(FIXTURE, 'tokenizer.json'), 'utf8'));
   let next = Math.max(...tok.added_tokens.map((t) => t.id)) + 1;
-  for (const [key, content] of Object.entries({ TYPED_CALL, TWO_CALLS, CALL_IN_THINK })) {
+  for (const [key, content] of Object.entries({
+    TYPED_CALL, LOOSE_CALL, TWO_CALLS, TWO_CALLS_UNFORCED, CALL_IN_THINK,
+  })) {
     ids[key] = next;
     tok.added_tokens.push({
       id: next++, content, single_word: false, lstrip: false, rstrip: false,
@@ -155,6 +164,17 @@ test('typed XML arguments streamed: deltas and the SDK stream helper', async () 
   assert.deepEqual(JSON.parse(m.tool_calls[0].function.arguments), TYPED_ARGS);
 });
 
+test('unforced, values the schema does not expect are kept as written', async () => {
+  const r = await client.chat.completions.create({
+    model: NAME, messages, tools: TOOLS, ...only('LOOSE_CALL'),
+    chat_template_kwargs: { enable_thinking: false },
+  });
+  assert.equal(r.choices[0].finish_reason, 'tool_calls');
+  const calls = r.choices[0].message.tool_calls;
+  assert.equal(calls.length, 1);
+  assert.deepEqual(JSON.parse(calls[0].function.arguments), LOOSE_ARGS);
+});
+
 test('tool_choice required: the model names the tool; two calls, streamed the same', async () => {
   const body = {
     model: NAME, messages, tools: TOOLS, tool_choice: 'required', ...only('TWO_CALLS'),
@@ -171,8 +191,11 @@ test('tool_choice required: the model names the tool; two calls, streamed the sa
   assert.deepEqual(streamed.map((c) => [c.function.name, JSON.parse(c.function.arguments)]),
     calls.map((c) => [c.function.name, JSON.parse(c.function.arguments)]));
 
-  // parallel_tool_calls: false keeps the first.
-  const one = await client.chat.completions.create({ ...body, parallel_tool_calls: false });
+  // parallel_tool_calls: false keeps the first (of calls written unforced: a forced call's
+  // constraint then admits no second one).
+  const one = await client.chat.completions.create({
+    ...body, tool_choice: 'auto', parallel_tool_calls: false, ...only('TWO_CALLS_UNFORCED'),
+  });
   assert.deepEqual(one.choices[0].message.tool_calls.map((c) => c.function.name), ['get_weather']);
 });
 
