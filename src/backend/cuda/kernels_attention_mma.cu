@@ -13,7 +13,6 @@
 // kernels' rate.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 
 #include "backend/cuda/attention_mma.cuh"
 #include "backend/cuda/cuda_internal.cuh"
@@ -298,17 +297,6 @@ double attention_flops(const SeqLayout& layout, int64_t heads, int64_t hd, int64
   return 2.0 * ctx * double(heads) * double(hd + dv);
 }
 
-// EXPERIMENT (session 34, not yet run on a GPU): RECUR_EXP_WGMMA=1 sends the 16-bit and e4m3
-// caches' prompts to the wgmma kernel, for the A/B in one device run; once measured, the winner
-// stays and the switch goes.
-static bool wgmma_switch() {
-  static const bool on = [] {
-    const char* e = std::getenv("RECUR_EXP_WGMMA");
-    return e && e[0] == '1';
-  }();
-  return on;
-}
-
 bool paged_attention_mma(CudaOps::Impl& s, const AttnArgs& a, const Tensor& k_cache,
                          const Tensor& v_cache, const SeqLayout& layout, int kv_heads) {
   // The kernels copy 4 aligned elements at a time, or 8 (16 bytes of 2-byte elements).
@@ -323,9 +311,8 @@ bool paged_attention_mma(CudaOps::Impl& s, const AttnArgs& a, const Tensor& k_ca
   if (s.options.profile) s.work(attention_flops(layout, a.heads, a.hd, a.dv), 0);
   const bool wide_copies = dtype_size(k_cache.dtype) == 2 && a.bs % 8 == 0 && a.dv % 8 == 0 &&
                            copies(k_cache, 8) && copies(v_cache, 8);
-  const bool wgmma =
-      s.sm90a && wgmma_switch() &&
-      attention_wgmma_takes(k_cache.dtype, wide_copies, a.group, a.hd, a.dv, s.max_smem_optin);
+  const bool wgmma = s.sm90a && attention_wgmma_takes(k_cache.dtype, wide_copies, a.group, a.hd,
+                                                      a.dv, s.max_smem_optin);
   launch_attention_mma(a, k_cache.dtype, wide_copies, wgmma, layout, kv_heads, s.stream,
                        s.options.profile ? &s.next_bytes : nullptr);
   s.launched(wgmma ? "paged_attention (wgmma)" : "paged_attention (tensor cores)");

@@ -27,7 +27,6 @@
 // copies of neighbouring threads, which step those groups, in distinct banks.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <type_traits>
 
 #include <cuda_fp8.h>
@@ -167,11 +166,9 @@ __device__ __forceinline__ void widen_tile(const uint8_t* rk, const uint8_t* rv,
 // grid (row tiles of kRows rows, kv heads), kThreads (Shape<T>). HD = DV: the head size (64, 128
 // or 256: the products' width; compile-time, so that no branch lies among a tile's products,
 // which ptxas would otherwise serialize). acc[j] holds value channels [8j, 8j + 8) of the
-// thread's rows. mn_strides_swapped: the experiment's other reading of the transposed operands'
-// descriptor strides (strides_swapped_by_switch).
+// thread's rows.
 template <typename T, int HD, int DV>
-__global__ void __launch_bounds__(Shape<T>::kThreads, 1)
-    attention_wgmma_kernel(AttnArgs a, bool mn_strides_swapped) {
+__global__ void __launch_bounds__(Shape<T>::kThreads, 1) attention_wgmma_kernel(AttnArgs a) {
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();  // the PTX for later GPUs: never launched there (Impl::sm90a)
 #else
@@ -281,8 +278,7 @@ __global__ void __launch_bounds__(Shape<T>::kThreads, 1)
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < hd / 16; ++kk) {
-      const uint64_t kd = mn_strides_swapped ? wgmma_desc(Ks + kk * 256, key_group_bytes(hd), 128)
-                                             : wgmma_desc(Ks + kk * 256, 128, key_group_bytes(hd));
+      const uint64_t kd = wgmma_desc(Ks + kk * 256, 128, key_group_bytes(hd));
 #pragma unroll
       for (int i = kTerms - 1; i >= 0; --i) {
         wgmma_n32_ss<M>(sc, wgmma_desc(q_plane(i, wg) + kk * 256, 128, 16 * hd), kd, true);
@@ -313,8 +309,7 @@ __global__ void __launch_bounds__(Shape<T>::kThreads, 1)
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
-      const uint64_t vd = mn_strides_swapped ? wgmma_desc(Vs + kk * 256, kValueGroupBytes, 128)
-                                             : wgmma_desc(Vs + kk * 256, 128, kValueGroupBytes);
+      const uint64_t vd = wgmma_desc(Vs + kk * 256, 128, kValueGroupBytes);
 #pragma unroll
       for (int i = kTerms - 1; i >= 0; --i) wgmma_rs<M, DV>(acc, ap[kk][i], vd, true);
     }
@@ -328,23 +323,11 @@ __global__ void __launch_bounds__(Shape<T>::kThreads, 1)
 #endif
 }
 
-// EXPERIMENT (session 34): RECUR_EXP_WGMMA_SWAP=1 reads the transposed operands' two descriptor
-// strides the other way round, should the layout test say that reading is the right one; goes
-// with RECUR_EXP_WGMMA.
-bool strides_swapped_by_switch() {
-  static const bool swapped = [] {
-    const char* e = std::getenv("RECUR_EXP_WGMMA_SWAP");
-    return e && e[0] == '1';
-  }();
-  return swapped;
-}
-
 // Launches kKernel (an attention_wgmma_kernel) with smem bytes of dynamic shared memory.
 template <auto kKernel>
-void launch_wgmma(dim3 grid, int threads, size_t smem, cudaStream_t stream, const AttnArgs& a,
-                  bool mn_strides_swapped) {
+void launch_wgmma(dim3 grid, int threads, size_t smem, cudaStream_t stream, const AttnArgs& a) {
   opt_in_smem<kKernel>(smem);
-  launch_kernel(kKernel, grid, threads, smem, stream, a, mn_strides_swapped);
+  launch_kernel(kKernel, grid, threads, smem, stream, a);
 }
 
 // fn(T{}) for the cache type's element (F16: __half, BF16: its bits, F8_E4M3: its bits).
@@ -387,18 +370,17 @@ bool attention_wgmma_takes(DType cache, bool wide_copies, int group, int hd, int
 
 void launch_attention_wgmma(const AttnArgs& a, DType cache, dim3 grid, cudaStream_t stream) {
   RECUR_CHECK(a.hd == a.dv);
-  const bool swapped = strides_swapped_by_switch();
   dispatch_element(cache, [&](auto t) {
     using T = decltype(t);
     const size_t smem = size_t(smem_of<T>(a.hd, a.dv).total);
     constexpr int kThreads = Shape<T>::kThreads;
     if (a.dv == 64) {
-      launch_wgmma<attention_wgmma_kernel<T, 64, 64>>(grid, kThreads, smem, stream, a, swapped);
+      launch_wgmma<attention_wgmma_kernel<T, 64, 64>>(grid, kThreads, smem, stream, a);
     } else if (a.dv == 128) {
-      launch_wgmma<attention_wgmma_kernel<T, 128, 128>>(grid, kThreads, smem, stream, a, swapped);
+      launch_wgmma<attention_wgmma_kernel<T, 128, 128>>(grid, kThreads, smem, stream, a);
     } else {
       RECUR_CHECK(a.dv == 256);
-      launch_wgmma<attention_wgmma_kernel<T, 256, 256>>(grid, kThreads, smem, stream, a, swapped);
+      launch_wgmma<attention_wgmma_kernel<T, 256, 256>>(grid, kThreads, smem, stream, a);
     }
   });
 }

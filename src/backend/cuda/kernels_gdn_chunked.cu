@@ -8,7 +8,6 @@
 // lane reduction per row had the shuffle unit busy) and two blocks an SM; the state walk 464 ->
 // 343 µs from copies of 16 bytes issued a phase ahead.
 #include <algorithm>
-#include <cstdlib>
 
 #include "backend/cuda/delta_rule.cuh"
 #include "backend/cuda/mma_tf32.cuh"
@@ -155,12 +154,13 @@ __device__ __forceinline__ void solve_unit_lower(const float* A, int lda, int L,
 // Per head, two blocks share a multiprocessor (about 90 KB of shared memory each for dk = 128).
 template <bool kPerChannel>
 __global__ void __launch_bounds__(kChunkThreads, 2)
-    delta_chunk_keys_kernel(DeltaArgs a, ChunkRecords rec, bool vec, bool keys_heads_first) {
+    delta_chunk_keys_kernel(DeltaArgs a, ChunkRecords rec, bool vec) {
   grid_dependency_sync();
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  // keys_grid's order: heads along x (heads_first) or along y.
-  const int c = rec.c0 + int(keys_heads_first ? blockIdx.y : blockIdx.x);
-  const int h = int(keys_heads_first ? blockIdx.x : blockIdx.y);
+  // Heads along x: the blocks running at once read every head of a few chunks (whole rows of q,
+  // k, v), not one head's column of thousands of rows (a little faster on the H200, session 36).
+  const int c = rec.c0 + int(blockIdx.y);
+  const int h = int(blockIdx.x);
   const int s = rec.s0 + blockIdx.z, tid = threadIdx.x;
   const int64_t base = a.seq_start[s], len = a.seq_start[s + 1] - base;
   if (skip_seq(a.mode, len) || int64_t(c) * kChunk >= len) return;
@@ -544,33 +544,12 @@ __global__ void __launch_bounds__(kChunkThreads)
 // The state kernel's tile of value columns for key dim dk, or 0 when neither chunked kernel
 // fits in max_smem bytes of shared memory.
 int chunk_columns(int dk, bool per_channel, size_t max_smem) {
-  // EXPERIMENT (session 34): RECUR_EXP_DVT caps the value columns a state block walks (more
-  // blocks for the latency-bound walk); removed once measured.
-  static const int cap = [] {
-    const char* e = std::getenv("RECUR_EXP_DVT");
-    return e ? std::atoi(e) : 32;
-  }();
-  int dvt = cap;
+  // 32 columns: 16 and 8 (more blocks for the latency-bound walk) ran the 80B shape's state
+  // walk 1.45x and 2.5x slower (H200, session 36).
+  int dvt = 32;
   while (dvt > 8 && ChunkSmem::bytes(dk, dvt, per_channel) > max_smem) dvt /= 2;
   if (ChunkSmem::bytes(dk, dvt, per_channel) > max_smem) return 0;
   return chunk_keys_smem(dk, per_channel) <= max_smem ? dvt : 0;
-}
-
-// The keys kernel's grid: (heads, chunks, sequences), so that the blocks running at once read
-// every head of a few chunks (whole rows of q, k, v) rather than one head's 512-byte column of
-// thousands of rows 32 KB apart, which may keep most memory channels idle. EXPERIMENT (session
-// 34, not yet run on a GPU): RECUR_EXP_KEYS_ORDER=1 takes the heads first; until measured, the
-// chunks stay first.
-static bool keys_heads_first() {
-  static const bool heads_first = [] {
-    const char* e = std::getenv("RECUR_EXP_KEYS_ORDER");
-    return e && e[0] == '1';
-  }();
-  return heads_first;
-}
-static dim3 keys_grid(bool heads_first, int chunks, int heads, int seqs) {
-  return heads_first ? dim3(unsigned(heads), unsigned(chunks), unsigned(seqs))
-                     : dim3(unsigned(chunks), unsigned(heads), unsigned(seqs));
 }
 
 // Chunk records go through `scratch` in pieces: as many sequences and chunks at a time as it
@@ -606,14 +585,16 @@ void launch_chunked(const DeltaArgs& a, const SeqLayout& layout, void* scratch,
   const int64_t fit = int64_t(scratch_bytes / per_head_chunk);
   if (fit < 1) fatal("gated_delta_rule: scratch too small for one chunk's records");
   const int group = int(std::min<int64_t>(layout.n_seqs, fit));
-  const int piece = int(std::max<int64_t>(1, std::min<int64_t>(max_chunks, fit / group)));
+  // At most grid.y's 65,535 chunks a launch (about 4 million tokens).
+  const int piece =
+      int(std::max<int64_t>(1, std::min<int64_t>({max_chunks, fit / group, int64_t(65535)})));
   for (int s0 = 0; s0 < layout.n_seqs; s0 += group) {
     const int ns = std::min(group, layout.n_seqs - s0);
     for (int c0 = 0; c0 < max_chunks; c0 += piece) {
       const ChunkRecords rec{static_cast<float*>(scratch), c0, piece, s0, ns, kPerChannel};
-      const bool heads_first = keys_heads_first() && piece <= 65535;  // grid.y's limit
-      launch_kernel(delta_chunk_keys_kernel<kPerChannel>, keys_grid(heads_first, piece, a.hv, ns),
-                    kChunkThreads, keys_smem, stream, a, rec, vec, heads_first);
+      const dim3 keys_grid(unsigned(a.hv), unsigned(piece), unsigned(ns));
+      launch_kernel(delta_chunk_keys_kernel<kPerChannel>, keys_grid, kChunkThreads, keys_smem,
+                    stream, a, rec, vec);
       launched("gated_delta_rule (chunk keys)");
       const dim3 grid(unsigned((a.dv + dvt - 1) / dvt), unsigned(a.hv), unsigned(ns));
       launch_kernel(delta_chunk_state_kernel<kPerChannel>, grid, kChunkThreads, state_smem, stream,

@@ -2,7 +2,6 @@
 // state (prompts and one-token steps), and the fused one-token input stage (conv, L2 norms,
 // gates) behind Ops::gdn_inputs. The delta rule itself is in kernels_gdn.cu.
 #include <algorithm>
-#include <cstdlib>
 
 #include "backend/cuda/cuda_internal.cuh"
 
@@ -21,21 +20,19 @@ constexpr int kConvRunTokens = 16;  // consecutive tokens a thread walks
 // (all in flight at once) and the K-input window kept in registers (reloaded where a sequence
 // starts): each input is read once instead of K times (a token a thread took 138 µs a layer for
 // 2,048 tokens × 8,192 channels on the H200, about 1 TB/s:
-// bench/results/h200-session30-run1-prof-t2.txt). grid (runs, ⌈C/256⌉) when runs_first, else
-// (⌈C/256⌉, runs): runs of kConvRunTokens tokens from run0. With the runs first, the blocks
-// running at once read one 1 KB column of thousands of rows 32 KB apart, which may keep most
-// memory channels idle (2,048 tokens × 8,192 channels ran at about 1 TB/s); with the channel
-// blocks first they read whole rows. EXPERIMENT (session 34, not yet run on a GPU):
-// RECUR_EXP_CONV_ORDER=1 takes the channel blocks first; until measured, the runs stay first.
+// bench/results/h200-session30-run1-prof-t2.txt). grid (⌈C/256⌉, runs): runs of kConvRunTokens
+// tokens from run0, the channel blocks first, so that the blocks running at once read whole
+// rows rather than one 1 KB column of thousands of rows (8% faster at 2,048 tokens on the
+// H200, the same at 16,384: session 36).
 // x, out [n, C]; w [C, K]; state [slots, K-1, C]
 template <typename W>
 __global__ void conv1d_out_kernel(const float* x, int64_t ldx, const W* w, int K,
                                   const float* state, int64_t C, const int32_t* seq_start,
                                   const int32_t* slot, int n_seqs, int n_tokens, float* out,
-                                  int64_t ldo, int run0, bool runs_first) {
+                                  int64_t ldo, int run0) {
   grid_dependency_sync();
-  const int run_index = run0 + int(runs_first ? blockIdx.x : blockIdx.y);
-  const int cblock = int(runs_first ? blockIdx.y : blockIdx.x);
+  const int run_index = run0 + int(blockIdx.y);
+  const int cblock = int(blockIdx.x);
   const int t0 = run_index * kConvRunTokens, t1 = min(t0 + kConvRunTokens, n_tokens);
   const int64_t c = int64_t(cblock) * blockDim.x + threadIdx.x;
   if (c >= C) return;
@@ -360,10 +357,6 @@ void CudaOps::conv1d_causal_silu(const Tensor& x, const Tensor& weight, Tensor c
     return;
   }
   if (layout.n_tokens > 0) {
-    static const bool runs_first = [] {
-      const char* e = std::getenv("RECUR_EXP_CONV_ORDER");
-      return !(e && e[0] == '1');
-    }();
     dispatch_weight(weight.dtype, [&](auto tag) {
       using W = decltype(tag);
       const int runs = int((layout.n_tokens + kConvRunTokens - 1) / kConvRunTokens);
@@ -371,10 +364,10 @@ void CudaOps::conv1d_causal_silu(const Tensor& x, const Tensor& weight, Tensor c
       constexpr int kMaxRuns = 65535;
       for (int run0 = 0; run0 < runs; run0 += kMaxRuns) {
         const unsigned n = unsigned(std::min(kMaxRuns, runs - run0));
-        launch_kernel(conv1d_out_kernel<W>, runs_first ? dim3(n, cblocks) : dim3(cblocks, n), 256,
-                      0, s.stream, x.ptr<float>(), x.stride[0], weight.ptr<W>(), K,
-                      conv_state.ptr<float>(), C, dl.seq_start, dl.slot, layout.n_seqs,
-                      int(layout.n_tokens), out.ptr<float>(), out.stride[0], run0, runs_first);
+        launch_kernel(conv1d_out_kernel<W>, dim3(cblocks, n), 256, 0, s.stream, x.ptr<float>(),
+                      x.stride[0], weight.ptr<W>(), K, conv_state.ptr<float>(), C, dl.seq_start,
+                      dl.slot, layout.n_seqs, int(layout.n_tokens), out.ptr<float>(), out.stride[0],
+                      run0);
       }
     });
     s.launched("conv1d_causal_silu (outputs)");
