@@ -1,8 +1,8 @@
 // The JSON schema and forced tool call constraints (json_constraint.h): one constraint over
-// any of the matchers (JsonMatcher, ToolCallMatcher, XmlCallMatcher). Masking a step tries each
-// byte once to find the first bytes the matcher takes, skips the tokens that start otherwise, and
-// admits the string-safe tokens unchecked while only free strings are open; the rest run the
-// matcher.
+// any of the matchers (JsonMatcher, ToolCallMatcher, XmlCallMatcher, KimiCallMatcher). Masking a
+// step tries each byte once to find the first bytes the matcher takes, skips the tokens that
+// start otherwise, and admits the string-safe tokens unchecked while only free strings are open;
+// the rest run the matcher.
 #include "server/json_constraint.h"
 
 #include <algorithm>
@@ -38,6 +38,14 @@ std::shared_ptr<const VocabularyBytes> VocabularyBytes::build(const Tokenizer& t
 }
 
 namespace {
+
+// The Kimi marker whose text `s` starts with; kMarkers.size() when none.
+size_t kimi_marker_at(std::string_view s) {
+  const auto& markers = KimiCallGrammar::kMarkers;
+  size_t m = 0;
+  while (m < markers.size() && !s.starts_with(markers[m])) ++m;
+  return m;
+}
 
 // What every sequence's constraint reads: shared, immutable. `Grammar` is what the matcher
 // follows (a compiled schema, or a forced call's grammar).
@@ -236,6 +244,51 @@ std::shared_ptr<const ConstraintSpec> xml_call_constraint(
     std::vector<int32_t> end_ids) {
   return forced_call_constraint<XmlCallMatcher>(std::move(grammar), std::move(vocab),
                                                 std::move(end_ids));
+}
+
+std::shared_ptr<const VocabularyBytes> kimi_call_vocabulary(const Tokenizer& tokenizer,
+                                                            const VocabularyBytes& base) {
+  using G = KimiCallGrammar;
+  std::array<int32_t, G::kMarkers.size()> marker_ids{};
+  for (size_t m = 0; m < G::kMarkers.size(); ++m) {
+    const auto id = tokenizer.token_to_id(G::kMarkers[m]);
+    if (!id || *id < 0 || size_t(*id) >= base.bytes.size()) return nullptr;
+    marker_ids[m] = *id;
+  }
+  const auto reserved = [](char c) {
+    return uint8_t(c) >= G::kMarkerByte && uint8_t(c) < G::kMarkerByte + G::kMarkers.size();
+  };
+  auto v = std::make_shared<VocabularyBytes>(base);
+  for (auto& first : v->by_first) first.clear();
+  for (size_t id = 0; id < v->bytes.size(); ++id) {
+    std::string& b = v->bytes[id];
+    const auto marker = std::find(marker_ids.begin(), marker_ids.end(), int32_t(id));
+    if (marker != marker_ids.end()) {
+      b.assign(1, char(G::kMarkerByte + (marker - marker_ids.begin())));
+      v->control[id] = 0, v->string_safe[id] = 0;
+    } else if (!v->control[id] && std::any_of(b.begin(), b.end(), reserved)) {
+      v->control[id] = 1, v->string_safe[id] = 0;  // it would read as a marker
+    } else if (!v->control[id] && b.find(G::kMarkerStart) != std::string::npos) {
+      // A text token holding a marker's text whole (an added token with the rest of a call,
+      // say) reads as the marker it spells; its text stays the parser's either way.
+      std::string read;
+      for (size_t i = 0; i < b.size();) {
+        const size_t m = kimi_marker_at(std::string_view(b).substr(i));
+        read += m < G::kMarkers.size() ? char(G::kMarkerByte + m) : b[i];
+        i += m < G::kMarkers.size() ? G::kMarkers[m].size() : 1;
+      }
+      if (read.size() != b.size()) b = std::move(read), v->string_safe[id] = 0;
+    }
+    if (!v->control[id]) v->by_first[uint8_t(b[0])].push_back(int32_t(id));
+  }
+  return v;
+}
+
+std::shared_ptr<const ConstraintSpec> kimi_call_constraint(
+    std::shared_ptr<const KimiCallGrammar> grammar, std::shared_ptr<const VocabularyBytes> vocab,
+    std::vector<int32_t> end_ids) {
+  return forced_call_constraint<KimiCallMatcher>(std::move(grammar), std::move(vocab),
+                                                 std::move(end_ids));
 }
 
 }  // namespace recur::server

@@ -1,6 +1,6 @@
 // Structured outputs in the engine's terms: a compiled JSON schema as a TokenConstraint over a
 // vocabulary's token bytes (response_format json_schema / json_object), and a forced tool call
-// the same way (tool_choice required or named, JSON or Qwen3.5's XML call format).
+// the same way (tool_choice required or named, JSON, Qwen3.5's XML or Kimi's call format).
 #pragma once
 
 #include <array>
@@ -12,6 +12,7 @@
 #include "engine/token_constraint.h"
 #include "server/json_schema.h"
 #include "server/tool_call_grammar.h"
+#include "server/tool_call_kimi.h"
 #include "server/tool_call_xml.h"
 #include "tokenizer/tokenizer.h"
 
@@ -49,6 +50,17 @@ std::shared_ptr<const ConstraintSpec> tool_call_constraint(
 // The same for a forced call in the XML form.
 std::shared_ptr<const ConstraintSpec> xml_call_constraint(
     std::shared_ptr<const XmlCallGrammar> grammar, std::shared_ptr<const VocabularyBytes> vocab,
+    std::vector<int32_t> end_ids);
+
+// `base` (the tokenizer's) as a forced Kimi call reads it: each marker (KimiCallGrammar::kMarkers)
+// its reserved byte, in its own token (control or not) and in any text token holding it whole;
+// text tokens holding a reserved byte of their own never admitted. Null when a marker is not one
+// token of the tokenizer: such calls stay forced by their prefix alone.
+std::shared_ptr<const VocabularyBytes> kimi_call_vocabulary(const Tokenizer& tokenizer,
+                                                            const VocabularyBytes& base);
+// The same for a forced call in Kimi's form, over kimi_call_vocabulary's vocabulary.
+std::shared_ptr<const ConstraintSpec> kimi_call_constraint(
+    std::shared_ptr<const KimiCallGrammar> grammar, std::shared_ptr<const VocabularyBytes> vocab,
     std::vector<int32_t> end_ids);
 
 }  // namespace recur::server

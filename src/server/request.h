@@ -43,6 +43,9 @@ struct ServingContext {
   // The tokenizer's tokens as bytes, for structured outputs (null: response_format other than
   // text is refused).
   std::shared_ptr<const VocabularyBytes> vocab_bytes;
+  // The same as forced Kimi calls read it (kimi_call_vocabulary; null: not Kimi's form, or its
+  // markers are not tokens, and such calls are forced by their prefix alone).
+  std::shared_ptr<const VocabularyBytes> kimi_vocab_bytes;
   bool allow_unknown_fields = false;  // else a top-level field not known is a 400
 };
 
@@ -85,7 +88,8 @@ struct ParsedRequest {
   // A call tool_choice forces (JSON call format): what the model writes after the forced prefix,
   // for constrained decoding (null: none forced, or a format left unconstrained).
   std::shared_ptr<const ToolCallGrammar> forced_call;
-  std::shared_ptr<const XmlCallGrammar> forced_xml_call;  // the same, XML call format
+  std::shared_ptr<const XmlCallGrammar> forced_xml_call;    // the same, XML call format
+  std::shared_ptr<const KimiCallGrammar> forced_kimi_call;  // the same, Kimi's call format
   ojson response_echo;  // responses: the request fields its response object repeats
 };
 
@@ -159,8 +163,8 @@ ApiResult<bool> parse_response_format(const ojson& format, const std::string& wh
                                       ParsedRequest* req);
 // After rendering: the engine request's constraint for req->json_schema, which starts after
 // the reasoning when the prompt leaves the model thinking; refused beside tools the model may
-// call (their calls are not JSON of the schema). Else the forced call's (req->forced_call or
-// req->forced_xml_call).
+// call (their calls are not JSON of the schema). Else the forced call's (req->forced_call,
+// req->forced_xml_call or req->forced_kimi_call).
 ApiResult<bool> attach_constraint(const ServingContext& ctx, ParsedRequest* req);
 
 }  // namespace recur::server

@@ -558,11 +558,13 @@ ApiResult<bool> render_chat(const ojson& messages, const ojson* tools, const ojs
         tool_choice == "required" ? std::string_view() : std::string_view(tool_choice).substr(6);
     const size_t call_at = text->size() + out.forced_prefix.size();
     out.forced_prefix += forced_call_prefix(ctx.tool_format, name);
-    // The JSON and XML forms' grammars; Kimi's sections are left unconstrained.
+    // The grammar of the call in the template's form.
     if (ctx.tool_format == ToolCallFormat::kJson && tools) {
       req->forced_call = json_call_grammar(*tools, name, out.parallel_tool_calls);
     } else if (ctx.tool_format == ToolCallFormat::kXml && tools) {
       req->forced_xml_call = xml_call_grammar(*tools, name, out.parallel_tool_calls);
+    } else if (ctx.tool_format == ToolCallFormat::kKimi && tools) {
+      req->forced_kimi_call = kimi_call_grammar(*tools, name, out.parallel_tool_calls);
     }
     // The function name (from tool_choice) is request text too: everything after the prefix
     // a call without a name has, which holds no control token of the template's.

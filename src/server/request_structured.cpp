@@ -101,6 +101,9 @@ ApiResult<bool> attach_constraint(const ServingContext& ctx, ParsedRequest* req)
     } else if (req->forced_xml_call && ctx.vocab_bytes) {
       req->engine.constraint =
           xml_call_constraint(req->forced_xml_call, ctx.vocab_bytes, ctx.eos_token_ids);
+    } else if (req->forced_kimi_call && ctx.kimi_vocab_bytes) {
+      req->engine.constraint =
+          kimi_call_constraint(req->forced_kimi_call, ctx.kimi_vocab_bytes, ctx.eos_token_ids);
     }
     return true;
   }

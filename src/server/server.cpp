@@ -472,6 +472,9 @@ Server::Server(Engine& engine, const Tokenizer* tokenizer, const ChatTemplate* c
   if (tokenizer) ctx.vocab_bytes = VocabularyBytes::build(*tokenizer);
   ctx.chat_template = chat_template;
   if (chat_template) ctx.tool_format = detect_tool_call_format(chat_template->source());
+  if (tokenizer && ctx.tool_format == ToolCallFormat::kKimi) {
+    ctx.kimi_vocab_bytes = kimi_call_vocabulary(*tokenizer, *ctx.vocab_bytes);
+  }
   ctx.allow_unknown_fields = m.options.allow_unknown_fields;
   if (!chat_template) ctx.chat_template_error = m.options.chat_template_error;
 

@@ -8,10 +8,6 @@
 
 namespace recur::server {
 
-namespace {
-
-// The schema a tool's arguments follow: its parameters when the compiler takes them and they
-// describe an object (a value of them may start with '{'), else any JSON object.
 std::shared_ptr<const CompiledSchema> arguments_schema(const ojson& function) {
   if (const ojson* params = field(function, "parameters"); params && params->is_object()) {
     auto compiled = compile_json_schema(*params, "tools");
@@ -22,8 +18,6 @@ std::shared_ptr<const CompiledSchema> arguments_schema(const ojson& function) {
   }
   return any_json_object_schema();
 }
-
-}  // namespace
 
 uint32_t advance_match(std::string_view text, uint32_t at, uint8_t b) {
   for (;;) {

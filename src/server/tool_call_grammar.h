@@ -45,6 +45,11 @@ struct ToolCallGrammar {
 std::shared_ptr<const ToolCallGrammar> json_call_grammar(const ojson& tools, std::string_view name,
                                                          bool more_calls);
 
+// The schema a tool's arguments follow (`function` the tool's "function" object): its parameters
+// when the compiler takes them and they describe an object (a value of them may start with '{'),
+// else any JSON object.
+std::shared_ptr<const CompiledSchema> arguments_schema(const ojson& function);
+
 // How many bytes of `text` the bytes so far end with after one more, `b` (the longest prefix of
 // `text` that is a suffix), given that they ended with `at` of them.
 uint32_t advance_match(std::string_view text, uint32_t at, uint8_t b);

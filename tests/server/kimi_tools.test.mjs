@@ -5,7 +5,9 @@
 // flag. As in xml_tools.test.mjs, the model writes noise, so each scenario's output is one added
 // token (ids past Kimi's special tokens, inside the model's vocabulary) whose text is what a
 // Kimi model would write; logit_bias makes it certain and stop_token_ids makes it the last
-// (include_stop_str_in_output keeps its text in the output).
+// (include_stop_str_in_output keeps its text in the output). A forced call's constraint
+// (kimi_tool_constraint.test.mjs) takes such a token: it reads the markers the text spells whole
+// as the marker tokens.
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';

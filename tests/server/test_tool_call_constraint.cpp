@@ -291,8 +291,8 @@ TEST(ToolCallConstraint, ForcedCallsOfEachApiCarryTheirConstraint) {
   ASSERT_TRUE(responses->engine.constraint);
   EXPECT_FALSE(responses->engine.constraint->start()->allows(quote));
 
-  // Kimi's sections have no grammar: forced by their prefix alone (Qwen3.5's XML calls have
-  // theirs, test_tool_call_xml.cpp).
+  // Kimi's sections where the vocabulary has no marker tokens (no kimi_vocab_bytes): forced by
+  // their prefix alone (test_tool_call_kimi.cpp and test_tool_call_xml.cpp have the grammars).
   ServingContext kimi_ctx = c;
   kimi_ctx.tool_format = ToolCallFormat::kKimi;
   auto k = parse_chat_request(ojson::parse(R"({"messages": [{"role": "user", "content": "hi"}], )" +
