@@ -14,6 +14,7 @@
 // then the end tokens. The part the prompt already holds (a named call's head) is `primed`.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -23,6 +24,26 @@
 #include "server/json_schema.h"
 
 namespace recur::server {
+
+// Sorts a grammar's alternatives by head, so that those a head's first bytes leave are a run;
+// of equal heads the first stays (a name given twice is its first tool's).
+template <class Alternative>
+void sort_heads_keep_first(std::vector<Alternative>* v) {
+  std::stable_sort(v->begin(), v->end(),
+                   [](const auto& a, const auto& b) { return a.head < b.head; });
+  v->erase(std::unique(v->begin(), v->end(),
+                       [](const auto& a, const auto& b) { return a.head == b.head; }),
+           v->end());
+}
+
+// A matcher's bytes one by one: false at the first byte refused (the state then partial).
+template <class Matcher>
+bool feed_each(Matcher& m, std::string_view bytes) {
+  for (char c : bytes) {
+    if (!m.feed(uint8_t(c))) return false;
+  }
+  return true;
+}
 
 struct ToolCallGrammar {
   struct Branch {

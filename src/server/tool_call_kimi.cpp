@@ -46,13 +46,7 @@ std::shared_ptr<const KimiCallGrammar> kimi_call_grammar(const ojson& tools, std
     g->branches.push_back({std::move(head), arguments_schema(*function)});
   }
   if (g->branches.empty()) return nullptr;
-  // Sorted, so the branches a head's first bytes leave are a run; a name given twice is its
-  // first tool's.
-  std::stable_sort(g->branches.begin(), g->branches.end(),
-                   [](const auto& a, const auto& b) { return a.head < b.head; });
-  g->branches.erase(std::unique(g->branches.begin(), g->branches.end(),
-                                [](const auto& a, const auto& b) { return a.head == b.head; }),
-                    g->branches.end());
+  sort_heads_keep_first(&g->branches);
   if (!name.empty()) g->primed = g->branches.front().head;
   g->more_calls = more_calls && name.empty();
   return g;
@@ -76,10 +70,7 @@ void KimiCallMatcher::copy_from(const KimiCallMatcher& other) {
 }
 
 bool KimiCallMatcher::feed(std::string_view bytes) {
-  for (char c : bytes) {
-    if (!feed(uint8_t(c))) return false;
-  }
-  return true;
+  return feed_each(*this, bytes);
 }
 
 bool KimiCallMatcher::feed(uint8_t b) {

@@ -176,13 +176,7 @@ std::shared_ptr<const XmlCallGrammar> xml_call_grammar(const ojson& tools, std::
     g->functions.push_back(std::move(f));
   }
   if (g->functions.empty()) return nullptr;
-  // Sorted, so the functions a head's first bytes leave are a run; a name given twice is its
-  // first tool's (as the parser types its parameters).
-  std::stable_sort(g->functions.begin(), g->functions.end(),
-                   [](const auto& a, const auto& b) { return a.head < b.head; });
-  g->functions.erase(std::unique(g->functions.begin(), g->functions.end(),
-                                 [](const auto& a, const auto& b) { return a.head == b.head; }),
-                     g->functions.end());
+  sort_heads_keep_first(&g->functions);
   if (!name.empty()) g->primed = g->functions.front().head;
   // Qwen3.5's template writes calls one after another, a newline between.
   if (more_calls && name.empty()) g->repeat = "\n" + open;
@@ -210,10 +204,7 @@ void XmlCallMatcher::copy_from(const XmlCallMatcher& other) {
 }
 
 bool XmlCallMatcher::feed(std::string_view bytes) {
-  for (char c : bytes) {
-    if (!feed(uint8_t(c))) return false;
-  }
-  return true;
+  return feed_each(*this, bytes);
 }
 
 bool XmlCallMatcher::param_may_come() const {
