@@ -30,16 +30,24 @@ uint32_t advance_match(std::string_view text, uint32_t at, uint8_t b) {
   }
 }
 
+const ojson* named_function(const ojson& tool, const std::string** name) {
+  const ojson* function = tool.is_object() ? field(tool, "function") : nullptr;
+  const ojson* n = function && function->is_object() ? field(*function, "name") : nullptr;
+  if (!n || !n->is_string()) return nullptr;
+  *name = &n->get_ref<const std::string&>();
+  return function;
+}
+
 std::shared_ptr<const ToolCallGrammar> json_call_grammar(const ojson& tools, std::string_view name,
                                                          bool more_calls) {
   auto g = std::make_shared<ToolCallGrammar>();
   // The heads are what the forced prefix writes for a named call, after "<tool_call>\n".
   const std::string open = forced_call_prefix(ToolCallFormat::kJson, {});
   for (const ojson& tool : tools) {
-    const ojson* function = tool.is_object() ? field(tool, "function") : nullptr;
-    const ojson* tool_name = function && function->is_object() ? field(*function, "name") : nullptr;
-    if (!tool_name || !tool_name->is_string()) continue;
-    const std::string& n = tool_name->get_ref<const std::string&>();
+    const std::string* tool_name = nullptr;
+    const ojson* function = named_function(tool, &tool_name);
+    if (!function) continue;
+    const std::string& n = *tool_name;
     if (!name.empty() && n != name) continue;
     std::string head = forced_call_prefix(ToolCallFormat::kJson, n).substr(open.size());
     if (head.empty() || head.back() != '{') return nullptr;  // not the form this grammar knows

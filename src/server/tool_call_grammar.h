@@ -36,6 +36,9 @@ void sort_heads_keep_first(std::vector<Alternative>* v) {
            v->end());
 }
 
+// A tool's function object (chat's shape), its name in *name; null when it has no named one.
+const ojson* named_function(const ojson& tool, const std::string** name);
+
 // A matcher's bytes one by one: false at the first byte refused (the state then partial).
 template <class Matcher>
 bool feed_each(Matcher& m, std::string_view bytes) {

@@ -36,10 +36,10 @@ std::shared_ptr<const KimiCallGrammar> kimi_call_grammar(const ojson& tools, std
   if (!open.starts_with(markers)) return nullptr;  // not the form this grammar knows
   g->call_lead = open.substr(markers.size());
   for (const ojson& tool : tools) {
-    const ojson* function = tool.is_object() ? field(tool, "function") : nullptr;
-    const ojson* tool_name = function && function->is_object() ? field(*function, "name") : nullptr;
-    if (!tool_name || !tool_name->is_string()) continue;
-    const std::string& n = tool_name->get_ref<const std::string&>();
+    const std::string* tool_name = nullptr;
+    const ojson* function = named_function(tool, &tool_name);
+    if (!function) continue;
+    const std::string& n = *tool_name;
     if ((!name.empty() && n != name) || !writable_name(n)) continue;
     std::string head = forced_call_prefix(ToolCallFormat::kKimi, n).substr(open.size());
     if (head != n + ":") return nullptr;

@@ -164,10 +164,10 @@ std::shared_ptr<const XmlCallGrammar> xml_call_grammar(const ojson& tools, std::
   // The heads are what the forced prefix writes for a named call, after "<tool_call>\n<function=".
   const std::string open = forced_call_prefix(ToolCallFormat::kXml, {});
   for (const ojson& tool : tools) {
-    const ojson* function = tool.is_object() ? field(tool, "function") : nullptr;
-    const ojson* tool_name = function && function->is_object() ? field(*function, "name") : nullptr;
-    if (!tool_name || !tool_name->is_string()) continue;
-    const std::string& n = tool_name->get_ref<const std::string&>();
+    const std::string* tool_name = nullptr;
+    const ojson* function = named_function(tool, &tool_name);
+    if (!function) continue;
+    const std::string& n = *tool_name;
     if ((!name.empty() && n != name) || !writable_name(n)) continue;
     XmlCallGrammar::Function f;
     f.head = n + ">\n";

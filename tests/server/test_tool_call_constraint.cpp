@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "call_matcher_test_util.h"
 #include "request_test_util.h"
 #include "server/json_constraint.h"
 #include "server/output_parser.h"
@@ -34,15 +35,8 @@ std::shared_ptr<const ToolCallGrammar> grammar(std::string_view name, bool more_
   return g;
 }
 
-// How many bytes of `text` the matcher takes after the grammar's primed text (text.size():
-// all); with `whole`, whether the calls are whole there.
 size_t taken(const ToolCallGrammar& g, std::string_view text, bool* whole = nullptr) {
-  ToolCallMatcher m(&g);
-  for (size_t i = 0; i < text.size(); ++i) {
-    if (!m.feed(uint8_t(text[i]))) return i;
-  }
-  if (whole) *whole = m.can_end();
-  return text.size();
+  return bytes_taken<ToolCallMatcher>(g, text, whole);
 }
 
 // The ids of `text` (a copy: a loop over encode(...).value() would outlive its result).
@@ -51,8 +45,7 @@ std::vector<int32_t> ids_of(const Tokenizer& tok, const std::string& text) {
 }
 
 bool whole_calls(const ToolCallGrammar& g, std::string_view text) {
-  bool whole = false;
-  return taken(g, text, &whole) == text.size() && whole;
+  return whole_calls_of<ToolCallMatcher>(g, text);
 }
 
 TEST(ToolCallGrammar, ANamedCallIsItsArgumentsThenTheClose) {
@@ -223,23 +216,13 @@ TEST(ToolCallConstraint, MaskKeepsExactlyTheTokensAllowsAdmits) {
   for (const Case& c : cases) {
     const auto spec = tool_call_constraint(grammar(c.name, true), fx.vocab, {eos});
     for (const char* prefix : c.prefixes) {
-      auto con = spec->start();
-      for (int32_t t : ids_of(*tok, prefix)) {
-        ASSERT_TRUE(con->allows(t)) << prefix;
-        con->accept(t);
-      }
-      std::fill(logits.begin(), logits.end(), 1.0f);
-      con->mask(logits);
-      int kept = 0, differ = 0;
-      for (int t = 0; t < V; ++t) {
-        const bool in = logits[size_t(t)] == 1.0f;
-        kept += in;
-        differ += in != (t < tok->vocab_size() && con->allows(t));
-      }
-      EXPECT_EQ(differ, 0) << c.name << " after " << prefix;
-      EXPECT_GT(kept, 0) << prefix;
+      const MaskAgreement m =
+          mask_agreement(*spec, ids_of(*tok, prefix), tok->vocab_size(), eos, &logits);
+      ASSERT_TRUE(m.fed) << prefix;
+      EXPECT_EQ(m.differ, 0) << c.name << " after " << prefix;
+      EXPECT_GT(m.kept, 0) << prefix;
       const bool whole = std::string(prefix).ends_with("</tool_call>");
-      EXPECT_EQ(logits[size_t(eos)] == 1.0f, whole) << prefix;
+      EXPECT_EQ(m.eos_kept, whole) << prefix;
     }
   }
 }

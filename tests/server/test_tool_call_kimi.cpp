@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "call_matcher_test_util.h"
 #include "request_test_util.h"
 #include "server/json_constraint.h"
 #include "server/output_parser.h"
@@ -55,20 +56,12 @@ std::shared_ptr<const KimiCallGrammar> grammar(std::string_view name, bool more_
   return g;
 }
 
-// How many bytes of `text` the matcher takes after the grammar's primed text (text.size():
-// all); with `whole`, whether the calls are whole there.
 size_t taken(const KimiCallGrammar& g, std::string_view text, bool* whole = nullptr) {
-  KimiCallMatcher m(&g);
-  for (size_t i = 0; i < text.size(); ++i) {
-    if (!m.feed(uint8_t(text[i]))) return i;
-  }
-  if (whole) *whole = m.can_end();
-  return text.size();
+  return bytes_taken<KimiCallMatcher>(g, text, whole);
 }
 
 bool whole_calls(const KimiCallGrammar& g, std::string_view text) {
-  bool whole = false;
-  return taken(g, text, &whole) == text.size() && whole;
+  return whole_calls_of<KimiCallMatcher>(g, text);
 }
 
 // The text the model's tokens spell: each marker byte its marker.
@@ -410,22 +403,12 @@ TEST(KimiCallConstraint, MaskKeepsExactlyTheTokensAllowsAdmits) {
   for (const Case& cs : cases) {
     const auto spec = kimi_call_constraint(grammar(cs.name, true), vocab, {eos});
     for (const std::string& prefix : cs.prefixes) {
-      auto con = spec->start();
-      for (int32_t t : ids_of(tok, prefix)) {
-        ASSERT_TRUE(con->allows(t)) << prefix;
-        con->accept(t);
-      }
-      std::fill(logits.begin(), logits.end(), 1.0f);
-      con->mask(logits);
-      int kept = 0, differ = 0;
-      for (int t = 0; t < V; ++t) {
-        const bool in = logits[size_t(t)] == 1.0f;
-        kept += in;
-        differ += in != (t < tok.vocab_size() && con->allows(t));
-      }
-      EXPECT_EQ(differ, 0) << cs.name << " after " << prefix;
-      EXPECT_GT(kept, 0) << prefix;
-      EXPECT_EQ(logits[size_t(eos)] == 1.0f, prefix.ends_with(c)) << prefix;
+      const MaskAgreement m =
+          mask_agreement(*spec, ids_of(tok, prefix), tok.vocab_size(), eos, &logits);
+      ASSERT_TRUE(m.fed) << prefix;
+      EXPECT_EQ(m.differ, 0) << cs.name << " after " << prefix;
+      EXPECT_GT(m.kept, 0) << prefix;
+      EXPECT_EQ(m.eos_kept, prefix.ends_with(c)) << prefix;
     }
   }
 }

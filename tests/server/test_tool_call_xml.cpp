@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "call_matcher_test_util.h"
 #include "request_test_util.h"
 #include "server/json_constraint.h"
 #include "server/output_parser.h"
@@ -49,20 +50,12 @@ std::string param(std::string_view name, std::string_view value) {
   return "<parameter=" + std::string(name) + ">\n" + std::string(value) + "\n</parameter>\n";
 }
 
-// How many bytes of `text` the matcher takes after the grammar's primed text (text.size():
-// all); with `whole`, whether the calls are whole there.
 size_t taken(const XmlCallGrammar& g, std::string_view text, bool* whole = nullptr) {
-  XmlCallMatcher m(&g);
-  for (size_t i = 0; i < text.size(); ++i) {
-    if (!m.feed(uint8_t(text[i]))) return i;
-  }
-  if (whole) *whole = m.can_end();
-  return text.size();
+  return bytes_taken<XmlCallMatcher>(g, text, whole);
 }
 
 bool whole_calls(const XmlCallGrammar& g, std::string_view text) {
-  bool whole = false;
-  return taken(g, text, &whole) == text.size() && whole;
+  return whole_calls_of<XmlCallMatcher>(g, text);
 }
 
 // Whether `good` is taken and the first byte of `bad` after it refused.
@@ -383,22 +376,12 @@ TEST(XmlCallConstraint, MaskKeepsExactlyTheTokensAllowsAdmits) {
   for (const Case& c : cases) {
     const auto spec = xml_call_constraint(grammar(c.name, true), vocab, {eos});
     for (const std::string& prefix : c.prefixes) {
-      auto con = spec->start();
-      for (int32_t t : ids_of(*tok, prefix)) {
-        ASSERT_TRUE(con->allows(t)) << prefix;
-        con->accept(t);
-      }
-      std::fill(logits.begin(), logits.end(), 1.0f);
-      con->mask(logits);
-      int kept = 0, differ = 0;
-      for (int t = 0; t < V; ++t) {
-        const bool in = logits[size_t(t)] == 1.0f;
-        kept += in;
-        differ += in != (t < int(vocab->bytes.size()) && con->allows(t));
-      }
-      EXPECT_EQ(differ, 0) << c.name << " after " << prefix;
-      EXPECT_GT(kept, 0) << prefix;
-      EXPECT_EQ(logits[size_t(eos)] == 1.0f, prefix.ends_with(kClose)) << prefix;
+      const MaskAgreement m =
+          mask_agreement(*spec, ids_of(*tok, prefix), int(vocab->bytes.size()), eos, &logits);
+      ASSERT_TRUE(m.fed) << prefix;
+      EXPECT_EQ(m.differ, 0) << c.name << " after " << prefix;
+      EXPECT_GT(m.kept, 0) << prefix;
+      EXPECT_EQ(m.eos_kept, prefix.ends_with(kClose)) << prefix;
     }
   }
 }

@@ -7,7 +7,8 @@ import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import OpenAI from 'openai';
 
-import { MODEL_NAME, postJson, sseEvents, startServer } from './lib.mjs';
+import { MODEL_NAME, postJson, startServer } from './lib.mjs';
+import { FORCED_CHOICES, eachForcedChatCall, streamedCall } from './forced_calls.mjs';
 
 const WEATHER = {
   type: 'function',
@@ -75,54 +76,21 @@ after(async () => {
   assert.deepEqual(r, { code: 0, signal: null }, server.output());
 });
 
-const CHOICES = [
-  { type: 'function', function: { name: 'get_weather' } },
-  { type: 'function', function: { name: 'get_time' } },
-  'required',
-];
-
 test('chat: a forced call is whole, its arguments of its tool\'s schema, greedy or sampled', async () => {
-  for (const tool_choice of CHOICES) {
-    for (const sampling of [
-      { temperature: 0 }, { temperature: 1, seed: 3 }, { temperature: 1.5, seed: 11, top_p: 0.9 },
-    ]) {
-      const body = {
-        model: MODEL_NAME, messages, tools: TOOLS, tool_choice, max_tokens: MAX_TOKENS,
-        parallel_tool_calls: false, ...sampling,
-      };
-      const what = `${JSON.stringify(tool_choice)} ${JSON.stringify(sampling)}`;
-      const c = (await client.chat.completions.create(body)).choices[0];
-      assert.equal(c.finish_reason, 'tool_calls', `${what}: ${JSON.stringify(c.message)}`);
-      assert.ok(!c.message.content, `${what}: ${JSON.stringify(c.message)}`);
-      assert.equal(c.message.tool_calls.length, 1, what);
-      const call = c.message.tool_calls[0].function;
-      if (typeof tool_choice === 'object') assert.equal(call.name, tool_choice.function.name);
-      checkCall(call.name, call.arguments);
-    }
-  }
+  const base = { model: MODEL_NAME, messages, tools: TOOLS, max_tokens: MAX_TOKENS };
+  await eachForcedChatCall(client, base, (c, call) => {
+    checkCall(call.function.name, call.function.arguments);
+  });
 });
 
 test('chat, streamed: the arguments\' deltas make the same call', async () => {
-  for (const tool_choice of CHOICES) {
+  for (const tool_choice of FORCED_CHOICES) {
     const body = {
       model: MODEL_NAME, messages, tools: TOOLS, tool_choice, max_tokens: MAX_TOKENS,
       parallel_tool_calls: false, temperature: 0,
     };
     const whole = (await client.chat.completions.create(body)).choices[0].message.tool_calls[0];
-    const res = await postJson(`${server.url}/v1/chat/completions`, { ...body, stream: true });
-    assert.equal(res.status, 200);
-    let name = '';
-    let args = '';
-    let finish = null;
-    for await (const ev of sseEvents(res)) {
-      if (ev.data === '[DONE]') continue;
-      const ch = JSON.parse(ev.data).choices[0];
-      for (const t of ch?.delta?.tool_calls ?? []) {
-        name += t.function?.name ?? '';
-        args += t.function?.arguments ?? '';
-      }
-      finish = ch?.finish_reason ?? finish;
-    }
+    const { name, args, finish } = await streamedCall(server.url, body);
     assert.equal(finish, 'tool_calls');
     assert.equal(name, whole.function.name);
     assert.deepEqual(JSON.parse(args), JSON.parse(whole.function.arguments));
