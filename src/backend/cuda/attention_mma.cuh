@@ -461,8 +461,7 @@ int attention_wgmma_rows(DType cache);
 size_t attention_wgmma_smem_bytes(DType cache, int hd, int dv);
 bool attention_wgmma_takes(DType cache, bool wide_copies, int group, int hd, int dv,
                            size_t max_smem);
-void launch_attention_wgmma(const AttnArgs& a, DType cache, dim3 grid, size_t max_smem,
-                            cudaStream_t stream);
+void launch_attention_wgmma(const AttnArgs& a, DType cache, dim3 grid, cudaStream_t stream);
 
 // paged_attention of every token of the layout, as `a` describes it (its split fields unused),
 // on tensor cores, when the kernels take these heads (hd a multiple of 16, dv of 8, both ≤ 256,

@@ -260,8 +260,8 @@ int64_t prompt_row_tiles(const SeqLayout& layout, int tokens_per_tile,
 
 // wgmma: the warpgroup kernel takes the prompt (attention_wgmma_takes).
 void launch_attention_mma(const AttnArgs& a, DType cache, bool wide_copies, bool wgmma,
-                          const SeqLayout& layout, int kv_heads, size_t max_smem,
-                          cudaStream_t stream, double* cache_bytes) {
+                          const SeqLayout& layout, int kv_heads, cudaStream_t stream,
+                          double* cache_bytes) {
   double positions = 0;  // for the profile: a tile reads keys and values up to its last position
   const int rows = wgmma ? attention_wgmma_rows(cache) : kRows;
   const int64_t n_tiles =
@@ -272,7 +272,7 @@ void launch_attention_mma(const AttnArgs& a, DType cache, bool wide_copies, bool
   if (n_tiles == 0) return;
   const dim3 grid{unsigned(n_tiles), unsigned(kv_heads)};
   if (wgmma) {
-    launch_attention_wgmma(a, cache, grid, max_smem, stream);
+    launch_attention_wgmma(a, cache, grid, stream);
     return;
   }
   if (cache != DType::F32) {
@@ -313,8 +313,8 @@ bool paged_attention_mma(CudaOps::Impl& s, const AttnArgs& a, const Tensor& k_ca
                            copies(k_cache, 8) && copies(v_cache, 8);
   const bool wgmma = s.sm90a && attention_wgmma_takes(k_cache.dtype, wide_copies, a.group, a.hd,
                                                       a.dv, s.max_smem_optin);
-  launch_attention_mma(a, k_cache.dtype, wide_copies, wgmma, layout, kv_heads, s.max_smem_optin,
-                       s.stream, s.options.profile ? &s.next_bytes : nullptr);
+  launch_attention_mma(a, k_cache.dtype, wide_copies, wgmma, layout, kv_heads, s.stream,
+                       s.options.profile ? &s.next_bytes : nullptr);
   s.launched(wgmma ? "paged_attention (wgmma)" : "paged_attention (tensor cores)");
   return true;
 }

@@ -69,27 +69,24 @@ __host__ __device__ constexpr int key_group_bytes(int hd) {
 constexpr int kValueGroupBytes = 16 * kKeys + 16;
 
 // Byte sizes of the shared-memory regions for head sizes hd, dv, with `planes` query planes
-// (terms × warpgroups) and `stages` copy stages: the f16/bf16 tiles in the products' layout, a
-// stage each, or, when widened, the raw e4m3 tiles (keys [hd][kKeys], values [kKeys][dv]) a stage
-// each beside the widened tiles (`wide_keys` key tiles, one value tile).
+// (terms × warpgroups): the f16/bf16 tiles in the products' layout, two stages of them or, when
+// widened, one, beside two stages of the raw e4m3 tiles (keys [hd][kKeys], values [kKeys][dv]).
 struct Smem {
   int q_plane, k_stage, v_stage, raw_k, raw_v, total;
-  __host__ __device__ Smem(int hd, int dv, int planes, bool widen, int stages, int wide_keys)
+  __host__ __device__ Smem(int hd, int dv, int planes, bool widen)
       : q_plane(64 * hd * 2),
         k_stage(kKeys / 8 * key_group_bytes(hd)),
         v_stage(dv / 8 * kValueGroupBytes),
         raw_k(widen ? hd * kKeys : 0),
         raw_v(widen ? kKeys * dv : 0) {
-    total = planes * q_plane + (widen ? stages * (raw_k + raw_v) + wide_keys * k_stage + v_stage
-                                      : stages * (k_stage + v_stage));
+    total = planes * q_plane +
+            (widen ? 2 * (raw_k + raw_v) + k_stage + v_stage : 2 * (k_stage + v_stage));
   }
 };
-// kPipe: the next tile's scores are multiplied while this tile's softmax runs (three stages, two
-// widened key tiles); without, two stages and one widened tile.
-template <typename T, bool kPipe = false>
+template <typename T>
 __host__ __device__ Smem smem_of(int hd, int dv) {
   using S = Shape<T>;
-  return Smem(hd, dv, S::kTerms * S::kGroups, S::kWiden, kPipe ? 3 : 2, kPipe ? 2 : 1);
+  return Smem(hd, dv, S::kTerms * S::kGroups, S::kWiden);
 }
 
 // Keeps the compiler from moving accesses of registers a product reads or writes across the
@@ -148,20 +145,17 @@ __device__ __forceinline__ void start_tile(
   return make_uint4(pair(v.x & 0xffffu), pair(v.x >> 16), pair(v.y & 0xffffu), pair(v.y >> 16));
 }
 
-// A landed e4m3 key tile [hd][kKeys] widened into the products' f16 tile, 8 elements (one 8-byte
-// read, one 16-byte store) a step.
+// A landed e4m3 stage (keys [hd][kKeys], values [kKeys][dv]) widened into the products' f16
+// tiles, 8 elements (one 8-byte read, one 16-byte store) a step.
 template <int kThreads>
-__device__ __forceinline__ void widen_keys(const uint8_t* rk, unsigned char* Kf, int hd) {
+__device__ __forceinline__ void widen_tile(const uint8_t* rk, const uint8_t* rv, unsigned char* Kf,
+                                           unsigned char* Vf, int hd, int dv) {
   const int kg = key_group_bytes(hd);
   for (int e = threadIdx.x; e < hd * (kKeys / 8); e += kThreads) {
     const int d = e / (kKeys / 8), p = 8 * (e % (kKeys / 8));
     *reinterpret_cast<uint4*>(Kf + (p / 8) * kg + (d / 8) * 128 + (d % 8) * 16) =
         widen8(*reinterpret_cast<const uint2*>(rk + d * kKeys + p));
   }
-}
-// The same for a value tile [kKeys][dv].
-template <int kThreads>
-__device__ __forceinline__ void widen_values(const uint8_t* rv, unsigned char* Vf, int dv) {
   for (int e = threadIdx.x; e < kKeys * (dv / 8); e += kThreads) {
     const int p = e / (dv / 8), d = 8 * (e % (dv / 8));
     *reinterpret_cast<uint4*>(Vf + (d / 8) * kValueGroupBytes + (p / 8) * 128 + (p % 8) * 16) =
@@ -172,9 +166,8 @@ __device__ __forceinline__ void widen_values(const uint8_t* rv, unsigned char* V
 // grid (row tiles of kRows rows, kv heads), kThreads (Shape<T>). HD = DV: the head size (64, 128
 // or 256: the products' width; compile-time, so that no branch lies among a tile's products,
 // which ptxas would otherwise serialize). acc[j] holds value channels [8j, 8j + 8) of the
-// thread's rows. kPipe (EXPERIMENT, session 37, RECUR_EXP_ATTN_PIPE=1): the next tile's score
-// products run while this tile's softmax does (a third copy stage holds the tile after).
-template <typename T, int HD, int DV, bool kPipe>
+// thread's rows.
+template <typename T, int HD, int DV>
 __global__ void __launch_bounds__(Shape<T>::kThreads, 1) attention_wgmma_kernel(AttnArgs a) {
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();  // the PTX for later GPUs: never launched there (Impl::sm90a)
@@ -182,23 +175,21 @@ __global__ void __launch_bounds__(Shape<T>::kThreads, 1) attention_wgmma_kernel(
   using S = Shape<T>;
   using M = typename S::M;
   constexpr int kTerms = S::kTerms, kGroups = S::kGroups, kThreads = S::kThreads, kRows = S::kRows;
-  constexpr int kStages = kPipe ? 3 : 2;
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int hd = HD;
   const int group = a.group;
-  const Smem sm = smem_of<T, kPipe>(hd, DV);
+  const Smem sm = smem_of<T>(hd, DV);
   auto q_plane = [&](int term, int wg) { return smem + (term * kGroups + wg) * sm.q_plane; };
   unsigned char* stages = smem + kTerms * kGroups * sm.q_plane;
   // The copies' stages: the products' tiles themselves, or the raw e4m3 tiles, widened each
-  // tile into the f16 tiles after them.
+  // tile into the one f16 tile after them.
   const int stage_bytes = S::kWiden ? sm.raw_k + sm.raw_v : sm.k_stage + sm.v_stage;
   auto stage_k = [&](int i) { return stages + i * stage_bytes; };
   auto stage_v = [&](int i) {
     return stages + i * stage_bytes + (S::kWiden ? sm.raw_k : sm.k_stage);
   };
-  // Widened tiles (kWiden): key tile i (of kPipe ? 2 : 1), then the value tile.
-  auto wide_k = [&](int i) { return stages + kStages * stage_bytes + i * sm.k_stage; };
-  unsigned char* Vf = wide_k(kPipe ? 2 : 1);
+  unsigned char* Kf = stages + 2 * stage_bytes;  // widened tiles (kWiden)
+  unsigned char* Vf = Kf + sm.k_stage;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wg = warp / 4;
   const int g = lane / 4, c = lane % 4;  // fragment row and column
 
@@ -260,11 +251,27 @@ __global__ void __launch_bounds__(Shape<T>::kThreads, 1) attention_wgmma_kernel(
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   constexpr float kWs = kWeightScaleOf<M>;
 
-  // Scores S [64 rows × kKeys] of the warpgroup against the key tile at Ks (sc[j] holds keys
-  // [8j, 8j + 8)), issued and committed, not waited for. Registers written by ordinary
-  // instructions are pinned before the fence (the compiler must not sink the writes past it)
-  // and after the wait.
-  auto start_scores = [&](float(&sc)[kKeys / 8][4], const unsigned char* Ks) {
+  for (int k0 = 0, it = 0; k0 <= max_pos; k0 += kKeys, ++it) {
+    const int cur = it % 2;
+    copy_wait<0>();        // this thread's copies of the current tile have landed
+    fence_async_shared();  // its stores and copies are visible to the products
+    __syncthreads();       // and everyone's; every warpgroup is done with the last tile
+    if (k0 + kKeys <= max_pos) {
+      start_tile<T>(copier, a, table, kvh, k0 + kKeys, max_pos, stage_k(1 - cur), stage_v(1 - cur));
+    }
+    copy_commit();
+    const unsigned char* Ks = stage_k(cur);
+    const unsigned char* Vs = stage_v(cur);
+    if constexpr (S::kWiden) {
+      widen_tile<kThreads>(stage_k(cur), stage_v(cur), Kf, Vf, hd, DV);
+      fence_async_shared();
+      __syncthreads();
+      Ks = Kf, Vs = Vf;
+    }
+    // Scores S [64 rows × kKeys] of the warpgroup; sc[j] holds keys [8j, 8j + 8).
+    // Registers written by ordinary instructions are pinned before the fence (the compiler
+    // must not sink the writes past it) and after the wait.
+    float sc[kKeys / 8][4];
 #pragma unroll
     for (int j = 0; j < kKeys / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
     pin_registers(sc);
@@ -278,10 +285,7 @@ __global__ void __launch_bounds__(Shape<T>::kThreads, 1) attention_wgmma_kernel(
       }
     }
     wgmma_commit();
-  };
-  // The online softmax of the landed scores of the tile at k0, the sums rescaled, and P · V
-  // [64 × dv] added from the value tile at Vs, issued and committed, not waited for.
-  auto start_values = [&](float(&sc)[kKeys / 8][4], int k0, const unsigned char* Vs) {
+    wgmma_wait<0>();
     pin_registers(sc);
     float corr[2];
     online_softmax_tile<kKeys / 8, false>(sc, k0, c, row_pos, 0, m, l, corr);
@@ -310,95 +314,8 @@ __global__ void __launch_bounds__(Shape<T>::kThreads, 1) attention_wgmma_kernel(
       for (int i = kTerms - 1; i >= 0; --i) wgmma_rs<M, DV>(acc, ap[kk][i], vd, true);
     }
     wgmma_commit();
-  };
-
-  if constexpr (!kPipe) {
-    for (int k0 = 0, it = 0; k0 <= max_pos; k0 += kKeys, ++it) {
-      const int cur = it % 2;
-      copy_wait<0>();        // this thread's copies of the current tile have landed
-      fence_async_shared();  // its stores and copies are visible to the products
-      __syncthreads();       // and everyone's; every warpgroup is done with the last tile
-      if (k0 + kKeys <= max_pos) {
-        start_tile<T>(copier, a, table, kvh, k0 + kKeys, max_pos, stage_k(1 - cur),
-                      stage_v(1 - cur));
-      }
-      copy_commit();
-      const unsigned char* Ks = stage_k(cur);
-      const unsigned char* Vs = stage_v(cur);
-      if constexpr (S::kWiden) {
-        widen_keys<kThreads>(stage_k(cur), wide_k(0), hd);
-        widen_values<kThreads>(stage_v(cur), Vf, DV);
-        fence_async_shared();
-        __syncthreads();
-        Ks = wide_k(0), Vs = Vf;
-      }
-      float sc[kKeys / 8][4];
-      start_scores(sc, Ks);
-      wgmma_wait<0>();
-      start_values(sc, k0, Vs);
-      wgmma_wait<0>();
-      pin_registers(acc);
-    }
-  } else {
-    // Tile i lies in stage i % 3 (widened keys in wide_k(i % 2)). Tile 1 is copied now, tile
-    // i + 2 once every warpgroup is done with tile i − 1; tile i + 1's scores are issued before
-    // tile i's softmax, which runs while the products do.
-    if (kKeys <= max_pos)
-      start_tile<T>(copier, a, table, kvh, kKeys, max_pos, stage_k(1), stage_v(1));
-    copy_commit();
-    copy_wait<1>();  // tile 0 has landed
-    fence_async_shared();
-    __syncthreads();
-    const unsigned char* K0 = stage_k(0);
-    if constexpr (S::kWiden) {
-      widen_keys<kThreads>(stage_k(0), wide_k(0), hd);
-      fence_async_shared();
-      __syncthreads();
-      K0 = wide_k(0);
-    }
-    float sc[kKeys / 8][4];
-    start_scores(sc, K0);
-    // Landed before the walk: products in flight must not define a loop-carried register
-    // (ptxas would add a wait of its own inside the walk).
     wgmma_wait<0>();
-    for (int k0 = 0, it = 0; k0 <= max_pos; k0 += kKeys, ++it) {
-      const bool next = k0 + kKeys <= max_pos;
-      copy_wait<0>();  // tile it + 1 has landed
-      fence_async_shared();
-      __syncthreads();  // every warpgroup is done with tile it − 1 (its stage is free)
-      if (k0 + 2 * kKeys <= max_pos) {
-        const int st = (it + 2) % 3;
-        start_tile<T>(copier, a, table, kvh, k0 + 2 * kKeys, max_pos, stage_k(st), stage_v(st));
-      }
-      copy_commit();
-      const unsigned char* Kn = stage_k((it + 1) % 3);
-      const unsigned char* Vs = stage_v(it % 3);
-      if constexpr (S::kWiden) {
-        if (next) widen_keys<kThreads>(Kn, wide_k((it + 1) % 2), hd);
-        widen_values<kThreads>(Vs, Vf, DV);
-        fence_async_shared();
-        __syncthreads();
-        Kn = wide_k((it + 1) % 2), Vs = Vf;
-      }
-      float sn[kKeys / 8][4];
-      if (next) {
-        start_scores(sn, Kn);
-        wgmma_wait<1>();  // tile it's scores have landed; tile it + 1's may still run
-      } else {
-        wgmma_wait<0>();
-      }
-      start_values(sc, k0, Vs);
-      wgmma_wait<0>();
-      pin_registers(acc);
-      if (next) {
-        pin_registers(sn);
-#pragma unroll
-        for (int j = 0; j < kKeys / 8; ++j) {
-#pragma unroll
-          for (int u = 0; u < 4; ++u) sc[j][u] = sn[j][u];
-        }
-      }
-    }
+    pin_registers(acc);
   }
   quad_sums(l);
   l[0] *= kWs, l[1] *= kWs;
@@ -451,38 +368,19 @@ bool attention_wgmma_takes(DType cache, bool wide_copies, int group, int hd, int
          attention_wgmma_smem_bytes(cache, hd, dv) <= max_smem;
 }
 
-// EXPERIMENT (session 37): RECUR_EXP_ATTN_PIPE=1 issues the next tile's scores before this
-// tile's softmax (kPipe) where its three stages fit; removed once measured.
-static bool pipe_switch() {
-  static const bool on = [] {
-    const char* e = std::getenv("RECUR_EXP_ATTN_PIPE");
-    return e && e[0] == '1';
-  }();
-  return on;
-}
-
-void launch_attention_wgmma(const AttnArgs& a, DType cache, dim3 grid, size_t max_smem,
-                            cudaStream_t stream) {
+void launch_attention_wgmma(const AttnArgs& a, DType cache, dim3 grid, cudaStream_t stream) {
   RECUR_CHECK(a.hd == a.dv);
   dispatch_element(cache, [&](auto t) {
     using T = decltype(t);
+    const size_t smem = size_t(smem_of<T>(a.hd, a.dv).total);
     constexpr int kThreads = Shape<T>::kThreads;
-    auto launch = [&](auto pipe) {
-      constexpr bool kPipe = decltype(pipe)::value;
-      const size_t smem = size_t(smem_of<T, kPipe>(a.hd, a.dv).total);
-      if (a.dv == 64) {
-        launch_wgmma<attention_wgmma_kernel<T, 64, 64, kPipe>>(grid, kThreads, smem, stream, a);
-      } else if (a.dv == 128) {
-        launch_wgmma<attention_wgmma_kernel<T, 128, 128, kPipe>>(grid, kThreads, smem, stream, a);
-      } else {
-        RECUR_CHECK(a.dv == 256);
-        launch_wgmma<attention_wgmma_kernel<T, 256, 256, kPipe>>(grid, kThreads, smem, stream, a);
-      }
-    };
-    if (pipe_switch() && size_t(smem_of<T, true>(a.hd, a.dv).total) <= max_smem) {
-      launch(std::true_type{});
+    if (a.dv == 64) {
+      launch_wgmma<attention_wgmma_kernel<T, 64, 64>>(grid, kThreads, smem, stream, a);
+    } else if (a.dv == 128) {
+      launch_wgmma<attention_wgmma_kernel<T, 128, 128>>(grid, kThreads, smem, stream, a);
     } else {
-      launch(std::false_type{});
+      RECUR_CHECK(a.dv == 256);
+      launch_wgmma<attention_wgmma_kernel<T, 256, 256>>(grid, kThreads, smem, stream, a);
     }
   });
 }
