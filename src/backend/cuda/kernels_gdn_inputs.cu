@@ -2,6 +2,7 @@
 // state (prompts and one-token steps), and the fused one-token input stage (conv, L2 norms,
 // gates) behind Ops::gdn_inputs. The delta rule itself is in kernels_gdn.cu.
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/cuda/cuda_internal.cuh"
 
@@ -23,26 +24,31 @@ constexpr int kConvRunTokens = 16;  // consecutive tokens a thread walks
 // bench/results/h200-session30-run1-prof-t2.txt). grid (⌈C/256⌉, runs): runs of kConvRunTokens
 // tokens from run0, the channel blocks first, so that the blocks running at once read whole
 // rows rather than one 1 KB column of thousands of rows (8% faster at 2,048 tokens on the
-// H200, the same at 16,384: session 36).
+// H200, the same at 16,384: session 36). KT: the width K at compile time (the window exactly K
+// registers), or 0 for any K up to kMaxConvK: the window of kMaxConvK predicated registers took 94
+// registers a thread (24% occupancy); K = 4 at compile time took the kernel from 142.5 to 56.4 µs
+// at 2,048 tokens (H100, session 37).
 // x, out [n, C]; w [C, K]; state [slots, K-1, C]
-template <typename W>
-__global__ void conv1d_out_kernel(const float* x, int64_t ldx, const W* w, int K,
+template <typename W, int KT>
+__global__ void conv1d_out_kernel(const float* x, int64_t ldx, const W* w, int k_width,
                                   const float* state, int64_t C, const int32_t* seq_start,
                                   const int32_t* slot, int n_seqs, int n_tokens, float* out,
                                   int64_t ldo, int run0) {
+  constexpr int kW = KT > 0 ? KT : kMaxConvK;  // the window's registers
+  const int K = KT > 0 ? KT : k_width;
   grid_dependency_sync();
   const int run_index = run0 + int(blockIdx.y);
   const int cblock = int(blockIdx.x);
   const int t0 = run_index * kConvRunTokens, t1 = min(t0 + kConvRunTokens, n_tokens);
   const int64_t c = int64_t(cblock) * blockDim.x + threadIdx.x;
   if (c >= C) return;
-  float run[kConvRunTokens], wt[kMaxConvK], in[kMaxConvK];
+  float run[kConvRunTokens], wt[kW], in[kW];
 #pragma unroll
   for (int u = 0; u < kConvRunTokens; ++u) {
     run[u] = t0 + u < t1 ? x[int64_t(t0 + u) * ldx + c] : 0.0f;
   }
 #pragma unroll
-  for (int j = 0; j < kMaxConvK; ++j) {
+  for (int j = 0; j < kW; ++j) {
     if (j < K) wt[j] = to_f32(w[c * K + j]);
   }
   int s = seq_of_token(seq_start, n_seqs, t0), next = seq_start[s + 1];
@@ -55,7 +61,7 @@ __global__ void conv1d_out_kernel(const float* x, int64_t ldx, const W* w, int K
       const int64_t base = seq_start[s], i = t - base;
       const float* st = state + int64_t(slot[s]) * (K - 1) * C;
 #pragma unroll
-      for (int j = 0; j < kMaxConvK; ++j) {
+      for (int j = 0; j < kW; ++j) {
         if (j < K) {
           const int64_t idx = i - (K - 1) + j;
           in[j] = idx < 0 ? st[(K - 1 + idx) * C + c] : x[(base + idx) * ldx + c];
@@ -63,7 +69,7 @@ __global__ void conv1d_out_kernel(const float* x, int64_t ldx, const W* w, int K
       }
     } else {
 #pragma unroll
-      for (int j = 0; j < kMaxConvK; ++j) {
+      for (int j = 0; j < kW; ++j) {
         if (j + 1 < K) {
           in[j] = in[j + 1];
         } else if (j + 1 == K) {
@@ -73,7 +79,7 @@ __global__ void conv1d_out_kernel(const float* x, int64_t ldx, const W* w, int K
     }
     float acc = 0.0f;
 #pragma unroll
-    for (int j = 0; j < kMaxConvK; ++j) {
+    for (int j = 0; j < kW; ++j) {
       if (j < K) acc += wt[j] * in[j];
     }
     out[int64_t(t) * ldo + c] = silu(acc);
@@ -364,10 +370,17 @@ void CudaOps::conv1d_causal_silu(const Tensor& x, const Tensor& weight, Tensor c
       constexpr int kMaxRuns = 65535;
       for (int run0 = 0; run0 < runs; run0 += kMaxRuns) {
         const unsigned n = unsigned(std::min(kMaxRuns, runs - run0));
-        launch_kernel(conv1d_out_kernel<W>, dim3(cblocks, n), 256, 0, s.stream, x.ptr<float>(),
-                      x.stride[0], weight.ptr<W>(), K, conv_state.ptr<float>(), C, dl.seq_start,
-                      dl.slot, layout.n_seqs, int(layout.n_tokens), out.ptr<float>(), out.stride[0],
-                      run0);
+        auto launch = [&](auto kt) {
+          launch_kernel(conv1d_out_kernel<W, decltype(kt)::value>, dim3(cblocks, n), 256, 0,
+                        s.stream, x.ptr<float>(), x.stride[0], weight.ptr<W>(), K,
+                        conv_state.ptr<float>(), C, dl.seq_start, dl.slot, layout.n_seqs,
+                        int(layout.n_tokens), out.ptr<float>(), out.stride[0], run0);
+        };
+        if (K == 4) {  // the width of every supported model's conv
+          launch(std::integral_constant<int, 4>{});
+        } else {
+          launch(std::integral_constant<int, 0>{});
+        }
       }
     });
     s.launched("conv1d_causal_silu (outputs)");
