@@ -123,6 +123,11 @@ int number_next(uint8_t phase, uint8_t b, bool integer) {
   return -1;
 }
 
+// Whether a value of `node` can be written whole inside `open` objects and arrays.
+bool fits(int open, const SchemaNode& node) {
+  return open + node.min_depth <= JsonMatcher::kMaxDepth;
+}
+
 bool frames_equal(const Frame& a, const Frame& b) {
   return a.node == b.node && a.kind == b.kind && a.phase == b.phase && a.gap == b.gap &&
          a.esc == b.esc && a.lo == b.lo && a.hi == b.hi && a.utf8_left == b.utf8_left &&
@@ -279,19 +284,22 @@ void JsonMatcher::apply(Stack& s, uint8_t b) {
       v.gap = 0;
       switch (node.kind) {
         case Kind::kAnyOf:
+          // Each option starts the value on this stack in turn: starting one changes only the
+          // top frame. The options are flat (compile_json_schema), so this is one fork each.
           for (int o : node.options) {
-            Stack fork = s;
-            fork.top().node = uint16_t(o);
-            apply(fork, b);
+            s.top() = v;
+            s.top().node = uint16_t(o);
+            apply(s, b);
           }
           return;
         case Kind::kObject:
-          // Containers nest kMaxDepth deep (the stack: the root, them, this value).
-          if (b != '{' || s.n > kMaxDepth + 1) return;
+          // Containers nest kMaxDepth deep (the stack: the root, them, this value), and the
+          // value's own nesting must fit too.
+          if (b != '{' || !fits(s.n - 2, node)) return;
           v.kind = kObject, v.phase = kObjFirst, v.seen = 0, v.key = -1;
           break;
         case Kind::kArray:
-          if (b != '[' || s.n > kMaxDepth + 1) return;
+          if (b != '[' || !fits(s.n - 2, node)) return;
           v.kind = kArray, v.phase = kArrFirst, v.count = 0;
           break;
         case Kind::kString:
@@ -323,20 +331,32 @@ void JsonMatcher::apply(Stack& s, uint8_t b) {
       const int n_names = int(node.names.size());
       const uint64_t all = n_names == 64 ? ~uint64_t(0) : (uint64_t(1) << n_names) - 1;
       const bool required_seen = (node.required & ~t.seen) == 0;
+      // Only properties whose values fit in the levels left may be named (the required ones
+      // do: the object's own min_depth counts them).
+      const int open = s.n - 1;  // the objects and arrays around a property's value
+      auto fitting = [&] {
+        uint64_t bits = 0;
+        for (int i = 0; i < n_names; ++i) {
+          if (fits(open, schema_->nodes[size_t(node.props[size_t(i)])])) bits |= uint64_t(1) << i;
+        }
+        return bits;
+      };
+      const bool other_names =
+          node.additional >= 0 && fits(open, schema_->nodes[size_t(node.additional)]);
       // A key may still come: a property not given yet, or any other name.
-      const bool key_possible = (all & ~t.seen) != 0 || node.additional >= 0;
+      auto key_possible = [&] { return (all & fitting() & ~t.seen) != 0 || other_names; };
       switch (t.phase) {
         case kObjFirst:
         case kObjNext:
           if (b == '}' && t.phase == kObjFirst && required_seen) {
             child_done(s.f, &s.n);
             emit(s);
-          } else if (b == '"' && key_possible) {
+          } else if (b == '"' && key_possible()) {
             t.phase = kObjKey, t.gap = 0, t.pos = 0, t.esc = 0, t.utf8_left = 0, t.low_next = false;
             t.lo = 0x80, t.hi = 0xBF;
-            t.free_key = node.additional >= 0;
+            t.free_key = other_names;
             // Other names may repeat no property: all names stay candidates to be caught.
-            t.cand = t.free_key ? all : all & ~t.seen;
+            t.cand = t.free_key ? all : all & fitting() & ~t.seen;
             emit(s);
           }
           return;
@@ -348,7 +368,8 @@ void JsonMatcher::apply(Stack& s, uint8_t b) {
             for (int i = 0; i < n_names; ++i) {
               if ((t.cand >> i & 1) && node.names[size_t(i)].size() == t.pos) match = i;
             }
-            if (match >= 0 && (t.seen >> match & 1)) return;  // a property given twice
+            if (match >= 0 && (t.seen >> match & 1)) return;      // a property given twice
+            if (match >= 0 && !(fitting() >> match & 1)) return;  // its value would not fit
             if (match < 0 && !t.free_key) return;
             t.key = int16_t(match);
             t.phase = kObjColon, t.gap = 0;
@@ -377,7 +398,7 @@ void JsonMatcher::apply(Stack& s, uint8_t b) {
           if (b == '}' && required_seen) {
             child_done(s.f, &s.n);
             emit(s);
-          } else if (b == ',' && key_possible) {
+          } else if (b == ',' && key_possible()) {
             t.phase = kObjNext, t.gap = 0;
             emit(s);
           }

@@ -3,6 +3,7 @@
 #include "server/json_schema.h"
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <set>
 
@@ -89,13 +90,36 @@ class Compiler {
       options.push_back(n);
     }
     if (options.size() == 1) return options[0];
-    const int n = add(SchemaNode::Kind::kAnyOf);
+    const int n = add_any_of(path + ".type");
     out_->nodes[size_t(n)].options = std::move(options);
     return n;
   }
 
-  std::shared_ptr<CompiledSchema> take() { return std::move(out_); }
-  void set_root(int r) { out_->root = r; }
+  // The compiled schema with `root` as its root, once the checks on the whole graph pass.
+  ApiResult<std::shared_ptr<const CompiledSchema>> finish(int root) {
+    out_->root = root;
+    std::vector<uint8_t> state(out_->nodes.size(), 0);
+    for (size_t n = 0; n < out_->nodes.size(); ++n) {
+      if (any_of_cycle(int(n), state)) {
+        return fail("",
+                    "a definition refers to itself with no object or array between, so no "
+                    "value can match it");
+      }
+    }
+    RECUR_API_CHECK(flatten_any_ofs());
+    const int depth = set_min_depths();
+    if (depth == kUnbounded) {
+      return fail("",
+                  "every value would nest objects or arrays without end (a definition always "
+                  "holds another of itself), so none can be written");
+    }
+    if (depth > JsonMatcher::kMaxDepth) {
+      return fail("", fmt::format("every value nests objects and arrays {} levels deep or more: "
+                                  "deeper than {} levels, the most structured outputs follow",
+                                  depth, JsonMatcher::kMaxDepth));
+    }
+    return std::shared_ptr<const CompiledSchema>(std::move(out_));
+  }
 
  private:
   ApiError fail(const std::string& path, const std::string& what) const {
@@ -113,6 +137,13 @@ class Compiler {
     out_->nodes.emplace_back();
     out_->nodes.back().kind = kind;
     return int(out_->nodes.size()) - 1;
+  }
+
+  // An anyOf, with the schema path its errors name.
+  int add_any_of(const std::string& path) {
+    const int n = add(SchemaNode::Kind::kAnyOf);
+    any_of_paths_[n] = path;
+    return n;
   }
 
   // Any JSON value: one node set, made once (its object and array refer back to it).
@@ -151,7 +182,7 @@ class Compiler {
     if (auto it = refs_.find(r); it != refs_.end()) return it->second;
     // A placeholder first, so that a definition may refer to itself.
     RECUR_API_CHECK(check_size());
-    const int slot = add(SchemaNode::Kind::kAnyOf);
+    const int slot = add_any_of("." + group + "." + name);
     refs_[r] = slot;
     RECUR_API_ASSIGN(const int n, compile(*target, "." + group + "." + name));
     out_->nodes[size_t(slot)].options = {n};
@@ -160,7 +191,7 @@ class Compiler {
 
   ApiResult<int> root_node() {
     if (root_slot_ < 0) {
-      root_slot_ = add(SchemaNode::Kind::kAnyOf);
+      root_slot_ = add_any_of("");
       RECUR_API_ASSIGN(const int n, compile(root_, ""));
       out_->nodes[size_t(root_slot_)].options = {n};
     }
@@ -187,7 +218,7 @@ class Compiler {
   ApiResult<int> any_of(const ojson& options, const std::string& path) {
     if (!options.is_array() || options.empty()) return fail(path, "must be a non-empty array");
     RECUR_API_CHECK(check_size());
-    const int n = add(SchemaNode::Kind::kAnyOf);
+    const int n = add_any_of(path);
     std::vector<int> compiled;
     for (size_t i = 0; i < options.size(); ++i) {
       RECUR_API_ASSIGN(const int o, compile(options[i], fmt::format("{}[{}]", path, i)));
@@ -288,26 +319,133 @@ class Compiler {
     return n;
   }
 
+  // Whether an anyOf reaches itself through anyOfs alone ({"$defs": {"a": {"$ref":
+  // "#/$defs/a"}}}): a value of it could never start. state: 0 unseen, 1 on the path, 2 done.
+  bool any_of_cycle(int n, std::vector<uint8_t>& state) const {
+    const SchemaNode& node = out_->nodes[size_t(n)];
+    if (node.kind != SchemaNode::Kind::kAnyOf || state[size_t(n)] == 2) return false;
+    if (state[size_t(n)] == 1) return true;
+    state[size_t(n)] = 1;
+    for (int o : node.options) {
+      if (any_of_cycle(o, state)) return true;
+    }
+    state[size_t(n)] = 2;
+    return false;
+  }
+
+  // Lists each anyOf's options through its nested anyOfs (and $refs), each node once, so that
+  // the matcher forks a value once per option: a chain of k anyOfs of two options that lead to
+  // the same next level had 2^k ways to its end. The anyOfs make no cycle (any_of_cycle).
+  ApiResult<int> flatten_any_ofs() {
+    const size_t n_nodes = out_->nodes.size();
+    std::vector<std::vector<int>> flat(n_nodes);
+    std::vector<uint8_t> done(n_nodes, 0);
+    std::vector<int> listed_in(n_nodes, -1);  // the anyOf whose list has the node
+    for (size_t n = 0; n < n_nodes; ++n) {
+      RECUR_API_CHECK(flatten(int(n), flat, done, listed_in));
+    }
+    for (size_t n = 0; n < n_nodes; ++n) {
+      if (done[n]) out_->nodes[n].options = std::move(flat[n]);
+    }
+    return 0;
+  }
+
+  ApiResult<int> flatten(int n, std::vector<std::vector<int>>& flat, std::vector<uint8_t>& done,
+                         std::vector<int>& listed_in) {
+    const SchemaNode& node = out_->nodes[size_t(n)];
+    if (node.kind != SchemaNode::Kind::kAnyOf || done[size_t(n)]) return 0;
+    for (int o : node.options) RECUR_API_CHECK(flatten(o, flat, done, listed_in));
+    std::vector<int> list;
+    auto note = [&](int leaf) {
+      if (listed_in[size_t(leaf)] == n) return;
+      listed_in[size_t(leaf)] = n;
+      list.push_back(leaf);
+    };
+    for (int o : node.options) {
+      if (!done[size_t(o)]) {
+        note(o);
+        continue;
+      }
+      for (int leaf : flat[size_t(o)]) note(leaf);
+    }
+    if (list.size() > size_t(kMaxSchemaAlternatives)) {
+      const auto path = any_of_paths_.find(n);
+      return fail(path == any_of_paths_.end() ? "" : path->second,
+                  fmt::format("more than {} options, counting those of nested anyOf, oneOf, "
+                              "type lists and $ref",
+                              kMaxSchemaAlternatives));
+    }
+    flat[size_t(n)] = std::move(list);
+    done[size_t(n)] = 1;
+    return 0;
+  }
+
+  // Sets each node's min_depth and returns the root's (kUnbounded: it has no finite value).
+  // Depths settle in increasing order, as distances do in Dijkstra's: an anyOf at its first
+  // option's, an object one past its last required property's, an array of at least one item
+  // one past its items'.
+  int set_min_depths() {
+    using K = SchemaNode::Kind;
+    std::vector<SchemaNode>& nodes = out_->nodes;
+    std::vector<int> depth(nodes.size(), kUnbounded);
+    std::vector<int> unsettled(nodes.size(), 0);  // containers: the parts their depth awaits
+    std::vector<std::vector<int>> parents(nodes.size());
+    std::deque<int> settled;  // at the depth being settled in front, one more behind
+    for (size_t n = 0; n < nodes.size(); ++n) {
+      const SchemaNode& node = nodes[n];
+      if (node.kind == K::kAnyOf) {
+        for (int o : node.options) parents[size_t(o)].push_back(int(n));
+        continue;
+      }
+      if (node.kind == K::kObject) {
+        for (size_t i = 0; i < node.props.size(); ++i) {
+          if (!(node.required >> i & 1)) continue;
+          parents[size_t(node.props[i])].push_back(int(n));
+          ++unsettled[n];
+        }
+      } else if (node.kind == K::kArray && node.min_items > 0) {
+        parents[size_t(node.items)].push_back(int(n));
+        ++unsettled[n];
+      }
+      if (unsettled[n] > 0) continue;
+      if (node.kind == K::kObject || node.kind == K::kArray) {
+        depth[n] = 1;
+        settled.push_back(int(n));
+      } else {
+        depth[n] = 0;
+        settled.push_front(int(n));
+      }
+    }
+    while (!settled.empty()) {
+      const int c = settled.front();
+      settled.pop_front();
+      for (int p : parents[size_t(c)]) {
+        if (nodes[size_t(p)].kind == K::kAnyOf) {
+          if (depth[size_t(p)] != kUnbounded) continue;
+          depth[size_t(p)] = depth[size_t(c)];
+          settled.push_front(p);
+        } else if (--unsettled[size_t(p)] == 0) {
+          depth[size_t(p)] = depth[size_t(c)] + 1;
+          settled.push_back(p);
+        }
+      }
+    }
+    for (size_t n = 0; n < nodes.size(); ++n) {
+      nodes[n].min_depth = std::min(depth[n], JsonMatcher::kMaxDepth + 1);
+    }
+    return depth[size_t(out_->root)];
+  }
+
+  static constexpr int kUnbounded = INT_MAX;
+
   const ojson& root_;
   std::string field_;
   std::shared_ptr<CompiledSchema> out_ = std::make_shared<CompiledSchema>();
   std::map<std::string, int> refs_;
+  std::map<int, std::string> any_of_paths_;
   int any_ = -1;
   int root_slot_ = -1;
 };
-
-// Whether an anyOf reaches itself through anyOfs alone ({"$defs": {"a": {"$ref": "#/$defs/a"}}}):
-// a value of it could never start. state: 0 unseen, 1 on the path, 2 done.
-bool any_of_cycle(const CompiledSchema& s, int n, std::vector<uint8_t>& state) {
-  if (s.nodes[size_t(n)].kind != SchemaNode::Kind::kAnyOf || state[size_t(n)] == 2) return false;
-  if (state[size_t(n)] == 1) return true;
-  state[size_t(n)] = 1;
-  for (int o : s.nodes[size_t(n)].options) {
-    if (any_of_cycle(s, o, state)) return true;
-  }
-  state[size_t(n)] = 2;
-  return false;
-}
 
 }  // namespace
 
@@ -315,17 +453,7 @@ ApiResult<std::shared_ptr<const CompiledSchema>> compile_json_schema(const ojson
                                                                      const std::string& field) {
   Compiler c(schema, field);
   RECUR_API_ASSIGN(const int root, c.compile(schema, ""));
-  c.set_root(root);
-  std::shared_ptr<CompiledSchema> out = c.take();
-  std::vector<uint8_t> state(out->nodes.size(), 0);
-  for (size_t n = 0; n < out->nodes.size(); ++n) {
-    if (any_of_cycle(*out, int(n), state)) {
-      return bad_request(field, fmt::format("{}: a definition refers to itself with no object or "
-                                            "array between, so no value can match it",
-                                            field));
-    }
-  }
-  return std::shared_ptr<const CompiledSchema>(std::move(out));
+  return c.finish(root);
 }
 
 std::shared_ptr<const CompiledSchema> any_json_object_schema() {

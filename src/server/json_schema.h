@@ -33,8 +33,11 @@ struct SchemaNode {
   int min_length = 0, max_length = INT_MAX;
   // kLiterals: the JSON texts it may be (enum, const, true, false, null), compact.
   std::vector<std::string> literals;
-  // kAnyOf: the nodes it may be.
+  // kAnyOf: the nodes it may be, none of them an anyOf (nested ones are listed through).
   std::vector<int> options;
+  // The fewest objects and arrays a value of it nests, itself included (JsonMatcher::kMaxDepth
+  // + 1: more, or no finite value at all): the matcher starts no value that could not end.
+  int min_depth = 0;
 };
 
 struct CompiledSchema {
@@ -47,12 +50,15 @@ inline constexpr int kMaxSchemaNodes = 4096;
 inline constexpr int kMaxSchemaProperties = 64;  // per object
 inline constexpr int kMaxSchemaLiterals = 64;    // per enum
 inline constexpr int kMaxLiteralBytes = 256;
+// The options a value may start as, counted through nested anyOfs and $refs.
+inline constexpr int kMaxSchemaAlternatives = 256;
 
 // Compiles `schema` (type, properties, required, additionalProperties, items, minItems,
 // maxItems, minLength, maxLength, enum, const, anyOf, oneOf (as anyOf), $ref to #/$defs or
 // #/definitions; annotations such as title, description, default, examples and format are
 // ignored). A keyword that constrains values in a way not listed is refused by name rather
-// than ignored. `field` names the request field for errors.
+// than ignored, and so is a schema whose values all nest deeper than JsonMatcher::kMaxDepth.
+// `field` names the request field for errors.
 ApiResult<std::shared_ptr<const CompiledSchema>> compile_json_schema(const ojson& schema,
                                                                      const std::string& field);
 // Any JSON object (response_format {"type": "json_object"}).

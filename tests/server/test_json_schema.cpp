@@ -175,6 +175,111 @@ TEST(JsonSchema, UnsupportedKeywordsAreRefusedByName) {
   EXPECT_NE(c.error().message.find("'pattern'"), std::string::npos);
 }
 
+// A chain of anyOfs whose two options both refer to the next level: 2^40 ways to the one
+// integer, which the matcher once walked at every value's first byte.
+TEST(JsonSchema, NestedAnyOfsForkOncePerOption) {
+  ojson defs = ojson::object();
+  const int k = 40;
+  for (int i = 0; i < k; ++i) {
+    const ojson next = {{"$ref", fmt::format("#/$defs/d{}", i + 1)}};
+    defs[fmt::format("d{}", i)] = {{"anyOf", ojson::array({next, next})}};
+  }
+  defs[fmt::format("d{}", k)] = {{"type", "integer"}};
+  auto chain = compile_json_schema(ojson{{"$defs", defs}, {"$ref", "#/$defs/d0"}}, "f");
+  ASSERT_TRUE(chain.ok()) << chain.error().message;
+  EXPECT_TRUE(accepts(**chain, "123"));
+  EXPECT_FALSE(accepts(**chain, "[-4]"));
+  EXPECT_FALSE(accepts(**chain, "1.5"));
+}
+
+// Past the bound on a value's options, counted through nested anyOfs, a schema is refused.
+TEST(JsonSchema, ValuesOfTooManyOptionsAreRefused) {
+  ojson wide = ojson::array();
+  for (int i = 0; i < kMaxSchemaAlternatives; ++i) wide.push_back({{"const", i}});
+  const ojson inner = {{"anyOf", wide}};
+  auto at_bound = compile_json_schema(ojson{{"anyOf", ojson::array({inner})}}, "f");
+  ASSERT_TRUE(at_bound.ok()) << at_bound.error().message;
+  EXPECT_TRUE(accepts(**at_bound, "0"));
+  auto past = compile_json_schema(ojson{{"anyOf", ojson::array({inner, {{"type", "string"}}})}},
+                                  "response_format");
+  ASSERT_FALSE(past.ok());
+  EXPECT_EQ(past.error().status, 400);
+  EXPECT_NE(past.error().message.find(
+                fmt::format("response_format.anyOf: more than {}", kMaxSchemaAlternatives)),
+            std::string::npos)
+      << past.error().message;
+}
+
+// `depth` arrays of at least one item around an integer, and the text of the least of them.
+std::pair<ojson, std::string> nested_arrays(int depth) {
+  ojson schema = {{"type", "integer"}};
+  std::string text = "7";
+  for (int i = 0; i < depth; ++i) {
+    schema = {{"type", "array"}, {"minItems", 1}, {"items", schema}};
+    text = "[" + text + "]";
+  }
+  return {schema, text};
+}
+
+TEST(JsonSchema, ValuesThatMustNestPastTheMatchersDepthAreRefused) {
+  const auto [deepest, text] = nested_arrays(JsonMatcher::kMaxDepth);
+  auto ok = compile_json_schema(deepest, "response_format");
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  EXPECT_TRUE(accepts(**ok, text));
+  EXPECT_FALSE(accepts(**ok, text.substr(1, text.size() - 2))) << "one level short";
+
+  auto too_deep =
+      compile_json_schema(nested_arrays(JsonMatcher::kMaxDepth + 1).first, "response_format");
+  ASSERT_FALSE(too_deep.ok());
+  EXPECT_EQ(too_deep.error().status, 400);
+  EXPECT_NE(too_deep.error().message.find("response_format"), std::string::npos);
+  EXPECT_NE(
+      too_deep.error().message.find(fmt::format("deeper than {} levels", JsonMatcher::kMaxDepth)),
+      std::string::npos)
+      << too_deep.error().message;
+
+  // Required properties nest too; optional ones need not be written.
+  ojson required = {{"type", "integer"}}, optional = required;
+  for (int i = 0; i <= JsonMatcher::kMaxDepth; ++i) {
+    required = {{"type", "object"}, {"properties", {{"a", required}}}, {"required", {"a"}}};
+    optional = {{"type", "object"}, {"properties", {{"a", optional}}}};
+  }
+  EXPECT_FALSE(compile_json_schema(required, "f").ok());
+  EXPECT_TRUE(compile_json_schema(optional, "f").ok());
+
+  // A definition that always holds another of itself has no finite value.
+  auto endless = compile_json_schema(ojson::parse(R"({"$ref": "#/$defs/a", "$defs": {"a":
+      {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/a"}}}})"),
+                                     "response_format");
+  ASSERT_FALSE(endless.ok());
+  EXPECT_NE(endless.error().message.find("without end"), std::string::npos)
+      << endless.error().message;
+}
+
+// A recursive schema may nest, but a property is offered only where its value still fits in
+// the levels left: generation never starts what it could not finish.
+TEST(JsonSchema, PropertiesStartOnlyWhereTheirValueFits) {
+  const auto s = compile(R"({"$ref": "#/$defs/n", "$defs": {"n": {"type": "object",
+      "properties": {"kid": {"$ref": "#/$defs/n"}, "deep": {"type": "array", "minItems": 1,
+      "items": {"type": "array", "minItems": 1, "items": {"type": "array", "minItems": 1,
+      "items": {"type": "integer"}}}}}, "additionalProperties": false}}})");
+  // `levels` objects, the innermost with the three arrays of "deep" in it.
+  auto text = [](int levels) {
+    std::string t;
+    for (int i = 1; i < levels; ++i) t += R"({"kid": )";
+    t += R"({"deep": [[[1]]]})";
+    return t + std::string(size_t(levels - 1), '}');
+  };
+  const int fits = JsonMatcher::kMaxDepth - 3;
+  EXPECT_TRUE(accepts(*s, text(fits)));
+  const std::string too_deep = text(fits + 1);
+  EXPECT_EQ(first_refused(*s, too_deep), too_deep.find("deep"))
+      << "\"deep\" is no key where its arrays would not fit";
+  EXPECT_TRUE(accepts(*s, text(fits + 1).substr(0, too_deep.find("deep") - 1) + "}" +
+                              std::string(size_t(fits), '}')))
+      << "the object there may still close";
+}
+
 }  // namespace
 }  // namespace recur::server
 
