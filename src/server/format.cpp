@@ -70,9 +70,19 @@ std::pair<std::string, ojson> anthropic_stop(const ChoiceState& c) {
   return {"end_turn", nullptr};
 }
 
-ojson tool_input(const std::string& arguments) {
-  ojson j = ojson::parse(arguments, nullptr, false);
+// tool_use input is an object: a cut call's is its arguments closed where what was written is
+// whole ({} when none is), the most of them that can be an object without making any up.
+ojson tool_input(const ToolCall& call) {
+  const std::optional<std::string> closed =
+      call.cut ? close_json_object(call.arguments) : call.arguments;
+  ojson j = closed ? ojson::parse(*closed, nullptr, false) : ojson::object();
   return (!j.is_discarded() && j.is_object()) ? j : ojson::object();
+}
+
+// A streamed tool_use's input_json_delta: a cut call's arguments as written, cut (as Anthropic
+// streams a tool_use that max_tokens ends).
+std::string partial_json(const ToolCall& call) {
+  return call.cut ? call.arguments : dump(tool_input(call));
 }
 
 }  // namespace
@@ -441,7 +451,7 @@ ojson anthropic_response(const Generation& gen) {
       content.push_back({{"type", "tool_use"},
                          {"id", s.call.id},
                          {"name", s.call.name},
-                         {"input", tool_input(s.call.arguments)}});
+                         {"input", tool_input(s.call)}});
     }
   }
   auto [reason, sequence] = anthropic_stop(c);
@@ -513,8 +523,7 @@ void AnthropicStream::updates(const std::vector<ChoiceUpdate>& updates, std::str
       } else if (s.kind == Segment::Kind::kReasoning) {
         delta = {{"type", "thinking_delta"}, {"thinking", s.text}};
       } else {
-        delta = {{"type", "input_json_delta"},
-                 {"partial_json", dump(tool_input(s.call.arguments))}};
+        delta = {{"type", "input_json_delta"}, {"partial_json", partial_json(s.call)}};
       }
       out += sse_event(
           "content_block_delta",

@@ -120,6 +120,11 @@ bool depth_within(std::string_view s, int limit) {
 
 ApiResult<ojson> parse_body(std::string_view body) {
   if (body.empty()) return bad_request("", "the request body is empty; send a JSON object");
+  // The JSON parser reads a NUL as the end of its input: what follows would go unread.
+  if (const size_t nul = body.find('\0'); nul != std::string_view::npos) {
+    return bad_request(
+        "", fmt::format("the request body is not valid JSON: a NUL byte at offset {}", nul));
+  }
   if (!depth_within(body, kMaxJsonDepth)) {
     return bad_request("",
                        fmt::format("the request body nests deeper than {} levels", kMaxJsonDepth));
@@ -214,6 +219,29 @@ ApiResult<std::optional<std::string>> get_string(const ojson& obj, std::string_v
   if (!v) return std::optional<std::string>();
   if (!v->is_string()) return wrong_type(where, key, "a string", *v);
   return std::optional<std::string>(v->get<std::string>());
+}
+
+ApiResult<std::string> get_tool_name(const ojson& obj, std::string_view key,
+                                     std::string_view where) {
+  const ojson* v = field(obj, key);
+  std::string why;
+  if (!v) {
+    why = "it is missing";
+  } else if (!v->is_string()) {
+    why = "got " + type_name(*v);
+  } else {
+    const std::string& name = v->get_ref<const std::string&>();
+    const size_t bad =
+        name.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-");
+    if (!name.empty() && name.size() <= 128 && bad == std::string::npos) return name;
+    why = name.empty()        ? "it is empty"
+          : name.size() > 128 ? fmt::format("it has {} bytes", name.size())
+                              : fmt::format("byte {} is not one of them", bad);
+  }
+  return bad_request(fmt::format("{}{}", where, key),
+                     fmt::format("'{}{}' must be 1 to 128 characters of A-Z, a-z, 0-9, '_', "
+                                 "'.', '-' ({})",
+                                 where, key, why));
 }
 
 std::string random_id(std::string_view prefix, int chars) {

@@ -34,6 +34,11 @@ ApiResult<std::optional<double>> get_number(const ojson& obj, std::string_view k
 ApiResult<std::optional<std::string>> get_string(const ojson& obj, std::string_view key,
                                                  std::string_view where = "");
 
+// A tool definition's name (required): 1 to 128 characters of A-Z, a-z, 0-9, '_', '.', '-', as
+// OpenAI and Anthropic have it; other bytes would be written into the template's call markup.
+ApiResult<std::string> get_tool_name(const ojson& obj, std::string_view key,
+                                     std::string_view where);
+
 // A JSON number that is an integer (5 or 5.0) in [lo, hi].
 std::optional<int64_t> as_int(const ojson& v, int64_t lo, int64_t hi);
 

@@ -363,10 +363,12 @@ bool OutputParser::handle_kimi(std::string_view b, std::vector<Segment>* out) {
 }
 
 bool OutputParser::handle_cut(std::string_view b, std::vector<Segment>* out) {
+  // The arguments are what the model wrote of them, cut (empty when it wrote none), as OpenAI
+  // and vLLM return a call that length ended: never closed into whole JSON it did not write.
   size_t pos = skip_space(b, 0);
-  std::string name, id, arguments = "{}";
+  std::string name, id, arguments;
   if (options_.tool_format == ToolCallFormat::kXml) {
-    // The parameters that are whole.
+    // The parameters that are whole, as the JSON object they begin (left open: it is cut).
     if (!starts_at(b, pos, kFunctionOpen)) return false;
     const auto fn = xml_name(b, pos + kFunctionOpen.size());
     if (!fn) return false;
@@ -376,6 +378,7 @@ bool OutputParser::handle_cut(std::string_view b, std::vector<Segment>* out) {
     }
     name = fn->first;
     arguments = dump(args);
+    arguments.pop_back();  // its '}'
   } else if (options_.tool_format == ToolCallFormat::kKimi) {
     if (!starts_at(b, pos, kKimiCallOpen)) return false;
     const size_t id_at = pos + kKimiCallOpen.size();
@@ -388,7 +391,7 @@ bool OutputParser::handle_cut(std::string_view b, std::vector<Segment>* out) {
     name = *fn;
     if (args_at != std::string_view::npos) {
       const std::string_view body = b.substr(args_at + kKimiArgsOpen.size());
-      arguments = close_json_object(body.substr(0, body.find(kKimiCallClose))).value_or("{}");
+      arguments = written_json(body.substr(0, body.find(kKimiCallClose)));
     }
   } else {
     // {"name": "NAME", "arguments": {…, as the forced prefix writes it.
@@ -410,7 +413,7 @@ bool OutputParser::handle_cut(std::string_view b, std::vector<Segment>* out) {
       for (std::string_view key : {"\"arguments\"", "\"parameters\""}) {
         if (!starts_at(b, pos, key)) continue;
         pos = skip_space(b, pos + key.size());
-        if (starts_at(b, pos, ":")) arguments = close_json_object(b.substr(pos + 1)).value_or("{}");
+        if (starts_at(b, pos, ":")) arguments = written_json(b.substr(pos + 1));
       }
     }
   }

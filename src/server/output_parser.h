@@ -22,7 +22,7 @@ namespace recur::server {
 struct ToolCall {
   std::string id;
   std::string name;
-  std::string arguments;  // a JSON text, as OpenAI sends it
+  std::string arguments;  // a JSON text, as OpenAI sends it (cut: as far as it was written)
   bool cut = false;       // a forced call the output ended (or garbled) before it was whole
 };
 
@@ -95,5 +95,9 @@ ojson typed_argument(std::string_view value, const ojson* schema);
 // written is whole: a string value cut mid-way is closed, a key without its value or a number
 // cut mid-way is left out. nullopt when no object can be made of it.
 std::optional<std::string> close_json_object(std::string_view text);
+
+// The JSON value `text` begins (after whitespace), as written: up to its end when it has one,
+// else all the rest (a value the output cut, or one that is not JSON).
+std::string written_json(std::string_view text);
 
 }  // namespace recur::server

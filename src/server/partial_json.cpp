@@ -1,5 +1,5 @@
-// JSON cut short by the end of generation, closed into the object it began: what a forced tool
-// call's arguments become when max_tokens ends them.
+// JSON cut short by the end of generation: where a forced tool call's arguments end as written
+// when max_tokens ends them, and the object they began, closed (Anthropic's tool_use input).
 #include <optional>
 #include <string>
 #include <string_view>
@@ -35,6 +35,30 @@ size_t string_end(std::string_view s, size_t open, size_t* whole_to) {
 }
 
 }  // namespace
+
+std::string written_json(std::string_view s) {
+  const size_t start = s.find_first_not_of(" \t\r\n");
+  if (start == std::string_view::npos) return {};
+  // Only a string or container has an end to find; brackets are counted, not matched.
+  if (s[start] != '{' && s[start] != '[' && s[start] != '"') return std::string(s.substr(start));
+  int depth = 0;
+  for (size_t i = start; i < s.size(); ++i) {
+    const char c = s[i];
+    if (c == '"') {
+      size_t whole_to = 0;
+      i = string_end(s, i, &whole_to);
+      if (i == std::string_view::npos) break;
+    } else if (c == '{' || c == '[') {
+      ++depth;
+    } else if (c == '}' || c == ']') {
+      --depth;
+    } else {
+      continue;
+    }
+    if (depth <= 0) return std::string(s.substr(start, i + 1 - start));
+  }
+  return std::string(s.substr(start));
+}
 
 std::optional<std::string> close_json_object(std::string_view s) {
   enum class Want { kKey, kColon, kValue, kComma };

@@ -152,13 +152,9 @@ ApiResult<ojson> convert_tools(const ojson& tools) {
     const ojson& t = tools[i];
     const std::string where = fmt::format("tools[{}]", i);
     if (!t.is_object()) return bad_request(where, fmt::format("'{}' must be an object", where));
-    RECUR_API_ASSIGN(auto name, get_string(t, "name", where + "."));
-    if (!name || name->empty() || name->size() > 256) {
-      return bad_request(where + ".name",
-                         fmt::format("'{}.name' must be a non-empty string", where));
-    }
+    RECUR_API_ASSIGN(std::string name, get_tool_name(t, "name", where + "."));
     RECUR_API_ASSIGN(auto desc, get_string(t, "description", where + "."));
-    RECUR_API_ASSIGN(ojson fn, chat_function_tool(t, where, *name, desc, "input_schema"));
+    RECUR_API_ASSIGN(ojson fn, chat_function_tool(t, where, name, desc, "input_schema"));
     out.push_back(std::move(fn));
   }
   return out;

@@ -188,11 +188,7 @@ ApiResult<bool> check_tools(const ojson& tools) {
                                             "{{...}}}}",
                                             where));
     }
-    RECUR_API_ASSIGN(auto name, get_string(*fn, "name", where + ".function."));
-    if (!name || name->empty() || name->size() > 256) {
-      return bad_request(where + ".function.name",
-                         fmt::format("'{}.function.name' must be a non-empty string", where));
-    }
+    RECUR_API_CHECK(get_tool_name(*fn, "name", where + ".function."));
     RECUR_API_CHECK(get_string(*fn, "description", where + ".function."));
     const ojson* params = field(*fn, "parameters");
     if (params && !params->is_object()) {

@@ -176,10 +176,7 @@ ApiResult<ojson> convert_tools(const ojson& tools) {
                                      "file search, ...) are not supported",
                                      where));
     }
-    RECUR_API_ASSIGN(std::string name, required_string(t, "name", where));
-    if (name.size() > 256) {
-      return bad_request(where + ".name", fmt::format("'{}.name' is longer than 256", where));
-    }
+    RECUR_API_ASSIGN(std::string name, get_tool_name(t, "name", where + "."));
     RECUR_API_ASSIGN(auto desc, get_string(t, "description", where + "."));
     RECUR_API_CHECK(get_bool(t, "strict", where + "."));
     RECUR_API_ASSIGN(ojson fn, chat_function_tool(t, where, name, desc, "parameters"));

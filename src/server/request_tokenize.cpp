@@ -52,11 +52,19 @@ ApiResult<std::string> parse_detokenize_request(const ojson& body, const Serving
   }
   std::vector<int32_t> ids;
   ids.reserve(tokens->size());
-  for (const ojson& t : *tokens) {
+  for (size_t i = 0; i < tokens->size(); ++i) {
+    const ojson& t = (*tokens)[i];
+    const std::string where = fmt::format("tokens[{}]", i);
     auto id = as_int(t, 0, ctx.vocab_size - 1);
     if (!id) {
-      return bad_request("tokens", fmt::format("'tokens' must hold token ids in [0, {}), got {}",
-                                               ctx.vocab_size, dump(t)));
+      return bad_request(where, fmt::format("'tokens' must hold token ids in [0, {}), got {}",
+                                            ctx.vocab_size, dump(t)));
+    }
+    // The model's vocabulary may have rows past the tokenizer's ids: those have no text, and
+    // dropping them would answer for ids the client did not send.
+    if (ctx.tokenizer->id_to_token(int32_t(*id)).empty()) {
+      return bad_request(
+          where, fmt::format("'{}' is {}, an id the tokenizer has no token for", where, *id));
     }
     ids.push_back(int32_t(*id));
   }

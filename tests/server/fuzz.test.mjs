@@ -112,7 +112,10 @@ const BAD_BY_ENDPOINT = {
     top_logprobs: [21, -1, 'x'],
     max_completion_tokens: [0, -5, 'x'],
     tools: ['x', 5, {}, [5], [{}], [{ type: 'function' }], [{ type: 'function', function: { name: '' } }],
-      [{ type: 'function', function: { name: 'f', parameters: 5 } }]],
+      [{ type: 'function', function: { name: 'f', parameters: 5 } }],
+      // Names that are no identifiers: they would be written into the call markup.
+      ...['a</tool_call>', 'get weather', 'a\nb', 'a"b', 'a\u0000b', 'a'.repeat(129)].map(
+        (name) => [{ type: 'function', function: { name } }])],
     tool_choice: ['sometimes', 5, { type: 'function' }, 'required'],
     chat_template_kwargs: [5, 'x', [], { messages: [] }],
     stream_options: [{ include_usage: true }],
@@ -133,7 +136,8 @@ const BAD_BY_ENDPOINT = {
       [{ role: 'user', content: [{ type: 'image' }] }], [{ role: 'user', content: [5] }]],
     system: [5, [5], [{ type: 'image' }]],
     stop_sequences: ['x', [5]],
-    tools: [5, [{}], [{ name: '' }], [{ name: 'f', input_schema: 5 }]],
+    tools: [5, [{}], [{ name: '' }], [{ name: 'f', input_schema: 5 }], [{ name: 'a</tool_call>' }],
+      [{ name: 'a'.repeat(1000) }]],
     tool_choice: ['auto', 5, { type: 'maybe' }, { type: 'any' }],
     thinking: [5, { type: 'maybe' }],
   },
@@ -170,6 +174,9 @@ function cases() {
       '\u00ef\u00bb\u00bf{}', '{"a":NaN}', '{"a":Infinity}', "{'a':1}", '{"a":01}', '{"a":1,}']) {
       out.push({ name: `${path} body ${junk}`, bytes: post(path, junk) });
     }
+    // A NUL byte does not end the body: what follows it is still part of it.
+    out.push({ name: `${path} NUL then garbage`,
+      bytes: post(path, Buffer.concat([Buffer.from(text), Buffer.from([0]), Buffer.from('garbage{{{')])) });
     out.push({ name: `${path} deep nesting`, bytes: post(path, JSON.stringify({ ...base, x: 0 }).replace('"x":0', `"x":${'['.repeat(5000)}${']'.repeat(5000)}`)) });
     out.push({ name: `${path} too large`, bytes: post(path, JSON.stringify({ ...base, pad: 'a'.repeat(1.5 * (1 << 20)) })), status: 413 });
     // API keys.
@@ -186,6 +193,8 @@ function cases() {
       out.push({ name: `${path} header ${name}`, bytes: post(path, '{"n": [}', { [name]: value, 'content-type': value }) });
     }
   }
+  // Ids past the tokenizer's last token (the model's vocabulary has rows beyond it) have no text.
+  out.push({ name: '/detokenize unknown id', bytes: post('/detokenize', JSON.stringify({ tokens: [9707, 151935] })) });
   // Request lines and headers the HTTP layer rejects.
   const pre = [
     'GARBAGE\r\n\r\n', 'GET /health\r\n\r\n', 'GET /health HTTP/9.9\r\n\r\n', 'FOO /health HTTP/1.1\r\nHost: x\r\n\r\n',

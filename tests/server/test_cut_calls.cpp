@@ -1,6 +1,7 @@
 // A forced tool call that the output ends before it is whole (max_tokens) comes back as that
 // call, cut, in each tool-call format, and never as the forced prefix's markup; its arguments
-// are JSON closed where what was written is whole.
+// are what the model wrote of them, cut, never made-up whole JSON ("{}"). Anthropic's input,
+// which must be an object, closes them where what was written is whole (close_json_object).
 #include <gtest/gtest.h>
 
 #include "server/output_parser.h"
@@ -52,25 +53,49 @@ TEST(CloseJsonObject, ClosesWhereTheTextIsWhole) {
   EXPECT_FALSE(close_json_object("ol\xc3\xa1").has_value());
 }
 
+TEST(WrittenJson, TheValueAsWrittenUpToItsEnd) {
+  EXPECT_EQ(written_json(R"(  {"a": "}", "b": [1, {"c": "\"]"}]}} trailing)"),
+            R"({"a": "}", "b": [1, {"c": "\"]"}]})");
+  EXPECT_EQ(written_json("{\n\n\n\"/>"), "{\n\n\n\"/>");  // cut: all of it
+  EXPECT_EQ(written_json(R"({"a": "x\)"), R"({"a": "x\)");
+  EXPECT_EQ(written_json(R"("s" x)"), R"("s")");
+  EXPECT_EQ(written_json("ol\xc3\xa1 }"), "ol\xc3\xa1 }");  // no JSON: as written
+  EXPECT_EQ(written_json(" \n"), "");
+}
+
 TEST(CutCalls, AForcedJsonCallCutByTheEndIsTheCall) {
-  // Named: the prefix wrote the name; the arguments are what the model got to.
+  // Named: the prefix wrote the name and the arguments' '{'; the model got this far.
   auto out = parse(forced(ToolCallFormat::kJson, "get_weather"), R"("city": "Par)");
   FlatOutput f = flatten(out);
   ASSERT_EQ(f.calls.size(), 1u);
   EXPECT_EQ(f.calls[0].name, "get_weather");
-  EXPECT_EQ(f.calls[0].arguments, R"({"city": "Par"})");
+  EXPECT_EQ(f.calls[0].arguments, R"({"city": "Par)");
   EXPECT_TRUE(f.calls[0].cut);
   EXPECT_EQ(f.content, "");
-  // Noise that is no JSON: the call with no arguments.
+  // Noise that is no JSON: as written too.
   f = flatten(parse(forced(ToolCallFormat::kJson, "get_weather"), "ol\xc3\xa1 !!"));
   ASSERT_EQ(f.calls.size(), 1u);
-  EXPECT_EQ(f.calls[0].arguments, "{}");
+  EXPECT_EQ(f.calls[0].arguments, "{ol\xc3\xa1 !!");
   EXPECT_EQ(f.content, "");
   // tool_choice required: the model names the tool; cut once the name is whole.
   f = flatten(parse(forced(ToolCallFormat::kJson, ""), R"({"name": "get_time", "arguments": {"z)"));
   ASSERT_EQ(f.calls.size(), 1u);
   EXPECT_EQ(f.calls[0].name, "get_time");
-  EXPECT_EQ(f.calls[0].arguments, "{}");
+  EXPECT_EQ(f.calls[0].arguments, R"({"z)");
+  // Cut inside a key (found by fuzzing: this was "{}", a whole call with no arguments).
+  f = flatten(
+      parse(forced(ToolCallFormat::kJson, ""), "{\"name\": \"get\", \"arguments\": {\n\n\n\"/>"));
+  ASSERT_EQ(f.calls.size(), 1u);
+  EXPECT_EQ(f.calls[0].arguments, "{\n\n\n\"/>");
+  // Cut before the arguments: none were written.
+  f = flatten(parse(forced(ToolCallFormat::kJson, ""), R"({"name": "get_time", )"));
+  ASSERT_EQ(f.calls.size(), 1u);
+  EXPECT_EQ(f.calls[0].arguments, "");
+  // Garbled after whole arguments: the arguments end where their object does.
+  f = flatten(parse(forced(ToolCallFormat::kJson, "f"), "\"a\": 1}} x\n</tool_call>"));
+  ASSERT_EQ(f.calls.size(), 1u);
+  EXPECT_TRUE(f.calls[0].cut);
+  EXPECT_EQ(f.calls[0].arguments, R"({"a": 1})");
   // A whole call is not cut.
   f = flatten(parse(forced(ToolCallFormat::kJson, "f"), "\"a\": 1}}\n</tool_call>"));
   ASSERT_EQ(f.calls.size(), 1u);
@@ -102,7 +127,7 @@ TEST(CutCalls, XmlAndKimiCallsCutByTheEnd) {
                                "<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3"));
   ASSERT_EQ(f.calls.size(), 1u);
   EXPECT_EQ(f.calls[0].name, "get_weather");
-  EXPECT_EQ(f.calls[0].arguments, R"({"city":"Paris"})");
+  EXPECT_EQ(f.calls[0].arguments, R"({"city":"Paris")");  // the whole parameters, left open
   EXPECT_TRUE(f.calls[0].cut);
   EXPECT_EQ(f.content, "");
 
@@ -110,12 +135,12 @@ TEST(CutCalls, XmlAndKimiCallsCutByTheEnd) {
                     R"(0<|tool_call_argument_begin|>{"city": "Par)"));
   ASSERT_EQ(f.calls.size(), 1u);
   EXPECT_EQ(f.calls[0].id, "functions.get_weather:0");
-  EXPECT_EQ(f.calls[0].arguments, R"({"city": "Par"})");
-  // Cut before the call's index: the name is still known.
+  EXPECT_EQ(f.calls[0].arguments, R"({"city": "Par)");
+  // Cut before the call's index: the name is still known; no arguments were written.
   f = flatten(parse(forced(ToolCallFormat::kKimi, "get_weather"), ""));
   ASSERT_EQ(f.calls.size(), 1u);
   EXPECT_EQ(f.calls[0].name, "get_weather");
-  EXPECT_EQ(f.calls[0].arguments, "{}");
+  EXPECT_EQ(f.calls[0].arguments, "");
 }
 
 TEST(CutCalls, OnlyTheForcedCallIsCut) {

@@ -424,11 +424,13 @@ TEST(KimiCallConstraint, ForcedCallsOfEachApiCarryTheirConstraint) {
   c.kimi_vocab_bytes = kimi_call_vocabulary(fx.tok, *fx.vocab);
   const auto first = [&](const char* text) { return fx.tok.encode(text).value()[0]; };
   const int32_t args = *fx.tok.token_to_id(G::kMarkers[G::kArgsBegin]);
-  const auto chat = [&](const std::string& extra) {
-    return parse_chat_request(ojson::parse(R"({"messages": [{"role": "user", "content": "hi"}],
-        "tools": )" + std::string(kTools) + extra +
-                                           "}"),
-                              c);
+  // The tools a request may name: the API refuses the names no id can carry (tools[4] on).
+  ojson tools = ojson::parse(kTools);
+  tools.erase(tools.begin() + 4, tools.end());
+  const auto chat = [&](const std::string& extra, const ojson& with = ojson()) {
+    ojson body = J((R"({"messages": [{"role": "user", "content": "hi"}])" + extra + "}").c_str());
+    body["tools"] = with.is_null() ? tools : with;
+    return parse_chat_request(body, c);
   };
   auto named = chat(R"(, "tool_choice": {"type": "function", "function": {"name": "get_time"}})");
   ASSERT_TRUE(named.ok()) << named.error().message;
@@ -444,11 +446,12 @@ TEST(KimiCallConstraint, ForcedCallsOfEachApiCarryTheirConstraint) {
   EXPECT_FALSE(required->engine.constraint->start()->allows(first("7")));
   EXPECT_FALSE(chat("")->engine.constraint);
   EXPECT_FALSE(chat(R"(, "tool_choice": "none")")->engine.constraint);
-  // A named tool the id cannot carry: its prefix alone.
+  // A tool the id cannot carry never reaches the grammar: its name is refused.
   auto unwritable =
-      chat(R"(, "tool_choice": {"type": "function", "function": {"name": "bad:name"}})");
-  ASSERT_TRUE(unwritable.ok()) << unwritable.error().message;
-  EXPECT_FALSE(unwritable->engine.constraint);
+      chat(R"(, "tool_choice": {"type": "function", "function": {"name": "bad:name"}})",
+           ojson::parse(kTools));
+  ASSERT_FALSE(unwritable.ok());
+  EXPECT_EQ(unwritable.error().param, "tools[4].function.name");
 
   auto anthropic = parse_messages_request(
       J(R"({"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],

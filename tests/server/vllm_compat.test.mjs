@@ -170,7 +170,8 @@ test('a forced call that max_tokens cuts is the call, finish_reason length, no m
     if (typeof tool_choice === 'object') {
       assert.equal(c.message.tool_calls.length, 1);
       assert.equal(c.message.tool_calls[0].function.name, 'get_weather');
-      JSON.parse(c.message.tool_calls[0].function.arguments);
+      // The arguments as written, cut (as vLLM returns them): the prefix's '{' and what followed.
+      assert.match(c.message.tool_calls[0].function.arguments, /^\{/);
     }
     const got = await chunks('/v1/chat/completions', body);
     const text = got.map((k) => k.choices[0]?.delta?.content ?? '').join('');
