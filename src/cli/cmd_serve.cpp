@@ -7,6 +7,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <thread>
@@ -154,24 +155,42 @@ int run_serve(const ServeOptions& o) {
       so.model_name, host, *port);
   std::fflush(stdout);
 
+  // The first signal drains (on its own thread, so that this one hears a second signal, which
+  // exits at once, as uvicorn's and llama-server's second Ctrl-C does).
   std::atomic<bool> finished{false};
+  std::thread drain_thread;
   std::thread signal_thread([&] {
     const timespec tick{0, 200 * 1000 * 1000};
     while (!finished.load()) {
       const int sig = sigtimedwait(&signals, nullptr, &tick);
-      if (sig == SIGTERM || sig == SIGINT) {
-        fmt::print("received {}: finishing in-flight requests\n",
-                   sig == SIGTERM ? "SIGTERM" : "SIGINT");
-        std::fflush(stdout);
-        srv.shutdown();
-        return;
+      if (sig != SIGTERM && sig != SIGINT) continue;
+      const char* name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
+      if (drain_thread.joinable()) {
+        fmt::print(stderr, "received {} again: exiting without waiting for in-flight requests\n",
+                   name);
+        std::fflush(stderr);
+        std::_Exit(1);
       }
+      fmt::print("received {}: finishing in-flight requests (send it again to exit at once)\n",
+                 name);
+      std::fflush(stdout);
+      drain_thread = std::thread([&srv] { srv.shutdown(); });
     }
   });
   Status st = srv.serve();
   finished = true;
-  srv.shutdown();
+  const bool idle = srv.shutdown();
   signal_thread.join();
+  if (drain_thread.joinable()) drain_thread.join();
+  if (!idle) {
+    // A step that does not end would hold the engine's thread, and exit, forever.
+    fmt::print(stderr,
+               "error: the engine was still busy {} s after SIGTERM (the grace period and 10 s "
+               "after cancelling); exiting without waiting for it\n",
+               o.shutdown_grace_s + 10);
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
   if (!st.ok()) return fail(st.error());
   if (!config.prefix_cache_file.empty()) {
     const Status saved = engine.save_prefix_cache();

@@ -150,6 +150,7 @@ struct Server::Impl final : HttpHandler {
   std::unique_ptr<HttpServer> http;
   std::atomic<bool> draining{false};
   std::atomic<bool> shut_down{false};
+  std::atomic<bool> engine_idle{true};  // as the first shutdown() found the engine
 
   Impl(Engine& e, ServerOptions o) : engine(e), options(std::move(o)) {}
 
@@ -523,17 +524,20 @@ Status Server::serve() {
   return impl_->http->run();
 }
 
-void Server::shutdown() {
-  if (impl_->shut_down.exchange(true)) return;
+bool Server::shutdown() {
+  if (impl_->shut_down.exchange(true)) return impl_->engine_idle.load();
   impl_->draining = true;
   impl_->http->set_draining();  // still accepting: /health answers 503 meanwhile
   Engine& engine = impl_->engine;
   engine.stop_accepting();
-  if (!engine.wait_idle(impl_->options.shutdown_grace)) {
+  bool idle = engine.wait_idle(impl_->options.shutdown_grace);
+  if (!idle) {
     engine.cancel_all();
-    engine.wait_idle(std::chrono::seconds(10));
+    idle = engine.wait_idle(std::chrono::seconds(10));
   }
+  impl_->engine_idle = idle;
   impl_->http->stop();
+  return idle;
 }
 
 }  // namespace recur::server

@@ -47,8 +47,9 @@ class Server {
   Status serve();
   // Safe from any thread, once or more: refuses new requests (503, and /health answers 503),
   // lets running ones finish within the grace period, cancels the rest, then closes the
-  // listener and every connection.
-  void shutdown();
+  // listener and every connection. False when the engine was still busy 10 s after cancelling
+  // (a step that does not end: the caller may exit rather than wait on it).
+  bool shutdown();
 
   const ServingContext& context() const;
 

@@ -150,7 +150,7 @@ test('SIGTERM: in-flight streams end with [DONE], the server exits 0', async () 
   }
   assert.equal(last, '[DONE]');
   assert.equal(finish, 'abort');  // --shutdown-grace 1 cut the 200000-token request short
-  const r = await server.stop();
+  const r = await server.exit();
   assert.deepEqual(r, { code: 0, signal: null }, server.output());
   await assert.rejects(fetch(`${server.url}/health`));
 });

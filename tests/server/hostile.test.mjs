@@ -481,9 +481,33 @@ describe('draining after SIGTERM', () => {
       assert.equal(g.status, 503);
       // The stream is cancelled after the grace period and ends; the server exits 0.
       for (;;) if ((await reader.read()).done) break;
-    } finally {
-      const r = await server.stop();
+      const r = await server.exit();
       assert.deepEqual(r, { code: 0, signal: null }, server.output());
+    } finally {
+      await server.stop();
+    }
+  });
+
+  test('a second SIGTERM exits at once, without waiting for the grace period', async () => {
+    const server = await startServer(['--max-batch', '2', '--shutdown-grace', '120', '--kv-cache-mb', '64']);
+    try {
+      const res = await fetch(`${server.url}/v1/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ prompt: [9707], max_tokens: 100000, ignore_eos: true, stream: true }),
+      });
+      assert.equal(res.status, 200);
+      await res.body.getReader().read();  // the stream is running
+      server.proc.kill('SIGTERM');
+      await new Promise((r) => setTimeout(r, 300));
+      assert.equal(server.exited(), null, 'the first SIGTERM drains: the stream keeps running');
+      const t0 = Date.now();
+      server.proc.kill('SIGTERM');
+      while (!server.exited() && Date.now() - t0 < 10000) await new Promise((r) => setTimeout(r, 50));
+      assert.deepEqual(server.exited(), { code: 1, signal: null }, server.output());
+      assert.match(server.output(), /received SIGTERM again: exiting/);
+    } finally {
+      await server.stop();
     }
   });
 });

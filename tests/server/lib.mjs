@@ -52,6 +52,10 @@ export async function startServer(args = [], { model = MODEL } = {}) {
     // SIGTERM, then the exit status (SIGKILL after a timeout, which then fails the caller).
     async stop(timeoutMs = 20000) {
       if (!exited) proc.kill('SIGTERM');
+      return this.exit(timeoutMs);
+    },
+    // The exit status of a server already told to stop (a second SIGTERM would end its drain).
+    async exit(timeoutMs = 20000) {
       const timer = setTimeout(() => proc.kill('SIGKILL'), timeoutMs);
       const r = await exit;
       clearTimeout(timer);
