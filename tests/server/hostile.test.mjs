@@ -459,8 +459,10 @@ describe('at the connection limit', () => {
 });
 
 describe('draining after SIGTERM', () => {
-  test('/health answers 503 to new connections while requests finish', async () => {
-    const server = await startServer(['--max-batch', '2', '--shutdown-grace', '3', '--kv-cache-mb', '64']);
+  // A server with --shutdown-grace `grace`, told SIGTERM 300 ms into an endless stream; `body`
+  // gets it and the stream's reader.
+  async function whileDraining(grace, body) {
+    const server = await startServer(['--max-batch', '2', '--shutdown-grace', String(grace), '--kv-cache-mb', '64']);
     try {
       const res = await fetch(`${server.url}/v1/completions`, {
         method: 'POST',
@@ -472,6 +474,14 @@ describe('draining after SIGTERM', () => {
       await reader.read();  // the stream is running
       server.proc.kill('SIGTERM');
       await new Promise((r) => setTimeout(r, 300));
+      await body(server, reader);
+    } finally {
+      await server.stop();
+    }
+  }
+
+  test('/health answers 503 to new connections while requests finish', async () => {
+    await whileDraining(3, async (server, reader) => {
       const h = await fetch(`${server.url}/health`);
       assert.equal(h.status, 503);
       assert.deepEqual(await h.json(), { status: 'shutting down' });
@@ -483,31 +493,17 @@ describe('draining after SIGTERM', () => {
       for (;;) if ((await reader.read()).done) break;
       const r = await server.exit();
       assert.deepEqual(r, { code: 0, signal: null }, server.output());
-    } finally {
-      await server.stop();
-    }
+    });
   });
 
   test('a second SIGTERM exits at once, without waiting for the grace period', async () => {
-    const server = await startServer(['--max-batch', '2', '--shutdown-grace', '120', '--kv-cache-mb', '64']);
-    try {
-      const res = await fetch(`${server.url}/v1/completions`, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json' },
-        body: JSON.stringify({ prompt: [9707], max_tokens: 100000, ignore_eos: true, stream: true }),
-      });
-      assert.equal(res.status, 200);
-      await res.body.getReader().read();  // the stream is running
-      server.proc.kill('SIGTERM');
-      await new Promise((r) => setTimeout(r, 300));
+    await whileDraining(120, async (server) => {
       assert.equal(server.exited(), null, 'the first SIGTERM drains: the stream keeps running');
       const t0 = Date.now();
       server.proc.kill('SIGTERM');
       while (!server.exited() && Date.now() - t0 < 10000) await new Promise((r) => setTimeout(r, 50));
       assert.deepEqual(server.exited(), { code: 1, signal: null }, server.output());
       assert.match(server.output(), /received SIGTERM again: exiting/);
-    } finally {
-      await server.stop();
-    }
+    });
   });
 });
