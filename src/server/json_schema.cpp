@@ -345,9 +345,36 @@ class Compiler {
       RECUR_API_CHECK(flatten(int(n), flat, done, listed_in));
     }
     for (size_t n = 0; n < n_nodes; ++n) {
-      if (done[n]) out_->nodes[n].options = std::move(flat[n]);
+      if (done[n]) out_->nodes[n].options = merge_literals(std::move(flat[n]));
     }
     return 0;
+  }
+
+  // An anyOf's literal options (consts, enums) as few literal nodes as hold them (each text
+  // once, kMaxSchemaLiterals a node): as separate options, a union of many literals that start
+  // alike (strings: '"') would open more alternatives at once than the matcher keeps.
+  std::vector<int> merge_literals(std::vector<int> options) {
+    using K = SchemaNode::Kind;
+    std::vector<int> kept;
+    std::vector<std::string> texts;
+    for (int o : options) {
+      if (out_->nodes[size_t(o)].kind != K::kLiterals) {
+        kept.push_back(o);
+        continue;
+      }
+      for (const std::string& t : out_->nodes[size_t(o)].literals) {
+        if (std::find(texts.begin(), texts.end(), t) == texts.end()) texts.push_back(t);
+      }
+    }
+    const size_t literal_options = options.size() - kept.size();
+    if (literal_options < 2) return options;
+    for (size_t i = 0; i < texts.size(); i += size_t(kMaxSchemaLiterals)) {
+      const int n = add(K::kLiterals);
+      const size_t end = std::min(texts.size(), i + size_t(kMaxSchemaLiterals));
+      out_->nodes[size_t(n)].literals.assign(texts.begin() + long(i), texts.begin() + long(end));
+      kept.push_back(n);
+    }
+    return kept;
   }
 
   ApiResult<int> flatten(int n, std::vector<std::vector<int>>& flat, std::vector<uint8_t>& done,

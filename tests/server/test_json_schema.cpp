@@ -57,6 +57,24 @@ TEST(JsonSchema, ObjectsWithRequiredAndClosedProperties) {
   EXPECT_FALSE(accepts(*s, R"({"name": "Ada", "age": 36)")) << "not whole";
 }
 
+// A union of literals (zod's z.union of z.literal, TypeScript's string unions) is an anyOf of
+// consts whose options all start with '"': more of them than the matcher keeps open at once
+// must all stay writable.
+TEST(JsonSchema, UnionsOfManyLiteralsKeepEveryValue) {
+  std::string options;
+  for (int i = 0; i < 20; ++i) {
+    options += fmt::format("{}{{\"type\": \"string\", \"const\": \"v{}\"}}", i ? ", " : "", i);
+  }
+  options += R"(, {"enum": [1, 2, "v3"]}, {"type": "integer"})";
+  const auto s = compile(R"({"anyOf": [)" + options + "]}");
+  ASSERT_NE(s, nullptr);
+  for (int i = 0; i < 20; ++i) EXPECT_TRUE(accepts(*s, fmt::format("\"v{}\"", i))) << i;
+  EXPECT_TRUE(accepts(*s, "1"));
+  EXPECT_TRUE(accepts(*s, "17"));
+  EXPECT_FALSE(accepts(*s, "\"v20\""));
+  EXPECT_FALSE(accepts(*s, "\"v\""));
+}
+
 TEST(JsonSchema, OpenObjectsTakeOtherNamesWithTheirSchema) {
   const auto s = compile(R"({"type": "object", "properties": {"a": {"type": "integer"}},
       "additionalProperties": {"type": "string"}})");
