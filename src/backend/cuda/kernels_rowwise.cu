@@ -41,13 +41,14 @@ __global__ void gather_rows_kernel(const float* x, int64_t ldx, const int32_t* r
 constexpr int64_t kBlockNormMinWidth = 1024;
 
 // One warp per row of x [rows, d < kBlockNormMinWidth]; gate [rows, d] when kGate is set.
-template <typename W, NormGate kGate>
+// kPer elements a lane in registers (the same sums in the same order for any kPer).
+template <typename W, NormGate kGate, int kPer = kWarpNormPer>
 __global__ void rms_norm_kernel(Rows x, Rows gate, Rows out, const W* w, float offset, float eps) {
   grid_dependency_sync();
   const int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (r >= x.n_rows) return;
-  rms_norm_row<kWarpNormPer, W, kGate>(x, gate, out, w, offset, eps, r, threadIdx.x % 32, 32,
-                                       [](float ss) { return warp_sum(ss); });
+  rms_norm_row<kPer, W, kGate>(x, gate, out, w, offset, eps, r, threadIdx.x % 32, 32,
+                               [](float ss) { return warp_sum(ss); });
 }
 
 // The sum of ss over a block of kThreads: the warps' partial sums added in a fixed order.
@@ -128,6 +129,11 @@ void launch_rms_norm(const Rows& xs, const Rows& gs, const Rows& os, const W* w,
   if (xs.d >= kBlockNormMinWidth) {
     launch_kernel(rms_norm_block_kernel<W, kGate>, unsigned(xs.n_rows), kThreads, 0, stream, xs, gs,
                   os, w, offset, eps);
+  } else if (xs.d <= 128) {
+    // Rows of heads (the gated norms): four registers a lane, not eight, raise occupancy from
+    // 34%: 68.9 -> 40.8 us at 2,048 tokens, 2,111 -> 1,180 us at 65,536 (H100, session 37).
+    launch_kernel(rms_norm_kernel<W, kGate, 4>, blocks_for(xs.n_rows, kThreads / 32), kThreads, 0,
+                  stream, xs, gs, os, w, offset, eps);
   } else {
     launch_kernel(rms_norm_kernel<W, kGate>, blocks_for(xs.n_rows, kThreads / 32), kThreads, 0,
                   stream, xs, gs, os, w, offset, eps);
