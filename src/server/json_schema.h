@@ -68,8 +68,10 @@ std::shared_ptr<const CompiledSchema> any_json_object_schema();
 // between its tokens (at most kMaxGap bytes in a row) and after it.
 class JsonMatcher {
  public:
-  static constexpr int kMaxFrames = 96;       // all alternatives' stacks together
-  static constexpr int kMaxAlternatives = 8;  // ways an anyOf is still open
+  // All alternatives' stacks together (start_ indexes them in a byte).
+  static constexpr int kMaxFrames = 240;
+  // Ways an anyOf is still open: a discriminated union's shapes all are until its tag is written.
+  static constexpr int kMaxAlternatives = 32;
   static constexpr int kMaxDepth = 32;        // nesting of objects and arrays
   static constexpr int kMaxGap = 20;          // whitespace bytes in a row
   static constexpr int kMaxNumberBytes = 40;  // and two exponent digits

@@ -75,6 +75,25 @@ TEST(JsonSchema, UnionsOfManyLiteralsKeepEveryValue) {
   EXPECT_FALSE(accepts(*s, "\"v\""));
 }
 
+// A discriminated union (pydantic's, zod's) of many object shapes: every shape starts with '{',
+// so all of them are open at once until the discriminator is written; each must stay writable.
+TEST(JsonSchema, UnionsOfManyObjectShapesKeepEveryShape) {
+  std::string options;
+  for (int i = 0; i < 24; ++i) {
+    options += fmt::format(
+        "{}{{\"type\": \"object\", \"properties\": {{\"kind\": {{\"const\": \"k{}\"}}, "
+        "\"v{}\": {{\"type\": \"integer\"}}}}, \"required\": [\"kind\", \"v{}\"], "
+        "\"additionalProperties\": false}}",
+        i ? ", " : "", i, i, i);
+  }
+  const auto s = compile(R"({"anyOf": [)" + options + "]}");
+  ASSERT_NE(s, nullptr);
+  for (int i = 0; i < 24; ++i) {
+    EXPECT_TRUE(accepts(*s, fmt::format(R"({{"kind": "k{}", "v{}": 7}})", i, i))) << i;
+  }
+  EXPECT_FALSE(accepts(*s, R"({"kind": "k3", "v4": 7})"));
+}
+
 TEST(JsonSchema, OpenObjectsTakeOtherNamesWithTheirSchema) {
   const auto s = compile(R"({"type": "object", "properties": {"a": {"type": "integer"}},
       "additionalProperties": {"type": "string"}})");
