@@ -335,6 +335,7 @@ void JsonMatcher::apply(Stack& s, uint8_t b) {
       // do: the object's own min_depth counts them).
       const int open = s.n - 1;  // the objects and arrays around a property's value
       auto fitting = [&] {
+        if (open + node.deepest_value <= kMaxDepth) return all;  // far from the bound: all do
         uint64_t bits = 0;
         for (int i = 0; i < n_names; ++i) {
           if (fits(open, schema_->nodes[size_t(node.props[size_t(i)])])) bits |= uint64_t(1) << i;

@@ -460,6 +460,14 @@ class Compiler {
     for (size_t n = 0; n < nodes.size(); ++n) {
       nodes[n].min_depth = std::min(depth[n], JsonMatcher::kMaxDepth + 1);
     }
+    for (SchemaNode& node : nodes) {
+      if (node.kind != K::kObject) continue;
+      for (int p : node.props)
+        node.deepest_value = std::max(node.deepest_value, nodes[size_t(p)].min_depth);
+      if (node.additional >= 0) {
+        node.deepest_value = std::max(node.deepest_value, nodes[size_t(node.additional)].min_depth);
+      }
+    }
     return depth[size_t(out_->root)];
   }
 

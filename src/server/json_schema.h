@@ -38,6 +38,9 @@ struct SchemaNode {
   // The fewest objects and arrays a value of it nests, itself included (JsonMatcher::kMaxDepth
   // + 1: more, or no finite value at all): the matcher starts no value that could not end.
   int min_depth = 0;
+  // Objects: the largest min_depth of a property's or another name's value (the matcher checks
+  // each property's fit only where this one would not).
+  int deepest_value = 0;
 };
 
 struct CompiledSchema {
