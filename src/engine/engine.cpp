@@ -688,37 +688,42 @@ void Engine::release_finished() {
   for (Sequence*& s : next_seqs_) {
     if (s && s->finished) s = nullptr;
   }
-  auto emit_and_release = [&](Sequence& s) {
-    text_buf_.clear();
-    if (s.text && !s.stopped_by_string) s.text->finish(&text_buf_);
-    Event ev;
-    ev.request_id = s.id;
-    ev.kind = Event::Kind::kFinish;
-    ev.reason = s.reason;
-    ev.message = s.message;
-    ev.text = text_buf_;
-    ev.prompt_tokens = s.prompt_tokens;
-    ev.generated_tokens = int(s.generated.size());
-    ev.cached_tokens = s.cached_tokens;
-    s.sink(ev);
-    ++events_this_step_;
-    if (s.slot >= 0) slots_->release(s.slot);
-    s.slot = -1;
-    release_blocks(s);
-  };
+  // Released before any finish is told: a client that reads the metrics after its last
+  // event sees its blocks and slot free.
   int64_t done = 0;
   for (auto* list : {&running_, &waiting_}) {
     for (auto& s : *list) {
-      if (s->finished) {
-        emit_and_release(*s);
-        ++done;
-      }
+      if (!s->finished) continue;
+      if (s->slot >= 0) slots_->release(s->slot);
+      s->slot = -1;
+      release_blocks(*s);
+      ++done;
     }
-    std::erase_if(*list, [](const std::unique_ptr<Sequence>& s) { return s->finished; });
   }
-  if (done) {
+  if (done == 0) return;
+  {
     std::lock_guard<std::mutex> lk(mu_);
     stats_.requests_finished += done;
+    publish_gauges();
+  }
+  for (auto* list : {&running_, &waiting_}) {
+    for (auto& s : *list) {
+      if (!s->finished) continue;
+      text_buf_.clear();
+      if (s->text && !s->stopped_by_string) s->text->finish(&text_buf_);
+      Event ev;
+      ev.request_id = s->id;
+      ev.kind = Event::Kind::kFinish;
+      ev.reason = s->reason;
+      ev.message = s->message;
+      ev.text = text_buf_;
+      ev.prompt_tokens = s->prompt_tokens;
+      ev.generated_tokens = int(s->generated.size());
+      ev.cached_tokens = s->cached_tokens;
+      s->sink(ev);
+      ++events_this_step_;
+    }
+    std::erase_if(*list, [](const std::unique_ptr<Sequence>& s) { return s->finished; });
   }
 }
 

@@ -370,6 +370,34 @@ TEST(Scheduler, CancellationMidPrefillFreesSlotBlocksAndReservation) {
   EXPECT_TRUE(h.model->violations.empty()) << h.model->violations.front();
 }
 
+// A finish is told after the request's slot and blocks are released and the gauges say so:
+// a client that reads the metrics once its last event arrived sees them free (a server test
+// read 250 blocks still in use after all of its requests had answered).
+TEST(Scheduler, FinishEventsComeAfterTheGaugesShowTheRelease) {
+  EngineConfig cfg = small_config(2, 64);
+  cfg.kv_blocks = 40;
+  Harness h(cfg);
+  std::vector<EngineStats> at_finish;
+  for (uint32_t seed : {1u, 2u}) {
+    Request r;
+    r.prompt = prompt_of(40, seed);
+    r.max_tokens = 6;
+    r.sampling.temperature = 0;
+    r.stop.ignore_eos = true;
+    auto id = h.engine->submit(std::move(r), [&](const Event& ev) {
+      if (ev.kind == Event::Kind::kFinish) at_finish.push_back(h.engine->stats());
+    });
+    ASSERT_TRUE(id.ok());
+  }
+  h.run_until_idle();
+  ASSERT_EQ(at_finish.size(), 2u);
+  for (const EngineStats& st : at_finish) {
+    EXPECT_EQ(st.kv_blocks_used, 0) << "both finish in one step";
+    EXPECT_EQ(st.slots_used, 0);
+    EXPECT_EQ(st.requests_finished, 2);
+  }
+}
+
 // wait_idle returns only once every submitted request has finished, also while the engine
 // thread has taken a request in but not yet published its gauges (its first step still runs).
 TEST(Scheduler, WaitIdleWaitsForARequestTakenInMidStep) {
