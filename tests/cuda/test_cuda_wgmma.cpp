@@ -1,8 +1,8 @@
 // The warpgroup products (backend/cuda/wgmma.cuh) read operands laid out as the prompt
 // attention kernel lays them out: A K-major in shared memory or as registers, B MN-major
-// (transposed), results in the mma.sync fragment order, for f16 and bf16 operands. Should the
-// descriptor's two strides be read the other way round for the MN-major operand, the second product
-// below says so.
+// (transposed), results in the mma.sync fragment order, for f16 and bf16 operands; and as the
+// MoE experts' tiles lay them out (B K-major). Should the descriptor's two strides be read the
+// other way round for the MN-major operand, the first test's second product says so.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -81,6 +81,32 @@ TEST_F(CudaTest, WarpgroupProductsReadTheAttentionKernelsLayouts) {
       }
     }
   }
+}
+
+// The MoE experts' kernel's product: the weights' fragments in registers, a tile's activations
+// K-major (a token's k contiguous), 32 k in two products.
+TEST_F(CudaTest, WarpgroupProductsReadTheExpertsKernelsLayout) {
+  cudaDeviceProp prop;
+  CUDA_TEST_CHECK(cudaGetDeviceProperties(&prop, 0));
+  if (prop.major != 9 || prop.minor != 0) GTEST_SKIP() << "wgmma is built for sm_90a only";
+  std::mt19937 gen(11);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  std::vector<uint16_t> a(64 * 32), b(32 * 64);
+  for (uint16_t& h : a) h = __half_as_ushort(__float2half_rn(u(gen)));
+  for (uint16_t& h : b) h = __half_as_ushort(__float2half_rn(u(gen)));
+  std::vector<float> d(64 * 64);
+  ASSERT_TRUE(wgmma_kmajor_product(a.data(), b.data(), d.data()));
+  double err = 0;
+  for (int r = 0; r < 64; ++r) {
+    for (int n = 0; n < 64; ++n) {
+      double s = 0;
+      for (int k = 0; k < 32; ++k) {
+        s += operand_value(a[r * 32 + k], false) * operand_value(b[k * 64 + n], false);
+      }
+      err = std::max(err, std::fabs(s - double(d[r * 64 + n])));
+    }
+  }
+  EXPECT_LE(err, 1e-4);
 }
 
 }  // namespace

@@ -63,7 +63,65 @@ __global__ void __launch_bounds__(128)
 #endif
 }
 
+// The MoE layout's product (wgmma_kmajor_product): a [64 × 32], b [32 × 64] row-major f16 bits.
+__global__ void __launch_bounds__(128)
+    wgmma_kmajor_kernel(const uint16_t* a, const uint16_t* b, float* d) {
+#if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __trap();  // sm_90a only
+#else
+  __shared__ __align__(128) uint16_t bs[32 * 64];
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, c = lane % 4;
+  for (int e = tid; e < 32 * 64; e += 128) {
+    const int k = e / 64, n = e % 64;
+    bs[((n / 8) * 512 + (k / 8) * 128 + (n % 8) * 16 + (k % 8) * 2) / 2] = b[e];
+  }
+  auto pair = [&](int r, int k) {
+    return uint32_t(a[r * 32 + k]) | uint32_t(a[r * 32 + k + 1]) << 16;
+  };
+  const int r0 = 16 * warp + g;
+  uint32_t af[2][4];
+  for (int h = 0; h < 2; ++h) {
+    const int k0 = 16 * h + 2 * c;
+    af[h][0] = pair(r0, k0), af[h][1] = pair(r0 + 8, k0);
+    af[h][2] = pair(r0, k0 + 8), af[h][3] = pair(r0 + 8, k0 + 8);
+  }
+  fence_async_shared();
+  __syncthreads();
+  float acc[8][4] = {};
+  wgmma_fence();
+  for (int h = 0; h < 2; ++h) {
+    const auto* bh = reinterpret_cast<const unsigned char*>(bs) + 256 * h;
+    wgmma_rs64_kmajor_f16(acc, af[h], wgmma_desc(bh, 128, 512), true);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  for (int j = 0; j < 8; ++j) {
+    for (int u = 0; u < 4; ++u) {
+      const int r = 16 * warp + g + 8 * (u / 2), n = 8 * j + 2 * c + u % 2;
+      d[r * 64 + n] = acc[j][u];
+    }
+  }
+#endif
+}
+
 }  // namespace
+
+bool wgmma_kmajor_product(const uint16_t* a, const uint16_t* b, float* d) {
+  uint16_t *da = nullptr, *db = nullptr;
+  float* dd = nullptr;
+  bool ok = cudaMalloc(&da, 64 * 32 * 2) == cudaSuccess &&
+            cudaMalloc(&db, 32 * 64 * 2) == cudaSuccess &&
+            cudaMalloc(&dd, 64 * 64 * 4) == cudaSuccess &&
+            cudaMemcpy(da, a, 64 * 32 * 2, cudaMemcpyHostToDevice) == cudaSuccess &&
+            cudaMemcpy(db, b, 32 * 64 * 2, cudaMemcpyHostToDevice) == cudaSuccess;
+  if (ok) wgmma_kmajor_kernel<<<1, 128>>>(da, db, dd);
+  ok = ok && cudaGetLastError() == cudaSuccess &&
+       cudaMemcpy(d, dd, 64 * 64 * 4, cudaMemcpyDeviceToHost) == cudaSuccess;
+  cudaFree(da);
+  cudaFree(db);
+  cudaFree(dd);
+  return ok;
+}
 
 bool wgmma_layout_product(const uint16_t* a, const uint16_t* b, int n, bool registers_a, bool bf16,
                           uint32_t b_leading, uint32_t b_stride, float* d) {

@@ -13,4 +13,9 @@ namespace recur::testing {
 bool wgmma_layout_product(const uint16_t* a, const uint16_t* b, int n, bool registers_a, bool bf16,
                           uint32_t b_leading, uint32_t b_stride, float* d);
 
+// d [64 × 64] = a [64 × 32] · b [32 × 64] (f16 bits, row-major) on one warpgroup, A in registers,
+// B K-major as the MoE experts' kernel stages a token's activations (moe_mma.cu): column n, k at
+// (n/8)·512 + (k/8)·128 + (n%8)·16 + (k%8)·2, two products of 16 k each. False on a CUDA error.
+bool wgmma_kmajor_product(const uint16_t* a, const uint16_t* b, float* d);
+
 }  // namespace recur::testing

@@ -89,28 +89,6 @@ __host__ __device__ Smem smem_of(int hd, int dv) {
   return Smem(hd, dv, S::kTerms * S::kGroups, S::kWiden);
 }
 
-// Keeps the compiler from moving accesses of registers a product reads or writes across the
-// fence before it or the wait after it (the hardware uses them asynchronously).
-template <int N>
-__device__ __forceinline__ void pin_registers(float (&d)[N][4]) {
-#pragma unroll
-  for (int j = 0; j < N; ++j) {
-#pragma unroll
-    for (int u = 0; u < 4; ++u) asm volatile("" : "+f"(d[j][u])::"memory");
-  }
-}
-template <int N, int T>
-__device__ __forceinline__ void pin_registers(uint32_t (&a)[N][T][4]) {
-#pragma unroll
-  for (int j = 0; j < N; ++j) {
-#pragma unroll
-    for (int i = 0; i < T; ++i) {
-#pragma unroll
-      for (int u = 0; u < 4; ++u) asm volatile("" : "+r"(a[j][i][u])::"memory");
-    }
-  }
-}
-
 // Starts the copies of positions k0 .. k0 + kKeys − 1 (zeros past last) into a stage: 16-bit
 // tiles straight into the products' layout, e4m3 ones as they lie (4 bytes a copy).
 template <typename T, int kThreads>

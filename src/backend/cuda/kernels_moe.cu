@@ -433,6 +433,16 @@ size_t CudaOps::moe_experts_scratch_bytes(int n_tokens, int k, int n_experts, in
 
 namespace {
 
+// Experiment (session 38), RECUR_EXP_MOE_WGMMA=1: the 16-bit experts' prompt tiles on warpgroup
+// products (moe_wgmma_kernel) instead of mma.sync, where sm_90a code runs.
+bool moe_wgmma_experiment() {
+  static const bool on = [] {
+    const char* v = std::getenv("RECUR_EXP_MOE_WGMMA");
+    return v && v[0] == '1';
+  }();
+  return on;
+}
+
 // Whether every expert's (and the shared expert's) weights start 16-byte aligned.
 bool experts_aligned(std::span<const ExpertWeights> experts, const SharedExpertArgs* shared) {
   bool aligned = true;
@@ -619,6 +629,7 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
         up.out_terms = m.hs_terms, up.out_terms_plane = pairs * d_ff;
         up.out_scale = m.h_scale;
       }
+      up.warpgroup = down.warpgroup = !fp8 && s.sm90a && moe_wgmma_experiment();
     }
     // The profile names the f16 tiles (the pipelined ones) apart from the others (a test checks
     // which ran).

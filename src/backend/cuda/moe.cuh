@@ -77,6 +77,9 @@ struct MoeGemmArgs {
   void* out_terms = nullptr;
   int64_t out_terms_plane = 0;
   float* out_scale = nullptr;
+  // The pipelined tiles of 16-bit weights on warpgroup products (moe_mma.cu's moe_wgmma_kernel;
+  // sm_90a only) rather than mma.sync.
+  bool warpgroup = false;
 };
 
 // The sort's slices of pairs (moe_sort.cu): one up to 2,048 pairs (one block sorts them), else

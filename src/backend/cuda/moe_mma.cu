@@ -31,6 +31,8 @@
 // 256 rows 1,029 / 4,871; four stages 1,022 / 4,739; with .L2::256B 832 / 4,720 (a bulk L2 prefetch
 // of 2 KB a row every 16 stages instead: 1,125 / 5,122). bench/results/h200-session27-notes.md,
 // calls 4 to 6.
+//   moe_wgmma_kernel: the same tiles of 16-bit weights on Hopper's warpgroup products, behind
+// the RECUR_EXP_MOE_WGMMA experiment (kernels_moe.cu) until measured.
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -41,6 +43,7 @@
 #include "backend/cuda/mma_16bit.cuh"
 #include "backend/cuda/moe.cuh"
 #include "backend/cuda/moe_tile_io.cuh"
+#include "backend/cuda/wgmma.cuh"
 
 namespace recur::cuda {
 
@@ -396,15 +399,186 @@ __global__ void __launch_bounds__(kThreads, 2) moe_mma_kernel(MoeGemmArgs a) {
   store_tile_rows<kDual ? kWRows / 2 : kWRows>(a, Cs, kCsLd, row0, rows, n0);  // f32 rows
 }
 
+// The staged activations of the warpgroup products (moe_wgmma_kernel), K-major in wgmma_desc's
+// layout without swizzling: 16-byte chunk c (k 8c .. 8c + 7) of token tok at byte
+// (tok / 8)·kXGroupBytes + c·128 + (tok % 8)·16, term planes kXPlaneBytes apart. A quarter-warp's
+// copies (8 tokens of one chunk) fill one 128-byte core matrix: no bank conflicts.
+constexpr int kXGroupBytes = kTK / 8 * 128;
+constexpr int kXPlaneBytes = kTokens / 8 * kXGroupBytes;
+static_assert(kF16Terms * kXPlaneBytes == kXBytes, "the same stage as moe_mma_kernel's");
+[[maybe_unused]] __device__ __forceinline__ int x_core_offset(int tok, int c) {
+  return (tok / 8) * kXGroupBytes + c * 128 + (tok % 8) * 16;
+}
+
+// moe_mma_kernel's tiles of 16-bit weights on Hopper's warpgroup products (sm_90a): the same
+// grid, stages, weight staging and epilogue; the products differ. mma.sync kept each warp
+// issuing a product every ~9 cycles for 8 tokens at a time (ncu, H200: issue-bound at 2.6 TB/s
+// of weights); here warpgroup wg (warps 4wg .. 4wg + 3) multiplies its row tiles wg and wg + 2
+// (kDual: gate's and up's rows of the same 64 output columns) by all 64 of the tile's tokens in
+// one instruction a term and 16 k. The weights come to registers through ldmatrix as before (bf16
+// made f16 there, exactly as moe_mma_kernel does), the activations' terms straight from shared
+// memory (x_core_offset's layout). acc[ti][j]: rows (wg + 2ti)·64 + wm·16 + [0, 16) × tokens
+// [8j, 8j + 8), in wgmma.cuh's fragment order.
 template <typename T, bool kDual>
-void launch(const MoeGemmArgs& a, unsigned max_tiles, cudaStream_t stream) {
+__global__ void __launch_bounds__(kThreads, 2) moe_wgmma_kernel(MoeGemmArgs a) {
+#if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __trap();  // the PTX for later GPUs: never launched there (MoeGemmArgs::warpgroup)
+#else
+  using S = TileShape<T>;
+  static_assert(!S::kFp8 && S::kRowTiles == 4, "16-bit weights: two row tiles a warpgroup");
+  constexpr int kWRows = S::kWRows, kStages = S::kStages;
+  grid_dependency_sync();
+  int e, row0, rows;
+  if (!moe_tile(a, int(blockIdx.y), e, row0, rows)) return;
+  const int64_t n0 = int64_t(blockIdx.x) * (kDual ? kWRows / 2 : kWRows), K = a.k;
+  const T* W = static_cast<const T*>(a.w[e]);
+  const T* W2 = kDual ? static_cast<const T*>(a.w2[e]) : W;
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ float row_inv[kTokens];
+  __shared__ float row_max[kDual ? kTokens : 1], row_scale[kDual ? kTokens : 1];
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wm = warp % 4, wg = warp / 4;
+
+  // Copy roles: weight rows cr + 64h, 8 columns from cc (as moe_mma_kernel); activations of
+  // token x_tok, chunk x_chunk of each term.
+  const int cr = tid / 4, cc = (tid % 4) * 8;
+  const int x_tok = (tid / 32) * 8 + tid % 8, x_chunk = (tid / 8) % 4;
+  const __half* xt = static_cast<const __half*>(a.x_terms);
+  const __half* xrow = nullptr;
+  float inv = 0.0f;  // tokens past the tile's: their zero sums stay zero
+  if (x_tok < rows) {
+    const int64_t xr = a.x_row ? int64_t(a.x_row[row0 + x_tok]) : int64_t(row0 + x_tok);
+    xrow = xt + xr * a.ldxt;
+    inv = a.x_scale[xr];
+  }
+  if (x_chunk == 0) row_inv[x_tok] = inv;
+  const T* wrow[4];
+#pragma unroll
+  for (int h = 0; h < 4; ++h) {
+    const int sr = cr + 64 * h;
+    const bool second = kDual && sr >= kWRows / 2;
+    const int64_t r = n0 + (second ? sr - kWRows / 2 : sr);
+    wrow[h] = r < a.m ? (second ? W2 : W) + r * K : nullptr;
+  }
+  auto issue = [&](int kt) {
+    unsigned char* st = smem + (kt % kStages) * S::kStageBytes;
+    T* Ws = reinterpret_cast<T*>(st);
+    const int64_t k0 = int64_t(kt) * kTK + cc;
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {
+      const bool ok = wrow[h] && k0 < K;
+      copy16_async_l2_256(Ws + (cr + 64 * h) * kLd + swz(cr, cc / 8), ok ? wrow[h] + k0 : W, ok);
+    }
+    const int64_t xk = int64_t(kt) * kTK + x_chunk * 8;
+    const bool ok = xrow && xk < K;
+#pragma unroll
+    for (int term = 0; term < kF16Terms; ++term) {
+      copy16_async(st + S::kWBytes + term * kXPlaneBytes + x_core_offset(x_tok, x_chunk),
+                   ok ? xrow + term * a.x_terms_plane + xk : xt, ok);
+    }
+  };
+
+  float acc[2][8][4] = {};
+  const int nk = int((K + kTK - 1) / kTK);
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < nk) issue(s);
+    copy_commit();  // empty groups too: the waits below count kStages - 1 groups ahead
+  }
+  const int a_row = wm * 16 + lane % 16;  // ldmatrix: row lane % 16, 8 columns from (lane / 16)·8
+  for (int kt = 0; kt < nk; ++kt) {
+    copy_wait<kStages - 2>();
+    fence_async_shared();  // this thread's landed copies are visible to the products
+    // Stage kt has landed for every thread, and every warpgroup's products of stage kt - 1,
+    // whose slot the copies below refill, have completed (each waits for its own below).
+    __syncthreads();
+    if (kt + kStages - 1 < nk) issue(kt + kStages - 1);
+    copy_commit();
+    const unsigned char* st = smem + (kt % kStages) * S::kStageBytes;
+    const T* Ws = reinterpret_cast<const T*>(st);
+    uint32_t af[kTK / 16][2][4];  // [16 k][row tile wg, wg + 2]: the weights' A fragments
+#pragma unroll
+    for (int h = 0; h < kTK / 16; ++h) {
+#pragma unroll
+      for (int ti = 0; ti < 2; ++ti) {
+        const int i = wg + 2 * ti;
+        ldmatrix_x4<false>(af[h][ti], Ws + (i * 64 + a_row) * kLd + swz(a_row, lane / 16 + 2 * h));
+        if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) af[h][ti][r] = bf16x2_to_f16x2(af[h][ti][r]);
+        }
+      }
+    }
+    pin_registers(acc[0]);
+    pin_registers(acc[1]);
+    pin_registers(af);
+    wgmma_fence();
+#pragma unroll
+    for (int h = 0; h < kTK / 16; ++h) {
+#pragma unroll
+      for (int ti = 0; ti < 2; ++ti) {
+#pragma unroll
+        for (int term = 0; term < kF16Terms; ++term) {  // mid, then hi
+          const unsigned char* xs = st + S::kWBytes + term * kXPlaneBytes + h * 256;
+          wgmma_rs64_kmajor_f16(acc[ti], af[h][ti], wgmma_desc(xs, 128, kXGroupBytes), true);
+        }
+      }
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    pin_registers(acc[0]);
+    pin_registers(acc[1]);
+  }
+  copy_wait<0>();
+  __syncthreads();  // Cs reuses the ring
+  // Each sum times its token's inverse scale (exact) before the SwiGLU, as moe_mma_kernel.
+  float* Cs = reinterpret_cast<float*>(smem);
+  constexpr int kCsLd = S::kCsLd;
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int tok = 8 * j + 2 * t + u % 2, col = wm * 16 + g + (u / 2) * 8;
+      const float tinv = row_inv[tok];
+      if constexpr (kDual) {
+        Cs[tok * kCsLd + wg * 64 + col] = silu(acc[0][j][u] * tinv) * (acc[1][j][u] * tinv);
+      } else {
+        Cs[tok * kCsLd + wg * 64 + col] = acc[0][j][u] * tinv;
+        Cs[tok * kCsLd + (wg + 2) * 64 + col] = acc[1][j][u] * tinv;
+      }
+    }
+  }
+  __syncthreads();
+  if constexpr (kDual) {
+    if (a.out_terms) {
+      store_scaled_terms<kWRows / 2, kCsLd>(a, Cs, row0, rows, n0, row_max, row_scale);
+      return;
+    }
+  }
+  store_tile_rows<kDual ? kWRows / 2 : kWRows>(a, Cs, kCsLd, row0, rows, n0);  // f32 rows
+#endif
+}
+
+template <auto kKernel, typename T, bool kDual>
+void launch_tiles(const MoeGemmArgs& a, unsigned max_tiles, cudaStream_t stream) {
   using S = TileShape<T>;
   const int64_t cols = kDual ? S::kWRows / 2 : S::kWRows;  // output columns per block
   const dim3 grid(unsigned((a.m + cols - 1) / cols), max_tiles);
-  opt_in_smem<moe_mma_kernel<T, kDual>>(size_t(S::kSmemBytes));
-  if (kDual) allow_nonportable_clusters<moe_mma_kernel<T, kDual>>();
-  launch_kernel_clusters(moe_mma_kernel<T, kDual>, grid, kThreads, size_t(S::kSmemBytes), stream,
+  opt_in_smem<kKernel>(size_t(S::kSmemBytes));
+  if (kDual) allow_nonportable_clusters<kKernel>();
+  launch_kernel_clusters(kKernel, grid, kThreads, size_t(S::kSmemBytes), stream,
                          a.out_terms ? grid.x : 1u, a);
+}
+// 16-bit weights' tiles on warpgroup products where a.warpgroup says so.
+template <typename T, bool kDual>
+void launch(const MoeGemmArgs& a, unsigned max_tiles, cudaStream_t stream) {
+  if constexpr (!TileShape<T>::kFp8) {
+    if (a.warpgroup) {
+      launch_tiles<moe_wgmma_kernel<T, kDual>, T, kDual>(a, max_tiles, stream);
+      return;
+    }
+  }
+  launch_tiles<moe_mma_kernel<T, kDual>, T, kDual>(a, max_tiles, stream);
 }
 
 // x [rows, k] → two f16 terms [2, rows, k] (mid, hi) of each row times 2^e (e from
@@ -497,6 +671,7 @@ void launch_moe_mma(const MoeGemmArgs& a, DType wdtype, bool dual, unsigned max_
   RECUR_CHECK(a.x_terms && a.x_scale && !(a.dense_w && dual) && !a.direct_ids);
   RECUR_CHECK(moe_wmma_pipelined(wdtype, a.k, a.w_aligned));
   RECUR_CHECK(!a.out_terms || (dual && a.out_scale && moe_mma_takes(a.m, wdtype)));
+  RECUR_CHECK(!a.warpgroup || (wdtype != DType::F8_E4M3 && !a.dense_w));
   if (wdtype == DType::F8_E4M3) {
     RECUR_CHECK(fp8_wmma_blocks(a.fp8_block_rows, a.fp8_block_cols));
     dual ? launch<uint8_t, true>(a, max_tiles, stream)

@@ -1,5 +1,6 @@
 // Hopper warpgroup matrix products (wgmma, sm_90a) on f16 or bf16 operands with f32 accumulation,
-// for the prompt attention kernel (kernels_attention_wgmma.cu) and its layout test. A warpgroup (4
+// for the prompt attention kernel (kernels_attention_wgmma.cu), the MoE experts' prompt tiles
+// (moe_mma.cu) and their layout tests. A warpgroup (4
 // consecutive warps) issues each product together; operands in shared memory are described by
 // a matrix descriptor, in the layout without swizzling: 8 × 16-byte "core matrices" of 128
 // contiguous bytes, placed by two byte strides (PTX ISA, wgmma's canonical layouts): the
@@ -48,6 +49,28 @@ __device__ __forceinline__ void fence_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// Keeps the compiler from moving accesses of registers a product reads or writes across the
+// fence before it or the wait after it (the hardware uses them asynchronously).
+template <int N>
+__device__ __forceinline__ void pin_registers(float (&d)[N][4]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) asm volatile("" : "+f"(d[j][u])::"memory");
+  }
+}
+template <int N, int T>
+__device__ __forceinline__ void pin_registers(uint32_t (&a)[N][T][4]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+#pragma unroll
+    for (int i = 0; i < T; ++i) {
+#pragma unroll
+      for (int u = 0; u < 4; ++u) asm volatile("" : "+r"(a[j][i][u])::"memory");
+    }
+  }
+}
+
 // The instructions, one function a shape, templated on the operand type M (__half or
 // __nv_bfloat16): d [64 × N] (+)= A · B, A [64 × 16] in shared memory (ss: K-major) or in
 // registers (rs: the warp's 16 rows as an mma.sync m16n8k16 A fragment), B [16 × N] in shared
@@ -80,13 +103,13 @@ __device__ __forceinline__ void wgmma_n32_ss(float (&d)[4][4], uint64_t a, uint6
 }
 #undef RECUR_WGMMA_SS32
 
-#define RECUR_WGMMA_RS64(TY)                                                                      \
+#define RECUR_WGMMA_RS64(TY, TRANS_B)                                                             \
   asm volatile(                                                                                   \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                \
       "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY                                     \
       " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "   \
       "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "                        \
-      "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                                               \
+      "{%32, %33, %34, %35}, %36, p, 1, 1, " TRANS_B ";\n}\n"                                     \
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), \
         "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
         "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), \
@@ -169,9 +192,9 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&
   static_assert(N == 64 || N == 128 || N == 256, "the widths instantiated");
   constexpr bool kF16 = std::is_same_v<M, __half>;
   if constexpr (N == 64 && kF16) {
-    RECUR_WGMMA_RS64("f16");
+    RECUR_WGMMA_RS64("f16", "1");
   } else if constexpr (N == 64) {
-    RECUR_WGMMA_RS64("bf16");
+    RECUR_WGMMA_RS64("bf16", "1");
   } else if constexpr (N == 128 && kF16) {
     RECUR_WGMMA_RS128("f16");
   } else if constexpr (N == 128) {
@@ -181,6 +204,14 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&
   } else {
     RECUR_WGMMA_RS256("bf16");
   }
+}
+
+// d (+)= A · B for 64 output columns, A in registers, B [16 × 64] in shared memory K-major (each
+// column's 16 k contiguous in two core matrices: B's columns stored as rows, as a token's
+// activations lie), f16 operands.
+__device__ __forceinline__ void wgmma_rs64_kmajor_f16(float (&d)[8][4], const uint32_t (&a)[4],
+                                                      uint64_t b, bool accumulate) {
+  RECUR_WGMMA_RS64("f16", "0");
 }
 #undef RECUR_WGMMA_RS64
 #undef RECUR_WGMMA_RS128
