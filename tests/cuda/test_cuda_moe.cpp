@@ -473,6 +473,43 @@ TEST(CudaMoePaths, ExpertsLeaveTheF16TilesOnlyForAWeightBeyondF16) {
   }
 }
 
+// Experiment RECUR_EXP_MOE_WGMMA: the experts' 16-bit tiles on warpgroup products (sm_90a) give
+// the reference's results as the mma.sync tiles do (the same products, summed in another order),
+// on tiles of one block and of clusters, SwiGLU rows wider than a cluster, k and output columns
+// that are not multiples of a stage or a tile; the profile shows which tiles ran.
+TEST(CudaMoePaths, WarpgroupTilesMatchTheReference) {
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) GTEST_SKIP() << "no usable CUDA device";
+  if (prop.major != 9 || prop.minor != 0) GTEST_SKIP() << "wgmma is built for sm_90a only";
+  struct Case {
+    int64_t n, E, k, d, ff;
+  };
+  const Case cases[] = {{100, 8, 1, 64, 32},   {300, 16, 4, 136, 200}, {300, 16, 4, 64, 2048},
+                        {150, 8, 2, 64, 2176}, {200, 16, 4, 64, 1160}, {700, 32, 8, 64, 32}};
+  std::mt19937 rng(38);
+  for (DType dt : {DType::BF16, DType::F16}) {
+    bool ok = false;
+    setenv("RECUR_EXP_MOE_WGMMA", "1", 1);
+    const std::string table = profile_table(
+        [&](CudaOps& ops) {
+          for (const Case& c : cases) {
+            Experts ex = make_experts(ops, c.E, c.d, c.ff, dt, rng);
+            HostTensor x(DType::F32, {c.n, c.d});
+            fill_random(x, rng);
+            const ExpertsRun r = run_experts(ops, ex, x, c.k, c.ff, rng);
+            EXPECT_LE(rel_err(r.got.f(), r.ref.f(), c.n * c.d), 1e-5)
+                << dtype_name(dt) << " n " << c.n << " d " << c.d << " ff " << c.ff;
+          }
+        },
+        &ok);
+    unsetenv("RECUR_EXP_MOE_WGMMA");
+    ASSERT_TRUE(ok);
+    EXPECT_NE(table.find("moe_experts (gate/up, f16 wgmma)"), std::string::npos) << table;
+    EXPECT_NE(table.find("moe_experts (down, f16 wgmma)"), std::string::npos) << table;
+    EXPECT_EQ(table.find("f16 tensor cores"), std::string::npos) << table;
+  }
+}
+
 // One token takes the direct path (no sort; the down launch reads its experts and loads their
 // weights before its PDL wait): its output equals the same token's row in a two-token call bit
 // for bit.

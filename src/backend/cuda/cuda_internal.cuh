@@ -26,7 +26,8 @@ namespace recur::cuda {
 [[noreturn]] void fatal(const char* what);
 
 // The backend's debugging and measurement switches, read from the environment once, by
-// CudaOps::create (README.md lists them). None changes results.
+// CudaOps::create (README.md lists them). None changes results; an experiment's switch may
+// change how they round.
 struct CudaOptions {
   bool sync = false;     // RECUR_CUDA_SYNC=1: wait for and check every launch (no graphs)
   bool profile = false;  // RECUR_CUDA_PROFILE=1: device time per op, printed at exit (no graphs)
@@ -35,6 +36,9 @@ struct CudaOptions {
   // Set for tensor-parallel ranks that share one device (cuda_comm.cu): their collectives meet
   // at host barriers, which a replayed graph would pass by.
   bool host_ordered_collectives = false;
+  // Experiment (session 38), RECUR_EXP_MOE_WGMMA=1: the 16-bit experts' prompt tiles on
+  // warpgroup products (moe_mma.cu's moe_wgmma_kernel) where sm_90a code runs.
+  bool exp_moe_wgmma = false;
   // Decode forwards replay CUDA graphs unless a launch-by-launch switch is on.
   bool graphs() const { return !sync && !profile && !host_ordered_collectives; }
   static CudaOptions from_environment();

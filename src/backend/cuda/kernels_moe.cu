@@ -16,7 +16,6 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/fp8.cuh"
@@ -433,16 +432,6 @@ size_t CudaOps::moe_experts_scratch_bytes(int n_tokens, int k, int n_experts, in
 
 namespace {
 
-// Experiment (session 38), RECUR_EXP_MOE_WGMMA=1: the 16-bit experts' prompt tiles on warpgroup
-// products (moe_wgmma_kernel) instead of mma.sync, where sm_90a code runs.
-bool moe_wgmma_experiment() {
-  static const bool on = [] {
-    const char* v = std::getenv("RECUR_EXP_MOE_WGMMA");
-    return v && v[0] == '1';
-  }();
-  return on;
-}
-
 // Whether every expert's (and the shared expert's) weights start 16-byte aligned.
 bool experts_aligned(std::span<const ExpertWeights> experts, const SharedExpertArgs* shared) {
   bool aligned = true;
@@ -629,22 +618,24 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
         up.out_terms = m.hs_terms, up.out_terms_plane = pairs * d_ff;
         up.out_scale = m.h_scale;
       }
-      up.warpgroup = down.warpgroup = !fp8 && s.sm90a && moe_wgmma_experiment();
+      up.warpgroup = down.warpgroup = !fp8 && s.sm90a && s.options.exp_moe_wgmma;
     }
     // The profile names the f16 tiles (the pipelined ones) apart from the others (a test checks
     // which ran).
     work(true);
     launch_moe_wmma(up, wdt, true, unsigned(max_tiles), s.stream);
-    s.launched(pipelined ? "moe_experts (gate/up, f16 tensor cores)"
-                         : "moe_experts (gate/up, tensor cores)");
+    s.launched(up.warpgroup ? "moe_experts (gate/up, f16 wgmma)"
+               : pipelined  ? "moe_experts (gate/up, f16 tensor cores)"
+                            : "moe_experts (gate/up, tensor cores)");
     if (wide) {
       launch_f16_row_split(m.hs, d_ff, pairs, d_ff, m.hs_wide_terms, m.h_scale, s.stream);
       s.launched("moe_experts (SwiGLU split)");
     }
     work(false);
     launch_moe_wmma(down, wdt, false, unsigned(max_tiles), s.stream);
-    s.launched(pipelined ? "moe_experts (down, f16 tensor cores)"
-                         : "moe_experts (down, tensor cores)");
+    s.launched(down.warpgroup ? "moe_experts (down, f16 wgmma)"
+               : pipelined    ? "moe_experts (down, f16 tensor cores)"
+                              : "moe_experts (down, tensor cores)");
   } else {
     dispatch_gemv_weight(wdt, [&](auto tag) {
       using W = decltype(tag);
