@@ -168,6 +168,22 @@ __device__ __forceinline__ void store_scaled_terms(const MoeGemmArgs& a, const f
   }
 }
 
+// A tile's outputs from Cs (every thread of the block, after the barrier that completes Cs):
+// gate/up's SwiGLU rows as down's terms (a.out_terms set), else f32 rows.
+template <bool kDual, int kWRows, int kCsLd>
+__device__ __forceinline__ void store_tile_outputs(const MoeGemmArgs& a, const float* Cs, int row0,
+                                                   int rows, int64_t n0,
+                                                   float (&row_max)[kDual ? kTokens : 1],
+                                                   float (&row_scale)[kDual ? kTokens : 1]) {
+  if constexpr (kDual) {
+    if (a.out_terms) {
+      store_scaled_terms<kWRows / 2, kCsLd>(a, Cs, row0, rows, n0, row_max, row_scale);
+      return;
+    }
+  }
+  store_tile_rows<kDual ? kWRows / 2 : kWRows>(a, Cs, kCsLd, row0, rows, n0);  // f32 rows
+}
+
 // grid (⌈m/(kWRows/2)⌉ when kDual, else ⌈m/kWRows⌉, max_tiles); a.x_terms and a.x_scale set.
 // Gate/up with a.out_terms (and a.out_scale) set runs in clusters of grid.x blocks and stores
 // down's terms; without, it stores f32 rows (SwiGLU rows wider than a cluster), as down does.
@@ -390,13 +406,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_mma_kernel(MoeGemmArgs a) {
     }
   }
   __syncthreads();
-  if constexpr (kDual) {
-    if (a.out_terms) {
-      store_scaled_terms<kWRows / 2, kCsLd>(a, Cs, row0, rows, n0, row_max, row_scale);
-      return;
-    }
-  }
-  store_tile_rows<kDual ? kWRows / 2 : kWRows>(a, Cs, kCsLd, row0, rows, n0);  // f32 rows
+  store_tile_outputs<kDual, kWRows, kCsLd>(a, Cs, row0, rows, n0, row_max, row_scale);
 }
 
 // The staged activations of the warpgroup products (moe_wgmma_kernel), K-major in wgmma_desc's
@@ -549,13 +559,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_wgmma_kernel(MoeGemmArgs a) {
     }
   }
   __syncthreads();
-  if constexpr (kDual) {
-    if (a.out_terms) {
-      store_scaled_terms<kWRows / 2, kCsLd>(a, Cs, row0, rows, n0, row_max, row_scale);
-      return;
-    }
-  }
-  store_tile_rows<kDual ? kWRows / 2 : kWRows>(a, Cs, kCsLd, row0, rows, n0);  // f32 rows
+  store_tile_outputs<kDual, kWRows, kCsLd>(a, Cs, row0, rows, n0, row_max, row_scale);
 #endif
 }
 
