@@ -4,17 +4,25 @@
 # the device image lacks, as .devbin/bins.tar.xz (git-ignored; carry .devbin with the run).
 # cuBLAS, the CUDA runtime and NCCL come from the image's PyTorch packages; bench/cuda/device_env.sh
 # unpacks the rest and sets the library path there.
-# Usage: bench/cuda/pack_for_device.sh [build dir, default build-cuda]
+# Usage: bench/cuda/pack_for_device.sh [--all-tests] [build dir, default build-cuda]
+#   --all-tests: test_model and test_engine too (RECUR_TEST_DEVICE=cuda runs them on the GPU).
 set -euo pipefail
+bins=(recur tests/test_cuda)
+if [ "${1:-}" = --all-tests ]; then
+  bins+=(tests/test_model tests/test_engine)
+  shift
+fi
 build=${1:-build-cuda}
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
-ninja -C "$build" recur tests/test_cuda >/dev/null
+ninja -C "$build" "${bins[@]}" >/dev/null
 mkdir -p "$stage/lib" .devbin
-cp "$build/recur" "$build/tests/test_cuda" "$stage/"
-strip "$stage/recur" "$stage/test_cuda"
+for b in "${bins[@]}"; do
+  cp "$build/$b" "$stage/"
+  strip "$stage/$(basename "$b")"
+done
 # Every library but the C/C++ runtime, the driver and what the image's PyTorch brings.
-ldd "$build/recur" "$build/tests/test_cuda" | awk '/=> \// {print $3}' | sort -u |
+(cd "$build" && ldd "${bins[@]}") | awk '/=> \// {print $3}' | sort -u |
   grep -Ev '/(libc|libm|libdl|librt|libpthread|libgcc_s|libstdc\+\+|ld-linux[^/]*|libcuda)\.so' |
   grep -Ev '/lib(cublas|cublasLt|cudart|nccl)\.so' |
   while read -r lib; do cp -L "$lib" "$stage/lib/"; done
