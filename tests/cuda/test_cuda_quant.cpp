@@ -335,6 +335,149 @@ TEST_F(CudaQuant, BlockFp8RoutingInsideExpertsMatchesRouteThenExperts) {
   }
 }
 
+// Experiment RECUR_EXP_FP8_ACT: x quantized to e4m3 per row and 128 channels (scale = the
+// group's largest |value| / 448, rounded to nearest even, saturating), as the kernel does.
+struct E4m3Rows {
+  std::vector<float> q;      // [n, k]: the e4m3 values
+  std::vector<float> scale;  // [n, ⌈k/128⌉]
+};
+E4m3Rows quantize_rows(const HostTensor& x) {
+  const int64_t n = x.t.shape[0], k = x.t.shape[1], kbs = (k + 127) / 128;
+  E4m3Rows r{std::vector<float>(size_t(n * k)), std::vector<float>(size_t(n * kbs))};
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t g = 0; g < kbs; ++g) {
+      const int64_t c0 = g * 128, c1 = std::min(k, c0 + 128);
+      float mx = 0;
+      for (int64_t c = c0; c < c1; ++c) mx = std::max(mx, std::fabs(x.f()[t * k + c]));
+      const float inv = mx > 0 ? 448.0f / mx : 0.0f;
+      for (int64_t c = c0; c < c1; ++c) {
+        r.q[size_t(t * k + c)] = f8_e4m3_to_f32(f32_to_f8_e4m3(x.f()[t * k + c] * inv));
+      }
+      r.scale[size_t(t * kbs + g)] = mx / 448.0f;
+    }
+  }
+  return r;
+}
+
+// The e4m3 path's dense matmul is its definition to the tensor cores' summing: Σ over k blocks
+// of the weight block's scale × the token's group scale × Σ e4m3 · e4m3 (each block's sum on the
+// FP8 products, whose accumulation keeps fewer bits than f32); out += too. Against the f32
+// product its error is the quantization's, far larger: the path did quantize.
+TEST(CudaQuantPaths, E4m3ActivationMatmulIsItsDefinition) {
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) GTEST_SKIP() << "no usable CUDA device";
+  if (prop.major != 9 || prop.minor != 0) GTEST_SKIP() << "wgmma is built for sm_90a only";
+  std::mt19937 rng(81);
+  bool ok = false;
+  setenv("RECUR_EXP_FP8_ACT", "1", 1);
+  const std::string table = profile_table(
+      [&](CudaOps& ops) {
+        std::vector<Buffer> owned;
+        for (const auto& [m, k] :
+             {std::pair<int64_t, int64_t>{200, 272}, {640, 560}, {1000, 1200}}) {
+          Fp8Weight w = random_fp8(ops, rng, m, k, 128, 128, &owned);
+          for (int64_t n : {77, 200}) {
+            HostTensor x(DType::F32, {n, k}), out(DType::F32, {n, m});
+            fill_random(x, rng);
+            const E4m3Rows xq = quantize_rows(x);
+            const int64_t kbs = (k + 127) / 128;
+            HostTensor def(DType::F32, {n, m});
+            for (int64_t t = 0; t < n; ++t) {
+              for (int64_t r = 0; r < m; ++r) {
+                double acc = 0;
+                for (int64_t g = 0; g < kbs; ++g) {
+                  double block = 0;
+                  for (int64_t c = g * 128; c < std::min(k, g * 128 + 128); ++c) {
+                    block += double(xq.q[size_t(t * k + c)]) *
+                             double(f8_e4m3_to_f32(w.bytes.t.ptr<uint8_t>()[r * k + c]));
+                  }
+                  acc += block * double(w.scales.f()[(r / 128) * kbs + g]) *
+                         double(xq.scale[size_t(t * kbs + g)]);
+                }
+                def.f()[t * m + r] = float(acc);
+              }
+            }
+            DeviceTensor dx(ops, x), dout(ops, out);
+            dout.poison();
+            Layout lay(std::vector<int>{int(n)}, std::vector<int>{0}, 16, rng);
+            ops.begin_forward(lay.l, {}, {});  // the profile labels the launches from here
+            ops.matmul(dx.t, w.d, dout.t);
+            HostTensor got = dout.download(ops, out);
+            ASSERT_EQ(count_nonfinite(got.f(), out.numel()), 0) << m << "x" << k << " n=" << n;
+            const double err = rel_err(got.f(), def.f(), out.numel());
+            record_error("fp8 matmul e4m3 activations", err);
+            EXPECT_LE(err, 1e-3) << m << "x" << k << " n=" << n;
+            const HostTensor f32 = reference_matmul(x, w);
+            EXPECT_GT(rel_err(got.f(), f32.f(), out.numel()), 10 * err) << "quantized?";
+            ops.matmul(dx.t, w.d, dout.t, /*accumulate=*/true);
+            got = dout.download(ops, out);
+            for (int64_t i = 0; i < out.numel(); ++i) def.f()[i] *= 2.0f;
+            EXPECT_LE(rel_err(got.f(), def.f(), out.numel()), 1e-3) << "accumulate n=" << n;
+          }
+        }
+      },
+      &ok);
+  unsetenv("RECUR_EXP_FP8_ACT");
+  ASSERT_TRUE(ok);
+  EXPECT_NE(table.find("matmul fp8 e4m3 wgmma"), std::string::npos) << table;
+}
+
+// The e4m3 path's experts (x and the SwiGLU rows quantized) against the f32 reference: the
+// quantization's error only (a misplaced operand gives errors of the outputs' size); the
+// profile shows its tiles ran.
+TEST(CudaQuantPaths, E4m3ActivationExpertsStayNearTheReference) {
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) GTEST_SKIP() << "no usable CUDA device";
+  if (prop.major != 9 || prop.minor != 0) GTEST_SKIP() << "wgmma is built for sm_90a only";
+  std::mt19937 rng(82);
+  bool ok = false;
+  setenv("RECUR_EXP_FP8_ACT", "1", 1);
+  const std::string table = profile_table(
+      [&](CudaOps& ops) {
+        const int64_t n = 300, E = 8, k = 4, d = 272, ff = 192;
+        std::vector<Buffer> owned;
+        std::vector<Fp8Weight> ws;
+        std::vector<ExpertWeights> hx, dx_experts;
+        for (int64_t e = 0; e < E; ++e) {
+          ws.push_back(random_fp8(ops, rng, ff, d, 128, 128, &owned));
+          ws.push_back(random_fp8(ops, rng, ff, d, 128, 128, &owned));
+          ws.push_back(random_fp8(ops, rng, d, ff, 128, 128, &owned));
+        }
+        for (int64_t e = 0; e < E; ++e) {
+          const size_t b = size_t(3 * e);
+          hx.push_back({ws[b].dequant.t, ws[b + 1].dequant.t, ws[b + 2].dequant.t});
+          dx_experts.push_back({ws[b].d, ws[b + 1].d, ws[b + 2].d});
+        }
+        HostTensor logits(DType::F32, {n, E}), x(DType::F32, {n, d}), out(DType::F32, {n, d});
+        fill_random(logits, rng, 2.0f);
+        fill_random(x, rng, 0.5f);
+        HostTensor ids(DType::I32, {n, k}), w(DType::F32, {n, k}), ref = out;
+        DeviceTensor dl(ops, logits), dx(ops, x), dids(ops, ids), dw(ops, w), dout(ops, out);
+        MoeRouting routing;
+        routing.k = int(k);
+        Layout lay(std::vector<int>{int(n)}, std::vector<int>{0}, 16, rng);
+        ops.begin_forward(lay.l, {}, {});  // the profile labels the launches from here
+        ops.moe_route(dl.t, routing, dids.t, dw.t);
+        HostTensor scratch_h(
+            DType::U8,
+            {int64_t(ops.moe_experts_scratch_bytes(int(n), int(k), int(E), int(d), int(ff)))});
+        DeviceTensor scratch(ops, scratch_h);
+        dout.poison(), scratch.poison();
+        ops.moe_experts(dx.t, dx_experts, dids.t, dw.t, dout.t, scratch.t);
+        const HostTensor got = dout.download(ops, out);
+        ref::moe_experts(x.t, hx, dids.download(ops, ids).t, dw.download(ops, w).t, ref.t);
+        ASSERT_EQ(count_nonfinite(got.f(), out.numel()), 0);
+        const double err = rel_err(got.f(), ref.f(), out.numel());
+        record_error("fp8 moe_experts e4m3 activations", err);
+        EXPECT_LE(err, 0.05);
+      },
+      &ok);
+  unsetenv("RECUR_EXP_FP8_ACT");
+  ASSERT_TRUE(ok);
+  EXPECT_NE(table.find("moe_experts (gate/up, e4m3 wgmma)"), std::string::npos) << table;
+  EXPECT_NE(table.find("moe_experts (down, e4m3 wgmma)"), std::string::npos) << table;
+}
+
 // --quantize fp8 on the device (from host or device memory) makes the CPU's blocks: the
 // weights it gives multiply like the CPU-quantized bytes and scales adopted as a checkpoint's,
 // bit for bit. The CPU's quantization, restated: 128×128 blocks, scale amax / 448 (1 for an

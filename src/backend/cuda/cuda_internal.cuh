@@ -39,6 +39,9 @@ struct CudaOptions {
   // Experiment (session 38), RECUR_EXP_MOE_WGMMA=1: the 16-bit experts' prompt tiles on
   // warpgroup products (moe_mma.cu's moe_wgmma_kernel) where sm_90a code runs.
   bool exp_moe_wgmma = false;
+  // Experiment (session 38), RECUR_EXP_FP8_ACT=1: block-FP8 prompt products on FP8 tensor cores
+  // with e4m3 activations (moe_fp8_act.cu) where sm_90a code runs; results round differently.
+  bool exp_fp8_act = false;
   // Decode forwards replay CUDA graphs unless a launch-by-launch switch is on.
   bool graphs() const { return !sync && !profile && !host_ordered_collectives; }
   static CudaOptions from_environment();

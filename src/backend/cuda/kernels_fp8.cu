@@ -178,6 +178,31 @@ void fp8_matmul_tensor_cores(CudaOps::Impl& s, const Tensor& x, const Tensor& w,
     tiles(a, n);
     return;
   }
+  if (s.options.exp_fp8_act && s.sm90a && fp8_act_takes(b.rows, b.cols, k, a.w_aligned)) {
+    // Experiment: x quantized to e4m3 per row and 128 channels, on FP8 tensor cores; rows in
+    // pieces whose bytes and scales fit the start-up scratch.
+    const int64_t kbs = (k + kFp8ActBlock - 1) / kFp8ActBlock;
+    const int64_t piece = int64_t(s.act_lowp.bytes() / size_t(k + 4 * kbs + 256));
+    RECUR_CHECK(piece >= 1);
+    auto* q = static_cast<uint8_t*>(s.act_lowp.data());
+    for (int64_t r0 = 0; r0 < n; r0 += piece) {
+      const int64_t nr = std::min(piece, n - r0);
+      auto* scale = reinterpret_cast<float*>(q + (nr * k + 255) / 256 * 256);
+      launch_e4m3_group_quantize(a.x + r0 * a.ldx, a.ldx, nr, k, q, scale, s.stream);
+      s.launched("matmul (e4m3 activations)");
+      MoeGemmArgs p = a;
+      p.x_q = q, p.x_q_scale = scale, p.dense_rows = nr, p.out = a.out + r0 * a.ldo;
+      if (s.options.profile) {
+        s.work(2.0 * double(nr) * double(m) * double(k), double(m * k) + double(nr * (k + 4 * m)));
+      }
+      launch_moe_fp8_act(p, false, unsigned((nr + kWmmaTileRows - 1) / kWmmaTileRows), s.stream);
+      s.launched(
+          s.options.profile
+              ? ("matmul fp8 e4m3 wgmma " + std::to_string(m) + "x" + std::to_string(k)).c_str()
+              : "matmul (fp8, e4m3 wgmma)");
+    }
+    return;
+  }
   // The f16 tiles (moe_mma.cu) on x split once into the start-up scratch, two f16 terms of each
   // row scaled by a power of two, then the rows' inverse scales; in pieces of rows that fit.
   for_f16_row_pieces(x, s.act_lowp.data(), s.act_lowp.bytes(), /*unit_rows=*/false, s.stream,

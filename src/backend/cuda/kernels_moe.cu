@@ -41,7 +41,11 @@ struct MoeScratch {
   float* ys;                 // [pairs, d] expert outputs
   void* x_terms;             // [2, n, d] f16 terms of x
   float *x_scale, *h_scale;  // [n], [pairs]: f16 terms' inverse scales
-  MoeSortOut sorted;         // the sort's rows and tiles (moe.cuh)
+  // Experiment RECUR_EXP_FP8_ACT: the SwiGLU rows as e4m3 [pairs, d_ff] and their scales
+  // [pairs, ⌈d_ff/128⌉] (x's go where its f16 terms would).
+  uint8_t* hs_q;
+  float* hs_q_scale;
+  MoeSortOut sorted;  // the sort's rows and tiles (moe.cuh)
   size_t bytes;
   // k pairs per token over E experts (shared ones riding along included).
   MoeScratch(void* base, int64_t n, int64_t k, int64_t E, int64_t d, int64_t d_ff) {
@@ -64,6 +68,9 @@ struct MoeScratch {
     x_terms = ys;
     x_scale = reinterpret_cast<float*>(take(prompt ? n : 0, 4));
     h_scale = reinterpret_cast<float*>(take(prompt ? pairs : 0, 4));
+    hs_q = reinterpret_cast<uint8_t*>(take(prompt ? pairs * d_ff : 0, 1));
+    hs_q_scale = reinterpret_cast<float*>(
+        take(prompt ? pairs * ((d_ff + kFp8ActBlock - 1) / kFp8ActBlock) : 0, 4));
     for (int32_t** a : {&sorted.token_of, &sorted.row_of, &sorted.tile_expert, &sorted.tile_row0,
                         &sorted.tile_rows}) {
       *a = reinterpret_cast<int32_t*>(take(pairs, 4));
@@ -597,7 +604,28 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
            mats * touched * double(d * d_ff) * wb +
                4.0 * all_pairs * double(gate_up ? d + 2 * d_ff : d_ff + d));
   };
-  if (tensor_cores) {
+  const bool e4m3 = tensor_cores && fp8 && s.options.exp_fp8_act && s.sm90a &&
+                    fp8_act_takes(fp8_up.rows, fp8_up.cols, d, aligned) &&
+                    fp8_act_takes(fp8_down.rows, fp8_down.cols, d_ff, aligned);
+  if (e4m3) {
+    // Experiment: x and the SwiGLU rows quantized to e4m3 per row and 128 channels, the
+    // products on FP8 tensor cores (moe_fp8_act.cu).
+    // x's bytes and scales where its f16 terms would go (4 bytes a value, pairs ≥ n rows).
+    auto* xq = static_cast<uint8_t*>(m.x_terms);
+    auto* xs = reinterpret_cast<float*>(xq + (n * d + 255) / 256 * 256);
+    launch_e4m3_group_quantize(x.ptr<float>(), x.stride[0], n, d, xq, xs, s.stream);
+    up.x_q = xq, up.x_q_scale = xs;
+    s.launched("moe_experts (e4m3 activations)");
+    work(true);
+    launch_moe_fp8_act(up, true, unsigned(max_tiles), s.stream);
+    s.launched("moe_experts (gate/up, e4m3 wgmma)");
+    launch_e4m3_group_quantize(m.hs, d_ff, pairs, d_ff, m.hs_q, m.hs_q_scale, s.stream);
+    s.launched("moe_experts (SwiGLU e4m3)");
+    down.x_q = m.hs_q, down.x_q_scale = m.hs_q_scale;
+    work(false);
+    launch_moe_fp8_act(down, false, unsigned(max_tiles), s.stream);
+    s.launched("moe_experts (down, e4m3 wgmma)");
+  } else if (tensor_cores) {
     // The pipelined tiles read x split once (rather than by each of gate/up's column blocks);
     // gate/up stores the SwiGLU outputs split for down. 16-bit and block-FP8 weights multiply
     // f16 terms (moe_mma.cu), unless a bf16 weight of any of these experts holds a value beyond

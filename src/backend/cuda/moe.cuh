@@ -80,6 +80,10 @@ struct MoeGemmArgs {
   // The pipelined tiles of 16-bit weights on warpgroup products (moe_mma.cu's moe_wgmma_kernel;
   // sm_90a only) rather than mma.sync.
   bool warpgroup = false;
+  // Block-FP8 weights on FP8 tensor cores (moe_fp8_act.cu): the rows of x as e4m3 [rows, k]
+  // and their scales [rows, ⌈k/128⌉] (launch_e4m3_group_quantize), read in place of x.
+  const uint8_t* x_q = nullptr;
+  const float* x_q_scale = nullptr;
 };
 
 // The sort's slices of pairs (moe_sort.cu): one up to 2,048 pairs (one block sorts them), else
@@ -210,5 +214,20 @@ void launch_moe_wmma(const MoeGemmArgs& a, DType wdtype, bool dual, unsigned max
 // matmul (dense_w, not dual); launch_moe_wmma hands them here.
 void launch_moe_mma(const MoeGemmArgs& a, DType wdtype, bool dual, unsigned max_tiles,
                     cudaStream_t stream);
+
+// Experiment RECUR_EXP_FP8_ACT (moe_fp8_act.cu): block-FP8 weights times activations quantized
+// to e4m3 per row and group of kFp8ActBlock channels (scale = the group's largest |value| /
+// kFp8ActMax), on FP8 warpgroup products (sm_90a).
+constexpr int kFp8ActBlock = 128;
+constexpr float kFp8ActMax = 448.0f;  // e4m3's largest finite value
+// Whether those tiles take a weight of br × bc blocks and rows of k (16-byte aligned: w_aligned).
+bool fp8_act_takes(int br, int bc, int64_t k, bool w_aligned);
+// x [rows, k] f32 (rows ldx apart; k a multiple of 16) → q [rows, k] e4m3 and scale
+// [rows, ⌈k/kFp8ActBlock⌉] f32: x ≈ q · scale.
+void launch_e4m3_group_quantize(const float* x, int64_t ldx, int64_t rows, int64_t k, uint8_t* q,
+                                float* scale, cudaStream_t stream);
+// The tiles on a.x_q and a.x_q_scale: experts (gate/up with dual: the SwiGLU rows, f32), or a
+// dense block-FP8 matmul (dense_w, not dual); f32 rows out.
+void launch_moe_fp8_act(const MoeGemmArgs& a, bool dual, unsigned max_tiles, cudaStream_t stream);
 
 }  // namespace recur::cuda
