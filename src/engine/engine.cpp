@@ -701,6 +701,9 @@ void Engine::release_finished() {
     }
   }
   if (done == 0) return;
+  // Until the finishes are told, settled_stats() waits: what the sinks count of a finish is
+  // counted before a /metrics read can see its release.
+  std::lock_guard<std::mutex> telling(telling_mu_);
   {
     std::lock_guard<std::mutex> lk(mu_);
     stats_.requests_finished += done;
@@ -725,6 +728,9 @@ void Engine::release_finished() {
     }
     std::erase_if(*list, [](const std::unique_ptr<Sequence>& s) { return s->finished; });
   }
+  // Running and waiting without them: a client told its finish no longer counts as running.
+  std::lock_guard<std::mutex> lk(mu_);
+  publish_gauges();
 }
 
 void Engine::publish_gauges() {
@@ -746,6 +752,11 @@ EngineStats Engine::stats() const {
   EngineStats s = stats_;
   s.alloc = ops_->allocator().stats();
   return s;
+}
+
+EngineStats Engine::settled_stats() const {
+  std::lock_guard<std::mutex> told(telling_mu_);
+  return stats();
 }
 
 }  // namespace recur

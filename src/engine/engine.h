@@ -204,6 +204,10 @@ class Engine {
 
   // Safe from any thread, sinks included.
   EngineStats stats() const;
+  // stats() never taken while finishes are being told: every release they show has had its
+  // finish event delivered, so what a sink counts of it is counted too (a /metrics read sees a
+  // freed slot and its finish together). Not from a sink, which it would wait for.
+  EngineStats settled_stats() const;
   const ModelInfo& model_info() const { return model_->info(); }
   const EngineConfig& config() const { return config_; }
   // What start-up made of config().prefix_cache_file: what it loaded, or why it ignored it.
@@ -309,6 +313,10 @@ class Engine {
   // Held by the engine thread while the listener runs; set_step_listener takes it to swap.
   std::mutex listener_mu_;
   StepListener step_listener_;
+
+  // Held by the engine thread from the publish of a release until its finishes are told and
+  // the gauges count them out of running and waiting; settled_stats() takes it. Before mu_.
+  mutable std::mutex telling_mu_;
 
   // Shared with submitting threads.
   mutable std::mutex mu_;

@@ -234,7 +234,8 @@ std::optional<http::Response> Server::Impl::on_head(const http::Request& req) {
     case Route::kMetrics: {
       http::Response res;
       res.content_type = "text/plain; version=0.0.4; charset=utf-8";
-      res.body = metrics->render(engine.stats());
+      // Settled: a sequence whose release the gauges show is counted in the finishes too.
+      res.body = metrics->render(engine.settled_stats());
       return res;
     }
     case Route::kModels:
@@ -401,9 +402,11 @@ void Server::Impl::generate(http::Request& req, HttpExchange& ex, Endpoint endpo
   std::vector<ChoiceUpdate> updates;
   while (!gen->done()) {
     if (gen->wait(ex.fd(), 1000) == Generation::Wait::kClientGone) {
-      gen->cancel(true);
+      // Counted before the cancel, as the stream writer does: a /metrics read that sees the
+      // slot freed sees the disconnect too.
       metrics->client_disconnected();
       metrics->http_request(route_label(find_route(req.path)), 499);  // nobody reads it
+      gen->cancel(true);
       ex.abandon();
       return;
     }
@@ -425,8 +428,8 @@ void Server::Impl::stream(std::shared_ptr<Generation> gen, HttpExchange& ex) {
   head.set_header("Cache-Control", "no-cache");
   head.set_header("X-Accel-Buffering", "no");
   if (!ex.begin_chunked(std::move(head))) {
-    gen->cancel(true);
     metrics->client_disconnected();
+    gen->cancel(true);
     return;
   }
   // From here the stream writer sends the chunks straight to the socket; this thread waits.

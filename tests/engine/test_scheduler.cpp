@@ -398,6 +398,43 @@ TEST(Scheduler, FinishEventsComeAfterTheGaugesShowTheRelease) {
   }
 }
 
+// settled_stats() is never taken while finishes are being told: a reader that sees a release
+// sees its finish told, and the request no longer running (the server's /metrics showed a
+// cancelled request's slot free before its sink had counted the finish).
+TEST(Scheduler, SettledStatsWaitUntilTheFinishesAreTold) {
+  std::atomic<bool> telling{false}, told{false};  // before h: the sink may run at its shutdown
+  Harness h(small_config(2, 64));
+  Request r;
+  r.prompt = prompt_of(40, 1);
+  r.max_tokens = 3;
+  r.sampling.temperature = 0;
+  r.stop.ignore_eos = true;
+  ASSERT_TRUE(h.engine
+                  ->submit(std::move(r),
+                           [&](const Event& ev) {
+                             if (ev.kind != Event::Kind::kFinish) return;
+                             telling = true;
+                             // A sink slow to count, as an engine thread descheduled under load.
+                             std::this_thread::sleep_for(std::chrono::milliseconds(100));
+                             told = true;
+                           })
+                  .ok());
+  h.engine->start();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!telling) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the request never finished";
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  EXPECT_EQ(h.engine->stats().slots_used, 0) << "released before the finish is told";
+  const EngineStats st = h.engine->settled_stats();
+  EXPECT_TRUE(told) << "settled_stats() returned while the finish was being told";
+  EXPECT_EQ(st.slots_used, 0);
+  EXPECT_EQ(st.kv_blocks_used, 0);
+  EXPECT_EQ(st.running, 0) << "a request told its finish still counted as running";
+  EXPECT_EQ(st.requests_finished, 1);
+  ASSERT_TRUE(h.engine->wait_idle(std::chrono::seconds(30)));
+}
+
 // wait_idle returns only once every submitted request has finished, also while the engine
 // thread has taken a request in but not yet published its gauges (its first step still runs).
 TEST(Scheduler, WaitIdleWaitsForARequestTakenInMidStep) {
