@@ -280,7 +280,7 @@ Result<uint64_t> Engine::submit(Request req, EventSink sink) {
 void Engine::cancel(uint64_t request_id) {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    cancels_.push_back(request_id);
+    cancels_.emplace_back(request_id, stats_.steps);
   }
   cv_.notify_one();
 }
@@ -329,7 +329,7 @@ void Engine::run_until_idle() {
 }
 
 void Engine::take_incoming() {
-  std::vector<uint64_t> cancels;
+  std::vector<std::pair<uint64_t, int64_t>> cancels;
   bool all = false;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -348,10 +348,12 @@ void Engine::take_incoming() {
       for (auto& s : *list) finish(*s, FinishReason::kCancelled, "cancelled at shutdown");
     }
   }
-  for (uint64_t id : cancels) {
+  for (const auto& [id, at] : cancels) {
     for (auto* list : {&running_, &waiting_}) {
       for (auto& s : *list) {
-        if (s->id == id && !s->finished) finish(*s, FinishReason::kCancelled, "cancelled");
+        if (s->id != id || s->finished) continue;
+        finish(*s, FinishReason::kCancelled, "cancelled");
+        s->cancel_step = at;
       }
     }
   }
@@ -704,10 +706,12 @@ void Engine::release_finished() {
   // Until the finishes are told, settled_stats() waits: what the sinks count of a finish is
   // counted before a /metrics read can see its release.
   std::lock_guard<std::mutex> telling(telling_mu_);
+  int64_t steps = 0;
   {
     std::lock_guard<std::mutex> lk(mu_);
     stats_.requests_finished += done;
     publish_gauges();
+    steps = stats_.steps;
   }
   for (auto* list : {&running_, &waiting_}) {
     for (auto& s : *list) {
@@ -723,6 +727,7 @@ void Engine::release_finished() {
       ev.prompt_tokens = s->prompt_tokens;
       ev.generated_tokens = int(s->generated.size());
       ev.cached_tokens = s->cached_tokens;
+      if (s->cancel_step >= 0) ev.cancel_steps = steps - s->cancel_step;
       s->sink(ev);
       ++events_this_step_;
     }

@@ -13,6 +13,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/allocator.h"
@@ -65,6 +66,9 @@ struct Event {
   int prompt_tokens = 0;                       // kFinish
   int generated_tokens = 0;                    // kFinish
   int cached_tokens = 0;                       // prompt tokens the prefix cache gave
+  // kFinish of a request that cancel() ended: engine steps completed between the queueing of
+  // the cancel and the release, 0 or 1 (the step in flight); -1 otherwise.
+  int64_t cancel_steps = -1;
   // kToken, when SamplingParams::vocab_logprobs: log_softmax of the step's raw logits [vocab].
   std::span<const float> vocab_logprobs;
 };
@@ -182,7 +186,8 @@ class Engine {
 
   // Validates and queues a request; errors name what is wrong with it.
   Result<uint64_t> submit(Request request, EventSink sink);
-  // Cancels a queued or running request; its slot and blocks are free after the next step.
+  // Cancels a queued or running request; its slot and blocks are free after the next step
+  // (its finish event tells how many steps that took: Event::cancel_steps).
   void cancel(uint64_t request_id);
 
   // Runs steps on an engine thread until the engine is destroyed.
@@ -322,7 +327,9 @@ class Engine {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::unique_ptr<Sequence>> incoming_;
-  std::vector<uint64_t> cancels_;
+  // Request ids, each with the steps completed when its cancel was queued (read together, so
+  // that no step passes between them to be counted as the cancellation's).
+  std::vector<std::pair<uint64_t, int64_t>> cancels_;
   uint64_t next_id_ = 1;
   bool stop_ = false;
   bool accepting_ = true;

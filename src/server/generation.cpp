@@ -98,9 +98,8 @@ Generation::~Generation() {
 }
 
 void Generation::cancel(bool client_gone) {
-  if (client_gone && queue_ && queue_->cancelled_at_step.load() < 0) {
-    queue_->cancelled_at_step = engine_.stats().steps;
-  }
+  // Before the cancels are queued: their finish events may come at once.
+  if (client_gone && queue_) queue_->client_gone = true;
   for (auto& c : choices_) {
     if (c.submitted && !c.finished) engine_.cancel(c.engine_id);
   }
@@ -126,9 +125,8 @@ ApiResult<bool> Generation::start() {
     if (r.sampling.seed && req_.n > 1) *r.sampling.seed += uint64_t(i % size_t(req_.n));
     auto q = queue_;
     const int index = int(i);
-    Engine* engine = &engine_;
     std::shared_ptr<Metrics> metrics = metrics_;
-    auto id = engine_.submit(std::move(r), [q, index, want_top, engine, metrics](const Event& ev) {
+    auto id = engine_.submit(std::move(r), [q, index, want_top, metrics](const Event& ev) {
       QueuedEvent e;
       e.choice = index;
       e.kind = ev.kind;
@@ -147,9 +145,8 @@ ApiResult<bool> Generation::start() {
           // Counted here, not by the HTTP thread, which is gone when its client went away.
           if (metrics) {
             metrics->request_finished(finish_label(ev.reason));
-            const int64_t at = q->cancelled_at_step.load();
-            if (ev.reason == FinishReason::kCancelled && at >= 0) {
-              metrics->cancel_steps.observe(double(engine->stats().steps - at));
+            if (ev.cancel_steps >= 0 && q->client_gone.load()) {
+              metrics->cancel_steps.observe(double(ev.cancel_steps));
             }
           }
         }

@@ -54,9 +54,9 @@ class EventQueue {
   bool pending() const { return pending_.load(std::memory_order_acquire); }
   int fd() const { return fd_; }
 
-  // Engine steps completed when the client went away (-1: it did not); the engine thread
-  // reads it when the cancellation lands, to measure how many steps that took.
-  std::atomic<int64_t> cancelled_at_step{-1};
+  // The client went away: its sequences' finish events record how many engine steps their
+  // cancellation took (Event::cancel_steps).
+  std::atomic<bool> client_gone{false};
 
  private:
   EventQueue() = default;

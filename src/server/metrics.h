@@ -46,8 +46,8 @@ class Metrics {
   Histogram ttft;  // seconds from request arrival to the first token
   Histogram tpot;  // seconds per output token after the first, per sequence
   Histogram e2e;   // seconds from arrival to the last token, per sequence
-  // Engine steps completed between a client's disconnect and its sequence's release: 0 or 1
-  // (the step in flight) when the disconnect is seen at once.
+  // Engine steps completed between the cancel of a client that went away and its sequence's
+  // release: 0, or 1 when a step was in flight (Event::cancel_steps).
   Histogram cancel_steps;
 
   std::string render(const EngineStats& stats) const;

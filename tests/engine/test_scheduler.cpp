@@ -435,6 +435,57 @@ TEST(Scheduler, SettledStatsWaitUntilTheFinishesAreTold) {
   ASSERT_TRUE(h.engine->wait_idle(std::chrono::seconds(30)));
 }
 
+// A cancelled request's finish tells the engine steps completed since its cancel was queued,
+// counted from the queueing itself: 0 when no step was in flight, 1 when one was. (The server
+// read the step count before queueing the cancel, and under load counted the steps that ran
+// while it was descheduled in between: 2 where 1 was allowed.)
+TEST(Scheduler, CancelStepsCountFromTheQueueingOfTheCancel) {
+  std::vector<int64_t> told;  // before the harnesses: their shutdown may still tell
+  std::atomic<bool> first_token{false};
+  const auto submit = [&](Harness& h, int prompt_len, uint32_t seed, int max_tokens) {
+    Request r;
+    r.prompt = prompt_of(prompt_len, seed);
+    r.max_tokens = max_tokens;
+    r.sampling.temperature = 0;
+    r.stop.ignore_eos = true;
+    auto id = h.engine->submit(std::move(r), [&](const Event& ev) {
+      if (ev.kind == Event::Kind::kToken) first_token = true;
+      if (ev.kind == Event::Kind::kFinish) told.push_back(ev.cancel_steps);
+    });
+    EXPECT_TRUE(id.ok());
+    return id.ok() ? *id : 0;
+  };
+  {
+    Harness h(small_config(2, 64));
+    const uint64_t a = submit(h, 20, 1, 50);
+    h.run(3);
+    h.engine->cancel(a);
+    h.run(1);
+    ASSERT_EQ(told.size(), 1u);
+    EXPECT_EQ(told[0], 0) << "queued between steps, released by the next";
+    submit(h, 20, 2, 4);
+    h.run_until_idle();
+    ASSERT_EQ(told.size(), 2u);
+    EXPECT_EQ(told[1], -1) << "not cancelled";
+  }
+  // On the engine's thread, steps of ~20 ms run back to back: the cancel lands mid-step or
+  // between two, never further back.
+  Harness h(small_config(2, 256), 100000.0);
+  h.engine->start();
+  first_token = false;
+  const uint64_t b = submit(h, 200, 3, 100000);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!first_token) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no token came";
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  h.engine->cancel(b);
+  ASSERT_TRUE(h.engine->wait_idle(std::chrono::seconds(30)));
+  ASSERT_EQ(told.size(), 3u);
+  EXPECT_GE(told[2], 0);
+  EXPECT_LE(told[2], 1);
+}
+
 // wait_idle returns only once every submitted request has finished, also while the engine
 // thread has taken a request in but not yet published its gauges (its first step still runs).
 TEST(Scheduler, WaitIdleWaitsForARequestTakenInMidStep) {

@@ -83,8 +83,9 @@ test('disconnect frees the slot and blocks within one step', async () => {
       if (gauge(after, 'recur_state_slots_used') === 6) break;
       assert.ok(Date.now() - t0 < 5000, 'slot not released within 5 s');
     }
-    // The server measures it: engine steps completed between seeing the disconnect and the
-    // release of the sequence: 0, or 1 when a step was in flight.
+    // The server measures it: engine steps completed between queueing the disconnected
+    // client's cancel and the release of the sequence: 0, or 1 when a step was in flight.
+    // Settled /metrics: the slot seen free, the finish is counted too.
     assert.equal(after.value('recur_disconnect_cancel_steps_count'), 1);
     assert.equal(after.value('recur_disconnect_cancel_steps_bucket', { le: '1' }), 1);
     console.log(`disconnect: slot back after ${gauge(after, 'recur_engine_steps_total') - stepsBefore} ` +

@@ -153,6 +153,19 @@ async function stillServing(server, headers = {}) {
   return Date.now() - t0;
 }
 
+// Polls /health until it answers `status` (bounded): a state the server reaches on its own
+// threads (connections it has seen close, a signal it has taken) rather than after a fixed sleep.
+async function untilHealth(server, status, timeoutMs = 5000) {
+  const t0 = Date.now();
+  for (;;) {
+    const h = await fetch(`${server.url}/health`).catch(() => null);
+    await h?.arrayBuffer();
+    if (h?.status === status) return;
+    assert.ok(Date.now() - t0 < timeoutMs, `/health still ${h?.status} after ${timeoutMs} ms`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
 const post = (path, extra) => `POST ${path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n${extra}\r\n`;
 
 // Streams `total` bytes of chunked body (64 KiB chunks) until the server answers or closes.
@@ -406,7 +419,8 @@ describe('with an API key', () => {
     await c.connected;
     const body = JSON.stringify({ prompt: [9707], max_tokens: 1 });
     await c.write(post('/v1/completions', `Authorization: Bearer ${KEY}\r\nExpect: 100-continue\r\nContent-Length: ${body.length}\r\n`));
-    await new Promise((r) => setTimeout(r, 200));
+    // The interim response whenever it comes (c.response() takes it whole), and nothing else.
+    assert.equal((await c.response(5000))?.status, 100);
     assert.match(c.buf.toString('latin1'), /^HTTP\/1\.1 100 Continue\r\n\r\n$/);
     c.buf = Buffer.alloc(0);
     await c.write(body);
@@ -442,12 +456,15 @@ describe('at the connection limit', () => {
           await c.write(post('/v1/completions', `Content-Length: ${body.length}\r\n`) + body);
           streams.push(c);
         }
-        await new Promise((r) => setTimeout(r, 500));
+        // Each taken in (its response begun): busy, nothing the server may displace.
+        for (const r of await Promise.all(streams.map((c) => c.response(10000)))) {
+          assert.equal(r?.status, 200);
+        }
         const refused = await exchange(port, 'GET /health HTTP/1.1\r\nHost: x\r\n\r\n', 1000);
         assert.equal(refused.status, 503);
         assert.equal(refused.headers['retry-after'], '1');
         for (const c of streams) c.destroy();
-        await new Promise((r) => setTimeout(r, 300));
+        await untilHealth(server, 200);  // the server has seen them close
       });
       await stillServing(server);
     } finally {
@@ -459,8 +476,8 @@ describe('at the connection limit', () => {
 });
 
 describe('draining after SIGTERM', () => {
-  // A server with --shutdown-grace `grace`, told SIGTERM 300 ms into an endless stream; `body`
-  // gets it and the stream's reader.
+  // A server with --shutdown-grace `grace`, told SIGTERM while an endless stream runs; `body`
+  // gets it, draining, and the stream's reader.
   async function whileDraining(grace, body) {
     const server = await startServer(['--max-batch', '2', '--shutdown-grace', String(grace), '--kv-cache-mb', '64']);
     try {
@@ -473,7 +490,8 @@ describe('draining after SIGTERM', () => {
       const reader = res.body.getReader();
       await reader.read();  // the stream is running
       server.proc.kill('SIGTERM');
-      await new Promise((r) => setTimeout(r, 300));
+      // Taken: a second SIGTERM sent before would merge with this one.
+      await untilHealth(server, 503);
       await body(server, reader);
     } finally {
       await server.stop();
