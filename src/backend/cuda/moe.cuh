@@ -165,6 +165,16 @@ __device__ __forceinline__ void moe_tile_rows(const MoeGemmArgs& a, int row0, in
 // scaled once: the fallback tiles of block-FP8 weights (unaligned, or k not a multiple of the
 // copies); the pipelined ones are moe_mma.cu's.
 constexpr int kWmmaTileRows = 64;
+// The expert, first row and row count of block row blockIdx.y's tile: rows [64y, 64y + 64) of a
+// dense matmul's dense_rows (expert 0), else moe_tile's; false past the problem's tiles.
+__device__ __forceinline__ bool block_tile(const MoeGemmArgs& a, int& e, int& row0, int& rows) {
+  if (a.dense_w) {
+    e = 0, row0 = int(blockIdx.y) * kWmmaTileRows;
+    rows = int(min64(kWmmaTileRows, a.dense_rows - row0));
+    return rows > 0;
+  }
+  return moe_tile(a, int(blockIdx.y), e, row0, rows);
+}
 // Whether the pipelined tiles take weights of wdtype with rows of k (16-byte copies of both
 // operands; w_aligned: every weight starts 16-byte aligned); 16-bit experts also need every
 // bf16 weight within f16's range (CudaOps::Impl::experts_fit_f16). Else the fallback tiles,

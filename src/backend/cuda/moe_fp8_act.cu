@@ -74,12 +74,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fp8_act_kernel(MoeGemmArgs a)
 #else
   grid_dependency_sync();
   int e, row0, rows;
-  if (a.dense_w) {  // a plain matmul: tile y is rows [64y, 64y + 64) of x
-    e = 0, row0 = int(blockIdx.y) * kTokens, rows = int(min64(kTokens, a.dense_rows - row0));
-    if (rows <= 0) return;
-  } else if (!moe_tile(a, int(blockIdx.y), e, row0, rows)) {
-    return;
-  }
+  if (!block_tile(a, e, row0, rows)) return;
   const int64_t n0 = int64_t(blockIdx.x) * (kDual ? kRows / 2 : kRows), K = a.k;
   const uint8_t* W = static_cast<const uint8_t*>(a.dense_w ? a.dense_w : a.w[e]);
   const uint8_t* W2 = kDual ? static_cast<const uint8_t*>(a.w2[e]) : W;

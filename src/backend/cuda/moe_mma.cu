@@ -206,12 +206,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_mma_kernel(MoeGemmArgs a) {
   grid_dependency_sync();
   int e, row0, rows;
   // The same tile for every block of a cluster (clusters run along x): they return together.
-  if (a.dense_w) {  // a plain matmul: tile y is rows [64y, 64y + 64) of x
-    e = 0, row0 = int(blockIdx.y) * kTokens, rows = int(min64(kTokens, a.dense_rows - row0));
-    if (rows <= 0) return;
-  } else if (!moe_tile(a, int(blockIdx.y), e, row0, rows)) {
-    return;
-  }
+  if (!block_tile(a, e, row0, rows)) return;
   const int64_t n0 = int64_t(blockIdx.x) * (kDual ? kWRows / 2 : kWRows), K = a.k;
   const T* W = static_cast<const T*>(a.dense_w ? a.dense_w : a.w[e]);
   const T* W2 = kDual ? static_cast<const T*>(a.w2[e]) : W;
