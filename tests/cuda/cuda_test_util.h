@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 
@@ -138,6 +139,23 @@ inline long long profile_count(const std::string& table, const std::string& labe
   if (std::sscanf(table.c_str() + at + label.size(), "%lf %lld", &ms, &count) != 2) return -1;
   return count;
 }
+
+// An environment variable set for a scope (a backend reads its switches when created), then
+// put back as it was: a run that set it for the whole program keeps it.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* v = std::getenv(name)) prev_ = v;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() { prev_ ? setenv(name_, prev_->c_str(), 1) : unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> prev_;
+};
 
 // The RECUR_CUDA_PROFILE table (printed as the backend goes away) of the launches fn(ops)
 // makes on a backend of its own; *ok false, and nothing run, without a usable device.

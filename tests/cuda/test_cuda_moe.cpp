@@ -489,20 +489,21 @@ TEST(CudaMoePaths, WarpgroupTilesMatchTheReference) {
   std::mt19937 rng(38);
   for (DType dt : {DType::BF16, DType::F16}) {
     bool ok = false;
-    setenv("RECUR_EXP_MOE_WGMMA", "1", 1);
+    const ScopedEnv wgmma("RECUR_EXP_MOE_WGMMA", "1");
     const std::string table = profile_table(
         [&](CudaOps& ops) {
           for (const Case& c : cases) {
             Experts ex = make_experts(ops, c.E, c.d, c.ff, dt, rng);
             HostTensor x(DType::F32, {c.n, c.d});
             fill_random(x, rng);
+            Layout lay(std::vector<int>{int(c.n)}, std::vector<int>{0}, 16, rng);
+            ops.begin_forward(lay.l, {}, {});  // the profile labels the launches from here
             const ExpertsRun r = run_experts(ops, ex, x, c.k, c.ff, rng);
             EXPECT_LE(rel_err(r.got.f(), r.ref.f(), c.n * c.d), 1e-5)
                 << dtype_name(dt) << " n " << c.n << " d " << c.d << " ff " << c.ff;
           }
         },
         &ok);
-    unsetenv("RECUR_EXP_MOE_WGMMA");
     ASSERT_TRUE(ok);
     EXPECT_NE(table.find("moe_experts (gate/up, f16 wgmma)"), std::string::npos) << table;
     EXPECT_NE(table.find("moe_experts (down, f16 wgmma)"), std::string::npos) << table;

@@ -29,6 +29,11 @@ using namespace cuda;
 
 namespace {
 
+// Whether the experts' scratch holds the SwiGLU rows' e4m3 bytes (experiment RECUR_EXP_FP8_ACT).
+bool e4m3_rows(const CudaOps::Impl& s) {
+  return s.options.exp_fp8_act && s.sm90a;
+}
+
 // Carve-up of the experts' scratch for n tokens (the same offsets for sizing and use). Prompts
 // (more than kGemvMaxTokens tokens) may take the pipelined tensor-core tiles, whose split
 // activations (two f16 terms: the bytes of f32) share regions with f32 buffers not live at the
@@ -41,14 +46,14 @@ struct MoeScratch {
   float* ys;                 // [pairs, d] expert outputs
   void* x_terms;             // [2, n, d] f16 terms of x
   float *x_scale, *h_scale;  // [n], [pairs]: f16 terms' inverse scales
-  // Experiment RECUR_EXP_FP8_ACT: the SwiGLU rows as e4m3 [pairs, d_ff] and their scales
-  // [pairs, ⌈d_ff/128⌉] (x's go where its f16 terms would).
+  // Experiment RECUR_EXP_FP8_ACT (e4m3_rows, sized only with it): the SwiGLU rows as e4m3
+  // [pairs, d_ff] and their scales [pairs, ⌈d_ff/128⌉] (x's go where its f16 terms would).
   uint8_t* hs_q;
   float* hs_q_scale;
   MoeSortOut sorted;  // the sort's rows and tiles (moe.cuh)
   size_t bytes;
   // k pairs per token over E experts (shared ones riding along included).
-  MoeScratch(void* base, int64_t n, int64_t k, int64_t E, int64_t d, int64_t d_ff) {
+  MoeScratch(void* base, int64_t n, int64_t k, int64_t E, int64_t d, int64_t d_ff, bool e4m3_rows) {
     const int64_t pairs = n * k;
     char* p = static_cast<char*>(base);
     auto take = [&](int64_t count, size_t elem) {
@@ -68,9 +73,10 @@ struct MoeScratch {
     x_terms = ys;
     x_scale = reinterpret_cast<float*>(take(prompt ? n : 0, 4));
     h_scale = reinterpret_cast<float*>(take(prompt ? pairs : 0, 4));
-    hs_q = reinterpret_cast<uint8_t*>(take(prompt ? pairs * d_ff : 0, 1));
+    const bool q = prompt && e4m3_rows;
+    hs_q = reinterpret_cast<uint8_t*>(take(q ? pairs * d_ff : 0, 1));
     hs_q_scale = reinterpret_cast<float*>(
-        take(prompt ? pairs * ((d_ff + kFp8ActBlock - 1) / kFp8ActBlock) : 0, 4));
+        take(q ? pairs * ((d_ff + kFp8ActBlock - 1) / kFp8ActBlock) : 0, 4));
     for (int32_t** a : {&sorted.token_of, &sorted.row_of, &sorted.tile_expert, &sorted.tile_row0,
                         &sorted.tile_rows}) {
       *a = reinterpret_cast<int32_t*>(take(pairs, 4));
@@ -434,7 +440,7 @@ void launch_moe_gemv_nt(const MoeGemmArgs& a_in, int nt, bool vec, unsigned max_
 
 size_t CudaOps::moe_experts_scratch_bytes(int n_tokens, int k, int n_experts, int d,
                                           int d_ff) const {
-  return MoeScratch(nullptr, n_tokens, k, n_experts, d, d_ff).bytes;
+  return MoeScratch(nullptr, n_tokens, k, n_experts, d, d_ff, e4m3_rows(*impl_)).bytes;
 }
 
 namespace {
@@ -464,7 +470,7 @@ bool many_rows_per_expert(int64_t n, int64_t pairs, int64_t E) {
 // cuBLAS took three terms); the routed experts' shape and dtype, and room in the scratch for the
 // extra pairs.
 bool shared_rides_along(const Tensor& x, std::span<const ExpertWeights> experts, int64_t k,
-                        const SharedExpertArgs& shared, const Tensor& scratch) {
+                        const SharedExpertArgs& shared, const Tensor& scratch, bool e4m3) {
   const ExpertWeights& e0 = experts.front();
   const int64_t n = x.shape[0], E = int64_t(experts.size());
   const bool prompt = many_rows_per_expert(n, n * (k + 1), E + 1) && e0.gate.dtype != DType::F32;
@@ -474,7 +480,7 @@ bool shared_rides_along(const Tensor& x, std::span<const ExpertWeights> experts,
          shared.w.up.shape[0] == e0.up.shape[0] && shared.w.down.shape[1] == e0.down.shape[1] &&
          shared.w.down.shape[0] == e0.down.shape[0] &&
          size_t(scratch.numel()) * dtype_size(scratch.dtype) >=
-             MoeScratch(nullptr, n, k + 1, E + 1, x.row_size(), e0.gate.shape[0]).bytes;
+             MoeScratch(nullptr, n, k + 1, E + 1, x.row_size(), e0.gate.shape[0], e4m3).bytes;
 }
 
 // Whether gate/up can route one token whose shared expert rides along (shared_rides_along,
@@ -524,7 +530,7 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
   RECUR_CHECK(!residual.data || (residual.dtype == DType::F32 && residual.shape[0] == n &&
                                  residual.row_size() == d && residual.stride[1] == 1));
   const int64_t slots = k + (shared ? 1 : 0);  // pairs per token in the scratch
-  MoeScratch m(scratch.data, n, slots, E + (shared ? 1 : 0), d, d_ff);
+  MoeScratch m(scratch.data, n, slots, E + (shared ? 1 : 0), d, d_ff, e4m3_rows(s));
   RECUR_CHECK(size_t(scratch.numel()) * dtype_size(scratch.dtype) >= m.bytes);
   const void* const* table = s.expert_table(experts, shared ? &shared->w : nullptr);
   const int64_t table_e = E + (shared ? 1 : 0);
@@ -608,9 +614,8 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
                     fp8_act_takes(fp8_up.rows, fp8_up.cols, d, aligned) &&
                     fp8_act_takes(fp8_down.rows, fp8_down.cols, d_ff, aligned);
   if (e4m3) {
-    // Experiment: x and the SwiGLU rows quantized to e4m3 per row and 128 channels, the
-    // products on FP8 tensor cores (moe_fp8_act.cu).
-    // x's bytes and scales where its f16 terms would go (4 bytes a value, pairs ≥ n rows).
+    // Experiment (moe_fp8_act.cu): x and the SwiGLU rows as e4m3, on FP8 tensor cores; x's
+    // bytes and scales where its f16 terms would go (4 bytes a value, pairs ≥ n rows).
     auto* xq = static_cast<uint8_t*>(m.x_terms);
     auto* xs = reinterpret_cast<float*>(xq + (n * d + 255) / 256 * 256);
     launch_e4m3_group_quantize(x.ptr<float>(), x.stride[0], n, d, xq, xs, s.stream);
@@ -718,7 +723,7 @@ void CudaOps::moe_experts_shared(const Tensor& x, std::span<const ExpertWeights>
   if (impl_->replaying()) return;  // the decode graph does this op's work
   // One token or a prompt on the tiles: the shared expert rides along as one more pair of each
   // token; else the default's ops.
-  if (!shared_rides_along(x, experts, ids.shape[1], shared, scratch)) {
+  if (!shared_rides_along(x, experts, ids.shape[1], shared, scratch, e4m3_rows(*impl_))) {
     Ops::moe_experts_shared(x, experts, ids, weights, shared, out, scratch);
     return;
   }
@@ -730,7 +735,7 @@ void CudaOps::moe_route_experts_shared(const Tensor& logits, const MoeRouting& r
                                        Tensor ids, Tensor weights, const SharedExpertArgs& shared,
                                        Tensor out, Tensor scratch, Tensor residual) {
   if (impl_->replaying()) return;  // the decode graph does this op's work
-  if (!shared_rides_along(x, experts, ids.shape[1], shared, scratch)) {
+  if (!shared_rides_along(x, experts, ids.shape[1], shared, scratch, e4m3_rows(*impl_))) {
     Ops::moe_route_experts_shared(logits, routing, x, experts, ids, weights, shared, out, scratch,
                                   residual);
     return;
