@@ -129,20 +129,10 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fp8_act_kernel(MoeGemmArgs a)
   // staged weights × tokens [8j, 8j + 8).
   float acc[8][4] = {}, part[8][4] = {};
   const int nk = int((K + kTK - 1) / kTK);
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < nk) issue(s);
-    copy_commit();  // empty groups too: the waits below count kStages - 1 groups ahead
-  }
+  ring_start<kStages>(nk, issue);
   const int g = lane / 4, t = lane % 4;
   for (int kt = 0; kt < nk; ++kt) {
-    copy_wait<kStages - 2>();
-    fence_async_shared();  // this thread's landed copies are visible to the products
-    // Stage kt has landed for every thread, and every warpgroup's products of stage kt - 1,
-    // whose slot the copies below refill, have completed.
-    __syncthreads();
-    if (kt + kStages - 1 < nk) issue(kt + kStages - 1);
-    copy_commit();
+    ring_advance<kStages>(kt, nk, issue);
     const unsigned char* st = smem + (kt % kStages) * kStageBytes;
     const bool block_start = kt % kStagesPerBlock == 0;
     pin_registers(part);

@@ -484,20 +484,10 @@ __global__ void __launch_bounds__(kThreads, 2) moe_wgmma_kernel(MoeGemmArgs a) {
 
   float acc[2][8][4] = {};
   const int nk = int((K + kTK - 1) / kTK);
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < nk) issue(s);
-    copy_commit();  // empty groups too: the waits below count kStages - 1 groups ahead
-  }
+  ring_start<kStages>(nk, issue);
   const int a_row = wm * 16 + lane % 16;  // ldmatrix: row lane % 16, 8 columns from (lane / 16)·8
   for (int kt = 0; kt < nk; ++kt) {
-    copy_wait<kStages - 2>();
-    fence_async_shared();  // this thread's landed copies are visible to the products
-    // Stage kt has landed for every thread, and every warpgroup's products of stage kt - 1,
-    // whose slot the copies below refill, have completed (each waits for its own below).
-    __syncthreads();
-    if (kt + kStages - 1 < nk) issue(kt + kStages - 1);
-    copy_commit();
+    ring_advance<kStages>(kt, nk, issue);
     const unsigned char* st = smem + (kt % kStages) * S::kStageBytes;
     const T* Ws = reinterpret_cast<const T*>(st);
     uint32_t af[kTK / 16][2][4];  // [16 k][row tile wg, wg + 2]: the weights' A fragments

@@ -1,13 +1,15 @@
-// Shared by the MoE experts' tensor-core tiles (moe_wmma.cu, moe_mma.cu): f32 activations split
-// exactly into three terms of the weights' 16-bit type (the fallback tiles and the dense
-// matmul's cuBLAS terms, split3) or into two f16 terms of a scaled row (moe_mma.cu), and a
-// finished tile's write-out from shared memory as f32 rows.
+// Shared by the MoE experts' tensor-core tiles (moe_wmma.cu, moe_mma.cu, moe_fp8_act.cu): f32
+// activations split exactly into three terms of the weights' 16-bit type (the fallback tiles and
+// the dense matmul's cuBLAS terms, split3) or into two f16 terms of a scaled row (moe_mma.cu), a
+// finished tile's write-out from shared memory as f32 rows, and the warpgroup kernels' ring of
+// cp.async stages.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include "backend/cuda/moe.cuh"
+#include "backend/cuda/wgmma.cuh"
 
 namespace recur::cuda {
 
@@ -82,6 +84,29 @@ __device__ __forceinline__ void store_tile_rows(const MoeGemmArgs& a, const floa
       *o = a.accumulate ? *o + Cs[r * ldc + c] : Cs[r * ldc + c];
     }
   }
+}
+
+// A ring of kStages cp.async stages feeding a block's warpgroup products, k stage kt in slot
+// kt % kStages (issue(kt) starts its copies). ring_start issues the first kStages - 1 stages
+// (empty groups past nk too: the waits count kStages - 1 groups ahead).
+template <int kStages, typename Issue>
+__device__ __forceinline__ void ring_start(int nk, Issue&& issue) {
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < nk) issue(s);
+    copy_commit();
+  }
+}
+// Before stage kt's products: it has landed for every thread and is visible to the products,
+// and every warpgroup has waited for its products of stage kt - 1, whose slot is refilled here
+// with stage kt + kStages - 1. Every thread of the block calls it.
+template <int kStages, typename Issue>
+__device__ __forceinline__ void ring_advance(int kt, int nk, Issue&& issue) {
+  copy_wait<kStages - 2>();
+  fence_async_shared();
+  __syncthreads();
+  if (kt + kStages - 1 < nk) issue(kt + kStages - 1);
+  copy_commit();
 }
 
 }  // namespace recur::cuda
