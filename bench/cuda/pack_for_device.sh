@@ -29,3 +29,11 @@ done
 strip --strip-unneeded "$stage"/lib/*.so* 2>/dev/null || true
 (cd "$stage" && tar cf - ./* | xz -9e -T2 > "$OLDPWD/.devbin/bins.tar.xz")
 ls -l .devbin/bins.tar.xz
+# What a run carries: the tracked tree (as it is in the working tree) and .devbin, at most 64 MiB.
+tracked=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+devbin=$(du -sb .devbin | cut -f1)
+echo "a run would carry $(((tracked + devbin) >> 20)) MiB (tracked $((tracked >> 20)), .devbin $((devbin >> 20)))"
+if (((tracked + devbin) >> 20 >= 64)); then
+  echo "over 64 MiB: move the largest test models out for the call, e.g." \
+    "models/qwen3next-tiny-realvocab and models/qwen3next-seed-48L"
+fi
