@@ -157,13 +157,20 @@ class ScopedEnv {
   std::optional<std::string> prev_;
 };
 
+// Whether device 0 runs the build's sm_90a code (wgmma); false without a usable device.
+inline bool device_is_sm90a() {
+  cudaDeviceProp prop;
+  return cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major == 9 && prop.minor == 0;
+}
+
 // The RECUR_CUDA_PROFILE table (printed as the backend goes away) of the launches fn(ops)
 // makes on a backend of its own; *ok false, and nothing run, without a usable device.
 template <typename Fn>
 std::string profile_table(Fn&& fn, bool* ok) {
-  setenv("RECUR_CUDA_PROFILE", "1", 1);
-  auto created = CudaOps::create(0);
-  unsetenv("RECUR_CUDA_PROFILE");
+  auto created = [] {
+    const ScopedEnv profile("RECUR_CUDA_PROFILE", "1");
+    return CudaOps::create(0);
+  }();
   *ok = created.ok();
   if (!*ok) return {};
   ::testing::internal::CaptureStderr();

@@ -478,9 +478,7 @@ TEST(CudaMoePaths, ExpertsLeaveTheF16TilesOnlyForAWeightBeyondF16) {
 // on tiles of one block and of clusters, SwiGLU rows wider than a cluster, k and output columns
 // that are not multiples of a stage or a tile; the profile shows which tiles ran.
 TEST(CudaMoePaths, WarpgroupTilesMatchTheReference) {
-  cudaDeviceProp prop;
-  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) GTEST_SKIP() << "no usable CUDA device";
-  if (prop.major != 9 || prop.minor != 0) GTEST_SKIP() << "wgmma is built for sm_90a only";
+  if (!device_is_sm90a()) GTEST_SKIP() << "no device running sm_90a code (wgmma)";
   struct Case {
     int64_t n, E, k, d, ff;
   };

@@ -410,9 +410,7 @@ HostTensor e4m3_experts_reference(const HostTensor& x, std::span<const ExpertWei
 // FP8 products, whose accumulation keeps fewer bits than f32); out += too. Against the f32
 // product its error is the quantization's, far larger: the path did quantize.
 TEST(CudaQuantPaths, E4m3ActivationMatmulIsItsDefinition) {
-  cudaDeviceProp prop;
-  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) GTEST_SKIP() << "no usable CUDA device";
-  if (prop.major != 9 || prop.minor != 0) GTEST_SKIP() << "wgmma is built for sm_90a only";
+  if (!device_is_sm90a()) GTEST_SKIP() << "no device running sm_90a code (wgmma)";
   std::mt19937 rng(81);
   bool ok = false;
   const ScopedEnv e4m3("RECUR_EXP_FP8_ACT", "1");
@@ -485,9 +483,7 @@ double rms_rel_err(const float* a, const float* b, int64_t n) {
 // a misplaced operand or scale gives errors of the outputs' own size. The profile shows its
 // tiles ran.
 TEST(CudaQuantPaths, E4m3ActivationExpertsAreTheirDefinition) {
-  cudaDeviceProp prop;
-  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) GTEST_SKIP() << "no usable CUDA device";
-  if (prop.major != 9 || prop.minor != 0) GTEST_SKIP() << "wgmma is built for sm_90a only";
+  if (!device_is_sm90a()) GTEST_SKIP() << "no device running sm_90a code (wgmma)";
   std::mt19937 rng(82);
   bool ok = false;
   const ScopedEnv e4m3("RECUR_EXP_FP8_ACT", "1");

@@ -47,9 +47,7 @@ double product_error(const std::vector<uint16_t>& a, const std::vector<uint16_t>
 }
 
 TEST_F(CudaTest, WarpgroupProductsReadTheAttentionKernelsLayouts) {
-  cudaDeviceProp prop;
-  CUDA_TEST_CHECK(cudaGetDeviceProperties(&prop, 0));
-  if (prop.major != 9 || prop.minor != 0) GTEST_SKIP() << "wgmma is built for sm_90a only";
+  if (!device_is_sm90a()) GTEST_SKIP() << "no device running sm_90a code (wgmma)";
   std::mt19937 gen(7);
   std::uniform_real_distribution<float> u(-2.0f, 2.0f);
   auto operands = [&](size_t count, bool bf16) {
@@ -86,9 +84,7 @@ TEST_F(CudaTest, WarpgroupProductsReadTheAttentionKernelsLayouts) {
 // The MoE experts' kernel's product: the weights' fragments in registers, a tile's activations
 // K-major (a token's k contiguous), 32 k in two products.
 TEST_F(CudaTest, WarpgroupProductsReadTheExpertsKernelsLayout) {
-  cudaDeviceProp prop;
-  CUDA_TEST_CHECK(cudaGetDeviceProperties(&prop, 0));
-  if (prop.major != 9 || prop.minor != 0) GTEST_SKIP() << "wgmma is built for sm_90a only";
+  if (!device_is_sm90a()) GTEST_SKIP() << "no device running sm_90a code (wgmma)";
   std::mt19937 gen(11);
   std::uniform_real_distribution<float> u(-2.0f, 2.0f);
   std::vector<uint16_t> a(64 * 32), b(32 * 64);

@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(128)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, c = lane % 4;
   for (int e = tid; e < 32 * 64; e += 128) {
     const int k = e / 64, n = e % 64;
-    bs[((n / 8) * 512 + (k / 8) * 128 + (n % 8) * 16 + (k % 8) * 2) / 2] = b[e];
+    bs[(kmajor_offset(n, k / 8, 512) + (k % 8) * 2) / 2] = b[e];
   }
   auto pair = [&](int r, int k) {
     return uint32_t(a[r * 32 + k]) | uint32_t(a[r * 32 + k + 1]) << 16;

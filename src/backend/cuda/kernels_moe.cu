@@ -610,7 +610,7 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
            mats * touched * double(d * d_ff) * wb +
                4.0 * all_pairs * double(gate_up ? d + 2 * d_ff : d_ff + d));
   };
-  const bool e4m3 = tensor_cores && fp8 && s.options.exp_fp8_act && s.sm90a &&
+  const bool e4m3 = tensor_cores && fp8 && e4m3_rows(s) &&
                     fp8_act_takes(fp8_up.rows, fp8_up.cols, d, aligned) &&
                     fp8_act_takes(fp8_down.rows, fp8_down.cols, d_ff, aligned);
   if (e4m3) {

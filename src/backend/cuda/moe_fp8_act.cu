@@ -39,11 +39,6 @@ constexpr int kSmemBytes = std::max(kStages * kStageBytes, kTokens* kCsLd * 4);
 static_assert(kStagesPerBlock * kTK == kFp8ActBlock, "a k block is whole stages");
 static_assert(kSmemBytes > (48 << 10), "opt_in_smem raises the limit");
 
-// Byte offset of 16-byte chunk c of staged row r (K-major core matrices of 8 rows × 16 bytes).
-[[maybe_unused]] __device__ __forceinline__ int core_offset(int r, int c) {
-  return (r / 8) * kGroupBytes + c * 128 + (r % 8) * 16;
-}
-
 // d (+)= A · B, A [64 × 32] and B [32 × 64] e4m3 in shared memory (K-major descriptors),
 // f32 accumulators in wgmma.cuh's fragment order; accumulate = false ignores d's values.
 [[maybe_unused]] __device__ __forceinline__ void wgmma_e4m3_n64(float (&d)[8][4], uint64_t a,
@@ -107,10 +102,11 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fp8_act_kernel(MoeGemmArgs a)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const bool ok = wrow[h] && k0 < K;
-      copy16_async_l2_256(st + core_offset(w_row + 64 * h, w_chunk), ok ? wrow[h] + k0 : W, ok);
+      copy16_async_l2_256(st + kmajor_offset(w_row + 64 * h, w_chunk, kGroupBytes),
+                          ok ? wrow[h] + k0 : W, ok);
     }
-    copy16_async(st + kWBytes + core_offset(w_row, w_chunk), xrow && k0 < K ? xrow + k0 : a.x_q,
-                 xrow && k0 < K);
+    copy16_async(st + kWBytes + kmajor_offset(w_row, w_chunk, kGroupBytes),
+                 xrow && k0 < K ? xrow + k0 : a.x_q, xrow && k0 < K);
     if (w_chunk == 0) {  // the token's scale of this stage's k block (0 past the tile's tokens)
       copy4_async(&x_scale[kt % kStages][w_row], xsrow + kt / kStagesPerBlock, xrow != nullptr);
     }

@@ -168,6 +168,17 @@ __device__ __forceinline__ void store_scaled_terms(const MoeGemmArgs& a, const f
   }
 }
 
+// Tile row r's activation terms (mid; hi one plane on) and the inverse scale of its row; past
+// the tile's rows null and 0, so the zeros copied in stay zero sums.
+__device__ __forceinline__ const __half* x_terms_row(const MoeGemmArgs& a, int row0, int r,
+                                                     int rows, float& inv) {
+  inv = 0.0f;
+  if (r >= rows) return nullptr;
+  const int64_t xr = a.x_row ? int64_t(a.x_row[row0 + r]) : int64_t(row0 + r);
+  inv = a.x_scale[xr];
+  return static_cast<const __half*>(a.x_terms) + xr * a.ldxt;
+}
+
 // A tile's outputs from Cs (every thread of the block, after the barrier that completes Cs):
 // gate/up's SwiGLU rows as down's terms (a.out_terms set), else f32 rows.
 template <bool kDual, int kWRows, int kCsLd>
@@ -219,13 +230,8 @@ __global__ void __launch_bounds__(kThreads, 2) moe_mma_kernel(MoeGemmArgs a) {
   // columns from cc; block-FP8: row tid / 2, 16 bytes from (tid % 2)·16.
   const int cr = tid / 4, cc = (tid % 4) * 8;
   const __half* xt = static_cast<const __half*>(a.x_terms);
-  const __half* xrow = nullptr;
-  float inv = 0.0f;  // rows past the tile's: their zero sums stay zero
-  if (cr < rows) {
-    const int64_t xr = a.x_row ? int64_t(a.x_row[row0 + cr]) : int64_t(row0 + cr);
-    xrow = xt + xr * a.ldxt;
-    inv = a.x_scale[xr];
-  }
+  float inv;
+  const __half* xrow = x_terms_row(a, row0, cr, rows, inv);
   if (tid % 4 == 0) row_inv[cr] = inv;
   // The weight row of staged row sr: kDual, gate's rows for sr < kWRows / 2, then up's.
   auto weight_row = [&](int sr) -> const T* {
@@ -411,9 +417,6 @@ __global__ void __launch_bounds__(kThreads, 2) moe_mma_kernel(MoeGemmArgs a) {
 constexpr int kXGroupBytes = kTK / 8 * 128;
 constexpr int kXPlaneBytes = kTokens / 8 * kXGroupBytes;
 static_assert(kF16Terms * kXPlaneBytes == kXBytes, "the same stage as moe_mma_kernel's");
-[[maybe_unused]] __device__ __forceinline__ int x_core_offset(int tok, int c) {
-  return (tok / 8) * kXGroupBytes + c * 128 + (tok % 8) * 16;
-}
 
 // moe_mma_kernel's tiles of 16-bit weights on Hopper's warpgroup products (sm_90a): the same
 // grid, stages, weight staging and epilogue; the products differ. mma.sync kept each warp
@@ -422,7 +425,7 @@ static_assert(kF16Terms * kXPlaneBytes == kXBytes, "the same stage as moe_mma_ke
 // (kDual: gate's and up's rows of the same 64 output columns) by all 64 of the tile's tokens in
 // one instruction a term and 16 k. The weights come to registers through ldmatrix as before (bf16
 // made f16 there, exactly as moe_mma_kernel does), the activations' terms straight from shared
-// memory (x_core_offset's layout). acc[ti][j]: rows (wg + 2ti)·64 + wm·16 + [0, 16) × tokens
+// memory (kmajor_offset's layout). acc[ti][j]: rows (wg + 2ti)·64 + wm·16 + [0, 16) × tokens
 // [8j, 8j + 8), in wgmma.cuh's fragment order.
 template <typename T, bool kDual>
 __global__ void __launch_bounds__(kThreads, 2) moe_wgmma_kernel(MoeGemmArgs a) {
@@ -448,13 +451,8 @@ __global__ void __launch_bounds__(kThreads, 2) moe_wgmma_kernel(MoeGemmArgs a) {
   const int cr = tid / 4, cc = (tid % 4) * 8;
   const int x_tok = (tid / 32) * 8 + tid % 8, x_chunk = (tid / 8) % 4;
   const __half* xt = static_cast<const __half*>(a.x_terms);
-  const __half* xrow = nullptr;
-  float inv = 0.0f;  // tokens past the tile's: their zero sums stay zero
-  if (x_tok < rows) {
-    const int64_t xr = a.x_row ? int64_t(a.x_row[row0 + x_tok]) : int64_t(row0 + x_tok);
-    xrow = xt + xr * a.ldxt;
-    inv = a.x_scale[xr];
-  }
+  float inv;
+  const __half* xrow = x_terms_row(a, row0, x_tok, rows, inv);
   if (x_chunk == 0) row_inv[x_tok] = inv;
   const T* wrow[4];
 #pragma unroll
@@ -477,8 +475,9 @@ __global__ void __launch_bounds__(kThreads, 2) moe_wgmma_kernel(MoeGemmArgs a) {
     const bool ok = xrow && xk < K;
 #pragma unroll
     for (int term = 0; term < kF16Terms; ++term) {
-      copy16_async(st + S::kWBytes + term * kXPlaneBytes + x_core_offset(x_tok, x_chunk),
-                   ok ? xrow + term * a.x_terms_plane + xk : xt, ok);
+      copy16_async(
+          st + S::kWBytes + term * kXPlaneBytes + kmajor_offset(x_tok, x_chunk, kXGroupBytes),
+          ok ? xrow + term * a.x_terms_plane + xk : xt, ok);
     }
   };
 

@@ -31,6 +31,13 @@ __device__ __forceinline__ uint64_t wgmma_desc(const void* smem, uint32_t leadin
          uint64_t((stride_bytes >> 4) & 0x3fffu) << 32;
 }
 
+// The byte offset of 16-byte chunk c (k 16c/sizeof(element) on) of row r of a K-major operand in
+// the layout without swizzling: 8-row groups row_group_bytes apart (the descriptor's stride),
+// chunks 128 apart (its leading step), rows of a core matrix 16 apart.
+__host__ __device__ constexpr int kmajor_offset(int r, int c, int row_group_bytes) {
+  return (r / 8) * row_group_bytes + c * 128 + (r % 8) * 16;
+}
+
 // Before a group of products whose accumulators or register operands other instructions wrote.
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
