@@ -11,16 +11,15 @@
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
-import os from 'node:os';
 import path from 'node:path';
 import { after, before, test } from 'node:test';
 import OpenAI from 'openai';
 
-import { RECUR, ROOT, postJson, sseEvents, startServer } from './lib.mjs';
-
-const WEIGHTS = path.join(ROOT, 'tests/data/qwen3_5-chat-tiny');
-const KIMI = path.join(ROOT, 'tests/data/kimi-tokenizer-tiny');
-const NAME = 'kimi-chat-tiny';
+import {
+  ANTHROPIC_HEADERS, RECUR, anthropicMessage, anthropicTools, anthropicToolUseStream,
+  chatStreamParts, onlyToken, postJson, startServer, stopCleanly,
+} from './lib.mjs';
+import { KIMI_NAME as NAME, kimiModelDir } from './kimi_model.mjs';
 
 const call = (id, args) =>
   `<|tool_call_begin|>${id}<|tool_call_argument_begin|>${args}<|tool_call_end|>`;
@@ -49,39 +48,17 @@ const messages = [{ role: 'user', content: 'What is the weather in São Paulo?' 
 let server;
 let client;
 let dir;
-const ids = {};
+let ids;  // OUTPUTS' keys -> their added tokens' ids
 
 before(async () => {
-  dir = fs.mkdtempSync(path.join(os.tmpdir(), 'recur-kimi-tools-'));
-  for (const f of ['config.json', 'generation_config.json', 'model.safetensors']) {
-    fs.symlinkSync(fs.realpathSync(path.join(WEIGHTS, f)), path.join(dir, f));
-  }
-  for (const f of ['tiktoken.model', 'chat_template.jinja']) {
-    fs.symlinkSync(fs.realpathSync(path.join(KIMI, f)), path.join(dir, f));
-  }
-  const config = JSON.parse(fs.readFileSync(path.join(KIMI, 'tokenizer_config.json'), 'utf8'));
-  let next = 1024 + 258;  // after the ranks and Kimi's special-token ids
-  for (const [key, content] of Object.entries(OUTPUTS)) {
-    ids[key] = next;
-    config.added_tokens_decoder[String(next++)] = {
-      content, lstrip: false, normalized: false, rstrip: false, single_word: false, special: false,
-    };
-  }
-  fs.writeFileSync(path.join(dir, 'tokenizer_config.json'), JSON.stringify(config));
+  ({ dir, ids } = kimiModelDir('recur-kimi-tools-', OUTPUTS));
   server = await startServer(['--served-model-name', NAME], { model: dir });
   client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'none', maxRetries: 0 });
 });
 
-after(async () => {
-  const r = await server.stop();
-  fs.rmSync(dir, { recursive: true });
-  assert.deepEqual(r, { code: 0, signal: null }, server.output());
-});
+after(() => stopCleanly(server, dir));
 
-const only = (key) => ({
-  logit_bias: { [ids[key]]: 100 }, stop_token_ids: [ids[key]], temperature: 0,
-  include_stop_str_in_output: true,  // the stop token's text is the output
-});
+const only = (key) => onlyToken(ids[key]);
 const named = { type: 'function', function: { name: 'get_weather' } };
 
 test('a forced call: the section is parsed into tool_calls with the model\'s id', async () => {
@@ -98,19 +75,9 @@ test('a forced call: the section is parsed into tool_calls with the model\'s id'
   assert.equal(t.function.name, 'get_weather');
   assert.deepEqual(JSON.parse(t.function.arguments), { city: 'São Paulo', days: 3 });
 
-  const stream = await client.chat.completions.create({
+  const { deltas, finish, content } = await chatStreamParts(await client.chat.completions.create({
     model: NAME, messages, tools: TOOLS, tool_choice: named, stream: true, ...only('NAMED_REST'),
-  });
-  const deltas = [];
-  let finish = null;
-  let content = '';
-  for await (const chunk of stream) {
-    for (const ch of chunk.choices) {
-      if (ch.delta.tool_calls) deltas.push(...ch.delta.tool_calls);
-      content += ch.delta.content ?? '';
-      if (ch.finish_reason) finish = ch.finish_reason;
-    }
-  }
+  }));
   assert.equal(finish, 'tool_calls');
   assert.equal(content, '');
   assert.equal(deltas[0].id, 'functions.get_weather:0');
@@ -147,13 +114,8 @@ test('<think> becomes reasoning_content, and the call after it a call', async ()
   assert.equal(m.content, null);
   assert.equal(m.tool_calls[0].function.name, 'get_weather');
 
-  let reasoning = '';
-  const deltas = [];
-  for await (const chunk of await client.chat.completions.create({ ...body, stream: true })) {
-    const d = chunk.choices[0]?.delta ?? {};
-    reasoning += d.reasoning_content ?? '';
-    if (d.tool_calls) deltas.push(...d.tool_calls);
-  }
+  const { reasoning, deltas } =
+    await chatStreamParts(await client.chat.completions.create({ ...body, stream: true }));
   assert.equal(reasoning, m.reasoning_content);
   assert.equal(deltas[0].id, 'functions.get_weather:0');
 });
@@ -199,15 +161,11 @@ test('the next turn sends the call and its result back: the prompt is what recur
 
 test('Anthropic messages: tool_use blocks, streamed and not', async () => {
   const body = {
-    model: NAME, max_tokens: 8, messages,
-    tools: TOOLS.map((t) => ({ name: t.function.name, input_schema: t.function.parameters })),
+    model: NAME, max_tokens: 8, messages, tools: anthropicTools(TOOLS),
     tool_choice: { type: 'tool', name: 'get_weather' },
     ...only('NAMED_REST'),
   };
-  const headers = { 'anthropic-version': '2023-06-01' };
-  const res = await postJson(`${server.url}/v1/messages`, body, headers);
-  assert.equal(res.status, 200);
-  const msg = await res.json();
+  const msg = await anthropicMessage(server.url, body);
   assert.equal(msg.stop_reason, 'tool_use');
   const uses = msg.content.filter((b) => b.type === 'tool_use');
   assert.equal(uses.length, 1);
@@ -215,17 +173,7 @@ test('Anthropic messages: tool_use blocks, streamed and not', async () => {
   assert.equal(uses[0].name, 'get_weather');
   assert.deepEqual(uses[0].input, { city: 'São Paulo', days: 3 });
 
-  const sres = await postJson(`${server.url}/v1/messages`, { ...body, stream: true }, headers);
-  assert.equal(sres.status, 200);
-  let start = null;
-  let json = '';
-  let stop = null;
-  for await (const ev of sseEvents(sres)) {
-    const d = JSON.parse(ev.data);
-    if (d.type === 'content_block_start' && d.content_block.type === 'tool_use') start = d.content_block;
-    if (d.type === 'content_block_delta' && d.delta.type === 'input_json_delta') json += d.delta.partial_json;
-    if (d.type === 'message_delta') stop = d.delta.stop_reason;
-  }
+  const { start, json, stop } = await anthropicToolUseStream(server.url, body);
   assert.equal(start.name, 'get_weather');
   assert.equal(start.id, 'functions.get_weather:0');
   assert.deepEqual(JSON.parse(json), { city: 'São Paulo', days: 3 });
@@ -233,7 +181,7 @@ test('Anthropic messages: tool_use blocks, streamed and not', async () => {
 
   // A malformed section from the model: text, and the turn ends normally.
   const bad = await (await postJson(`${server.url}/v1/messages`,
-    { ...body, tool_choice: { type: 'auto' }, ...only('MALFORMED') }, headers)).json();
+    { ...body, tool_choice: { type: 'auto' }, ...only('MALFORMED') }, ANTHROPIC_HEADERS)).json();
   assert.equal(bad.stop_reason, 'end_turn');
   assert.deepEqual(bad.content, [{ type: 'text', text: OUTPUTS.MALFORMED }]);
 });

@@ -1,6 +1,8 @@
 // Shared helpers for the end-to-end tests: start a real `recur serve` on a free loopback port,
-// read SSE streams, and parse Prometheus text strictly.
+// read SSE streams, drive the chat and Anthropic APIs, and parse Prometheus text strictly.
+import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
+import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -64,6 +66,14 @@ export async function startServer(args = [], { model = MODEL } = {}) {
   };
 }
 
+// A test file's after(): stops the server, removes `dir` (a model directory the file made) if
+// given, and checks that the server exited cleanly (status 0, no signal).
+export async function stopCleanly(server, dir = null) {
+  const r = await server.stop();
+  if (dir) fs.rmSync(dir, { recursive: true });
+  assert.deepEqual(r, { code: 0, signal: null }, server.output());
+}
+
 // Server-sent events of a fetch Response: {event, data} per blank-line-separated block.
 export async function* sseEvents(res) {
   const decoder = new TextDecoder();
@@ -114,6 +124,64 @@ export async function streamCompletion(url, body, headers = {}) {
     }
   }
   return out;
+}
+
+// Sampling under which the one token `id` (an added token whose text is a scripted output) is
+// the whole output: logit_bias makes it certain and stop_token_ids the last.
+export const onlyToken = (id) => ({
+  logit_bias: { [id]: 100 }, stop_token_ids: [id], temperature: 0,
+  include_stop_str_in_output: true,  // the stop token's text is the output
+});
+
+// A chat completion streamed through the OpenAI SDK, its deltas joined: content,
+// reasoning_content, the tool_calls deltas in order, and the finish reason.
+export async function chatStreamParts(stream) {
+  const out = { content: '', reasoning: '', deltas: [], finish: null };
+  for await (const chunk of stream) {
+    for (const ch of chunk.choices) {
+      out.content += ch.delta.content ?? '';
+      out.reasoning += ch.delta.reasoning_content ?? '';
+      if (ch.delta.tool_calls) out.deltas.push(...ch.delta.tool_calls);
+      if (ch.finish_reason) out.finish = ch.finish_reason;
+    }
+  }
+  return out;
+}
+
+// ---- the Anthropic Messages API, by plain fetch ----
+
+export const ANTHROPIC_HEADERS = { 'anthropic-version': '2023-06-01' };
+
+// Chat-completions tools ({type, function: {name, parameters}}) as Anthropic's and as the
+// Responses API's.
+export const anthropicTools = (tools) =>
+  tools.map((t) => ({ name: t.function.name, input_schema: t.function.parameters }));
+export const responsesTools = (tools) => tools.map((t) => ({
+  type: 'function', name: t.function.name, parameters: t.function.parameters,
+}));
+
+// A /v1/messages request answered with status 200: the message.
+export async function anthropicMessage(url, body) {
+  const res = await postJson(`${url}/v1/messages`, body, ANTHROPIC_HEADERS);
+  assert.equal(res.status, 200);
+  return res.json();
+}
+
+// A /v1/messages request streamed (status 200): its tool_use block's content_block_start, the
+// input_json_delta texts joined, and the message_delta's stop reason.
+export async function anthropicToolUseStream(url, body) {
+  const res = await postJson(`${url}/v1/messages`, { ...body, stream: true }, ANTHROPIC_HEADERS);
+  assert.equal(res.status, 200);
+  let start = null;
+  let json = '';
+  let stop = null;
+  for await (const ev of sseEvents(res)) {
+    const d = JSON.parse(ev.data);
+    if (d.type === 'content_block_start' && d.content_block.type === 'tool_use') start = d.content_block;
+    if (d.type === 'content_block_delta' && d.delta.type === 'input_json_delta') json += d.delta.partial_json;
+    if (d.type === 'message_delta') stop = d.delta.stop_reason;
+  }
+  return { start, json, stop };
 }
 
 // Deterministic pseudo-random numbers (tests must not depend on Math.random).

@@ -18,7 +18,10 @@ import path from 'node:path';
 import { after, before, test } from 'node:test';
 import OpenAI from 'openai';
 
-import { ROOT, postJson, sseEvents, startServer } from './lib.mjs';
+import {
+  ROOT, anthropicMessage, anthropicTools, anthropicToolUseStream, chatStreamParts, onlyToken,
+  startServer, stopCleanly,
+} from './lib.mjs';
 
 const FIXTURE = path.join(ROOT, 'tests/data/qwen3_5-chat-tiny');
 const NAME = 'qwen3_5-chat-tiny';
@@ -103,17 +106,10 @@ before(async () => {
   client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'none', maxRetries: 0 });
 });
 
-after(async () => {
-  const r = await server.stop();
-  fs.rmSync(dir, { recursive: true });
-  assert.deepEqual(r, { code: 0, signal: null }, server.output());
-});
+after(() => stopCleanly(server, dir));
 
 // The one token `key` is the whole output.
-const only = (key) => ({
-  logit_bias: { [ids[key]]: 100 }, stop_token_ids: [ids[key]], temperature: 0,
-  include_stop_str_in_output: true,  // the stop token's text is the output
-});
+const only = (key) => onlyToken(ids[key]);
 const named = { type: 'function', function: { name: 'get_weather' } };
 
 test('typed XML arguments, not streamed', async () => {
@@ -134,19 +130,9 @@ test('typed XML arguments, not streamed', async () => {
 });
 
 test('typed XML arguments streamed: deltas and the SDK stream helper', async () => {
-  const stream = await client.chat.completions.create({
+  const { deltas, finish, content } = await chatStreamParts(await client.chat.completions.create({
     model: NAME, messages, tools: TOOLS, tool_choice: named, stream: true, ...only('TYPED_CALL'),
-  });
-  const deltas = [];
-  let finish = null;
-  let content = '';
-  for await (const chunk of stream) {
-    for (const c of chunk.choices) {
-      if (c.delta.tool_calls) deltas.push(...c.delta.tool_calls);
-      content += c.delta.content ?? '';
-      if (c.finish_reason) finish = c.finish_reason;
-    }
-  }
+  }));
   assert.equal(finish, 'tool_calls');
   assert.equal(content, '');
   assert.equal(deltas[0].function.name, 'get_weather');
@@ -209,16 +195,8 @@ test('a call written inside <think> is a call, and leaves the reasoning', async 
   assert.equal(m.tool_calls.length, 1);
   assert.deepEqual(JSON.parse(m.tool_calls[0].function.arguments), { days: 2 });
 
-  const stream = await client.chat.completions.create({ ...body, stream: true });
-  let reasoning = '';
-  let content = '';
-  const deltas = [];
-  for await (const chunk of stream) {
-    const d = chunk.choices[0]?.delta ?? {};
-    reasoning += d.reasoning_content ?? '';
-    content += d.content ?? '';
-    if (d.tool_calls) deltas.push(...d.tool_calls);
-  }
+  const { reasoning, content, deltas } =
+    await chatStreamParts(await client.chat.completions.create({ ...body, stream: true }));
   assert.equal(reasoning, m.reasoning_content);
   assert.equal(content, m.content);
   assert.equal(deltas[0].function.name, 'get_weather');
@@ -226,15 +204,11 @@ test('a call written inside <think> is a call, and leaves the reasoning', async 
 
 test('Anthropic messages: tool_use with a typed input object, streamed and not', async () => {
   const body = {
-    model: NAME, max_tokens: 8, messages,
-    tools: TOOLS.map((t) => ({ name: t.function.name, input_schema: t.function.parameters })),
+    model: NAME, max_tokens: 8, messages, tools: anthropicTools(TOOLS),
     tool_choice: { type: 'tool', name: 'get_weather' },
     ...only('TYPED_CALL'),
   };
-  const headers = { 'anthropic-version': '2023-06-01' };
-  const res = await postJson(`${server.url}/v1/messages`, body, headers);
-  assert.equal(res.status, 200);
-  const msg = await res.json();
+  const msg = await anthropicMessage(server.url, body);
   assert.equal(msg.stop_reason, 'tool_use');
   const uses = msg.content.filter((b) => b.type === 'tool_use');
   assert.equal(uses.length, 1);
@@ -243,17 +217,7 @@ test('Anthropic messages: tool_use with a typed input object, streamed and not',
   assert.deepEqual(uses[0].input, TYPED_ARGS);
   assert.deepEqual(msg.content.filter((b) => b.type === 'text' && b.text !== ''), []);
 
-  const sres = await postJson(`${server.url}/v1/messages`, { ...body, stream: true }, headers);
-  assert.equal(sres.status, 200);
-  let start = null;
-  let json = '';
-  let stop = null;
-  for await (const ev of sseEvents(sres)) {
-    const d = JSON.parse(ev.data);
-    if (d.type === 'content_block_start' && d.content_block.type === 'tool_use') start = d.content_block;
-    if (d.type === 'content_block_delta' && d.delta.type === 'input_json_delta') json += d.delta.partial_json;
-    if (d.type === 'message_delta') stop = d.delta.stop_reason;
-  }
+  const { start, json, stop } = await anthropicToolUseStream(server.url, body);
   assert.equal(start.name, 'get_weather');
   assert.match(start.id, /^toolu_/);
   assert.deepEqual(JSON.parse(json), TYPED_ARGS);
