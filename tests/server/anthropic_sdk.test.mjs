@@ -16,7 +16,7 @@ import path from 'node:path';
 import { after, before, test } from 'node:test';
 import Anthropic from '@anthropic-ai/sdk';
 
-import { MODEL, RECUR, startServer } from './lib.mjs';
+import { MODEL, RECUR, startServer, stopCleanly } from './lib.mjs';
 
 const NAME = 'claude-tiny';
 const KEY = 'sk-ant-recur-test';
@@ -227,11 +227,7 @@ before(async () => {
   client = new Anthropic({ baseURL: server.url, apiKey: KEY, maxRetries: 0 });
 });
 
-after(async () => {
-  const r = await server.stop();
-  fs.rmSync(dir, { recursive: true });
-  assert.deepEqual(r, { code: 0, signal: null }, server.output());
-});
+after(() => stopCleanly(server, dir));
 
 test('create: one text block, end_turn, usage as recur tokenize counts the prompt', async () => {
   const r = await client.messages.create({ model: NAME, max_tokens: 16, messages, ...only('REPLY') });

@@ -11,7 +11,7 @@ import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import OpenAI from 'openai';
 
-import { MODEL, MODEL_NAME, postJson, startServer } from './lib.mjs';
+import { MODEL, MODEL_NAME, postJson, startServer, stopCleanly } from './lib.mjs';
 
 const ORIGIN = 'http://app.example';
 const SMALL = ['--max-batch', '4', '--kv-cache-mb', '64'];
@@ -31,10 +31,7 @@ before(async () => {
   client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'unused', maxRetries: 0 });
 });
 
-after(async () => {
-  const r = await server.stop();
-  assert.deepEqual(r, { code: 0, signal: null }, server.output());
-});
+after(() => stopCleanly(server));
 
 const chat = { messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 };
 const BODIES = {

@@ -5,7 +5,7 @@
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 
-import { metrics, postJson, startServer } from './lib.mjs';
+import { metrics, postJson, startServer, stopCleanly } from './lib.mjs';
 
 let server;
 
@@ -13,10 +13,7 @@ before(async () => {
   server = await startServer(['--kv-cache-mb', '1', '--prefix-cache-mb', '0', '--max-batch', '4']);
 });
 
-after(async () => {
-  const r = await server.stop();
-  assert.deepEqual(r, { code: 0, signal: null }, server.output());
-});
+after(() => stopCleanly(server));
 
 const ids = (n, seed) => Array.from({ length: n }, (_, i) => 1000 + ((i * 7919 + seed) % 5000));
 

@@ -10,7 +10,7 @@ import path from 'node:path';
 import { after, before, test } from 'node:test';
 import { promisify } from 'node:util';
 
-import { MODEL, RECUR, postJson, rng, startServer, streamCompletion } from './lib.mjs';
+import { MODEL, RECUR, postJson, rng, startServer, streamCompletion, stopCleanly } from './lib.mjs';
 
 const N = 32;
 const MAX_TOKENS = 24;
@@ -29,10 +29,7 @@ before(async () => {
   server = await startServer(['--max-batch', String(N), '--max-batch-tokens', '256', '--device', 'cpu']);
 });
 
-after(async () => {
-  const r = await server.stop();
-  assert.deepEqual(r, { code: 0, signal: null }, server.output());
-});
+after(() => stopCleanly(server));
 
 const request = (ids) => ({ prompt: ids, max_tokens: MAX_TOKENS, temperature: 0, ignore_eos: true });
 

@@ -6,7 +6,7 @@
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 
-import { MODEL_NAME, postJson, sseEvents, startServer } from './lib.mjs';
+import { MODEL_NAME, postJson, sseEvents, startServer, stopCleanly } from './lib.mjs';
 import { streamedCall } from './forced_calls.mjs';
 
 // The fuzzed request: one tool, an integer argument, and too few tokens for the call.
@@ -22,10 +22,7 @@ before(async () => {
   server = await startServer(['--max-batch', '4', '--kv-cache-mb', '64']);
 });
 
-after(async () => {
-  const r = await server.stop();
-  assert.deepEqual(r, { code: 0, signal: null }, server.output());
-});
+after(() => stopCleanly(server));
 
 async function post(path, body, headers) {
   const res = await postJson(`${server.url}${path}`, { model: MODEL_NAME, ...body }, headers);

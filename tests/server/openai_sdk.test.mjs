@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import OpenAI from 'openai';
 
-import { MODEL_NAME, postJson, sseEvents, startServer } from './lib.mjs';
+import { MODEL_NAME, postJson, sseEvents, startServer, stopCleanly } from './lib.mjs';
 
 const KEY = 'sk-recur-test';
 // The tiny model writes noise; a forced tool call ends on the one token `}}` (id 3417), which
@@ -36,10 +36,7 @@ before(async () => {
   client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: KEY, maxRetries: 0 });
 });
 
-after(async () => {
-  const r = await server.stop();
-  assert.deepEqual(r, { code: 0, signal: null }, server.output());
-});
+after(() => stopCleanly(server));
 
 const messages = [{ role: 'user', content: 'What is the weather in Paris?' }];
 

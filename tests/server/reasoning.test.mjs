@@ -7,7 +7,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { after, before, test } from 'node:test';
 
-import { MODEL, postJson, sseEvents, startServer } from './lib.mjs';
+import { MODEL, postJson, sseEvents, startServer, stopCleanly } from './lib.mjs';
 
 const THINK_END = 151668;
 let server;
@@ -28,11 +28,7 @@ before(async () => {
   server = await startServer(['--served-model-name', 'thinker'], { model: dir });
 });
 
-after(async () => {
-  const r = await server.stop();
-  fs.rmSync(dir, { recursive: true });
-  assert.deepEqual(r, { code: 0, signal: null }, server.output());
-});
+after(() => stopCleanly(server, dir));
 
 const chat = (extra) => postJson(`${server.url}/v1/chat/completions`, {
   model: 'thinker', messages: [{ role: 'user', content: 'Think, then answer.' }],

@@ -11,7 +11,7 @@ import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import OpenAI from 'openai';
 
-import { MODEL_NAME, postJson, sseEvents, startServer } from './lib.mjs';
+import { MODEL_NAME, postJson, sseEvents, startServer, stopCleanly } from './lib.mjs';
 
 const KEY = 'sk-recur-compat';
 const PILLAR = 102277;  // 柱
@@ -27,10 +27,7 @@ before(async () => {
   client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: KEY, maxRetries: 0 });
 });
 
-after(async () => {
-  const r = await server.stop();
-  assert.deepEqual(r, { code: 0, signal: null }, server.output());
-});
+after(() => stopCleanly(server));
 
 const post = (route, body) => postJson(`${server.url}${route}`, body, auth);
 
