@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "backend/cpu/reference.h"
 #include "cuda/cuda_reference.h"
@@ -16,6 +17,12 @@ namespace {
 using namespace testing;
 
 class CudaMoe : public CudaTest {};
+
+// The profile's name of the experts' f16 tiles for `which` (gate/up or down): warpgroup products
+// where sm_90a code runs, mma.sync elsewhere.
+std::string f16_tiles(const std::string& which) {
+  return "(" + which + (device_is_sm90a() ? ", f16 wgmma)" : ", f16 tensor cores)");
+}
 
 // A routing description with its selection bias (when it has one) on the host and the device.
 struct Routing {
@@ -434,8 +441,7 @@ TEST(CudaMoePaths, PromptSharedExpertRidesTheExpertTiles) {
       },
       &ok);
   if (!ok) GTEST_SKIP() << "no usable CUDA device";
-  EXPECT_EQ(profile_count(table, "prompt n=200 moe_experts (gate/up, f16 tensor cores)"), 1)
-      << table;
+  EXPECT_EQ(profile_count(table, "prompt n=200 moe_experts " + f16_tiles("gate/up")), 1) << table;
   EXPECT_EQ(table.find("matmul"), std::string::npos) << table;
 }
 
@@ -464,7 +470,7 @@ TEST(CudaMoePaths, ExpertsLeaveTheF16TilesOnlyForAWeightBeyondF16) {
         },
         &ok);
     if (!ok) GTEST_SKIP() << "no usable CUDA device";
-    EXPECT_EQ(profile_count(table, "prompt n=200 moe_experts (gate/up, f16 tensor cores)"),
+    EXPECT_EQ(profile_count(table, "prompt n=200 moe_experts " + f16_tiles("gate/up")),
               beyond ? -1 : 1)
         << table;
     EXPECT_EQ(profile_count(table, "prompt n=200 moe_experts (gate/up, tensor cores)"),
@@ -473,7 +479,7 @@ TEST(CudaMoePaths, ExpertsLeaveTheF16TilesOnlyForAWeightBeyondF16) {
   }
 }
 
-// Experiment RECUR_EXP_MOE_WGMMA: the experts' 16-bit tiles on warpgroup products (sm_90a) give
+// The experts' 16-bit tiles on warpgroup products (where sm_90a code runs) give
 // the reference's results as the mma.sync tiles do (the same products, summed in another order),
 // on tiles of one block and of clusters, SwiGLU rows wider than a cluster, k and output columns
 // that are not multiples of a stage or a tile; the profile shows which tiles ran.
@@ -487,7 +493,6 @@ TEST(CudaMoePaths, WarpgroupTilesMatchTheReference) {
   std::mt19937 rng(38);
   for (DType dt : {DType::BF16, DType::F16}) {
     bool ok = false;
-    const ScopedEnv wgmma("RECUR_EXP_MOE_WGMMA", "1");
     const std::string table = profile_table(
         [&](CudaOps& ops) {
           for (const Case& c : cases) {

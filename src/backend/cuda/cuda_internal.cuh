@@ -36,9 +36,6 @@ struct CudaOptions {
   // Set for tensor-parallel ranks that share one device (cuda_comm.cu): their collectives meet
   // at host barriers, which a replayed graph would pass by.
   bool host_ordered_collectives = false;
-  // Experiment (session 38), RECUR_EXP_MOE_WGMMA=1: the 16-bit experts' prompt tiles on
-  // warpgroup products (moe_mma.cu's moe_wgmma_kernel) where sm_90a code runs.
-  bool exp_moe_wgmma = false;
   // Experiment (session 38), RECUR_EXP_FP8_ACT=1: block-FP8 prompt products on FP8 tensor cores
   // with e4m3 activations (moe_fp8_act.cu) where sm_90a code runs; results round differently.
   bool exp_fp8_act = false;

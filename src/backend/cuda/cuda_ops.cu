@@ -49,7 +49,6 @@ CudaOptions CudaOptions::from_environment() {
   o.sync = env_one("RECUR_CUDA_SYNC");
   o.profile = env_one("RECUR_CUDA_PROFILE");
   o.trace_out = env_string("RECUR_CUDA_TRACE_OUT");
-  o.exp_moe_wgmma = env_one("RECUR_EXP_MOE_WGMMA");
   o.exp_fp8_act = env_one("RECUR_EXP_FP8_ACT");
   return o;
 }

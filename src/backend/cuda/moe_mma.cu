@@ -31,8 +31,8 @@
 // 256 rows 1,029 / 4,871; four stages 1,022 / 4,739; with .L2::256B 832 / 4,720 (a bulk L2 prefetch
 // of 2 KB a row every 16 stages instead: 1,125 / 5,122). bench/results/h200-session27-notes.md,
 // calls 4 to 6.
-//   moe_wgmma_kernel: the same tiles of 16-bit weights on Hopper's warpgroup products, behind
-// the RECUR_EXP_MOE_WGMMA experiment (kernels_moe.cu) until measured.
+//   moe_wgmma_kernel: the same tiles of 16-bit weights on Hopper's warpgroup products, taken
+// wherever sm_90a code runs (kernels_moe.cu); moe_mma_kernel's 16-bit tiles serve other devices.
 #include <cooperative_groups.h>
 
 #include <algorithm>
