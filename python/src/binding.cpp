@@ -100,6 +100,22 @@ PYBIND11_MODULE(_recur, m) {
             } else {
               throw pyb::value_error("kv_cache_dtype: f32, bf16, f16 or fp8, not '" + name + "'");
             }
+          })
+      // How prompts multiply block-FP8 weights on a GPU, as --fp8-activations spells it.
+      .def_property(
+          "fp8_activations",
+          [](const SessionOptions& o) {
+            return std::string(recur::fp8_activations_name(o.backend.fp8_activations));
+          },
+          [](SessionOptions& o, const std::string& name) {
+            for (recur::Fp8Activations a :
+                 {recur::Fp8Activations::kE4m3, recur::Fp8Activations::kF16}) {
+              if (name == recur::fp8_activations_name(a)) {
+                o.backend.fp8_activations = a;
+                return;
+              }
+            }
+            throw pyb::value_error("fp8_activations: e4m3 or f16, not '" + name + "'");
           });
 
   pyb::class_<Session>(m, "Session")

@@ -42,7 +42,7 @@ Result<std::vector<int>> cuda_indices(const std::string& device) {
 }  // namespace
 
 Result<std::unique_ptr<Ops>> create_backend(const std::string& device, int threads, int rank,
-                                            int world) {
+                                            int world, const BackendOptions& options) {
   if (device == "cpu") {
     const int n = threads > 0 ? threads : default_thread_count();
     try {
@@ -63,10 +63,10 @@ Result<std::unique_ptr<Ops>> create_backend(const std::string& device, int threa
     }
     const int index = indices.size() > 1 ? indices[size_t(rank)] : indices[0] + rank;
 #if defined(RECUR_HAVE_CUDA)
-    RECUR_ASSIGN_OR_RETURN(auto cuda, CudaOps::create(index));
+    RECUR_ASSIGN_OR_RETURN(auto cuda, CudaOps::create(index, options));
     return std::unique_ptr<Ops>(std::move(cuda));
 #else
-    (void)index;
+    (void)index, (void)options;
     return make_error(ErrorCode::kUnsupported,
                       "device {}: this build has no CUDA backend (configure with -DRECUR_CUDA=ON)",
                       device);

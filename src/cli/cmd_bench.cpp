@@ -35,6 +35,7 @@ struct BenchOptions {
   bool random_weights = false;
   Quantize quantize = Quantize::kNone;
   DType kv_cache_dtype = DType::F32;
+  BackendOptions backend;
   int layers = 0, prompt_len = 2048, gen_len = 64, threads = 0, block_size = 16;
   int prefill_chunk = 0;  // tokens per prefill forward (0: each prompt in one forward)
   int tensor_parallel = 1;
@@ -127,7 +128,7 @@ int run_bench(const BenchOptions& o) {
                               : *std::max_element(decode_contexts.begin(), decode_contexts.end());
   if (o.gen_len < 4) return fail("--gen-len must be at least 4 (untimed warm-up steps)");
   const int max_batch = *std::max_element(batches.begin(), batches.end());
-  auto ops_r = create_rank_backend(o.device, o.threads, o.tensor_parallel);
+  auto ops_r = create_rank_backend(o.device, o.threads, o.tensor_parallel, o.backend);
   if (!ops_r.ok()) return fail(ops_r.error().to_string());
   Ops& ops = **ops_r;
 
@@ -152,7 +153,7 @@ int run_bench(const BenchOptions& o) {
   opt.max_context = std::max({decode_context, max_prefill, long_context});
   opt.kv_cache_dtype = o.kv_cache_dtype;
   opt.tensor_parallel = o.tensor_parallel;
-  opt.rank_backend = rank_backend_maker(o.device, o.threads, o.tensor_parallel);
+  opt.rank_backend = rank_backend_maker(o.device, o.threads, o.tensor_parallel, o.backend);
   // The ceiling: device copy bandwidth, measured before the model takes the memory its buffers
   // need (a model that fills the device leaves no 4 GiB for them).
   const size_t copy_bytes = ops.device() == Device::kCpu ? (size_t(256) << 20) : (size_t(2) << 30);
@@ -415,6 +416,7 @@ int run_bench(const BenchOptions& o) {
       {"tensor_parallel", o.tensor_parallel},
       {"weight_bytes", info.weight_bytes},
       {"kv_cache_dtype", dtype_name(o.kv_cache_dtype)},
+      {"fp8_activations", fp8_activations_name(o.backend.fp8_activations)},
       {"kv_bytes_per_token", info.kv_bytes_per_token},
       // Tokens per GB (1e9 bytes) of this attention cache, of one holding keys and values
       // expanded per head (what latent attention's latent saves), and their ratio.
@@ -478,6 +480,7 @@ void register_bench(CLI::App& app) {
   add_tensor_parallel_option(cmd, &o->tensor_parallel);
   add_quantize_option(cmd, &o->quantize);
   add_kv_cache_dtype_option(cmd, &o->kv_cache_dtype);
+  add_fp8_activations_option(cmd, &o->backend.fp8_activations);
   cmd->callback([o] {
     int rc = run_bench(*o);
     if (rc != 0) exit_with(rc);

@@ -186,7 +186,7 @@ struct Runner {
 
 int run_verify(const std::string& model_dir, const std::string& golden_path, double tolerance,
                int threads, const std::string& device, Quantize quantize, DType kv_cache_dtype,
-               bool report, int tensor_parallel) {
+               bool report, int tensor_parallel, const BackendOptions& backend) {
   auto golden = SafetensorsFile::open(golden_path);
   if (!golden.ok()) {
     fmt::print(stderr, "error: {}\n", golden.error().to_string());
@@ -234,7 +234,7 @@ int run_verify(const std::string& model_dir, const std::string& golden_path, dou
     max_prompt = std::max(max_prompt, r.ids.size());
     max_total = std::max(max_total, r.ids.size() + r.gen.size());
   }
-  auto ops_r = create_rank_backend(device, threads, tensor_parallel);
+  auto ops_r = create_rank_backend(device, threads, tensor_parallel, backend);
   if (!ops_r.ok()) {
     fmt::print(stderr, "error: {}\n", ops_r.error().to_string());
     return 2;
@@ -248,7 +248,7 @@ int run_verify(const std::string& model_dir, const std::string& golden_path, dou
   opt.quantize = quantize;
   opt.kv_cache_dtype = kv_cache_dtype;
   opt.tensor_parallel = tensor_parallel;
-  opt.rank_backend = rank_backend_maker(device, threads, tensor_parallel);
+  opt.rank_backend = rank_backend_maker(device, threads, tensor_parallel, backend);
   auto model = load_model(model_dir, ops, opt);
   if (!model.ok()) {
     fmt::print(stderr, "error: {}\n", model.error().to_string());
@@ -257,8 +257,11 @@ int run_verify(const std::string& model_dir, const std::string& golden_path, dou
   Model& m = **model;
   const int V = m.info().vocab_size;
   fmt::print(
-      "weights: {:.2f} MiB at load{}\n", double(m.info().weight_bytes) / (1 << 20),
-      quantize == Quantize::kNone ? "" : fmt::format(" (--quantize {})", quantize_name(quantize)));
+      "weights: {:.2f} MiB at load{}{}\n", double(m.info().weight_bytes) / (1 << 20),
+      quantize == Quantize::kNone ? "" : fmt::format(" (--quantize {})", quantize_name(quantize)),
+      ops.device() == Device::kCpu ? ""
+                                   : fmt::format("; FP8 prompt activations {}",
+                                                 fp8_activations_name(backend.fp8_activations)));
   fmt::print("attention cache: {}, {} bytes per token\n", dtype_name(kv_cache_dtype),
              m.info().kv_bytes_per_token);
   for (size_t pi = 0; pi < refs.size(); ++pi) {
@@ -354,13 +357,15 @@ void register_verify(CLI::App& app) {
   add_kv_cache_dtype_option(cmd, kv_cache_dtype.get());
   auto tensor_parallel = std::make_shared<int>(1);
   add_tensor_parallel_option(cmd, tensor_parallel.get());
+  auto backend = std::make_shared<BackendOptions>();
+  add_fp8_activations_option(cmd, &backend->fp8_activations);
   auto report = std::make_shared<bool>(false);
   cmd->add_flag("--report", *report,
                 "print max error, KL divergence and top-1 agreement per mode and overall "
                 "instead of a verdict (for quantized weights or attention caches)");
   cmd->callback([=] {
     int rc = run_verify(*model, *golden, *tolerance, *threads, *device, *quantize, *kv_cache_dtype,
-                        *report, *tensor_parallel);
+                        *report, *tensor_parallel, *backend);
     if (rc != 0) exit_with(rc);
   });
 }

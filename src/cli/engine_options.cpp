@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <map>
 
-
 namespace recur::cli {
 
 void add_engine_options(CLI::App* cmd, EngineOptions* o, const std::string& seed_help) {
@@ -33,6 +32,7 @@ void add_engine_options(CLI::App* cmd, EngineOptions* o, const std::string& seed
   add_quantize_option(cmd, &o->quantize);
   add_kv_cache_dtype_option(cmd, &o->kv_cache_dtype);
   add_tensor_parallel_option(cmd, &o->tensor_parallel);
+  add_fp8_activations_option(cmd, &o->backend.fp8_activations);
 }
 
 void add_threads_option(CLI::App* cmd, int* threads) {
@@ -80,6 +80,17 @@ void add_kv_cache_dtype_option(CLI::App* cmd, DType* t) {
       std::map<std::string, DType>{
           {"f32", DType::F32}, {"bf16", DType::BF16}, {"f16", DType::F16}, {"fp8", DType::F8_E4M3}},
       t);
+}
+
+void add_fp8_activations_option(CLI::App* cmd, Fp8Activations* a) {
+  add_named_option(cmd, "--fp8-activations",
+                   "how prompts multiply block-FP8 weights on a GPU with FP8 tensor cores: e4m3 "
+                   "(default: activations quantized per token and 128 channels, as the FP8 "
+                   "releases' dynamic scheme) or f16 (two f16 terms each: f32-class results, "
+                   "slower prompts)",
+                   std::map<std::string, Fp8Activations>{{"e4m3", Fp8Activations::kE4m3},
+                                                         {"f16", Fp8Activations::kF16}},
+                   a);
 }
 
 void add_quantize_option(CLI::App* cmd, Quantize* q) {

@@ -22,9 +22,13 @@ void add_quantize_option(CLI::App* cmd, Quantize* q);
 // Registers --kv-cache-dtype f32|bf16|f16|fp8 on cmd, writing into *t.
 void add_kv_cache_dtype_option(CLI::App* cmd, DType* t);
 
+// Registers --fp8-activations e4m3|f16 on cmd, writing into *a.
+void add_fp8_activations_option(CLI::App* cmd, Fp8Activations* a);
+
 // Registers --model, --device, --threads, --max-batch, --max-batch-tokens, --max-context,
 // --kv-cache-mb, --prefix-cache-mb, --snapshot-interval, --seed (described by seed_help),
-// --pipeline-decode, --quantize, --kv-cache-dtype and --tensor-parallel on cmd, writing into *o;
+// --pipeline-decode, --quantize, --kv-cache-dtype, --tensor-parallel and --fp8-activations on
+// cmd, writing into *o;
 // the defaults are what *o holds.
 void add_engine_options(CLI::App* cmd, EngineOptions* o, const std::string& seed_help);
 

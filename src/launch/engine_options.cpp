@@ -16,27 +16,26 @@ int threads_per_rank(int threads, int ranks) {
 }
 }  // namespace
 
-Result<std::unique_ptr<Ops>> create_rank_backend(const std::string& device, int threads,
-                                                 int ranks) {
+Result<std::unique_ptr<Ops>> create_rank_backend(const std::string& device, int threads, int ranks,
+                                                 const BackendOptions& options) {
   return recur::create_backend(device, ranks > 1 ? threads_per_rank(threads, ranks) : threads, 0,
-                               std::max(ranks, 1));
+                               std::max(ranks, 1), options);
 }
 
-std::function<Result<std::unique_ptr<Ops>>(int rank)> rank_backend_maker(const std::string& device,
-                                                                         int threads, int ranks) {
+std::function<Result<std::unique_ptr<Ops>>(int rank)> rank_backend_maker(
+    const std::string& device, int threads, int ranks, const BackendOptions& options) {
   if (ranks <= 1) return nullptr;
   const int per_rank = threads_per_rank(threads, ranks);
-  return [device, per_rank, ranks](int rank) {
-    return recur::create_backend(device, per_rank, rank, ranks);
+  return [device, per_rank, ranks, options](int rank) {
+    return recur::create_backend(device, per_rank, rank, ranks, options);
   };
 }
 
 Result<std::unique_ptr<Ops>> create_backend(const EngineOptions& o) {
-  auto ops = create_rank_backend(o.device, o.threads, o.tensor_parallel);
+  auto ops = create_rank_backend(o.device, o.threads, o.tensor_parallel, o.backend);
   if (ops.ok() || ops.error().message.find(o.device) != std::string::npos) return ops;
   return Error{ops.error().code, fmt::format("device {}: {}", o.device, ops.error().message)};
 }
-
 
 EngineConfig engine_config(const EngineOptions& o) {
   EngineConfig cfg;
@@ -51,7 +50,7 @@ EngineConfig engine_config(const EngineOptions& o) {
   cfg.quantize = o.quantize;
   cfg.kv_cache_dtype = o.kv_cache_dtype;
   cfg.tensor_parallel = o.tensor_parallel;
-  cfg.rank_backend = rank_backend_maker(o.device, o.threads, o.tensor_parallel);
+  cfg.rank_backend = rank_backend_maker(o.device, o.threads, o.tensor_parallel, o.backend);
   return cfg;
 }
 

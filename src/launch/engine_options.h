@@ -29,14 +29,16 @@ struct EngineOptions {
   Quantize quantize = Quantize::kNone;
   DType kv_cache_dtype = DType::F32;  // --kv-cache-dtype (EngineConfig::kv_cache_dtype)
   int tensor_parallel = 1;            // --tensor-parallel (EngineConfig::tensor_parallel)
+  BackendOptions backend;             // --fp8-activations (ops.h)
 };
 
 // The backend of one of `ranks` tensor-parallel ranks on `device`: `threads` CPU threads (0: all
 // cores) shared evenly among the ranks, at least one each. Rank 0's, and the maker of the
 // others' (LoadOptions::rank_backend; empty for one rank).
-Result<std::unique_ptr<Ops>> create_rank_backend(const std::string& device, int threads, int ranks);
-std::function<Result<std::unique_ptr<Ops>>(int rank)> rank_backend_maker(const std::string& device,
-                                                                         int threads, int ranks);
+Result<std::unique_ptr<Ops>> create_rank_backend(const std::string& device, int threads, int ranks,
+                                                 const BackendOptions& options = {});
+std::function<Result<std::unique_ptr<Ops>>(int rank)> rank_backend_maker(
+    const std::string& device, int threads, int ranks, const BackendOptions& options = {});
 
 // The backend for the options' device and threads (rank 0's under tensor_parallel); an
 // unavailable device is an error that names it.

@@ -84,6 +84,23 @@ enum class GateActivation { kSilu, kSigmoid };
 // token, chunked for more).
 enum class DeltaRuleForm { kAuto, kRecurrent, kChunked };
 
+// How prompt products over block-FP8 weights take their f32 activations on a backend with FP8
+// tensor cores (CUDA on sm_90a code). Decode tokens (one-token sequences) keep f32-class
+// products either way, and the CPU always multiplies f32 activations.
+enum class Fp8Activations {
+  // Quantized to e4m3 per token and 128 channels (scale: the group's largest |value| / 448, as
+  // the FP8 releases' dynamic activation scheme), on FP8 tensor cores. The fast default.
+  kE4m3,
+  // Two f16 terms each, on 16-bit tensor cores: f32-class results (recur verify's 1e-3).
+  kF16,
+};
+const char* fp8_activations_name(Fp8Activations a);  // "e4m3", "f16"
+
+// What a backend is created with (backend/backend.h); the CPU backend takes none of it.
+struct BackendOptions {
+  Fp8Activations fp8_activations = Fp8Activations::kE4m3;
+};
+
 // The largest forward a model will run, announced once before its first forward: device
 // backends size every scratch buffer from it, so no forward allocates.
 struct ForwardLimits {

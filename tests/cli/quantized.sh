@@ -111,4 +111,11 @@ done
 if "$recur" verify --model "$fp8" --golden "$golden" --quantize q3 >/dev/null 2>&1; then
   echo "--quantize q3 accepted"; exit 1
 fi
+# --fp8-activations picks how a GPU's prompts feed FP8 products; the CPU multiplies f32
+# activations either way, so f16 passes as the default did. Other names are refused by name.
+"$recur" verify --model "$fp8" --golden "$golden" --fp8-activations f16 | tail -1 |
+  grep -q "^max_abs_err=.* tolerance=1.0e-03 PASS$" || { echo "--fp8-activations f16 failed"; exit 1; }
+out=$("$recur" verify --model "$fp8" --golden "$golden" --fp8-activations int8 2>&1) &&
+  { echo "--fp8-activations int8 accepted"; exit 1; }
+grep -q "fp8-activations.*e4m3.*f16" <<<"$out" || { echo "$out"; exit 1; }
 echo "quantized: ok"

@@ -29,9 +29,13 @@ namespace recur::testing {
 #define CUDA_TEST_CHECK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
 
 // The one CudaOps of the test program (creating one per test would recreate cuBLAS each time).
+// Block-FP8 prompts on f16 terms: the tests hold every path but the e4m3 one (which makes its
+// own, profile_table) to f32-class bounds.
 inline CudaOps* shared_ops() {
   static std::unique_ptr<CudaOps> ops = [] {
-    auto r = CudaOps::create(0);
+    BackendOptions f16_terms;
+    f16_terms.fp8_activations = Fp8Activations::kF16;
+    auto r = CudaOps::create(0, f16_terms);
     if (!r.ok()) {
       std::fprintf(stderr, "CudaOps::create failed: %s\n", r.error().to_string().c_str());
       return std::unique_ptr<CudaOps>();
@@ -164,12 +168,15 @@ inline bool device_is_sm90a() {
 }
 
 // The RECUR_CUDA_PROFILE table (printed as the backend goes away) of the launches fn(ops)
-// makes on a backend of its own; *ok false, and nothing run, without a usable device.
+// makes on a backend of its own, created with fp8 (block-FP8 prompts on f16 terms unless
+// told); *ok false, and nothing run, without a usable device.
 template <typename Fn>
-std::string profile_table(Fn&& fn, bool* ok) {
-  auto created = [] {
+std::string profile_table(Fn&& fn, bool* ok, Fp8Activations fp8 = Fp8Activations::kF16) {
+  auto created = [fp8] {
     const ScopedEnv profile("RECUR_CUDA_PROFILE", "1");
-    return CudaOps::create(0);
+    BackendOptions options;
+    options.fp8_activations = fp8;
+    return CudaOps::create(0, options);
   }();
   *ok = created.ok();
   if (!*ok) return {};

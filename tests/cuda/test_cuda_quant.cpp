@@ -335,7 +335,7 @@ TEST_F(CudaQuant, BlockFp8RoutingInsideExpertsMatchesRouteThenExperts) {
   }
 }
 
-// Experiment RECUR_EXP_FP8_ACT: x quantized to e4m3 per row and 128 channels (scale = the
+// Fp8Activations::kE4m3: x quantized to e4m3 per row and 128 channels (scale = the
 // group's largest |value| / 448, rounded to nearest even, saturating), as the kernel does.
 struct E4m3Rows {
   std::vector<float> q;      // [n, k]: the e4m3 values
@@ -408,12 +408,12 @@ HostTensor e4m3_experts_reference(const HostTensor& x, std::span<const ExpertWei
 // The e4m3 path's dense matmul is its definition to the tensor cores' summing: Σ over k blocks
 // of the weight block's scale × the token's group scale × Σ e4m3 · e4m3 (each block's sum on the
 // FP8 products, whose accumulation keeps fewer bits than f32); out += too. Against the f32
-// product its error is the quantization's, far larger: the path did quantize.
+// product its error is the quantization's, far larger: the path did quantize. The backend is made
+// with the default options: e4m3 is the default.
 TEST(CudaQuantPaths, E4m3ActivationMatmulIsItsDefinition) {
   if (!device_is_sm90a()) GTEST_SKIP() << "no device running sm_90a code (wgmma)";
   std::mt19937 rng(81);
   bool ok = false;
-  const ScopedEnv e4m3("RECUR_EXP_FP8_ACT", "1");
   const std::string table = profile_table(
       [&](CudaOps& ops) {
         std::vector<Buffer> owned;
@@ -460,7 +460,7 @@ TEST(CudaQuantPaths, E4m3ActivationMatmulIsItsDefinition) {
           }
         }
       },
-      &ok);
+      &ok, BackendOptions{}.fp8_activations);  // the default
   ASSERT_TRUE(ok);
   EXPECT_NE(table.find("matmul fp8 e4m3 wgmma"), std::string::npos) << table;
 }
@@ -486,7 +486,6 @@ TEST(CudaQuantPaths, E4m3ActivationExpertsAreTheirDefinition) {
   if (!device_is_sm90a()) GTEST_SKIP() << "no device running sm_90a code (wgmma)";
   std::mt19937 rng(82);
   bool ok = false;
-  const ScopedEnv e4m3("RECUR_EXP_FP8_ACT", "1");
   const std::string table = profile_table(
       [&](CudaOps& ops) {
         const int64_t n = 300, E = 8, k = 4, d = 272, ff = 192;
@@ -532,10 +531,81 @@ TEST(CudaQuantPaths, E4m3ActivationExpertsAreTheirDefinition) {
         record_error("fp8 moe_experts e4m3 vs f32 (rms)", quantization);
         EXPECT_GT(quantization, 3 * err) << "quantized?";
       },
-      &ok);
+      &ok, Fp8Activations::kE4m3);
   ASSERT_TRUE(ok);
   EXPECT_NE(table.find("moe_experts (gate/up, e4m3 wgmma)"), std::string::npos) << table;
   EXPECT_NE(table.find("moe_experts (down, e4m3 wgmma)"), std::string::npos) << table;
+}
+
+// Under e4m3 activations only prompt rows are quantized: in a forward of decode tokens (one-token
+// sequences, first) and a prompt, the decode rows come out bit for bit as in a forward of their
+// own (GEMV for 3 of them, the f16-term tiles for 70), the prompt rows as e4m3 products; dense
+// matmuls and the experts alike.
+TEST(CudaQuantPaths, DecodeRowsBesideAPromptKeepTheirProducts) {
+  if (!device_is_sm90a()) GTEST_SKIP() << "no device running sm_90a code (wgmma)";
+  std::mt19937 rng(83);
+  bool ok = false;
+  profile_table(
+      [&](CudaOps& ops) {
+        std::vector<Buffer> owned;
+        const int64_t d = 272, ff = 192, E = 8, k = 4, prompt = 150;
+        const Fp8Weight w = random_fp8(ops, rng, 640, d, 128, 128, &owned);
+        std::vector<ExpertWeights> experts;
+        std::vector<Fp8Weight> ws;
+        for (int64_t e = 0; e < 3 * E; ++e) {
+          ws.push_back(
+              random_fp8(ops, rng, e % 3 == 2 ? d : ff, e % 3 == 2 ? ff : d, 128, 128, &owned));
+        }
+        for (int64_t e = 0; e < E; ++e) {
+          experts.push_back(
+              {ws[size_t(3 * e)].d, ws[size_t(3 * e + 1)].d, ws[size_t(3 * e + 2)].d});
+        }
+        for (const int decode : {3, 70}) {
+          const int64_t n = decode + prompt;
+          HostTensor x(DType::F32, {n, d}), logits(DType::F32, {n, E});
+          fill_random(x, rng, 0.5f);
+          fill_random(logits, rng, 2.0f);
+          std::vector<int> lens(size_t(decode), 1), starts(size_t(decode) + 1, 5);
+          lens.push_back(int(prompt));
+          // out[0]: the whole forward's matmul, out[1] its experts; rows as given.
+          auto run = [&](const std::vector<int>& ls, int64_t rows) {
+            Layout lay(ls, std::vector<int>(starts.begin(), starts.begin() + ptrdiff_t(ls.size())),
+                       16, rng);
+            ops.begin_forward(lay.l, {}, {});
+            HostTensor xr(DType::F32, {rows, d}), lr(DType::F32, {rows, E});
+            std::copy_n(x.f(), rows * d, xr.f());
+            std::copy_n(logits.f(), rows * E, lr.f());
+            HostTensor mo(DType::F32, {rows, 640}), eo(DType::F32, {rows, d});
+            HostTensor ids(DType::I32, {rows, k}), wts(DType::F32, {rows, k});
+            DeviceTensor dx(ops, xr), dl(ops, lr), dmo(ops, mo), deo(ops, eo), dids(ops, ids),
+                dw(ops, wts);
+            HostTensor scratch_h(DType::U8, {int64_t(ops.moe_experts_scratch_bytes(
+                                                int(rows), int(k), int(E), int(d), int(ff)))});
+            DeviceTensor scratch(ops, scratch_h);
+            ops.matmul(dx.t, w.d, dmo.t);
+            MoeRouting routing;
+            routing.k = int(k);
+            ops.moe_route(dl.t, routing, dids.t, dw.t);
+            ops.moe_experts(dx.t, experts, dids.t, dw.t, deo.t, scratch.t);
+            return std::pair{dmo.download(ops, mo), deo.download(ops, eo)};
+          };
+          const auto [whole_mm, whole_ex] = run(lens, n);
+          const auto [alone_mm, alone_ex] =
+              run(std::vector<int>(lens.begin(), lens.end() - 1), decode);
+          EXPECT_EQ(std::memcmp(whole_mm.f(), alone_mm.f(), size_t(decode * 640) * 4), 0)
+              << "matmul, " << decode << " decode rows";
+          EXPECT_EQ(std::memcmp(whole_ex.f(), alone_ex.f(), size_t(decode * d) * 4), 0)
+              << "experts, " << decode << " decode rows";
+          // The prompt rows did take e4m3 activations: far from the f32 product.
+          HostTensor px(DType::F32, {prompt, d}), pm(DType::F32, {prompt, 640});
+          std::copy_n(x.f() + decode * d, prompt * d, px.f());
+          std::copy_n(whole_mm.f() + decode * 640, prompt * 640, pm.f());
+          const HostTensor f32 = reference_matmul(px, w);
+          EXPECT_GT(rel_err(pm.f(), f32.f(), pm.numel()), 1e-3) << "prompt rows quantized?";
+        }
+      },
+      &ok, Fp8Activations::kE4m3);
+  ASSERT_TRUE(ok);
 }
 
 // --quantize fp8 on the device (from host or device memory) makes the CPU's blocks: the

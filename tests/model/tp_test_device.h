@@ -22,9 +22,13 @@ inline std::string tp_test_device(int world) {
   return list;
 }
 
-// Rank r's backend of a model over `world` ranks, one CPU thread each.
+// Rank r's backend of a model over `world` ranks, one CPU thread each. GPU prompts over block-FP8
+// weights on f16 terms: e4m3 activations are quantized in groups of a rank's own columns, so
+// only f32-class products give the whole model's logits within the tests' bounds.
 inline recur::Result<std::unique_ptr<recur::Ops>> tp_test_backend(int rank, int world) {
-  return recur::create_backend(tp_test_device(world), 1, rank, world);
+  recur::BackendOptions options;
+  options.fp8_activations = recur::Fp8Activations::kF16;
+  return recur::create_backend(tp_test_device(world), 1, rank, world, options);
 }
 
 }  // namespace recur_test

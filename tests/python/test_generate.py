@@ -196,6 +196,17 @@ def test_kv_cache_dtype_option():
         recur.load(path, kv_cache_dtype="int4")
 
 
+def test_fp8_activations_option():
+    # Either way of feeding FP8 products loads the block-FP8 checkpoint and generates (the CPU
+    # multiplies f32 activations under both); a name the binding does not know is refused.
+    path = os.path.join(MODELS, "qwen3next-fp8-tiny")
+    for a in ("e4m3", "f16"):
+        model, tok = recur.load(path, kv_cache_mb=8, fp8_activations=a)
+        assert len(list(recur.stream_generate(model, tok, [1, 2], max_tokens=2))) == 2
+    with pytest.raises(ValueError, match="fp8_activations: e4m3 or f16, not 'int8'"):
+        recur.load(path, fp8_activations="int8")
+
+
 def test_quantize_and_tensor_parallel_options(tiny):
     """load()'s quantize and tensor_parallel reach the engine: two ranks generate the whole
     model's greedy tokens, int8 weights load and generate, and bad values are refused."""

@@ -1,7 +1,7 @@
 // What the backend does besides the ops' math: argmax over logit rows, adopting and re-typing
 // weights at load (bf16 to f16 where every value fits), host-to-device copies, random fills
 // made on the device (benchmarks build tens of gigabytes of weights this way without staging
-// them on the host), and the copy-bandwidth ceiling.
+// them on the host), the copy-bandwidth ceiling, and the MoE experts' weight-pointer tables.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -331,6 +331,48 @@ double CudaOps::measure_copy_bandwidth(size_t bytes) {
   cudaFree(a);
   cudaFree(b);
   return 2.0 * double(bytes) * reps / (double(ms) * 1e-3);  // bytes read plus written
+}
+
+// The experts' table of weight pointers (kernels_moe.cu): one per list of experts.
+const void* const* CudaOps::Impl::expert_table(std::span<const ExpertWeights> experts,
+                                               const ExpertWeights* extra) {
+  const size_t E = experts.size() + (extra ? 1 : 0);
+  auto expert = [&](size_t e) -> const ExpertWeights& {
+    return e < experts.size() ? experts[e] : *extra;
+  };
+  // Found without building a list: an eager forward looks its layers' tables up every time.
+  for (ExpertTable& t : expert_tables) {
+    bool same = t.host.size() == 3 * E;
+    for (size_t e = 0; same && e < E; ++e) {
+      const ExpertWeights& w = expert(e);
+      same = t.host[e] == w.gate.data && t.host[E + e] == w.up.data &&
+             t.host[2 * E + e] == w.down.data;
+    }
+    if (same) return t.dev;
+  }
+  ExpertTable t;
+  t.host.resize(3 * E);
+  for (size_t e = 0; e < E; ++e) {
+    t.host[e] = expert(e).gate.data;
+    t.host[E + e] = expert(e).up.data;
+    t.host[2 * E + e] = expert(e).down.data;
+  }
+  if (expert_table_used + 3 * E <= kExpertTablePointers) {
+    t.dev = static_cast<const void* const*>(expert_table_pool.data()) + expert_table_used;
+    expert_table_used += 3 * E;
+  } else {
+    auto r = alloc.allocate(3 * E * sizeof(void*), "expert table");
+    if (!r.ok()) cuda::fatal(r.error().message.c_str());
+    t.own = std::move(r.value());
+    t.dev = static_cast<const void* const*>(t.own.data());
+  }
+  // The host array lives on in expert_tables (moving the list keeps each vector's storage),
+  // so the asynchronous copy may read it later.
+  expert_tables.push_back(std::move(t));
+  ExpertTable& kept = expert_tables.back();
+  RECUR_CUDA_CHECK(cudaMemcpyAsync(const_cast<const void**>(kept.dev), kept.host.data(),
+                                   3 * E * sizeof(void*), cudaMemcpyHostToDevice, stream));
+  return kept.dev;
 }
 
 }  // namespace recur

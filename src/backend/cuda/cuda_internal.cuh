@@ -26,8 +26,7 @@ namespace recur::cuda {
 [[noreturn]] void fatal(const char* what);
 
 // The backend's debugging and measurement switches, read from the environment once, by
-// CudaOps::create (README.md lists them). None changes results; an experiment's switch may
-// change how they round.
+// CudaOps::create (README.md lists them). None changes results.
 struct CudaOptions {
   bool sync = false;     // RECUR_CUDA_SYNC=1: wait for and check every launch (no graphs)
   bool profile = false;  // RECUR_CUDA_PROFILE=1: device time per op, printed at exit (no graphs)
@@ -36,9 +35,6 @@ struct CudaOptions {
   // Set for tensor-parallel ranks that share one device (cuda_comm.cu): their collectives meet
   // at host barriers, which a replayed graph would pass by.
   bool host_ordered_collectives = false;
-  // Experiment (session 38), RECUR_EXP_FP8_ACT=1: block-FP8 prompt products on FP8 tensor cores
-  // with e4m3 activations (moe_fp8_act.cu) where sm_90a code runs; results round differently.
-  bool exp_fp8_act = false;
   // Decode forwards replay CUDA graphs unless a launch-by-launch switch is on.
   bool graphs() const { return !sync && !profile && !host_ordered_collectives; }
   static CudaOptions from_environment();
@@ -117,6 +113,35 @@ struct CudaOps::Impl {
   // Compute capability 9.0 exactly: the build's sm_90a code (wgmma) runs here; newer GPUs run
   // the compute_90 PTX, in which those kernels are empty.
   bool sm90a = false;
+  // Block-FP8 prompt products on FP8 tensor cores with e4m3 activations (moe_fp8_act.cu):
+  // BackendOptions::fp8_activations kE4m3 where sm_90a code runs; else two f16 terms.
+  bool e4m3_activations = false;
+  // The current forward's tokens and how many of its first ones are one-token sequences
+  // (decode tokens: the engine puts them first), from begin_forward.
+  int64_t forward_tokens = 0, forward_decode_rows = 0;
+  bool prompt_rows = false;  // set while an op runs on split_decode_rows's prompt rows
+  // Where the rows that may take e4m3 activations begin in an op over n rows (n: none). Only
+  // prompt rows do: a decode token keeps the f32-class products it has in a forward of its own,
+  // so its result does not depend on the prompts beside it. Rows that are not the forward's
+  // tokens (logit rows) are all kept f32-class.
+  int64_t e4m3_first_row(int64_t n) const {
+    if (!e4m3_activations) return n;
+    if (prompt_rows) return 0;
+    return n == forward_tokens ? forward_decode_rows : n;
+  }
+  // An op over n rows of a forward holding both decode and prompt rows as two: op(0, d) on the
+  // decode rows, as they would run alone, then op(d, n) on the prompt rows with prompt_rows
+  // set. False (nothing run) when the rows are not so mixed.
+  template <typename Op>
+  bool split_decode_rows(int64_t n, Op&& op) {
+    const int64_t d = e4m3_first_row(n);
+    if (d == 0 || d >= n) return false;
+    op(int64_t(0), d);
+    prompt_rows = true;
+    op(d, n);
+    prompt_rows = false;
+    return true;
+  }
   CudaAllocator alloc;  // declared first: the buffers below return to it
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;

@@ -49,7 +49,6 @@ CudaOptions CudaOptions::from_environment() {
   o.sync = env_one("RECUR_CUDA_SYNC");
   o.profile = env_one("RECUR_CUDA_PROFILE");
   o.trace_out = env_string("RECUR_CUDA_TRACE_OUT");
-  o.exp_fp8_act = env_one("RECUR_EXP_FP8_ACT");
   return o;
 }
 
@@ -227,7 +226,7 @@ CudaOps::Impl::~Impl() {
   cudaSetDevice(caller_device);
 }
 
-Result<std::unique_ptr<CudaOps>> CudaOps::create(int device) {
+Result<std::unique_ptr<CudaOps>> CudaOps::create(int device, const BackendOptions& options) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count == 0) {
@@ -254,6 +253,7 @@ Result<std::unique_ptr<CudaOps>> CudaOps::create(int device) {
   s.sm_count = prop.multiProcessorCount;
   s.max_smem_optin = prop.sharedMemPerBlockOptin;
   s.sm90a = prop.major == 9 && prop.minor == 0;
+  s.e4m3_activations = s.sm90a && options.fp8_activations == Fp8Activations::kE4m3;
   s.options = cuda::CudaOptions::from_environment();
   // A blocking stream: it also orders against work callers put on the legacy default stream
   // (plain cudaMemcpy/cudaMemset of buffers they then hand to the ops).
@@ -418,6 +418,12 @@ void CudaOps::begin_forward(const SeqLayout& l, std::span<const int32_t> tokens,
                             const int32_t* device_tokens) {
   Impl& s = *impl_;
   s.end_forward();
+  s.forward_tokens = l.n_tokens;
+  s.forward_decode_rows = 0;
+  while (l.seq_start && s.forward_decode_rows < l.n_seqs &&
+         l.seq_start[s.forward_decode_rows + 1] - l.seq_start[s.forward_decode_rows] == 1) {
+    ++s.forward_decode_rows;
+  }
   const int64_t n_blocks = l.block_start ? l.block_start[l.n_seqs] : 0;
   struct Part {
     const int32_t* p;

@@ -15,7 +15,8 @@ namespace recur {
 class CudaOps final : public Ops {
  public:
   // Selects `device`, creates the stream, the cuBLAS handle and the start-up buffers.
-  static Result<std::unique_ptr<CudaOps>> create(int device = 0);
+  static Result<std::unique_ptr<CudaOps>> create(int device = 0,
+                                                 const BackendOptions& options = {});
   ~CudaOps() override;
   CudaOps(const CudaOps&) = delete;
   CudaOps& operator=(const CudaOps&) = delete;

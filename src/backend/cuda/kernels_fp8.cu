@@ -3,9 +3,11 @@
 //   ≤ kGemvMaxTokens tokens, and decode batches on small weights (the caller's takes_gemv): a
 //     warp-per-rows GEMV over the fp8 bytes and their scales, f32 arithmetic, no dequantized
 //     copy; groups of weights sharing x in one launch.
-//   Prompts: where k suits the pipelined tiles, the f16 tiles of moe_mma.cu (e4m3 widened to
-//     f16 in registers) on two f16 terms of each activation row scaled by a power of two
-//     (f32-class results; split once into the start-up scratch act_lowp); else the tiles of
+//   Prompts: with e4m3 activations (BackendOptions::fp8_activations, sm_90a), each row
+//     quantized per 128 channels and multiplied on FP8 tensor cores (moe_fp8_act.cu); else,
+//     where k suits the pipelined tiles, the f16 tiles of moe_mma.cu (e4m3 widened to f16 in
+//     registers) on two f16 terms of each activation row scaled by a power of two (f32-class
+//     results; split once into the start-up scratch act_lowp); else the tiles of
 //     moe_wmma.cu, weights widened to bf16 in shared memory, each block splitting its f32 rows
 //     into three bf16 terms; where the block sizes suit neither, the GEMV kernel over token
 //     groups.
@@ -178,8 +180,8 @@ void fp8_matmul_tensor_cores(CudaOps::Impl& s, const Tensor& x, const Tensor& w,
     tiles(a, n);
     return;
   }
-  if (s.options.exp_fp8_act && s.sm90a && fp8_act_takes(b.rows, b.cols, k, a.w_aligned)) {
-    // Experiment: x quantized to e4m3 per row and 128 channels, on FP8 tensor cores; rows in
+  if (s.e4m3_first_row(n) == 0 && fp8_act_takes(b.rows, b.cols, k, a.w_aligned)) {
+    // e4m3 activations: x quantized per row and 128 channels, on FP8 tensor cores; rows in
     // pieces whose bytes and scales fit the start-up scratch.
     const int64_t kbs = (k + kFp8ActBlock - 1) / kFp8ActBlock;
     const int64_t piece = int64_t(s.act_lowp.bytes() / size_t(k + 4 * kbs + 256));

@@ -489,10 +489,15 @@ void CudaOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumula
   Impl& s = *impl_;
   const Fp8Blocks b = w.dtype == DType::F8_E4M3 ? s.fp8_blocks_of(w) : Fp8Blocks{};
   // Block-FP8 prompts on tensor cores where the block sizes suit their tiles (else the GEMV
-  // kernel in token groups).
+  // kernel in token groups); a forward's decode rows apart from its prompt rows under e4m3
+  // activations.
   const bool gemv = gemv_alone(n, w, b);
   if (w.dtype == DType::F8_E4M3 && !gemv) {
-    fp8_matmul_tensor_cores(s, x, w, out, accumulate);
+    if (!s.split_decode_rows(n, [&](int64_t r0, int64_t r1) {
+          matmul(x.slice_rows(r0, r1), w, out.slice_rows(r0, r1), accumulate);
+        })) {
+      fp8_matmul_tensor_cores(s, x, w, out, accumulate);
+    }
     return;
   }
   if (gemv) {

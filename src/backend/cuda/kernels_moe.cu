@@ -10,7 +10,8 @@
 //     tiles of moe_wmma.cu that split f32 activations into three terms as they stage them;
 //   more tokens, F32 experts: the GEMV core over tiles of 8 rows.
 // F8_E4M3 experts take the same GEMV core over their bytes and block scales, and the
-// tensor-core tiles where their block sizes suit them (else the GEMV core over tiles of 8 rows).
+// tensor-core tiles where their block sizes suit them (else the GEMV core over tiles of 8 rows):
+// FP8 products on e4m3 activations (BackendOptions::fp8_activations, sm_90a), or f16 terms.
 // Gate and up run fused with SwiGLU; a final pass sums each token's k expert outputs in its
 // own routing order (deterministic, no atomics).
 #include <cooperative_groups.h>
@@ -29,9 +30,10 @@ using namespace cuda;
 
 namespace {
 
-// Whether the experts' scratch holds the SwiGLU rows' e4m3 bytes (experiment RECUR_EXP_FP8_ACT).
+// Whether the experts' scratch holds the SwiGLU rows' e4m3 bytes (block-FP8 experts' prompt
+// products on e4m3 activations; sized for any experts, as the scratch does not know them).
 bool e4m3_rows(const CudaOps::Impl& s) {
-  return s.options.exp_fp8_act && s.sm90a;
+  return s.e4m3_activations;
 }
 
 // Carve-up of the experts' scratch for n tokens (the same offsets for sizing and use). Prompts
@@ -46,7 +48,7 @@ struct MoeScratch {
   float* ys;                 // [pairs, d] expert outputs
   void* x_terms;             // [2, n, d] f16 terms of x
   float *x_scale, *h_scale;  // [n], [pairs]: f16 terms' inverse scales
-  // Experiment RECUR_EXP_FP8_ACT (e4m3_rows, sized only with it): the SwiGLU rows as e4m3
+  // With e4m3 activations (e4m3_rows; sized only then): the SwiGLU rows as e4m3
   // [pairs, d_ff] and their scales [pairs, ⌈d_ff/128⌉] (x's go where its f16 terms would).
   uint8_t* hs_q;
   float* hs_q_scale;
@@ -610,11 +612,11 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
            mats * touched * double(d * d_ff) * wb +
                4.0 * all_pairs * double(gate_up ? d + 2 * d_ff : d_ff + d));
   };
-  const bool e4m3 = tensor_cores && fp8 && e4m3_rows(s) &&
+  const bool e4m3 = tensor_cores && fp8 && s.e4m3_first_row(n) == 0 &&
                     fp8_act_takes(fp8_up.rows, fp8_up.cols, d, aligned) &&
                     fp8_act_takes(fp8_down.rows, fp8_down.cols, d_ff, aligned);
   if (e4m3) {
-    // Experiment (moe_fp8_act.cu): x and the SwiGLU rows as e4m3, on FP8 tensor cores; x's
+    // e4m3 activations (moe_fp8_act.cu): x and the SwiGLU rows as e4m3, on FP8 tensor cores; x's
     // bytes and scales where its f16 terms would go (4 bytes a value, pairs ≥ n rows).
     auto* xq = static_cast<uint8_t*>(m.x_terms);
     auto* xs = reinterpret_cast<float*>(xq + (n * d + 255) / 256 * 256);
@@ -710,11 +712,35 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
   s.launched("moe_experts (combine)");
 }
 
+// Rows [r0, r1) of an optional [n, ...] tensor, and of a shared expert's per-token tensors.
+Tensor rows(const Tensor& t, int64_t r0, int64_t r1) {
+  return t.data ? t.slice_rows(r0, r1) : t;
+}
+SharedExpertArgs rows(const SharedExpertArgs& a, int64_t r0, int64_t r1) {
+  SharedExpertArgs t = a;
+  for (Tensor* p : {&t.score, &t.gate, &t.up, &t.hidden, &t.out}) *p = rows(*p, r0, r1);
+  return t;
+}
+
+// Block-FP8 experts over a forward's decode and prompt rows under e4m3 activations run as two
+// (CudaOps::Impl::split_decode_rows); true when op has run so.
+template <typename Op>
+bool split_fp8_rows(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWeights> experts,
+                    Op&& op) {
+  return experts.front().gate.dtype == DType::F8_E4M3 && s.split_decode_rows(x.shape[0], op);
+}
+
 }  // namespace
 
 void CudaOps::moe_experts(const Tensor& x, std::span<const ExpertWeights> experts,
                           const Tensor& ids, const Tensor& weights, Tensor out, Tensor scratch) {
   if (impl_->replaying()) return;  // the decode graph does this op's work
+  if (split_fp8_rows(*impl_, x, experts, [&](int64_t r0, int64_t r1) {
+        moe_experts(rows(x, r0, r1), experts, rows(ids, r0, r1), rows(weights, r0, r1),
+                    rows(out, r0, r1), scratch);
+      })) {
+    return;
+  }
   run_moe_experts(*impl_, x, experts, ids, weights, out, scratch, nullptr);
 }
 
@@ -722,6 +748,12 @@ void CudaOps::moe_experts_shared(const Tensor& x, std::span<const ExpertWeights>
                                  const Tensor& ids, const Tensor& weights,
                                  const SharedExpertArgs& shared, Tensor out, Tensor scratch) {
   if (impl_->replaying()) return;  // the decode graph does this op's work
+  if (split_fp8_rows(*impl_, x, experts, [&](int64_t r0, int64_t r1) {
+        moe_experts_shared(rows(x, r0, r1), experts, rows(ids, r0, r1), rows(weights, r0, r1),
+                           rows(shared, r0, r1), rows(out, r0, r1), scratch);
+      })) {
+    return;
+  }
   // One token or a prompt on the tiles: the shared expert rides along as one more pair of each
   // token; else the default's ops.
   if (!shared_rides_along(x, experts, ids.shape[1], shared, scratch, e4m3_rows(*impl_))) {
@@ -736,6 +768,13 @@ void CudaOps::moe_route_experts_shared(const Tensor& logits, const MoeRouting& r
                                        Tensor ids, Tensor weights, const SharedExpertArgs& shared,
                                        Tensor out, Tensor scratch, Tensor residual) {
   if (impl_->replaying()) return;  // the decode graph does this op's work
+  if (split_fp8_rows(*impl_, x, experts, [&](int64_t r0, int64_t r1) {
+        moe_route_experts_shared(rows(logits, r0, r1), routing, rows(x, r0, r1), experts,
+                                 rows(ids, r0, r1), rows(weights, r0, r1), rows(shared, r0, r1),
+                                 rows(out, r0, r1), scratch, rows(residual, r0, r1));
+      })) {
+    return;
+  }
   if (!shared_rides_along(x, experts, ids.shape[1], shared, scratch, e4m3_rows(*impl_))) {
     Ops::moe_route_experts_shared(logits, routing, x, experts, ids, weights, shared, out, scratch,
                                   residual);
@@ -759,47 +798,6 @@ void CudaOps::moe_route_experts_shared(const Tensor& logits, const MoeRouting& r
   route.logits = logits.ptr<float>(), route.k = k, route.scoring = route_scoring(routing);
   route.ids = ids.ptr<int32_t>(), route.weights = weights.ptr<float>();
   run_moe_experts(*impl_, x, experts, ids, weights, out, scratch, &shared, &route, residual);
-}
-
-const void* const* CudaOps::Impl::expert_table(std::span<const ExpertWeights> experts,
-                                               const ExpertWeights* extra) {
-  const size_t E = experts.size() + (extra ? 1 : 0);
-  auto expert = [&](size_t e) -> const ExpertWeights& {
-    return e < experts.size() ? experts[e] : *extra;
-  };
-  // Found without building a list: an eager forward looks its layers' tables up every time.
-  for (ExpertTable& t : expert_tables) {
-    bool same = t.host.size() == 3 * E;
-    for (size_t e = 0; same && e < E; ++e) {
-      const ExpertWeights& w = expert(e);
-      same = t.host[e] == w.gate.data && t.host[E + e] == w.up.data &&
-             t.host[2 * E + e] == w.down.data;
-    }
-    if (same) return t.dev;
-  }
-  ExpertTable t;
-  t.host.resize(3 * E);
-  for (size_t e = 0; e < E; ++e) {
-    t.host[e] = expert(e).gate.data;
-    t.host[E + e] = expert(e).up.data;
-    t.host[2 * E + e] = expert(e).down.data;
-  }
-  if (expert_table_used + 3 * E <= kExpertTablePointers) {
-    t.dev = static_cast<const void* const*>(expert_table_pool.data()) + expert_table_used;
-    expert_table_used += 3 * E;
-  } else {
-    auto r = alloc.allocate(3 * E * sizeof(void*), "expert table");
-    if (!r.ok()) cuda::fatal(r.error().message.c_str());
-    t.own = std::move(r.value());
-    t.dev = static_cast<const void* const*>(t.own.data());
-  }
-  // The host array lives on in expert_tables (moving the list keeps each vector's storage),
-  // so the asynchronous copy may read it later.
-  expert_tables.push_back(std::move(t));
-  ExpertTable& kept = expert_tables.back();
-  RECUR_CUDA_CHECK(cudaMemcpyAsync(const_cast<const void**>(kept.dev), kept.host.data(),
-                                   3 * E * sizeof(void*), cudaMemcpyHostToDevice, stream));
-  return kept.dev;
 }
 
 }  // namespace recur

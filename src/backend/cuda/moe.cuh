@@ -225,9 +225,9 @@ void launch_moe_wmma(const MoeGemmArgs& a, DType wdtype, bool dual, unsigned max
 void launch_moe_mma(const MoeGemmArgs& a, DType wdtype, bool dual, unsigned max_tiles,
                     cudaStream_t stream);
 
-// Experiment RECUR_EXP_FP8_ACT (moe_fp8_act.cu): block-FP8 weights times activations quantized
-// to e4m3 per row and group of kFp8ActBlock channels (scale = the group's largest |value| /
-// kFp8ActMax), on FP8 warpgroup products (sm_90a).
+// Block-FP8 prompt products on e4m3 activations (moe_fp8_act.cu): weights times activations
+// quantized to e4m3 per row and group of kFp8ActBlock channels (scale = the group's largest
+// |value| / kFp8ActMax), on FP8 warpgroup products (sm_90a).
 constexpr int kFp8ActBlock = 128;
 constexpr float kFp8ActMax = 448.0f;  // e4m3's largest finite value
 // Whether those tiles take a weight of br × bc blocks and rows of k (16-byte aligned: w_aligned).

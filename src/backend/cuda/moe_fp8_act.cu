@@ -1,9 +1,9 @@
-// Experiment (session 38), RECUR_EXP_FP8_ACT=1: block-FP8 weights' prompt products on Hopper's
-// FP8 tensor cores, the activations quantized to e4m3 per token and 128-channel group, against
-// today's path (moe_mma.cu: two f16 terms of the f32 activations times the weights widened
-// exactly), for issue 20's comparison of the two. Results are no longer f32-class: a token's
-// group is scaled by its largest |value| / 448 and rounded to e4m3 (3 significand bits), and
-// `recur verify --report` gives the error that costs.
+// Block-FP8 weights' prompt products on Hopper's FP8 tensor cores, the activations quantized to
+// e4m3 per token and 128-channel group (BackendOptions::fp8_activations kE4m3, the default; kF16
+// takes moe_mma.cu's two f16 terms of the f32 activations times the weights widened exactly,
+// 25-35% slower prompts in session 40's H100 run). Results are not f32-class: a token's group is
+// scaled by its largest |value| / 448 and rounded to e4m3 (3 significand bits); `recur verify
+// --report` gives the error that costs.
 //   A block: 256 threads, two warpgroups of one 64-row tile of weight rows each (kDual: gate's
 // and up's rows of the same 64 output columns; else 128 consecutive rows), times a tile's 64
 // tokens; k staged 64 bytes at a time through a ring of cp.async stages in the K-major layout of
