@@ -418,9 +418,10 @@ void CudaOps::begin_forward(const SeqLayout& l, std::span<const int32_t> tokens,
                             const int32_t* device_tokens) {
   Impl& s = *impl_;
   s.end_forward();
+  // Only e4m3 activations ask where the decode rows end (Impl::e4m3_first_row).
   s.forward_tokens = l.n_tokens;
   s.forward_decode_rows = 0;
-  while (l.seq_start && s.forward_decode_rows < l.n_seqs &&
+  while (s.e4m3_activations && l.seq_start && s.forward_decode_rows < l.n_seqs &&
          l.seq_start[s.forward_decode_rows + 1] - l.seq_start[s.forward_decode_rows] == 1) {
     ++s.forward_decode_rows;
   }
