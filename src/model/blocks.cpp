@@ -157,8 +157,9 @@ void SparseMoe::plan(ModelPlan& plan) {
   if (has_shared()) s.ff = std::max(s.ff, shared.gate.shape[0]);
   // One more expert per token than routed: a backend may run the shared expert with them.
   s.moe_scratch_bytes = std::max<int64_t>(
-      s.moe_scratch_bytes, int64_t(plan.ops().moe_experts_scratch_bytes(
-                               int(plan.max_tokens()), int(k) + 1, int(E) + 1, int(d), int(ff))));
+      s.moe_scratch_bytes,
+      int64_t(plan.ops().moe_experts_scratch_bytes(int(plan.max_tokens()), int(k) + 1, int(E) + 1,
+                                                   int(d), int(ff), experts.front().gate.dtype)));
 }
 
 // h += the experts' output for x.

@@ -344,8 +344,9 @@ class Ops {
   virtual void moe_experts(const Tensor& x, std::span<const ExpertWeights> experts,
                            const Tensor& ids, const Tensor& weights, Tensor out,
                            Tensor scratch) = 0;
-  virtual size_t moe_experts_scratch_bytes(int n_tokens, int k, int n_experts, int d,
-                                           int d_ff) const = 0;
+  // expert_dtype: the experts' weight type (a backend's scratch may depend on it).
+  virtual size_t moe_experts_scratch_bytes(int n_tokens, int k, int n_experts, int d, int d_ff,
+                                           DType expert_dtype) const = 0;
   // moe_experts, then out[t] += σ(score[t]) · down(silu(gate·x[t]) ⊙ up·x[t]) of the shared
   // expert (without σ(score) when the expert is ungated): the results of matmul_group (gate,
   // up), moe_experts, swiglu, matmul (down) and add_scaled_sigmoid (or add), which the default

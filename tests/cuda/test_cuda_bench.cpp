@@ -161,8 +161,8 @@ TEST_F(CudaBench, MoeExperts) {
     ASSERT_EQ(cudaMemcpy(ids.data, host_ids.data(), host_ids.size() * 4, cudaMemcpyHostToDevice),
               cudaSuccess);
     Tensor scratch = make(
-        DType::U8,
-        {int64_t(ops().moe_experts_scratch_bytes(int(n), int(topk), int(E), int(d), int(ff)))});
+        DType::U8, {int64_t(ops().moe_experts_scratch_bytes(int(n), int(topk), int(E), int(d),
+                                                            int(ff), experts.front().gate.dtype))});
     MoeRouting routing;
     routing.k = int(topk);
     const double route = time_us([&] { ops().moe_route(logits, routing, routed, w); }, 10);

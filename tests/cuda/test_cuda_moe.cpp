@@ -309,8 +309,10 @@ TEST_F(CudaMoe, ExpertsMatchReferenceOnEveryPath) {
       HostTensor xbig(DType::F32, {c.n, c.d + 4}), out(DType::F32, {c.n, c.d}), ref = out;
       fill_random(xbig, rng);
       DeviceTensor dx = dev(xbig), dout = poisoned(out);
-      HostTensor scratch_h(DType::U8, {int64_t(ops().moe_experts_scratch_bytes(
-                                          int(c.n), int(c.k), int(c.E), int(c.d), int(c.ff)))});
+      HostTensor scratch_h(
+          DType::U8,
+          {int64_t(ops().moe_experts_scratch_bytes(int(c.n), int(c.k), int(c.E), int(c.d),
+                                                   int(c.ff), ex.d.front().gate.dtype))});
       DeviceTensor scratch = poisoned(scratch_h);
       ops().moe_experts(dx.t.slice_cols(4, 4 + c.d), ex.d, dids.t, dw.t, dout.t, scratch.t);
       ref::moe_experts(xbig.t.slice_cols(4, 4 + c.d), ex.h, hids.t, hw.t, ref.t);
@@ -345,7 +347,8 @@ ExpertsRun run_experts(CudaOps& ops, const Experts& ex, const HostTensor& x, int
   routing.k = int(k);
   ops.moe_route(dl.t, routing, dids.t, dw.t);
   HostTensor scratch_h(
-      DType::U8, {int64_t(ops.moe_experts_scratch_bytes(int(n), int(k), int(E), int(d), int(ff)))});
+      DType::U8, {int64_t(ops.moe_experts_scratch_bytes(int(n), int(k), int(E), int(d), int(ff),
+                                                        ex.d.front().gate.dtype))});
   DeviceTensor dout(ops, out), scratch(ops, scratch_h);
   dout.poison(), scratch.poison();
   ops.moe_experts(dx.t, ex.d, dids.t, dw.t, dout.t, scratch.t);
@@ -422,8 +425,10 @@ TEST(CudaMoePaths, PromptSharedExpertRidesTheExpertTiles) {
         for (HostTensor* t : {&x, &score, &logits}) fill_random(*t, rng);
         DeviceTensor dx(ops, x), dscore(ops, score), dl(ops, logits), dids(ops, ids), dw(ops, w);
         DeviceTensor dg(ops, g), du(ops, g), dh(ops, g), dy(ops, y), dout(ops, y);
-        HostTensor scratch_h(DType::U8, {int64_t(ops.moe_experts_scratch_bytes(
-                                            int(n), int(k) + 1, int(E) + 1, int(d), int(ff)))});
+        HostTensor scratch_h(
+            DType::U8,
+            {int64_t(ops.moe_experts_scratch_bytes(int(n), int(k) + 1, int(E) + 1, int(d), int(ff),
+                                                   ex.d.front().gate.dtype))});
         DeviceTensor scratch(ops, scratch_h);
         MoeRouting routing;
         routing.k = int(k);
@@ -532,8 +537,8 @@ TEST_F(CudaMoe, OneTokenExpertsEqualTheirRowInABatch) {
     HostTensor got[2] = {out, out};
     for (int64_t n : {1, 2}) {
       HostTensor scratch_h(
-          DType::U8,
-          {int64_t(ops().moe_experts_scratch_bytes(int(n), int(k), int(E), int(d), int(ff)))});
+          DType::U8, {int64_t(ops().moe_experts_scratch_bytes(int(n), int(k), int(E), int(d),
+                                                              int(ff), ex.d.front().gate.dtype))});
       DeviceTensor dout = poisoned(out), scratch = poisoned(scratch_h);
       ops().moe_experts(dx.t.slice_rows(0, n), ex.d, dids.t.slice_rows(0, n), dw.t.slice_rows(0, n),
                         dout.t.slice_rows(0, n), scratch.t);
@@ -575,9 +580,10 @@ TEST_F(CudaMoe, SharedExpertMatchesReference) {
         fill_random(x, rng);
         fill_random(score, rng);
         DeviceTensor dx = dev(x), dscore = dev(score);
-        HostTensor scratch_h(DType::U8,
-                             {int64_t(ops().moe_experts_scratch_bytes(
-                                 int(c.n), int(c.k) + 1, int(c.E) + 1, int(c.d), int(c.ff)))});
+        HostTensor scratch_h(
+            DType::U8,
+            {int64_t(ops().moe_experts_scratch_bytes(int(c.n), int(c.k) + 1, int(c.E) + 1, int(c.d),
+                                                     int(c.ff), ex.d.front().gate.dtype))});
         HostTensor got[2] = {out, out};
         for (int path = 0; path < 2; ++path) {  // the backend's op, then the default's ops
           DeviceTensor dg = poisoned(g), du = poisoned(g), dh = poisoned(g), dy = poisoned(y);
@@ -676,8 +682,10 @@ TEST_F(CudaMoe, RoutingInsideExpertsMatchesRouteThenExperts) {
       fill_random(score, rng);
       fill_random(res, rng);
       DeviceTensor dl = dev(logits), dx = dev(x), dscore = dev(score);
-      HostTensor scratch_h(DType::U8, {int64_t(ops().moe_experts_scratch_bytes(
-                                          int(c.n), int(c.k) + 1, int(c.E) + 1, int(d), int(ff)))});
+      HostTensor scratch_h(
+          DType::U8,
+          {int64_t(ops().moe_experts_scratch_bytes(int(c.n), int(c.k) + 1, int(c.E) + 1, int(d),
+                                                   int(ff), ex.d.front().gate.dtype))});
       HostTensor got_ids[2] = {ids, ids}, got_w[2] = {w, w}, got[2] = {out, out};
       HostTensor got_res[2] = {res, res};
       for (int path = 0; path < 2; ++path) {  // the fused op, then route and experts

@@ -239,8 +239,10 @@ TEST_F(CudaQuant, BlockFp8MoeExpertsMatchReference) {
     HostTensor x(DType::F32, {c.n, c.d}), out(DType::F32, {c.n, c.d}), ref = out;
     fill_random(x, rng, 0.5f);
     DeviceTensor dx = dev(x), dout = poisoned(out);
-    HostTensor scratch_h(DType::U8, {int64_t(ops().moe_experts_scratch_bytes(
-                                        int(c.n), int(c.k + 1), int(c.E), int(c.d), int(c.ff)))});
+    HostTensor scratch_h(
+        DType::U8,
+        {int64_t(ops().moe_experts_scratch_bytes(int(c.n), int(c.k + 1), int(c.E), int(c.d),
+                                                 int(c.ff), routed_d.front().gate.dtype))});
     DeviceTensor scratch = poisoned(scratch_h);
     ops().moe_experts(dx.t, routed_d, dids.t, dw.t, dout.t, scratch.t);
     ref::moe_experts(x.t, routed_h, hids.t, hw.t, ref.t);
@@ -299,8 +301,8 @@ TEST_F(CudaQuant, BlockFp8RoutingInsideExpertsMatchesRouteThenExperts) {
     HostTensor g(DType::F32, {1, ff}), y = out;
     DeviceTensor dl = dev(logits), dx = dev(x), dscore = dev(score);
     HostTensor scratch_h(
-        DType::U8,
-        {int64_t(ops().moe_experts_scratch_bytes(1, int(k) + 1, int(E) + 1, int(d), int(ff)))});
+        DType::U8, {int64_t(ops().moe_experts_scratch_bytes(
+                       1, int(k) + 1, int(E) + 1, int(d), int(ff), routed_d.front().gate.dtype))});
     MoeRouting routing;
     routing.k = int(k);
     HostTensor got[2] = {out, out}, got_ids[2] = {ids, ids};
@@ -514,7 +516,8 @@ TEST(CudaQuantPaths, E4m3ActivationExpertsAreTheirDefinition) {
         ops.moe_route(dl.t, routing, dids.t, dw.t);
         HostTensor scratch_h(
             DType::U8,
-            {int64_t(ops.moe_experts_scratch_bytes(int(n), int(k), int(E), int(d), int(ff)))});
+            {int64_t(ops.moe_experts_scratch_bytes(int(n), int(k), int(E), int(d), int(ff),
+                                                   dx_experts.front().gate.dtype))});
         DeviceTensor scratch(ops, scratch_h);
         dout.poison(), scratch.poison();
         ops.moe_experts(dx.t, dx_experts, dids.t, dw.t, dout.t, scratch.t);
@@ -579,8 +582,10 @@ TEST(CudaQuantPaths, DecodeRowsBesideAPromptKeepTheirProducts) {
             HostTensor ids(DType::I32, {rows, k}), wts(DType::F32, {rows, k});
             DeviceTensor dx(ops, xr), dl(ops, lr), dmo(ops, mo), deo(ops, eo), dids(ops, ids),
                 dw(ops, wts);
-            HostTensor scratch_h(DType::U8, {int64_t(ops.moe_experts_scratch_bytes(
-                                                int(rows), int(k), int(E), int(d), int(ff)))});
+            HostTensor scratch_h(
+                DType::U8,
+                {int64_t(ops.moe_experts_scratch_bytes(int(rows), int(k), int(E), int(d), int(ff),
+                                                       experts.front().gate.dtype))});
             DeviceTensor scratch(ops, scratch_h);
             ops.matmul(dx.t, w.d, dmo.t);
             MoeRouting routing;
@@ -679,6 +684,28 @@ TEST_F(CudaQuant, BadFp8ScalesAndIntegerFormatsAreRefusedWithAClearError) {
   ASSERT_FALSE(q.ok());
   EXPECT_NE(q.error().message.find("Q4_32"), std::string::npos) << q.error().message;
   EXPECT_TRUE(owned.empty());
+}
+
+// The experts' scratch keeps room for e4m3 SwiGLU rows only where they are made: block-FP8
+// experts with e4m3 activations (a prompt's pairs × d_ff bytes; 16-bit experts never use it).
+TEST(CudaQuantPaths, ExpertScratchHoldsE4m3RowsOnlyForFp8Experts) {
+  BackendOptions f16_terms;
+  f16_terms.fp8_activations = Fp8Activations::kF16;
+  auto e4m3 = CudaOps::create(0, BackendOptions{});
+  auto f16 = CudaOps::create(0, f16_terms);
+  if (!e4m3.ok() || !f16.ok()) GTEST_SKIP() << "no CUDA device";
+  const int n = 2048, k = 11, E = 513, d = 2048, ff = 512;  // an 80B-A3B prompt with its shared
+  for (DType dt : {DType::BF16, DType::F16}) {
+    EXPECT_EQ(e4m3.value()->moe_experts_scratch_bytes(n, k, E, d, ff, dt),
+              f16.value()->moe_experts_scratch_bytes(n, k, E, d, ff, dt))
+        << dtype_name(dt);
+  }
+  const size_t with_rows = e4m3.value()->moe_experts_scratch_bytes(n, k, E, d, ff, DType::F8_E4M3);
+  const size_t without = f16.value()->moe_experts_scratch_bytes(n, k, E, d, ff, DType::F8_E4M3);
+  EXPECT_GE(with_rows, without + size_t(n) * k * ff);
+  // One token (decode) takes no e4m3 rows either way.
+  EXPECT_EQ(e4m3.value()->moe_experts_scratch_bytes(1, k, E, d, ff, DType::F8_E4M3),
+            f16.value()->moe_experts_scratch_bytes(1, k, E, d, ff, DType::F8_E4M3));
 }
 
 }  // namespace

@@ -251,8 +251,9 @@ TEST_F(MoeOps, ExpertsAndSharedExpertMatchReference) {
   HostTensor x(DType::F32, {n, d}), out(DType::F32, {n, d}), ref_out = out;
   fill_random(x, rng);
   fill_random(out, rng);  // must be overwritten
-  HostTensor scratch(
-      DType::U8, {int64_t(ops.moe_experts_scratch_bytes(int(n), int(k), int(E), int(d), int(ff)))});
+  HostTensor scratch(DType::U8,
+                     {int64_t(ops.moe_experts_scratch_bytes(int(n), int(k), int(E), int(d), int(ff),
+                                                            experts.front().gate.dtype))});
   ops.moe_experts(x.t, experts, routes.ids.t, routes.weights.t, out.t, scratch.t);
   ref::moe_experts(x.t, experts, routes.ids.t, routes.weights.t, ref_out.t);
   EXPECT_LE(max_abs_diff(out.f(), ref_out.f(), n * d), 1e-5);
@@ -261,8 +262,8 @@ TEST_F(MoeOps, ExpertsAndSharedExpertMatchReference) {
   HostTensor score(DType::F32, {n, 1}), g(DType::F32, {n, ff}), u = g, h = g, y = x;
   fill_random(score, rng, 2.0f);
   HostTensor scratch2(
-      DType::U8,
-      {int64_t(ops.moe_experts_scratch_bytes(int(n), int(k) + 1, int(E) + 1, int(d), int(ff)))});
+      DType::U8, {int64_t(ops.moe_experts_scratch_bytes(int(n), int(k) + 1, int(E) + 1, int(d),
+                                                        int(ff), experts.front().gate.dtype))});
   HostTensor gated_out = out;
   for (bool gated : {true, false}) {
     SharedExpertArgs shared;
@@ -316,8 +317,8 @@ TEST_F(MoeOps, ExpertsInMatmulLayoutMatchReference) {
     fill_random(x, rng);
     fill_random(score, rng, 2.0f);
     HostTensor scratch(
-        DType::U8,
-        {int64_t(ops.moe_experts_scratch_bytes(int(n), int(k) + 1, int(E) + 1, int(d), int(ff)))});
+        DType::U8, {int64_t(ops.moe_experts_scratch_bytes(int(n), int(k) + 1, int(E) + 1, int(d),
+                                                          int(ff), packed.front().gate.dtype))});
     ops.moe_experts(x.t, packed, routes.ids.t, routes.weights.t, out.t, scratch.t);
     ref::moe_experts(x.t, experts, routes.ids.t, routes.weights.t, ref_out.t);
     EXPECT_LE(max_abs_diff(out.f(), ref_out.f(), n * d), 1e-6 * largest(ref_out)) << "n=" << n;
@@ -350,9 +351,9 @@ TEST_F(MoeOps, RouteExpertsSharedDefaultComposesItsParts) {
   SharedExpertArgs shared;
   shared.w = shared_w[0];
   shared.gate = g.t, shared.up = u.t, shared.hidden = h.t, shared.out = y.t;
-  HostTensor scratch(
-      DType::U8,
-      {int64_t(ops.moe_experts_scratch_bytes(int(n), r.k + 1, int(E) + 1, int(d), int(ff)))});
+  HostTensor scratch(DType::U8,
+                     {int64_t(ops.moe_experts_scratch_bytes(int(n), r.k + 1, int(E) + 1, int(d),
+                                                            int(ff), experts.front().gate.dtype))});
   HostTensor ids(DType::I32, {n, r.k}), w(DType::F32, {n, r.k}), out(DType::F32, {n, d}),
       residual(DType::F32, {n, d});
   fill_random(residual, rng);

@@ -111,8 +111,8 @@ class CpuOps final : public Ops {
   void moe_experts_shared(const Tensor& x, std::span<const ExpertWeights> experts,
                           const Tensor& ids, const Tensor& weights, const SharedExpertArgs& shared,
                           Tensor out, Tensor scratch) override;
-  size_t moe_experts_scratch_bytes(int n_tokens, int k, int n_experts, int d,
-                                   int d_ff) const override;
+  size_t moe_experts_scratch_bytes(int n_tokens, int k, int n_experts, int d, int d_ff,
+                                   DType expert_dtype) const override;
 
  private:
   // The routed experts into out, and the shared one's output into shared->out (not added):

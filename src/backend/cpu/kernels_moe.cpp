@@ -114,8 +114,8 @@ void CpuOps::moe_route(const Tensor& logits, const MoeRouting& routing, Tensor i
   }
 }
 
-size_t CpuOps::moe_experts_scratch_bytes(int n_tokens, int k, int n_experts, int d,
-                                         int d_ff) const {
+size_t CpuOps::moe_experts_scratch_bytes(int n_tokens, int k, int n_experts, int d, int d_ff,
+                                         DType /*expert_dtype*/) const {
   const size_t pairs = size_t(n_tokens) * size_t(k);
   // x rows, gate/up/hidden rows and down rows per (token, expert) pair; index arrays.
   return (pairs * (size_t(d) * 2 + size_t(d_ff) * 3) + pairs * 2 + size_t(n_experts) + 1) * 4 + 256;

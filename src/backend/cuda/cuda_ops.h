@@ -140,8 +140,8 @@ class CudaOps final : public Ops {
                  Tensor weights) override;
   void moe_experts(const Tensor& x, std::span<const ExpertWeights> experts, const Tensor& ids,
                    const Tensor& weights, Tensor out, Tensor scratch) override;
-  size_t moe_experts_scratch_bytes(int n_tokens, int k, int n_experts, int d,
-                                   int d_ff) const override;
+  size_t moe_experts_scratch_bytes(int n_tokens, int k, int n_experts, int d, int d_ff,
+                                   DType expert_dtype) const override;
   // One token: the shared expert (gated or not) joins the routed experts' launches as one more
   // pair; else the default's ops.
   void moe_experts_shared(const Tensor& x, std::span<const ExpertWeights> experts,

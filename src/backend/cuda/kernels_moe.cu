@@ -30,10 +30,10 @@ using namespace cuda;
 
 namespace {
 
-// Whether the experts' scratch holds the SwiGLU rows' e4m3 bytes (block-FP8 experts' prompt
-// products on e4m3 activations; sized for any experts, as the scratch does not know them).
-bool e4m3_rows(const CudaOps::Impl& s) {
-  return s.e4m3_activations;
+// Whether the experts' scratch holds the SwiGLU rows' e4m3 bytes: block-FP8 experts' prompt
+// products on e4m3 activations.
+bool e4m3_rows(const CudaOps::Impl& s, DType expert_dtype) {
+  return s.e4m3_activations && expert_dtype == DType::F8_E4M3;
 }
 
 // Carve-up of the experts' scratch for n tokens (the same offsets for sizing and use). Prompts
@@ -440,9 +440,10 @@ void launch_moe_gemv_nt(const MoeGemmArgs& a_in, int nt, bool vec, unsigned max_
 
 }  // namespace
 
-size_t CudaOps::moe_experts_scratch_bytes(int n_tokens, int k, int n_experts, int d,
-                                          int d_ff) const {
-  return MoeScratch(nullptr, n_tokens, k, n_experts, d, d_ff, e4m3_rows(*impl_)).bytes;
+size_t CudaOps::moe_experts_scratch_bytes(int n_tokens, int k, int n_experts, int d, int d_ff,
+                                          DType expert_dtype) const {
+  return MoeScratch(nullptr, n_tokens, k, n_experts, d, d_ff, e4m3_rows(*impl_, expert_dtype))
+      .bytes;
 }
 
 namespace {
@@ -532,7 +533,8 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
   RECUR_CHECK(!residual.data || (residual.dtype == DType::F32 && residual.shape[0] == n &&
                                  residual.row_size() == d && residual.stride[1] == 1));
   const int64_t slots = k + (shared ? 1 : 0);  // pairs per token in the scratch
-  MoeScratch m(scratch.data, n, slots, E + (shared ? 1 : 0), d, d_ff, e4m3_rows(s));
+  MoeScratch m(scratch.data, n, slots, E + (shared ? 1 : 0), d, d_ff,
+               e4m3_rows(s, experts.front().gate.dtype));
   RECUR_CHECK(size_t(scratch.numel()) * dtype_size(scratch.dtype) >= m.bytes);
   const void* const* table = s.expert_table(experts, shared ? &shared->w : nullptr);
   const int64_t table_e = E + (shared ? 1 : 0);
@@ -756,7 +758,8 @@ void CudaOps::moe_experts_shared(const Tensor& x, std::span<const ExpertWeights>
   }
   // One token or a prompt on the tiles: the shared expert rides along as one more pair of each
   // token; else the default's ops.
-  if (!shared_rides_along(x, experts, ids.shape[1], shared, scratch, e4m3_rows(*impl_))) {
+  if (!shared_rides_along(x, experts, ids.shape[1], shared, scratch,
+                          e4m3_rows(*impl_, experts.front().gate.dtype))) {
     Ops::moe_experts_shared(x, experts, ids, weights, shared, out, scratch);
     return;
   }
@@ -775,7 +778,8 @@ void CudaOps::moe_route_experts_shared(const Tensor& logits, const MoeRouting& r
       })) {
     return;
   }
-  if (!shared_rides_along(x, experts, ids.shape[1], shared, scratch, e4m3_rows(*impl_))) {
+  if (!shared_rides_along(x, experts, ids.shape[1], shared, scratch,
+                          e4m3_rows(*impl_, experts.front().gate.dtype))) {
     Ops::moe_route_experts_shared(logits, routing, x, experts, ids, weights, shared, out, scratch,
                                   residual);
     return;
