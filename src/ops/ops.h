@@ -138,6 +138,10 @@ class Ops {
   virtual ~Ops() = default;
 
   virtual Device device() const = 0;
+  // How this backend's block-FP8 prompt products take their activations: as asked
+  // (BackendOptions) where it has FP8 tensor cores, else as kF16 says (the CPU, and GPUs without
+  // sm_90a code, multiply f32-class activations).
+  virtual Fp8Activations fp8_activations() const { return Fp8Activations::kF16; }
   virtual Allocator& allocator() = 0;
   // Makes this backend's device the calling thread's current one. A device backend's ops may
   // run on threads other than the one that made it (the engine's, a tensor-parallel rank's):

@@ -161,8 +161,11 @@ class ScopedEnv {
   std::optional<std::string> prev_;
 };
 
-// Whether device 0 runs the build's sm_90a code (wgmma); false without a usable device.
+// Whether device 0 runs the build's sm_90a code (wgmma); false without a usable device, and
+// where RECUR_CUDA_PORTABLE=1 has the backends take the paths of later GPUs.
 inline bool device_is_sm90a() {
+  const char* portable = std::getenv("RECUR_CUDA_PORTABLE");
+  if (portable && std::string(portable) == "1") return false;
   cudaDeviceProp prop;
   return cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major == 9 && prop.minor == 0;
 }

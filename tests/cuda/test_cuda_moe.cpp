@@ -519,6 +519,31 @@ TEST(CudaMoePaths, WarpgroupTilesMatchTheReference) {
   }
 }
 
+// RECUR_CUDA_PORTABLE=1 puts a Hopper on the paths of later GPUs (whose compute_90 PTX has no
+// warpgroup products or e4m3 tiles): the experts' mma.sync tiles, with the reference's results,
+// and block-FP8 prompts on f16 terms even where e4m3 was asked for.
+TEST(CudaMoePaths, PortableBackendTakesTheMmaSyncTiles) {
+  const ScopedEnv portable("RECUR_CUDA_PORTABLE", "1");
+  std::mt19937 rng(41);
+  bool ok = false;
+  const std::string table = profile_table(
+      [&](CudaOps& ops) {
+        EXPECT_EQ(ops.fp8_activations(), Fp8Activations::kF16);
+        const int64_t n = 300, E = 16, k = 4, d = 136, ff = 200;
+        Experts ex = make_experts(ops, E, d, ff, DType::BF16, rng);
+        HostTensor x(DType::F32, {n, d});
+        fill_random(x, rng);
+        Layout lay(std::vector<int>{int(n)}, std::vector<int>{0}, 16, rng);
+        ops.begin_forward(lay.l, {}, {});  // the profile labels the launches from here
+        const ExpertsRun r = run_experts(ops, ex, x, k, ff, rng);
+        EXPECT_LE(rel_err(r.got.f(), r.ref.f(), n * d), 1e-5);
+      },
+      &ok, Fp8Activations::kE4m3);
+  if (!ok) GTEST_SKIP() << "no usable CUDA device";
+  EXPECT_NE(table.find("moe_experts (gate/up, f16 tensor cores)"), std::string::npos) << table;
+  EXPECT_EQ(table.find("wgmma"), std::string::npos) << table;
+}
+
 // One token takes the direct path (no sort; the down launch reads its experts and loads their
 // weights before its PDL wait): its output equals the same token's row in a two-token call bit
 // for bit.

@@ -689,6 +689,7 @@ TEST_F(CudaQuant, BadFp8ScalesAndIntegerFormatsAreRefusedWithAClearError) {
 // The experts' scratch keeps room for e4m3 SwiGLU rows only where they are made: block-FP8
 // experts with e4m3 activations (a prompt's pairs × d_ff bytes; 16-bit experts never use it).
 TEST(CudaQuantPaths, ExpertScratchHoldsE4m3RowsOnlyForFp8Experts) {
+  if (!device_is_sm90a()) GTEST_SKIP() << "no device running sm_90a code (e4m3 tiles)";
   BackendOptions f16_terms;
   f16_terms.fp8_activations = Fp8Activations::kF16;
   auto e4m3 = CudaOps::create(0, BackendOptions{});
@@ -700,6 +701,8 @@ TEST(CudaQuantPaths, ExpertScratchHoldsE4m3RowsOnlyForFp8Experts) {
               f16.value()->moe_experts_scratch_bytes(n, k, E, d, ff, dt))
         << dtype_name(dt);
   }
+  EXPECT_EQ(e4m3.value()->fp8_activations(), Fp8Activations::kE4m3);
+  EXPECT_EQ(f16.value()->fp8_activations(), Fp8Activations::kF16);
   const size_t with_rows = e4m3.value()->moe_experts_scratch_bytes(n, k, E, d, ff, DType::F8_E4M3);
   const size_t without = f16.value()->moe_experts_scratch_bytes(n, k, E, d, ff, DType::F8_E4M3);
   EXPECT_GE(with_rows, without + size_t(n) * k * ff);

@@ -35,6 +35,9 @@ struct CudaOptions {
   // Set for tensor-parallel ranks that share one device (cuda_comm.cu): their collectives meet
   // at host barriers, which a replayed graph would pass by.
   bool host_ordered_collectives = false;
+  // RECUR_CUDA_PORTABLE=1: the paths GPUs after Hopper take (the compute_90 PTX has no wgmma or
+  // e4m3 tiles), so that a Hopper can test them.
+  bool portable = false;
   // Decode forwards replay CUDA graphs unless a launch-by-launch switch is on.
   bool graphs() const { return !sync && !profile && !host_ordered_collectives; }
   static CudaOptions from_environment();

@@ -49,6 +49,7 @@ CudaOptions CudaOptions::from_environment() {
   o.sync = env_one("RECUR_CUDA_SYNC");
   o.profile = env_one("RECUR_CUDA_PROFILE");
   o.trace_out = env_string("RECUR_CUDA_TRACE_OUT");
+  o.portable = env_one("RECUR_CUDA_PORTABLE");
   return o;
 }
 
@@ -252,9 +253,9 @@ Result<std::unique_ptr<CudaOps>> CudaOps::create(int device, const BackendOption
   s.alloc.device = device;
   s.sm_count = prop.multiProcessorCount;
   s.max_smem_optin = prop.sharedMemPerBlockOptin;
-  s.sm90a = prop.major == 9 && prop.minor == 0;
-  s.e4m3_activations = s.sm90a && options.fp8_activations == Fp8Activations::kE4m3;
   s.options = cuda::CudaOptions::from_environment();
+  s.sm90a = prop.major == 9 && prop.minor == 0 && !s.options.portable;
+  s.e4m3_activations = s.sm90a && options.fp8_activations == Fp8Activations::kE4m3;
   // A blocking stream: it also orders against work callers put on the legacy default stream
   // (plain cudaMemcpy/cudaMemset of buffers they then hand to the ops).
   RECUR_CUDA_CHECK(cudaStreamCreate(&s.stream));
