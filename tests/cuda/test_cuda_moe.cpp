@@ -357,6 +357,19 @@ ExpertsRun run_experts(CudaOps& ops, const Experts& ex, const HostTensor& x, int
   return r;
 }
 
+// A prompt of n random rows through ex (k experts a token), the launches labelled in the
+// profile as one forward's: its relative error against the reference.
+double prompt_experts_error(CudaOps& ops, const Experts& ex, int64_t n, int64_t k, int64_t ff,
+                            std::mt19937& rng) {
+  const int64_t d = ex.h.front().gate.shape[1];
+  HostTensor x(DType::F32, {n, d});
+  fill_random(x, rng);
+  Layout lay(std::vector<int>{int(n)}, std::vector<int>{0}, 16, rng);
+  ops.begin_forward(lay.l, {}, {});  // the profile labels the launches from here
+  const ExpertsRun r = run_experts(ops, ex, x, k, ff, rng);
+  return rel_err(r.got.f(), r.ref.f(), n * d);
+}
+
 // With one-hot 16-bit weights every product on the tensor cores is one activation, so the
 // experts' outputs carry no rounding but the activations' split, the SwiGLU's and the
 // combine's. Each activation row goes in as two f16 terms of the row scaled by a power of two:
@@ -466,12 +479,7 @@ TEST(CudaMoePaths, ExpertsLeaveTheF16TilesOnlyForAWeightBeyondF16) {
           const Tensor dwide = ops.adopt_matmul_weight(wide.t, nullptr).value();
           Experts ex = make_experts(ops, E, d, ff, DType::BF16, rng);
           if (beyond) ex.h[5].gate = wide.t, ex.d[5].gate = dwide;
-          HostTensor x(DType::F32, {n, d});
-          fill_random(x, rng);
-          Layout lay(std::vector<int>{int(n)}, std::vector<int>{0}, 16, rng);
-          ops.begin_forward(lay.l, {}, {});  // the profile labels the launches from here
-          const ExpertsRun r = run_experts(ops, ex, x, k, ff, rng);
-          EXPECT_LE(rel_err(r.got.f(), r.ref.f(), n * d), 1e-5);
+          EXPECT_LE(prompt_experts_error(ops, ex, n, k, ff, rng), 1e-5);
         },
         &ok);
     if (!ok) GTEST_SKIP() << "no usable CUDA device";
@@ -502,12 +510,7 @@ TEST(CudaMoePaths, WarpgroupTilesMatchTheReference) {
         [&](CudaOps& ops) {
           for (const Case& c : cases) {
             Experts ex = make_experts(ops, c.E, c.d, c.ff, dt, rng);
-            HostTensor x(DType::F32, {c.n, c.d});
-            fill_random(x, rng);
-            Layout lay(std::vector<int>{int(c.n)}, std::vector<int>{0}, 16, rng);
-            ops.begin_forward(lay.l, {}, {});  // the profile labels the launches from here
-            const ExpertsRun r = run_experts(ops, ex, x, c.k, c.ff, rng);
-            EXPECT_LE(rel_err(r.got.f(), r.ref.f(), c.n * c.d), 1e-5)
+            EXPECT_LE(prompt_experts_error(ops, ex, c.n, c.k, c.ff, rng), 1e-5)
                 << dtype_name(dt) << " n " << c.n << " d " << c.d << " ff " << c.ff;
           }
         },
@@ -531,12 +534,7 @@ TEST(CudaMoePaths, PortableBackendTakesTheMmaSyncTiles) {
         EXPECT_EQ(ops.fp8_activations(), Fp8Activations::kF16);
         const int64_t n = 300, E = 16, k = 4, d = 136, ff = 200;
         Experts ex = make_experts(ops, E, d, ff, DType::BF16, rng);
-        HostTensor x(DType::F32, {n, d});
-        fill_random(x, rng);
-        Layout lay(std::vector<int>{int(n)}, std::vector<int>{0}, 16, rng);
-        ops.begin_forward(lay.l, {}, {});  // the profile labels the launches from here
-        const ExpertsRun r = run_experts(ops, ex, x, k, ff, rng);
-        EXPECT_LE(rel_err(r.got.f(), r.ref.f(), n * d), 1e-5);
+        EXPECT_LE(prompt_experts_error(ops, ex, n, k, ff, rng), 1e-5);
       },
       &ok, Fp8Activations::kE4m3);
   if (!ok) GTEST_SKIP() << "no usable CUDA device";
