@@ -417,10 +417,9 @@ int run_bench(const BenchOptions& o) {
       {"weight_bytes", info.weight_bytes},
       {"kv_cache_dtype", dtype_name(o.kv_cache_dtype)},
       // As the backend runs them (e4m3 asked for runs as f16 terms without sm_90a code); null
-      // on the CPU, which multiplies f32 activations.
-      {"fp8_activations", ops.device() == Device::kCpu
-                              ? json(nullptr)
-                              : json(fp8_activations_name(ops.fp8_activations()))},
+      // where f32 activations are multiplied (the CPU).
+      {"fp8_activations",
+       ops.fp8_activations() ? json(fp8_activations_name(*ops.fp8_activations())) : json(nullptr)},
       {"kv_bytes_per_token", info.kv_bytes_per_token},
       // Tokens per GB (1e9 bytes) of this attention cache, of one holding keys and values
       // expanded per head (what latent attention's latent saves), and their ratio.

@@ -259,9 +259,9 @@ int run_verify(const std::string& model_dir, const std::string& golden_path, dou
   fmt::print(
       "weights: {:.2f} MiB at load{}{}\n", double(m.info().weight_bytes) / (1 << 20),
       quantize == Quantize::kNone ? "" : fmt::format(" (--quantize {})", quantize_name(quantize)),
-      ops.device() == Device::kCpu ? ""
-                                   : fmt::format("; FP8 prompt activations {}",
-                                                 fp8_activations_name(ops.fp8_activations())));
+      ops.fp8_activations()
+          ? fmt::format("; FP8 prompt activations {}", fp8_activations_name(*ops.fp8_activations()))
+          : "");
   fmt::print("attention cache: {}, {} bytes per token\n", dtype_name(kv_cache_dtype),
              m.info().kv_bytes_per_token);
   for (size_t pi = 0; pi < refs.size(); ++pi) {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -139,9 +140,9 @@ class Ops {
 
   virtual Device device() const = 0;
   // How this backend's block-FP8 prompt products take their activations: as asked
-  // (BackendOptions) where it has FP8 tensor cores, else as kF16 says (the CPU, and GPUs without
-  // sm_90a code, multiply f32-class activations).
-  virtual Fp8Activations fp8_activations() const { return Fp8Activations::kF16; }
+  // (BackendOptions) where it has FP8 tensor cores, else kF16 (GPUs without sm_90a code); none
+  // where it multiplies f32 activations (the CPU).
+  virtual std::optional<Fp8Activations> fp8_activations() const { return std::nullopt; }
   virtual Allocator& allocator() = 0;
   // Makes this backend's device the calling thread's current one. A device backend's ops may
   // run on threads other than the one that made it (the engine's, a tensor-parallel rank's):

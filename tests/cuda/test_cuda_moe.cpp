@@ -531,7 +531,7 @@ TEST(CudaMoePaths, PortableBackendTakesTheMmaSyncTiles) {
   bool ok = false;
   const std::string table = profile_table(
       [&](CudaOps& ops) {
-        EXPECT_EQ(ops.fp8_activations(), Fp8Activations::kF16);
+        EXPECT_EQ(ops.fp8_activations(), std::optional(Fp8Activations::kF16));
         const int64_t n = 300, E = 16, k = 4, d = 136, ff = 200;
         Experts ex = make_experts(ops, E, d, ff, DType::BF16, rng);
         EXPECT_LE(prompt_experts_error(ops, ex, n, k, ff, rng), 1e-5);

@@ -701,8 +701,8 @@ TEST(CudaQuantPaths, ExpertScratchHoldsE4m3RowsOnlyForFp8Experts) {
               f16.value()->moe_experts_scratch_bytes(n, k, E, d, ff, dt))
         << dtype_name(dt);
   }
-  EXPECT_EQ(e4m3.value()->fp8_activations(), Fp8Activations::kE4m3);
-  EXPECT_EQ(f16.value()->fp8_activations(), Fp8Activations::kF16);
+  EXPECT_EQ(e4m3.value()->fp8_activations(), std::optional(Fp8Activations::kE4m3));
+  EXPECT_EQ(f16.value()->fp8_activations(), std::optional(Fp8Activations::kF16));
   const size_t with_rows = e4m3.value()->moe_experts_scratch_bytes(n, k, E, d, ff, DType::F8_E4M3);
   const size_t without = f16.value()->moe_experts_scratch_bytes(n, k, E, d, ff, DType::F8_E4M3);
   EXPECT_GE(with_rows, without + size_t(n) * k * ff);

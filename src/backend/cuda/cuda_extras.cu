@@ -300,7 +300,7 @@ void CudaOps::fill_random_uniform(Tensor t, uint64_t seed, float lo, float hi) {
   RECUR_CUDA_CHECK(cudaGetLastError());
 }
 
-Fp8Activations CudaOps::fp8_activations() const {
+std::optional<Fp8Activations> CudaOps::fp8_activations() const {
   return impl_->e4m3_activations ? Fp8Activations::kE4m3 : Fp8Activations::kF16;
 }
 
