@@ -405,6 +405,7 @@ int run_bench(const BenchOptions& o) {
   const int64_t free_bytes = ops.free_memory_bytes();
   const int64_t max_context_fits =
       info.kv_bytes_per_token > 0 ? free_bytes / info.kv_bytes_per_token : 0;
+  const std::optional<Fp8Activations> fp8_act = ops.fp8_activations();
   json out = {
       {"device", o.device},
       {"config", o.random_weights ? o.config : o.model},
@@ -418,8 +419,7 @@ int run_bench(const BenchOptions& o) {
       {"kv_cache_dtype", dtype_name(o.kv_cache_dtype)},
       // As the backend runs them (e4m3 asked for runs as f16 terms without sm_90a code); null
       // where f32 activations are multiplied (the CPU).
-      {"fp8_activations",
-       ops.fp8_activations() ? json(fp8_activations_name(*ops.fp8_activations())) : json(nullptr)},
+      {"fp8_activations", fp8_act ? json(fp8_activations_name(*fp8_act)) : json(nullptr)},
       {"kv_bytes_per_token", info.kv_bytes_per_token},
       // Tokens per GB (1e9 bytes) of this attention cache, of one holding keys and values
       // expanded per head (what latent attention's latent saves), and their ratio.

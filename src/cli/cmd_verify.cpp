@@ -256,12 +256,11 @@ int run_verify(const std::string& model_dir, const std::string& golden_path, dou
   }
   Model& m = **model;
   const int V = m.info().vocab_size;
+  const std::optional<Fp8Activations> fp8_act = ops.fp8_activations();
   fmt::print(
       "weights: {:.2f} MiB at load{}{}\n", double(m.info().weight_bytes) / (1 << 20),
       quantize == Quantize::kNone ? "" : fmt::format(" (--quantize {})", quantize_name(quantize)),
-      ops.fp8_activations()
-          ? fmt::format("; FP8 prompt activations {}", fp8_activations_name(*ops.fp8_activations()))
-          : "");
+      fp8_act ? fmt::format("; FP8 prompt activations {}", fp8_activations_name(*fp8_act)) : "");
   fmt::print("attention cache: {}, {} bytes per token\n", dtype_name(kv_cache_dtype),
              m.info().kv_bytes_per_token);
   for (size_t pi = 0; pi < refs.size(); ++pi) {

@@ -161,13 +161,10 @@ class ScopedEnv {
   std::optional<std::string> prev_;
 };
 
-// Whether device 0 runs the build's sm_90a code (wgmma); false without a usable device, and
-// where RECUR_CUDA_PORTABLE=1 has the backends take the paths of later GPUs.
+// Whether backends on device 0 take the build's sm_90a paths (wgmma, e4m3 tiles): the
+// backend's own rule (RECUR_CUDA_PORTABLE=1 turns them off); false without a usable device.
 inline bool device_is_sm90a() {
-  const char* portable = std::getenv("RECUR_CUDA_PORTABLE");
-  if (portable && std::string(portable) == "1") return false;
-  cudaDeviceProp prop;
-  return cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major == 9 && prop.minor == 0;
+  return CudaOps::takes_sm90a_paths(0);
 }
 
 // The RECUR_CUDA_PROFILE table (printed as the backend goes away) of the launches fn(ops)

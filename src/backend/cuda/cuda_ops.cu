@@ -42,6 +42,10 @@ std::string env_string(const char* name) {
   const char* v = std::getenv(name);
   return v ? std::string(v) : std::string();
 }
+// The sm_90a code runs on a Hopper (9.0) unless the options ask for the portable paths.
+bool sm90a_paths(const cudaDeviceProp& prop, const CudaOptions& options) {
+  return prop.major == 9 && prop.minor == 0 && !options.portable;
+}
 }  // namespace
 
 CudaOptions CudaOptions::from_environment() {
@@ -227,6 +231,12 @@ CudaOps::Impl::~Impl() {
   cudaSetDevice(caller_device);
 }
 
+bool CudaOps::takes_sm90a_paths(int device) {
+  cudaDeviceProp prop;
+  return cudaGetDeviceProperties(&prop, device) == cudaSuccess &&
+         cuda::sm90a_paths(prop, cuda::CudaOptions::from_environment());
+}
+
 Result<std::unique_ptr<CudaOps>> CudaOps::create(int device, const BackendOptions& options) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
@@ -254,7 +264,7 @@ Result<std::unique_ptr<CudaOps>> CudaOps::create(int device, const BackendOption
   s.sm_count = prop.multiProcessorCount;
   s.max_smem_optin = prop.sharedMemPerBlockOptin;
   s.options = cuda::CudaOptions::from_environment();
-  s.sm90a = prop.major == 9 && prop.minor == 0 && !s.options.portable;
+  s.sm90a = cuda::sm90a_paths(prop, s.options);
   s.e4m3_activations = s.sm90a && options.fp8_activations == Fp8Activations::kE4m3;
   // A blocking stream: it also orders against work callers put on the legacy default stream
   // (plain cudaMemcpy/cudaMemset of buffers they then hand to the ops).

@@ -17,6 +17,10 @@ class CudaOps final : public Ops {
   // Selects `device`, creates the stream, the cuBLAS handle and the start-up buffers.
   static Result<std::unique_ptr<CudaOps>> create(int device = 0,
                                                  const BackendOptions& options = {});
+  // Whether a backend on `device` takes the paths of this build's sm_90a code (warpgroup
+  // products, e4m3 tiles): a Hopper, unless RECUR_CUDA_PORTABLE=1 asks for the paths GPUs after
+  // it take; false without a usable device. Tests ask it which paths they will see.
+  static bool takes_sm90a_paths(int device);
   ~CudaOps() override;
   CudaOps(const CudaOps&) = delete;
   CudaOps& operator=(const CudaOps&) = delete;
