@@ -148,11 +148,29 @@ TEST_P(CudaAttentionCache, TinySoftmaxWeightsKeepTheirPrecision) {
   }
 }
 
+// Element i of a cache tensor set to a NaN of its type.
+void set_nan(HostTensor& h, int64_t i) {
+  switch (h.t.dtype) {
+    case DType::F32:
+      h.f()[i] = std::nanf("");
+      break;
+    case DType::BF16:
+      h.t.ptr<uint16_t>()[i] = 0x7fc0;
+      break;
+    case DType::F16:
+      h.t.ptr<uint16_t>()[i] = 0x7e00;
+      break;
+    default:
+      h.t.ptr<uint8_t>()[i] = 0x7f;  // e4m3fn's NaN
+  }
+}
+
 // The latent cache in each type: values are the keys' first dv channels (v_cache a view of
 // k_cache, channels block_size apart), written through the view; attention equals the
 // reference, up to the published Kimi-Linear's 32 heads of 576 (values 512) in one call, at
-// decode (long histories: splits) and for prompts, through the tiled kernel and the
-// tensor-core latent kernel.
+// decode (long histories: splits) and for prompts, through the tiled kernel, the tensor-core
+// latent kernel and (few tokens, 16-bit and FP8 caches) the decode kernel's latent form, with
+// NaN in the cache past each sequence's end.
 TEST_P(CudaAttentionCache, LatentViewMatchesReferenceUpToKimiGroup) {
   const DType dt = GetParam();
   const Case cases[] = {// The tiled kernel (head sizes not multiples of 32, blocks of 5).
@@ -165,7 +183,14 @@ TEST_P(CudaAttentionCache, LatentViewMatchesReferenceUpToKimiGroup) {
                         {20, 128, 64, 8, {7, 1}, {30, 200}},
                         {32, 576, 512, 16, {1, 1}, {3000, 70}},
                         {32, 576, 512, 16, {40, 1}, {0, 600}},
-                        {32, 576, 512, 16, {1, 3, 1}, {9000, 20, 1}}};
+                        {32, 576, 512, 16, {1, 3, 1}, {9000, 20, 1}},
+                        // Past the decode kernel's 64 tokens (the tensor-core latent kernel for
+                        // every type), contexts ending inside a copied chunk.
+                        {16, 64, 32, 16, {60, 9}, {0, 90}},
+                        {32, 576, 512, 16, {66}, {13}},
+                        // The decode kernel's latent form with head tiles partly or half idle.
+                        {8, 128, 64, 16, {1, 1}, {77, 300}},
+                        {24, 320, 256, 32, {1, 2}, {1000, 45}}};
   ASSERT_LE(32 * 576, Ops::kMaxAttentionGroupDims);
   for (const Case& c : cases) {
     const int64_t heads = c.group, hd = c.hd, dv = c.dv;
@@ -174,6 +199,17 @@ TEST_P(CudaAttentionCache, LatentViewMatchesReferenceUpToKimiGroup) {
     const int64_t n = lay.l.n_tokens;
     HostTensor kc(dt, {lay.n_blocks(), 1, hd, bs});
     fill_random(kc, rng);
+    // NaN in every position past each sequence's last, as a block freed by a sequence whose
+    // activations overflowed could hold: those keys are values too, so a kernel must drop
+    // them before the weighted sum (a weight of 0 times NaN is NaN).
+    for (size_t s = 0; s < c.lens.size(); ++s) {
+      const int end = c.first[s] + c.lens[s];
+      const int n_seq_blocks = lay.block_start[s + 1] - lay.block_start[s];
+      for (int pos = end; pos < n_seq_blocks * bs; ++pos) {
+        const int64_t block = lay.block_ids[size_t(lay.block_start[s] + pos / bs)];
+        for (int64_t d = 0; d < hd; ++d) set_nan(kc, (block * hd + d) * bs + pos % bs);
+      }
+    }
     auto values_of = [&](Tensor keys) {
       keys.shape[2] = bs, keys.shape[3] = dv;
       keys.stride[2] = 1, keys.stride[3] = bs;

@@ -117,6 +117,25 @@ void dispatch_cache(DType dt, Fn&& fn) {
   }
 }
 
+// 4 consecutive cache elements (4-element aligned) of a 16-bit or FP8 cache as floats.
+template <typename T>
+__device__ __forceinline__ float4 load4_f32(const T* src) {
+  if constexpr (std::is_same_v<T, uint16_t>) {
+    const uint2 u = *reinterpret_cast<const uint2*>(src);
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                       __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+  } else if constexpr (std::is_same_v<T, __half>) {
+    const uint2 u = *reinterpret_cast<const uint2*>(src);
+    const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
+    const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+  } else {
+    const uint32_t u = *reinterpret_cast<const uint32_t*>(src);
+    return make_float4(cache_to_f32(uint8_t(u)), cache_to_f32(uint8_t(u >> 8)),
+                       cache_to_f32(uint8_t(u >> 16)), cache_to_f32(uint8_t(u >> 24)));
+  }
+}
+
 // 4 consecutive cache elements (4-element aligned) → 4 floats in shared memory: a cp.async of
 // 16 bytes for f32; else one load of 8 (BF16, F16) or 4 (F8_E4M3) bytes, widened and stored now.
 template <typename T>
@@ -124,23 +143,22 @@ __device__ __forceinline__ void copy4(float* dst, const T* src, bool valid) {
   if constexpr (std::is_same_v<T, float>) {
     copy16_async(dst, src, valid);
   } else {
+    *reinterpret_cast<float4*>(dst) = valid ? load4_f32(src) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+}
+
+// As copy4 with the first n (0 to 4) elements copied and the rest zeros: a chunk holding a
+// context's last position, whose later elements may be anything (NaN included).
+template <typename T>
+__device__ __forceinline__ void copy4_first(float* dst, const T* src, int n) {
+  if constexpr (std::is_same_v<T, float>) {
+    copy16_async_bytes(dst, src, 4 * n);
+  } else {
     float4 f = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (valid) {
-      if constexpr (std::is_same_v<T, uint16_t>) {
-        const uint2 u = *reinterpret_cast<const uint2*>(src);
-        f = make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
-                        __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
-      } else if constexpr (std::is_same_v<T, __half>) {
-        const uint2 u = *reinterpret_cast<const uint2*>(src);
-        const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
-        const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
-        f = make_float4(lo.x, lo.y, hi.x, hi.y);
-      } else {
-        const uint32_t u = *reinterpret_cast<const uint32_t*>(src);
-        f = make_float4(cache_to_f32(uint8_t(u)), cache_to_f32(uint8_t(u >> 8)),
-                        cache_to_f32(uint8_t(u >> 16)), cache_to_f32(uint8_t(u >> 24)));
-      }
-    }
+    if (n > 0) f = load4_f32(src);
+    if (n < 2) f.y = 0.0f;
+    if (n < 3) f.z = 0.0f;
+    if (n < 4) f.w = 0.0f;
     *reinterpret_cast<float4*>(dst) = f;
   }
 }
@@ -351,6 +369,14 @@ bool attention_decode_mma(CudaOps::Impl& s, AttnArgs a, const Tensor& k_cache,
                           const Tensor& v_cache, const SeqLayout& layout, int kv_heads,
                           int max_ctx);
 
+// The same kernel for latent attention's cache (values the keys' first dv channels, v_cache a
+// view of k_cache; each tile copied once and read by both products), called by
+// latent_attention_mma: few tokens, 8 query heads a block, hd and dv multiples of 16 with
+// dv ≤ hd, hd ≤ 576 and dv ≤ 512, BF16, F16 or F8_E4M3 caches as above (key channels'
+// positions contiguous). False, having done nothing, otherwise.
+bool latent_decode_mma(CudaOps::Impl& s, AttnArgs a, const Tensor& k_cache, const SeqLayout& layout,
+                       int kv_heads, int max_ctx);
+
 // Query rows (token, query head) per block of the prompt kernels.
 constexpr int kPromptRows = 64;
 
@@ -476,7 +502,8 @@ bool paged_attention_mma(CudaOps::Impl& s, const AttnArgs& a, const Tensor& k_ca
 // block of query rows per key tile, the context split between blocks for few tokens (merged by
 // the combine; max_ctx: the longest context the splits must cover). False, having done
 // nothing, when the kernel does not take these heads (hd and dv multiples of 64 and 32, dv ≤
-// min(hd, 512), a query group of at most 32 heads, queries 16-byte aligned) or caches.
+// min(hd, 512), a query group of at most 32 heads, queries 16-byte aligned) or caches. Few
+// tokens over a 16-bit or FP8 cache go to latent_decode_mma instead.
 bool latent_attention_mma(CudaOps::Impl& s, AttnArgs a, const Tensor& k_cache,
                           const Tensor& v_cache, const SeqLayout& layout, int kv_heads,
                           int max_ctx);

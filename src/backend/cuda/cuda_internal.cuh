@@ -360,6 +360,11 @@ __device__ __forceinline__ void copy16_async(void* dst, const void* src, bool va
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
                "r"(valid ? 16 : 0));
 }
+// As copy16_async, copying the first `bytes` (0 to 16) of src and zeroing the rest.
+__device__ __forceinline__ void copy16_async_bytes(void* dst, const void* src, int bytes) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(bytes));
+}
 // As copy16_async, asking L2 to fetch the 256 bytes around src from memory at once: for rows
 // read 16 bytes a thread and a few dozen bytes a stage, whose later stages then hit L2.
 __device__ __forceinline__ void copy16_async_l2_256(void* dst, const void* src, bool valid) {

@@ -15,6 +15,11 @@
 // each accumulates a quarter of the value channels. Queries and weights are f32 split into
 // terms of the cache's 16-bit type (mma_16bit.cuh: three bf16 or two f16); the cache's elements
 // are exactly bf16 or f16 (e4m3 widens exactly, into an f16 plane per tile): f32's accuracy.
+//
+// Its latent form (latent_decode_mma) serves latent attention's cache, whose values are the
+// keys' first dv channels (Kimi-Linear: 32 heads of 576 / 512 over one latent): a stage holds
+// the keys only, the values' operand is read from it without transposition, eight warps split
+// the wider channels, and a block takes 8 of the group's heads.
 #include <algorithm>
 #include <cmath>
 
@@ -27,28 +32,45 @@ namespace cuda {
 
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kThreads = 32 * kWarps;
 constexpr int kTile = 16;  // positions per tile (and per ring stage)
 // Ring stages: kStages − 1 tiles in flight. Three took a 131,072-token context's step 5 µs
 // below four on the H200, as two did (session 21): at Qwen3-Next's heads an SM then holds four
 // blocks instead of three.
 constexpr int kStages = 3;
-constexpr int kMaxHeadTiles = 2;                  // of 8 query heads: groups of up to 16
-constexpr int kMaxDim = 256;                      // hd and dv at most
-constexpr int kMaxSteps = kMaxDim / 16 / kWarps;  // a warp's 16-channel steps
 constexpr float kLn2 = 0.6931471805599453f;
-// A split holds at least two tiles: at short contexts one-tile splits gave the merge twice the
+
+// What an instance of the kernel takes: kWarps warps split the channels; up to 8 kHeadTiles
+// query heads a block, head sizes up to kMaxHd (keys) and kMaxDv (values); kLatent: the values
+// are the keys' first dv channels (latent attention's cache), so a stage holds keys only and
+// both products read it. A split holds at least kMinTiles tiles.
+template <int kWarpsOf, int kHeadTilesOf, int kMaxHdOf, int kMaxDvOf, bool kLatentOf,
+          int kMinTilesOf>
+struct DecodeShape {
+  static constexpr int kWarps = kWarpsOf, kThreads = 32 * kWarpsOf;
+  static constexpr int kHeadTiles = kHeadTilesOf, kMaxHd = kMaxHdOf, kMaxDv = kMaxDvOf;
+  static constexpr bool kLatent = kLatentOf;
+  static constexpr int kMinSplit = kMinTilesOf * kTile;
+  // A warp's 16-channel steps of the keys and of the values.
+  static constexpr int kKeySteps = (kMaxHd / 16 + kWarps - 1) / kWarps;
+  static constexpr int kValueSteps = (kMaxDv / 16 + kWarps - 1) / kWarps;
+};
+// Grouped-query attention (Qwen3-Next, Qwen3.5): groups of up to 16, heads of up to 256. A
+// split holds at least two tiles: at short contexts one-tile splits gave the merge twice the
 // partial results for no faster step (H200, session 21).
-constexpr int kMinSplit = 2 * kTile;
+using GroupedShape = DecodeShape<4, 2, 256, 256, false, 2>;
+// Latent attention (Kimi-Linear: 32 heads of 576 over one latent, values its first 512): eight
+// warps and 8 heads a block, a group's heads split between blocks. Its 32 heads in one block
+// took 45 µs at a 300-position context, 8 took 11.6 (H100, ncu, session 43): a block runs its
+// long body about twice there, waiting on instruction fetch, and a quarter of it is quicker.
+using LatentShape = DecodeShape<8, 1, 576, 512, true, 2>;
 
 // A tile as ldmatrix reads it (16-bit): keys [hd][kTile] as the cache holds them (channels by
 // positions), the two 16-byte halves of channel d's row swapped when d / 4 is odd; values
 // [kTile][dv], 16-byte chunk j of position p's row at j ^ (p % 8). Either way the 8 rows one
 // ldmatrix reads lie in distinct banks. A BF16 or F16 stage is this plane; an F8_E4M3 stage holds
 // the tile as copied (keys [hd][kTile], values [kTile][dv] bytes), widened into one such plane.
-__host__ __device__ constexpr int tile_elems(int hd, int dv) {
-  return (hd + dv) * kTile;
+__host__ __device__ constexpr int tile_elems(int hd, int dv, bool latent) {
+  return (latent ? hd : hd + dv) * kTile;
 }
 __device__ __forceinline__ int key_offset(int d, int half) {
   return d * kTile + 8 * (half ^ ((d >> 2) & 1));
@@ -58,11 +80,13 @@ __device__ __forceinline__ int value_offset(int p, int chunk, int dv) {
 }
 
 // Shared memory: the ring of stages (T), the widened plane (F8_E4M3 only), then the warps'
-// partial scores [kWarps][kMaxHeadTiles][32 lanes] (float4).
+// partial scores [kWarps][kHeadTiles][32 lanes] (float4).
+template <typename S>
 size_t decode_mma_smem_bytes(int hd, int dv, int elem_bytes) {
-  const size_t plane = elem_bytes == 2 ? 0 : tile_elems(hd, dv) * sizeof(__half);
-  return size_t(kStages) * tile_elems(hd, dv) * elem_bytes + plane +
-         kWarps * kMaxHeadTiles * 32 * sizeof(float4);
+  const size_t tile = tile_elems(hd, dv, S::kLatent);
+  const size_t plane = elem_bytes == 2 ? 0 : tile * sizeof(__half);
+  return size_t(kStages) * tile * elem_bytes + plane +
+         S::kWarps * S::kHeadTiles * 32 * sizeof(float4);
 }
 
 // The transpose of an 8 × 8 16-bit matrix held as fragments (lane l: row l / 4, columns
@@ -74,28 +98,34 @@ __device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
 }
 
 // An F8_E4M3 stage widened into the plane (exactly).
+template <typename S>
 __device__ __forceinline__ void widen_tile(const uint8_t* ks, __half* kp, int hd, int dv) {
   const uint8_t* vs = ks + hd * kTile;
   __half* vp = kp + hd * kTile;
-  for (int e = threadIdx.x; e < hd * (kTile / 4); e += kThreads) {
+  for (int e = threadIdx.x; e < hd * (kTile / 4); e += S::kThreads) {
     const int d = e / (kTile / 4), q = e % (kTile / 4);
     widen4(ks + d * kTile + 4 * q, kp + key_offset(d, q / 2) + 4 * (q % 2));
   }
+  if constexpr (S::kLatent) return;
   const int quads = dv / 4;
-  for (int e = threadIdx.x; e < kTile * quads; e += kThreads) {
+  for (int e = threadIdx.x; e < kTile * quads; e += S::kThreads) {
     const int p = e / quads, q = e % quads;
     widen4(vs + p * dv + 4 * q, vp + value_offset(p, q / 2, dv) + 4 * (q % 2));
   }
 }
 
-// grid (n_tokens, kv_heads, n_splits), kThreads; T the cache's element type (uint16_t: BF16,
-// __half: F16, uint8_t: F8_E4M3; the products' operands are bf16 for BF16, else f16), NT head tiles
-// of 8 (group ≤ 8 NT). Warp w owns the 16-channel steps w, w + 4, ... of the key channels (scores)
-// and of the value channels (output). Fragments (g = lane / 4, c = lane % 4) of head tile n: scores
-// and weights rows (positions) g and g + 8, columns (heads) 8n + 2c, + 1; acc[j][n] rows (value
-// channels) 16(w + 4j) + g, + 8, the same head columns.
-template <typename T, int NT>
-__global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(AttnArgs a) {
+// grid (n_tokens, kv_heads × head tiles, n_splits), S::kThreads; T the cache's element type
+// (uint16_t: BF16, __half: F16, uint8_t: F8_E4M3; the products' operands are bf16 for BF16, else
+// f16), NT head tiles of 8: the whole group (≤ 8 NT), or (latent) heads 8 NT i .. of it in
+// block row i of the kv head's. Warp w owns the 16-channel steps w, w + W, ... (W = S::kWarps) of
+// the key channels (scores) and of the value channels (output). Fragments (g = lane / 4, c = lane %
+// 4) of head tile n: scores and weights rows (positions) g and g + 8, columns (heads) 8n + 2c, + 1;
+// acc[j][n] rows (value channels) 16(w + Wj) + g, + 8, the same head columns.
+template <typename T, int NT, typename S>
+__global__ void __launch_bounds__(S::kThreads) attention_decode_mma_kernel(AttnArgs a) {
+  static_assert(NT <= S::kHeadTiles);
+  constexpr int kWarps = S::kWarps, kThreads = S::kThreads;
+  constexpr bool kLatent = S::kLatent;
   using M = std::conditional_t<std::is_same_v<T, uint16_t>, __nv_bfloat16, __half>;
   constexpr int kTerms = kTermsOf<M>;
   constexpr bool kWiden = sizeof(T) == 1;
@@ -103,11 +133,19 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(AttnArgs
   extern __shared__ __align__(16) unsigned char smem[];
   const int hd = a.hd, dv = a.dv, group = a.group;
   T* ring = reinterpret_cast<T*>(smem);
-  M* plane = reinterpret_cast<M*>(ring + kStages * tile_elems(hd, dv));  // kWiden only
-  float4* partial = reinterpret_cast<float4*>(plane + (kWiden ? tile_elems(hd, dv) : 0));
+  const int tile = tile_elems(hd, dv, kLatent);
+  M* plane = reinterpret_cast<M*>(ring + kStages * tile);  // kWiden only
+  float4* partial = reinterpret_cast<float4*>(plane + (kWiden ? tile : 0));
   const T* kc = static_cast<const T*>(a.kc);
   const T* vc = static_cast<const T*>(a.vc);
-  const int t = blockIdx.x, kvh = blockIdx.y, sp = blockIdx.z;
+  const int t = blockIdx.x, sp = blockIdx.z;
+  // kv head kvh's query heads h0 .. h0 + 8 NT − 1: latent decode may split a group's heads
+  // between blocks (gridDim.y = kv heads × head tiles).
+  int kvh = blockIdx.y, h0 = 0;
+  if constexpr (kLatent) {
+    const int head_tiles = int(gridDim.y) * group / a.heads;
+    kvh = blockIdx.y / head_tiles, h0 = 8 * NT * (blockIdx.y % head_tiles);
+  }
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, c = lane % 4;
   const int seq = seq_of_token(a.seq_start, a.n_seqs, t);
   const int n_ctx = a.positions[t] + 1;
@@ -120,19 +158,26 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(AttnArgs
   };
   // Tile i (in cache block `block`: bs is a multiple of kTile) into its stage; values past the
   // split are zeros (their weights are 0, and 0 · garbage could be NaN), keys past it are read
-  // and their scores masked.
+  // and their scores masked (zeros too when they are the values).
   auto start_tile = [&](int i, int64_t block) {
     const int p0 = p_begin + i * kTile, off = p0 % a.bs;
-    T* ks = ring + (i % kStages) * tile_elems(hd, dv);
+    T* ks = ring + (i % kStages) * tile;
     T* vs = ks + hd * kTile;
     const T* kb = kc + block * a.kc_s0 + kvh * a.kc_s1 + off;
     const T* vb = vc + block * a.vc_s0 + kvh * a.vc_s1 + int64_t(off) * a.vc_s2;
     constexpr int kRowChunks = kTile / kChunk;  // of a key channel's row
     for (int e = tid; e < kRowChunks * hd; e += kThreads) {
       const int d = e / kRowChunks, half = e % kRowChunks;
-      copy16_async(ks + (kWiden ? d * kTile : key_offset(d, half)), kb + d * a.kc_s2 + 8 * half,
-                   true);
+      T* dst = ks + (kWiden ? d * kTile : key_offset(d, half));
+      const T* src = kb + d * a.kc_s2 + 8 * half;
+      if constexpr (kLatent) {
+        const int valid = min(kChunk, max(0, p_end - (p0 + kChunk * half)));
+        copy16_async_bytes(dst, src, valid * int(sizeof(T)));
+      } else {
+        copy16_async(dst, src, true);
+      }
     }
+    if constexpr (kLatent) return;
     const int chunks = dv / kChunk;
     for (int e = tid; e < kTile * chunks; e += kThreads) {
       const int p = e / chunks, j = e % chunks;
@@ -172,18 +217,18 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(AttnArgs
   // scores come out in log2 units (exp2 below), as their terms (within f16's range for f16
   // terms); zeros past the group.
   const float q_scale = a.scale * 1.4426950408889634f;
-  uint32_t qf[kMaxSteps][NT][2][kTerms];
+  uint32_t qf[S::kKeySteps][NT][2][kTerms];
 #pragma unroll
-  for (int j = 0; j < kMaxSteps; ++j) {
+  for (int j = 0; j < S::kKeySteps; ++j) {
     const int kk = 16 * (warp + kWarps * j);
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         float x0 = 0.0f, x1 = 0.0f;
-        if (8 * n + g < group && kk < hd) {
-          const float* q = a.q + int64_t(t) * a.q_s0 + int64_t(kvh * group + 8 * n + g) * a.q_s1 +
-                           kk + 8 * half + 2 * c;
+        if (h0 + 8 * n + g < group && kk < hd) {
+          const float* q = a.q + int64_t(t) * a.q_s0 +
+                           int64_t(kvh * group + h0 + 8 * n + g) * a.q_s1 + kk + 8 * half + 2 * c;
           x0 = q[0] * q_scale, x1 = q[1] * q_scale;
           if constexpr (std::is_same_v<M, __half>)
             x0 = clamp_f16_range(x0), x1 = clamp_f16_range(x1);
@@ -192,9 +237,9 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(AttnArgs
       }
     }
   }
-  float acc[kMaxSteps][NT][4];
+  float acc[S::kValueSteps][NT][4];
 #pragma unroll
-  for (int j = 0; j < kMaxSteps; ++j) {
+  for (int j = 0; j < S::kValueSteps; ++j) {
 #pragma unroll
     for (int n = 0; n < NT; ++n) acc[j][n][0] = acc[j][n][1] = acc[j][n][2] = acc[j][n][3] = 0.0f;
   }
@@ -212,13 +257,13 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(AttnArgs
     if (i + kStages - 1 < n_tiles) start_tile(i + kStages - 1, next_block);
     copy_commit();
     next_block = cache_block(i + kStages);
-    const M* ks = reinterpret_cast<const M*>(ring + (i % kStages) * tile_elems(hd, dv));
+    const M* ks = reinterpret_cast<const M*>(ring + (i % kStages) * tile);
     if constexpr (kWiden) {
-      widen_tile(reinterpret_cast<const uint8_t*>(ks), plane, hd, dv);
+      widen_tile<S>(reinterpret_cast<const uint8_t*>(ks), plane, hd, dv);
       __syncthreads();
       ks = plane;
     }
-    const M* vs = ks + hd * kTile;
+    const M* vs = ks + hd * kTile;  // unless kLatent
 
     // Partial scores over the warp's key channels; two accumulators a head tile halve the
     // MMA chains.
@@ -229,7 +274,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(AttnArgs
       for (int r = 0; r < 4; ++r) s0[n][r] = s1[n][r] = 0.0f;
     }
 #pragma unroll
-    for (int j = 0; j < kMaxSteps; ++j) {
+    for (int j = 0; j < S::kKeySteps; ++j) {
       const int kk = 16 * (warp + kWarps * j);
       if (kk < hd) {
         // a = K [16 positions × 16 channels]: matrix r holds positions 8(r % 2) .. and
@@ -279,7 +324,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(AttnArgs
       l[n][0] = l[n][0] * corr0 + p[0] + p[2];
       l[n][1] = l[n][1] * corr1 + p[1] + p[3];
 #pragma unroll
-      for (int j = 0; j < kMaxSteps; ++j) {
+      for (int j = 0; j < S::kValueSteps; ++j) {
         acc[j][n][0] *= corr0, acc[j][n][1] *= corr1;
         acc[j][n][2] *= corr0, acc[j][n][3] *= corr1;
       }
@@ -296,14 +341,19 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(AttnArgs
         pb[ti][1] = transpose8x8(bottom[ti]);
       }
 #pragma unroll
-      for (int j = 0; j < kMaxSteps; ++j) {
+      for (int j = 0; j < S::kValueSteps; ++j) {
         const int dd = 16 * (warp + kWarps * j);
         if (dd < dv) {
           // a = V^T [16 channels × 16 positions]: matrix r holds channels dd + 8(r % 2) .. and
-          // positions 8(r / 2) .., transposed out of the position rows.
-          const int pr = 8 * (lm_mat / 2) + lm_row;
+          // positions 8(r / 2) .., transposed out of the position rows, or (latent) read as
+          // they are out of the key channels' rows.
           uint32_t av[4];
-          ldmatrix_x4<true>(av, vs + value_offset(pr, dd / 8 + lm_mat % 2, dv));
+          if constexpr (kLatent) {
+            ldmatrix_x4<false>(av, ks + key_offset(dd + 8 * (lm_mat % 2) + lm_row, lm_mat / 2));
+          } else {
+            const int pr = 8 * (lm_mat / 2) + lm_row;
+            ldmatrix_x4<true>(av, vs + value_offset(pr, dd / 8 + lm_mat % 2, dv));
+          }
 #pragma unroll
           for (int ti = kTerms - 1; ti >= 0; --ti) {
             mma16<M>(acc[j][n], av, pb[ti][0], pb[ti][1]);
@@ -323,12 +373,12 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(AttnArgs
     }
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      if (8 * n + 2 * c + e >= group) continue;
-      const int h = kvh * group + 8 * n + 2 * c + e;
+      if (h0 + 8 * n + 2 * c + e >= group) continue;
+      const int h = kvh * group + h0 + 8 * n + 2 * c + e;
       const float m_nat = m[n][e] * kLn2;  // natural-log units, as the combine weighs splits
       constexpr float kUnscale = 1.0f / kWeightScaleOf<M>;
 #pragma unroll
-      for (int j = 0; j < kMaxSteps; ++j) {
+      for (int j = 0; j < S::kValueSteps; ++j) {
         const int dd = 16 * (warp + kWarps * j);
         if (dd < dv) {
           store_result(a, t, h, sp, dd + g, acc[j][n][e] * kUnscale, m_nat, l[n][e], dv);
@@ -342,11 +392,13 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(AttnArgs
 // Splits a's tokens' contexts into whole tiles, enough to fill every multiprocessor with the
 // blocks it holds of this kernel, within the buffer of partial results, and launches it (and
 // the merge of the splits).
-template <typename T, int NT>
+// head_tiles (latent only): blocks that split each kv head's group, NT · 8 heads each.
+template <typename T, int NT, typename S>
 void launch_decode_mma(CudaOps::Impl& s, AttnArgs a, const SeqLayout& layout, int kv_heads,
-                       int max_ctx) {
-  constexpr auto kKernel = attention_decode_mma_kernel<T, NT>;
-  const size_t smem = decode_mma_smem_bytes(a.hd, a.dv, sizeof(T));
+                       int max_ctx, int head_tiles = 1) {
+  constexpr auto kKernel = attention_decode_mma_kernel<T, NT, S>;
+  constexpr int kThreads = S::kThreads;
+  const size_t smem = decode_mma_smem_bytes<S>(a.hd, a.dv, sizeof(T));
   opt_in_smem<kKernel>(smem);  // before asking how many blocks an SM holds
   // Blocks an SM holds, asked once per thread (a rank's) and shared-memory size: no per-step
   // driver call. It only sizes the splits.
@@ -358,18 +410,20 @@ void launch_decode_mma(CudaOps::Impl& s, AttnArgs a, const SeqLayout& layout, in
     asked_smem = smem;
   }
   const int n = layout.n_tokens;
-  const int64_t base = int64_t(n) * kv_heads;
+  const int64_t base = int64_t(n) * kv_heads * head_tiles;
   set_context_splits(s, a, n, (int64_t(std::max(per_sm, 1)) * s.sm_count + base - 1) / base,
-                     max_ctx, kMinSplit, kTile);
+                     max_ctx, S::kMinSplit, kTile);
   if (s.options.profile) {  // each (token, kv head) reads its context once
     double ctx = 0;
     for (int t = 0; t < n; ++t) ctx += layout.positions[t] + 1;
+    const int read = S::kLatent ? a.hd : a.hd + a.dv;
     s.work(attention_flops(layout, a.heads, a.hd, a.dv),
-           ctx * double(kv_heads) * double(a.hd + a.dv) * double(sizeof(T)));
+           ctx * double(kv_heads) * double(read) * double(sizeof(T)));
   }
-  const dim3 grid{unsigned(n), unsigned(kv_heads), unsigned(a.n_splits)};
+  const dim3 grid{unsigned(n), unsigned(kv_heads * head_tiles), unsigned(a.n_splits)};
   launch_kernel(kKernel, grid, kThreads, smem, s.stream, a);
-  s.launched("paged_attention (decode, tensor cores)");
+  s.launched(S::kLatent ? "paged_attention (latent decode, tensor cores)"
+                        : "paged_attention (decode, tensor cores)");
   if (a.n_splits > 1) launch_attention_combine(s, a, n);
 }
 
@@ -387,21 +441,47 @@ bool attention_decode_mma(CudaOps::Impl& s, AttnArgs a, const Tensor& k_cache,
                         k_cache.stride[0] % chunk == 0 && k_cache.stride[1] % chunk == 0 &&
                         k_cache.stride[2] % chunk == 0 && v_cache.stride[0] % chunk == 0 &&
                         v_cache.stride[1] % chunk == 0 && v_cache.stride[2] % chunk == 0;
+  using S = GroupedShape;
   if ((dt != DType::BF16 && dt != DType::F16 && dt != DType::F8_E4M3) || !copies16 ||
-      a.group > 8 * kMaxHeadTiles || a.hd % 64 != 0 || a.dv % 64 != 0 || a.hd > kMaxDim ||
-      a.dv > kMaxDim || a.bs % kTile != 0) {
+      a.group > 8 * S::kHeadTiles || a.hd % 64 != 0 || a.dv % 64 != 0 || a.hd > S::kMaxHd ||
+      a.dv > S::kMaxDv || a.bs % kTile != 0) {
     return false;
   }
   const bool wide = a.group > 8;
   if (dt == DType::BF16) {
-    wide ? launch_decode_mma<uint16_t, 2>(s, a, layout, kv_heads, max_ctx)
-         : launch_decode_mma<uint16_t, 1>(s, a, layout, kv_heads, max_ctx);
+    wide ? launch_decode_mma<uint16_t, 2, S>(s, a, layout, kv_heads, max_ctx)
+         : launch_decode_mma<uint16_t, 1, S>(s, a, layout, kv_heads, max_ctx);
   } else if (dt == DType::F16) {
-    wide ? launch_decode_mma<__half, 2>(s, a, layout, kv_heads, max_ctx)
-         : launch_decode_mma<__half, 1>(s, a, layout, kv_heads, max_ctx);
+    wide ? launch_decode_mma<__half, 2, S>(s, a, layout, kv_heads, max_ctx)
+         : launch_decode_mma<__half, 1, S>(s, a, layout, kv_heads, max_ctx);
   } else {
-    wide ? launch_decode_mma<uint8_t, 2>(s, a, layout, kv_heads, max_ctx)
-         : launch_decode_mma<uint8_t, 1>(s, a, layout, kv_heads, max_ctx);
+    wide ? launch_decode_mma<uint8_t, 2, S>(s, a, layout, kv_heads, max_ctx)
+         : launch_decode_mma<uint8_t, 1, S>(s, a, layout, kv_heads, max_ctx);
+  }
+  return true;
+}
+
+bool latent_decode_mma(CudaOps::Impl& s, AttnArgs a, const Tensor& k_cache, const SeqLayout& layout,
+                       int kv_heads, int max_ctx) {
+  const DType dt = k_cache.dtype;
+  const int64_t chunk = 16 / int64_t(dtype_size(dt));  // elements per 16-byte copy
+  // 16-byte copies of the key channels' rows (positions contiguous).
+  const bool copies16 = reinterpret_cast<uintptr_t>(k_cache.data) % 16 == 0 &&
+                        k_cache.stride[3] == 1 && k_cache.stride[0] % chunk == 0 &&
+                        k_cache.stride[1] % chunk == 0 && k_cache.stride[2] % chunk == 0;
+  using S = LatentShape;
+  if ((dt != DType::BF16 && dt != DType::F16 && dt != DType::F8_E4M3) || !copies16 ||
+      layout.n_tokens > kDecodeMaxTokens || a.hd % 16 != 0 || a.dv % 16 != 0 || a.dv > a.hd ||
+      a.hd > S::kMaxHd || a.dv > S::kMaxDv || a.bs % kTile != 0) {
+    return false;
+  }
+  const int head_tiles = (a.group + 7) / 8;
+  if (dt == DType::BF16) {
+    launch_decode_mma<uint16_t, 1, S>(s, a, layout, kv_heads, max_ctx, head_tiles);
+  } else if (dt == DType::F16) {
+    launch_decode_mma<__half, 1, S>(s, a, layout, kv_heads, max_ctx, head_tiles);
+  } else {
+    launch_decode_mma<uint8_t, 1, S>(s, a, layout, kv_heads, max_ctx, head_tiles);
   }
   return true;
 }
