@@ -76,6 +76,7 @@ TEST_P(CudaAttentionCache, EveryKernelMatchesReferenceOverTheSameCache) {
         vc(dt, {lay.n_blocks(), kv, c.block_size, dv});
     fill_random(kc, rng);  // the history written by earlier forwards
     fill_random(vc, rng);
+    poison_past_ends(lay, c.lens, c.first, kc, &vc);
     HostTensor k(DType::F32, {n, kv, hd}), v(DType::F32, {n, kv, dv}),
         q(DType::F32, {n, heads, hd});
     fill_random(k, rng);
@@ -148,23 +149,6 @@ TEST_P(CudaAttentionCache, TinySoftmaxWeightsKeepTheirPrecision) {
   }
 }
 
-// Element i of a cache tensor set to a NaN of its type.
-void set_nan(HostTensor& h, int64_t i) {
-  switch (h.t.dtype) {
-    case DType::F32:
-      h.f()[i] = std::nanf("");
-      break;
-    case DType::BF16:
-      h.t.ptr<uint16_t>()[i] = 0x7fc0;
-      break;
-    case DType::F16:
-      h.t.ptr<uint16_t>()[i] = 0x7e00;
-      break;
-    default:
-      h.t.ptr<uint8_t>()[i] = 0x7f;  // e4m3fn's NaN
-  }
-}
-
 // The latent cache in each type: values are the keys' first dv channels (v_cache a view of
 // k_cache, channels block_size apart), written through the view; attention equals the
 // reference, up to the published Kimi-Linear's 32 heads of 576 (values 512) in one call, at
@@ -199,17 +183,8 @@ TEST_P(CudaAttentionCache, LatentViewMatchesReferenceUpToKimiGroup) {
     const int64_t n = lay.l.n_tokens;
     HostTensor kc(dt, {lay.n_blocks(), 1, hd, bs});
     fill_random(kc, rng);
-    // NaN in every position past each sequence's last, as a block freed by a sequence whose
-    // activations overflowed could hold: those keys are values too, so a kernel must drop
-    // them before the weighted sum (a weight of 0 times NaN is NaN).
-    for (size_t s = 0; s < c.lens.size(); ++s) {
-      const int end = c.first[s] + c.lens[s];
-      const int n_seq_blocks = lay.block_start[s + 1] - lay.block_start[s];
-      for (int pos = end; pos < n_seq_blocks * bs; ++pos) {
-        const int64_t block = lay.block_ids[size_t(lay.block_start[s] + pos / bs)];
-        for (int64_t d = 0; d < hd; ++d) set_nan(kc, (block * hd + d) * bs + pos % bs);
-      }
-    }
+    // Those keys are values too: a kernel must drop them before the weighted sum.
+    poison_past_ends(lay, c.lens, c.first, kc, nullptr);
     auto values_of = [&](Tensor keys) {
       keys.shape[2] = bs, keys.shape[3] = dv;
       keys.stride[2] = 1, keys.stride[3] = bs;

@@ -132,6 +132,47 @@ struct Layout {
   int n_blocks() const { return int(block_ids.size()); }
 };
 
+// Element i of a cache tensor (F32, BF16, F16 or F8_E4M3) set to a NaN of its type.
+inline void set_nan(HostTensor& h, int64_t i) {
+  switch (h.t.dtype) {
+    case DType::F32:
+      h.f()[i] = std::nanf("");
+      break;
+    case DType::BF16:
+      h.t.ptr<uint16_t>()[i] = 0x7fc0;
+      break;
+    case DType::F16:
+      h.t.ptr<uint16_t>()[i] = 0x7e00;
+      break;
+    case DType::F8_E4M3:
+      h.t.ptr<uint8_t>()[i] = 0x7f;  // e4m3fn's NaN
+      break;
+    default:
+      FAIL() << "set_nan: unsupported dtype";
+  }
+}
+
+// NaN in every cached position past each sequence's last (lens[s] tokens from first[s]), as a
+// block freed by a sequence whose activations overflowed could hold: key cache kc [blocks, kv,
+// hd, bs]; value cache vc [blocks, kv, bs, dv], or none (a latent cache: values are the keys).
+// A kernel may read those positions but must not let them into a sum (0 · NaN is NaN).
+inline void poison_past_ends(const Layout& lay, const std::vector<int>& lens,
+                             const std::vector<int>& first, HostTensor& kc, HostTensor* vc) {
+  const int64_t kv = kc.t.shape[1], hd = kc.t.shape[2], bs = kc.t.shape[3];
+  for (size_t s = 0; s < lens.size(); ++s) {
+    const int n_blocks = lay.block_start[s + 1] - lay.block_start[s];
+    for (int64_t pos = first[s] + lens[s]; pos < n_blocks * bs; ++pos) {
+      const int64_t block = lay.block_ids[size_t(lay.block_start[s] + pos / bs)];
+      for (int64_t h = 0; h < kv; ++h) {
+        for (int64_t d = 0; d < hd; ++d) set_nan(kc, ((block * kv + h) * hd + d) * bs + pos % bs);
+        if (vc == nullptr) continue;
+        const int64_t dv = vc->t.shape[3];
+        for (int64_t d = 0; d < dv; ++d) set_nan(*vc, ((block * kv + h) * bs + pos % bs) * dv + d);
+      }
+    }
+  }
+}
+
 // How DeltaInputs draws the log-decays g.
 enum class DecayStrength {
   kMixed,      // in [-2, 0], mostly mild

@@ -20,6 +20,7 @@ using testing::fill_random;
 using testing::HostTensor;
 using testing::Layout;
 using testing::max_abs_diff;
+using testing::poison_past_ends;
 
 constexpr DType kCacheTypes[] = {DType::F32, DType::BF16, DType::F16, DType::F8_E4M3};
 
@@ -59,6 +60,7 @@ TEST_P(AttentionCache, RaggedBatchesWithHistoryMatchReference) {
         vc(dt, {lay.n_blocks(), d.kv, d.bs, d.dv});
     fill_random(kc, rng);  // the history written by earlier calls
     fill_random(vc, rng);
+    poison_past_ends(lay, lens, first, kc, &vc);
     HostTensor k(DType::F32, {n, d.kv, d.hd}), v(DType::F32, {n, d.kv, d.dv}),
         q(DType::F32, {n, heads, d.hd});
     fill_random(k, rng);
@@ -152,6 +154,7 @@ TEST_P(AttentionCache, LatentViewMatchesReferenceUpToKimiGroup) {
     const int64_t n = lay.l.n_tokens;
     HostTensor kc(dt, {lay.n_blocks(), 1, d.hd, d.bs});
     fill_random(kc, rng);
+    poison_past_ends(lay, d.lens, d.first, kc, nullptr);  // values too, in a latent cache
     HostTensor k(DType::F32, {n, d.hd}), q(DType::F32, {n, heads, d.hd});
     fill_random(k, rng);
     fill_random(q, rng, 0.3f);
