@@ -352,18 +352,16 @@ __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
-// 16 bytes global → shared, asynchronously (cp.async); zeros when !valid (nothing is read
-// then). Copies are committed in groups; copy_wait<N> returns once at most N of this thread's
-// groups are still in flight.
-__device__ __forceinline__ void copy16_async(void* dst, const void* src, bool valid) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-// As copy16_async, copying the first `bytes` (0 to 16) of src and zeroing the rest.
+// 16 bytes global → shared, asynchronously (cp.async): the first `bytes` (0 to 16) of src, the
+// rest zeros (nothing is read at 0). Copies are committed in groups; copy_wait<N> returns once
+// at most N of this thread's groups are still in flight.
 __device__ __forceinline__ void copy16_async_bytes(void* dst, const void* src, int bytes) {
   const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(bytes));
+}
+// All 16 bytes, or zeros when !valid.
+__device__ __forceinline__ void copy16_async(void* dst, const void* src, bool valid) {
+  copy16_async_bytes(dst, src, valid ? 16 : 0);
 }
 // As copy16_async, asking L2 to fetch the 256 bytes around src from memory at once: for rows
 // read 16 bytes a thread and a few dozen bytes a stage, whose later stages then hit L2.

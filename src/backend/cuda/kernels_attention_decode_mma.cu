@@ -429,61 +429,58 @@ void launch_decode_mma(CudaOps::Impl& s, AttnArgs a, const SeqLayout& layout, in
 
 }  // namespace
 
+namespace {
+
+// Whether 16-byte copies can walk a cache's rows: innermost dimension contiguous, the base and
+// the other strides in whole 16-byte chunks.
+bool rows_copy16(const Tensor& cache) {
+  const int64_t chunk = 16 / int64_t(dtype_size(cache.dtype));  // elements per 16-byte copy
+  return reinterpret_cast<uintptr_t>(cache.data) % 16 == 0 && cache.stride[3] == 1 &&
+         cache.stride[0] % chunk == 0 && cache.stride[1] % chunk == 0 &&
+         cache.stride[2] % chunk == 0;
+}
+
+// fn(T{}) for a BF16, F16 or F8_E4M3 cache (dispatch_cache's element types); false for others.
+template <typename Fn>
+bool dispatch_narrow_cache(DType dt, Fn&& fn) {
+  if (dt != DType::BF16 && dt != DType::F16 && dt != DType::F8_E4M3) return false;
+  dispatch_cache(dt, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (!std::is_same_v<T, float>) fn(tag);
+  });
+  return true;
+}
+
+}  // namespace
+
 bool attention_decode_mma(CudaOps::Impl& s, AttnArgs a, const Tensor& k_cache,
                           const Tensor& v_cache, const SeqLayout& layout, int kv_heads,
                           int max_ctx) {
-  const DType dt = k_cache.dtype;
-  const int64_t chunk = 16 / int64_t(dtype_size(dt));  // elements per 16-byte copy
-  // 16-byte copies: channels contiguous, strides and the bases in whole chunks.
-  const bool copies16 = reinterpret_cast<uintptr_t>(k_cache.data) % 16 == 0 &&
-                        reinterpret_cast<uintptr_t>(v_cache.data) % 16 == 0 &&
-                        k_cache.stride[3] == 1 && v_cache.stride[3] == 1 &&
-                        k_cache.stride[0] % chunk == 0 && k_cache.stride[1] % chunk == 0 &&
-                        k_cache.stride[2] % chunk == 0 && v_cache.stride[0] % chunk == 0 &&
-                        v_cache.stride[1] % chunk == 0 && v_cache.stride[2] % chunk == 0;
   using S = GroupedShape;
-  if ((dt != DType::BF16 && dt != DType::F16 && dt != DType::F8_E4M3) || !copies16 ||
-      a.group > 8 * S::kHeadTiles || a.hd % 64 != 0 || a.dv % 64 != 0 || a.hd > S::kMaxHd ||
-      a.dv > S::kMaxDv || a.bs % kTile != 0) {
+  if (!rows_copy16(k_cache) || !rows_copy16(v_cache) || a.group > 8 * S::kHeadTiles ||
+      a.hd % 64 != 0 || a.dv % 64 != 0 || a.hd > S::kMaxHd || a.dv > S::kMaxDv ||
+      a.bs % kTile != 0) {
     return false;
   }
-  const bool wide = a.group > 8;
-  if (dt == DType::BF16) {
-    wide ? launch_decode_mma<uint16_t, 2, S>(s, a, layout, kv_heads, max_ctx)
-         : launch_decode_mma<uint16_t, 1, S>(s, a, layout, kv_heads, max_ctx);
-  } else if (dt == DType::F16) {
-    wide ? launch_decode_mma<__half, 2, S>(s, a, layout, kv_heads, max_ctx)
-         : launch_decode_mma<__half, 1, S>(s, a, layout, kv_heads, max_ctx);
-  } else {
-    wide ? launch_decode_mma<uint8_t, 2, S>(s, a, layout, kv_heads, max_ctx)
-         : launch_decode_mma<uint8_t, 1, S>(s, a, layout, kv_heads, max_ctx);
-  }
-  return true;
+  return dispatch_narrow_cache(k_cache.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    a.group > 8 ? launch_decode_mma<T, 2, S>(s, a, layout, kv_heads, max_ctx)
+                : launch_decode_mma<T, 1, S>(s, a, layout, kv_heads, max_ctx);
+  });
 }
 
 bool latent_decode_mma(CudaOps::Impl& s, AttnArgs a, const Tensor& k_cache, const SeqLayout& layout,
                        int kv_heads, int max_ctx) {
-  const DType dt = k_cache.dtype;
-  const int64_t chunk = 16 / int64_t(dtype_size(dt));  // elements per 16-byte copy
-  // 16-byte copies of the key channels' rows (positions contiguous).
-  const bool copies16 = reinterpret_cast<uintptr_t>(k_cache.data) % 16 == 0 &&
-                        k_cache.stride[3] == 1 && k_cache.stride[0] % chunk == 0 &&
-                        k_cache.stride[1] % chunk == 0 && k_cache.stride[2] % chunk == 0;
   using S = LatentShape;
-  if ((dt != DType::BF16 && dt != DType::F16 && dt != DType::F8_E4M3) || !copies16 ||
-      layout.n_tokens > kDecodeMaxTokens || a.hd % 16 != 0 || a.dv % 16 != 0 || a.dv > a.hd ||
-      a.hd > S::kMaxHd || a.dv > S::kMaxDv || a.bs % kTile != 0) {
+  // The values are the keys' channels: only the key cache is copied.
+  if (!rows_copy16(k_cache) || layout.n_tokens > kDecodeMaxTokens || a.hd % 16 != 0 ||
+      a.dv % 16 != 0 || a.dv > a.hd || a.hd > S::kMaxHd || a.dv > S::kMaxDv || a.bs % kTile != 0) {
     return false;
   }
   const int head_tiles = (a.group + 7) / 8;
-  if (dt == DType::BF16) {
-    launch_decode_mma<uint16_t, 1, S>(s, a, layout, kv_heads, max_ctx, head_tiles);
-  } else if (dt == DType::F16) {
-    launch_decode_mma<__half, 1, S>(s, a, layout, kv_heads, max_ctx, head_tiles);
-  } else {
-    launch_decode_mma<uint8_t, 1, S>(s, a, layout, kv_heads, max_ctx, head_tiles);
-  }
-  return true;
+  return dispatch_narrow_cache(k_cache.dtype, [&](auto tag) {
+    launch_decode_mma<decltype(tag), 1, S>(s, a, layout, kv_heads, max_ctx, head_tiles);
+  });
 }
 
 }  // namespace cuda
