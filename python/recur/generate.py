@@ -23,7 +23,8 @@ except ImportError:  # else memoryviews of float32: indexable, len() is the voca
 
 _ENGINE_OPTIONS = ("threads", "max_batch", "max_batch_tokens", "max_context", "kv_cache_mb",
                    "prefix_cache_mb", "snapshot_interval", "seed", "pipeline_decode",
-                   "kv_cache_dtype", "quantize", "tensor_parallel", "fp8_activations")
+                   "kv_cache_dtype", "quantize", "tensor_parallel", "fp8_activations",
+                   "prompt_activations")
 
 
 class Model:
@@ -127,7 +128,8 @@ def load(path: str, device: str = "cpu", return_config: bool = False, **engine_o
     with return_config=True (as mlx-lm). engine_options: threads, max_batch, max_batch_tokens,
     max_context, kv_cache_mb, kv_cache_dtype ("f32", "bf16", "f16" or "fp8"), prefix_cache_mb,
     snapshot_interval, seed, pipeline_decode, quantize ("none", "fp8", "int8" or "q4"),
-    tensor_parallel, fp8_activations ("e4m3" or "f16") (as `recur serve`'s flags). Of mlx-lm's own options, lazy and trust_remote_code change nothing
+    tensor_parallel, fp8_activations ("e4m3" or "f16"), prompt_activations ("f16x2" or "f16")
+    (as `recur serve`'s flags). Of mlx-lm's own options, lazy and trust_remote_code change nothing
     here; tokenizer_config, model_config, adapter_path and revision are refused when set."""
     opts = _recur.SessionOptions()
     opts.device = device

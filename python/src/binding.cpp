@@ -116,6 +116,22 @@ PYBIND11_MODULE(_recur, m) {
               }
             }
             throw pyb::value_error("fp8_activations: e4m3 or f16, not '" + name + "'");
+          })
+      // How prompts multiply bf16/f16 weights on a GPU, as --prompt-activations spells it.
+      .def_property(
+          "prompt_activations",
+          [](const SessionOptions& o) {
+            return std::string(recur::prompt_activations_name(o.backend.prompt_activations));
+          },
+          [](SessionOptions& o, const std::string& name) {
+            for (recur::PromptActivations a :
+                 {recur::PromptActivations::kF16x2, recur::PromptActivations::kF16}) {
+              if (name == recur::prompt_activations_name(a)) {
+                o.backend.prompt_activations = a;
+                return;
+              }
+            }
+            throw pyb::value_error("prompt_activations: f16x2 or f16, not '" + name + "'");
           });
 
   pyb::class_<Session>(m, "Session")

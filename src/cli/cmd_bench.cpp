@@ -406,6 +406,7 @@ int run_bench(const BenchOptions& o) {
   const int64_t max_context_fits =
       info.kv_bytes_per_token > 0 ? free_bytes / info.kv_bytes_per_token : 0;
   const std::optional<Fp8Activations> fp8_act = ops.fp8_activations();
+  const std::optional<PromptActivations> prompt_act = ops.prompt_activations();
   json out = {
       {"device", o.device},
       {"config", o.random_weights ? o.config : o.model},
@@ -420,6 +421,9 @@ int run_bench(const BenchOptions& o) {
       // As the backend runs them (e4m3 asked for runs as f16 terms without sm_90a code); null
       // where f32 activations are multiplied (the CPU).
       {"fp8_activations", fp8_act ? json(fp8_activations_name(*fp8_act)) : json(nullptr)},
+      // Likewise for bf16/f16 weights (f16 asked for runs as f16x2 without sm_90a code).
+      {"prompt_activations",
+       prompt_act ? json(prompt_activations_name(*prompt_act)) : json(nullptr)},
       {"kv_bytes_per_token", info.kv_bytes_per_token},
       // Tokens per GB (1e9 bytes) of this attention cache, of one holding keys and values
       // expanded per head (what latent attention's latent saves), and their ratio.
@@ -484,6 +488,7 @@ void register_bench(CLI::App& app) {
   add_quantize_option(cmd, &o->quantize);
   add_kv_cache_dtype_option(cmd, &o->kv_cache_dtype);
   add_fp8_activations_option(cmd, &o->backend.fp8_activations);
+  add_prompt_activations_option(cmd, &o->backend.prompt_activations);
   cmd->callback([o] {
     int rc = run_bench(*o);
     if (rc != 0) exit_with(rc);

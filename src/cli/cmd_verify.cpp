@@ -257,10 +257,14 @@ int run_verify(const std::string& model_dir, const std::string& golden_path, dou
   Model& m = **model;
   const int V = m.info().vocab_size;
   const std::optional<Fp8Activations> fp8_act = ops.fp8_activations();
+  const std::optional<PromptActivations> prompt_act = ops.prompt_activations();
   fmt::print(
-      "weights: {:.2f} MiB at load{}{}\n", double(m.info().weight_bytes) / (1 << 20),
+      "weights: {:.2f} MiB at load{}{}{}\n", double(m.info().weight_bytes) / (1 << 20),
       quantize == Quantize::kNone ? "" : fmt::format(" (--quantize {})", quantize_name(quantize)),
-      fp8_act ? fmt::format("; FP8 prompt activations {}", fp8_activations_name(*fp8_act)) : "");
+      fp8_act ? fmt::format("; FP8 prompt activations {}", fp8_activations_name(*fp8_act)) : "",
+      prompt_act
+          ? fmt::format("; 16-bit prompt activations {}", prompt_activations_name(*prompt_act))
+          : "");
   fmt::print("attention cache: {}, {} bytes per token\n", dtype_name(kv_cache_dtype),
              m.info().kv_bytes_per_token);
   for (size_t pi = 0; pi < refs.size(); ++pi) {
@@ -358,6 +362,7 @@ void register_verify(CLI::App& app) {
   add_tensor_parallel_option(cmd, tensor_parallel.get());
   auto backend = std::make_shared<BackendOptions>();
   add_fp8_activations_option(cmd, &backend->fp8_activations);
+  add_prompt_activations_option(cmd, &backend->prompt_activations);
   auto report = std::make_shared<bool>(false);
   cmd->add_flag("--report", *report,
                 "print max error, KL divergence and top-1 agreement per mode and overall "

@@ -33,6 +33,7 @@ void add_engine_options(CLI::App* cmd, EngineOptions* o, const std::string& seed
   add_kv_cache_dtype_option(cmd, &o->kv_cache_dtype);
   add_tensor_parallel_option(cmd, &o->tensor_parallel);
   add_fp8_activations_option(cmd, &o->backend.fp8_activations);
+  add_prompt_activations_option(cmd, &o->backend.prompt_activations);
 }
 
 void add_threads_option(CLI::App* cmd, int* threads) {
@@ -90,6 +91,17 @@ void add_fp8_activations_option(CLI::App* cmd, Fp8Activations* a) {
                    "slower prompts)",
                    std::map<std::string, Fp8Activations>{{"e4m3", Fp8Activations::kE4m3},
                                                          {"f16", Fp8Activations::kF16}},
+                   a);
+}
+
+void add_prompt_activations_option(CLI::App* cmd, PromptActivations* a) {
+  add_named_option(cmd, "--prompt-activations",
+                   "how prompts multiply bf16/f16 weights on a GPU with warpgroup products "
+                   "(Hopper): f16x2 (default: two f16 terms of each value, f32-class results) "
+                   "or f16 (one f16 term of each row scaled to f16's range: 11 significant "
+                   "bits, faster prompts; decode tokens keep f32-class products)",
+                   std::map<std::string, PromptActivations>{{"f16x2", PromptActivations::kF16x2},
+                                                            {"f16", PromptActivations::kF16}},
                    a);
 }
 

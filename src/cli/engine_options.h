@@ -24,6 +24,7 @@ void add_kv_cache_dtype_option(CLI::App* cmd, DType* t);
 
 // Registers --fp8-activations e4m3|f16 on cmd, writing into *a.
 void add_fp8_activations_option(CLI::App* cmd, Fp8Activations* a);
+void add_prompt_activations_option(CLI::App* cmd, PromptActivations* a);
 
 // Registers --model, --device, --threads, --max-batch, --max-batch-tokens, --max-context,
 // --kv-cache-mb, --prefix-cache-mb, --snapshot-interval, --seed (described by seed_help),

@@ -14,6 +14,10 @@ const char* fp8_activations_name(Fp8Activations a) {
   return a == Fp8Activations::kE4m3 ? "e4m3" : "f16";
 }
 
+const char* prompt_activations_name(PromptActivations a) {
+  return a == PromptActivations::kF16 ? "f16" : "f16x2";
+}
+
 Result<Tensor> Ops::adopt_block_fp8_weight(const Tensor& w, const Tensor& scales, int block_rows,
                                            int block_cols, std::vector<Buffer>* owned) {
   return make_error(ErrorCode::kUnsupported,

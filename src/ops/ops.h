@@ -97,9 +97,23 @@ enum class Fp8Activations {
 };
 const char* fp8_activations_name(Fp8Activations a);  // "e4m3", "f16"
 
+// How prompt products over 16-bit (bf16, f16) weights take their f32 activations on a backend
+// with warpgroup tensor-core products (CUDA on sm_90a code): the dense matmuls and the experts.
+// Decode tokens keep f32-class products either way, and the CPU multiplies f32 activations.
+enum class PromptActivations {
+  // Two f16 terms of each row scaled by a power of two (22 significant bits): f32-class results
+  // (recur verify's 1e-3). The default.
+  kF16x2,
+  // One f16 term of the scaled row (11 significant bits, more than the bf16 activations of
+  // 16-bit engines): half the products and activation reads of kF16x2, faster prompts.
+  kF16,
+};
+const char* prompt_activations_name(PromptActivations a);  // "f16x2", "f16"
+
 // What a backend is created with (backend/backend.h); the CPU backend takes none of it.
 struct BackendOptions {
   Fp8Activations fp8_activations = Fp8Activations::kE4m3;
+  PromptActivations prompt_activations = PromptActivations::kF16x2;
 };
 
 // The largest forward a model will run, announced once before its first forward: device
@@ -143,6 +157,9 @@ class Ops {
   // (BackendOptions) where it has FP8 tensor cores, else kF16 (GPUs without sm_90a code); none
   // where it multiplies f32 activations (the CPU).
   virtual std::optional<Fp8Activations> fp8_activations() const { return std::nullopt; }
+  // Likewise for prompt products over 16-bit weights: as asked where warpgroup products run,
+  // else kF16x2; none on the CPU.
+  virtual std::optional<PromptActivations> prompt_activations() const { return std::nullopt; }
   virtual Allocator& allocator() = 0;
   // Makes this backend's device the calling thread's current one. A device backend's ops may
   // run on threads other than the one that made it (the engine's, a tensor-parallel rank's):

@@ -18,6 +18,8 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "backend/cuda/cuda_ops.h"
 #include "core/tensor.h"
@@ -168,14 +170,12 @@ inline bool device_is_sm90a() {
 }
 
 // The RECUR_CUDA_PROFILE table (printed as the backend goes away) of the launches fn(ops)
-// makes on a backend of its own, created with fp8 (block-FP8 prompts on f16 terms unless
-// told); *ok false, and nothing run, without a usable device.
+// makes on a backend of its own, created with `options`; *ok false, and nothing run, without a
+// usable device.
 template <typename Fn>
-std::string profile_table(Fn&& fn, bool* ok, Fp8Activations fp8 = Fp8Activations::kF16) {
-  auto created = [fp8] {
+std::string profile_table(Fn&& fn, bool* ok, const BackendOptions& options) {
+  auto created = [&options] {
     const ScopedEnv profile("RECUR_CUDA_PROFILE", "1");
-    BackendOptions options;
-    options.fp8_activations = fp8;
     return CudaOps::create(0, options);
   }();
   *ok = created.ok();
@@ -187,6 +187,50 @@ std::string profile_table(Fn&& fn, bool* ok, Fp8Activations fp8 = Fp8Activations
     ops->synchronize();
   }
   return ::testing::internal::GetCapturedStderr();
+}
+// The same with fp8 for block-FP8 prompts (f16 terms unless told), the rest as default.
+template <typename Fn>
+std::string profile_table(Fn&& fn, bool* ok, Fp8Activations fp8 = Fp8Activations::kF16) {
+  BackendOptions options;
+  options.fp8_activations = fp8;
+  return profile_table(std::forward<Fn>(fn), ok, options);
+}
+
+// An expert set on the host (h, views of host's tensors) and as the backend adopted it (d).
+struct Experts {
+  std::vector<HostTensor> host;
+  std::vector<ExpertWeights> h, d;
+};
+
+// Random weights, or with one_hot (16-bit dtypes) each row a single 1 at a column that depends on
+// the expert, the matrix and the row: every product is then one activation, exactly.
+inline Experts make_experts(CudaOps& ops, int64_t E, int64_t d, int64_t ff, DType dt,
+                            std::mt19937& rng, bool one_hot = false) {
+  Experts x;
+  x.host.reserve(size_t(E) * 3);
+  for (int64_t e = 0; e < E; ++e) {
+    x.host.emplace_back(dt, std::initializer_list<int64_t>{ff, d});
+    x.host.emplace_back(dt, std::initializer_list<int64_t>{ff, d});
+    x.host.emplace_back(dt, std::initializer_list<int64_t>{d, ff});
+    const size_t b = x.host.size() - 3;
+    for (size_t j = b; j < x.host.size(); ++j) {
+      if (!one_hot) {
+        fill_random(x.host[j], rng, 0.3f);
+        continue;
+      }
+      const int64_t rows = x.host[j].t.shape[0], cols = x.host[j].t.shape[1];
+      const uint16_t one = dt == DType::BF16 ? f32_to_bf16(1.0f) : f32_to_f16(1.0f);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t c = (r * int64_t(j - b + 1) + 5 * e + int64_t(j - b)) % cols;
+        x.host[j].t.ptr<uint16_t>()[r * cols + c] = one;
+      }
+    }
+    x.h.push_back({x.host[b].t, x.host[b + 1].t, x.host[b + 2].t});
+    // As the model adopts them (the backend checks bf16 weights' range there).
+    auto adopt = [&](size_t j) { return ops.adopt_matmul_weight(x.host[j].t, nullptr).value(); };
+    x.d.push_back({adopt(b), adopt(b + 1), adopt(b + 2)});
+  }
+  return x;
 }
 
 }  // namespace recur::testing

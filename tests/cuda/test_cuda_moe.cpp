@@ -223,42 +223,6 @@ TEST_F(CudaMoe, GroupedRoutingMatchesReference) {
   }
 }
 
-struct Experts {
-  std::vector<HostTensor> host;
-  std::vector<ExpertWeights> h, d;
-};
-
-// Random weights, or with one_hot (16-bit dtypes) each row a single 1 at a column that depends on
-// the expert, the matrix and the row: every product is then one activation, exactly.
-Experts make_experts(CudaOps& ops, int64_t E, int64_t d, int64_t ff, DType dt, std::mt19937& rng,
-                     bool one_hot = false) {
-  Experts x;
-  x.host.reserve(size_t(E) * 3);
-  for (int64_t e = 0; e < E; ++e) {
-    x.host.emplace_back(dt, std::initializer_list<int64_t>{ff, d});
-    x.host.emplace_back(dt, std::initializer_list<int64_t>{ff, d});
-    x.host.emplace_back(dt, std::initializer_list<int64_t>{d, ff});
-    const size_t b = x.host.size() - 3;
-    for (size_t j = b; j < x.host.size(); ++j) {
-      if (!one_hot) {
-        fill_random(x.host[j], rng, 0.3f);
-        continue;
-      }
-      const int64_t rows = x.host[j].t.shape[0], cols = x.host[j].t.shape[1];
-      const uint16_t one = dt == DType::BF16 ? f32_to_bf16(1.0f) : f32_to_f16(1.0f);
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t c = (r * int64_t(j - b + 1) + 5 * e + int64_t(j - b)) % cols;
-        x.host[j].t.ptr<uint16_t>()[r * cols + c] = one;
-      }
-    }
-    x.h.push_back({x.host[b].t, x.host[b + 1].t, x.host[b + 2].t});
-    // As the model adopts them (the backend checks bf16 weights' range there).
-    auto adopt = [&](size_t j) { return ops.adopt_matmul_weight(x.host[j].t, nullptr).value(); };
-    x.d.push_back({adopt(b), adopt(b + 1), adopt(b + 2)});
-  }
-  return x;
-}
-
 // Routed by the GPU's own router (so ids cover repeated and unused experts), then experts.
 TEST_F(CudaMoe, ExpertsMatchReferenceOnEveryPath) {
   struct Case {

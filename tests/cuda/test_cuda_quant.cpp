@@ -467,16 +467,6 @@ TEST(CudaQuantPaths, E4m3ActivationMatmulIsItsDefinition) {
   EXPECT_NE(table.find("matmul fp8 e4m3 wgmma"), std::string::npos) << table;
 }
 
-// sqrt(Σ (a − b)²) / sqrt(Σ b²).
-double rms_rel_err(const float* a, const float* b, int64_t n) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
-
 // The e4m3 path's experts against the same experts on x and SwiGLU rows quantized as the
 // kernels quantize them, and against the f32 reference. The SwiGLU values the device sums on FP8
 // tensor cores (fewer bits than f32) round to the other side of an e4m3 step from the host's

@@ -92,6 +92,17 @@ inline double rel_err(const float* a, const float* b, int64_t n, double floor = 
   return max_abs_diff(a, b, n) / std::max(floor, max_abs(b, n));
 }
 
+// sqrt(Σ (a − b)²) / sqrt(Σ b²): an error that a few values rounded to the other side of a
+// step move little.
+inline double rms_rel_err(const float* a, const float* b, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
 inline int64_t count_nonfinite(const float* a, int64_t n) {
   int64_t c = 0;
   for (int64_t i = 0; i < n; ++i) c += !std::isfinite(a[i]);

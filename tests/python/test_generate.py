@@ -207,6 +207,17 @@ def test_fp8_activations_option():
         recur.load(path, fp8_activations="int8")
 
 
+def test_prompt_activations_option():
+    # Both ways of feeding 16-bit prompt products load and generate (the CPU multiplies f32
+    # activations under both); a name the binding does not know is refused.
+    path = os.path.join(MODELS, "qwen3next-tiny")
+    for a in ("f16x2", "f16"):
+        model, tok = recur.load(path, kv_cache_mb=8, prompt_activations=a)
+        assert len(list(recur.stream_generate(model, tok, [1, 2], max_tokens=2))) == 2
+    with pytest.raises(ValueError, match="prompt_activations: f16x2 or f16, not 'bf16'"):
+        recur.load(path, prompt_activations="bf16")
+
+
 def test_quantize_and_tensor_parallel_options(tiny):
     """load()'s quantize and tensor_parallel reach the engine: two ranks generate the whole
     model's greedy tokens, int8 weights load and generate, and bad values are refused."""

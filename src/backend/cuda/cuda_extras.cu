@@ -304,6 +304,10 @@ std::optional<Fp8Activations> CudaOps::fp8_activations() const {
   return impl_->e4m3_activations ? Fp8Activations::kE4m3 : Fp8Activations::kF16;
 }
 
+std::optional<PromptActivations> CudaOps::prompt_activations() const {
+  return impl_->one_term_prompts ? PromptActivations::kF16 : PromptActivations::kF16x2;
+}
+
 int64_t CudaOps::free_memory_bytes() {
   size_t free = 0, total = 0;
   RECUR_CUDA_CHECK(cudaMemGetInfo(&free, &total));

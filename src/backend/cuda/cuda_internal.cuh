@@ -119,25 +119,32 @@ struct CudaOps::Impl {
   // Block-FP8 prompt products on FP8 tensor cores with e4m3 activations (moe_fp8_act.cu):
   // BackendOptions::fp8_activations kE4m3 where sm_90a code runs; else two f16 terms.
   bool e4m3_activations = false;
+  // Prompt products over 16-bit weights on one f16 term of each activation row instead of two:
+  // BackendOptions::prompt_activations kF16 where sm_90a code runs.
+  bool one_term_prompts = false;
   // The current forward's tokens and how many of its first ones are one-token sequences
   // (decode tokens: the engine puts them first), from begin_forward.
   int64_t forward_tokens = 0, forward_decode_rows = 0;
   bool prompt_rows = false;  // set while an op runs on split_decode_rows's prompt rows
-  // Where the rows that may take e4m3 activations begin in an op over n rows (n: none). Only
-  // prompt rows do: a decode token keeps the f32-class products it has in a forward of its own,
-  // so its result does not depend on the prompts beside it. Rows that are not the forward's
-  // tokens (logit rows) are all kept f32-class.
-  int64_t e4m3_first_row(int64_t n) const {
-    if (!e4m3_activations) return n;
+  // Where the rows that may take lower-precision prompt activations (e4m3, or one f16 term;
+  // `lowp`: that form is on) begin in an op over n rows (n: none). Only prompt rows do: a
+  // decode token keeps the f32-class products it has in a forward of its own, so its result
+  // does not depend on the prompts beside it. Rows that are not the forward's tokens (logit
+  // rows) are all kept f32-class.
+  int64_t lowp_first_row(int64_t n, bool lowp) const {
+    if (!lowp) return n;
     if (prompt_rows) return 0;
     return n == forward_tokens ? forward_decode_rows : n;
   }
-  // An op over n rows of a forward holding both decode and prompt rows as two: op(0, d) on the
-  // decode rows, as they would run alone, then op(d, n) on the prompt rows with prompt_rows
-  // set. False (nothing run) when the rows are not so mixed.
+  int64_t e4m3_first_row(int64_t n) const { return lowp_first_row(n, e4m3_activations); }
+  int64_t one_term_first_row(int64_t n) const { return lowp_first_row(n, one_term_prompts); }
+  // An op over n rows of a forward holding both decode and prompt rows as two, where a
+  // lower-precision form is on (lowp): op(0, d) on the decode rows, as they would run alone,
+  // then op(d, n) on the prompt rows with prompt_rows set. False (nothing run) when the rows
+  // are not so mixed.
   template <typename Op>
-  bool split_decode_rows(int64_t n, Op&& op) {
-    const int64_t d = e4m3_first_row(n);
+  bool split_decode_rows(int64_t n, bool lowp, Op&& op) {
+    const int64_t d = lowp_first_row(n, lowp);
     if (d == 0 || d >= n) return false;
     op(int64_t(0), d);
     prompt_rows = true;

@@ -266,6 +266,7 @@ Result<std::unique_ptr<CudaOps>> CudaOps::create(int device, const BackendOption
   s.options = cuda::CudaOptions::from_environment();
   s.sm90a = cuda::sm90a_paths(prop, s.options);
   s.e4m3_activations = s.sm90a && options.fp8_activations == Fp8Activations::kE4m3;
+  s.one_term_prompts = s.sm90a && options.prompt_activations == PromptActivations::kF16;
   // A blocking stream: it also orders against work callers put on the legacy default stream
   // (plain cudaMemcpy/cudaMemset of buffers they then hand to the ops).
   RECUR_CUDA_CHECK(cudaStreamCreate(&s.stream));

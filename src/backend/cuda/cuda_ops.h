@@ -27,6 +27,7 @@ class CudaOps final : public Ops {
 
   Device device() const override { return Device::kCuda; }
   std::optional<Fp8Activations> fp8_activations() const override;
+  std::optional<PromptActivations> prompt_activations() const override;
   void bind_thread() override;  // cudaSetDevice(this backend's device)
   // Ranks on distinct devices: NCCL (nccl_comm.h); ranks that all share one device: collectives
   // through its memory, ordered by events and host barriers, so those ranks then run every

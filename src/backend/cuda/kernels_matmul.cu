@@ -349,6 +349,8 @@ void term_gemms(CudaOps::Impl& s, const Tensor& w, cudaDataType_t t, const char*
 void matmul_f16_terms(CudaOps::Impl& s, const Tensor& x, std::span<const Tensor> ws,
                       std::span<const Tensor> outs, bool accumulate) {
   RECUR_CHECK(ws.size() == outs.size() && ws.size() <= Ops::kMaxMatmulGroup);
+  const int64_t k = x.shape[1];
+  const int n_terms = s.one_term_first_row(x.shape[0]) == 0 ? 1 : 2;
   for_f16_row_pieces(x, s.act_lowp.data(), s.act_lowp.bytes(), /*unit_rows=*/true, s.stream,
                      [&](int64_t r0, int64_t nr, const void* terms, const float* inv_scale) {
                        s.launched("matmul (activation split)");
@@ -363,10 +365,13 @@ void matmul_f16_terms(CudaOps::Impl& s, const Tensor& x, std::span<const Tensor>
                          scale_rows(rows, nr, inv_scale, true, s.stream);
                          s.launched("matmul (rows scaled)");
                        }
+                       // Both terms (mid, hi), or hi alone (BackendOptions::prompt_activations).
+                       const char* hi_from = static_cast<const char*>(terms) +
+                                             size_t(2 - n_terms) * size_t(nr * k) * 2;
                        for (size_t i = 0; i < ws.size(); ++i) {
-                         term_gemms(s, ws[i], CUDA_R_16F, static_cast<const char*>(terms), 2, nr,
-                                    rows.out[i], rows.ldo[i], accumulate,
-                                    "matmul 2-term f16");  // mid, hi
+                         term_gemms(s, ws[i], CUDA_R_16F, hi_from, n_terms, nr, rows.out[i],
+                                    rows.ldo[i], accumulate,
+                                    n_terms == 2 ? "matmul 2-term f16" : "matmul 1-term f16");
                        }
                        scale_rows(rows, nr, inv_scale, false, s.stream);
                        s.launched("matmul (rows scaled)");
@@ -387,11 +392,21 @@ void CudaOps::matmul_group(const Tensor& x, std::span<const Tensor> ws,
   RECUR_CHECK(x.ndim == 2 && x.dtype == DType::F32 && x.stride[1] == 1);
   const int64_t n = x.shape[0], k = x.shape[1];
   Impl& s = *impl_;
+  bool any_terms = false;
   for (size_t i = 0; i < ws.size(); ++i) {
     const Tensor &w = ws[i], &o = outs[i];
     RECUR_CHECK(w.ndim == 2 && o.ndim == 2 && w.is_contiguous() && w.shape[1] == k);
     RECUR_CHECK(o.dtype == DType::F32 && o.stride[1] == 1 && o.shape[0] == n &&
                 o.shape[1] == w.shape[0]);
+    any_terms |= takes_f16_terms(n, w);
+  }
+  // With one f16 term for prompt rows, a forward's decode rows run apart, as they would alone.
+  if (any_terms && s.split_decode_rows(n, s.one_term_prompts, [&](int64_t r0, int64_t r1) {
+        std::array<Tensor, kMaxMatmulGroup> part;
+        for (size_t i = 0; i < outs.size(); ++i) part[i] = outs[i].slice_rows(r0, r1);
+        matmul_group(x.slice_rows(r0, r1), ws, std::span<const Tensor>(part.data(), outs.size()));
+      })) {
+    return;
   }
   // Per weight type, in order of first appearance: the weights the GEMV kernel takes go in one
   // launch (all of them for up to kGemvMaxTokens tokens; the first few small ones that fit for
@@ -493,7 +508,7 @@ void CudaOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumula
   // activations.
   const bool gemv = gemv_alone(n, w, b);
   if (w.dtype == DType::F8_E4M3 && !gemv) {
-    if (!s.split_decode_rows(n, [&](int64_t r0, int64_t r1) {
+    if (!s.split_decode_rows(n, s.e4m3_activations, [&](int64_t r0, int64_t r1) {
           matmul(x.slice_rows(r0, r1), w, out.slice_rows(r0, r1), accumulate);
         })) {
       fp8_matmul_tensor_cores(s, x, w, out, accumulate);
@@ -528,7 +543,12 @@ void CudaOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumula
   }
   RECUR_CHECK(w.dtype == DType::BF16 || w.dtype == DType::F16);
   if (takes_f16_terms(n, w)) {  // the rule matmul_group's f16-term weights follow too
-    matmul_f16_terms(s, x, std::span(&w, 1), std::span<const Tensor>(&out, 1), accumulate);
+    // One term for prompt rows only: a forward's decode rows apart (as matmul_group).
+    if (!s.split_decode_rows(n, s.one_term_prompts, [&](int64_t r0, int64_t r1) {
+          matmul(x.slice_rows(r0, r1), w, out.slice_rows(r0, r1), accumulate);
+        })) {
+      matmul_f16_terms(s, x, std::span(&w, 1), std::span<const Tensor>(&out, 1), accumulate);
+    }
     return;
   }
   const cudaDataType_t t = w.dtype == DType::F16 ? CUDA_R_16F : CUDA_R_16BF;

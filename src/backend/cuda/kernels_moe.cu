@@ -657,23 +657,26 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
       }
       // Warpgroup products where sm_90a code runs (C80 prefill +1-2%: performance.md, session 39).
       up.warpgroup = down.warpgroup = !fp8 && s.sm90a;
+      up.one_term = down.one_term = up.warpgroup && s.one_term_first_row(n) == 0;
     }
     // The profile names the f16 tiles (the pipelined ones) apart from the others (a test checks
     // which ran).
     work(true);
     launch_moe_wmma(up, wdt, true, unsigned(max_tiles), s.stream);
-    s.launched(up.warpgroup ? "moe_experts (gate/up, f16 wgmma)"
-               : pipelined  ? "moe_experts (gate/up, f16 tensor cores)"
-                            : "moe_experts (gate/up, tensor cores)");
+    s.launched(up.one_term    ? "moe_experts (gate/up, 1-term f16 wgmma)"
+               : up.warpgroup ? "moe_experts (gate/up, f16 wgmma)"
+               : pipelined    ? "moe_experts (gate/up, f16 tensor cores)"
+                              : "moe_experts (gate/up, tensor cores)");
     if (wide) {
       launch_f16_row_split(m.hs, d_ff, pairs, d_ff, m.hs_wide_terms, m.h_scale, s.stream);
       s.launched("moe_experts (SwiGLU split)");
     }
     work(false);
     launch_moe_wmma(down, wdt, false, unsigned(max_tiles), s.stream);
-    s.launched(down.warpgroup ? "moe_experts (down, f16 wgmma)"
-               : pipelined    ? "moe_experts (down, f16 tensor cores)"
-                              : "moe_experts (down, tensor cores)");
+    s.launched(down.one_term    ? "moe_experts (down, 1-term f16 wgmma)"
+               : down.warpgroup ? "moe_experts (down, f16 wgmma)"
+               : pipelined      ? "moe_experts (down, f16 tensor cores)"
+                                : "moe_experts (down, tensor cores)");
   } else {
     dispatch_gemv_weight(wdt, [&](auto tag) {
       using W = decltype(tag);
@@ -724,12 +727,17 @@ SharedExpertArgs rows(const SharedExpertArgs& a, int64_t r0, int64_t r1) {
   return t;
 }
 
-// Block-FP8 experts over a forward's decode and prompt rows under e4m3 activations run as two
-// (CudaOps::Impl::split_decode_rows); true when op has run so.
+// Experts over a forward's decode and prompt rows run as two (CudaOps::Impl::split_decode_rows)
+// where prompt rows take lower-precision products: e4m3 activations for block-FP8 weights, one
+// f16 term for 16-bit ones; true when op has run so.
 template <typename Op>
-bool split_fp8_rows(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWeights> experts,
-                    Op&& op) {
-  return experts.front().gate.dtype == DType::F8_E4M3 && s.split_decode_rows(x.shape[0], op);
+bool split_lowp_rows(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWeights> experts,
+                     Op&& op) {
+  const DType wdt = experts.front().gate.dtype;
+  const bool lowp = wdt == DType::F8_E4M3
+                        ? s.e4m3_activations
+                        : (wdt == DType::BF16 || wdt == DType::F16) && s.one_term_prompts;
+  return s.split_decode_rows(x.shape[0], lowp, op);
 }
 
 }  // namespace
@@ -737,7 +745,7 @@ bool split_fp8_rows(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWei
 void CudaOps::moe_experts(const Tensor& x, std::span<const ExpertWeights> experts,
                           const Tensor& ids, const Tensor& weights, Tensor out, Tensor scratch) {
   if (impl_->replaying()) return;  // the decode graph does this op's work
-  if (split_fp8_rows(*impl_, x, experts, [&](int64_t r0, int64_t r1) {
+  if (split_lowp_rows(*impl_, x, experts, [&](int64_t r0, int64_t r1) {
         moe_experts(rows(x, r0, r1), experts, rows(ids, r0, r1), rows(weights, r0, r1),
                     rows(out, r0, r1), scratch);
       })) {
@@ -750,7 +758,7 @@ void CudaOps::moe_experts_shared(const Tensor& x, std::span<const ExpertWeights>
                                  const Tensor& ids, const Tensor& weights,
                                  const SharedExpertArgs& shared, Tensor out, Tensor scratch) {
   if (impl_->replaying()) return;  // the decode graph does this op's work
-  if (split_fp8_rows(*impl_, x, experts, [&](int64_t r0, int64_t r1) {
+  if (split_lowp_rows(*impl_, x, experts, [&](int64_t r0, int64_t r1) {
         moe_experts_shared(rows(x, r0, r1), experts, rows(ids, r0, r1), rows(weights, r0, r1),
                            rows(shared, r0, r1), rows(out, r0, r1), scratch);
       })) {
@@ -771,7 +779,7 @@ void CudaOps::moe_route_experts_shared(const Tensor& logits, const MoeRouting& r
                                        Tensor ids, Tensor weights, const SharedExpertArgs& shared,
                                        Tensor out, Tensor scratch, Tensor residual) {
   if (impl_->replaying()) return;  // the decode graph does this op's work
-  if (split_fp8_rows(*impl_, x, experts, [&](int64_t r0, int64_t r1) {
+  if (split_lowp_rows(*impl_, x, experts, [&](int64_t r0, int64_t r1) {
         moe_route_experts_shared(rows(logits, r0, r1), routing, rows(x, r0, r1), experts,
                                  rows(ids, r0, r1), rows(weights, r0, r1), rows(shared, r0, r1),
                                  rows(out, r0, r1), scratch, rows(residual, r0, r1));

@@ -78,8 +78,9 @@ struct MoeGemmArgs {
   int64_t out_terms_plane = 0;
   float* out_scale = nullptr;
   // The pipelined tiles of 16-bit weights on warpgroup products (moe_mma.cu's moe_wgmma_kernel;
-  // sm_90a only) rather than mma.sync.
-  bool warpgroup = false;
+  // sm_90a only) rather than mma.sync; one_term: their products take the hi term of each
+  // activation alone (BackendOptions::prompt_activations kF16).
+  bool warpgroup = false, one_term = false;
   // Block-FP8 weights on FP8 tensor cores (moe_fp8_act.cu): the rows of x as e4m3 [rows, k]
   // and their scales [rows, ⌈k/128⌉] (launch_e4m3_group_quantize), read in place of x.
   const uint8_t* x_q = nullptr;

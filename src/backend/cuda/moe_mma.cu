@@ -426,8 +426,9 @@ static_assert(kF16Terms * kXPlaneBytes == kXBytes, "the same stage as moe_mma_ke
 // one instruction a term and 16 k. The weights come to registers through ldmatrix as before (bf16
 // made f16 there, exactly as moe_mma_kernel does), the activations' terms straight from shared
 // memory (kmajor_offset's layout). acc[ti][j]: rows (wg + 2ti)·64 + wm·16 + [0, 16) × tokens
-// [8j, 8j + 8), in wgmma.cuh's fragment order.
-template <typename T, bool kDual>
+// [8j, 8j + 8), in wgmma.cuh's fragment order. kOneTerm: the hi term alone is copied and
+// multiplied (MoeGemmArgs::one_term).
+template <typename T, bool kDual, bool kOneTerm>
 __global__ void __launch_bounds__(kThreads, 2) moe_wgmma_kernel(MoeGemmArgs a) {
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();  // the PTX for later GPUs: never launched there (MoeGemmArgs::warpgroup)
@@ -435,6 +436,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_wgmma_kernel(MoeGemmArgs a) {
   using S = TileShape<T>;
   static_assert(!S::kFp8 && S::kRowTiles == 4, "16-bit weights: two row tiles a warpgroup");
   constexpr int kWRows = S::kWRows, kStages = S::kStages;
+  constexpr int kFirstTerm = kOneTerm ? 1 : 0;  // terms kFirstTerm .. 1 (mid, hi)
   grid_dependency_sync();
   int e, row0, rows;
   if (!moe_tile(a, int(blockIdx.y), e, row0, rows)) return;
@@ -474,7 +476,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_wgmma_kernel(MoeGemmArgs a) {
     const int64_t xk = int64_t(kt) * kTK + x_chunk * 8;
     const bool ok = xrow && xk < K;
 #pragma unroll
-    for (int term = 0; term < kF16Terms; ++term) {
+    for (int term = kFirstTerm; term < kF16Terms; ++term) {
       copy16_async(
           st + S::kWBytes + term * kXPlaneBytes + kmajor_offset(x_tok, x_chunk, kXGroupBytes),
           ok ? xrow + term * a.x_terms_plane + xk : xt, ok);
@@ -511,7 +513,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_wgmma_kernel(MoeGemmArgs a) {
 #pragma unroll
       for (int ti = 0; ti < 2; ++ti) {
 #pragma unroll
-        for (int term = 0; term < kF16Terms; ++term) {  // mid, then hi
+        for (int term = kFirstTerm; term < kF16Terms; ++term) {  // mid, then hi
           const unsigned char* xs = st + S::kWBytes + term * kXPlaneBytes + h * 256;
           wgmma_rs64_kmajor_f16(acc[ti], af[h][ti], wgmma_desc(xs, 128, kXGroupBytes), true);
         }
@@ -561,8 +563,12 @@ void launch_tiles(const MoeGemmArgs& a, unsigned max_tiles, cudaStream_t stream)
 template <typename T, bool kDual>
 void launch(const MoeGemmArgs& a, unsigned max_tiles, cudaStream_t stream) {
   if constexpr (!TileShape<T>::kFp8) {
+    if (a.warpgroup && a.one_term) {
+      launch_tiles<moe_wgmma_kernel<T, kDual, true>, T, kDual>(a, max_tiles, stream);
+      return;
+    }
     if (a.warpgroup) {
-      launch_tiles<moe_wgmma_kernel<T, kDual>, T, kDual>(a, max_tiles, stream);
+      launch_tiles<moe_wgmma_kernel<T, kDual, false>, T, kDual>(a, max_tiles, stream);
       return;
     }
   }
