@@ -256,6 +256,17 @@ __device__ __forceinline__ RowTile find_row_tile(const AttnArgs& a, int tokens_p
   return r;
 }
 
+// The prompt kernels' row tile and kv head of this block (grid: row tiles × kv heads). Blocks
+// start in order of their linear index, which is dealt out longest first: the last row tiles
+// (which walk the most keys: a causal prompt's work grows along it) with every kv head of each,
+// the short ones filling in behind, so no long tile starts last (H100, 80B-A3B cut to 6 layers:
+// a 2,048-token forward's attention 509 -> 342 µs; bench/results/h100-session44-call4.txt).
+__device__ __forceinline__ void prompt_tile_and_head(int& tile, int& kvh) {
+  const int lin = int(blockIdx.x + blockIdx.y * gridDim.x);
+  kvh = lin % int(gridDim.y);
+  tile = int(gridDim.x) - 1 - lin / int(gridDim.y);
+}
+
 // Positions of a thread's two fragment rows r0 and r0 + 8 of the tile (-1: no row; it stays
 // masked and is not stored).
 __device__ __forceinline__ void fragment_row_positions(const AttnArgs& a, const RowTile& rt, int r0,

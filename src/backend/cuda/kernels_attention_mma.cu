@@ -130,10 +130,12 @@ __global__ void __launch_bounds__(kThreads) attention_mma_kernel(AttnArgs a) {
 
   // The tiles of sequence s follow those of sequence s − 1.
   const int tokens_per_tile = kRows / group;
-  const RowTile rt = find_row_tile(a, tokens_per_tile, int(blockIdx.x));
+  int tile, kvh;
+  prompt_tile_and_head(tile, kvh);
+  const RowTile rt = find_row_tile(a, tokens_per_tile, tile);
   if (rt.s == a.n_seqs) return;
   const int t0 = rt.t0, t_end = rt.t_end;
-  const int kvh = int(blockIdx.y), n_rows = rt.n_rows;
+  const int n_rows = rt.n_rows;
   const int32_t* table = rt.table;
   const int m0 = warp * 16;
   int max_pos, warp_max_pos;  // the last key any row of the block, or of the warp, attends to

@@ -172,9 +172,11 @@ __global__ void __launch_bounds__(Shape<T>::kThreads, 1) attention_wgmma_kernel(
   const int g = lane / 4, c = lane % 4;  // fragment row and column
 
   const int tokens_per_tile = kRows / group;
-  const RowTile rt = find_row_tile(a, tokens_per_tile, int(blockIdx.x));
+  int tile, kvh;
+  prompt_tile_and_head(tile, kvh);
+  const RowTile rt = find_row_tile(a, tokens_per_tile, tile);
   if (rt.s == a.n_seqs) return;
-  const int t0 = rt.t0, t_end = rt.t_end, kvh = int(blockIdx.y), n_rows = rt.n_rows;
+  const int t0 = rt.t0, t_end = rt.t_end, n_rows = rt.n_rows;
   const int32_t* table = rt.table;
   const int m0 = 64 * wg + 16 * (warp % 4);  // the warp's first row
   // The last key any row of the block attends to: every warpgroup walks every tile (a tile
