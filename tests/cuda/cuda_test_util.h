@@ -13,10 +13,12 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <optional>
 #include <random>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -231,6 +233,55 @@ inline Experts make_experts(CudaOps& ops, int64_t E, int64_t d, int64_t ff, DTyp
     x.d.push_back({adopt(b), adopt(b + 1), adopt(b + 2)});
   }
   return x;
+}
+
+// A forward of `decode` one-token sequences (first) and a prompt of `prompt` tokens, through a
+// matmul by w ([m, d]) and routed experts (k of E; ff their width), with random x and router
+// logits; then a forward of the decode sequences alone. Checks that the decode rows come out
+// bit for bit as alone (their products must not depend on the prompt beside them) and returns
+// x [decode + prompt, d] and the whole forward's matmul rows [decode + prompt, m].
+struct DecodeBesidePrompt {
+  HostTensor x, matmul;
+};
+inline DecodeBesidePrompt decode_rows_beside_a_prompt(CudaOps& ops, const Tensor& w,
+                                                      std::span<const ExpertWeights> experts,
+                                                      int64_t ff, int64_t k, int decode,
+                                                      int64_t prompt, std::mt19937& rng) {
+  const int64_t d = w.shape[1], m = w.shape[0], E = int64_t(experts.size()), n = decode + prompt;
+  HostTensor x(DType::F32, {n, d}), logits(DType::F32, {n, E});
+  fill_random(x, rng, 0.5f);
+  fill_random(logits, rng, 2.0f);
+  std::vector<int> lens(size_t(decode), 1), starts(size_t(decode) + 1, 5);
+  lens.push_back(int(prompt));
+  // The forward's matmul and experts over its first `rows` rows.
+  auto run = [&](const std::vector<int>& ls, int64_t rows) {
+    Layout lay(ls, std::vector<int>(starts.begin(), starts.begin() + ptrdiff_t(ls.size())), 16,
+               rng);
+    ops.begin_forward(lay.l, {}, {});
+    HostTensor xr(DType::F32, {rows, d}), lr(DType::F32, {rows, E});
+    std::copy_n(x.f(), rows * d, xr.f());
+    std::copy_n(logits.f(), rows * E, lr.f());
+    HostTensor mo(DType::F32, {rows, m}), eo(DType::F32, {rows, d});
+    HostTensor ids(DType::I32, {rows, k}), wts(DType::F32, {rows, k});
+    DeviceTensor dx(ops, xr), dl(ops, lr), dmo(ops, mo), deo(ops, eo), dids(ops, ids), dw(ops, wts);
+    HostTensor scratch_h(
+        DType::U8, {int64_t(ops.moe_experts_scratch_bytes(int(rows), int(k), int(E), int(d),
+                                                          int(ff), experts.front().gate.dtype))});
+    DeviceTensor scratch(ops, scratch_h);
+    ops.matmul(dx.t, w, dmo.t);
+    MoeRouting routing;
+    routing.k = int(k);
+    ops.moe_route(dl.t, routing, dids.t, dw.t);
+    ops.moe_experts(dx.t, experts, dids.t, dw.t, deo.t, scratch.t);
+    return std::pair{dmo.download(ops, mo), deo.download(ops, eo)};
+  };
+  auto [whole_mm, whole_ex] = run(lens, n);
+  const auto [alone_mm, alone_ex] = run(std::vector<int>(lens.begin(), lens.end() - 1), decode);
+  EXPECT_EQ(std::memcmp(whole_mm.f(), alone_mm.f(), size_t(decode * m) * 4), 0)
+      << "matmul, " << decode << " decode rows";
+  EXPECT_EQ(std::memcmp(whole_ex.f(), alone_ex.f(), size_t(decode * d) * 4), 0)
+      << "experts, " << decode << " decode rows";
+  return {std::move(x), std::move(whole_mm)};
 }
 
 }  // namespace recur::testing

@@ -554,43 +554,8 @@ TEST(CudaQuantPaths, DecodeRowsBesideAPromptKeepTheirProducts) {
               {ws[size_t(3 * e)].d, ws[size_t(3 * e + 1)].d, ws[size_t(3 * e + 2)].d});
         }
         for (const int decode : {3, 70}) {
-          const int64_t n = decode + prompt;
-          HostTensor x(DType::F32, {n, d}), logits(DType::F32, {n, E});
-          fill_random(x, rng, 0.5f);
-          fill_random(logits, rng, 2.0f);
-          std::vector<int> lens(size_t(decode), 1), starts(size_t(decode) + 1, 5);
-          lens.push_back(int(prompt));
-          // out[0]: the whole forward's matmul, out[1] its experts; rows as given.
-          auto run = [&](const std::vector<int>& ls, int64_t rows) {
-            Layout lay(ls, std::vector<int>(starts.begin(), starts.begin() + ptrdiff_t(ls.size())),
-                       16, rng);
-            ops.begin_forward(lay.l, {}, {});
-            HostTensor xr(DType::F32, {rows, d}), lr(DType::F32, {rows, E});
-            std::copy_n(x.f(), rows * d, xr.f());
-            std::copy_n(logits.f(), rows * E, lr.f());
-            HostTensor mo(DType::F32, {rows, 640}), eo(DType::F32, {rows, d});
-            HostTensor ids(DType::I32, {rows, k}), wts(DType::F32, {rows, k});
-            DeviceTensor dx(ops, xr), dl(ops, lr), dmo(ops, mo), deo(ops, eo), dids(ops, ids),
-                dw(ops, wts);
-            HostTensor scratch_h(
-                DType::U8,
-                {int64_t(ops.moe_experts_scratch_bytes(int(rows), int(k), int(E), int(d), int(ff),
-                                                       experts.front().gate.dtype))});
-            DeviceTensor scratch(ops, scratch_h);
-            ops.matmul(dx.t, w.d, dmo.t);
-            MoeRouting routing;
-            routing.k = int(k);
-            ops.moe_route(dl.t, routing, dids.t, dw.t);
-            ops.moe_experts(dx.t, experts, dids.t, dw.t, deo.t, scratch.t);
-            return std::pair{dmo.download(ops, mo), deo.download(ops, eo)};
-          };
-          const auto [whole_mm, whole_ex] = run(lens, n);
-          const auto [alone_mm, alone_ex] =
-              run(std::vector<int>(lens.begin(), lens.end() - 1), decode);
-          EXPECT_EQ(std::memcmp(whole_mm.f(), alone_mm.f(), size_t(decode * 640) * 4), 0)
-              << "matmul, " << decode << " decode rows";
-          EXPECT_EQ(std::memcmp(whole_ex.f(), alone_ex.f(), size_t(decode * d) * 4), 0)
-              << "experts, " << decode << " decode rows";
+          const auto [x, whole_mm] =
+              decode_rows_beside_a_prompt(ops, w.d, experts, ff, k, decode, prompt, rng);
           // The prompt rows did take e4m3 activations: far from the f32 product.
           HostTensor px(DType::F32, {prompt, d}), pm(DType::F32, {prompt, 640});
           std::copy_n(x.f() + decode * d, prompt * d, px.f());
