@@ -9,7 +9,8 @@
 // value within 2^17 of the row's largest, an absolute error under 2^-39 of it below that, and
 // no overflow whatever the row's range (f16 stops at 65504). The scaling is exact, so a token's
 // result does not depend on the rest of the batch. Both terms multiply the weights into the same
-// f32 accumulators (mid first), and the epilogue multiplies the sums by the row's inverse scale.
+// f32 accumulators (mid first), and the epilogue multiplies the sums by the row's inverse scale;
+// with BackendOptions::prompt_activations kF16 the warpgroup tiles take the hi term alone.
 // bf16 weights become f16 in registers, exactly (bf16's 8-bit significand fits f16's 11) for
 // |w| in f16's normal range; smaller ones round to f16's subnormals (an absolute error under
 // 2^-25); the backend sends weights beyond 65504 to the f32-activation tiles (moe_wmma.cu).
