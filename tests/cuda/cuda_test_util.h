@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -233,6 +234,42 @@ inline Experts make_experts(CudaOps& ops, int64_t E, int64_t d, int64_t ff, DTyp
     x.d.push_back({adopt(b), adopt(b + 1), adopt(b + 2)});
   }
   return x;
+}
+
+// The experts (ids, weights [n, k]) as a backend that rounds its activations computes them: x's
+// rows, and each (token, expert) pair's SwiGLU row (f32 first, as the kernels store it), go
+// through round (rows [r, c] -> rows of the same shape), the products in double. Weights F32,
+// BF16 or F16. out [n, d].
+template <typename Round>
+HostTensor experts_with_rounded_rows(const HostTensor& x, std::span<const ExpertWeights> ex,
+                                     const HostTensor& ids, const HostTensor& w, Round&& round) {
+  const int64_t n = x.t.shape[0], d = x.t.shape[1], k = ids.t.shape[1];
+  const HostTensor xr = round(x);
+  HostTensor out(DType::F32, {n, d});
+  for (int64_t t = 0; t < n; ++t) {
+    std::vector<double> acc(size_t(d), 0.0);
+    for (int64_t j = 0; j < k; ++j) {
+      const ExpertWeights& e = ex[size_t(ids.t.ptr<int32_t>()[t * k + j])];
+      const int64_t f = e.gate.shape[0];
+      HostTensor h(DType::F32, {1, f});
+      for (int64_t i = 0; i < f; ++i) {
+        double g = 0, u = 0;
+        for (int64_t c = 0; c < d; ++c) {
+          g += double(element_f32(e.gate, i * d + c)) * xr.f()[t * d + c];
+          u += double(element_f32(e.up, i * d + c)) * xr.f()[t * d + c];
+        }
+        h.f()[i] = float(g / (1.0 + std::exp(-g)) * u);
+      }
+      const HostTensor hr = round(h);
+      for (int64_t c = 0; c < d; ++c) {
+        double y = 0;
+        for (int64_t i = 0; i < f; ++i) y += double(element_f32(e.down, c * f + i)) * hr.f()[i];
+        acc[size_t(c)] += double(w.f()[t * k + j]) * y;
+      }
+    }
+    for (int64_t c = 0; c < d; ++c) out.f()[t * d + c] = float(acc[size_t(c)]);
+  }
+  return out;
 }
 
 // A forward of `decode` one-token sequences (first) and a prompt of `prompt` tokens, through a

@@ -50,45 +50,6 @@ HostTensor hi_rows(const HostTensor& x, bool unit_rows) {
   return h;
 }
 
-float weight_at(const Tensor& w, int64_t i) {
-  return w.dtype == DType::BF16 ? bf16_to_f32(w.ptr<uint16_t>()[i])
-                                : f16_to_f32(w.ptr<uint16_t>()[i]);
-}
-
-// The experts as the one-term tiles compute them: x's rows and every (token, expert) pair's
-// SwiGLU row as their hi terms, the products in double. out [n, d].
-HostTensor one_term_experts(const HostTensor& x, const std::vector<ExpertWeights>& experts,
-                            const HostTensor& ids, const HostTensor& weights) {
-  const int64_t n = x.t.shape[0], d = x.t.shape[1], k = ids.t.shape[1];
-  const int64_t ff = experts.front().gate.shape[0];
-  const HostTensor xh = hi_rows(x, false);
-  HostTensor out(DType::F32, {n, d}), h(DType::F32, {1, ff});
-  std::vector<double> y(static_cast<size_t>(d));
-  for (int64_t t = 0; t < n; ++t) {
-    std::fill(y.begin(), y.end(), 0.0);
-    for (int64_t j = 0; j < k; ++j) {
-      const ExpertWeights& ew = experts[size_t(ids.t.ptr<int32_t>()[t * k + j])];
-      for (int64_t c = 0; c < ff; ++c) {
-        double g = 0, u = 0;
-        for (int64_t i = 0; i < d; ++i) {
-          g += double(weight_at(ew.gate, c * d + i)) * xh.f()[t * d + i];
-          u += double(weight_at(ew.up, c * d + i)) * xh.f()[t * d + i];
-        }
-        h.f()[c] = float(g / (1.0 + std::exp(-g)) * u);
-      }
-      const HostTensor hh = hi_rows(h, false);
-      const double wt = weights.f()[t * k + j];
-      for (int64_t o = 0; o < d; ++o) {
-        double s = 0;
-        for (int64_t c = 0; c < ff; ++c) s += double(weight_at(ew.down, o * ff + c)) * hh.f()[c];
-        y[size_t(o)] += wt * s;
-      }
-    }
-    for (int64_t o = 0; o < d; ++o) out.f()[t * d + o] = float(y[size_t(o)]);
-  }
-  return out;
-}
-
 // Rows 1, 10^6 and 2^-40 times random (scaled, and left as they are where the dense split does).
 HostTensor rows_of_three_ranges(int64_t n, int64_t k, std::mt19937& rng) {
   HostTensor x(DType::F32, {n, k});
@@ -191,7 +152,10 @@ TEST(CudaPromptActivations, OneTermExpertsMultiplyTheHiTerms) {
           const HostTensor hw = dw.download(ops, w);
           HostTensor ref_f32 = out;
           ref::moe_experts(x.t, ex.h, hids.t, hw.t, ref_f32.t);
-          const double err = row_rel_err(got, one_term_experts(x, ex.h, hids, hw), true);
+          // The experts on the hi terms of x's rows and of each SwiGLU row.
+          const HostTensor one_term = experts_with_rounded_rows(
+              x, ex.h, hids, hw, [](const HostTensor& r) { return hi_rows(r, false); });
+          const double err = row_rel_err(got, one_term, true);
           const double err_f32 = row_rel_err(got, ref_f32, true);
           const std::string name = std::string("moe_experts 1-term f16 (rms), ") + dtype_name(dt);
           record_error(name + " vs its hi-term products", err);

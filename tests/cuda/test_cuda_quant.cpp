@@ -374,39 +374,6 @@ HostTensor dequantized_rows(const HostTensor& x) {
   return out;
 }
 
-// ref::moe_experts with the e4m3 path's two quantizations: x's rows, and each SwiGLU row
-// (stored in f32 first, as the kernel stores it). Weights: f32 tensors.
-HostTensor e4m3_experts_reference(const HostTensor& x, std::span<const ExpertWeights> ex,
-                                  const HostTensor& ids, const HostTensor& w) {
-  const int64_t n = x.t.shape[0], d = x.t.shape[1], k = ids.t.shape[1];
-  const HostTensor xd = dequantized_rows(x);
-  HostTensor out(DType::F32, {n, d});
-  for (int64_t t = 0; t < n; ++t) {
-    std::vector<double> acc(size_t(d), 0.0);
-    for (int64_t j = 0; j < k; ++j) {
-      const ExpertWeights& e = ex[size_t(ids.t.ptr<int32_t>()[t * k + j])];
-      const int64_t f = e.gate.shape[0];
-      HostTensor h(DType::F32, {1, f});
-      for (int64_t i = 0; i < f; ++i) {
-        double g = 0, u = 0;
-        for (int64_t c = 0; c < d; ++c) {
-          g += double(e.gate.ptr<float>()[i * d + c]) * xd.f()[t * d + c];
-          u += double(e.up.ptr<float>()[i * d + c]) * xd.f()[t * d + c];
-        }
-        h.f()[i] = float(g / (1.0 + std::exp(-g)) * u);
-      }
-      const HostTensor hd = dequantized_rows(h);
-      for (int64_t c = 0; c < d; ++c) {
-        double y = 0;
-        for (int64_t i = 0; i < f; ++i) y += double(e.down.ptr<float>()[c * f + i]) * hd.f()[i];
-        acc[size_t(c)] += double(w.f()[t * k + j]) * y;
-      }
-    }
-    for (int64_t c = 0; c < d; ++c) out.f()[t * d + c] = float(acc[size_t(c)]);
-  }
-  return out;
-}
-
 // The e4m3 path's dense matmul is its definition to the tensor cores' summing: Σ over k blocks
 // of the weight block's scale × the token's group scale × Σ e4m3 · e4m3 (each block's sum on the
 // FP8 products, whose accumulation keeps fewer bits than f32); out += too. Against the f32
@@ -514,7 +481,8 @@ TEST(CudaQuantPaths, E4m3ActivationExpertsAreTheirDefinition) {
         const HostTensor got = dout.download(ops, out), hids = dids.download(ops, ids),
                          hw = dw.download(ops, w);
         ASSERT_EQ(count_nonfinite(got.f(), out.numel()), 0);
-        const HostTensor def = e4m3_experts_reference(x, hx, hids, hw);
+        // The experts on x's rows and each SwiGLU row quantized as the e4m3 path quantizes them.
+        const HostTensor def = experts_with_rounded_rows(x, hx, hids, hw, dequantized_rows);
         const double err = rms_rel_err(got.f(), def.f(), out.numel());
         record_error("fp8 moe_experts e4m3 activations (rms)", err);
         EXPECT_LE(err, 1.5e-2);
