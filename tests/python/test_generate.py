@@ -196,26 +196,20 @@ def test_kv_cache_dtype_option():
         recur.load(path, kv_cache_dtype="int4")
 
 
-def test_fp8_activations_option():
-    # Either way of feeding FP8 products loads the block-FP8 checkpoint and generates (the CPU
-    # multiplies f32 activations under both); a name the binding does not know is refused.
-    path = os.path.join(MODELS, "qwen3next-fp8-tiny")
-    for a in ("e4m3", "f16"):
-        model, tok = recur.load(path, kv_cache_mb=8, fp8_activations=a)
-        assert len(list(recur.stream_generate(model, tok, [1, 2], max_tokens=2))) == 2
-    with pytest.raises(ValueError, match="fp8_activations: e4m3 or f16, not 'int8'"):
-        recur.load(path, fp8_activations="int8")
-
-
-def test_prompt_activations_option():
-    # Both ways of feeding 16-bit prompt products load and generate (the CPU multiplies f32
-    # activations under both); a name the binding does not know is refused.
-    path = os.path.join(MODELS, "qwen3next-tiny")
-    for a in ("f16x2", "f16"):
-        model, tok = recur.load(path, kv_cache_mb=8, prompt_activations=a)
-        assert len(list(recur.stream_generate(model, tok, [1, 2], max_tokens=2))) == 2
-    with pytest.raises(ValueError, match="prompt_activations: f16x2 or f16, not 'bf16'"):
-        recur.load(path, prompt_activations="bf16")
+@pytest.mark.parametrize("option,names,bad,model", [
+    ("fp8_activations", ("e4m3", "f16"), "int8", "qwen3next-fp8-tiny"),
+    ("prompt_activations", ("f16x2", "f16"), "bf16", "qwen3next-tiny"),
+])
+def test_activation_options(option, names, bad, model):
+    # Each way of feeding the GPU's prompt products (block-FP8 or 16-bit weights) loads and
+    # generates (the CPU multiplies f32 activations under all); a name the binding does not know
+    # is refused, naming the option and its choices.
+    path = os.path.join(MODELS, model)
+    for name in names:
+        m, tok = recur.load(path, kv_cache_mb=8, **{option: name})
+        assert len(list(recur.stream_generate(m, tok, [1, 2], max_tokens=2))) == 2
+    with pytest.raises(ValueError, match=f"{option}: {names[0]} or {names[1]}, not '{bad}'"):
+        recur.load(path, **{option: bad})
 
 
 def test_quantize_and_tensor_parallel_options(tiny):
