@@ -32,6 +32,19 @@ T unwrap(recur::Result<T> r) {
   return std::move(*r);
 }
 
+// The value among `values` whose CLI name (name_of) is `name`, or a ValueError naming `option`
+// and every choice.
+template <typename E, size_t N>
+E from_name(const char* option, const std::string& name, const char* (*name_of)(E),
+            const E (&values)[N]) {
+  std::string choices;
+  for (size_t i = 0; i < N; ++i) {
+    if (name == name_of(values[i])) return values[i];
+    choices += std::string(i == 0 ? "" : i + 1 == N ? " or " : ", ") + name_of(values[i]);
+  }
+  throw pyb::value_error(std::string(option) + ": " + choices + ", not '" + name + "'");
+}
+
 const recur::Tokenizer& need_tokenizer(const recur::py::Session& s) {
   if (!s.tokenizer()) {
     throw pyb::value_error(
@@ -70,14 +83,10 @@ PYBIND11_MODULE(_recur, m) {
           "quantize",
           [](const SessionOptions& o) { return std::string(recur::quantize_name(o.quantize)); },
           [](SessionOptions& o, const std::string& name) {
-            for (recur::Quantize q : {recur::Quantize::kNone, recur::Quantize::kFp8,
-                                      recur::Quantize::kInt8, recur::Quantize::kQ4}) {
-              if (name == recur::quantize_name(q)) {
-                o.quantize = q;
-                return;
-              }
-            }
-            throw pyb::value_error("quantize: none, fp8, int8 or q4, not '" + name + "'");
+            using recur::Quantize;
+            o.quantize =
+                from_name("quantize", name, recur::quantize_name,
+                          {Quantize::kNone, Quantize::kFp8, Quantize::kInt8, Quantize::kQ4});
           })
       // The attention cache's element type, as --kv-cache-dtype spells it.
       .def_property(
@@ -108,14 +117,10 @@ PYBIND11_MODULE(_recur, m) {
             return std::string(recur::fp8_activations_name(o.backend.fp8_activations));
           },
           [](SessionOptions& o, const std::string& name) {
-            for (recur::Fp8Activations a :
-                 {recur::Fp8Activations::kE4m3, recur::Fp8Activations::kF16}) {
-              if (name == recur::fp8_activations_name(a)) {
-                o.backend.fp8_activations = a;
-                return;
-              }
-            }
-            throw pyb::value_error("fp8_activations: e4m3 or f16, not '" + name + "'");
+            using recur::Fp8Activations;
+            o.backend.fp8_activations =
+                from_name("fp8_activations", name, recur::fp8_activations_name,
+                          {Fp8Activations::kE4m3, Fp8Activations::kF16});
           })
       // How prompts multiply bf16/f16 weights on a GPU, as --prompt-activations spells it.
       .def_property(
@@ -124,14 +129,10 @@ PYBIND11_MODULE(_recur, m) {
             return std::string(recur::prompt_activations_name(o.backend.prompt_activations));
           },
           [](SessionOptions& o, const std::string& name) {
-            for (recur::PromptActivations a :
-                 {recur::PromptActivations::kF16x2, recur::PromptActivations::kF16}) {
-              if (name == recur::prompt_activations_name(a)) {
-                o.backend.prompt_activations = a;
-                return;
-              }
-            }
-            throw pyb::value_error("prompt_activations: f16x2 or f16, not '" + name + "'");
+            using recur::PromptActivations;
+            o.backend.prompt_activations =
+                from_name("prompt_activations", name, recur::prompt_activations_name,
+                          {PromptActivations::kF16x2, PromptActivations::kF16});
           });
 
   pyb::class_<Session>(m, "Session")
