@@ -87,6 +87,16 @@ struct MoeGemmArgs {
   const float* x_q_scale = nullptr;
 };
 
+// The experts on the GEMV core (moe_gemv.cu), weights of type wdt (F32, BF16, F16 or F8_E4M3):
+// gate/up with SwiGLU (gate_up) or down, over tiles of up to nt rows (1 to 8; vec: 16-byte
+// rows, aligned weights and activations); grid rows max_tiles.
+void launch_moe_gemv_experts(const MoeGemmArgs& a, DType wdt, bool gate_up, int nt, bool vec,
+                             unsigned max_tiles, cudaStream_t stream);
+// Gate/up of one token routed in the kernel (a.route set), for E = kRouteThreads·PL experts
+// (PL 1, 2 or 4) and 16-byte rows.
+void launch_moe_gemv_routed(const MoeGemmArgs& a, DType wdt, int PL, unsigned tiles,
+                            cudaStream_t stream);
+
 // The sort's slices of pairs (moe_sort.cu): one up to 2,048 pairs (one block sorts them), else
 // slices of at least 2,048 pairs (a block's count is worth its launch), at most kMoeSortBlocks.
 constexpr int kMoeSortBlocks = 128;
