@@ -1,5 +1,5 @@
 // Routing pieces shared by the routing kernels (kernels_moe_route.cu) and the expert kernels
-// that route one token themselves (kernels_moe.cu): key order, the pick weights, and the
+// that route one token themselves (moe_gemv.cu): key order, the pick weights, and the
 // threshold-filter selection of one row of logits by one block.
 #pragma once
 
