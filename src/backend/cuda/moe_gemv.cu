@@ -298,28 +298,6 @@ void launch_moe_gemv_warp(const MoeGemmArgs& a, unsigned max_tiles, cudaStream_t
                          0, stream, unsigned(b.route.cluster), b);
 }
 
-// Gate/up of one token routed in the kernel (a.route set): the warp kernel for its expert
-// count kRouteThreads·PL, PL in 1, 2, 4 (routes_in_kernels checked it), and for its selection
-// bias or none.
-template <typename W>
-void launch_moe_gemv_routed(const MoeGemmArgs& a, int PL, unsigned tiles, cudaStream_t stream) {
-  auto launch = [&](auto biased) {  // std::true_type or std::false_type
-    constexpr bool kBiased = decltype(biased)::value;
-    if (PL == 1) {
-      launch_moe_gemv_warp<W, 1, true, 1, kBiased>(a, tiles, stream);
-    } else if (PL == 2) {
-      launch_moe_gemv_warp<W, 1, true, 2, kBiased>(a, tiles, stream);
-    } else {
-      launch_moe_gemv_warp<W, 1, true, 4, kBiased>(a, tiles, stream);
-    }
-  };
-  if (a.route.scoring.bias) {
-    launch(std::true_type{});
-  } else {
-    launch(std::false_type{});
-  }
-}
-
 // Row groups per warp-kernel block for tiles of nt > 1 rows (decode batches), measured on the
 // Qwen3.5-35B-A3B decode (H200, bench/results/h200-session11-*): down blocks that stream about
 // 64 KiB each (4 groups of 16 rows of 512 bf16) took the 64-sequence step from 33.5 to 31.2 ms,
@@ -377,10 +355,28 @@ void launch_moe_gemv_experts(const MoeGemmArgs& a, DType wdt, bool gate_up, int 
   });
 }
 
+// The warp kernel for the expert count kRouteThreads·PL (routes_in_kernels checked PL) and for
+// the selection bias or none.
 void launch_moe_gemv_routed(const MoeGemmArgs& a, DType wdt, int PL, unsigned tiles,
                             cudaStream_t stream) {
-  dispatch_gemv_weight(
-      wdt, [&](auto tag) { launch_moe_gemv_routed<decltype(tag)>(a, PL, tiles, stream); });
+  dispatch_gemv_weight(wdt, [&](auto tag) {
+    using W = decltype(tag);
+    auto launch = [&](auto biased) {  // std::true_type or std::false_type
+      constexpr bool kBiased = decltype(biased)::value;
+      if (PL == 1) {
+        launch_moe_gemv_warp<W, 1, true, 1, kBiased>(a, tiles, stream);
+      } else if (PL == 2) {
+        launch_moe_gemv_warp<W, 1, true, 2, kBiased>(a, tiles, stream);
+      } else {
+        launch_moe_gemv_warp<W, 1, true, 4, kBiased>(a, tiles, stream);
+      }
+    };
+    if (a.route.scoring.bias) {
+      launch(std::true_type{});
+    } else {
+      launch(std::false_type{});
+    }
+  });
 }
 
 }  // namespace recur::cuda
