@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+#include <cstring>
+
 namespace recur {
 
 Tensor Tensor::contiguous(void* data, DType dtype, std::initializer_list<int64_t> shape,
@@ -89,6 +92,25 @@ std::string Tensor::shape_string() const {
   std::string s = "[";
   for (int i = 0; i < ndim; ++i) s += fmt::format("{}{}", i ? ", " : "", shape[i]);
   return s + "]";
+}
+
+float element_f32(const Tensor& t, int64_t i) {
+  const char* p = static_cast<const char*>(t.data);
+  switch (t.dtype) {
+    case DType::F32: {
+      float v;
+      std::memcpy(&v, p + 4 * i, 4);
+      return v;
+    }
+    case DType::BF16:
+    case DType::F16: {
+      uint16_t v;
+      std::memcpy(&v, p + 2 * i, 2);
+      return t.dtype == DType::BF16 ? bf16_to_f32(v) : f16_to_f32(v);
+    }
+    default:
+      return std::nanf("");
+  }
 }
 
 }  // namespace recur

@@ -56,6 +56,11 @@ struct Tensor {
   std::string shape_string() const;  // "[3, 4]"
 };
 
+// Element i (counted in elements from data, strides ignored) of an F32, BF16 or F16 tensor in
+// host memory, as f32; NaN for other types. Read byte-wise: safetensors packs tensors without
+// padding, so a mapped tensor may start at any byte.
+float element_f32(const Tensor& t, int64_t i);
+
 // Tensor view over a buffer.
 inline Tensor view(const Buffer& b, DType dtype, std::initializer_list<int64_t> shape) {
   return Tensor::contiguous(b.data(), dtype, shape, b.device());

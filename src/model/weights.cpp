@@ -31,27 +31,6 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-// Element i of a checkpoint tensor as f32. Copied byte-wise: safetensors packs tensors without
-// padding, so a mapped F32 or 16-bit tensor may start at any byte.
-float widen(const Tensor& t, int64_t i) {
-  const char* p = static_cast<const char*>(t.data);
-  switch (t.dtype) {
-    case DType::F32: {
-      float v;
-      std::memcpy(&v, p + 4 * i, 4);
-      return v;
-    }
-    case DType::BF16:
-    case DType::F16: {
-      uint16_t v;
-      std::memcpy(&v, p + 2 * i, 2);
-      return t.dtype == DType::BF16 ? bf16_to_f32(v) : f16_to_f32(v);
-    }
-    default:
-      return std::nanf("");
-  }
-}
-
 // Which matmul weights --quantize converts, and to what: the projections and experts; the LM
 // head in 8 bits (int8 also under q4; kept as stored under fp8, as the FP8 releases keep it);
 // not the routers, the shared-expert gate or the Gated DeltaNet's b / a projections (a few
@@ -91,13 +70,13 @@ Result<Tensor> quantize_matmul(Ops& ops, const Tensor& host, DType dtype,
       float amax = 0.0f;
       for (int64_t r = bi * kBlock; r < r1; ++r) {
         for (int64_t c = bj * kBlock; c < c1; ++c)
-          amax = std::max(amax, std::fabs(widen(host, r * k + c)));
+          amax = std::max(amax, std::fabs(element_f32(host, r * k + c)));
       }
       const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
       sc[bi * kb + bj] = scale;
       for (int64_t r = bi * kBlock; r < r1; ++r) {
         for (int64_t c = bj * kBlock; c < c1; ++c)
-          q8[r * k + c] = f32_to_f8_e4m3(widen(host, r * k + c) / scale);
+          q8[r * k + c] = f32_to_f8_e4m3(element_f32(host, r * k + c) / scale);
       }
     }
   }
@@ -358,7 +337,7 @@ Result<Tensor> CheckpointWeights::load_fp8(std::span<const RowPiece> pieces,
         (r / p.rows_per_expert) * p.blocks_per_expert + (r % p.rows_per_expert) / br;
     for (int64_t j = 0; j < kb; ++j) {
       const int64_t scol = (pieces[pi].col_first + j * out_cols) / bc;  // stored scale column
-      sc[b * kb + j] = widen(p.scales, srow * p.stored_kb + scol);
+      sc[b * kb + j] = element_f32(p.scales, srow * p.stored_kb + scol);
     }
   }
   const Tensor s = Tensor::contiguous(scales.data(), DType::F32, {mb, kb});

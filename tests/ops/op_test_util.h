@@ -70,13 +70,6 @@ inline void fill_random(HostTensor& h, std::mt19937& rng, float scale = 1.0f, fl
   }
 }
 
-// Element i of an F32, BF16 or F16 tensor, as f32.
-inline float element_f32(const Tensor& t, int64_t i) {
-  if (t.dtype == DType::F32) return t.ptr<float>()[i];
-  const uint16_t bits = t.ptr<uint16_t>()[i];
-  return t.dtype == DType::BF16 ? bf16_to_f32(bits) : f16_to_f32(bits);
-}
-
 // Largest |a - b| over the first n floats; NaN counts as infinite.
 inline double max_abs_diff(const float* a, const float* b, int64_t n) {
   double d = 0;
