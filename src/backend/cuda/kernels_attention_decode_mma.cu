@@ -191,9 +191,6 @@ __global__ void __launch_bounds__(S::kThreads)
                    vb + p * a.vc_s2 + kChunk * j, p0 + p < p_end);
     }
   };
-  // The first kStages − 1 tiles. Those wholly before the sequence's first position of this
-  // forward were written by earlier forwards: they are copied (through L2 only) before waiting
-  // for the kernel before, which writes the new positions.
   if constexpr (kLatent) {
     if (tid == 0) {
       // The descriptor's first use would wait for its fetch: fetched now, beside the setup.
@@ -205,6 +202,9 @@ __global__ void __launch_bounds__(S::kThreads)
     }
     __syncthreads();
   }
+  // The first kStages − 1 tiles. Those wholly before the sequence's first position of this
+  // forward were written by earlier forwards: they are copied (through L2 only) before waiting
+  // for the kernel before, which writes the new positions.
   // Thread 0 issues the latent form's copies: only it needs the cache blocks.
   const bool issuer = !kLatent || tid == 0;
   int64_t blocks[kStages];
