@@ -384,7 +384,8 @@ bool attention_decode_mma(CudaOps::Impl& s, AttnArgs a, const Tensor& k_cache,
 // view of k_cache; each tile copied once and read by both products), called by
 // latent_attention_mma: few tokens, 8 query heads a block, hd and dv multiples of 16 with
 // dv ≤ hd, hd ≤ 576 and dv ≤ 512, BF16, F16 or F8_E4M3 caches as above (key channels'
-// positions contiguous). False, having done nothing, otherwise.
+// positions contiguous), copied by TMA (hd in boxes of at most 256 channels, key_boxes_for; a
+// driver that encodes the cache's tensor map). False, having done nothing, otherwise.
 bool latent_decode_mma(CudaOps::Impl& s, AttnArgs a, const Tensor& k_cache, const SeqLayout& layout,
                        int kv_heads, int max_ctx);
 

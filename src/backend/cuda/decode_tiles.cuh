@@ -58,10 +58,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
         : "memory");
   }
 }
-// Generic-proxy writes of shared memory (this thread's) ordered before later TMA writes there.
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
 // Box (c0 positions, c1 channels, c2 kv head, c3 cache block) of a key cache's tensor map into
 // dst, completing on bar.
 __device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, uint64_t* bar,
@@ -82,11 +78,34 @@ inline int key_boxes_for(int hd) {
   return 0;
 }
 
+// The driver's tensor-map encoder (no link to the driver library: the runtime finds it), or
+// null where the driver lacks it.
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+#if CUDART_VERSION >= 12050
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                           cudaEnableDefault, &found);
+#else
+    const cudaError_t e =
+        cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &found);
+#endif
+    if (e != cudaSuccess || found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();  // not sticky: clear it for the next check
+      return PFN_cuTensorMapEncodeTiled_v12000{};
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encode;
+}
+
 // The key cache [blocks, kv heads, hd, bs] (T elements: 16-bit or bytes) as a tensor map of
 // boxes of kDecodeTile positions × hd / boxes channels, 16-bit rows swizzled as key_offset lays
-// them. Maps are kept per cache (a layer's cache does not move) and thread (a rank's).
+// them, into *map; false when the driver cannot encode it (the caller then takes another
+// kernel). Maps are kept per cache (a layer's cache does not move) and thread (a rank's).
 template <typename T>
-CUtensorMap key_tensor_map(const Tensor& k_cache, int boxes) {
+bool key_tensor_map(const Tensor& k_cache, int boxes, CUtensorMap* map) {
   struct Kept {
     const void* data;
     int64_t shape[4], stride[4];
@@ -98,17 +117,12 @@ CUtensorMap key_tensor_map(const Tensor& k_cache, int boxes) {
     if (k.data == k_cache.data && k.boxes == boxes &&
         std::memcmp(k.shape, k_cache.shape, sizeof(k.shape)) == 0 &&
         std::memcmp(k.stride, k_cache.stride, sizeof(k.stride)) == 0) {
-      return k.map;
+      *map = k.map;
+      return true;
     }
   }
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    RECUR_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
-                                                      cudaEnableDefault, &found));
-    RECUR_CHECK(fn != nullptr && found == cudaDriverEntryPointSuccess);
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) return false;
   Kept k{k_cache.data, {}, {}, boxes, {}};
   std::memcpy(k.shape, k_cache.shape, sizeof(k.shape));
   std::memcpy(k.stride, k_cache.stride, sizeof(k.stride));
@@ -128,9 +142,10 @@ CUtensorMap key_tensor_map(const Tensor& k_cache, int boxes) {
       encode(&k.map, type, 4, k_cache.data, dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
              k16 ? CU_TENSOR_MAP_SWIZZLE_32B : CU_TENSOR_MAP_SWIZZLE_NONE,
              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  RECUR_CHECK(r == CUDA_SUCCESS);
+  if (r != CUDA_SUCCESS) return false;
   kept.push_back(k);
-  return k.map;
+  *map = k.map;
+  return true;
 }
 
 }  // namespace recur::cuda

@@ -3,18 +3,19 @@
 // context's step bound by the bytes of its cache rather than by the work per cached element.
 //
 // A block takes one (token, kv head, context split) and walks the split in tiles of 16
-// positions, a tile being one ring stage of three copied by cp.async (two in flight while one
-// is multiplied), so each multiprocessor keeps several tiles of its blocks in flight. The group's
-// query heads are the n of both products, in tiles of 8, so no product row is padding at groups
-// of 8 and 16: the scores are S^T [16 positions × 8 heads] = K [16 × hd] · Q^T, the keys read
-// from the stage by ldmatrix with transposition (the cache holds them channels by positions),
-// and the output is O^T [dv × 8 heads] += V^T [dv × 16] · P^T, the values read transposed the
-// same way and the weights P^T made from the score fragments by movmatrix. The four warps split
-// the channels: each sums the scores over a quarter of the key channels, the quarters add up in
-// shared memory in one order (every warp then holds the same sums, so the same weights), and
-// each accumulates a quarter of the value channels. Queries and weights are f32 split into
-// terms of the cache's 16-bit type (mma_16bit.cuh: three bf16 or two f16); the cache's elements
-// are exactly bf16 or f16 (e4m3 widens exactly, into an f16 plane per tile): f32's accuracy.
+// positions, a tile being one ring stage of three copied by cp.async (TMA for the latent form
+// below; two in flight while one is multiplied), so each multiprocessor keeps several tiles of its
+// blocks in flight. The group's query heads are the n of both products, in tiles of 8, so no
+// product row is padding at groups of 8 and 16: the scores are S^T [16 positions × 8 heads] = K [16
+// × hd] · Q^T, the keys read from the stage by ldmatrix with transposition (the cache holds them
+// channels by positions), and the output is O^T [dv × 8 heads] += V^T [dv × 16] · P^T, the values
+// read transposed the same way and the weights P^T made from the score fragments by movmatrix. The
+// four warps split the channels: each sums the scores over a quarter of the key channels, the
+// quarters add up in shared memory in one order (every warp then holds the same sums, so the same
+// weights), and each accumulates a quarter of the value channels. Queries and weights are f32 split
+// into terms of the cache's 16-bit type (mma_16bit.cuh: three bf16 or two f16); the cache's
+// elements are exactly bf16 or f16 (e4m3 widens exactly, into an f16 plane per tile): f32's
+// accuracy.
 //
 // Its latent form (latent_decode_mma) serves latent attention's cache, whose values are the
 // keys' first dv channels (Kimi-Linear: 32 heads of 576 / 512 over one latent): a stage holds
@@ -23,7 +24,8 @@
 // tensor-memory accelerator: one thread issues a tile's boxes on the stage's mbarrier, and the
 // positions past a split's end in its last tile are zeroed after they land. Per-thread cp.async
 // were a third of the form's instructions (ncu at a 32k context, H100, session 46); with TMA a
-// 131k-context step of Kimi-Linear cut to 8 layers took ~5% less, a 2k one ~0.3% more.
+// 131k-context step of Kimi-Linear cut to 8 layers took ~5% less, a 2k one ~0.3% more. Only a
+// split's last tile is zeroed, and its stage is not refilled: no proxy fence is needed.
 #include <algorithm>
 #include <cmath>
 
@@ -158,15 +160,12 @@ __global__ void __launch_bounds__(S::kThreads)
   };
   // Tile i (in cache block `block`: bs is a multiple of kTile) into its stage; values past the
   // split are zeros (their weights are 0, and 0 · garbage could be NaN), keys past it are read
-  // and their scores masked (zeros too when they are the values).
+  // and their scores masked (the latent form zeroes them after they land: they are its values).
   auto start_tile = [&](int i, int64_t block) {
     const int p0 = p_begin + i * kTile, off = p0 % a.bs;
     T* ks = ring + (i % kStages) * tile;
     if constexpr (kLatent) {  // thread 0 only: the tile's boxes, on the stage's barrier
       const int rows = hd / key_boxes;
-      // Earlier generic stores into this stage (the zeros past a context's end) before the
-      // async proxy's writes.
-      fence_proxy_async();
       mbar_expect(&bars[i % kStages], uint32_t(hd * kTile * sizeof(T)));
       for (int b = 0; b < key_boxes; ++b) {
         tma_load_4d(ks + b * rows * kTile, &key_map, &bars[i % kStages], off, b * rows, kvh,
@@ -290,7 +289,6 @@ __global__ void __launch_bounds__(S::kThreads)
           const int d = e / kTile, p = e % kTile;
           if (p0 + p >= p_end) ks[kWiden ? d * kTile + p : key_offset(d, p / 8) + p % 8] = T{};
         }
-        fence_proxy_async();  // before a later box
         __syncthreads();
       }
     }
@@ -430,9 +428,10 @@ __global__ void __launch_bounds__(S::kThreads)
 // blocks it holds of this kernel, within the buffer of partial results, and launches it (and
 // the merge of the splits).
 // head_tiles (latent only): blocks that split each kv head's group, NT · 8 heads each.
+// key_map (latent only): the key cache's tensor map, boxes of a.hd / key_boxes_for(a.hd) channels.
 template <typename T, int NT, typename S>
-void launch_decode_mma(CudaOps::Impl& s, AttnArgs a, const Tensor& k_cache, const SeqLayout& layout,
-                       int kv_heads, int max_ctx, int head_tiles = 1) {
+void launch_decode_mma(CudaOps::Impl& s, AttnArgs a, const SeqLayout& layout, int kv_heads,
+                       int max_ctx, const CUtensorMap& key_map = {}, int head_tiles = 1) {
   constexpr auto kKernel = attention_decode_mma_kernel<T, NT, S>;
   constexpr int kThreads = S::kThreads;
   const size_t smem = decode_mma_smem_bytes<S>(a.hd, a.dv, sizeof(T));
@@ -458,13 +457,8 @@ void launch_decode_mma(CudaOps::Impl& s, AttnArgs a, const Tensor& k_cache, cons
            ctx * double(kv_heads) * double(read) * double(sizeof(T)));
   }
   const dim3 grid{unsigned(n), unsigned(kv_heads * head_tiles), unsigned(a.n_splits)};
-  if constexpr (S::kLatent) {
-    const int boxes = key_boxes_for(a.hd);
-    launch_kernel(kKernel, grid, kThreads, smem, s.stream, a, key_tensor_map<T>(k_cache, boxes),
-                  boxes);
-  } else {
-    launch_kernel(kKernel, grid, kThreads, smem, s.stream, a, CUtensorMap{}, 0);
-  }
+  launch_kernel(kKernel, grid, kThreads, smem, s.stream, a, key_map,
+                S::kLatent ? key_boxes_for(a.hd) : 0);
   s.launched(S::kLatent ? "paged_attention (latent decode, tensor cores)"
                         : "paged_attention (decode, tensor cores)");
   if (a.n_splits > 1) launch_attention_combine(s, a, n);
@@ -507,8 +501,8 @@ bool attention_decode_mma(CudaOps::Impl& s, AttnArgs a, const Tensor& k_cache,
   }
   return dispatch_narrow_cache(k_cache.dtype, [&](auto tag) {
     using T = decltype(tag);
-    a.group > 8 ? launch_decode_mma<T, 2, S>(s, a, k_cache, layout, kv_heads, max_ctx)
-                : launch_decode_mma<T, 1, S>(s, a, k_cache, layout, kv_heads, max_ctx);
+    a.group > 8 ? launch_decode_mma<T, 2, S>(s, a, layout, kv_heads, max_ctx)
+                : launch_decode_mma<T, 1, S>(s, a, layout, kv_heads, max_ctx);
   });
 }
 
@@ -518,13 +512,19 @@ bool latent_decode_mma(CudaOps::Impl& s, AttnArgs a, const Tensor& k_cache, cons
   // The values are the keys' channels: only the key cache is copied, in TMA boxes.
   if (!rows_copy16(k_cache) || layout.n_tokens > kDecodeMaxTokens || a.hd % 16 != 0 ||
       a.dv % 16 != 0 || a.dv > a.hd || a.hd > S::kMaxHd || a.dv > S::kMaxDv || a.bs % kTile != 0 ||
-      key_boxes_for(a.hd) == 0) {
+      k_cache.shape[3] != a.bs || key_boxes_for(a.hd) == 0) {
     return false;
   }
   const int head_tiles = (a.group + 7) / 8;
-  return dispatch_narrow_cache(k_cache.dtype, [&](auto tag) {
-    launch_decode_mma<decltype(tag), 1, S>(s, a, k_cache, layout, kv_heads, max_ctx, head_tiles);
+  bool launched = false;
+  dispatch_narrow_cache(k_cache.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    CUtensorMap key_map;  // encoded before anything is set up: false leaves no trace
+    if (!key_tensor_map<T>(k_cache, key_boxes_for(a.hd), &key_map)) return;
+    launch_decode_mma<T, 1, S>(s, a, layout, kv_heads, max_ctx, key_map, head_tiles);
+    launched = true;
   });
+  return launched;
 }
 
 }  // namespace cuda
