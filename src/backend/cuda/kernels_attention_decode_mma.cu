@@ -31,15 +31,15 @@
 
 #include "backend/cuda/attention_mma.cuh"
 #include "backend/cuda/cuda_internal.cuh"
-#include "backend/cuda/decode_tiles.cuh"
 #include "backend/cuda/mma_16bit.cuh"
+#include "backend/cuda/tma.cuh"
 
 namespace recur {
 namespace cuda {
 
 namespace {
 
-constexpr int kTile = kDecodeTile;  // positions per tile (and per ring stage)
+constexpr int kTile = 16;  // positions per tile (and per ring stage)
 // Ring stages: kStages − 1 tiles in flight. Three took a 131,072-token context's step 5 µs
 // below four on the H200, as two did (session 21): at Qwen3-Next's heads an SM then holds four
 // blocks instead of three.
@@ -79,6 +79,10 @@ using LatentShape = DecodeShape<8, 1, 576, 512, true, 2>;
 __host__ __device__ constexpr int tile_elems(int hd, int dv, bool latent) {
   return (latent ? hd : hd + dv) * kTile;
 }
+// The latent form's TMA boxes write this layout (their 32-byte swizzle) at 256-byte aligned stages.
+__device__ __forceinline__ int key_offset(int d, int half) {
+  return d * kTile + 8 * (half ^ ((d >> 2) & 1));
+}
 __device__ __forceinline__ int value_offset(int p, int chunk, int dv) {
   return p * dv + 8 * (chunk ^ (p % 8));
 }
@@ -91,6 +95,14 @@ size_t decode_mma_smem_bytes(int hd, int dv, int elem_bytes) {
   const size_t plane = elem_bytes == 2 ? 0 : tile * sizeof(__half);
   return size_t(kStages) * tile * elem_bytes + plane +
          S::kWarps * S::kHeadTiles * 32 * sizeof(float4) + (S::kLatent ? kStages * 8 : 0);
+}
+
+// The transpose of an 8 × 8 16-bit matrix held as fragments (lane l: row l / 4, columns
+// 2(l % 4), +1): lane l then holds rows 2(l % 4), +1 of column l / 4.
+__device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
 }
 
 // An F8_E4M3 stage widened into the plane (exactly).
@@ -520,7 +532,7 @@ bool latent_decode_mma(CudaOps::Impl& s, AttnArgs a, const Tensor& k_cache, cons
   dispatch_narrow_cache(k_cache.dtype, [&](auto tag) {
     using T = decltype(tag);
     CUtensorMap key_map;  // encoded before anything is set up: false leaves no trace
-    if (!key_tensor_map<T>(k_cache, key_boxes_for(a.hd), &key_map)) return;
+    if (!key_tensor_map<T>(k_cache, kTile, &key_map)) return;
     launch_decode_mma<T, 1, S>(s, a, layout, kv_heads, max_ctx, key_map, head_tiles);
     launched = true;
   });

@@ -1,11 +1,11 @@
-// The decode kernel's tiles (kernels_attention_decode_mma.cu): the 16-position key tile as
-// ldmatrix reads it, the weights' transposes, and copies of key tiles by the tensor-memory
-// accelerator (TMA) completing on mbarriers.
+// Copies by the tensor-memory accelerator (TMA) completing on mbarriers, and the tensor map of
+// a paged key cache they read (the decode kernel's latent form, kernels_attention_decode_mma.cu).
 #pragma once
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 
 #include <cstdint>
 #include <cstring>
@@ -15,24 +15,6 @@
 #include "backend/cuda/cuda_internal.cuh"
 
 namespace recur::cuda {
-
-constexpr int kDecodeTile = 16;  // positions per key tile
-
-// Element offset of 16-byte half `half` (positions 8·half ..) of key channel d's row in a tile
-// [hd][kDecodeTile] of 16-bit elements: the halves swapped when d / 4 is odd, so that the 8 rows
-// one ldmatrix reads lie in distinct banks. It is the layout a TMA box of 32-byte rows with the
-// 32-byte swizzle writes (16-byte chunk bit 0 ^= address bit 7) at a 256-byte aligned start.
-__device__ __forceinline__ int key_offset(int d, int half) {
-  return d * kDecodeTile + 8 * (half ^ ((d >> 2) & 1));
-}
-
-// The transpose of an 8 × 8 16-bit matrix held as fragments (lane l: row l / 4, columns
-// 2(l % 4), +1): lane l then holds rows 2(l % 4), +1 of column l / 4.
-__device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
-  uint32_t y;
-  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
-  return y;
-}
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -101,20 +83,21 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }
 
 // The key cache [blocks, kv heads, hd, bs] (T elements: 16-bit or bytes) as a tensor map of
-// boxes of kDecodeTile positions × hd / boxes channels, 16-bit rows swizzled as key_offset lays
-// them, into *map; false when the driver cannot encode it (the caller then takes another
-// kernel). Maps are kept per cache (a layer's cache does not move) and thread (a rank's).
+// boxes of `positions` positions × hd / key_boxes_for(hd) channels, rows of 32 bytes (16-bit
+// elements) with the 32-byte swizzle (16-byte chunk bit 0 ^= address bit 7), into *map; false
+// when the driver cannot encode it (the caller then takes another kernel). Maps are kept per
+// cache (a layer's cache does not move) and thread (a rank's).
 template <typename T>
-bool key_tensor_map(const Tensor& k_cache, int boxes, CUtensorMap* map) {
+bool key_tensor_map(const Tensor& k_cache, int positions, CUtensorMap* map) {
   struct Kept {
     const void* data;
     int64_t shape[4], stride[4];
-    int boxes;
+    int positions;
     CUtensorMap map;
   };
   static thread_local std::vector<Kept> kept;
   for (const Kept& k : kept) {
-    if (k.data == k_cache.data && k.boxes == boxes &&
+    if (k.data == k_cache.data && k.positions == positions &&
         std::memcmp(k.shape, k_cache.shape, sizeof(k.shape)) == 0 &&
         std::memcmp(k.stride, k_cache.stride, sizeof(k.stride)) == 0) {
       *map = k.map;
@@ -123,7 +106,9 @@ bool key_tensor_map(const Tensor& k_cache, int boxes, CUtensorMap* map) {
   }
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return false;
-  Kept k{k_cache.data, {}, {}, boxes, {}};
+  const int boxes = key_boxes_for(int(k_cache.shape[2]));
+  if (boxes == 0) return false;
+  Kept k{k_cache.data, {}, {}, positions, {}};
   std::memcpy(k.shape, k_cache.shape, sizeof(k.shape));
   std::memcpy(k.stride, k_cache.stride, sizeof(k.stride));
   constexpr bool k16 = sizeof(T) == 2;
@@ -132,7 +117,7 @@ bool key_tensor_map(const Tensor& k_cache, int boxes, CUtensorMap* map) {
   const cuuint64_t strides[3] = {cuuint64_t(k_cache.stride[2]) * sizeof(T),
                                  cuuint64_t(k_cache.stride[1]) * sizeof(T),
                                  cuuint64_t(k_cache.stride[0]) * sizeof(T)};
-  const cuuint32_t box[4] = {cuuint32_t(kDecodeTile), cuuint32_t(k_cache.shape[2] / boxes), 1, 1};
+  const cuuint32_t box[4] = {cuuint32_t(positions), cuuint32_t(k_cache.shape[2] / boxes), 1, 1};
   const cuuint32_t unit[4] = {1, 1, 1, 1};
   const CUtensorMapDataType type =
       !k16 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
