@@ -7,10 +7,12 @@
 // kernel), the tensor-core prompt kernels (TF32 halves for F32, bf16 terms for BF16, f16 terms
 // for F16 and F8_E4M3; fresh prompts and prompts continuing a cached prefix, head sizes up to
 // 256), and the latent (strided-value) view up to the published Kimi-Linear's 32 heads of 576/512
-// in one call (the tiled kernel and the tensor-core latent kernel); the fused attention input stage
-// writes each type as the default does.
+// in one call (the tiled kernel, the tensor-core latent kernel, the decode kernel's latent form
+// and, for F16 and F8_E4M3 prompts on a Hopper, the warpgroup latent kernel); the fused attention
+// input stage writes each type as the default does.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -172,6 +174,12 @@ TEST_P(CudaAttentionCache, LatentViewMatchesReferenceUpToKimiGroup) {
                         // every type), contexts ending inside a copied chunk.
                         {16, 64, 32, 16, {60, 9}, {0, 90}},
                         {32, 576, 512, 16, {66}, {13}},
+                        // Kimi-Linear's heads past 64 tokens (on a Hopper the warpgroup latent
+                        // kernel for F16 and F8_E4M3): ragged prompts, one continuing a cached
+                        // prefix, contexts ending inside a tile and a copied chunk; a group not
+                        // dividing the block's 64 rows (three tokens of 20 heads).
+                        {32, 576, 512, 16, {97, 70}, {0, 301}},
+                        {20, 576, 512, 8, {71}, {5}},
                         // The decode kernel's latent form with head tiles partly or half idle.
                         {8, 128, 64, 16, {1, 1}, {77, 300}},
                         {24, 320, 256, 32, {1, 2}, {1000, 45}}};
@@ -304,6 +312,43 @@ TEST(CudaAttentionDecode, NarrowCachesTakeTheTensorCoreKernel) {
           << what << table;
       EXPECT_EQ(profile_count(table, "decode b=1 paged_attention (combine)"), 1) << what << table;
     }
+  }
+}
+
+// A latent prompt of Kimi-Linear's heads over an F16 or F8_E4M3 cache takes the warpgroup latent
+// kernel on a Hopper, and the TF32 latent kernel over BF16 and F32 caches (and without sm_90a).
+// While the kernel is an experiment, only under RECUR_EXP_LATENT_WGMMA=1 (run the latent tests
+// with it set to test the kernel).
+TEST(CudaAttentionLatent, PromptsTakeTheWarpgroupKernelOverF16AndFp8) {
+  std::mt19937 rng(47);
+  for (const DType dt : {DType::BF16, DType::F16, DType::F8_E4M3, DType::F32}) {
+    bool ok = false;
+    const std::string table = profile_table(
+        [&](CudaOps& ops) {
+          const int64_t heads = 32, hd = 576, dv = 512, bs = 16;
+          Layout lay(std::vector<int>{80}, std::vector<int>{0}, bs, rng);
+          HostTensor kc(dt, {lay.n_blocks(), 1, hd, bs});
+          HostTensor q(DType::F32, {80, heads, hd}), out(DType::F32, {80, heads, dv});
+          fill_random(kc, rng);
+          fill_random(q, rng, 0.3f);
+          DeviceTensor dkc(ops, kc), dq(ops, q), dout(ops, out);
+          Tensor values = dkc.t;
+          values.shape[2] = bs, values.shape[3] = dv, values.stride[2] = 1, values.stride[3] = bs;
+          ops.begin_forward(lay.l, {}, {});  // the profile labels the launches from here
+          ops.paged_attention(dq.t, dkc.t, values, lay.l, 1.0f / 24.0f, dout.t);
+          ops.synchronize();
+        },
+        &ok);
+    if (!ok) GTEST_SKIP() << "no usable CUDA device";
+    const char* exp = std::getenv("RECUR_EXP_LATENT_WGMMA");
+    const bool wgmma =
+        exp && exp[0] == '1' && device_is_sm90a() && (dt == DType::F16 || dt == DType::F8_E4M3);
+    EXPECT_EQ(profile_count(table, "prompt n=80 paged_attention (latent prompt, wgmma)"),
+              wgmma ? 1 : -1)
+        << dtype_name(dt) << table;
+    EXPECT_EQ(profile_count(table, "prompt n=80 paged_attention (latent, tensor cores)"),
+              wgmma ? -1 : 1)
+        << dtype_name(dt) << table;
   }
 }
 

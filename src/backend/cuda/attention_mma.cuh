@@ -96,6 +96,15 @@ __device__ __forceinline__ void widen4(const uint8_t* src, __half* dst) {
       make_uint2(uint32_t(lo.x) | uint32_t(lo.y) << 16, uint32_t(hi.x) | uint32_t(hi.y) << 16);
 }
 
+// 8 e4m3 values (the bytes of v, low first) as 8 f16, exactly.
+__device__ __forceinline__ uint4 widen8(uint2 v) {
+  auto pair = [](uint32_t bits) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(bits), __NV_E4M3);
+    return uint32_t(h.x) | uint32_t(h.y) << 16;
+  };
+  return make_uint4(pair(v.x & 0xffffu), pair(v.x >> 16), pair(v.y & 0xffffu), pair(v.y >> 16));
+}
+
 // fn(T{}) for the cache element type of `dt` (F32, BF16, F16 or F8_E4M3).
 template <typename Fn>
 void dispatch_cache(DType dt, Fn&& fn) {
@@ -515,10 +524,20 @@ bool paged_attention_mma(CudaOps::Impl& s, const AttnArgs& a, const Tensor& k_ca
 // the combine; max_ctx: the longest context the splits must cover). False, having done
 // nothing, when the kernel does not take these heads (hd and dv multiples of 64 and 32, dv ≤
 // min(hd, 512), a query group of at most 32 heads, queries 16-byte aligned) or caches. Few
-// tokens over a 16-bit or FP8 cache go to latent_decode_mma instead.
+// tokens over a 16-bit or FP8 cache go to latent_decode_mma instead, more over an F16 or FP8
+// cache on a Hopper to latent_prompt_wgmma (an experiment).
 bool latent_attention_mma(CudaOps::Impl& s, AttnArgs a, const Tensor& k_cache,
                           const Tensor& v_cache, const SeqLayout& layout, int kv_heads,
                           int max_ctx);
+
+// latent_attention_mma's prompts (more tokens than the decode kernels take) on Hopper's
+// warpgroup products (kernels_attention_latent_wgmma.cu): Kimi-Linear's heads (hd 576, dv 512,
+// a query group of at most 64 heads; latent_attention_mma takes at most 32) over an F16 cache laid
+// out for 16-byte copies or an F8_E4M3 one (4-element copies, checked by the caller), on sm_90a,
+// under the experiment switch RECUR_EXP_LATENT_WGMMA=1 (CudaOptions). False, having done
+// nothing, otherwise.
+bool latent_prompt_wgmma(CudaOps::Impl& s, const AttnArgs& a, const Tensor& k_cache,
+                         const SeqLayout& layout, int kv_heads);
 
 // Merges the context splits of a's partial results (a.n_splits > 1) into a.out: one launch.
 void launch_attention_combine(CudaOps::Impl& s, const AttnArgs& a, int n_tokens);

@@ -114,15 +114,6 @@ __device__ __forceinline__ void start_tile(
       });
 }
 
-// 8 e4m3 values (the bytes of v, low first) as 8 f16, exactly.
-[[maybe_unused]] __device__ __forceinline__ uint4 widen8(uint2 v) {
-  auto pair = [](uint32_t bits) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(bits), __NV_E4M3);
-    return uint32_t(h.x) | uint32_t(h.y) << 16;
-  };
-  return make_uint4(pair(v.x & 0xffffu), pair(v.x >> 16), pair(v.y & 0xffffu), pair(v.y >> 16));
-}
-
 // A landed e4m3 stage (keys [hd][kKeys], values [kKeys][dv]) widened into the products' f16
 // tiles, 8 elements (one 8-byte read, one 16-byte store) a step.
 template <int kThreads>

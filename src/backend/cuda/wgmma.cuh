@@ -126,7 +126,7 @@ __device__ __forceinline__ void wgmma_n32_ss(float (&d)[4][4], uint64_t a, uint6
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate))                  \
       : "memory")
 
-#define RECUR_WGMMA_RS128(TY)                                                                      \
+#define RECUR_WGMMA_RS128(TY, TRANS_B)                                                             \
   asm volatile(                                                                                    \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                                 \
       "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY                                     \
@@ -134,7 +134,7 @@ __device__ __forceinline__ void wgmma_n32_ss(float (&d)[4][4], uint64_t a, uint6
       "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, " \
       "%37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, " \
       "%55, %56, %57, %58, %59, %60, %61, %62, %63}, "                                             \
-      "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"                                                \
+      "{%64, %65, %66, %67}, %68, p, 1, 1, " TRANS_B ";\n}\n"                                      \
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),  \
         "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),  \
         "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),  \
@@ -150,7 +150,7 @@ __device__ __forceinline__ void wgmma_n32_ss(float (&d)[4][4], uint64_t a, uint6
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate))                   \
       : "memory")
 
-#define RECUR_WGMMA_RS256(TY)                                                                      \
+#define RECUR_WGMMA_RS256(TY, TRANS_B)                                                             \
   asm volatile(                                                                                    \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"                                                \
       "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY                                     \
@@ -162,7 +162,7 @@ __device__ __forceinline__ void wgmma_n32_ss(float (&d)[4][4], uint64_t a, uint6
       "%91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, "    \
       "%107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, " \
       "%122, %123, %124, %125, %126, %127}, "                                                      \
-      "{%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"                                           \
+      "{%128, %129, %130, %131}, %132, p, 1, 1, " TRANS_B ";\n}\n"                                 \
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),  \
         "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),  \
         "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),  \
@@ -203,13 +203,27 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&
   } else if constexpr (N == 64) {
     RECUR_WGMMA_RS64("bf16", "1");
   } else if constexpr (N == 128 && kF16) {
-    RECUR_WGMMA_RS128("f16");
+    RECUR_WGMMA_RS128("f16", "1");
   } else if constexpr (N == 128) {
-    RECUR_WGMMA_RS128("bf16");
+    RECUR_WGMMA_RS128("bf16", "1");
   } else if constexpr (kF16) {
-    RECUR_WGMMA_RS256("f16");
+    RECUR_WGMMA_RS256("f16", "1");
   } else {
-    RECUR_WGMMA_RS256("bf16");
+    RECUR_WGMMA_RS256("bf16", "1");
+  }
+}
+
+// d (+)= A · B for N output columns (128 or 256), A in registers, B [16 × N] in shared memory
+// K-major (each column's 16 k contiguous in two core matrices), f16 operands: latent attention's
+// values, which are its keys' channels with the positions (k) contiguous.
+template <int N>
+__device__ __forceinline__ void wgmma_rs_kmajor_f16(float (&d)[N / 8][4], const uint32_t (&a)[4],
+                                                    uint64_t b, bool accumulate) {
+  static_assert(N == 128 || N == 256, "the widths instantiated");
+  if constexpr (N == 128) {
+    RECUR_WGMMA_RS128("f16", "0");
+  } else {
+    RECUR_WGMMA_RS256("f16", "0");
   }
 }
 
