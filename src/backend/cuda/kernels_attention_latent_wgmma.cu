@@ -202,20 +202,9 @@ __global__ void __launch_bounds__(kThreads, 1) latent_prompt_wgmma_kernel(AttnAr
     float corr[2];
     online_softmax_tile<kKeys / 8, false>(sc, k0, c, row_pos, 0, m, l, corr);
     rescale_rows(acc, corr);
-    // P's terms for each 16 keys: the score fragments of n-tiles 2kk and 2kk + 1 are the A
-    // operand as they lie, the weights times kWs (the denominators too, below).
+    // P's terms for each 16 keys, the weights times kWs (the denominators too, below).
     uint32_t ap[kKeys / 16][kTerms][4];
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) {
-#pragma unroll
-      for (int f = 0; f < 4; ++f) {
-        const float(&s)[4] = sc[2 * kk + f / 2];
-        uint32_t t[kTerms];
-        split_x2<M>(s[2 * (f % 2)] * kWs, s[2 * (f % 2) + 1] * kWs, t);
-#pragma unroll
-        for (int i = 0; i < kTerms; ++i) ap[kk][i][f] = t[i];
-      }
-    }
+    weight_terms<M, kKeys>(sc, ap);
     pin_registers(acc);
     pin_registers(ap);
     wgmma_fence();

@@ -77,6 +77,27 @@ __device__ __forceinline__ void split_x2(float x0, float x1, uint32_t (&t)[kTerm
   }
 }
 
+// A warp's softmax weights over kKeys keys as the A operand's terms of type M for each 16 keys
+// (an m16n8k16 A fragment, as wgmma takes its register operand): sc[j] holds keys [8j, 8j + 8)
+// of rows g and g + 8, so n-tiles 2kk and 2kk + 1 are that fragment as they lie. The weights are
+// multiplied by kWeightScaleOf<M> (the caller divides the sums by it).
+template <typename M, int kKeys>
+__device__ __forceinline__ void weight_terms(const float (&sc)[kKeys / 8][4],
+                                             uint32_t (&ap)[kKeys / 16][kTermsOf<M>][4]) {
+  constexpr float kWs = kWeightScaleOf<M>;
+#pragma unroll
+  for (int kk = 0; kk < kKeys / 16; ++kk) {
+#pragma unroll
+    for (int f = 0; f < 4; ++f) {
+      const float(&s)[4] = sc[2 * kk + f / 2];
+      uint32_t t[kTermsOf<M>];
+      split_x2<M>(s[2 * (f % 2)] * kWs, s[2 * (f % 2) + 1] * kWs, t);
+#pragma unroll
+      for (int i = 0; i < kTermsOf<M>; ++i) ap[kk][i][f] = t[i];
+    }
+  }
+}
+
 // x limited to f16's finite range (NaN stays NaN), for an operand whose f16 terms must not
 // overflow.
 __device__ __forceinline__ float clamp_f16_range(float x) {
