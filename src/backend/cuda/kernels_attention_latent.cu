@@ -17,8 +17,9 @@
 // units (exp2). Decode over a 16-bit or FP8 cache takes the decode kernel's latent form
 // instead (kernels_attention_decode_mma.cu: asynchronous copies, 16-bit products): at a Kimi-
 // Linear 8-layer batch-1 step it was 5% faster at a 300-position context and 13% at 32,768
-// (H100, session 43). Prompts over an F16 or FP8 cache on a Hopper take the warpgroup kernel
-// (kernels_attention_latent_wgmma.cu); this one keeps BF16 and F32 caches and other GPUs.
+// (H100, session 43). Prompts over an F16 or FP8 cache on a Hopper may take the warpgroup kernel
+// (kernels_attention_latent_wgmma.cu, an experiment under RECUR_EXP_LATENT_WGMMA=1); this one
+// keeps the rest.
 #include <algorithm>
 #include <cmath>
 
@@ -244,7 +245,7 @@ bool latent_attention_mma(CudaOps::Impl& s, AttnArgs a, const Tensor& k_cache,
   // Few tokens over a 16-bit or FP8 cache: the decode kernel's latent form (16-bit products,
   // the tiles copied asynchronously).
   if (latent_decode_mma(s, a, k_cache, layout, kv_heads, max_ctx)) return true;
-  // More over an F16 or FP8 cache on a Hopper: warpgroup products, f16 terms.
+  // More over an F16 or FP8 cache on a Hopper: warpgroup products, f16 terms (the experiment).
   if (n > kDecodeMaxTokens && latent_prompt_wgmma(s, a, k_cache, layout, kv_heads)) return true;
   // Decode: one token's rows a block, and the context split so that the blocks fill the GPU
   // (one block an SM: its shared memory) within the buffer of partial results.
