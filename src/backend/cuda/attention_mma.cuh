@@ -542,6 +542,10 @@ bool latent_prompt_wgmma(CudaOps::Impl& s, const AttnArgs& a, const Tensor& k_ca
 // Merges the context splits of a's partial results (a.n_splits > 1) into a.out: one launch.
 void launch_attention_combine(CudaOps::Impl& s, const AttnArgs& a, int n_tokens);
 
+// The row tiles of tokens_per_tile tokens of each sequence (a prompt kernel's grid.x), and,
+// when positions is given, the keys they read added to it: each tile its last token's context.
+int64_t prompt_row_tiles(const SeqLayout& layout, int tokens_per_tile, double* positions = nullptr);
+
 // Multiply-adds of causal attention over the layout's tokens (scores and values, 2 flops
 // each), for the profile.
 double attention_flops(const SeqLayout& layout, int64_t heads, int64_t hd, int64_t dv);

@@ -256,14 +256,8 @@ bool latent_attention_mma(CudaOps::Impl& s, AttnArgs a, const Tensor& k_cache,
                        kMinSplitPositions, kKeys);
   }
   const int n_splits = a.n_splits;
-  int64_t row_tiles = n;  // one token's rows a block when split
-  if (n_splits == 1) {
-    row_tiles = 0;
-    const int tokens_per_tile = kRows / a.group;
-    for (int q = 0; q < layout.n_seqs; ++q) {
-      row_tiles += (layout.seq_len(q) + tokens_per_tile - 1) / tokens_per_tile;
-    }
-  }
+  // One token's rows a block when split.
+  const int64_t row_tiles = n_splits > 1 ? n : prompt_row_tiles(layout, kRows / a.group);
   if (s.options.profile) {  // each block reads its keys once
     double positions = 0;
     for (int t = 0; t < n; ++t) positions += layout.positions[t] + 1;

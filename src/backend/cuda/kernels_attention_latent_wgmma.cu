@@ -250,17 +250,13 @@ bool latent_prompt_wgmma(CudaOps::Impl& s, const AttnArgs& a, const Tensor& k_ca
       size_t(LatentSmem(a.hd, dt == DType::F8_E4M3).total) > s.max_smem_optin) {
     return false;
   }
-  const int tokens_per_tile = kRows / a.group;
-  int64_t row_tiles = 0;
-  for (int q = 0; q < layout.n_seqs; ++q) {
-    row_tiles += (layout.seq_len(q) + tokens_per_tile - 1) / tokens_per_tile;
-  }
+  double positions = 0;  // for the profile: a block reads the latent up to its last position
+  const int64_t row_tiles =
+      prompt_row_tiles(layout, kRows / a.group, s.options.profile ? &positions : nullptr);
   if (row_tiles == 0) return true;
-  if (s.options.profile) {  // each block reads its keys once
-    double positions = 0;
-    for (int t = 0; t < layout.n_tokens; ++t) positions += layout.positions[t] + 1;
+  if (s.options.profile) {
     s.work(attention_flops(layout, a.heads, a.hd, a.dv),
-           positions / tokens_per_tile * double(kv_heads) * double(a.hd) * double(dtype_size(dt)));
+           positions * double(kv_heads) * double(a.hd) * double(dtype_size(dt)));
   }
   const dim3 grid{unsigned(row_tiles), unsigned(kv_heads)};
   if (dt == DType::F16) {

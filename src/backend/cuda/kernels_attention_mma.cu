@@ -243,23 +243,6 @@ bool attention_mma_fits(DType cache, int group, int hd, int dv, int block_size, 
          prompt_smem_bytes(cache, hd, dv) <= max_smem;
 }
 
-// The row tiles of tokens_per_tile tokens of each sequence (a prompt kernel's grid.x), and,
-// when asked, the keys they read: each tile its last token's context.
-int64_t prompt_row_tiles(const SeqLayout& layout, int tokens_per_tile,
-                         double* positions = nullptr) {
-  int64_t tiles = 0;
-  for (int s = 0; s < layout.n_seqs; ++s) {
-    for (int t = layout.seq_start[s]; t < layout.seq_start[s + 1]; t += tokens_per_tile) {
-      ++tiles;
-      if (positions) {
-        const int last = std::min(layout.seq_start[s + 1], t + tokens_per_tile) - 1;
-        *positions += layout.positions[last] + 1;
-      }
-    }
-  }
-  return tiles;
-}
-
 // wgmma: the warpgroup kernel takes the prompt (attention_wgmma_takes).
 void launch_attention_mma(const AttnArgs& a, DType cache, bool wide_copies, bool wgmma,
                           const SeqLayout& layout, int kv_heads, cudaStream_t stream,
@@ -292,6 +275,20 @@ void launch_attention_mma(const AttnArgs& a, DType cache, bool wide_copies, bool
 }
 
 }  // namespace
+
+int64_t prompt_row_tiles(const SeqLayout& layout, int tokens_per_tile, double* positions) {
+  int64_t tiles = 0;
+  for (int s = 0; s < layout.n_seqs; ++s) {
+    for (int t = layout.seq_start[s]; t < layout.seq_start[s + 1]; t += tokens_per_tile) {
+      ++tiles;
+      if (positions) {
+        const int last = std::min(layout.seq_start[s + 1], t + tokens_per_tile) - 1;
+        *positions += layout.positions[last] + 1;
+      }
+    }
+  }
+  return tiles;
+}
 
 double attention_flops(const SeqLayout& layout, int64_t heads, int64_t hd, int64_t dv) {
   double ctx = 0;
