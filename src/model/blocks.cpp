@@ -61,6 +61,11 @@ void GatedDeltaNet::forward(const LayerIo& io) const {
   ops.matmul(normed, out_proj, io.h, /*accumulate=*/true);  // h += the mixer's output
 }
 
+void GatedDeltaNet::prefetch_inputs(Ops& ops) const {
+  const Tensor ws[] = {in_proj_qkv, in_proj_z, in_proj_b, in_proj_a};
+  ops.prefetch_weights(ws);
+}
+
 // ---- gated attention ----
 
 void GatedAttention::finish_load(Ops& ops) {
@@ -75,6 +80,11 @@ void GatedAttention::plan(ModelPlan& plan) {
   s.attn_k = std::max<int64_t>(s.attn_k, int64_t(kv_heads) * head_dim);
   s.attn_v = std::max<int64_t>(s.attn_v, int64_t(kv_heads) * head_dim);
   s.attn_out = std::max<int64_t>(s.attn_out, int64_t(heads) * head_dim);
+}
+
+void GatedAttention::prefetch_inputs(Ops& ops) const {
+  const Tensor ws[] = {q_proj, gate_proj, k_proj, v_proj};
+  ops.prefetch_weights(ws);
 }
 
 void GatedAttention::forward(const LayerIo& io) const {

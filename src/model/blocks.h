@@ -35,6 +35,7 @@ class GatedDeltaNet final : public TokenMixer {
   void finish_load(Ops& ops) override;
   void plan(ModelPlan& plan) override;
   void forward(const LayerIo& io) const override;
+  void prefetch_inputs(Ops& ops) const override;
 
  private:
   int state_ = -1;
@@ -59,6 +60,7 @@ class GatedAttention final : public TokenMixer {
   void finish_load(Ops& ops) override;
   void plan(ModelPlan& plan) override;
   void forward(const LayerIo& io) const override;
+  void prefetch_inputs(Ops& ops) const override;
   void describe(ModelInfo& info) const override;
 
  private:

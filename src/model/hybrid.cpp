@@ -393,6 +393,7 @@ Status HybridModel::forward(const Batch& batch, Tensor logits) {
     L.mixer->forward(io);
     end_partial_sum(h);
     ops_.rms_norm(h, L.post_norm, off, eps, x);
+    if (i + 1 < spec_.layers.size()) spec_.layers[i + 1].mixer->prefetch_inputs(ops_);
     begin_partial_sum(h);
     L.ffn->forward(io);
     end_partial_sum(h);

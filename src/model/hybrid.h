@@ -121,6 +121,9 @@ class TokenMixer {
   virtual void describe(ModelInfo& info) const {}     // its share of the benchmark figures
   // Once its weights are loaded, before plan: offers them to the backend (Ops::retype_weights).
   virtual void finish_load(Ops& ops) {}
+  // Names the weights its forward reads first (Ops::prefetch_weights), while the layer before
+  // still runs.
+  virtual void prefetch_inputs(Ops& ops) const {}
 };
 
 class FeedForward {

@@ -222,6 +222,10 @@ class KimiDeltaAttention final : public TokenMixer {
     Tensor* ws[] = {&qkv_proj, &b_proj, &fg_a_proj, &o_proj};
     ops.retype_weights(ws);
   }
+  void prefetch_inputs(Ops& ops) const override {
+    const Tensor ws[] = {qkv_proj, b_proj, fg_a_proj};
+    ops.prefetch_weights(ws);
+  }
 
   void plan(ModelPlan& plan) override {
     state_ = plan.recurrent_state(conv_kernel - 1, 3 * dim(), heads, head_dim, head_dim);
@@ -306,6 +310,10 @@ class LatentAttention final : public TokenMixer {
   void finish_load(Ops& ops) override {
     Tensor* ws[] = {&q_nope_proj, &kv_a_proj, &o_proj};
     ops.retype_weights(ws);
+  }
+  void prefetch_inputs(Ops& ops) const override {
+    const Tensor ws[] = {q_nope_proj, kv_a_proj};
+    ops.prefetch_weights(ws);
   }
 
   void plan(ModelPlan& plan) override {

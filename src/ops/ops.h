@@ -263,6 +263,10 @@ class Ops {
   static constexpr size_t kMaxMatmulGroup = 4;
   virtual void matmul_group(const Tensor& x, std::span<const Tensor> ws,
                             std::span<const Tensor> outs);
+  // A hint (experiment RECUR_EXP_L2_NEXT, session 48): the weights ws are read soon after
+  // the work already issued, which leaves memory idle; a backend may fetch them meanwhile.
+  // Changes no result; the default does nothing.
+  virtual void prefetch_weights(std::span<const Tensor> ws) {}
   // out[t, h, :] = x[t, h, :] · w[h]^T for every head h: one independent product per head
   // (latent attention's absorbed projections), exactly the results of one matmul per head on
   // views (the default does that); a backend may run them as one launch.

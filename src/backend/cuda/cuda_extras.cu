@@ -383,4 +383,73 @@ const void* const* CudaOps::Impl::expert_table(std::span<const ExpertWeights> ex
   return kept.dev;
 }
 
+// ---- prefetch_weights (experiment RECUR_EXP_L2_NEXT) ----
+
+namespace {
+
+constexpr int kPrefetchRanges = int(Ops::kMaxMatmulGroup);
+struct PrefetchRanges {
+  const char* base[kPrefetchRanges];  // each range's first byte, 128-byte aligned
+  int64_t lines[kPrefetchRanges];     // its 128-byte lines
+  int n = 0;
+};
+
+// Each thread asks L2 for lines of the ranges (a prefetch does not wait for its data).
+template <bool kEvictLast>
+__global__ void prefetch_l2_kernel(PrefetchRanges r) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  for (int j = 0; j < r.n; ++j) {
+    for (; i < r.lines[j]; i += stride) {
+      const char* p = r.base[j] + i * 128;
+      if constexpr (kEvictLast) {
+        asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(p));
+      } else {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+      }
+    }
+    i -= r.lines[j];
+  }
+}
+
+}  // namespace
+
+void CudaOps::prefetch_weights(std::span<const Tensor> ws) {
+  Impl& s = *impl_;
+  if (s.mode != Impl::Mode::kCapturing || s.options.exp_l2_next_mb <= 0) return;
+  // The budget from the end: the first rows are what the launch's first blocks load before
+  // their wait anyway.
+  int64_t budget = int64_t(s.options.exp_l2_next_mb) << 20;
+  PrefetchRanges r;
+  for (size_t i = ws.size(); i-- > 0 && budget > 0 && r.n < kPrefetchRanges;) {
+    const Tensor& w = ws[i];
+    if (!w.data) continue;
+    const int64_t bytes = w.numel() * int64_t(dtype_size(w.dtype));
+    const int64_t take = std::min(bytes, budget) & ~int64_t(127);
+    if (take <= 0) continue;
+    const uintptr_t end = reinterpret_cast<uintptr_t>(w.data) + uintptr_t(bytes);
+    r.base[r.n] = reinterpret_cast<const char*>((end - uintptr_t(take)) & ~uintptr_t(127));
+    r.lines[r.n] = take / 128;
+    ++r.n;
+    budget -= take;
+  }
+  if (r.n == 0) return;
+  RECUR_CUDA_CHECK(cudaEventRecord(s.prefetch_fork, s.stream));
+  RECUR_CUDA_CHECK(cudaStreamWaitEvent(s.prefetch_stream, s.prefetch_fork, 0));
+  const dim3 grid(unsigned(s.sm_count)), block(256);
+  if (s.options.exp_l2_last) {
+    prefetch_l2_kernel<true><<<grid, block, 0, s.prefetch_stream>>>(r);
+  } else {
+    prefetch_l2_kernel<false><<<grid, block, 0, s.prefetch_stream>>>(r);
+  }
+  RECUR_CUDA_CHECK(cudaGetLastError());
+  s.prefetch_pending = true;
+}
+
+void CudaOps::Impl::join_prefetch() {
+  RECUR_CUDA_CHECK(cudaEventRecord(prefetch_join, prefetch_stream));
+  RECUR_CUDA_CHECK(cudaStreamWaitEvent(capture_stream, prefetch_join, 0));
+  prefetch_pending = false;
+}
+
 }  // namespace recur

@@ -42,6 +42,12 @@ struct CudaOptions {
   // prompts over F16 / FP8 caches on the warpgroup kernel (kernels_attention_latent_wgmma.cu)
   // instead of the TF32 one. When measured, keep the winner and delete the switch.
   bool exp_latent_wgmma = false;
+  // RECUR_EXP_L2_NEXT=MB (experiment, session 48): in decode graphs, when a layer's
+  // feed-forward begins, the last MB megabytes of the next layer's first weights are fetched
+  // into L2 from a side stream (Ops::prefetch_weights), filling the routing's idle memory time;
+  // RECUR_EXP_L2_LAST=1 marks them last to evict. When measured, keep the winner and delete.
+  int exp_l2_next_mb = 0;
+  bool exp_l2_last = false;
   // Decode forwards replay CUDA graphs unless a launch-by-launch switch is on.
   bool graphs() const { return !sync && !profile && !host_ordered_collectives; }
   static CudaOptions from_environment();
@@ -250,6 +256,11 @@ struct CudaOps::Impl {
   cudaStream_t main_stream = nullptr;     // the ops' stream outside captures
   cudaStream_t capture_stream = nullptr;  // non-blocking: captures need no legacy-stream order
   cudaEvent_t capture_fork = nullptr;
+  // prefetch_weights' side stream (captured into the decode graph, joined at its end).
+  cudaStream_t prefetch_stream = nullptr;
+  cudaEvent_t prefetch_fork = nullptr, prefetch_join = nullptr;
+  bool prefetch_pending = false;  // the capture forked the side stream
+  void join_prefetch();           // capture_stream waits for the side stream's work
 
   // options.profile (graphs off): an event after every launch; device time per op label and
   // forward shape, summed at each wait for the stream and printed to stderr at exit.

@@ -55,6 +55,8 @@ CudaOptions CudaOptions::from_environment() {
   o.trace_out = env_string("RECUR_CUDA_TRACE_OUT");
   o.portable = env_one("RECUR_CUDA_PORTABLE");
   o.exp_latent_wgmma = env_one("RECUR_EXP_LATENT_WGMMA");
+  o.exp_l2_next_mb = std::max(0, std::atoi(env_string("RECUR_EXP_L2_NEXT").c_str()));
+  o.exp_l2_last = env_one("RECUR_EXP_L2_LAST");
   return o;
 }
 
@@ -172,6 +174,7 @@ CudaOps::Impl::~Impl() {
   cudaSetDevice(device);
   if (mode == Mode::kCapturing) {  // a forward begun and never waited for: drop its capture
     cudaGraph_t g = nullptr;
+    if (prefetch_pending) join_prefetch();
     if (cudaStreamEndCapture(capture_stream, &g) == cudaSuccess && g) cudaGraphDestroy(g);
     stream = main_stream;
   }
@@ -216,6 +219,9 @@ CudaOps::Impl::~Impl() {
   }
   if (capture_fork) cudaEventDestroy(capture_fork);
   if (capture_stream) cudaStreamDestroy(capture_stream);
+  if (prefetch_fork) cudaEventDestroy(prefetch_fork);
+  if (prefetch_join) cudaEventDestroy(prefetch_join);
+  if (prefetch_stream) cudaStreamDestroy(prefetch_stream);
   // Buffers return to `alloc` in their own destructors (members below it).
   if (cublas) cublasDestroy(cublas);
   if (upload_done) cudaEventDestroy(upload_done);
@@ -274,6 +280,9 @@ Result<std::unique_ptr<CudaOps>> CudaOps::create(int device, const BackendOption
   s.main_stream = s.stream;
   RECUR_CUDA_CHECK(cudaStreamCreateWithFlags(&s.capture_stream, cudaStreamNonBlocking));
   RECUR_CUDA_CHECK(cudaEventCreateWithFlags(&s.capture_fork, cudaEventDisableTiming));
+  RECUR_CUDA_CHECK(cudaStreamCreateWithFlags(&s.prefetch_stream, cudaStreamNonBlocking));
+  RECUR_CUDA_CHECK(cudaEventCreateWithFlags(&s.prefetch_fork, cudaEventDisableTiming));
+  RECUR_CUDA_CHECK(cudaEventCreateWithFlags(&s.prefetch_join, cudaEventDisableTiming));
   RECUR_CUDA_CHECK(cudaEventCreateWithFlags(&s.upload_done, cudaEventDisableTiming));
   RECUR_CUDA_CHECK(cudaEventCreateWithFlags(&s.copy_done, cudaEventDisableTiming));
   RECUR_CUDA_CHECK(cudaEventCreateWithFlags(&s.copy_ready, cudaEventDisableTiming));
@@ -659,6 +668,7 @@ void CudaOps::Impl::end_forward() {
   // Capturing: the graph is made and then runs this forward.
   DecodeGraph& g = decode_graphs[size_t(current_graph)];
   cudaGraph_t graph = nullptr;
+  if (prefetch_pending) join_prefetch();
   RECUR_CUDA_CHECK(cudaStreamEndCapture(capture_stream, &graph));
   stream = main_stream;
   RECUR_CUBLAS_CHECK(cublasSetStream(cublas, stream));

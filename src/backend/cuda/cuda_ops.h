@@ -91,6 +91,9 @@ class CudaOps final : public Ops {
   // Up to kGemvMaxTokens tokens: one GEMV launch over all the weights' rows.
   void matmul_group(const Tensor& x, std::span<const Tensor> ws,
                     std::span<const Tensor> outs) override;
+  // Decode graphs only: the last options.exp_l2_next_mb MB of ws, fetched into L2 by a
+  // kernel on a side stream that starts when the work issued before has ended.
+  void prefetch_weights(std::span<const Tensor> ws) override;
   // Token counts that take matmul's GEMV path: one launch over all heads
   // (kernels_matmul_heads.cu); more: one matmul per head.
   void matmul_heads(const Tensor& x, const Tensor& w, Tensor out) override;
