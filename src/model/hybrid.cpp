@@ -52,7 +52,7 @@ class HybridModel final : public Model {
   // their output to h: ranks but 0 start from h = 0 (after the block's input was normed from
   // it), so that the all-reduce after the block leaves h + every rank's part on every rank.
   void begin_partial_sum(Tensor h) {
-    if (comm_ && comm_->rank() != 0) ops_.fill_zero(h);
+    if (comm_ && comm_->rank() != 0) ops_.zero_in_forward(h);
   }
   void end_partial_sum(Tensor h) {
     if (comm_) comm_->all_reduce_sum(h);

@@ -209,6 +209,9 @@ class Ops {
   virtual void copy_to_host_start(const Tensor& src, void* dst) { copy_to_host(src, dst); }
   virtual void copy_to_host_finish() {}
   virtual void fill_zero(Tensor t) = 0;  // t contiguous
+  // t = 0 as a step of the forward (t f32 and contiguous): in order with its other ops and
+  // inside a decode graph, where fill_zero ends the forward first. The default is fill_zero.
+  virtual void zero_in_forward(Tensor t) { fill_zero(t); }
   // dst = src, both contiguous with the same dtype and element count, in this backend's
   // memory (recurrent-state snapshots of the prefix cache). The default copies directly on the
   // CPU and through host memory elsewhere; device backends override it with a device copy.

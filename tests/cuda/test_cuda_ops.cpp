@@ -60,6 +60,14 @@ TEST_F(CudaBasic, AdoptWeightKeepsDtypeAndCopyToHostRoundTrips) {
   ops().fill_zero(dz.t);
   HostTensor zh = host(dz, z);
   EXPECT_EQ(max_abs(zh.f(), z.numel()), 0.0);
+  // The forward's own zeroing (tensor-parallel ranks but the first clear h before each block),
+  // over more elements than one block of threads takes.
+  HostTensor y(DType::F32, {9, 301});
+  fill_random(y, rng);
+  DeviceTensor dy = dev(y);
+  ops().zero_in_forward(dy.t);
+  HostTensor yh = host(dy, y);
+  EXPECT_EQ(max_abs(yh.f(), y.numel()), 0.0);
 }
 
 // copy on the device (the prefix cache's snapshots): one row of a pool into another pool's row

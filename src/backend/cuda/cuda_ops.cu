@@ -174,7 +174,9 @@ CudaOps::Impl::~Impl() {
   cudaSetDevice(device);
   if (mode == Mode::kCapturing) {  // a forward begun and never waited for: drop its capture
     cudaGraph_t g = nullptr;
-    if (prefetch_pending) join_prefetch();
+    if (prefetch_pending && cudaEventRecord(prefetch_join, prefetch_stream) == cudaSuccess) {
+      cudaStreamWaitEvent(capture_stream, prefetch_join, 0);  // unchecked, as the capture's end
+    }
     if (cudaStreamEndCapture(capture_stream, &g) == cudaSuccess && g) cudaGraphDestroy(g);
     stream = main_stream;
   }

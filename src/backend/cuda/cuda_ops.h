@@ -64,6 +64,7 @@ class CudaOps final : public Ops {
   Status reserve(const ForwardLimits& limits) override;
   void copy_to_host(const Tensor& src, void* dst) override;  // waits for the stream
   void fill_zero(Tensor t) override;                         // asynchronous
+  void zero_in_forward(Tensor t) override;                   // a kernel, recorded in decode graphs
   void copy(const Tensor& src, Tensor dst) override;         // asynchronous, on the device
   void argmax_rows(const Tensor& x, Tensor ids) override;    // asynchronous
   // Packs the batch's host arrays into pinned memory and uploads them in one asynchronous copy;

@@ -311,11 +311,11 @@ __global__ void __launch_bounds__(32) attention_inputs_kernel(AttnInputArgs a) {
   }
 }
 
-enum class Elementwise { kSwiglu, kMulSigmoid, kAdd, kAddScaledSigmoid };
+enum class Elementwise { kSwiglu, kMulSigmoid, kAdd, kAddScaledSigmoid, kZero };
 
 // Elementwise over rows [n, d]: a is the output (and first input except for SwiGLU).
 //   kSwiglu: a = silu(b)·c;  kMulSigmoid: a ·= σ(b);  kAdd: a += b;  kAddScaledSigmoid: a +=
-//   σ(s[r])·b
+//   σ(s[r])·b;  kZero: a = 0
 template <Elementwise kOp>
 __global__ void elementwise_kernel(Rows a, Rows b, Rows c, const float* s, int64_t lds) {
   grid_dependency_sync();
@@ -324,6 +324,10 @@ __global__ void elementwise_kernel(Rows a, Rows b, Rows c, const float* s, int64
        e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = e / a.d, j = e % a.d;
     float* ar = a.row(r);
+    if constexpr (kOp == Elementwise::kZero) {
+      ar[j] = 0.0f;
+      continue;
+    }
     const float bv = b.row(r)[j];
     if constexpr (kOp == Elementwise::kSwiglu) {
       ar[j] = silu(bv) * c.row(r)[j];
@@ -565,6 +569,18 @@ void CudaOps::add(Tensor x, const Tensor& y) {
                 elementwise_blocks(xs.n_rows * xs.d, s.sm_count), kThreads, 0, s.stream, xs, ys, ys,
                 nullptr, 0);
   s.launched("add");
+}
+
+void CudaOps::zero_in_forward(Tensor x) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
+  RECUR_CHECK(x.is_contiguous() && x.dtype == DType::F32);
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  const Rows xs = rows_of(x.reshaped({1, n}));
+  Impl& s = *impl_;
+  launch_kernel(elementwise_kernel<Elementwise::kZero>, elementwise_blocks(n, s.sm_count), kThreads,
+                0, s.stream, xs, xs, xs, nullptr, 0);
+  s.launched("zero_in_forward");
 }
 
 void CudaOps::add_scaled_sigmoid(Tensor x, const Tensor& y, const Tensor& sc) {
