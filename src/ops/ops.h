@@ -148,6 +148,20 @@ struct GdnInputArgs {
   Tensor g, beta;      // out, as gdn_gates: g as a, beta [n, Hv]
 };
 
+// Operands of Ops::gdn_core: a Gated DeltaNet (or Kimi Delta Attention) layer from its
+// projections to the gated norm of the delta rule's output.
+struct GdnCoreArgs {
+  GdnInputArgs in;  // the input stage: its conv_out, g and beta are the default's scratch
+  Tensor state;     // [slots, Hv, dk, dv] f32: the delta rule's
+  Tensor out;       // [n, Hv, dv]: the rule's output (the default's scratch before the norm)
+  Tensor scratch;   // from gated_delta_rule_scratch_bytes
+  Tensor gate;      // [n, Hv, dv]: the norm's gate, through act
+  Tensor norm_w;    // [dv]
+  float eps = 1e-6f;
+  GateActivation act = GateActivation::kSilu;
+  Tensor normed;  // [n, Hv, dv] out
+};
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -331,6 +345,9 @@ class Ops {
                                      const SeqLayout& layout, Tensor out, Tensor scratch,
                                      const Tensor& gate, const Tensor& norm_w, float eps,
                                      GateActivation act, Tensor normed);
+  // gdn_inputs, then gated_delta_rule_norm over conv_out's q, k and v (see GdnCoreArgs):
+  // which the default calls; a backend may fuse them.
+  virtual void gdn_core(const GdnCoreArgs& args, const SeqLayout& layout);
 
   // The attention input stage (see AttentionInputArgs): the results of rms_norm of q and k per
   // head, rope on q and k, and kv_cache_write of k and v, which the default calls in that

@@ -48,6 +48,10 @@ struct CudaOptions {
   // RECUR_EXP_L2_LAST=1 marks them last to evict. When measured, keep the winner and delete.
   int exp_l2_next_mb = 0;
   bool exp_l2_last = false;
+  // RECUR_EXP_GDN_FOLD=1 (experiment, session 49): at decode, Ops::gdn_core as one kernel (the
+  // input stage inside the delta rule's, gdn_decode_core_kernel) instead of two. When
+  // measured, keep the winner and delete the switch.
+  bool exp_gdn_fold = false;
   // Decode forwards replay CUDA graphs unless a launch-by-launch switch is on.
   bool graphs() const { return !sync && !profile && !host_ordered_collectives; }
   static CudaOptions from_environment();
@@ -216,6 +220,9 @@ struct CudaOps::Impl {
   Buffer act_lowp;      // matmul: activations split into three 16-bit terms
   Buffer attn_partial;  // split-context attention partials
   Buffer gdn_chunks;    // the chunked delta rule's per-chunk key-side records
+  // gdn_decode_core_kernel's arrival counts, two per key head and sequence [2 · sm_count],
+  // zero between launches.
+  Buffer gdn_arrivals;
   // argmax_rows split over blocks: each row's per-block picks [kArgmaxRows, kArgmaxMaxSlices]
   // (8 bytes each), then a finished-block count per row [kArgmaxRows], zero between calls.
   Buffer argmax_scratch;

@@ -129,6 +129,9 @@ class CudaOps final : public Ops {
                              const Tensor& beta, Tensor state, const SeqLayout& layout, Tensor out,
                              Tensor scratch, const Tensor& gate, const Tensor& norm_w, float eps,
                              GateActivation act, Tensor normed) override;
+  // With RECUR_EXP_GDN_FOLD=1, one kernel where gated_delta_rule_norm's would run and the input
+  // stage's one-token kernel fits (conv width 4); else the default's two ops.
+  void gdn_core(const GdnCoreArgs& args, const SeqLayout& layout) override;
   size_t gated_delta_rule_scratch_bytes(int dk, int dv) const override;
 
   // One kernel per token for the common shapes (value heads of any size); else the default's
