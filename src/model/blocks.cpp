@@ -202,7 +202,8 @@ void SparseMoe::forward(const LayerIo& io) const {
     const Tensor ws[] = {router, shared_gate}, outs[] = {logits, sh.score};
     ops.matmul_group(io.x, ws, outs);
   }
-  ops.moe_route_experts_shared(logits, routing, io.x, experts, ids, weights, sh, out, s.moe, io.h);
+  ops.moe_route_experts_shared(logits, routing, io.x, experts, ids, weights, sh, out, s.moe, io.h,
+                               io.norm_after);
 }
 
 void SparseMoe::describe(ModelInfo& info) const {

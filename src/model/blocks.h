@@ -91,6 +91,8 @@ class SparseMoe final : public FeedForward {
   void finish_load(Ops& ops) override;
   void plan(ModelPlan& plan) override;
   void forward(const LayerIo& io) const override;
+  // With a shared expert: moe_route_experts_shared's norm_after.
+  bool norms_after() const override { return has_shared(); }
   void describe(ModelInfo& info) const override;
 };
 

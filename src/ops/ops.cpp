@@ -175,10 +175,14 @@ void Ops::moe_experts_shared(const Tensor& x, std::span<const ExpertWeights> exp
 void Ops::moe_route_experts_shared(const Tensor& logits, const MoeRouting& routing, const Tensor& x,
                                    std::span<const ExpertWeights> experts, Tensor ids,
                                    Tensor weights, const SharedExpertArgs& shared, Tensor out,
-                                   Tensor scratch, Tensor residual) {
+                                   Tensor scratch, Tensor residual, const NormAfter& norm_after) {
   moe_route(logits, routing, ids, weights);
   moe_experts_shared(x, experts, ids, weights, shared, out, scratch);
   if (residual.data) add(residual, out);
+  if (norm_after.out.data) {
+    RECUR_CHECK(residual.data);
+    rms_norm(residual, norm_after.w, norm_after.offset, norm_after.eps, norm_after.out);
+  }
 }
 
 void Ops::paged_attention_gated(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,

@@ -129,6 +129,15 @@ struct ForwardLimits {
   int max_context = 0;  // positions a sequence may reach
 };
 
+// An RMS norm an op runs on the residual stream it has just added to, as rms_norm(residual,
+// w, offset, eps, out) (the next block's input norm, fused with the addition before it); none
+// while out is empty.
+struct NormAfter {
+  Tensor w;  // [d]
+  float offset = 0.0f, eps = 1e-6f;
+  Tensor out;  // [n, d]
+};
+
 // Operands of Ops::gdn_inputs, one Gated DeltaNet layer's input stage after its projections
 // (C = 2·Hk·dk + Hv·dv conv channels: all q heads, all k heads, then all v heads; value head h
 // reads key head h / (Hv/Hk)).
@@ -403,12 +412,14 @@ class Ops {
                                   const SharedExpertArgs& shared, Tensor out, Tensor scratch);
   // moe_route(logits, routing, ids, weights), moe_experts_shared with those ids and weights,
   // then add(residual, out) when residual has data (the residual stream [n, d] the layer's
-  // output joins; not out itself): which the default calls; a backend may fuse them (ids,
-  // weights and out are written either way).
+  // output joins; not out itself), then the norm of residual that norm_after names, if any
+  // (rms_norm(residual, w, offset, eps, out); it may write over x): which the default calls;
+  // a backend may fuse them (ids, weights and out are written either way).
   virtual void moe_route_experts_shared(const Tensor& logits, const MoeRouting& routing,
                                         const Tensor& x, std::span<const ExpertWeights> experts,
                                         Tensor ids, Tensor weights, const SharedExpertArgs& shared,
-                                        Tensor out, Tensor scratch, Tensor residual);
+                                        Tensor out, Tensor scratch, Tensor residual,
+                                        const NormAfter& norm_after);
 };
 
 }  // namespace recur

@@ -610,7 +610,9 @@ TEST_F(CudaMoe, SharedExpertMatchesReference) {
 // default's ops. Routing options as routings() lists them (0 Qwen's; 1 raw softmax; 2 scaled
 // sigmoid; 3 sigmoid with a bias, scaled: Kimi's; 4 sigmoid with a bias, raw; 5 softmax with a
 // bias); the shared expert gated (Qwen) or not (Kimi). With a bias, the reference without it
-// picks other experts: a path ignoring the bias fails.
+// picks other experts: a path ignoring the bias fails. The op also normalises the residual
+// after its addition (NormAfter: in the combine with RECUR_EXP_COMBINE_NORM=1), bit for bit as
+// rms_norm after the ops does, for rows of 256 (a warp's norm) and 2,048 (a block's).
 TEST_F(CudaMoe, RoutingInsideExpertsMatchesRouteThenExperts) {
   struct Case {
     int64_t n, E, k;
@@ -618,6 +620,7 @@ TEST_F(CudaMoe, RoutingInsideExpertsMatchesRouteThenExperts) {
     int64_t ff = 128;  // 16 gate/up blocks a tile: clusters of 4; 144: of 2; 136: none
     int routing = 0;
     bool gated = true;
+    int64_t d = 256;
   };
   const Case cases[] = {{1, 512, 10, 0},
                         {1, 512, 10, 1},
@@ -642,11 +645,13 @@ TEST_F(CudaMoe, RoutingInsideExpertsMatchesRouteThenExperts) {
                         {1, 64, 10, 0, 128, 3, false},
                         {1, 64, 10, 0},
                         {2, 512, 10, 0},
-                        {2, 256, 8, 0, 128, 3, false}};
-  const int64_t d = 256;
+                        {2, 256, 8, 0, 128, 3, false},
+                        {1, 128, 8, 0, 128, 3, false, 2048},
+                        {1, 64, 8, 0, 128, 0, true, 2048},
+                        {2, 64, 8, 0, 128, 0, true, 2048}};
   for (DType dt : {DType::BF16, DType::F32}) {
     for (const Case& c : cases) {
-      const int64_t ff = c.ff;
+      const int64_t ff = c.ff, d = c.d;
       const auto all_routings = routings(ops(), c.E, int(c.k), rng);
       const Routing& rt = *all_routings[size_t(c.routing)];
       Experts ex = make_experts(ops(), c.E, d, ff, dt, rng);
@@ -674,8 +679,12 @@ TEST_F(CudaMoe, RoutingInsideExpertsMatchesRouteThenExperts) {
           {int64_t(ops().moe_experts_scratch_bytes(int(c.n), int(c.k) + 1, int(c.E) + 1, int(d),
                                                    int(ff), ex.d.front().gate.dtype))});
       HostTensor got_ids[2] = {ids, ids}, got_w[2] = {w, w}, got[2] = {out, out};
-      HostTensor got_res[2] = {res, res};
-      for (int path = 0; path < 2; ++path) {  // the fused op, then route and experts
+      HostTensor got_res[2] = {res, res}, got_norm[2] = {res, res};
+      HostTensor norm_w(dt, {d});
+      fill_random(norm_w, rng, 0.5f);
+      const Tensor dnw = weight(norm_w);
+      const float offset = c.gated ? 1.0f : 0.0f;  // Qwen's zero-centred norm, Kimi's plain one
+      for (int path = 0; path < 2; ++path) {       // the fused op, then route and experts
         DeviceTensor dg = poisoned(g), du = poisoned(g), dh = poisoned(g), dy = poisoned(y);
         DeviceTensor dout = poisoned(out), scratch = poisoned(scratch_h);
         // The fused path starts from valid ids of another routing (what the previous layer
@@ -684,26 +693,28 @@ TEST_F(CudaMoe, RoutingInsideExpertsMatchesRouteThenExperts) {
         for (int64_t j = 0; j < c.n * c.k; ++j)
           stale.t.ptr<int32_t>()[j] = int32_t((j * 7 + 3) % c.E);
         DeviceTensor dids = path == 0 ? dev(stale) : poisoned(ids), dw = poisoned(w),
-                     dres = dev(res);
+                     dres = dev(res), dnormed = poisoned(res);
         SharedExpertArgs shared;
         shared.w = sh.d[0];
         shared.score = c.gated ? dscore.t : Tensor{}, shared.gate = dg.t, shared.up = du.t;
         shared.hidden = dh.t, shared.out = dy.t;
         if (path == 0) {
           ops().moe_route_experts_shared(dl.t, rt.device, dx.t, ex.d, dids.t, dw.t, shared, dout.t,
-                                         scratch.t, dres.t);
+                                         scratch.t, dres.t, {dnw, offset, 1e-6f, dnormed.t});
         } else {
           ops().moe_route(dl.t, rt.device, dids.t, dw.t);
           ops().moe_experts_shared(dx.t, ex.d, dids.t, dw.t, shared, dout.t, scratch.t);
           ops().add(dres.t, dout.t);
+          ops().rms_norm(dres.t, dnw, offset, 1e-6f, dnormed.t);
         }
         got_ids[path] = host(dids, ids), got_w[path] = host(dw, w), got[path] = host(dout, out);
-        got_res[path] = host(dres, res);
+        got_res[path] = host(dres, res), got_norm[path] = host(dnormed, res);
       }
-      const std::string what =
-          std::string(dtype_name(dt)) + " n=" + std::to_string(c.n) + " E=" + std::to_string(c.E) +
-          " k=" + std::to_string(c.k) + " pattern " + std::to_string(c.pattern) +
-          " ff=" + std::to_string(ff) + " " + rt.name + (c.gated ? "" : " ungated");
+      const std::string what = std::string(dtype_name(dt)) + " n=" + std::to_string(c.n) +
+                               " E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) +
+                               " pattern " + std::to_string(c.pattern) +
+                               " ff=" + std::to_string(ff) + " d=" + std::to_string(d) + " " +
+                               rt.name + (c.gated ? "" : " ungated");
       HostTensor ids_ref = ids, w_ref = w, ref = out, ids_cpu = ids, w_cpu = w;
       host_ref::moe_route(logits.t, rt.host, ids_ref.t, w_ref.t);
       EXPECT_EQ(std::memcmp(got_ids[0].t.data, ids_ref.t.data, size_t(c.n * c.k) * 4), 0) << what;
@@ -725,6 +736,8 @@ TEST_F(CudaMoe, RoutingInsideExpertsMatchesRouteThenExperts) {
       EXPECT_EQ(std::memcmp(got_w[0].t.data, got_w[1].t.data, size_t(c.n * c.k) * 4), 0) << what;
       EXPECT_EQ(std::memcmp(got[0].t.data, got[1].t.data, size_t(c.n * d) * 4), 0) << what;
       EXPECT_EQ(std::memcmp(got_res[0].t.data, got_res[1].t.data, size_t(c.n * d) * 4), 0) << what;
+      ASSERT_EQ(count_nonfinite(got_norm[0].f(), c.n * d), 0) << what;
+      EXPECT_TRUE(same_bits(got_norm[0], got_norm[1])) << "the norm after, " << what;
       for (int64_t e = 0; e < c.n * d; ++e) {  // the residual took the output
         ASSERT_EQ(got_res[0].f()[e], res.f()[e] + got[0].f()[e]) << what << " at " << e;
       }

@@ -27,6 +27,9 @@ namespace recur::cuda {
 
 // The backend's debugging and measurement switches, read from the environment once, by
 // CudaOps::create (README.md lists them). None changes results.
+// Tokens a MoE combine may normalise after its residual addition (CombineNorm).
+constexpr int kCombineNormMaxTokens = 1024;
+
 struct CudaOptions {
   bool sync = false;     // RECUR_CUDA_SYNC=1: wait for and check every launch (no graphs)
   bool profile = false;  // RECUR_CUDA_PROFILE=1: device time per op, printed at exit (no graphs)
@@ -52,6 +55,10 @@ struct CudaOptions {
   // input stage inside the delta rule's, gdn_decode_core_kernel) instead of two. When
   // measured, keep the winner and delete the switch.
   bool exp_gdn_fold = false;
+  // RECUR_EXP_COMBINE_NORM=1 (experiment, session 49): the next layer's input norm in the MoE
+  // combine (its last block; NormAfter) instead of its own launch. When measured, keep the
+  // winner and delete the switch.
+  bool exp_combine_norm = false;
   // Decode forwards replay CUDA graphs unless a launch-by-launch switch is on.
   bool graphs() const { return !sync && !profile && !host_ordered_collectives; }
   static CudaOptions from_environment();
@@ -220,9 +227,10 @@ struct CudaOps::Impl {
   Buffer act_lowp;      // matmul: activations split into three 16-bit terms
   Buffer attn_partial;  // split-context attention partials
   Buffer gdn_chunks;    // the chunked delta rule's per-chunk key-side records
-  // gdn_decode_core_kernel's arrival counts, two per key head and sequence [2 · sm_count],
-  // zero between launches.
-  Buffer gdn_arrivals;
+  // Last-block arrival counts, zero between launches (the kernels that count in them run one
+  // after another): gdn_decode_core_kernel's two per key head and sequence [2 · sm_count], the
+  // MoE combine's one per token [kCombineNormMaxTokens].
+  Buffer arrivals;
   // argmax_rows split over blocks: each row's per-block picks [kArgmaxRows, kArgmaxMaxSlices]
   // (8 bytes each), then a finished-block count per row [kArgmaxRows], zero between calls.
   Buffer argmax_scratch;

@@ -58,6 +58,7 @@ CudaOptions CudaOptions::from_environment() {
   o.exp_l2_next_mb = std::max(0, std::atoi(env_string("RECUR_EXP_L2_NEXT").c_str()));
   o.exp_l2_last = env_one("RECUR_EXP_L2_LAST");
   o.exp_gdn_fold = env_one("RECUR_EXP_GDN_FOLD");
+  o.exp_combine_norm = env_one("RECUR_EXP_COMBINE_NORM");
   return o;
 }
 
@@ -306,8 +307,11 @@ Result<std::unique_ptr<CudaOps>> CudaOps::create(int device, const BackendOption
   RECUR_ASSIGN_OR_RETURN(s.act_lowp, s.alloc.allocate(kLowpBytes, "low-precision activations"));
   RECUR_ASSIGN_OR_RETURN(s.attn_partial, s.alloc.allocate(kAttnPartialBytes, "attention splits"));
   RECUR_ASSIGN_OR_RETURN(s.gdn_chunks, s.alloc.allocate(kGdnChunkBytes, "delta rule chunks"));
-  RECUR_ASSIGN_OR_RETURN(s.gdn_arrivals, s.alloc.allocate(size_t(s.sm_count) * 8, "arrivals"));
-  RECUR_CUDA_CHECK(cudaMemset(s.gdn_arrivals.data(), 0, s.gdn_arrivals.bytes()));
+  RECUR_ASSIGN_OR_RETURN(
+      s.arrivals,
+      s.alloc.allocate(std::max<size_t>(2 * size_t(s.sm_count), cuda::kCombineNormMaxTokens) * 4,
+                       "arrival counts"));
+  RECUR_CUDA_CHECK(cudaMemset(s.arrivals.data(), 0, s.arrivals.bytes()));
   RECUR_ASSIGN_OR_RETURN(s.argmax_scratch, s.alloc.allocate(size_t(cuda::kArgmaxRows) *
                                                                 (cuda::kArgmaxMaxSlices * 8 + 4),
                                                             "argmax picks"));

@@ -165,7 +165,7 @@ class CudaOps final : public Ops {
   void moe_route_experts_shared(const Tensor& logits, const MoeRouting& routing, const Tensor& x,
                                 std::span<const ExpertWeights> experts, Tensor ids, Tensor weights,
                                 const SharedExpertArgs& shared, Tensor out, Tensor scratch,
-                                Tensor residual) override;
+                                Tensor residual, const NormAfter& norm_after) override;
 
   // Largest token count for which matmul and the MoE experts use the bandwidth-bound GEMV
   // kernels (f32 arithmetic); above it they use bf16/f16 tensor cores (see kernels_matmul.cu),

@@ -533,7 +533,7 @@ void CudaOps::gdn_core(const GdnCoreArgs& c, const SeqLayout& layout) {
   const Rows gs = rows_of(c.gate), ns = rows_of(c.normed);
   const dim3 grid(unsigned(hv), unsigned(layout.n_seqs));
   const dim3 block(32, unsigned(kRecWarps * ((dv + 31) / 32)));
-  unsigned* arrivals = static_cast<unsigned*>(s.gdn_arrivals.data());
+  unsigned* arrivals = static_cast<unsigned*>(s.arrivals.data());
   dispatch_weight(c.norm_w.dtype, [&](auto tag) {
     using W = decltype(tag);
     auto launch = [&](auto kernel) {
