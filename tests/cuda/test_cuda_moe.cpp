@@ -748,5 +748,54 @@ TEST_F(CudaMoe, RoutingInsideExpertsMatchesRouteThenExperts) {
   }
 }
 
+// NormAfter inside moe_route_experts_shared equals rms_norm launched after the op, bit for bit:
+// one token and a prompt of 24 on the tiles (tokens past the first, 16-byte combine columns),
+// rows of 256 (a warp's norm) and 2,048 (a block's), h strided, the op twice in a row (the
+// arrival counts back at zero). The fused norm runs with RECUR_EXP_COMBINE_NORM=1.
+TEST_F(CudaMoe, NormAfterTheResidualEqualsTheNormLaunch) {
+  const int64_t E = 16, k = 4, ff = 128;
+  for (int64_t d : {256, 2048}) {
+    for (int64_t n : {1, 24}) {
+      const auto all_routings = routings(ops(), E, int(k), rng);
+      const Routing& rt = *all_routings[0];
+      Experts ex = make_experts(ops(), E, d, ff, DType::BF16, rng);
+      Experts sh = make_experts(ops(), 1, d, ff, DType::BF16, rng);
+      HostTensor logits(DType::F32, {n, E}), x(DType::F32, {n, d}), score(DType::F32, {n, 1});
+      HostTensor res_wide(DType::F32, {n, d + 8}), norm_w(DType::BF16, {d});
+      for (HostTensor* t : {&logits, &x, &score, &res_wide}) fill_random(*t, rng);
+      fill_random(norm_w, rng, 0.5f);
+      const Tensor dnw = weight(norm_w);
+      DeviceTensor dl = dev(logits), dx = dev(x), dscore = dev(score);
+      HostTensor scratch_h(
+          DType::U8, {int64_t(ops().moe_experts_scratch_bytes(int(n), int(k) + 1, int(E) + 1,
+                                                              int(d), int(ff), DType::BF16))});
+      HostTensor g(DType::F32, {n, ff}), normed = x, got_norm[2] = {x, x};
+      HostTensor got_res[2] = {res_wide, res_wide};
+      const std::string what = "n=" + std::to_string(n) + " d=" + std::to_string(d);
+      DeviceTensor dres[2] = {dev(res_wide), dev(res_wide)};
+      for (int rep = 0; rep < 2; ++rep) {
+        for (int path = 0; path < 2; ++path) {  // the norm in the op, then its own launch
+          DeviceTensor dg = poisoned(g), du = poisoned(g), dh = poisoned(g), dy = poisoned(x);
+          DeviceTensor dout = poisoned(x), scratch = poisoned(scratch_h), dnormed = poisoned(x);
+          HostTensor ids(DType::I32, {n, k}), w(DType::F32, {n, k});
+          DeviceTensor dids = poisoned(ids), dw = poisoned(w);
+          SharedExpertArgs shared;
+          shared.w = sh.d[0], shared.score = dscore.t, shared.gate = dg.t, shared.up = du.t;
+          shared.hidden = dh.t, shared.out = dy.t;
+          const Tensor res = dres[path].t.slice_cols(4, 4 + d);
+          const NormAfter norm{dnw, 1.0f, 1e-6f, dnormed.t};
+          ops().moe_route_experts_shared(dl.t, rt.device, dx.t, ex.d, dids.t, dw.t, shared, dout.t,
+                                         scratch.t, res, path == 0 ? norm : NormAfter{});
+          if (path == 1) ops().rms_norm(res, dnw, 1.0f, 1e-6f, dnormed.t);
+          got_norm[path] = host(dnormed, normed), got_res[path] = host(dres[path], res_wide);
+        }
+        ASSERT_EQ(count_nonfinite(got_norm[0].f(), n * d), 0) << what;
+        EXPECT_TRUE(same_bits(got_res[0], got_res[1])) << what << " rep " << rep;
+        EXPECT_TRUE(same_bits(got_norm[0], got_norm[1])) << what << " rep " << rep;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace recur

@@ -98,15 +98,19 @@ __global__ void __launch_bounds__(kCombineThreads)
     }
   }
   if constexpr (kNorm) {
-    // Every thread's residual stores before the count; the last block reads the others'
-    // columns, which no thread of its SM has read before (L1 holds none of them), from L2.
-    __shared__ bool last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicInc(&norm.arrivals[t], gridDim.y - 1) == gridDim.y - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    // Each thread's residual stores are ordered before its block's count (release); the last
+    // block fences again (acquire) before it reads the other blocks' columns.
+    if (gridDim.y > 1) {
+      __shared__ bool last;
+      __threadfence();
+      __syncthreads();
+      if (threadIdx.x == 0) last = atomicInc(&norm.arrivals[t], gridDim.y - 1) == gridDim.y - 1;
+      __syncthreads();
+      if (!last) return;
+      __threadfence();
+    } else {
+      __syncthreads();  // the row's other columns are other threads' of this block
+    }
     const Rows xs{residual, int64_t(gridDim.x), d, 1, ld_res, 0};
     const Rows os{norm.out, int64_t(gridDim.x), d, 1, norm.ldo, 0};
     if (d >= kBlockNormMinWidth) {
