@@ -153,6 +153,15 @@ __global__ void __launch_bounds__(32 * kRecWarps) delta_recurrent_kernel(DeltaAr
 // with rms_norm_row, as rms_norm_kernel does (the same bits as the two kernels).
 // gate, normed [n, Hv, dv] as rows; norm_w [dv]; the rest as DeltaArgs.
 constexpr int kNormMaxGroups = 4;
+// The shared arrays of a block's token of the rule and its norm (up to kNormMaxGroups column
+// groups): q, k and the rows' decays (kPerChannel), the groups' partial sums, the head's output.
+template <int RPT, bool kPerChannel>
+struct DeltaNormShared {
+  float qs[kRecWarps * RPT], ks[kRecWarps * RPT];
+  float gs[kPerChannel ? kRecWarps * RPT : 1];
+  float red[kNormMaxGroups][kRecWarps][32], red2[kNormMaxGroups][kRecWarps][32];
+  float o_head[32 * kNormMaxGroups];
+};
 template <int RPT, typename W, NormGate kGate, bool kPerChannel>
 __global__ void __launch_bounds__(32 * kRecWarps * kNormMaxGroups)
     delta_recurrent_norm_kernel(DeltaArgs a, Rows gate, Rows normed, const W* norm_w, float eps) {
@@ -161,10 +170,7 @@ __global__ void __launch_bounds__(32 * kRecWarps * kNormMaxGroups)
   const int j = group * 32 + lane;
   const int64_t t = a.seq_start[s];
   float* S = a.state + (int64_t(a.slot[s]) * a.hv + h) * a.dk * a.dv;
-  __shared__ float qs[kRecWarps * RPT], ks[kRecWarps * RPT];
-  __shared__ float gs[kPerChannel ? kRecWarps * RPT : 1];
-  __shared__ float red[kNormMaxGroups][kRecWarps][32], red2[kNormMaxGroups][kRecWarps][32];
-  __shared__ float o_head[32 * kNormMaxGroups];
+  __shared__ DeltaNormShared<RPT, kPerChannel> sh;
   float st[RPT];
   delta_state_load<RPT>(a, S, j, warp, st);  // before the wait, as in delta_recurrent_kernel
   NormWeights<kWarpNormPer> wpre;
@@ -177,11 +183,11 @@ __global__ void __launch_bounds__(32 * kRecWarps * kNormMaxGroups)
     gpre = load_norm_weights<kWarpNormPer>(gate.row(t * a.hv + h), a.dv, lane, 32);
   }
   delta_token<RPT, kPerChannel>(a, t, h, j, warp, lane, threadIdx.y * 32 + lane, 32 * blockDim.y,
-                                st, qs, ks, gs, red[group], red2[group], o_head);
+                                st, sh.qs, sh.ks, sh.gs, sh.red[group], sh.red2[group], sh.o_head);
   delta_state_store<RPT>(a, S, j, warp, st);  // the final state, stored while the norm runs
   if (threadIdx.y == 0) {
     // The head's output row from shared memory (every row index maps to o_head).
-    const Rows o_row{o_head, normed.n_rows, a.dv, a.hv, 0, 0};
+    const Rows o_row{sh.o_head, normed.n_rows, a.dv, a.hv, 0, 0};
     rms_norm_row<kWarpNormPer, W, kGate>(
         o_row, gate, normed, norm_w, 0.0f, eps, t * a.hv + h, lane, 32,
         [](float ss) { return warp_sum(ss); }, wpre, gpre);
@@ -214,11 +220,8 @@ __global__ void __launch_bounds__(32 * kRecWarps * kNormMaxGroups)
   const int64_t t = a.seq_start[s];
   float* S = a.state + (int64_t(a.slot[s]) * a.hv + h) * a.dk * a.dv;
   float* cst = in.state + int64_t(a.slot[s]) * (K - 1) * in.C;
-  __shared__ float qs[kRecWarps * RPT], ks[kRecWarps * RPT], vs[32 * kNormMaxGroups];
-  __shared__ float gs[kPerChannel ? kRecWarps * RPT : 1];
-  __shared__ float decay_beta[2];
-  __shared__ float red[kNormMaxGroups][kRecWarps][32], red2[kNormMaxGroups][kRecWarps][32];
-  __shared__ float o_head[32 * kNormMaxGroups];
+  __shared__ DeltaNormShared<RPT, kPerChannel> sh;
+  __shared__ float vs[32 * kNormMaxGroups], decay_beta[2];
   float st[RPT];
   delta_state_load<RPT>(a, S, j, warp, st);  // before the wait, as in delta_recurrent_kernel
   NormWeights<kWarpNormPer> wpre;
@@ -271,7 +274,7 @@ __global__ void __launch_bounds__(32 * kRecWarps * kNormMaxGroups)
     }
     ss = warp_sum(ss);  // after which every lane's state values are in
     const float f = (threadIdx.y == 0 ? in.q_scale : 1.0f) / sqrtf(ss + in.eps);
-    float* qk_s = threadIdx.y == 0 ? qs : ks;
+    float* qk_s = threadIdx.y == 0 ? sh.qs : sh.ks;
 #pragma unroll
     for (int i = 0; i < kDkPerLane; ++i) {
       if (lane + 32 * i < a.dk) qk_s[lane + 32 * i] = v[i] * f;
@@ -300,19 +303,19 @@ __global__ void __launch_bounds__(32 * kRecWarps * kNormMaxGroups)
     // exp of gdn_gates' g
     const float decay = expf(-expf(a_log) * softplus(av + dt_bias));
     if constexpr (kPerChannel) {
-      gs[tid] = decay;
+      sh.gs[tid] = decay;
     } else {
       decay_beta[0] = decay;
     }
   }
   if (tid == 0) decay_beta[1] = sigmoid(bv);
   __syncthreads();
-  delta_step<RPT, kPerChannel>(a, t, h, j, warp, lane, st, qs, ks, gs,
+  delta_step<RPT, kPerChannel>(a, t, h, j, warp, lane, st, sh.qs, sh.ks, sh.gs,
                                kPerChannel ? 1.0f : decay_beta[0], decay_beta[1],
-                               j < a.dv ? vs[j] : 0.0f, red[group], red2[group], o_head);
+                               j < a.dv ? vs[j] : 0.0f, sh.red[group], sh.red2[group], sh.o_head);
   delta_state_store<RPT>(a, S, j, warp, st);
   if (threadIdx.y == 0) {
-    const Rows o_row{o_head, normed.n_rows, a.dv, a.hv, 0, 0};
+    const Rows o_row{sh.o_head, normed.n_rows, a.dv, a.hv, 0, 0};
     rms_norm_row<kWarpNormPer, W, kGate>(
         o_row, gate, normed, norm_w, 0.0f, eps, t * a.hv + h, lane, 32,
         [](float ss) { return warp_sum(ss); }, wpre, gpre);
