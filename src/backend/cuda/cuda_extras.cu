@@ -1,11 +1,14 @@
 // What the backend does besides the ops' math: argmax over logit rows, adopting and re-typing
 // weights at load (bf16 to f16 where every value fits), host-to-device copies, random fills
 // made on the device (benchmarks build tens of gigabytes of weights this way without staging
-// them on the host), the copy-bandwidth ceiling, and the MoE experts' weight-pointer tables.
+// them on the host), the copy-bandwidth ceiling, the MoE experts' weight-pointer tables, and the
+// options read from the environment.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/cuda_ops.h"
@@ -15,6 +18,16 @@ namespace recur {
 using namespace cuda;
 
 namespace {
+
+// On only when the variable is set to 1.
+bool env_one(const char* name) {
+  const char* v = std::getenv(name);
+  return v && v[0] == '1';
+}
+std::string env_string(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string();
+}
 
 // The same splitmix64 of (seed, index) as Ops::fill_random_uniform on the host.
 __device__ inline uint64_t mix(uint64_t seed, uint64_t i) {
@@ -144,6 +157,20 @@ __global__ void __launch_bounds__(kArgmaxSplitThreads)
 }
 
 }  // namespace
+
+CudaOptions CudaOptions::from_environment() {
+  CudaOptions o;
+  o.sync = env_one("RECUR_CUDA_SYNC");
+  o.profile = env_one("RECUR_CUDA_PROFILE");
+  o.trace_out = env_string("RECUR_CUDA_TRACE_OUT");
+  o.portable = env_one("RECUR_CUDA_PORTABLE");
+  o.exp_latent_wgmma = env_one("RECUR_EXP_LATENT_WGMMA");
+  o.exp_l2_next_mb = std::max(0, std::atoi(env_string("RECUR_EXP_L2_NEXT").c_str()));
+  o.exp_l2_last = env_one("RECUR_EXP_L2_LAST");
+  o.exp_gdn_fold = env_one("RECUR_EXP_GDN_FOLD");
+  o.exp_combine_norm = env_one("RECUR_EXP_COMBINE_NORM");
+  return o;
+}
 
 void CudaOps::argmax_rows(const Tensor& x, Tensor ids) {
   RECUR_CHECK(x.ndim == 2 && x.dtype == DType::F32 && x.stride[1] == 1);

@@ -33,34 +33,11 @@ void fatal(const char* what) {
 }
 
 namespace {
-// On only when the variable is set to 1.
-bool env_one(const char* name) {
-  const char* v = std::getenv(name);
-  return v && v[0] == '1';
-}
-std::string env_string(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? std::string(v) : std::string();
-}
 // The sm_90a code runs on a Hopper (9.0) unless the options ask for the portable paths.
 bool sm90a_paths(const cudaDeviceProp& prop, const CudaOptions& options) {
   return prop.major == 9 && prop.minor == 0 && !options.portable;
 }
 }  // namespace
-
-CudaOptions CudaOptions::from_environment() {
-  CudaOptions o;
-  o.sync = env_one("RECUR_CUDA_SYNC");
-  o.profile = env_one("RECUR_CUDA_PROFILE");
-  o.trace_out = env_string("RECUR_CUDA_TRACE_OUT");
-  o.portable = env_one("RECUR_CUDA_PORTABLE");
-  o.exp_latent_wgmma = env_one("RECUR_EXP_LATENT_WGMMA");
-  o.exp_l2_next_mb = std::max(0, std::atoi(env_string("RECUR_EXP_L2_NEXT").c_str()));
-  o.exp_l2_last = env_one("RECUR_EXP_L2_LAST");
-  o.exp_gdn_fold = env_one("RECUR_EXP_GDN_FOLD");
-  o.exp_combine_norm = env_one("RECUR_EXP_COMBINE_NORM");
-  return o;
-}
 
 Rows rows_of(const Tensor& t) {
   RECUR_CHECK(t.dtype == DType::F32 && t.ndim >= 2 && t.ndim <= 3 && t.stride[t.ndim - 1] == 1);
