@@ -25,11 +25,11 @@ namespace recur::cuda {
 [[noreturn]] void cublas_failed(const char* expr, cublasStatus_t st, const char* file, int line);
 [[noreturn]] void fatal(const char* what);
 
-// The backend's debugging and measurement switches, read from the environment once, by
-// CudaOps::create (README.md lists them). None changes results.
 // Tokens a MoE combine may normalise after its residual addition (CombineNorm).
 constexpr int kCombineNormMaxTokens = 1024;
 
+// The backend's debugging and measurement switches, read from the environment once, by
+// CudaOps::create (README.md lists them). None changes results.
 struct CudaOptions {
   bool sync = false;     // RECUR_CUDA_SYNC=1: wait for and check every launch (no graphs)
   bool profile = false;  // RECUR_CUDA_PROFILE=1: device time per op, printed at exit (no graphs)

@@ -371,6 +371,14 @@ DeltaArgs delta_args(const Tensor& q, const Tensor& k, const Tensor& v, const Te
   return a;
 }
 
+// Whether one-token sequences take the rule and its norm as one kernel: heads of dv ≤ 128 and
+// dk ≤ 128, while its blocks (one per head and sequence, one per SM) fit one wave, the gain
+// being the shorter chain of a small step; else two ops, whose smaller blocks keep more warps
+// per SM.
+bool norm_kernel_fits(int64_t hv, int64_t dk, int64_t dv, int n_seqs, int sm_count) {
+  return dv <= 32 * kNormMaxGroups && dk <= kRecWarps * 32 && hv * n_seqs <= sm_count;
+}
+
 }  // namespace
 
 size_t CudaOps::gated_delta_rule_scratch_bytes(int dk, int dv) const {
@@ -461,11 +469,8 @@ void CudaOps::gated_delta_rule_norm(const Tensor& q, const Tensor& k, const Tens
   const int64_t hk = q.shape[1], dk = q.shape[2], hv = v.shape[1], dv = v.shape[2];
   bool single = layout.n_seqs > 0 && layout.n_tokens == layout.n_seqs;
   for (int i = 0; single && i < layout.n_seqs; ++i) single = layout.seq_len(i) == 1;
-  // Decode (one token per sequence) with heads of dv ≤ 128 and dk ≤ 128, while its blocks (one
-  // per head and sequence, one per SM) fit one wave: one kernel, whose gain is the shorter
-  // chain of a small step; else the two ops, whose smaller blocks keep more warps per SM.
-  if (!single || dv > 32 * kNormMaxGroups || dk > kRecWarps * 32 ||
-      hv * layout.n_seqs > impl_->sm_count || out.ndim != 3 || gate.ndim != 3 || normed.ndim != 3) {
+  if (!single || !norm_kernel_fits(hv, dk, dv, layout.n_seqs, impl_->sm_count) || out.ndim != 3 ||
+      gate.ndim != 3 || normed.ndim != 3) {
     Ops::gated_delta_rule_norm(q, k, v, g, beta, state, layout, out, scratch, gate, norm_w, eps,
                                act, normed);
     return;
@@ -510,12 +515,11 @@ void CudaOps::gdn_core(const GdnCoreArgs& c, const SeqLayout& layout) {
   const int hv = gi.value_heads, dk = gi.dk, dv = gi.dv;
   GdnDecodeArgs in;
   bool per_channel = false;
-  // As gated_delta_rule_norm's one kernel (one block a head and sequence, in one wave), with
-  // the input stage's one-token kernel's shapes, a conv of width 4 and heads of ≤ 128.
+  // Where gated_delta_rule_norm's one kernel runs, with the input stage's one-token kernel's
+  // shapes and a conv of width 4.
   if (!s.options.exp_gdn_fold || !gdn_decode_args(gi, layout, in, per_channel) ||
-      gi.conv_weight.shape[1] != 4 || dk > kRecWarps * 32 || dv > 32 * kNormMaxGroups ||
-      int64_t(hv) * layout.n_seqs > s.sm_count || c.out.ndim != 3 || c.gate.ndim != 3 ||
-      c.normed.ndim != 3) {
+      gi.conv_weight.shape[1] != 4 || !norm_kernel_fits(hv, dk, dv, layout.n_seqs, s.sm_count) ||
+      c.out.ndim != 3 || c.gate.ndim != 3 || c.normed.ndim != 3) {
     Ops::gdn_core(c, layout);
     return;
   }
