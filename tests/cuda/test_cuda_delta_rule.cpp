@@ -241,7 +241,8 @@ TEST_F(CudaDeltaRule, StateCarriesAcrossCallsAndBatchesSplit) {
 // the ops.cpp default (the two ops), bit for bit (out, normed and state), and against the
 // references; both gate activations, both decays; heads of 128 (the models'), 96 and 32
 // channels; f32 and bf16 norm weights. A batch with a prompt and heads of 256 take the default,
-// checked against the references.
+// checked against the references. Under RECUR_EXP_DELTA_CLUSTER=1 the heads of 128 run on
+// clusters of four blocks.
 TEST_F(CudaDeltaRule, WithTheGatedNormEqualsTheDefault) {
   struct Case {
     int64_t hk, hv, dk, dv;

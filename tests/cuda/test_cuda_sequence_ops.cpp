@@ -232,8 +232,9 @@ TEST(CudaGdnInputs, DecodeIsOneLaunch) {
 // every step). Shapes: the Qwen3.5 / Qwen3-Next one (Hk 16, Hv 32, dk = dv = 128), three value
 // heads per key head with dk 64 and dv 32, Kimi-Linear's per-key-channel decay (32 heads of 128,
 // g written over a, sigmoid gate), a per-channel decay with two value heads a key head and dv
-// 96; a prompt layout takes the default. The profile counts one launch a decode step (where
-// the blocks fit one wave).
+// 96, one and two sequences of 32 heads (a head's blocks in clusters of 4 and 2 under
+// RECUR_EXP_DELTA_CLUSTER=1); a prompt layout takes the default. The profile counts one launch
+// a decode step (where the blocks fit one wave).
 TEST(CudaGdnCore, DecodeFoldEqualsTheDefault) {
   struct Case {
     int64_t hk, hv, dk, dv;
@@ -267,6 +268,8 @@ TEST(CudaGdnCore, DecodeFoldEqualsTheDefault) {
        true,
        GateActivation::kSigmoid},
       {2, 4, 128, 96, DType::BF16, DType::BF16, DType::F32, {1, 1, 1, 1}, true},
+      {16, 32, 128, 128, DType::BF16, DType::F32, DType::F32, {1}},
+      {32, 32, 128, 128, DType::BF16, DType::F32, DType::F32, {1, 1}, true, true},
       {2, 4, 64, 64, DType::BF16, DType::F32, DType::F32, {2, 1, 3}}};  // not decode
   constexpr int kSteps = 3;
   std::mt19937 rng(49);

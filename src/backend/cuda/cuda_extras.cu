@@ -169,6 +169,7 @@ CudaOptions CudaOptions::from_environment() {
   o.exp_l2_last = env_one("RECUR_EXP_L2_LAST");
   o.exp_gdn_fold = env_one("RECUR_EXP_GDN_FOLD");
   o.exp_combine_norm = env_one("RECUR_EXP_COMBINE_NORM");
+  o.exp_delta_cluster = env_one("RECUR_EXP_DELTA_CLUSTER");
   return o;
 }
 

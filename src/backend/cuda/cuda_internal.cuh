@@ -59,6 +59,11 @@ struct CudaOptions {
   // combine (its last block; NormAfter) instead of its own launch. When measured, keep the
   // winner and delete the switch.
   bool exp_combine_norm = false;
+  // RECUR_EXP_DELTA_CLUSTER=1 (experiment, session 50): at decode, a value head's delta rule
+  // and norm (and gdn_core's fold) on a cluster of up to four blocks, each holding a share of
+  // the head's state columns, instead of one block reading the whole 64 KB tile. When
+  // measured, keep the winner and delete the switch.
+  bool exp_delta_cluster = false;
   // Decode forwards replay CUDA graphs unless a launch-by-launch switch is on.
   bool graphs() const { return !sync && !profile && !host_ordered_collectives; }
   static CudaOptions from_environment();

@@ -6,6 +6,8 @@
 // head (Gated DeltaNet) or per key channel (Kimi Delta Attention): every kernel is a template
 // on which, so the per-head instructions are those of a kernel that knows nothing else. The
 // conv and the input stage are in kernels_gdn_inputs.cu.
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <functional>
 
@@ -147,12 +149,41 @@ __global__ void __launch_bounds__(32 * kRecWarps) delta_recurrent_kernel(DeltaAr
 }
 
 // One token per sequence, then the gated RMS norm of each value head (gated_delta_rule_norm):
-// grid (Hv, n_seqs), block (32, kRecWarps · column groups), a block per head so that the head's
-// dv ≤ 128 outputs meet in one block. Column group c (warps c·kRecWarps ...) computes columns
-// 32c + lane exactly as delta_recurrent_kernel does; then one warp normalises the head's row
-// with rms_norm_row, as rms_norm_kernel does (the same bits as the two kernels).
+// grid (Hv · split, n_seqs), block (32, kRecWarps · column groups), a head's split blocks one
+// cluster along x (split 1: a block) so that the head's dv ≤ 128 outputs meet in its first
+// block's shared memory. Column group c (warps c·kRecWarps ...) computes columns 32c + lane
+// exactly as delta_recurrent_kernel does; then one warp of the first block normalises the
+// head's row with rms_norm_row, as rms_norm_kernel does (the same bits as the two kernels).
 // gate, normed [n, Hv, dv] as rows; norm_w [dv]; the rest as DeltaArgs.
 constexpr int kNormMaxGroups = 4;
+
+// A value head's blocks in the decode kernels' grid (Hv · split, n_seqs): with split > 1
+// (RECUR_EXP_DELTA_CLUSTER) one cluster along x, rank r holding the head's columns from col0,
+// its share of a 64 KB state tile that one block would otherwise read and write alone.
+struct HeadBlocks {
+  int h, rank, split, col0;
+};
+__device__ __forceinline__ HeadBlocks head_blocks(int hv) {
+  HeadBlocks b;
+  b.split = int(gridDim.x) / hv;
+  b.h = int(blockIdx.x) / b.split, b.rank = int(blockIdx.x) % b.split;
+  b.col0 = b.rank * int(blockDim.y / kRecWarps) * 32;
+  if (b.split > 1) cooperative_groups::this_cluster().barrier_arrive();  // this block started
+  return b;
+}
+// Where the head's output row meets: the first block's o_head, once every block of the cluster
+// has started (head_blocks' arrival); every thread calls it.
+__device__ __forceinline__ float* head_output_row(const HeadBlocks& b, float* o_head) {
+  if (b.split == 1) return o_head;
+  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  cluster.barrier_wait();
+  return cluster.map_shared_rank(o_head, 0);
+}
+// After the rule: every block's outputs are in the first block's o_head (a cluster barrier,
+// which also keeps the first block from exiting while the others write into it).
+__device__ __forceinline__ void head_output_done(const HeadBlocks& b) {
+  if (b.split > 1) cooperative_groups::this_cluster().sync();
+}
 // The shared arrays of a block's token of the rule and its norm (up to kNormMaxGroups column
 // groups): q, k and the rows' decays (kPerChannel), the groups' partial sums, the head's output.
 template <int RPT, bool kPerChannel>
@@ -165,27 +196,29 @@ struct DeltaNormShared {
 template <int RPT, typename W, NormGate kGate, bool kPerChannel>
 __global__ void __launch_bounds__(32 * kRecWarps * kNormMaxGroups)
     delta_recurrent_norm_kernel(DeltaArgs a, Rows gate, Rows normed, const W* norm_w, float eps) {
-  const int s = blockIdx.y, h = blockIdx.x;
+  const HeadBlocks hb = head_blocks(a.hv);
+  const int s = blockIdx.y, h = hb.h;
   const int lane = threadIdx.x, group = threadIdx.y / kRecWarps, warp = threadIdx.y % kRecWarps;
-  const int j = group * 32 + lane;
+  const int j = hb.col0 + group * 32 + lane;
+  const bool norm_warp = hb.rank == 0 && threadIdx.y == 0;
   const int64_t t = a.seq_start[s];
   float* S = a.state + (int64_t(a.slot[s]) * a.hv + h) * a.dk * a.dv;
   __shared__ DeltaNormShared<RPT, kPerChannel> sh;
   float st[RPT];
   delta_state_load<RPT>(a, S, j, warp, st);  // before the wait, as in delta_recurrent_kernel
   NormWeights<kWarpNormPer> wpre;
-  if (threadIdx.y == 0) wpre = load_norm_weights<kWarpNormPer>(norm_w, a.dv, lane, 32);
+  if (norm_warp) wpre = load_norm_weights<kWarpNormPer>(norm_w, a.dv, lane, 32);
   grid_dependency_sync();
   // The head's gate row (written by the kernel before) is requested with the token's inputs,
   // not after the rule: one round trip less before the norm.
   NormWeights<kWarpNormPer> gpre;
-  if (threadIdx.y == 0) {
-    gpre = load_norm_weights<kWarpNormPer>(gate.row(t * a.hv + h), a.dv, lane, 32);
-  }
+  if (norm_warp) gpre = load_norm_weights<kWarpNormPer>(gate.row(t * a.hv + h), a.dv, lane, 32);
+  float* o_head = head_output_row(hb, sh.o_head);
   delta_token<RPT, kPerChannel>(a, t, h, j, warp, lane, threadIdx.y * 32 + lane, 32 * blockDim.y,
-                                st, sh.qs, sh.ks, sh.gs, sh.red[group], sh.red2[group], sh.o_head);
+                                st, sh.qs, sh.ks, sh.gs, sh.red[group], sh.red2[group], o_head);
   delta_state_store<RPT>(a, S, j, warp, st);  // the final state, stored while the norm runs
-  if (threadIdx.y == 0) {
+  head_output_done(hb);
+  if (norm_warp) {
     // The head's output row from shared memory (every row index maps to o_head).
     const Rows o_row{sh.o_head, normed.n_rows, a.dv, a.hv, 0, 0};
     rms_norm_row<kWarpNormPer, W, kGate>(
@@ -202,9 +235,10 @@ __global__ void __launch_bounds__(32 * kRecWarps * kNormMaxGroups)
 // round trip through L2 less. The q and k conv state is read by r blocks: each warp that read
 // it counts itself in (arrivals[2i] for q, [2i + 1] for k, i = sequence · Hk + key head; they
 // return to 0 with the last), and the last to arrive stores the shifted state.
-// grid (Hv, n_seqs), block (32, kRecWarps · ⌈dv/32⌉): warps 0 and 1 take q and k (lane j:
-// channels j + 32i), thread 64 + c the head's v channel c, threads c < dk its decays per key
-// channel (else thread 0 its decay), thread 0 β. K 4, dk ≤ 128, dv ≤ 128.
+// grid (Hv · split, n_seqs) as delta_recurrent_norm_kernel's, block (32, kRecWarps · ⌈dv/32⌉ /
+// split): warps 0 and 1 take q and k (lane j: channels j + 32i), thread 64 + c the block's v
+// channel col0 + c, threads c < dk its decays per key channel (else thread 0 its decay),
+// thread 0 β; every block of a head computes q, k and the gates. K 4, dk ≤ 128, dv ≤ 128.
 // in: GdnDecodeArgs' tensors; a: the rule's state, out, sizes and layout; the rest as
 // delta_recurrent_norm_kernel.
 template <typename W, NormGate kGate, bool kPerChannel>
@@ -212,11 +246,14 @@ __global__ void __launch_bounds__(32 * kRecWarps * kNormMaxGroups)
     gdn_decode_core_kernel(GdnDecodeArgs in, DeltaArgs a, Rows gate, Rows normed, const W* norm_w,
                            float eps, unsigned* arrivals) {
   constexpr int K = 4, RPT = 32, kDkPerLane = 4;
-  const int s = blockIdx.y, h = blockIdx.x;
+  const HeadBlocks hb = head_blocks(a.hv);
+  const int s = blockIdx.y, h = hb.h;
   const int lane = threadIdx.x, group = threadIdx.y / kRecWarps, warp = threadIdx.y % kRecWarps;
   const int tid = threadIdx.y * 32 + lane;
-  const int j = group * 32 + lane;
+  const int j = hb.col0 + group * 32 + lane;
+  const bool norm_warp = hb.rank == 0 && threadIdx.y == 0;
   const int kh = h / in.r;
+  const int readers = in.r * hb.split;  // of the key head's q/k conv state
   const int64_t t = a.seq_start[s];
   float* S = a.state + (int64_t(a.slot[s]) * a.hv + h) * a.dk * a.dv;
   float* cst = in.state + int64_t(a.slot[s]) * (K - 1) * in.C;
@@ -225,13 +262,13 @@ __global__ void __launch_bounds__(32 * kRecWarps * kNormMaxGroups)
   float st[RPT];
   delta_state_load<RPT>(a, S, j, warp, st);  // before the wait, as in delta_recurrent_kernel
   NormWeights<kWarpNormPer> wpre;
-  if (threadIdx.y == 0) wpre = load_norm_weights<kWarpNormPer>(norm_w, a.dv, lane, 32);
+  if (norm_warp) wpre = load_norm_weights<kWarpNormPer>(norm_w, a.dv, lane, 32);
   // The conv state and weights and the gate parameters, too (gdn_inputs_decode_kernel's order).
   const bool qk = threadIdx.y < 2;
   const int64_t c_qk = threadIdx.y * in.key_dim + int64_t(kh) * a.dk;  // q or k
-  const int vc = tid - 64;
-  const bool vt = vc >= 0 && vc < a.dv;
-  const int64_t c_v = 2 * in.key_dim + int64_t(h) * a.dv + vc;
+  const int vc = tid - 64;  // the block's v channel hb.col0 + vc
+  const bool vt = vc >= 0 && vc < int(blockDim.y / kRecWarps) * 32 && hb.col0 + vc < a.dv;
+  const int64_t c_v = 2 * in.key_dim + int64_t(h) * a.dv + hb.col0 + vc;
   ConvIn<K> qin[kDkPerLane], vin;
   if (qk) {
 #pragma unroll
@@ -248,9 +285,7 @@ __global__ void __launch_bounds__(32 * kRecWarps * kNormMaxGroups)
   }
   grid_dependency_sync();
   NormWeights<kWarpNormPer> gpre;  // the gate row with the token's inputs
-  if (threadIdx.y == 0) {
-    gpre = load_norm_weights<kWarpNormPer>(gate.row(t * a.hv + h), a.dv, lane, 32);
-  }
+  if (norm_warp) gpre = load_norm_weights<kWarpNormPer>(gate.row(t * a.hv + h), a.dv, lane, 32);
   const float* src = in.mixed + t * in.ld_mixed;
   if (qk) {
 #pragma unroll
@@ -280,14 +315,14 @@ __global__ void __launch_bounds__(32 * kRecWarps * kNormMaxGroups)
       if (lane + 32 * i < a.dk) qk_s[lane + 32 * i] = v[i] * f;
     }
     bool store = true;
-    if (in.r > 1) {
+    if (readers > 1) {
       __threadfence();
       __syncwarp();
       unsigned before = 0;
       if (lane == 0) {
-        before = atomicInc(&arrivals[2 * (s * (a.hv / in.r) + kh) + threadIdx.y], in.r - 1);
+        before = atomicInc(&arrivals[2 * (s * (a.hv / in.r) + kh) + threadIdx.y], readers - 1);
       }
-      store = __shfl_sync(0xffffffffu, before, 0) == unsigned(in.r - 1);
+      store = __shfl_sync(0xffffffffu, before, 0) == unsigned(readers - 1);
     }
     if (store) {
       __syncwarp();
@@ -310,11 +345,13 @@ __global__ void __launch_bounds__(32 * kRecWarps * kNormMaxGroups)
   }
   if (tid == 0) decay_beta[1] = sigmoid(bv);
   __syncthreads();
-  delta_step<RPT, kPerChannel>(a, t, h, j, warp, lane, st, sh.qs, sh.ks, sh.gs,
-                               kPerChannel ? 1.0f : decay_beta[0], decay_beta[1],
-                               j < a.dv ? vs[j] : 0.0f, sh.red[group], sh.red2[group], sh.o_head);
+  float* o_head = head_output_row(hb, sh.o_head);
+  delta_step<RPT, kPerChannel>(
+      a, t, h, j, warp, lane, st, sh.qs, sh.ks, sh.gs, kPerChannel ? 1.0f : decay_beta[0],
+      decay_beta[1], j < a.dv ? vs[j - hb.col0] : 0.0f, sh.red[group], sh.red2[group], o_head);
   delta_state_store<RPT>(a, S, j, warp, st);
-  if (threadIdx.y == 0) {
+  head_output_done(hb);
+  if (norm_warp) {
     const Rows o_row{sh.o_head, normed.n_rows, a.dv, a.hv, 0, 0};
     rms_norm_row<kWarpNormPer, W, kGate>(
         o_row, gate, normed, norm_w, 0.0f, eps, t * a.hv + h, lane, 32,
@@ -377,6 +414,23 @@ DeltaArgs delta_args(const Tensor& q, const Tensor& k, const Tensor& v, const Te
 // per SM.
 bool norm_kernel_fits(int64_t hv, int64_t dk, int64_t dv, int n_seqs, int sm_count) {
   return dv <= 32 * kNormMaxGroups && dk <= kRecWarps * 32 && hv * n_seqs <= sm_count;
+}
+
+// The blocks of a value head in those kernels (HeadBlocks): with RECUR_EXP_DELTA_CLUSTER the
+// most of 4 and 2 that divides the head's column groups while the blocks still fit one wave;
+// else 1. Their grid and block.
+struct HeadGrid {
+  unsigned split;
+  dim3 grid, block;
+};
+HeadGrid head_grid(bool clusters, int64_t hv, int64_t dv, int n_seqs, int sm_count) {
+  const int64_t groups = (dv + 31) / 32;
+  int split = 1;
+  for (int c : {4, 2}) {
+    if (clusters && split == 1 && groups % c == 0 && hv * n_seqs * c <= sm_count) split = c;
+  }
+  return {unsigned(split), dim3(unsigned(hv * split), unsigned(n_seqs)),
+          dim3(32, unsigned(kRecWarps * groups / split))};
 }
 
 }  // namespace
@@ -489,12 +543,12 @@ void CudaOps::gated_delta_rule_norm(const Tensor& q, const Tensor& k, const Tens
   const DevLayout dl = s.layout(layout, false);
   const DeltaArgs a = delta_args(q, k, v, g, beta, state, out, dl, kSingleTokenSeqs);
   const Rows gs = rows_of(gate), ns = rows_of(normed);
-  const dim3 grid(unsigned(hv), unsigned(layout.n_seqs));
-  const dim3 block(32, unsigned(kRecWarps * ((dv + 31) / 32)));
+  const HeadGrid hg = head_grid(s.options.exp_delta_cluster, hv, dv, layout.n_seqs, s.sm_count);
   dispatch_weight(norm_w.dtype, [&](auto tag) {
     using W = decltype(tag);
     auto launch = [&](auto kernel) {
-      launch_kernel(kernel, grid, block, 0, s.stream, a, gs, ns, norm_w.ptr<W>(), eps);
+      launch_kernel_clusters(kernel, hg.grid, hg.block, 0, s.stream, hg.split, a, gs, ns,
+                             norm_w.ptr<W>(), eps);
     };
     const bool silu = act == GateActivation::kSilu;
     if (per_channel) {
@@ -538,14 +592,13 @@ void CudaOps::gdn_core(const GdnCoreArgs& c, const SeqLayout& layout) {
   a.hv = hv, a.group = in.r, a.dk = dk, a.dv = dv;
   a.seq_start = dl.seq_start, a.slot = dl.slot, a.mode = kSingleTokenSeqs;
   const Rows gs = rows_of(c.gate), ns = rows_of(c.normed);
-  const dim3 grid(unsigned(hv), unsigned(layout.n_seqs));
-  const dim3 block(32, unsigned(kRecWarps * ((dv + 31) / 32)));
+  const HeadGrid hg = head_grid(s.options.exp_delta_cluster, hv, dv, layout.n_seqs, s.sm_count);
   unsigned* arrivals = static_cast<unsigned*>(s.arrivals.data());
   dispatch_weight(c.norm_w.dtype, [&](auto tag) {
     using W = decltype(tag);
     auto launch = [&](auto kernel) {
-      launch_kernel(kernel, grid, block, 0, s.stream, in, a, gs, ns, c.norm_w.ptr<W>(), c.eps,
-                    arrivals);
+      launch_kernel_clusters(kernel, hg.grid, hg.block, 0, s.stream, hg.split, in, a, gs, ns,
+                             c.norm_w.ptr<W>(), c.eps, arrivals);
     };
     const bool silu = c.act == GateActivation::kSilu;
     if (per_channel) {
