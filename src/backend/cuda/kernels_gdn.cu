@@ -417,8 +417,9 @@ bool norm_kernel_fits(int64_t hv, int64_t dk, int64_t dv, int n_seqs, int sm_cou
 }
 
 // The blocks of a value head in those kernels (HeadBlocks): with RECUR_EXP_DELTA_CLUSTER the
-// most of 4 and 2 that divides the head's column groups while the blocks still fit one wave;
-// else 1. Their grid and block.
+// most of 4 and 2 that divides the head's column groups while there are no more blocks than
+// SMs (a rough wave: clusters are placed per GPC, and small blocks may share an SM); else 1.
+// Their grid and block.
 struct HeadGrid {
   unsigned split;
   dim3 grid, block;
