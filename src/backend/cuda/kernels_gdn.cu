@@ -179,11 +179,6 @@ __device__ __forceinline__ float* head_output_row(const HeadBlocks& b, float* o_
   cluster.barrier_wait();
   return cluster.map_shared_rank(o_head, 0);
 }
-// After the rule: every block's outputs are in the first block's o_head (a cluster barrier,
-// which also keeps the first block from exiting while the others write into it).
-__device__ __forceinline__ void head_output_done(const HeadBlocks& b) {
-  if (b.split > 1) cooperative_groups::this_cluster().sync();
-}
 // The shared arrays of a block's token of the rule and its norm (up to kNormMaxGroups column
 // groups): q, k and the rows' decays (kPerChannel), the groups' partial sums, the head's output.
 template <int RPT, bool kPerChannel>
@@ -193,6 +188,24 @@ struct DeltaNormShared {
   float red[kNormMaxGroups][kRecWarps][32], red2[kNormMaxGroups][kRecWarps][32];
   float o_head[32 * kNormMaxGroups];
 };
+// After the rule, every thread: once every block's outputs are in the first block's o_head (a
+// cluster barrier, which also keeps that block from exiting while the others write into it),
+// that block's first warp (norm_warp) normalises the head's row of token t as rms_norm_kernel
+// does, with the weights and gate row it loaded early (wpre, gpre).
+template <typename W, NormGate kGate>
+__device__ __forceinline__ void head_norm(const HeadBlocks& b, bool norm_warp, const DeltaArgs& a,
+                                          float* o_head, int64_t t, Rows gate, Rows normed,
+                                          const W* norm_w, float eps,
+                                          const NormWeights<kWarpNormPer>& wpre,
+                                          const NormWeights<kWarpNormPer>& gpre) {
+  if (b.split > 1) cooperative_groups::this_cluster().sync();
+  if (!norm_warp) return;
+  // The head's output row from shared memory (every row index maps to o_head).
+  const Rows o_row{o_head, normed.n_rows, a.dv, a.hv, 0, 0};
+  rms_norm_row<kWarpNormPer, W, kGate>(
+      o_row, gate, normed, norm_w, 0.0f, eps, t * a.hv + b.h, threadIdx.x, 32,
+      [](float ss) { return warp_sum(ss); }, wpre, gpre);
+}
 template <int RPT, typename W, NormGate kGate, bool kPerChannel>
 __global__ void __launch_bounds__(32 * kRecWarps * kNormMaxGroups)
     delta_recurrent_norm_kernel(DeltaArgs a, Rows gate, Rows normed, const W* norm_w, float eps) {
@@ -217,14 +230,7 @@ __global__ void __launch_bounds__(32 * kRecWarps * kNormMaxGroups)
   delta_token<RPT, kPerChannel>(a, t, h, j, warp, lane, threadIdx.y * 32 + lane, 32 * blockDim.y,
                                 st, sh.qs, sh.ks, sh.gs, sh.red[group], sh.red2[group], o_head);
   delta_state_store<RPT>(a, S, j, warp, st);  // the final state, stored while the norm runs
-  head_output_done(hb);
-  if (norm_warp) {
-    // The head's output row from shared memory (every row index maps to o_head).
-    const Rows o_row{sh.o_head, normed.n_rows, a.dv, a.hv, 0, 0};
-    rms_norm_row<kWarpNormPer, W, kGate>(
-        o_row, gate, normed, norm_w, 0.0f, eps, t * a.hv + h, lane, 32,
-        [](float ss) { return warp_sum(ss); }, wpre, gpre);
-  }
+  head_norm<W, kGate>(hb, norm_warp, a, sh.o_head, t, gate, normed, norm_w, eps, wpre, gpre);
 }
 
 // Decode from the projections to the gated norm in one kernel: each value head's block runs
@@ -350,13 +356,7 @@ __global__ void __launch_bounds__(32 * kRecWarps * kNormMaxGroups)
       a, t, h, j, warp, lane, st, sh.qs, sh.ks, sh.gs, kPerChannel ? 1.0f : decay_beta[0],
       decay_beta[1], j < a.dv ? vs[j - hb.col0] : 0.0f, sh.red[group], sh.red2[group], o_head);
   delta_state_store<RPT>(a, S, j, warp, st);
-  head_output_done(hb);
-  if (norm_warp) {
-    const Rows o_row{sh.o_head, normed.n_rows, a.dv, a.hv, 0, 0};
-    rms_norm_row<kWarpNormPer, W, kGate>(
-        o_row, gate, normed, norm_w, 0.0f, eps, t * a.hv + h, lane, 32,
-        [](float ss) { return warp_sum(ss); }, wpre, gpre);
-  }
+  head_norm<W, kGate>(hb, norm_warp, a, sh.o_head, t, gate, normed, norm_w, eps, wpre, gpre);
 }
 
 template <bool kPerChannel>
