@@ -54,9 +54,8 @@ def main():
     if graph is None:
         print("no such graph")
         return 1
-    # Kernels that stamp: every node that is a kernel (non-kernel nodes never stamp), but the
-    # side stream's L2 prefetches (RECUR_EXP_L2_NEXT), which have no dependency wait.
-    nodes = [n for n in graph["nodes"] if n[1] is not None and "prefetch_l2_kernel" not in n[0]]
+    # Kernels that stamp: every node that is a kernel (non-kernel nodes never stamp).
+    nodes = [n for n in graph["nodes"] if n[1] is not None]
     sig = [(n[1], n[2]) for n in nodes]
     L = len(sig)
     replays = []

@@ -35,32 +35,30 @@ void GatedDeltaNet::forward(const LayerIo& io) const {
     ops.matmul_group(io.x, ws, outs);
   }
   // Causal depthwise conv with SiLU over q, k, v together, continuing each slot's conv state; q
-  // and k L2-normalised (q scaled); the decay and beta gates; the delta rule; then the gated
-  // RMSNorm per value head with silu(z) (one op: a backend may keep it all on chip).
-  GdnCoreArgs c;
-  GdnInputArgs& in = c.in;
-  in.key_heads = key_heads, in.value_heads = value_heads, in.dk = dk, in.dv = dv;
-  in.l2_eps = 1e-6f, in.q_scale = 1.0f / std::sqrt(float(dk));
-  in.mixed = mixed, in.a = a, in.b = b;
-  in.conv_weight = conv1d, in.a_log = a_log, in.dt_bias = dt_bias;
-  in.conv_state = io.state.conv[size_t(state_)];
-  in.conv_out = s.conv_out.slice_rows(0, n).slice_cols(0, conv_dim());  // [n, C]
-  in.g = s.decay.slice_rows(0, n).slice_cols(0, value_heads);           // [n, Hv]
-  in.beta = s.beta.slice_rows(0, n).slice_cols(0, value_heads);         // [n, Hv]
-  c.state = io.state.delta[size_t(state_)];
-  c.out = s.core.slice_rows(0, n).slice_cols(0, value_dim()).reshaped({n, value_heads, dv});
-  c.scratch = s.delta;
-  c.gate = z.reshaped({n, value_heads, dv});
-  c.norm_w = norm, c.eps = eps, c.act = GateActivation::kSilu;
+  // and k L2-normalised (q scaled); the decay and beta gates.
+  Tensor conv = s.conv_out.slice_rows(0, n).slice_cols(0, conv_dim());
+  Tensor g = s.decay.slice_rows(0, n).slice_cols(0, value_heads);    // [n, Hv]
+  Tensor beta = s.beta.slice_rows(0, n).slice_cols(0, value_heads);  // [n, Hv]
+  {
+    GdnInputArgs in;
+    in.key_heads = key_heads, in.value_heads = value_heads, in.dk = dk, in.dv = dv;
+    in.l2_eps = 1e-6f, in.q_scale = 1.0f / std::sqrt(float(dk));
+    in.mixed = mixed, in.a = a, in.b = b;
+    in.conv_weight = conv1d, in.a_log = a_log, in.dt_bias = dt_bias;
+    in.conv_state = io.state.conv[size_t(state_)];
+    in.conv_out = conv, in.g = g, in.beta = beta;
+    ops.gdn_inputs(in, io.layout);
+  }
+  Tensor q = conv.col_heads(0, key_heads, dk), k = conv.col_heads(key_dim(), key_heads, dk);
+  Tensor v = conv.col_heads(2 * key_dim(), value_heads, dv);  // [n, Hv, dv]
+  // Gated RMSNorm per value head with silu(z) on the delta rule's output (one op: a backend may
+  // keep the head's output on chip between the two), then the output projection.
+  Tensor core = s.core.slice_rows(0, n).slice_cols(0, value_dim()).reshaped({n, value_heads, dv});
   Tensor normed = s.core_normed.slice_rows(0, n).slice_cols(0, value_dim());
-  c.normed = normed.reshaped({n, value_heads, dv});
-  ops.gdn_core(c, io.layout);
+  ops.gated_delta_rule_norm(q, k, v, g, beta, io.state.delta[size_t(state_)], io.layout, core,
+                            s.delta, z.reshaped({n, value_heads, dv}), norm, eps,
+                            GateActivation::kSilu, normed.reshaped({n, value_heads, dv}));
   ops.matmul(normed, out_proj, io.h, /*accumulate=*/true);  // h += the mixer's output
-}
-
-void GatedDeltaNet::prefetch_inputs(Ops& ops) const {
-  const Tensor ws[] = {in_proj_qkv, in_proj_z, in_proj_b, in_proj_a};
-  ops.prefetch_weights(ws);
 }
 
 // ---- gated attention ----
@@ -77,11 +75,6 @@ void GatedAttention::plan(ModelPlan& plan) {
   s.attn_k = std::max<int64_t>(s.attn_k, int64_t(kv_heads) * head_dim);
   s.attn_v = std::max<int64_t>(s.attn_v, int64_t(kv_heads) * head_dim);
   s.attn_out = std::max<int64_t>(s.attn_out, int64_t(heads) * head_dim);
-}
-
-void GatedAttention::prefetch_inputs(Ops& ops) const {
-  const Tensor ws[] = {q_proj, gate_proj, k_proj, v_proj};
-  ops.prefetch_weights(ws);
 }
 
 void GatedAttention::forward(const LayerIo& io) const {
@@ -202,8 +195,7 @@ void SparseMoe::forward(const LayerIo& io) const {
     const Tensor ws[] = {router, shared_gate}, outs[] = {logits, sh.score};
     ops.matmul_group(io.x, ws, outs);
   }
-  ops.moe_route_experts_shared(logits, routing, io.x, experts, ids, weights, sh, out, s.moe, io.h,
-                               io.norm_after);
+  ops.moe_route_experts_shared(logits, routing, io.x, experts, ids, weights, sh, out, s.moe, io.h);
 }
 
 void SparseMoe::describe(ModelInfo& info) const {

@@ -35,7 +35,6 @@ class GatedDeltaNet final : public TokenMixer {
   void finish_load(Ops& ops) override;
   void plan(ModelPlan& plan) override;
   void forward(const LayerIo& io) const override;
-  void prefetch_inputs(Ops& ops) const override;
 
  private:
   int state_ = -1;
@@ -60,7 +59,6 @@ class GatedAttention final : public TokenMixer {
   void finish_load(Ops& ops) override;
   void plan(ModelPlan& plan) override;
   void forward(const LayerIo& io) const override;
-  void prefetch_inputs(Ops& ops) const override;
   void describe(ModelInfo& info) const override;
 
  private:
@@ -91,8 +89,6 @@ class SparseMoe final : public FeedForward {
   void finish_load(Ops& ops) override;
   void plan(ModelPlan& plan) override;
   void forward(const LayerIo& io) const override;
-  // With a shared expert: moe_route_experts_shared's norm_after.
-  bool norms_after() const override { return has_shared(); }
   void describe(ModelInfo& info) const override;
 };
 

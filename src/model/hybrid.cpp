@@ -386,23 +386,15 @@ Status HybridModel::forward(const Batch& batch, Tensor logits) {
   // join in one all-reduce per mixer and per feed-forward (begin/end_partial_sum).
   ops_.embedding_rms_norm(tokens, n, spec_.embed_tokens, h, spec_.layers.front().input_norm, off,
                           eps, x);
-  bool input_normed = true;  // x holds layer i's normed input
   for (size_t i = 0; i < spec_.layers.size(); ++i) {
     const DecoderLayer& L = spec_.layers[i];
-    if (!input_normed) ops_.rms_norm(h, L.input_norm, off, eps, x);
+    if (i > 0) ops_.rms_norm(h, L.input_norm, off, eps, x);
     begin_partial_sum(h);
     L.mixer->forward(io);
     end_partial_sum(h);
     ops_.rms_norm(h, L.post_norm, off, eps, x);
-    const bool last = i + 1 == spec_.layers.size();
-    if (!last) spec_.layers[i + 1].mixer->prefetch_inputs(ops_);
-    // The next layer's input norm rides with the feed-forward's last addition to h where it
-    // can (not across a tensor-parallel all-reduce, which comes after).
-    LayerIo ffn_io = io;
-    input_normed = !last && !comm_ && L.ffn->norms_after();
-    if (input_normed) ffn_io.norm_after = {spec_.layers[i + 1].input_norm, off, eps, x};
     begin_partial_sum(h);
-    L.ffn->forward(ffn_io);
+    L.ffn->forward(io);
     end_partial_sum(h);
   }
   // Only the rows whose logits are wanted go through the final norm and the LM head.

@@ -74,9 +74,6 @@ struct LayerIo {
   Tensor x;  // [n, hidden]: the block's normed input
   const Scratch& s;
   const StatePools& state;
-  // For a feed-forward whose norms_after() is true: the norm of h it ends with (the next
-  // layer's input norm into x), or none.
-  NormAfter norm_after = {};
 };
 
 // What blocks declare at load, before anything is allocated.
@@ -124,9 +121,6 @@ class TokenMixer {
   virtual void describe(ModelInfo& info) const {}     // its share of the benchmark figures
   // Once its weights are loaded, before plan: offers them to the backend (Ops::retype_weights).
   virtual void finish_load(Ops& ops) {}
-  // Names the weights its forward reads first (Ops::prefetch_weights), while the layer before
-  // still runs.
-  virtual void prefetch_inputs(Ops& ops) const {}
 };
 
 class FeedForward {
@@ -134,9 +128,6 @@ class FeedForward {
   virtual ~FeedForward() = default;
   virtual void plan(ModelPlan& plan) = 0;
   virtual void forward(const LayerIo& io) const = 0;  // io.h += the feed-forward of io.x
-  // Whether forward then runs io.norm_after when given (its last op may fuse it with the
-  // addition to h); else the scaffolding runs that norm.
-  virtual bool norms_after() const { return false; }
   virtual void describe(ModelInfo& info) const {}
   // Once its weights are loaded, before plan: offers them to the backend (Ops::retype_weights).
   virtual void finish_load(Ops& ops) {}

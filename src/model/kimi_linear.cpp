@@ -222,10 +222,6 @@ class KimiDeltaAttention final : public TokenMixer {
     Tensor* ws[] = {&qkv_proj, &b_proj, &fg_a_proj, &o_proj};
     ops.retype_weights(ws);
   }
-  void prefetch_inputs(Ops& ops) const override {
-    const Tensor ws[] = {qkv_proj, b_proj, fg_a_proj};
-    ops.prefetch_weights(ws);
-  }
 
   void plan(ModelPlan& plan) override {
     state_ = plan.recurrent_state(conv_kernel - 1, 3 * dim(), heads, head_dim, head_dim);
@@ -257,24 +253,27 @@ class KimiDeltaAttention final : public TokenMixer {
     Tensor gate = gates.slice_cols(D, 2 * D);                      // [n, H·d]: the output gate
     ops.matmul_heads(low.col_heads(0, 2, rank()), fg_b_proj, gates.col_heads(0, 2, D));
     // Convs with SiLU (one conv over the three: each channel has its own taps), the L2 norms
-    // and the gates (the decay written over f), the rule and the gated norm: one op.
-    GdnCoreArgs c;
-    GdnInputArgs& in = c.in;
-    in.key_heads = heads, in.value_heads = heads, in.dk = head_dim, in.dv = head_dim;
-    in.l2_eps = 1e-6f, in.q_scale = 1.0f / std::sqrt(float(head_dim));
-    in.mixed = mixed, in.a = g, in.b = b;
-    in.conv_weight = conv1d, in.a_log = a_log, in.dt_bias = dt_bias;
-    in.conv_state = io.state.conv[size_t(state_)];
-    in.conv_out = s.conv_out.slice_rows(0, n).slice_cols(0, 3 * D);
-    in.g = g, in.beta = s.beta.slice_rows(0, n).slice_cols(0, heads);  // [n, H]
-    c.state = io.state.delta[size_t(state_)];
-    c.out = s.core.slice_rows(0, n).col_heads(0, heads, head_dim);
-    c.scratch = s.delta;
-    c.gate = gate.col_heads(0, heads, head_dim);
-    c.norm_w = o_norm, c.eps = eps, c.act = GateActivation::kSigmoid;
+    // and the gates, the decay written over f.
+    Tensor conv = s.conv_out.slice_rows(0, n).slice_cols(0, 3 * D);
+    Tensor beta = s.beta.slice_rows(0, n).slice_cols(0, heads);  // [n, H]
+    {
+      GdnInputArgs in;
+      in.key_heads = heads, in.value_heads = heads, in.dk = head_dim, in.dv = head_dim;
+      in.l2_eps = 1e-6f, in.q_scale = 1.0f / std::sqrt(float(head_dim));
+      in.mixed = mixed, in.a = g, in.b = b;
+      in.conv_weight = conv1d, in.a_log = a_log, in.dt_bias = dt_bias;
+      in.conv_state = io.state.conv[size_t(state_)];
+      in.conv_out = conv, in.g = g, in.beta = beta;
+      ops.gdn_inputs(in, io.layout);
+    }
+    Tensor q = conv.col_heads(0, heads, head_dim), k = conv.col_heads(D, heads, head_dim);
+    Tensor v = conv.col_heads(2 * D, heads, head_dim);  // [n, H, d]
+    Tensor core = s.core.slice_rows(0, n).col_heads(0, heads, head_dim);
     Tensor normed = s.core_normed.slice_rows(0, n).slice_cols(0, D);
-    c.normed = normed.col_heads(0, heads, head_dim);
-    ops.gdn_core(c, io.layout);
+    ops.gated_delta_rule_norm(q, k, v, g.col_heads(0, heads, head_dim), beta,
+                              io.state.delta[size_t(state_)], io.layout, core, s.delta,
+                              gate.col_heads(0, heads, head_dim), o_norm, eps,
+                              GateActivation::kSigmoid, normed.col_heads(0, heads, head_dim));
     ops.matmul(normed, o_proj, io.h, /*accumulate=*/true);  // h += the mixer's output
   }
 
@@ -307,10 +306,6 @@ class LatentAttention final : public TokenMixer {
   void finish_load(Ops& ops) override {
     Tensor* ws[] = {&q_nope_proj, &kv_a_proj, &o_proj};
     ops.retype_weights(ws);
-  }
-  void prefetch_inputs(Ops& ops) const override {
-    const Tensor ws[] = {q_nope_proj, kv_a_proj};
-    ops.prefetch_weights(ws);
   }
 
   void plan(ModelPlan& plan) override {

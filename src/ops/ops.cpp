@@ -175,14 +175,10 @@ void Ops::moe_experts_shared(const Tensor& x, std::span<const ExpertWeights> exp
 void Ops::moe_route_experts_shared(const Tensor& logits, const MoeRouting& routing, const Tensor& x,
                                    std::span<const ExpertWeights> experts, Tensor ids,
                                    Tensor weights, const SharedExpertArgs& shared, Tensor out,
-                                   Tensor scratch, Tensor residual, const NormAfter& norm_after) {
+                                   Tensor scratch, Tensor residual) {
   moe_route(logits, routing, ids, weights);
   moe_experts_shared(x, experts, ids, weights, shared, out, scratch);
   if (residual.data) add(residual, out);
-  if (norm_after.out.data) {
-    RECUR_CHECK(residual.data);
-    rms_norm(residual, norm_after.w, norm_after.offset, norm_after.eps, norm_after.out);
-  }
 }
 
 void Ops::paged_attention_gated(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
@@ -206,20 +202,6 @@ void Ops::gated_delta_rule_norm(const Tensor& q, const Tensor& k, const Tensor& 
                                 Tensor normed) {
   gated_delta_rule(q, k, v, g, beta, state, layout, out, scratch);
   rms_norm_gated(out, gate, norm_w, eps, act, normed);
-}
-
-void Ops::gdn_core(const GdnCoreArgs& c, const SeqLayout& layout) {
-  const GdnInputArgs& in = c.in;
-  gdn_inputs(in, layout);
-  const int64_t key_dim = int64_t(in.key_heads) * in.dk;
-  const Tensor q = in.conv_out.col_heads(0, in.key_heads, in.dk);  // [n, Hk, dk]
-  const Tensor k = in.conv_out.col_heads(key_dim, in.key_heads, in.dk);
-  const Tensor v = in.conv_out.col_heads(2 * key_dim, in.value_heads, in.dv);  // [n, Hv, dv]
-  // g [n, Hv] per head, or [n, Hv, dk] per key channel
-  const bool per_channel = in.g.shape[1] != in.value_heads;
-  const Tensor g = per_channel ? in.g.col_heads(0, in.value_heads, in.dk) : in.g;
-  gated_delta_rule_norm(q, k, v, g, in.beta, c.state, layout, c.out, c.scratch, c.gate, c.norm_w,
-                        c.eps, c.act, c.normed);
 }
 
 Result<std::unique_ptr<CommGroup>> Ops::create_group(std::span<Ops* const> ranks) {

@@ -129,15 +129,6 @@ struct ForwardLimits {
   int max_context = 0;  // positions a sequence may reach
 };
 
-// An RMS norm an op runs on the residual stream it has just added to, as rms_norm(residual,
-// w, offset, eps, out) (the next block's input norm, fused with the addition before it); none
-// while out is empty.
-struct NormAfter {
-  Tensor w;  // [d]
-  float offset = 0.0f, eps = 1e-6f;
-  Tensor out;  // [n, d]
-};
-
 // Operands of Ops::gdn_inputs, one Gated DeltaNet layer's input stage after its projections
 // (C = 2·Hk·dk + Hv·dv conv channels: all q heads, all k heads, then all v heads; value head h
 // reads key head h / (Hv/Hk)).
@@ -155,20 +146,6 @@ struct GdnInputArgs {
   Tensor conv_state;   // [slots, K-1, C] f32
   Tensor conv_out;     // [n, C] out: q | k | v after conv + SiLU; q, k then L2-normalised
   Tensor g, beta;      // out, as gdn_gates: g as a, beta [n, Hv]
-};
-
-// Operands of Ops::gdn_core: a Gated DeltaNet (or Kimi Delta Attention) layer from its
-// projections to the gated norm of the delta rule's output.
-struct GdnCoreArgs {
-  GdnInputArgs in;  // the input stage: its conv_out, g and beta are the default's scratch
-  Tensor state;     // [slots, Hv, dk, dv] f32: the delta rule's
-  Tensor out;       // [n, Hv, dv]: the rule's output (the default's scratch before the norm)
-  Tensor scratch;   // from gated_delta_rule_scratch_bytes
-  Tensor gate;      // [n, Hv, dv]: the norm's gate, through act
-  Tensor norm_w;    // [dv]
-  float eps = 1e-6f;
-  GateActivation act = GateActivation::kSilu;
-  Tensor normed;  // [n, Hv, dv] out
 };
 
 class Ops {
@@ -289,10 +266,6 @@ class Ops {
   static constexpr size_t kMaxMatmulGroup = 4;
   virtual void matmul_group(const Tensor& x, std::span<const Tensor> ws,
                             std::span<const Tensor> outs);
-  // A hint (experiment RECUR_EXP_L2_NEXT, session 48): the weights ws are read soon after
-  // the work already issued, which leaves memory idle; a backend may fetch them meanwhile.
-  // Changes no result; the default does nothing.
-  virtual void prefetch_weights(std::span<const Tensor> ws) {}
   // out[t, h, :] = x[t, h, :] · w[h]^T for every head h: one independent product per head
   // (latent attention's absorbed projections), exactly the results of one matmul per head on
   // views (the default does that); a backend may run them as one launch.
@@ -354,9 +327,6 @@ class Ops {
                                      const SeqLayout& layout, Tensor out, Tensor scratch,
                                      const Tensor& gate, const Tensor& norm_w, float eps,
                                      GateActivation act, Tensor normed);
-  // gdn_inputs, then gated_delta_rule_norm over conv_out's q, k and v (see GdnCoreArgs):
-  // which the default calls; a backend may fuse them.
-  virtual void gdn_core(const GdnCoreArgs& args, const SeqLayout& layout);
 
   // The attention input stage (see AttentionInputArgs): the results of rms_norm of q and k per
   // head, rope on q and k, and kv_cache_write of k and v, which the default calls in that
@@ -412,14 +382,12 @@ class Ops {
                                   const SharedExpertArgs& shared, Tensor out, Tensor scratch);
   // moe_route(logits, routing, ids, weights), moe_experts_shared with those ids and weights,
   // then add(residual, out) when residual has data (the residual stream [n, d] the layer's
-  // output joins; not out itself), then the norm of residual that norm_after names, if any
-  // (rms_norm(residual, w, offset, eps, out); it may write over x): which the default calls;
-  // a backend may fuse them (ids, weights and out are written either way).
+  // output joins; not out itself): which the default calls; a backend may fuse them (ids,
+  // weights and out are written either way).
   virtual void moe_route_experts_shared(const Tensor& logits, const MoeRouting& routing,
                                         const Tensor& x, std::span<const ExpertWeights> experts,
                                         Tensor ids, Tensor weights, const SharedExpertArgs& shared,
-                                        Tensor out, Tensor scratch, Tensor residual,
-                                        const NormAfter& norm_after);
+                                        Tensor out, Tensor scratch, Tensor residual);
 };
 
 }  // namespace recur

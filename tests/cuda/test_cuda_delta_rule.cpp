@@ -239,20 +239,19 @@ TEST_F(CudaDeltaRule, StateCarriesAcrossCallsAndBatchesSplit) {
 
 // The delta rule with the gated norm (one kernel when every sequence has one token) against
 // the ops.cpp default (the two ops), bit for bit (out, normed and state), and against the
-// references; both gate activations, both decays; heads of 128 (the models'), 96, 64, 48 and 32
+// references; both gate activations, both decays; heads of 128 (the models'), 96 and 32
 // channels; f32 and bf16 norm weights. A batch with a prompt and heads of 256 take the default,
-// checked against the references. Under RECUR_EXP_DELTA_CLUSTER=1 a head runs on a cluster:
-// of four blocks for 4 heads of 128 channels, of two for 16 heads of 128 and four sequences
-// (on 132 SMs), for heads of 64 and for heads of 48 (a partial second column group).
+// checked against the references.
 TEST_F(CudaDeltaRule, WithTheGatedNormEqualsTheDefault) {
   struct Case {
     int64_t hk, hv, dk, dv;
     std::vector<int> lens;
   };
-  const Case cases[] = {{2, 4, 128, 128, {1, 1, 1}}, {1, 3, 16, 96, {1, 1}},
-                        {2, 2, 64, 32, {1}},         {4, 16, 128, 128, {1, 1, 1, 1}},
-                        {2, 4, 64, 64, {1, 1}},      {1, 2, 64, 48, {1}},
-                        {2, 4, 128, 128, {1, 7, 1}}, {1, 2, 32, 256, {1, 1}}};
+  const Case cases[] = {{2, 4, 128, 128, {1, 1, 1}},
+                        {1, 3, 16, 96, {1, 1}},
+                        {2, 2, 64, 32, {1}},
+                        {2, 4, 128, 128, {1, 7, 1}},
+                        {1, 2, 32, 256, {1, 1}}};
   for (DType wt : {DType::F32, DType::BF16}) {
     for (bool per_channel : {false, true}) {
       for (GateActivation act : {GateActivation::kSilu, GateActivation::kSigmoid}) {
@@ -289,7 +288,7 @@ TEST_F(CudaDeltaRule, WithTheGatedNormEqualsTheDefault) {
                                    (silu ? " silu" : " sigmoid") + " dk=" + std::to_string(c.dk) +
                                    " dv=" + std::to_string(c.dv) +
                                    " seqs=" + std::to_string(n_seqs);
-          EXPECT_EQ(count_nonfinite(got_norm[0].f(), out.numel()), 0) << what;
+          ASSERT_EQ(count_nonfinite(got_norm[0].f(), out.numel()), 0) << what;
           EXPECT_TRUE(same_bits(got_out[0], got_out[1])) << what;
           EXPECT_TRUE(same_bits(got_norm[0], got_norm[1])) << what;
           EXPECT_TRUE(same_bits(got_state[0], got_state[1])) << what;

@@ -316,7 +316,7 @@ TEST_F(CudaQuant, BlockFp8RoutingInsideExpertsMatchesRouteThenExperts) {
       shared.out = dy.t;
       if (path == 0) {
         ops().moe_route_experts_shared(dl.t, routing, dx.t, routed_d, dids.t, dw.t, shared, dout.t,
-                                       scratch.t, Tensor{}, NormAfter{});
+                                       scratch.t, Tensor{});
       } else {
         ops().moe_route(dl.t, routing, dids.t, dw.t);
         ops().moe_experts_shared(dx.t, routed_d, dids.t, dw.t, shared, dout.t, scratch.t);

@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <thread>
 #include <vector>
 
@@ -221,131 +220,6 @@ TEST(CudaGdnInputs, DecodeIsOneLaunch) {
   EXPECT_EQ(profile_count(table, "decode b=3 gdn_inputs (decode)"), 3) << table;
   for (const char* op : {"conv1d", "l2_norm", "gdn_gates"}) {
     EXPECT_EQ(table.find(op), std::string::npos) << op << "\n" << table;
-  }
-}
-
-// Ops::gdn_core at decode on a backend with RECUR_EXP_GDN_FOLD=1 (one kernel: the input stage
-// inside the delta rule's) equals the ops.cpp default (gdn_inputs, then gated_delta_rule_norm,
-// as this backend runs them) bit for bit: the normed output, the rule's output, the delta
-// state and the conv state, over three steps (each from the step before's states, so that the
-// q and k conv state that r value-head blocks share is stored once, after every reader, at
-// every step). Shapes: the Qwen3.5 / Qwen3-Next one (Hk 16, Hv 32, dk = dv = 128), three value
-// heads per key head with dk 64 and dv 32, Kimi-Linear's per-key-channel decay (32 heads of 128,
-// g written over a, sigmoid gate), a per-channel decay with two value heads a key head and dv
-// 96, one and two sequences of 32 heads (a head's blocks in clusters of 4 and 2 under
-// RECUR_EXP_DELTA_CLUSTER=1); a prompt layout takes the default. The profile counts one launch
-// a decode step (where the blocks fit one wave).
-TEST(CudaGdnCore, DecodeFoldEqualsTheDefault) {
-  struct Case {
-    int64_t hk, hv, dk, dv;
-    DType wt, gate_t, norm_t;
-    std::vector<int> lens;
-    bool per_channel = false, g_in_a = false;
-    GateActivation act = GateActivation::kSilu;
-  };
-  const Case cases[] = {
-      {16, 32, 128, 128, DType::BF16, DType::F32, DType::F32, {1, 1, 1}},
-      {2,
-       6,
-       64,
-       32,
-       DType::F32,
-       DType::BF16,
-       DType::BF16,
-       {1, 1},
-       false,
-       false,
-       GateActivation::kSigmoid},
-      {32,
-       32,
-       128,
-       128,
-       DType::BF16,
-       DType::F32,
-       DType::BF16,
-       {1, 1, 1},
-       true,
-       true,
-       GateActivation::kSigmoid},
-      {2, 4, 128, 96, DType::BF16, DType::BF16, DType::F32, {1, 1, 1, 1}, true},
-      {16, 32, 128, 128, DType::BF16, DType::F32, DType::F32, {1}},
-      {32, 32, 128, 128, DType::BF16, DType::F32, DType::F32, {1, 1}, true, true},
-      {2, 4, 64, 64, DType::BF16, DType::F32, DType::F32, {2, 1, 3}}};  // not decode
-  constexpr int kSteps = 3;
-  std::mt19937 rng(49);
-  std::map<int64_t, int> decode_steps;  // by batch
-  bool ok = false;
-  int sm_count = 0;
-  if (cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) {
-    GTEST_SKIP() << "no usable CUDA device";
-  }
-  const ScopedEnv fold("RECUR_EXP_GDN_FOLD", "1");
-  const std::string table = profile_table(
-      [&](CudaOps& ops) {
-        for (const Case& cs : cases) {
-          Layout lay(cs.lens, std::vector<int>(cs.lens.size(), 5), 16, rng);
-          const int64_t n = lay.l.n_tokens, n_seqs = int64_t(cs.lens.size());
-          GdnInputCase c(n, cs.hk, cs.hv, cs.dk, cs.dv, 4, n_seqs, cs.wt, cs.gate_t, cs.per_channel,
-                         cs.g_in_a, rng);
-          HostTensor delta(DType::F32, {n_seqs, cs.hv, cs.dk, cs.dv});
-          HostTensor gate(DType::F32, {n, cs.hv, cs.dv}), w(cs.norm_t, {cs.dv});
-          HostTensor out(DType::F32, {n, cs.hv, cs.dv});
-          fill_random(delta, rng, 0.2f);
-          fill_random(gate, rng);
-          fill_random(w, rng, 0.5f, 1.0f);
-          const Tensor dw = ops.adopt_weight(c.conv_w.t).value();
-          const Tensor dal = ops.adopt_weight(c.a_log.t).value();
-          const Tensor ddt = ops.adopt_weight(c.dt_bias.t).value();
-          const Tensor dnw = ops.adopt_weight(w.t).value();
-          DeviceTensor dmixed(ops, c.mixed_big), dgate(ops, gate);
-          struct Run {  // [0] the backend's op, [1] the default's ops
-            DeviceTensor conv_state, delta, out, normed;
-          };
-          Run runs[2];
-          for (Run& r : runs) {
-            r.conv_state = DeviceTensor(ops, c.state), r.delta = DeviceTensor(ops, delta);
-            r.out = DeviceTensor(ops, out), r.normed = DeviceTensor(ops, out);
-          }
-          const std::string what = " hk=" + std::to_string(cs.hk) + " hv=" + std::to_string(cs.hv) +
-                                   " dk=" + std::to_string(cs.dk) +
-                                   " seqs=" + std::to_string(n_seqs) +
-                                   (cs.per_channel ? " per channel" : "");
-          for (int step = 0; step < kSteps; ++step) {
-            for (int path = 0; path < 2; ++path) {
-              Run& r = runs[path];
-              // a is re-sent each step: the default writes a per-channel g over it.
-              DeviceTensor dba(ops, c.ba), dconv(ops, c.conv_out), dg(ops, c.g), dbeta(ops, c.beta);
-              r.out.poison(), r.normed.poison();
-              GdnCoreArgs a;
-              a.in = c.args(dmixed.t, dba.t, dw, dal, ddt, r.conv_state.t, dconv.t, dg.t, dbeta.t);
-              a.state = r.delta.t, a.out = r.out.t, a.gate = dgate.t, a.norm_w = dnw;
-              a.eps = 1e-6f, a.act = cs.act, a.normed = r.normed.t;
-              ops.begin_forward(lay.l, {}, {});
-              path == 0 ? ops.gdn_core(a, lay.l) : ops.Ops::gdn_core(a, lay.l);
-              ops.synchronize();
-            }
-            // (the fold runs where the blocks fit one wave, as the delta rule's norm kernel)
-            if (n == n_seqs && cs.hv * n_seqs <= sm_count) ++decode_steps[n];
-            const HostTensor normed0 = runs[0].normed.download(ops, out);
-            ASSERT_EQ(count_nonfinite(normed0.f(), out.numel()), 0) << what;
-            EXPECT_TRUE(same_bits(normed0, runs[1].normed.download(ops, out)))
-                << "normed step " << step << what;
-            EXPECT_TRUE(same_bits(runs[0].out.download(ops, out), runs[1].out.download(ops, out)))
-                << "out step " << step << what;
-            EXPECT_TRUE(
-                same_bits(runs[0].delta.download(ops, delta), runs[1].delta.download(ops, delta)))
-                << "delta state step " << step << what;
-            EXPECT_TRUE(same_bits(runs[0].conv_state.download(ops, c.state),
-                                  runs[1].conv_state.download(ops, c.state)))
-                << "conv state step " << step << what;
-          }
-        }
-      },
-      &ok);
-  if (!ok) GTEST_SKIP() << "no usable CUDA device";
-  for (const auto& [b, steps] : decode_steps) {
-    const std::string label = "decode b=" + std::to_string(b) + " gdn_core (decode)";
-    EXPECT_EQ(profile_count(table, label), steps) << label << "\n" << table;
   }
 }
 

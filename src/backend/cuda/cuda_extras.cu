@@ -1,14 +1,11 @@
 // What the backend does besides the ops' math: argmax over logit rows, adopting and re-typing
 // weights at load (bf16 to f16 where every value fits), host-to-device copies, random fills
 // made on the device (benchmarks build tens of gigabytes of weights this way without staging
-// them on the host), the copy-bandwidth ceiling, the MoE experts' weight-pointer tables, and the
-// options read from the environment.
+// them on the host), the copy-bandwidth ceiling, and the MoE experts' weight-pointer tables.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/cuda_ops.h"
@@ -18,16 +15,6 @@ namespace recur {
 using namespace cuda;
 
 namespace {
-
-// On only when the variable is set to 1.
-bool env_one(const char* name) {
-  const char* v = std::getenv(name);
-  return v && v[0] == '1';
-}
-std::string env_string(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? std::string(v) : std::string();
-}
 
 // The same splitmix64 of (seed, index) as Ops::fill_random_uniform on the host.
 __device__ inline uint64_t mix(uint64_t seed, uint64_t i) {
@@ -157,21 +144,6 @@ __global__ void __launch_bounds__(kArgmaxSplitThreads)
 }
 
 }  // namespace
-
-CudaOptions CudaOptions::from_environment() {
-  CudaOptions o;
-  o.sync = env_one("RECUR_CUDA_SYNC");
-  o.profile = env_one("RECUR_CUDA_PROFILE");
-  o.trace_out = env_string("RECUR_CUDA_TRACE_OUT");
-  o.portable = env_one("RECUR_CUDA_PORTABLE");
-  o.exp_latent_wgmma = env_one("RECUR_EXP_LATENT_WGMMA");
-  o.exp_l2_next_mb = std::max(0, std::atoi(env_string("RECUR_EXP_L2_NEXT").c_str()));
-  o.exp_l2_last = env_one("RECUR_EXP_L2_LAST");
-  o.exp_gdn_fold = env_one("RECUR_EXP_GDN_FOLD");
-  o.exp_combine_norm = env_one("RECUR_EXP_COMBINE_NORM");
-  o.exp_delta_cluster = env_one("RECUR_EXP_DELTA_CLUSTER");
-  return o;
-}
 
 void CudaOps::argmax_rows(const Tensor& x, Tensor ids) {
   RECUR_CHECK(x.ndim == 2 && x.dtype == DType::F32 && x.stride[1] == 1);
@@ -409,75 +381,6 @@ const void* const* CudaOps::Impl::expert_table(std::span<const ExpertWeights> ex
   RECUR_CUDA_CHECK(cudaMemcpyAsync(const_cast<const void**>(kept.dev), kept.host.data(),
                                    3 * E * sizeof(void*), cudaMemcpyHostToDevice, stream));
   return kept.dev;
-}
-
-// ---- prefetch_weights (experiment RECUR_EXP_L2_NEXT) ----
-
-namespace {
-
-constexpr int kPrefetchRanges = int(Ops::kMaxMatmulGroup);
-struct PrefetchRanges {
-  const char* base[kPrefetchRanges];  // each range's first byte, 128-byte aligned
-  int64_t lines[kPrefetchRanges];     // its 128-byte lines
-  int n = 0;
-};
-
-// Each thread asks L2 for lines of the ranges (a prefetch does not wait for its data).
-template <bool kEvictLast>
-__global__ void prefetch_l2_kernel(PrefetchRanges r) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  for (int j = 0; j < r.n; ++j) {
-    for (; i < r.lines[j]; i += stride) {
-      const char* p = r.base[j] + i * 128;
-      if constexpr (kEvictLast) {
-        asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(p));
-      } else {
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-      }
-    }
-    i -= r.lines[j];
-  }
-}
-
-}  // namespace
-
-void CudaOps::prefetch_weights(std::span<const Tensor> ws) {
-  Impl& s = *impl_;
-  if (s.mode != Impl::Mode::kCapturing || s.options.exp_l2_next_mb <= 0) return;
-  // The budget from the end: the first rows are what the launch's first blocks load before
-  // their wait anyway.
-  int64_t budget = int64_t(s.options.exp_l2_next_mb) << 20;
-  PrefetchRanges r;
-  for (size_t i = ws.size(); i-- > 0 && budget > 0 && r.n < kPrefetchRanges;) {
-    const Tensor& w = ws[i];
-    if (!w.data) continue;
-    const int64_t bytes = w.numel() * int64_t(dtype_size(w.dtype));
-    const int64_t take = std::min(bytes, budget) & ~int64_t(127);
-    if (take <= 0) continue;
-    const uintptr_t end = reinterpret_cast<uintptr_t>(w.data) + uintptr_t(bytes);
-    r.base[r.n] = reinterpret_cast<const char*>((end - uintptr_t(take)) & ~uintptr_t(127));
-    r.lines[r.n] = take / 128;
-    ++r.n;
-    budget -= take;
-  }
-  if (r.n == 0) return;
-  RECUR_CUDA_CHECK(cudaEventRecord(s.prefetch_fork, s.stream));
-  RECUR_CUDA_CHECK(cudaStreamWaitEvent(s.prefetch_stream, s.prefetch_fork, 0));
-  const dim3 grid(unsigned(s.sm_count)), block(256);
-  if (s.options.exp_l2_last) {
-    prefetch_l2_kernel<true><<<grid, block, 0, s.prefetch_stream>>>(r);
-  } else {
-    prefetch_l2_kernel<false><<<grid, block, 0, s.prefetch_stream>>>(r);
-  }
-  RECUR_CUDA_CHECK(cudaGetLastError());
-  s.prefetch_pending = true;
-}
-
-void CudaOps::Impl::join_prefetch() {
-  RECUR_CUDA_CHECK(cudaEventRecord(prefetch_join, prefetch_stream));
-  RECUR_CUDA_CHECK(cudaStreamWaitEvent(capture_stream, prefetch_join, 0));
-  prefetch_pending = false;
 }
 
 }  // namespace recur

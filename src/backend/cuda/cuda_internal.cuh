@@ -25,9 +25,6 @@ namespace recur::cuda {
 [[noreturn]] void cublas_failed(const char* expr, cublasStatus_t st, const char* file, int line);
 [[noreturn]] void fatal(const char* what);
 
-// Tokens a MoE combine may normalise after its residual addition (CombineNorm).
-constexpr int kCombineNormMaxTokens = 1024;
-
 // The backend's debugging and measurement switches, read from the environment once, by
 // CudaOps::create (README.md lists them). None changes results.
 struct CudaOptions {
@@ -41,29 +38,11 @@ struct CudaOptions {
   // RECUR_CUDA_PORTABLE=1: the paths GPUs after Hopper take (the compute_90 PTX has no wgmma or
   // e4m3 tiles), so that a Hopper can test them.
   bool portable = false;
-  // RECUR_EXP_LATENT_WGMMA=1 (experiment, session 47; written, not yet run on a GPU): latent
-  // prompts over F16 / FP8 caches on the warpgroup kernel (kernels_attention_latent_wgmma.cu)
-  // instead of the TF32 one. When measured, keep the winner and delete the switch.
+  // RECUR_EXP_LATENT_WGMMA=1 (experiment, session 47; its tests pass on an H100, session 51):
+  // latent prompts over F16 / FP8 caches on the warpgroup kernel
+  // (kernels_attention_latent_wgmma.cu) instead of the TF32 one. When its prefill is measured,
+  // keep the winner and delete the switch.
   bool exp_latent_wgmma = false;
-  // RECUR_EXP_L2_NEXT=MB (experiment, session 48): in decode graphs, when a layer's
-  // feed-forward begins, the last MB megabytes of the next layer's first weights are fetched
-  // into L2 from a side stream (Ops::prefetch_weights), filling the routing's idle memory time;
-  // RECUR_EXP_L2_LAST=1 marks them last to evict. When measured, keep the winner and delete.
-  int exp_l2_next_mb = 0;
-  bool exp_l2_last = false;
-  // RECUR_EXP_GDN_FOLD=1 (experiment, session 49): at decode, Ops::gdn_core as one kernel (the
-  // input stage inside the delta rule's, gdn_decode_core_kernel) instead of two. When
-  // measured, keep the winner and delete the switch.
-  bool exp_gdn_fold = false;
-  // RECUR_EXP_COMBINE_NORM=1 (experiment, session 49): the next layer's input norm in the MoE
-  // combine (its last block; NormAfter) instead of its own launch. When measured, keep the
-  // winner and delete the switch.
-  bool exp_combine_norm = false;
-  // RECUR_EXP_DELTA_CLUSTER=1 (experiment, session 50): at decode, a value head's delta rule
-  // and norm (and gdn_core's fold) on a cluster of up to four blocks, each holding a share of
-  // the head's state columns, instead of one block reading the whole 64 KB tile. When
-  // measured, keep the winner and delete the switch.
-  bool exp_delta_cluster = false;
   // Decode forwards replay CUDA graphs unless a launch-by-launch switch is on.
   bool graphs() const { return !sync && !profile && !host_ordered_collectives; }
   static CudaOptions from_environment();
@@ -232,10 +211,6 @@ struct CudaOps::Impl {
   Buffer act_lowp;      // matmul: activations split into three 16-bit terms
   Buffer attn_partial;  // split-context attention partials
   Buffer gdn_chunks;    // the chunked delta rule's per-chunk key-side records
-  // Last-block arrival counts, zero between launches (the kernels that count in them run one
-  // after another): gdn_decode_core_kernel's two per key head and sequence [2 · sm_count], the
-  // MoE combine's one per token [kCombineNormMaxTokens].
-  Buffer arrivals;
   // argmax_rows split over blocks: each row's per-block picks [kArgmaxRows, kArgmaxMaxSlices]
   // (8 bytes each), then a finished-block count per row [kArgmaxRows], zero between calls.
   Buffer argmax_scratch;
@@ -276,11 +251,6 @@ struct CudaOps::Impl {
   cudaStream_t main_stream = nullptr;     // the ops' stream outside captures
   cudaStream_t capture_stream = nullptr;  // non-blocking: captures need no legacy-stream order
   cudaEvent_t capture_fork = nullptr;
-  // prefetch_weights' side stream (captured into the decode graph, joined at its end).
-  cudaStream_t prefetch_stream = nullptr;
-  cudaEvent_t prefetch_fork = nullptr, prefetch_join = nullptr;
-  bool prefetch_pending = false;  // the capture forked the side stream
-  void join_prefetch();           // capture_stream waits for the side stream's work
 
   // options.profile (graphs off): an event after every launch; device time per op label and
   // forward shape, summed at each wait for the stream and printed to stderr at exit.

@@ -33,11 +33,30 @@ void fatal(const char* what) {
 }
 
 namespace {
+// On only when the variable is set to 1.
+bool env_one(const char* name) {
+  const char* v = std::getenv(name);
+  return v && v[0] == '1';
+}
+std::string env_string(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string();
+}
 // The sm_90a code runs on a Hopper (9.0) unless the options ask for the portable paths.
 bool sm90a_paths(const cudaDeviceProp& prop, const CudaOptions& options) {
   return prop.major == 9 && prop.minor == 0 && !options.portable;
 }
 }  // namespace
+
+CudaOptions CudaOptions::from_environment() {
+  CudaOptions o;
+  o.sync = env_one("RECUR_CUDA_SYNC");
+  o.profile = env_one("RECUR_CUDA_PROFILE");
+  o.trace_out = env_string("RECUR_CUDA_TRACE_OUT");
+  o.portable = env_one("RECUR_CUDA_PORTABLE");
+  o.exp_latent_wgmma = env_one("RECUR_EXP_LATENT_WGMMA");
+  return o;
+}
 
 Rows rows_of(const Tensor& t) {
   RECUR_CHECK(t.dtype == DType::F32 && t.ndim >= 2 && t.ndim <= 3 && t.stride[t.ndim - 1] == 1);
@@ -153,9 +172,6 @@ CudaOps::Impl::~Impl() {
   cudaSetDevice(device);
   if (mode == Mode::kCapturing) {  // a forward begun and never waited for: drop its capture
     cudaGraph_t g = nullptr;
-    if (prefetch_pending && cudaEventRecord(prefetch_join, prefetch_stream) == cudaSuccess) {
-      cudaStreamWaitEvent(capture_stream, prefetch_join, 0);  // unchecked, as the capture's end
-    }
     if (cudaStreamEndCapture(capture_stream, &g) == cudaSuccess && g) cudaGraphDestroy(g);
     stream = main_stream;
   }
@@ -200,9 +216,6 @@ CudaOps::Impl::~Impl() {
   }
   if (capture_fork) cudaEventDestroy(capture_fork);
   if (capture_stream) cudaStreamDestroy(capture_stream);
-  if (prefetch_fork) cudaEventDestroy(prefetch_fork);
-  if (prefetch_join) cudaEventDestroy(prefetch_join);
-  if (prefetch_stream) cudaStreamDestroy(prefetch_stream);
   // Buffers return to `alloc` in their own destructors (members below it).
   if (cublas) cublasDestroy(cublas);
   if (upload_done) cudaEventDestroy(upload_done);
@@ -261,9 +274,6 @@ Result<std::unique_ptr<CudaOps>> CudaOps::create(int device, const BackendOption
   s.main_stream = s.stream;
   RECUR_CUDA_CHECK(cudaStreamCreateWithFlags(&s.capture_stream, cudaStreamNonBlocking));
   RECUR_CUDA_CHECK(cudaEventCreateWithFlags(&s.capture_fork, cudaEventDisableTiming));
-  RECUR_CUDA_CHECK(cudaStreamCreateWithFlags(&s.prefetch_stream, cudaStreamNonBlocking));
-  RECUR_CUDA_CHECK(cudaEventCreateWithFlags(&s.prefetch_fork, cudaEventDisableTiming));
-  RECUR_CUDA_CHECK(cudaEventCreateWithFlags(&s.prefetch_join, cudaEventDisableTiming));
   RECUR_CUDA_CHECK(cudaEventCreateWithFlags(&s.upload_done, cudaEventDisableTiming));
   RECUR_CUDA_CHECK(cudaEventCreateWithFlags(&s.copy_done, cudaEventDisableTiming));
   RECUR_CUDA_CHECK(cudaEventCreateWithFlags(&s.copy_ready, cudaEventDisableTiming));
@@ -284,11 +294,6 @@ Result<std::unique_ptr<CudaOps>> CudaOps::create(int device, const BackendOption
   RECUR_ASSIGN_OR_RETURN(s.act_lowp, s.alloc.allocate(kLowpBytes, "low-precision activations"));
   RECUR_ASSIGN_OR_RETURN(s.attn_partial, s.alloc.allocate(kAttnPartialBytes, "attention splits"));
   RECUR_ASSIGN_OR_RETURN(s.gdn_chunks, s.alloc.allocate(kGdnChunkBytes, "delta rule chunks"));
-  RECUR_ASSIGN_OR_RETURN(
-      s.arrivals,
-      s.alloc.allocate(std::max<size_t>(2 * size_t(s.sm_count), cuda::kCombineNormMaxTokens) * 4,
-                       "arrival counts"));
-  RECUR_CUDA_CHECK(cudaMemset(s.arrivals.data(), 0, s.arrivals.bytes()));
   RECUR_ASSIGN_OR_RETURN(s.argmax_scratch, s.alloc.allocate(size_t(cuda::kArgmaxRows) *
                                                                 (cuda::kArgmaxMaxSlices * 8 + 4),
                                                             "argmax picks"));
@@ -654,7 +659,6 @@ void CudaOps::Impl::end_forward() {
   // Capturing: the graph is made and then runs this forward.
   DecodeGraph& g = decode_graphs[size_t(current_graph)];
   cudaGraph_t graph = nullptr;
-  if (prefetch_pending) join_prefetch();
   RECUR_CUDA_CHECK(cudaStreamEndCapture(capture_stream, &graph));
   stream = main_stream;
   RECUR_CUBLAS_CHECK(cublasSetStream(cublas, stream));

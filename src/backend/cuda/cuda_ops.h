@@ -92,9 +92,6 @@ class CudaOps final : public Ops {
   // Up to kGemvMaxTokens tokens: one GEMV launch over all the weights' rows.
   void matmul_group(const Tensor& x, std::span<const Tensor> ws,
                     std::span<const Tensor> outs) override;
-  // Decode graphs only: the last options.exp_l2_next_mb MB of ws, fetched into L2 by a
-  // kernel on a side stream that starts when the work issued before has ended.
-  void prefetch_weights(std::span<const Tensor> ws) override;
   // Token counts that take matmul's GEMV path: one launch over all heads
   // (kernels_matmul_heads.cu); more: one matmul per head.
   void matmul_heads(const Tensor& x, const Tensor& w, Tensor out) override;
@@ -129,9 +126,6 @@ class CudaOps final : public Ops {
                              const Tensor& beta, Tensor state, const SeqLayout& layout, Tensor out,
                              Tensor scratch, const Tensor& gate, const Tensor& norm_w, float eps,
                              GateActivation act, Tensor normed) override;
-  // With RECUR_EXP_GDN_FOLD=1, one kernel where gated_delta_rule_norm's would run and the input
-  // stage's one-token kernel fits (conv width 4); else the default's two ops.
-  void gdn_core(const GdnCoreArgs& args, const SeqLayout& layout) override;
   size_t gated_delta_rule_scratch_bytes(int dk, int dv) const override;
 
   // One kernel per token for the common shapes (value heads of any size); else the default's
@@ -165,7 +159,7 @@ class CudaOps final : public Ops {
   void moe_route_experts_shared(const Tensor& logits, const MoeRouting& routing, const Tensor& x,
                                 std::span<const ExpertWeights> experts, Tensor ids, Tensor weights,
                                 const SharedExpertArgs& shared, Tensor out, Tensor scratch,
-                                Tensor residual, const NormAfter& norm_after) override;
+                                Tensor residual) override;
 
   // Largest token count for which matmul and the MoE experts use the bandwidth-bound GEMV
   // kernels (f32 arithmetic); above it they use bf16/f16 tensor cores (see kernels_matmul.cu),

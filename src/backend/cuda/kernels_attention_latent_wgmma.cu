@@ -24,8 +24,9 @@
 // Positions past the block's last one in its last tile are zeroed after they land: they are
 // values too, and a weight of 0 times a stale NaN is NaN.
 //   Status: an experiment behind RECUR_EXP_LATENT_WGMMA=1 (CudaOptions). Written and reviewed in
-// session 47, built without warnings (192 registers for F16, 184 for F8_E4M3, no spills), not yet
-// run on a GPU: bench/results/h200-session47-call4.sh.txt tests and measures it.
+// session 47, built without warnings (192 registers for F16, 184 for F8_E4M3, no spills); its
+// tests pass on an H100 (session 51, bench/results/h100-session51-call1.txt), its prefill is not
+// yet measured (bench/results/h200-session50-call1.sh.txt, step 4).
 #include <algorithm>
 #include <type_traits>
 

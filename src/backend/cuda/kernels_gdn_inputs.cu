@@ -5,7 +5,6 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_internal.cuh"
-#include "backend/cuda/gdn_decode.cuh"
 
 namespace recur {
 
@@ -144,6 +143,63 @@ __global__ void conv1d_decode_kernel(const float* x, int64_t ldx, const W* w, in
   }
 }
 
+// A weight element widened to f32, its dtype known only at run time (uniform across the grid).
+__device__ __forceinline__ float weight_f32(const void* p, DType dt, int64_t i) {
+  if (dt == DType::BF16) return to_f32(static_cast<const __nv_bfloat16*>(p)[i]);
+  if (dt == DType::F16) return to_f32(static_cast<const __half*>(p)[i]);
+  return static_cast<const float*>(p)[i];
+}
+
+// The decay is per value head (a, g [n, Hv], dt_bias [Hv]) or per key channel (a, g [n, Hv·dk],
+// dt_bias [Hv·dk]; channel j of value head j / dk), as the kernel's template flag says.
+struct GdnDecodeArgs {
+  const float* mixed;  // [n, C]: q heads | k heads | v heads
+  const float *a, *b;  // [n, Hv] or [n, Hv·dk]; [n, Hv]
+  int64_t ld_mixed, ld_a, ld_b;
+  const void *conv_w, *a_log, *dt_bias;  // [C, K]; [Hv]; [Hv] or [Hv·dk]
+  DType gate_dt;
+  float* state;                // [slots, K-1, C]
+  float *conv_out, *g, *beta;  // [n, C]; [n, Hv] or [n, Hv·dk] (may be a); [n, Hv]
+  int64_t ld_out, ld_g, ld_beta;
+  int64_t C, key_dim;
+  int dk, r, rdv;
+  float eps, q_scale;
+  const int32_t *seq_start, *slot;
+};
+
+constexpr int kGdnInputThreads = 256;
+constexpr int kGdnMaxDkPerLane = 8;        // dk ≤ 256: a head's q or k in one warp's registers
+constexpr int kGdnMaxVPerThread = 2;       // r·dv ≤ 512
+constexpr int kGdnMaxDecaysPerThread = 2;  // a decay per key channel: r·dk ≤ 512
+
+// One conv channel's inputs for a one-token step: the state's K-1 values, the weights, x.
+template <int K>
+struct ConvIn {
+  float in[K - 1], w[K], x;
+};
+// The state and weights of channel c (x is read later, once the projections are done).
+template <typename W, int K>
+__device__ __forceinline__ ConvIn<K> conv_load(const GdnDecodeArgs& a, const float* st, int64_t c) {
+  ConvIn<K> v;
+#pragma unroll
+  for (int j = 0; j < K - 1; ++j) v.in[j] = st[j * a.C + c];
+#pragma unroll
+  for (int j = 0; j < K; ++j) v.w[j] = to_f32(static_cast<const W*>(a.conv_w)[c * K + j]);
+  v.x = 0.0f;
+  return v;
+}
+// silu(Σ_j w[j] · input_j) and the state shifted by one: conv1d_decode_kernel's arithmetic.
+template <int K>
+__device__ __forceinline__ float conv_finish(const GdnDecodeArgs& a, float* st, int64_t c,
+                                             const ConvIn<K>& v) {
+  float acc = 0.0f;
+#pragma unroll
+  for (int j = 0; j < K; ++j) acc += v.w[j] * (j == K - 1 ? v.x : v.in[j]);
+#pragma unroll
+  for (int j = 0; j < K - 1; ++j) st[j * a.C + c] = j + 1 < K - 1 ? v.in[j + 1] : v.x;
+  return silu(acc);
+}
+
 // The Gated DeltaNet input stage for one-token sequences: grid (n_seqs, Hk), one block per key
 // head. Warp 0 takes the head's q, warp 1 its k: conv, then the L2 norm with l2_norm_kernel's
 // arithmetic (lane j holds channels j + 32i, summed in that order, then the warp's tree); all
@@ -155,7 +211,7 @@ __global__ void conv1d_decode_kernel(const float* x, int64_t ldx, const W* w, in
 // The conv state, conv weights and gate parameters load before the wait for the kernel before
 // (no kernel of the forward writes them before this one; the batch mirror is uploaded before
 // the forward's kernels), the projections after it.
-template <int K, bool kDecayPerChannel>
+template <typename W, int K, bool kDecayPerChannel>
 __global__ void __launch_bounds__(kGdnInputThreads) gdn_inputs_decode_kernel(GdnDecodeArgs a) {
   const int sq = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
   const int lane = tid % 32, warp = tid / 32;
@@ -170,13 +226,13 @@ __global__ void __launch_bounds__(kGdnInputThreads) gdn_inputs_decode_kernel(Gdn
   if (qk) {
 #pragma unroll
     for (int i = 0; i < kGdnMaxDkPerLane; ++i) {
-      if (lane + 32 * i < a.dk) qin[i] = conv_load<K>(a, st, c0 + lane + 32 * i);
+      if (lane + 32 * i < a.dk) qin[i] = conv_load<W, K>(a, st, c0 + lane + 32 * i);
     }
   }
 #pragma unroll
   for (int i = 0; i < kGdnMaxVPerThread; ++i) {
     const int j = tid + kGdnInputThreads * i;
-    if (j < a.rdv) vin[i] = conv_load<K>(a, st, v0 + j);
+    if (j < a.rdv) vin[i] = conv_load<W, K>(a, st, v0 + j);
   }
   // The decay of value head `head` (tid < r); per key channel, that of the block's channels
   // ch0 + j, j = tid + 256·i < r·dk, each with its value head's a_log (av_c, a_log_c, dt_bias_c).
@@ -262,17 +318,17 @@ __global__ void __launch_bounds__(kGdnInputThreads) gdn_inputs_decode_kernel(Gdn
 }
 
 // gdn_inputs_decode_kernel for conv width K (2 to 4).
-template <bool kDecayPerChannel>
+template <typename W, bool kDecayPerChannel>
 void launch_gdn_inputs_decode(int K, dim3 grid, cudaStream_t stream, const GdnDecodeArgs& a) {
   if (K == 2) {
-    launch_kernel(gdn_inputs_decode_kernel<2, kDecayPerChannel>, grid, kGdnInputThreads, 0, stream,
-                  a);
+    launch_kernel(gdn_inputs_decode_kernel<W, 2, kDecayPerChannel>, grid, kGdnInputThreads, 0,
+                  stream, a);
   } else if (K == 3) {
-    launch_kernel(gdn_inputs_decode_kernel<3, kDecayPerChannel>, grid, kGdnInputThreads, 0, stream,
-                  a);
+    launch_kernel(gdn_inputs_decode_kernel<W, 3, kDecayPerChannel>, grid, kGdnInputThreads, 0,
+                  stream, a);
   } else {
-    launch_kernel(gdn_inputs_decode_kernel<4, kDecayPerChannel>, grid, kGdnInputThreads, 0, stream,
-                  a);
+    launch_kernel(gdn_inputs_decode_kernel<W, 4, kDecayPerChannel>, grid, kGdnInputThreads, 0,
+                  stream, a);
   }
 }
 
@@ -337,43 +393,45 @@ void CudaOps::conv1d_causal_silu(const Tensor& x, const Tensor& weight, Tensor c
   }
 }
 
-namespace cuda {
-
-bool gdn_decode_args(const GdnInputArgs& in, const SeqLayout& layout, GdnDecodeArgs& a,
-                     bool& per_channel) {
+void CudaOps::gdn_inputs(const GdnInputArgs& in, const SeqLayout& layout) {
+  if (impl_->replaying()) return;  // the decode graph does this op's work
   const int hk = in.key_heads, hv = in.value_heads, dk = in.dk, dv = in.dv;
   RECUR_CHECK(hk > 0 && hv % hk == 0);
   const int r = hv / hk;
   const int64_t key_dim = int64_t(hk) * dk, C = 2 * key_dim + int64_t(hv) * dv;
   const int K = int(in.conv_weight.shape[1]);
   // A decay per key channel (Kimi Delta Attention) when a has more columns than value heads.
-  per_channel = in.a.ndim == 2 && in.a.shape[1] != hv;
+  const bool per_channel = in.a.ndim == 2 && in.a.shape[1] != hv;
   const int64_t decays = per_channel ? int64_t(hv) * dk : hv;  // columns of a and g
-  const DType cdt = in.conv_weight.dtype, gdt = in.a_log.dtype;
-  bool ok = layout.n_seqs > 0 && layout.n_tokens == layout.n_seqs && K >= 2 && K <= 4 &&
-            r <= kGdnInputThreads && dk <= 32 * kGdnMaxDkPerLane &&
-            int64_t(r) * dv <= kGdnInputThreads * kGdnMaxVPerThread &&
-            in.conv_weight.is_contiguous() && in.conv_weight.ndim == 2 &&
-            in.conv_weight.shape[0] == C && in.conv_state.is_contiguous() &&
-            in.conv_state.shape[1] == K - 1 && in.conv_state.shape[2] == C &&
-            (cdt == DType::F32 || cdt == DType::BF16 || cdt == DType::F16) &&
-            (gdt == DType::F32 || gdt == DType::BF16 || gdt == DType::F16) &&
-            in.dt_bias.dtype == gdt && in.a_log.numel() == hv && in.dt_bias.numel() == decays &&
-            (!per_channel || int64_t(r) * dk <= kGdnInputThreads * kGdnMaxDecaysPerThread);
+  // One kernel when every sequence brings one token and the shapes suit it; else the ops.
+  bool fused = layout.n_seqs > 0 && layout.n_tokens == layout.n_seqs && K >= 2 && K <= 4 &&
+               r <= kGdnInputThreads && dk <= 32 * kGdnMaxDkPerLane &&
+               int64_t(r) * dv <= kGdnInputThreads * kGdnMaxVPerThread &&
+               in.conv_weight.is_contiguous() && in.conv_weight.ndim == 2 &&
+               in.conv_weight.shape[0] == C && in.conv_state.is_contiguous() &&
+               in.conv_state.shape[1] == K - 1 && in.conv_state.shape[2] == C &&
+               in.a_log.dtype == in.dt_bias.dtype && in.a_log.numel() == hv &&
+               in.dt_bias.numel() == decays &&
+               (!per_channel || int64_t(r) * dk <= kGdnInputThreads * kGdnMaxDecaysPerThread);
   for (const Tensor* t : {&in.mixed, &in.a, &in.b, &in.conv_out, &in.g, &in.beta}) {
-    ok = ok && t->ndim == 2 && t->stride[1] == 1 && t->shape[0] == layout.n_tokens;
+    fused = fused && t->ndim == 2 && t->stride[1] == 1 && t->shape[0] == layout.n_tokens;
   }
-  ok = ok && in.mixed.shape[1] == C && in.conv_out.shape[1] == C && in.a.shape[1] == decays &&
-       in.b.shape[1] == hv && in.g.shape[1] == decays && in.beta.shape[1] == hv;
-  for (int q = 0; ok && q < layout.n_seqs; ++q) {
-    ok = layout.seq_start[q + 1] - layout.seq_start[q] == 1;
+  fused = fused && in.mixed.shape[1] == C && in.conv_out.shape[1] == C && in.a.shape[1] == decays &&
+          in.b.shape[1] == hv && in.g.shape[1] == decays && in.beta.shape[1] == hv;
+  for (int q = 0; fused && q < layout.n_seqs; ++q) {
+    fused = layout.seq_start[q + 1] - layout.seq_start[q] == 1;
   }
-  if (!ok) return false;
-  a = GdnDecodeArgs{};
+  if (!fused) {
+    Ops::gdn_inputs(in, layout);
+    return;
+  }
+  Impl& s = *impl_;
+  const DevLayout dl = s.layout(layout, false);
+  GdnDecodeArgs a{};
   a.mixed = in.mixed.ptr<float>(), a.a = in.a.ptr<float>(), a.b = in.b.ptr<float>();
   a.ld_mixed = in.mixed.stride[0], a.ld_a = in.a.stride[0], a.ld_b = in.b.stride[0];
   a.conv_w = in.conv_weight.data, a.a_log = in.a_log.data, a.dt_bias = in.dt_bias.data;
-  a.conv_dt = cdt, a.gate_dt = gdt;
+  a.gate_dt = in.a_log.dtype;
   a.state = in.conv_state.ptr<float>();
   a.conv_out = in.conv_out.ptr<float>();
   a.g = in.g.ptr<float>(), a.beta = in.beta.ptr<float>();
@@ -381,30 +439,16 @@ bool gdn_decode_args(const GdnInputArgs& in, const SeqLayout& layout, GdnDecodeA
   a.ld_g = in.g.stride[0], a.ld_beta = in.beta.stride[0];
   a.C = C, a.key_dim = key_dim, a.dk = dk, a.r = r, a.rdv = r * dv;
   a.eps = in.l2_eps, a.q_scale = in.q_scale;
-  return true;
-}
-
-}  // namespace cuda
-
-void CudaOps::gdn_inputs(const GdnInputArgs& in, const SeqLayout& layout) {
-  if (impl_->replaying()) return;  // the decode graph does this op's work
-  // One kernel when every sequence brings one token and the shapes suit it; else the ops.
-  GdnDecodeArgs a;
-  bool per_channel = false;
-  if (!gdn_decode_args(in, layout, a, per_channel)) {
-    Ops::gdn_inputs(in, layout);
-    return;
-  }
-  Impl& s = *impl_;
-  const DevLayout dl = s.layout(layout, false);
   a.seq_start = dl.seq_start, a.slot = dl.slot;
-  const dim3 grid(unsigned(layout.n_seqs), unsigned(in.key_heads));
-  const int K = int(in.conv_weight.shape[1]);
-  if (per_channel) {
-    launch_gdn_inputs_decode<true>(K, grid, s.stream, a);
-  } else {
-    launch_gdn_inputs_decode<false>(K, grid, s.stream, a);
-  }
+  const dim3 grid(unsigned(layout.n_seqs), unsigned(hk));
+  dispatch_weight(in.conv_weight.dtype, [&](auto tag) {
+    using W = decltype(tag);
+    if (per_channel) {
+      launch_gdn_inputs_decode<W, true>(K, grid, s.stream, a);
+    } else {
+      launch_gdn_inputs_decode<W, false>(K, grid, s.stream, a);
+    }
+  });
   s.launched("gdn_inputs (decode)");
 }
 

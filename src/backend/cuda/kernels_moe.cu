@@ -162,11 +162,11 @@ bool routes_in_kernels(const CudaOps::Impl& s, const Tensor& logits, const MoeRo
 // each token: its gate/up and down rows join the routed experts' launches (sorted as expert E
 // for more than one token) and the combine adds it.
 // With `route` (one token, routes_in_kernels), the expert kernels route it themselves. With
-// residual data: then residual += out, by the combine, and then with norm its norm.
+// residual data: then residual += out, by the combine.
 void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWeights> experts,
                      const Tensor& ids, const Tensor& weights, Tensor out, Tensor scratch,
                      const SharedExpertArgs* shared, const MoeInKernelRoute* route = nullptr,
-                     Tensor residual = {}, const CombineNorm* norm = nullptr) {
+                     Tensor residual = {}) {
   const int64_t n = x.shape[0], d = x.row_size(), k = ids.shape[1];
   const int64_t E = int64_t(experts.size());
   RECUR_CHECK(E >= 1 && E <= 4096 && x.dtype == DType::F32 && out.row_size() == d);
@@ -359,8 +359,8 @@ void run_moe_experts(CudaOps::Impl& s, const Tensor& x, std::span<const ExpertWe
                      out.stride[0], shared != nullptr, gated ? shared->score.ptr<float>() : nullptr,
                      gated ? shared->score.stride[0] : 0,
                      residual.data ? residual.ptr<float>() : nullptr,
-                     residual.data ? residual.stride[0] : 0, norm, s.stream);
-  s.launched(norm ? "moe_experts (combine, norm)" : "moe_experts (combine)");
+                     residual.data ? residual.stride[0] : 0, s.stream);
+  s.launched("moe_experts (combine)");
 }
 
 // Rows [r0, r1) of an optional [n, ...] tensor, and of a shared expert's per-token tensors.
@@ -423,42 +423,21 @@ void CudaOps::moe_experts_shared(const Tensor& x, std::span<const ExpertWeights>
 void CudaOps::moe_route_experts_shared(const Tensor& logits, const MoeRouting& routing,
                                        const Tensor& x, std::span<const ExpertWeights> experts,
                                        Tensor ids, Tensor weights, const SharedExpertArgs& shared,
-                                       Tensor out, Tensor scratch, Tensor residual,
-                                       const NormAfter& norm_after) {
+                                       Tensor out, Tensor scratch, Tensor residual) {
   if (impl_->replaying()) return;  // the decode graph does this op's work
   if (split_lowp_rows(*impl_, x, experts, [&](int64_t r0, int64_t r1) {
-        NormAfter part = norm_after;
-        part.out = rows(norm_after.out, r0, r1);
         moe_route_experts_shared(rows(logits, r0, r1), routing, rows(x, r0, r1), experts,
                                  rows(ids, r0, r1), rows(weights, r0, r1), rows(shared, r0, r1),
-                                 rows(out, r0, r1), scratch, rows(residual, r0, r1), part);
+                                 rows(out, r0, r1), scratch, rows(residual, r0, r1));
       })) {
     return;
   }
   if (!shared_rides_along(x, experts, ids.shape[1], shared, scratch,
                           e4m3_rows(*impl_, experts.front().gate.dtype))) {
     Ops::moe_route_experts_shared(logits, routing, x, experts, ids, weights, shared, out, scratch,
-                                  residual, norm_after);
+                                  residual);
     return;
   }
-  // The norm after the residual's addition: in the combine with RECUR_EXP_COMBINE_NORM=1, else
-  // rms_norm's own launch after it.
-  const int64_t n = x.shape[0];
-  const DType nwt = norm_after.w.dtype;
-  const bool norm_in_combine = norm_after.out.data && impl_->options.exp_combine_norm &&
-                               residual.data && n <= kCombineNormMaxTokens &&
-                               (nwt == DType::F32 || nwt == DType::BF16 || nwt == DType::F16);
-  CombineNorm cn{};
-  if (norm_in_combine) {
-    RECUR_CHECK(norm_after.w.numel() == x.row_size() && norm_after.out.dtype == DType::F32 &&
-                norm_after.out.shape[0] == n && norm_after.out.row_size() == x.row_size() &&
-                norm_after.out.stride[1] == 1);
-    cn.w = norm_after.w.data, cn.w_dtype = nwt;
-    cn.offset = norm_after.offset, cn.eps = norm_after.eps;
-    cn.out = norm_after.out.ptr<float>(), cn.ldo = norm_after.out.stride[0];
-    cn.arrivals = static_cast<unsigned*>(impl_->arrivals.data());
-  }
-  const CombineNorm* combine_norm = norm_in_combine ? &cn : nullptr;
   // One token: routed by gate/up itself where it can, else by the routing kernel; the shared
   // expert rides along; the combine adds the result to the residual.
   const int k = routing.k;
@@ -470,19 +449,13 @@ void CudaOps::moe_route_experts_shared(const Tensor& logits, const MoeRouting& r
                routing.selection_bias.is_contiguous()));
   if (!routes_in_kernels(*impl_, logits, routing, x, experts, shared)) {
     moe_route(logits, routing, ids, weights);
-    run_moe_experts(*impl_, x, experts, ids, weights, out, scratch, &shared, nullptr, residual,
-                    combine_norm);
-  } else {
-    MoeInKernelRoute route;
-    route.logits = logits.ptr<float>(), route.k = k, route.scoring = route_scoring(routing);
-    route.ids = ids.ptr<int32_t>(), route.weights = weights.ptr<float>();
-    run_moe_experts(*impl_, x, experts, ids, weights, out, scratch, &shared, &route, residual,
-                    combine_norm);
+    run_moe_experts(*impl_, x, experts, ids, weights, out, scratch, &shared, nullptr, residual);
+    return;
   }
-  if (norm_after.out.data && !norm_in_combine) {
-    RECUR_CHECK(residual.data);
-    rms_norm(residual, norm_after.w, norm_after.offset, norm_after.eps, norm_after.out);
-  }
+  MoeInKernelRoute route;
+  route.logits = logits.ptr<float>(), route.k = k, route.scoring = route_scoring(routing);
+  route.ids = ids.ptr<int32_t>(), route.weights = weights.ptr<float>();
+  run_moe_experts(*impl_, x, experts, ids, weights, out, scratch, &shared, &route, residual);
 }
 
 }  // namespace recur

@@ -35,6 +35,11 @@ __global__ void gather_rows_kernel(const float* x, int64_t ldx, const int32_t* r
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) out[i * ldo + j] = src[j];
 }
 
+// Rows at least this wide get a block each: one warp walking a 2048-wide row is bound by
+// load latency (about 10 µs for a single decode token). The choice depends on d alone, so a
+// token's result never depends on how many rows share the launch.
+constexpr int64_t kBlockNormMinWidth = 1024;
+
 // One warp per row of x [rows, d < kBlockNormMinWidth]; gate [rows, d] when kGate is set.
 // kPer elements a lane in registers (the same sums in the same order for any kPer).
 template <typename W, NormGate kGate, int kPer = kWarpNormPer>
@@ -46,9 +51,22 @@ __global__ void rms_norm_kernel(Rows x, Rows gate, Rows out, const W* w, float o
                                [](float ss) { return warp_sum(ss); });
 }
 
+// The sum of ss over a block of kThreads: the warps' partial sums added in a fixed order.
+// red: kThreads / 32 floats of shared memory.
+__device__ __forceinline__ float block_sum(float ss, float* red) {
+  ss = warp_sum(ss);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
+  __syncthreads();
+  float total = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kThreads / 32; ++i) total += red[i];
+  return total;
+}
+
 // One block of kThreads per row of x [rows, d >= kBlockNormMinWidth]; the warps' partial sums
 // of squares are added in a fixed order. The weights load before the PDL wait: after it, they
 // would queue behind the next kernel's early weight loads (a large GEMV), as x must.
+constexpr int kBlockNormPer = 8;
 template <typename W, NormGate kGate>
 __global__ void __launch_bounds__(kThreads)
     rms_norm_block_kernel(Rows x, Rows gate, Rows out, const W* w, float offset, float eps) {
@@ -58,7 +76,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float red[kThreads / 32];
   rms_norm_row<kBlockNormPer, W, kGate>(
       x, gate, out, w, offset, eps, blockIdx.x, threadIdx.x, kThreads,
-      [&](float ss) { return block_sum<kThreads>(ss, red); }, wpre);
+      [&](float ss) { return block_sum(ss, red); }, wpre);
 }
 
 // embedding_kernel's rows, then the norm of each as launch_rms_norm's kernel for that width
@@ -97,7 +115,7 @@ __global__ void __launch_bounds__(kThreads)
     __shared__ float red[kThreads / 32];
     rms_norm_row<kBlockNormPer, WN, NormGate::kNone>(
         h, h, x, w, offset, eps, i, threadIdx.x, kThreads,
-        [&](float ss) { return block_sum<kThreads>(ss, red); }, wpre);
+        [&](float ss) { return block_sum(ss, red); }, wpre);
   } else if (threadIdx.x < 32) {
     rms_norm_row<kWarpNormPer, WN, NormGate::kNone>(h, h, x, w, offset, eps, i, threadIdx.x, 32,
                                                     [](float ss) { return warp_sum(ss); });

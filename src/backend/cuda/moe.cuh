@@ -117,27 +117,14 @@ struct MoeSortOut {
 void launch_moe_sort(const int32_t* ids, int64_t ld_ids, int n, int k, int slots, int E, int tm,
                      const MoeSortOut& out, cudaStream_t stream);
 
-// The combine's norm of the residual rows it has added to (NormAfter), as CudaOps::rms_norm
-// computes it: out rows = rms_norm(residual rows, w, offset, eps).
-struct CombineNorm {
-  const void* w;  // [d]
-  DType w_dtype;  // F32, BF16 or F16
-  float offset, eps;
-  float* out;  // [n, d], rows ldo apart
-  int64_t ldo;
-  unsigned* arrivals;  // [≥ n], zero between launches: the column blocks done per token
-};
-
 // out [n, d] (rows ldo apart) = Σ_{j<k} weights[t, j] · ys[row_of[t·slots + j], :] (row_of
 // null: pair t·slots + j), plus with `shared` pair (t, k)'s row times σ(score[t]) (score null:
-// times 1); with residual [n, d] (rows ld_res apart), residual += out, and then with norm
-// (n ≤ kCombineNormMaxTokens) its norm (moe_combine.cu).
+// times 1); with residual [n, d] (rows ld_res apart), residual += out (moe_combine.cu).
 // ys [pairs, d]; weights [n, k] (rows ld_w apart); score [n] (ld_score apart).
 void launch_moe_combine(const float* ys, const int32_t* row_of, int n, int slots,
                         const float* weights, int64_t ld_w, int k, int64_t d, float* out,
                         int64_t ldo, bool shared, const float* score, int64_t ld_score,
-                        float* residual, int64_t ld_res, const CombineNorm* norm,
-                        cudaStream_t stream);
+                        float* residual, int64_t ld_res, cudaStream_t stream);
 
 // The (expert, first row, row count) of tile `tile`, or false when the tile is past the
 // problem's tile count (surplus blocks of a worst-case grid).

@@ -1,10 +1,8 @@
 // The MoE experts' combine: each token's expert rows summed by its routing weights, for prompts
 // and one-token steps alike.
 #include <algorithm>
-#include <type_traits>
 
 #include "backend/cuda/moe.cuh"
-#include "backend/cuda/rms_norm_row.cuh"
 
 namespace recur::cuda {
 
@@ -31,26 +29,12 @@ __device__ __forceinline__ void store_cols(float* p, const float (&v)[4]) {
 // Pair (t, j) is pair t·slots + j; with `shared` (slots = k + 1), pair (t, k) is the shared
 // expert's: then out[t, :] += σ(score[t]) · its row, as add_scaled_sigmoid, or += its row when
 // score is null (an ungated shared expert), as add. With residual [tokens, d] (rows ld_res
-// apart): then residual += out, as add. NW not NoNorm (the norm weight's type): then the last of
-// a token's column blocks to store its residual columns (norm.arrivals counts them) normalises
-// the token's residual row into norm.out, as CudaOps::rms_norm's kernel for that width does.
-// Blocks of kCombineThreads.
-constexpr int kCombineThreads = 256;
-struct NoNorm {};
-template <int V, typename NW>
-__global__ void __launch_bounds__(kCombineThreads)
-    moe_combine_kernel(const float* ys, const int32_t* row_of, int slots, const float* weights,
-                       int64_t ld_w, int k, int64_t d, float* out, int64_t ldo, bool shared,
-                       const float* score, int64_t ld_score, float* residual, int64_t ld_res,
-                       CombineNorm norm) {
-  constexpr bool kNorm = !std::is_same_v<NW, NoNorm>;
-  using WN = std::conditional_t<kNorm, NW, float>;
-  const WN* nw = static_cast<const WN*>(norm.w);
-  // The norm weights load before the wait (rms_norm_block_kernel's order).
-  NormWeights<kBlockNormPer> wpre;
-  if (kNorm && d >= kBlockNormMinWidth) {
-    wpre = load_norm_weights<kBlockNormPer>(nw, d, threadIdx.x, kCombineThreads);
-  }
+// apart): then residual += out, as add.
+template <int V>
+__global__ void moe_combine_kernel(const float* ys, const int32_t* row_of, int slots,
+                                   const float* weights, int64_t ld_w, int k, int64_t d, float* out,
+                                   int64_t ldo, bool shared, const float* score, int64_t ld_score,
+                                   float* residual, int64_t ld_res) {
   grid_dependency_sync();
   const int t = blockIdx.x;
   auto row = [&](int j) { return int64_t(row_of ? row_of[t * slots + j] : t * slots + j); };
@@ -97,33 +81,6 @@ __global__ void __launch_bounds__(kCombineThreads)
       store_cols(pr, r);
     }
   }
-  if constexpr (kNorm) {
-    // Each thread's residual stores are ordered before its block's count (release); the last
-    // block fences again (acquire) before it reads the other blocks' columns.
-    if (gridDim.y > 1) {
-      __shared__ bool last;
-      __threadfence();
-      __syncthreads();
-      if (threadIdx.x == 0) last = atomicInc(&norm.arrivals[t], gridDim.y - 1) == gridDim.y - 1;
-      __syncthreads();
-      if (!last) return;
-      __threadfence();
-    } else {
-      __syncthreads();  // the row's other columns are other threads' of this block
-    }
-    const Rows xs{residual, int64_t(gridDim.x), d, 1, ld_res, 0};
-    const Rows os{norm.out, int64_t(gridDim.x), d, 1, norm.ldo, 0};
-    if (d >= kBlockNormMinWidth) {
-      __shared__ float red[kCombineThreads / 32];
-      rms_norm_row<kBlockNormPer, WN, NormGate::kNone>(
-          xs, xs, os, nw, norm.offset, norm.eps, t, threadIdx.x, kCombineThreads,
-          [&](float ss) { return block_sum<kCombineThreads>(ss, red); }, wpre);
-    } else if (threadIdx.x < 32) {
-      rms_norm_row<kWarpNormPer, WN, NormGate::kNone>(xs, xs, os, nw, norm.offset, norm.eps, t,
-                                                      threadIdx.x, 32,
-                                                      [](float ss) { return warp_sum(ss); });
-    }
-  }
 }
 
 }  // namespace
@@ -131,8 +88,7 @@ __global__ void __launch_bounds__(kCombineThreads)
 void launch_moe_combine(const float* ys, const int32_t* row_of, int n, int slots,
                         const float* weights, int64_t ld_w, int k, int64_t d, float* out,
                         int64_t ldo, bool shared, const float* score, int64_t ld_score,
-                        float* residual, int64_t ld_res, const CombineNorm* norm,
-                        cudaStream_t stream) {
+                        float* residual, int64_t ld_res, cudaStream_t stream) {
   // Prompts take 16-byte columns where every row allows them; one token keeps a column a
   // thread (more blocks for its latency-bound step).
   auto rows16 = [](const void* p, int64_t ld) {
@@ -140,20 +96,11 @@ void launch_moe_combine(const float* ys, const int32_t* row_of, int n, int slots
   };
   const bool vec4 =
       n > 1 && rows16(ys, d) && rows16(out, ldo) && (!residual || rows16(residual, ld_res));
-  const int64_t cols = kCombineThreads * (vec4 ? 4 : 1);  // a block's columns
+  const int64_t cols = 256 * (vec4 ? 4 : 1);  // a block's columns
   const dim3 grid(unsigned(n), unsigned(std::min<int64_t>((d + cols - 1) / cols, 64)));
-  auto launch = [&](auto nw_tag) {
-    using NW = decltype(nw_tag);
-    launch_kernel(vec4 ? moe_combine_kernel<4, NW> : moe_combine_kernel<1, NW>, grid,
-                  kCombineThreads, 0, stream, ys, row_of, slots, weights, ld_w, k, d, out, ldo,
-                  shared, score, ld_score, residual, ld_res, norm ? *norm : CombineNorm{});
-  };
-  if (!norm) {
-    launch(NoNorm{});
-    return;
-  }
-  RECUR_CHECK(residual && n <= kCombineNormMaxTokens);
-  dispatch_weight(norm->w_dtype, launch);
+  launch_kernel(vec4 ? moe_combine_kernel<4> : moe_combine_kernel<1>, grid, 256, 0, stream, ys,
+                row_of, slots, weights, ld_w, k, d, out, ldo, shared, score, ld_score, residual,
+                ld_res);
 }
 
 }  // namespace recur::cuda

@@ -8,25 +8,6 @@ namespace recur::cuda {
 
 // Elements per lane kept in registers when one warp normalises a row.
 constexpr int kWarpNormPer = 8;
-// Rows at least this wide get a block each: one warp walking a 2048-wide row is bound by
-// load latency (about 10 µs for a single decode token). The choice depends on d alone, so a
-// token's result never depends on how many rows share the launch.
-constexpr int64_t kBlockNormMinWidth = 1024;
-// Elements per thread kept in registers when a block normalises a row.
-constexpr int kBlockNormPer = 8;
-
-// The sum of ss over a block of kBlockThreads: the warps' partial sums added in a fixed order.
-// red: kBlockThreads / 32 floats of shared memory.
-template <int kBlockThreads>
-__device__ __forceinline__ float block_sum(float ss, float* red) {
-  ss = warp_sum(ss);
-  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
-  __syncthreads();
-  float total = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kBlockThreads / 32; ++i) total += red[i];
-  return total;
-}
 
 // The first kPer weights of the elements a thread handles (first, first + stride, ...), as
 // rms_norm_row reads them; a kernel may load them before its PDL wait (weights). v [kPer].
