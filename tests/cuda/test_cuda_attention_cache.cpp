@@ -317,8 +317,6 @@ TEST(CudaAttentionDecode, NarrowCachesTakeTheTensorCoreKernel) {
 
 // A latent prompt of Kimi-Linear's heads over an F16 or F8_E4M3 cache takes the warpgroup latent
 // kernel on a Hopper, and the TF32 latent kernel over BF16 and F32 caches (and without sm_90a).
-// While the kernel is an experiment, only under RECUR_EXP_LATENT_WGMMA=1 (run the latent tests
-// with it set to test the kernel).
 TEST(CudaAttentionLatent, PromptsTakeTheWarpgroupKernelOverF16AndFp8) {
   std::mt19937 rng(47);
   for (const DType dt : {DType::BF16, DType::F16, DType::F8_E4M3, DType::F32}) {
@@ -340,9 +338,7 @@ TEST(CudaAttentionLatent, PromptsTakeTheWarpgroupKernelOverF16AndFp8) {
         },
         &ok);
     if (!ok) GTEST_SKIP() << "no usable CUDA device";
-    const char* exp = std::getenv("RECUR_EXP_LATENT_WGMMA");
-    const bool wgmma =
-        exp && exp[0] == '1' && device_is_sm90a() && (dt == DType::F16 || dt == DType::F8_E4M3);
+    const bool wgmma = device_is_sm90a() && (dt == DType::F16 || dt == DType::F8_E4M3);
     EXPECT_EQ(profile_count(table, "prompt n=80 paged_attention (latent prompt, wgmma)"),
               wgmma ? 1 : -1)
         << dtype_name(dt) << table;

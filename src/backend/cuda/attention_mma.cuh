@@ -533,9 +533,8 @@ bool latent_attention_mma(CudaOps::Impl& s, AttnArgs a, const Tensor& k_cache,
 // latent_attention_mma's prompts (more tokens than the decode kernels take) on Hopper's
 // warpgroup products (kernels_attention_latent_wgmma.cu): Kimi-Linear's heads (hd 576, dv 512,
 // a query group of at most 64 heads; latent_attention_mma takes at most 32) over an F16 cache laid
-// out for 16-byte copies or an F8_E4M3 one (4-element copies, checked by the caller), on sm_90a,
-// under the experiment switch RECUR_EXP_LATENT_WGMMA=1 (CudaOptions). False, having done
-// nothing, otherwise.
+// out for 16-byte copies or an F8_E4M3 one (4-element copies, checked by the caller), on sm_90a.
+// False, having done nothing, otherwise.
 bool latent_prompt_wgmma(CudaOps::Impl& s, const AttnArgs& a, const Tensor& k_cache,
                          const SeqLayout& layout, int kv_heads);
 

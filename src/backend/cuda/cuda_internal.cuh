@@ -38,11 +38,6 @@ struct CudaOptions {
   // RECUR_CUDA_PORTABLE=1: the paths GPUs after Hopper take (the compute_90 PTX has no wgmma or
   // e4m3 tiles), so that a Hopper can test them.
   bool portable = false;
-  // RECUR_EXP_LATENT_WGMMA=1 (experiment, session 47; its tests pass on an H100, session 51):
-  // latent prompts over F16 / FP8 caches on the warpgroup kernel
-  // (kernels_attention_latent_wgmma.cu) instead of the TF32 one. When its prefill is measured,
-  // keep the winner and delete the switch.
-  bool exp_latent_wgmma = false;
   // Decode forwards replay CUDA graphs unless a launch-by-launch switch is on.
   bool graphs() const { return !sync && !profile && !host_ordered_collectives; }
   static CudaOptions from_environment();

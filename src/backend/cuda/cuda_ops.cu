@@ -54,7 +54,6 @@ CudaOptions CudaOptions::from_environment() {
   o.profile = env_one("RECUR_CUDA_PROFILE");
   o.trace_out = env_string("RECUR_CUDA_TRACE_OUT");
   o.portable = env_one("RECUR_CUDA_PORTABLE");
-  o.exp_latent_wgmma = env_one("RECUR_EXP_LATENT_WGMMA");
   return o;
 }
 

@@ -70,6 +70,12 @@ using GroupedShape = DecodeShape<4, 2, 256, 256, false, 2>;
 // took 45 µs at a 300-position context, 8 took 11.6 (H100, ncu, session 43): a block runs its
 // long body about twice there, waiting on instruction fetch, and a quarter of it is quicker.
 using LatentShape = DecodeShape<8, 1, 576, 512, true, 2>;
+// The kernel's key tensor map: the latent form's TMA copies read one; the others copy by
+// cp.async and take an empty stand-in (an all-zero CUtensorMap among a launch's parameters
+// crashed the driver in cuLaunchKernelEx, eager launches on an H100, session 52).
+struct NoKeyMap {};
+template <typename S>
+using KeyMapOf = std::conditional_t<S::kLatent, CUtensorMap, NoKeyMap>;
 
 // A tile as ldmatrix reads it (16-bit): keys [hd][kTile] as the cache holds them (channels by
 // positions), the two 16-byte halves of channel d's row swapped when d / 4 is odd; values
@@ -130,10 +136,10 @@ __device__ __forceinline__ void widen_tile(const uint8_t* ks, __half* kp, int hd
 // 4) of head tile n: scores and weights rows (positions) g and g + 8, columns (heads) 8n + 2c, + 1;
 // acc[j][n] rows (value channels) 16(w + Wj) + g, + 8, the same head columns.
 // key_map (latent): the key cache [blocks, kv heads, hd, bs] as a tensor map with boxes of kTile
-// positions × hd / key_boxes channels.
+// positions × hd / key_boxes channels; the other forms take none (KeyMapOf).
 template <typename T, int NT, typename S>
 __global__ void __launch_bounds__(S::kThreads)
-    attention_decode_mma_kernel(AttnArgs a, const __grid_constant__ CUtensorMap key_map,
+    attention_decode_mma_kernel(AttnArgs a, const __grid_constant__ KeyMapOf<S> key_map,
                                 int key_boxes) {
   static_assert(NT <= S::kHeadTiles);
   constexpr int kWarps = S::kWarps, kThreads = S::kThreads;
@@ -443,7 +449,7 @@ __global__ void __launch_bounds__(S::kThreads)
 // key_map (latent only): the key cache's tensor map, boxes of a.hd / key_boxes_for(a.hd) channels.
 template <typename T, int NT, typename S>
 void launch_decode_mma(CudaOps::Impl& s, AttnArgs a, const SeqLayout& layout, int kv_heads,
-                       int max_ctx, const CUtensorMap& key_map = {}, int head_tiles = 1) {
+                       int max_ctx, const KeyMapOf<S>& key_map = {}, int head_tiles = 1) {
   constexpr auto kKernel = attention_decode_mma_kernel<T, NT, S>;
   constexpr int kThreads = S::kThreads;
   const size_t smem = decode_mma_smem_bytes<S>(a.hd, a.dv, sizeof(T));
