@@ -16,6 +16,15 @@ build=${1:-build-cuda}
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 ninja -C "$build" "${bins[@]}" >/dev/null
+# An object whose headers ninja never recorded is not rebuilt when a header changes. Session 52
+# found four compiled against an older CudaOps::Impl (its members at other offsets) beside the
+# rest, which crashed the profile tests inside cuLaunchKernelEx: refuse to pack such a build.
+unrecorded=$(ninja -C "$build" -t deps | grep -E '\.o: #deps 0,' || true)
+if [ -n "$unrecorded" ]; then
+  echo "objects with no recorded headers (rebuild them: ninja -C $build -t clean, then build):" >&2
+  echo "$unrecorded" >&2
+  exit 1
+fi
 mkdir -p "$stage/lib" .devbin
 for b in "${bins[@]}"; do
   cp "$build/$b" "$stage/"

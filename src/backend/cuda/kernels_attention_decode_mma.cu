@@ -71,8 +71,7 @@ using GroupedShape = DecodeShape<4, 2, 256, 256, false, 2>;
 // long body about twice there, waiting on instruction fetch, and a quarter of it is quicker.
 using LatentShape = DecodeShape<8, 1, 576, 512, true, 2>;
 // The kernel's key tensor map: the latent form's TMA copies read one; the others copy by
-// cp.async and take an empty stand-in (an all-zero CUtensorMap among a launch's parameters
-// crashed the driver in cuLaunchKernelEx, eager launches on an H100, session 52).
+// cp.async and take an empty stand-in (no 128-byte map among each launch's parameters).
 struct NoKeyMap {};
 template <typename S>
 using KeyMapOf = std::conditional_t<S::kLatent, CUtensorMap, NoKeyMap>;

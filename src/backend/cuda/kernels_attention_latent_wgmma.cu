@@ -31,6 +31,7 @@
 #include <type_traits>
 
 #include "backend/cuda/attention_mma.cuh"
+#include "backend/cuda/attention_wgmma.cuh"
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/mma_16bit.cuh"
 #include "backend/cuda/wgmma.cuh"
@@ -40,7 +41,7 @@ namespace cuda {
 
 namespace {
 
-constexpr int kKeys = 32;  // positions per tile
+constexpr int kKeys = kWgmmaTileKeys;  // positions per tile
 constexpr int kRows = 64;  // (token, query head) rows per block: one warpgroup's products
 constexpr int kThreads = 256;
 using M = __half;  // the products' operand type
@@ -182,33 +183,13 @@ __global__ void __launch_bounds__(kThreads, 1) latent_prompt_wgmma_kernel(AttnAr
       fence_async_shared();
       __syncthreads();
     }
-    // Scores S [64 rows × kKeys]; sc[j] holds keys [8j, 8j + 8). Registers written by ordinary
-    // instructions are pinned before the fence and after the wait.
-    float sc[kKeys / 8][4];
-#pragma unroll
-    for (int j = 0; j < kKeys / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
-    pin_registers(sc);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk) {
-      const uint64_t kd = wgmma_desc(tile_k + kk * 256, 128, kg);
-#pragma unroll
-      for (int i = kTerms - 1; i >= 0; --i) {
-        wgmma_n32_ss<M>(sc, wgmma_desc(q_plane(i) + kk * 256, 128, 16 * HD), kd, true);
-      }
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-    pin_registers(sc);
-    float corr[2];
-    online_softmax_tile<kKeys / 8, false>(sc, k0, c, row_pos, 0, m, l, corr);
-    rescale_rows(acc, corr);
-    // P's terms for each 16 keys, the weights times kWs (the denominators too, below).
+    // Both warpgroups' scores and softmax weights of the tile, the same (the weights times kWs:
+    // the denominators too, below).
     uint32_t ap[kKeys / 16][kTerms][4];
-    weight_terms<M, kKeys>(sc, ap);
-    pin_registers(acc);
-    pin_registers(ap);
-    wgmma_fence();
+    wgmma_tile_weights<M>(
+        HD / 16, [&](int i, int kk) { return wgmma_desc(q_plane(i) + kk * 256, 128, 16 * HD); },
+        [&](int kk) { return wgmma_desc(tile_k + kk * 256, 128, kg); }, k0, c, row_pos, m, l, acc,
+        ap);
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
       // V [16 positions × kHalf channels] K-major: positions 8 apart are a group (kg) apart,
@@ -246,9 +227,8 @@ bool latent_prompt_wgmma(CudaOps::Impl& s, const AttnArgs& a, const Tensor& k_ca
   const bool f16_copies = dt == DType::F16 && reinterpret_cast<uintptr_t>(k_cache.data) % 16 == 0 &&
                           k_cache.stride[0] % 8 == 0 && k_cache.stride[1] % 8 == 0 &&
                           k_cache.stride[2] % 8 == 0 && a.bs % 8 == 0;
-  if (!s.sm90a || !(f16_copies || dt == DType::F8_E4M3) ||
-      a.hd != 576 || a.dv != 512 || a.group > kRows ||
-      size_t(LatentSmem(a.hd, dt == DType::F8_E4M3).total) > s.max_smem_optin) {
+  if (!s.sm90a || !(f16_copies || dt == DType::F8_E4M3) || a.hd != 576 || a.dv != 512 ||
+      a.group > kRows || size_t(LatentSmem(a.hd, dt == DType::F8_E4M3).total) > s.max_smem_optin) {
     return false;
   }
   double positions = 0;  // for the profile: a block reads the latent up to its last position

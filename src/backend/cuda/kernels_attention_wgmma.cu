@@ -32,6 +32,7 @@
 #include <cuda_fp8.h>
 
 #include "backend/cuda/attention_mma.cuh"
+#include "backend/cuda/attention_wgmma.cuh"
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/mma_16bit.cuh"
 #include "backend/cuda/wgmma.cuh"
@@ -41,7 +42,7 @@ namespace cuda {
 
 namespace {
 
-constexpr int kKeys = 32;  // positions per tile
+constexpr int kKeys = kWgmmaTileKeys;  // positions per tile
 
 // A block's shape for a cache of elements T: __half (F16), the bits of bf16 (uint16_t, BF16) or
 // of e4m3 (uint8_t, F8_E4M3, widened exactly to f16 in shared memory before the products). M,
@@ -239,34 +240,13 @@ __global__ void __launch_bounds__(Shape<T>::kThreads, 1) attention_wgmma_kernel(
       __syncthreads();
       Ks = Kf, Vs = Vf;
     }
-    // Scores S [64 rows × kKeys] of the warpgroup; sc[j] holds keys [8j, 8j + 8).
-    // Registers written by ordinary instructions are pinned before the fence (the compiler
-    // must not sink the writes past it) and after the wait.
-    float sc[kKeys / 8][4];
-#pragma unroll
-    for (int j = 0; j < kKeys / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
-    pin_registers(sc);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < hd / 16; ++kk) {
-      const uint64_t kd = wgmma_desc(Ks + kk * 256, 128, key_group_bytes(hd));
-#pragma unroll
-      for (int i = kTerms - 1; i >= 0; --i) {
-        wgmma_n32_ss<M>(sc, wgmma_desc(q_plane(i, wg) + kk * 256, 128, 16 * hd), kd, true);
-      }
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-    pin_registers(sc);
-    float corr[2];
-    online_softmax_tile<kKeys / 8, false>(sc, k0, c, row_pos, 0, m, l, corr);
-    rescale_rows(acc, corr);
-    // P's terms for each 16 keys, the weights times kWs (the denominators too, below).
+    // The warpgroup's scores and softmax weights of the tile (the weights times kWs: the
+    // denominators too, below).
     uint32_t ap[kKeys / 16][kTerms][4];
-    weight_terms<M, kKeys>(sc, ap);
-    pin_registers(acc);
-    pin_registers(ap);
-    wgmma_fence();
+    wgmma_tile_weights<M>(
+        hd / 16, [&](int i, int kk) { return wgmma_desc(q_plane(i, wg) + kk * 256, 128, 16 * hd); },
+        [&](int kk) { return wgmma_desc(Ks + kk * 256, 128, key_group_bytes(hd)); }, k0, c, row_pos,
+        m, l, acc, ap);
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
       const uint64_t vd = wgmma_desc(Vs + kk * 256, 128, kValueGroupBytes);
