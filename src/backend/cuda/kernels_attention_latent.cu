@@ -245,7 +245,7 @@ bool latent_attention_mma(CudaOps::Impl& s, AttnArgs a, const Tensor& k_cache,
   // Few tokens over a 16-bit or FP8 cache: the decode kernel's latent form (16-bit products,
   // the tiles copied asynchronously).
   if (latent_decode_mma(s, a, k_cache, layout, kv_heads, max_ctx)) return true;
-  // More over an F16 or FP8 cache on a Hopper: warpgroup products, f16 terms (the experiment).
+  // More over an F16 or FP8 cache on a Hopper: warpgroup products, f16 terms.
   if (n > kDecodeMaxTokens && latent_prompt_wgmma(s, a, k_cache, layout, kv_heads)) return true;
   // Decode: one token's rows a block, and the context split so that the blocks fill the GPU
   // (one block an SM: its shared memory) within the buffer of partial results.
