@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Packs the CUDA build for the device machine (no package registry, no build of ours there):
 # build-cuda/recur and the CUDA test binary, stripped, with the shared libraries they load that
-# the device image lacks, as .devbin/bins.tar.xz (git-ignored; carry .devbin with the run).
+# the device image lacks and libcrash_stack.so (bench/cuda/crash_stack.cpp), as
+# .devbin/bins.tar.xz (git-ignored; carry .devbin with the run).
 # cuBLAS, the CUDA runtime and NCCL come from the image's PyTorch packages; bench/cuda/device_env.sh
 # unpacks the rest and sets the library path there.
 # Usage: bench/cuda/pack_for_device.sh [--all-tests] [build dir, default build-cuda]
@@ -15,7 +16,7 @@ fi
 build=${1:-build-cuda}
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
-ninja -C "$build" "${bins[@]}" >/dev/null
+ninja -C "$build" "${bins[@]}" crash_stack >/dev/null
 # An object whose headers ninja never recorded is not rebuilt when a header changes. Session 52
 # found four compiled against an older CudaOps::Impl (its members at other offsets) beside the
 # rest, which crashed the profile tests inside cuLaunchKernelEx: refuse to pack such a build.
@@ -35,6 +36,7 @@ done
   grep -Ev '/(libc|libm|libdl|librt|libpthread|libgcc_s|libstdc\+\+|ld-linux[^/]*|libcuda)\.so' |
   grep -Ev '/lib(cublas|cublasLt|cudart|nccl)\.so' |
   while read -r lib; do cp -L "$lib" "$stage/lib/"; done
+cp "$build/bench/libcrash_stack.so" "$stage/lib/"  # LD_PRELOAD it there to see where a crash is
 strip --strip-unneeded "$stage"/lib/*.so* 2>/dev/null || true
 (cd "$stage" && tar cf - ./* | xz -9e -T2 > "$OLDPWD/.devbin/bins.tar.xz")
 ls -l .devbin/bins.tar.xz
