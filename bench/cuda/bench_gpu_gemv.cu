@@ -12,6 +12,8 @@
 //   core-nopre   the same without the loads before the wait;
 //   core-serial  the same launched without PDL (each launch waits for the last to finish);
 //   core-r8/-r4  the core with the other row count (bf16: 8 rows, block-FP8: 4);
+//   warp         a warp per R rows as the experts' warp kernel reads them (shuffle sums, no
+//                block barrier), 4 warps a block;
 //   allregs      every load of a thread's share of its block's rows issued before the wait and
 //                before any product, then the core's products and reduction (all in flight).
 // Each line prints µs a launch, GB/s of weights and its ratio to a plain read of the whole pool
@@ -134,6 +136,37 @@ __global__ void __launch_bounds__(kGemvThreads)
   store_rows<R>(acc, y, row0, rows);
 }
 
+// A warp per RW rows, as the experts' warp kernel (moe_gemv.cu) reads its rows: the lanes stride
+// each row in 16-byte chunks (16 / RW chunks a row in flight per lane) and sum by shuffles, no
+// shared memory or block barrier; 4 warps a block.
+template <typename W, int RW>
+__global__ void __launch_bounds__(kGemvThreads)
+    warp_kernel(const void* wv, int64_t m, int64_t k, const float* x, float* y) {
+  constexpr int E = recur::cuda::kChunkElems<W>;
+  const W* w = static_cast<const W*>(wv);
+  gpu_bench::pdl_wait();
+  gpu_bench::pdl_allow();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t row0 = (int64_t(blockIdx.x) * (kGemvThreads / 32) + warp) * RW;
+  if (row0 >= m) return;
+  const int rows = int(std::min<int64_t>(RW, m - row0));
+  const W* wr[RW];
+#pragma unroll
+  for (int r = 0; r < RW; ++r) wr[r] = w + (row0 + (r < rows ? r : 0)) * k;
+  const RowScales<W, RW> sc = scales_of<W, RW>(wv, m, k, row0, rows);
+  const float* xr[1] = {x};
+  float acc[RW][1] = {}, unused[RW][1];
+#pragma unroll(16 / RW)
+  for (int64_t c = lane; c < k / E; c += 32) {
+    recur::cuda::fma_chunk<W, RW, 1, false>(wr, wr, sc, sc, xr, c, acc, unused);
+  }
+#pragma unroll
+  for (int r = 0; r < RW; ++r) {
+    const float v = recur::cuda::warp_sum(acc[r][0]);
+    if (lane == 0 && r < rows) y[row0 + r] = v;
+  }
+}
+
 // The launch's weight bytes (m · k · sizeof(W), k·sizeof(W) a multiple of 16) read flat
 // (consecutive threads on consecutive 16-byte chunks) by 4 blocks of 512 threads an SM: about
 // the best a kernel reading that many bytes can do.
@@ -186,7 +219,8 @@ std::vector<Arm> arms_for(int64_t k) {
       {"core", core_kernel<W, R, 8 / R, true>, R, true, true},
       {"core-nopre", core_kernel<W, R, 0, true>, R, true, true},
       {"core-serial", core_kernel<W, R, 8 / R, false>, R, false, true},
-      {kFp8 ? "core-r4" : "core-r8", core_kernel<W, R2, 8 / R2, true>, R2, true, true}};
+      {kFp8 ? "core-r4" : "core-r8", core_kernel<W, R2, 8 / R2, true>, R2, true, true},
+      {"warp", warp_kernel<W, R>, R * (kGemvThreads / 32), true, true}};
   constexpr int64_t kRowChunks = kGemvThreads * recur::cuda::kChunkElems<W>;  // k a kPer step
   if (k == 4096)
     arms.push_back({"allregs", allregs_kernel<W, R, 4096 / kRowChunks>, R, true, true});
