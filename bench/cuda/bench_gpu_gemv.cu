@@ -14,6 +14,8 @@
 //   core-r8/-r4  the core with the other row count (bf16: 8 rows, block-FP8: 4);
 //   warp         a warp per R rows as the experts' warp kernel reads them (shuffle sums, no
 //                block barrier), 4 warps a block;
+//   bulk         the block's rows (contiguous) into shared memory by one bulk copy (TMA) issued
+//                before the PDL wait, then the core's products from there;
 //   allregs      every load of a thread's share of its block's rows issued before the wait and
 //                before any product, then the core's products and reduction (all in flight).
 // Each line prints µs a launch, GB/s of weights and its ratio to a plain read of the whole pool
@@ -32,6 +34,7 @@
 #include <vector>
 
 #include "backend/cuda/gemv.cuh"
+#include "backend/cuda/tma.cuh"
 #include "gpu_bench.cuh"
 
 namespace {
@@ -136,6 +139,47 @@ __global__ void __launch_bounds__(kGemvThreads)
   store_rows<R>(acc, y, row0, rows);
 }
 
+// The block's R rows (contiguous: R · k · sizeof(W) bytes) copied into shared memory by one bulk
+// copy (the TMA unit) issued before the PDL wait, then the core's products from there.
+template <typename W, int R>
+__global__ void __launch_bounds__(kGemvThreads)
+    bulk_kernel(const void* wv, int64_t m, int64_t k, const float* x, float* y) {
+  extern __shared__ __align__(128) unsigned char rows_smem[];  // [R][k] of W
+  __shared__ uint64_t bar;
+  const W* w = static_cast<const W*>(wv);
+  const int64_t row0 = int64_t(blockIdx.x) * R;
+  const int rows = int(std::min<int64_t>(R, m - row0));
+  if (threadIdx.x == 0) {
+    using recur::cuda::smem_addr;
+    const uint32_t bytes = uint32_t(rows * k * int64_t(sizeof(W)));
+    recur::cuda::mbar_init(&bar);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    recur::cuda::mbar_expect(&bar, bytes);
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+        "[%3];\n" ::"r"(smem_addr(rows_smem)),
+        "l"(w + row0 * k), "r"(bytes), "r"(smem_addr(&bar))
+        : "memory");
+  }
+  __syncthreads();  // the barrier is set up before anyone waits on it
+  gpu_bench::pdl_wait();
+  gpu_bench::pdl_allow();
+  recur::cuda::mbar_wait(&bar, 0);
+  constexpr int E = recur::cuda::kChunkElems<W>;
+  const uint4* rs = reinterpret_cast<const uint4*>(rows_smem);
+  const int64_t row_chunks = k / E;
+  const float* xr[1] = {x};
+  float acc[R][1] = {};
+  const RowScales<W, R> sc = scales_of<W, R>(wv, m, k, row0, rows);
+  for (int64_t c = threadIdx.x; c < row_chunks; c += kGemvThreads) {
+    uint4 raw[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) raw[r] = rs[(r < rows ? r : 0) * row_chunks + c];
+    recur::cuda::fma_chunk_raw<W, R, 1>(raw, sc, xr, c, acc);
+  }
+  store_rows<R>(acc, y, row0, rows);
+}
+
 // A warp per RW rows, as the experts' warp kernel (moe_gemv.cu) reads its rows: the lanes stride
 // each row in 16-byte chunks (16 / RW chunks a row in flight per lane) and sum by shuffles, no
 // shared memory or block barrier; 4 warps a block.
@@ -204,7 +248,8 @@ struct Arm {
   Kernel kernel;
   int rows;  // a block's (0: flat_read_kernel's grid, 4 blocks of 512 threads an SM)
   bool pdl;
-  bool checked;  // computes y
+  bool checked;               // computes y
+  bool rows_in_smem = false;  // dynamic shared memory of its rows (bulk_kernel)
 };
 
 // The arms for weights of type W with rows of k: the backend's rows a block (kGemvRows: 4 of
@@ -220,7 +265,8 @@ std::vector<Arm> arms_for(int64_t k) {
       {"core-nopre", core_kernel<W, R, 0, true>, R, true, true},
       {"core-serial", core_kernel<W, R, 8 / R, false>, R, false, true},
       {kFp8 ? "core-r4" : "core-r8", core_kernel<W, R2, 8 / R2, true>, R2, true, true},
-      {"warp", warp_kernel<W, R>, R * (kGemvThreads / 32), true, true}};
+      {"warp", warp_kernel<W, R>, R * (kGemvThreads / 32), true, true},
+      {"bulk", bulk_kernel<W, R>, R, true, true, true}};
   constexpr int64_t kRowChunks = kGemvThreads * recur::cuda::kChunkElems<W>;  // k a kPer step
   if (k == 4096)
     arms.push_back({"allregs", allregs_kernel<W, R, 4096 / kRowChunks>, R, true, true});
@@ -391,6 +437,7 @@ int main(int argc, char** argv) {
         cfg.gridDim = dim3(arm.rows > 0 ? unsigned((m + arm.rows - 1) / arm.rows)
                                         : unsigned(4 * prop.multiProcessorCount));
         cfg.blockDim = dim3(arm.rows > 0 ? kGemvThreads : 512);
+        cfg.dynamicSmemBytes = arm.rows_in_smem ? size_t(arm.rows * k) * (sh.fp8 ? 1 : 2) : 0;
         cfg.stream = stream;
         cfg.attrs = attr;
         cfg.numAttrs = arm.pdl ? 1 : 0;
