@@ -230,17 +230,6 @@ __global__ void __launch_bounds__(512)
   if (v == 0x9e3779b9u) y[0] = float(v);  // keeps the loads (practically never true)
 }
 
-// The whole pool read once by a grid-stride kernel: the ceiling the arms are measured against.
-__global__ void pool_read_kernel(const uint4* p, size_t n, unsigned* sink) {
-  unsigned v = 0;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    const uint4 q = recur::cuda::load_streaming(p + i);
-    v ^= q.x ^ q.y ^ q.z ^ q.w;
-  }
-  if (v == 0x9e3779b9u) *sink = v;
-}
-
 using Kernel = void (*)(const void*, int64_t, int64_t, const float*, float*);
 
 struct Arm {
@@ -280,33 +269,6 @@ float weight_value(int64_t r, int64_t c) {
 }
 float x_value(int64_t c) {
   return float(int((c * 2654435761u) % 997) - 498) * (1.0f / 512.0f);
-}
-
-float median_ms(std::vector<float> v) {
-  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-  return v[v.size() / 2];
-}
-
-// Median time of `repeats` replays of g.
-float time_graph(cudaGraphExec_t g, cudaStream_t s, int repeats) {
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  CHECK(cudaGraphLaunch(g, s));  // warm
-  CHECK(cudaStreamSynchronize(s));
-  std::vector<float> ms;
-  for (int i = 0; i < repeats; ++i) {
-    CHECK(cudaEventRecord(a, s));
-    CHECK(cudaGraphLaunch(g, s));
-    CHECK(cudaEventRecord(b, s));
-    CHECK(cudaEventSynchronize(b));
-    float t = 0;
-    CHECK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  CHECK(cudaEventDestroy(a));
-  CHECK(cudaEventDestroy(b));
-  return median_ms(ms);
 }
 
 // One copy of a weight [m, k] as the backend lays it out (block-FP8: the bytes, then the f32
@@ -368,31 +330,17 @@ int main(int argc, char** argv) {
   const size_t pool_bytes = size_t(1) << 30;
   uint8_t* pool = nullptr;
   CHECK(cudaMalloc(&pool, pool_bytes));
-  unsigned* sink = nullptr;
+  float* sink = nullptr;  // the read kernels' output (never written in practice)
   CHECK(cudaMalloc(&sink, 4));
 
-  // The ceiling: the whole pool read by a grid-stride kernel (its bytes are not yet set: reads
-  // of any bytes cost the same).
-  float pool_ms = 0;
-  {
-    std::vector<float> ms;
-    cudaEvent_t a, b;
-    CHECK(cudaEventCreate(&a));
-    CHECK(cudaEventCreate(&b));
-    for (int i = 0; i <= repeats; ++i) {
-      CHECK(cudaEventRecord(a, stream));
-      pool_read_kernel<<<prop.multiProcessorCount * 8, 512, 0, stream>>>(
-          reinterpret_cast<const uint4*>(pool), pool_bytes / 16, sink);
-      CHECK(cudaEventRecord(b, stream));
-      CHECK(cudaEventSynchronize(b));
-      float t = 0;
-      CHECK(cudaEventElapsedTime(&t, a, b));
-      if (i > 0) ms.push_back(t);
-    }
-    pool_ms = median_ms(ms);
-    CHECK(cudaEventDestroy(a));
-    CHECK(cudaEventDestroy(b));
-  }
+  // The ceiling: the whole pool read flat (flat_read_kernel, 8 blocks an SM; its bytes are not
+  // yet set: reads of any bytes cost the same).
+  const double pool_ms = gpu_bench::median_ms(
+      [&] {
+        flat_read_kernel<uint8_t><<<prop.multiProcessorCount * 8, 512, 0, stream>>>(
+            pool, 1, int64_t(pool_bytes), nullptr, sink);
+      },
+      repeats, stream);
   const double ceiling = double(pool_bytes) / (pool_ms * 1e-3) * 1e-9;
   std::printf("%s, %d SMs; a plain read of the %zu MiB pool: %.1f GB/s (the ceiling below)\n",
               prop.name, prop.multiProcessorCount, pool_bytes >> 20, ceiling);
@@ -447,7 +395,8 @@ int main(int argc, char** argv) {
       CHECK(cudaStreamEndCapture(stream, &graph));
       cudaGraphExec_t exec;
       CHECK(cudaGraphInstantiate(&exec, graph, 0));
-      const float ms = time_graph(exec, stream, repeats);
+      const double ms =
+          gpu_bench::median_ms([&] { CHECK(cudaGraphLaunch(exec, stream)); }, repeats, stream);
       char err_text[32] = "-";
       bool wrong = false;
       if (arm.checked) {

@@ -22,7 +22,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <vector>
 
 #include "gpu_bench.cuh"
@@ -208,29 +207,6 @@ __global__ void fill_kernel(uint32_t* w, size_t n) {
     v ^= v >> 15, v *= 2246822519u, v ^= v >> 13;
     w[i] = v;
   }
-}
-
-// Median ms of `repeats` runs of fn on stream s.
-double median_ms(const std::function<void()>& fn, int repeats, cudaStream_t s) {
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  fn();  // warm
-  std::vector<double> t;
-  for (int r = 0; r < repeats; ++r) {
-    CHECK(cudaEventRecord(a, s));
-    fn();
-    CHECK(cudaEventRecord(b, s));
-    CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  CHECK(cudaGetLastError());
-  std::sort(t.begin(), t.end());
-  CHECK(cudaEventDestroy(a));
-  CHECK(cudaEventDestroy(b));
-  return t[t.size() / 2];
 }
 
 constexpr int kBlocks = (kExpertRows / kBlockRows) * kExperts;

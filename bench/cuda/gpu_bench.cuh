@@ -1,6 +1,6 @@
 // What the GPU microbenchmarks share (bench/cuda/*.cu): the CUDA error check, the PTX of
-// programmatic dependent launch and of the acquire/release accesses, a grid barrier, a warp sum
-// and the integer options of their command lines.
+// programmatic dependent launch and of the acquire/release accesses, a grid barrier, a warp sum,
+// the integer options of their command lines and a median time of runs.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,7 +9,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <initializer_list>
+#include <vector>
 
 #define CHECK(expr)                                                                               \
   do {                                                                                            \
@@ -80,6 +82,29 @@ inline bool parse_int_options(int argc, char** argv, const char* usage,
     *hit->value = std::max(hit->min, std::atoi(argv[++i]));
   }
   return true;
+}
+
+// Median ms of `repeats` runs of fn on stream s, after one run to warm up.
+inline double median_ms(const std::function<void()>& fn, int repeats, cudaStream_t s) {
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  fn();  // warm
+  std::vector<double> t;
+  for (int r = 0; r < repeats; ++r) {
+    CHECK(cudaEventRecord(a, s));
+    fn();
+    CHECK(cudaEventRecord(b, s));
+    CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  CHECK(cudaGetLastError());
+  std::sort(t.begin(), t.end());
+  CHECK(cudaEventDestroy(a));
+  CHECK(cudaEventDestroy(b));
+  return t[t.size() / 2];
 }
 
 }  // namespace gpu_bench
