@@ -47,8 +47,8 @@ grep -E "PASSED|FAILED" "$out/test_cuda.txt"
 # error instead (README), below.
 for m in qwen3next-tiny qwen3next-seed-48L qwen3next-tiny-realvocab qwen3_5-tiny qwen3_5-seed-48L \
     qwen3_5-moe-tiny kimi-linear-tiny kimi-linear-var kimi-linear-bf16 qwen3next-fp8-tiny; do
-  timeout 60 $b/recur verify --device cuda --tolerance 1e-3 --fp8-activations f16 --model models/$m \
-    --golden tests/data/golden/$m/golden.safetensors > "$out/verify_$m.txt" 2>&1 ||
+  timeout 60 $b/recur verify --device cuda --tolerance 1e-3 --fp8-activations f16 \
+    --model models/$m --golden tests/data/golden/$m/golden.safetensors > "$out/verify_$m.txt" 2>&1 ||
     failed "verify $m"
   tail -1 "$out/verify_$m.txt"
 done
