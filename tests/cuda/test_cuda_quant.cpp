@@ -74,16 +74,17 @@ HostTensor reference_matmul(const HostTensor& x, const Fp8Weight& w) {
 }
 
 // Every path on awkward shapes: k not a multiple of 16 (the element-by-element GEMV), block
-// sizes that the tensor-core tiles refuse (br 32: the GEMV over token groups for prompts),
-// m and k not multiples of 128 (partial edge blocks), token counts 1 to 200, and out += .
+// sizes that the tensor-core tiles refuse (br 32: the GEMV over token groups for prompts; br
+// 15: a GEMV block's rows straddle two scale rows), m and k not multiples of 128 (partial edge
+// blocks), token counts 1 to 200, and out += .
 TEST_F(CudaQuant, BlockFp8MatmulMatchesDefinitionOnEveryPath) {
   struct Case {
     int64_t m, k;
     int br, bc;
   };
-  const Case cases[] = {{200, 300, 128, 128},  {130, 272, 128, 128}, {96, 160, 32, 16},
-                        {257, 512, 64, 32},    {640, 560, 128, 128}, {700, 900, 64, 32},
-                        {1000, 1200, 128, 128}};
+  const Case cases[] = {{200, 300, 128, 128},   {130, 272, 128, 128}, {96, 160, 32, 16},
+                        {257, 512, 64, 32},     {640, 560, 128, 128}, {700, 900, 64, 32},
+                        {1000, 1200, 128, 128}, {200, 272, 15, 16}};
   std::vector<Buffer> owned;
   bool saw_gemv = false, saw_tiles = false;
   for (const Case& c : cases) {
@@ -207,6 +208,7 @@ TEST_F(CudaQuant, BlockFp8MoeExpertsMatchReference) {
                         {1, 6, 3, 100, 72, 32, 16},
                         {33, 6, 3, 100, 72, 32, 16},
                         {200, 6, 3, 96, 80, 64, 16},
+                        {1, 6, 3, 96, 80, 15, 16},  // rows of a block in two scale rows
                         {70, 16, 4, 256, 128, 128, 128},
                         // tensor cores with full 64-row tiles: pipelined, and (d_ff not a
                         // multiple of 16) the fallback tiles
