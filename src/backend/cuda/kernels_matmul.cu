@@ -10,7 +10,7 @@
 // tensor-core work.
 // F16 weights (f16 checkpoints, and bf16 blocks re-typed at load by retype_weights) take two f16
 // terms of each row instead, scaled by a power of two where its range asks (matmul_f16_terms):
-// two GEMMs, and no overflow beyond 65504.
+// two GEMMs (one over both terms stacked for few rows), and no overflow beyond 65504.
 #include <algorithm>
 #include <array>
 #include <string>
@@ -311,20 +311,47 @@ void scale_rows(const ScaledOuts& outs, int64_t rows, const float* inv_scale, bo
   launch_kernel(scale_rows_kernel, blocks, 256, 0, stream, outs, rows, inv_scale, invert);
 }
 
+// out [nr, m] (rows ldo apart) (+)= the two terms' products prod [2, nr, m] (mid, then hi),
+// summed as term_gemms' GEMM after GEMM sums them: (mid (+ out)) then + hi.
+__global__ void sum_term_products_kernel(const float* prod, int64_t nr, int64_t m, float* out,
+                                         int64_t ldo, bool accumulate) {
+  grid_dependency_sync();
+  const int64_t total = nr * m;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    float* o = out + (i / m) * ldo + i % m;
+    float v = prod[i];
+    if (accumulate) v += *o;
+    *o = prod[total + i] + v;
+  }
+}
+
 // out rows (ldo apart) += w [m, k] (cuBLAS type t) times each of n_terms planes of 16-bit
 // activation terms [n_terms, nr, k] (smallest first), one GEMM a term, the first writing out
-// unless `accumulate`. The profile names the launch `what` m x k, its rate counting the
+// unless `accumulate`. With stacked (f32 [2, nr, m]) and two terms, one GEMM over both planes
+// as 2·nr rows instead, then their sum: each weight byte is read once, not twice (batched
+// decode on dense weights). The profile names the launch `what` m x k, its rate counting the
 // product's own flops, not the terms' (n_terms times those).
 void term_gemms(CudaOps::Impl& s, const Tensor& w, cudaDataType_t t, const char* terms, int n_terms,
-                int64_t nr, float* outr, int64_t ldo, bool accumulate, const char* what) {
+                int64_t nr, float* outr, int64_t ldo, bool accumulate, const char* what,
+                float* stacked = nullptr) {
   const int64_t m = w.shape[0], k = w.shape[1];
   const float zero = 0.0f, one = 1.0f;
-  for (int term = 0; term < n_terms; ++term) {
-    const char* xt = terms + size_t(term) * size_t(nr * k) * 2;
-    RECUR_CUBLAS_CHECK(cublasGemmEx(s.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(m), int(nr), int(k),
-                                    &one, w.data, t, int(k), xt, t, int(k),
-                                    term == 0 && !accumulate ? &zero : &one, outr, CUDA_R_32F,
-                                    int(ldo), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  if (stacked && n_terms == 2) {
+    RECUR_CUBLAS_CHECK(cublasGemmEx(s.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(m), int(2 * nr), int(k),
+                                    &one, w.data, t, int(k), terms, t, int(k), &zero, stacked,
+                                    CUDA_R_32F, int(m), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    const unsigned blocks = unsigned(std::min<int64_t>((nr * m + 255) / 256, 4 * s.sm_count));
+    launch_kernel(sum_term_products_kernel, blocks, 256, 0, s.stream,
+                  static_cast<const float*>(stacked), nr, m, outr, ldo, accumulate);
+  } else {
+    for (int term = 0; term < n_terms; ++term) {
+      const char* xt = terms + size_t(term) * size_t(nr * k) * 2;
+      RECUR_CUBLAS_CHECK(cublasGemmEx(s.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(m), int(nr), int(k),
+                                      &one, w.data, t, int(k), xt, t, int(k),
+                                      term == 0 && !accumulate ? &zero : &one, outr, CUDA_R_32F,
+                                      int(ldo), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
   }
   if (s.options.profile) {  // the interval holds cuBLAS's products
     s.work(2.0 * double(nr) * double(m) * double(k),
@@ -335,6 +362,19 @@ void term_gemms(CudaOps::Impl& s, const Tensor& w, cudaDataType_t t, const char*
   } else {
     s.launched("matmul (terms)");
   }
+}
+
+// Where term_gemms may put the two terms' products [2, nr, m] of a weight with k columns: the
+// start-up scratch past the piece's terms and inverse scales (for_f16_row_pieces' layout), when
+// they fit and writing and reading them back costs fewer bytes than a second read of the
+// weight (8·nr < k: decode batches, not prompts); else null.
+float* stacked_products(CudaOps::Impl& s, const void* terms, int64_t nr, int64_t k, int64_t m) {
+  if (8 * nr >= k) return nullptr;
+  const size_t used = static_cast<const char*>(terms) -
+                      static_cast<const char*>(s.act_lowp.data()) + size_t(4 * nr * k + 4 * nr);
+  const size_t start = (used + 255) / 256 * 256, need = size_t(8 * nr * m);
+  if (start + need > s.act_lowp.bytes()) return nullptr;
+  return reinterpret_cast<float*>(static_cast<char*>(s.act_lowp.data()) + start);
 }
 
 // outs[i] (+)= x · ws[i]^T for F16 weights on cuBLAS: each row of x split into two f16 terms
@@ -371,7 +411,8 @@ void matmul_f16_terms(CudaOps::Impl& s, const Tensor& x, std::span<const Tensor>
                        for (size_t i = 0; i < ws.size(); ++i) {
                          term_gemms(s, ws[i], CUDA_R_16F, hi_from, n_terms, nr, rows.out[i],
                                     rows.ldo[i], accumulate,
-                                    n_terms == 2 ? "matmul 2-term f16" : "matmul 1-term f16");
+                                    n_terms == 2 ? "matmul 2-term f16" : "matmul 1-term f16",
+                                    stacked_products(s, terms, nr, k, ws[i].shape[0]));
                        }
                        scale_rows(rows, nr, inv_scale, false, s.stream);
                        s.launched("matmul (rows scaled)");
