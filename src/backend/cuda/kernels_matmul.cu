@@ -365,13 +365,13 @@ void term_gemms(CudaOps::Impl& s, const Tensor& w, cudaDataType_t t, const char*
 }
 
 // Where term_gemms may put the two terms' products [2, nr, m] of a weight with k columns: the
-// start-up scratch past the piece's terms and inverse scales (for_f16_row_pieces' layout), when
-// they fit and writing and reading them back costs fewer bytes than a second read of the
-// weight (8·nr < k: decode batches, not prompts); else null.
-float* stacked_products(CudaOps::Impl& s, const void* terms, int64_t nr, int64_t k, int64_t m) {
+// start-up scratch from free_from (past what the piece's split put there), when they fit and
+// writing and reading them back costs fewer bytes than a second read of the weight (8·nr < k:
+// decode batches, not prompts); else null.
+float* stacked_products(CudaOps::Impl& s, const void* free_from, int64_t nr, int64_t k, int64_t m) {
   if (8 * nr >= k) return nullptr;
-  const size_t used = static_cast<const char*>(terms) -
-                      static_cast<const char*>(s.act_lowp.data()) + size_t(4 * nr * k + 4 * nr);
+  const size_t used =
+      size_t(static_cast<const char*>(free_from) - static_cast<const char*>(s.act_lowp.data()));
   const size_t start = (used + 255) / 256 * 256, need = size_t(8 * nr * m);
   if (start + need > s.act_lowp.bytes()) return nullptr;
   return reinterpret_cast<float*>(static_cast<char*>(s.act_lowp.data()) + start);
@@ -412,7 +412,7 @@ void matmul_f16_terms(CudaOps::Impl& s, const Tensor& x, std::span<const Tensor>
                          term_gemms(s, ws[i], CUDA_R_16F, hi_from, n_terms, nr, rows.out[i],
                                     rows.ldo[i], accumulate,
                                     n_terms == 2 ? "matmul 2-term f16" : "matmul 1-term f16",
-                                    stacked_products(s, terms, nr, k, ws[i].shape[0]));
+                                    stacked_products(s, inv_scale + nr, nr, k, ws[i].shape[0]));
                        }
                        scale_rows(rows, nr, inv_scale, false, s.stream);
                        s.launched("matmul (rows scaled)");
