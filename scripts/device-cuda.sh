@@ -39,6 +39,9 @@ failed() {
   fail=1
 }
 nvidia-smi -L | tee "$out/gpu.txt"
+# The tensor-parallel tests put rank r on GPU r (up to 4 ranks); with fewer GPUs, every rank on
+# GPU 0 (tests/model/tp_test_device.h).
+if [ "$(grep -c '^GPU ' "$out/gpu.txt")" -lt 4 ]; then export RECUR_TEST_SHARED_GPU=1; fi
 timeout 300 ${t}test_cuda --gtest_filter=-*Bench* > "$out/test_cuda_full.txt" 2>&1 || failed test_cuda
 tail -60 "$out/test_cuda_full.txt" > "$out/test_cuda.txt"
 grep -E "PASSED|FAILED" "$out/test_cuda.txt"

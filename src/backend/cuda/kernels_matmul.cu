@@ -311,68 +311,77 @@ void scale_rows(const ScaledOuts& outs, int64_t rows, const float* inv_scale, bo
   launch_kernel(scale_rows_kernel, blocks, 256, 0, stream, outs, rows, inv_scale, invert);
 }
 
-// out [nr, m] (rows ldo apart) (+)= the two terms' products prod [2, nr, m] (mid, then hi),
-// summed as term_gemms' GEMM after GEMM sums them: (mid (+ out)) then + hi.
-__global__ void sum_term_products_kernel(const float* prod, int64_t nr, int64_t m, float* out,
-                                         int64_t ldo, bool accumulate) {
+// out [nr, m] (rows ldo apart) (+)= the sum of n_terms products prod [n_terms, nr, m] (smallest
+// term first), added as term_gemms' GEMMs add them one after another: ((p0 (+ out)) + p1) + ...
+// Grid: (column blocks, rows), so no element divides a 64-bit index.
+__global__ void sum_term_products_kernel(const float* prod, int n_terms, int64_t nr, int64_t m,
+                                         float* out, int64_t ldo, bool accumulate) {
   grid_dependency_sync();
-  const int64_t total = nr * m;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    float* o = out + (i / m) * ldo + i % m;
-    float v = prod[i];
-    if (accumulate) v += *o;
-    *o = prod[total + i] + v;
+  const int64_t r = blockIdx.y, plane = nr * m;
+  const float* p = prod + r * m;
+  float* o = out + r * ldo;
+  for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < m;
+       c += int64_t(gridDim.x) * blockDim.x) {
+    float v = p[c];
+    if (accumulate) v += o[c];
+    for (int term = 1; term < n_terms; ++term) v = p[term * plane + c] + v;
+    o[c] = v;
   }
 }
 
 // out rows (ldo apart) += w [m, k] (cuBLAS type t) times each of n_terms planes of 16-bit
 // activation terms [n_terms, nr, k] (smallest first), one GEMM a term, the first writing out
-// unless `accumulate`. With stacked (f32 [2, nr, m]) and two terms, one GEMM over both planes
-// as 2·nr rows instead, then their sum: each weight byte is read once, not twice (batched
-// decode on dense weights). The profile names the launch `what` m x k, its rate counting the
-// product's own flops, not the terms' (n_terms times those).
+// unless `accumulate`. With stacked (f32 [n_terms, nr, m]), one GEMM over all planes as
+// n_terms·nr rows instead, then their sum: each weight byte is read once, not n_terms times
+// (batched decode on dense weights). The profile names the launch `what` m x k, its rate counting
+// the product's own flops, not the terms' (n_terms times those).
 void term_gemms(CudaOps::Impl& s, const Tensor& w, cudaDataType_t t, const char* terms, int n_terms,
                 int64_t nr, float* outr, int64_t ldo, bool accumulate, const char* what,
                 float* stacked = nullptr) {
   const int64_t m = w.shape[0], k = w.shape[1];
   const float zero = 0.0f, one = 1.0f;
-  if (stacked && n_terms == 2) {
-    RECUR_CUBLAS_CHECK(cublasGemmEx(s.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(m), int(2 * nr), int(k),
-                                    &one, w.data, t, int(k), terms, t, int(k), &zero, stacked,
-                                    CUDA_R_32F, int(m), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    const unsigned blocks = unsigned(std::min<int64_t>((nr * m + 255) / 256, 4 * s.sm_count));
-    launch_kernel(sum_term_products_kernel, blocks, 256, 0, s.stream,
-                  static_cast<const float*>(stacked), nr, m, outr, ldo, accumulate);
-  } else {
-    for (int term = 0; term < n_terms; ++term) {
-      const char* xt = terms + size_t(term) * size_t(nr * k) * 2;
-      RECUR_CUBLAS_CHECK(cublasGemmEx(s.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(m), int(nr), int(k),
-                                      &one, w.data, t, int(k), xt, t, int(k),
-                                      term == 0 && !accumulate ? &zero : &one, outr, CUDA_R_32F,
-                                      int(ldo), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    }
-  }
-  if (s.options.profile) {  // the interval holds cuBLAS's products
+  const auto products_launched = [&] {  // the interval holds cuBLAS's products
+    if (!s.options.profile) return s.launched("matmul (terms)");
     s.work(2.0 * double(nr) * double(m) * double(k),
            double(weight_bytes(w)) + 4.0 * double(nr) * double(k + m));
     std::string label = what;
     label.append(" ").append(std::to_string(m)).append("x").append(std::to_string(k));
     s.launched(label.c_str());
-  } else {
-    s.launched("matmul (terms)");
+  };
+  if (stacked && n_terms > 1) {
+    RECUR_CUBLAS_CHECK(cublasGemmEx(s.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(m), int(n_terms * nr),
+                                    int(k), &one, w.data, t, int(k), terms, t, int(k), &zero,
+                                    stacked, CUDA_R_32F, int(m), CUBLAS_COMPUTE_32F,
+                                    CUBLAS_GEMM_DEFAULT));
+    products_launched();
+    // Column blocks for about four blocks a multiprocessor over all rows.
+    const int64_t col_blocks = std::clamp<int64_t>(4 * s.sm_count / nr, 1, (m + 255) / 256);
+    launch_kernel(sum_term_products_kernel, dim3(unsigned(col_blocks), unsigned(nr)), 256, 0,
+                  s.stream, static_cast<const float*>(stacked), n_terms, nr, m, outr, ldo,
+                  accumulate);
+    s.launched("matmul (term products summed)");
+    return;
   }
+  for (int term = 0; term < n_terms; ++term) {
+    const char* xt = terms + size_t(term) * size_t(nr * k) * 2;
+    RECUR_CUBLAS_CHECK(cublasGemmEx(s.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(m), int(nr), int(k),
+                                    &one, w.data, t, int(k), xt, t, int(k),
+                                    term == 0 && !accumulate ? &zero : &one, outr, CUDA_R_32F,
+                                    int(ldo), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+  products_launched();
 }
 
-// Where term_gemms may put the two terms' products [2, nr, m] of a weight with k columns: the
+// Where term_gemms may put n_terms products [n_terms, nr, m] of a weight with k columns: the
 // start-up scratch from free_from (past what the piece's split put there), when they fit and
-// writing and reading them back costs fewer bytes than a second read of the weight (8·nr < k:
-// decode batches, not prompts); else null.
-float* stacked_products(CudaOps::Impl& s, const void* free_from, int64_t nr, int64_t k, int64_t m) {
-  if (8 * nr >= k) return nullptr;
+// writing and reading them back (8·n_terms·nr·m bytes) costs fewer bytes than the weight reads
+// they save (2·(n_terms - 1)·m·k): decode batches, not prompts; else null.
+float* stacked_products(CudaOps::Impl& s, const void* free_from, int n_terms, int64_t nr, int64_t k,
+                        int64_t m) {
+  if (n_terms < 2 || 4 * n_terms * nr >= (n_terms - 1) * k) return nullptr;
   const size_t used =
       size_t(static_cast<const char*>(free_from) - static_cast<const char*>(s.act_lowp.data()));
-  const size_t start = (used + 255) / 256 * 256, need = size_t(8 * nr * m);
+  const size_t start = (used + 255) / 256 * 256, need = size_t(4 * n_terms * nr * m);
   if (start + need > s.act_lowp.bytes()) return nullptr;
   return reinterpret_cast<float*>(static_cast<char*>(s.act_lowp.data()) + start);
 }
@@ -391,32 +400,32 @@ void matmul_f16_terms(CudaOps::Impl& s, const Tensor& x, std::span<const Tensor>
   RECUR_CHECK(ws.size() == outs.size() && ws.size() <= Ops::kMaxMatmulGroup);
   const int64_t k = x.shape[1];
   const int n_terms = s.one_term_first_row(x.shape[0]) == 0 ? 1 : 2;
-  for_f16_row_pieces(x, s.act_lowp.data(), s.act_lowp.bytes(), /*unit_rows=*/true, s.stream,
-                     [&](int64_t r0, int64_t nr, const void* terms, const float* inv_scale) {
-                       s.launched("matmul (activation split)");
-                       ScaledOuts rows;
-                       for (size_t i = 0; i < ws.size(); ++i) {
-                         const Tensor& o = outs[i];
-                         rows.out[i] = o.ptr<float>() + r0 * o.stride[0];
-                         rows.ldo[i] = o.stride[0], rows.m[i] = ws[i].shape[0];
-                       }
-                       rows.count = int(ws.size());
-                       if (accumulate) {
-                         scale_rows(rows, nr, inv_scale, true, s.stream);
-                         s.launched("matmul (rows scaled)");
-                       }
-                       // Both terms (mid, hi), or hi alone (BackendOptions::prompt_activations).
-                       const char* hi_from = static_cast<const char*>(terms) +
-                                             size_t(2 - n_terms) * size_t(nr * k) * 2;
-                       for (size_t i = 0; i < ws.size(); ++i) {
-                         term_gemms(s, ws[i], CUDA_R_16F, hi_from, n_terms, nr, rows.out[i],
-                                    rows.ldo[i], accumulate,
-                                    n_terms == 2 ? "matmul 2-term f16" : "matmul 1-term f16",
-                                    stacked_products(s, inv_scale + nr, nr, k, ws[i].shape[0]));
-                       }
-                       scale_rows(rows, nr, inv_scale, false, s.stream);
-                       s.launched("matmul (rows scaled)");
-                     });
+  for_f16_row_pieces(
+      x, s.act_lowp.data(), s.act_lowp.bytes(), /*unit_rows=*/true, s.stream,
+      [&](int64_t r0, int64_t nr, const void* terms, const float* inv_scale) {
+        s.launched("matmul (activation split)");
+        ScaledOuts rows;
+        for (size_t i = 0; i < ws.size(); ++i) {
+          const Tensor& o = outs[i];
+          rows.out[i] = o.ptr<float>() + r0 * o.stride[0];
+          rows.ldo[i] = o.stride[0], rows.m[i] = ws[i].shape[0];
+        }
+        rows.count = int(ws.size());
+        if (accumulate) {
+          scale_rows(rows, nr, inv_scale, true, s.stream);
+          s.launched("matmul (rows scaled)");
+        }
+        // Both terms (mid, hi), or hi alone (BackendOptions::prompt_activations).
+        const char* hi_from =
+            static_cast<const char*>(terms) + size_t(2 - n_terms) * size_t(nr * k) * 2;
+        for (size_t i = 0; i < ws.size(); ++i) {
+          term_gemms(s, ws[i], CUDA_R_16F, hi_from, n_terms, nr, rows.out[i], rows.ldo[i],
+                     accumulate, n_terms == 2 ? "matmul 2-term f16" : "matmul 1-term f16",
+                     stacked_products(s, inv_scale + nr, n_terms, nr, k, ws[i].shape[0]));
+        }
+        scale_rows(rows, nr, inv_scale, false, s.stream);
+        s.launched("matmul (rows scaled)");
+      });
 }
 
 // Whether matmul takes w on two f16 terms (matmul_f16_terms) for n rows.
@@ -612,8 +621,8 @@ void CudaOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumula
     // does not depend on the batch's size.
     launch_wmma_split(xr, x.stride[0], nr, k, w.dtype, parts, s.stream);
     s.launched("matmul (activation split)");
-    term_gemms(s, w, t, parts, 3, nr, outr, out.stride[0], accumulate,
-               "matmul 3-term");  // lo, mid, hi
+    term_gemms(s, w, t, parts, 3, nr, outr, out.stride[0], accumulate, "matmul 3-term",
+               stacked_products(s, parts + row_bytes * size_t(nr), 3, nr, k, m));  // lo, mid, hi
   }
 }
 
