@@ -378,7 +378,7 @@ void term_gemms(CudaOps::Impl& s, const Tensor& w, cudaDataType_t t, const char*
 // they save (2·(n_terms - 1)·m·k): decode batches, not prompts; else null.
 float* stacked_products(CudaOps::Impl& s, const void* free_from, int n_terms, int64_t nr, int64_t k,
                         int64_t m) {
-  if (n_terms < 2 || 4 * n_terms * nr >= (n_terms - 1) * k) return nullptr;
+  if (n_terms < 2 || m == 0 || 4 * n_terms * nr >= (n_terms - 1) * k) return nullptr;
   const size_t used =
       size_t(static_cast<const char*>(free_from) - static_cast<const char*>(s.act_lowp.data()));
   const size_t start = (used + 255) / 256 * 256, need = size_t(4 * n_terms * nr * m);
