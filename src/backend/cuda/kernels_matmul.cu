@@ -6,8 +6,8 @@
 // kernel in token groups (takes_gemv). Larger n (prompts) and weights: cuBLAS. F32 weights
 // use plain f32 SGEMM. BF16/F16 weights use tensor cores on activations split exactly into
 // three 16-bit terms (cuBLAS has no f32 × bf16 product), one GEMM per term accumulating into
-// the output: the GEMV kernel's arithmetic up to summation order, at three times the
-// tensor-core work.
+// the output (one GEMM over the three stacked for decode batches): the GEMV kernel's arithmetic
+// up to summation order, at three times the tensor-core work.
 // F16 weights (f16 checkpoints, and bf16 blocks re-typed at load by retype_weights) take two f16
 // terms of each row instead, scaled by a power of two where its range asks (matmul_f16_terms):
 // two GEMMs (one over both terms stacked for few rows), and no overflow beyond 65504.
@@ -329,17 +329,33 @@ __global__ void sum_term_products_kernel(const float* prod, int n_terms, int64_t
   }
 }
 
+// Where term_gemms may put n_terms products [n_terms, nr, m] of a weight with k columns: the
+// start-up scratch from free_from (past what the piece's split put there), when they fit and
+// writing and reading them back (8·n_terms·nr·m bytes) costs fewer bytes than the weight reads
+// they save (2·(n_terms - 1)·m·k): decode batches, not prompts; else null.
+float* stacked_products(CudaOps::Impl& s, const void* free_from, int n_terms, int64_t nr, int64_t k,
+                        int64_t m) {
+  if (n_terms < 2 || m == 0 || 4 * n_terms * nr >= (n_terms - 1) * k) return nullptr;
+  const size_t used =
+      size_t(static_cast<const char*>(free_from) - static_cast<const char*>(s.act_lowp.data()));
+  const size_t start = (used + 255) / 256 * 256, need = size_t(4 * n_terms * nr * m);
+  if (start + need > s.act_lowp.bytes()) return nullptr;
+  return reinterpret_cast<float*>(static_cast<char*>(s.act_lowp.data()) + start);
+}
+
 // out rows (ldo apart) += w [m, k] (cuBLAS type t) times each of n_terms planes of 16-bit
 // activation terms [n_terms, nr, k] (smallest first), one GEMM a term, the first writing out
-// unless `accumulate`. With stacked (f32 [n_terms, nr, m]), one GEMM over all planes as
-// n_terms·nr rows instead, then their sum: each weight byte is read once, not n_terms times
-// (batched decode on dense weights). The profile names the launch `what` m x k, its rate counting
-// the product's own flops, not the terms' (n_terms times those).
+// unless `accumulate`. Where stacked_products finds room in the start-up scratch from free_from
+// (past what the caller put there), one GEMM over all planes as n_terms·nr rows instead, then
+// their sum: each weight byte is read once, not n_terms times (batched decode on dense weights).
+// The profile names the launch `what` m x k, its rate counting the product's own flops, not the
+// terms' (n_terms times those).
 void term_gemms(CudaOps::Impl& s, const Tensor& w, cudaDataType_t t, const char* terms, int n_terms,
                 int64_t nr, float* outr, int64_t ldo, bool accumulate, const char* what,
-                float* stacked = nullptr) {
+                const void* free_from) {
   const int64_t m = w.shape[0], k = w.shape[1];
   const float zero = 0.0f, one = 1.0f;
+  float* stacked = stacked_products(s, free_from, n_terms, nr, k, m);  // [n_terms, nr, m] or null
   const auto products_launched = [&] {  // the interval holds cuBLAS's products
     if (!s.options.profile) return s.launched("matmul (terms)");
     s.work(2.0 * double(nr) * double(m) * double(k),
@@ -348,7 +364,7 @@ void term_gemms(CudaOps::Impl& s, const Tensor& w, cudaDataType_t t, const char*
     label.append(" ").append(std::to_string(m)).append("x").append(std::to_string(k));
     s.launched(label.c_str());
   };
-  if (stacked && n_terms > 1) {
+  if (stacked) {
     RECUR_CUBLAS_CHECK(cublasGemmEx(s.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(m), int(n_terms * nr),
                                     int(k), &one, w.data, t, int(k), terms, t, int(k), &zero,
                                     stacked, CUDA_R_32F, int(m), CUBLAS_COMPUTE_32F,
@@ -372,20 +388,6 @@ void term_gemms(CudaOps::Impl& s, const Tensor& w, cudaDataType_t t, const char*
   products_launched();
 }
 
-// Where term_gemms may put n_terms products [n_terms, nr, m] of a weight with k columns: the
-// start-up scratch from free_from (past what the piece's split put there), when they fit and
-// writing and reading them back (8·n_terms·nr·m bytes) costs fewer bytes than the weight reads
-// they save (2·(n_terms - 1)·m·k): decode batches, not prompts; else null.
-float* stacked_products(CudaOps::Impl& s, const void* free_from, int n_terms, int64_t nr, int64_t k,
-                        int64_t m) {
-  if (n_terms < 2 || m == 0 || 4 * n_terms * nr >= (n_terms - 1) * k) return nullptr;
-  const size_t used =
-      size_t(static_cast<const char*>(free_from) - static_cast<const char*>(s.act_lowp.data()));
-  const size_t start = (used + 255) / 256 * 256, need = size_t(4 * n_terms * nr * m);
-  if (start + need > s.act_lowp.bytes()) return nullptr;
-  return reinterpret_cast<float*>(static_cast<char*>(s.act_lowp.data()) + start);
-}
-
 // outs[i] (+)= x · ws[i]^T for F16 weights on cuBLAS: each row of x split into two f16 terms
 // (mid, hi: 22 bits), unscaled where its largest |value| lies in [2^-2, 2^15), else times the
 // power of two that puts it in [2^14, 2^15) (no overflow or lost bits whatever the row's range;
@@ -400,32 +402,32 @@ void matmul_f16_terms(CudaOps::Impl& s, const Tensor& x, std::span<const Tensor>
   RECUR_CHECK(ws.size() == outs.size() && ws.size() <= Ops::kMaxMatmulGroup);
   const int64_t k = x.shape[1];
   const int n_terms = s.one_term_first_row(x.shape[0]) == 0 ? 1 : 2;
-  for_f16_row_pieces(
-      x, s.act_lowp.data(), s.act_lowp.bytes(), /*unit_rows=*/true, s.stream,
-      [&](int64_t r0, int64_t nr, const void* terms, const float* inv_scale) {
-        s.launched("matmul (activation split)");
-        ScaledOuts rows;
-        for (size_t i = 0; i < ws.size(); ++i) {
-          const Tensor& o = outs[i];
-          rows.out[i] = o.ptr<float>() + r0 * o.stride[0];
-          rows.ldo[i] = o.stride[0], rows.m[i] = ws[i].shape[0];
-        }
-        rows.count = int(ws.size());
-        if (accumulate) {
-          scale_rows(rows, nr, inv_scale, true, s.stream);
-          s.launched("matmul (rows scaled)");
-        }
-        // Both terms (mid, hi), or hi alone (BackendOptions::prompt_activations).
-        const char* hi_from =
-            static_cast<const char*>(terms) + size_t(2 - n_terms) * size_t(nr * k) * 2;
-        for (size_t i = 0; i < ws.size(); ++i) {
-          term_gemms(s, ws[i], CUDA_R_16F, hi_from, n_terms, nr, rows.out[i], rows.ldo[i],
-                     accumulate, n_terms == 2 ? "matmul 2-term f16" : "matmul 1-term f16",
-                     stacked_products(s, inv_scale + nr, n_terms, nr, k, ws[i].shape[0]));
-        }
-        scale_rows(rows, nr, inv_scale, false, s.stream);
-        s.launched("matmul (rows scaled)");
-      });
+  for_f16_row_pieces(x, s.act_lowp.data(), s.act_lowp.bytes(), /*unit_rows=*/true, s.stream,
+                     [&](int64_t r0, int64_t nr, const void* terms, const float* inv_scale) {
+                       s.launched("matmul (activation split)");
+                       ScaledOuts rows;
+                       for (size_t i = 0; i < ws.size(); ++i) {
+                         const Tensor& o = outs[i];
+                         rows.out[i] = o.ptr<float>() + r0 * o.stride[0];
+                         rows.ldo[i] = o.stride[0], rows.m[i] = ws[i].shape[0];
+                       }
+                       rows.count = int(ws.size());
+                       if (accumulate) {
+                         scale_rows(rows, nr, inv_scale, true, s.stream);
+                         s.launched("matmul (rows scaled)");
+                       }
+                       // Both terms (mid, hi), or hi alone (BackendOptions::prompt_activations).
+                       const char* hi_from = static_cast<const char*>(terms) +
+                                             size_t(2 - n_terms) * size_t(nr * k) * 2;
+                       for (size_t i = 0; i < ws.size(); ++i) {
+                         term_gemms(s, ws[i], CUDA_R_16F, hi_from, n_terms, nr, rows.out[i],
+                                    rows.ldo[i], accumulate,
+                                    n_terms == 2 ? "matmul 2-term f16" : "matmul 1-term f16",
+                                    inv_scale + nr);
+                       }
+                       scale_rows(rows, nr, inv_scale, false, s.stream);
+                       s.launched("matmul (rows scaled)");
+                     });
 }
 
 // Whether matmul takes w on two f16 terms (matmul_f16_terms) for n rows.
@@ -622,7 +624,7 @@ void CudaOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumula
     launch_wmma_split(xr, x.stride[0], nr, k, w.dtype, parts, s.stream);
     s.launched("matmul (activation split)");
     term_gemms(s, w, t, parts, 3, nr, outr, out.stride[0], accumulate, "matmul 3-term",
-               stacked_products(s, parts + row_bytes * size_t(nr), 3, nr, k, m));  // lo, mid, hi
+               parts + row_bytes * size_t(nr));  // lo, mid, hi
   }
 }
 
