@@ -41,7 +41,8 @@ strip --strip-unneeded "$stage"/lib/*.so* 2>/dev/null || true
 (cd "$stage" && tar cf - ./* | xz -9e -T2 > "$OLDPWD/.devbin/bins.tar.xz")
 ls -l .devbin/bins.tar.xz
 # What a run carries: the tracked tree (as it is in the working tree) and .devbin, at most 64 MiB.
-tracked=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+# (Files moved out for a call are missing: du counts the rest and fails, which is no error here.)
+tracked=$({ git ls-files -z | xargs -0 du -cb 2>/dev/null || true; } | tail -1 | cut -f1)
 devbin=$(du -sb .devbin | cut -f1)
 echo "a run would carry $(((tracked + devbin) >> 20)) MiB (tracked $((tracked >> 20)), .devbin $((devbin >> 20)))"
 if (((tracked + devbin) >> 20 >= 64)); then
