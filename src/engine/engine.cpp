@@ -259,6 +259,10 @@ Result<uint64_t> Engine::submit(Request req, EventSink sink) {
     seed = z ^ (z >> 31);
   }
   auto seq = std::make_unique<Sequence>(std::move(req), std::move(sink), info.vocab_size, seed);
+  // Sized for all it may generate: a long completion never moves its history mid-decode (pages
+  // the vector does not reach are never touched, so this costs address space, not memory).
+  seq->generated.reserve(size_t(std::min<int64_t>(
+      seq->req.max_tokens, int64_t(config_.max_context) - int64_t(seq->req.prompt.size()))));
   if (cache_) {  // hashed here, on the submitting thread, once
     seq->block_hashes.reserve(seq->req.prompt.size() / size_t(config_.block_size));
     prefix_block_hashes(seq->req.prompt, config_.block_size, cache_seed_, &seq->block_hashes);
@@ -319,7 +323,15 @@ void Engine::thread_main() {
       });
       if (stop_) return;
     }
-    step();
+    // A step that throws (memory exhausted while a request's text grows, say) ends the requests
+    // in flight with an error instead of the process; later requests are served as usual.
+    try {
+      step();
+    } catch (const std::exception& e) {
+      fail_in_flight(e.what());
+    } catch (...) {
+      fail_in_flight("an exception of unknown type");
+    }
   }
 }
 

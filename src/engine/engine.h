@@ -155,6 +155,7 @@ struct EngineStats {
   int kv_blocks_used = 0, kv_blocks_total = 0;
   int slots_used = 0, slots_total = 0;
   int64_t requests_finished = 0;
+  int64_t failed_steps = 0;  // steps that threw: their requests in flight ended with an error
   // Running sequences that gave up their cache blocks and state slot for an older sequence's
   // growth and went back to the queue, to resume by recomputing (engine_preempt.cpp).
   int64_t preemptions = 0;
@@ -232,6 +233,8 @@ class Engine {
   bool build_batch();
   void finish(Sequence& seq, FinishReason reason, std::string_view message);
   void release_finished();
+  // A step threw `what`: every request in flight ends with an error, told to its sink.
+  void fail_in_flight(std::string_view what);
   void sample_and_emit();
   // vocab_logprobs_'s rows for this step's sequences that asked for them, from the logits rows
   // on the host (host_rows, [rows, vocab]) or, when null, from the backend's, copied once.

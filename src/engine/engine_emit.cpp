@@ -120,6 +120,26 @@ void Engine::fill_vocab_logprobs(const float* host_rows) {
   }
 }
 
+void Engine::fail_in_flight(std::string_view what) {
+  prelaunched_ = false;  // a queued step's results are not read
+  next_seqs_.clear();
+  for (auto* list : {&running_, &waiting_}) {
+    for (auto& s : *list) {
+      if (s->finished) continue;  // ended before the step threw: told as it ended
+      s->text.reset();            // what it held back may be what failed to grow
+      finish(*s, FinishReason::kError,
+             fmt::format("the engine's step failed ({}); the request was ended", what));
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stats_.failed_steps++;
+  }
+  release_finished();
+  idle_cv_.notify_all();
+  notify_step_listener();
+}
+
 void Engine::finish(Sequence& seq, FinishReason reason, std::string_view message) {
   if (seq.finished) return;
   seq.finished = true;

@@ -58,7 +58,6 @@ struct Engine::Sequence {
       constraint = req.constraint->start();
       sampler.set_constraint(constraint.get());
     }
-    generated.reserve(size_t(std::min(req.max_tokens, 4096)));
     message.reserve(64);  // the reasons finish() gives fit: no allocation at the end
   }
   bool prefilling() const { return prompt_done < int(req.prompt.size()); }

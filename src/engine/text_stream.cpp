@@ -11,7 +11,7 @@ TextStream::TextStream(const Tokenizer& tokenizer, std::vector<std::string> stop
 }
 
 bool TextStream::push(int32_t id, std::string* out) {
-  pending_ += detok_.push(id);
+  detok_.push(id, &pending_);
   // The earliest stop string wins.
   size_t best = std::string::npos;
   for (const std::string& s : stops_) best = std::min(best, pending_.find(s));
@@ -36,7 +36,7 @@ bool TextStream::push(int32_t id, std::string* out) {
 }
 
 void TextStream::finish(std::string* out) {
-  pending_ += detok_.flush();
+  detok_.flush(&pending_);
   out->append(pending_);
   pending_.clear();
 }

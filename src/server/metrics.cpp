@@ -161,6 +161,9 @@ std::string Metrics::render(const EngineStats& s) const {
          double(s.pipelined_steps));
   scalar(&out, "recur_engine_requests_finished_total", "counter",
          "Sequences the engine has finished and released.", double(s.requests_finished));
+  scalar(&out, "recur_engine_failed_steps_total", "counter",
+         "Engine steps that threw (memory exhausted, say); their requests ended with an error.",
+         double(s.failed_steps));
   scalar(&out, "recur_preemptions_total", "counter",
          "Running sequences preempted for lack of attention-cache blocks (resumed by "
          "recomputation).",

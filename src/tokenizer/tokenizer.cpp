@@ -355,21 +355,17 @@ bool Tokenizer::is_special(int32_t id) const {
 StreamingDetokenizer::StreamingDetokenizer(const Tokenizer& tok, bool skip_special_tokens)
     : tok_(tok), skip_special_(skip_special_tokens) {}
 
-std::string StreamingDetokenizer::push(int32_t id) {
-  if (skip_special_ && tok_.is_special(id)) return {};
+void StreamingDetokenizer::push(int32_t id, std::string* out) {
+  if (skip_special_ && tok_.is_special(id)) return;
   pending_ += tok_.id_to_bytes(id);
-  size_t stable = utf8_stable_prefix(pending_);
-  std::string out;
-  append_utf8_lossy(out, std::string_view(pending_).substr(0, stable));
+  const size_t stable = utf8_stable_prefix(pending_);
+  append_utf8_lossy(*out, std::string_view(pending_).substr(0, stable));
   pending_.erase(0, stable);
-  return out;
 }
 
-std::string StreamingDetokenizer::flush() {
-  std::string out;
-  append_utf8_lossy(out, pending_);
+void StreamingDetokenizer::flush(std::string* out) {
+  append_utf8_lossy(*out, pending_);
   pending_.clear();
-  return out;
 }
 
 }  // namespace recur

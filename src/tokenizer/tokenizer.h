@@ -79,15 +79,17 @@ class Tokenizer {
   std::shared_ptr<const Impl> impl_;
 };
 
-// Feeds one id at a time; never emits a partial UTF-8 character; concatenation of all push()
-// results plus flush() equals tokenizer.decode(all ids).
+// Feeds one id at a time; never emits a partial UTF-8 character; all that push() and flush()
+// append equals tokenizer.decode(all ids). They append to the caller's buffer, so a stream
+// whose buffer has grown allocates nothing per token.
 class StreamingDetokenizer {
  public:
   // Shares `tok`'s tables (a cheap copy), so it may outlive `tok`.
   explicit StreamingDetokenizer(const Tokenizer& tok, bool skip_special_tokens = false);
-  std::string push(int32_t id);
-  // Whatever is still held back (an unfinished character becomes U+FFFD); then starts afresh.
-  std::string flush();
+  void push(int32_t id, std::string* out);
+  // Appends whatever is still held back (an unfinished character becomes U+FFFD); then starts
+  // afresh.
+  void flush(std::string* out);
 
  private:
   Tokenizer tok_;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <new>
 
 namespace recur::testing {
 
@@ -61,6 +62,7 @@ void FakeModel::violate(std::string what) {
 }
 
 Status FakeModel::forward(const Batch& b, Tensor logits) {
+  if (++forwards == throw_at_forward) throw std::bad_alloc();
   const int n_seqs = b.n_seqs(), n_tokens = b.n_tokens();
   if (n_tokens < 1 || n_tokens > max_batch_tokens_) {
     violate(fmt::format("batch of {} tokens; the model holds {}", n_tokens, max_batch_tokens_));

@@ -57,6 +57,9 @@ class FakeModel : public Model {
   std::vector<std::string> violations;  // invariants a forward found broken
   int64_t resets = 0;
   bool record = true;  // false: no recording (allocation-free forwards)
+  // The forward of this number (1-based) throws std::bad_alloc, as one short of memory would.
+  int64_t throw_at_forward = -1;
+  int64_t forwards = 0;
 
  private:
   void violate(std::string what);

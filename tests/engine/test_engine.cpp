@@ -8,9 +8,11 @@
 #include <numeric>
 #include <random>
 
+#include "alloc_counter.h"
 #include "backend/backend.h"
 #include "backend/cpu/cpu_ops.h"
 #include "engine/engine.h"
+#include "engine/text_stream.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
 
@@ -570,6 +572,36 @@ TEST(EngineText, StopStringAcrossTokenBoundariesEndsAndIsExcluded) {
   EXPECT_EQ(reason, FinishReason::kStop);
   EXPECT_EQ(text, full.substr(0, at));
   EXPECT_LT(ids.size(), free_ids.size());
+}
+
+// A generated token's text reaches the request's buffer without a heap allocation, also for
+// tokens longer than a short string's inline bytes (runs of spaces in code): the stream
+// appends into buffers that keep their capacity.
+TEST(EngineText, TextStreamAllocatesNothingPerToken) {
+  auto tok = Tokenizer::load(kRoot + "/models/qwen3next-tiny-realvocab");
+  ASSERT_TRUE(tok.ok()) << tok.error().to_string();
+  int32_t long_id = -1;  // a token of 24 or more spaces
+  for (int32_t id = 0; id < 200000 && long_id < 0; ++id) {
+    const std::string_view bytes = tok->id_to_bytes(id);
+    if (bytes.size() >= 24 && bytes.find_first_not_of(' ') == std::string_view::npos) long_id = id;
+  }
+  ASSERT_GE(long_id, 0) << "no token of 24 spaces in the vocabulary";
+  TextStream stream(*tok, {"never appears"}, false);
+  std::string out;
+  out.reserve(256);
+  for (int i = 0; i < 20; ++i) {  // the stream's own buffers reach their size
+    out.clear();
+    ASSERT_FALSE(stream.push(long_id, &out));
+  }
+  testing::start_counting_allocs();
+  size_t released = 0;
+  for (int i = 0; i < 1000; ++i) {
+    out.clear();
+    stream.push(long_id, &out);
+    released += out.size();
+  }
+  EXPECT_EQ(testing::stop_counting_allocs(), 0);
+  EXPECT_EQ(released, 1000 * tok->id_to_bytes(long_id).size());
 }
 
 }  // namespace

@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -570,6 +572,84 @@ TEST(Scheduler, StepsAllocateNothingButOneBlockTablePerAdmission) {
       << "heap allocations in 79 steps";
   EXPECT_GT(events, 80);
   EXPECT_GT(h.engine->stats().requests_finished, 0);
+}
+
+// A completion far longer than any first reservation allocates nothing after its admission:
+// its history was sized for all it may generate, so no decode step moves it.
+TEST(Scheduler, LongCompletionAllocatesNothingAfterItsFirstStep) {
+  int64_t tokens = 0;  // before h: the engine's shutdown still delivers events
+  Harness h(small_config(2, 64));
+  h.model->record = false;
+  Request r;
+  r.prompt = prompt_of(5, 1);
+  r.max_tokens = 10000;
+  r.sampling.temperature = 0;
+  r.stop.ignore_eos = true;
+  ASSERT_TRUE(h.engine
+                  ->submit(std::move(r),
+                           [&tokens](const Event& ev) {
+                             if (ev.kind == Event::Kind::kToken) ++tokens;
+                           })
+                  .ok());
+  h.step();  // the admission and the prompt
+  testing::start_counting_allocs();
+  h.run_until_idle();
+  EXPECT_EQ(testing::stop_counting_allocs(), 0);
+  EXPECT_EQ(tokens, 10000);
+}
+
+// A step that throws (here the model's forward, as one short of memory would) ends the requests
+// in flight with an error that says so and frees what they held; the engine's thread goes on
+// serving, where the exception used to end the process.
+TEST(Scheduler, AStepThatThrowsEndsItsRequestsWithAnErrorAndServingGoesOn) {
+  std::mutex mu;  // before h: its shutdown may still tell
+  std::condition_variable told;
+  std::map<uint64_t, std::pair<FinishReason, std::string>> finished;
+  Harness h(small_config(4, 64));
+  h.model->record = false;
+  h.model->throw_at_forward = 3;  // the prompts', one decode, then the throw
+  const auto submit = [&](uint32_t seed) {
+    Request r;
+    r.prompt = prompt_of(20, seed);
+    r.max_tokens = 50;
+    r.sampling.temperature = 0;
+    r.stop.ignore_eos = true;
+    auto id = h.engine->submit(std::move(r), [&](const Event& ev) {
+      if (ev.kind != Event::Kind::kFinish) return;
+      std::lock_guard<std::mutex> lk(mu);
+      finished[ev.request_id] = {ev.reason, std::string(ev.message)};
+      told.notify_all();
+    });
+    EXPECT_TRUE(id.ok());
+    return id.ok() ? *id : 0;
+  };
+  const auto wait_for = [&](size_t n) {
+    std::unique_lock<std::mutex> lk(mu);
+    return told.wait_for(lk, std::chrono::seconds(30), [&] { return finished.size() >= n; });
+  };
+  const uint64_t a = submit(1), b = submit(2);
+  h.engine->start();
+  ASSERT_TRUE(wait_for(2)) << "the requests of the step that threw were never told";
+  for (uint64_t id : {a, b}) {
+    std::lock_guard<std::mutex> lk(mu);
+    EXPECT_EQ(finished[id].first, FinishReason::kError);
+    EXPECT_NE(finished[id].second.find("the engine's step failed (std::bad_alloc)"),
+              std::string::npos)
+        << finished[id].second;
+  }
+  ASSERT_TRUE(h.engine->wait_idle(std::chrono::seconds(30)));
+  EngineStats st = h.engine->settled_stats();
+  EXPECT_EQ(st.failed_steps, 1);
+  EXPECT_EQ(st.slots_used, 0);
+  EXPECT_EQ(st.kv_blocks_used, 0);
+  const uint64_t c = submit(3);
+  ASSERT_TRUE(wait_for(3)) << "the engine stopped serving after the throw";
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    EXPECT_EQ(finished[c].first, FinishReason::kLength) << finished[c].second;
+  }
+  ASSERT_TRUE(h.engine->wait_idle(std::chrono::seconds(30)));
+  EXPECT_TRUE(h.model->violations.empty()) << h.model->violations.front();
 }
 
 // ---- the arithmetic ----

@@ -39,11 +39,12 @@ void check_streamed(const Tokenizer& tok, const std::vector<int32_t>& ids, bool 
   StreamingDetokenizer stream(tok, skip_special);
   std::string streamed;
   for (int32_t id : ids) {
-    const std::string piece = stream.push(id);
+    std::string piece;
+    stream.push(id, &piece);
     FUZZ_CHECK(valid_utf8(piece));
     streamed += piece;
   }
-  streamed += stream.flush();
+  stream.flush(&streamed);
   const std::string whole = tok.decode(ids, skip_special);
   FUZZ_CHECK(valid_utf8(whole));
   FUZZ_CHECK(streamed == whole);

@@ -50,12 +50,13 @@ TEST(TokenizerGolden, StreamingDecodeEqualsWholeDecode) {
       StreamingDetokenizer stream(tok, skip);
       std::string joined;
       for (int32_t id : c.ids) {
-        std::string part = stream.push(id);
+        std::string part;
+        stream.push(id, &part);
         // Never a partial character: each piece is valid UTF-8 on its own.
         EXPECT_FALSE(find_invalid_utf8(part).has_value()) << describe(c) << " partial character";
         joined += part;
       }
-      joined += stream.flush();
+      stream.flush(&joined);
       EXPECT_EQ(joined, tok.decode(c.ids, skip)) << describe(c) << " skip=" << skip;
     }
   }
