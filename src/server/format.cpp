@@ -154,6 +154,10 @@ std::string sse_event(std::string_view name, const ojson& j) {
   return "event: " + std::string(name) + "\ndata: " + dump(j) + "\n\n";
 }
 
+std::string cut_answer_message(std::string_view why) {
+  return fmt::format("the answer was cut short ({}); it is incomplete", why);
+}
+
 ojson chat_logprobs(const Generation& gen, const std::vector<TokenInfo>& tokens) {
   ojson content = ojson::array();
   const int top_n = gen.request().engine.sampling.logprobs;
@@ -533,10 +537,15 @@ void AnthropicStream::updates(const std::vector<ChoiceUpdate>& updates, std::str
     if (u.finished) {
       const ChoiceState& c = gen_.choices()[size_t(u.index)];
       out += close_block();
-      if (c.reason == FinishReason::kError) {
-        // The error event is the stream's last: the message did not complete.
-        out += sse_event("error", {{"type", "error"},
-                                   {"error", {{"type", "api_error"}, {"message", c.message}}}});
+      if (c.reason == FinishReason::kError || c.reason == FinishReason::kCancelled) {
+        // The error event is the stream's last: the message did not complete (the Messages API
+        // has no stop reason for an answer the shutdown cut short).
+        const bool cut = c.reason == FinishReason::kCancelled;
+        out +=
+            sse_event("error", {{"type", "error"},
+                                {"error",
+                                 {{"type", cut ? "overloaded_error" : "api_error"},
+                                  {"message", cut ? cut_answer_message(c.message) : c.message}}}});
         continue;
       }
       auto [reason, sequence] = anthropic_stop(c);

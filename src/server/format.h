@@ -16,6 +16,9 @@ void append_json_string(std::string* out, std::string_view s);
 // "event: <name>\ndata: <json>\n\n"
 std::string sse_event(std::string_view name, const ojson& j);
 
+// What the Messages API says of an answer the engine cut short (`why`: the engine's reason).
+std::string cut_answer_message(std::string_view why);
+
 // Non-streaming responses, once every choice has finished.
 ojson openai_response(const Generation& gen);
 ojson anthropic_response(const Generation& gen);

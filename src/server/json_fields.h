@@ -20,6 +20,11 @@ inline constexpr int kMaxJsonDepth = 64;
 // serializer and the template engine recurse on nesting, so deeper text is refused before them.
 bool depth_within(std::string_view s, int limit);
 
+// Parses JSON text from a client (a body, or a string field holding JSON): valid UTF-8, nested
+// at most kMaxJsonDepth deep, no key twice in one object, in time linear in its size. On
+// failure *error says what is wrong and where.
+std::optional<ojson> parse_json_text(std::string_view text, std::string* error);
+
 // Parses a request body: valid UTF-8 JSON, nested at most kMaxJsonDepth deep, an object.
 ApiResult<ojson> parse_body(std::string_view body);
 

@@ -149,8 +149,10 @@ ApiResult<ojson> normalize_messages(const ojson& msgs) {
         if (const ojson* a = field(*fn, "arguments")) {
           if (a->is_string()) {
             // Templates print arguments with tojson: give them the object when it is one.
-            ojson parsed = ojson::parse(a->get<std::string>(), nullptr, false);
-            args = (!parsed.is_discarded() && parsed.is_object()) ? parsed : *a;
+            std::string unparsed;
+            std::optional<ojson> parsed =
+                parse_json_text(a->get_ref<const std::string&>(), &unparsed);
+            args = (parsed && parsed->is_object()) ? std::move(*parsed) : *a;
           } else if (a->is_object()) {
             args = *a;
           } else {
@@ -260,8 +262,16 @@ ApiError chat_template_error(std::string message) {
   return e;
 }
 
-ApiError template_failure(const Error& e, const ServingContext& ctx) {
-  if (e.message.rfind("chat template", 0) != 0) return from_error(e, "messages");
+// The field a request's prompt comes from, and the one that bounds its output, by endpoint.
+const char* prompt_param(Endpoint e) {
+  return e == Endpoint::kCompletions ? "prompt" : e == Endpoint::kResponses ? "input" : "messages";
+}
+const char* max_tokens_param(Endpoint e) {
+  return e == Endpoint::kResponses ? "max_output_tokens" : "max_tokens";
+}
+
+ApiError template_failure(const Error& e, const ServingContext& ctx, Endpoint endpoint) {
+  if (e.message.rfind("chat template", 0) != 0) return from_error(e, prompt_param(endpoint));
   return chat_template_error(fmt::format(
       "the chat template of the model directory served as '{}' failed to render this request; "
       "this is a fault of the model directory (its tokenizer_config.json or "
@@ -512,7 +522,7 @@ ApiResult<bool> render_chat(const ojson& messages, const ojson* tools, const ojs
         ctx.model_name, ctx.chat_template_error));
   }
   if (!ctx.chat_template || !ctx.tokenizer) {
-    return bad_request("messages",
+    return bad_request(prompt_param(req->endpoint),
                        "this model directory has no chat template or tokenizer; "
                        "use /v1/completions");
   }
@@ -527,7 +537,7 @@ ApiResult<bool> render_chat(const ojson& messages, const ojson* tools, const ojs
   // Which bytes came from the request, so that special-token strings written there are
   // tokenized as text (ChatTemplateOptions::request_special_tokens_as_text).
   auto prompt = ctx.chat_template->render_prompt(request);
-  if (!prompt.ok()) return template_failure(prompt.error(), ctx);
+  if (!prompt.ok()) return template_failure(prompt.error(), ctx, req->endpoint);
   std::string* text = &prompt->text;
 
   OutputOptions& out = req->output;
@@ -569,9 +579,10 @@ ApiResult<bool> render_chat(const ojson& messages, const ojson* tools, const ojs
                                    text->size() + out.forced_prefix.size());
     }
   }
-  RECUR_API_CHECK(check_text_fits(text->size() + out.forced_prefix.size(), ctx, "messages"));
+  const char* param = prompt_param(req->endpoint);
+  RECUR_API_CHECK(check_text_fits(text->size() + out.forced_prefix.size(), ctx, param));
   auto ids = ctx.tokenizer->encode(*text + out.forced_prefix, prompt->literal);
-  if (!ids.ok()) return from_error(ids.error(), "messages");
+  if (!ids.ok()) return from_error(ids.error(), param);
   req->prompts.push_back(std::move(*ids));
   req->prompt_texts.push_back(std::move(*text));
   return true;
@@ -582,7 +593,7 @@ ApiResult<bool> check_lengths(const ServingContext& ctx, ParsedRequest* req) {
   if (int64_t(req->prompts.size()) * req->n > kMaxChoices) {
     return bad_request("n", fmt::format("prompts x n must be at most {}", kMaxChoices));
   }
-  const char* param = req->endpoint == Endpoint::kCompletions ? "prompt" : "messages";
+  const char* param = prompt_param(req->endpoint);
   for (const auto& p : req->prompts) {
     if (p.empty()) return bad_request(param, "the prompt is empty");
     for (int32_t id : p) {
@@ -602,7 +613,7 @@ ApiResult<bool> check_lengths(const ServingContext& ctx, ParsedRequest* req) {
     }
     if (req->max_tokens_given && int64_t(p.size()) + req->engine.max_tokens > ctx.max_context) {
       return context_exceeded(
-          "max_tokens",
+          max_tokens_param(req->endpoint),
           fmt::format(
               "This model's maximum context length is {} tokens; the request asks for {} tokens "
               "({} in the prompt, {} to generate)",

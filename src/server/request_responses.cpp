@@ -110,8 +110,9 @@ ApiResult<ojson> input_messages(const ojson& body) {
       // Templates print arguments with tojson: give them the object when it is one.
       ojson args = ojson::object();
       if (arguments) {
-        ojson parsed = ojson::parse(*arguments, nullptr, false);
-        args = (!parsed.is_discarded() && parsed.is_object()) ? parsed : ojson(*arguments);
+        std::string unparsed;
+        std::optional<ojson> parsed = parse_json_text(*arguments, &unparsed);
+        args = (parsed && parsed->is_object()) ? std::move(*parsed) : ojson(*arguments);
       }
       ojson& msg = assistant();
       if (!msg.contains("tool_calls")) msg["tool_calls"] = ojson::array();

@@ -39,10 +39,12 @@ ApiResult<bool> parse_structured_outputs(const ojson& b, ParsedRequest* req) {
     if (!schema) continue;
     ojson parsed = *schema;
     if (schema->is_string()) {
-      parsed = ojson::parse(schema->get<std::string>(), nullptr, false);
-      if (parsed.is_discarded()) {
-        return bad_request(name, fmt::format("'{}' must be a JSON schema", name));
+      std::string error;
+      std::optional<ojson> text = parse_json_text(schema->get_ref<const std::string&>(), &error);
+      if (!text) {
+        return bad_request(name, fmt::format("'{}' must be a JSON schema: {}", name, error));
       }
+      parsed = std::move(*text);
     }
     RECUR_API_ASSIGN(auto compiled, compile_json_schema(parsed, name));
     RECUR_API_CHECK(set_schema(req, name, std::move(compiled)));

@@ -9,6 +9,7 @@
 #include <csignal>
 #include <ctime>
 
+#include "server/ascii.h"
 #include "server/format.h"
 #include "server/generation.h"
 #include "server/http_server.h"
@@ -157,7 +158,9 @@ struct Server::Impl final : HttpHandler {
   bool authorized(const http::Request& req) const {
     if (options.api_key.empty()) return true;
     if (const std::string* auth = req.header("authorization")) {
-      if (auth->rfind("Bearer ", 0) == 0 && same_key(auth->substr(7), options.api_key)) {
+      // The scheme's name is case-insensitive (RFC 9110, 11.1).
+      if (auth->size() > 7 && iequals(std::string_view(*auth).substr(0, 7), "Bearer ") &&
+          same_key(auth->substr(7), options.api_key)) {
         return true;
       }
     }
@@ -221,8 +224,10 @@ std::optional<http::Response> Server::Impl::on_head(const http::Request& req) {
   }
   // Before any body byte is read: a refused client costs no memory.
   if (needs_key(req, route) && !authorized(req)) {
-    return error(req, 401,
-                 "missing or incorrect API key (send Authorization: Bearer KEY or x-api-key)");
+    http::Response res = error(
+        req, 401, "missing or incorrect API key (send Authorization: Bearer KEY or x-api-key)");
+    res.set_header("WWW-Authenticate", "Bearer");
+    return res;
   }
   if (draining.load() && (post || *route == Route::kHealth)) {
     if (*route == Route::kHealth) return json_response(503, {{"status", "shutting down"}});
@@ -415,6 +420,11 @@ void Server::Impl::generate(http::Request& req, HttpExchange& ex, Endpoint endpo
   }
   for (const auto& c : gen->choices()) {
     if (c.reason == FinishReason::kError) return fail(error_for(500, c.message));
+    // The Messages API has no stop reason for an answer cut short (OpenAI's routes say "abort"):
+    // one the shutdown ended is an error there, not an end_turn a client would take as whole.
+    if (anthropic && c.reason == FinishReason::kCancelled) {
+      return fail(error_for(503, cut_answer_message(c.message)));
+    }
   }
   const ojson out = anthropic                          ? anthropic_response(*gen)
                     : endpoint == Endpoint::kResponses ? responses_response(*gen)

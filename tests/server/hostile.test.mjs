@@ -508,6 +508,47 @@ describe('draining after SIGTERM', () => {
     });
   });
 
+  // The Messages API has no stop reason for a cut answer: one the shutdown ends is an error
+  // (streamed: the last event; whole: a 503), never an end_turn a client would take as complete.
+  test('an Anthropic message the shutdown cuts short ends in an error, not end_turn', async () => {
+    const server = await startServer(['--max-batch', '2', '--shutdown-grace', '1', '--kv-cache-mb', '64']);
+    try {
+      const message = (stream) => fetch(`${server.url}/v1/messages`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'anthropic-version': '2023-06-01' },
+        body: JSON.stringify({ model: 'qwen3next-tiny-realvocab', max_tokens: 100000, ignore_eos: true,
+          stream, messages: [{ role: 'user', content: 'hi' }] }),
+      });
+      const streamed = await message(true);
+      assert.equal(streamed.status, 200);
+      const whole = message(false);
+      const reader = streamed.body.getReader();
+      await reader.read();  // the stream is running
+      server.proc.kill('SIGTERM');
+      let text = '';
+      const decoder = new TextDecoder();
+      for (;;) {
+        const { done, value } = await reader.read();
+        if (done) break;
+        text += decoder.decode(value, { stream: true });
+      }
+      const events = text.split('\n').filter((l) => l.startsWith('event: ')).map((l) => l.slice(7));
+      assert.equal(events.at(-1), 'error', events.slice(-3).join(', '));
+      assert.ok(!events.includes('message_stop'));
+      assert.match(text, /"type":"overloaded_error","message":"the answer was cut short \(cancelled at shutdown\)/);
+      const res = await whole;
+      assert.equal(res.status, 503);
+      const body = await res.json();
+      assert.equal(body.type, 'error');
+      assert.equal(body.error.type, 'overloaded_error');
+      assert.match(body.error.message, /cut short/);
+      const r = await server.exit();
+      assert.deepEqual(r, { code: 0, signal: null }, server.output());
+    } finally {
+      await server.stop();
+    }
+  });
+
   test('a second SIGTERM exits at once, without waiting for the grace period', async () => {
     await whileDraining(120, async (server) => {
       assert.equal(server.exited(), null, 'the first SIGTERM drains: the stream keeps running');

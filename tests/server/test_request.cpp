@@ -203,6 +203,22 @@ TEST(Completions, ContextLimits) {
   EXPECT_EQ(r.error().code, "context_length_exceeded");
 }
 
+// A Responses request's limits name its own fields (it has no "messages" or "max_tokens").
+TEST(Responses, ContextLimitsNameItsFields) {
+  ServingContext small = ctx(16);
+  std::string words;
+  for (int i = 0; i < 40; ++i) words += "hello ";
+  auto r = parse_responses_request(ojson{{"input", words}}, small);
+  expect_error(r, 400, "input");
+  EXPECT_EQ(r.error().code, "context_length_exceeded");
+  r = parse_responses_request(ojson{{"input", "hi"}, {"max_output_tokens", 100}}, small);
+  expect_error(r, 400, "max_output_tokens");
+  EXPECT_EQ(r.error().code, "context_length_exceeded");
+  // Chat keeps its own names.
+  r = parse_chat_request(ojson{{"messages", {{{"role", "user"}, {"content", words}}}}}, small);
+  expect_error(r, 400, "messages");
+}
+
 TEST(Chat, RendersWithTheModelsTemplate) {
   auto r = parse_chat_request(J(R"({"messages": [{"role": "system", "content": "Be brief."},
                          {"role": "user", "content": [{"type": "text", "text": "Hi"}]}],

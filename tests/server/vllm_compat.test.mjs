@@ -268,7 +268,16 @@ test('/tokenize, /detokenize, /version and /ping as vLLM has them', async () => 
   assert.equal(bad.status, 400);
   assert.equal((await post('/detokenize', { tokens: [-1] })).status, 400);
   // Tokenizing costs work: the key is needed, as on /v1.
-  assert.equal((await postJson(`${server.url}/tokenize`, { prompt: 'x' })).status, 401);
+  const refused = await postJson(`${server.url}/tokenize`, { prompt: 'x' });
+  assert.equal(refused.status, 401);
+  assert.equal(refused.headers.get('www-authenticate'), 'Bearer');
+  // The scheme's name is case-insensitive (RFC 9110); the key is not.
+  for (const scheme of ['bearer', 'BEARER']) {
+    const r = await postJson(`${server.url}/tokenize`, { prompt: 'x' }, { authorization: `${scheme} ${KEY}` });
+    assert.equal(r.status, 200, scheme);
+  }
+  assert.equal((await postJson(`${server.url}/tokenize`, { prompt: 'x' },
+    { authorization: `Bearer ${KEY.toUpperCase()}` })).status, 401);
   const v = await (await fetch(`${server.url}/version`)).json();
   assert.equal(typeof v.version, 'string');
   assert.equal((await fetch(`${server.url}/ping`)).status, 200);
