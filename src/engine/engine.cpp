@@ -135,7 +135,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> model,
     e->cache_seed_ = seed;
     e->stats_.prefix_snapshots_total = sc.n_snapshots;
     e->stats_.prefix_snapshot_bytes = info.state_bytes_per_slot;
-    if (!config.prefix_cache_file.empty()) e->load_prefix_cache();
+    if (!config.prefix_cache_file.empty()) RECUR_RETURN_IF_ERROR(e->load_prefix_cache());
   }
   RECUR_ASSIGN_OR_RETURN(
       e->logits_buf_,

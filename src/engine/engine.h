@@ -273,7 +273,9 @@ class Engine {
   void cache_prompt_progress(Sequence& seq);       // after a forward fed it prompt tokens
   void notify_step_listener();                     // when this step delivered events
   void shut_down();                                // the destructor's work; idempotent
-  void load_prefix_cache();                        // at creation, from the config's file
+  // At creation, from the config's file: one that is not a prefix cache is an error (it would
+  // be overwritten at exit); a damaged one, or one for other weights, is ignored with a note.
+  Status load_prefix_cache();
 
   EngineConfig config_;
   std::unique_ptr<Model> model_;

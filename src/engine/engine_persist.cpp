@@ -78,27 +78,42 @@ class Reader : public Checksummed {
   std::ifstream& f_;
 };
 
+// An existing file at a prefix cache's path must be one (it starts with the magic): anything
+// else is refused rather than overwritten at exit.
+Status check_prefix_cache_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  char magic[sizeof(kMagic)];
+  if (f && std::filesystem::is_regular_file(path) && f.read(magic, sizeof(magic)) &&
+      std::memcmp(magic, kMagic, sizeof(magic)) == 0) {
+    return Status();
+  }
+  return make_error(ErrorCode::kInvalidArgument,
+                    "{} exists and is not a prefix-cache file; recur writes its prefix cache "
+                    "there at exit, so it refuses the path rather than overwrite the file: name "
+                    "another",
+                    path);
+}
+
 }  // namespace
 
-void Engine::load_prefix_cache() {
+Status Engine::load_prefix_cache() {
   const std::string& path = config_.prefix_cache_file;
   const ModelInfo& info = model_->info();
-  std::ifstream f(path, std::ios::binary);
-  if (!f) {
+  if (!std::filesystem::exists(path)) {
     notes_.push_back(fmt::format("prefix cache: no file {} yet", path));
-    return;
+    return Status();
   }
+  RECUR_RETURN_IF_ERROR(check_prefix_cache_file(path));
+  std::ifstream f(path, std::ios::binary);
   auto ignore = [&](std::string_view why) {
     notes_.push_back(fmt::format("prefix cache: {} ignored: {}", path, why));
+    return Status();
   };
   if (info.fingerprint == 0) return ignore("the model's weights have no fingerprint");
   Reader in(f);
   char magic[8];
   Header h;
-  if (!in.bytes(magic, sizeof(magic)) || std::memcmp(magic, kMagic, sizeof(magic)) != 0 ||
-      !in.get(&h.version)) {
-    return ignore("not a prefix-cache file");
-  }
+  if (!in.bytes(magic, sizeof(magic)) || !in.get(&h.version)) return ignore("cut short");
   if (h.version != kVersion)
     return ignore(fmt::format("format version {}, not {}", h.version, kVersion));
   if (!in.get(&h.block_size) || !in.get(&h.fingerprint) || !in.get(&h.seed) ||
@@ -166,6 +181,7 @@ void Engine::load_prefix_cache() {
       fmt::format("prefix cache: read {} (blocks: {}, snapshots: {})", path, loaded, snapshots));
   std::lock_guard<std::mutex> lk(mu_);
   publish_gauges();
+  return Status();
 }
 
 Status Engine::save_prefix_cache() {
@@ -179,6 +195,8 @@ Status Engine::save_prefix_cache() {
     return make_error(ErrorCode::kUnsupported,
                       "the model's weights have no fingerprint to key a prefix-cache file by");
   }
+  // Never over a file that is not a prefix cache (a path mistyped for the weights', say).
+  if (std::filesystem::exists(path)) RECUR_RETURN_IF_ERROR(check_prefix_cache_file(path));
   const std::string tmp = path + ".tmp";
   std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
   if (!f) return make_error(ErrorCode::kIo, "{}: cannot write", tmp);

@@ -147,8 +147,6 @@ TEST_F(PrefixCacheFile, ADamagedCutOrForeignFileIsIgnored) {
   expect_ignored("qwen3next-tiny", "damaged");
   write(bytes.substr(0, 20));
   expect_ignored("qwen3next-tiny", "cut short");
-  write("{\"not\": \"a cache\"}");
-  expect_ignored("qwen3next-tiny", "not a prefix-cache file");
   std::string other_version = bytes;
   other_version[8] = 9;
   write(other_version);
@@ -157,6 +155,42 @@ TEST_F(PrefixCacheFile, ADamagedCutOrForeignFileIsIgnored) {
   write(bytes);
   auto e = engine("qwen3next-tiny", true);
   EXPECT_EQ(run(*e, turn2_).cached, 64);
+}
+
+// A file at the cache's path that is not a prefix cache (a path mistyped for the weights', say)
+// is refused at creation and never overwritten, also when it appears after the engine started.
+TEST_F(PrefixCacheFile, AFileThatIsNotAPrefixCacheIsRefusedAndKept) {
+  const std::string foreign = "{\"not\": \"a cache\"}";
+  auto write = [&](const std::string& b) {
+    std::ofstream f(file_, std::ios::binary | std::ios::trunc);
+    f.write(b.data(), std::streamsize(b.size()));
+  };
+  auto read = [&] {
+    std::ifstream f(file_, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  EngineConfig cfg;
+  cfg.max_batch = 2;
+  cfg.max_batch_tokens = 64;
+  cfg.kv_blocks = 64;
+  cfg.prefix_snapshots = 8;
+  cfg.prefix_cache_file = file_;
+  for (const std::string& content : {foreign, std::string("RECUR"), std::string()}) {
+    write(content);
+    auto e = Engine::create(kRoot + "/models/qwen3next-tiny", *ops_, cfg, nullptr);
+    ASSERT_FALSE(e.ok()) << "a file of " << content.size() << " bytes";
+    EXPECT_NE(e.error().message.find("exists and is not a prefix-cache file"), std::string::npos)
+        << e.error().message;
+    EXPECT_EQ(read(), content);
+  }
+  fs::remove(file_);
+  auto e = engine("qwen3next-tiny", true);
+  EXPECT_EQ(run(*e, turn1_).cached, 0);
+  write(foreign);  // put there while the engine ran
+  const Status st = e->save_prefix_cache();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find("not a prefix-cache file"), std::string::npos);
+  EXPECT_EQ(read(), foreign);
 }
 
 }  // namespace
