@@ -3,6 +3,7 @@
 #include "server/json_schema.h"
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
 #include <map>
 #include <set>
@@ -66,8 +67,7 @@ class Compiler {
       }
     }
     if (const ojson* ref = field(s, "$ref")) return compile_ref(*ref, path);
-    if (const ojson* e = field(s, "enum")) return literals_of(*e, path + ".enum");
-    if (s.contains("const")) return literals_of(ojson::array({s["const"]}), path + ".const");
+    if (field(s, "enum") || s.contains("const")) return enumerated(s, path);
     for (const char* key : {"anyOf", "oneOf"}) {
       if (const ojson* options = field(s, key)) return any_of(*options, path + "." + key);
     }
@@ -198,8 +198,60 @@ class Compiler {
     return root_slot_;
   }
 
+  // Whether a JSON Schema type name admits v (an integer may be written 1.0).
+  static bool type_admits(const std::string& type, const ojson& v) {
+    if (type == "integer") {
+      return v.is_number_integer() ||
+             (v.is_number_float() && std::nearbyint(v.get<double>()) == v.get<double>());
+    }
+    if (type == "number") return v.is_number();
+    if (type == "string") return v.is_string();
+    if (type == "boolean") return v.is_boolean();
+    if (type == "null") return v.is_null();
+    if (type == "object") return v.is_object();
+    return type == "array" && v.is_array();
+  }
+
+  // enum and const: the values both allow, of the schema's type when it names one (every
+  // keyword of a schema applies, so {"type": "string", "enum": [1, "a"]} allows only "a").
+  ApiResult<int> enumerated(const ojson& s, const std::string& path) {
+    const ojson* e = field(s, "enum");
+    if (e && (!e->is_array() || e->empty())) {
+      return fail(path + ".enum", "must be a non-empty array");
+    }
+    ojson values = e ? *e : ojson::array({s["const"]});
+    if (e && s.contains("const")) {
+      ojson both = ojson::array();
+      for (const ojson& v : values) {
+        if (v == s["const"]) both.push_back(v);
+      }
+      values = std::move(both);
+    }
+    if (const ojson* type = field(s, "type")) {
+      std::vector<std::string> names;
+      if (type->is_string()) names.push_back(type->get<std::string>());
+      for (const ojson& t : type->is_array() ? *type : ojson::array()) {
+        if (t.is_string()) names.push_back(t.get<std::string>());
+      }
+      if (names.empty())
+        return fail(path + ".type", "'type' must be a type name or a list of them");
+      ojson typed_values = ojson::array();
+      for (const ojson& v : values) {
+        if (std::any_of(names.begin(), names.end(),
+                        [&](const std::string& t) { return type_admits(t, v); })) {
+          typed_values.push_back(v);
+        }
+      }
+      values = std::move(typed_values);
+    }
+    if (values.empty()) {
+      return fail(path,
+                  "no value of its 'enum' / 'const' is also of its 'type': it accepts nothing");
+    }
+    return literals_of(values, path + (e ? ".enum" : ".const"));
+  }
+
   ApiResult<int> literals_of(const ojson& values, const std::string& path) {
-    if (!values.is_array() || values.empty()) return fail(path, "must be a non-empty array");
     if (values.size() > size_t(kMaxSchemaLiterals)) {
       return fail(path, fmt::format("more than {} values", kMaxSchemaLiterals));
     }

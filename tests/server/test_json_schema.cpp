@@ -158,6 +158,28 @@ TEST(JsonSchema, EnumsConstsAnyOfTypeListsAndRefs) {
   const auto c = compile(R"({"const": null})");
   EXPECT_TRUE(accepts(*c, "null"));
   EXPECT_FALSE(accepts(*c, "0"));
+  // Every keyword applies: a type beside enum or const keeps only the values of that type, and
+  // enum with const only the const.
+  const auto typed_enum = compile(R"({"type": "string", "enum": [1, "a", null, "b"]})");
+  EXPECT_TRUE(accepts(*typed_enum, R"("a")"));
+  EXPECT_TRUE(accepts(*typed_enum, R"("b")"));
+  EXPECT_FALSE(accepts(*typed_enum, "1"));
+  EXPECT_FALSE(accepts(*typed_enum, "null"));
+  const auto ints = compile(R"({"type": ["integer", "null"], "enum": [1.0, 1.5, "2", null]})");
+  EXPECT_TRUE(accepts(*ints, "1.0"));
+  EXPECT_TRUE(accepts(*ints, "null"));
+  EXPECT_FALSE(accepts(*ints, "1.5"));
+  EXPECT_FALSE(accepts(*ints, R"("2")"));
+  const auto both = compile(R"({"enum": ["x", "y"], "const": "y"})");
+  EXPECT_TRUE(accepts(*both, R"("y")"));
+  EXPECT_FALSE(accepts(*both, R"("x")"));
+  for (const char* none :
+       {R"({"type": "integer", "const": "x"})", R"({"type": "object", "const": [1]})",
+        R"({"type": "string", "enum": [1, 2]})", R"({"enum": [1], "const": 2})"}) {
+    const auto r = compile_json_schema(ojson::parse(none), "f");
+    ASSERT_FALSE(r.ok()) << none;
+    EXPECT_NE(r.error().message.find("accepts nothing"), std::string::npos) << r.error().message;
+  }
   const auto opt = compile(R"({"anyOf": [{"type": "string"}, {"type": "null"}]})");
   EXPECT_TRUE(accepts(*opt, R"("x")"));
   EXPECT_TRUE(accepts(*opt, "null"));
