@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "io/json_text.h"
 #include "io/mapped_file.h"
 
 namespace recur {
@@ -11,12 +12,7 @@ using json = nlohmann::json;
 
 Result<json> read_json_file(const std::string& path) {
   RECUR_ASSIGN_OR_RETURN(std::string text, read_text_file(path));
-  try {
-    return json::parse(text);
-  } catch (const json::parse_error& e) {
-    return make_error(ErrorCode::kCorrupt, "{}: invalid JSON at byte {}: {}", path, e.byte,
-                      e.what());
-  }
+  return parse_json(text, path);
 }
 
 Result<Checkpoint> Checkpoint::open(const std::string& dir) {

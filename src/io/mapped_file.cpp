@@ -20,7 +20,8 @@ namespace {
 class RegularFile {
  public:
   static Result<RegularFile> open(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: opening a FIFO for reading would wait for a writer; fstat then refuses it.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
       return make_error(errno == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIo,
                         "cannot open {}: {}", path, std::strerror(errno));

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "io/json_text.h"
+
 namespace recur {
 
 using json = nlohmann::json;
@@ -69,8 +71,10 @@ Result<std::map<std::string, SafetensorsEntry>> SafetensorsFile::parse(const uin
                       "{}: truncated: header length {} runs past the end of the {}-byte file", path,
                       header_len, size);
   }
-  json header = json::parse(data + 8, data + 8 + header_len, nullptr, false);
-  if (header.is_discarded() || !header.is_object()) {
+  RECUR_ASSIGN_OR_RETURN(
+      json header, parse_json(std::string_view(reinterpret_cast<const char*>(data) + 8, header_len),
+                              path + " (its header)"));
+  if (!header.is_object()) {
     return make_error(ErrorCode::kCorrupt, "{}: header is not a JSON object", path);
   }
   const size_t data_begin = 8 + size_t(header_len);

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <optional>
 
+#include "io/json_text.h"
 #include "io/mapped_file.h"
 #include "tokenizer/jinja_eval.h"
 #include "tokenizer/jinja_marked.h"
@@ -260,8 +261,8 @@ Result<ChatTemplate> ChatTemplate::load(const std::string& model_dir,
   nlohmann::json config = nlohmann::json::object();
   if (has_config) {
     RECUR_ASSIGN_OR_RETURN(std::string text, read_text_file(config_path));
-    config = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (config.is_discarded() || !config.is_object()) {
+    RECUR_ASSIGN_OR_RETURN(config, parse_json(text, config_path));
+    if (!config.is_object()) {
       return make_error(ErrorCode::kCorrupt, "{}: not a JSON object", config_path);
     }
   }

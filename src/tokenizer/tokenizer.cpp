@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 
+#include "io/json_text.h"
 #include "io/mapped_file.h"
 #include "tokenizer/added_vocabulary.h"
 #include "tokenizer/bpe.h"
@@ -181,13 +182,7 @@ Result<Tokenizer> Tokenizer::from_tiktoken(std::string_view ranks_text,
                                            const TokenizerOptions& options) {
   const std::string ranks_origin = origin + "/tiktoken.model";
   const std::string config_origin = origin + "/tokenizer_config.json";
-  json config;
-  try {
-    config = json::parse(config_text);
-  } catch (const json::parse_error& e) {
-    return make_error(ErrorCode::kCorrupt, "{}: invalid JSON at byte {}: {}", config_origin, e.byte,
-                      e.what());
-  }
+  RECUR_ASSIGN_OR_RETURN(json config, parse_json(config_text, config_origin));
   RECUR_ASSIGN_OR_RETURN(std::vector<RankedToken> ranks,
                          parse_tiktoken_ranks(ranks_text, ranks_origin));
   RECUR_ASSIGN_OR_RETURN(TiktokenConfig tc,
@@ -217,13 +212,7 @@ Result<Tokenizer> Tokenizer::from_tiktoken(std::string_view ranks_text,
 
 Result<Tokenizer> Tokenizer::from_json_text(std::string_view json_text, const std::string& origin,
                                             const TokenizerOptions& options) {
-  json j;
-  try {
-    j = json::parse(json_text);
-  } catch (const json::parse_error& e) {
-    return make_error(ErrorCode::kCorrupt, "{}: invalid JSON at byte {}: {}", origin, e.byte,
-                      e.what());
-  }
+  RECUR_ASSIGN_OR_RETURN(json j, parse_json(json_text, origin));
   if (!j.is_object()) return make_error(ErrorCode::kCorrupt, "{}: not a JSON object", origin);
 
   auto build = [&]() -> Result<std::shared_ptr<Impl>> {

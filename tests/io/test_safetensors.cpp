@@ -2,6 +2,7 @@
 // clear error naming the file and tensor, never a crash or a read past the mapping.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -81,7 +82,7 @@ TEST(Safetensors, RejectsTruncatedAndOversizedHeaders) {
 
 TEST(Safetensors, RejectsCorruptEntries) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"not json {", "not a JSON object"},
+      {"not json {", "(its header): invalid JSON at byte 2"},
       {R"([1,2])", "not a JSON object"},
       {R"({"a":{"dtype":"Q4","shape":[2],"data_offsets":[0,2]}})", "unknown dtype 'Q4'"},
       {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", "needs 8"},
@@ -252,6 +253,24 @@ TEST(MappedFile, ReadTextFileRefusesDirectoriesAndOversizedFiles) {
   EXPECT_EQ(missing.error().code, ErrorCode::kNotFound);
 }
 
+// A FIFO where a file should be is refused at once: opening it for reading would wait for a
+// writer that never comes.
+TEST(MappedFile, AFifoIsRefusedWithoutWaitingForAWriter) {
+  TempDir dir;
+  const std::string path = dir.str() + "/config.json";
+  ASSERT_EQ(mkfifo(path.c_str(), 0600), 0);
+  auto text = read_text_file(path);
+  ASSERT_FALSE(text.ok());
+  EXPECT_NE(text.error().message.find("is not a regular file"), std::string::npos)
+      << text.error().message;
+  auto mapped = MappedFile::open(path);
+  ASSERT_FALSE(mapped.ok());
+  auto checkpoint = Checkpoint::open(dir.str());
+  ASSERT_FALSE(checkpoint.ok());
+  EXPECT_NE(checkpoint.error().message.find("config.json is not a regular file"), std::string::npos)
+      << checkpoint.error().message;
+}
+
 // A /proc file is a regular file whose size reads 0 though it holds text: like a file that grew
 // after its size was checked, it is read no further than that size.
 TEST(MappedFile, ReadTextFileReadsNoFurtherThanTheSizeItChecked) {
@@ -303,6 +322,14 @@ TEST(Checkpoint, ReportsMissingFilesAndBrokenJson) {
   auto bad_json = Checkpoint::open(dir.str());
   ASSERT_FALSE(bad_json.ok());
   EXPECT_NE(bad_json.error().message.find("invalid JSON"), std::string::npos);
+  // A number past a double's range is nlohmann's out_of_range, not a parse error: the message
+  // still names the file.
+  dir.write("config.json", R"({"rope_theta": 1e999})");
+  auto overflow = Checkpoint::open(dir.str());
+  ASSERT_FALSE(overflow.ok());
+  EXPECT_NE(overflow.error().message.find("config.json: invalid JSON"), std::string::npos)
+      << overflow.error().message;
+  EXPECT_NE(overflow.error().message.find("1e999"), std::string::npos) << overflow.error().message;
   dir.write("config.json", "{}");
   auto no_weights = Checkpoint::open(dir.str());
   ASSERT_FALSE(no_weights.ok());
