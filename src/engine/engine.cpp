@@ -103,6 +103,21 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> model,
                       config.max_batch_tokens, config.max_batch, config.max_batch,
                       config.block_size);
   }
+  {
+    // The model's sampling defaults are checked once, here, rather than blamed on every request
+    // that leaves them as they are.
+    const GenerationDefaults& gd = model->info().generation;
+    SamplingParams defaults;
+    defaults.temperature = gd.temperature;
+    defaults.top_p = gd.top_p;
+    defaults.min_p = gd.min_p;
+    defaults.repetition_penalty = gd.repetition_penalty;
+    const Status st = defaults.validate(model->info().vocab_size);
+    if (!st.ok()) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "the model directory's generation_config.json: {}", st.error().message);
+    }
+  }
   Ops& ops = model->ops();
   std::unique_ptr<Engine> e(new Engine());
   e->config_ = config;

@@ -1,6 +1,9 @@
 #include "model/hybrid.h"
 
 #include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
 #include <type_traits>
 #include <utility>
 
@@ -419,20 +422,39 @@ Status HybridModel::forward(const Batch& batch, Tensor logits) {
   return Status();
 }
 
-void read_generation_defaults(const nlohmann::json& gen, GenerationDefaults* g) {
-  auto num = [&](const char* key, auto* out) {
-    if (gen.contains(key) && gen[key].is_number()) {
-      *out = gen[key].get<std::remove_pointer_t<decltype(out)>>();
-    }
+// The sampling defaults of generation_config.json (absent or null fields keep ours). A field of
+// the wrong type is an error naming it, not a default silently dropped; the engine checks the
+// values' ranges as it checks a request's.
+Status read_generation_defaults(const nlohmann::json& gen, GenerationDefaults* g) {
+  const auto given = [&](const char* key) -> const nlohmann::json* {
+    return gen.is_object() && gen.contains(key) && !gen[key].is_null() ? &gen[key] : nullptr;
   };
-  if (gen.contains("do_sample") && gen["do_sample"].is_boolean()) {
-    g->do_sample = gen["do_sample"].get<bool>();
+  const auto wrong = [](const char* key, const char* want, const nlohmann::json& v) {
+    return make_error(ErrorCode::kCorrupt, "generation_config.json: '{}' must be {}, got {}", key,
+                      want, v.dump().substr(0, 40));
+  };
+  if (const auto* v = given("do_sample")) {
+    if (!v->is_boolean()) return wrong("do_sample", "true or false", *v);
+    g->do_sample = v->get<bool>();
   }
-  num("temperature", &g->temperature);
-  num("top_k", &g->top_k);
-  num("top_p", &g->top_p);
-  num("min_p", &g->min_p);
-  num("repetition_penalty", &g->repetition_penalty);
+  for (auto [key, out] : {std::pair{"temperature", &g->temperature},
+                          {"top_p", &g->top_p},
+                          {"min_p", &g->min_p},
+                          {"repetition_penalty", &g->repetition_penalty}}) {
+    if (const auto* v = given(key)) {
+      if (!v->is_number() || !(std::abs(v->get<double>()) <= double(FLT_MAX))) {
+        return wrong(key, "a number", *v);
+      }
+      *out = float(v->get<double>());
+    }
+  }
+  if (const auto* v = given("top_k")) {
+    if (!v->is_number_integer() || v->get<int64_t>() < 0 || v->get<int64_t>() > INT32_MAX) {
+      return wrong("top_k", "an integer >= 0", *v);
+    }
+    g->top_k = int(v->get<int64_t>());
+  }
+  return Status();
 }
 
 }  // namespace
@@ -470,7 +492,7 @@ Result<std::unique_ptr<Model>> build_hybrid_model(HybridSpec spec, WeightLoader&
   info.eos_token_ids = spec.eos_token_ids;
   info.refused_token_ids = spec.refused_token_ids;
   info.refused_tokens_reason = spec.refused_tokens_reason;
-  read_generation_defaults(generation_config, &info.generation);
+  RECUR_RETURN_IF_ERROR(read_generation_defaults(generation_config, &info.generation));
   const WeightTally& tally = weights.tally();
   info.weight_bytes = tally.bytes;
   info.dense_weight_bytes = tally.dense_bytes;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cctype>
+#include <fstream>
 #include <map>
 #include <numeric>
 #include <random>
@@ -519,6 +520,44 @@ TEST(EngineUnseenShape, Qwen3_5ImageTokensAreRefusedWithTheReason) {
   ASSERT_TRUE(e->submit(greedy({1, 2, 249, 3}, 4), collect(&ok)).ok());
   e->run_until_idle();
   EXPECT_EQ(ok.ids.size(), 4u);
+}
+
+// A generation_config.json whose defaults are out of range or of the wrong type stops the engine's
+// creation with the field and the file named, instead of every request that keeps the default
+// failing as if the client had sent the value.
+TEST(EngineUnseenShape, BadGenerationDefaultsAreRefusedAtCreationNamingTheFile) {
+  recur_test::RandomModelSpec spec;
+  spec.family = recur_test::Family::kQwen3_5;
+  spec.vocab = 300;
+  const recur_test::RandomCheckpoint ck = recur_test::make_random_checkpoint(spec, 5);
+  recur_test::TempDir dir;
+  recur_test::write_checkpoint(dir.path(), ck);
+  auto ops_owner = test_ops();
+  const auto create = [&](const std::string& gen) {
+    std::ofstream(dir.path() + "/generation_config.json") << gen;
+    return Engine::create(dir.path(), *ops_owner, EngineConfig{}, nullptr);
+  };
+  for (const auto& [gen, names] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"temperature": -1})", "temperature must be a finite number >= 0"},
+           {R"({"temperature": 1e308})", "'temperature' must be a number"},
+           {R"({"top_p": 0})", "top_p must be in (0, 1]"},
+           {R"({"min_p": 5})", "min_p must be in [0, 1]"},
+           {R"({"repetition_penalty": 0})", "repetition_penalty must be a finite number > 0"},
+           {R"({"temperature": "hot"})", "'temperature' must be a number"},
+           {R"({"do_sample": "yes"})", "'do_sample' must be true or false"},
+           {R"({"top_k": 2.5})", "'top_k' must be an integer >= 0"},
+           {R"({"top_k": -1})", "'top_k' must be an integer >= 0"},
+           {R"({"top_k": 1000000000000})", "'top_k' must be an integer >= 0"}}) {
+    auto e = create(gen);
+    ASSERT_FALSE(e.ok()) << gen;
+    EXPECT_NE(e.error().message.find("generation_config.json"), std::string::npos)
+        << e.error().message;
+    EXPECT_NE(e.error().message.find(names), std::string::npos) << e.error().message;
+  }
+  auto fine = create(R"({"do_sample": true, "temperature": 0.6, "top_k": 20, "top_p": 0.95,
+                         "min_p": null, "repetition_penalty": 1.05})");
+  ASSERT_TRUE(fine.ok()) << fine.error().to_string();
+  EXPECT_EQ((*fine)->model_info().generation.top_k, 20);
 }
 
 }  // namespace
