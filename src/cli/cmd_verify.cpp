@@ -27,7 +27,7 @@ struct Reference {
   Tensor logits;             // [T, V] or top values [T, 20]
   Tensor logits_top_ids;     // [T, 20] I64 (top-k variant only)
   Tensor gen_logits;         // [N, V] or [N, 20]
-  Tensor gen_top_ids;
+  Tensor gen_top_ids;        // [N, 20] I64 (top-k variant only)
 };
 
 std::vector<int32_t> read_ids(const Tensor& t) {

@@ -98,8 +98,8 @@ struct EngineConfig {
   // less, whatever their priorities, and none is admitted past it: low priority and prompts
   // needing many cache blocks are delayed, never starved.
   int aging_steps = 1000;
-  // The scheduler before fair prefill, kept as the baseline that bench_fairness and the
-  // scheduler tests measure the default against: prompt chunks in arrival order (more urgent
+  // The scheduler before fair prefill, kept as the baseline that bench_fairness measures the
+  // default against in the same run: prompt chunks in arrival order (more urgent
   // priorities first), each taking all the budget left, no step-time bound. Admission is the
   // same either way.
   bool arrival_order_prefill = false;

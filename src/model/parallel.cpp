@@ -219,7 +219,8 @@ Result<std::unique_ptr<Model>> load_parallel_model(Ops& ops, const LoadOptions& 
                                                    const RankLoader& load_rank) {
   const int world = options.tensor_parallel;
   if (world < 1 || world > 64) {
-    return make_error(ErrorCode::kInvalidArgument, "--tensor-parallel {}: expected 1 to 64", world);
+    return make_error(ErrorCode::kInvalidArgument,
+                      "a tensor-parallel model of {} ranks: expected 1 to 64", world);
   }
   if (world > 1 && !options.rank_backend) {
     return make_error(ErrorCode::kInvalidArgument,

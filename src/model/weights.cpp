@@ -458,7 +458,8 @@ Result<Tensor> RandomWeights::load_rows(std::span<const RowPiece> pieces,
     // Made in the backend's memory in `dt`, one tensor at a time in a staging buffer kept for
     // the next, then quantized as a checkpoint's would be (the model never exists in `dt`).
     if (ops_.device() != Device::kCpu && *q != DType::F8_E4M3) {
-      return make_error(ErrorCode::kUnsupported, "--quantize {} runs on the CPU only",
+      return make_error(ErrorCode::kUnsupported,
+                        "weights quantized to {} at load run on the CPU only (fp8 runs on both)",
                         quantize_name(quantize_));
     }
     const size_t bytes = size_t(n) * dtype_size(dt);

@@ -21,15 +21,16 @@ const char* prompt_activations_name(PromptActivations a) {
 Result<Tensor> Ops::adopt_block_fp8_weight(const Tensor& w, const Tensor& scales, int block_rows,
                                            int block_cols, std::vector<Buffer>* owned) {
   return make_error(ErrorCode::kUnsupported,
-                    "this backend ({}) does not run block-FP8 (F8_E4M3) weights yet; load the "
-                    "checkpoint with --device cpu",
+                    "this backend ({}) does not run block-FP8 (F8_E4M3) weights; the CPU "
+                    "backend does",
                     device() == Device::kCpu ? "cpu" : "cuda");
 }
 
 Result<Tensor> Ops::quantize_matmul_weight(const Tensor& host, DType dtype,
                                            std::vector<Buffer>* owned) {
   return make_error(ErrorCode::kUnsupported,
-                    "this backend ({}) does not run {} weights (--quantize); use --device cpu",
+                    "this backend ({}) does not run {} weights (quantized at load); the CPU "
+                    "backend does",
                     device() == Device::kCpu ? "cpu" : "cuda", dtype_name(dtype));
 }
 

@@ -106,7 +106,6 @@ class XmlCallMatcher {
   bool param_may_come() const;
   bool close_may_come() const;
   void begin_value(const XmlCallGrammar::Value* value);  // null: free text without limits
-  bool utf8_byte(uint8_t b, bool* starts);               // UTF-8 check of text and free names
   bool text_byte(uint8_t b);
 
   const XmlCallGrammar* grammar_;

@@ -31,6 +31,7 @@ struct AttnArgs {
   int64_t g_s0;
   float* part_o;   // [n, heads, n_splits, dv] unnormalised sums (n_splits > 1)
   float* part_ml;  // [n, heads, n_splits, 2] running max and denominator
+  // [n_seqs+1] token offsets; [n] positions; [n_seqs+1] offsets into block_ids; [Σ blocks]
   const int32_t *seq_start, *positions, *block_start, *block_ids;
   int n_seqs, heads, group, hd, dv, bs, n_splits;
   // A token's context splits are cut from its own context (so the grid, and a captured graph,

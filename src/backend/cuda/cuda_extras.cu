@@ -94,6 +94,7 @@ struct ArgmaxPick {
   float v;
   int32_t i;
 };
+// x [rows, V] (row stride ldx); ids [rows]; partial [rows, kArgmaxMaxSlices]; ticket [rows]
 __global__ void __launch_bounds__(kArgmaxSplitThreads)
     argmax_rows_split_kernel(const float* x, int64_t ldx, int64_t V, int32_t* ids,
                              ArgmaxPick* partial, unsigned* ticket) {

@@ -22,7 +22,7 @@ struct DeltaArgs {
   float* state;  // [slots, Hv, dk, dv]
   float* out;    // [n, Hv, dv]
   int hv, group, dk, dv;
-  const int32_t *seq_start, *slot;
+  const int32_t *seq_start, *slot;  // [n_seqs+1] token offsets; [n_seqs] state slots
   int mode;
 };
 

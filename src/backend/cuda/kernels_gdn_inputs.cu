@@ -88,6 +88,7 @@ __global__ void conv1d_out_kernel(const float* x, int64_t ldx, const W* w, int k
 
 // The state keeps each sequence's last K-1 inputs, oldest first; runs after conv1d_out_kernel
 // (which reads the old state). grid (n_seqs, ⌈C/256⌉)
+// x [n_tokens, C] (row stride ldx); state [slots, K-1, C]; seq_start [n_seqs+1]; slot [n_seqs]
 __global__ void conv1d_state_kernel(const float* x, int64_t ldx, int K, float* state, int64_t C,
                                     const int32_t* seq_start, const int32_t* slot) {
   grid_dependency_sync();
@@ -164,7 +165,7 @@ struct GdnDecodeArgs {
   int64_t C, key_dim;
   int dk, r, rdv;
   float eps, q_scale;
-  const int32_t *seq_start, *slot;
+  const int32_t *seq_start, *slot;  // [n_seqs+1] token offsets; [n_seqs] state slots
 };
 
 constexpr int kGdnInputThreads = 256;

@@ -228,6 +228,7 @@ __global__ void __launch_bounds__(kRouteThreads)
 // the topk_group best groups and picks the k as the CPU does (value desc, index asc). Serial
 // in the picks: published group-limited routers (Kimi, DeepSeek-V3) route once per token and
 // layer, a few thousand steps on one thread.
+// logits [n_tokens, E] (row stride ld); ids, weights [n_tokens, k] (row strides ld_ids, ld_w)
 __global__ void __launch_bounds__(kRouteThreads)
     moe_route_grouped_kernel(const float* logits, int64_t ld, int E, int k, int n_group,
                              int topk_group, RouteScoring sc, int32_t* ids, int64_t ld_ids,

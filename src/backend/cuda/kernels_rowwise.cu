@@ -215,6 +215,7 @@ struct AttnInputArgs {
   void *kc, *vc;  // the caches, kv_cache_write_kernel's layouts (elements of a cache type)
   int64_t kc_s0, kc_s1, kc_s2, vc_s0, vc_s1, vc_s2;
   int bs, n_seqs;
+  // [n_seqs+1] token offsets; [n] positions; [n_seqs+1] offsets into block_ids; [Σ blocks]
   const int32_t *seq_start, *positions, *block_start, *block_ids;
 };
 
