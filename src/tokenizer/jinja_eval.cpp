@@ -20,6 +20,10 @@ struct ParsedTemplate {
 namespace {
 
 constexpr int kMaxMacroDepth = 100;  // each level costs a dozen C++ frames
+// Loop iterations and macro calls in one render: a chat of thousands of messages takes a few
+// times its size; nested loops of 100,000 (each within the sandbox's range limit) would run
+// for hours on an HTTP worker, and past shutdown.
+constexpr int64_t kMaxRenderSteps = 5'000'000;
 
 // Variables visible at one point: a frame of its own plus, read-only, everything enclosing.
 class Scope {
@@ -86,6 +90,16 @@ class Renderer {
   Scope globals_;
   Scope root_;  // the template's top level: its sets and macros
   int macro_depth_ = 0;
+  int64_t steps_ = 0;  // loop iterations and macro calls so far
+
+  void count_step() {
+    if (++steps_ > kMaxRenderSteps) {
+      failf(ErrorCode::kInvalidArgument,
+            "the template ran more than {} loop iterations and macro calls in one render: "
+            "refused as runaway",
+            kMaxRenderSteps);
+    }
+  }
 
   Flow exec_body(const Body& body, Scope& scope, MarkedText& out) {
     for (const StmtPtr& s : body) {
@@ -200,6 +214,7 @@ class Renderer {
     if (s.condition) {
       List kept;
       for (const Value& item : *items) {
+        count_step();
         Scope probe(&scope);
         bind(s.target, item, probe);
         if (truthy(eval(*s.condition, probe))) kept.push_back(item);
@@ -214,6 +229,7 @@ class Renderer {
     state->items = items;
     Value loop = Value::loop(state);
     for (size_t i = 0; i < items->size(); ++i) {
+      count_step();
       state->index0 = i;
       Scope iteration(&scope);  // each iteration starts from the enclosing variables
       iteration.set("loop", loop);
@@ -260,6 +276,7 @@ class Renderer {
   }
 
   Value call_macro(const Stmt& m, const Dict* closure, const CallArgs& args) {
+    count_step();
     if (macro_depth_ >= kMaxMacroDepth) {
       failf(ErrorCode::kInvalidArgument, "macro '{}' recursed more than {} levels", m.name,
             kMaxMacroDepth);

@@ -3,6 +3,8 @@
 // templates (ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks, json.dumps tojson).
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -468,6 +470,29 @@ TEST(JinjaEngine, RenderErrorsNamePosition) {
     EXPECT_EQ(err.code, bad.code) << err.to_string();
     EXPECT_NE(err.message.find(bad.needle), std::string::npos) << err.message;
   }
+}
+
+// Nested loops each within the sandbox's range limit (10^10 iterations) and macros that call
+// each other in wide trees end with an error after a bounded amount of work, instead of running
+// for hours on the worker that renders them.
+TEST(JinjaEngine, RunawayLoopsAndMacroCallsAreCutOff) {
+  for (const char* source :
+       {"{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+        "{% for i in range(100000) if i > 0 %}{% for j in range(100000) if j %}{% endfor %}"
+        "{% endfor %}",
+        "{% macro m(d) %}{% if d > 0 %}{{ m(d - 1) }}{{ m(d - 1) }}{% endif %}{% endmacro %}"
+        "{{ m(40) }}"}) {
+    SCOPED_TRACE(source);
+    const auto t0 = std::chrono::steady_clock::now();
+    const Error err = render_error(source);
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_NE(err.message.find("loop iterations and macro calls in one render"), std::string::npos)
+        << err.message;
+    EXPECT_LT(secs, 60.0);
+  }
+  // A long chat's worth of iterations renders.
+  EXPECT_EQ(render("{% for i in range(99999) %}{% endfor %}{{ 'done' }}"), "done");
 }
 
 TEST(JinjaEngine, DeepNestingIsAnErrorNotACrash) {
