@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <memory>
@@ -194,8 +195,9 @@ int run_verify(const std::string& model_dir, const std::string& golden_path, dou
   }
   std::vector<Reference> refs;
   bool missing = false;
-  for (int i = 0;; ++i) {
-    const std::string p = fmt::format("p{}.", i);
+  size_t n_prompts = 0;  // p0.ids ... up to the first one missing
+  for (;; ++n_prompts) {
+    const std::string p = fmt::format("p{}.", n_prompts);
     if (!golden->contains(p + "ids")) break;
     Reference r;
     auto need = [&](const std::string& key, Tensor* out, DType dt) {
@@ -224,9 +226,22 @@ int run_verify(const std::string& model_dir, const std::string& golden_path, dou
     r.gen = read_ids(r.gen_tensor);
     refs.push_back(std::move(r));
   }
+  // The prompts are p0, p1, ... without gaps: a tensor of a prompt past the first one missing
+  // (p1.* gone, a stray p99.ids) means prompts that would go unchecked.
+  for (const auto& [name, entry] : golden->entries()) {
+    size_t k = 0;
+    const auto [end, ec] = std::from_chars(name.data() + 1, name.data() + name.size(), k);
+    if (name.size() > 1 && name[0] == 'p' && ec == std::errc() && *end == '.' && k >= n_prompts) {
+      fmt::print(stderr,
+                 "error: {}: {} belongs to prompt {}, but prompt {} has no p{}.ids: prompts "
+                 "must be numbered from 0 without gaps\n",
+                 golden_path, name, k, n_prompts, n_prompts);
+      return 2;
+    }
+  }
   if (refs.empty()) {
-    fmt::print("no prompts found in {}\n", golden_path);
-    return 1;
+    fmt::print(stderr, "error: no prompts (p0.ids, ...) in {}\n", golden_path);
+    return 2;
   }
 
   size_t max_prompt = 0, max_total = 0;

@@ -119,4 +119,11 @@ expect_fail ref-inf 1 "FAIL: the reference logit 5 at decode step 1 is inf" "$ti
 # Reference ids are input too: checked against the vocabulary before anything is run.
 python3 "$edit" "$p0" "$tmp/bad-id.safetensors" --set p0.ids 0 999999
 expect_fail bad-id 2 "p0.ids\[0\] = 999999 is outside the vocabulary \[0, 256)" "$tiny" "$tmp/bad-id.safetensors"
+# Prompts are numbered from 0 without gaps: p1 gone leaves p2.. that would go unchecked; a file
+# without p0 has no prompts. Both are errors, never a PASS over what is left.
+python3 "$edit" "$root/tests/data/golden/qwen3next-tiny/golden.safetensors" "$tmp/gap.safetensors" \
+  --keep p0. --keep p2. --keep p3.
+expect_fail prompt-gap 2 "p2.gen belongs to prompt 2, but prompt 1 has no p1.ids" "$tiny" "$tmp/gap.safetensors"
+python3 "$edit" "$p0" "$tmp/none.safetensors" --keep q
+expect_fail no-prompts 2 "error: no prompts (p0.ids, ...) in" "$tiny" "$tmp/none.safetensors"
 echo "verify: ok"
