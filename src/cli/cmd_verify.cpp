@@ -367,7 +367,15 @@ void register_verify(CLI::App& app) {
   cmd->add_option("--model", *model, "model directory")->required();
   cmd->add_option("--golden", *golden, "golden.safetensors")->required();
   cmd->add_option("--tolerance", *tolerance, "largest allowed |logit error|")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            double v = 0;
+            const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+            const bool fine =
+                ec == std::errc() && end == text.data() + text.size() && std::isfinite(v) && v >= 0;
+            return fine ? "" : "must be a finite number >= 0, got " + text;
+          },
+          "NUMBER >= 0"));
   add_threads_option(cmd, threads.get());
   auto quantize = std::make_shared<Quantize>(Quantize::kNone);
   add_quantize_option(cmd, quantize.get());

@@ -23,6 +23,11 @@ Status config_int(const json& j, const std::string& key, int* out, bool required
     return required ? field_error(key, "is missing") : Status();
   }
   if (!j[key].is_number_integer()) return field_error(key, "must be an integer");
+  if (j[key].is_number_unsigned() && j[key].get<uint64_t>() > uint64_t(max)) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "config.json: field '{}' is {}, outside [{}, {}]", key,
+                      j[key].get<uint64_t>(), min, max);
+  }
   const int64_t v = j[key].get<int64_t>();
   if (v < min || v > max) {
     return make_error(ErrorCode::kInvalidArgument,
@@ -121,9 +126,10 @@ Status read_rope(const json& j, QwenHybridConfig* c) {
       }
     }
   }
-  if (!(c->partial_rotary_factor > 0 && c->partial_rotary_factor <= 1) || !(c->rope_theta > 0)) {
-    return field_error("partial_rotary_factor", "must be in (0, 1] with rope_theta > 0");
+  if (!(c->partial_rotary_factor > 0 && c->partial_rotary_factor <= 1)) {
+    return field_error("partial_rotary_factor", "must be in (0, 1]");
   }
+  if (!(c->rope_theta > 0)) return field_error("rope_theta", "must be > 0");
   if (!mrope_section.empty()) {
     const int sum = mrope_section[0] + mrope_section[1] + mrope_section[2];
     if (2 * sum != c->rotary_dim()) {
@@ -168,9 +174,8 @@ Status read_layer_types(const json& j, QwenHybridConfig* c) {
 
 Result<QwenHybridConfig> QwenHybridConfig::from_json(const json& outer, const json& gen) {
   QwenHybridConfig c;
-  if (!outer.contains("model_type") || !outer["model_type"].is_string()) {
-    return field_error("model_type", "is missing");
-  }
+  if (!outer.contains("model_type")) return field_error("model_type", "is missing");
+  if (!outer["model_type"].is_string()) return field_error("model_type", "must be a string");
   c.model_type = outer["model_type"].get<std::string>();
   RECUR_ASSIGN_OR_RETURN(c.family, family_of(c.model_type));
   // Multimodal releases nest the language model's config in text_config.

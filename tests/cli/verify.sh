@@ -119,6 +119,11 @@ expect_fail ref-inf 1 "FAIL: the reference logit 5 at decode step 1 is inf" "$ti
 # Reference ids are input too: checked against the vocabulary before anything is run.
 python3 "$edit" "$p0" "$tmp/bad-id.safetensors" --set p0.ids 0 999999
 expect_fail bad-id 2 "p0.ids\[0\] = 999999 is outside the vocabulary \[0, 256)" "$tiny" "$tmp/bad-id.safetensors"
+# A tolerance that no error can be compared with is refused by name.
+for t in nan inf -1; do
+  out=$("$recur" verify --model "$tiny" --golden "$p0" --tolerance "$t" 2>&1) && { echo "--tolerance $t accepted"; exit 1; }
+  grep -q -- "--tolerance: must be a finite number >= 0, got $t" <<<"$out" || { echo "--tolerance $t: $out"; exit 1; }
+done
 # Prompts are numbered from 0 without gaps: p1 gone leaves p2.. that would go unchecked; a file
 # without p0 has no prompts. Both are errors, never a PASS over what is left.
 python3 "$edit" "$root/tests/data/golden/qwen3next-tiny/golden.safetensors" "$tmp/gap.safetensors" \

@@ -104,6 +104,13 @@ TEST(Config, ErrorsNameTheField) {
       {[](json& j) { j["eos_token_id"] = 1 << 20; }, "outside the vocabulary"},
       {[](json& j) { j["eos_token_id"] = int64_t(1) << 33; }, "eos_token_id"},
       {[](json& j) { j["hidden_act"] = "gelu"; }, "hidden_act \"gelu\""},
+      {[](json& j) { j["model_type"] = 5; }, "'model_type' must be a string"},
+      {[](json& j) { j["rope_theta"] = 0; }, "'rope_theta' must be > 0"},
+      {[](json& j) { j["partial_rotary_factor"] = 2; },
+       "'partial_rotary_factor' must be in (0, 1]"},
+      // An unsigned value past int64 is printed as it is, not wrapped to a negative number.
+      {[](json& j) { j["num_hidden_layers"] = uint64_t(1) << 63; },
+       "'num_hidden_layers' is 9223372036854775808, outside"},
       // A query group attention cannot take is refused at load, not at the first forward.
       {[](json& j) { j["num_attention_heads"] = 128, j["num_key_value_heads"] = 1; },
        "128 query heads per key/value head"},
