@@ -9,7 +9,7 @@ import fs from 'node:fs';
 import net from 'node:net';
 import { after, before, describe, test } from 'node:test';
 
-import { startServer, stopCleanly } from './lib.mjs';
+import { metrics, startServer, stopCleanly } from './lib.mjs';
 
 const MiB = 1 << 20;
 const KEY = 'hostile-key';
@@ -524,6 +524,12 @@ describe('draining after SIGTERM', () => {
       const whole = message(false);
       const reader = streamed.body.getReader();
       await reader.read();  // the stream is running
+      // Both run before the SIGTERM: a request that arrives after it is refused (503) unrun.
+      const t0 = Date.now();
+      while ((await metrics(server.url)).value('recur_num_requests_running') < 2) {
+        assert.ok(Date.now() - t0 < 10000, 'the whole message never started');
+        await new Promise((r) => setTimeout(r, 20));
+      }
       server.proc.kill('SIGTERM');
       let text = '';
       const decoder = new TextDecoder();
