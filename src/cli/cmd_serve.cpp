@@ -216,9 +216,9 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--api-key", o->api_key, "require this key (Authorization: Bearer, x-api-key)");
   cmd->add_option("--served-model-name", o->served_model_name,
                   "the model name clients use (default: the directory's name)");
-  cmd->add_option("--http-threads", o->http_threads,
-                  "HTTP worker threads (default: from --max-batch)")
-      ->check(CLI::Range(0, 4096));
+  cmd->add_option("--http-threads", o->http_threads, "HTTP worker threads (0: from --max-batch)")
+      ->check(CLI::Range(0, 4096))
+      ->default_str("from --max-batch");
   cmd->add_option("--max-body-mb", o->max_body_mb,
                   "largest request body accepted, MiB (chunked or not)")
       ->check(CLI::Range(int64_t(1), int64_t(1024)));

@@ -229,9 +229,10 @@ int run_verify(const std::string& model_dir, const std::string& golden_path, dou
   // The prompts are p0, p1, ... without gaps: a tensor of a prompt past the first one missing
   // (p1.* gone, a stray p99.ids) means prompts that would go unchecked.
   for (const auto& [name, entry] : golden->entries()) {
+    if (name.size() < 3 || name[0] != 'p') continue;
     size_t k = 0;
     const auto [end, ec] = std::from_chars(name.data() + 1, name.data() + name.size(), k);
-    if (name.size() > 1 && name[0] == 'p' && ec == std::errc() && *end == '.' && k >= n_prompts) {
+    if (ec == std::errc() && end < name.data() + name.size() && *end == '.' && k >= n_prompts) {
       fmt::print(stderr,
                  "error: {}: {} belongs to prompt {}, but prompt {} has no p{}.ids: prompts "
                  "must be numbered from 0 without gaps\n",

@@ -13,8 +13,9 @@ void add_engine_options(CLI::App* cmd, EngineOptions* o, const std::string& seed
       ->check(CLI::Range(1, 4096));
   cmd->add_option("--max-batch-tokens", o->max_batch_tokens, "tokens per engine step")
       ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--max-context", o->max_context, "context length (default: the model's)")
-      ->check(CLI::Range(0, 1 << 30));
+  cmd->add_option("--max-context", o->max_context, "context length (0: the model's)")
+      ->check(CLI::Range(0, 1 << 30))
+      ->default_str("the model's");
   cmd->add_option("--kv-cache-mb", o->kv_cache_mb, "attention-cache budget in MiB")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
   cmd->add_option("--prefix-cache-mb", o->prefix_cache_mb,
@@ -37,7 +38,8 @@ void add_engine_options(CLI::App* cmd, EngineOptions* o, const std::string& seed
 }
 
 void add_threads_option(CLI::App* cmd, int* threads) {
-  cmd->add_option("--threads", *threads, "CPU threads (default: all cores)")
+  cmd->add_option("--threads", *threads, "CPU threads (0: all cores)")
+      ->default_str("all cores")
       ->envname("RECUR_THREADS")
       ->check(CLI::Range(0, 1024));
 }

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <random>
 
 #include "engine/pools.h"
@@ -105,14 +107,8 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Model> model,
   }
   {
     // The model's sampling defaults are checked once, here, rather than blamed on every request
-    // that leaves them as they are.
-    const GenerationDefaults& gd = model->info().generation;
-    SamplingParams defaults;
-    defaults.temperature = gd.temperature;
-    defaults.top_p = gd.top_p;
-    defaults.min_p = gd.min_p;
-    defaults.repetition_penalty = gd.repetition_penalty;
-    const Status st = defaults.validate(model->info().vocab_size);
+    // that leaves them as they are: those requests take (greedy configs use fewer of them).
+    const Status st = default_sampling(model->info().generation).validate(model->info().vocab_size);
     if (!st.ok()) {
       return make_error(ErrorCode::kInvalidArgument,
                         "the model directory's generation_config.json: {}", st.error().message);
@@ -276,8 +272,9 @@ Result<uint64_t> Engine::submit(Request req, EventSink sink) {
   auto seq = std::make_unique<Sequence>(std::move(req), std::move(sink), info.vocab_size, seed);
   // Sized for all it may generate: a long completion never moves its history mid-decode (pages
   // the vector does not reach are never touched, so this costs address space, not memory).
+  // (The context's end stops it at max_context - prompt + 1: the last sampled token is not fed.)
   seq->generated.reserve(size_t(std::min<int64_t>(
-      seq->req.max_tokens, int64_t(config_.max_context) - int64_t(seq->req.prompt.size()))));
+      seq->req.max_tokens, int64_t(config_.max_context) - int64_t(seq->req.prompt.size()) + 1)));
   if (cache_) {  // hashed here, on the submitting thread, once
     seq->block_hashes.reserve(seq->req.prompt.size() / size_t(config_.block_size));
     prefix_block_hashes(seq->req.prompt, config_.block_size, cache_seed_, &seq->block_hashes);
@@ -341,11 +338,19 @@ void Engine::thread_main() {
     // A step that throws (memory exhausted while a request's text grows, say) ends the requests
     // in flight with an error instead of the process; later requests are served as usual.
     try {
-      step();
+      try {
+        step();
+      } catch (const std::exception& e) {
+        fail_in_flight(e.what());
+      } catch (...) {
+        fail_in_flight("an exception of unknown type");
+      }
     } catch (const std::exception& e) {
-      fail_in_flight(e.what());
-    } catch (...) {
-      fail_in_flight("an exception of unknown type");
+      // Ending the requests threw as well (a sink that cannot take its event): nothing is left
+      // that could tell them, so the process ends, saying why.
+      std::fprintf(stderr, "error: the engine could not end its requests after a failed step: %s\n",
+                   e.what());
+      std::abort();
     }
   }
 }
@@ -755,7 +760,8 @@ void Engine::release_finished() {
       ev.generated_tokens = int(s->generated.size());
       ev.cached_tokens = s->cached_tokens;
       if (s->cancel_step >= 0) ev.cancel_steps = steps - s->cancel_step;
-      s->sink(ev);
+      if (!s->told) s->sink(ev);  // told already when a sink after it threw, and this retries
+      s->told = true;
       ++events_this_step_;
     }
     std::erase_if(*list, [](const std::unique_ptr<Sequence>& s) { return s->finished; });

@@ -123,12 +123,21 @@ void Engine::fill_vocab_logprobs(const float* host_rows) {
 void Engine::fail_in_flight(std::string_view what) {
   prelaunched_ = false;  // a queued step's results are not read
   next_seqs_.clear();
+  // Every request in flight ends: the exception cannot be pinned on one of them (one queued
+  // behind a step that always throws would otherwise never end).
+  std::string message;
+  try {
+    message = fmt::format("the engine's step failed ({}); the request was ended", what);
+  } catch (const std::bad_alloc&) {
+    message.clear();  // below: a message that fits the sequences' reserved bytes
+  }
   for (auto* list : {&running_, &waiting_}) {
+    // A step that threw while moving sequences between the lists may have left empty entries.
+    std::erase_if(*list, [](const std::unique_ptr<Sequence>& s) { return !s; });
     for (auto& s : *list) {
-      if (s->finished) continue;  // ended before the step threw: told as it ended
-      s->text.reset();            // what it held back may be what failed to grow
+      s->text.reset();  // what it holds back may be what failed to grow; not told again
       finish(*s, FinishReason::kError,
-             fmt::format("the engine's step failed ({}); the request was ended", what));
+             message.empty() ? std::string_view("the engine's step failed") : message);
     }
   }
   {

@@ -8,6 +8,10 @@
 // Little-endian, as the machines that run this engine are. A file written for other weights,
 // another block size or version, or damaged, is ignored and the reason noted; it is written to
 // a temporary name and renamed, so a crash while saving leaves the previous file.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -78,12 +82,17 @@ class Reader : public Checksummed {
   std::ifstream& f_;
 };
 
-// An existing file at a prefix cache's path must be one (it starts with the magic): anything
-// else is refused rather than overwritten at exit.
+// An existing file at a prefix cache's path must be one (it starts with the magic) or empty (a
+// save cut short by a crash before its data reached the disk): anything else is refused rather
+// than overwritten at exit. The type is checked before opening: a FIFO would wait for a writer.
 Status check_prefix_cache_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
+  std::error_code ec;
+  const bool regular = std::filesystem::is_regular_file(path, ec);
+  if (regular && std::filesystem::file_size(path, ec) == 0 && !ec) return Status();
+  std::ifstream f;
+  if (regular) f.open(path, std::ios::binary);
   char magic[sizeof(kMagic)];
-  if (f && std::filesystem::is_regular_file(path) && f.read(magic, sizeof(magic)) &&
+  if (regular && f && f.read(magic, sizeof(magic)) &&
       std::memcmp(magic, kMagic, sizeof(magic)) == 0) {
     return Status();
   }
@@ -94,12 +103,24 @@ Status check_prefix_cache_file(const std::string& path) {
                     path);
 }
 
+Status sync_path(const std::string& path, int flags) {
+  const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+  if (fd < 0)
+    return make_error(ErrorCode::kIo, "{}: cannot open to sync: {}", path, std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) return make_error(ErrorCode::kIo, "{}: fsync failed: {}", path, std::strerror(err));
+  return Status();
+}
+
 }  // namespace
 
 Status Engine::load_prefix_cache() {
   const std::string& path = config_.prefix_cache_file;
   const ModelInfo& info = model_->info();
-  if (!std::filesystem::exists(path)) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
     notes_.push_back(fmt::format("prefix cache: no file {} yet", path));
     return Status();
   }
@@ -196,7 +217,9 @@ Status Engine::save_prefix_cache() {
                       "the model's weights have no fingerprint to key a prefix-cache file by");
   }
   // Never over a file that is not a prefix cache (a path mistyped for the weights', say).
-  if (std::filesystem::exists(path)) RECUR_RETURN_IF_ERROR(check_prefix_cache_file(path));
+  if (std::error_code ec; std::filesystem::exists(path, ec)) {
+    RECUR_RETURN_IF_ERROR(check_prefix_cache_file(path));
+  }
   const std::string tmp = path + ".tmp";
   std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
   if (!f) return make_error(ErrorCode::kIo, "{}: cannot write", tmp);
@@ -237,10 +260,14 @@ Status Engine::save_prefix_cache() {
   f.write(reinterpret_cast<const char*>(&sum), sizeof(sum));
   f.close();
   if (!f) return make_error(ErrorCode::kIo, "{}: write failed", tmp);
+  // On the disk before the rename, and the rename after it: a power loss leaves the old file or
+  // the new one, never a name without its data.
+  RECUR_RETURN_IF_ERROR(sync_path(tmp, O_RDONLY));
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
   if (ec) return make_error(ErrorCode::kIo, "{}: {}", path, ec.message());
-  return Status();
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  return sync_path(dir.empty() ? "." : dir.string(), O_RDONLY | O_DIRECTORY);
 }
 
 }  // namespace recur

@@ -43,6 +43,7 @@ struct Engine::Sequence {
   std::vector<int32_t> generated;
   SampledToken sampled;
   bool finished = false;
+  bool told = false;         // its finish event has reached the sink
   int64_t cancel_step = -1;  // engine steps completed when cancel() queued its end
   bool stopped_by_string = false;
   FinishReason reason = FinishReason::kStop;

@@ -31,6 +31,7 @@ class RegularFile {
       ::close(fd);
       return make_error(ErrorCode::kIo, "{} is not a regular file", path);
     }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);  // reads block as usual from here
     return RegularFile(fd, size_t(st.st_size));
   }
   RegularFile(RegularFile&& o) noexcept : fd_(std::exchange(o.fd_, -1)), size_(o.size_) {}

@@ -449,10 +449,11 @@ Status read_generation_defaults(const nlohmann::json& gen, GenerationDefaults* g
     }
   }
   if (const auto* v = given("top_k")) {
-    if (!v->is_number_integer() || v->get<int64_t>() < 0 || v->get<int64_t>() > INT32_MAX) {
-      return wrong("top_k", "an integer >= 0", *v);
+    const double k = v->is_number() ? v->get<double>() : -1;  // 20.0 is 20
+    if (!(k >= 0 && k <= INT32_MAX && std::floor(k) == k)) {
+      return wrong("top_k", "a whole number >= 0", *v);
     }
-    g->top_k = int(v->get<int64_t>());
+    g->top_k = int(k);
   }
   return Status();
 }

@@ -135,11 +135,11 @@ class LinearBuilder {
     std::sort(keys_.begin(), keys_.end());
     const auto twice = std::adjacent_find(keys_.begin(), keys_.end());
     if (twice == keys_.end()) return true;
-    error_ = fmt::format("the key \"{}\" appears twice in one object", limited(*twice));
+    error_ = fmt::format("has the key \"{}\" twice in one object", limited(*twice));
     return false;
   }
   bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) {
-    error_ = e.what();  // nlohmann's messages say where parsing stopped
+    error_ = fmt::format("is not valid JSON: {}", e.what());  // nlohmann's say where it stopped
     return false;
   }
 
@@ -178,11 +178,11 @@ class LinearBuilder {
 std::optional<ojson> parse_json_text(std::string_view text, std::string* error) {
   // The parser reads a NUL as the end of its input: what follows would go unread.
   if (const size_t nul = text.find('\0'); nul != std::string_view::npos) {
-    *error = fmt::format("a NUL byte at offset {}", nul);
+    *error = fmt::format("is not valid JSON: a NUL byte at offset {}", nul);
     return std::nullopt;
   }
   if (!depth_within(text, kMaxJsonDepth)) {
-    *error = fmt::format("it nests deeper than {} levels", kMaxJsonDepth);
+    *error = fmt::format("nests deeper than {} levels", kMaxJsonDepth);
     return std::nullopt;
   }
   ojson out;
@@ -220,7 +220,7 @@ ApiResult<ojson> parse_body(std::string_view body) {
   if (body.empty()) return bad_request("", "the request body is empty; send a JSON object");
   std::string error;
   std::optional<ojson> j = parse_json_text(body, &error);
-  if (!j) return bad_request("", fmt::format("the request body is not valid JSON: {}", error));
+  if (!j) return bad_request("", fmt::format("the request body {}", error));
   if (!j->is_object()) {
     return bad_request(
         "", fmt::format("the request body must be a JSON object, got {}", type_name(*j)));

@@ -22,7 +22,8 @@ bool depth_within(std::string_view s, int limit);
 
 // Parses JSON text from a client (a body, or a string field holding JSON): valid UTF-8, nested
 // at most kMaxJsonDepth deep, no key twice in one object, in time linear in its size. On
-// failure *error says what is wrong and where.
+// failure *error says what is wrong and where, as a predicate ("is not valid JSON: ...", "has
+// the key "a" twice in one object") for the caller to name the text.
 std::optional<ojson> parse_json_text(std::string_view text, std::string* error);
 
 // Parses a request body: valid UTF-8 JSON, nested at most kMaxJsonDepth deep, an object.

@@ -42,7 +42,8 @@ ApiResult<bool> parse_structured_outputs(const ojson& b, ParsedRequest* req) {
       std::string error;
       std::optional<ojson> text = parse_json_text(schema->get_ref<const std::string&>(), &error);
       if (!text) {
-        return bad_request(name, fmt::format("'{}' must be a JSON schema: {}", name, error));
+        return bad_request(name,
+                           fmt::format("'{}' must be a JSON schema; the text {}", name, error));
       }
       parsed = std::move(*text);
     }

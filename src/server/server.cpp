@@ -420,7 +420,7 @@ void Server::Impl::generate(http::Request& req, HttpExchange& ex, Endpoint endpo
   }
   for (const auto& c : gen->choices()) {
     if (c.reason == FinishReason::kError) return fail(error_for(500, c.message));
-    // The Messages API has no stop reason for an answer cut short (OpenAI's routes say "abort"):
+    // The Messages API has no stop reason for an answer cut short (the OpenAI routes have one):
     // one the shutdown ended is an error there, not an end_turn a client would take as whole.
     if (anthropic && c.reason == FinishReason::kCancelled) {
       return fail(error_for(503, cut_answer_message(c.message)));

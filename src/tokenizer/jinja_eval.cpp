@@ -20,9 +20,11 @@ struct ParsedTemplate {
 namespace {
 
 constexpr int kMaxMacroDepth = 100;  // each level costs a dozen C++ frames
-// Loop iterations and macro calls in one render: a chat of thousands of messages takes a few
-// times its size; nested loops of 100,000 (each within the sandbox's range limit) would run
-// for hours on an HTTP worker, and past shutdown.
+// The work of one render, in steps: a loop iteration or macro call is one; a list that a filter
+// reads or an operator or global function makes costs one per item, a string one per 64 bytes.
+// A chat of thousands of messages takes a few times its size; nested loops of 100,000 (each
+// within the sandbox's range limit), or a loop over range(100000)|sum, would run for hours on
+// an HTTP worker, and past shutdown.
 constexpr int64_t kMaxRenderSteps = 5'000'000;
 
 // Variables visible at one point: a frame of its own plus, read-only, everything enclosing.
@@ -90,15 +92,22 @@ class Renderer {
   Scope globals_;
   Scope root_;  // the template's top level: its sets and macros
   int macro_depth_ = 0;
-  int64_t steps_ = 0;  // loop iterations and macro calls so far
+  int64_t steps_ = 0;  // the render's work so far (kMaxRenderSteps)
 
-  void count_step() {
-    if (++steps_ > kMaxRenderSteps) {
+  void count_step(int64_t n = 1) {
+    steps_ += n;
+    if (steps_ > kMaxRenderSteps) {
       failf(ErrorCode::kInvalidArgument,
-            "the template ran more than {} loop iterations and macro calls in one render: "
-            "refused as runaway",
+            "the template did more than {} steps of work (loop iterations, macro calls, items "
+            "and bytes of the values it made) in one render: refused as runaway",
             kMaxRenderSteps);
     }
+  }
+  // What a value read or made costs: its items, or its bytes / 64.
+  const Value& charge(const Value& v) {
+    if (v.is_list()) count_step(int64_t(v.items().size()));
+    if (v.is_string()) count_step(int64_t(v.str().size() / 64));
+    return v;
   }
 
   Flow exec_body(const Body& body, Scope& scope, MarkedText& out) {
@@ -251,7 +260,10 @@ class Renderer {
     if (e.kind != Expr::Kind::kFilter) return eval(e, scope);
     try {
       Value input = e.children[0] ? eval_filters(*e.children[0], scope, body) : body;
-      return apply_filter(e.name, input, eval_args(e, scope));
+      charge(input);
+      Value out = apply_filter(e.name, input, eval_args(e, scope));
+      charge(out);
+      return out;
     } catch (TemplateError& err) {
       rethrow_at(err, e.line, e.column);
     }
@@ -264,8 +276,11 @@ class Renderer {
     }
     const Callable& c = fn.fn();
     switch (c.kind) {
-      case Callable::Kind::kGlobal:
-        return call_global(c.name, args);
+      case Callable::Kind::kGlobal: {
+        Value out = call_global(c.name, args);
+        charge(out);
+        return out;
+      }
       case Callable::Kind::kMacro:
         return call_macro(*static_cast<const Stmt*>(c.macro), c.closure.get(), args);
       case Callable::Kind::kMethod:
@@ -412,9 +427,13 @@ class Renderer {
           MarkedText joined;
           joined.append(a);
           joined.append(b);
-          return joined.take();
+          Value out = joined.take();
+          charge(out);
+          return out;
         }
-        return binary_op(e.name, a, b);
+        Value out = binary_op(e.name, a, b);
+        charge(out);
+        return out;
       }
       case Expr::Kind::kCompare: {
         Value left = eval(*e.children[0], scope);

@@ -538,26 +538,30 @@ TEST(EngineUnseenShape, BadGenerationDefaultsAreRefusedAtCreationNamingTheFile) 
     return Engine::create(dir.path(), *ops_owner, EngineConfig{}, nullptr);
   };
   for (const auto& [gen, names] : std::vector<std::pair<std::string, std::string>>{
-           {R"({"temperature": -1})", "temperature must be a finite number >= 0"},
+           {R"({"do_sample": true, "temperature": -1})",
+            "temperature must be a finite number >= 0"},
            {R"({"temperature": 1e308})", "'temperature' must be a number"},
-           {R"({"top_p": 0})", "top_p must be in (0, 1]"},
-           {R"({"min_p": 5})", "min_p must be in [0, 1]"},
+           {R"({"do_sample": true, "top_p": 0})", "top_p must be in (0, 1]"},
+           {R"({"do_sample": true, "min_p": 5})", "min_p must be in [0, 1]"},
            {R"({"repetition_penalty": 0})", "repetition_penalty must be a finite number > 0"},
            {R"({"temperature": "hot"})", "'temperature' must be a number"},
            {R"({"do_sample": "yes"})", "'do_sample' must be true or false"},
-           {R"({"top_k": 2.5})", "'top_k' must be an integer >= 0"},
-           {R"({"top_k": -1})", "'top_k' must be an integer >= 0"},
-           {R"({"top_k": 1000000000000})", "'top_k' must be an integer >= 0"}}) {
+           {R"({"top_k": 2.5})", "'top_k' must be a whole number >= 0"},
+           {R"({"top_k": -1})", "'top_k' must be a whole number >= 0"},
+           {R"({"top_k": 1000000000000})", "'top_k' must be a whole number >= 0"}}) {
     auto e = create(gen);
     ASSERT_FALSE(e.ok()) << gen;
     EXPECT_NE(e.error().message.find("generation_config.json"), std::string::npos)
         << e.error().message;
     EXPECT_NE(e.error().message.find(names), std::string::npos) << e.error().message;
   }
-  auto fine = create(R"({"do_sample": true, "temperature": 0.6, "top_k": 20, "top_p": 0.95,
+  auto fine = create(R"({"do_sample": true, "temperature": 0.6, "top_k": 20.0, "top_p": 0.95,
                          "min_p": null, "repetition_penalty": 1.05})");
   ASSERT_TRUE(fine.ok()) << fine.error().to_string();
   EXPECT_EQ((*fine)->model_info().generation.top_k, 20);
+  // A greedy config's sampling values are never used: odd ones do not refuse the model.
+  auto greedy = create(R"({"do_sample": false, "temperature": -1, "top_p": 0})");
+  ASSERT_TRUE(greedy.ok()) << greedy.error().to_string();
 }
 
 }  // namespace

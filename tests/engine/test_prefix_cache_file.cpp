@@ -1,8 +1,9 @@
 // The prefix cache's file: an engine started after another saved its cache finds the prompts
 // that one computed, with the outputs of a full prefill; a file written for other weights (or
-// another attention-cache type of the same size), a damaged or cut one, or one that is not a
-// prefix-cache file is ignored with a note saying why.
+// another attention-cache type of the same size), or a damaged, cut or empty one, is ignored with
+// a note saying why; one that is not a prefix-cache file (a FIFO included) is refused, kept.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -175,13 +176,31 @@ TEST_F(PrefixCacheFile, AFileThatIsNotAPrefixCacheIsRefusedAndKept) {
   cfg.kv_blocks = 64;
   cfg.prefix_snapshots = 8;
   cfg.prefix_cache_file = file_;
-  for (const std::string& content : {foreign, std::string("RECUR"), std::string()}) {
+  for (const std::string& content : {foreign, std::string("RECUR")}) {
     write(content);
     auto e = Engine::create(kRoot + "/models/qwen3next-tiny", *ops_, cfg, nullptr);
     ASSERT_FALSE(e.ok()) << "a file of " << content.size() << " bytes";
     EXPECT_NE(e.error().message.find("exists and is not a prefix-cache file"), std::string::npos)
         << e.error().message;
     EXPECT_EQ(read(), content);
+  }
+  // A FIFO is refused by its type, before anything opens it (an open would wait for a writer).
+  fs::remove(file_);
+  ASSERT_EQ(mkfifo(file_.c_str(), 0600), 0);
+  auto fifo = Engine::create(kRoot + "/models/qwen3next-tiny", *ops_, cfg, nullptr);
+  ASSERT_FALSE(fifo.ok());
+  EXPECT_NE(fifo.error().message.find("is not a prefix-cache file"), std::string::npos);
+  // An empty file (a first save cut short by a power loss) is a cache cut short: ignored, then
+  // written over.
+  fs::remove(file_);
+  write("");
+  {
+    auto empty = engine("qwen3next-tiny", true);
+    ASSERT_EQ(empty->notes().size(), 1u);
+    EXPECT_NE(empty->notes()[0].find("ignored: cut short"), std::string::npos) << empty->notes()[0];
+    EXPECT_EQ(run(*empty, turn1_).cached, 0);
+    ASSERT_TRUE(empty->save_prefix_cache().ok());
+    EXPECT_EQ(read().substr(0, 8), "RECURPFX");
   }
   fs::remove(file_);
   auto e = engine("qwen3next-tiny", true);

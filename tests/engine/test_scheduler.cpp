@@ -12,6 +12,7 @@
 #include <mutex>
 #include <numeric>
 #include <random>
+#include <stdexcept>
 #include <thread>
 
 #include "alloc_counter.h"
@@ -650,6 +651,60 @@ TEST(Scheduler, AStepThatThrowsEndsItsRequestsWithAnErrorAndServingGoesOn) {
   }
   ASSERT_TRUE(h.engine->wait_idle(std::chrono::seconds(30)));
   EXPECT_TRUE(h.model->violations.empty()) << h.model->violations.front();
+}
+
+// A sink that throws while told its finish (a client's queue out of memory, say) fails the step:
+// the requests beside it end with an error, its own finish is told once, on the retry, and the
+// engine serves on.
+TEST(Scheduler, ASinkThatThrowsOnItsFinishIsToldOnceAndServingGoesOn) {
+  std::mutex mu;  // before h: its shutdown may still tell
+  std::condition_variable told;
+  std::map<uint64_t, std::vector<FinishReason>> finishes;
+  bool thrown = false;
+  Harness h(small_config(4, 64));
+  h.model->record = false;
+  const auto submit = [&](uint32_t seed, int max_tokens, bool throw_once) {
+    Request r;
+    r.prompt = prompt_of(20, seed);
+    r.max_tokens = max_tokens;
+    r.sampling.temperature = 0;
+    r.stop.ignore_eos = true;
+    auto id = h.engine->submit(std::move(r), [&, throw_once](const Event& ev) {
+      if (ev.kind != Event::Kind::kFinish) return;
+      std::lock_guard<std::mutex> lk(mu);
+      if (throw_once && !thrown) {
+        thrown = true;
+        throw std::runtime_error("the sink's queue is full");
+      }
+      finishes[ev.request_id].push_back(ev.reason);
+      told.notify_all();
+    });
+    EXPECT_TRUE(id.ok());
+    return id.ok() ? *id : 0;
+  };
+  const auto wait_for = [&](size_t n) {
+    std::unique_lock<std::mutex> lk(mu);
+    return told.wait_for(lk, std::chrono::seconds(30), [&] { return finishes.size() >= n; });
+  };
+  // `before` and `thrower` finish in the same step and are told in that order: `before` is told
+  // once, not again when the telling is retried.
+  const uint64_t before = submit(1, 3, false), thrower = submit(2, 3, true),
+                 slow = submit(3, 100000, false);
+  h.engine->start();
+  ASSERT_TRUE(wait_for(3));
+  ASSERT_TRUE(h.engine->wait_idle(std::chrono::seconds(30)));
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    EXPECT_TRUE(thrown);
+    EXPECT_EQ(finishes[before], std::vector<FinishReason>{FinishReason::kLength});
+    EXPECT_EQ(finishes[thrower], std::vector<FinishReason>{FinishReason::kLength});
+    EXPECT_EQ(finishes[slow], std::vector<FinishReason>{FinishReason::kError});
+  }
+  EXPECT_EQ(h.engine->settled_stats().failed_steps, 1);
+  const uint64_t after = submit(4, 4, false);
+  ASSERT_TRUE(wait_for(4)) << "the engine stopped serving";
+  std::lock_guard<std::mutex> lk(mu);
+  EXPECT_EQ(finishes[after], std::vector<FinishReason>{FinishReason::kLength});
 }
 
 // ---- the arithmetic ----
