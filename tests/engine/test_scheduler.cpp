@@ -575,23 +575,59 @@ TEST(Scheduler, StepsAllocateNothingButOneBlockTablePerAdmission) {
   EXPECT_GT(h.engine->stats().requests_finished, 0);
 }
 
+// Finish events told on the engine's thread, for the tests that start it: each request's
+// reasons and messages in order, and a wait until some number of requests were told.
+struct FinishLog {
+  std::mutex mu;
+  std::condition_variable told;
+  std::map<uint64_t, std::vector<std::pair<FinishReason, std::string>>> finishes;
+  bool thrown = false;
+
+  // Records finishes; with throw_once, the first finish it is told throws instead.
+  EventSink sink(bool throw_once = false) {
+    return [this, throw_once](const Event& ev) {
+      if (ev.kind != Event::Kind::kFinish) return;
+      std::lock_guard<std::mutex> lk(mu);
+      if (throw_once && !thrown) {
+        thrown = true;
+        throw std::runtime_error("the sink's queue is full");
+      }
+      finishes[ev.request_id].emplace_back(ev.reason, std::string(ev.message));
+      told.notify_all();
+    };
+  }
+  bool wait_for(size_t n) {
+    std::unique_lock<std::mutex> lk(mu);
+    return told.wait_for(lk, std::chrono::seconds(30), [&] { return finishes.size() >= n; });
+  }
+  std::vector<FinishReason> reasons(uint64_t id) {
+    std::lock_guard<std::mutex> lk(mu);
+    std::vector<FinishReason> out;
+    for (const auto& f : finishes[id]) out.push_back(f.first);
+    return out;
+  }
+};
+
+uint64_t submit_greedy(Engine& e, int prompt_len, uint32_t seed, int max_tokens, EventSink sink) {
+  Request r;
+  r.prompt = prompt_of(prompt_len, seed);
+  r.max_tokens = max_tokens;
+  r.sampling.temperature = 0;
+  r.stop.ignore_eos = true;
+  auto id = e.submit(std::move(r), std::move(sink));
+  EXPECT_TRUE(id.ok());
+  return id.ok() ? *id : 0;
+}
+
 // A completion far longer than any first reservation allocates nothing after its admission:
 // its history was sized for all it may generate, so no decode step moves it.
 TEST(Scheduler, LongCompletionAllocatesNothingAfterItsFirstStep) {
   int64_t tokens = 0;  // before h: the engine's shutdown still delivers events
   Harness h(small_config(2, 64));
   h.model->record = false;
-  Request r;
-  r.prompt = prompt_of(5, 1);
-  r.max_tokens = 10000;
-  r.sampling.temperature = 0;
-  r.stop.ignore_eos = true;
-  ASSERT_TRUE(h.engine
-                  ->submit(std::move(r),
-                           [&tokens](const Event& ev) {
-                             if (ev.kind == Event::Kind::kToken) ++tokens;
-                           })
-                  .ok());
+  submit_greedy(*h.engine, 5, 1, 10000, [&tokens](const Event& ev) {
+    if (ev.kind == Event::Kind::kToken) ++tokens;
+  });
   h.step();  // the admission and the prompt
   testing::start_counting_allocs();
   h.run_until_idle();
@@ -603,52 +639,29 @@ TEST(Scheduler, LongCompletionAllocatesNothingAfterItsFirstStep) {
 // in flight with an error that says so and frees what they held; the engine's thread goes on
 // serving, where the exception used to end the process.
 TEST(Scheduler, AStepThatThrowsEndsItsRequestsWithAnErrorAndServingGoesOn) {
-  std::mutex mu;  // before h: its shutdown may still tell
-  std::condition_variable told;
-  std::map<uint64_t, std::pair<FinishReason, std::string>> finished;
+  FinishLog log;  // before h: its shutdown may still tell
   Harness h(small_config(4, 64));
   h.model->record = false;
   h.model->throw_at_forward = 3;  // the prompts', one decode, then the throw
-  const auto submit = [&](uint32_t seed) {
-    Request r;
-    r.prompt = prompt_of(20, seed);
-    r.max_tokens = 50;
-    r.sampling.temperature = 0;
-    r.stop.ignore_eos = true;
-    auto id = h.engine->submit(std::move(r), [&](const Event& ev) {
-      if (ev.kind != Event::Kind::kFinish) return;
-      std::lock_guard<std::mutex> lk(mu);
-      finished[ev.request_id] = {ev.reason, std::string(ev.message)};
-      told.notify_all();
-    });
-    EXPECT_TRUE(id.ok());
-    return id.ok() ? *id : 0;
-  };
-  const auto wait_for = [&](size_t n) {
-    std::unique_lock<std::mutex> lk(mu);
-    return told.wait_for(lk, std::chrono::seconds(30), [&] { return finished.size() >= n; });
-  };
-  const uint64_t a = submit(1), b = submit(2);
+  const uint64_t a = submit_greedy(*h.engine, 20, 1, 50, log.sink()),
+                 b = submit_greedy(*h.engine, 20, 2, 50, log.sink());
   h.engine->start();
-  ASSERT_TRUE(wait_for(2)) << "the requests of the step that threw were never told";
+  ASSERT_TRUE(log.wait_for(2)) << "the requests of the step that threw were never told";
   for (uint64_t id : {a, b}) {
-    std::lock_guard<std::mutex> lk(mu);
-    EXPECT_EQ(finished[id].first, FinishReason::kError);
-    EXPECT_NE(finished[id].second.find("the engine's step failed (std::bad_alloc)"),
+    EXPECT_EQ(log.reasons(id), std::vector<FinishReason>{FinishReason::kError});
+    std::lock_guard<std::mutex> lk(log.mu);
+    EXPECT_NE(log.finishes[id][0].second.find("the engine's step failed (std::bad_alloc)"),
               std::string::npos)
-        << finished[id].second;
+        << log.finishes[id][0].second;
   }
   ASSERT_TRUE(h.engine->wait_idle(std::chrono::seconds(30)));
   EngineStats st = h.engine->settled_stats();
   EXPECT_EQ(st.failed_steps, 1);
   EXPECT_EQ(st.slots_used, 0);
   EXPECT_EQ(st.kv_blocks_used, 0);
-  const uint64_t c = submit(3);
-  ASSERT_TRUE(wait_for(3)) << "the engine stopped serving after the throw";
-  {
-    std::lock_guard<std::mutex> lk(mu);
-    EXPECT_EQ(finished[c].first, FinishReason::kLength) << finished[c].second;
-  }
+  const uint64_t c = submit_greedy(*h.engine, 20, 3, 50, log.sink());
+  ASSERT_TRUE(log.wait_for(3)) << "the engine stopped serving after the throw";
+  EXPECT_EQ(log.reasons(c), std::vector<FinishReason>{FinishReason::kLength});
   ASSERT_TRUE(h.engine->wait_idle(std::chrono::seconds(30)));
   EXPECT_TRUE(h.model->violations.empty()) << h.model->violations.front();
 }
@@ -657,54 +670,25 @@ TEST(Scheduler, AStepThatThrowsEndsItsRequestsWithAnErrorAndServingGoesOn) {
 // the requests beside it end with an error, its own finish is told once, on the retry, and the
 // engine serves on.
 TEST(Scheduler, ASinkThatThrowsOnItsFinishIsToldOnceAndServingGoesOn) {
-  std::mutex mu;  // before h: its shutdown may still tell
-  std::condition_variable told;
-  std::map<uint64_t, std::vector<FinishReason>> finishes;
-  bool thrown = false;
+  FinishLog log;  // before h: its shutdown may still tell
   Harness h(small_config(4, 64));
   h.model->record = false;
-  const auto submit = [&](uint32_t seed, int max_tokens, bool throw_once) {
-    Request r;
-    r.prompt = prompt_of(20, seed);
-    r.max_tokens = max_tokens;
-    r.sampling.temperature = 0;
-    r.stop.ignore_eos = true;
-    auto id = h.engine->submit(std::move(r), [&, throw_once](const Event& ev) {
-      if (ev.kind != Event::Kind::kFinish) return;
-      std::lock_guard<std::mutex> lk(mu);
-      if (throw_once && !thrown) {
-        thrown = true;
-        throw std::runtime_error("the sink's queue is full");
-      }
-      finishes[ev.request_id].push_back(ev.reason);
-      told.notify_all();
-    });
-    EXPECT_TRUE(id.ok());
-    return id.ok() ? *id : 0;
-  };
-  const auto wait_for = [&](size_t n) {
-    std::unique_lock<std::mutex> lk(mu);
-    return told.wait_for(lk, std::chrono::seconds(30), [&] { return finishes.size() >= n; });
-  };
   // `before` and `thrower` finish in the same step and are told in that order: `before` is told
   // once, not again when the telling is retried.
-  const uint64_t before = submit(1, 3, false), thrower = submit(2, 3, true),
-                 slow = submit(3, 100000, false);
+  const uint64_t before = submit_greedy(*h.engine, 20, 1, 3, log.sink()),
+                 thrower = submit_greedy(*h.engine, 20, 2, 3, log.sink(true)),
+                 slow = submit_greedy(*h.engine, 20, 3, 100000, log.sink());
   h.engine->start();
-  ASSERT_TRUE(wait_for(3));
+  ASSERT_TRUE(log.wait_for(3));
   ASSERT_TRUE(h.engine->wait_idle(std::chrono::seconds(30)));
-  {
-    std::lock_guard<std::mutex> lk(mu);
-    EXPECT_TRUE(thrown);
-    EXPECT_EQ(finishes[before], std::vector<FinishReason>{FinishReason::kLength});
-    EXPECT_EQ(finishes[thrower], std::vector<FinishReason>{FinishReason::kLength});
-    EXPECT_EQ(finishes[slow], std::vector<FinishReason>{FinishReason::kError});
-  }
+  EXPECT_TRUE(log.thrown);
+  EXPECT_EQ(log.reasons(before), std::vector<FinishReason>{FinishReason::kLength});
+  EXPECT_EQ(log.reasons(thrower), std::vector<FinishReason>{FinishReason::kLength});
+  EXPECT_EQ(log.reasons(slow), std::vector<FinishReason>{FinishReason::kError});
   EXPECT_EQ(h.engine->settled_stats().failed_steps, 1);
-  const uint64_t after = submit(4, 4, false);
-  ASSERT_TRUE(wait_for(4)) << "the engine stopped serving";
-  std::lock_guard<std::mutex> lk(mu);
-  EXPECT_EQ(finishes[after], std::vector<FinishReason>{FinishReason::kLength});
+  const uint64_t after = submit_greedy(*h.engine, 20, 4, 4, log.sink());
+  ASSERT_TRUE(log.wait_for(4)) << "the engine stopped serving";
+  EXPECT_EQ(log.reasons(after), std::vector<FinishReason>{FinishReason::kLength});
 }
 
 // ---- the arithmetic ----
