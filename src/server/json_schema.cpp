@@ -46,6 +46,20 @@ const std::set<std::string_view> kUnsupported = {"pattern",
                                                  "$recursiveRef"};
 
 // The JSON text of a string without its quotes, as a property name is written.
+// Whether a JSON Schema type name admits v (an integer may be written 1.0).
+bool type_admits(const std::string& type, const ojson& v) {
+  if (type == "integer") {
+    return v.is_number_integer() ||
+           (v.is_number_float() && std::nearbyint(v.get<double>()) == v.get<double>());
+  }
+  if (type == "number") return v.is_number();
+  if (type == "string") return v.is_string();
+  if (type == "boolean") return v.is_boolean();
+  if (type == "null") return v.is_null();
+  if (type == "object") return v.is_object();
+  return type == "array" && v.is_array();
+}
+
 std::string name_text(const std::string& name) {
   const std::string dumped = ojson(name).dump();
   return dumped.substr(1, dumped.size() - 2);
@@ -198,52 +212,16 @@ class Compiler {
     return root_slot_;
   }
 
-  // Whether a JSON Schema type name admits v (an integer may be written 1.0).
-  static bool type_admits(const std::string& type, const ojson& v) {
-    if (type == "integer") {
-      return v.is_number_integer() ||
-             (v.is_number_float() && std::nearbyint(v.get<double>()) == v.get<double>());
-    }
-    if (type == "number") return v.is_number();
-    if (type == "string") return v.is_string();
-    if (type == "boolean") return v.is_boolean();
-    if (type == "null") return v.is_null();
-    if (type == "object") return v.is_object();
-    return type == "array" && v.is_array();
-  }
-
-  // enum and const: the values both allow, of the schema's type when it names one (every
-  // keyword of a schema applies, so {"type": "string", "enum": [1, "a"]} allows only "a").
+  // enum and const: the values both allow, of the schema's type (allowed_values).
   ApiResult<int> enumerated(const ojson& s, const std::string& path) {
     const ojson* e = field(s, "enum");
     if (e && (!e->is_array() || e->empty())) {
       return fail(path + ".enum", "must be a non-empty array");
     }
-    ojson values = e ? *e : ojson::array({s["const"]});
-    if (e && s.contains("const")) {
-      ojson both = ojson::array();
-      for (const ojson& v : values) {
-        if (v == s["const"]) both.push_back(v);
-      }
-      values = std::move(both);
+    if (const ojson* type = field(s, "type"); type && !type->is_string() && !type->is_array()) {
+      return fail(path + ".type", "'type' must be a type name or a list of them");
     }
-    if (const ojson* type = field(s, "type")) {
-      std::vector<std::string> names;
-      if (type->is_string()) names.push_back(type->get<std::string>());
-      for (const ojson& t : type->is_array() ? *type : ojson::array()) {
-        if (t.is_string()) names.push_back(t.get<std::string>());
-      }
-      if (names.empty())
-        return fail(path + ".type", "'type' must be a type name or a list of them");
-      ojson typed_values = ojson::array();
-      for (const ojson& v : values) {
-        if (std::any_of(names.begin(), names.end(),
-                        [&](const std::string& t) { return type_admits(t, v); })) {
-          typed_values.push_back(v);
-        }
-      }
-      values = std::move(typed_values);
-    }
+    const ojson values = allowed_values(s);
     if (values.empty()) {
       return fail(path,
                   "no value of its 'enum' / 'const' is also of its 'type': it accepts nothing");
@@ -547,6 +525,30 @@ std::shared_ptr<const CompiledSchema> any_json_object_schema() {
   static const std::shared_ptr<const CompiledSchema> any_object =
       compile_json_schema(ojson{{"type", "object"}}, "response_format").value();
   return any_object;  // compiled once, shared by every request that asks for it
+}
+
+ojson allowed_values(const ojson& schema) {
+  const ojson* e = field(schema, "enum");
+  ojson values = e && e->is_array()         ? *e
+                 : schema.contains("const") ? ojson::array({schema["const"]})
+                                            : ojson::array();
+  ojson kept = ojson::array();
+  std::vector<std::string> types;
+  if (const ojson* type = field(schema, "type")) {
+    for (const ojson& t : type->is_array() ? *type : ojson::array({*type})) {
+      if (t.is_string()) types.push_back(t.get<std::string>());
+    }
+  }
+  for (const ojson& v : values) {
+    if (e && schema.contains("const") && v != schema["const"]) continue;
+    if (field(schema, "type") &&
+        std::none_of(types.begin(), types.end(),
+                     [&](const std::string& t) { return type_admits(t, v); })) {
+      continue;
+    }
+    kept.push_back(v);
+  }
+  return kept;
 }
 
 }  // namespace recur::server

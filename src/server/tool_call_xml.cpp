@@ -37,12 +37,7 @@ bool writable_name(std::string_view n) {
 // as its value (a string bare, others as JSON) and none holds a newline or the close tag.
 std::vector<std::string> choice_texts(const ojson& schema) {
   if (!schema.is_object()) return {};
-  std::vector<ojson> values;
-  if (const ojson* e = field(schema, "enum"); e && e->is_array()) {
-    values.assign(e->begin(), e->end());
-  } else if (const ojson* c = field(schema, "const")) {
-    values.push_back(*c);
-  }
+  const ojson values = allowed_values(schema);  // as structured outputs take them
   std::vector<std::string> texts;
   for (const ojson& v : values) {
     std::string t = v.is_string() ? v.get<std::string>() : dump(v);

@@ -103,6 +103,17 @@ TEST(XmlCallGrammar, ToolsAndPropertiesTheFormCannotCarryAreLeftOut) {
   EXPECT_EQ(p[1].value.kind, Kind::kChoice);
   EXPECT_EQ(p[1].value.choices, std::vector<std::string>{"5"});
   EXPECT_EQ(p[2].value.kind, Kind::kText) << "a string is written bare";
+  // The choices are the values structured outputs allow: of the type, and only const's.
+  const auto typed = xml_call_grammar(ojson::parse(R"([{"type": "function", "function": {"name":
+      "f", "parameters": {"properties": {"a": {"type": "string", "enum": [1, "x", "y"]},
+      "b": {"enum": ["p", "q"], "const": "q"}}}}}])"),
+                                      "f", false);
+  ASSERT_TRUE(typed);
+  const auto& t = typed->functions[0].params;
+  EXPECT_EQ(t[0].value.kind, Kind::kChoice);
+  EXPECT_EQ(t[0].value.choices, (std::vector<std::string>{"x", "y"}));
+  EXPECT_EQ(t[1].value.kind, Kind::kChoice);
+  EXPECT_EQ(t[1].value.choices, std::vector<std::string>{"q"});
 }
 
 TEST(XmlCallGrammar, ANamedCallIsItsParametersThenTheClose) {
