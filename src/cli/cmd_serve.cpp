@@ -150,8 +150,8 @@ int run_serve(const ServeOptions& o) {
   const std::string host = o.host.find(':') != std::string::npos ? "[" + o.host + "]" : o.host;
   fmt::print(
       "serving model \"{}\" at http://{}:{}  (POST /v1/chat/completions, /v1/completions, "
-      "/v1/responses, /v1/messages, /v1/messages/count_tokens; GET /v1/models, /health, "
-      "/metrics)\n",
+      "/v1/responses, /v1/messages, /v1/messages/count_tokens, /tokenize, /detokenize; GET "
+      "/v1/models, /health, /metrics, /version, /ping)\n",
       so.model_name, host, *port);
   std::fflush(stdout);
 

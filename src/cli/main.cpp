@@ -7,6 +7,7 @@
 int main(int argc, char** argv) {
   CLI::App app{"recur: inference engine for hybrid linear-attention language models"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", RECUR_VERSION);
   // Help shows each option's default (subcommands take the parent's option defaults).
   app.option_defaults()->always_capture_default();
   recur::cli::register_verify(app);

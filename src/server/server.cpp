@@ -57,7 +57,7 @@ constexpr RouteInfo kRoutes[] = {
 };
 
 // The project has no release numbers yet; clients that parse the version get a valid one.
-constexpr const char* kServerVersion = "0.0.0";
+constexpr const char* kServerVersion = RECUR_VERSION;
 
 std::optional<Route> find_route(const std::string& path) {
   for (const RouteInfo& r : kRoutes) {

@@ -8,10 +8,13 @@
 // The tiny model writes noise, but greedily always the same noise: "Hi" as a chat gives the
 // tokens .MEDIA x3 then 柱 (102277), which stop_token_ids makes the stop token.
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import fs from 'node:fs';
+import path from 'node:path';
 import { after, before, test } from 'node:test';
 import OpenAI from 'openai';
 
-import { MODEL_NAME, postJson, sseEvents, startServer, stopCleanly } from './lib.mjs';
+import { MODEL_NAME, RECUR, ROOT, postJson, sseEvents, startServer, stopCleanly } from './lib.mjs';
 
 const KEY = 'sk-recur-compat';
 const PILLAR = 102277;  // 柱
@@ -278,8 +281,11 @@ test('/tokenize, /detokenize, /version and /ping as vLLM has them', async () => 
   }
   assert.equal((await postJson(`${server.url}/tokenize`, { prompt: 'x' },
     { authorization: `Bearer ${KEY.toUpperCase()}` })).status, 401);
+  // The version is the project's (CMakeLists.txt), as `recur --version` prints it.
   const v = await (await fetch(`${server.url}/version`)).json();
-  assert.equal(typeof v.version, 'string');
+  const project = fs.readFileSync(path.join(ROOT, 'CMakeLists.txt'), 'utf8').match(/project\(recur VERSION ([0-9.]+)/)[1];
+  assert.equal(v.version, project);
+  assert.equal(execFileSync(RECUR, ['--version'], { encoding: 'utf8' }).trim(), project);
   assert.equal((await fetch(`${server.url}/ping`)).status, 200);
   assert.equal((await fetch(`${server.url}/ping`, { method: 'POST' })).status, 200);
 });
