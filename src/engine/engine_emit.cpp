@@ -125,11 +125,10 @@ void Engine::fail_in_flight(std::string_view what) {
   next_seqs_.clear();
   // Every request in flight ends: the exception cannot be pinned on one of them (one queued
   // behind a step that always throws would otherwise never end).
-  std::string message;
+  std::string message;  // left empty if even this cannot be allocated: a fixed one below
   try {
     message = fmt::format("the engine's step failed ({}); the request was ended", what);
   } catch (const std::bad_alloc&) {
-    message.clear();  // below: a message that fits the sequences' reserved bytes
   }
   for (auto* list : {&running_, &waiting_}) {
     // A step that threw while moving sequences between the lists may have left empty entries.

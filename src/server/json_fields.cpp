@@ -109,15 +109,17 @@ class LinearBuilder {
   explicit LinearBuilder(ojson* root) : root_(root) {}
   const std::string& error() const { return error_; }
 
-  bool null() { return put(nullptr) != nullptr; }
-  bool boolean(bool v) { return put(v) != nullptr; }
-  bool number_integer(number_integer_t v) { return put(v) != nullptr; }
-  bool number_unsigned(number_unsigned_t v) { return put(v) != nullptr; }
-  bool number_float(number_float_t v, const string_t&) { return put(v) != nullptr; }
-  bool string(string_t& v) { return put(std::move(v)) != nullptr; }
-  bool binary(binary_t& v) { return put(ojson::binary(std::move(v))) != nullptr; }
-  bool start_object(std::size_t) { return open(ojson::object()); }
-  bool start_array(std::size_t) { return open(ojson::array()); }
+  // Each event's value goes into the open container; nlohmann stops when one returns false.
+  bool null() { return put(nullptr); }
+  bool boolean(bool v) { return put(v); }
+  bool number_integer(number_integer_t v) { return put(v); }
+  bool number_unsigned(number_unsigned_t v) { return put(v); }
+  bool number_float(number_float_t v, const string_t&) { return put(v); }
+  bool string(string_t& v) { return put(std::move(v)); }
+  bool binary(binary_t& v) { return put(ojson::binary(std::move(v))); }
+  // A container stays where it is while open: its parent grows only after it closes.
+  bool start_object(std::size_t) { return put(ojson::object(), true); }
+  bool start_array(std::size_t) { return put(ojson::array(), true); }
   bool key(string_t& k) {
     key_ = std::move(k);
     return true;
@@ -146,23 +148,20 @@ class LinearBuilder {
  private:
   static std::string_view limited(std::string_view key) { return key.substr(0, 100); }
 
-  ojson* put(ojson v) {
+  // Appends v to the open container (or makes it the root); a container v is then open.
+  bool put(ojson v, bool opens = false) {
+    ojson* at = root_;
     if (open_.empty()) {
       *root_ = std::move(v);
-      return root_;
-    }
-    ojson& parent = *open_.back();
-    if (auto* array = parent.get_ptr<ojson::array_t*>()) {
+    } else if (auto* array = open_.back()->get_ptr<ojson::array_t*>()) {
       array->push_back(std::move(v));
-      return &array->back();
+      at = &array->back();
+    } else {
+      auto* object = open_.back()->get_ptr<ojson::object_t*>();
+      object->emplace_back(std::move(key_), std::move(v));  // the vector's append, not a lookup
+      at = &object->back().second;
     }
-    auto* object = parent.get_ptr<ojson::object_t*>();
-    object->emplace_back(std::move(key_), std::move(v));  // the vector's append, not a lookup
-    return &object->back().second;
-  }
-  // A container stays where it is while open: its parent grows only after it closes.
-  bool open(ojson v) {
-    open_.push_back(put(std::move(v)));
+    if (opens) open_.push_back(at);
     return true;
   }
 
