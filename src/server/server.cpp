@@ -506,7 +506,7 @@ Server::Server(Engine& engine, const Tokenizer* tokenizer, const ChatTemplate* c
   ho.idle_timeout = m.options.idle_timeout;
   m.http = std::make_unique<HttpServer>(ho, m, m.metrics);
 
-  auto writer = StreamWriter::create(m.metrics);
+  auto writer = StreamWriter::create(m.metrics, ho.write_timeout);
   if (writer.ok()) {
     m.writer = std::move(*writer);
     engine.set_step_listener([w = m.writer.get()] { w->step_done(); });

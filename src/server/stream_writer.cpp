@@ -19,9 +19,7 @@ namespace {
 
 using WriterClock = std::chrono::steady_clock;
 
-// A client that reads nothing for this long, or leaves this much unsent, is treated as gone
-// (the HTTP layer's own limit for a blocking write is 30 s).
-constexpr auto kStallLimit = std::chrono::seconds(30);
+// A client that leaves this much unsent is dropped as one that stopped reading.
 constexpr size_t kMaxPending = size_t(16) << 20;
 
 // One HTTP/1.1 chunk: size in hex, CRLF, data, CRLF.
@@ -78,9 +76,11 @@ void SseStream::client_gone() {
   relay_failed_ = true;
 }
 
-Result<std::unique_ptr<StreamWriter>> StreamWriter::create(std::shared_ptr<Metrics> metrics) {
+Result<std::unique_ptr<StreamWriter>> StreamWriter::create(std::shared_ptr<Metrics> metrics,
+                                                           std::chrono::milliseconds stall_limit) {
   std::unique_ptr<StreamWriter> w(new StreamWriter());
   w->metrics_ = std::move(metrics);
+  w->stall_limit_ = stall_limit;
   w->epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   w->wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (w->epoll_fd_ < 0 || w->wake_fd_ < 0) {
@@ -179,6 +179,16 @@ void StreamWriter::end(Stream& s, bool complete) {
   s.handle->cv_.notify_one();
 }
 
+void StreamWriter::stalled(Stream& s) {
+  if (s.ended) return;
+  if (metrics_) metrics_->connection_closed("write_timeout");
+  end(s, false);
+  try {
+    s.gen->cancel(true);
+  } catch (...) {  // out of memory: the Generation's destructor cancels again
+  }
+}
+
 void StreamWriter::gone(Stream& s) {
   if (s.ended) return;
   end(s, false);
@@ -225,8 +235,8 @@ void StreamWriter::flush(Stream& s) {
     return;
   }
   // The client reads slower than we write: wait for room, and give up on one that stalls.
-  if (s.out.size() - s.sent > kMaxPending || WriterClock::now() - s.progress > kStallLimit) {
-    return gone(s);
+  if (s.out.size() - s.sent > kMaxPending || WriterClock::now() - s.progress > stall_limit_) {
+    return stalled(s);
   }
   if (s.sent > (size_t(1) << 20)) {
     s.out.erase(0, s.sent);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -42,7 +43,9 @@ class SseStream {
 
 class StreamWriter {
  public:
-  static Result<std::unique_ptr<StreamWriter>> create(std::shared_ptr<Metrics> metrics);
+  // A client that reads nothing for stall_limit (the HTTP layer's write timeout) is dropped.
+  static Result<std::unique_ptr<StreamWriter>> create(std::shared_ptr<Metrics> metrics,
+                                                      std::chrono::milliseconds stall_limit);
   ~StreamWriter();  // streams still open end as kGone
   StreamWriter(const StreamWriter&) = delete;
   StreamWriter& operator=(const StreamWriter&) = delete;
@@ -66,10 +69,12 @@ class StreamWriter {
   void frame(Stream& s, std::string_view text);
   void flush(Stream& s);  // send what is pending, without blocking
   void end(Stream& s, bool complete);
-  void gone(Stream& s);  // the client went away: cancel, end
+  void gone(Stream& s);     // the client went away: cancel, end
+  void stalled(Stream& s);  // the client stopped reading: counted as a write timeout, then gone
   void watch(Stream& s, bool want_out);
 
   std::shared_ptr<Metrics> metrics_;
+  std::chrono::milliseconds stall_limit_{0};
   int epoll_fd_ = -1, wake_fd_ = -1;
   std::atomic<bool> wake_pending_{false};
   std::atomic<int> open_streams_{0};

@@ -20,6 +20,8 @@ namespace recur::server {
 namespace {
 
 const std::string kModel = std::string(RECUR_SOURCE_DIR) + "/models/qwen3next-tiny-realvocab";
+// Short, so a stalled client is dropped within the test; long beside the slow reader's pause.
+constexpr std::chrono::milliseconds kStallLimit{1500};
 
 class StreamWriterTest : public ::testing::Test {
  protected:
@@ -43,7 +45,7 @@ class StreamWriterTest : public ::testing::Test {
     ctx_.eos_token_ids = info.eos_token_ids;
     ctx_.tokenizer = tokenizer_.get();
     metrics_ = std::make_shared<Metrics>();
-    auto w = StreamWriter::create(metrics_);
+    auto w = StreamWriter::create(metrics_, kStallLimit);
     ASSERT_TRUE(w.ok());
     writer_ = std::move(*w);
     engine_->set_step_listener([this] {
@@ -282,6 +284,31 @@ TEST_F(StreamWriterTest, ClosedSocketCancelsTheSequence) {
   }
   EXPECT_EQ(engine_->stats().kv_blocks_used, 0);
   close(fds[0]);
+}
+
+TEST_F(StreamWriterTest, StalledReaderIsDroppedAsAWriteTimeout) {
+  int fds[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+  const int small = 4096;  // full after a few steps; the client never reads
+  setsockopt(fds[0], SOL_SOCKET, SO_SNDBUF, &small, sizeof(small));
+  setsockopt(fds[1], SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  auto gen = start(
+      R"({"prompt":[1,2,3],"max_tokens":100000,"ignore_eos":true,"stream":true,"logprobs":5})");
+  const auto t0 = std::chrono::steady_clock::now();
+  auto stream = writer_->add(gen, fds[0]);
+  std::string unused;
+  EXPECT_EQ(stream->next(&unused), SseStream::Next::kGone);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, kStallLimit);
+  while (engine_->stats().slots_used != 0) {
+    ASSERT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const std::string text = metrics_->render(engine_->stats());
+  EXPECT_NE(text.find("recur_http_connections_closed_total{reason=\"write_timeout\"} 1\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("recur_client_disconnects_total 0\n"), std::string::npos);
+  close(fds[0]);
+  close(fds[1]);
 }
 
 TEST_F(StreamWriterTest, UnknownSocketIsRelayedUnframed) {
