@@ -1,17 +1,12 @@
 // Engine decode throughput on the 48-layer reference model (36 Gated DeltaNet layers), the
-// configuration of the original bug report: one sequence, then 32 concurrent sequences, on
-// one CPU thread by default. Also a long single completion with flat-counter checks.
-//   bench_engine [--device cpu|cuda] [--threads N] [--tokens N] [--batch N] [--long N]
-//                [--only single|batch]   (one phase alone, for profiling; prints no ratio)
-//                [--prefault 0|1]        (populate the attention cache at start-up; default 1)
-// Next to the wall-clock figures it prints the process CPU time per phase: on a shared,
-// oversubscribed machine tokens per CPU-second is the steadier figure to compare builds by.
+// configuration of the original bug report, with a roofline measured in the same run; the
+// description in main() is what --help prints.
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -220,24 +215,43 @@ double print_phase_bound(const std::string& name, const Run& r, int n_seqs, doub
 }  // namespace
 
 int main(int argc, char** argv) {
-  int threads = 1, tokens = 2000, batch = 32;
+  int threads = 1, tokens = 2000, batch = 32, prefault = 1;
   std::string device = "cpu", only;
-  bool prefault = true;
   int64_t long_tokens = 0;
   std::string model = std::string(RECUR_SOURCE_DIR) + "/models/qwen3next-seed-48L";
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--tokens")) tokens = std::atoi(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--batch")) batch = std::atoi(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--long")) long_tokens = std::atoll(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--model")) model = argv[i + 1];
-    if (!std::strcmp(argv[i], "--device")) device = argv[i + 1];
-    if (!std::strcmp(argv[i], "--only")) only = argv[i + 1];
-    if (!std::strcmp(argv[i], "--prefault")) prefault = std::atoi(argv[i + 1]) != 0;
-  }
+  CLI::App app{
+      "Engine decode throughput on the 48-layer reference model (36 Gated DeltaNet layers), the\n"
+      "configuration of the original bug report: one sequence decoding --tokens tokens, then\n"
+      "--batch concurrent sequences decoding a quarter as many each (8-token prompts, greedy,\n"
+      "prefill untimed), and the ratio of their tokens per second. Next to wall-clock figures it\n"
+      "prints the process CPU time per phase (tokens per CPU-second: the steadier figure on a\n"
+      "shared machine), and a roofline measured in the same run (FMA peak, read rates, each\n"
+      "phase's bound and the fraction of it achieved). --only times one phase alone; --long N\n"
+      "instead times one N-token completion with the buffer counters sampled, and exits 1\n"
+      "unless it completes with the counters flat."};
+  app.option_defaults()->always_capture_default();
+  app.add_option("--model", model, "model directory");
+  app.add_option("--device", device, "backend: cpu, cuda or cuda:N");
+  app.add_option("--threads", threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 1024));
+  app.add_option("--tokens", tokens,
+                 "tokens decoded by the one sequence (each of the --batch sequences: a quarter)")
+      ->check(CLI::Range(8, 1 << 24));
+  app.add_option("--batch", batch, "sequences decoded at once in the second phase")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--long", long_tokens,
+                 "time one completion of this many tokens instead of the two phases (0: off)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
+  app.add_option("--only", only, "time one phase alone, for profiling (prints no ratio)")
+      ->check(CLI::IsMember({"single", "batch"}))
+      ->default_str("both phases");
+  app.add_option("--prefault", prefault,
+                 "populate CPU buffers of 2 MiB and more (the attention cache) when each engine "
+                 "is created: 1 on, 0 off")
+      ->check(CLI::Range(0, 1));
+  CLI11_PARSE(app, argc, argv);
   // The attention cache is populated when each engine is created (untimed): a server faults
   // its pool's pages once, so first-touch faults are not a per-token cost of steady decode.
-  CpuOps::set_prefault_large_buffers(prefault);
+  CpuOps::set_prefault_large_buffers(prefault != 0);
   auto ops_r = create_backend(device, threads);
   if (!ops_r.ok()) {
     fmt::print(stderr, "error: {}\n", ops_r.error().to_string());

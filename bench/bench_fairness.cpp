@@ -1,20 +1,15 @@
-// Time to first token of a short request while a long prompt is being prefilled (issue 18), on
-// the shipped real-vocabulary tiny model: for the engine's scheduler and, in the same run, for
-// the arrival-order prompt budget it replaced (EngineConfig::arrival_order_prefill). Also the
-// long prompt's prefill time with and without the short requests, the cost of fairness.
-//   bench_fairness [--threads N] [--long 100000] [--short 10] [--at 10000,50000,90000]
-//                  [--budget 512] [--target-ms 100] [--policies fair,arrival] [--model DIR]
-// Short requests are submitted from this thread while the engine runs on its own, each when the
-// long prompt's prefilled tokens pass one of the --at depths.
+// Time to first token of a short request while a long prompt is being prefilled (issue 18), for
+// the engine's scheduler and the arrival-order prompt budget it replaced; the description in
+// main() is what --help prints. Short requests are submitted from this thread while the engine
+// runs on its own, each when the long prompt's prefilled tokens pass one of the --at depths.
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <atomic>
 #include <chrono>
-#include <cstring>
 #include <fstream>
 #include <mutex>
 #include <random>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -140,36 +135,39 @@ RunResult run(Ops& ops, const Options& o, bool arrival_order, bool with_short) {
   return r;
 }
 
-std::vector<int> parse_ints(const char* s) {
-  std::vector<int> v;
-  std::stringstream ss(s);
-  std::string x;
-  while (std::getline(ss, x, ',')) v.push_back(std::stoi(x));
-  return v;
-}
-
-std::vector<std::string> parse_words(const char* s) {
-  std::vector<std::string> v;
-  std::stringstream ss(s);
-  std::string x;
-  while (std::getline(ss, x, ',')) v.push_back(x);
-  return v;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   Options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--threads")) o.threads = std::atoi(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--long")) o.long_len = std::atoi(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--short")) o.short_len = std::atoi(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--at")) o.at = parse_ints(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--budget")) o.budget = std::atoi(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--target-ms")) o.target_ms = std::atof(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--policies")) o.policies = parse_words(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--model")) o.model = argv[i + 1];
-  }
+  CLI::App app{
+      "Time to first token of a short request while a long prompt is being prefilled (issue 18),\n"
+      "on the real-vocabulary tiny model on the CPU: for each scheduler in --policies (fair: the\n"
+      "engine's; arrival: the arrival-order prompt budget it replaced), the long prompt alone,\n"
+      "then again with a short request sent each time its prefilled tokens pass one of the --at\n"
+      "depths. Prints each short request's time to first token and the long prompt's prefill\n"
+      "time and CPU time with and without them (the cost of fairness); every request asks for\n"
+      "one token."};
+  app.option_defaults()->always_capture_default();
+  app.add_option("--model", o.model, "model directory");
+  app.add_option("--threads", o.threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 1024));
+  app.add_option("--long", o.long_len, "tokens of the long prompt")->check(CLI::Range(1, 1 << 24));
+  app.add_option("--short", o.short_len, "tokens of each short request")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--at", o.at,
+                 "prefilled tokens of the long prompt at which each short request is sent, "
+                 "comma-separated")
+      ->delimiter(',')
+      ->check(CLI::Range(0, 1 << 24));
+  app.add_option("--budget", o.budget, "the engine's max_batch_tokens (tokens per step)")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--target-ms", o.target_ms,
+                 "the engine's step_time_target_ms (fair policy; 0: steps bounded by --budget "
+                 "alone)")
+      ->check(CLI::Range(0.0, 1e6));
+  app.add_option("--policies", o.policies, "schedulers to compare, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"fair", "arrival"}));
+  CLI11_PARSE(app, argc, argv);
   auto ops = create_backend("cpu", o.threads);
   if (!ops.ok()) {
     fmt::print(stderr, "error: {}\n", ops.error().to_string());

@@ -1,22 +1,9 @@
-// The prefix cache (issue 19) on the shipped real-vocabulary tiny model, with and without it in
-// the same run:
-//  - chat: --turns turns, each prompt the whole conversation so far through the model's chat
-//    template (a --turn-tokens user message per turn, the model's --reply-tokens answer sent
-//    back as the assistant's turn); per turn the prompt tokens computed and reused, the best
-//    reuse possible (the longest start shared with an earlier prompt, less the last token),
-//    and the time to first token;
-//  - agent: --agents concurrent requests sharing a --system-tokens system prompt with tools,
-//    each with its own --question-tokens question; prompt tokens computed against the ideal
-//    (the shared start once plus every request's own part), time to first token.
-//   bench_prefix_cache [--threads 1] [--turns 20] [--turn-tokens 300] [--reply-tokens 32]
-//                      [--agents 32] [--system-tokens 8000] [--question-tokens 200]
-//                      [--interval 2048] [--parts chat,agent] [--model DIR]
-//                      [--config FILE [--layers N]] [--device cpu|cuda]
-//                      [--kv-cache-mb 1024] [--prefix-cache-mb 1024]
-// --config: a published configuration with random bf16 weights (cut to --layers) instead of
-// the model in --model, whose tokenizer and chat template still make the prompts (its ids
-// fit larger vocabularies; replies decode to nothing past its own).
+// The prefix cache (issue 19), with and without it in the same run, in a multi-turn chat and
+// in concurrent requests sharing a system prompt; the description in main() is what --help
+// prints. Under --config the tiny model's token ids fit the larger vocabularies; replies decode
+// to nothing past its own.
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -256,48 +243,53 @@ nlohmann::json run_agent(Ops& ops, const Options& o, const Chat& chat, bool cach
           {"cpu_s", cpu}};
 }
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  size_t b = 0;
-  for (size_t e; (e = s.find(',', b)) != std::string::npos; b = e + 1)
-    out.push_back(s.substr(b, e - b));
-  out.push_back(s.substr(b));
-  return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each line out at once, also when cut short
   Options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
-    int* number = k == "--threads"           ? &o.threads
-                  : k == "--turns"           ? &o.turns
-                  : k == "--turn-tokens"     ? &o.turn_tokens
-                  : k == "--reply-tokens"    ? &o.reply_tokens
-                  : k == "--agents"          ? &o.agents
-                  : k == "--system-tokens"   ? &o.system_tokens
-                  : k == "--question-tokens" ? &o.question_tokens
-                  : k == "--interval"        ? &o.interval
-                  : k == "--layers"          ? &o.layers
-                  : k == "--kv-cache-mb"     ? &o.kv_cache_mb
-                  : k == "--prefix-cache-mb" ? &o.prefix_cache_mb
-                                             : nullptr;
-    if (number) {
-      *number = std::atoi(v.c_str());
-    } else if (k == "--parts") {
-      o.parts = split(v);
-    } else if (k == "--model") {
-      o.model = v;
-    } else if (k == "--config") {
-      o.config = v;
-    } else if (k == "--device") {
-      o.device = v;
-    } else {
-      die("unknown option " + k);
-    }
-  }
+  CLI::App app{
+      "The prefix cache (issue 19) on the real-vocabulary tiny model, without and with it in the\n"
+      "same run. chat: --turns turns, each prompt the whole conversation so far through the\n"
+      "model's chat template (a --turn-tokens user message per turn, the model's --reply-tokens\n"
+      "answer sent back as the assistant's turn); per turn the prompt tokens computed and\n"
+      "reused, the best reuse possible (the longest start shared with an earlier prompt, less\n"
+      "the last token) and the time to first token. agent: --agents concurrent requests sharing\n"
+      "a --system-tokens system prompt with tools, each with its own --question-tokens question;\n"
+      "prompt tokens computed against the ideal (the shared start once plus every request's own\n"
+      "part) and the time to first token. With --config, a published configuration with random\n"
+      "bf16 weights replaces the model; its tokenizer and chat template still make the prompts."};
+  app.option_defaults()->always_capture_default();
+  app.add_option("--parts", o.parts, "what to run, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"chat", "agent"}));
+  app.add_option("--model", o.model, "model directory (tokenizer and chat template)");
+  app.add_option("--config", o.config,
+                 "config.json of a published configuration, run with random bf16 weights");
+  app.add_option("--layers", o.layers, "with --config: keep only the first N layers (0: all)")
+      ->check(CLI::Range(0, 1 << 16));
+  app.add_option("--device", o.device, "backend: cpu, cuda or cuda:N");
+  app.add_option("--threads", o.threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 1024));
+  app.add_option("--turns", o.turns, "chat turns")->check(CLI::Range(0, 1 << 16));
+  app.add_option("--turn-tokens", o.turn_tokens, "tokens of each chat user message")
+      ->check(CLI::Range(1, 1 << 24));
+  app.add_option("--reply-tokens", o.reply_tokens, "tokens of each chat answer")
+      ->check(CLI::Range(1, 1 << 24));
+  app.add_option("--agents", o.agents, "concurrent agent requests")->check(CLI::Range(1, 4096));
+  app.add_option("--system-tokens", o.system_tokens,
+                 "tokens of the agents' shared start (system prompt and tools)")
+      ->check(CLI::Range(1, 1 << 24));
+  app.add_option("--question-tokens", o.question_tokens, "tokens of each agent's own question")
+      ->check(CLI::Range(1, 1 << 24));
+  app.add_option("--interval", o.interval,
+                 "the engine's snapshot_interval: prompt tokens between prefix-cache snapshots")
+      ->check(CLI::Range(1, 1 << 30));
+  app.add_option("--kv-cache-mb", o.kv_cache_mb, "attention-cache budget in MiB")
+      ->check(CLI::Range(1, 1 << 24));
+  app.add_option("--prefix-cache-mb", o.prefix_cache_mb,
+                 "prefix-cache memory in MiB in the runs with it")
+      ->check(CLI::Range(0, 1 << 24));
+  CLI11_PARSE(app, argc, argv);
   auto ops = create_backend(o.device, o.threads);
   auto tok = Tokenizer::load(o.model);
   auto tmpl = ChatTemplate::load(o.model);

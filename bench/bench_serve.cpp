@@ -1,14 +1,6 @@
-// Load benchmark of `recur serve`: N concurrent streaming clients, each sending R requests of
-// P prompt tokens and O output tokens in turn, over plain sockets from one epoll thread (a
-// light client, so the 2-core machine measures the server; --client threads: a thread per
-// connection). Then the same work through an in-process Engine with the same configuration,
-// in the same run, and the ratio of output tokens per second; and where the CPU went during
-// the served run (the server's compute threads, its other threads, the client).
-//   bench_serve [--recur build/recur] [--model DIR] [--clients 32] [--requests 4]
-//               [--prompt-tokens 128] [--output-tokens 128] [--max-batch 32] [--threads N]
-//               [--greedy] [--rounds 3] [--client epoll|threads]
-// Soak mode (bench/bench_serve_soak.sh): --soak SECONDS --cancel-prob P, 64 clients by default,
-// then checks that /metrics is back to its idle values and that no request was lost.
+// Load benchmark of `recur serve` against the same work through an in-process Engine, and a
+// soak mode with random cancellations (bench/bench_serve_soak.sh); the description in main() is
+// what --help prints.
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <fmt/format.h>
@@ -20,6 +12,7 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -51,7 +44,7 @@ struct Options {
   int threads = 0;
   int rounds = 3;  // server and engine runs alternate, so both see the same machine load
   bool greedy = false;
-  bool client_threads = false;  // a thread per connection instead of one epoll thread
+  std::string client = "epoll";  // or "threads": a thread per connection
   double soak_seconds = 0, cancel_prob = 0.2;
 };
 
@@ -634,42 +627,49 @@ int soak(const Options& o, int port) {
 
 int main(int argc, char** argv) {
   Options o;
-  bool clients_given = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
-    if (a == "--recur")
-      o.recur = next();
-    else if (a == "--model")
-      o.model = next();
-    else if (a == "--clients")
-      o.clients = std::atoi(next().c_str()), clients_given = true;
-    else if (a == "--requests")
-      o.requests = std::atoi(next().c_str());
-    else if (a == "--prompt-tokens")
-      o.prompt_tokens = std::atoi(next().c_str());
-    else if (a == "--output-tokens")
-      o.output_tokens = std::atoi(next().c_str());
-    else if (a == "--max-batch")
-      o.max_batch = std::atoi(next().c_str());
-    else if (a == "--threads")
-      o.threads = std::atoi(next().c_str());
-    else if (a == "--greedy")
-      o.greedy = true;
-    else if (a == "--client")
-      o.client_threads = next() == "threads";
-    else if (a == "--rounds")
-      o.rounds = std::max(1, std::atoi(next().c_str()));
-    else if (a == "--soak")
-      o.soak_seconds = std::atof(next().c_str());
-    else if (a == "--cancel-prob")
-      o.cancel_prob = std::atof(next().c_str());
-    else {
-      fmt::print(stderr, "unknown option {}\n", a);
-      return 2;
-    }
-  }
-  if (o.soak_seconds > 0 && !clients_given) o.clients = 64;
+  CLI::App app{
+      "Load benchmark of `recur serve`: --clients concurrent streaming clients, each sending\n"
+      "--requests requests of --prompt-tokens prompt tokens and --output-tokens output tokens in\n"
+      "turn, over plain sockets from one epoll thread (a light client, so a small machine\n"
+      "measures the server; --client threads: a thread per connection). Then the same work\n"
+      "through an in-process Engine with the same configuration, in the same run, and the ratio\n"
+      "of output tokens per second, over --rounds alternating rounds; and where the CPU went\n"
+      "during the served run (the server's compute threads, its other threads, the client).\n"
+      "Soak mode (--soak SECONDS, as bench/bench_serve_soak.sh runs it): clients stream random\n"
+      "lengths and cancel at random for that long, then /metrics must be back to its idle\n"
+      "values with no request lost, or it exits 1."};
+  app.option_defaults()->always_capture_default();
+  app.add_option("--recur", o.recur, "the recur program to start the server with");
+  app.add_option("--model", o.model, "model directory");
+  CLI::Option* clients = app.add_option("--clients", o.clients, "concurrent clients")
+                             ->check(CLI::Range(1, 4096))
+                             ->default_str("32; 64 with --soak");
+  app.add_option("--requests", o.requests, "requests each client sends in turn")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--prompt-tokens", o.prompt_tokens,
+                 "prompt tokens of each request (with --soak: 8 plus up to this many)")
+      ->check(CLI::Range(1, 1 << 24));
+  app.add_option("--output-tokens", o.output_tokens,
+                 "output tokens of each request (with --soak: 1 to this many)")
+      ->check(CLI::Range(1, 1 << 24));
+  app.add_option("--max-batch", o.max_batch, "the server's and the engine's --max-batch")
+      ->check(CLI::Range(1, 4096))
+      ->default_str("32; at least 64 with --soak");
+  app.add_option("--threads", o.threads, "CPU threads of the server and the engine (0: all cores)")
+      ->check(CLI::Range(0, 1024));
+  app.add_flag("--greedy", o.greedy, "greedy sampling instead of the model's defaults");
+  app.add_option("--rounds", o.rounds, "rounds of served and in-process runs, alternating")
+      ->check(CLI::Range(1, 1000));
+  app.add_option("--client", o.client,
+                 "epoll: one thread serves every connection; threads: a thread per connection")
+      ->check(CLI::IsMember({"epoll", "threads"}));
+  app.add_option("--soak", o.soak_seconds, "soak for this many seconds instead (0: off)")
+      ->check(CLI::Range(0.0, 1e7));
+  app.add_option("--cancel-prob", o.cancel_prob,
+                 "with --soak: the probability that a request is cancelled mid-stream")
+      ->check(CLI::Range(0.0, 1.0));
+  CLI11_PARSE(app, argc, argv);
+  if (o.soak_seconds > 0 && clients->count() == 0) o.clients = 64;
   if (o.soak_seconds > 0) o.max_batch = std::max(o.max_batch, 64);
   signal(SIGPIPE, SIG_IGN);
   fmt::print(
@@ -677,7 +677,7 @@ int main(int argc, char** argv) {
       "max batch {}, threads {}, {} sampling, client: {}\n",
       o.model, o.clients, o.requests, o.prompt_tokens, o.output_tokens, o.max_batch,
       o.threads > 0 ? o.threads : default_thread_count(), o.greedy ? "greedy" : "default",
-      o.client_threads || o.soak_seconds > 0 ? "a thread per connection" : "one epoll thread");
+      o.client == "threads" || o.soak_seconds > 0 ? "a thread per connection" : "one epoll thread");
   const Child server = start_server(o);
   if (o.soak_seconds > 0) {
     const int rc = soak(o, server.port);
@@ -694,8 +694,8 @@ int main(int argc, char** argv) {
     std::string load = read_text("/proc/loadavg");
     load = load.substr(0, load.find(' ', load.find(' ', load.find(' ') + 1) + 1));
     const ProcessTimes before = process_times(server.pid);
-    served.push_back(o.client_threads ? run_server_load(o, server.port)
-                                      : run_server_load_epoll(o, server.port));
+    served.push_back(o.client == "threads" ? run_server_load(o, server.port)
+                                           : run_server_load_epoll(o, server.port));
     const ProcessTimes after = process_times(server.pid);
     alone.push_back(run_engine_alone(o));
     const double ratio = (double(served.back().tokens) / served.back().seconds) /
