@@ -156,7 +156,8 @@ nlohmann::json run_chat(Ops& ops, const Options& o, const Chat& chat, bool cache
     earlier.push_back(prompt);
     Outcome out;
     out.sent = Clock::now();
-    if (!e->submit(greedy(std::move(prompt), o.reply_tokens), sink(&out)).ok()) die("submit");
+    const auto st = e->submit(greedy(std::move(prompt), o.reply_tokens), sink(&out));
+    if (!st.ok()) die("submit: " + st.error().to_string());
     e->run_until_idle();
     messages.push_back({{"role", "assistant"}, {"content", out.text}});
     fmt::print("[chat, {}] {:4d}  {:6d}  {:8d}  {:6d}  {:4d}  {:.3f}\n", label, t, out.prompt,
@@ -215,7 +216,8 @@ nlohmann::json run_agent(Ops& ops, const Options& o, const Chat& chat, bool cach
   const double cpu0 = bench::cpu_seconds();
   for (size_t i = 0; i < prompts.size(); ++i) {
     outs[i].sent = t0;
-    if (!e->submit(greedy(prompts[i], 1), sink(&outs[i])).ok()) die("submit");
+    const auto st = e->submit(greedy(prompts[i], 1), sink(&outs[i]));
+    if (!st.ok()) die("submit: " + st.error().to_string());
   }
   e->run_until_idle();
   const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
