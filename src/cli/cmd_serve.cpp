@@ -16,6 +16,7 @@
 #include "cli/commands.h"
 #include "cli/engine_options.h"
 #include "engine/engine.h"
+#include "server/http_server.h"
 #include "server/server.h"
 #include "tokenizer/chat_template.h"
 
@@ -60,6 +61,9 @@ int run_serve(const ServeOptions& o) {
   if (!std::filesystem::is_directory(model)) {  // before any warning about what it lacks
     return fail(make_error(ErrorCode::kNotFound, "--model {}: no such directory", model));
   }
+  // A port in use is said now, not after a load of minutes (bind() below says it too should
+  // another process take the port meanwhile).
+  if (Status st = server::check_listen_address(o.host, o.port); !st.ok()) return fail(st.error());
   fmt::print("loading {} on {} ...\n", model, o.engine.device);
   std::fflush(stdout);
   std::unique_ptr<Tokenizer> tokenizer;

@@ -444,6 +444,47 @@ HttpServer::~HttpServer() {
   if (impl_->wake_fd >= 0) ::close(impl_->wake_fd);
 }
 
+namespace {
+
+// A socket bound to host:port, listening when `listen`; or why none could be.
+Result<int> bound_socket(const std::string& host, int port, bool listen) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  if (const int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &found); rc != 0) {
+    return make_error(ErrorCode::kIo, "cannot resolve {}: {}", host, gai_strerror(rc));
+  }
+  std::string why = "no address";
+  int bound = -1;
+  for (addrinfo* a = found; a && bound < 0; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    // SO_REUSEADDR only: SO_REUSEPORT would let a second server share the port silently.
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && (!listen || ::listen(fd, 1024) == 0)) {
+      bound = fd;
+    } else {
+      why = std::strerror(errno);
+      ::close(fd);
+    }
+  }
+  freeaddrinfo(found);
+  if (bound < 0) return make_error(ErrorCode::kIo, "cannot listen on {}:{}: {}", host, port, why);
+  return bound;
+}
+
+}  // namespace
+
+Status check_listen_address(const std::string& host, int port) {
+  RECUR_ASSIGN_OR_RETURN(const int fd, bound_socket(host, port, false));
+  ::close(fd);
+  return Status();
+}
+
 Result<int> HttpServer::bind() {
   Impl& m = *impl_;
   // Every connection is a descriptor: take the hard limit, and keep the connection bound below
@@ -463,33 +504,7 @@ Result<int> HttpServer::bind() {
       m.opt.max_connections = capped;
     }
   }
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  const std::string port = std::to_string(m.opt.port);
-  if (const int rc = getaddrinfo(m.opt.host.c_str(), port.c_str(), &hints, &found); rc != 0) {
-    return make_error(ErrorCode::kIo, "cannot resolve {}: {}", m.opt.host, gai_strerror(rc));
-  }
-  std::string why = "no address";
-  for (addrinfo* a = found; a && m.listen_fd < 0; a = a->ai_next) {
-    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) continue;
-    // SO_REUSEADDR only: SO_REUSEPORT would let a second server share the port silently.
-    const int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, 1024) == 0) {
-      m.listen_fd = fd;
-    } else {
-      why = std::strerror(errno);
-      ::close(fd);
-    }
-  }
-  freeaddrinfo(found);
-  if (m.listen_fd < 0) {
-    return make_error(ErrorCode::kIo, "cannot listen on {}:{}: {}", m.opt.host, m.opt.port, why);
-  }
+  RECUR_ASSIGN_OR_RETURN(m.listen_fd, bound_socket(m.opt.host, m.opt.port, true));
   sockaddr_storage addr{};
   socklen_t len = sizeof(addr);
   getsockname(m.listen_fd, reinterpret_cast<sockaddr*>(&addr), &len);

@@ -42,6 +42,10 @@ struct HttpServerOptions {
 
 class HttpExchange;
 
+// Whether host:port can be bound now (resolved, free, permitted); the socket is closed again.
+// For a server that takes minutes to load before it binds: a busy port fails at once.
+Status check_listen_address(const std::string& host, int port);
+
 class HttpHandler {
  public:
   virtual ~HttpHandler() = default;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # recur serve --device: an unknown or unavailable device is refused before anything is served,
-# with a message naming it and exit status 2 (as for recur generate); cpu serves. (The
+# with a message naming it and exit status 2 (as for recur generate); cpu serves; a port in use
+# is refused before the model loads. (The
 # end-to-end suites under tests/server serve with --device cpu.)
 # Usage: bash serve_device.sh <path-to-recur> <repo-root>
 set -euo pipefail
@@ -54,6 +55,14 @@ url=$(grep -o "http://[0-9.:]*" "$work/out" | head -1)
 grep -q "on cpu" "$work/out" || { echo "the start-up line does not name the device"; kill "$pid"; exit 1; }
 health=$(python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1] + "/health").read().decode())' "$url")
 [ "$health" = '{"status":"ok"}' ] || { echo "health: $health"; kill "$pid"; exit 1; }
+# A second server on the same port is refused before it loads anything.
+port="${url##*:}"
+status=0
+timeout 60 "$recur" serve --model "$model" --port "$port" >"$work/out2" 2>"$work/err2" || status=$?
+[ "$status" -eq 2 ] || { echo "port in use: exit status $status"; cat "$work/err2"; kill "$pid"; exit 1; }
+grep -q "cannot listen on 127.0.0.1:$port: Address already in use" "$work/err2" ||
+  { echo "port in use:"; cat "$work/err2"; kill "$pid"; exit 1; }
+if grep -q "loading" "$work/out2"; then echo "port in use: loaded first"; kill "$pid"; exit 1; fi
 kill -TERM "$pid"
 status=0
 wait "$pid" || status=$?
