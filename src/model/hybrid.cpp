@@ -163,9 +163,10 @@ Status HybridModel::allocate(const ModelPlan& plan) {
     state_bytes += (r.conv_rows * r.conv_channels + r.heads * r.dk * r.dv) * 4;
   }
   if (sc.n_blocks <= 0) {
+    // Without attention layers (a model cut short) blocks cost nothing: every slot's context.
     const int64_t needed = int64_t(sc.n_slots) * ((opt_.max_context + bs - 1) / bs);
     sc.n_blocks = int(std::clamp<int64_t>(
-        per_block ? std::min(needed, opt_.kv_cache_budget_bytes / per_block) : 1, 1,
+        per_block ? std::min(needed, opt_.kv_cache_budget_bytes / per_block) : needed, 1,
         int64_t(1) << 30));
   }
   // The prefix cache's budget: snapshots, each with the blocks of one snapshot interval (what

@@ -5,6 +5,7 @@
 #include <functional>
 #include <tuple>
 
+#include "backend/backend.h"
 #include "model/config.h"
 #include "model/registry.h"
 
@@ -189,6 +190,24 @@ TEST(Config, CutLayersTrimsTheLayerLists) {
       EXPECT_TRUE(c->layer_is_moe(1));
     }
   }
+}
+
+// A config cut to its recurrent layers alone (benchmarks cut published configs so) has no
+// attention cache: its blocks cost nothing, so every slot holds the whole context.
+TEST(Config, WithoutAttentionLayersEverySlotHoldsTheContext) {
+  const json cfg = cut_layers(qwen3_5_nested(false), 2);  // layers 0 and 1: linear attention
+  auto ops = create_backend("cpu", 1);
+  ASSERT_TRUE(ops.ok());
+  LoadOptions o;
+  o.max_batch_tokens = 16;
+  o.max_context = 1000;
+  o.state.n_slots = 3;
+  o.state.n_blocks = 0;  // sized from the budget, as an engine asks
+  o.state.block_size = 16;
+  auto m = load_random_model(cfg, **ops, o, DType::F32);
+  ASSERT_TRUE(m.ok()) << m.error().to_string();
+  EXPECT_EQ((*m)->info().kv_bytes_per_token, 0);
+  EXPECT_EQ((*m)->state_config().n_blocks, 3 * 63);  // 1000 tokens in blocks of 16, per slot
 }
 
 TEST(Config, Qwen3_5NestedAndFlatParseAlike) {
