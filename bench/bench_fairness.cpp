@@ -158,8 +158,9 @@ int main(int argc, char** argv) {
                  "comma-separated")
       ->delimiter(',')
       ->check(CLI::Range(0, 1 << 24));
-  app.add_option("--budget", o.budget, "the engine's max_batch_tokens (tokens per step)")
-      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--budget", o.budget,
+                 "the engine's max_batch_tokens (tokens per step; at least its max_batch, 8)")
+      ->check(CLI::Range(8, 1 << 20));
   app.add_option("--target-ms", o.target_ms,
                  "the engine's step_time_target_ms (fair policy; 0: steps bounded by --budget "
                  "alone)")

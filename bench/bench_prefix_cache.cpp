@@ -109,7 +109,7 @@ std::unique_ptr<Engine> make_engine(Ops& ops, const Options& o, const Tokenizer&
                                     int max_batch) {
   EngineConfig cfg;
   cfg.max_batch = max_batch;
-  cfg.max_batch_tokens = 512;
+  cfg.max_batch_tokens = std::max(512, max_batch);  // a step takes one token of each sequence
   cfg.seed = 1;
   cfg.kv_cache_bytes = int64_t(o.kv_cache_mb) << 20;
   cfg.prefix_cache_bytes = cache ? int64_t(o.prefix_cache_mb) << 20 : 0;

@@ -638,7 +638,9 @@ int main(int argc, char** argv) {
       "Soak mode (--soak SECONDS, as bench/bench_serve_soak.sh runs it): clients stream random\n"
       "lengths and cancel at random for that long, then /metrics must be back to its idle\n"
       "values with no request lost, or it exits 1."};
-  app.option_defaults()->always_capture_default();
+  // Given twice, the last value wins: bench_serve_soak.sh passes its defaults before the caller's.
+  app.option_defaults()->always_capture_default()->multi_option_policy(
+      CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--recur", o.recur, "the recur program to start the server with");
   app.add_option("--model", o.model, "model directory");
   CLI::Option* clients = app.add_option("--clients", o.clients, "concurrent clients")

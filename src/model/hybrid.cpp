@@ -163,11 +163,12 @@ Status HybridModel::allocate(const ModelPlan& plan) {
     state_bytes += (r.conv_rows * r.conv_channels + r.heads * r.dk * r.dv) * 4;
   }
   if (sc.n_blocks <= 0) {
-    // Without attention layers (a model cut short) blocks cost nothing: every slot's context.
-    const int64_t needed = int64_t(sc.n_slots) * ((opt_.max_context + bs - 1) / bs);
-    sc.n_blocks = int(std::clamp<int64_t>(
-        per_block ? std::min(needed, opt_.kv_cache_budget_bytes / per_block) : needed, 1,
-        int64_t(1) << 30));
+    const int64_t needed = int64_t(sc.n_slots) * ((int64_t(opt_.max_context) + bs - 1) / bs);
+    // The engine hands out block ids whether or not a layer stores in them: without attention
+    // layers (a config cut short) they cost no cache, only bookkeeping (block tables, free lists,
+    // prefix-cache entries), held to 2^18 blocks (4M tokens of 16) in all.
+    const int64_t held = per_block ? opt_.kv_cache_budget_bytes / per_block : int64_t(1) << 18;
+    sc.n_blocks = int(std::clamp<int64_t>(std::min(needed, held), 1, int64_t(1) << 30));
   }
   // The prefix cache's budget: snapshots, each with the blocks of one snapshot interval (what
   // a long prompt caches per snapshot), and the blocks the snapshots leave. Its blocks join

@@ -446,8 +446,8 @@ HttpServer::~HttpServer() {
 
 namespace {
 
-// A socket bound to host:port, listening when `listen`; or why none could be.
-Result<int> bound_socket(const std::string& host, int port, bool listen) {
+// A socket bound to host:port, listening when `and_listen`; or why none could be.
+Result<int> bound_socket(const std::string& host, int port, bool and_listen) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -465,7 +465,7 @@ Result<int> bound_socket(const std::string& host, int port, bool listen) {
     // SO_REUSEADDR only: SO_REUSEPORT would let a second server share the port silently.
     const int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && (!listen || ::listen(fd, 1024) == 0)) {
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && (!and_listen || ::listen(fd, 1024) == 0)) {
       bound = fd;
     } else {
       why = std::strerror(errno);
@@ -473,7 +473,11 @@ Result<int> bound_socket(const std::string& host, int port, bool listen) {
     }
   }
   freeaddrinfo(found);
-  if (bound < 0) return make_error(ErrorCode::kIo, "cannot listen on {}:{}: {}", host, port, why);
+  if (bound < 0) {
+    const bool ipv6 = host.find(':') != std::string::npos;  // [::1]:8080, as in a URL
+    return make_error(ErrorCode::kIo, "cannot listen on {}{}{}:{}: {}", ipv6 ? "[" : "", host,
+                      ipv6 ? "]" : "", port, why);
+  }
   return bound;
 }
 

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cerrno>
 #include <optional>
 #include <system_error>
@@ -80,6 +81,7 @@ Result<std::unique_ptr<StreamWriter>> StreamWriter::create(std::shared_ptr<Metri
                                                            std::chrono::milliseconds stall_limit) {
   std::unique_ptr<StreamWriter> w(new StreamWriter());
   w->metrics_ = std::move(metrics);
+  assert(stall_limit.count() > 0);  // else every stream with bytes waiting would be dropped
   w->stall_limit_ = stall_limit;
   w->epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   w->wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
