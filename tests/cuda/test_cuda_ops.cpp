@@ -18,9 +18,9 @@ using namespace testing;
 
 class CudaBasic : public CudaTest {
  protected:
-  // F16 weights [m, k] against 100 rows at scales 1, 1e6, 2^40 and 2^-40, written and
-  // accumulated into column slices.
-  void f16_rows_of_any_range(int64_t k, int64_t m);
+  // F16 weights [m, k] against n rows at scales 1, 1e6, 2^40 and 2^-40 (every eighth with one
+  // value past f16's range), written and accumulated into column slices.
+  void f16_rows_of_any_range(int64_t n, int64_t k, int64_t m);
 };
 
 TEST_F(CudaBasic, AllocatorCountsBuffersAndBytes) {
@@ -369,18 +369,22 @@ TEST_F(CudaBasic, MatmulAccumulatesAndHonoursRowStrides) {
 
 // F16 weights on tensor cores take each activation row as two f16 terms, unscaled for rows of
 // moderate range (random in ±1) and scaled by a power of two for rows far beyond f16's range
-// (10^6, 2^40) or deep below it (2^-40): all keep f32-class results, writing and accumulating
-// into column slices (the columns beside them untouched). Rows of 264 take a lane's held
-// chunks in the split; rows of 2,568 also the chunks past them (read twice).
+// (10^6, 2^40), deep below it (2^-40) or with one value beyond it among moderate ones: all keep
+// f32-class results, writing and accumulating into column slices (the columns beside them
+// untouched). The split takes a warp a row for many rows or narrow ones (264: a lane's held
+// chunks; 2,056 × 2,100 rows: also the chunks past them, read twice), else a block a row (2,568:
+// held; 16,400: past them), whose threads must agree on the row's largest value.
 TEST_F(CudaBasic, MatmulF16WeightsTakeRowsOfAnyRange) {
   // Too large for the GEMV kernel's token groups.
-  for (const auto& [k, m] : {std::pair<int64_t, int64_t>{264, 4100}, {2568, 600}}) {
-    f16_rows_of_any_range(k, m);
+  for (const auto& [n, k, m] : {std::array<int64_t, 3>{100, 264, 4100},
+                                {100, 2568, 600},
+                                {100, 16400, 40},
+                                {2100, 2056, 24}}) {
+    f16_rows_of_any_range(n, k, m);
   }
 }
 
-void CudaBasic::f16_rows_of_any_range(int64_t k, int64_t m) {
-  const int64_t n = 100;
+void CudaBasic::f16_rows_of_any_range(int64_t n, int64_t k, int64_t m) {
   HostTensor w(DType::F16, {m, k});
   fill_random(w, rng, 0.2f);
   auto dw = ops().adopt_weight(w.t);
@@ -391,6 +395,8 @@ void CudaBasic::f16_rows_of_any_range(int64_t k, int64_t m) {
   const float scale[] = {1.0f, 1e6f, 0x1p40f, 0x1p-40f};
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t c = 0; c < k + 8; ++c) xbig.f()[t * (k + 8) + c] *= scale[t % 4];
+    // Every other moderate row: one value past f16's range, in a different lane's chunk each.
+    if (t % 8 == 0) xbig.f()[t * (k + 8) + 8 + (t * 131 + 5) % k] = 40000.0f;
   }
   ref::matmul(xbig.t.slice_cols(8, 8 + k), w.t, ref.t);
   for (const bool accumulate : {false, true}) {

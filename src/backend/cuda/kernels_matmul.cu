@@ -313,19 +313,24 @@ void scale_rows(const ScaledOuts& outs, int64_t rows, const float* inv_scale, bo
 
 // out [nr, m] (rows ldo apart) (+)= the sum of n_terms products prod [n_terms, nr, m] (smallest
 // term first), added as term_gemms' GEMMs add them one after another: ((p0 (+ out)) + p1) + ...
+// With inv_scale [nr] (else null: unit rows), the rows are scaled as scale_rows scales them
+// around GEMMs that write out directly (what is there times 1 / inv_scale, the sum times
+// inv_scale; powers of two, exact), so the result has the same bits without its two passes.
 // Grid: (column blocks, rows), so no element divides a 64-bit index.
 __global__ void sum_term_products_kernel(const float* prod, int n_terms, int64_t nr, int64_t m,
-                                         float* out, int64_t ldo, bool accumulate) {
+                                         float* out, int64_t ldo, bool accumulate,
+                                         const float* inv_scale) {
   grid_dependency_sync();
   const int64_t r = blockIdx.y, plane = nr * m;
+  const float down = inv_scale ? inv_scale[r] : 1.0f, up = 1.0f / down;
   const float* p = prod + r * m;
   float* o = out + r * ldo;
   for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < m;
        c += int64_t(gridDim.x) * blockDim.x) {
     float v = p[c];
-    if (accumulate) v += o[c];
+    if (accumulate) v += o[c] * up;
     for (int term = 1; term < n_terms; ++term) v = p[term * plane + c] + v;
-    o[c] = v;
+    o[c] = v * down;
   }
 }
 
@@ -345,17 +350,17 @@ float* stacked_products(CudaOps::Impl& s, const void* free_from, int n_terms, in
 
 // out rows (ldo apart) += w [m, k] (cuBLAS type t) times each of n_terms planes of 16-bit
 // activation terms [n_terms, nr, k] (smallest first), one GEMM a term, the first writing out
-// unless `accumulate`. Where stacked_products finds room in the start-up scratch from free_from
-// (past what the caller put there), one GEMM over all planes as n_terms·nr rows instead, then
-// their sum: each weight byte is read once, not n_terms times (batched decode on dense weights).
-// The profile names the launch `what` m x k, its rate counting the product's own flops, not the
-// terms' (n_terms times those).
+// unless `accumulate`. With stacked (stacked_products' room for f32 [n_terms, nr, m], else
+// null), one GEMM over all planes as n_terms·nr rows instead, then their sum: each weight byte
+// is read once, not n_terms times (batched decode on dense weights). Rows scaled by powers of
+// two (inv_scale [nr], or null): the sum scales them when stacked; else the caller scales around
+// the GEMMs (scale_rows). The profile names the launch `what` m x k, its
+// rate counting the product's own flops, not the terms' (n_terms times those).
 void term_gemms(CudaOps::Impl& s, const Tensor& w, cudaDataType_t t, const char* terms, int n_terms,
                 int64_t nr, float* outr, int64_t ldo, bool accumulate, const char* what,
-                const void* free_from) {
+                float* stacked, const float* inv_scale) {
   const int64_t m = w.shape[0], k = w.shape[1];
   const float zero = 0.0f, one = 1.0f;
-  float* stacked = stacked_products(s, free_from, n_terms, nr, k, m);  // [n_terms, nr, m] or null
   const auto products_launched = [&] {  // the interval holds cuBLAS's products
     if (!s.options.profile) return s.launched("matmul (terms)");
     s.work(2.0 * double(nr) * double(m) * double(k),
@@ -374,7 +379,7 @@ void term_gemms(CudaOps::Impl& s, const Tensor& w, cudaDataType_t t, const char*
     const int64_t col_blocks = std::clamp<int64_t>(4 * s.sm_count / nr, 1, (m + 255) / 256);
     launch_kernel(sum_term_products_kernel, dim3(unsigned(col_blocks), unsigned(nr)), 256, 0,
                   s.stream, static_cast<const float*>(stacked), n_terms, nr, m, outr, ldo,
-                  accumulate);
+                  accumulate, inv_scale);
     s.launched("matmul (term products summed)");
     return;
   }
@@ -396,7 +401,8 @@ void term_gemms(CudaOps::Impl& s, const Tensor& w, cudaDataType_t t, const char*
 // not depend on the batch. Accumulating, scaled rows are first scaled up by the same power of
 // two (exact), so the sums round as unscaled. Scaling every row cost two passes over the output
 // (H200, 80B-A3B cut to 6 layers, 2,048 tokens: 1.8 ms a forward). A group's weights share one
-// split of x and one scaling pass (a split a weight: 36 launches of 16.7 µs a forward there).
+// split of x and one scaling pass (a split a weight: 36 launches of 16.7 µs a forward there);
+// outputs whose terms' products are stacked (decode batches) are scaled in their sum instead.
 void matmul_f16_terms(CudaOps::Impl& s, const Tensor& x, std::span<const Tensor> ws,
                       std::span<const Tensor> outs, bool accumulate) {
   RECUR_CHECK(ws.size() == outs.size() && ws.size() <= Ops::kMaxMatmulGroup);
@@ -405,28 +411,35 @@ void matmul_f16_terms(CudaOps::Impl& s, const Tensor& x, std::span<const Tensor>
   for_f16_row_pieces(x, s.act_lowp.data(), s.act_lowp.bytes(), /*unit_rows=*/true, s.stream,
                      [&](int64_t r0, int64_t nr, const void* terms, const float* inv_scale) {
                        s.launched("matmul (activation split)");
-                       ScaledOuts rows;
+                       std::array<float*, Ops::kMaxMatmulGroup> stacked{};
+                       ScaledOuts apart;  // the outputs the GEMMs write directly
                        for (size_t i = 0; i < ws.size(); ++i) {
+                         stacked[i] =
+                             stacked_products(s, inv_scale + nr, n_terms, nr, k, ws[i].shape[0]);
+                         if (stacked[i]) continue;
                          const Tensor& o = outs[i];
-                         rows.out[i] = o.ptr<float>() + r0 * o.stride[0];
-                         rows.ldo[i] = o.stride[0], rows.m[i] = ws[i].shape[0];
+                         apart.out[apart.count] = o.ptr<float>() + r0 * o.stride[0];
+                         apart.ldo[apart.count] = o.stride[0];
+                         apart.m[apart.count++] = ws[i].shape[0];
                        }
-                       rows.count = int(ws.size());
-                       if (accumulate) {
-                         scale_rows(rows, nr, inv_scale, true, s.stream);
+                       if (accumulate && apart.count > 0) {
+                         scale_rows(apart, nr, inv_scale, true, s.stream);
                          s.launched("matmul (rows scaled)");
                        }
                        // Both terms (mid, hi), or hi alone (BackendOptions::prompt_activations).
                        const char* hi_from = static_cast<const char*>(terms) +
                                              size_t(2 - n_terms) * size_t(nr * k) * 2;
                        for (size_t i = 0; i < ws.size(); ++i) {
-                         term_gemms(s, ws[i], CUDA_R_16F, hi_from, n_terms, nr, rows.out[i],
-                                    rows.ldo[i], accumulate,
+                         const Tensor& o = outs[i];
+                         term_gemms(s, ws[i], CUDA_R_16F, hi_from, n_terms, nr,
+                                    o.ptr<float>() + r0 * o.stride[0], o.stride[0], accumulate,
                                     n_terms == 2 ? "matmul 2-term f16" : "matmul 1-term f16",
-                                    inv_scale + nr);
+                                    stacked[i], inv_scale);
                        }
-                       scale_rows(rows, nr, inv_scale, false, s.stream);
-                       s.launched("matmul (rows scaled)");
+                       if (apart.count > 0) {
+                         scale_rows(apart, nr, inv_scale, false, s.stream);
+                         s.launched("matmul (rows scaled)");
+                       }
                      });
 }
 
@@ -624,7 +637,8 @@ void CudaOps::matmul(const Tensor& x, const Tensor& w, Tensor out, bool accumula
     launch_wmma_split(xr, x.stride[0], nr, k, w.dtype, parts, s.stream);
     s.launched("matmul (activation split)");
     term_gemms(s, w, t, parts, 3, nr, outr, out.stride[0], accumulate, "matmul 3-term",
-               parts + row_bytes * size_t(nr));  // lo, mid, hi
+               stacked_products(s, parts + row_bytes * size_t(nr), 3, nr, k, m),
+               nullptr);  // lo, mid, hi; unscaled rows
   }
 }
 

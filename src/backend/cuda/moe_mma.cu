@@ -577,70 +577,101 @@ void launch(const MoeGemmArgs& a, unsigned max_tiles, cudaStream_t stream) {
 }
 
 // x [rows, k] → two f16 terms [2, rows, k] (mid, hi) of each row times 2^e (e from
-// f16_row_exponent of the row's largest |value|), and inv_scale [rows] = 2^-e. A warp per row;
-// a lane's first kHeldChunks chunks of 8 (rows up to 2,048 wide) are loaded at once and kept
-// for the terms, so the row is read once with every load in flight (a loop of dependent loads,
-// read twice, took 16.7 µs for 2,048 × 2,048 on the H200, 2 TB/s:
-// bench/results/h200-session30-run1-prof-t2.txt).
+// f16_row_exponent of the row's largest |value|), and inv_scale [rows] = 2^-e. kLanes threads
+// share a row (lane = this thread's place among them; row_max gives their largest |value|); a
+// lane's first kHeldChunks chunks of 8 are loaded at once and kept for the terms, so a row up to
+// 8 · 8 · kLanes wide is read once with every load in flight (a loop of dependent loads, read
+// twice, took 16.7 µs for 2,048 × 2,048 on the H200, 2 TB/s:
+// bench/results/h200-session30-run1-prof-t2.txt). The largest |value| does not depend on the
+// order it is found in, so every kLanes gives the same bits.
 constexpr int kHeldChunks = 8;
+template <int kLanes, typename RowMax>
+__device__ __forceinline__ void split_f16_row(const float* row, int64_t k, bool vec, bool unit_rows,
+                                              int lane, RowMax&& row_max, __half* terms_row,
+                                              int64_t plane, float* inv_scale_row) {
+  auto chunk = [&](int i) { return (int64_t(i) * kLanes + lane) * 8; };  // a lane's chunk i
+  float held[kHeldChunks][8];
+#pragma unroll
+  for (int i = 0; i < kHeldChunks; ++i) {
+    if (chunk(i) < k) load_f32x8(row + chunk(i), vec, held[i]);
+  }
+  float mx = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kHeldChunks; ++i) {
+    if (chunk(i) >= k) break;
+#pragma unroll
+    for (int q = 0; q < 8; ++q) mx = fmaxf(mx, fabsf(held[i][q]));
+  }
+  for (int64_t c = chunk(kHeldChunks); c < k; c += kLanes * 8) {  // wider rows: read twice
+    float v[8];
+    load_f32x8(row + c, vec, v);
+#pragma unroll
+    for (int q = 0; q < 8; ++q) mx = fmaxf(mx, fabsf(v[q]));
+  }
+  mx = row_max(mx);
+  const int e = unit_rows && mx >= 0.25f && mx < 32768.0f ? 0 : f16_row_exponent(mx);
+  const float scale = ldexpf(1.0f, e);
+  auto store = [&](int64_t c, const float(&v)[8]) {
+    uint4 pk[kF16Terms];
+    __half* pt = reinterpret_cast<__half*>(pk);
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      __half t[kF16Terms];
+      split_f16(v[q] * scale, t);
+#pragma unroll
+      for (int term = 0; term < kF16Terms; ++term) pt[term * 8 + q] = t[term];
+    }
+#pragma unroll
+    for (int term = 0; term < kF16Terms; ++term) {
+      *reinterpret_cast<uint4*>(terms_row + term * plane + c) = pk[term];
+    }
+  };
+#pragma unroll
+  for (int i = 0; i < kHeldChunks; ++i) {
+    if (chunk(i) >= k) break;
+    store(chunk(i), held[i]);
+  }
+  for (int64_t c = chunk(kHeldChunks); c < k; c += kLanes * 8) {
+    float v[8];
+    load_f32x8(row + c, vec, v);
+    store(c, v);
+  }
+  if (lane == 0) *inv_scale_row = ldexpf(1.0f, -e);
+}
+
+// A warp a row: many rows (prompts).
 __global__ void split_f16_rows_kernel(const float* x, int64_t ldx, int64_t rows, int64_t k,
                                       bool vec, bool unit_rows, __half* terms, float* inv_scale) {
   grid_dependency_sync();
-  const int lane = threadIdx.x % 32;
-  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32), plane = rows * k;
-  auto chunk = [&](int i) { return (int64_t(i) * 32 + lane) * 8; };  // a lane's chunk i
-
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
   for (int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; r < rows;
        r += warps) {
-    const float* row = x + r * ldx;
-    float held[kHeldChunks][8];
-#pragma unroll
-    for (int i = 0; i < kHeldChunks; ++i) {
-      if (chunk(i) < k) load_f32x8(row + chunk(i), vec, held[i]);
-    }
-    float mx = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kHeldChunks; ++i) {
-      if (chunk(i) >= k) break;
-#pragma unroll
-      for (int q = 0; q < 8; ++q) mx = fmaxf(mx, fabsf(held[i][q]));
-    }
-    for (int64_t c = chunk(kHeldChunks); c < k; c += 32 * 8) {  // wider rows: read twice
-      float v[8];
-      load_f32x8(row + c, vec, v);
-#pragma unroll
-      for (int q = 0; q < 8; ++q) mx = fmaxf(mx, fabsf(v[q]));
-    }
-    mx = warp_max(mx);
-    const int e = unit_rows && mx >= 0.25f && mx < 32768.0f ? 0 : f16_row_exponent(mx);
-    const float scale = ldexpf(1.0f, e);
-    auto store = [&](int64_t c, const float(&v)[8]) {
-      uint4 pk[kF16Terms];
-      __half* pt = reinterpret_cast<__half*>(pk);
-#pragma unroll
-      for (int q = 0; q < 8; ++q) {
-        __half t[kF16Terms];
-        split_f16(v[q] * scale, t);
-#pragma unroll
-        for (int term = 0; term < kF16Terms; ++term) pt[term * 8 + q] = t[term];
-      }
-#pragma unroll
-      for (int term = 0; term < kF16Terms; ++term) {
-        *reinterpret_cast<uint4*>(terms + term * plane + r * k + c) = pk[term];
-      }
-    };
-#pragma unroll
-    for (int i = 0; i < kHeldChunks; ++i) {
-      if (chunk(i) >= k) break;
-      store(chunk(i), held[i]);
-    }
-    for (int64_t c = chunk(kHeldChunks); c < k; c += 32 * 8) {
-      float v[8];
-      load_f32x8(row + c, vec, v);
-      store(c, v);
-    }
-    if (lane == 0) inv_scale[r] = ldexpf(1.0f, -e);
+    split_f16_row<32>(
+        x + r * ldx, k, vec, unit_rows, int(threadIdx.x % 32),
+        [](float mx) { return warp_max(mx); }, terms + r * k, rows * k, inv_scale + r);
   }
+}
+
+// A block a row: few wide rows (decode batches, short prompts), which a warp a row left on a
+// few SMs (the 27B's 64-sequence step, H100: 11.4 µs a split of 64 × 5,120).
+constexpr int kSplitBlockThreads = 256;
+__global__ void __launch_bounds__(kSplitBlockThreads)
+    split_f16_row_blocks_kernel(const float* x, int64_t ldx, int64_t rows, int64_t k, bool vec,
+                                bool unit_rows, __half* terms, float* inv_scale) {
+  grid_dependency_sync();
+  __shared__ float warp_mx[kSplitBlockThreads / 32];
+  const int64_t r = blockIdx.x;
+  const auto block_max = [&](float mx) {
+    mx = warp_max(mx);
+    if (threadIdx.x % 32 == 0) warp_mx[threadIdx.x / 32] = mx;
+    __syncthreads();
+    mx = warp_mx[0];
+#pragma unroll
+    for (int w = 1; w < kSplitBlockThreads / 32; ++w) mx = fmaxf(mx, warp_mx[w]);
+    return mx;
+  };
+  split_f16_row<kSplitBlockThreads>(x + r * ldx, k, vec, unit_rows, int(threadIdx.x), block_max,
+                                    terms + r * k, rows * k, inv_scale + r);
 }
 
 }  // namespace
@@ -655,8 +686,15 @@ void launch_f16_row_split(const float* x, int64_t ldx, int64_t rows, int64_t k, 
                           float* inv_scale, cudaStream_t stream, bool unit_rows) {
   RECUR_CHECK(k % 8 == 0);
   const bool vec = ldx % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0;
+  if (rows == 0) return;
+  // A block a row while a warp would walk at least four chunks a lane and rows are few enough
+  // that a warp a row would leave SMs idle.
+  if (rows <= 2048 && k >= 4 * 32 * 8) {
+    launch_kernel(split_f16_row_blocks_kernel, unsigned(rows), kSplitBlockThreads, 0, stream, x,
+                  ldx, rows, k, vec, unit_rows, static_cast<__half*>(terms), inv_scale);
+    return;
+  }
   const unsigned blocks = unsigned(std::min<int64_t>((rows + 7) / 8, 1 << 16));
-  if (blocks == 0) return;
   launch_kernel(split_f16_rows_kernel, blocks, 256, 0, stream, x, ldx, rows, k, vec, unit_rows,
                 static_cast<__half*>(terms), inv_scale);
 }
