@@ -151,12 +151,11 @@ int run_serve(const ServeOptions& o) {
   server::Server srv(engine, tokenizer.get(), chat_template.get(), so);
   auto port = srv.bind();
   if (!port.ok()) return fail(port.error());
-  const std::string host = o.host.find(':') != std::string::npos ? "[" + o.host + "]" : o.host;
   fmt::print(
       "serving model \"{}\" at http://{}:{}  (POST /v1/chat/completions, /v1/completions, "
       "/v1/responses, /v1/messages, /v1/messages/count_tokens, /tokenize, /detokenize; GET "
       "/v1/models, /health, /metrics, /version, /ping)\n",
-      so.model_name, host, *port);
+      so.model_name, server::url_host(o.host), *port);
   std::fflush(stdout);
 
   // The first signal drains (on its own thread, so that this one hears a second signal, which

@@ -474,14 +474,16 @@ Result<int> bound_socket(const std::string& host, int port, bool and_listen) {
   }
   freeaddrinfo(found);
   if (bound < 0) {
-    const bool ipv6 = host.find(':') != std::string::npos;  // [::1]:8080, as in a URL
-    return make_error(ErrorCode::kIo, "cannot listen on {}{}{}:{}: {}", ipv6 ? "[" : "", host,
-                      ipv6 ? "]" : "", port, why);
+    return make_error(ErrorCode::kIo, "cannot listen on {}:{}: {}", url_host(host), port, why);
   }
   return bound;
 }
 
 }  // namespace
+
+std::string url_host(const std::string& host) {
+  return host.find(':') != std::string::npos ? "[" + host + "]" : host;
+}
 
 Status check_listen_address(const std::string& host, int port) {
   RECUR_ASSIGN_OR_RETURN(const int fd, bound_socket(host, port, false));

@@ -42,6 +42,9 @@ struct HttpServerOptions {
 
 class HttpExchange;
 
+// A host as a URL writes it: an IPv6 address in brackets ([::1]).
+std::string url_host(const std::string& host);
+
 // Whether host:port can be bound now (resolved, free, permitted); the socket is closed again.
 // For a server that takes minutes to load before it binds: a busy port fails at once.
 Status check_listen_address(const std::string& host, int port);

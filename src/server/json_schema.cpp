@@ -45,7 +45,6 @@ const std::set<std::string_view> kUnsupported = {"pattern",
                                                  "$dynamicRef",
                                                  "$recursiveRef"};
 
-// The JSON text of a string without its quotes, as a property name is written.
 // Whether a JSON Schema type name admits v (an integer may be written 1.0).
 bool type_admits(const std::string& type, const ojson& v) {
   if (type == "integer") {
@@ -60,6 +59,7 @@ bool type_admits(const std::string& type, const ojson& v) {
   return type == "array" && v.is_array();
 }
 
+// The JSON text of a string without its quotes, as a property name is written.
 std::string name_text(const std::string& name) {
   const std::string dumped = ojson(name).dump();
   return dumped.substr(1, dumped.size() - 2);
@@ -533,17 +533,19 @@ ojson allowed_values(const ojson& schema) {
                  : schema.contains("const") ? ojson::array({schema["const"]})
                                             : ojson::array();
   ojson kept = ojson::array();
+  const ojson* type = field(schema, "type");
   std::vector<std::string> types;
-  if (const ojson* type = field(schema, "type")) {
+  if (type) {
     for (const ojson& t : type->is_array() ? *type : ojson::array({*type})) {
       if (t.is_string()) types.push_back(t.get<std::string>());
     }
   }
+  // With enum, const applies too (a const of null included, which field() would skip).
+  const ojson* also_const = e && schema.contains("const") ? &schema.at("const") : nullptr;
   for (const ojson& v : values) {
-    if (e && schema.contains("const") && v != schema["const"]) continue;
-    if (field(schema, "type") &&
-        std::none_of(types.begin(), types.end(),
-                     [&](const std::string& t) { return type_admits(t, v); })) {
+    if (also_const && v != *also_const) continue;
+    if (type && std::none_of(types.begin(), types.end(),
+                             [&](const std::string& t) { return type_admits(t, v); })) {
       continue;
     }
     kept.push_back(v);

@@ -62,13 +62,13 @@ inline constexpr int kMaxSchemaAlternatives = 256;
 // ignored). A keyword that constrains values in a way not listed is refused by name rather
 // than ignored, and so is a schema whose values all nest deeper than JsonMatcher::kMaxDepth.
 // `field` names the request field for errors.
+ApiResult<std::shared_ptr<const CompiledSchema>> compile_json_schema(const ojson& schema,
+                                                                     const std::string& field);
+
 // The values an enum or const schema allows: every keyword applies, so only const's when it has
 // both, and of its type when it names one ({"type": "string", "enum": [1, "a"]}: "a"). Empty
 // when none is, or the schema has neither keyword.
 ojson allowed_values(const ojson& schema);
-
-ApiResult<std::shared_ptr<const CompiledSchema>> compile_json_schema(const ojson& schema,
-                                                                     const std::string& field);
 // Any JSON object (response_format {"type": "json_object"}).
 std::shared_ptr<const CompiledSchema> any_json_object_schema();
 

@@ -56,7 +56,7 @@ constexpr RouteInfo kRoutes[] = {
     {"/ping", Route::kPing},
 };
 
-// The project has no release numbers yet; clients that parse the version get a valid one.
+// The project's version (CMakeLists.txt), as `recur --version` prints it.
 constexpr const char* kServerVersion = RECUR_VERSION;
 
 std::optional<Route> find_route(const std::string& path) {

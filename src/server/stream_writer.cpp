@@ -184,17 +184,17 @@ void StreamWriter::end(Stream& s, bool complete) {
 void StreamWriter::stalled(Stream& s) {
   if (s.ended) return;
   if (metrics_) metrics_->connection_closed("write_timeout");
-  end(s, false);
-  try {
-    s.gen->cancel(true);
-  } catch (...) {  // out of memory: the Generation's destructor cancels again
-  }
+  drop(s);
 }
 
 void StreamWriter::gone(Stream& s) {
   if (s.ended) return;
-  end(s, false);
   if (metrics_) metrics_->client_disconnected();
+  drop(s);
+}
+
+void StreamWriter::drop(Stream& s) {
+  end(s, false);
   try {
     s.gen->cancel(true);
   } catch (...) {  // out of memory: the Generation's destructor cancels again

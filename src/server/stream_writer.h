@@ -69,8 +69,9 @@ class StreamWriter {
   void frame(Stream& s, std::string_view text);
   void flush(Stream& s);  // send what is pending, without blocking
   void end(Stream& s, bool complete);
-  void gone(Stream& s);     // the client went away: cancel, end
-  void stalled(Stream& s);  // the client stopped reading: counted as a write timeout, then gone
+  void gone(Stream& s);     // the client went away: counted as a disconnect, dropped
+  void stalled(Stream& s);  // the client stopped reading: counted as a write timeout, dropped
+  void drop(Stream& s);     // end, cancel
   void watch(Stream& s, bool want_out);
 
   std::shared_ptr<Metrics> metrics_;
